@@ -1,0 +1,1 @@
+//! Moving a running vGPU between physical GPUs: pre-copy, drain, switch, rollback.

@@ -1,0 +1,1 @@
+//! GPU-initiated NVMe access (BaM): queue pairs, ticket/turn enqueue, software cache, emulated and VFIO controllers.

@@ -1,0 +1,1 @@
+//! End-to-end tests: vmm + backends + payload guests under KVM.
