@@ -1,1 +1,58 @@
-//! The vGPU wire format (no_std): request headers, opcodes, statuses, config space. Shared by vgpu-device and guest-driver so the two sides cannot drift.
+//! The vGPU wire format (no_std, no alloc): device ID, config space, request header,
+//! opcodes and their arguments, kernel arguments with access modes, responses, statuses,
+//! and the built-in kernel signatures. Shared by vgpu-device (host) and guest-driver
+//! (guest) so the two sides cannot drift. docs/protocol.md is the prose version.
+//!
+//! Every wire struct is `#[repr(C)]`, little endian, without padding (checked at compile
+//! time), and is read and written with safe little-endian field accessors.
+#![no_std]
+#![deny(missing_docs)]
+
+pub mod args;
+pub mod builtin;
+mod config;
+mod header;
+mod info;
+pub mod launch;
+mod opcode;
+mod request;
+mod status;
+pub mod wire;
+
+pub use args::*;
+pub use config::{features, VgpuConfig, SHARE_SCALE, VIRTIO_ID_VGPU};
+pub use header::{RequestHeader, Response};
+pub use info::{backend_kind, DeviceInfo};
+pub use launch::{
+    encode_launch, launch_request_len, Access, ArgError, ArgKind, ArgValue, Deps, KernelArg,
+    KernelArgs, LaunchArgs, MAX_DEPS, MAX_KERNEL_ARGS, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+};
+pub use opcode::{DataShape, Opcode};
+pub use request::{parse_request, LaunchRequest, ParseError, Request};
+pub use status::Status;
+pub use wire::WireError;
+
+/// Major version: bumped on any incompatible change (a layout, a meaning, a renumbering).
+pub const VERSION_MAJOR: u16 = 1;
+/// Minor version: bumped when something is added compatibly (a new opcode, status, feature
+/// bit, or a field appended to an argument struct whose old length stays accepted).
+pub const VERSION_MINOR: u16 = 0;
+/// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
+pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
+
+/// True if a guest built for `PROTOCOL_VERSION` may talk to a device announcing
+/// `device_version`: the majors must be equal. A guest must not use what a device of a
+/// lower minor lacks (the feature bits say what that is).
+pub const fn version_compatible(device_version: u32) -> bool {
+    (device_version >> 16) == VERSION_MAJOR as u32
+}
+
+/// Most bytes of a function or module name.
+pub const MAX_NAME_LEN: u64 = 256;
+/// Most bytes of PTX text in one `MODULE_LOAD`.
+pub const MAX_MODULE_BYTES: u64 = 64 << 20;
+/// Alignment of every device allocation's start address.
+pub const DEVICE_ALLOC_ALIGN: u64 = 2 << 20;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! The fixed argument struct of each opcode (after the header, same descriptor).
+//! `LAUNCH`'s variable part is in [`crate::launch`].
+
+use crate::wire::wire_struct;
+
+wire_struct! {
+    /// `ALLOC`: result[0] = device address, result[1] = bytes charged to the share.
+    pub struct AllocArgs, size 16 {
+        /// Bytes, > 0.
+        pub size: u64,
+        /// Must be 0.
+        pub flags: u64,
+    }
+}
+
+wire_struct! {
+    /// `FREE`.
+    pub struct FreeArgs, size 8 {
+        /// The address `ALLOC` returned.
+        pub addr: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEMCPY_HTOD`: readable data descriptors adding up to `size`.
+    /// result[0] = bytes copied.
+    pub struct MemcpyHtoDArgs, size 16 {
+        /// Destination device address.
+        pub dst: u64,
+        /// Bytes.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEMCPY_DTOH`: writable data descriptors adding up to `size`.
+    /// result[0] = bytes copied.
+    pub struct MemcpyDtoHArgs, size 16 {
+        /// Source device address.
+        pub src: u64,
+        /// Bytes.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEMCPY_DTOD` (ranges may overlap: it behaves like `memmove`).
+    /// result[0] = bytes copied.
+    pub struct MemcpyDtoDArgs, size 24 {
+        /// Destination device address.
+        pub dst: u64,
+        /// Source device address.
+        pub src: u64,
+        /// Bytes.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEMSET`: `count` elements of `elem_size` bytes (1, 2 or 4) set to the low bytes of
+    /// `value`. `dst` must be aligned to `elem_size`. result[0] = bytes written.
+    pub struct MemsetArgs, size 24 {
+        /// Destination device address.
+        pub dst: u64,
+        /// Number of elements.
+        pub count: u64,
+        /// The value (little endian; only the low `elem_size` bytes are used).
+        pub value: u32,
+        /// 1, 2 or 4.
+        pub elem_size: u32,
+    }
+}
+
+/// `ModuleLoadArgs::kind` values.
+pub mod module_kind {
+    /// The data descriptors hold the name of a built-in module (e.g. `builtin`).
+    pub const BUILTIN: u32 = 0;
+    /// The data descriptors hold PTX text (NUL terminator optional).
+    pub const PTX: u32 = 1;
+}
+
+/// The name of the built-in module every device offers.
+pub const BUILTIN_MODULE: &str = "builtin";
+
+wire_struct! {
+    /// `MODULE_LOAD`: readable data descriptors adding up to `size` bytes hold the module
+    /// name or PTX text. result[0] = module handle (never 0).
+    pub struct ModuleLoadArgs, size 16 {
+        /// A [`module_kind`] value.
+        pub kind: u32,
+        /// Must be 0.
+        pub flags: u32,
+        /// Bytes in the data descriptors.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MODULE_UNLOAD`. Functions of the module become unknown.
+    pub struct ModuleUnloadArgs, size 8 {
+        /// The handle `MODULE_LOAD` returned.
+        pub module: u64,
+    }
+}
+
+wire_struct! {
+    /// `GET_FUNCTION`: readable data descriptors adding up to `name_len` bytes hold the
+    /// function name. result[0] = function handle (never 0), result[1] = parameter count.
+    pub struct GetFunctionArgs, size 16 {
+        /// Module handle.
+        pub module: u64,
+        /// Bytes of the name, 1..=`MAX_NAME_LEN`.
+        pub name_len: u64,
+    }
+}
+
+wire_struct! {
+    /// `EVENT_RECORD`, `EVENT_QUERY`, `EVENT_DESTROY`. Event ids are chosen by the guest
+    /// (any u64); `EVENT_RECORD` creates the event or re-records it.
+    /// `EVENT_QUERY`: result[0] = 1 once recorded, result[1] = timestamp (ns, device clock).
+    pub struct EventArgs, size 8 {
+        /// Guest-chosen event id.
+        pub event: u64,
+    }
+}
+
+wire_struct! {
+    /// `EVENT_ELAPSED`: result[0] = nanoseconds from `start` to `end` (0 if `end` was
+    /// recorded before `start`), result[1] = the same in microseconds.
+    pub struct EventElapsedArgs, size 16 {
+        /// Event recorded first.
+        pub start: u64,
+        /// Event recorded second.
+        pub end: u64,
+    }
+}
+
+wire_struct! {
+    /// `SHM_GET`: result[0] = shm id.
+    pub struct ShmGetArgs, size 24 {
+        /// Key shared between the cooperating vGPUs.
+        pub key: u64,
+        /// Bytes.
+        pub size: u64,
+        /// [`shm_flags`] bits.
+        pub flags: u64,
+    }
+}
+
+/// `ShmGetArgs::flags` bits (like `IPC_CREAT`/`IPC_EXCL`).
+pub mod shm_flags {
+    /// Create the object if the key is new.
+    pub const CREATE: u64 = 1 << 0;
+    /// With CREATE: fail if the key exists.
+    pub const EXCLUSIVE: u64 = 1 << 1;
+}
+
+wire_struct! {
+    /// `SHM_AT`: result[0] = device address of the mapping.
+    pub struct ShmAtArgs, size 16 {
+        /// The id `SHM_GET` returned.
+        pub shmid: u64,
+        /// Bit 0: read-only mapping.
+        pub flags: u64,
+    }
+}
+
+wire_struct! {
+    /// `SHM_DT`.
+    pub struct ShmDtArgs, size 8 {
+        /// The address `SHM_AT` returned.
+        pub addr: u64,
+    }
+}
+
+/// `ShmCtlArgs::cmd` values.
+pub mod shm_cmd {
+    /// Remove the object once the last mapper detaches.
+    pub const RMID: u32 = 0;
+    /// result[0] = size, result[1] = number of attachments, result[2] = key.
+    pub const STAT: u32 = 1;
+}
+
+wire_struct! {
+    /// `SHM_CTL`.
+    pub struct ShmCtlArgs, size 16 {
+        /// The id `SHM_GET` returned.
+        pub shmid: u64,
+        /// A [`shm_cmd`] value.
+        pub cmd: u32,
+        /// Must be 0.
+        pub flags: u32,
+    }
+}
+
+wire_struct! {
+    /// `STORAGE_ATTACH`: result[0] = device address of the queue-pair area.
+    pub struct StorageAttachArgs, size 16 {
+        /// Host-assigned storage namespace id (the operator attaches it to the vGPU).
+        pub namespace: u64,
+        /// Must be 0.
+        pub flags: u64,
+    }
+}

@@ -1,0 +1,145 @@
+//! The built-in kernels of module `"builtin"`: names and parameter lists, shared by the
+//! guest (to build launches) and every backend (to check them).
+//!
+//! All element types are 32-bit little endian (f32 or u32) except `checksum`, which reads
+//! bytes and writes one u64. Pointers must be aligned to their element size.
+
+use crate::launch::{Access, ArgKind};
+
+/// What a built-in kernel parameter accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A device pointer whose declared access must cover this access.
+    Ptr(Access),
+    /// An element count or size: a `U32` or `U64` argument.
+    Int,
+    /// An `F32` argument.
+    F32,
+    /// A 32-bit pattern: a `U32` or `F32` argument (its bits are used).
+    Word32,
+}
+
+impl Param {
+    /// True if an argument of `kind` may be passed for this parameter (pointer access is
+    /// checked separately with [`Access::covers`]).
+    pub fn accepts(self, kind: ArgKind) -> bool {
+        match self {
+            Param::Ptr(_) => kind == ArgKind::Ptr,
+            Param::Int => matches!(kind, ArgKind::U32 | ArgKind::U64),
+            Param::F32 => kind == ArgKind::F32,
+            Param::Word32 => matches!(kind, ArgKind::U32 | ArgKind::F32),
+        }
+    }
+}
+
+/// One built-in kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSig {
+    /// The name `GET_FUNCTION` takes.
+    pub name: &'static str,
+    /// Parameters in order: (name, kind).
+    pub params: &'static [(&'static str, Param)],
+    /// What it computes.
+    pub doc: &'static str,
+}
+
+const R: Param = Param::Ptr(Access::Read);
+const W: Param = Param::Ptr(Access::Write);
+const RW: Param = Param::Ptr(Access::ReadWrite);
+
+/// `c[i] = a[i] + b[i]` for `i < n` (f32).
+pub const VECTOR_ADD: KernelSig = KernelSig {
+    name: "vector_add",
+    params: &[("a", R), ("b", R), ("c", W), ("n", Param::Int)],
+    doc: "c[i] = a[i] + b[i] for i < n (f32)",
+};
+/// `y[i] = alpha * x[i] + y[i]` for `i < n` (f32).
+pub const SAXPY: KernelSig = KernelSig {
+    name: "saxpy",
+    params: &[
+        ("alpha", Param::F32),
+        ("x", R),
+        ("y", RW),
+        ("n", Param::Int),
+    ],
+    doc: "y[i] = alpha * x[i] + y[i] for i < n (f32, one rounding per multiply and add)",
+};
+/// `dst[i] = value` for `i < n` (32-bit words).
+pub const FILL: KernelSig = KernelSig {
+    name: "fill",
+    params: &[("dst", W), ("value", Param::Word32), ("n", Param::Int)],
+    doc: "dst[i] = value for i < n (32-bit words)",
+};
+/// `out[0] = sum(x[0..n])` (f32 in, f64 accumulation, f32 out).
+pub const REDUCE_SUM: KernelSig = KernelSig {
+    name: "reduce_sum",
+    params: &[("x", R), ("out", W), ("n", Param::Int)],
+    doc: "out[0] = sum of x[i] for i < n: each block of 65536 elements is summed in order \
+          in f64, the block sums are added in order in f64, the total is rounded to f32",
+};
+/// `c = a * b`, row-major f32, `a` is m x k, `b` is k x n, `c` is m x n.
+pub const MATMUL: KernelSig = KernelSig {
+    name: "matmul",
+    params: &[
+        ("a", R),
+        ("b", R),
+        ("c", W),
+        ("m", Param::Int),
+        ("n", Param::Int),
+        ("k", Param::Int),
+    ],
+    doc: "c[i][j] = sum over l < k of a[i][l] * b[l][j] (row-major f32, accumulated in f32 \
+          in order of l); a is m x k, b is k x n, c is m x n",
+};
+/// `dst[i] = src[idx[i]]` for `i < n` (32-bit words); an index >= `src_len` faults.
+pub const GATHER: KernelSig = KernelSig {
+    name: "gather",
+    params: &[
+        ("src", R),
+        ("idx", R),
+        ("dst", W),
+        ("n", Param::Int),
+        ("src_len", Param::Int),
+    ],
+    doc: "dst[i] = src[idx[i]] for i < n (32-bit words, u32 indices); an index >= src_len \
+          stops the kernel with KERNEL_FAULT (dst may be partly written)",
+};
+/// Busy for `duration_us` microseconds of device time.
+pub const SPIN: KernelSig = KernelSig {
+    name: "spin",
+    params: &[("duration_us", Param::Int)],
+    doc: "keeps one compute engine busy for duration_us microseconds at speed 1.0 \
+          (duration_us / speed on a device of another speed); touches no memory",
+};
+/// `out[0] = FNV-1a 64 of data[0..n_bytes]`.
+pub const CHECKSUM: KernelSig = KernelSig {
+    name: "checksum",
+    params: &[("data", R), ("n_bytes", Param::Int), ("out", W)],
+    doc: "out[0] (u64) = 64-bit FNV-1a of the n_bytes bytes at data: h = 0xcbf29ce484222325; \
+          for each byte: h ^= byte; h = h * 0x100000001b3 (wrapping)",
+};
+
+/// Every built-in kernel.
+pub const KERNELS: [KernelSig; 8] = [
+    VECTOR_ADD, SAXPY, FILL, REDUCE_SUM, MATMUL, GATHER, SPIN, CHECKSUM,
+];
+
+/// The built-in kernel called `name`, if any.
+pub fn find(name: &[u8]) -> Option<&'static KernelSig> {
+    KERNELS.iter().find(|k| k.name.as_bytes() == name)
+}
+
+/// 64-bit FNV-1a offset basis.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// 64-bit FNV-1a prime.
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// Continues a 64-bit FNV-1a hash over `bytes` (start with [`FNV_OFFSET`]); the
+/// reference for the `checksum` kernel.
+pub fn fnv1a64(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}

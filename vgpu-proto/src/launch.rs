@@ -1,0 +1,369 @@
+//! `LAUNCH`: fixed arguments, then `arg_count` kernel arguments, then `dep_count`
+//! dependency task ids, all in the header descriptor.
+
+use crate::wire::{wire_struct, WireError, Writer};
+use crate::{Opcode, RequestHeader};
+
+/// Most kernel arguments one launch may carry.
+pub const MAX_KERNEL_ARGS: u32 = 32;
+/// Most task-graph dependencies one launch may name.
+pub const MAX_DEPS: u32 = 16;
+/// Most threads in one block (x * y * z).
+pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
+/// Largest dynamic shared memory per block, in bytes.
+pub const MAX_SHARED_BYTES: u32 = 227 * 1024;
+
+wire_struct! {
+    /// The fixed part of `LAUNCH`'s arguments.
+    ///
+    /// result[0] of the response = the kernel's device time in nanoseconds.
+    pub struct LaunchArgs, size 56 {
+        /// Function handle from `GET_FUNCTION`.
+        pub function: u64,
+        /// Grid size in blocks (each >= 1).
+        pub grid: [u32; 3],
+        /// Block size in threads (each >= 1, product <= `MAX_THREADS_PER_BLOCK`).
+        pub block: [u32; 3],
+        /// Dynamic shared memory per block in bytes.
+        pub shared_bytes: u32,
+        /// Number of [`KernelArg`]s that follow, <= `MAX_KERNEL_ARGS`.
+        pub arg_count: u32,
+        /// Task-graph node id of this launch, unique among the vGPU's live launches;
+        /// 0 = not part of a declared task graph.
+        pub task_id: u32,
+        /// Priority rank, e.g. the HEFT upward rank of the node (larger = more critical
+        /// path behind it); 0 = none. Used to map queues onto hardware slots.
+        pub rank: u32,
+        /// Number of dependency task ids (u32 each) after the kernel arguments.
+        pub dep_count: u32,
+        /// Must be 0.
+        pub flags: u32,
+    }
+}
+
+/// `KernelArg::kind` values.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgKind {
+    /// 32-bit integer in the low half of `value`.
+    U32 = 1,
+    /// 64-bit integer.
+    U64 = 2,
+    /// IEEE f32 bits in the low half of `value`.
+    F32 = 3,
+    /// IEEE f64 bits.
+    F64 = 4,
+    /// A device address; `access` says what the kernel may do through it.
+    Ptr = 5,
+}
+
+impl ArgKind {
+    /// The kind with this wire value, if any.
+    pub fn from_u32(v: u32) -> Option<ArgKind> {
+        [
+            ArgKind::U32,
+            ArgKind::U64,
+            ArgKind::F32,
+            ArgKind::F64,
+            ArgKind::Ptr,
+        ]
+        .into_iter()
+        .find(|k| *k as u32 == v)
+    }
+}
+
+/// How a kernel may use a pointer argument. The host relies on it: memory reachable only
+/// through READ pointers is never considered dirtied by the launch (swap, pre-copy
+/// migration), and a kernel that writes through a READ pointer is a guest bug whose
+/// writes may be lost.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// The kernel only reads through the pointer.
+    Read = 1,
+    /// The kernel only writes through the pointer.
+    Write = 2,
+    /// The kernel reads and writes through the pointer.
+    ReadWrite = 3,
+}
+
+impl Access {
+    /// The access mode with this wire value, if any.
+    pub fn from_u32(v: u32) -> Option<Access> {
+        [Access::Read, Access::Write, Access::ReadWrite]
+            .into_iter()
+            .find(|a| *a as u32 == v)
+    }
+
+    /// True if the kernel may read.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// True if the kernel may write.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+
+    /// True if every use `needed` allows is also allowed by `self`.
+    pub fn covers(self, needed: Access) -> bool {
+        (!needed.reads() || self.reads()) && (!needed.writes() || self.writes())
+    }
+}
+
+wire_struct! {
+    /// One kernel argument on the wire.
+    pub struct KernelArg, size 16 {
+        /// An [`ArgKind`] value.
+        pub kind: u32,
+        /// For `Ptr`: an [`Access`] value. For values: 0.
+        pub access: u32,
+        /// The value's little-endian bits (u32/f32 in the low 32 bits, high bits 0), or
+        /// the device address.
+        pub value: u64,
+    }
+}
+
+impl KernelArg {
+    /// A u32 value.
+    pub fn u32(v: u32) -> Self {
+        Self {
+            kind: ArgKind::U32 as u32,
+            access: 0,
+            value: u64::from(v),
+        }
+    }
+    /// A u64 value.
+    pub fn u64(v: u64) -> Self {
+        Self {
+            kind: ArgKind::U64 as u32,
+            access: 0,
+            value: v,
+        }
+    }
+    /// An f32 value.
+    pub fn f32(v: f32) -> Self {
+        Self {
+            kind: ArgKind::F32 as u32,
+            access: 0,
+            value: u64::from(v.to_bits()),
+        }
+    }
+    /// An f64 value.
+    pub fn f64(v: f64) -> Self {
+        Self {
+            kind: ArgKind::F64 as u32,
+            access: 0,
+            value: v.to_bits(),
+        }
+    }
+    /// A device pointer with its access mode.
+    pub fn ptr(addr: u64, access: Access) -> Self {
+        Self {
+            kind: ArgKind::Ptr as u32,
+            access: access as u32,
+            value: addr,
+        }
+    }
+
+    /// The checked, typed form of this argument.
+    pub fn typed(&self) -> Result<ArgValue, ArgError> {
+        let kind = ArgKind::from_u32(self.kind).ok_or(ArgError::UnknownKind(self.kind))?;
+        if kind != ArgKind::Ptr && self.access != 0 {
+            return Err(ArgError::AccessOnValue);
+        }
+        let low = u32::try_from(self.value);
+        Ok(match kind {
+            ArgKind::U32 => ArgValue::U32(low.map_err(|_| ArgError::HighBitsSet)?),
+            ArgKind::U64 => ArgValue::U64(self.value),
+            ArgKind::F32 => ArgValue::F32(f32::from_bits(low.map_err(|_| ArgError::HighBitsSet)?)),
+            ArgKind::F64 => ArgValue::F64(f64::from_bits(self.value)),
+            ArgKind::Ptr => ArgValue::Ptr {
+                addr: self.value,
+                access: Access::from_u32(self.access)
+                    .ok_or(ArgError::UnknownAccess(self.access))?,
+            },
+        })
+    }
+}
+
+/// A decoded kernel argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ArgValue {
+    /// 32-bit integer.
+    U32(u32),
+    /// 64-bit integer.
+    U64(u64),
+    /// f32.
+    F32(f32),
+    /// f64.
+    F64(f64),
+    /// Device pointer.
+    Ptr {
+        /// Device address.
+        addr: u64,
+        /// Declared access.
+        access: Access,
+    },
+}
+
+impl ArgValue {
+    /// The kind of this value.
+    pub fn kind(&self) -> ArgKind {
+        match self {
+            ArgValue::U32(_) => ArgKind::U32,
+            ArgValue::U64(_) => ArgKind::U64,
+            ArgValue::F32(_) => ArgKind::F32,
+            ArgValue::F64(_) => ArgKind::F64,
+            ArgValue::Ptr { .. } => ArgKind::Ptr,
+        }
+    }
+}
+
+/// Why a [`KernelArg`] is malformed (the device answers `BadArgType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    /// `kind` is not an [`ArgKind`].
+    UnknownKind(u32),
+    /// `access` on a pointer is not an [`Access`].
+    UnknownAccess(u32),
+    /// A value argument has a non-zero `access`.
+    AccessOnValue,
+    /// A 32-bit value has bits set above bit 31.
+    HighBitsSet,
+}
+
+impl core::fmt::Display for ArgError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ArgError::UnknownKind(k) => write!(
+                f,
+                "argument kind {k} is unknown; use 1..=5 (U32, U64, F32, F64, PTR)"
+            ),
+            ArgError::UnknownAccess(a) => write!(
+                f,
+                "pointer access {a} is unknown; use 1 READ, 2 WRITE or 3 READ_WRITE"
+            ),
+            ArgError::AccessOnValue => {
+                f.write_str("a value argument carries an access mode; set access to 0")
+            }
+            ArgError::HighBitsSet => {
+                f.write_str("a 32-bit argument has bits above 31 set; zero them")
+            }
+        }
+    }
+}
+
+/// The kernel arguments of a decoded `LAUNCH`, read lazily from the request bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelArgs<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> KernelArgs<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes }
+    }
+
+    /// Number of arguments.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / KernelArg::SIZE
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Argument `i`, if present.
+    pub fn get(&self, i: usize) -> Option<KernelArg> {
+        let start = i.checked_mul(KernelArg::SIZE)?;
+        let end = start.checked_add(KernelArg::SIZE)?;
+        KernelArg::decode(self.bytes.get(start..end)?).ok()
+    }
+
+    /// All arguments in order.
+    pub fn iter(&self) -> impl Iterator<Item = KernelArg> + 'a {
+        self.bytes
+            .chunks_exact(KernelArg::SIZE)
+            .filter_map(|c| KernelArg::decode(c).ok())
+    }
+}
+
+/// The dependency task ids of a decoded `LAUNCH`.
+#[derive(Clone, Copy, Debug)]
+pub struct Deps<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Deps<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes }
+    }
+
+    /// Number of dependencies.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / 4
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The task ids in order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + 'a {
+        self.bytes.chunks_exact(4).map(|c| {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(c);
+            u32::from_le_bytes(a)
+        })
+    }
+}
+
+/// Bytes a `LAUNCH` header descriptor needs for `args` kernel arguments and `deps`
+/// dependencies (header included).
+pub const fn launch_request_len(args: usize, deps: usize) -> usize {
+    RequestHeader::SIZE + LaunchArgs::SIZE + args * KernelArg::SIZE + deps * 4
+}
+
+/// Writes a complete `LAUNCH` header descriptor (header, fixed args, kernel args, deps)
+/// into `out`, setting `arg_count`/`dep_count` from the slices. Returns the bytes written.
+pub fn encode_launch(
+    out: &mut [u8],
+    id: u64,
+    launch: &LaunchArgs,
+    args: &[KernelArg],
+    deps: &[u32],
+) -> Result<usize, WireError> {
+    let needed = RequestHeader::SIZE
+        .saturating_add(LaunchArgs::SIZE)
+        .saturating_add(args.len().saturating_mul(KernelArg::SIZE))
+        .saturating_add(deps.len().saturating_mul(4));
+    if out.len() < needed {
+        return Err(WireError::Short {
+            needed,
+            available: out.len(),
+        });
+    }
+    let mut w = Writer::new(out);
+    let header = RequestHeader {
+        opcode: Opcode::Launch as u32,
+        flags: 0,
+        id,
+    };
+    w.bytes(&header.to_bytes())?;
+    let fixed = LaunchArgs {
+        arg_count: u32::try_from(args.len()).unwrap_or(u32::MAX),
+        dep_count: u32::try_from(deps.len()).unwrap_or(u32::MAX),
+        ..*launch
+    };
+    w.bytes(&fixed.to_bytes())?;
+    for a in args {
+        w.bytes(&a.to_bytes())?;
+    }
+    for d in deps {
+        w.bytes(&d.to_le_bytes())?;
+    }
+    Ok(w.pos())
+}
