@@ -1,1 +1,37 @@
-//! The crate a guest installs: no_std virtio-mmio modern driver, split virtqueues and the vGPU request API; a std Linux transport behind a feature.
+//! The crate a guest installs to drive a vGPU: a `no_std` virtio-mmio modern driver and
+//! split virtqueues over a [`Transport`] (payloads: identity-mapped MMIO; later, feature
+//! `std`: a Linux userspace transport), and on top of them the vGPU request API.
+//!
+//! Initialisation, in the order virtio 1.x 3.1.1 demands:
+//!
+//! ```ignore
+//! let mut dev = VirtioMmio::probe(transport)?;
+//! dev.negotiate(0, feature::RING_EVENT_IDX)?;
+//! let size = dev.pick_queue_size(0, 64)?;
+//! let mut q: SplitQueue = SplitQueue::allocate(dev.transport(), size)?;
+//! dev.activate_queue(0, &mut q)?;
+//! dev.driver_ok()?;
+//! let token = q.add(&[Buffer::readable(req, n), Buffer::writable(resp, m)])?;
+//! dev.kick(0, &mut q);
+//! while q.pop_used()?.is_none() {}
+//! ```
+#![cfg_attr(not(test), no_std)]
+
+pub mod error;
+pub mod mmio;
+pub mod queue;
+mod ring;
+pub mod spec;
+pub mod transport;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+pub use error::{Error, Result};
+pub use mmio::VirtioMmio;
+pub use queue::{Buffer, SplitQueue, Token, Used};
+pub use ring::Layout as QueueLayout;
+pub use spec::feature;
+pub use transport::{DmaRegion, Transport};
