@@ -1,0 +1,84 @@
+//! Register state for entering a payload in 64-bit long mode.
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+
+use super::gdt;
+use crate::layout;
+
+const CR0_PE: u64 = 1;
+const CR0_MP: u64 = 1 << 1;
+const CR0_ET: u64 = 1 << 4;
+const CR0_NE: u64 = 1 << 5;
+const CR0_PG: u64 = 1 << 31;
+const CR4_PAE: u64 = 1 << 5;
+const CR4_OSFXSR: u64 = 1 << 9;
+const CR4_OSXMMEXCPT: u64 = 1 << 10;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+/// Special registers: long mode, paging on with `cr3`, flat segments, SSE usable.
+pub fn long_mode_sregs(mut sregs: kvm_sregs, cr3: u64) -> kvm_sregs {
+    sregs.gdt.base = layout::GDT_ADDR;
+    sregs.gdt.limit = (std::mem::size_of_val(&gdt::GDT) - 1) as u16;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    sregs.cs = gdt::segment(1);
+    let data = gdt::segment(2);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = gdt::segment(3);
+    sregs.cr3 = cr3;
+    sregs.cr4 |= CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
+    // Caches on (CD and NW clear), FPU/SSE usable (EM and TS clear).
+    sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_PG;
+    sregs.efer |= EFER_LME | EFER_LMA;
+    sregs
+}
+
+/// General registers: entry point, this vCPU's stack, `rdi` = BootInfo, `rsi` = index.
+pub fn entry_regs(entry: u64, vcpu_index: u8) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rsp: stack_top(vcpu_index),
+        rbp: stack_top(vcpu_index),
+        rdi: layout::BOOT_INFO_ADDR,
+        rsi: u64::from(vcpu_index),
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
+/// Top of vCPU `index`'s stack (grows down).
+pub fn stack_top(index: u8) -> u64 {
+    layout::STACKS_TOP - u64::from(index) * layout::STACK_SIZE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sregs_enter_long_mode_with_sse() {
+        let s = long_mode_sregs(kvm_sregs::default(), 0x9000);
+        assert_eq!(s.cr3, 0x9000);
+        assert_ne!(s.cr0 & CR0_PG, 0);
+        assert_ne!(s.cr0 & CR0_PE, 0);
+        assert_eq!(s.cr0 & (1 << 2), 0, "EM must be clear for SSE");
+        assert_ne!(s.cr4 & CR4_OSFXSR, 0);
+        assert_eq!(s.efer & (EFER_LME | EFER_LMA), EFER_LME | EFER_LMA);
+        assert_eq!(s.cs.l, 1);
+        assert_eq!(s.gdt.limit, 31);
+    }
+
+    #[test]
+    fn each_vcpu_gets_its_own_stack() {
+        let r0 = entry_regs(0x20_1000, 0);
+        let r3 = entry_regs(0x20_1000, 3);
+        assert_eq!(r0.rsp, 0x20_0000);
+        assert_eq!(r3.rsp, 0x20_0000 - 3 * 0x1_0000);
+        assert_eq!((r3.rdi, r3.rsi, r3.rip), (layout::BOOT_INFO_ADDR, 3, 0x20_1000));
+    }
+}

@@ -1,0 +1,168 @@
+//! vCPU threads: each runs KVM_RUN and dispatches port and MMIO exits to the buses.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_bindings::{kvm_fpu, CpuId};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+
+use crate::arch::{cpuid, regs};
+use crate::devices::bus::Bus;
+use crate::devices::legacy::ExitState;
+use crate::layout;
+
+/// Exit code the vmm uses when the guest crashed (triple fault, failed entry, internal
+/// error); documented in docs/payload-abi.md.
+pub const GUEST_CRASH_EXIT: i32 = 125;
+
+/// Why a vCPU could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("cannot create vCPU {0}: {1}")]
+    Create(u8, kvm_ioctls::Error),
+    #[error("cannot configure vCPU {0} ({1}): {2}")]
+    Configure(u8, &'static str, kvm_ioctls::Error),
+    #[error("cannot start the thread of vCPU {0}: {1}")]
+    Spawn(u8, std::io::Error),
+}
+
+/// Everything a vCPU thread shares with the rest of the VM.
+pub struct VcpuContext {
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub exit: Arc<ExitState>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Creates and configures vCPU `index` for entry at `entry`.
+pub fn create(vm: &VmFd, supported: &CpuId, index: u8, count: u8, entry: u64, cr3: u64) -> Result<VcpuFd, VcpuError> {
+    let vcpu = vm.create_vcpu(u64::from(index)).map_err(|e| VcpuError::Create(index, e))?;
+    let cfg = |what| move |e| VcpuError::Configure(index, what, e);
+    vcpu.set_cpuid2(&cpuid::for_vcpu(supported.clone(), index, count)).map_err(cfg("cpuid"))?;
+    let sregs = vcpu.get_sregs().map_err(cfg("get sregs"))?;
+    vcpu.set_sregs(&regs::long_mode_sregs(sregs, cr3)).map_err(cfg("sregs"))?;
+    vcpu.set_regs(&regs::entry_regs(entry, index)).map_err(cfg("regs"))?;
+    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+    vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
+    Ok(vcpu)
+}
+
+/// Starts the thread of vCPU `index`.
+pub fn spawn(mut vcpu: VcpuFd, index: u8, ctx: VcpuContext) -> Result<JoinHandle<()>, VcpuError> {
+    std::thread::Builder::new()
+        .name(format!("vcpu{index}"))
+        .spawn(move || run(&mut vcpu, index, &ctx))
+        .map_err(|e| VcpuError::Spawn(index, e))
+}
+
+fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
+    loop {
+        if ctx.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match vcpu.run() {
+            Ok(exit) => {
+                let internal = matches!(exit, VcpuExit::InternalError);
+                if let Some(code) = handle_exit(exit, index, ctx) {
+                    if internal {
+                        report_internal_error(vcpu, index);
+                    }
+                    ctx.exit.request(code);
+                    return;
+                }
+            }
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) => {
+                tracing::error!(vcpu = index, "KVM_RUN failed: {e}");
+                ctx.exit.request(GUEST_CRASH_EXIT);
+                return;
+            }
+        }
+    }
+}
+
+/// Says what KVM could not do, with the guest's instruction pointer, so a crash report is
+/// actionable.
+fn report_internal_error(vcpu: &mut VcpuFd, index: u8) {
+    let regs = vcpu.get_regs().unwrap_or_default();
+    let rip = regs.rip;
+    let sregs = vcpu.get_sregs().unwrap_or_default();
+    tracing::error!(?regs, cr0 = sregs.cr0, cr4 = sregs.cr4, efer = sregs.efer, "registers at the internal error");
+    let run = vcpu.get_kvm_run();
+    // SAFETY: the vCPU just exited with KVM_EXIT_INTERNAL_ERROR, so `internal` is the
+    // active member of the exit union.
+    let internal = unsafe { run.__bindgen_anon_1.internal };
+    let n = (internal.ndata as usize).min(internal.data.len());
+    eprintln!(
+        "vmm: vCPU {index} KVM internal error: suberror {} at rip {rip:#x}, data {:x?}",
+        internal.suberror,
+        &internal.data[..n]
+    );
+}
+
+/// Handles one exit; `Some(code)` ends the VM.
+fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Option<i32> {
+    match exit {
+        VcpuExit::IoOut(port, data) => {
+            ctx.exit.note_io();
+            if !ctx.pio.write(u64::from(port), data) {
+                tracing::debug!(port, "write to an empty port");
+            }
+            None
+        }
+        VcpuExit::IoIn(port, data) => {
+            ctx.exit.note_io();
+            if !ctx.pio.read(u64::from(port), data) {
+                data.fill(0xff);
+            }
+            None
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            if !ctx.mmio.read(addr, data) {
+                tracing::debug!(addr, "read of unmapped MMIO");
+                data.fill(0xff);
+            }
+            None
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            if !ctx.mmio.write(addr, data) {
+                tracing::debug!(addr, "write to unmapped MMIO");
+            }
+            None
+        }
+        VcpuExit::Hlt => {
+            // With the in-kernel irqchip HLT stays in KVM; without one, park politely.
+            std::thread::sleep(Duration::from_millis(1));
+            None
+        }
+        VcpuExit::Intr => None,
+        VcpuExit::Shutdown => {
+            tracing::error!(vcpu = index, "the guest triple-faulted; stopping the VM");
+            eprintln!("vmm: guest crashed (triple fault on vCPU {index})");
+            Some(GUEST_CRASH_EXIT)
+        }
+        VcpuExit::FailEntry(reason, cpu) => {
+            eprintln!("vmm: KVM could not enter vCPU {index} (reason {reason:#x}, cpu {cpu})");
+            Some(GUEST_CRASH_EXIT)
+        }
+        VcpuExit::InternalError => {
+            eprintln!("vmm: KVM internal error on vCPU {index} (an instruction the nested KVM cannot emulate?)");
+            Some(GUEST_CRASH_EXIT)
+        }
+        VcpuExit::SystemEvent(kind, _) => {
+            tracing::info!(vcpu = index, kind, "guest system event");
+            Some(0)
+        }
+        other => {
+            eprintln!("vmm: unexpected exit on vCPU {index}: {other:?}");
+            Some(GUEST_CRASH_EXIT)
+        }
+    }
+}
+
+/// Checks the vCPU count against the layout.
+pub fn check_count(n: u8) -> bool {
+    (1..=layout::MAX_VCPUS).contains(&n)
+}
