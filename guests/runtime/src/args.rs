@@ -75,3 +75,38 @@ pub fn parse_number(s: &str) -> Option<u64> {
     }
     any.then_some(value)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_number("100_000"), Some(100_000));
+        assert_eq!(parse_number("0x1F"), Some(31));
+        assert_eq!(parse_number(""), None);
+        assert_eq!(parse_number("0x"), None);
+        assert_eq!(parse_number("12a"), None);
+        assert_eq!(parse_number("18446744073709551616"), None);
+    }
+
+    #[test]
+    fn words() {
+        let a = Args::new("reset  exit=7 500 iters=0x10 exit=9");
+        assert!(a.flag("reset"));
+        assert!(!a.flag("exit"));
+        assert_eq!(a.value("exit"), Some("9"));
+        assert_eq!(a.positional(0), Some("reset"));
+        assert_eq!(a.positional(1), Some("500"));
+        assert_eq!(a.number("iters", 1), Ok(16));
+        assert_eq!(a.number("missing", 1), Ok(1));
+        let bad = Args::new("n=abc");
+        assert_eq!(
+            bad.number("n", 1),
+            Err(BadNumber {
+                key: "n",
+                value: "abc"
+            })
+        );
+    }
+}

@@ -16,7 +16,7 @@ pub struct BumpAllocator {
     end: AtomicUsize,
 }
 
-#[global_allocator]
+#[cfg_attr(not(test), global_allocator)]
 static HEAP: BumpAllocator = BumpAllocator {
     next: AtomicUsize::new(0),
     end: AtomicUsize::new(0),
@@ -24,6 +24,7 @@ static HEAP: BumpAllocator = BumpAllocator {
 
 /// Hands the RAM from `_end` to the end of its region to the allocator. Called once by
 /// vCPU 0 before `main`; until then every allocation fails.
+#[cfg_attr(test, allow(dead_code))]
 pub(crate) fn init(boot: &BootInfo) {
     let start = core::ptr::addr_of!(_end) as u64;
     let Some((_, end)) = boot.usable_region_containing(start) else {

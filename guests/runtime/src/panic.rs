@@ -2,8 +2,7 @@
 
 use core::sync::atomic::{AtomicBool, Ordering};
 
-/// Exit code of a panicking payload (as Rust's test harness uses for a failed test).
-pub const EXIT_PANIC: u8 = 101;
+use crate::EXIT_PANIC;
 
 static PANICKING: AtomicBool = AtomicBool::new(false);
 

@@ -1,77 +1,84 @@
 //! The entry point. Every vCPU starts at `_start` at once, in long mode with its own stack
 //! (docs/payload-abi.md): rdi = &BootInfo, rsi = vCPU index.
 
-use core::sync::atomic::{AtomicBool, Ordering};
-
 use crate::boot::BootInfo;
-use crate::exit::{exit, park};
 
 /// Exit code when the vmm's BootInfo is not what this runtime was built for.
 pub const EXIT_BAD_BOOTINFO: u8 = 102;
-
-/// Set by vCPU 0 once the heap and clock are ready; other vCPUs wait for it before
-/// running the payload's AP hook.
-static READY: AtomicBool = AtomicBool::new(false);
 
 /// What a payload's `entry!` provides.
 pub type MainFn = fn(&'static BootInfo, &'static str) -> u8;
 pub type ApFn = fn(&'static BootInfo, u32);
 
-extern "Rust" {
-    /// Defined by `entry!` in the payload binary.
-    static __PAYLOAD_MAIN: MainFn;
-    /// Defined by `entry!`: `None` parks the other vCPUs at once.
-    static __PAYLOAD_AP_MAIN: Option<ApFn>;
-}
+/// The bare-metal entry; host unit tests link std's own `_start` instead.
+#[cfg(not(test))]
+mod bare {
+    use core::sync::atomic::{AtomicBool, Ordering};
 
-// The vmm already set rsp 16-byte aligned; `call` then leaves it as the SysV ABI expects
-// at function entry. rbp = 0 ends frame-pointer walks here.
-core::arch::global_asm!(
-    ".section .text._start,\"ax\",@progbits",
-    ".global _start",
-    ".type _start,@function",
-    "_start:",
-    "    xor ebp, ebp",
-    "    and rsp, -16",
-    "    call {rust_start}",
-    "    ud2",
-    ".size _start, . - _start",
-    rust_start = sym rust_start,
-);
+    use super::{ApFn, MainFn, EXIT_BAD_BOOTINFO};
+    use crate::boot::BootInfo;
+    use crate::exit::{exit, park};
 
-extern "C" fn rust_start(boot: *const BootInfo, index: u64) -> ! {
-    // SAFETY: the vmm passes the address of the BootInfo block (0x7000) in rdi; it lives in
-    // identity-mapped RAM for the whole run and the guest never writes it.
-    let boot: &'static BootInfo = unsafe { &*boot };
+    /// Set by vCPU 0 once the heap and clock are ready; other vCPUs wait for it before
+    /// running the payload's AP hook.
+    static READY: AtomicBool = AtomicBool::new(false);
 
-    if index != 0 {
-        // SAFETY: the static is defined by the payload's entry! macro and never written.
-        let ap = unsafe { __PAYLOAD_AP_MAIN };
-        if let Some(ap) = ap {
-            while !READY.load(Ordering::Acquire) {
-                core::hint::spin_loop();
+    extern "Rust" {
+        /// Defined by `entry!` in the payload binary.
+        static __PAYLOAD_MAIN: MainFn;
+        /// Defined by `entry!`: `None` parks the other vCPUs at once.
+        static __PAYLOAD_AP_MAIN: Option<ApFn>;
+    }
+
+    // The vmm already set rsp 16-byte aligned; `call` then leaves it as the SysV ABI expects
+    // at function entry. rbp = 0 ends frame-pointer walks here.
+    core::arch::global_asm!(
+        ".section .text._start,\"ax\",@progbits",
+        ".global _start",
+        ".type _start,@function",
+        "_start:",
+        "    xor ebp, ebp",
+        "    and rsp, -16",
+        "    call {rust_start}",
+        "    ud2",
+        ".size _start, . - _start",
+        rust_start = sym rust_start,
+    );
+
+    extern "C" fn rust_start(boot: *const BootInfo, index: u64) -> ! {
+        // SAFETY: the vmm passes the address of the BootInfo block (0x7000) in rdi; it lives in
+        // identity-mapped RAM for the whole run and the guest never writes it.
+        let boot: &'static BootInfo = unsafe { &*boot };
+
+        if index != 0 {
+            // SAFETY: the static is defined by the payload's entry! macro and never written.
+            let ap = unsafe { __PAYLOAD_AP_MAIN };
+            if let Some(ap) = ap {
+                while !READY.load(Ordering::Acquire) {
+                    core::hint::spin_loop();
+                }
+                ap(boot, index as u32);
             }
-            ap(boot, index as u32);
+            park();
         }
-        park();
-    }
 
-    if !boot.is_valid() {
-        crate::println!(
-            "payload-rt: bad BootInfo at {:p}: magic {:#x} version {}",
-            boot,
-            boot.magic,
-            boot.version
-        );
-        exit(EXIT_BAD_BOOTINFO);
-    }
-    crate::time::init(boot.tsc_khz);
-    crate::heap::init(boot);
-    READY.store(true, Ordering::Release);
+        if !boot.is_valid() {
+            crate::println!(
+                "payload-rt: bad BootInfo at {:p}: magic {:#x} version {}",
+                boot,
+                boot.magic,
+                boot.version
+            );
+            exit(EXIT_BAD_BOOTINFO);
+        }
+        crate::time::init(boot.tsc_khz);
+        crate::heap::init(boot);
+        READY.store(true, Ordering::Release);
 
-    // SAFETY: as above, defined by entry! and never written.
-    let main = unsafe { __PAYLOAD_MAIN };
-    exit(main(boot, boot.args()))
+        // SAFETY: as above, defined by entry! and never written.
+        let main = unsafe { __PAYLOAD_MAIN };
+        exit(main(boot, boot.args()))
+    }
 }
 
 /// Declares the payload's entry points:

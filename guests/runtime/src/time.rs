@@ -9,6 +9,7 @@ static TSC_KHZ: AtomicU64 = AtomicU64::new(0);
 /// TSC frequency: high enough that a timeout is never shorter than asked on today's CPUs.
 const FALLBACK_TIMEOUT_KHZ: u64 = 5_000_000;
 
+#[cfg_attr(test, allow(dead_code))]
 pub(crate) fn init(tsc_khz: u64) {
     TSC_KHZ.store(tsc_khz, Ordering::Relaxed);
 }
