@@ -1,1 +1,166 @@
-//! The Backend trait over one physical GPU as one worker sees it, with the sim and cuda implementations.
+//! The `Backend` trait over one physical GPU as one worker sees it, and its
+//! implementations: **sim** (simulated GPU: host memory in memfds, built-in kernels on CPU
+//! threads) here; **cuda** later.
+//!
+//! A worker process serves one vGPU, so one backend instance holds exactly one vGPU's
+//! device address space and allocations: invariant 3 of DESIGN.md (a guest reaches only
+//! its own device memory) rests on every device range going through [`Backend`]'s checks.
+//!
+//! All methods take `&self` and lock internally at fine grain, so a kernel running for one
+//! queue does not block a copy for another.
+
+mod drain;
+mod error;
+pub mod sim;
+
+pub use error::{BackendError, Result};
+pub use sim::{SimConfig, SimGpu};
+pub use vgpu_proto::{Access, ArgValue};
+
+use vm_memory::VolatileSlice;
+
+/// First device address of a vGPU's address space by default (32 TiB: below where Linux
+/// places mmaps and shared libraries, so the cuda backend can reserve the same range).
+pub const DEFAULT_VA_BASE: u64 = 0x2000_0000_0000;
+/// Size of a vGPU's device address space by default (256 GiB).
+pub const DEFAULT_VA_SIZE: u64 = 256 << 30;
+
+/// What a backend is and can do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendInfo {
+    /// `vgpu_proto::backend_kind` value.
+    pub kind: u32,
+    /// Device name.
+    pub name: String,
+    /// Physical device memory in bytes.
+    pub device_memory: u64,
+    /// Host-device copy bandwidth in bytes/s (0 = not paced).
+    pub copy_bandwidth: u64,
+    /// Compute units (sim: kernel threads).
+    pub compute_units: u32,
+    /// Allocations are charged rounded up to this.
+    pub alloc_granularity: u64,
+    /// The device address space.
+    pub va_base: u64,
+    /// Its size.
+    pub va_size: u64,
+    /// `vgpu_proto::features` bits the backend provides (`BUILTIN_KERNELS`, `PTX`, ...).
+    pub features: u64,
+}
+
+/// A fresh allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    /// Its device address (2 MiB aligned, stable for its life).
+    pub addr: u64,
+    /// Bytes charged against device memory.
+    pub charged: u64,
+}
+
+/// A module's code.
+#[derive(Clone, Copy, Debug)]
+pub enum ModuleImage<'a> {
+    /// A built-in module by name (`"builtin"`).
+    Builtin(&'a [u8]),
+    /// PTX text.
+    Ptx(&'a [u8]),
+}
+
+/// A looked-up function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// Handle for `launch` (never 0).
+    pub handle: u64,
+    /// Number of parameters.
+    pub param_count: u32,
+}
+
+/// Launch geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Grid size in blocks.
+    pub grid: [u32; 3],
+    /// Block size in threads.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block.
+    pub shared_bytes: u32,
+}
+
+/// What a finished launch reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchStats {
+    /// Device time of the kernel in nanoseconds.
+    pub device_ns: u64,
+}
+
+/// Bytes of device memory in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes charged by live allocations.
+    pub used: u64,
+    /// Device memory in bytes.
+    pub capacity: u64,
+    /// Live allocations.
+    pub allocations: u64,
+}
+
+/// One physical GPU as one worker (one vGPU) sees it.
+///
+/// Device addresses are u64 in the vGPU's own address space and never change for an
+/// allocation's life. Every method that takes a device range checks that it lies inside
+/// one live allocation before touching a byte. Guest buffers arrive as
+/// [`VolatileSlice`]s of the shared guest RAM (the guest may change them under us); copies
+/// go straight between them and device memory.
+pub trait Backend: Send + Sync {
+    /// What the device is.
+    fn info(&self) -> &BackendInfo;
+
+    /// Current memory use.
+    fn memory_usage(&self) -> MemoryUsage;
+
+    /// Allocates `size` bytes (zero-filled) at a fresh 2 MiB-aligned device address.
+    fn alloc(&self, size: u64) -> Result<Allocated>;
+
+    /// Frees the allocation that starts at `addr`. Work already running on it finishes
+    /// first; its address range is reused only after that.
+    fn free(&self, addr: u64) -> Result<()>;
+
+    /// Checks that `[addr, addr + len)` lies inside one live allocation.
+    fn check_range(&self, addr: u64, len: u64) -> Result<()>;
+
+    /// Copies guest memory `src` to device memory at `dst` (paced to the copy bandwidth).
+    /// Returns the bytes copied.
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64>;
+
+    /// Copies device memory at `src` to guest memory `dst` (paced to the copy bandwidth).
+    /// Returns the bytes copied.
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64>;
+
+    /// Copies `len` bytes within device memory; the ranges may overlap (memmove).
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64>;
+
+    /// Sets `count` elements of `elem_size` bytes (1, 2 or 4) at `dst` to the low bytes of
+    /// `value`. Returns the bytes written.
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64>;
+
+    /// Loads a module; returns its handle (never 0).
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64>;
+
+    /// Unloads a module; its functions become unknown.
+    fn module_unload(&self, module: u64) -> Result<()>;
+
+    /// Looks up a function of a loaded module.
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo>;
+
+    /// Runs a kernel to completion. `args` are the typed kernel arguments; every pointer's
+    /// extent is checked against the allocations before the kernel starts.
+    fn launch(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats>;
+
+    /// Waits until every operation that started before this call has finished.
+    fn synchronize(&self);
+}

@@ -1,0 +1,450 @@
+//! The sim device's memory: one reserved host address range per vGPU address space, and
+//! one memfd per allocation mapped into it at the allocation's offset.
+//!
+//! Device address `va_base + off` lives at host address `reservation + off`. An allocation
+//! is a memfd (so another process can map the same bytes: shared device memory, or a
+//! migration target) mapped `MAP_SHARED | MAP_FIXED` over its part of the reservation; the
+//! rest of the reservation stays `PROT_NONE`. Freed ranges go back to `PROT_NONE` and are
+//! reused only once nothing uses the allocation any more.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use vm_memory::VolatileSlice;
+
+use crate::error::{BackendError, Result};
+
+/// Host page size used for charging and mapping.
+pub const PAGE: u64 = 4096;
+/// Alignment of every allocation's device address.
+pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
+
+fn round_up(v: u64, align: u64) -> Option<u64> {
+    v.checked_add(align - 1).map(|v| v & !(align - 1))
+}
+
+/// A `PROT_NONE` host address range, unmapped on drop.
+#[derive(Debug)]
+struct Reservation {
+    host: usize,
+    size: usize,
+}
+
+impl Reservation {
+    fn new(size: u64) -> Result<Self> {
+        let size = usize::try_from(size).map_err(|_| {
+            BackendError::InvalidArgument(format!(
+                "address space of {size} bytes does not fit this host"
+            ))
+        })?;
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing; it
+        // overlaps nothing we own and we check the result.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(BackendError::os(
+                "reserving the device address space (mmap PROT_NONE)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(Self {
+            host: p as usize,
+            size,
+        })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: the range is the one mmap returned in `new`; every allocation mapped into
+        // it holds an Arc that keeps this reservation alive, so none is left when we get here.
+        let rc = unsafe { libc::munmap(self.host as *mut libc::c_void, self.size) };
+        if rc != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap of the device address space failed");
+        }
+    }
+}
+
+/// State shared by the address space and its allocations.
+#[derive(Debug)]
+struct Space {
+    res: Reservation,
+    va_base: u64,
+    capacity: u64,
+    used: AtomicU64,
+    count: AtomicU64,
+    /// Free holes of the address space: offset -> length, both multiples of `VA_ALIGN`.
+    holes: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl Space {
+    fn take_hole(&self, len: u64) -> Option<u64> {
+        let mut holes = self.holes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (&off, &hole) = holes.iter().find(|(_, &l)| l >= len)?;
+        holes.remove(&off);
+        if hole > len {
+            holes.insert(off + len, hole - len);
+        }
+        Some(off)
+    }
+
+    fn give_hole(&self, off: u64, len: u64) {
+        let mut holes = self.holes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut start, mut end) = (off, off + len);
+        if let Some((&p, &plen)) = holes.range(..off).next_back() {
+            if p + plen == off {
+                holes.remove(&p);
+                start = p;
+            }
+        }
+        if let Some(&nlen) = holes.get(&end) {
+            holes.remove(&end);
+            end += nlen;
+        }
+        holes.insert(start, end - start);
+    }
+
+    fn charge(&self, bytes: u64) -> Result<()> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|t| *t <= self.capacity)
+            })
+            .map(|_| ())
+            .map_err(|u| BackendError::OutOfMemory {
+                requested: bytes,
+                available: self.capacity.saturating_sub(u),
+                capacity: self.capacity,
+            })
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// One live allocation: a memfd mapped at its place in the reservation.
+#[derive(Debug)]
+pub struct Allocation {
+    addr: u64,
+    size: u64,
+    charged: u64,
+    va_len: u64,
+    host: usize,
+    memfd: OwnedFd,
+    space: Arc<Space>,
+}
+
+/// An atomic word type kernels may view device memory as.
+pub trait Word: Sized {
+    /// Bytes per word (also its alignment).
+    const SIZE: u64;
+}
+impl Word for AtomicU8 {
+    const SIZE: u64 = 1;
+}
+impl Word for AtomicU32 {
+    const SIZE: u64 = 4;
+}
+impl Word for AtomicU64 {
+    const SIZE: u64 = 8;
+}
+
+impl Allocation {
+    /// Requested size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The memfd holding the bytes (offset 0 = `addr`).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    fn check(&self, off: u64, len: u64) -> Result<usize> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.size => Ok(self.host + off as usize),
+            _ => Err(BackendError::BadPointer {
+                addr: self.addr.wrapping_add(off),
+                len,
+            }),
+        }
+    }
+
+    /// `len` bytes at offset `off` as a volatile slice.
+    pub fn volatile(&self, off: u64, len: u64) -> Result<VolatileSlice<'_>> {
+        let p = self.check(off, len)?;
+        // SAFETY: `check` keeps [p, p + len) inside this allocation's live MAP_SHARED
+        // mapping, which stays mapped while `self` is borrowed (Drop unmaps it). Other users
+        // of these bytes (kernels, copies on other queues, other processes mapping the
+        // memfd) access them only through volatile or atomic operations.
+        Ok(unsafe { VolatileSlice::new(p as *mut u8, len as usize) })
+    }
+
+    /// `count` words at offset `off` as atomics. `off` must be aligned to the word.
+    pub fn words<T: Word>(&self, off: u64, count: u64) -> Result<&[T]> {
+        let len = count.checked_mul(T::SIZE).ok_or(BackendError::BadPointer {
+            addr: self.addr.wrapping_add(off),
+            len: u64::MAX,
+        })?;
+        let p = self.check(off, len)?;
+        if (p as u64) % T::SIZE != 0 {
+            return Err(BackendError::Misaligned {
+                addr: self.addr.wrapping_add(off),
+                align: T::SIZE,
+            });
+        }
+        // SAFETY: [p, p + len) lies inside this allocation's mapping (checked above), which
+        // lives as long as the borrow of `self`; `p` is aligned for `T`; the atomic types have
+        // the size and alignment of their integers, any bit pattern is valid, and concurrent
+        // access from other threads or processes through atomics is sound.
+        Ok(unsafe { std::slice::from_raw_parts(p as *const T, count as usize) })
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        // SAFETY: [host, host + va_len) is this allocation's part of the reservation; putting
+        // PROT_NONE anonymous memory back over it (MAP_FIXED) only replaces our own mapping.
+        let p = unsafe {
+            libc::mmap(
+                self.host as *mut libc::c_void,
+                self.va_len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // Leave the range out of the free list: never hand out a range still mapped.
+            tracing::error!(addr = self.addr, error = %std::io::Error::last_os_error(),
+                "could not unmap a freed allocation; its address range is retired");
+        } else {
+            self.space
+                .give_hole(self.host as u64 - self.space.res.host as u64, self.va_len);
+        }
+        self.space.uncharge(self.charged);
+        self.space.count.fetch_sub(1, Ordering::AcqRel);
+        tracing::trace!(addr = self.addr, size = self.size, "allocation released");
+    }
+}
+
+/// A vGPU's device address space and its allocation table.
+#[derive(Debug)]
+pub struct DeviceMemory {
+    space: Arc<Space>,
+    table: RwLock<BTreeMap<u64, Arc<Allocation>>>,
+}
+
+impl DeviceMemory {
+    /// An empty address space `[va_base, va_base + va_size)` holding at most `capacity`
+    /// bytes.
+    pub fn new(va_base: u64, va_size: u64, capacity: u64) -> Result<Self> {
+        if va_base % VA_ALIGN != 0 || va_base == 0 || va_size < VA_ALIGN || va_size % VA_ALIGN != 0
+        {
+            return Err(BackendError::InvalidArgument(format!(
+                "device address space {va_base:#x}+{va_size:#x} must be non-null and 2 MiB aligned"
+            )));
+        }
+        va_base.checked_add(va_size).ok_or_else(|| {
+            BackendError::InvalidArgument(format!(
+                "device address space {va_base:#x}+{va_size:#x} overflows"
+            ))
+        })?;
+        let res = Reservation::new(va_size)?;
+        let mut holes = BTreeMap::new();
+        holes.insert(0, va_size);
+        Ok(Self {
+            space: Arc::new(Space {
+                res,
+                va_base,
+                capacity,
+                used: AtomicU64::new(0),
+                count: AtomicU64::new(0),
+                holes: Mutex::new(holes),
+            }),
+            table: RwLock::new(BTreeMap::new()),
+        })
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.space.used.load(Ordering::Acquire)
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.space.capacity
+    }
+
+    /// Live allocations (including freed ones still in use by running work).
+    pub fn count(&self) -> u64 {
+        self.space.count.load(Ordering::Acquire)
+    }
+
+    /// Allocates `size` zero-filled bytes; returns (address, bytes charged).
+    pub fn alloc(&self, size: u64) -> Result<(u64, u64)> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let too_big = || BackendError::OutOfMemory {
+            requested: size,
+            available: self.space.capacity.saturating_sub(self.used()),
+            capacity: self.space.capacity,
+        };
+        let charged = round_up(size, PAGE).ok_or_else(too_big)?;
+        let va_len = round_up(size, VA_ALIGN).ok_or_else(too_big)?;
+        let map_len = usize::try_from(charged).map_err(|_| too_big())?;
+        self.space.charge(charged)?;
+        let Some(off) = self.space.take_hole(va_len) else {
+            self.space.uncharge(charged);
+            return Err(BackendError::AddressSpaceFull { requested: size });
+        };
+        let addr = self.space.va_base + off;
+        let host = self.space.res.host + off as usize;
+        match map_memfd(host, map_len, addr) {
+            Ok(memfd) => {
+                self.space.count.fetch_add(1, Ordering::AcqRel);
+                let a = Arc::new(Allocation {
+                    addr,
+                    size,
+                    charged,
+                    va_len,
+                    host,
+                    memfd,
+                    space: self.space.clone(),
+                });
+                self.table
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(addr, a);
+                tracing::debug!(addr, size, charged, "allocated");
+                Ok((addr, charged))
+            }
+            Err((e, clobbered)) => {
+                if clobbered {
+                    // A failed MAP_FIXED may have unmapped part of the reservation; never
+                    // hand that range out again.
+                    tracing::error!(addr, error = %e, "device memory mapping failed; address range retired");
+                } else {
+                    self.space.give_hole(off, va_len);
+                }
+                self.space.uncharge(charged);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the allocation starting at `addr` from the table. The bytes are released
+    /// when the last user (a running kernel or copy) lets go.
+    pub fn free(&self, addr: u64) -> Result<()> {
+        let removed = self
+            .table
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&addr);
+        match removed {
+            Some(a) => {
+                tracing::debug!(addr, size = a.size, "freed");
+                drop(a);
+                Ok(())
+            }
+            None => Err(BackendError::NotAllocated { addr }),
+        }
+    }
+
+    /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.
+    /// A zero-length range must still start inside an allocation.
+    pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
+        let bad = BackendError::BadPointer { addr, len };
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
+        let off = addr - a.addr;
+        let end = off
+            .checked_add(len)
+            .ok_or(BackendError::BadPointer { addr, len })?;
+        if off >= a.size || end > a.size {
+            return Err(BackendError::BadPointer { addr, len });
+        }
+        Ok((a.clone(), off))
+    }
+}
+
+/// Creates a memfd of `len` bytes, commits its memory, and maps it at `host` (inside our
+/// reservation). On error, the flag says whether the reservation at `host` may have been
+/// disturbed.
+fn map_memfd(
+    host: usize,
+    len: usize,
+    addr: u64,
+) -> std::result::Result<OwnedFd, (BackendError, bool)> {
+    let memfd = make_memfd(len).map_err(|e| (e, false))?;
+    // SAFETY: [host, host + len) is part of our PROT_NONE reservation and not used by any
+    // live allocation (the hole allocator handed it to us); MAP_FIXED replaces only that.
+    let p = unsafe {
+        libc::mmap(
+            host as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            memfd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err((
+            BackendError::os("mapping device memory", std::io::Error::last_os_error()),
+            true,
+        ));
+    }
+    tracing::trace!(addr, len, "memfd mapped");
+    Ok(memfd)
+}
+
+/// A memfd of `len` bytes with its memory committed.
+fn make_memfd(len: usize) -> Result<OwnedFd> {
+    let name = c"vgpu-sim-mem";
+    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(BackendError::os(
+            "memfd_create for device memory",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `fd` is a fresh descriptor we own and nothing else refers to.
+    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let off_len = libc::off_t::try_from(len).map_err(|_| {
+        BackendError::InvalidArgument(format!("allocation of {len} bytes is too large"))
+    })?;
+    // SAFETY: plain syscalls on our own descriptor.
+    if unsafe { libc::ftruncate(memfd.as_raw_fd(), off_len) } != 0 {
+        return Err(BackendError::os(
+            "sizing device memory (ftruncate)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // Commit the pages now, so running out of host memory is an allocation error here and
+    // not a SIGBUS in a kernel later.
+    // SAFETY: plain syscall on our own descriptor.
+    if unsafe { libc::fallocate(memfd.as_raw_fd(), 0, 0, off_len) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::ENOMEM) => Err(BackendError::HostOutOfMemory {
+                requested: len as u64,
+            }),
+            _ => Err(BackendError::os("committing device memory (fallocate)", e)),
+        };
+    }
+    Ok(memfd)
+}

@@ -1,0 +1,298 @@
+//! The sim backend: a simulated GPU with a configured memory size, copy bandwidth and
+//! speed. Device memory is host memory in memfds at stable device addresses; built-in
+//! kernels run on CPU threads and take real time.
+
+mod kernels;
+mod memory;
+mod modules;
+mod pacing;
+#[cfg(test)]
+mod tests;
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
+
+use vgpu_proto::{backend_kind, features, ArgValue};
+use vm_memory::VolatileSlice;
+
+use crate::drain::InFlight;
+use crate::error::{BackendError, Result};
+use crate::{
+    Allocated, Backend, BackendInfo, FunctionInfo, LaunchConfig, LaunchStats, MemoryUsage,
+    ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+};
+use memory::DeviceMemory;
+use modules::Modules;
+use pacing::CopyEngine;
+
+pub use pacing::{SPLIT_CHUNK, UNITS_PER_SEC};
+
+/// How to simulate the GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Device name (at most 32 bytes are shown to guests).
+    pub name: String,
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Host-device copy bandwidth in bytes/s; 0 = as fast as the host copies.
+    pub copy_bandwidth: u64,
+    /// Compute-rate factor: a kernel's modeled time is its work (element operations) over
+    /// `speed * 1e9` per second; `spin` lasts `duration / speed`.
+    pub speed: f64,
+    /// Threads one kernel may use; 0 = the host's available parallelism.
+    pub threads: usize,
+    /// First device address.
+    pub va_base: u64,
+    /// Device address space size.
+    pub va_size: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            name: "vgpu-sim".into(),
+            memory: 1 << 30,
+            copy_bandwidth: 0,
+            speed: 1.0,
+            threads: 0,
+            va_base: DEFAULT_VA_BASE,
+            va_size: DEFAULT_VA_SIZE,
+        }
+    }
+}
+
+/// A simulated GPU as one worker sees it.
+#[derive(Debug)]
+pub struct SimGpu {
+    info: BackendInfo,
+    speed: f64,
+    threads: usize,
+    mem: DeviceMemory,
+    copy: CopyEngine,
+    modules: Modules,
+    inflight: InFlight,
+}
+
+impl SimGpu {
+    /// A simulated GPU per `cfg`.
+    pub fn new(cfg: SimConfig) -> Result<Self> {
+        if !(cfg.speed.is_finite() && cfg.speed > 0.0) {
+            return Err(BackendError::InvalidArgument(format!(
+                "sim speed {} must be a positive number (1.0 = nominal)",
+                cfg.speed
+            )));
+        }
+        if cfg.memory == 0 {
+            return Err(BackendError::InvalidArgument(
+                "sim memory must be at least 1 byte".into(),
+            ));
+        }
+        let threads = match cfg.threads {
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            n => n,
+        };
+        let mem = DeviceMemory::new(cfg.va_base, cfg.va_size, cfg.memory)?;
+        let info = BackendInfo {
+            kind: backend_kind::SIM,
+            name: cfg.name.clone(),
+            device_memory: cfg.memory,
+            copy_bandwidth: cfg.copy_bandwidth,
+            compute_units: u32::try_from(threads).unwrap_or(u32::MAX),
+            alloc_granularity: memory::PAGE,
+            va_base: cfg.va_base,
+            va_size: cfg.va_size,
+            features: features::BUILTIN_KERNELS,
+        };
+        tracing::info!(name = %cfg.name, memory = cfg.memory, copy_bandwidth = cfg.copy_bandwidth,
+            speed = cfg.speed, threads, va_base = format_args!("{:#x}", cfg.va_base), "sim GPU ready");
+        Ok(Self {
+            info,
+            speed: cfg.speed,
+            threads,
+            mem,
+            copy: CopyEngine::new(cfg.copy_bandwidth),
+            modules: Modules::default(),
+            inflight: InFlight::default(),
+        })
+    }
+
+    /// A duplicate of the memfd backing the allocation that starts at `addr`, and the
+    /// allocation's size: another process can map the same bytes (shared device memory,
+    /// migration).
+    pub fn export(&self, addr: u64) -> Result<(OwnedFd, u64)> {
+        let (a, off) = self.mem.resolve(addr, 0)?;
+        if off != 0 {
+            return Err(BackendError::NotAllocated { addr });
+        }
+        let fd = a
+            .memfd()
+            .try_clone_to_owned()
+            .map_err(|e| BackendError::os("duplicating a memfd", e))?;
+        Ok((fd, a.size()))
+    }
+}
+
+fn as_len(len: usize) -> u64 {
+    len as u64
+}
+
+impl Backend for SimGpu {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        MemoryUsage {
+            used: self.mem.used(),
+            capacity: self.mem.capacity(),
+            allocations: self.mem.count(),
+        }
+    }
+
+    fn alloc(&self, size: u64) -> Result<Allocated> {
+        let (addr, charged) = self.mem.alloc(size)?;
+        Ok(Allocated { addr, charged })
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        self.mem.free(addr)
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        self.mem.resolve(addr, len).map(|_| ())
+    }
+
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
+        let _op = self.inflight.begin();
+        let len = as_len(src.len());
+        let (alloc, off) = self.mem.resolve(dst, len)?;
+        self.copy.run(len, |o, n| {
+            let d = alloc.volatile(off + o, n)?;
+            let s = src
+                .subslice(o as usize, n as usize)
+                .map_err(|e| BackendError::Device(format!("guest slice: {e}")))?;
+            s.copy_to_volatile_slice(d);
+            Ok::<_, BackendError>(())
+        })?;
+        Ok(len)
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
+        let _op = self.inflight.begin();
+        let len = as_len(dst.len());
+        let (alloc, off) = self.mem.resolve(src, len)?;
+        self.copy.run(len, |o, n| {
+            let s = alloc.volatile(off + o, n)?;
+            let d = dst
+                .subslice(o as usize, n as usize)
+                .map_err(|e| BackendError::Device(format!("guest slice: {e}")))?;
+            s.copy_to_volatile_slice(d);
+            Ok::<_, BackendError>(())
+        })?;
+        Ok(len)
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
+        let _op = self.inflight.begin();
+        let (sa, so) = self.mem.resolve(src, len)?;
+        let (da, doff) = self.mem.resolve(dst, len)?;
+        // Device-internal bandwidth is far above the copy engine's: not paced.
+        // `copy_to_volatile_slice` is a memmove, so overlapping ranges are fine.
+        sa.volatile(so, len)?
+            .copy_to_volatile_slice(da.volatile(doff, len)?);
+        Ok(len)
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
+        let _op = self.inflight.begin();
+        let esize = u64::from(elem_size);
+        if !matches!(elem_size, 1 | 2 | 4) {
+            return Err(BackendError::InvalidArgument(format!(
+                "memset element size {elem_size}; use 1, 2 or 4"
+            )));
+        }
+        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
+            addr: dst,
+            len: u64::MAX,
+        })?;
+        if dst % esize != 0 {
+            return Err(BackendError::Misaligned {
+                addr: dst,
+                align: esize,
+            });
+        }
+        let (a, off) = self.mem.resolve(dst, len)?;
+        let bytes = value.to_le_bytes();
+        let pattern = match elem_size {
+            1 => u32::from_le_bytes([bytes[0]; 4]),
+            2 => u32::from_le_bytes([bytes[0], bytes[1], bytes[0], bytes[1]]),
+            _ => value,
+        };
+        // Fill whole aligned 32-bit words with the pattern; bytes at the edges one by one.
+        let start = dst;
+        let end = dst + len;
+        let word_lo = start.div_ceil(4) * 4;
+        let word_hi = (end / 4) * 4;
+        let pb = pattern.to_le_bytes();
+        let edge = |from: u64, to: u64| -> Result<()> {
+            for p in from..to {
+                if let (Some(b), Some(v)) = (
+                    a.words::<AtomicU8>(off + (p - start), 1)?.first(),
+                    pb.get((p % 4) as usize),
+                ) {
+                    b.store(*v, Relaxed);
+                }
+            }
+            Ok(())
+        };
+        if word_lo >= word_hi {
+            edge(start, end)?;
+        } else {
+            edge(start, word_lo)?;
+            let words = a.words::<AtomicU32>(off + (word_lo - start), (word_hi - word_lo) / 4)?;
+            words.iter().for_each(|w| w.store(pattern, Relaxed));
+            edge(word_hi, end)?;
+        }
+        Ok(len)
+    }
+
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
+        self.modules.load(image)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        self.modules.unload(module)
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
+        self.modules.function(module, name)
+    }
+
+    fn launch(
+        &self,
+        function: u64,
+        _config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        // Built-in kernels choose their own decomposition over the host threads; the
+        // geometry (validated by the device layer) matters to PTX kernels only.
+        let _op = self.inflight.begin();
+        let sig = self.modules.kernel(function)?;
+        let ctx = kernels::Ctx {
+            mem: &self.mem,
+            threads: self.threads,
+            speed: self.speed,
+        };
+        let t = kernels::run(&ctx, sig, args)?;
+        tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");
+        Ok(LaunchStats {
+            device_ns: u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
+        })
+    }
+
+    fn synchronize(&self) {
+        self.inflight.drain();
+    }
+}
