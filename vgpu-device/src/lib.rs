@@ -1,1 +1,30 @@
-//! The vGPU device as a guest sees it, served as a vhost-user backend inside vgpu-worker: descriptor chains to backend calls.
+//! The vGPU device as a guest sees it, served as a vhost-user backend inside `vgpu-worker`:
+//! descriptor chains to backend calls.
+//!
+//! - [`Vgpu`] checks each descriptor chain (every descriptor against the guest memory
+//!   table, directions, lengths), parses the header with `vgpu-proto`, calls the
+//!   [`vgpu_backend::Backend`] and writes the response. Copies go straight between the
+//!   guest's buffers and device memory.
+//! - [`VgpuVhostBackend`] serves a `Vgpu` over vhost-user: N queues, one thread each,
+//!   in-order completion per queue, EVENT_IDX, config space via GET_CONFIG.
+
+mod chain;
+mod config;
+mod device;
+mod error;
+mod events;
+mod stats;
+mod vhost;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod vhost_tests;
+
+pub use chain::{Chain, GuestMem};
+pub use config::{DeviceConfig, DEFAULT_QUEUE_SIZE, MAX_QUEUES};
+pub use device::Vgpu;
+pub use error::{ConfigError, RequestError};
+pub use events::MAX_EVENTS;
+pub use stats::StatsSnapshot;
+pub use vhost::{Memory, VgpuVhostBackend, Vring};

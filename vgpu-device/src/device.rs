@@ -1,0 +1,511 @@
+//! One vGPU: turns descriptor chains into backend calls and writes the responses.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
+use vgpu_proto::args::module_kind;
+use vgpu_proto::{
+    features, launch_request_len, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode, Request,
+    Response, VgpuConfig, MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN,
+    MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK, PROTOCOL_VERSION,
+};
+use vm_memory::Bytes;
+
+use crate::chain::{for_each_data, gather, Chain, GuestMem, Layout};
+use crate::config::DeviceConfig;
+use crate::error::{ConfigError, RequestError};
+use crate::events::Events;
+use crate::stats::{Stats, StatsSnapshot};
+
+/// Largest header descriptor read: a launch with every argument and dependency.
+const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize);
+
+type Outcome = Result<[u64; 4], RequestError>;
+
+/// One vGPU's device: config, backend, events, stats.
+pub struct Vgpu {
+    config: DeviceConfig,
+    backend: Arc<dyn Backend>,
+    space: VgpuConfig,
+    events: Events,
+    stats: Stats,
+    alloc_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for Vgpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vgpu")
+            .field("config", &self.config)
+            .field("backend", self.backend.info())
+            .finish()
+    }
+}
+
+impl Vgpu {
+    /// A vGPU served by `backend`.
+    pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let info = backend.info();
+        let space = config.config_space(info.features, info.va_base, info.va_size);
+        Ok(Self {
+            config,
+            backend,
+            space,
+            events: Events::default(),
+            stats: Stats::default(),
+            alloc_lock: Mutex::new(()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// The config space the guest reads.
+    pub fn config_space(&self) -> &VgpuConfig {
+        &self.space
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Serves one request of `queue`. Returns the used length: the bytes of the writable
+    /// data descriptors plus the response, or 0 when the chain has no usable response
+    /// descriptor (nothing is written then).
+    pub fn process_chain(&self, queue: u16, mem: &GuestMem, chain: Chain<'_>) -> u32 {
+        let start = Instant::now();
+        let layout = Layout::of(mem, &chain);
+        let Some(resp) = layout.response else {
+            tracing::debug!(queue, descriptors = layout.count,
+                "request without a usable response descriptor (last one must be device-writable, >= 48 bytes, in guest RAM); returned with used length 0");
+            self.stats.request(false, elapsed_ns(start));
+            return 0;
+        };
+        let mut buf = [0u8; HEADER_BUF];
+        let (id, opcode, outcome) = self.execute(mem, &chain, &layout, &mut buf);
+        let response = match &outcome {
+            Ok(result) => Response::ok(id, *result),
+            Err(e) => {
+                tracing::debug!(queue, id, opcode, status = %e.status(), error = %e, "request failed");
+                Response::new(id, e.status())
+            }
+        };
+        let ok = outcome.is_ok();
+        if let Err(e) = mem.write_slice(&response.to_bytes(), resp.addr()) {
+            tracing::warn!(queue, id, error = %e, "could not write the response; returned with used length 0");
+            self.stats.request(false, elapsed_ns(start));
+            return 0;
+        }
+        self.stats.request(ok, elapsed_ns(start));
+        tracing::trace!(queue, id, opcode, ok, "request done");
+        let used = layout
+            .data_writable_len
+            .saturating_add(Response::SIZE as u64);
+        u32::try_from(used).unwrap_or(u32::MAX)
+    }
+
+    fn execute<'m>(
+        &self,
+        mem: &'m GuestMem,
+        chain: &Chain<'m>,
+        layout: &Layout,
+        buf: &mut [u8; HEADER_BUF],
+    ) -> (u64, &'static str, Outcome) {
+        let Some(header) = layout.header.filter(|_| layout.count >= 2) else {
+            return (0, "?", Err(RequestError::TooFewDescriptors(layout.count)));
+        };
+        if header.is_write_only() {
+            return (0, "?", Err(RequestError::HeaderWritable));
+        }
+        if let Some((0, d)) = layout.outside {
+            return (
+                0,
+                "?",
+                Err(RequestError::OutsideGuestMemory {
+                    index: 0,
+                    addr: d.addr().0,
+                    len: d.len(),
+                }),
+            );
+        }
+        let n = (header.len() as usize).min(HEADER_BUF);
+        let bytes = &mut buf[..n];
+        if let Err(e) = mem.read_slice(bytes, header.addr()) {
+            let err = RequestError::GuestMemory {
+                addr: header.addr().0,
+                reason: e.to_string(),
+            };
+            return (0, "?", Err(err));
+        }
+        let (hdr, req) = match vgpu_proto::parse_request(bytes) {
+            Ok(v) => v,
+            Err((h, e)) => return (h.map_or(0, |h| h.id), "?", Err(RequestError::Parse(e))),
+        };
+        let opcode = req.opcode().name();
+        if let Some((index, d)) = layout.outside {
+            return (
+                hdr.id,
+                opcode,
+                Err(RequestError::OutsideGuestMemory {
+                    index,
+                    addr: d.addr().0,
+                    len: d.len(),
+                }),
+            );
+        }
+        let outcome =
+            check_shape(&req, layout).and_then(|()| self.dispatch(mem, chain, layout, &req));
+        (hdr.id, opcode, outcome)
+    }
+
+    fn dispatch<'m>(
+        &self,
+        mem: &'m GuestMem,
+        chain: &Chain<'m>,
+        layout: &Layout,
+        req: &Request<'_>,
+    ) -> Outcome {
+        let b = &*self.backend;
+        let op = req.opcode();
+        let name = op.name();
+        match req {
+            Request::GetInfo => self.get_info(mem, chain),
+            Request::Alloc(a) => {
+                if a.flags != 0 {
+                    return Err(RequestError::invalid(op, format!("flags {:#x} must be 0", a.flags)));
+                }
+                self.alloc(a.size)
+            }
+            Request::Free(a) => b.free(a.addr).map(|()| [0; 4]).map_err(Into::into),
+            Request::MemcpyHtoD(a) => {
+                b.check_range(a.dst, a.size)?;
+                for_each_data(mem, chain, layout, name, false, a.size, |off, s| {
+                    let dst = a.dst.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
+                        addr: a.dst,
+                        len: a.size,
+                    })?;
+                    b.copy_htod(dst, s)?;
+                    Ok(())
+                })?;
+                self.stats.htod(a.size);
+                Ok([a.size, 0, 0, 0])
+            }
+            Request::MemcpyDtoH(a) => {
+                b.check_range(a.src, a.size)?;
+                for_each_data(mem, chain, layout, name, true, a.size, |off, s| {
+                    let src = a.src.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
+                        addr: a.src,
+                        len: a.size,
+                    })?;
+                    b.copy_dtoh(src, s)?;
+                    Ok(())
+                })?;
+                self.stats.dtoh(a.size);
+                Ok([a.size, 0, 0, 0])
+            }
+            Request::MemcpyDtoD(a) => {
+                let n = b.copy_dtod(a.dst, a.src, a.size)?;
+                self.stats.dtod(n);
+                Ok([n, 0, 0, 0])
+            }
+            Request::Memset(a) => {
+                let n = b.memset(a.dst, a.value, a.elem_size, a.count)?;
+                self.stats.dtod(n);
+                Ok([n, 0, 0, 0])
+            }
+            Request::ModuleLoad(a) => self.module_load(mem, chain, layout, a),
+            Request::ModuleUnload(a) => b.module_unload(a.module).map(|()| [0; 4]).map_err(Into::into),
+            Request::GetFunction(a) => {
+                if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
+                    return Err(RequestError::invalid(op, format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len)));
+                }
+                let mut name = [0u8; MAX_NAME_LEN as usize];
+                gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
+                let f = b.get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
+                Ok([f.handle, u64::from(f.param_count), 0, 0])
+            }
+            Request::Launch(l) => self.launch(l),
+            Request::StreamSync => Ok([0; 4]),
+            Request::Fence => {
+                b.synchronize();
+                Ok([0; 4])
+            }
+            Request::EventRecord(e) => Ok([self.events.record(e.event)?, 0, 0, 0]),
+            Request::EventQuery(e) => Ok([1, self.events.get(e.event)?, 0, 0]),
+            Request::EventElapsed(e) => {
+                let ns = self.events.get(e.end)?.saturating_sub(self.events.get(e.start)?);
+                Ok([ns, ns / 1000, 0, 0])
+            }
+            Request::EventDestroy(e) => self.events.destroy(e.event).map(|()| [0; 4]),
+            Request::ShmGet(_) | Request::ShmAt(_) | Request::ShmDt(_) | Request::ShmCtl(_) => {
+                Err(RequestError::NotSupported {
+                    opcode: name,
+                    why: "shared device memory is not available on this device yet (capability bit SHM is clear)",
+                })
+            }
+            Request::StorageAttach(_) => Err(RequestError::NotSupported {
+                opcode: name,
+                why: "GPU-initiated storage is not available on this device yet (capability bit STORAGE is clear)",
+            }),
+        }
+    }
+
+    fn get_info<'m>(&self, mem: &'m GuestMem, chain: &Chain<'m>) -> Outcome {
+        let info = self.backend.info();
+        let usage = self.backend.memory_usage();
+        let di = DeviceInfo {
+            version: PROTOCOL_VERSION,
+            vgpu_id: self.config.vgpu_id,
+            num_queues: u32::from(self.config.num_queues),
+            backend: info.kind,
+            features: self.space.features,
+            memory_share: self.config.memory_share,
+            memory_used: usage.used,
+            va_base: info.va_base,
+            va_size: info.va_size,
+            compute_share: self.config.compute_share,
+            copy_share: self.config.copy_share,
+            copy_bandwidth: info.copy_bandwidth,
+            alloc_granularity: info.alloc_granularity,
+            compute_units: info.compute_units,
+            max_kernel_args: MAX_KERNEL_ARGS,
+            device_memory: info.device_memory,
+            name: DeviceInfo::pad_name(&info.name),
+        };
+        // check_shape made sure descriptor 1 is one writable descriptor of >= 128 bytes.
+        let d = chain
+            .clone()
+            .nth(1)
+            .ok_or(RequestError::TooFewDescriptors(1))?;
+        if !d.is_write_only() || (d.len() as usize) < DeviceInfo::SIZE {
+            return Err(RequestError::DataDirection {
+                opcode: name_of(Opcode::GetInfo),
+                index: 1,
+                writable: true,
+            });
+        }
+        mem.write_slice(&di.to_bytes(), d.addr())
+            .map_err(|e| RequestError::GuestMemory {
+                addr: d.addr().0,
+                reason: e.to_string(),
+            })?;
+        Ok([DeviceInfo::SIZE as u64, 0, 0, 0])
+    }
+
+    fn alloc(&self, size: u64) -> Outcome {
+        // Serialise allocations so two queues cannot both squeeze past the share.
+        let _g = self
+            .alloc_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let gran = self.backend.info().alloc_granularity.max(1);
+        let used = self.backend.memory_usage().used;
+        let share = self.config.memory_share;
+        let charge = size.checked_add(gran - 1).map(|s| s / gran * gran);
+        match charge.and_then(|c| c.checked_add(used)) {
+            Some(total) if total <= share || size == 0 => {}
+            _ => {
+                return Err(RequestError::ShareExhausted {
+                    requested: charge.unwrap_or(size),
+                    used,
+                    share,
+                });
+            }
+        }
+        let a = self.backend.alloc(size)?;
+        Ok([a.addr, a.charged, 0, 0])
+    }
+
+    fn module_load<'m>(
+        &self,
+        mem: &'m GuestMem,
+        chain: &Chain<'m>,
+        layout: &Layout,
+        a: &vgpu_proto::ModuleLoadArgs,
+    ) -> Outcome {
+        let op = Opcode::ModuleLoad;
+        if a.flags != 0 {
+            return Err(RequestError::invalid(
+                op,
+                format!("flags {:#x} must be 0", a.flags),
+            ));
+        }
+        let handle = match a.kind {
+            module_kind::BUILTIN => {
+                if a.size == 0 || a.size > MAX_NAME_LEN {
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("module name length {} must be 1..={MAX_NAME_LEN}", a.size),
+                    ));
+                }
+                let mut name = [0u8; MAX_NAME_LEN as usize];
+                gather(mem, chain, layout, name_of(op), a.size, &mut name)?;
+                self.backend.module_load(ModuleImage::Builtin(
+                    name.get(..a.size as usize).unwrap_or(&[]),
+                ))?
+            }
+            module_kind::PTX => {
+                if self.backend.info().features & features::PTX == 0 {
+                    return Err(RequestError::NotSupported {
+                        opcode: name_of(op),
+                        why: "this device runs only the built-in kernels (sim backend); load module \"builtin\", or use a cuda vGPU for PTX",
+                    });
+                }
+                if a.size == 0 || a.size > MAX_MODULE_BYTES {
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("PTX size {} must be 1..={MAX_MODULE_BYTES}", a.size),
+                    ));
+                }
+                let mut text = vec![0u8; a.size as usize];
+                gather(mem, chain, layout, name_of(op), a.size, &mut text)?;
+                self.backend.module_load(ModuleImage::Ptx(&text))?
+            }
+            k => {
+                return Err(RequestError::invalid(
+                    op,
+                    format!("module kind {k} is unknown; use 0 (built-in) or 1 (PTX)"),
+                ))
+            }
+        };
+        Ok([handle, 0, 0, 0])
+    }
+
+    fn launch(&self, l: &LaunchRequest<'_>) -> Outcome {
+        let op = Opcode::Launch;
+        let la = &l.launch;
+        if la.flags != 0 {
+            return Err(RequestError::invalid(
+                op,
+                format!("flags {:#x} must be 0", la.flags),
+            ));
+        }
+        if la.grid.contains(&0) || la.block.contains(&0) {
+            return Err(RequestError::invalid(
+                op,
+                format!(
+                    "grid {:?} and block {:?} must be >= 1 in every dimension",
+                    la.grid, la.block
+                ),
+            ));
+        }
+        let threads: u64 = la.block.iter().map(|v| u64::from(*v)).product();
+        if threads > MAX_THREADS_PER_BLOCK {
+            return Err(RequestError::invalid(
+                op,
+                format!("block of {threads} threads; at most {MAX_THREADS_PER_BLOCK}"),
+            ));
+        }
+        if la.shared_bytes > MAX_SHARED_BYTES {
+            return Err(RequestError::invalid(
+                op,
+                format!(
+                    "{} bytes of shared memory; at most {MAX_SHARED_BYTES}",
+                    la.shared_bytes
+                ),
+            ));
+        }
+        if l.deps.iter().any(|d| d == 0 || d == la.task_id) {
+            return Err(RequestError::invalid(
+                op,
+                "dependency task ids must be non-zero and not the launch's own task id",
+            ));
+        }
+        let mut vals = [ArgValue::U32(0); MAX_KERNEL_ARGS as usize];
+        let mut n = 0;
+        for (slot, (index, arg)) in vals.iter_mut().zip(l.args.iter().enumerate()) {
+            *slot = arg
+                .typed()
+                .map_err(|err| RequestError::KernelArg { index, err })?;
+            n += 1;
+        }
+        let cfg = LaunchConfig {
+            grid: la.grid,
+            block: la.block,
+            shared_bytes: la.shared_bytes,
+        };
+        let stats = self
+            .backend
+            .launch(la.function, &cfg, vals.get(..n).unwrap_or(&[]))?;
+        self.stats.kernel(stats.device_ns);
+        Ok([stats.device_ns, 0, 0, 0])
+    }
+}
+
+fn name_of(op: Opcode) -> &'static str {
+    op.name()
+}
+
+fn elapsed_ns(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Checks the data descriptors against what the opcode takes.
+fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
+    let opcode = req.opcode().name();
+    let expected = req.data_len();
+    match req.opcode().data_shape() {
+        DataShape::None if l.data_count != 0 => Err(RequestError::UnexpectedData {
+            opcode,
+            expected: 0,
+            count: l.data_count,
+        }),
+        DataShape::None => Ok(()),
+        DataShape::Readable | DataShape::Writable => {
+            let writable = req.opcode().data_shape() == DataShape::Writable;
+            let wrong = if writable {
+                l.first_readable
+            } else {
+                l.first_writable
+            };
+            if let Some(index) = wrong {
+                return Err(RequestError::DataDirection {
+                    opcode,
+                    index,
+                    writable,
+                });
+            }
+            if l.data_len != expected {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected,
+                    got: l.data_len,
+                });
+            }
+            Ok(())
+        }
+        DataShape::WritableInfo => {
+            if l.data_count != 1 {
+                return Err(RequestError::UnexpectedData {
+                    opcode,
+                    expected: 1,
+                    count: l.data_count,
+                });
+            }
+            if let Some(index) = l.first_readable {
+                return Err(RequestError::DataDirection {
+                    opcode,
+                    index,
+                    writable: true,
+                });
+            }
+            if l.data_len < expected {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected,
+                    got: l.data_len,
+                });
+            }
+            Ok(())
+        }
+    }
+}

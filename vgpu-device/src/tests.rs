@@ -1,0 +1,1067 @@
+//! Request parsing and execution on `virtio_queue::mock::MockSplitQueue`: the happy path,
+//! every malformed case, and that the next valid request on the same queue succeeds.
+
+use std::sync::Arc;
+
+use vgpu_backend::{SimConfig, SimGpu};
+use vgpu_proto::args::module_kind;
+use vgpu_proto::*;
+use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::{DeviceConfig, GuestMem, Vgpu};
+
+const MIB: u64 = 1 << 20;
+const RAM: u64 = 16 * MIB;
+const BUF_BASE: u64 = MIB;
+
+/// A data or response descriptor: (guest address, length, device-writable).
+#[derive(Clone, Copy)]
+struct D(u64, u32, bool);
+
+fn r(addr: u64, len: usize) -> D {
+    D(addr, len as u32, false)
+}
+fn w(addr: u64, len: usize) -> D {
+    D(addr, len as u32, true)
+}
+
+fn new_vgpu(share: u64) -> Vgpu {
+    let sim = SimGpu::new(SimConfig {
+        memory: 64 * MIB,
+        va_size: 1 << 30,
+        threads: 1,
+        ..SimConfig::default()
+    })
+    .expect("sim");
+    let cfg = DeviceConfig {
+        vgpu_id: 7,
+        num_queues: 2,
+        queue_size: 64,
+        memory_share: share,
+        compute_share: 600,
+        copy_share: 400,
+    };
+    Vgpu::new(cfg, Arc::new(sim)).expect("vgpu")
+}
+
+struct Harness<'a> {
+    mem: &'a GuestMem,
+    vq: MockSplitQueue<'a, GuestMem>,
+    q: Queue,
+    vgpu: Vgpu,
+    bump: u64,
+    next_id: u64,
+    completed: u16,
+}
+
+impl<'a> Harness<'a> {
+    fn new(mem: &'a GuestMem, share: u64) -> Self {
+        let vq = MockSplitQueue::new(mem, 64);
+        let q: Queue = vq.create_queue().expect("queue");
+        Self {
+            mem,
+            vq,
+            q,
+            vgpu: new_vgpu(share),
+            bump: BUF_BASE,
+            next_id: 1,
+            completed: 0,
+        }
+    }
+
+    fn space(&mut self, len: usize) -> u64 {
+        let a = self.bump;
+        self.bump += (len as u64).div_ceil(64) * 64 + 64;
+        assert!(self.bump < RAM, "test guest RAM exhausted");
+        a
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> u64 {
+        let a = self.space(bytes.len());
+        self.mem
+            .write_slice(bytes, GuestAddress(a))
+            .expect("guest write");
+        a
+    }
+
+    fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem
+            .read_slice(&mut v, GuestAddress(addr))
+            .expect("guest read");
+        v
+    }
+
+    /// Submits one chain (descriptors in this order) and serves the queue. Returns the used
+    /// length the device reported, checking that the used ring advanced by exactly one.
+    fn submit(&mut self, descs: &[D]) -> u32 {
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let mut flags = if d.2 { VRING_DESC_F_WRITE as u16 } else { 0 };
+                if i + 1 < descs.len() {
+                    flags |= VRING_DESC_F_NEXT as u16;
+                }
+                RawDescriptor::from(SplitDescriptor::new(d.0, d.1, flags, i as u16 + 1))
+            })
+            .collect();
+        self.vq.add_desc_chains(&raw, 0).expect("add chain");
+        let mut lens = Vec::new();
+        while let Some(chain) = self.q.pop_descriptor_chain(self.mem) {
+            let head = chain.head_index();
+            let used = self.vgpu.process_chain(0, self.mem, chain);
+            self.q.add_used(self.mem, head, used).expect("add_used");
+            lens.push(used);
+        }
+        assert_eq!(lens.len(), 1, "exactly one chain served");
+        self.completed = self.completed.wrapping_add(1);
+        let used_idx = self.vq.used().idx().load();
+        assert_eq!(used_idx, self.completed, "used ring advanced");
+        let elem = self
+            .vq
+            .used()
+            .ring()
+            .ref_at(usize::from(used_idx.wrapping_sub(1)) % 64)
+            .expect("elem")
+            .load();
+        assert_eq!(elem.id(), 0);
+        assert_eq!(elem.len(), lens[0]);
+        lens[0]
+    }
+
+    /// Sends header bytes + data descriptors + a 48-byte response; returns the response.
+    fn send_raw(&mut self, header: &[u8], data: &[D]) -> (Response, u32) {
+        let h = self.put(header);
+        let resp = self.space(Response::SIZE);
+        self.mem
+            .write_slice(&[0xee; 48], GuestAddress(resp))
+            .expect("poison response");
+        let mut descs = vec![r(h, header.len())];
+        descs.extend_from_slice(data);
+        descs.push(w(resp, Response::SIZE));
+        let used = self.submit(&descs);
+        let response = Response::decode(&self.read(resp, Response::SIZE)).expect("response");
+        (response, used)
+    }
+
+    fn send(&mut self, req: Request<'_>, data: &[D]) -> Response {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut buf = [0u8; 1024];
+        let n = req.encode(id, &mut buf).expect("encode");
+        let (resp, _) = self.send_raw(&buf[..n], data);
+        assert_eq!(resp.id, id, "id echoed");
+        resp
+    }
+
+    fn ok(&mut self, req: Request<'_>, data: &[D]) -> [u64; 4] {
+        let op = req.opcode();
+        let resp = self.send(req, data);
+        assert_eq!(resp.status(), Some(Status::Ok), "{op:?}");
+        resp.result
+    }
+
+    fn status(&mut self, req: Request<'_>, data: &[D]) -> Status {
+        self.send(req, data).status().expect("known status")
+    }
+
+    fn alloc(&mut self, size: u64) -> u64 {
+        self.ok(Request::Alloc(AllocArgs { size, flags: 0 }), &[])[0]
+    }
+
+    fn htod(&mut self, dst: u64, bytes: &[u8]) {
+        let a = self.put(bytes);
+        let n = bytes.len() as u64;
+        assert_eq!(
+            self.ok(
+                Request::MemcpyHtoD(MemcpyHtoDArgs { dst, size: n }),
+                &[r(a, bytes.len())]
+            )[0],
+            n
+        );
+    }
+
+    fn dtoh(&mut self, src: u64, len: usize) -> Vec<u8> {
+        let a = self.space(len);
+        self.ok(
+            Request::MemcpyDtoH(MemcpyDtoHArgs {
+                src,
+                size: len as u64,
+            }),
+            &[w(a, len)],
+        );
+        self.read(a, len)
+    }
+
+    fn builtin(&mut self) -> u64 {
+        let name = self.put(b"builtin");
+        self.ok(
+            Request::ModuleLoad(ModuleLoadArgs {
+                kind: module_kind::BUILTIN,
+                flags: 0,
+                size: 7,
+            }),
+            &[r(name, 7)],
+        )[0]
+    }
+
+    fn get_function(&mut self, module: u64, name: &str) -> [u64; 4] {
+        let a = self.put(name.as_bytes());
+        self.ok(
+            Request::GetFunction(GetFunctionArgs {
+                module,
+                name_len: name.len() as u64,
+            }),
+            &[r(a, name.len())],
+        )
+    }
+
+    fn launch(&mut self, function: u64, args: &[KernelArg]) -> Response {
+        let id = self.next_id;
+        self.next_id += 1;
+        let la = LaunchArgs {
+            function,
+            grid: [1, 1, 1],
+            block: [256, 1, 1],
+            ..Default::default()
+        };
+        let mut buf = [0u8; 1024];
+        let n = encode_launch(&mut buf, id, &la, args, &[]).expect("encode");
+        self.send_raw(&buf[..n], &[]).0
+    }
+
+    /// The "next valid request on the same queue succeeds" check.
+    fn still_works(&mut self) {
+        let info = self.space(DeviceInfo::SIZE);
+        assert_eq!(
+            self.ok(Request::GetInfo, &[w(info, DeviceInfo::SIZE)])[0],
+            DeviceInfo::SIZE as u64
+        );
+    }
+}
+
+fn ram() -> GuestMem {
+    GuestMem::from_ranges(&[(GuestAddress(0), RAM as usize)]).expect("guest ram")
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn get_info_and_config_space() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let a = h.space(256);
+    let res = h.ok(Request::GetInfo, &[w(a, 256)]);
+    assert_eq!(res[0], 128);
+    let info = DeviceInfo::decode(&h.read(a, 128)).expect("info");
+    assert_eq!(info.version, PROTOCOL_VERSION);
+    assert_eq!(
+        (
+            info.vgpu_id,
+            info.num_queues,
+            info.compute_share,
+            info.copy_share
+        ),
+        (7, 2, 600, 400)
+    );
+    assert_eq!(info.memory_share, 32 * MIB);
+    assert_eq!(info.backend, backend_kind::SIM);
+    assert_eq!(
+        info.features & features::BUILTIN_KERNELS,
+        features::BUILTIN_KERNELS
+    );
+    assert_eq!(info.features & features::PTX, 0);
+    assert_eq!(info.name_str(), "vgpu-sim");
+    let cs = h.vgpu.config_space();
+    assert_eq!(
+        (cs.vgpu_id, cs.num_queues, cs.memory_share),
+        (7, 2, 32 * MIB)
+    );
+    assert_eq!(cs.va_base, info.va_base);
+}
+
+#[test]
+fn vecadd_end_to_end_with_scatter_gather() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let n = 10_000usize;
+    let bytes = (n * 4) as u64;
+    let (a, b, c) = (h.alloc(bytes), h.alloc(bytes), h.alloc(bytes));
+    let va: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let vb: Vec<f32> = (0..n).map(|i| 1000.0 - i as f32).collect();
+    h.htod(a, &f32s(&va));
+    // b arrives in three guest buffers of odd sizes.
+    let bb = f32s(&vb);
+    let (p1, p2, p3) = (
+        h.put(&bb[..1001]),
+        h.put(&bb[1001..30_000]),
+        h.put(&bb[30_000..]),
+    );
+    h.ok(
+        Request::MemcpyHtoD(MemcpyHtoDArgs {
+            dst: b,
+            size: bytes,
+        }),
+        &[r(p1, 1001), r(p2, 30_000 - 1001), r(p3, bb.len() - 30_000)],
+    );
+    let m = h.builtin();
+    let f = h.get_function(m, "vector_add");
+    assert_eq!(f[1], 4, "parameter count");
+    let resp = h.launch(
+        f[0],
+        &[
+            KernelArg::ptr(a, Access::Read),
+            KernelArg::ptr(b, Access::Read),
+            KernelArg::ptr(c, Access::Write),
+            KernelArg::u32(n as u32),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::Ok));
+    // c comes back in two guest buffers.
+    let (o1, o2) = (h.space(5000), h.space(bytes as usize - 5000));
+    let res = h.ok(
+        Request::MemcpyDtoH(MemcpyDtoHArgs {
+            src: c,
+            size: bytes,
+        }),
+        &[w(o1, 5000), w(o2, bytes as usize - 5000)],
+    );
+    assert_eq!(res[0], bytes);
+    let mut got = h.read(o1, 5000);
+    got.extend(h.read(o2, bytes as usize - 5000));
+    let want: Vec<f32> = va.iter().zip(&vb).map(|(x, y)| x + y).collect();
+    assert_eq!(got, f32s(&want));
+    let s = h.vgpu.stats();
+    assert_eq!(
+        (s.bytes_htod, s.bytes_dtoh, s.kernels, s.errors),
+        (2 * bytes, bytes, 1, 0)
+    );
+}
+
+#[test]
+fn used_length_covers_writable_data_and_response() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(100);
+    let hdr = Request::MemcpyDtoH(MemcpyDtoHArgs { src: d, size: 100 });
+    let mut buf = [0u8; 64];
+    let n = hdr.encode(9, &mut buf).expect("encode");
+    let out = h.space(100);
+    let (resp, used) = h.send_raw(&buf[..n], &[w(out, 100)]);
+    assert_eq!(resp.status(), Some(Status::Ok));
+    assert_eq!(used, 148);
+}
+
+#[test]
+fn unknown_opcode() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let hdr = RequestHeader {
+        opcode: 0x7777,
+        flags: 0,
+        id: 42,
+    }
+    .to_bytes();
+    let (resp, used) = h.send_raw(&hdr, &[]);
+    assert_eq!(
+        (resp.status(), resp.id, used),
+        (Some(Status::UnknownOpcode), 42, 48)
+    );
+    h.still_works();
+}
+
+#[test]
+fn malformed_headers() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    // Too short for a header.
+    let (resp, _) = h.send_raw(&[1, 0, 0], &[]);
+    assert_eq!((resp.status(), resp.id), (Some(Status::BadLength), 0));
+    // ALLOC without its arguments.
+    let hdr = RequestHeader {
+        opcode: Opcode::Alloc as u32,
+        flags: 0,
+        id: 5,
+    }
+    .to_bytes();
+    assert_eq!(h.send_raw(&hdr, &[]).0.status(), Some(Status::BadLength));
+    // Non-zero flags.
+    let hdr = RequestHeader {
+        opcode: Opcode::StreamSync as u32,
+        flags: 3,
+        id: 6,
+    }
+    .to_bytes();
+    assert_eq!(
+        h.send_raw(&hdr, &[]).0.status(),
+        Some(Status::InvalidArgument)
+    );
+    // Header in a device-writable descriptor.
+    let hb = h.put(
+        &RequestHeader {
+            opcode: Opcode::StreamSync as u32,
+            flags: 0,
+            id: 7,
+        }
+        .to_bytes(),
+    );
+    let resp = h.space(48);
+    h.submit(&[w(hb, 16), w(resp, 48)]);
+    assert_eq!(
+        Response::decode(&h.read(resp, 48)).expect("r").status(),
+        Some(Status::BadDescriptor)
+    );
+    h.still_works();
+}
+
+#[test]
+fn descriptor_outside_guest_ram() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(4096);
+    // Data descriptor past the end of RAM.
+    let st = h.status(
+        Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 64 }),
+        &[r(RAM - 32, 64)],
+    );
+    assert_eq!(st, Status::BadDescriptor);
+    // Data descriptor whose address + length wraps around 2^64.
+    let st = h.status(
+        Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 4096 }),
+        &[r(u64::MAX - 100, 4096)],
+    );
+    assert_eq!(st, Status::BadDescriptor);
+    // DtoH into memory outside RAM must not write anything anywhere.
+    let st = h.status(
+        Request::MemcpyDtoH(MemcpyDtoHArgs { src: d, size: 64 }),
+        &[w(RAM + 4096, 64)],
+    );
+    assert_eq!(st, Status::BadDescriptor);
+    // Header outside RAM.
+    let resp = h.space(48);
+    h.submit(&[r(RAM * 4, 16), w(resp, 48)]);
+    assert_eq!(
+        Response::decode(&h.read(resp, 48)).expect("r").status(),
+        Some(Status::BadDescriptor)
+    );
+    // Response outside RAM: returned with used length 0.
+    let hb = h.put(
+        &RequestHeader {
+            opcode: Opcode::StreamSync as u32,
+            flags: 0,
+            id: 1,
+        }
+        .to_bytes(),
+    );
+    assert_eq!(h.submit(&[r(hb, 16), w(u64::MAX - 47, 48)]), 0);
+    h.still_works();
+    assert!(h.vgpu.stats().errors >= 5);
+}
+
+#[test]
+fn overflowing_lengths() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(4096);
+    let src = h.put(&[1u8; 64]);
+    // Size far beyond the data descriptors.
+    let st = h.status(
+        Request::MemcpyHtoD(MemcpyHtoDArgs {
+            dst: d,
+            size: u64::MAX,
+        }),
+        &[r(src, 64)],
+    );
+    assert_eq!(st, Status::BadLength);
+    // Data larger than the size named.
+    let st = h.status(
+        Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 32 }),
+        &[r(src, 64)],
+    );
+    assert_eq!(st, Status::BadLength);
+    // Device pointer + size wrapping around.
+    let st = h.status(
+        Request::MemcpyDtoD(MemcpyDtoDArgs {
+            dst: d,
+            src: u64::MAX - 8,
+            size: 64,
+        }),
+        &[],
+    );
+    assert_eq!(st, Status::BadDevicePointer);
+    let st = h.status(
+        Request::Memset(MemsetArgs {
+            dst: d,
+            count: u64::MAX,
+            value: 0,
+            elem_size: 4,
+        }),
+        &[],
+    );
+    assert_eq!(st, Status::BadDevicePointer);
+    // Launch whose element count overflows the pointer extent.
+    let m = h.builtin();
+    let f = h.get_function(m, "fill")[0];
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::ptr(d, Access::Write),
+            KernelArg::u32(1),
+            KernelArg::u64(u64::MAX),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::BadDevicePointer));
+    // Launch with arg_count past the limit.
+    let mut buf = [0u8; 128];
+    let n = encode_launch(
+        &mut buf,
+        3,
+        &LaunchArgs {
+            function: f,
+            grid: [1; 3],
+            block: [1; 3],
+            ..Default::default()
+        },
+        &[],
+        &[],
+    )
+    .expect("encode");
+    buf[52..56].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(
+        h.send_raw(&buf[..n], &[]).0.status(),
+        Some(Status::BadArgCount)
+    );
+    h.still_works();
+}
+
+#[test]
+fn too_few_descriptors() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    // A lone writable descriptor: it can hold the error.
+    let resp = h.space(48);
+    assert_eq!(h.submit(&[w(resp, 48)]), 48);
+    let got = Response::decode(&h.read(resp, 48)).expect("r");
+    assert_eq!((got.status(), got.id), (Some(Status::BadDescriptor), 0));
+    // A lone readable descriptor: nowhere to answer; used length 0, queue keeps going.
+    let hb = h.put(
+        &RequestHeader {
+            opcode: Opcode::GetInfo as u32,
+            flags: 0,
+            id: 1,
+        }
+        .to_bytes(),
+    );
+    assert_eq!(h.submit(&[r(hb, 16)]), 0);
+    // GET_INFO without its data descriptor.
+    assert_eq!(h.status(Request::GetInfo, &[]), Status::BadDescriptor);
+    // HtoD without data.
+    let d = h.alloc(64);
+    assert_eq!(
+        h.status(
+            Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 64 }),
+            &[]
+        ),
+        Status::BadLength
+    );
+    h.still_works();
+}
+
+#[test]
+fn read_only_where_writable_needed() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(64);
+    let buf = h.put(&[0u8; 64]);
+    assert_eq!(
+        h.status(
+            Request::MemcpyDtoH(MemcpyDtoHArgs { src: d, size: 64 }),
+            &[r(buf, 64)]
+        ),
+        Status::BadDescriptor
+    );
+    assert_eq!(
+        h.status(Request::GetInfo, &[r(buf, 128)]),
+        Status::BadDescriptor
+    );
+    // Writable where readable is needed.
+    assert_eq!(
+        h.status(
+            Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 64 }),
+            &[w(buf, 64)]
+        ),
+        Status::BadDescriptor
+    );
+    // Read-only response descriptor: nothing written, used length 0.
+    let hb = h.put(
+        &RequestHeader {
+            opcode: Opcode::StreamSync as u32,
+            flags: 0,
+            id: 1,
+        }
+        .to_bytes(),
+    );
+    let resp = h.put(&[0xaa; 48]);
+    assert_eq!(h.submit(&[r(hb, 16), r(resp, 48)]), 0);
+    assert_eq!(h.read(resp, 48), vec![0xaa; 48]);
+    // Response descriptor too short.
+    let small = h.put(&[0xbb; 47]);
+    assert_eq!(h.submit(&[r(hb, 16), w(small, 47)]), 0);
+    assert_eq!(h.read(small, 47), vec![0xbb; 47]);
+    // Extra data descriptors on an opcode that takes none.
+    assert_eq!(
+        h.status(Request::Free(FreeArgs { addr: d }), &[r(buf, 8)]),
+        Status::BadDescriptor
+    );
+    h.still_works();
+}
+
+#[test]
+fn device_pointer_outside_allocations() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(4096);
+    let src = h.put(&[7u8; 64]);
+    for dst in [0, d - 64, d + 4096 - 32, d + 2 * MIB, u64::MAX - 63] {
+        let st = h.status(
+            Request::MemcpyHtoD(MemcpyHtoDArgs { dst, size: 64 }),
+            &[r(src, 64)],
+        );
+        assert_eq!(st, Status::BadDevicePointer, "dst {dst:#x}");
+    }
+    let out = h.space(64);
+    assert_eq!(
+        h.status(
+            Request::MemcpyDtoH(MemcpyDtoHArgs {
+                src: d + 4090,
+                size: 64
+            }),
+            &[w(out, 64)]
+        ),
+        Status::BadDevicePointer
+    );
+    let m = h.builtin();
+    let f = h.get_function(m, "vector_add")[0];
+    let args = [
+        KernelArg::ptr(d, Access::Read),
+        KernelArg::ptr(d + 8 * MIB, Access::Read),
+        KernelArg::ptr(d, Access::Write),
+        KernelArg::u32(16),
+    ];
+    assert_eq!(h.launch(f, &args).status(), Some(Status::BadDevicePointer));
+    // Declared READ for the output: refused as a bad argument type.
+    let args = [
+        KernelArg::ptr(d, Access::Read),
+        KernelArg::ptr(d, Access::Read),
+        KernelArg::ptr(d, Access::Read),
+        KernelArg::u32(16),
+    ];
+    assert_eq!(h.launch(f, &args).status(), Some(Status::BadArgType));
+    // Nothing was written into the allocation by the failed requests.
+    assert_eq!(h.dtoh(d, 64), vec![0u8; 64]);
+    h.still_works();
+}
+
+#[test]
+fn double_free() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(4096);
+    h.ok(Request::Free(FreeArgs { addr: d }), &[]);
+    assert_eq!(
+        h.status(Request::Free(FreeArgs { addr: d }), &[]),
+        Status::BadDevicePointer
+    );
+    assert_eq!(
+        h.status(Request::Free(FreeArgs { addr: 12345 }), &[]),
+        Status::BadDevicePointer
+    );
+    h.still_works();
+    let e = h.alloc(4096);
+    assert_eq!(e, d, "freed range reused");
+}
+
+#[test]
+fn unknown_function_and_module() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let m = h.builtin();
+    let name = h.put(b"no_such_kernel");
+    let st = h.status(
+        Request::GetFunction(GetFunctionArgs {
+            module: m,
+            name_len: 14,
+        }),
+        &[r(name, 14)],
+    );
+    assert_eq!(st, Status::UnknownFunction);
+    assert_eq!(
+        h.launch(0xdead_beef, &[]).status(),
+        Some(Status::UnknownFunction)
+    );
+    let name = h.put(b"builtin");
+    let st = h.status(
+        Request::GetFunction(GetFunctionArgs {
+            module: m + 99,
+            name_len: 7,
+        }),
+        &[r(name, 7)],
+    );
+    assert_eq!(st, Status::UnknownModule);
+    let bad = h.put(b"cublas");
+    let st = h.status(
+        Request::ModuleLoad(ModuleLoadArgs {
+            kind: module_kind::BUILTIN,
+            flags: 0,
+            size: 6,
+        }),
+        &[r(bad, 6)],
+    );
+    assert_eq!(st, Status::UnknownModule);
+    let ptx = h.put(b".version 8.0\n.target sm_90\n");
+    let st = h.status(
+        Request::ModuleLoad(ModuleLoadArgs {
+            kind: module_kind::PTX,
+            flags: 0,
+            size: 27,
+        }),
+        &[r(ptx, 27)],
+    );
+    assert_eq!(st, Status::NotSupported);
+    let st = h.status(
+        Request::ModuleLoad(ModuleLoadArgs {
+            kind: 9,
+            flags: 0,
+            size: 7,
+        }),
+        &[r(name, 7)],
+    );
+    assert_eq!(st, Status::InvalidArgument);
+    let st = h.status(
+        Request::GetFunction(GetFunctionArgs {
+            module: m,
+            name_len: 0,
+        }),
+        &[],
+    );
+    assert_eq!(st, Status::InvalidArgument);
+    h.ok(Request::ModuleUnload(ModuleUnloadArgs { module: m }), &[]);
+    assert_eq!(
+        h.status(Request::ModuleUnload(ModuleUnloadArgs { module: m }), &[]),
+        Status::UnknownModule
+    );
+    h.still_works();
+}
+
+#[test]
+fn wrong_argument_count_and_kinds() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(4096);
+    let m = h.builtin();
+    let f = h.get_function(m, "saxpy")[0];
+    let resp = h.launch(f, &[KernelArg::f32(2.0), KernelArg::ptr(d, Access::Read)]);
+    assert_eq!(resp.status(), Some(Status::BadArgCount));
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::u32(2),
+            KernelArg::ptr(d, Access::Read),
+            KernelArg::ptr(d, Access::ReadWrite),
+            KernelArg::u32(4),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::BadArgType));
+    let mut bad = KernelArg::f32(2.0);
+    bad.kind = 77;
+    let resp = h.launch(
+        f,
+        &[
+            bad,
+            KernelArg::ptr(d, Access::Read),
+            KernelArg::ptr(d, Access::ReadWrite),
+            KernelArg::u32(4),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::BadArgType));
+    // Bad geometry.
+    let mut buf = [0u8; 256];
+    let la = LaunchArgs {
+        function: f,
+        grid: [1, 0, 1],
+        block: [1; 3],
+        ..Default::default()
+    };
+    let n = encode_launch(&mut buf, 1, &la, &[], &[]).expect("encode");
+    assert_eq!(
+        h.send_raw(&buf[..n], &[]).0.status(),
+        Some(Status::InvalidArgument)
+    );
+    let la = LaunchArgs {
+        function: f,
+        grid: [1; 3],
+        block: [1024, 2, 1],
+        ..Default::default()
+    };
+    let n = encode_launch(&mut buf, 2, &la, &[], &[]).expect("encode");
+    assert_eq!(
+        h.send_raw(&buf[..n], &[]).0.status(),
+        Some(Status::InvalidArgument)
+    );
+    let la = LaunchArgs {
+        function: f,
+        grid: [1; 3],
+        block: [1; 3],
+        task_id: 4,
+        ..Default::default()
+    };
+    let n = encode_launch(&mut buf, 3, &la, &[], &[4]).expect("encode");
+    assert_eq!(
+        h.send_raw(&buf[..n], &[]).0.status(),
+        Some(Status::InvalidArgument)
+    );
+    // A correct saxpy with task-graph fields still runs.
+    let la = LaunchArgs {
+        function: f,
+        grid: [1; 3],
+        block: [1; 3],
+        task_id: 5,
+        rank: 10,
+        ..Default::default()
+    };
+    let args = [
+        KernelArg::f32(2.0),
+        KernelArg::ptr(d, Access::Read),
+        KernelArg::ptr(d, Access::ReadWrite),
+        KernelArg::u32(4),
+    ];
+    let n = encode_launch(&mut buf, 4, &la, &args, &[1, 2]).expect("encode");
+    assert_eq!(h.send_raw(&buf[..n], &[]).0.status(), Some(Status::Ok));
+    h.still_works();
+}
+
+#[test]
+fn share_limits_allocations() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 8 * MIB);
+    let a = h.alloc(6 * MIB);
+    assert_eq!(
+        h.status(
+            Request::Alloc(AllocArgs {
+                size: 4 * MIB,
+                flags: 0
+            }),
+            &[]
+        ),
+        Status::OutOfMemory
+    );
+    assert_eq!(
+        h.status(
+            Request::Alloc(AllocArgs {
+                size: u64::MAX,
+                flags: 0
+            }),
+            &[]
+        ),
+        Status::OutOfMemory
+    );
+    assert_eq!(
+        h.status(Request::Alloc(AllocArgs { size: 0, flags: 0 }), &[]),
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        h.status(Request::Alloc(AllocArgs { size: 1, flags: 1 }), &[]),
+        Status::InvalidArgument
+    );
+    h.ok(Request::Free(FreeArgs { addr: a }), &[]);
+    h.alloc(8 * MIB);
+}
+
+#[test]
+fn copies_memset_dtod() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let d = h.alloc(256);
+    h.htod(d, &(0..=255u8).collect::<Vec<_>>());
+    h.ok(
+        Request::MemcpyDtoD(MemcpyDtoDArgs {
+            dst: d + 128,
+            src: d,
+            size: 64,
+        }),
+        &[],
+    );
+    h.ok(
+        Request::Memset(MemsetArgs {
+            dst: d,
+            count: 4,
+            value: 0xabcd,
+            elem_size: 2,
+        }),
+        &[],
+    );
+    let got = h.dtoh(d, 256);
+    assert_eq!(&got[..8], &[0xcd, 0xab, 0xcd, 0xab, 0xcd, 0xab, 0xcd, 0xab]);
+    assert_eq!(&got[128..192], &(0..64u8).collect::<Vec<_>>()[..]);
+    assert_eq!(
+        h.status(
+            Request::Memset(MemsetArgs {
+                dst: d,
+                count: 1,
+                value: 0,
+                elem_size: 8
+            }),
+            &[]
+        ),
+        Status::InvalidArgument
+    );
+    // Zero-byte copies are fine.
+    h.ok(Request::MemcpyHtoD(MemcpyHtoDArgs { dst: d, size: 0 }), &[]);
+}
+
+#[test]
+fn events_streams_fence() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    assert_eq!(
+        h.status(Request::EventQuery(EventArgs { event: 1 }), &[]),
+        Status::UnknownEvent
+    );
+    let t1 = h.ok(Request::EventRecord(EventArgs { event: 1 }), &[])[0];
+    let m = h.builtin();
+    let spin = h.get_function(m, "spin")[0];
+    assert_eq!(
+        h.launch(spin, &[KernelArg::u32(2000)]).status(),
+        Some(Status::Ok)
+    );
+    let t2 = h.ok(Request::EventRecord(EventArgs { event: 2 }), &[])[0];
+    assert!(t2 >= t1 + 2_000_000);
+    assert_eq!(
+        h.ok(Request::EventQuery(EventArgs { event: 2 }), &[])[..2],
+        [1, t2]
+    );
+    let el = h.ok(
+        Request::EventElapsed(EventElapsedArgs { start: 1, end: 2 }),
+        &[],
+    );
+    assert_eq!(el[0], t2 - t1);
+    assert_eq!(el[1], (t2 - t1) / 1000);
+    assert_eq!(
+        h.ok(
+            Request::EventElapsed(EventElapsedArgs { start: 2, end: 1 }),
+            &[]
+        )[0],
+        0
+    );
+    h.ok(Request::EventDestroy(EventArgs { event: 1 }), &[]);
+    assert_eq!(
+        h.status(
+            Request::EventElapsed(EventElapsedArgs { start: 1, end: 2 }),
+            &[]
+        ),
+        Status::UnknownEvent
+    );
+    assert_eq!(
+        h.status(Request::EventDestroy(EventArgs { event: 1 }), &[]),
+        Status::UnknownEvent
+    );
+    h.ok(Request::StreamSync, &[]);
+    h.ok(Request::Fence, &[]);
+}
+
+#[test]
+fn not_yet_supported_opcodes() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let reqs = [
+        Request::ShmGet(ShmGetArgs {
+            key: 1,
+            size: 4096,
+            flags: shm_flags::CREATE,
+        }),
+        Request::ShmAt(ShmAtArgs { shmid: 1, flags: 0 }),
+        Request::ShmDt(ShmDtArgs { addr: 1 }),
+        Request::ShmCtl(ShmCtlArgs {
+            shmid: 1,
+            cmd: shm_cmd::RMID,
+            flags: 0,
+        }),
+        Request::StorageAttach(StorageAttachArgs {
+            namespace: 1,
+            flags: 0,
+        }),
+    ];
+    for req in reqs {
+        assert_eq!(h.status(req, &[]), Status::NotSupported);
+    }
+    h.still_works();
+}
+
+#[test]
+fn every_kernel_through_the_queue() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    let m = h.builtin();
+    let buf = h.alloc(4096);
+    let out = h.alloc(8);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 256) as u8).collect();
+    h.htod(buf, &data);
+    let f = h.get_function(m, "checksum")[0];
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::ptr(buf, Access::Read),
+            KernelArg::u64(4096),
+            KernelArg::ptr(out, Access::Write),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::Ok));
+    let got = u64::from_le_bytes(h.dtoh(out, 8).try_into().expect("8 bytes"));
+    assert_eq!(got, builtin::fnv1a64(builtin::FNV_OFFSET, &data));
+    let f = h.get_function(m, "reduce_sum")[0];
+    h.htod(buf, &f32s(&[1.5; 1024]));
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::ptr(buf, Access::Read),
+            KernelArg::ptr(out, Access::Write),
+            KernelArg::u32(1024),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::Ok));
+    assert_eq!(h.dtoh(out, 4), 1536.0f32.to_le_bytes());
+    let f = h.get_function(m, "gather")[0];
+    let idx = h.alloc(16);
+    h.htod(idx, &[3, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 1, 0, 0, 0]);
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::ptr(buf, Access::Read),
+            KernelArg::ptr(idx, Access::Read),
+            KernelArg::ptr(out, Access::Write),
+            KernelArg::u32(2),
+            KernelArg::u32(1024),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::Ok));
+    // Third index is huge: the kernel faults, the vGPU keeps working.
+    let resp = h.launch(
+        f,
+        &[
+            KernelArg::ptr(buf, Access::Read),
+            KernelArg::ptr(idx, Access::Read),
+            KernelArg::ptr(idx, Access::Write),
+            KernelArg::u32(3),
+            KernelArg::u32(1024),
+        ],
+    );
+    assert_eq!(resp.status(), Some(Status::KernelFault));
+    h.still_works();
+}

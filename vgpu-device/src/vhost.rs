@@ -1,0 +1,211 @@
+//! The vhost-user backend of one vGPU: one worker thread per queue, in-order completion
+//! within a queue, EVENT_IDX-aware completion signalling on the call eventfd.
+//!
+//! It implements `VhostUserBackend` (the `&self` flavour) rather than
+//! `VhostUserBackendMut`: the latter is served through a `Mutex`/`RwLock` wrapper that
+//! takes the lock for every `handle_event`, which would make a long kernel on one queue
+//! block every other queue. All state here is internally synchronised instead.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::chain::GuestMem;
+use crate::device::Vgpu;
+
+/// Guest memory as vhost-user-backend hands it over.
+pub type Memory = GuestMemoryAtomic<GuestMem>;
+/// The vring type.
+pub type Vring = VringRwLock<Memory>;
+
+/// The vhost-user backend serving one vGPU.
+pub struct VgpuVhostBackend {
+    vgpu: Arc<Vgpu>,
+    mem: RwLock<Memory>,
+    event_idx: AtomicBool,
+    config: Vec<u8>,
+}
+
+impl std::fmt::Debug for VgpuVhostBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuVhostBackend")
+            .field("vgpu", &self.vgpu)
+            .finish()
+    }
+}
+
+impl VgpuVhostBackend {
+    /// A backend for `vgpu`; `mem` is the same `GuestMemoryAtomic` given to the daemon.
+    pub fn new(vgpu: Arc<Vgpu>, mem: Memory) -> Self {
+        let config = vgpu.config_space().to_bytes().to_vec();
+        Self {
+            vgpu,
+            mem: RwLock::new(mem),
+            event_idx: AtomicBool::new(false),
+            config,
+        }
+    }
+
+    /// The vGPU.
+    pub fn vgpu(&self) -> &Arc<Vgpu> {
+        &self.vgpu
+    }
+
+    /// Serves every available request of one vring, in order, signalling completions.
+    fn process_vring(&self, queue: u16, vring: &Vring) -> io::Result<()> {
+        let atomic = self
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let guard = atomic.memory();
+        let mem: &GuestMem = &guard;
+        let event_idx = self.event_idx.load(Ordering::Acquire);
+        loop {
+            if event_idx {
+                vring.disable_notification().map_err(io::Error::other)?;
+            }
+            loop {
+                // Hold the vring lock only to pop: a long request must not block the
+                // frontend's vring messages.
+                let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem);
+                let Some(chain) = chain else { break };
+                let head = chain.head_index();
+                let used = self.vgpu.process_chain(queue, mem, chain);
+                if let Err(e) = vring.add_used(head, used) {
+                    // The guest broke its own used ring; nothing more can be completed.
+                    tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
+                    return Ok(());
+                }
+                match vring.needs_notification() {
+                    Ok(true) => vring.signal_used_queue()?,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
+                    }
+                }
+            }
+            if !event_idx {
+                return Ok(());
+            }
+            match vring.enable_notification() {
+                Ok(true) => continue, // more arrived while notifications were off
+                Ok(false) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(queue, error = %e, "cannot re-enable notifications");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+impl VhostUserBackend for VgpuVhostBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        usize::from(self.vgpu.config().num_queues)
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.vgpu.config().queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        tracing::debug!(features = format_args!("{features:#x}"), "features acked");
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
+    }
+
+    fn reset_device(&self) {
+        tracing::info!(
+            vgpu = self.vgpu.config().vgpu_id,
+            "frontend reset the device"
+        );
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let start = offset as usize;
+        let end = start.saturating_add(size as usize).min(self.config.len());
+        self.config
+            .get(start..end)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    fn set_config(&self, offset: u32, _buf: &[u8]) -> io::Result<()> {
+        tracing::debug!(offset, "refused a write to the read-only config space");
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the vGPU config space is read-only",
+        ))
+    }
+
+    fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        *self.mem.write().unwrap_or_else(PoisonError::into_inner) = mem;
+        tracing::debug!("guest memory table updated");
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One thread per queue: queues never wait for each other.
+        (0..self.vgpu.config().num_queues)
+            .map(|q| 1u64 << q)
+            .collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create a vring thread exit eventfd");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            tracing::debug!(?evset, "unexpected vring event");
+            return Ok(());
+        }
+        // With one queue per thread, the thread index is the queue index and the event
+        // indexes this thread's vrings.
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            tracing::warn!(device_event, "event for an unknown vring");
+            return Ok(());
+        };
+        let queue = u16::try_from(thread_id).unwrap_or(u16::MAX);
+        self.process_vring(queue, vring)
+    }
+}
