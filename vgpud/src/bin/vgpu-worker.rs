@@ -1,0 +1,448 @@
+//! `vgpu-worker`: serves exactly one vGPU's vhost-user socket from the sim backend.
+//!
+//! One process per vGPU (DESIGN.md: GPU contexts in one process are not isolated). The
+//! worker binds the socket, waits for the VM's vmm (the vhost-user frontend) to connect,
+//! serves the vGPU's queues until the frontend disconnects, then exits with status 0 and
+//! removes the socket. It does not accept a second connection: a vGPU's device memory dies
+//! with its VM (invariant 5), so the daemon starts a fresh worker for a fresh VM.
+//! SIGTERM or SIGINT end it the same way, at any time.
+//!
+//! Control surface: the command line only (the daemon's control channel comes later).
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use clap::Parser;
+use vgpu_backend::{BackendError, SimConfig, SimGpu};
+use vgpu_device::{
+    ConfigError, DeviceConfig, Vgpu, VgpuVhostBackend, DEFAULT_QUEUE_SIZE, MAX_QUEUES,
+};
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+/// Serve one vGPU's vhost-user socket from the simulated GPU backend.
+///
+/// Sizes take binary suffixes (K, M, G, T = 2^10.. ; "1G", "512M", "4096").
+/// Bandwidths take decimal suffixes in bytes per second ("12G" = 12e9 B/s).
+/// Shares are fractions of the physical GPU ("0.3") or percentages ("30%").
+/// Exits with status 0 when the frontend disconnects or on SIGTERM/SIGINT.
+#[derive(Parser, Debug)]
+#[command(name = "vgpu-worker", version)]
+struct Args {
+    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Host-wide id of the vGPU (shown to the guest in the config space).
+    #[arg(long)]
+    vgpu_id: u32,
+    /// Device memory the vGPU may allocate (its memory share).
+    #[arg(long, value_parser = parse_size)]
+    memory: u64,
+    /// Request queues (guest streams), each served by its own thread.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_QUEUES)))]
+    queues: u16,
+    /// Largest virtqueue size the guest may use (a power of two).
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE)]
+    queue_size: u16,
+    /// Guaranteed compute share of the physical GPU.
+    #[arg(long, value_parser = parse_share, default_value = "1")]
+    compute_share: u32,
+    /// Guaranteed copy-bandwidth share of the physical GPU.
+    #[arg(long, value_parser = parse_share, default_value = "1")]
+    copy_share: u32,
+    /// Memory of the simulated GPU [default: the --memory value].
+    #[arg(long, value_parser = parse_size)]
+    sim_memory: Option<u64>,
+    /// Host-device copy bandwidth of the simulated GPU in bytes/s; 0 = as fast as the host.
+    #[arg(long, value_parser = parse_bandwidth, default_value = "0")]
+    sim_copy_bw: u64,
+    /// Compute-rate factor of the simulated GPU (1.0 = 1e9 element operations per second).
+    #[arg(long, default_value_t = 1.0)]
+    sim_speed: f64,
+    /// Host threads one kernel may use; 0 = all available.
+    #[arg(long, default_value_t = 0)]
+    sim_threads: usize,
+}
+
+/// Why the worker stopped with an error. Each message names what to change.
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    #[error("cannot bind vhost-user socket {path}: {why}")]
+    Bind { path: PathBuf, why: String },
+    #[error("simulated GPU: {0}")]
+    Backend(#[from] BackendError),
+    #[error("vGPU configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("vhost-user: {0}; check that the frontend speaks vhost-user to this socket")]
+    Daemon(String),
+    #[error("signal setup: {0}")]
+    Signals(std::io::Error),
+}
+
+/// A size with an optional binary suffix.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown size suffix {c:?}; use K, M, G or T"
+                    ))
+                }
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write e.g. 1G, 512M or 4096"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// A bandwidth in bytes/s with an optional decimal suffix.
+fn parse_bandwidth(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("B/s")
+        .or_else(|| t.strip_suffix("/s"))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some(c) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1e3,
+                'M' => 1e6,
+                'G' => 1e9,
+                'T' => 1e12,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown bandwidth suffix {c:?}; use K, M, G or T"
+                    ))
+                }
+            };
+            (&t[..t.len() - 1], mult)
+        }
+        _ => (t, 1.0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a bandwidth; write e.g. 12G or 0"))?;
+    let bytes = v * mult;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// A share as per-mille, from "0.3" or "30%".
+fn parse_share(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let frac = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => t.parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a share; write a fraction (0.3) or a percentage (30%)"))?;
+    if !(0.0..=1.0).contains(&frac) {
+        return Err(format!("{s:?} is outside 0..1 (0%..100%) of the GPU"));
+    }
+    Ok((frac * 1000.0).round() as u32)
+}
+
+/// Binds the socket, refusing to steal one another process is serving.
+fn bind(path: &Path) -> Result<Listener, WorkerError> {
+    let err = |why: String| WorkerError::Bind {
+        path: path.to_owned(),
+        why,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(err(
+                "the path exists and is not a socket; remove it or pick another path".into(),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(err(
+                "another process is serving this socket; pick another path".into(),
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
+    }
+    Listener::new(path, false).map_err(|e| {
+        err(match e {
+            VhostUserError::SocketError(io) => {
+                format!("{io}; check that the directory exists and is writable")
+            }
+            other => other.to_string(),
+        })
+    })
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and every thread spawned after), so that
+/// `wait_signal` receives them.
+fn block_signals() -> Result<libc::sigset_t, WorkerError> {
+    // SAFETY: an all-zero sigset_t is a valid value to hand to sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only write to it and
+    // to this thread's signal mask.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(WorkerError::Signals(std::io::Error::from_raw_os_error(rc)));
+    }
+    Ok(set)
+}
+
+/// Waits for one of the blocked signals.
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is an initialised signal set and `sig` a valid out-pointer.
+    let rc = unsafe { libc::sigwait(set, &mut sig) };
+    if rc == 0 {
+        sig
+    } else {
+        libc::SIGTERM
+    }
+}
+
+/// Connection state the signal thread acts on.
+type Shutdown = Arc<Mutex<Option<ShutdownHandle>>>;
+
+/// Serves one frontend connection on `listener` until it disconnects or `shutdown` is
+/// triggered, then logs the vGPU's stats.
+fn serve(listener: &mut Listener, vgpu: Arc<Vgpu>, shutdown: &Shutdown) -> Result<(), WorkerError> {
+    let id = vgpu.config().vgpu_id;
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()));
+    let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
+        .map_err(|e| WorkerError::Daemon(e.to_string()))?;
+    daemon
+        .start(listener)
+        .map_err(|e| WorkerError::Daemon(e.to_string()))?;
+    *shutdown.lock().unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+    tracing::info!(vgpu = id, "frontend connected");
+    let result = daemon.wait();
+    for handler in daemon.get_epoll_handlers() {
+        handler.send_exit_event();
+    }
+    let s = vgpu.stats();
+    tracing::info!(
+        vgpu = id,
+        requests = s.requests,
+        errors = s.errors,
+        bytes_htod = s.bytes_htod,
+        bytes_dtoh = s.bytes_dtoh,
+        kernels = s.kernels,
+        busy_ms = s.busy_ns / 1_000_000,
+        "vGPU stats"
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected))
+        | Err(vhost_user_backend::Error::HandleRequest(VhostUserError::PartialMessage)) => Ok(()),
+        Err(e) => Err(WorkerError::Daemon(e.to_string())),
+    }
+}
+
+fn run(args: Args) -> Result<(), WorkerError> {
+    let signals = block_signals()?;
+    let sim = SimGpu::new(SimConfig {
+        memory: args.sim_memory.unwrap_or(args.memory),
+        copy_bandwidth: args.sim_copy_bw,
+        speed: args.sim_speed,
+        threads: args.sim_threads,
+        ..SimConfig::default()
+    })?;
+    let cfg = DeviceConfig {
+        vgpu_id: args.vgpu_id,
+        num_queues: args.queues,
+        queue_size: args.queue_size,
+        memory_share: args.memory,
+        compute_share: args.compute_share,
+        copy_share: args.copy_share,
+    };
+    let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim))?);
+    let mut listener = bind(&args.socket)?;
+
+    let shutdown: Shutdown = Arc::new(Mutex::new(None));
+    let (sd, path) = (shutdown.clone(), args.socket.clone());
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = wait_signal(&signals);
+            match sd.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+                Some(handle) => {
+                    tracing::info!(signal = sig, "stopping: closing the frontend connection");
+                    handle.shutdown();
+                }
+                None => {
+                    tracing::info!(signal = sig, "stopping before any frontend connected");
+                    let _ = std::fs::remove_file(&path);
+                    std::process::exit(0);
+                }
+            }
+        })
+        .map_err(WorkerError::Signals)?;
+
+    tracing::info!(socket = %args.socket.display(), vgpu = args.vgpu_id, queues = args.queues,
+        memory = args.memory, compute_share = args.compute_share, copy_share = args.copy_share,
+        "listening");
+    serve(&mut listener, vgpu, &shutdown)?;
+    tracing::info!("frontend gone; exiting");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-worker: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_proto::VgpuConfig;
+    use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::VhostBackend;
+
+    #[test]
+    fn parses_sizes_bandwidths_shares() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_bandwidth("12G"), Ok(12_000_000_000));
+        assert_eq!(parse_bandwidth("1.5GB/s"), Ok(1_500_000_000));
+        assert_eq!(parse_bandwidth("0"), Ok(0));
+        assert!(parse_bandwidth("-1G").is_err());
+        assert!(parse_bandwidth("fast").is_err());
+        assert_eq!(parse_share("0.3"), Ok(300));
+        assert_eq!(parse_share("30%"), Ok(300));
+        assert_eq!(parse_share("1"), Ok(1000));
+        assert!(parse_share("1.5").is_err());
+        assert!(parse_share("300").is_err());
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vgpu-worker-test-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn bind_errors_are_clear() {
+        let e = bind(Path::new("/nonexistent-dir/x.sock"))
+            .err()
+            .expect("no such dir");
+        assert!(e.to_string().contains("/nonexistent-dir/x.sock"), "{e}");
+        let file = tmp("plain-file");
+        std::fs::write(&file, b"x").expect("write");
+        let e = bind(&file).err().expect("not a socket");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        std::fs::remove_file(&file).expect("rm");
+        let live = tmp("live.sock");
+        let _l = bind(&live).expect("bind");
+        let e = bind(&live).err().expect("in use");
+        assert!(e.to_string().contains("another process"), "{e}");
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced() {
+        let p = tmp("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&p).expect("bind"));
+        assert!(p.exists(), "std leaves the socket file behind");
+        let l = bind(&p).expect("stale socket replaced");
+        drop(l);
+        assert!(!p.exists(), "the listener removes its socket");
+    }
+
+    #[test]
+    fn serves_a_frontend_until_it_disconnects() {
+        let path = tmp("serve.sock");
+        let mut listener = bind(&path).expect("bind");
+        let sim = SimGpu::new(SimConfig {
+            memory: 16 << 20,
+            va_size: 1 << 30,
+            threads: 1,
+            ..SimConfig::default()
+        })
+        .expect("sim");
+        let cfg = DeviceConfig {
+            vgpu_id: 9,
+            num_queues: 3,
+            queue_size: 256,
+            memory_share: 16 << 20,
+            compute_share: 250,
+            copy_share: 750,
+        };
+        let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
+        let shutdown: Shutdown = Arc::new(Mutex::new(None));
+        let sd = shutdown.clone();
+        let worker = std::thread::spawn(move || serve(&mut listener, vgpu, &sd));
+
+        let mut fe = Frontend::connect(&path, 3).expect("connect");
+        fe.set_owner().expect("owner");
+        let features = fe.get_features().expect("features");
+        assert_ne!(features & (1 << 32), 0);
+        fe.set_features(features).expect("set features");
+        let pf = fe.get_protocol_features().expect("protocol features");
+        assert!(pf.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
+        fe.set_protocol_features(pf).expect("set protocol features");
+        assert_eq!(fe.get_queue_num().expect("queue num"), 3);
+        let buf = [0u8; VgpuConfig::SIZE];
+        let (_, cfg) = fe
+            .get_config(0, buf.len() as u32, VhostUserConfigFlags::WRITABLE, &buf)
+            .expect("config");
+        assert_eq!(
+            &cfg[4..8],
+            &9u32.to_le_bytes(),
+            "vgpu id in the config space"
+        );
+        assert_eq!(
+            &cfg[8..12],
+            &3u32.to_le_bytes(),
+            "queue count in the config space"
+        );
+        drop(fe);
+        worker
+            .join()
+            .expect("worker thread")
+            .expect("clean exit on disconnect");
+    }
+}
