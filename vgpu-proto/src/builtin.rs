@@ -109,7 +109,8 @@ pub const SPIN: KernelSig = KernelSig {
     name: "spin",
     params: &[("duration_us", Param::Int)],
     doc: "keeps one compute engine busy for duration_us microseconds at speed 1.0 \
-          (duration_us / speed on a device of another speed); touches no memory",
+          (duration_us / speed on a device of another speed), at most MAX_SPIN_US; \
+          touches no memory",
 };
 /// `out[0] = FNV-1a 64 of data[0..n_bytes]`.
 pub const CHECKSUM: KernelSig = KernelSig {
@@ -118,6 +119,9 @@ pub const CHECKSUM: KernelSig = KernelSig {
     doc: "out[0] (u64) = 64-bit FNV-1a of the n_bytes bytes at data: h = 0xcbf29ce484222325; \
           for each byte: h ^= byte; h = h * 0x100000001b3 (wrapping)",
 };
+
+/// Longest `spin` a launch may ask for (60 s); longer is `INVALID_ARGUMENT`.
+pub const MAX_SPIN_US: u64 = 60_000_000;
 
 /// Every built-in kernel.
 pub const KERNELS: [KernelSig; 8] = [

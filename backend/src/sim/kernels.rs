@@ -167,6 +167,12 @@ pub fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<
         n if n == builtin::CHECKSUM.name => checksum(ctx, sig, args)?,
         n if n == builtin::SPIN.name => {
             let us = int(args, 0);
+            if us > builtin::MAX_SPIN_US {
+                return Err(BackendError::InvalidArgument(format!(
+                    "spin: duration_us = {us} is above the limit of {} µs; split the burst",
+                    builtin::MAX_SPIN_US
+                )));
+            }
             let dur =
                 Duration::try_from_secs_f64(us as f64 / 1e6 / ctx.speed).unwrap_or(Duration::MAX);
             let end = start.checked_add(dur).ok_or_else(|| {

@@ -459,6 +459,10 @@ fn checksum_is_fnv1a() {
 fn spin_takes_its_time_scaled_by_speed() {
     let g = gpu();
     let f = builtin_fn(&g, "spin");
+    let e = g
+        .launch(f, &CFG, &[ArgValue::U64(u64::MAX)])
+        .expect_err("too long");
+    assert_eq!(e.status(), Status::InvalidArgument);
     let t = Instant::now();
     let s = g.launch(f, &CFG, &[ArgValue::U64(20_000)]).expect("spin");
     assert!(t.elapsed() >= Duration::from_millis(20));
