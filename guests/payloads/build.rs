@@ -6,15 +6,8 @@ fn main() {
     let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
     println!("cargo:rerun-if-changed=link.ld");
     println!("cargo:rerun-if-changed=build.rs");
-    // No C runtime, no libc, one static image at a fixed address (docs/payload-abi.md).
-    for arg in [
-        "-nostartfiles",
-        "-nostdlib",
-        "-static",
-        "-no-pie",
-        "-Wl,--build-id=none",
-    ] {
-        println!("cargo:rustc-link-arg-bins={arg}");
-    }
+    // rust-lld links x86_64-unknown-none images directly: no C runtime, no libc. The
+    // script fixes the load address (docs/payload-abi.md).
     println!("cargo:rustc-link-arg-bins=-T{dir}/link.ld");
+    println!("cargo:rustc-link-arg-bins=--build-id=none");
 }

@@ -20,8 +20,9 @@ pub const PAYLOADS: &[&str] = &["hello", "kvm-exits", "vhost-echo"];
 /// Directory of prebuilt payload ELFs; when set, nothing is built.
 pub const PAYLOAD_DIR_ENV: &str = "VGPU_PAYLOAD_DIR";
 
-/// guests/.cargo/config.toml names the target explicitly, so cargo puts the ELFs here.
-const TARGET_SUBDIR: &str = "target/x86_64-unknown-linux-gnu/release";
+/// The payload target named in guests/.cargo/config.toml; cargo puts the ELFs under
+/// target/<triple>/release.
+const TARGET_TRIPLE: &str = "x86_64-unknown-none";
 /// How much of cargo's stderr a failed build reports.
 const STDERR_TAIL_LINES: usize = 40;
 
@@ -46,7 +47,10 @@ pub fn guests_dir() -> PathBuf {
 
 /// Where a plain `cargo build --release` in guests/ leaves the ELFs.
 pub fn built_dir() -> PathBuf {
-    guests_dir().join(TARGET_SUBDIR)
+    guests_dir()
+        .join("target")
+        .join(TARGET_TRIPLE)
+        .join("release")
 }
 
 /// The ELF of payload `name`, built on first use in this process (or taken from
@@ -121,7 +125,7 @@ fn build_in(guests: &Path) -> Result<PathBuf, Error> {
             stderr_tail: tail,
         });
     }
-    Ok(target.join("x86_64-unknown-linux-gnu/release"))
+    Ok(target.join(TARGET_TRIPLE).join("release"))
 }
 
 #[cfg(test)]

@@ -16,13 +16,3 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
     }
     crate::exit::park()
 }
-
-/// The precompiled `core` for the host triple is built with unwinding, so its unwind
-/// tables name this personality routine and the link needs the symbol. With
-/// panic = "abort" and no unwinder in the image nothing ever calls it; if something did,
-/// stopping is the only safe answer.
-#[unsafe(no_mangle)]
-extern "C" fn rust_eh_personality() -> ! {
-    crate::serial::print_unlocked(format_args!("PANIC: unwinding is not supported\n"));
-    crate::exit::exit(EXIT_PANIC)
-}
