@@ -1,1 +1,9 @@
-//! End-to-end tests: vmm + backends + payload guests under KVM.
+//! End-to-end support: locating the project's binaries and payloads, running a VM with a
+//! deadline, and small in-test vhost-user backends.
+//!
+//! The tests under `tests/` use these; so does the `vgpu-bench-vmm` benchmark, so a test and
+//! a benchmark of the same path run the same code.
+
+pub mod bins;
+pub mod echo;
+pub mod run;
