@@ -3,6 +3,8 @@
 
 use core::fmt;
 
+use vgpu_proto::{Opcode, Status};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Error {
     /// MagicValue was not "virt": nothing virtio-mmio at this address.
@@ -53,6 +55,29 @@ pub enum Error {
     /// The device claims to have written more than the chain's writable bytes; the chain
     /// is recycled, `token` says which.
     UsedLenTooLarge { token: u16, len: u32, writable: u32 },
+
+    // The vGPU request layer (crate::vgpu).
+    /// The device speaks a protocol major version this driver does not.
+    IncompatibleDevice { version: u32 },
+    /// A queue index at or above the device's `num_queues`.
+    NoSuchQueue(u16),
+    /// The device answered a request with an error status.
+    Device { opcode: u32, status: Status },
+    /// The device answered with a status code this protocol version does not know.
+    UnknownStatus { opcode: u32, code: u32 },
+    /// The device returned the chain without writing a response (used length below 48):
+    /// by the protocol, a malformed request of the guest's own.
+    NoResponse { opcode: u32, used_len: u32 },
+    /// The response carries another request's id.
+    ResponseMismatch { expected: u64, found: u64 },
+    /// The request does not fit its slot (too many kernel arguments or dependencies).
+    RequestTooLarge,
+    /// More data buffers than one request may carry.
+    TooManyBuffers,
+    /// A ticket that is not outstanding on this stream (already waited for, or foreign).
+    UnknownTicket,
+    /// The stream gave up on an unresponsive device and reset it; it cannot be used again.
+    Broken,
 }
 
 impl fmt::Display for Error {
@@ -103,6 +128,45 @@ impl fmt::Display for Error {
                 f,
                 "device used {len} bytes of chain {token} with only {writable} writable"
             ),
+            Error::IncompatibleDevice { version } => write!(
+                f,
+                "device speaks vGPU protocol {}.{}, this driver {}.{}",
+                version >> 16,
+                version & 0xffff,
+                vgpu_proto::VERSION_MAJOR,
+                vgpu_proto::VERSION_MINOR
+            ),
+            Error::NoSuchQueue(q) => write!(f, "the device has no queue {q}"),
+            Error::Device { opcode, status } => {
+                write!(f, "{}: {status}", OpName(opcode))
+            }
+            Error::UnknownStatus { opcode, code } => {
+                write!(f, "{}: unknown status {code}", OpName(opcode))
+            }
+            Error::NoResponse { opcode, used_len } => write!(
+                f,
+                "{}: device returned the chain without a response (used length {used_len})",
+                OpName(opcode)
+            ),
+            Error::ResponseMismatch { expected, found } => {
+                write!(f, "response for request {found}, expected {expected}")
+            }
+            Error::RequestTooLarge => write!(f, "request does not fit its slot"),
+            Error::TooManyBuffers => write!(f, "too many data buffers for one request"),
+            Error::UnknownTicket => write!(f, "ticket is not outstanding on this stream"),
+            Error::Broken => write!(f, "stream unusable: the device was reset after a timeout"),
+        }
+    }
+}
+
+/// An opcode by name when it is known.
+struct OpName(u32);
+
+impl fmt::Display for OpName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match Opcode::from_u32(self.0) {
+            Some(op) => f.write_str(op.name()),
+            None => write!(f, "opcode {:#x}", self.0),
         }
     }
 }

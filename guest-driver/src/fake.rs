@@ -24,7 +24,9 @@ pub struct FakeQueue {
     pub used_idx: u16,
 }
 
-#[derive(Debug)]
+/// Runs when the driver writes QueueNotify (a device model serving the queue at once).
+pub type NotifyHook = Box<dyn FnMut(&mut FakeDevice, u32)>;
+
 pub struct FakeDevice {
     pub magic: u32,
     pub version: u32,
@@ -46,6 +48,7 @@ pub struct FakeDevice {
     pub generation_bumps: u32,
     pub interrupt_status: u32,
     pub acked: u32,
+    pub on_notify: Option<NotifyHook>,
 }
 
 impl FakeDevice {
@@ -75,6 +78,7 @@ impl FakeDevice {
             generation_bumps: 0,
             interrupt_status: 0,
             acked: 0,
+            on_notify: None,
         }
     }
 
@@ -144,7 +148,13 @@ impl FakeDevice {
                     .into_iter()
                     .for_each(|q| q.device = set_half(q.device, half, v))
             }
-            reg::QUEUE_NOTIFY => self.notifies.push(v),
+            reg::QUEUE_NOTIFY => {
+                self.notifies.push(v);
+                if let Some(mut hook) = self.on_notify.take() {
+                    hook(self, v);
+                    self.on_notify = Some(hook);
+                }
+            }
             reg::INTERRUPT_ACK => {
                 self.acked |= v;
                 self.interrupt_status &= !v;
@@ -180,6 +190,18 @@ fn rd<T: Copy>(addr: u64) -> T {
 fn wr<T: Copy>(addr: u64, v: T) {
     // SAFETY: as for rd.
     unsafe { std::ptr::write_volatile(addr as *mut T, v) }
+}
+
+/// Bytes of guest memory, as the device reads them.
+pub fn read_bytes(addr: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| rd::<u8>(addr + i)).collect()
+}
+
+/// Writes guest memory, as the device does.
+pub fn write_bytes(addr: u64, bytes: &[u8]) {
+    for (i, b) in bytes.iter().enumerate() {
+        wr(addr + i as u64, *b);
+    }
 }
 
 /// One descriptor as the device sees it.

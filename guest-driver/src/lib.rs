@@ -23,6 +23,7 @@ pub mod queue;
 mod ring;
 pub mod spec;
 pub mod transport;
+pub mod vgpu;
 
 #[cfg(test)]
 mod fake;
@@ -35,3 +36,4 @@ pub use queue::{Buffer, SplitQueue, Token, Used};
 pub use ring::Layout as QueueLayout;
 pub use spec::feature;
 pub use transport::{DmaRegion, Transport};
+pub use vgpu::{Stream, StreamOptions, Ticket, VgpuDevice};
