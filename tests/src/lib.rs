@@ -4,6 +4,7 @@
 //! The tests under `tests/` use these; so does the `vgpu-bench-vmm` benchmark, so a test and
 //! a benchmark of the same path run the same code.
 
+pub mod bench;
 pub mod bins;
 pub mod echo;
 pub mod run;

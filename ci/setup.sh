@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# What a fresh machine needs beyond the Rust toolchain: the bare-metal target the payload
+# guests build for (docs/payload-abi.md says why it is soft-float). Idempotent and quick
+# when everything is in place.
+set -euo pipefail
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo is missing; install Rust with rustup (https://rustup.rs) first" >&2
+  exit 1
+fi
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; then
+  echo "setup: installing the x86_64-unknown-none target for the payload guests"
+  rustup target add x86_64-unknown-none
+fi

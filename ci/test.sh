@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command (README.md; .ci/run calls exactly this). Builds everything it
+# needs. Tests that need /dev/kvm or a GPU skip with a message when those are absent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./ci/setup.sh
+echo "== rust-vmm versions"
+./ci/check-deps.sh
+echo "== format"
+cargo fmt --all -- --check
+(cd guests && cargo fmt --all -- --check)
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+(cd guests && cargo clippy --release --locked -- -D warnings)
+echo "== tests"
+cargo test --workspace --locked
+(cd guests && cargo test --locked --target x86_64-unknown-linux-gnu -p payload-rt)
+echo "== all tests passed"
