@@ -58,7 +58,10 @@ pub fn report(figures: &[Figure], json_path: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let doc = serde_json::Value::Array(figures.iter().map(Figure::json).collect());
-    std::fs::write(json_path, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
+    std::fs::write(
+        json_path,
+        serde_json::to_string_pretty(&doc).unwrap_or_default(),
+    )?;
     println!("(written to {})", json_path.display());
     Ok(())
 }

@@ -45,7 +45,11 @@ pub fn payload(name: &str) -> PathBuf {
 /// True when this machine can run KVM guests; tests that need KVM say so and skip
 /// otherwise.
 pub fn have_kvm() -> bool {
-    std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
 }
 
 /// Skips the calling test (returns from it) when KVM is missing.

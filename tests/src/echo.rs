@@ -14,7 +14,9 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueOwnedT;
 use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 
@@ -28,7 +30,11 @@ pub struct Echo {
 
 impl Echo {
     pub fn new() -> Self {
-        Self { mem: None, event_idx: false, served: 0 }
+        Self {
+            mem: None,
+            event_idx: false,
+            served: 0,
+        }
     }
 
     fn process(&mut self, vring: &VringRwLock) -> std::io::Result<bool> {
@@ -59,7 +65,10 @@ impl Echo {
                 if n == 0 {
                     break;
                 }
-                if mem.write_slice(&data[written..written + n], d.addr()).is_ok() {
+                if mem
+                    .write_slice(&data[written..written + n], d.addr())
+                    .is_ok()
+                {
                     written += n;
                 }
             }
@@ -114,7 +123,9 @@ impl VhostUserBackendMut for Echo {
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
         // Config space "ECHO" repeated, so a guest can check the read-through path.
-        (offset..offset.saturating_add(size)).map(|i| b"ECHO"[(i % 4) as usize]).collect()
+        (offset..offset.saturating_add(size))
+            .map(|i| b"ECHO"[(i % 4) as usize])
+            .collect()
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
@@ -139,9 +150,14 @@ impl VhostUserBackendMut for Echo {
         };
         if self.event_idx {
             loop {
-                vring.disable_notification().map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+                vring
+                    .disable_notification()
+                    .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
                 self.process(vring)?;
-                if !vring.enable_notification().map_err(|e| std::io::Error::other(format!("{e:?}")))? {
+                if !vring
+                    .enable_notification()
+                    .map_err(|e| std::io::Error::other(format!("{e:?}")))?
+                {
                     break;
                 }
             }
@@ -161,7 +177,8 @@ pub struct EchoServer {
 impl EchoServer {
     /// Binds `socket` (replacing a stale file) and serves the first frontend that connects.
     pub fn start(socket: &Path) -> std::io::Result<Self> {
-        let mut listener = Listener::new(socket, true).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut listener =
+            Listener::new(socket, true).map_err(|e| std::io::Error::other(e.to_string()))?;
         let backend = Arc::new(Mutex::new(Echo::new()));
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let mut daemon = VhostUserDaemon::new("echo".into(), backend.clone(), mem)
@@ -173,7 +190,10 @@ impl EchoServer {
             }
             let _ = daemon.wait();
         });
-        Ok(Self { backend, thread: Some(thread) })
+        Ok(Self {
+            backend,
+            thread: Some(thread),
+        })
     }
 
     /// Waits for the connection to end (the vmm exited).

@@ -14,9 +14,17 @@ const DEADLINE: Duration = Duration::from_secs(60);
 #[test]
 fn hello_prints_and_exits_with_its_code() {
     require_kvm!();
-    let out = run_payload(&payload("hello"), &["--vcpus", "2", "--payload-arg", "exit=7"], DEADLINE);
+    let out = run_payload(
+        &payload("hello"),
+        &["--vcpus", "2", "--payload-arg", "exit=7"],
+        DEADLINE,
+    );
     assert_eq!(out.code, Some(7), "{out:?}");
-    assert!(out.stdout.contains("hello from vgpu payload: vcpus=2 mem=256"), "{out:?}");
+    assert!(
+        out.stdout
+            .contains("hello from vgpu payload: vcpus=2 mem=256"),
+        "{out:?}"
+    );
     assert!(out.stdout.contains("exit=7"), "{out:?}");
 }
 
@@ -24,7 +32,11 @@ fn hello_prints_and_exits_with_its_code() {
 fn hello_exits_zero_and_sees_all_memory() {
     require_kvm!();
     // 4 GiB crosses the MMIO hole: the guest sees both RAM regions.
-    let out = run_payload(&payload("hello"), &["--memory", "4G", "--vcpus", "4"], DEADLINE);
+    let out = run_payload(
+        &payload("hello"),
+        &["--memory", "4G", "--vcpus", "4"],
+        DEADLINE,
+    );
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stdout.contains("vcpus=4 mem=4096"), "{out:?}");
 }
@@ -41,7 +53,14 @@ fn i8042_reset_ends_the_vm_cleanly() {
 fn sigterm_stops_a_running_guest_in_order() {
     require_kvm!();
     let p = payload("kvm-exits");
-    let child = spawn_vmm(&["--payload", p.to_str().unwrap(), "--vcpus", "2", "--payload-arg", "n=100000000000"]);
+    let child = spawn_vmm(&[
+        "--payload",
+        p.to_str().unwrap(),
+        "--vcpus",
+        "2",
+        "--payload-arg",
+        "n=100000000000",
+    ]);
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on the pid of a child we own; no memory is involved.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
@@ -54,7 +73,11 @@ fn sigterm_stops_a_running_guest_in_order() {
 fn must_fail(args: &[&str]) -> String {
     let out = finish(spawn_vmm(args), DEADLINE);
     assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
-    let lines: Vec<_> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<_> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
     assert_eq!(lines.len(), 1, "{args:?}: one error line expected: {out:?}");
     assert!(lines[0].starts_with("vmm: "), "{out:?}");
     assert!(!out.stderr.contains("panicked"), "{out:?}");

@@ -27,3 +27,47 @@ fn guest_round_trips_through_the_echo_backend() {
     assert!(served >= 64 + 200, "the backend served {served} chains");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn vm_survives_its_backend_dying_and_sees_needs_reset() {
+    require_kvm!();
+    let dir = std::env::temp_dir().join(format!("vgpu-dying-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("worker.sock");
+    let mut worker = std::process::Command::new(vgpu_tests::bins::binary("vgpu-worker"))
+        .args([
+            "--socket",
+            sock.to_str().unwrap(),
+            "--vgpu-id",
+            "0",
+            "--memory",
+            "64M",
+            "--queues",
+            "1",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let p = payload("vhost-echo");
+    let arg = format!("socket={}", sock.display());
+    let vm = vgpu_tests::run::spawn_vmm(&[
+        "--payload",
+        p.to_str().unwrap(),
+        "--vgpu",
+        &arg,
+        "--payload-arg",
+        "until-reset",
+    ]);
+    std::thread::sleep(Duration::from_secs(2));
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    let out = vgpu_tests::run::finish(vm, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("vhost-echo: serving"), "{out:?}");
+    assert!(out.stdout.contains("DEVICE_NEEDS_RESET"), "{out:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

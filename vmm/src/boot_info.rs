@@ -82,7 +82,11 @@ pub fn build(
         mmio_count: mmio_devices as u32,
         ..Default::default()
     };
-    for (slot, (base, size)) in info.mem_regions.iter_mut().zip(layout::ram_regions(mem_size)) {
+    for (slot, (base, size)) in info
+        .mem_regions
+        .iter_mut()
+        .zip(layout::ram_regions(mem_size))
+    {
         *slot = MemRegion { base, size };
     }
     for (i, slot) in info.mmio.iter_mut().take(mmio_devices).enumerate() {
@@ -97,7 +101,11 @@ pub fn build(
 }
 
 /// Writes the boot info and the argument string into guest memory.
-pub fn write<M: GuestMemoryBackend>(mem: &M, info: &BootInfo, arg: &str) -> Result<(), BootInfoError> {
+pub fn write<M: GuestMemoryBackend>(
+    mem: &M,
+    info: &BootInfo,
+    arg: &str,
+) -> Result<(), BootInfoError> {
     if arg.len() > layout::ARG_MAX {
         return Err(BootInfoError::ArgTooLong(arg.len()));
     }
@@ -113,7 +121,13 @@ mod tests {
     #[test]
     fn lists_devices_and_memory() {
         let info = build(256 << 20, 2, 3_000_000, 5, 2).unwrap();
-        assert_eq!(info.mem_regions[0], MemRegion { base: 0, size: 256 << 20 });
+        assert_eq!(
+            info.mem_regions[0],
+            MemRegion {
+                base: 0,
+                size: 256 << 20
+            }
+        );
         assert_eq!(info.mem_regions[1].size, 0);
         assert_eq!(info.mmio[1].base, layout::MMIO_BASE + 0x1000);
         assert_eq!(info.mmio[1].gsi, 6);
@@ -122,7 +136,13 @@ mod tests {
 
     #[test]
     fn rejects_long_args_and_many_devices() {
-        assert!(matches!(build(1 << 30, 1, 0, 5000, 0), Err(BootInfoError::ArgTooLong(5000))));
-        assert!(matches!(build(1 << 30, 1, 0, 0, 9), Err(BootInfoError::TooManyDevices(9))));
+        assert!(matches!(
+            build(1 << 30, 1, 0, 5000, 0),
+            Err(BootInfoError::ArgTooLong(5000))
+        ));
+        assert!(matches!(
+            build(1 << 30, 1, 0, 0, 9),
+            Err(BootInfoError::TooManyDevices(9))
+        ));
     }
 }

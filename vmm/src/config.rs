@@ -28,7 +28,9 @@ impl std::str::FromStr for VgpuSpec {
                 _ => return Err(SpecError::UnknownKey(part.into())),
             }
         }
-        socket.map(|socket| VgpuSpec { socket }).ok_or_else(|| SpecError::MissingSocket(s.into()))
+        socket
+            .map(|socket| VgpuSpec { socket })
+            .ok_or_else(|| SpecError::MissingSocket(s.into()))
     }
 }
 
@@ -80,9 +82,23 @@ mod tests {
 
     #[test]
     fn vgpu_specs() {
-        assert_eq!("socket=/tmp/a.sock".parse(), Ok(VgpuSpec { socket: "/tmp/a.sock".into() }));
-        assert!(matches!("".parse::<VgpuSpec>(), Err(SpecError::MissingSocket(_))));
-        assert!(matches!("socket=".parse::<VgpuSpec>(), Err(SpecError::MissingSocket(_))));
-        assert!(matches!("sock=/x".parse::<VgpuSpec>(), Err(SpecError::UnknownKey(_))));
+        assert_eq!(
+            "socket=/tmp/a.sock".parse(),
+            Ok(VgpuSpec {
+                socket: "/tmp/a.sock".into()
+            })
+        );
+        assert!(matches!(
+            "".parse::<VgpuSpec>(),
+            Err(SpecError::MissingSocket(_))
+        ));
+        assert!(matches!(
+            "socket=".parse::<VgpuSpec>(),
+            Err(SpecError::MissingSocket(_))
+        ));
+        assert!(matches!(
+            "sock=/x".parse::<VgpuSpec>(),
+            Err(SpecError::UnknownKey(_))
+        ));
     }
 }

@@ -73,7 +73,10 @@ mod tests {
     #[test]
     fn big_vm_skips_the_mmio_hole() {
         let r = ram_regions(4 << 30);
-        assert_eq!(r, vec![(0, LOW_RAM_END), (HIGH_RAM_START, (4 << 30) - LOW_RAM_END)]);
+        assert_eq!(
+            r,
+            vec![(0, LOW_RAM_END), (HIGH_RAM_START, (4 << 30) - LOW_RAM_END)]
+        );
         assert!(mmio_base(MAX_MMIO_DEVICES) <= KVM_IDENTITY_MAP_ADDR);
     }
 

@@ -16,19 +16,31 @@ use crate::layout;
 pub enum LoadError {
     /// The file cannot be opened.
     #[error("cannot open payload {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Not an ELF64 x86-64 executable.
     #[error("payload {path} is not a 64-bit x86 ELF executable ({why})")]
     NotElf { path: PathBuf, why: &'static str },
     /// A segment lies outside usable guest RAM.
     #[error("payload {path} does not fit guest memory: segment at {addr:#x} of {size} bytes must lie in {start:#x}..{end:#x}; give more --memory or relink the payload at 0x200000")]
-    DoesNotFit { path: PathBuf, addr: u64, size: u64, start: u64, end: u64 },
+    DoesNotFit {
+        path: PathBuf,
+        addr: u64,
+        size: u64,
+        start: u64,
+        end: u64,
+    },
     /// The ELF has nothing to load.
     #[error("payload {path} has no loadable segment")]
     Empty { path: PathBuf },
     /// linux-loader refused it.
     #[error("cannot load payload {path}: {source}")]
-    Loader { path: PathBuf, source: linux_loader::loader::Error },
+    Loader {
+        path: PathBuf,
+        source: linux_loader::loader::Error,
+    },
 }
 
 /// Where the payload landed.
@@ -39,18 +51,40 @@ pub struct Loaded {
 }
 
 /// Loads `path` into `mem`, whose low RAM region ends at `low_ram_end`.
-pub fn load_payload(mem: &GuestMemoryMmap, path: &Path, low_ram_end: u64) -> Result<Loaded, LoadError> {
-    let mut file = File::open(path).map_err(|source| LoadError::Open { path: path.into(), source })?;
+pub fn load_payload(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    low_ram_end: u64,
+) -> Result<Loaded, LoadError> {
+    let mut file = File::open(path).map_err(|source| LoadError::Open {
+        path: path.into(),
+        source,
+    })?;
     validate(&mut file, path, low_ram_end)?;
-    let result = Elf::load(mem, None, &mut file, Some(GuestAddress(layout::PAYLOAD_START)))
-        .map_err(|source| LoadError::Loader { path: path.into(), source })?;
-    Ok(Loaded { entry: result.kernel_load.0, end: result.kernel_end })
+    let result = Elf::load(
+        mem,
+        None,
+        &mut file,
+        Some(GuestAddress(layout::PAYLOAD_START)),
+    )
+    .map_err(|source| LoadError::Loader {
+        path: path.into(),
+        source,
+    })?;
+    Ok(Loaded {
+        entry: result.kernel_load.0,
+        end: result.kernel_end,
+    })
 }
 
 fn validate(file: &mut File, path: &Path, low_ram_end: u64) -> Result<(), LoadError> {
-    let not_elf = |why| LoadError::NotElf { path: path.into(), why };
+    let not_elf = |why| LoadError::NotElf {
+        path: path.into(),
+        why,
+    };
     let mut ehdr = Elf64_Ehdr::default();
-    file.read_exact(ehdr.as_mut_slice()).map_err(|_| not_elf("shorter than an ELF header"))?;
+    file.read_exact(ehdr.as_mut_slice())
+        .map_err(|_| not_elf("shorter than an ELF header"))?;
     if ehdr.e_ident[..4] != *b"\x7fELF" {
         return Err(not_elf("bad magic"));
     }
@@ -67,7 +101,8 @@ fn validate(file: &mut File, path: &Path, low_ram_end: u64) -> Result<(), LoadEr
         return Err(not_elf("bad program header size"));
     }
     let fits = |addr: u64, size: u64| {
-        addr >= layout::PAYLOAD_START && addr.checked_add(size).is_some_and(|end| end <= low_ram_end)
+        addr >= layout::PAYLOAD_START
+            && addr.checked_add(size).is_some_and(|end| end <= low_ram_end)
     };
     if !fits(ehdr.e_entry, 1) {
         return Err(LoadError::DoesNotFit {
@@ -78,11 +113,13 @@ fn validate(file: &mut File, path: &Path, low_ram_end: u64) -> Result<(), LoadEr
             end: low_ram_end,
         });
     }
-    file.seek(SeekFrom::Start(ehdr.e_phoff)).map_err(|_| not_elf("program headers past the end"))?;
+    file.seek(SeekFrom::Start(ehdr.e_phoff))
+        .map_err(|_| not_elf("program headers past the end"))?;
     let mut loadable = 0;
     for _ in 0..ehdr.e_phnum {
         let mut ph = Elf64_Phdr::default();
-        file.read_exact(ph.as_mut_slice()).map_err(|_| not_elf("truncated program headers"))?;
+        file.read_exact(ph.as_mut_slice())
+            .map_err(|_| not_elf("truncated program headers"))?;
         if ph.p_type != PT_LOAD || ph.p_memsz == 0 {
             continue;
         }
@@ -163,7 +200,11 @@ mod tests {
         let mem = create_guest_memory(8 << 20).unwrap();
         let cases: Vec<(&str, Vec<u8>)> = vec![
             ("empty", vec![]),
-            ("garbage", b"this is not an elf file at all, not even close...........................".to_vec()),
+            (
+                "garbage",
+                b"this is not an elf file at all, not even close..........................."
+                    .to_vec(),
+            ),
             ("low", elf(0x20_0000, 0x1000, 0x100, &[0; 4])),
             ("huge", elf(0x20_0000, 0x20_0000, 64 << 20, &[0; 4])),
             ("wrap", elf(0x20_0000, u64::MAX - 10, 100, &[0; 4])),

@@ -45,7 +45,10 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     }
     let host = host_memory();
     if size > host {
-        return Err(MemoryError::BeyondHost { requested: size, host });
+        return Err(MemoryError::BeyondHost {
+            requested: size,
+            host,
+        });
     }
     let file = memfd("vgpu-guest-ram")?;
     file.set_len(size)
@@ -54,7 +57,11 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     let mut ranges = Vec::new();
     for (base, len) in layout::ram_regions(size) {
         let fd = file.try_clone().map_err(MemoryError::Memfd)?;
-        ranges.push((GuestAddress(base), len as usize, Some(FileOffset::new(fd, offset))));
+        ranges.push((
+            GuestAddress(base),
+            len as usize,
+            Some(FileOffset::new(fd, offset)),
+        ));
         offset += len;
     }
     GuestMemoryMmap::from_ranges_with_files(ranges).map_err(MemoryError::Map)
@@ -79,7 +86,10 @@ mod tests {
 
     #[test]
     fn rejects_tiny_and_huge() {
-        assert!(matches!(create_guest_memory(0), Err(MemoryError::TooSmall(0))));
+        assert!(matches!(
+            create_guest_memory(0),
+            Err(MemoryError::TooSmall(0))
+        ));
         assert!(matches!(
             create_guest_memory(u64::MAX / 2),
             Err(MemoryError::BeyondHost { .. })
@@ -92,7 +102,11 @@ mod tests {
         assert_eq!(mem.num_regions(), 1);
         let region = mem.iter().next().unwrap();
         assert!(region.file_offset().is_some());
-        mem.write_obj(0xdead_beef_u32, GuestAddress(0x1000)).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0xdead_beef);
+        mem.write_obj(0xdead_beef_u32, GuestAddress(0x1000))
+            .unwrap();
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
+            0xdead_beef
+        );
     }
 }

@@ -34,7 +34,8 @@ pub fn install_term(evt: &EventFd) -> std::io::Result<()> {
     TERM_FD.store(keep.as_raw_fd(), Ordering::SeqCst);
     std::mem::forget(keep);
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        register_signal_handler(sig, on_term).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        register_signal_handler(sig, on_term)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     }
     Ok(())
 }
@@ -42,5 +43,6 @@ pub fn install_term(evt: &EventFd) -> std::io::Result<()> {
 /// Installs the no-op handler for the vCPU kick signal (without one the signal would kill
 /// the process).
 pub fn install_kick() -> std::io::Result<()> {
-    register_signal_handler(vcpu_kick_signal(), on_kick).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    register_signal_handler(vcpu_kick_signal(), on_kick)
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
 }

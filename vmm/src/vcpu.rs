@@ -37,14 +37,30 @@ pub struct VcpuContext {
 }
 
 /// Creates and configures vCPU `index` for entry at `entry`.
-pub fn create(vm: &VmFd, supported: &CpuId, index: u8, count: u8, entry: u64, cr3: u64) -> Result<VcpuFd, VcpuError> {
-    let vcpu = vm.create_vcpu(u64::from(index)).map_err(|e| VcpuError::Create(index, e))?;
+pub fn create(
+    vm: &VmFd,
+    supported: &CpuId,
+    index: u8,
+    count: u8,
+    entry: u64,
+    cr3: u64,
+) -> Result<VcpuFd, VcpuError> {
+    let vcpu = vm
+        .create_vcpu(u64::from(index))
+        .map_err(|e| VcpuError::Create(index, e))?;
     let cfg = |what| move |e| VcpuError::Configure(index, what, e);
-    vcpu.set_cpuid2(&cpuid::for_vcpu(supported.clone(), index, count)).map_err(cfg("cpuid"))?;
+    vcpu.set_cpuid2(&cpuid::for_vcpu(supported.clone(), index, count))
+        .map_err(cfg("cpuid"))?;
     let sregs = vcpu.get_sregs().map_err(cfg("get sregs"))?;
-    vcpu.set_sregs(&regs::long_mode_sregs(sregs, cr3)).map_err(cfg("sregs"))?;
-    vcpu.set_regs(&regs::entry_regs(entry, index)).map_err(cfg("regs"))?;
-    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+    vcpu.set_sregs(&regs::long_mode_sregs(sregs, cr3))
+        .map_err(cfg("sregs"))?;
+    vcpu.set_regs(&regs::entry_regs(entry, index))
+        .map_err(cfg("regs"))?;
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
     vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
     Ok(vcpu)
 }
@@ -89,7 +105,13 @@ fn report_internal_error(vcpu: &mut VcpuFd, index: u8) {
     let regs = vcpu.get_regs().unwrap_or_default();
     let rip = regs.rip;
     let sregs = vcpu.get_sregs().unwrap_or_default();
-    tracing::error!(?regs, cr0 = sregs.cr0, cr4 = sregs.cr4, efer = sregs.efer, "registers at the internal error");
+    tracing::error!(
+        ?regs,
+        cr0 = sregs.cr0,
+        cr4 = sregs.cr4,
+        efer = sregs.efer,
+        "registers at the internal error"
+    );
     let run = vcpu.get_kvm_run();
     // SAFETY: the vCPU just exited with KVM_EXIT_INTERNAL_ERROR, so `internal` is the
     // active member of the exit union.

@@ -16,7 +16,7 @@ use vmm_sys_util::signal::Killable;
 use crate::arch::{gdt, paging};
 use crate::config::VmConfig;
 use crate::devices::bus::{lock, Bus, BusDevice};
-use crate::devices::legacy::{DebugExit, ExitState, I8042, PostCode};
+use crate::devices::legacy::{DebugExit, ExitState, PostCode, I8042};
 use crate::devices::serial::SerialDevice;
 use crate::devices::vhost_user::{VhostUserDevice, VhostUserError, VhostUserEventHandler};
 use crate::virtio::mmio::{reg, MmioTransport};
@@ -99,7 +99,11 @@ pub struct Vm {
 
 impl Vm {
     /// Builds everything; nothing runs yet.
-    pub fn build(config: &VmConfig, started: Instant, report_timing: bool) -> Result<Self, VmError> {
+    pub fn build(
+        config: &VmConfig,
+        started: Instant,
+        report_timing: bool,
+    ) -> Result<Self, VmError> {
         if !vcpu::check_count(config.vcpus) {
             return Err(VmError::Vcpus(config.vcpus));
         }
@@ -111,16 +115,19 @@ impl Vm {
         let loaded = loader::load_payload(&mem, &config.payload, low_end)?;
 
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
-        let vm = kvm.create_vm().map_err(|e| VmError::KvmSetup("create a VM", e))?;
+        let vm = kvm
+            .create_vm()
+            .map_err(|e| VmError::KvmSetup("create a VM", e))?;
         vm.set_tss_address(layout::KVM_TSS_ADDR as usize)
             .map_err(|e| VmError::KvmSetup("set the TSS address", e))?;
         vm.set_identity_map_address(layout::KVM_IDENTITY_MAP_ADDR)
             .map_err(|e| VmError::KvmSetup("set the identity map address", e))?;
-        vm.create_irq_chip().map_err(|e| VmError::KvmSetup("create the interrupt controller", e))?;
+        vm.create_irq_chip()
+            .map_err(|e| VmError::KvmSetup("create the interrupt controller", e))?;
         for (slot, region) in mem.iter().enumerate() {
-            let host = mem
-                .get_host_address(region.start_addr())
-                .map_err(|_| VmError::KvmSetup("map guest memory", kvm_ioctls::Error::new(libc::EFAULT)))?;
+            let host = mem.get_host_address(region.start_addr()).map_err(|_| {
+                VmError::KvmSetup("map guest memory", kvm_ioctls::Error::new(libc::EFAULT))
+            })?;
             let r = kvm_userspace_memory_region {
                 slot: slot as u32,
                 guest_phys_addr: region.start_addr().0,
@@ -130,7 +137,8 @@ impl Vm {
             };
             // SAFETY: the region is a live mapping of `region.len()` bytes owned by `mem`,
             // which the Vm keeps for as long as the VM fd exists.
-            unsafe { vm.set_user_memory_region(r) }.map_err(|e| VmError::KvmSetup("register guest memory", e))?;
+            unsafe { vm.set_user_memory_region(r) }
+                .map_err(|e| VmError::KvmSetup("register guest memory", e))?;
         }
 
         // Boot structures.
@@ -140,21 +148,35 @@ impl Vm {
         }
         let cr3 = paging::write(&mem).map_err(VmError::BootTables)?;
 
-        let exit = Arc::new(ExitState::new(started).map_err(|e| VmError::EventLoop(e.to_string()))?);
+        let exit =
+            Arc::new(ExitState::new(started).map_err(|e| VmError::EventLoop(e.to_string()))?);
         let mut events = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
             .map_err(|e| VmError::EventLoop(format!("{e:?}")))?;
         let done = Arc::new(AtomicBool::new(false));
 
         // Port devices.
         let mut pio = Bus::default();
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
+        let serial_irq =
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
         vm.register_irqfd(&serial_irq, layout::COM1_IRQ)
             .map_err(|e| VmError::KvmSetup("route the serial interrupt", e))?;
         let serial = Arc::new(Mutex::new(SerialDevice::new(serial_irq, std::io::stdout())));
         pio.insert(serial.clone(), u64::from(layout::COM1_BASE), 8)?;
-        pio.insert(Arc::new(Mutex::new(DebugExit(exit.clone()))), u64::from(layout::DEBUG_EXIT_PORT), 4)?;
-        pio.insert(Arc::new(Mutex::new(I8042::new(exit.clone()))), u64::from(layout::I8042_DATA_PORT), 5)?;
-        pio.insert(Arc::new(Mutex::new(PostCode)), u64::from(layout::POST_PORT), 1)?;
+        pio.insert(
+            Arc::new(Mutex::new(DebugExit(exit.clone()))),
+            u64::from(layout::DEBUG_EXIT_PORT),
+            4,
+        )?;
+        pio.insert(
+            Arc::new(Mutex::new(I8042::new(exit.clone()))),
+            u64::from(layout::I8042_DATA_PORT),
+            5,
+        )?;
+        pio.insert(
+            Arc::new(Mutex::new(PostCode)),
+            u64::from(layout::POST_PORT),
+            1,
+        )?;
 
         // virtio-mmio devices.
         let mut mmio = Bus::default();
@@ -166,11 +188,17 @@ impl Vm {
             let gsi = layout::MMIO_GSI_BASE + i as u32;
             let device = VhostUserDevice::connect(&spec.socket, VGPU_DEVICE_ID)?;
             for (q, kick) in device.kick_fds().iter().enumerate() {
-                vm.register_ioevent(kick, &IoEventAddress::Mmio(base + reg::QUEUE_NOTIFY), q as u32)
-                    .map_err(|e| VmError::KvmSetup("register a queue doorbell", e))?;
+                vm.register_ioevent(
+                    kick,
+                    &IoEventAddress::Mmio(base + reg::QUEUE_NOTIFY),
+                    q as u32,
+                )
+                .map_err(|e| VmError::KvmSetup("register a queue doorbell", e))?;
             }
-            let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
-            vm.register_irqfd(&irq, gsi).map_err(|e| VmError::KvmSetup("route a device interrupt", e))?;
+            let irq =
+                EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
+            vm.register_irqfd(&irq, gsi)
+                .map_err(|e| VmError::KvmSetup("route a device interrupt", e))?;
             let interrupt = Arc::new(Interrupt::new(irq));
             let calls = device
                 .call_fds()
@@ -186,15 +214,23 @@ impl Vm {
                 spec.socket.display().to_string(),
             );
             events.add_subscriber(Arc::new(Mutex::new(handler)));
-            let transport: Arc<Mutex<dyn BusDevice>> =
-                Arc::new(Mutex::new(MmioTransport::new(device, mem.clone(), interrupt)));
+            let transport: Arc<Mutex<dyn BusDevice>> = Arc::new(Mutex::new(MmioTransport::new(
+                device,
+                mem.clone(),
+                interrupt,
+            )));
             mmio.insert(transport, base, layout::MMIO_SIZE)?;
         }
 
-        let term = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
+        let term =
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
         signals::install_term(&term).map_err(|e| VmError::EventLoop(e.to_string()))?;
         signals::install_kick().map_err(|e| VmError::EventLoop(e.to_string()))?;
-        events.add_subscriber(Arc::new(Mutex::new(ExitWatcher { exit: exit.clone(), term, done: done.clone() })));
+        events.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+            exit: exit.clone(),
+            term,
+            done: done.clone(),
+        })));
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -203,8 +239,17 @@ impl Vm {
             .map(|i| vcpu::create(&vm, &supported, i, config.vcpus, loaded.entry, cr3))
             .collect::<Result<Vec<_>, _>>()?;
         // KVM reports the guest TSC rate per vCPU; all of ours run at the same rate.
-        let tsc_khz = vcpu_fds.first().and_then(|v| v.get_tsc_khz().ok()).unwrap_or(0);
-        let info = boot_info::build(config.memory, config.vcpus, u64::from(tsc_khz), config.payload_arg.len(), config.vgpus.len())?;
+        let tsc_khz = vcpu_fds
+            .first()
+            .and_then(|v| v.get_tsc_khz().ok())
+            .unwrap_or(0);
+        let info = boot_info::build(
+            config.memory,
+            config.vcpus,
+            u64::from(tsc_khz),
+            config.payload_arg.len(),
+            config.vgpus.len(),
+        )?;
         boot_info::write(&mem, &info, &config.payload_arg)?;
         tracing::debug!(entry = loaded.entry, end = loaded.end, "payload loaded");
 

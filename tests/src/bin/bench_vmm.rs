@@ -23,8 +23,13 @@ fn main() {
     }
 
     // Anchor: one KVM exit to userspace (a port write the vmm answers).
-    let exits = run_payload(&payload("kvm-exits"), &["--payload-arg", "n=200000"], VM_DEADLINE);
-    let exit_ns = bench_value(&exits, "kvm_exit_cost").unwrap_or_else(|| fail("kvm-exits", &exits.stdout));
+    let exits = run_payload(
+        &payload("kvm-exits"),
+        &["--payload-arg", "n=200000"],
+        VM_DEADLINE,
+    );
+    let exit_ns =
+        bench_value(&exits, "kvm_exit_cost").unwrap_or_else(|| fail("kvm-exits", &exits.stdout));
 
     // vmm start to the payload's main (first port I/O), median of `runs`.
     let hello = payload("hello");
@@ -47,8 +52,13 @@ fn main() {
     let sock = dir.join("echo.sock");
     let server = EchoServer::start(&sock).expect("echo backend");
     let arg = format!("socket={}", sock.display());
-    let echo = run_payload(&payload("vhost-echo"), &["--vgpu", &arg, "--payload-arg", "iters=20000"], VM_DEADLINE);
-    let rt_ns = bench_value(&echo, "vhost_roundtrip").unwrap_or_else(|| fail("vhost-echo", &echo.stdout));
+    let echo = run_payload(
+        &payload("vhost-echo"),
+        &["--vgpu", &arg, "--payload-arg", "iters=20000"],
+        VM_DEADLINE,
+    );
+    let rt_ns =
+        bench_value(&echo, "vhost_roundtrip").unwrap_or_else(|| fail("vhost-echo", &echo.stdout));
     server.join();
     let _ = std::fs::remove_dir_all(&dir);
 

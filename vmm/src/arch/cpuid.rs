@@ -9,7 +9,8 @@ pub fn for_vcpu(mut cpuid: CpuId, index: u8, count: u8) -> CpuId {
         match entry.function {
             1 => {
                 // EBX[31:24] initial APIC id, EBX[23:16] logical processor count.
-                entry.ebx = (entry.ebx & 0x0000_ffff) | (u32::from(index) << 24) | (u32::from(count) << 16);
+                entry.ebx =
+                    (entry.ebx & 0x0000_ffff) | (u32::from(index) << 24) | (u32::from(count) << 16);
                 // ECX bit 31: running under a hypervisor.
                 entry.ecx |= 1 << 31;
             }
@@ -31,7 +32,11 @@ mod tests {
 
     #[test]
     fn apic_id_and_hypervisor_bit() {
-        let leaf1 = kvm_cpuid_entry2 { function: 1, ebx: 0xffff_ffff, ..Default::default() };
+        let leaf1 = kvm_cpuid_entry2 {
+            function: 1,
+            ebx: 0xffff_ffff,
+            ..Default::default()
+        };
         let cpuid = CpuId::from_entries(&[leaf1]).unwrap();
         let out = for_vcpu(cpuid, 3, 4);
         let e = out.as_slice()[0];

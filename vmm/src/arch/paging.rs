@@ -2,7 +2,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-use crate::layout::{PD_ADDR, PDPT_ADDR, PML4_ADDR};
+use crate::layout::{PDPT_ADDR, PD_ADDR, PML4_ADDR};
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
@@ -13,7 +13,12 @@ pub const PD_COUNT: u64 = 4;
 /// The entries, as `(guest address, value)`, in the order they are written.
 pub fn entries() -> impl Iterator<Item = (u64, u64)> {
     let pml4 = std::iter::once((PML4_ADDR, PDPT_ADDR | PRESENT | WRITABLE));
-    let pdpt = (0..PD_COUNT).map(|i| (PDPT_ADDR + i * 8, (PD_ADDR + i * 0x1000) | PRESENT | WRITABLE));
+    let pdpt = (0..PD_COUNT).map(|i| {
+        (
+            PDPT_ADDR + i * 8,
+            (PD_ADDR + i * 0x1000) | PRESENT | WRITABLE,
+        )
+    });
     let pds = (0..PD_COUNT * 512).map(|i| (PD_ADDR + i * 8, (i << 21) | PRESENT | WRITABLE | HUGE));
     pml4.chain(pdpt).chain(pds)
 }
@@ -28,15 +33,21 @@ pub fn write<M: GuestMemoryBackend>(mem: &M) -> Result<u64, vm_memory::GuestMemo
 
 /// Walks the tables the way the MMU would, for tests: guest virtual to guest physical.
 pub fn translate<M: GuestMemoryBackend>(mem: &M, va: u64) -> Option<u64> {
-    let pml4e: u64 = mem.read_obj(GuestAddress(PML4_ADDR + ((va >> 39) & 0x1ff) * 8)).ok()?;
+    let pml4e: u64 = mem
+        .read_obj(GuestAddress(PML4_ADDR + ((va >> 39) & 0x1ff) * 8))
+        .ok()?;
     if pml4e & PRESENT == 0 {
         return None;
     }
-    let pdpte: u64 = mem.read_obj(GuestAddress((pml4e & !0xfff) + ((va >> 30) & 0x1ff) * 8)).ok()?;
+    let pdpte: u64 = mem
+        .read_obj(GuestAddress((pml4e & !0xfff) + ((va >> 30) & 0x1ff) * 8))
+        .ok()?;
     if pdpte & PRESENT == 0 {
         return None;
     }
-    let pde: u64 = mem.read_obj(GuestAddress((pdpte & !0xfff) + ((va >> 21) & 0x1ff) * 8)).ok()?;
+    let pde: u64 = mem
+        .read_obj(GuestAddress((pdpte & !0xfff) + ((va >> 21) & 0x1ff) * 8))
+        .ok()?;
     if pde & PRESENT == 0 || pde & HUGE == 0 {
         return None;
     }
@@ -51,12 +62,24 @@ mod tests {
 
     #[test]
     fn identity_maps_four_gib() {
-        let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem: GuestMemoryMmap =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         assert_eq!(write(&mem).unwrap(), PML4_ADDR);
-        for va in [0u64, 0x1234, 0x20_0000, 0xC000_0000, 0xD000_0010, 0xFFFF_FFFF] {
+        for va in [
+            0u64,
+            0x1234,
+            0x20_0000,
+            0xC000_0000,
+            0xD000_0010,
+            0xFFFF_FFFF,
+        ] {
             assert_eq!(translate(&mem, va), Some(va), "va {va:#x}");
         }
-        assert_eq!(translate(&mem, 1 << 32), None, "nothing above 4 GiB is mapped");
+        assert_eq!(
+            translate(&mem, 1 << 32),
+            None,
+            "nothing above 4 GiB is mapped"
+        );
     }
 
     #[test]

@@ -79,6 +79,9 @@ mod tests {
         let r3 = entry_regs(0x20_1000, 3);
         assert_eq!(r0.rsp, 0x20_0000);
         assert_eq!(r3.rsp, 0x20_0000 - 3 * 0x1_0000);
-        assert_eq!((r3.rdi, r3.rsi, r3.rip), (layout::BOOT_INFO_ADDR, 3, 0x20_1000));
+        assert_eq!(
+            (r3.rdi, r3.rsi, r3.rip),
+            (layout::BOOT_INFO_ADDR, 3, 0x20_1000)
+        );
     }
 }

@@ -36,9 +36,21 @@ pub struct Bus {
 
 impl Bus {
     /// Places `device` at `base..base+len`.
-    pub fn insert(&mut self, device: Arc<Mutex<dyn BusDevice>>, base: u64, len: u64) -> Result<(), BusError> {
-        let end = base.checked_add(len).filter(|_| len > 0).ok_or(BusError::BadWindow { base, len })?;
-        if self.entries.iter().any(|e| base < e.base + e.len && e.base < end) {
+    pub fn insert(
+        &mut self,
+        device: Arc<Mutex<dyn BusDevice>>,
+        base: u64,
+        len: u64,
+    ) -> Result<(), BusError> {
+        let end = base
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(BusError::BadWindow { base, len })?;
+        if self
+            .entries
+            .iter()
+            .any(|e| base < e.base + e.len && e.base < end)
+        {
             return Err(BusError::Overlap { base, len });
         }
         self.entries.push(Entry { base, len, device });
@@ -47,7 +59,10 @@ impl Bus {
     }
 
     fn find(&self, addr: u64, size: usize) -> Option<(&Entry, u64)> {
-        let idx = self.entries.partition_point(|e| e.base <= addr).checked_sub(1)?;
+        let idx = self
+            .entries
+            .partition_point(|e| e.base <= addr)
+            .checked_sub(1)?;
         let e = &self.entries[idx];
         let offset = addr - e.base;
         (offset.checked_add(size as u64)? <= e.len).then_some((e, offset))
@@ -107,14 +122,18 @@ mod tests {
         assert_eq!(buf, [2]);
         assert!(bus.write(0x3ff, &[7]));
         assert!(!bus.write(0x400, &[7]));
-        assert!(!bus.read(0x3ff, &mut [0u8; 2]), "an access crossing the window end is refused");
+        assert!(
+            !bus.read(0x3ff, &mut [0u8; 2]),
+            "an access crossing the window end is refused"
+        );
         assert_eq!(a.lock().unwrap().0, vec![(7, vec![7])]);
     }
 
     #[test]
     fn refuses_overlaps_and_bad_windows() {
         let mut bus = Bus::default();
-        bus.insert(Arc::new(Mutex::new(Reg::default())), 0x100, 0x10).unwrap();
+        bus.insert(Arc::new(Mutex::new(Reg::default())), 0x100, 0x10)
+            .unwrap();
         assert!(matches!(
             bus.insert(Arc::new(Mutex::new(Reg::default())), 0x10f, 4),
             Err(BusError::Overlap { .. })

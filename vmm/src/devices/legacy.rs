@@ -51,7 +51,9 @@ impl ExitState {
     pub fn note_io(&self) {
         if self.first_io_us.load(Ordering::Relaxed) < 0 {
             let us = self.started.elapsed().as_micros().min(i32::MAX as u128) as i32;
-            let _ = self.first_io_us.compare_exchange(-1, us, Ordering::SeqCst, Ordering::SeqCst);
+            let _ = self
+                .first_io_us
+                .compare_exchange(-1, us, Ordering::SeqCst, Ordering::SeqCst);
         }
     }
 
@@ -93,7 +95,9 @@ impl vm_superio::Trigger for ResetTrigger {
 
 impl I8042 {
     pub fn new(exit: Arc<ExitState>) -> Self {
-        Self { inner: vm_superio::I8042Device::new(ResetTrigger(exit)) }
+        Self {
+            inner: vm_superio::I8042Device::new(ResetTrigger(exit)),
+        }
     }
 }
 

@@ -25,7 +25,9 @@ pub struct SerialDevice<W: Write + Send> {
 
 impl<W: Write + Send> SerialDevice<W> {
     pub fn new(irq: EventFd, out: W) -> Self {
-        Self { inner: Serial::new(IrqTrigger(irq), out) }
+        Self {
+            inner: Serial::new(IrqTrigger(irq), out),
+        }
     }
 
     /// Flushes what the guest wrote.

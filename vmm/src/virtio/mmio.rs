@@ -75,7 +75,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
         let queues = device
             .queue_max_sizes()
             .iter()
-            .map(|&max| QueueState { max, ..Default::default() })
+            .map(|&max| QueueState {
+                max,
+                ..Default::default()
+            })
             .collect();
         Self {
             device,
@@ -100,7 +103,12 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     pub fn status(&self) -> u32 {
-        self.status | if self.device.needs_reset() { DEVICE_NEEDS_RESET } else { 0 }
+        self.status
+            | if self.device.needs_reset() {
+                DEVICE_NEEDS_RESET
+            } else {
+                0
+            }
     }
 
     fn selected(&mut self) -> Option<&mut QueueState> {
@@ -132,7 +140,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
             reg::SHM_BASE_LOW | reg::SHM_BASE_HIGH => u32::MAX,
             reg::CONFIG_GENERATION => self.device.config_generation(),
             _ => {
-                tracing::debug!(offset, "virtio-mmio read of an unknown or write-only register");
+                tracing::debug!(
+                    offset,
+                    "virtio-mmio read of an unknown or write-only register"
+                );
                 0
             }
         }
@@ -149,8 +160,13 @@ impl<D: VirtioDevice> MmioTransport<D> {
                     return;
                 }
                 match self.driver_features_sel {
-                    0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v),
-                    1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32),
+                    0 => {
+                        self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v)
+                    }
+                    1 => {
+                        self.driver_features =
+                            (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
+                    }
                     _ => {}
                 }
             }
@@ -177,7 +193,11 @@ impl<D: VirtioDevice> MmioTransport<D> {
             reg::INTERRUPT_ACK => self.interrupt.ack(v),
             reg::STATUS => self.set_status(v),
             reg::SHM_SEL => {}
-            _ => tracing::debug!(offset, v, "virtio-mmio write ignored (unknown register or wrong state)"),
+            _ => tracing::debug!(
+                offset,
+                v,
+                "virtio-mmio write ignored (unknown register or wrong state)"
+            ),
         }
     }
 
@@ -231,7 +251,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     fn features_acceptable(&self) -> bool {
-        self.driver_features & !self.device.features() == 0 && self.driver_features & VIRTIO_F_VERSION_1 != 0
+        self.driver_features & !self.device.features() == 0
+            && self.driver_features & VIRTIO_F_VERSION_1 != 0
     }
 
     fn activate(&mut self) {
@@ -243,14 +264,20 @@ impl<D: VirtioDevice> MmioTransport<D> {
             match self.validate_queue(i as u16, q) {
                 Some(c) => configs.push(c),
                 None => {
-                    tracing::warn!(queue = i, "guest configured an invalid virtqueue; device needs reset");
+                    tracing::warn!(
+                        queue = i,
+                        "guest configured an invalid virtqueue; device needs reset"
+                    );
                     self.status |= DEVICE_NEEDS_RESET;
                     self.interrupt.signal_config();
                     return;
                 }
             }
         }
-        match self.device.activate(&self.mem, self.driver_features, &configs) {
+        match self
+            .device
+            .activate(&self.mem, self.driver_features, &configs)
+        {
             Ok(()) => self.active = true,
             Err(e) => {
                 tracing::warn!("device activation failed: {e}");
@@ -267,13 +294,23 @@ impl<D: VirtioDevice> MmioTransport<D> {
         if q.size == 0 || q.size > q.max || !q.size.is_power_of_two() {
             return None;
         }
-        let rings = [(q.desc, 16 * n, 16), (q.driver, 6 + 2 * n, 2), (q.device, 6 + 8 * n, 4)];
+        let rings = [
+            (q.desc, 16 * n, 16),
+            (q.driver, 6 + 2 * n, 2),
+            (q.device, 6 + 8 * n, 4),
+        ];
         for (addr, len, align) in rings {
             if addr % align != 0 || !self.mem.check_range(GuestAddress(addr), len as usize) {
                 return None;
             }
         }
-        Some(QueueConfig { index, size: q.size, desc: q.desc, driver: q.driver, device: q.device })
+        Some(QueueConfig {
+            index,
+            size: q.size,
+            desc: q.desc,
+            driver: q.driver,
+            device: q.device,
+        })
     }
 
     fn reset(&mut self) {
@@ -287,7 +324,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
         self.driver_features_sel = 0;
         self.queue_sel = 0;
         for q in &mut self.queues {
-            *q = QueueState { max: q.max, ..Default::default() };
+            *q = QueueState {
+                max: q.max,
+                ..Default::default()
+            };
         }
         self.interrupt.ack(u32::MAX);
     }
@@ -300,7 +340,11 @@ impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
             return;
         }
         if data.len() != 4 || offset % 4 != 0 {
-            tracing::debug!(offset, len = data.len(), "virtio-mmio register read must be 32-bit aligned");
+            tracing::debug!(
+                offset,
+                len = data.len(),
+                "virtio-mmio register read must be 32-bit aligned"
+            );
             data.fill(0);
             return;
         }
@@ -314,7 +358,11 @@ impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
             return;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
-            tracing::debug!(offset, len = data.len(), "virtio-mmio register write must be 32-bit");
+            tracing::debug!(
+                offset,
+                len = data.len(),
+                "virtio-mmio register write must be 32-bit"
+            );
             return;
         };
         if offset % 4 != 0 {
@@ -367,7 +415,12 @@ mod tests {
                 }
             }
         }
-        fn activate(&mut self, _m: &GuestMemoryMmap, f: u64, q: &[QueueConfig]) -> Result<(), super::super::ActivateError> {
+        fn activate(
+            &mut self,
+            _m: &GuestMemoryMmap,
+            f: u64,
+            q: &[QueueConfig],
+        ) -> Result<(), super::super::ActivateError> {
             if self.1 {
                 return Err(super::super::ActivateError::Backend("refused".into()));
             }
@@ -383,7 +436,10 @@ mod tests {
         let log = Arc::new(Mutex::new(Log::default()));
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let irq = Arc::new(Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
-        (MmioTransport::new(FakeDevice(log.clone(), fail), mem, irq), log)
+        (
+            MmioTransport::new(FakeDevice(log.clone(), fail), mem, irq),
+            log,
+        )
     }
 
     fn r(t: &mut MmioTransport<FakeDevice>, off: u64) -> u32 {
@@ -439,12 +495,25 @@ mod tests {
         assert_eq!(r(&mut t, reg::QUEUE_NUM_MAX), 256);
         setup_queue(&mut t, 0, 128, 0x10000);
         assert_eq!(r(&mut t, reg::QUEUE_READY), 1);
-        w(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        w(
+            &mut t,
+            reg::STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
         let log = log.lock().unwrap();
         assert_eq!(log.activations.len(), 1);
         let (f, q) = &log.activations[0];
         assert_eq!(*f, VIRTIO_F_VERSION_1 | 1);
-        assert_eq!(q, &vec![QueueConfig { index: 0, size: 128, desc: 0x10000, driver: 0x11000, device: 0x12000 }]);
+        assert_eq!(
+            q,
+            &vec![QueueConfig {
+                index: 0,
+                size: 128,
+                desc: 0x10000,
+                driver: 0x11000,
+                device: 0x12000
+            }]
+        );
     }
 
     #[test]
@@ -459,14 +528,29 @@ mod tests {
 
     #[test]
     fn bad_queues_set_needs_reset_not_activate() {
-        for (size, base) in [(100u32, 0x10000u64), (512, 0x10000), (64, 0xFFF_F000), (64, 0x10001)] {
+        for (size, base) in [
+            (100u32, 0x10000u64),
+            (512, 0x10000),
+            (64, 0xFFF_F000),
+            (64, 0x10001),
+        ] {
             let (mut t, log) = transport(false);
             negotiate(&mut t, VIRTIO_F_VERSION_1);
             setup_queue(&mut t, 0, size, base);
-            w(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
-            assert!(log.lock().unwrap().activations.is_empty(), "size {size} base {base:#x}");
+            w(
+                &mut t,
+                reg::STATUS,
+                ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+            );
+            assert!(
+                log.lock().unwrap().activations.is_empty(),
+                "size {size} base {base:#x}"
+            );
             assert_ne!(r(&mut t, reg::STATUS) & DEVICE_NEEDS_RESET, 0);
-            assert_ne!(r(&mut t, reg::INTERRUPT_STATUS) & super::super::INT_CONFIG, 0);
+            assert_ne!(
+                r(&mut t, reg::INTERRUPT_STATUS) & super::super::INT_CONFIG,
+                0
+            );
         }
     }
 
@@ -475,7 +559,11 @@ mod tests {
         let (mut t, _) = transport(true);
         negotiate(&mut t, VIRTIO_F_VERSION_1);
         setup_queue(&mut t, 0, 64, 0x10000);
-        w(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        w(
+            &mut t,
+            reg::STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
         assert_ne!(r(&mut t, reg::STATUS) & DEVICE_NEEDS_RESET, 0);
     }
 
@@ -484,7 +572,11 @@ mod tests {
         let (mut t, log) = transport(false);
         negotiate(&mut t, VIRTIO_F_VERSION_1);
         setup_queue(&mut t, 1, 64, 0x20000);
-        w(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        w(
+            &mut t,
+            reg::STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
         w(&mut t, reg::STATUS, 0);
         assert_eq!(r(&mut t, reg::STATUS), 0);
         w(&mut t, reg::QUEUE_SEL, 1);
@@ -501,12 +593,24 @@ mod tests {
         w(&mut t, reg::QUEUE_SEL, 0);
         w(&mut t, reg::QUEUE_NUM, 64);
         w(&mut t, reg::QUEUE_READY, 1);
-        assert_eq!(r(&mut t, reg::QUEUE_READY), 0, "queue setup before FEATURES_OK is ignored");
+        assert_eq!(
+            r(&mut t, reg::QUEUE_READY),
+            0,
+            "queue setup before FEATURES_OK is ignored"
+        );
         negotiate(&mut t, VIRTIO_F_VERSION_1);
         setup_queue(&mut t, 0, 64, 0x10000);
-        w(&mut t, reg::STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        w(
+            &mut t,
+            reg::STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
         w(&mut t, reg::QUEUE_READY, 0);
-        assert_eq!(r(&mut t, reg::QUEUE_READY), 1, "queue setup after DRIVER_OK is ignored");
+        assert_eq!(
+            r(&mut t, reg::QUEUE_READY),
+            1,
+            "queue setup after DRIVER_OK is ignored"
+        );
     }
 
     #[test]

@@ -42,7 +42,10 @@ pub const INT_CONFIG: u32 = 2;
 
 impl Interrupt {
     pub fn new(irq: EventFd) -> Self {
-        Self { status: AtomicU32::new(0), irq }
+        Self {
+            status: AtomicU32::new(0),
+            irq,
+        }
     }
 
     /// The irqfd (registered with KVM for this device's GSI).

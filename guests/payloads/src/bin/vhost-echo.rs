@@ -2,7 +2,10 @@
 //! backend (which copies each chain's readable bytes into its writable buffers), and
 //! measures the doorbell round trip.
 //!
-//! Arguments: `iters=<n>` round trips to time (default 10000).
+//! Arguments: `iters=<n>` round trips to time (default 10000). `until-reset`: instead,
+//! keep one small request in flight at a time, whatever the backend answers, until the
+//! backend disappears; pass when the device then reports DEVICE_NEEDS_RESET and raised a
+//! configuration interrupt (the vmm's behaviour when a vhost-user backend dies).
 //! Prints `ECHO OK` and exits 0 on success; a diagnostic and a non-zero code otherwise.
 #![no_std]
 #![no_main]
@@ -65,6 +68,9 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
         )
     })?;
     let (dev, mut q) = init(transport)?;
+    if args.flag("until-reset") {
+        return until_reset(&dev, &mut q);
+    }
 
     for (i, &n) in SIZES.iter().enumerate() {
         echo_one(&dev, &mut q, n, i as u8)?;
@@ -258,4 +264,56 @@ fn roundtrip(dev: &Device, q: &mut Queue, iters: u64) -> Result<(), Failure> {
     println!("vhost-echo: {iters} round trips, {kicks} doorbells");
     bench::report_per_iter("vhost_roundtrip", ticks, iters);
     Ok(())
+}
+
+/// Sends requests until they stop completing, then expects DEVICE_NEEDS_RESET.
+fn until_reset(dev: &Device, q: &mut Queue) -> Result<(), Failure> {
+    let src = pattern(ROUNDTRIP_BYTES, 0x11);
+    let mut dst = vec![0u8; ROUNDTRIP_BYTES];
+    let bufs = [
+        Buffer::readable(addr(&src), ROUNDTRIP_BYTES as u32),
+        Buffer::writable(addr_mut(&mut dst), ROUNDTRIP_BYTES as u32),
+    ];
+    let mut served = 0u64;
+    loop {
+        q.add(&bufs)
+            .map_err(|e| fail(EXIT_DRIVER, format_args!("until-reset add: {e}")))?;
+        dev.kick(0, q);
+        let deadline = Deadline::after_ms(TIMEOUT_MS);
+        let completed = loop {
+            match q.pop_used() {
+                Ok(Some(_)) => break true,
+                Ok(None) if dev.needs_reset() || deadline.expired() => break false,
+                Ok(None) => core::hint::spin_loop(),
+                Err(e) => return Err(fail(EXIT_DRIVER, format_args!("used ring: {e}"))),
+            }
+        };
+        if completed {
+            served += 1;
+            if served == 1 {
+                println!("vhost-echo: serving");
+            }
+            continue;
+        }
+        if !dev.needs_reset() {
+            return Err(fail(
+                EXIT_TIMEOUT,
+                format_args!(
+                    "request {served} never completed and the device did not ask for a reset"
+                ),
+            ));
+        }
+        let config_irq = dev.interrupt_status() & 2 != 0;
+        println!(
+            "vhost-echo: DEVICE_NEEDS_RESET after {served} requests, config interrupt {config_irq}"
+        );
+        return if config_irq {
+            Ok(())
+        } else {
+            Err(fail(
+                EXIT_DRIVER,
+                format_args!("no configuration interrupt with the reset request"),
+            ))
+        };
+    }
 }

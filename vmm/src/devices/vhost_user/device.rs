@@ -28,10 +28,17 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum VhostUserError {
     /// Nothing listens on the socket.
     #[error("cannot connect to the vhost-user backend at {path}: {source}; start its vgpu-worker first or fix the path")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The peer does not speak vhost-user correctly.
     #[error("the vhost-user backend at {path} failed the handshake ({step}: {source}); is it a vhost-user backend?")]
-    Handshake { path: PathBuf, step: &'static str, source: vhost::Error },
+    Handshake {
+        path: PathBuf,
+        step: &'static str,
+        source: vhost::Error,
+    },
     /// The backend offers an unusable device.
     #[error("the vhost-user backend at {path} offers an unusable device: {why}")]
     Unusable { path: PathBuf, why: String },
@@ -66,20 +73,37 @@ impl VhostUserDevice {
     /// Connects to the backend at `path` and learns what it offers. Fails fast (bounded by
     /// a reply timeout) on a missing socket or a peer that speaks garbage.
     pub fn connect(path: &Path, device_type: u32) -> Result<Self, VhostUserError> {
-        let stream = UnixStream::connect(path).map_err(|source| VhostUserError::Connect { path: path.into(), source })?;
+        let stream = UnixStream::connect(path).map_err(|source| VhostUserError::Connect {
+            path: path.into(),
+            source,
+        })?;
         for set in [UnixStream::set_read_timeout, UnixStream::set_write_timeout] {
-            set(&stream, Some(REPLY_TIMEOUT)).map_err(|source| VhostUserError::Connect { path: path.into(), source })?;
+            set(&stream, Some(REPLY_TIMEOUT)).map_err(|source| VhostUserError::Connect {
+                path: path.into(),
+                source,
+            })?;
         }
         let mut frontend = Frontend::from_stream(stream, MAX_QUEUES as u64);
-        let hs = |step| move |source| VhostUserError::Handshake { path: path.into(), step, source };
+        let hs = |step| {
+            move |source| VhostUserError::Handshake {
+                path: path.into(),
+                step,
+                source,
+            }
+        };
         frontend.set_owner().map_err(hs("SET_OWNER"))?;
         let backend_features = frontend.get_features().map_err(hs("GET_FEATURES"))?;
         let mut protocol = VhostUserProtocolFeatures::empty();
         let mut queues = 1usize;
         if backend_features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
-            let offered = frontend.get_protocol_features().map_err(hs("GET_PROTOCOL_FEATURES"))?;
-            protocol = offered & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG);
-            frontend.set_protocol_features(protocol).map_err(hs("SET_PROTOCOL_FEATURES"))?;
+            let offered = frontend
+                .get_protocol_features()
+                .map_err(hs("GET_PROTOCOL_FEATURES"))?;
+            protocol =
+                offered & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG);
+            frontend
+                .set_protocol_features(protocol)
+                .map_err(hs("SET_PROTOCOL_FEATURES"))?;
             if protocol.contains(VhostUserProtocolFeatures::MQ) {
                 let n = frontend.get_queue_num().map_err(hs("GET_QUEUE_NUM"))?;
                 queues = usize::try_from(n).unwrap_or(usize::MAX);
@@ -92,7 +116,10 @@ impl VhostUserDevice {
             });
         }
         if backend_features & crate::virtio::VIRTIO_F_VERSION_1 == 0 {
-            return Err(VhostUserError::Unusable { path: path.into(), why: "no VIRTIO_F_VERSION_1".into() });
+            return Err(VhostUserError::Unusable {
+                path: path.into(),
+                why: "no VIRTIO_F_VERSION_1".into(),
+            });
         }
         let mk = || EventFd::new(libc::EFD_NONBLOCK).map_err(VhostUserError::EventFd);
         let kick = (0..queues).map(|_| mk()).collect::<Result<Vec<_>, _>>()?;
@@ -108,7 +135,10 @@ impl VhostUserDevice {
             kick,
             call,
             active: Vec::new(),
-            shared: Arc::new(Shared { gone: AtomicBool::new(false), generation: AtomicU32::new(0) }),
+            shared: Arc::new(Shared {
+                gone: AtomicBool::new(false),
+                generation: AtomicU32::new(0),
+            }),
         })
     }
 
@@ -140,7 +170,12 @@ impl VhostUserDevice {
         self.shared.gone.load(Ordering::SeqCst)
     }
 
-    fn start(&mut self, mem: &GuestMemoryMmap, acked: u64, queues: &[QueueConfig]) -> Result<(), vhost::Error> {
+    fn start(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        acked: u64,
+        queues: &[QueueConfig],
+    ) -> Result<(), vhost::Error> {
         self.frontend
             .set_features(acked | (self.backend_features & VHOST_USER_F_PROTOCOL_FEATURES))?;
         let regions = mem
@@ -202,7 +237,11 @@ impl VirtioDevice for VhostUserDevice {
         };
         // Frontend is a handle to one shared connection; the clone only lets a `&self`
         // read borrow it mutably.
-        match self.frontend.clone().get_config(off, len, VhostUserConfigFlags::empty(), data) {
+        match self
+            .frontend
+            .clone()
+            .get_config(off, len, VhostUserConfigFlags::empty(), data)
+        {
             Ok((_, payload)) => {
                 let n = payload.len().min(data.len());
                 data[..n].copy_from_slice(&payload[..n]);
@@ -215,15 +254,28 @@ impl VirtioDevice for VhostUserDevice {
         if self.gone() || !self.protocol.contains(VhostUserProtocolFeatures::CONFIG) {
             return;
         }
-        let Ok(off) = u32::try_from(offset) else { return };
-        if let Err(e) = self.frontend.set_config(off, VhostUserConfigFlags::WRITABLE, data) {
+        let Ok(off) = u32::try_from(offset) else {
+            return;
+        };
+        if let Err(e) = self
+            .frontend
+            .set_config(off, VhostUserConfigFlags::WRITABLE, data)
+        {
             tracing::debug!("config write to the backend failed: {e}");
         }
     }
 
-    fn activate(&mut self, mem: &GuestMemoryMmap, acked: u64, queues: &[QueueConfig]) -> Result<(), ActivateError> {
+    fn activate(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        acked: u64,
+        queues: &[QueueConfig],
+    ) -> Result<(), ActivateError> {
         if self.gone() {
-            return Err(ActivateError::Backend(format!("backend {} is gone", self.path.display())));
+            return Err(ActivateError::Backend(format!(
+                "backend {} is gone",
+                self.path.display()
+            )));
         }
         self.start(mem, acked, queues).map_err(|e| {
             tracing::warn!(path = %self.path.display(), "vhost-user activation failed: {e}");

@@ -30,7 +30,13 @@ impl VhostUserEventHandler {
         interrupt: Arc<Interrupt>,
         name: String,
     ) -> Self {
-        Self { calls, socket, shared, interrupt, name }
+        Self {
+            calls,
+            socket,
+            shared,
+            interrupt,
+            name,
+        }
     }
 }
 
@@ -52,7 +58,11 @@ impl MutEventSubscriber for VhostUserEventHandler {
             tracing::error!(device = %self.name, "vhost-user backend disconnected; the device now reports DEVICE_NEEDS_RESET");
             self.shared.gone.store(true, Ordering::SeqCst);
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
-            let _ = ops.remove(Events::with_data_raw(self.socket, SOCKET, EventSet::empty()));
+            let _ = ops.remove(Events::with_data_raw(
+                self.socket,
+                SOCKET,
+                EventSet::empty(),
+            ));
             for (i, fd) in self.calls.iter().enumerate() {
                 let _ = ops.remove(Events::with_data(fd, i as u32, EventSet::IN));
             }
