@@ -231,13 +231,11 @@ impl<D: VirtioDevice> MmioTransport<D> {
         if added & DRIVER != 0 && old & ACKNOWLEDGE == 0 && v & ACKNOWLEDGE == 0 {
             return;
         }
-        if added & FEATURES_OK != 0 {
-            if v & DRIVER == 0 || !self.features_acceptable() {
-                // Leaving FEATURES_OK clear tells the driver the set is refused.
-                tracing::debug!(features = self.driver_features, "driver features refused");
-                self.status = v & !(FEATURES_OK | DRIVER_OK);
-                return;
-            }
+        if added & FEATURES_OK != 0 && (v & DRIVER == 0 || !self.features_acceptable()) {
+            // Leaving FEATURES_OK clear tells the driver the set is refused.
+            tracing::debug!(features = self.driver_features, "driver features refused");
+            self.status = v & !(FEATURES_OK | DRIVER_OK);
+            return;
         }
         if added & DRIVER_OK != 0 {
             if v & FEATURES_OK == 0 {
