@@ -1,0 +1,196 @@
+//! One physical GPU's schedulers: MRQ keeps compute and copy apart (they overlap on the
+//! hardware, so each is accounted against its own share), SDQ puts both through one queue
+//! (the comparison Gdev §5.1 draws).
+
+use crate::band::Band;
+use crate::clock::Nanos;
+use crate::credit::Credit;
+use crate::fifo::Fifo;
+use crate::state::{Config, Share, VgpuId};
+use crate::{Grant, Policy, SchedError};
+
+/// Which resource a request uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Compute,
+    Copy,
+}
+
+/// Which policy runs a resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    Band,
+    Credit,
+    Fifo,
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "band" => Ok(Self::Band),
+            "credit" => Ok(Self::Credit),
+            "fifo" => Ok(Self::Fifo),
+            _ => Err(format!("unknown policy {s:?}: use band, credit or fifo")),
+        }
+    }
+}
+
+/// Whether compute and copy have their own queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueMode {
+    /// Multiple resource queues: compute and copy scheduled and accounted separately.
+    Mrq,
+    /// Single device queue: one queue for both; a vGPU's share is its compute share.
+    Sdq,
+}
+
+/// Builds a policy.
+pub fn make_policy(kind: PolicyKind, config: Config) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Band => Box::new(Band::new(config)),
+        PolicyKind::Credit => Box::new(Credit::new(config)),
+        PolicyKind::Fifo => Box::new(Fifo::new(config)),
+    }
+}
+
+/// The schedulers of one GPU.
+pub struct GpuScheduler {
+    mode: QueueMode,
+    compute: Box<dyn Policy>,
+    copy: Box<dyn Policy>,
+}
+
+/// A grant on one resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResourceGrant {
+    pub resource: Resource,
+    pub grant: Grant,
+}
+
+impl GpuScheduler {
+    pub fn new(kind: PolicyKind, mode: QueueMode, config: Config) -> Self {
+        Self {
+            mode,
+            compute: make_policy(kind, config),
+            copy: make_policy(kind, config),
+        }
+    }
+
+    fn policy(&mut self, r: Resource) -> (&mut dyn Policy, Resource) {
+        match (self.mode, r) {
+            (QueueMode::Sdq, _) | (QueueMode::Mrq, Resource::Compute) => {
+                (self.compute.as_mut(), Resource::Compute)
+            }
+            (QueueMode::Mrq, Resource::Copy) => (self.copy.as_mut(), Resource::Copy),
+        }
+    }
+
+    fn tag(grants: Vec<Grant>, resource: Resource) -> Vec<ResourceGrant> {
+        grants
+            .into_iter()
+            .map(|grant| ResourceGrant { resource, grant })
+            .collect()
+    }
+
+    /// Adds a vGPU with its compute and copy shares.
+    pub fn add(
+        &mut self,
+        vgpu: VgpuId,
+        compute: Share,
+        copy: Share,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
+        self.compute.add(vgpu, compute, now)?;
+        if self.mode == QueueMode::Mrq {
+            if let Err(e) = self.copy.add(vgpu, copy, now) {
+                self.compute.remove(vgpu, now);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<ResourceGrant> {
+        let mut g = Self::tag(self.compute.remove(vgpu, now), Resource::Compute);
+        if self.mode == QueueMode::Mrq {
+            g.extend(Self::tag(self.copy.remove(vgpu, now), Resource::Copy));
+        }
+        g
+    }
+
+    pub fn set_shares(
+        &mut self,
+        vgpu: VgpuId,
+        compute: Share,
+        copy: Share,
+    ) -> Result<(), SchedError> {
+        self.compute.set_share(vgpu, compute)?;
+        if self.mode == QueueMode::Mrq {
+            self.copy.set_share(vgpu, copy)?;
+        }
+        Ok(())
+    }
+
+    pub fn submit(
+        &mut self,
+        vgpu: VgpuId,
+        r: Resource,
+        now: Nanos,
+    ) -> Result<Vec<ResourceGrant>, SchedError> {
+        let (p, tag) = self.policy(r);
+        Ok(Self::tag(p.submit(vgpu, now)?, tag))
+    }
+
+    pub fn complete(
+        &mut self,
+        vgpu: VgpuId,
+        r: Resource,
+        started: Nanos,
+        now: Nanos,
+    ) -> Result<Vec<ResourceGrant>, SchedError> {
+        let (p, tag) = self.policy(r);
+        Ok(Self::tag(p.complete(vgpu, started, now)?, tag))
+    }
+
+    pub fn tick(&mut self, now: Nanos) -> Vec<ResourceGrant> {
+        let mut g = Self::tag(self.compute.tick(now), Resource::Compute);
+        if self.mode == QueueMode::Mrq {
+            g.extend(Self::tag(self.copy.tick(now), Resource::Copy));
+        }
+        g
+    }
+
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        let c = self.compute.next_deadline();
+        match self.mode {
+            QueueMode::Sdq => c,
+            QueueMode::Mrq => match (c, self.copy.next_deadline()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        }
+    }
+
+    pub fn utilization(&self, vgpu: VgpuId, r: Resource, now: Nanos) -> Option<f64> {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.copy.utilization(vgpu, now),
+            _ => self.compute.utilization(vgpu, now),
+        }
+    }
+
+    pub fn busy_total(&self, vgpu: VgpuId, r: Resource) -> Option<Nanos> {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.copy.busy_total(vgpu),
+            _ => self.compute.busy_total(vgpu),
+        }
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.compute.name()
+    }
+
+    pub fn mode(&self) -> QueueMode {
+        self.mode
+    }
+}

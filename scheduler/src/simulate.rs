@@ -1,0 +1,249 @@
+//! A discrete-event simulation of vGPUs sharing one GPU under a policy, in virtual time:
+//! the tests' and the benchmark's model of "two guests run spin kernels of different
+//! lengths". Each vGPU is a closed loop: every stream submits a request, waits for it,
+//! thinks, submits the next. The device runs granted requests one at a time, so the
+//! scheduler's grant order is the device's order.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use crate::clock::Nanos;
+use crate::gpu::{GpuScheduler, Resource, ResourceGrant};
+use crate::state::{Share, VgpuId};
+
+/// How long one request runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Burst {
+    Fixed(Nanos),
+    /// Uniform in [lo, hi].
+    Uniform(Nanos, Nanos),
+}
+
+/// One vGPU's workload.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub vgpu: VgpuId,
+    pub compute_share: Share,
+    pub copy_share: Share,
+    pub resource: Resource,
+    pub burst: Burst,
+    /// Gap between a completion and the stream's next submit (the guest's own time).
+    pub think: Nanos,
+    /// Requests in flight at once.
+    pub streams: u32,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub duration: Nanos,
+    /// Busy time per vGPU and resource.
+    pub busy: BTreeMap<(VgpuId, Resource), Nanos>,
+    /// Busy fraction per vGPU per window, for each resource.
+    pub windows: BTreeMap<(VgpuId, Resource), Vec<f64>>,
+    pub completed: BTreeMap<VgpuId, u64>,
+    /// Scheduler calls made (submit + complete + tick).
+    pub calls: u64,
+}
+
+impl Report {
+    /// Fraction of the run a vGPU kept a resource busy.
+    pub fn utilization(&self, vgpu: VgpuId, r: Resource) -> f64 {
+        self.busy.get(&(vgpu, r)).copied().unwrap_or(0) as f64 / self.duration.max(1) as f64
+    }
+
+    /// A vGPU's share of the resource's busy time (what "gets 70%" means when the
+    /// resource is saturated).
+    pub fn share_of_busy(&self, vgpu: VgpuId, r: Resource) -> f64 {
+        let total: Nanos = self
+            .busy
+            .iter()
+            .filter(|((_, rr), _)| *rr == r)
+            .map(|(_, b)| *b)
+            .sum();
+        self.busy.get(&(vgpu, r)).copied().unwrap_or(0) as f64 / total.max(1) as f64
+    }
+
+    /// Largest absolute error, in fraction points, between a vGPU's windowed share of
+    /// busy time and `target`.
+    pub fn max_window_error(&self, vgpu: VgpuId, r: Resource, target: f64) -> f64 {
+        let Some(mine) = self.windows.get(&(vgpu, r)) else {
+            return f64::NAN;
+        };
+        let n = mine.len();
+        (0..n)
+            .map(|i| {
+                let total: f64 = self
+                    .windows
+                    .iter()
+                    .filter(|((_, rr), _)| *rr == r)
+                    .map(|(_, w)| w.get(i).copied().unwrap_or(0.0))
+                    .sum();
+                if total <= 0.0 {
+                    0.0
+                } else {
+                    (mine[i] / total - target).abs()
+                }
+            })
+            .fold(0.0, f64::max)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(VgpuId),
+    /// The device finished the request at the head of its queue for `resource`.
+    Done(Resource),
+    Tick,
+}
+
+/// A tiny deterministic generator (xorshift64*), so runs repeat exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn burst(&mut self, b: Burst) -> Nanos {
+        match b {
+            Burst::Fixed(n) => n,
+            Burst::Uniform(lo, hi) if hi > lo => lo + self.next() % (hi - lo + 1),
+            Burst::Uniform(lo, _) => lo,
+        }
+    }
+}
+
+/// One device engine: granted requests run one after another.
+#[derive(Default)]
+struct Engine {
+    queue: VecDeque<VgpuId>,
+    /// The running request: its vGPU and start.
+    running: Option<(VgpuId, Nanos)>,
+}
+
+/// Runs `workloads` on a GPU scheduled by `sched` for `duration`, with `window`-long
+/// measurement windows.
+pub fn run(
+    mut sched: GpuScheduler,
+    workloads: &[Workload],
+    duration: Nanos,
+    window: Nanos,
+    seed: u64,
+) -> Report {
+    let mut report = Report {
+        duration,
+        ..Default::default()
+    };
+    let mut rng = Rng(seed | 1);
+    let mut events: BinaryHeap<Reverse<(Nanos, u64, Event)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |events: &mut BinaryHeap<Reverse<(Nanos, u64, Event)>>, t: Nanos, e: Event| {
+        seq += 1;
+        events.push(Reverse((t, seq, e)));
+    };
+    let by_id: BTreeMap<VgpuId, &Workload> = workloads.iter().map(|w| (w.vgpu, w)).collect();
+    for w in workloads {
+        if sched.add(w.vgpu, w.compute_share, w.copy_share, 0).is_err() {
+            continue;
+        }
+        for s in 0..w.streams {
+            push(&mut events, u64::from(s), Event::Arrive(w.vgpu));
+        }
+    }
+    let nwin = duration.div_ceil(window.max(1)) as usize;
+    let mut engines: BTreeMap<Resource, Engine> = BTreeMap::new();
+    let mut scheduled_tick: Option<Nanos> = None;
+
+    // Adds busy time [from, to) to the per-window buckets.
+    let account = |report: &mut Report, vgpu: VgpuId, r: Resource, from: Nanos, to: Nanos| {
+        *report.busy.entry((vgpu, r)).or_default() += to - from;
+        let w = report
+            .windows
+            .entry((vgpu, r))
+            .or_insert_with(|| vec![0.0; nwin]);
+        let mut t = from;
+        while t < to {
+            let i = (t / window) as usize;
+            let end = ((i as u64 + 1) * window).min(to);
+            if let Some(slot) = w.get_mut(i) {
+                *slot += (end - t) as f64 / window as f64;
+            }
+            t = end;
+        }
+    };
+
+    while let Some(Reverse((now, _, event))) = events.pop() {
+        if now >= duration {
+            break;
+        }
+        let grants: Vec<ResourceGrant> = match event {
+            Event::Arrive(v) => {
+                report.calls += 1;
+                sched.submit(v, by_id[&v].resource, now).unwrap_or_default()
+            }
+            Event::Done(ix) => {
+                let engine = engines.entry(ix).or_default();
+                let Some((v, started)) = engine.running.take() else {
+                    continue;
+                };
+                account(&mut report, v, ix, started, now);
+                *report.completed.entry(v).or_default() += 1;
+                push(&mut events, now + by_id[&v].think, Event::Arrive(v));
+                report.calls += 1;
+                let g = sched.complete(v, ix, started, now).unwrap_or_default();
+                // Start the next queued request on this engine.
+                if let Some(next) = engine.queue.pop_front() {
+                    engine.running = Some((next, now));
+                    push(
+                        &mut events,
+                        now + rng.burst(by_id[&next].burst),
+                        Event::Done(ix),
+                    );
+                }
+                g
+            }
+            Event::Tick => {
+                scheduled_tick = None;
+                report.calls += 1;
+                sched.tick(now)
+            }
+        };
+        for g in grants {
+            let ix = g.resource;
+            let engine = engines.entry(ix).or_default();
+            for _ in 0..g.grant.count {
+                engine.queue.push_back(g.grant.vgpu);
+            }
+            if engine.running.is_none() {
+                if let Some(next) = engine.queue.pop_front() {
+                    engine.running = Some((next, now));
+                    push(
+                        &mut events,
+                        now + rng.burst(by_id[&next].burst),
+                        Event::Done(ix),
+                    );
+                }
+            }
+        }
+        if let Some(d) = sched.next_deadline() {
+            let d = d.max(now + 1);
+            if scheduled_tick.is_none_or(|t| d < t) {
+                scheduled_tick = Some(d);
+                push(&mut events, d, Event::Tick);
+            }
+        }
+    }
+    // Requests still running at the end count up to the end.
+    for (ix, e) in &engines {
+        if let Some((v, started)) = e.running {
+            if started < duration {
+                account(&mut report, v, *ix, started, duration);
+            }
+        }
+    }
+    report
+}
