@@ -1,6 +1,6 @@
 //! The `Backend` trait over one physical GPU as one worker sees it, and its
 //! implementations: **sim** (simulated GPU: host memory in memfds, built-in kernels on CPU
-//! threads) here; **cuda** later.
+//! threads) and **cuda** (NVIDIA GPUs through the driver API, libcuda loaded at run time).
 //!
 //! A worker process serves one vGPU, so one backend instance holds exactly one vGPU's
 //! device address space and allocations: invariant 3 of DESIGN.md (a guest reaches only
@@ -9,10 +9,12 @@
 //! All methods take `&self` and lock internally at fine grain, so a kernel running for one
 //! queue does not block a copy for another.
 
+pub mod cuda;
 mod drain;
 mod error;
 pub mod sim;
 
+pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
@@ -104,6 +106,16 @@ pub struct MemoryUsage {
     pub allocations: u64,
 }
 
+/// A range of host memory (a guest RAM region mapped into the worker) that copies may move
+/// to and from directly. See [`Backend::register_host_memory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostRegion {
+    /// First host address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
 /// One physical GPU as one worker (one vGPU) sees it.
 ///
 /// Device addresses are u64 in the vGPU's own address space and never change for an
@@ -163,4 +175,21 @@ pub trait Backend: Send + Sync {
 
     /// Waits until every operation that started before this call has finished.
     fn synchronize(&self);
+
+    /// Tells the backend that `regions` (guest RAM mapped into this process) will be the
+    /// source or destination of copies, so it can prepare them once (cuda: pin them with
+    /// `cuMemHostRegister`, so copies run at DMA speed straight from guest memory) instead
+    /// of per copy. The caller keeps every region mapped until it unregisters it. Copies
+    /// from memory that was never registered still work, only slower. Default: nothing to
+    /// do (sim copies with the CPU).
+    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
+        let _ = regions;
+        Ok(())
+    }
+
+    /// Undoes [`Backend::register_host_memory`] for `regions` (each exactly as
+    /// registered); waits for copies still using them. Unknown regions are ignored.
+    fn unregister_host_memory(&self, regions: &[HostRegion]) {
+        let _ = regions;
+    }
 }

@@ -8,14 +8,15 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use vgpu_backend::HostRegion;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -35,6 +36,8 @@ pub struct VgpuVhostBackend {
     mem: RwLock<Memory>,
     event_idx: AtomicBool,
     config: Vec<u8>,
+    /// Guest RAM regions registered with the backend (for direct copies).
+    registered: Mutex<Vec<HostRegion>>,
 }
 
 impl std::fmt::Debug for VgpuVhostBackend {
@@ -54,6 +57,7 @@ impl VgpuVhostBackend {
             mem: RwLock::new(mem),
             event_idx: AtomicBool::new(false),
             config,
+            registered: Mutex::new(Vec::new()),
         }
     }
 
@@ -111,6 +115,17 @@ impl VgpuVhostBackend {
     }
 }
 
+/// The host mappings of the regions of `mem`.
+fn host_regions(mem: &Memory) -> Vec<HostRegion> {
+    let guard = mem.memory();
+    GuestMemoryBackend::iter(&*guard)
+        .map(|r| HostRegion {
+            addr: r.as_ptr() as usize,
+            len: usize::try_from(r.len()).unwrap_or(0),
+        })
+        .collect()
+}
+
 impl VhostUserBackend for VgpuVhostBackend {
     type Bitmap = ();
     type Vring = Vring;
@@ -166,8 +181,23 @@ impl VhostUserBackend for VgpuVhostBackend {
     }
 
     fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        let regions = host_regions(&mem);
+        let backend = self.vgpu.backend();
+        let mut registered = self
+            .registered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Every region is registered afresh: a new region may sit at an old one's address
+        // with other pages behind it. Unregistering waits for copies still using them.
+        backend.unregister_host_memory(&registered);
+        registered.clear();
         *self.mem.write().unwrap_or_else(PoisonError::into_inner) = mem;
-        tracing::debug!("guest memory table updated");
+        if let Err(e) = backend.register_host_memory(&regions) {
+            tracing::warn!(error = %e, "guest memory not fully registered with the backend");
+        }
+        // Unregistering an address that failed to register is a no-op.
+        *registered = regions;
+        tracing::debug!(regions = registered.len(), "guest memory table updated");
         Ok(())
     }
 

@@ -1,0 +1,358 @@
+//! The built-in kernels on the GPU: argument checks (the same as the sim backend's: kinds,
+//! access modes, and every pointer's extent inside one live allocation of this vGPU,
+//! aligned to its element), then the launch of the shipped PTX (`backend/kernels/builtin.cu`)
+//! between two timing events.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use vgpu_proto::builtin::{self, KernelSig, Param};
+use vgpu_proto::ArgValue;
+
+use super::driver::{check, CuError};
+use super::lanes::Lane;
+use super::memory::Allocation;
+use super::modules::Func;
+use super::CudaGpu;
+use crate::error::{BackendError, Result};
+
+/// Threads per block of the element-wise kernels.
+const BLOCK: u32 = 256;
+/// Blocks per multiprocessor the element-wise kernels' grids stop at (grid-stride loops do
+/// the rest).
+const BLOCKS_PER_SM: u64 = 32;
+/// reduce_sum's block of elements (docs/protocol.md).
+const REDUCE_BLOCK: u64 = 65536;
+
+/// Checks `args` against the kernel's parameter list (count, kinds, access modes).
+pub fn check_args(sig: &'static KernelSig, args: &[ArgValue]) -> Result<()> {
+    if args.len() != sig.params.len() {
+        return Err(BackendError::BadArgCount {
+            kernel: sig.name,
+            expected: sig.params.len(),
+            got: args.len(),
+        });
+    }
+    for (index, (arg, (param, want))) in args.iter().zip(sig.params.iter()).enumerate() {
+        let bad = |reason: String| BackendError::BadArgType {
+            kernel: sig.name,
+            index,
+            param,
+            reason,
+        };
+        if !want.accepts(arg.kind()) {
+            return Err(bad(format!("expects {want:?}, got {:?}", arg.kind())));
+        }
+        if let (Param::Ptr(needed), ArgValue::Ptr { access, .. }) = (want, arg) {
+            if !access.covers(*needed) {
+                return Err(bad(format!(
+                    "the kernel needs {needed:?} access, the pointer declares {access:?}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn int(args: &[ArgValue], i: usize) -> u64 {
+    match args.get(i) {
+        Some(ArgValue::U32(v)) => u64::from(*v),
+        Some(ArgValue::U64(v)) => *v,
+        _ => 0,
+    }
+}
+
+fn word(args: &[ArgValue], i: usize) -> u32 {
+    match args.get(i) {
+        Some(ArgValue::U32(v)) => *v,
+        Some(ArgValue::F32(v)) => v.to_bits(),
+        _ => 0,
+    }
+}
+
+fn ptr(args: &[ArgValue], i: usize) -> u64 {
+    match args.get(i) {
+        Some(ArgValue::Ptr { addr, .. }) => *addr,
+        _ => 0,
+    }
+}
+
+/// Grid of `BLOCK`-thread blocks for `work` independent items.
+fn grid_for(work: u64, sm_count: u32) -> u32 {
+    let cap = u64::from(sm_count.max(1)) * BLOCKS_PER_SM;
+    u32::try_from(work.div_ceil(u64::from(BLOCK)).clamp(1, cap)).unwrap_or(1)
+}
+
+/// One launch: function, grid, block, parameter values (each passed by address; 4-byte
+/// parameters read the low half of their u64 on this little-endian host).
+struct Step {
+    func: Func,
+    grid: u32,
+    block: u32,
+    params: [u64; 6],
+    count: usize,
+}
+
+impl Step {
+    fn new(func: Func, grid: u32, block: u32, params: &[u64]) -> Self {
+        let mut p = [0u64; 6];
+        for (d, s) in p.iter_mut().zip(params) {
+            *d = *s;
+        }
+        Self {
+            func,
+            grid,
+            block,
+            params: p,
+            count: params.len().min(6),
+        }
+    }
+
+    fn enqueue(&mut self, lane: &Lane) -> std::result::Result<(), CuError> {
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 6];
+        for (p, v) in ptrs.iter_mut().zip(self.params.iter_mut()).take(self.count) {
+            *p = (v as *mut u64).cast();
+        }
+        check(
+            // SAFETY: `func` is a live entry point of the loaded built-in module; `ptrs` holds
+            // `count` pointers to parameter values that outlive the call (the driver copies
+            // them before returning), matching the kernel's parameter list in builtin.cu; every
+            // device pointer among them was checked to lie inside a live allocation that the
+            // caller keeps alive until the stream is synchronised.
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.func.0,
+                    self.grid,
+                    1,
+                    1,
+                    self.block,
+                    1,
+                    1,
+                    0,
+                    lane.stream.raw(),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+    }
+}
+
+impl CudaGpu {
+    /// A pointer argument checked like the sim backend: `count` elements of `elem` bytes at
+    /// `addr` inside one live allocation, `addr` aligned to `elem`. The Arc keeps the
+    /// allocation mapped while the kernel runs.
+    fn extent(&self, addr: u64, count: u64, elem: u64) -> Result<Arc<Allocation>> {
+        let len = count.checked_mul(elem).ok_or(BackendError::BadPointer {
+            addr,
+            len: u64::MAX,
+        })?;
+        let (a, _) = self.mem.resolve(addr, len)?;
+        if addr % elem != 0 {
+            return Err(BackendError::Misaligned { addr, align: elem });
+        }
+        Ok(a)
+    }
+
+    /// Runs built-in kernel `sig` (index `index` of `KERNELS`) on `lane`; returns its
+    /// device time in ns.
+    pub(super) fn run_builtin(
+        &self,
+        lane: &mut Lane,
+        sig: &'static KernelSig,
+        index: usize,
+        args: &[ArgValue],
+    ) -> Result<u64> {
+        check_args(sig, args)?;
+        let f = self
+            .builtins
+            .kernels
+            .get(index)
+            .copied()
+            .ok_or_else(|| BackendError::UnknownFunction(sig.name.to_string()))?;
+        let sms = self.info.compute_units;
+        // Keeps every allocation the kernel touches mapped until it has finished.
+        let mut keep: [Option<Arc<Allocation>>; 3] = [None, None, None];
+        let mut steps: [Option<Step>; 2] = [None, None];
+        let mut fault_buf = None;
+        let mut idx_addr = 0;
+        let name = sig.name;
+        if name == builtin::VECTOR_ADD.name {
+            let n = int(args, 3);
+            let (a, b, c) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
+            keep = [
+                Some(self.extent(a, n, 4)?),
+                Some(self.extent(b, n, 4)?),
+                Some(self.extent(c, n, 4)?),
+            ];
+            steps[0] = Some(Step::new(f, grid_for(n, sms), BLOCK, &[a, b, c, n]));
+        } else if name == builtin::SAXPY.name {
+            let alpha = match args.first() {
+                Some(ArgValue::F32(v)) => v.to_bits(),
+                _ => 0,
+            };
+            let n = int(args, 3);
+            let (x, y) = (ptr(args, 1), ptr(args, 2));
+            keep[0] = Some(self.extent(x, n, 4)?);
+            keep[1] = Some(self.extent(y, n, 4)?);
+            steps[0] = Some(Step::new(
+                f,
+                grid_for(n, sms),
+                BLOCK,
+                &[u64::from(alpha), x, y, n],
+            ));
+        } else if name == builtin::FILL.name {
+            let n = int(args, 2);
+            let dst = ptr(args, 0);
+            keep[0] = Some(self.extent(dst, n, 4)?);
+            steps[0] = Some(Step::new(
+                f,
+                grid_for(n, sms),
+                BLOCK,
+                &[dst, u64::from(word(args, 1)), n],
+            ));
+        } else if name == builtin::REDUCE_SUM.name {
+            let n = int(args, 2);
+            let (x, out) = (ptr(args, 0), ptr(args, 1));
+            keep[0] = Some(self.extent(x, n, 4)?);
+            keep[1] = Some(self.extent(out, 1, 4)?);
+            let blocks = n.div_ceil(REDUCE_BLOCK);
+            let bytes = usize::try_from(blocks.max(1).saturating_mul(8)).map_err(|_| {
+                BackendError::InvalidArgument(format!("reduce_sum: n = {n} is too large"))
+            })?;
+            let partial = lane.scratch(bytes).map_err(|e| self.cuda_err(e))?;
+            steps[0] = Some(Step::new(
+                f,
+                grid_for(blocks, sms),
+                BLOCK,
+                &[x, n, partial, blocks],
+            ));
+            steps[1] = Some(Step::new(
+                self.builtins.reduce_final,
+                1,
+                1,
+                &[partial, blocks, out],
+            ));
+        } else if name == builtin::MATMUL.name {
+            let (m, n, k) = (int(args, 3), int(args, 4), int(args, 5));
+            let too_big =
+                || BackendError::InvalidArgument(format!("matmul: {m} x {n} x {k} overflows"));
+            let (mk, kn, mn) = (
+                m.checked_mul(k).ok_or_else(too_big)?,
+                k.checked_mul(n).ok_or_else(too_big)?,
+                m.checked_mul(n).ok_or_else(too_big)?,
+            );
+            mn.checked_mul(k).ok_or_else(too_big)?;
+            let (a, b, c) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
+            keep = [
+                Some(self.extent(a, mk, 4)?),
+                Some(self.extent(b, kn, 4)?),
+                Some(self.extent(c, mn, 4)?),
+            ];
+            steps[0] = Some(Step::new(f, grid_for(mn, sms), BLOCK, &[a, b, c, m, n, k]));
+        } else if name == builtin::GATHER.name {
+            let (n, src_len) = (int(args, 3), int(args, 4));
+            let (src, idx, dst) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
+            keep = [
+                Some(self.extent(src, src_len, 4)?),
+                Some(self.extent(idx, n, 4)?),
+                Some(self.extent(dst, n, 4)?),
+            ];
+            let fault = lane.scratch(8).map_err(|e| self.cuda_err(e))?;
+            check(
+                // SAFETY: sets the 8 bytes of our own scratch buffer, queued on our stream.
+                unsafe { sys::cuMemsetD32Async(fault, u32::MAX, 2, lane.stream.raw()) },
+                "cuMemsetD32Async",
+            )
+            .map_err(|e| self.cuda_err(e))?;
+            fault_buf = Some(fault);
+            idx_addr = idx;
+            steps[0] = Some(Step::new(
+                f,
+                grid_for(n, sms),
+                BLOCK,
+                &[src, idx, dst, n, src_len, fault],
+            ));
+        } else if name == builtin::SPIN.name {
+            let us = int(args, 0);
+            if us > builtin::MAX_SPIN_US {
+                return Err(BackendError::InvalidArgument(format!(
+                    "spin: duration_us = {us} is above the limit of {} µs; split the burst",
+                    builtin::MAX_SPIN_US
+                )));
+            }
+            steps[0] = Some(Step::new(f, 1, 1, &[us * 1000]));
+        } else if name == builtin::CHECKSUM.name {
+            let n = int(args, 1);
+            let (data, out) = (ptr(args, 0), ptr(args, 2));
+            keep[0] = Some(self.extent(data, n, 1)?);
+            keep[1] = Some(self.extent(out, 1, 8)?);
+            steps[0] = Some(Step::new(f, 1, 1, &[data, n, out]));
+        } else {
+            return Err(BackendError::UnknownFunction(name.to_string()));
+        }
+
+        lane.start
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        for step in steps.iter_mut().flatten() {
+            step.enqueue(lane).map_err(|e| self.launch_err(e, name))?;
+        }
+        lane.end
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        lane.end
+            .synchronize()
+            .map_err(|e| self.kernel_err(e, name))?;
+        let ns = lane
+            .end
+            .since_ns(&lane.start)
+            .map_err(|e| self.cuda_err(e))?;
+        drop(keep);
+        if let Some(fault) = fault_buf {
+            let at = self.read_u64(lane, fault)?;
+            if at != u64::MAX {
+                let (a, off) = self.mem.resolve(idx_addr.saturating_add(at * 4), 4)?;
+                let bad = self.read_u32(lane, a.addr() + off)?;
+                return Err(BackendError::KernelFault(format!(
+                    "gather: idx[{at}] = {bad} is past src_len = {}",
+                    int(args, 4)
+                )));
+            }
+        }
+        Ok(ns)
+    }
+
+    /// Reads 8 bytes of device memory (synchronously, on `lane`).
+    fn read_u64(&self, lane: &Lane, addr: u64) -> Result<u64> {
+        let mut v = 0u64;
+        check(
+            // SAFETY: writes 8 bytes into `v`, which outlives the synchronisation below; `addr`
+            // is our scratch buffer or a checked address of a live allocation.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2((&mut v as *mut u64).cast(), addr, 8, lane.stream.raw())
+            },
+            "cuMemcpyDtoHAsync",
+        )
+        .and_then(|()| lane.stream.synchronize())
+        .map_err(|e| self.cuda_err(e))?;
+        Ok(v)
+    }
+
+    /// Reads 4 bytes of device memory (synchronously, on `lane`).
+    fn read_u32(&self, lane: &Lane, addr: u64) -> Result<u32> {
+        let mut v = 0u32;
+        check(
+            // SAFETY: as in read_u64, for 4 bytes.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2((&mut v as *mut u32).cast(), addr, 4, lane.stream.raw())
+            },
+            "cuMemcpyDtoHAsync",
+        )
+        .and_then(|()| lane.stream.synchronize())
+        .map_err(|e| self.cuda_err(e))?;
+        Ok(v)
+    }
+}

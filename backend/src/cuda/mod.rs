@@ -1,0 +1,730 @@
+//! The cuda backend: one NVIDIA GPU as one worker (one vGPU) sees it, through the CUDA
+//! driver API (cudarc's bindings, libcuda loaded at run time, so everything builds and the
+//! other backends run where CUDA is absent).
+//!
+//! - **One context per worker process**: the device's primary context. A worker serves one
+//!   vGPU; contexts inside one process do not isolate (DESIGN.md; `tests/isolation.rs`
+//!   keeps that fact measured), so tenants never share a process.
+//! - **Device memory** through the virtual memory management API at the vGPU's fixed
+//!   address range (`memory.rs`): stable addresses for swap and migration.
+//! - **Copies** go straight between guest RAM and the GPU: guest RAM is pinned once with
+//!   `cuMemHostRegister` when the memory table arrives ([`Backend::register_host_memory`]),
+//!   and each copy is `cuMemcpyHtoDAsync`/`DtoHAsync` from/to the guest buffer itself on the
+//!   calling queue's stream; large copies are queued as `COPY_CHUNK` pieces (so copies of
+//!   other queues interleave on the copy engines) and waited for once.
+//! - **Kernels**: the built-ins from shipped PTX (`builtin.rs`), guest PTX through
+//!   `MODULE_LOAD`; every pointer argument is checked against the allocation table before
+//!   launch (invariant 3), the GPU's own fault isolation is the second line. Device time
+//!   comes from events around the launch.
+//! - **Faults**: a kernel that faults (illegal address and the like) loses the context: the
+//!   launch answers `KERNEL_FAULT`, every later request `DEVICE_ERROR` saying so; other
+//!   vGPUs (other processes) do not notice.
+
+mod builtin;
+mod driver;
+mod lanes;
+mod memory;
+mod modules;
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUresult};
+use vgpu_proto::{backend_kind, features, ArgValue};
+use vm_memory::VolatileSlice;
+
+use crate::drain::InFlight;
+use crate::error::{BackendError, Result};
+use crate::{
+    Allocated, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats,
+    MemoryUsage, ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+};
+use driver::{check, Context, CuError};
+use lanes::Lanes;
+use memory::DeviceMemory;
+use modules::{Builtins, Kernel, Modules};
+
+pub use modules::BUILTIN_PTX;
+
+/// Host-device copies larger than this are queued as pieces of this size (Gdev's split
+/// transaction): one wait for the whole copy, and other queues' copies interleave.
+pub const COPY_CHUNK: usize = 8 << 20;
+
+/// Dynamic shared memory a kernel gets without opting in (48 KiB).
+const DEFAULT_SHARED: u32 = 48 << 10;
+
+/// Which GPU and how much of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// CUDA device ordinal (as `nvidia-smi` numbers them unless CUDA_VISIBLE_DEVICES says
+    /// otherwise).
+    pub ordinal: i32,
+    /// Most device memory this vGPU may have mapped, in bytes (capped at the GPU's).
+    pub memory: u64,
+    /// First device address.
+    pub va_base: u64,
+    /// Device address space size.
+    pub va_size: u64,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        Self {
+            ordinal: 0,
+            memory: 1 << 30,
+            va_base: DEFAULT_VA_BASE,
+            va_size: DEFAULT_VA_SIZE,
+        }
+    }
+}
+
+/// What [`CudaGpu::probe`] found.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// Number of CUDA devices.
+    pub devices: i32,
+    /// Name of device 0.
+    pub name: String,
+}
+
+/// Guest RAM regions pinned with `cuMemHostRegister`.
+#[derive(Debug, Default)]
+struct Pinned {
+    regions: RwLock<Vec<HostRegion>>,
+}
+
+impl Pinned {
+    fn covers(regions: &[HostRegion], addr: usize, len: usize) -> bool {
+        regions
+            .iter()
+            .any(|r| addr >= r.addr && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len))
+    }
+}
+
+/// A CUDA GPU as one worker sees it.
+#[derive(Debug)]
+pub struct CudaGpu {
+    info: BackendInfo,
+    mem: DeviceMemory,
+    modules: Modules,
+    builtins: Builtins,
+    lanes: Lanes,
+    pinned: Pinned,
+    inflight: InFlight,
+    lost: AtomicBool,
+    lost_why: Mutex<String>,
+    /// Serialises raising a function's dynamic shared memory limit.
+    attr_lock: Mutex<()>,
+    ctx: Arc<Context>,
+}
+
+impl CudaGpu {
+    /// Whether this machine can run the cuda backend: libcuda loads, the driver is new
+    /// enough and sees at least one GPU. The error says what is missing.
+    pub fn probe() -> std::result::Result<Probe, String> {
+        driver::init()?;
+        let devices = driver::device_count().map_err(|e| e.to_string())?;
+        if devices < 1 {
+            return Err("the NVIDIA driver sees no GPU; check nvidia-smi".into());
+        }
+        let (_, props) = driver::device(0).map_err(|e| e.to_string())?;
+        Ok(Probe {
+            devices,
+            name: props.name,
+        })
+    }
+
+    /// Opens GPU `cfg.ordinal`, reserves the vGPU's address space and loads the built-in
+    /// kernels.
+    pub fn new(cfg: CudaConfig) -> Result<Self> {
+        driver::init().map_err(BackendError::Device)?;
+        let count = driver::device_count().map_err(memory::dev_err)?;
+        if cfg.ordinal < 0 || cfg.ordinal >= count {
+            return Err(BackendError::InvalidArgument(format!(
+                "GPU {} does not exist: this machine has {count} CUDA device(s), numbered from 0",
+                cfg.ordinal
+            )));
+        }
+        if cfg.memory == 0 {
+            return Err(BackendError::InvalidArgument(
+                "the vGPU's device memory must be at least 1 byte".into(),
+            ));
+        }
+        let (dev, props) = driver::device(cfg.ordinal).map_err(memory::dev_err)?;
+        if !props.vmm {
+            return Err(BackendError::NotSupported(format!(
+                "GPU {} ({}) does not support CUDA virtual memory management, which the cuda backend needs for stable device addresses",
+                cfg.ordinal, props.name
+            )));
+        }
+        let ctx = Context::primary(dev).map_err(memory::dev_err)?;
+        let capacity = cfg.memory.min(props.total_memory);
+        let mem = DeviceMemory::new(&ctx, cfg.ordinal, cfg.va_base, cfg.va_size, capacity)?;
+        let t = Instant::now();
+        let builtins = Builtins::load(&ctx)?;
+        let info = BackendInfo {
+            kind: backend_kind::CUDA,
+            name: props.name.clone(),
+            device_memory: props.total_memory,
+            copy_bandwidth: 0,
+            compute_units: props.sm_count,
+            alloc_granularity: mem.granularity(),
+            va_base: cfg.va_base,
+            va_size: cfg.va_size,
+            features: features::BUILTIN_KERNELS | features::PTX,
+        };
+        tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
+            sms = props.sm_count, device_memory = props.total_memory, capacity,
+            va_base = format_args!("{:#x}", cfg.va_base), granularity = mem.granularity(),
+            builtin_jit_ms = t.elapsed().as_millis() as u64, "CUDA GPU ready");
+        Ok(Self {
+            info,
+            mem,
+            modules: Modules::default(),
+            builtins,
+            lanes: Lanes::new(ctx.clone()),
+            pinned: Pinned::default(),
+            inflight: InFlight::default(),
+            lost: AtomicBool::new(false),
+            lost_why: Mutex::new(String::new()),
+            attr_lock: Mutex::new(()),
+            ctx,
+        })
+    }
+
+    /// Fails once the context was lost; else makes it current on this thread.
+    fn enter(&self) -> Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            let why = self
+                .lost_why
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            return Err(BackendError::Device(format!(
+                "this vGPU's GPU context was lost ({why}); its device memory is gone: restart the VM's vGPU"
+            )));
+        }
+        self.ctx.bind().map_err(|e| self.cuda_err(e))
+    }
+
+    /// Marks the context lost after a sticky error.
+    fn mark_lost(&self, e: &CuError) {
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            *self.lost_why.lock().unwrap_or_else(PoisonError::into_inner) = e.to_string();
+            tracing::error!(error = %e, "the vGPU's CUDA context is lost; every later request fails");
+        }
+    }
+
+    /// A driver error outside a kernel.
+    fn cuda_err(&self, e: CuError) -> BackendError {
+        if e.is_sticky() {
+            self.mark_lost(&e);
+        }
+        if e.is_oom() {
+            return BackendError::HostOutOfMemory { requested: 0 };
+        }
+        BackendError::Device(e.to_string())
+    }
+
+    /// An error from `cuLaunchKernel` itself (the launch was refused, nothing ran).
+    fn launch_err(&self, e: CuError, kernel: &str) -> BackendError {
+        match e.code {
+            CUresult::CUDA_ERROR_INVALID_VALUE => BackendError::InvalidArgument(format!(
+                "the GPU refused to launch {kernel} with this geometry ({}); check grid, block and shared memory against the kernel's limits",
+                e.name()
+            )),
+            CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES => BackendError::InvalidArgument(format!(
+                "{kernel} needs more registers or shared memory than a block of this size gets ({}); launch fewer threads per block",
+                e.name()
+            )),
+            _ => self.cuda_err(e),
+        }
+    }
+
+    /// An error while waiting for a kernel: a fault in this vGPU's own kernel.
+    fn kernel_err(&self, e: CuError, kernel: &str) -> BackendError {
+        if e.is_sticky() {
+            self.mark_lost(&e);
+            BackendError::KernelFault(format!(
+                "{kernel} faulted on the GPU: {}; the fault stays in this vGPU, whose GPU context is now lost",
+                e.name()
+            ))
+        } else {
+            BackendError::Device(e.to_string())
+        }
+    }
+
+    /// Launches a guest PTX function with the guest's geometry; returns its device time.
+    fn run_ptx(
+        &self,
+        lane: &lanes::Lane,
+        f: &modules::PtxFunc,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<u64> {
+        const KERNEL: &str = "PTX function";
+        if args.len() != f.params.len() {
+            return Err(BackendError::BadArgCount {
+                kernel: KERNEL,
+                expected: f.params.len(),
+                got: args.len(),
+            });
+        }
+        let mut vals = [0u64; vgpu_proto::MAX_KERNEL_ARGS as usize];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); vgpu_proto::MAX_KERNEL_ARGS as usize];
+        let mut keep: [Option<Arc<memory::Allocation>>; vgpu_proto::MAX_KERNEL_ARGS as usize] =
+            std::array::from_fn(|_| None);
+        for (index, (((arg, size), val), kept)) in args
+            .iter()
+            .zip(f.params.iter())
+            .zip(vals.iter_mut())
+            .zip(keep.iter_mut())
+            .enumerate()
+        {
+            let want = match arg {
+                ArgValue::U32(_) | ArgValue::F32(_) => 4,
+                _ => 8,
+            };
+            if *size != want {
+                return Err(BackendError::BadArgType {
+                    kernel: KERNEL,
+                    index,
+                    param: "parameter",
+                    reason: format!(
+                        "{} takes {size} bytes here, the argument is a {:?} of {want} bytes",
+                        f.name(),
+                        arg.kind()
+                    ),
+                });
+            }
+            *val = match *arg {
+                ArgValue::U32(v) => u64::from(v),
+                ArgValue::F32(v) => u64::from(v.to_bits()),
+                ArgValue::U64(v) => v,
+                ArgValue::F64(v) => v.to_bits(),
+                ArgValue::Ptr { addr, .. } => {
+                    // The extent a PTX kernel touches is unknown: the pointer itself must lie
+                    // inside a live allocation, and the GPU isolates the rest.
+                    let (a, _) = self.mem.resolve(addr, 0)?;
+                    *kept = Some(a);
+                    addr
+                }
+            };
+        }
+        for (p, v) in ptrs.iter_mut().zip(vals.iter_mut()) {
+            *p = (v as *mut u64).cast();
+        }
+        if config.shared_bytes > DEFAULT_SHARED
+            && f.shared_limit.load(Ordering::Acquire) < config.shared_bytes
+        {
+            let _g = self
+                .attr_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            check(
+                // SAFETY: sets an attribute of a live function of a loaded module.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f.func.0,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        config.shared_bytes as i32,
+                    )
+                },
+                "cuFuncSetAttribute",
+            )
+            .map_err(|e| self.launch_err(e, f.name()))?;
+            f.shared_limit.store(config.shared_bytes, Ordering::Release);
+        }
+        lane.start
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        check(
+            // SAFETY: `f.func` is a live function of a module kept loaded by the caller's Arc;
+            // `ptrs` holds one pointer per kernel parameter (count and sizes checked against
+            // cuFuncGetParamInfo above) to values that outlive the call; pointer arguments lie
+            // in live allocations kept by `keep` until the kernel finished.
+            unsafe {
+                sys::cuLaunchKernel(
+                    f.func.0,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    config.shared_bytes,
+                    lane.stream.raw(),
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel",
+        )
+        .map_err(|e| self.launch_err(e, f.name()))?;
+        lane.end
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        lane.end
+            .synchronize()
+            .map_err(|e| self.kernel_err(e, f.name()))?;
+        let ns = lane
+            .end
+            .since_ns(&lane.start)
+            .map_err(|e| self.cuda_err(e))?;
+        drop(keep);
+        Ok(ns)
+    }
+
+    /// Queues a host<->device copy of `len` bytes in `COPY_CHUNK` pieces on `lane` and waits
+    /// for it. `op(dev, host, n)` queues one piece.
+    fn copy(
+        &self,
+        lane: &lanes::Lane,
+        dev: u64,
+        host: usize,
+        len: usize,
+        op: impl Fn(u64, usize, usize) -> CUresult,
+        call: &'static str,
+    ) -> Result<()> {
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(COPY_CHUNK);
+            check(op(dev + off as u64, host + off, n), call).map_err(|e| self.cuda_err(e))?;
+            off += n;
+        }
+        lane.stream.synchronize().map_err(|e| self.cuda_err(e))
+    }
+}
+
+impl Drop for CudaGpu {
+    fn drop(&mut self) {
+        self.synchronize();
+        if self.ctx.bind().is_ok() {
+            let regions = std::mem::take(
+                &mut *self
+                    .pinned
+                    .regions
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            for r in regions {
+                // SAFETY: unregisters a range we registered and that is still registered.
+                let _ = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
+            }
+        }
+        self.modules.clear();
+        self.mem.clear();
+        tracing::debug!("CUDA GPU closed");
+    }
+}
+
+impl Backend for CudaGpu {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        MemoryUsage {
+            used: self.mem.used(),
+            capacity: self.mem.capacity(),
+            allocations: self.mem.count(),
+        }
+    }
+
+    fn alloc(&self, size: u64) -> Result<Allocated> {
+        self.enter()?;
+        let a = self.mem.create(size)?;
+        // Fresh physical memory may hold an earlier user's bytes: clear it before the
+        // address is known to anyone.
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        check(
+            // SAFETY: clears exactly the mapping just made, on our stream, then waits.
+            unsafe {
+                sys::cuMemsetD8Async(
+                    a.addr(),
+                    0,
+                    self.mem.charge_of(size) as usize,
+                    lane.stream.raw(),
+                )
+            },
+            "cuMemsetD8Async",
+        )
+        .and_then(|()| lane.stream.synchronize())
+        .map_err(|e| self.cuda_err(e))?;
+        let charged = self.mem.charge_of(size);
+        let addr = self.mem.publish(a);
+        Ok(Allocated { addr, charged })
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        self.enter()?;
+        self.mem.free(addr)
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        self.mem.resolve(addr, len).map(|_| ())
+    }
+
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
+        let _op = self.inflight.begin();
+        self.enter()?;
+        let len = src.len();
+        let (_alloc, _) = self.mem.resolve(dst, len as u64)?;
+        let host = src.ptr_guard().as_ptr() as usize;
+        // Held for the copy: unregistering waits for it.
+        let pinned = self
+            .pinned
+            .regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let direct = Pinned::covers(&pinned, host, len);
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let stream = lane.stream.raw();
+        self.copy(
+            &lane,
+            dst,
+            host,
+            len,
+            // SAFETY: [h, h + n) lies inside the guest buffer `src` (mapped guest RAM that
+            // stays mapped while the request is served) and [d, d + n) inside the live
+            // allocation `_alloc`; we wait for the copy before returning. Pageable memory is
+            // staged by the driver before the call returns.
+            |d, h, n| unsafe { sys::cuMemcpyHtoDAsync_v2(d, h as *const c_void, n, stream) },
+            "cuMemcpyHtoDAsync",
+        )?;
+        drop(pinned);
+        tracing::trace!(dst, len, direct, "htod");
+        Ok(len as u64)
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
+        let _op = self.inflight.begin();
+        self.enter()?;
+        let len = dst.len();
+        let (_alloc, _) = self.mem.resolve(src, len as u64)?;
+        let host = dst.ptr_guard_mut().as_ptr() as usize;
+        let pinned = self
+            .pinned
+            .regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let direct = Pinned::covers(&pinned, host, len);
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let stream = lane.stream.raw();
+        self.copy(
+            &lane,
+            src,
+            host,
+            len,
+            // SAFETY: [h, h + n) lies inside the guest buffer `dst` (writable guest RAM that
+            // stays mapped while the request is served; the guest may race its own bytes,
+            // which only changes what it reads) and [d, d + n) inside the live allocation
+            // `_alloc`; we wait for the copy before returning.
+            |d, h, n| unsafe { sys::cuMemcpyDtoHAsync_v2(h as *mut c_void, d, n, stream) },
+            "cuMemcpyDtoHAsync",
+        )?;
+        drop(pinned);
+        tracing::trace!(src, len, direct, "dtoh");
+        Ok(len as u64)
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
+        let _op = self.inflight.begin();
+        self.enter()?;
+        let (_sa, _) = self.mem.resolve(src, len)?;
+        let (_da, _) = self.mem.resolve(dst, len)?;
+        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
+        let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr: src, len })?;
+        if !overlap || src == dst {
+            if n > 0 && src != dst {
+                check(
+                    // SAFETY: both ranges lie in live allocations held above and do not overlap.
+                    unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n, lane.stream.raw()) },
+                    "cuMemcpyDtoDAsync",
+                )
+                .map_err(|e| self.cuda_err(e))?;
+            }
+        } else {
+            // memmove: stage pieces through this lane's scratch, walking away from the side
+            // the destination overlaps, so no piece reads bytes an earlier piece wrote.
+            let chunk = n.min(COPY_CHUNK);
+            let tmp = lane.scratch(chunk).map_err(|e| self.cuda_err(e))?;
+            let stream = lane.stream.raw();
+            let pieces = n.div_ceil(chunk);
+            for i in 0..pieces {
+                let k = if dst > src { pieces - 1 - i } else { i };
+                let off = k * chunk;
+                let m = chunk.min(n - off);
+                let o = off as u64;
+                check(
+                    // SAFETY: [src+o, +m) and [dst+o, +m) lie inside the checked ranges; `tmp`
+                    // is our scratch of at least `chunk` bytes; all on one stream, in order.
+                    unsafe { sys::cuMemcpyDtoDAsync_v2(tmp, src + o, m, stream) },
+                    "cuMemcpyDtoDAsync",
+                )
+                .and_then(|()| {
+                    check(
+                        // SAFETY: as above.
+                        unsafe { sys::cuMemcpyDtoDAsync_v2(dst + o, tmp, m, stream) },
+                        "cuMemcpyDtoDAsync",
+                    )
+                })
+                .map_err(|e| self.cuda_err(e))?;
+            }
+        }
+        lane.stream.synchronize().map_err(|e| self.cuda_err(e))?;
+        Ok(len)
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
+        let _op = self.inflight.begin();
+        let esize = u64::from(elem_size);
+        if !matches!(elem_size, 1 | 2 | 4) {
+            return Err(BackendError::InvalidArgument(format!(
+                "memset element size {elem_size}; use 1, 2 or 4"
+            )));
+        }
+        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
+            addr: dst,
+            len: u64::MAX,
+        })?;
+        if dst % esize != 0 {
+            return Err(BackendError::Misaligned {
+                addr: dst,
+                align: esize,
+            });
+        }
+        self.enter()?;
+        let (_a, _) = self.mem.resolve(dst, len)?;
+        let n = usize::try_from(count).map_err(|_| BackendError::BadPointer { addr: dst, len })?;
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let s = lane.stream.raw();
+        if n > 0 {
+            // SAFETY: [dst, dst + len) lies inside the live allocation `_a`, aligned to the
+            // element; queued on our stream and waited for below.
+            let rc = unsafe {
+                match elem_size {
+                    1 => sys::cuMemsetD8Async(dst, value as u8, n, s),
+                    2 => sys::cuMemsetD16Async(dst, value as u16, n, s),
+                    _ => sys::cuMemsetD32Async(dst, value, n, s),
+                }
+            };
+            check(rc, "cuMemsetAsync").map_err(|e| self.cuda_err(e))?;
+        }
+        lane.stream.synchronize().map_err(|e| self.cuda_err(e))?;
+        Ok(len)
+    }
+
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
+        self.enter()?;
+        self.modules.load(&self.ctx, image)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        self.enter()?;
+        self.modules.unload(module)
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
+        self.enter()?;
+        self.modules.function(module, name)
+    }
+
+    fn launch(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        let _op = self.inflight.begin();
+        let kernel = self.modules.kernel(function)?;
+        self.enter()?;
+        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let ns = match &kernel {
+            Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
+            Kernel::Ptx(_module, f) => self.run_ptx(&lane, f, config, args)?,
+        };
+        drop(kernel);
+        tracing::trace!(function, ns, "kernel done");
+        Ok(LaunchStats { device_ns: ns })
+    }
+
+    fn synchronize(&self) {
+        self.inflight.drain();
+    }
+
+    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
+        self.enter()?;
+        let mut pinned = self
+            .pinned
+            .regions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut first_err = None;
+        for r in regions {
+            if r.len == 0 || pinned.contains(r) {
+                continue;
+            }
+            let t = Instant::now();
+            // SAFETY: the caller keeps [addr, addr + len) mapped until it unregisters it
+            // (trait contract); the driver pins those pages and only DMA's to them when a
+            // copy names them.
+            let rc = unsafe { sys::cuMemHostRegister_v2(r.addr as *mut c_void, r.len, 0) };
+            match check(rc, "cuMemHostRegister") {
+                Ok(()) => {
+                    tracing::info!(
+                        addr = format_args!("{:#x}", r.addr),
+                        len = r.len,
+                        ms = t.elapsed().as_secs_f64() * 1e3,
+                        "guest memory pinned for direct copies"
+                    );
+                    pinned.push(*r);
+                }
+                Err(e) => {
+                    tracing::warn!(addr = format_args!("{:#x}", r.addr), len = r.len, error = %e,
+                        "cannot pin guest memory; copies from it go through the driver's staging (slower)");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(BackendError::Device(format!(
+                "{e}; copies still work, at pageable-memory speed"
+            ))),
+        }
+    }
+
+    fn unregister_host_memory(&self, regions: &[HostRegion]) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        // Taking the write lock waits for copies that use the regions.
+        let mut pinned = self
+            .pinned
+            .regions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for r in regions {
+            if let Some(i) = pinned.iter().position(|p| p == r) {
+                pinned.swap_remove(i);
+                // SAFETY: unregisters a range we registered; no copy uses it (write lock).
+                let rc = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
+                if let Err(e) = check(rc, "cuMemHostUnregister") {
+                    tracing::warn!(addr = format_args!("{:#x}", r.addr), error = %e, "unpinning guest memory failed");
+                } else {
+                    tracing::debug!(
+                        addr = format_args!("{:#x}", r.addr),
+                        len = r.len,
+                        "guest memory unpinned"
+                    );
+                }
+            }
+        }
+    }
+}
