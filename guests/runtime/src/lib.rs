@@ -23,6 +23,7 @@ mod panic;
 pub mod serial;
 pub mod start;
 pub mod time;
+pub mod vgpu;
 pub mod virtio;
 
 pub use args::Args;

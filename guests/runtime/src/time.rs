@@ -45,6 +45,14 @@ pub fn ticks_to_ns_f64(ticks: f64) -> Option<f64> {
     tsc_khz().map(|khz| ticks * 1_000_000.0 / khz as f64)
 }
 
+/// A monotonic nanosecond clock for timeouts (guest-driver's `StreamOptions::now_ns`).
+/// Exact when the TSC frequency is known; otherwise it runs slow, so timeouts only
+/// lengthen. Never use it for reported figures.
+pub fn timeout_clock_ns() -> u64 {
+    let khz = tsc_khz().unwrap_or(FALLBACK_TIMEOUT_KHZ);
+    (u128::from(rdtsc()) * 1_000_000 / u128::from(khz)) as u64
+}
+
 fn ms_to_timeout_ticks(ms: u64) -> u64 {
     let khz = tsc_khz().unwrap_or(FALLBACK_TIMEOUT_KHZ);
     ms.saturating_mul(khz)
