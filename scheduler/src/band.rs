@@ -33,6 +33,10 @@ impl Rule for BandRule {
         let others_wait = acc.map.iter().any(|(id, a)| *id != vgpu && a.pending > 0);
         !(others_wait && acc.over_budget(vgpu) && acc.over_share(vgpu, now))
     }
+
+    fn may_lease(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
+        !acc.over_share(vgpu, now)
+    }
 }
 
 /// The BAND policy.

@@ -28,6 +28,11 @@ impl Rule for CreditRule {
         let others_wait = acc.map.iter().any(|(id, a)| *id != vgpu && a.pending > 0);
         !(others_wait && acc.over_budget(vgpu))
     }
+
+    fn may_lease(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos) -> bool {
+        // Xen's Credit as Gdev measured it: no holding between requests.
+        false
+    }
 }
 
 /// The Credit policy.

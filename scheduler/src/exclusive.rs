@@ -17,6 +17,8 @@ pub(crate) trait Rule: Send {
     fn preferred(acc: &Accounts, vgpu: VgpuId) -> bool;
     /// Whether the holder may start another request while it holds the resource.
     fn may_continue(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool;
+    /// Whether a vGPU just granted may keep the resource for a lease.
+    fn may_lease(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool;
 }
 
 pub(crate) struct Exclusive<R: Rule> {
@@ -25,6 +27,8 @@ pub(crate) struct Exclusive<R: Rule> {
     order: Vec<VgpuId>,
     current: Option<VgpuId>,
     wait_until: Option<Nanos>,
+    /// The holder keeps the resource until then, idle or not.
+    hold_until: Option<Nanos>,
     _rule: std::marker::PhantomData<R>,
 }
 
@@ -35,14 +39,19 @@ impl<R: Rule> Exclusive<R> {
             order: Vec::new(),
             current: None,
             wait_until: None,
+            hold_until: None,
             _rule: Default::default(),
         }
     }
 
-    fn grant_all(&mut self, vgpu: VgpuId) -> Vec<Grant> {
+    fn grant_all(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
         let pending = self.acc.get(vgpu).map(|a| a.pending).unwrap_or(0);
         if pending == 0 {
             return Vec::new();
+        }
+        if self.acc.config.lease > 0 && R::may_lease(&self.acc, vgpu, now) {
+            let until = now + self.acc.config.lease;
+            self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
         }
         self.acc.start(vgpu, pending);
         vec![Grant {
@@ -75,6 +84,7 @@ impl<R: Rule> Exclusive<R> {
     /// Hands the free resource to the next vGPU, possibly after a wait.
     fn pass_on(&mut self, finished: Option<VgpuId>, now: Nanos) -> Vec<Grant> {
         self.current = None;
+        self.hold_until = None;
         let Some(next) = self.select() else {
             return Vec::new();
         };
@@ -86,7 +96,7 @@ impl<R: Rule> Exclusive<R> {
             }
         }
         self.current = Some(next);
-        self.grant_all(next)
+        self.grant_all(next, now)
     }
 
     pub fn add(&mut self, vgpu: VgpuId, share: Share, now: Nanos) -> Result<(), SchedError> {
@@ -117,10 +127,12 @@ impl<R: Rule> Exclusive<R> {
             None => {
                 self.wait_until = None;
                 self.current = Some(vgpu);
-                Ok(self.grant_all(vgpu))
+                Ok(self.grant_all(vgpu, now))
             }
-            Some(c) if c == vgpu && R::may_continue(&self.acc, vgpu, now) => {
-                Ok(self.grant_all(vgpu))
+            Some(c)
+                if c == vgpu && (self.holding(now) || R::may_continue(&self.acc, vgpu, now)) =>
+            {
+                Ok(self.grant_all(vgpu, now))
             }
             Some(_) => Ok(Vec::new()),
         }
@@ -138,18 +150,37 @@ impl<R: Rule> Exclusive<R> {
             // granted before a share change): accounted, nothing else to do.
             return Ok(Vec::new());
         }
-        if !idle {
+        if !idle || self.holding(now) {
+            // Still running, or idle within its lease: the holder keeps the resource (the
+            // tick at the lease's end passes it on if nothing more came).
             return Ok(Vec::new());
         }
+        Ok(self.release(vgpu, now))
+    }
+
+    fn holding(&self, now: Nanos) -> bool {
+        self.hold_until.is_some_and(|h| now < h)
+    }
+
+    /// The holder is done: lower it if the policy says so and pass the resource on.
+    fn release(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
         if R::lower(&self.acc, vgpu, now) {
             self.order.retain(|v| *v != vgpu);
             self.order.push(vgpu);
         }
-        Ok(self.pass_on(Some(vgpu), now))
+        self.pass_on(Some(vgpu), now)
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<Grant> {
         self.acc.roll(now);
+        if let (Some(h), Some(c)) = (self.hold_until, self.current) {
+            if h <= now {
+                self.hold_until = None;
+                if self.acc.get(c).is_ok_and(|a| a.running == 0) {
+                    return self.release(c, now);
+                }
+            }
+        }
         match self.wait_until {
             Some(t) if t <= now => {
                 self.wait_until = None;
@@ -166,7 +197,26 @@ impl<R: Rule> Exclusive<R> {
 
     pub fn next_deadline(&self) -> Option<Nanos> {
         let period = self.acc.next_period();
-        Some(self.wait_until.map_or(period, |w| w.min(period)))
+        let d = self.wait_until.map_or(period, |w| w.min(period));
+        Some(self.hold_until.map_or(d, |h| h.min(d)))
+    }
+
+    pub fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError> {
+        self.acc.start_unasked(vgpu, count, now)?;
+        if self.current.is_none() {
+            // Only a worker whose lease was open can start unasked; the books follow what
+            // really runs.
+            self.current = Some(vgpu);
+        }
+        Ok(())
+    }
+
+    /// Until when `vgpu` may start requests without asking (it holds a lease).
+    pub fn lease(&self, vgpu: VgpuId, now: Nanos) -> Option<Nanos> {
+        (self.current == Some(vgpu))
+            .then_some(self.hold_until)
+            .flatten()
+            .filter(|h| *h > now)
     }
 
     pub fn utilization(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {
@@ -235,6 +285,17 @@ macro_rules! exclusive_policy {
             }
             fn busy_total(&self, v: $crate::VgpuId) -> Option<$crate::Nanos> {
                 self.0.busy_total(v)
+            }
+            fn lease(&self, v: $crate::VgpuId, now: $crate::Nanos) -> Option<$crate::Nanos> {
+                self.0.lease(v, now)
+            }
+            fn start_leased(
+                &mut self,
+                v: $crate::VgpuId,
+                count: u32,
+                now: $crate::Nanos,
+            ) -> Result<(), $crate::SchedError> {
+                self.0.start_leased(v, count, now)
             }
         }
     };

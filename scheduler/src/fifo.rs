@@ -84,6 +84,10 @@ impl Policy for Fifo {
         Ok(Vec::new())
     }
 
+    fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError> {
+        self.acc.start_unasked(vgpu, count, now)
+    }
+
     fn tick(&mut self, now: Nanos) -> Vec<Grant> {
         self.acc.roll(now);
         Vec::new()

@@ -186,6 +186,25 @@ impl GpuScheduler {
         }
     }
 
+    /// `count` requests of `vgpu` on `r` started under its lease.
+    pub fn start_leased(
+        &mut self,
+        vgpu: VgpuId,
+        r: Resource,
+        count: u32,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
+        self.policy(r).0.start_leased(vgpu, count, now)
+    }
+
+    /// Until when `vgpu` may start requests on `r` without asking.
+    pub fn lease(&self, vgpu: VgpuId, r: Resource, now: Nanos) -> Option<Nanos> {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.copy.lease(vgpu, now),
+            _ => self.compute.lease(vgpu, now),
+        }
+    }
+
     pub fn policy_name(&self) -> &'static str {
         self.compute.name()
     }

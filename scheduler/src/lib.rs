@@ -89,4 +89,11 @@ pub trait Policy: Send {
     fn utilization(&self, vgpu: VgpuId, now: Nanos) -> Option<f64>;
     /// Total busy time accounted to `vgpu` since it was added.
     fn busy_total(&self, vgpu: VgpuId) -> Option<Nanos>;
+    /// Until when `vgpu` holds the resource and may start requests without asking.
+    fn lease(&self, _vgpu: VgpuId, _now: Nanos) -> Option<Nanos> {
+        None
+    }
+    /// `count` requests of `vgpu` started under its lease without asking: they are
+    /// running now and will complete like granted ones.
+    fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError>;
 }

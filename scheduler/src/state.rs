@@ -34,6 +34,13 @@ pub struct Config {
     pub period: Nanos,
     /// BAND's time-buffering wait.
     pub wait: Nanos,
+    /// How long the holder of a resource keeps it after a grant while it is within its
+    /// share, even between its requests (0: pass the resource on at every idle moment).
+    /// A closed-loop guest needs time to submit its next request; without the hold the
+    /// resource changes hands in every such gap and the guest can never use its share.
+    /// The grant path turns the hold into a lease: the worker starts requests without a
+    /// round trip until it ends.
+    pub lease: Nanos,
 }
 
 impl Default for Config {
@@ -41,6 +48,7 @@ impl Default for Config {
         Self {
             period: 30 * MS,
             wait: 500 * US,
+            lease: MS,
         }
     }
 }
@@ -167,6 +175,19 @@ impl Accounts {
             a.busy_cur = 0;
         }
         self.period_start += elapsed * period;
+    }
+
+    /// Records `count` requests that started without a grant (under a lease).
+    pub fn start_unasked(
+        &mut self,
+        vgpu: VgpuId,
+        count: u32,
+        now: Nanos,
+    ) -> Result<(), SchedError> {
+        self.roll(now);
+        let a = self.get_mut(vgpu)?;
+        a.running = a.running.saturating_add(count);
+        Ok(())
     }
 
     /// Marks `count` pending requests of `vgpu` as running.

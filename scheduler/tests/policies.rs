@@ -114,7 +114,11 @@ fn shares_change_at_run_time() {
 #[test]
 fn grants_follow_the_protocol() {
     use vgpu_scheduler::{Grant, Policy, SchedError};
-    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    let no_lease = Config {
+        lease: 0,
+        ..Config::default()
+    };
+    let mut p = vgpu_scheduler::band::Band::new(no_lease);
     p.add(1, Share::new(0.5), 0).unwrap();
     p.add(2, Share::new(0.5), 0).unwrap();
     // Idle resource: granted at once; the holder may add more; others queue.
@@ -183,4 +187,27 @@ fn mrq_overlaps_compute_and_copy_and_sdq_does_not() {
         total(&mrq)
     );
     assert!(total(&sdq) < 1.2, "SDQ serialises them: {}", total(&sdq));
+}
+
+#[test]
+fn a_lease_keeps_the_resource_through_the_holders_gaps() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.lease(1, 0), Some(MS));
+    assert_eq!(p.lease(2, 0), None);
+    p.submit(2, 10).unwrap();
+    // vGPU 1 goes idle inside its lease: it keeps the engine and its next request starts.
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    assert_eq!(
+        p.submit(1, 120 * US).unwrap(),
+        vec![Grant { vgpu: 1, count: 1 }]
+    );
+    assert_eq!(p.complete(1, 120 * US, 300 * US).unwrap(), vec![]);
+    // The lease (extended by the second grant) ends with nothing running: vGPU 2 gets it.
+    assert_eq!(p.next_deadline(), Some(120 * US + MS));
+    assert_eq!(p.tick(120 * US + MS), vec![Grant { vgpu: 2, count: 1 }]);
+    assert_eq!(p.lease(1, 120 * US + MS), None);
 }

@@ -1,0 +1,183 @@
+//! The worker's side: ask, wait for the grant, report the completion.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use vgpu_scheduler::gpu::Resource;
+use vgpu_scheduler::Nanos;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::shm::{index, Completion, Page, LEASE_OPEN};
+use crate::{futex, time, Gate, GrantError};
+
+/// How long an acquirer spins on the grant word before sleeping on it: a grant usually
+/// comes back within the daemon's wake-up time, and spinning that long saves a second
+/// wake-up on our side.
+const SPIN: Duration = Duration::from_micros(30);
+/// A grant slower than this is worth a log line (the daemon is stuck or gone).
+const SLOW: Duration = Duration::from_secs(10);
+
+/// A worker's grant channel.
+pub struct GrantClient {
+    page: Page,
+    doorbell: EventFd,
+    /// Grants this worker has consumed, per resource (compared with `granted`).
+    taken: [AtomicU32; 2],
+}
+
+impl GrantClient {
+    /// Opens the channel from the descriptors vgpud passed (see `WorkerFds`).
+    pub fn from_fds(page: OwnedFd, doorbell: OwnedFd) -> Result<Self, GrantError> {
+        let page = Page::open(page)?;
+        let taken = [
+            AtomicU32::new(page.granted(Resource::Compute).load(Ordering::SeqCst)),
+            AtomicU32::new(page.granted(Resource::Copy).load(Ordering::SeqCst)),
+        ];
+        // SAFETY: `doorbell` is an eventfd descriptor the daemon created and passed; we own
+        // it and give up the OwnedFd, so it is closed exactly once (by the EventFd).
+        let doorbell = unsafe {
+            <EventFd as std::os::fd::FromRawFd>::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(
+                doorbell,
+            ))
+        };
+        Ok(Self {
+            page,
+            doorbell,
+            taken,
+        })
+    }
+
+    fn ring(&self) {
+        if let Err(e) = self.doorbell.write(1) {
+            tracing::warn!("cannot ring the scheduler's doorbell: {e}");
+        }
+    }
+
+    /// Takes one grant for `r` if one is available.
+    fn try_take(&self, r: Resource) -> bool {
+        let granted = self.page.granted(r);
+        let taken = &self.taken[index(r)];
+        loop {
+            let g = granted.load(Ordering::Acquire);
+            let t = taken.load(Ordering::Acquire);
+            if (g.wrapping_sub(t) as i32) <= 0 {
+                return false;
+            }
+            if taken
+                .compare_exchange(t, t.wrapping_add(1), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return true;
+            }
+        }
+    }
+
+    /// Starts a request under the lease if one is open.
+    fn start_leased(&self, r: Resource) -> bool {
+        let word = self.page.lease(r);
+        let mut w = word.load(Ordering::Acquire);
+        while w & LEASE_OPEN != 0 {
+            match word.compare_exchange_weak(
+                w,
+                w.wrapping_add(1) | LEASE_OPEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(cur) => w = cur,
+            }
+        }
+        false
+    }
+
+    fn wait_grant(&self, r: Resource) {
+        let asked = Instant::now();
+        let mut warned = false;
+        loop {
+            if self.try_take(r) {
+                return;
+            }
+            if asked.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let g = self.page.granted(r).load(Ordering::Acquire);
+            if self.try_take(r) {
+                return;
+            }
+            futex::wait(self.page.granted(r), g, Duration::from_millis(100));
+            if !warned && asked.elapsed() > SLOW {
+                tracing::warn!(?r, "no grant from the scheduler for 10 s; is vgpud alive?");
+                warned = true;
+            }
+        }
+    }
+
+    fn complete(&self, r: Resource, started: Nanos) {
+        let c = Completion {
+            resource: index(r) as u32,
+            _pad: 0,
+            started,
+            finished: time::now(),
+        };
+        while !self.page.push(c) {
+            // The daemon is behind by thousands of completions: give it time.
+            self.ring();
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        self.ring();
+    }
+}
+
+impl Gate for GrantClient {
+    fn acquire(&self, resource: Resource) -> Permit<'_> {
+        if self.start_leased(resource) {
+            self.ring();
+            return Permit {
+                client: Some(self),
+                resource,
+                started: time::now(),
+            };
+        }
+        self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
+        self.ring();
+        self.wait_grant(resource);
+        Permit {
+            client: Some(self),
+            resource,
+            started: time::now(),
+        }
+    }
+}
+
+/// Leave to run one request; dropping it reports the completion.
+pub struct Permit<'a> {
+    client: Option<&'a GrantClient>,
+    resource: Resource,
+    started: Nanos,
+}
+
+impl Permit<'_> {
+    /// A permit nobody accounts (an ungated worker).
+    pub fn ungated(resource: Resource) -> Self {
+        Self {
+            client: None,
+            resource,
+            started: time::now(),
+        }
+    }
+
+    /// When the request was allowed to start.
+    pub fn started(&self) -> Nanos {
+        self.started
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.client {
+            c.complete(self.resource, self.started);
+        }
+    }
+}

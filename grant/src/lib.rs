@@ -1,0 +1,69 @@
+//! The fast grant path (DESIGN.md: "workers ask it for grants over a cheap path (shared
+//! memory, eventfd), never a socket round trip per kernel").
+//!
+//! vgpud runs one [`GrantServer`] per physical GPU: a thread that owns the GPU's
+//! [`GpuScheduler`](vgpu_scheduler::gpu::GpuScheduler). Each vGPU's worker holds a
+//! [`GrantClient`] on a shared-memory page ([`shm`]):
+//!
+//! - the worker counts a request it wants to start in `submitted[resource]` and rings the
+//!   daemon's eventfd (one `write(2)`);
+//! - the daemon's scheduler grants by adding to `granted[resource]` and waking the futex on
+//!   that word (one `futex(2)`);
+//! - on completion the worker pushes `(resource, started, finished)` into a ring and rings
+//!   the eventfd again.
+//!
+//! The daemon trusts nothing it reads from the page: counters that jump too far or a ring
+//! that claims more entries than it holds detach the worker, which only hurts that vGPU.
+
+mod client;
+mod futex;
+mod server;
+pub mod shm;
+pub mod time;
+
+pub use client::{GrantClient, Permit};
+pub use server::{GrantServer, ServerConfig, VgpuUsage, WorkerFds};
+pub use vgpu_scheduler::gpu::Resource;
+
+/// Why the grant path failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    /// A system call failed.
+    #[error("grant path: {what} failed: {source}")]
+    Os {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    /// The shared page is not ours (wrong magic or version).
+    #[error("the grant page handed to this worker is not a vgpu grant page (magic/version mismatch); start the worker from vgpud")]
+    BadPage,
+    /// The scheduler refused.
+    #[error(transparent)]
+    Sched(#[from] vgpu_scheduler::SchedError),
+    /// The vGPU is not attached.
+    #[error("vGPU {0} has no grant channel on this GPU")]
+    NotAttached(u32),
+}
+
+impl GrantError {
+    pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Os { what, source }
+    }
+}
+
+/// Something that decides when a worker's request may start. The device asks it before
+/// every copy and kernel; the worker's standalone mode uses [`Ungated`].
+pub trait Gate: Send + Sync {
+    /// Blocks until a request on `resource` may start.
+    fn acquire(&self, resource: Resource) -> Permit<'_>;
+}
+
+/// A gate that lets everything through at once (a worker started by hand, or tests).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Ungated;
+
+impl Gate for Ungated {
+    fn acquire(&self, resource: Resource) -> Permit<'_> {
+        Permit::ungated(resource)
+    }
+}

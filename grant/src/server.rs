@@ -1,0 +1,402 @@
+//! The daemon's side: one thread per GPU running its scheduler over every attached
+//! worker's grant page.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vgpu_scheduler::gpu::{GpuScheduler, PolicyKind, QueueMode, Resource, ResourceGrant};
+use vgpu_scheduler::{Config, Nanos, Share, VgpuId};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::shm::{resource, Page, LEASE_OPEN};
+use crate::{futex, time, GrantError};
+
+/// Most new requests one worker may announce per wake-up; more means a corrupt page.
+const MAX_SUBMIT_BURST: u64 = 1 << 20;
+const CONTROL: u64 = u64::MAX;
+const TIMER: u64 = u64::MAX - 1;
+
+/// Which policy and parameters a GPU runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerConfig {
+    pub policy: PolicyKind,
+    pub mode: QueueMode,
+    pub sched: Config,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyKind::Band,
+            mode: QueueMode::Mrq,
+            sched: Config::default(),
+        }
+    }
+}
+
+/// What a worker needs to join: the grant page and the doorbell, to be inherited.
+pub struct WorkerFds {
+    pub page: OwnedFd,
+    pub doorbell: OwnedFd,
+}
+
+/// A vGPU's use of the GPU as the scheduler accounted it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct VgpuUsage {
+    /// Utilization over the last period, 0..=1.
+    pub compute_util: f64,
+    pub copy_util: f64,
+    /// Busy time since attach.
+    pub compute_busy_ns: Nanos,
+    pub copy_busy_ns: Nanos,
+}
+
+struct Worker {
+    page: Page,
+    doorbell: EventFd,
+    seen: [u64; 2],
+    /// Lease starts accounted so far (the lease word's count).
+    seen_leased: [u64; 2],
+}
+
+struct State {
+    sched: GpuScheduler,
+    workers: BTreeMap<VgpuId, Worker>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    epoll: Epoll,
+    control: EventFd,
+    timer: Mutex<TimerFd>,
+    stop: AtomicBool,
+}
+
+/// One GPU's scheduler thread and its workers' channels.
+pub struct GrantServer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GrantServer {
+    /// Starts the GPU's scheduler thread.
+    pub fn start(config: ServerConfig, name: &str) -> Result<Self, GrantError> {
+        let epoll = Epoll::new().map_err(GrantError::os("epoll_create"))?;
+        let control = EventFd::new(libc::EFD_NONBLOCK).map_err(GrantError::os("eventfd"))?;
+        let timer = TimerFd::new().map_err(|e| GrantError::Os {
+            what: "timerfd_create",
+            source: std::io::Error::from_raw_os_error(e.errno()),
+        })?;
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                control.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, CONTROL),
+            )
+            .map_err(GrantError::os("epoll_ctl"))?;
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                timer.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, TIMER),
+            )
+            .map_err(GrantError::os("epoll_ctl"))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                sched: GpuScheduler::new(config.policy, config.mode, config.sched),
+                workers: BTreeMap::new(),
+            }),
+            epoll,
+            control,
+            timer: Mutex::new(timer),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("sched-{name}"))
+            .spawn(move || run(&s))
+            .map_err(GrantError::os("spawning the scheduler thread"))?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Attaches a vGPU: its shares join the scheduler, and the returned descriptors go to
+    /// its worker.
+    pub fn attach(
+        &self,
+        vgpu: VgpuId,
+        compute: Share,
+        copy: Share,
+    ) -> Result<WorkerFds, GrantError> {
+        let page = Page::create()?;
+        let doorbell = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+            .map_err(GrantError::os("eventfd"))?;
+        let fds = WorkerFds {
+            page: page
+                .file()
+                .try_clone()
+                .map_err(GrantError::os("dup of the grant page"))?
+                .into(),
+            doorbell: dup(&doorbell).map_err(GrantError::os("dup of the doorbell"))?,
+        };
+        let mut st = lock(&self.shared.state);
+        st.sched.add(vgpu, compute, copy, time::now())?;
+        if let Err(e) = self.shared.epoll.ctl(
+            ControlOperation::Add,
+            doorbell.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, u64::from(vgpu)),
+        ) {
+            st.sched.remove(vgpu, time::now());
+            return Err(GrantError::Os {
+                what: "epoll_ctl",
+                source: e,
+            });
+        }
+        st.workers.insert(
+            vgpu,
+            Worker {
+                page,
+                doorbell,
+                seen: [0, 0],
+                seen_leased: [0, 0],
+            },
+        );
+        Ok(fds)
+    }
+
+    /// Detaches a vGPU (its worker exited): whatever it held passes on.
+    pub fn detach(&self, vgpu: VgpuId) {
+        let mut st = lock(&self.shared.state);
+        detach_locked(&self.shared, &mut st, vgpu);
+    }
+
+    pub fn set_shares(&self, vgpu: VgpuId, compute: Share, copy: Share) -> Result<(), GrantError> {
+        let mut st = lock(&self.shared.state);
+        if !st.workers.contains_key(&vgpu) {
+            return Err(GrantError::NotAttached(vgpu));
+        }
+        st.sched.set_shares(vgpu, compute, copy)?;
+        Ok(())
+    }
+
+    /// The vGPU's accounted use.
+    pub fn usage(&self, vgpu: VgpuId) -> Option<VgpuUsage> {
+        let st = lock(&self.shared.state);
+        if !st.workers.contains_key(&vgpu) {
+            return None;
+        }
+        let now = time::now();
+        Some(VgpuUsage {
+            compute_util: st
+                .sched
+                .utilization(vgpu, Resource::Compute, now)
+                .unwrap_or(0.0),
+            copy_util: st
+                .sched
+                .utilization(vgpu, Resource::Copy, now)
+                .unwrap_or(0.0),
+            compute_busy_ns: st.sched.busy_total(vgpu, Resource::Compute).unwrap_or(0),
+            copy_busy_ns: st.sched.busy_total(vgpu, Resource::Copy).unwrap_or(0),
+        })
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        lock(&self.shared.state).sched.policy_name()
+    }
+}
+
+impl Drop for GrantServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.control.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn dup(fd: &impl AsRawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: the descriptor is open for the duration of this call (borrowed from `fd`).
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd.as_raw_fd()) }.try_clone_to_owned()
+}
+
+fn detach_locked(shared: &Shared, st: &mut State, vgpu: VgpuId) {
+    if let Some(w) = st.workers.remove(&vgpu) {
+        let _ = shared.epoll.ctl(
+            ControlOperation::Delete,
+            w.doorbell.as_raw_fd(),
+            EpollEvent::default(),
+        );
+    }
+    let grants = st.sched.remove(vgpu, time::now());
+    apply(st, grants);
+}
+
+fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
+    for g in grants {
+        if let Some(w) = st.workers.get(&g.grant.vgpu) {
+            let word = w.page.granted(g.resource);
+            word.fetch_add(g.grant.count, Ordering::Release);
+            futex::wake_all(word);
+        }
+    }
+    // Open the holders' leases (closing is `close_leases`' job, before any release).
+    let now = time::now();
+    for (&vgpu, w) in &st.workers {
+        for r in [Resource::Compute, Resource::Copy] {
+            if st.sched.lease(vgpu, r, now).is_some() {
+                w.page.lease(r).fetch_or(LEASE_OPEN, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Closes every lease the scheduler no longer grants, before the scheduler may hand the
+/// resource on: clearing the open bit returns the exact number of requests the worker
+/// started under it, which the scheduler then counts as running.
+fn close_leases(st: &mut State, now: Nanos) {
+    let State { sched, workers } = st;
+    for (&vgpu, w) in workers.iter_mut() {
+        for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+            let word = w.page.lease(r);
+            if word.load(Ordering::Acquire) & LEASE_OPEN == 0 || sched.lease(vgpu, r, now).is_some()
+            {
+                continue;
+            }
+            let count = word.fetch_and(!LEASE_OPEN, Ordering::AcqRel) & !LEASE_OPEN;
+            let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_SUBMIT_BURST);
+            w.seen_leased[i] = count;
+            if delta > 0 {
+                if let Err(e) = sched.start_leased(vgpu, r, delta as u32, now) {
+                    tracing::debug!(vgpu, "lease close: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Reads what a worker announced; `Err` when its page is corrupt.
+fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
+    let mut grants = Vec::new();
+    let Some(w) = st.workers.get_mut(&vgpu) else {
+        return Ok(());
+    };
+    let _ = w.doorbell.read();
+    let mut submits = [0u64; 2];
+    for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+        let cur = w.page.submitted(r).load(Ordering::Acquire);
+        let delta = cur.wrapping_sub(w.seen[i]);
+        if delta > MAX_SUBMIT_BURST {
+            return Err(GrantError::BadPage);
+        }
+        w.seen[i] = cur;
+        submits[i] = delta;
+    }
+    let mut leased = [0u64; 2];
+    for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+        let count = w.page.lease(r).load(Ordering::Acquire) & !LEASE_OPEN;
+        let delta = count.wrapping_sub(w.seen_leased[i]);
+        if delta > MAX_SUBMIT_BURST {
+            return Err(GrantError::BadPage);
+        }
+        w.seen_leased[i] = count;
+        leased[i] = delta;
+    }
+    let mut completions = Vec::new();
+    while let Some(c) = w.page.pop()? {
+        completions.push(c);
+    }
+    for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+        if leased[i] > 0 {
+            st.sched.start_leased(vgpu, r, leased[i] as u32, now)?;
+        }
+    }
+    // Completions before new submits, so the resource can change hands between a
+    // worker's requests (Gdev's on_completion runs before the next on_arrival); requests
+    // started under a lease were counted above, before their completions.
+    for c in completions {
+        let r = resource(c.resource).ok_or(GrantError::BadPage)?;
+        // The interval as the worker measured it, shifted to end now: the scheduler's
+        // clock only moves forward, and the duration is what counts.
+        let busy = c.finished.saturating_sub(c.started).min(now);
+        match st.sched.complete(vgpu, r, now - busy, now) {
+            Ok(g) => grants.extend(g),
+            Err(e) => tracing::debug!(vgpu, "ignored completion: {e}"),
+        }
+    }
+    for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+        for _ in 0..submits[i] {
+            grants.extend(st.sched.submit(vgpu, r, now)?);
+        }
+    }
+    apply(st, grants);
+    Ok(())
+}
+
+fn arm_timer(shared: &Shared, st: &State, now: Nanos) {
+    if let Some(deadline) = st.sched.next_deadline() {
+        let d = Duration::from_nanos(deadline.saturating_sub(now).max(1_000));
+        let mut t = shared.timer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = t.reset(d, None) {
+            tracing::warn!("cannot arm the scheduler timer: {e}");
+        }
+    }
+}
+
+fn run(shared: &Shared) {
+    let mut events = vec![EpollEvent::default(); 64];
+    loop {
+        let n = match shared.epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::error!("scheduler epoll failed: {e}; grants stop");
+                return;
+            }
+        };
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = time::now();
+        let mut st = lock(&shared.state);
+        close_leases(&mut st, now);
+        for ev in &events[..n] {
+            match ev.data() {
+                CONTROL => {
+                    let _ = shared.control.read();
+                }
+                TIMER => {
+                    let _ = shared
+                        .timer
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .wait();
+                }
+                id => {
+                    let Ok(vgpu) = VgpuId::try_from(id) else {
+                        continue;
+                    };
+                    if let Err(e) = service(&mut st, vgpu, now) {
+                        tracing::error!(vgpu, "worker's grant page is corrupt ({e}); detaching it");
+                        detach_locked(shared, &mut st, vgpu);
+                    }
+                }
+            }
+        }
+        let grants = st.sched.tick(now);
+        apply(&mut st, grants);
+        arm_timer(shared, &st, now);
+    }
+}

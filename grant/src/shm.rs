@@ -1,0 +1,280 @@
+//! The shared grant page: counters the worker and daemon each own half of, and a
+//! single-producer ring of completions.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use vgpu_scheduler::gpu::Resource;
+use vgpu_scheduler::Nanos;
+
+use crate::GrantError;
+
+pub const MAGIC: u64 = 0x4752_414e_5447_5056; // "VPGTNARG"
+pub const VERSION: u32 = 1;
+/// Completions the ring holds; a worker with more outstanding waits for the daemon.
+pub const SLOTS: u32 = 4096;
+
+/// The open bit of a lease word.
+pub const LEASE_OPEN: u64 = 1 << 63;
+
+/// Resource index into the counters.
+pub fn index(r: Resource) -> usize {
+    match r {
+        Resource::Compute => 0,
+        Resource::Copy => 1,
+    }
+}
+
+pub fn resource(i: u32) -> Option<Resource> {
+    match i {
+        0 => Some(Resource::Compute),
+        1 => Some(Resource::Copy),
+        _ => None,
+    }
+}
+
+/// One completion.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    pub resource: u32,
+    pub _pad: u32,
+    pub started: Nanos,
+    pub finished: Nanos,
+}
+
+#[repr(C, align(64))]
+struct Line<T>(T);
+
+#[repr(C)]
+struct Layout {
+    magic: u64,
+    version: u32,
+    _pad: u32,
+    /// Requests the worker wants to start, per resource (worker writes).
+    submitted: Line<[AtomicU64; 2]>,
+    /// Requests the daemon allowed, per resource (daemon writes; futex words).
+    granted: Line<[AtomicU32; 2]>,
+    /// Lease words: bit 63 set while the worker holds the resource and may start requests
+    /// without a grant; the low bits count every request so started (the worker adds one
+    /// with a compare-and-swap that only succeeds while the bit is set). The daemon closes
+    /// a lease by clearing the bit, which tells it exactly how many requests started
+    /// under it: no start can slip past the close.
+    lease: Line<[AtomicU64; 2]>,
+    /// Ring of completions: worker produces at `tail`, daemon consumes at `head`.
+    head: Line<AtomicU32>,
+    tail: Line<AtomicU32>,
+    slots: [Completion; SLOTS as usize],
+}
+
+/// A mapping of the grant page.
+pub struct Page {
+    ptr: NonNull<Layout>,
+    file: File,
+}
+
+// SAFETY: the page is only accessed through atomics and volatile slot reads/writes whose
+// ownership the SPSC protocol gives to exactly one side at a time.
+unsafe impl Send for Page {}
+// SAFETY: as above.
+unsafe impl Sync for Page {}
+
+const LEN: usize = std::mem::size_of::<Layout>();
+
+impl Page {
+    /// A fresh page in a new memfd (the daemon's side).
+    pub fn create() -> Result<Self, GrantError> {
+        // SAFETY: a valid NUL-terminated name and flags.
+        let fd = unsafe { libc::memfd_create(c"vgpu-grant".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(GrantError::Os {
+                what: "memfd_create",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: fd is a new descriptor we own.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(LEN as u64)
+            .map_err(GrantError::os("sizing the grant page"))?;
+        let page = Self::map(file)?;
+        // SAFETY: the mapping is LEN bytes, writable, and nobody else has it yet.
+        unsafe {
+            std::ptr::addr_of_mut!((*page.ptr.as_ptr()).magic).write(MAGIC);
+            std::ptr::addr_of_mut!((*page.ptr.as_ptr()).version).write(VERSION);
+        }
+        Ok(page)
+    }
+
+    /// Maps a page received from the daemon (the worker's side).
+    pub fn open(fd: OwnedFd) -> Result<Self, GrantError> {
+        let file = File::from(fd);
+        let len = file
+            .metadata()
+            .map_err(GrantError::os("inspecting the grant page"))?
+            .len();
+        if len < LEN as u64 {
+            return Err(GrantError::BadPage);
+        }
+        let page = Self::map(file)?;
+        if page.layout().magic != MAGIC || page.layout().version != VERSION {
+            return Err(GrantError::BadPage);
+        }
+        Ok(page)
+    }
+
+    fn map(file: File) -> Result<Self, GrantError> {
+        // SAFETY: mapping LEN bytes of a file at least that long, shared, read/write; the
+        // result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(GrantError::Os {
+                what: "mmap of the grant page",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let ptr = NonNull::new(p.cast::<Layout>()).ok_or(GrantError::BadPage)?;
+        Ok(Self { ptr, file })
+    }
+
+    fn layout(&self) -> &Layout {
+        // SAFETY: the mapping lives as long as self, is LEN bytes and suitably aligned
+        // (mmap returns page-aligned memory); fields are atomics or written only through
+        // volatile accesses.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The memfd, to hand to the worker.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub fn submitted(&self, r: Resource) -> &AtomicU64 {
+        &self.layout().submitted.0[index(r)]
+    }
+
+    pub fn granted(&self, r: Resource) -> &AtomicU32 {
+        &self.layout().granted.0[index(r)]
+    }
+
+    pub fn lease(&self, r: Resource) -> &AtomicU64 {
+        &self.layout().lease.0[index(r)]
+    }
+
+    /// Worker: appends a completion; false when the ring is full.
+    pub fn push(&self, c: Completion) -> bool {
+        let l = self.layout();
+        let tail = l.tail.0.load(Ordering::Relaxed);
+        let head = l.head.0.load(Ordering::Acquire);
+        if tail.wrapping_sub(head) >= SLOTS {
+            return false;
+        }
+        let slot = (tail % SLOTS) as usize;
+        // SAFETY: slot < SLOTS; the slot between head and tail+1 belongs to the producer
+        // until the Release store below publishes it.
+        unsafe {
+            std::ptr::addr_of!(l.slots[slot])
+                .cast_mut()
+                .write_volatile(c)
+        };
+        l.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Daemon: takes the oldest completion. `Err` when the worker's tail is impossible.
+    pub fn pop(&self) -> Result<Option<Completion>, GrantError> {
+        let l = self.layout();
+        let head = l.head.0.load(Ordering::Relaxed);
+        let tail = l.tail.0.load(Ordering::Acquire);
+        let n = tail.wrapping_sub(head);
+        if n == 0 {
+            return Ok(None);
+        }
+        if n > SLOTS {
+            return Err(GrantError::BadPage);
+        }
+        let slot = (head % SLOTS) as usize;
+        // SAFETY: slot < SLOTS and was published by the producer's Release store of tail.
+        let c = unsafe { std::ptr::addr_of!(l.slots[slot]).read_volatile() };
+        l.head.0.store(head.wrapping_add(1), Ordering::Release);
+        Ok(Some(c))
+    }
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`; nothing borrows it past self.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), LEN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_fills_and_drains_in_order() {
+        let page = Page::create().unwrap();
+        for i in 0..SLOTS {
+            assert!(page.push(Completion {
+                resource: 0,
+                _pad: 0,
+                started: u64::from(i),
+                finished: 0
+            }));
+        }
+        assert!(!page.push(Completion::default()), "full");
+        for i in 0..SLOTS {
+            assert_eq!(page.pop().unwrap().unwrap().started, u64::from(i));
+        }
+        assert_eq!(page.pop().unwrap(), None);
+    }
+
+    #[test]
+    fn a_second_mapping_sees_the_same_page() {
+        let a = Page::create().unwrap();
+        let fd: OwnedFd = a.file().try_clone().unwrap().into();
+        let b = Page::open(fd).unwrap();
+        a.granted(Resource::Copy).store(7, Ordering::SeqCst);
+        assert_eq!(b.granted(Resource::Copy).load(Ordering::SeqCst), 7);
+        assert!(b.push(Completion {
+            resource: 1,
+            _pad: 0,
+            started: 1,
+            finished: 2
+        }));
+        assert_eq!(a.pop().unwrap().unwrap().finished, 2);
+    }
+
+    #[test]
+    fn a_corrupt_tail_is_detected() {
+        let page = Page::create().unwrap();
+        page.layout().tail.0.store(SLOTS + 5, Ordering::SeqCst);
+        assert!(matches!(page.pop(), Err(GrantError::BadPage)));
+    }
+
+    #[test]
+    fn foreign_memory_is_refused() {
+        // SAFETY: a valid name and flags.
+        let fd = unsafe { libc::memfd_create(c"not-grant".as_ptr(), 0) };
+        // SAFETY: fd is new and ours.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(LEN as u64).unwrap();
+        assert!(matches!(Page::open(f.into()), Err(GrantError::BadPage)));
+        // SAFETY: as above.
+        let fd = unsafe { libc::memfd_create(c"short".as_ptr(), 0) };
+        // SAFETY: as above.
+        let f = unsafe { File::from_raw_fd(fd) };
+        assert!(matches!(Page::open(f.into()), Err(GrantError::BadPage)));
+    }
+}
