@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
+use vgpu_grant::{Gate, Resource, Ungated};
 use vgpu_proto::args::module_kind;
 use vgpu_proto::{
     features, launch_request_len, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode, Request,
@@ -31,6 +32,9 @@ pub struct Vgpu {
     events: Events,
     stats: Stats,
     alloc_lock: Mutex<()>,
+    /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
+    /// may start (BAND). A worker started by hand runs ungated.
+    gate: Arc<dyn Gate>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -55,7 +59,14 @@ impl Vgpu {
             events: Events::default(),
             stats: Stats::default(),
             alloc_lock: Mutex::new(()),
+            gate: Arc::new(Ungated),
         })
+    }
+
+    /// Puts every copy and kernel behind `gate` (the grant path to vgpud's scheduler).
+    pub fn with_gate(mut self, gate: Arc<dyn Gate>) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// The configuration.
@@ -188,6 +199,7 @@ impl Vgpu {
             Request::Free(a) => b.free(a.addr).map(|()| [0; 4]).map_err(Into::into),
             Request::MemcpyHtoD(a) => {
                 b.check_range(a.dst, a.size)?;
+                let _permit = self.gate.acquire(Resource::Copy);
                 for_each_data(mem, chain, layout, name, false, a.size, |off, s| {
                     let dst = a.dst.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
                         addr: a.dst,
@@ -201,6 +213,7 @@ impl Vgpu {
             }
             Request::MemcpyDtoH(a) => {
                 b.check_range(a.src, a.size)?;
+                let _permit = self.gate.acquire(Resource::Copy);
                 for_each_data(mem, chain, layout, name, true, a.size, |off, s| {
                     let src = a.src.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
                         addr: a.src,
@@ -213,11 +226,15 @@ impl Vgpu {
                 Ok([a.size, 0, 0, 0])
             }
             Request::MemcpyDtoD(a) => {
+                b.check_range(a.dst, a.size)?;
+                b.check_range(a.src, a.size)?;
+                let _permit = self.gate.acquire(Resource::Copy);
                 let n = b.copy_dtod(a.dst, a.src, a.size)?;
                 self.stats.dtod(n);
                 Ok([n, 0, 0, 0])
             }
             Request::Memset(a) => {
+                let _permit = self.gate.acquire(Resource::Copy);
                 let n = b.memset(a.dst, a.value, a.elem_size, a.count)?;
                 self.stats.dtod(n);
                 Ok([n, 0, 0, 0])
@@ -433,6 +450,7 @@ impl Vgpu {
             block: la.block,
             shared_bytes: la.shared_bytes,
         };
+        let _permit = self.gate.acquire(Resource::Compute);
         let stats = self
             .backend
             .launch(la.function, &cfg, vals.get(..n).unwrap_or(&[]))?;
