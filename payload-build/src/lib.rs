@@ -15,7 +15,14 @@ pub use error::Error;
 use lock::BuildLock;
 
 /// Every payload binary in guests/payloads/src/bin (a test keeps the two in step).
-pub const PAYLOADS: &[&str] = &["hello", "kvm-exits", "streams", "vecadd", "vhost-echo"];
+pub const PAYLOADS: &[&str] = &[
+    "hello",
+    "hostile",
+    "kvm-exits",
+    "streams",
+    "vecadd",
+    "vhost-echo",
+];
 
 /// Directory of prebuilt payload ELFs; when set, nothing is built.
 pub const PAYLOAD_DIR_ENV: &str = "VGPU_PAYLOAD_DIR";
