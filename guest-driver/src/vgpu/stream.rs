@@ -311,8 +311,16 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         ring
     }
 
-    /// Reaps every completion the device has posted. Returns how many.
+    /// Reaps every completion the device has posted. Returns how many. A device that
+    /// corrupts the used ring is reset (see [`Self::wait`]) and the stream is broken.
     pub fn reap(&mut self) -> Result<usize> {
+        if self.broken {
+            return Err(Error::Broken);
+        }
+        self.reap_inner().inspect_err(|_| self.stop_device())
+    }
+
+    fn reap_inner(&mut self) -> Result<usize> {
         let mut n = 0;
         while let Some(used) = self.queue.pop_used()? {
             n += 1;
@@ -340,7 +348,10 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         let mut bytes = [0u8; Response::SIZE];
         self.slots.read(slot, RESPONSE_OFF, &mut bytes)?;
         let resp = Response::decode(&bytes).map_err(|_| Error::NoResponse { opcode, used_len })?;
-        if resp.id != id {
+        // Id 0 with an error status is the device saying it could not read our header
+        // (docs/protocol.md, Response); any other stranger id is a device fault.
+        let unreadable_header = resp.id == 0 && resp.status != Status::Ok as u32;
+        if resp.id != id && !unreadable_header {
             return Err(Error::ResponseMismatch {
                 expected: id,
                 found: resp.id,
@@ -367,7 +378,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     pub fn try_take(&mut self, t: Ticket) -> Result<Option<[u64; 4]>> {
         self.check_ticket(t)?;
         if let Slot::Pending { .. } = self.state[usize::from(t.slot)] {
-            self.reap_or_stop()?;
+            self.reap()?;
         }
         match self.state[usize::from(t.slot)] {
             Slot::Done { outcome, .. } => {
@@ -378,14 +389,10 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         }
     }
 
-    /// Reaps; a device that corrupts the used ring is stopped, because requests whose
-    /// completion we can no longer track may still be using caller buffers.
-    fn reap_or_stop(&mut self) -> Result<usize> {
-        self.reap().inspect_err(|_| self.stop_device())
-    }
-
     /// Waits for the ticket's completion and returns its result words (or the device's
-    /// error status). On timeout the device is reset and the stream is broken for good.
+    /// error status). On timeout, or when the device corrupts its used ring, the device is
+    /// reset (requests we can no longer track might otherwise still use caller buffers)
+    /// and the stream is broken for good.
     pub fn wait(&mut self, t: Ticket) -> Result<[u64; 4]> {
         self.check_ticket(t)?;
         let start = (self.opts.now_ns)();
@@ -415,7 +422,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
                 Slot::Free => continue,
             };
             if let Err(e) = self.wait(ticket) {
-                if e == Error::Broken || e == Error::Timeout {
+                if self.broken {
                     return Err(e);
                 }
                 if first.is_ok() {

@@ -470,3 +470,32 @@ fn malformed_headers_and_raw_chains() {
     assert_eq!(s.wait(t), Ok([0; 4]));
     s.stream_sync().expect("still works");
 }
+
+#[test]
+fn an_unreadable_header_error_is_reported_with_id_zero() {
+    let (mut s, _t, _gpu) = started();
+    // SAFETY: no data buffers.
+    let t = unsafe { s.enqueue_encoded(0, |_, _| Some(8), &[]) }.expect("enqueue");
+    s.submit();
+    assert_eq!(
+        s.wait(t),
+        Err(Error::Device {
+            opcode: 0,
+            status: Status::BadLength
+        })
+    );
+}
+
+#[test]
+fn a_corrupt_used_ring_resets_the_device() {
+    let (mut s, t, gpu) = started();
+    gpu.borrow_mut().silent = true;
+    let tk = s.enqueue_stream_sync().expect("enqueue");
+    s.submit();
+    // The device returns a head that was never handed out.
+    t.dev.borrow_mut().push_used(0, 15, 48);
+    assert_eq!(s.wait(tk), Err(Error::BadUsedId(15)));
+    assert_eq!(t.dev.borrow().status, 0, "the device was reset");
+    assert_eq!(s.wait(tk), Err(Error::Broken));
+    assert_eq!(s.wait_all(), Err(Error::Broken));
+}
