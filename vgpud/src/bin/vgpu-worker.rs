@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use clap::Parser;
-use vgpu_backend::{BackendError, SimConfig, SimGpu};
+use vgpu_backend::{Backend, BackendError, CudaConfig, CudaGpu, SimConfig, SimGpu};
 use vgpu_device::{
     ConfigError, DeviceConfig, Vgpu, VgpuVhostBackend, DEFAULT_QUEUE_SIZE, MAX_QUEUES,
 };
@@ -24,7 +24,8 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
-/// Serve one vGPU's vhost-user socket from the simulated GPU backend.
+/// Serve one vGPU's vhost-user socket from a GPU backend: the simulated GPU (default) or
+/// an NVIDIA GPU through CUDA (`--backend cuda --gpu N`).
 ///
 /// Sizes take binary suffixes (K, M, G, T = 2^10.. ; "1G", "512M", "4096").
 /// Bandwidths take decimal suffixes in bytes per second ("12G" = 12e9 B/s).
@@ -54,6 +55,12 @@ struct Args {
     /// Guaranteed copy-bandwidth share of the physical GPU.
     #[arg(long, value_parser = parse_share, default_value = "1")]
     copy_share: u32,
+    /// Which backend serves the vGPU: `sim` (simulated GPU) or `cuda` (an NVIDIA GPU).
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    backend: BackendKind,
+    /// CUDA device ordinal of the GPU to use (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: i32,
     /// Memory of the simulated GPU [default: the --memory value].
     #[arg(long, value_parser = parse_size)]
     sim_memory: Option<u64>,
@@ -68,12 +75,21 @@ struct Args {
     sim_threads: usize,
 }
 
+/// The backends a worker can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum BackendKind {
+    /// The simulated GPU (CPU threads, host memory).
+    Sim,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+}
+
 /// Why the worker stopped with an error. Each message names what to change.
 #[derive(Debug, thiserror::Error)]
 enum WorkerError {
     #[error("cannot bind vhost-user socket {path}: {why}")]
     Bind { path: PathBuf, why: String },
-    #[error("simulated GPU: {0}")]
+    #[error("GPU backend: {0}")]
     Backend(#[from] BackendError),
     #[error("vGPU configuration: {0}")]
     Config(#[from] ConfigError),
@@ -266,13 +282,20 @@ fn serve(listener: &mut Listener, vgpu: Arc<Vgpu>, shutdown: &Shutdown) -> Resul
 
 fn run(args: Args) -> Result<(), WorkerError> {
     let signals = block_signals()?;
-    let sim = SimGpu::new(SimConfig {
-        memory: args.sim_memory.unwrap_or(args.memory),
-        copy_bandwidth: args.sim_copy_bw,
-        speed: args.sim_speed,
-        threads: args.sim_threads,
-        ..SimConfig::default()
-    })?;
+    let backend: Arc<dyn Backend> = match args.backend {
+        BackendKind::Sim => Arc::new(SimGpu::new(SimConfig {
+            memory: args.sim_memory.unwrap_or(args.memory),
+            copy_bandwidth: args.sim_copy_bw,
+            speed: args.sim_speed,
+            threads: args.sim_threads,
+            ..SimConfig::default()
+        })?),
+        BackendKind::Cuda => Arc::new(CudaGpu::new(CudaConfig {
+            ordinal: args.gpu,
+            memory: args.memory,
+            ..CudaConfig::default()
+        })?),
+    };
     let cfg = DeviceConfig {
         vgpu_id: args.vgpu_id,
         num_queues: args.queues,
@@ -281,7 +304,7 @@ fn run(args: Args) -> Result<(), WorkerError> {
         compute_share: args.compute_share,
         copy_share: args.copy_share,
     };
-    let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim))?);
+    let vgpu = Arc::new(Vgpu::new(cfg, backend)?);
     let mut listener = bind(&args.socket)?;
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));

@@ -1,0 +1,321 @@
+//! Backend-level benchmark of the cuda backend, each figure beside its native anchor
+//! measured in the same process and run (ignored by default; needs a GPU):
+//!
+//! - host->device and device->host copy throughput, 4 KiB to 1 GiB: `Backend::copy_htod` /
+//!   `copy_dtoh` from a `MAP_SHARED` memfd mapping registered once with
+//!   `register_host_memory` (exactly how guest RAM reaches the worker) versus
+//!   `cuMemcpyHtoDAsync`/`DtoHAsync` + stream sync between a `cuMemHostAlloc` buffer and a
+//!   `cuMemAlloc` buffer;
+//! - the same 256 MiB copy from unregistered (pageable) memory, for scale;
+//! - null-kernel round trip: `Backend::launch` of the built-in `spin` for 0 µs (argument
+//!   checks, events, wait) versus `cuLaunchKernel` of the same kernel + `cuStreamSynchronize`;
+//! - the time `register_host_memory` takes for 1 GiB.
+//!
+//! Prints `name: value unit | anchor: value unit | ratio: x` per figure (DESIGN.md) and, when
+//! `VGPU_BENCH_JSON` names a file, writes the figures there as JSON.
+//! Run: `cargo test --release -p vgpu-backend --test cuda_bench -- --ignored --nocapture`.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUresult};
+use vgpu_backend::cuda::BUILTIN_PTX;
+use vgpu_backend::{Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, ModuleImage};
+use vgpu_proto::ArgValue;
+use vm_memory::VolatileSlice;
+
+const GIB: usize = 1 << 30;
+
+fn ok(rc: CUresult, what: &str) {
+    assert_eq!(rc, CUresult::CUDA_SUCCESS, "{what}");
+}
+
+struct Figure {
+    name: String,
+    value: f64,
+    unit: &'static str,
+    anchor_name: String,
+    anchor: f64,
+}
+
+impl Figure {
+    fn line(&self) -> String {
+        format!(
+            "{}: {:.2} {} | anchor ({}): {:.2} {} | ratio: {:.3}x",
+            self.name,
+            self.value,
+            self.unit,
+            self.anchor_name,
+            self.anchor,
+            self.unit,
+            self.value / self.anchor
+        )
+    }
+
+    fn json(&self) -> String {
+        format!(
+            "{{\"name\":\"{}\",\"value\":{},\"unit\":\"{}\",\"anchor_name\":\"{}\",\"anchor\":{},\"ratio\":{}}}",
+            self.name,
+            self.value,
+            self.unit,
+            self.anchor_name,
+            self.anchor,
+            self.value / self.anchor
+        )
+    }
+}
+
+/// Iterations for a copy of `size` bytes: about 8 GiB moved, 5..=5000 times.
+fn iters(size: usize) -> usize {
+    (8 * GIB / size).clamp(5, 5000)
+}
+
+/// GB/s of `f` moving `size` bytes per call (after two warm-up calls).
+fn gbps(size: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    f();
+    let n = iters(size);
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    (size * n) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn median_us(n: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..100 {
+        f();
+    }
+    let mut v: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[n / 2]
+}
+
+/// A `MAP_SHARED` memfd mapping of `len` bytes, like the guest RAM the worker maps.
+fn shared_mapping(len: usize) -> *mut u8 {
+    // SAFETY: memfd_create with a static NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"bench-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: sizes our own fresh descriptor.
+    assert_eq!(unsafe { libc::ftruncate(fd, len as libc::off_t) }, 0);
+    // SAFETY: maps the whole memfd at an address of the kernel's choosing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            fd,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping keeps the memory; the descriptor is ours to close.
+    unsafe { libc::close(fd) };
+    p.cast()
+}
+
+#[test]
+#[ignore = "benchmark: needs a GPU (run with --ignored --nocapture)"]
+fn cuda_copy_and_launch_bench() {
+    if let Err(why) = CudaGpu::probe() {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_CUDA").is_none(),
+            "VGPU_REQUIRE_CUDA is set: {why}"
+        );
+        eprintln!("SKIPPED: no CUDA GPU: {why}");
+        return;
+    }
+    let gpu = CudaGpu::new(CudaConfig {
+        memory: 4 << 30,
+        va_size: 8 << 30,
+        ..CudaConfig::default()
+    })
+    .expect("cuda backend");
+    let mut figures = Vec::new();
+
+    // Guest-RAM-like memory, registered once.
+    let host = shared_mapping(GIB);
+    let region = HostRegion {
+        addr: host as usize,
+        len: GIB,
+    };
+    let t = Instant::now();
+    gpu.register_host_memory(&[region]).expect("register");
+    let reg_ms = t.elapsed().as_secs_f64() * 1e3;
+    println!("register_host_memory of 1 GiB (MAP_SHARED memfd): {reg_ms:.1} ms");
+    // SAFETY: [host, host + 1 GiB) is our live mapping for the rest of the test.
+    let guest = unsafe { VolatileSlice::new(host, GIB) };
+    let dev = gpu.alloc(GIB as u64).expect("alloc").addr;
+
+    // Native anchor in the same (primary) context.
+    let mut cdev: sys::CUdevice = 0;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one device and one context handle; retains the primary context the
+    // backend uses, and makes it current on this thread.
+    unsafe {
+        ok(sys::cuDeviceGet(&mut cdev, 0), "device");
+        ok(sys::cuDevicePrimaryCtxRetain(&mut ctx, cdev), "retain");
+        ok(sys::cuCtxSetCurrent(ctx), "current");
+    }
+    let mut pinned: *mut c_void = std::ptr::null_mut();
+    let mut ndev: sys::CUdeviceptr = 0;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: plain allocations written into our locals.
+    unsafe {
+        ok(sys::cuMemHostAlloc(&mut pinned, GIB, 0), "cuMemHostAlloc");
+        ok(sys::cuMemAlloc_v2(&mut ndev, GIB), "cuMemAlloc");
+        ok(
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            ),
+            "stream",
+        );
+    }
+    let native = |htod: bool, size: usize| {
+        // SAFETY: `pinned` and `ndev` are live buffers of 1 GiB >= size; we wait for the copy.
+        unsafe {
+            ok(sys::cuCtxSetCurrent(ctx), "current");
+            if htod {
+                ok(
+                    sys::cuMemcpyHtoDAsync_v2(ndev, pinned, size, stream),
+                    "htod",
+                );
+            } else {
+                ok(
+                    sys::cuMemcpyDtoHAsync_v2(pinned, ndev, size, stream),
+                    "dtoh",
+                );
+            }
+            ok(sys::cuStreamSynchronize(stream), "sync");
+        }
+    };
+
+    let sizes: [(usize, &str); 7] = [
+        (4 << 10, "4KiB"),
+        (64 << 10, "64KiB"),
+        (1 << 20, "1MiB"),
+        (16 << 20, "16MiB"),
+        (64 << 20, "64MiB"),
+        (256 << 20, "256MiB"),
+        (GIB, "1GiB"),
+    ];
+    for (size, label) in sizes {
+        let slice = guest.subslice(0, size).expect("slice");
+        let b_h = gbps(size, || {
+            gpu.copy_htod(dev, &slice).expect("htod");
+        });
+        let n_h = gbps(size, || native(true, size));
+        let b_d = gbps(size, || {
+            gpu.copy_dtoh(dev, &slice).expect("dtoh");
+        });
+        let n_d = gbps(size, || native(false, size));
+        for (dir, v, a) in [("htod", b_h, n_h), ("dtoh", b_d, n_d)] {
+            figures.push(Figure {
+                name: format!("backend_{dir}_{label}_registered"),
+                value: v,
+                unit: "GB/s",
+                anchor_name: format!("native_pinned_cuMemcpy_{dir}"),
+                anchor: a,
+            });
+        }
+    }
+    // Pageable, for scale: what copies would do without registration.
+    let size = 256 << 20;
+    let mut plain = vec![1u8; size];
+    let v = gbps(size, || {
+        gpu.copy_htod(dev, &VolatileSlice::from(&mut plain[..]))
+            .expect("pageable htod");
+    });
+    figures.push(Figure {
+        name: "backend_htod_256MiB_pageable".into(),
+        value: v,
+        unit: "GB/s",
+        anchor_name: "native_pinned_cuMemcpy_htod".into(),
+        anchor: gbps(size, || native(true, size)),
+    });
+
+    // Null-kernel round trip.
+    let m = gpu
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect("builtin");
+    let spin = gpu.get_function(m, b"spin").expect("spin").handle;
+    let cfg = LaunchConfig {
+        grid: [1; 3],
+        block: [1; 3],
+        shared_bytes: 0,
+    };
+    let backend_us = median_us(5000, || {
+        gpu.launch(spin, &cfg, &[ArgValue::U64(0)]).expect("launch");
+    });
+    let mut text = BUILTIN_PTX.as_bytes().to_vec();
+    text.push(0);
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    let mut f: sys::CUfunction = std::ptr::null_mut();
+    // SAFETY: NUL-terminated PTX and name; writes one module and one function handle.
+    unsafe {
+        ok(sys::cuCtxSetCurrent(ctx), "current");
+        ok(
+            sys::cuModuleLoadData(&mut module, text.as_ptr().cast()),
+            "load",
+        );
+        ok(
+            sys::cuModuleGetFunction(&mut f, module, c"spin".as_ptr()),
+            "spin",
+        );
+    }
+    let native_us = median_us(5000, || {
+        let mut zero = 0u64;
+        let mut params: [*mut c_void; 1] = [(&mut zero as *mut u64).cast()];
+        // SAFETY: spin takes one u64, `params` points at it for the call; we wait after.
+        unsafe {
+            ok(
+                sys::cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "launch",
+            );
+            ok(sys::cuStreamSynchronize(stream), "sync");
+        }
+    });
+    figures.push(Figure {
+        name: "backend_null_kernel_roundtrip".into(),
+        value: backend_us,
+        unit: "us",
+        anchor_name: "native_cuLaunchKernel_plus_sync".into(),
+        anchor: native_us,
+    });
+
+    for fig in &figures {
+        println!("{}", fig.line());
+    }
+    if let Some(path) = std::env::var_os("VGPU_BENCH_JSON") {
+        let body: Vec<String> = figures.iter().map(Figure::json).collect();
+        std::fs::write(
+            path,
+            format!(
+                "{{\"register_1GiB_ms\":{reg_ms},\"figures\":[{}]}}\n",
+                body.join(",")
+            ),
+        )
+        .expect("write JSON");
+    }
+    gpu.unregister_host_memory(&[region]);
+}
