@@ -1,7 +1,8 @@
 //! Smoke payload: proves the vmm's entry state, BootInfo, console and exit paths.
 //!
 //! Arguments: `exit=<n>` exits with code n (checks exit-code propagation); `reset` leaves
-//! through the i8042 reset instead (the vmm then exits 0). With several vCPUs, every other
+//! through the i8042 reset instead (the vmm then exits 0); `panic` panics (the runtime
+//! prints the message and exits 101). With several vCPUs, every other
 //! vCPU checks in through the runtime's AP hook and `main` reports them (`aps=<n>`).
 #![no_std]
 #![no_main]
@@ -48,6 +49,9 @@ fn main(boot: &'static BootInfo, args: &'static str) -> u8 {
             return EXIT_BAD_ARGS;
         }
     };
+    if args.flag("panic") {
+        panic!("hello: panicking on request");
+    }
     if args.flag("reset") {
         payload_rt::reset();
         println!("hello: reset ignored by the vmm");
