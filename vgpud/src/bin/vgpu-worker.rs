@@ -7,19 +7,28 @@
 //! with its VM (invariant 5), so the daemon starts a fresh worker for a fresh VM.
 //! SIGTERM or SIGINT end it the same way, at any time.
 //!
-//! Control surface: the command line only (the daemon's control channel comes later).
+//! Control channel (`--control-fd N`, see `vgpud::control`): newline-delimited JSON on an
+//! inherited unix socket. The worker says `ready` once its socket is bound and `connected`
+//! when the vmm connected, and answers `stats`, `set_shares` and `shutdown`. When vgpud's
+//! end closes, the worker shuts down as on SIGTERM. Without `--control-fd` it runs alone.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use clap::Parser;
 use vgpu_backend::{Backend, BackendError, CudaConfig, CudaGpu, SimConfig, SimGpu};
 use vgpu_device::{
     ConfigError, DeviceConfig, Vgpu, VgpuVhostBackend, DEFAULT_QUEUE_SIZE, MAX_QUEUES,
 };
+use vgpud::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
+use vgpud::units::{parse_bandwidth, parse_share, parse_size};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -73,6 +82,12 @@ struct Args {
     /// Host threads one kernel may use; 0 = all available.
     #[arg(long, default_value_t = 0)]
     sim_threads: usize,
+    /// Scheduling priority (larger = more important); reported, used by the scheduler.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// An inherited unix stream socket to vgpud (the control channel).
+    #[arg(long)]
+    control_fd: Option<i32>,
 }
 
 /// The backends a worker can run.
@@ -97,87 +112,8 @@ enum WorkerError {
     Daemon(String),
     #[error("signal setup: {0}")]
     Signals(std::io::Error),
-}
-
-/// A size with an optional binary suffix.
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, shift) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => {
-                    return Err(format!(
-                        "{s:?}: unknown size suffix {c:?}; use K, M, G or T"
-                    ))
-                }
-            };
-            (&t[..i], shift)
-        }
-        _ => (t, 0),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; write e.g. 1G, 512M or 4096"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
-/// A bandwidth in bytes/s with an optional decimal suffix.
-fn parse_bandwidth(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("B/s")
-        .or_else(|| t.strip_suffix("/s"))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some(c) if c.is_ascii_alphabetic() => {
-            let mult = match c.to_ascii_uppercase() {
-                'K' => 1e3,
-                'M' => 1e6,
-                'G' => 1e9,
-                'T' => 1e12,
-                _ => {
-                    return Err(format!(
-                        "{s:?}: unknown bandwidth suffix {c:?}; use K, M, G or T"
-                    ))
-                }
-            };
-            (&t[..t.len() - 1], mult)
-        }
-        _ => (t, 1.0),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a bandwidth; write e.g. 12G or 0"))?;
-    let bytes = v * mult;
-    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
-        return Err(format!("{s:?} is out of range"));
-    }
-    Ok(bytes.round() as u64)
-}
-
-/// A share as per-mille, from "0.3" or "30%".
-fn parse_share(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let frac = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
-        None => t.parse::<f64>(),
-    }
-    .map_err(|_| format!("{s:?} is not a share; write a fraction (0.3) or a percentage (30%)"))?;
-    if !(0.0..=1.0).contains(&frac) {
-        return Err(format!("{s:?} is outside 0..1 (0%..100%) of the GPU"));
-    }
-    Ok((frac * 1000.0).round() as u32)
+    #[error("control channel (fd {fd}): {why}; start the worker from vgpud or drop --control-fd")]
+    Control { fd: i32, why: String },
 }
 
 /// Binds the socket, refusing to steal one another process is serving.
@@ -244,9 +180,34 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
 /// Connection state the signal thread acts on.
 type Shutdown = Arc<Mutex<Option<ShutdownHandle>>>;
 
+/// Ends the worker: closes the frontend connection when there is one (serve() then
+/// returns), else removes the socket and exits at once.
+fn stop(shutdown: &Shutdown, socket: &Path, why: &str) {
+    match shutdown
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+    {
+        Some(handle) => {
+            tracing::info!(why, "stopping: closing the frontend connection");
+            handle.shutdown();
+        }
+        None => {
+            tracing::info!(why, "stopping before any frontend connected");
+            let _ = std::fs::remove_file(socket);
+            std::process::exit(0);
+        }
+    }
+}
+
 /// Serves one frontend connection on `listener` until it disconnects or `shutdown` is
-/// triggered, then logs the vGPU's stats.
-fn serve(listener: &mut Listener, vgpu: Arc<Vgpu>, shutdown: &Shutdown) -> Result<(), WorkerError> {
+/// triggered, then logs the vGPU's stats. `on_connected` runs once the frontend is in.
+fn serve(
+    listener: &mut Listener,
+    vgpu: Arc<Vgpu>,
+    shutdown: &Shutdown,
+    on_connected: impl FnOnce(),
+) -> Result<(), WorkerError> {
     let id = vgpu.config().vgpu_id;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()));
@@ -257,6 +218,7 @@ fn serve(listener: &mut Listener, vgpu: Arc<Vgpu>, shutdown: &Shutdown) -> Resul
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
     *shutdown.lock().unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
     tracing::info!(vgpu = id, "frontend connected");
+    on_connected();
     let result = daemon.wait();
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
@@ -280,8 +242,164 @@ fn serve(listener: &mut Listener, vgpu: Arc<Vgpu>, shutdown: &Shutdown) -> Resul
     }
 }
 
+/// Shares and priority as last set (the scheduler issue will act on them; the guest's
+/// config space keeps the values the vGPU started with).
+#[derive(Clone, Copy, Debug)]
+struct Shares {
+    compute: u32,
+    copy: u32,
+    priority: i32,
+}
+
+/// What the control thread reports and acts on.
+struct ControlState {
+    vgpu: Arc<Vgpu>,
+    started: Instant,
+    shares: Mutex<Shares>,
+    connected: AtomicBool,
+    shutdown: Shutdown,
+    socket: PathBuf,
+}
+
+impl ControlState {
+    fn stats(&self) -> WorkerStats {
+        let s = self.vgpu.stats();
+        let m = self.vgpu.backend().memory_usage();
+        let sh = *self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        WorkerStats {
+            uptime_ns: u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            requests: s.requests,
+            errors: s.errors,
+            bytes_htod: s.bytes_htod,
+            bytes_dtoh: s.bytes_dtoh,
+            bytes_dtod: s.bytes_dtod,
+            kernels: s.kernels,
+            kernel_ns: s.kernel_ns,
+            busy_ns: s.busy_ns,
+            memory_used: m.used,
+            allocations: m.allocations,
+            compute_share: sh.compute,
+            copy_share: sh.copy,
+            priority: sh.priority,
+            connected: self.connected.load(Ordering::Relaxed),
+        }
+    }
+
+    fn handle(&self, command: Command) -> (ReplyBody, bool) {
+        match command {
+            Command::Stats => (
+                ReplyBody::Stats {
+                    stats: self.stats(),
+                },
+                false,
+            ),
+            Command::SetShares {
+                compute_share,
+                copy_share,
+                priority,
+            } => {
+                let scale = vgpu_proto::SHARE_SCALE;
+                if compute_share > scale || copy_share > scale {
+                    let message = format!(
+                        "shares are per-mille and must be at most {scale}; got compute {compute_share}, copy {copy_share}"
+                    );
+                    return (ReplyBody::Error { message }, false);
+                }
+                *self.shares.lock().unwrap_or_else(PoisonError::into_inner) = Shares {
+                    compute: compute_share,
+                    copy: copy_share,
+                    priority,
+                };
+                tracing::info!(compute_share, copy_share, priority, "shares changed");
+                let body = ReplyBody::SharesSet {
+                    compute_share,
+                    copy_share,
+                    priority,
+                };
+                (body, false)
+            }
+            Command::Shutdown => (ReplyBody::ShuttingDown, true),
+        }
+    }
+}
+
+/// The worker's end of the control channel.
+struct ControlOut(Mutex<UnixStream>);
+
+impl ControlOut {
+    fn send(&self, msg: &WorkerMessage) {
+        let line = control::encode(msg);
+        let mut out = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(e) = out.write_all(&line) {
+            tracing::warn!(error = %e, "cannot write to the control channel");
+        }
+    }
+}
+
+/// Adopts the inherited control socket.
+fn control_socket(fd: i32) -> Result<UnixStream, WorkerError> {
+    let err = |why: String| WorkerError::Control { fd, why };
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat only writes to `st`; a bad fd yields EBADF, which we report.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(err(std::io::Error::last_os_error().to_string()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(err("not a socket".into()));
+    }
+    // SAFETY: the descriptor was inherited from vgpud for this purpose, is open (fstat
+    // succeeded) and nothing else in this process owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let stream = UnixStream::from(owned);
+    Ok(stream)
+}
+
+/// Reads commands until vgpud closes its end, answering each.
+fn control_loop(input: UnixStream, out: Arc<ControlOut>, state: Arc<ControlState>) {
+    let mut reader = BufReader::new(input);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = u64::try_from(control::MAX_LINE).unwrap_or(u64::MAX) + 1;
+        match reader.by_ref().take(limit).read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) if line.last() != Some(&b'\n') && line.len() > control::MAX_LINE => {
+                tracing::warn!(
+                    "control message longer than {} bytes; closing",
+                    control::MAX_LINE
+                );
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "control channel read failed");
+                break;
+            }
+        }
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a malformed control message");
+                continue;
+            }
+        };
+        let (body, exit) = state.handle(req.command);
+        out.send(&WorkerMessage::Reply { id: req.id, body });
+        if exit {
+            stop(&state.shutdown, &state.socket, "vgpud asked to shut down");
+        }
+    }
+    stop(
+        &state.shutdown,
+        &state.socket,
+        "vgpud closed the control channel",
+    );
+}
+
 fn run(args: Args) -> Result<(), WorkerError> {
     let signals = block_signals()?;
+    let control = args.control_fd.map(control_socket).transpose()?;
     let backend: Arc<dyn Backend> = match args.backend {
         BackendKind::Sim => Arc::new(SimGpu::new(SimConfig {
             memory: args.sim_memory.unwrap_or(args.memory),
@@ -313,24 +431,59 @@ fn run(args: Args) -> Result<(), WorkerError> {
         .name("signals".into())
         .spawn(move || {
             let sig = wait_signal(&signals);
-            match sd.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-                Some(handle) => {
-                    tracing::info!(signal = sig, "stopping: closing the frontend connection");
-                    handle.shutdown();
-                }
-                None => {
-                    tracing::info!(signal = sig, "stopping before any frontend connected");
-                    let _ = std::fs::remove_file(&path);
-                    std::process::exit(0);
-                }
-            }
+            stop(
+                &sd,
+                &path,
+                if sig == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                },
+            );
         })
         .map_err(WorkerError::Signals)?;
 
     tracing::info!(socket = %args.socket.display(), vgpu = args.vgpu_id, queues = args.queues,
         memory = args.memory, compute_share = args.compute_share, copy_share = args.copy_share,
         "listening");
-    serve(&mut listener, vgpu, &shutdown)?;
+    let state = Arc::new(ControlState {
+        vgpu: vgpu.clone(),
+        started: Instant::now(),
+        shares: Mutex::new(Shares {
+            compute: args.compute_share,
+            copy: args.copy_share,
+            priority: args.priority,
+        }),
+        connected: AtomicBool::new(false),
+        shutdown: shutdown.clone(),
+        socket: args.socket.clone(),
+    });
+    let out = match control {
+        Some(stream) => {
+            let fd = args.control_fd.unwrap_or(-1);
+            let input = stream.try_clone().map_err(|e| WorkerError::Control {
+                fd,
+                why: e.to_string(),
+            })?;
+            let out = Arc::new(ControlOut(Mutex::new(stream)));
+            out.send(&WorkerMessage::Ready {
+                pid: std::process::id(),
+            });
+            let (o, st) = (out.clone(), state.clone());
+            std::thread::Builder::new()
+                .name("control".into())
+                .spawn(move || control_loop(input, o, st))
+                .map_err(WorkerError::Signals)?;
+            Some(out)
+        }
+        None => None,
+    };
+    serve(&mut listener, vgpu, &shutdown, || {
+        state.connected.store(true, Ordering::Relaxed);
+        if let Some(out) = &out {
+            out.send(&WorkerMessage::Connected);
+        }
+    })?;
     tracing::info!("frontend gone; exiting");
     Ok(())
 }
@@ -361,28 +514,6 @@ mod tests {
     use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
     use vhost::vhost_user::{Frontend, VhostUserFrontend};
     use vhost::VhostBackend;
-
-    #[test]
-    fn parses_sizes_bandwidths_shares() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999T").is_err());
-        assert_eq!(parse_bandwidth("12G"), Ok(12_000_000_000));
-        assert_eq!(parse_bandwidth("1.5GB/s"), Ok(1_500_000_000));
-        assert_eq!(parse_bandwidth("0"), Ok(0));
-        assert!(parse_bandwidth("-1G").is_err());
-        assert!(parse_bandwidth("fast").is_err());
-        assert_eq!(parse_share("0.3"), Ok(300));
-        assert_eq!(parse_share("30%"), Ok(300));
-        assert_eq!(parse_share("1"), Ok(1000));
-        assert!(parse_share("1.5").is_err());
-        assert!(parse_share("300").is_err());
-    }
 
     fn tmp(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("vgpu-worker-test-{}-{name}", std::process::id()))
@@ -437,7 +568,7 @@ mod tests {
         let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
         let shutdown: Shutdown = Arc::new(Mutex::new(None));
         let sd = shutdown.clone();
-        let worker = std::thread::spawn(move || serve(&mut listener, vgpu, &sd));
+        let worker = std::thread::spawn(move || serve(&mut listener, vgpu, &sd, || {}));
 
         let mut fe = Frontend::connect(&path, 3).expect("connect");
         fe.set_owner().expect("owner");

@@ -1,0 +1,302 @@
+//! The REST API's request and response types (schemas of docs/openapi.json).
+//!
+//! Units: sizes in bytes; shares as **fractions of one physical GPU** in `0.0..=1.0`
+//! (0.3 = 30 %), with a resolution of 0.001 (the device's per-mille); bandwidths in
+//! bytes per second; utilizations as fractions (1.0 = the whole GPU).
+//! Requests reject unknown fields.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Every error answer: what went wrong and which request field it is about.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What went wrong and what to do about it.
+    pub error: String,
+    /// The request field (dotted path) or path parameter at fault, when there is one.
+    pub field: Option<String>,
+}
+
+/// One physical GPU and what is committed on it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Index used by `gpu` fields (0-based).
+    pub index: u32,
+    /// Device name.
+    pub name: String,
+    /// Backend serving it: `sim` (or `cuda` once that backend lands).
+    pub backend: String,
+    /// Device memory.
+    pub memory_bytes: u64,
+    /// Memory promised to live vGPUs.
+    pub memory_committed_bytes: u64,
+    /// Memory still free for new vGPUs.
+    pub memory_free_bytes: u64,
+    /// Host-device copy bandwidth in bytes/s (0 = unpaced).
+    pub copy_bandwidth: u64,
+    /// Sim compute-rate factor (1.0 = nominal).
+    pub speed: f64,
+    /// Sum of the compute shares of live vGPUs (at most 1.0).
+    pub compute_committed: f64,
+    /// Sum of the copy shares of live vGPUs (at most 1.0).
+    pub copy_committed: f64,
+    /// Ids of the vGPUs placed on it that still hold resources.
+    pub vgpus: Vec<u32>,
+}
+
+/// A vGPU to create.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuCreate {
+    /// Physical GPU index; omitted = the GPU with the least compute committed that fits.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+    /// Device memory the vGPU may allocate (its memory share), > 0.
+    pub memory_bytes: u64,
+    /// Guaranteed compute share, a fraction in 0..=1.
+    pub compute_share: f64,
+    /// Guaranteed copy-bandwidth share, 0..=1; omitted = the compute share.
+    #[serde(default)]
+    pub copy_share: Option<f64>,
+    /// Scheduling priority, larger = more important (ready-queue order, eviction victims).
+    #[serde(default)]
+    pub priority: i32,
+    /// Allow oversubscribing device memory (swap). Not available yet: `true` answers 501
+    /// until the memory issue (6) lands.
+    #[serde(default)]
+    pub oversubscribe: bool,
+    /// Share group: vGPUs in one group may share device memory (shm, issue 6).
+    /// 1..=64 characters of `[A-Za-z0-9_.-]`.
+    #[serde(default)]
+    pub share_group: Option<String>,
+    /// Request queues (guest streams), 1..=64.
+    #[serde(default = "one_queue")]
+    pub queues: u16,
+}
+
+fn one_queue() -> u16 {
+    1
+}
+
+/// Run-time changes to a vGPU (any subset).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuPatch {
+    /// New compute share, 0..=1.
+    #[serde(default)]
+    pub compute_share: Option<f64>,
+    /// New copy share, 0..=1.
+    #[serde(default)]
+    pub copy_share: Option<f64>,
+    /// New priority.
+    #[serde(default)]
+    pub priority: Option<i32>,
+}
+
+/// Where a vGPU is in its life.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum VgpuState {
+    /// Its worker is starting.
+    Starting,
+    /// Its worker serves the socket and waits for a VM.
+    Ready,
+    /// A VM uses it.
+    Attached,
+    /// Its VM ended; its worker is gone and its memory and shares are free again.
+    Released,
+    /// Its worker died or could not start; its resources are free.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A vGPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Vgpu {
+    pub id: u32,
+    /// Physical GPU index.
+    pub gpu: u32,
+    pub memory_bytes: u64,
+    pub compute_share: f64,
+    pub copy_share: f64,
+    pub priority: i32,
+    pub oversubscribe: bool,
+    pub share_group: Option<String>,
+    pub queues: u16,
+    pub state: VgpuState,
+    /// The VM using it.
+    pub vm: Option<u32>,
+    /// Created together with that VM (deleted with it).
+    pub owned_by_vm: bool,
+    /// Its vhost-user socket.
+    pub socket: String,
+    /// Its worker process while it runs.
+    pub worker_pid: Option<u32>,
+}
+
+/// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`
+/// (Linux guests) answer 501 until issue 12. Give its vGPU as `vgpu_id` (an existing
+/// `ready` vGPU) or `vgpu` (created with the VM and deleted with it), or neither.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmCreate {
+    /// Payload ELF: an absolute path on the daemon's host, or a bare name looked up in
+    /// the daemon's `--payload-dir`.
+    #[serde(default)]
+    pub payload: Option<String>,
+    /// String handed to the payload (at most 4096 bytes).
+    #[serde(default)]
+    pub payload_arg: String,
+    /// Linux kernel (not yet: 501).
+    #[serde(default)]
+    pub kernel: Option<String>,
+    /// Linux initramfs (not yet: 501).
+    #[serde(default)]
+    pub initrd: Option<String>,
+    /// Linux command line (not yet: 501).
+    #[serde(default)]
+    pub cmdline: Option<String>,
+    /// Guest RAM, 16 MiB..=64 GiB, a multiple of 4 KiB (default 256 MiB).
+    #[serde(default = "default_vm_memory")]
+    pub memory_bytes: u64,
+    /// vCPUs, 1..=16 (default 1).
+    #[serde(default = "one_vcpu")]
+    pub vcpus: u8,
+    /// An existing vGPU in state `ready`.
+    #[serde(default)]
+    pub vgpu_id: Option<u32>,
+    /// A vGPU to create for this VM.
+    #[serde(default)]
+    pub vgpu: Option<VgpuCreate>,
+}
+
+/// Default guest RAM.
+pub const DEFAULT_VM_MEMORY: u64 = 256 << 20;
+
+fn default_vm_memory() -> u64 {
+    DEFAULT_VM_MEMORY
+}
+
+fn one_vcpu() -> u8 {
+    1
+}
+
+/// Where a VM is in its life.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum VmState {
+    /// The vmm is starting (and its vGPU not yet connected).
+    Starting,
+    /// The guest runs (its vGPU is connected).
+    Running,
+    /// The vmm exited with `code` (the guest's exit code; 143 after a stop).
+    Exited {
+        /// Exit code.
+        code: i32,
+    },
+    /// The vmm was killed or its vGPU's worker died.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl VmState {
+    /// Whether the VM still runs.
+    pub fn is_live(&self) -> bool {
+        matches!(self, VmState::Starting | VmState::Running)
+    }
+}
+
+/// A VM.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Vm {
+    pub id: u32,
+    /// The payload ELF it runs.
+    pub payload: String,
+    pub payload_arg: String,
+    pub memory_bytes: u64,
+    pub vcpus: u8,
+    /// Its vGPU.
+    pub vgpu: Option<u32>,
+    pub state: VmState,
+    /// The vmm process while it runs.
+    pub pid: Option<u32>,
+    /// Milliseconds since the VM was launched (until it ended).
+    pub uptime_ms: u64,
+}
+
+/// Utilization and counters of one vGPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuStats {
+    pub vgpu: u32,
+    pub gpu: u32,
+    /// Whether the counters come from a running worker now (false: the last values seen
+    /// before it ended).
+    pub live: bool,
+    /// Length of the window the utilizations cover, ms (0: not enough samples yet).
+    pub window_ms: u64,
+    /// Kernel device time over wall time in the window, as a fraction of the GPU (can
+    /// exceed 1.0 while several of its queues run kernels at once).
+    pub compute_utilization: f64,
+    /// Host-device bytes copied over what the GPU's copy bandwidth allows in the window;
+    /// null when the GPU's copy bandwidth is unpaced (0).
+    pub copy_utilization: Option<f64>,
+    /// Memory share (bytes the vGPU may allocate).
+    pub memory_share_bytes: u64,
+    /// Bytes allocated.
+    pub memory_used_bytes: u64,
+    /// Bytes of those in device memory (all of them until swapping lands with issue 6).
+    pub memory_resident_bytes: u64,
+    /// Bytes of those swapped out to host memory (0 until issue 6).
+    pub memory_swapped_bytes: u64,
+    /// Live allocations.
+    pub allocations: u64,
+    /// Requests completed, failed ones included.
+    pub requests: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Kernels completed.
+    pub kernels: u64,
+    /// Their device time, ns.
+    pub kernel_ns: u64,
+    pub bytes_htod: u64,
+    pub bytes_dtoh: u64,
+    pub bytes_dtod: u64,
+    /// Shares and priority the worker runs with now.
+    pub compute_share: f64,
+    pub copy_share: f64,
+    pub priority: i32,
+}
+
+/// A migration request (answered 501 until the migration issue, 7, lands).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// Target physical GPU.
+    #[serde(default)]
+    pub target_gpu: Option<u32>,
+    /// `stop_copy` or `precopy`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Longest acceptable pause, ms.
+    #[serde(default)]
+    pub max_downtime_ms: Option<u64>,
+}
+
+/// The OpenAPI document of the API, pretty-printed JSON with a trailing newline (what
+/// `vgpud --print-openapi` prints and docs/openapi.json holds).
+pub fn openapi_json() -> String {
+    let mut s = crate::daemon::http::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()));
+    s.push('\n');
+    s
+}

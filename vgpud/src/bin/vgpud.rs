@@ -1,0 +1,204 @@
+//! `vgpud`: the host daemon. See `vgpud --help` and docs/api.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use vgpud::daemon::{self, Config, DaemonError, GpuConfig, Listen};
+use vgpud::units::{parse_bandwidth, parse_size};
+
+/// The vgpu host daemon: owns the physical GPUs, runs one vgpu-worker per vGPU and one
+/// vmm per VM, and serves the REST API (docs/api.md) on a unix socket, or on TCP with a
+/// bearer token.
+#[derive(Parser, Debug)]
+#[command(name = "vgpud", version)]
+struct Args {
+    /// Unix socket to serve the API on [default: $XDG_RUNTIME_DIR/vgpud/vgpud.sock or
+    /// /tmp/vgpud-$UID/vgpud.sock].
+    #[arg(long, env = "VGPUD_SOCKET", conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// Serve the API on TCP instead (e.g. 127.0.0.1:7070); needs --token-file.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// File holding the bearer token clients must send (mandatory with --listen).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Directory for worker sockets, worker logs and VM consoles [default: the socket's
+    /// directory].
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// GPU backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    backend: BackendKind,
+    /// Number of simulated GPUs.
+    #[arg(long, default_value_t = 2)]
+    sim_gpus: u32,
+    /// Memory of each simulated GPU (binary suffixes: 8G, 512M).
+    #[arg(long, default_value = "8G", value_parser = parse_size)]
+    sim_memory: u64,
+    /// Host-device copy bandwidth of each simulated GPU in bytes/s (decimal: 12G); 0 = unpaced.
+    #[arg(long, default_value = "12G", value_parser = parse_bandwidth)]
+    sim_copy_bw: u64,
+    /// Compute-rate factor of each simulated GPU (1.0 = 1e9 element operations/s).
+    #[arg(long, default_value_t = 1.0)]
+    sim_speed: f64,
+    /// Host threads one simulated kernel may use in a worker (0 = all cores).
+    #[arg(long, default_value_t = 1)]
+    sim_threads: usize,
+    /// The vgpu-worker binary [default: next to vgpud].
+    #[arg(long, env = "VGPUD_WORKER_BIN")]
+    worker_bin: Option<PathBuf>,
+    /// The vmm binary [default: next to vgpud].
+    #[arg(long, env = "VGPUD_VMM_BIN")]
+    vmm_bin: Option<PathBuf>,
+    /// Directory where bare payload names in POST /v1/vms are looked up.
+    #[arg(long, env = "VGPU_PAYLOAD_DIR")]
+    payload_dir: Option<PathBuf>,
+    /// How often every worker's counters are sampled, ms.
+    #[arg(long, default_value_t = 250)]
+    stats_interval_ms: u64,
+    /// The window utilizations are computed over, ms.
+    #[arg(long, default_value_t = 1000)]
+    stats_window_ms: u64,
+    /// Print the OpenAPI document (docs/openapi.json) and exit.
+    #[arg(long)]
+    print_openapi: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum BackendKind {
+    /// Simulated GPUs (host memory, kernels on CPU threads).
+    Sim,
+    /// NVIDIA GPUs through CUDA.
+    Cuda,
+    /// CUDA when available, else sim.
+    Auto,
+}
+
+fn config(args: Args) -> Result<Config, DaemonError> {
+    match args.backend {
+        BackendKind::Sim => {}
+        BackendKind::Cuda => {
+            return Err(DaemonError::BackendNotBuilt {
+                backend: "cuda".into(),
+            })
+        }
+        BackendKind::Auto => {
+            tracing::info!("--backend auto: the cuda backend is not built yet; using sim");
+        }
+    }
+    if args.sim_gpus == 0 || args.sim_gpus > 64 {
+        return Err(DaemonError::Option(format!(
+            "--sim-gpus {}: give 1 to 64",
+            args.sim_gpus
+        )));
+    }
+    if !(args.sim_speed.is_finite() && args.sim_speed > 0.0) {
+        return Err(DaemonError::Option(format!(
+            "--sim-speed {}: give a positive factor (1.0 = nominal)",
+            args.sim_speed
+        )));
+    }
+    if args.sim_memory == 0 {
+        return Err(DaemonError::Option(
+            "--sim-memory must be more than 0".into(),
+        ));
+    }
+    if args.stats_interval_ms == 0 || args.stats_window_ms < args.stats_interval_ms {
+        return Err(DaemonError::Option(
+            "--stats-interval-ms must be > 0 and at most --stats-window-ms".into(),
+        ));
+    }
+    let token = match &args.token_file {
+        Some(path) => {
+            let t = std::fs::read_to_string(path).map_err(|e| DaemonError::Token {
+                path: path.clone(),
+                why: e.to_string(),
+            })?;
+            let t = t.trim().to_owned();
+            if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(DaemonError::Token {
+                    path: path.clone(),
+                    why: "the token must be one non-empty word (no spaces)".into(),
+                });
+            }
+            if t.len() < 16 {
+                tracing::warn!("the token is shorter than 16 characters; use a longer random one");
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    let listen = match args.listen {
+        Some(addr) => {
+            if token.is_none() {
+                return Err(DaemonError::TokenRequired {
+                    addr: addr.to_string(),
+                });
+            }
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "listening beyond loopback; every request needs the bearer token");
+            }
+            Listen::Tcp(addr)
+        }
+        None => Listen::Unix(args.socket.clone().unwrap_or_else(daemon::default_socket)),
+    };
+    let state_dir = match (&args.state_dir, &listen) {
+        (Some(d), _) => d.clone(),
+        (None, Listen::Unix(p)) => p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(daemon::default_state_dir),
+        (None, Listen::Tcp(_)) => daemon::default_state_dir(),
+    };
+    let gpus = (0..args.sim_gpus)
+        .map(|i| GpuConfig {
+            name: format!("vgpu-sim-{i}"),
+            memory: args.sim_memory,
+            copy_bandwidth: args.sim_copy_bw,
+            speed: args.sim_speed,
+        })
+        .collect();
+    Ok(Config {
+        listen,
+        token,
+        state_dir,
+        gpus,
+        worker_bin: args
+            .worker_bin
+            .unwrap_or_else(|| daemon::sibling_binary("vgpu-worker")),
+        vmm_bin: args
+            .vmm_bin
+            .unwrap_or_else(|| daemon::sibling_binary("vmm")),
+        sim_threads: args.sim_threads,
+        payload_dir: args.payload_dir,
+        stats_interval: Duration::from_millis(args.stats_interval_ms),
+        stats_window: Duration::from_millis(args.stats_window_ms),
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.print_openapi {
+        print!("{}", vgpud::api::openapi_json());
+        return ExitCode::SUCCESS;
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match config(args).and_then(|c| daemon::run(c, || {})) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpud: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

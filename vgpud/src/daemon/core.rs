@@ -1,0 +1,1594 @@
+//! The daemon's state and everything that changes it: admission, process supervision,
+//! teardown, stats sampling.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::error::{ApiError, DaemonError};
+use super::link::{self, Link};
+use super::procs::{self, Proc};
+use super::{Config, GpuConfig, Listen};
+use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
+use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
+use crate::units::{fraction_to_permille, human_bytes, permille_to_fraction};
+
+/// Per-mille of a whole GPU.
+const WHOLE: u32 = 1000;
+/// Most queues per vGPU (vgpu-device's limit).
+const MAX_QUEUES: u16 = 64;
+/// How long a worker may take to bind its socket.
+const WORKER_START: Duration = Duration::from_secs(5);
+/// How long a worker or vmm may take to stop after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_millis(500);
+/// How long a control-channel command may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Guest RAM bounds.
+const VM_MEMORY_MIN: u64 = 16 << 20;
+const VM_MEMORY_MAX: u64 = 64 << 30;
+/// Longest payload argument (payload-abi.md).
+const MAX_PAYLOAD_ARG: usize = 4096;
+/// Most vCPUs (payload-abi.md).
+const MAX_VCPUS: u8 = 16;
+
+struct WorkerHandle {
+    proc: Proc,
+    link: Link,
+}
+
+struct VgpuRec {
+    id: u32,
+    gpu: u32,
+    memory: u64,
+    compute: u32,
+    copy: u32,
+    priority: i32,
+    oversubscribe: bool,
+    share_group: Option<String>,
+    queues: u16,
+    state: VgpuState,
+    vm: Option<u32>,
+    owned: bool,
+    socket: PathBuf,
+    log: PathBuf,
+    worker: Option<WorkerHandle>,
+    /// We asked the worker to stop: its exit is not a failure.
+    stopping: bool,
+    samples: VecDeque<WorkerStats>,
+}
+
+impl VgpuRec {
+    fn holds_resources(&self) -> bool {
+        matches!(
+            self.state,
+            VgpuState::Starting | VgpuState::Ready | VgpuState::Attached
+        )
+    }
+
+    fn view(&self) -> api::Vgpu {
+        api::Vgpu {
+            id: self.id,
+            gpu: self.gpu,
+            memory_bytes: self.memory,
+            compute_share: permille_to_fraction(self.compute),
+            copy_share: permille_to_fraction(self.copy),
+            priority: self.priority,
+            oversubscribe: self.oversubscribe,
+            share_group: self.share_group.clone(),
+            queues: self.queues,
+            state: self.state.clone(),
+            vm: self.vm,
+            owned_by_vm: self.owned,
+            socket: self.socket.display().to_string(),
+            worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
+        }
+    }
+}
+
+struct VmRec {
+    id: u32,
+    payload: PathBuf,
+    payload_arg: String,
+    memory: u64,
+    vcpus: u8,
+    vgpu: Option<u32>,
+    state: VmState,
+    proc: Option<Proc>,
+    console: PathBuf,
+    started: Instant,
+    ended: Option<Instant>,
+}
+
+impl VmRec {
+    fn view(&self) -> api::Vm {
+        let up = self.ended.unwrap_or_else(Instant::now) - self.started;
+        api::Vm {
+            id: self.id,
+            payload: self.payload.display().to_string(),
+            payload_arg: self.payload_arg.clone(),
+            memory_bytes: self.memory,
+            vcpus: self.vcpus,
+            vgpu: self.vgpu,
+            state: self.state.clone(),
+            pid: self.proc.as_ref().map(|p| p.pid),
+            uptime_ms: u64::try_from(up.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    vgpus: BTreeMap<u32, VgpuRec>,
+    vms: BTreeMap<u32, VmRec>,
+    next_vgpu: u32,
+    next_vm: u32,
+}
+
+/// What one GPU has committed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Committed {
+    memory: u64,
+    compute: u32,
+    copy: u32,
+}
+
+impl Inner {
+    fn committed(&self, gpu: u32, except: Option<u32>) -> Committed {
+        let mut c = Committed::default();
+        for v in self.vgpus.values() {
+            if v.gpu == gpu && v.holds_resources() && Some(v.id) != except {
+                c.memory = c.memory.saturating_add(v.memory);
+                c.compute += v.compute;
+                c.copy += v.copy;
+            }
+        }
+        c
+    }
+}
+
+/// A validated vGPU request (shares in per-mille).
+struct VgpuAsk {
+    gpu: Option<u32>,
+    memory: u64,
+    compute: u32,
+    copy: u32,
+    priority: i32,
+    share_group: Option<String>,
+    queues: u16,
+}
+
+/// The daemon.
+pub struct Daemon {
+    cfg: Config,
+    inner: Mutex<Inner>,
+    /// Woken whenever a child exits or a state changes.
+    changed: Notify,
+    shutting_down: AtomicBool,
+}
+
+fn share(field: &str, v: f64) -> Result<u32, ApiError> {
+    if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+        return Err(ApiError::bad(
+            field,
+            format!("{v} is not a share: give a fraction of the GPU between 0 and 1 (0.3 = 30%)"),
+        ));
+    }
+    Ok(fraction_to_permille(v))
+}
+
+fn pct(permille: u32) -> String {
+    format!("{:.1}%", f64::from(permille) / 10.0)
+}
+
+fn validate_share_group(g: &str) -> Result<(), ApiError> {
+    let ok = (1..=64).contains(&g.len())
+        && g.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad(
+            "share_group",
+            format!("{g:?} is not a share group name: use 1 to 64 characters of A-Z a-z 0-9 _ . -"),
+        ))
+    }
+}
+
+/// The worker's last words, for failure reasons: its last error line (or last line),
+/// without the log timestamp.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let pick = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("error") || l.contains("ERROR") || l.contains("panicked"))
+        .or(lines.last());
+    match pick {
+        Some(l) => {
+            let l = l.trim();
+            // "2026-11-29T12:20:53.99Z  INFO target: message" -> "INFO target: message"
+            let l = match l.split_once(' ') {
+                Some((ts, rest)) if ts.len() > 18 && ts.as_bytes().get(4) == Some(&b'-') => {
+                    rest.trim_start()
+                }
+                _ => l,
+            };
+            format!(": {l}")
+        }
+        None => String::new(),
+    }
+}
+
+impl Daemon {
+    fn new(cfg: Config) -> Self {
+        Self {
+            cfg,
+            inner: Mutex::new(Inner {
+                next_vgpu: 1,
+                next_vm: 1,
+                ..Inner::default()
+            }),
+            changed: Notify::new(),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn check_running(&self) -> Result<(), ApiError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            Err(ApiError::shutting_down())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Waits until `done` holds (checked after every state change) or `timeout` passes.
+    async fn wait_until(&self, timeout: Duration, mut done: impl FnMut(&Inner) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if done(&self.lock()) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return done(&self.lock());
+            }
+        }
+    }
+
+    // ---- GPUs ----
+
+    /// Every physical GPU with its commitments.
+    pub fn gpus(&self) -> Vec<api::Gpu> {
+        let inner = self.lock();
+        self.cfg
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let index = u32::try_from(i).unwrap_or(u32::MAX);
+                let c = inner.committed(index, None);
+                api::Gpu {
+                    index,
+                    name: g.name.clone(),
+                    backend: "sim".into(),
+                    memory_bytes: g.memory,
+                    memory_committed_bytes: c.memory,
+                    memory_free_bytes: g.memory.saturating_sub(c.memory),
+                    copy_bandwidth: g.copy_bandwidth,
+                    speed: g.speed,
+                    compute_committed: permille_to_fraction(c.compute),
+                    copy_committed: permille_to_fraction(c.copy),
+                    vgpus: inner
+                        .vgpus
+                        .values()
+                        .filter(|v| v.gpu == index && v.holds_resources())
+                        .map(|v| v.id)
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn gpu(&self, index: u32) -> Option<&GpuConfig> {
+        self.cfg.gpus.get(usize::try_from(index).ok()?)
+    }
+
+    // ---- vGPUs ----
+
+    fn validate_vgpu(&self, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {
+        if spec.memory_bytes == 0 {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                "a vGPU needs some device memory: give memory_bytes > 0",
+            ));
+        }
+        let compute = share("compute_share", spec.compute_share)?;
+        let copy = match spec.copy_share {
+            Some(c) => share("copy_share", c)?,
+            None => compute,
+        };
+        if spec.queues == 0 || spec.queues > MAX_QUEUES {
+            return Err(ApiError::bad(
+                "queues",
+                format!("{} queues: give 1 to {MAX_QUEUES}", spec.queues),
+            ));
+        }
+        if spec.oversubscribe {
+            return Err(ApiError::not_implemented(
+                Some("oversubscribe"),
+                "memory oversubscription (swapping) arrives with issue 6; create the vGPU with oversubscribe=false",
+            ));
+        }
+        if let Some(g) = &spec.share_group {
+            validate_share_group(g)?;
+        }
+        if let Some(g) = spec.gpu {
+            let Some(gpu) = self.gpu(g) else {
+                return Err(ApiError::bad(
+                    "gpu",
+                    format!(
+                        "there is no GPU {g}: this host has GPUs 0..{} (GET /v1/gpus)",
+                        self.cfg.gpus.len().saturating_sub(1)
+                    ),
+                ));
+            };
+            if spec.memory_bytes > gpu.memory {
+                return Err(ApiError::bad(
+                    "memory_bytes",
+                    format!(
+                        "{} is more than GPU {g} has ({}); ask for less",
+                        human_bytes(spec.memory_bytes),
+                        human_bytes(gpu.memory)
+                    ),
+                ));
+            }
+        } else if self.cfg.gpus.iter().all(|g| spec.memory_bytes > g.memory) {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                format!(
+                    "{} is more than any GPU of this host has; ask for less",
+                    human_bytes(spec.memory_bytes)
+                ),
+            ));
+        }
+        Ok(VgpuAsk {
+            gpu: spec.gpu,
+            memory: spec.memory_bytes,
+            compute,
+            copy,
+            priority: spec.priority,
+            share_group: spec.share_group.clone(),
+            queues: spec.queues,
+        })
+    }
+
+    /// Why `ask` does not fit on `gpu`, or None when it fits.
+    fn misfit(
+        &self,
+        inner: &Inner,
+        gpu: u32,
+        ask: &VgpuAsk,
+        except: Option<u32>,
+    ) -> Option<ApiError> {
+        let g = self.gpu(gpu)?;
+        let c = inner.committed(gpu, except);
+        let free = g.memory.saturating_sub(c.memory);
+        if ask.memory > free {
+            return Some(ApiError::conflict(
+                "memory_bytes",
+                format!(
+                    "GPU {gpu} has {} free of {} ({} committed to other vGPUs); ask for at most {} or pick another GPU",
+                    human_bytes(free),
+                    human_bytes(g.memory),
+                    human_bytes(c.memory),
+                    human_bytes(free)
+                ),
+            ));
+        }
+        for (field, have, want) in [
+            ("compute_share", c.compute, ask.compute),
+            ("copy_share", c.copy, ask.copy),
+        ] {
+            if have + want > WHOLE {
+                return Some(ApiError::conflict(
+                    field,
+                    format!(
+                        "{field} {} would bring GPU {gpu} to {} ({} already committed); at most {} is left",
+                        pct(want),
+                        pct(have + want),
+                        pct(have),
+                        pct(WHOLE - have)
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
+    /// Admits `ask` and inserts its record (state `starting`). Caller holds the lock.
+    fn admit(&self, inner: &mut Inner, ask: VgpuAsk, vm: Option<u32>) -> Result<u32, ApiError> {
+        let gpu = match ask.gpu {
+            Some(g) => {
+                if let Some(e) = self.misfit(inner, g, &ask, None) {
+                    return Err(e);
+                }
+                g
+            }
+            None => {
+                let mut best: Option<(u32, u32)> = None;
+                let mut first_err = None;
+                for i in 0..self.cfg.gpus.len() {
+                    let g = u32::try_from(i).unwrap_or(u32::MAX);
+                    match self.misfit(inner, g, &ask, None) {
+                        None => {
+                            let load = inner.committed(g, None).compute;
+                            if best.is_none_or(|(_, l)| load < l) {
+                                best = Some((g, load));
+                            }
+                        }
+                        Some(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                match best {
+                    Some((g, _)) => g,
+                    None => {
+                        let why = first_err.map(|e| e.error).unwrap_or_default();
+                        return Err(ApiError::conflict(
+                            "gpu",
+                            format!("no GPU has room for this vGPU (e.g. {why})"),
+                        ));
+                    }
+                }
+            }
+        };
+        let id = inner.next_vgpu;
+        inner.next_vgpu += 1;
+        let rec = VgpuRec {
+            id,
+            gpu,
+            memory: ask.memory,
+            compute: ask.compute,
+            copy: ask.copy,
+            priority: ask.priority,
+            oversubscribe: false,
+            share_group: ask.share_group,
+            queues: ask.queues,
+            state: VgpuState::Starting,
+            vm,
+            owned: vm.is_some(),
+            socket: self.cfg.state_dir.join(format!("vgpu-{id}.sock")),
+            log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
+            worker: None,
+            stopping: false,
+            samples: VecDeque::new(),
+        };
+        tracing::info!(
+            vgpu = id,
+            gpu,
+            memory = ask.memory,
+            compute = ask.compute,
+            copy = ask.copy,
+            "vGPU admitted"
+        );
+        inner.vgpus.insert(id, rec);
+        Ok(id)
+    }
+
+    /// Creates a vGPU and starts its worker.
+    pub async fn create_vgpu(self: &Arc<Self>, spec: VgpuCreate) -> Result<api::Vgpu, ApiError> {
+        self.check_running()?;
+        let ask = self.validate_vgpu(&spec)?;
+        let id = self.admit(&mut self.lock(), ask, None)?;
+        if let Err(e) = self.start_worker(id).await {
+            self.forget_vgpu(id);
+            return Err(e);
+        }
+        self.vgpu(id)
+    }
+
+    /// Removes a vGPU record and its files (after its worker is gone).
+    fn forget_vgpu(&self, id: u32) {
+        if let Some(rec) = self.lock().vgpus.remove(&id) {
+            let _ = std::fs::remove_file(&rec.log);
+            let _ = std::fs::remove_file(&rec.socket);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Spawns vGPU `id`'s worker and waits until its socket is bound.
+    async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
+        let (mut cmd, log) = {
+            let inner = self.lock();
+            let rec = inner
+                .vgpus
+                .get(&id)
+                .ok_or_else(|| ApiError::internal(format!("vGPU {id} vanished while starting")))?;
+            let gpu = self
+                .gpu(rec.gpu)
+                .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
+            let mut cmd = Command::new(&self.cfg.worker_bin);
+            cmd.arg("--socket")
+                .arg(&rec.socket)
+                .args(["--vgpu-id", &id.to_string()])
+                .args(["--memory", &rec.memory.to_string()])
+                .args(["--queues", &rec.queues.to_string()])
+                .args([
+                    "--compute-share",
+                    &permille_to_fraction(rec.compute).to_string(),
+                ])
+                .args(["--copy-share", &permille_to_fraction(rec.copy).to_string()])
+                .args(["--priority", &rec.priority.to_string()])
+                .args(["--sim-memory", &gpu.memory.to_string()])
+                .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
+                .args(["--sim-speed", &gpu.speed.to_string()])
+                .args(["--sim-threads", &self.cfg.sim_threads.to_string()])
+                .args(["--control-fd", &procs::CONTROL_FD.to_string()]);
+            (cmd, rec.log.clone())
+        };
+        let log_file = File::create(&log).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot create the worker log {}: {e}",
+                log.display()
+            ))
+        })?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .env("NO_COLOR", "1");
+        let (ours, theirs) = procs::socketpair()
+            .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
+        let (child, proc) = procs::spawn(&mut cmd, Some(&theirs)).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot start {}: {e}; check vgpud's --worker-bin",
+                self.cfg.worker_bin.display()
+            ))
+        })?;
+        drop(theirs);
+        let weak = Arc::downgrade(self);
+        let (link, ready) =
+            match link::start(std::os::unix::net::UnixStream::from(ours), move || {
+                if let Some(d) = weak.upgrade() {
+                    d.on_connected(id);
+                }
+            }) {
+                Ok(v) => v,
+                Err(e) => {
+                    proc.signal(libc::SIGKILL);
+                    return Err(ApiError::internal(format!("control channel: {e}")));
+                }
+            };
+        tracing::info!(vgpu = id, pid = proc.pid, "worker started");
+        if let Some(rec) = self.lock().vgpus.get_mut(&id) {
+            rec.worker = Some(WorkerHandle {
+                proc: proc.clone(),
+                link,
+            });
+        }
+        let d = self.clone();
+        let p = proc.clone();
+        tokio::spawn(async move {
+            let status = procs::reap(child, &p).await;
+            d.on_worker_exit(id, p.pid, status);
+        });
+        match tokio::time::timeout(WORKER_START, ready).await {
+            Ok(Ok(_pid)) => {
+                if let Some(rec) = self.lock().vgpus.get_mut(&id) {
+                    if rec.state == VgpuState::Starting {
+                        rec.state = VgpuState::Ready;
+                    }
+                }
+                self.changed.notify_waiters();
+                tracing::info!(vgpu = id, "worker ready");
+                Ok(())
+            }
+            Ok(Err(_)) => {
+                // The channel closed: the worker exited. Wait for the reaper's verdict.
+                self.wait_until(Duration::from_secs(2), |i| {
+                    i.vgpus.get(&id).is_none_or(|r| r.worker.is_none())
+                })
+                .await;
+                let why = match self.lock().vgpus.get(&id).map(|r| r.state.clone()) {
+                    Some(VgpuState::Failed { reason }) => reason,
+                    _ => format!("the worker exited before it was ready{}", log_tail(&log)),
+                };
+                Err(ApiError::internal(why))
+            }
+            Err(_) => {
+                proc.signal(libc::SIGKILL);
+                Err(ApiError::internal(format!(
+                    "the worker did not bind its socket within {} s{}",
+                    WORKER_START.as_secs(),
+                    log_tail(&log)
+                )))
+            }
+        }
+    }
+
+    fn on_connected(&self, vgpu: u32) {
+        let mut inner = self.lock();
+        let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
+        if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
+            if vm.state == VmState::Starting {
+                vm.state = VmState::Running;
+                tracing::info!(vm = vm.id, vgpu, "VM running (its vGPU is connected)");
+            }
+        }
+        drop(inner);
+        self.changed.notify_waiters();
+    }
+
+    fn on_worker_exit(&self, id: u32, pid: u32, status: ExitStatus) {
+        let how = procs::describe(&status);
+        let mut inner = self.lock();
+        let Some(rec) = inner.vgpus.get_mut(&id) else {
+            return;
+        };
+        if rec.worker.as_ref().map(|w| w.proc.pid) != Some(pid) {
+            return;
+        }
+        rec.worker = None;
+        let vm = rec.vm;
+        let stopping = rec.stopping;
+        let was = rec.state.clone();
+        let log = rec.log.clone();
+        // A worker exits 0 when its vmm disconnects (the VM ended; its exit may be reaped a
+        // moment later) or when told to stop; anything else is a crash.
+        let new_state = if stopping || (was == VgpuState::Attached && status.success()) {
+            VgpuState::Released
+        } else {
+            let reason = match was {
+                VgpuState::Starting => {
+                    format!("the worker exited while starting ({how}){}", log_tail(&log))
+                }
+                _ => format!("the worker exited unexpectedly ({how}){}", log_tail(&log)),
+            };
+            match &was {
+                VgpuState::Failed { reason } => VgpuState::Failed {
+                    reason: reason.clone(),
+                },
+                VgpuState::Released => VgpuState::Released,
+                _ => VgpuState::Failed { reason },
+            }
+        };
+        if let VgpuState::Failed { reason } = &new_state {
+            tracing::warn!(vgpu = id, pid, %reason, "vGPU failed");
+        } else {
+            tracing::info!(vgpu = id, pid, how, "worker exited; vGPU released");
+        }
+        if let Some(rec) = inner.vgpus.get_mut(&id) {
+            rec.state = new_state.clone();
+        }
+        if let (VgpuState::Failed { reason }, Some(vm_id)) = (&new_state, vm) {
+            if let Some(v) = inner.vms.get_mut(&vm_id) {
+                if v.state.is_live() {
+                    v.state = VmState::Failed {
+                        reason: format!("its vGPU {id} failed: {reason}"),
+                    };
+                    if let Some(p) = &v.proc {
+                        p.signal(libc::SIGTERM);
+                        let p = p.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(STOP_GRACE).await;
+                            p.signal(libc::SIGKILL);
+                        });
+                    }
+                }
+            }
+        }
+        drop(inner);
+        self.changed.notify_waiters();
+    }
+
+    fn vgpu(&self, id: u32) -> Result<api::Vgpu, ApiError> {
+        self.lock()
+            .vgpus
+            .get(&id)
+            .map(VgpuRec::view)
+            .ok_or_else(|| no_vgpu(id))
+    }
+
+    /// One vGPU.
+    pub fn get_vgpu(&self, id: u32) -> Result<api::Vgpu, ApiError> {
+        self.vgpu(id)
+    }
+
+    /// Every vGPU.
+    pub fn list_vgpus(&self) -> Vec<api::Vgpu> {
+        self.lock().vgpus.values().map(VgpuRec::view).collect()
+    }
+
+    /// Changes shares and priority at run time and tells the worker.
+    pub async fn patch_vgpu(&self, id: u32, patch: VgpuPatch) -> Result<api::Vgpu, ApiError> {
+        self.check_running()?;
+        let compute = patch
+            .compute_share
+            .map(|v| share("compute_share", v))
+            .transpose()?;
+        let copy = patch
+            .copy_share
+            .map(|v| share("copy_share", v))
+            .transpose()?;
+        let (old, new, link) = {
+            let mut inner = self.lock();
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            if !rec.holds_resources() {
+                return Err(ApiError::conflict(
+                    "id",
+                    format!("vGPU {id} is no longer live (its worker is gone); create a new vGPU"),
+                ));
+            }
+            let old = (rec.compute, rec.copy, rec.priority);
+            let new = (
+                compute.unwrap_or(rec.compute),
+                copy.unwrap_or(rec.copy),
+                patch.priority.unwrap_or(rec.priority),
+            );
+            let ask = VgpuAsk {
+                gpu: Some(rec.gpu),
+                memory: 0,
+                compute: new.0,
+                copy: new.1,
+                priority: new.2,
+                share_group: None,
+                queues: 1,
+            };
+            if let Some(e) = self.misfit(&inner, rec.gpu, &ask, Some(id)) {
+                return Err(e);
+            }
+            let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+            (rec.compute, rec.copy, rec.priority) = new;
+            (old, new, rec.worker.as_ref().map(|w| w.link.clone()))
+        };
+        if let Some(link) = link {
+            let cmd = Ctl::SetShares {
+                compute_share: new.0,
+                copy_share: new.1,
+                priority: new.2,
+            };
+            let res = link.call(cmd, CONTROL_TIMEOUT).await;
+            let err = match res {
+                Ok(ReplyBody::SharesSet { .. }) => None,
+                Ok(ReplyBody::Error { message }) => Some(message),
+                Ok(other) => Some(format!("unexpected reply {other:?}")),
+                Err(e) => Some(e),
+            };
+            if let Some(why) = err {
+                if let Some(rec) = self.lock().vgpus.get_mut(&id) {
+                    (rec.compute, rec.copy, rec.priority) = old;
+                }
+                return Err(ApiError::worker(format!(
+                    "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
+                )));
+            }
+        }
+        tracing::info!(
+            vgpu = id,
+            compute = new.0,
+            copy = new.1,
+            priority = new.2,
+            "vGPU shares changed"
+        );
+        self.vgpu(id)
+    }
+
+    /// Stops a vGPU's worker (if any) and removes the vGPU.
+    pub async fn delete_vgpu(&self, id: u32) -> Result<(), ApiError> {
+        let proc = {
+            let mut inner = self.lock();
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            if let Some(vm) = rec.vm {
+                if inner.vms.get(&vm).is_some_and(|v| v.state.is_live()) {
+                    return Err(ApiError::conflict(
+                        "id",
+                        format!(
+                            "vGPU {id} is in use by running VM {vm}; DELETE /v1/vms/{vm} first"
+                        ),
+                    ));
+                }
+            }
+            let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+            rec.stopping = true;
+            rec.worker.as_ref().map(|w| w.proc.clone())
+        };
+        if let Some(p) = proc {
+            self.stop_proc(&p, |i| i.vgpus.get(&id).is_none_or(|r| r.worker.is_none()))
+                .await;
+        }
+        let vm = self.lock().vgpus.get(&id).and_then(|r| r.vm);
+        if let Some(vm) = vm {
+            if let Some(v) = self.lock().vms.get_mut(&vm) {
+                v.vgpu = None;
+            }
+        }
+        self.forget_vgpu(id);
+        tracing::info!(vgpu = id, "vGPU deleted");
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period, until `gone` holds.
+    async fn stop_proc(&self, p: &Proc, mut gone: impl FnMut(&Inner) -> bool) {
+        p.signal(libc::SIGTERM);
+        if !self.wait_until(STOP_GRACE * 4, &mut gone).await {
+            tracing::warn!(pid = p.pid, "did not stop after SIGTERM; sending SIGKILL");
+            p.signal(libc::SIGKILL);
+            self.wait_until(Duration::from_secs(2), gone).await;
+        }
+    }
+
+    /// Counters and utilization of one vGPU (fresh from its worker when it runs).
+    pub async fn vgpu_stats(&self, id: u32) -> Result<api::VgpuStats, ApiError> {
+        let link = {
+            let inner = self.lock();
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            rec.worker.as_ref().map(|w| w.link.clone())
+        };
+        if let Some(link) = link {
+            if let Ok(ReplyBody::Stats { stats }) = link.call(Ctl::Stats, CONTROL_TIMEOUT).await {
+                self.record_sample(id, stats);
+            }
+        }
+        let inner = self.lock();
+        let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+        Ok(self.stats_of(rec))
+    }
+
+    fn record_sample(&self, id: u32, s: WorkerStats) {
+        let keep_ns = u64::try_from(self.cfg.stats_window.as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2);
+        if let Some(rec) = self.lock().vgpus.get_mut(&id) {
+            if rec
+                .samples
+                .back()
+                .is_some_and(|b| b.uptime_ns > s.uptime_ns)
+            {
+                rec.samples.clear();
+            }
+            rec.samples.push_back(s);
+            while rec
+                .samples
+                .front()
+                .is_some_and(|f| s.uptime_ns.saturating_sub(f.uptime_ns) > keep_ns)
+            {
+                rec.samples.pop_front();
+            }
+        }
+    }
+
+    fn stats_of(&self, rec: &VgpuRec) -> api::VgpuStats {
+        let window_ns = u64::try_from(self.cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
+        let last = rec.samples.back().copied().unwrap_or_default();
+        let first = rec
+            .samples
+            .iter()
+            .find(|s| last.uptime_ns.saturating_sub(s.uptime_ns) <= window_ns)
+            .copied()
+            .unwrap_or(last);
+        let dt = last.uptime_ns.saturating_sub(first.uptime_ns);
+        let bw = self.gpu(rec.gpu).map_or(0, |g| g.copy_bandwidth);
+        let (compute, copy) = if dt == 0 {
+            (0.0, (bw > 0).then_some(0.0))
+        } else {
+            let secs = dt as f64 / 1e9;
+            let k = last.kernel_ns.saturating_sub(first.kernel_ns) as f64 / dt as f64;
+            let bytes = (last.bytes_htod + last.bytes_dtoh)
+                .saturating_sub(first.bytes_htod + first.bytes_dtoh) as f64;
+            (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
+        };
+        let live = rec.worker.is_some() && !rec.samples.is_empty();
+        api::VgpuStats {
+            vgpu: rec.id,
+            gpu: rec.gpu,
+            live,
+            window_ms: dt / 1_000_000,
+            compute_utilization: compute,
+            copy_utilization: copy,
+            memory_share_bytes: rec.memory,
+            memory_used_bytes: last.memory_used,
+            memory_resident_bytes: last.memory_used,
+            memory_swapped_bytes: 0,
+            allocations: last.allocations,
+            requests: last.requests,
+            errors: last.errors,
+            kernels: last.kernels,
+            kernel_ns: last.kernel_ns,
+            bytes_htod: last.bytes_htod,
+            bytes_dtoh: last.bytes_dtoh,
+            bytes_dtod: last.bytes_dtod,
+            compute_share: permille_to_fraction(if rec.samples.is_empty() {
+                rec.compute
+            } else {
+                last.compute_share
+            }),
+            copy_share: permille_to_fraction(if rec.samples.is_empty() {
+                rec.copy
+            } else {
+                last.copy_share
+            }),
+            priority: if rec.samples.is_empty() {
+                rec.priority
+            } else {
+                last.priority
+            },
+        }
+    }
+
+    /// Stats of every vGPU, from the latest samples (for metrics and `top`).
+    pub fn all_stats(&self) -> Vec<api::VgpuStats> {
+        let inner = self.lock();
+        inner.vgpus.values().map(|r| self.stats_of(r)).collect()
+    }
+
+    /// Samples every running worker every `stats_interval`.
+    async fn sampler(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.stats_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let links: Vec<(u32, Link)> = self
+                .lock()
+                .vgpus
+                .values()
+                .filter_map(|r| r.worker.as_ref().map(|w| (r.id, w.link.clone())))
+                .collect();
+            for (id, link) in links {
+                if let Ok(ReplyBody::Stats { stats }) = link.call(Ctl::Stats, CONTROL_TIMEOUT).await
+                {
+                    self.record_sample(id, stats);
+                }
+            }
+        }
+    }
+
+    // ---- VMs ----
+
+    fn resolve_payload(&self, p: &str) -> Result<PathBuf, ApiError> {
+        if p.is_empty() {
+            return Err(ApiError::bad(
+                "payload",
+                "payload is empty; give the path of a payload ELF",
+            ));
+        }
+        let path = if p.contains('/') {
+            let path = PathBuf::from(p);
+            if !path.is_absolute() {
+                return Err(ApiError::bad(
+                    "payload",
+                    format!("{p:?} is relative; give an absolute path (vgpud resolves it on its own host) or a bare payload name"),
+                ));
+            }
+            path
+        } else {
+            match &self.cfg.payload_dir {
+                Some(dir) => dir.join(p),
+                None => {
+                    return Err(ApiError::bad(
+                        "payload",
+                        format!("{p:?} is a bare name but vgpud has no --payload-dir; give an absolute path"),
+                    ))
+                }
+            }
+        };
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(path),
+            Ok(_) => Err(ApiError::bad(
+                "payload",
+                format!("{} is not a regular file; give a payload ELF", path.display()),
+            )),
+            Err(e) => Err(ApiError::bad(
+                "payload",
+                format!("cannot read payload {}: {e}; check the path (build payloads with `cargo run -p payload-build -- --out DIR`)", path.display()),
+            )),
+        }
+    }
+
+    /// Launches a VM (and its inline vGPU).
+    pub async fn create_vm(self: &Arc<Self>, req: VmCreate) -> Result<api::Vm, ApiError> {
+        self.check_running()?;
+        for (field, v) in [
+            ("kernel", &req.kernel),
+            ("initrd", &req.initrd),
+            ("cmdline", &req.cmdline),
+        ] {
+            if v.is_some() {
+                return Err(ApiError::not_implemented(
+                    Some(field),
+                    "Linux guests arrive with issue 12; launch a payload guest (payload) for now",
+                ));
+            }
+        }
+        let Some(payload) = req.payload.as_deref() else {
+            return Err(ApiError::bad(
+                "payload",
+                "give payload: the path of a payload ELF to boot",
+            ));
+        };
+        let payload = self.resolve_payload(payload)?;
+        if req.payload_arg.len() > MAX_PAYLOAD_ARG || req.payload_arg.contains('\0') {
+            return Err(ApiError::bad(
+                "payload_arg",
+                format!("payload_arg must be at most {MAX_PAYLOAD_ARG} bytes without NUL"),
+            ));
+        }
+        if !(VM_MEMORY_MIN..=VM_MEMORY_MAX).contains(&req.memory_bytes)
+            || req.memory_bytes % 4096 != 0
+        {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                format!(
+                    "{} of guest RAM: give a multiple of 4 KiB between {} and {}",
+                    req.memory_bytes,
+                    human_bytes(VM_MEMORY_MIN),
+                    human_bytes(VM_MEMORY_MAX)
+                ),
+            ));
+        }
+        if req.vcpus == 0 || req.vcpus > MAX_VCPUS {
+            return Err(ApiError::bad(
+                "vcpus",
+                format!("{} vCPUs: give 1 to {MAX_VCPUS}", req.vcpus),
+            ));
+        }
+        if req.vgpu_id.is_some() && req.vgpu.is_some() {
+            return Err(ApiError::bad(
+                "vgpu",
+                "give either vgpu_id (an existing vGPU) or vgpu (a new one), not both",
+            ));
+        }
+        let ask = req
+            .vgpu
+            .as_ref()
+            .map(|s| self.validate_vgpu(s).map_err(|e| e.within("vgpu")))
+            .transpose()?;
+
+        let (vm_id, vgpu_id) = {
+            let mut inner = self.lock();
+            let vm_id = inner.next_vm;
+            let vgpu_id = match (req.vgpu_id, ask) {
+                (Some(g), _) => {
+                    let vm_of = |inner: &Inner, v: u32| {
+                        inner.vms.get(&v).is_some_and(|v| v.state.is_live())
+                    };
+                    let Some(rec) = inner.vgpus.get(&g) else {
+                        return Err(ApiError::bad(
+                            "vgpu_id",
+                            format!("there is no vGPU {g} (GET /v1/vgpus lists them)"),
+                        ));
+                    };
+                    match (&rec.state, rec.vm) {
+                        (VgpuState::Ready, None) => {}
+                        (_, Some(v)) if vm_of(&inner, v) => {
+                            return Err(ApiError::conflict(
+                                "vgpu_id",
+                                format!("vGPU {g} is in use by VM {v}; create another vGPU"),
+                            ));
+                        }
+                        (state, _) => {
+                            return Err(ApiError::conflict(
+                                "vgpu_id",
+                                format!("vGPU {g} is {state:?}, not ready; a vGPU serves one VM, so create a new one"),
+                            ));
+                        }
+                    }
+                    if let Some(rec) = inner.vgpus.get_mut(&g) {
+                        rec.vm = Some(vm_id);
+                        rec.state = VgpuState::Attached;
+                    }
+                    Some(g)
+                }
+                (None, Some(ask)) => Some(
+                    self.admit(&mut inner, ask, Some(vm_id))
+                        .map_err(|e| e.within("vgpu"))?,
+                ),
+                (None, None) => None,
+            };
+            inner.next_vm += 1;
+            let console = self.cfg.state_dir.join(format!("vm-{vm_id}.log"));
+            inner.vms.insert(
+                vm_id,
+                VmRec {
+                    id: vm_id,
+                    payload: payload.clone(),
+                    payload_arg: req.payload_arg.clone(),
+                    memory: req.memory_bytes,
+                    vcpus: req.vcpus,
+                    vgpu: vgpu_id,
+                    state: VmState::Starting,
+                    proc: None,
+                    console,
+                    started: Instant::now(),
+                    ended: None,
+                },
+            );
+            (vm_id, vgpu_id)
+        };
+        let inline = req.vgpu.is_some();
+        if let (true, Some(g)) = (inline, vgpu_id) {
+            if let Err(e) = self.start_worker(g).await {
+                self.forget_vgpu(g);
+                self.lock().vms.remove(&vm_id);
+                return Err(e);
+            }
+            if let Some(rec) = self.lock().vgpus.get_mut(&g) {
+                if rec.state == VgpuState::Ready {
+                    rec.state = VgpuState::Attached;
+                }
+            }
+        }
+        if let Err(e) = self.spawn_vmm(vm_id) {
+            self.undo_vm(vm_id, vgpu_id, inline).await;
+            return Err(e);
+        }
+        self.lock()
+            .vms
+            .get(&vm_id)
+            .map(VmRec::view)
+            .ok_or_else(|| ApiError::internal(format!("VM {vm_id} vanished while starting")))
+    }
+
+    /// Rolls back a VM whose vmm could not start.
+    async fn undo_vm(&self, vm_id: u32, vgpu: Option<u32>, inline: bool) {
+        if let Some(vm) = self.lock().vms.remove(&vm_id) {
+            let _ = std::fs::remove_file(&vm.console);
+        }
+        let Some(g) = vgpu else { return };
+        if inline {
+            let proc = {
+                let mut inner = self.lock();
+                inner.vgpus.get_mut(&g).and_then(|r| {
+                    r.stopping = true;
+                    r.worker.as_ref().map(|w| w.proc.clone())
+                })
+            };
+            if let Some(p) = proc {
+                self.stop_proc(&p, |i| i.vgpus.get(&g).is_none_or(|r| r.worker.is_none()))
+                    .await;
+            }
+            self.forget_vgpu(g);
+        } else if let Some(rec) = self.lock().vgpus.get_mut(&g) {
+            rec.vm = None;
+            if rec.state == VgpuState::Attached {
+                rec.state = VgpuState::Ready;
+            }
+        }
+    }
+
+    fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
+        let mut inner = self.lock();
+        let vm = inner
+            .vms
+            .get(&vm_id)
+            .ok_or_else(|| ApiError::internal(format!("VM {vm_id} vanished while starting")))?;
+        let socket = vm
+            .vgpu
+            .and_then(|g| inner.vgpus.get(&g))
+            .map(|r| r.socket.clone());
+        let mut cmd = Command::new(&self.cfg.vmm_bin);
+        cmd.arg("--payload")
+            .arg(&vm.payload)
+            .args(["--memory", &vm.memory.to_string()])
+            .args(["--vcpus", &vm.vcpus.to_string()])
+            .arg("--payload-arg")
+            .arg(&vm.payload_arg);
+        if let Some(s) = socket {
+            let mut spec = std::ffi::OsString::from("socket=");
+            spec.push(s.as_os_str());
+            cmd.arg("--vgpu").arg(spec);
+        }
+        let console = File::create(&vm.console).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot create the console log {}: {e}",
+                vm.console.display()
+            ))
+        })?;
+        let console2 = console
+            .try_clone()
+            .map_err(|e| ApiError::internal(format!("console log: {e}")))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(console))
+            .stderr(Stdio::from(console2));
+        let (child, proc) = procs::spawn(&mut cmd, None).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot start {}: {e}; check vgpud's --vmm-bin",
+                self.cfg.vmm_bin.display()
+            ))
+        })?;
+        tracing::info!(vm = vm_id, pid = proc.pid, payload = %vm.payload.display(), "vmm started");
+        let has_vgpu = vm.vgpu.is_some();
+        if let Some(vm) = inner.vms.get_mut(&vm_id) {
+            vm.proc = Some(proc.clone());
+            if !has_vgpu {
+                vm.state = VmState::Running;
+            }
+        }
+        drop(inner);
+        let d = self.clone();
+        tokio::spawn(async move {
+            let status = procs::reap(child, &proc).await;
+            d.on_vmm_exit(vm_id, proc.pid, status);
+        });
+        Ok(())
+    }
+
+    fn on_vmm_exit(&self, vm_id: u32, pid: u32, status: ExitStatus) {
+        let mut inner = self.lock();
+        let Some(vm) = inner.vms.get_mut(&vm_id) else {
+            return;
+        };
+        if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
+            return;
+        }
+        vm.proc = None;
+        vm.ended = Some(Instant::now());
+        if vm.state.is_live() {
+            vm.state = match status.code() {
+                Some(code) => VmState::Exited { code },
+                None => VmState::Failed {
+                    reason: format!("the vmm was {}", procs::describe(&status)),
+                },
+            };
+        }
+        tracing::info!(vm = vm_id, pid, state = ?vm.state, "vmm exited");
+        let worker = vm
+            .vgpu
+            .and_then(|g| inner.vgpus.get(&g))
+            .and_then(|r| r.worker.as_ref())
+            .map(|w| w.proc.clone());
+        drop(inner);
+        // The worker exits by itself when its frontend disconnects; make sure of it, so
+        // the vGPU's memory and shares are free within a second.
+        if let Some(p) = worker {
+            p.signal(libc::SIGTERM);
+            tokio::spawn(async move {
+                tokio::time::sleep(STOP_GRACE).await;
+                p.signal(libc::SIGKILL);
+            });
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// One VM.
+    pub fn get_vm(&self, id: u32) -> Result<api::Vm, ApiError> {
+        self.lock()
+            .vms
+            .get(&id)
+            .map(VmRec::view)
+            .ok_or_else(|| no_vm(id))
+    }
+
+    /// Every VM.
+    pub fn list_vms(&self) -> Vec<api::Vm> {
+        self.lock().vms.values().map(VmRec::view).collect()
+    }
+
+    /// The VM's console output from byte `offset` on.
+    pub fn console(&self, id: u32, offset: u64) -> Result<Vec<u8>, ApiError> {
+        let path = self
+            .lock()
+            .vms
+            .get(&id)
+            .map(|v| v.console.clone())
+            .ok_or_else(|| no_vm(id))?;
+        let data = std::fs::read(&path).unwrap_or_default();
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
+        Ok(data[start..].to_vec())
+    }
+
+    /// Stops a VM (SIGTERM, then SIGKILL), waits until its vGPU is released, removes it
+    /// (and its inline vGPU).
+    pub async fn delete_vm(&self, id: u32) -> Result<(), ApiError> {
+        let (proc, vgpu) = {
+            let inner = self.lock();
+            let vm = inner.vms.get(&id).ok_or_else(|| no_vm(id))?;
+            (vm.proc.clone(), vm.vgpu)
+        };
+        if let Some(p) = proc {
+            self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc.is_none()))
+                .await;
+        }
+        if let Some(g) = vgpu {
+            // Its worker stops on the vmm's disconnect (with SIGKILL after the grace).
+            let worker = self
+                .lock()
+                .vgpus
+                .get(&g)
+                .and_then(|r| r.worker.as_ref().map(|w| w.proc.clone()));
+            if let Some(p) = worker {
+                self.stop_proc(&p, |i| i.vgpus.get(&g).is_none_or(|r| r.worker.is_none()))
+                    .await;
+            }
+        }
+        let (vm, owned) = {
+            let mut inner = self.lock();
+            let vm = inner.vms.remove(&id);
+            let owned = vgpu.filter(|g| inner.vgpus.get(g).is_some_and(|r| r.owned));
+            if let Some(rec) = vgpu.and_then(|g| inner.vgpus.get_mut(&g)) {
+                rec.vm = None;
+            }
+            (vm, owned)
+        };
+        if let Some(vm) = vm {
+            let _ = std::fs::remove_file(&vm.console);
+        }
+        if let Some(g) = owned {
+            self.forget_vgpu(g);
+        }
+        self.changed.notify_waiters();
+        tracing::info!(vm = id, "VM deleted");
+        Ok(())
+    }
+
+    /// Counts of VMs per state name, for metrics.
+    pub fn vm_states(&self) -> BTreeMap<&'static str, u64> {
+        let mut m = BTreeMap::new();
+        for v in self.lock().vms.values() {
+            let k = match v.state {
+                VmState::Starting => "starting",
+                VmState::Running => "running",
+                VmState::Exited { .. } => "exited",
+                VmState::Failed { .. } => "failed",
+            };
+            *m.entry(k).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Stops every VM and worker (daemon shutdown) and removes their files.
+    async fn stop_all(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let (vms, workers): (Vec<Proc>, Vec<Proc>) = {
+            let mut inner = self.lock();
+            for r in inner.vgpus.values_mut() {
+                r.stopping = true;
+            }
+            (
+                inner.vms.values().filter_map(|v| v.proc.clone()).collect(),
+                inner
+                    .vgpus
+                    .values()
+                    .filter_map(|r| r.worker.as_ref().map(|w| w.proc.clone()))
+                    .collect(),
+            )
+        };
+        if !vms.is_empty() || !workers.is_empty() {
+            tracing::info!(
+                vms = vms.len(),
+                workers = workers.len(),
+                "stopping every VM and worker"
+            );
+        }
+        for p in vms.iter().chain(&workers) {
+            p.signal(libc::SIGTERM);
+        }
+        let all_gone = |i: &Inner| {
+            i.vms.values().all(|v| v.proc.is_none()) && i.vgpus.values().all(|r| r.worker.is_none())
+        };
+        if !self.wait_until(Duration::from_secs(3), all_gone).await {
+            let left: Vec<Proc> = {
+                let inner = self.lock();
+                inner
+                    .vms
+                    .values()
+                    .filter_map(|v| v.proc.clone())
+                    .chain(
+                        inner
+                            .vgpus
+                            .values()
+                            .filter_map(|r| r.worker.as_ref().map(|w| w.proc.clone())),
+                    )
+                    .collect()
+            };
+            for p in left {
+                tracing::warn!(pid = p.pid, "still running after SIGTERM; SIGKILL");
+                p.signal(libc::SIGKILL);
+            }
+            self.wait_until(Duration::from_secs(2), all_gone).await;
+        }
+        let inner = self.lock();
+        for r in inner.vgpus.values() {
+            let _ = std::fs::remove_file(&r.socket);
+            let _ = std::fs::remove_file(&r.log);
+        }
+        for v in inner.vms.values() {
+            let _ = std::fs::remove_file(&v.console);
+        }
+    }
+}
+
+fn no_vgpu(id: u32) -> ApiError {
+    ApiError::not_found(
+        "id",
+        format!("there is no vGPU {id} (GET /v1/vgpus lists them)"),
+    )
+}
+
+fn no_vm(id: u32) -> ApiError {
+    ApiError::not_found(
+        "id",
+        format!("there is no VM {id} (GET /v1/vms lists them)"),
+    )
+}
+
+/// Holds the lock file for the daemon's life.
+struct LockFile {
+    _file: File,
+}
+
+fn take_lock(path: &Path, socket: &Path) -> Result<LockFile, DaemonError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| DaemonError::Lock {
+            path: path.to_owned(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if rc != 0 {
+        let pid = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        return Err(DaemonError::AlreadyRunning {
+            socket: socket.to_owned(),
+            pid: if pid.is_empty() {
+                "unknown".into()
+            } else {
+                pid
+            },
+        });
+    }
+    let mut f = &file;
+    let _ = file.set_len(0);
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(LockFile { _file: file })
+}
+
+fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
+    for (name, path, flag) in [
+        (
+            "vgpu-worker",
+            &cfg.worker_bin,
+            "--worker-bin (or VGPUD_WORKER_BIN)",
+        ),
+        ("vmm", &cfg.vmm_bin, "--vmm-bin (or VGPUD_VMM_BIN)"),
+    ] {
+        if !path.is_file() {
+            return Err(DaemonError::MissingBinary {
+                name,
+                package: if name == "vmm" { "vmm" } else { "vgpud" },
+                path: path.clone(),
+                flag,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Binds the API, serves it until SIGTERM/SIGINT, then stops everything.
+pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<(), DaemonError> {
+    check_binaries(&cfg)?;
+    if cfg.gpus.is_empty() {
+        return Err(DaemonError::Option(
+            "no GPUs configured; give --sim-gpus 1 or more".into(),
+        ));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.state_dir)
+        .map_err(|source| DaemonError::StateDir {
+            path: cfg.state_dir.clone(),
+            source,
+        })?;
+    // One daemon per state directory (worker sockets, logs and consoles live there); a
+    // second one is refused before it touches anything.
+    let sock_for_msg = match &cfg.listen {
+        Listen::Unix(p) => p.clone(),
+        Listen::Tcp(a) => PathBuf::from(a.to_string()),
+    };
+    let lock_path = cfg.state_dir.join("vgpud.lock");
+    let _lock = take_lock(&lock_path, &sock_for_msg)?;
+
+    let daemon = Arc::new(Daemon::new(cfg.clone()));
+    let app = super::http::router(daemon.clone());
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut int =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        tokio::select! {
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+            _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("signal received; shutting down");
+    };
+    let sampler = tokio::spawn(daemon.clone().sampler());
+    let served = match &cfg.listen {
+        Listen::Unix(path) => {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if !meta.file_type().is_socket() {
+                    return Err(DaemonError::NotASocket { path: path.clone() });
+                }
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(DaemonError::AlreadyRunning {
+                        socket: path.clone(),
+                        pid: "unknown".into(),
+                    });
+                }
+                let _ = std::fs::remove_file(path);
+            }
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir);
+            }
+            let listener =
+                tokio::net::UnixListener::bind(path).map_err(|source| DaemonError::Bind {
+                    addr: path.display().to_string(),
+                    source,
+                })?;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+            tracing::info!(socket = %path.display(), gpus = cfg.gpus.len(), "vgpud listening");
+            on_listening();
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+        Listen::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            tracing::info!(%addr, gpus = cfg.gpus.len(), "vgpud listening (TCP, bearer token required)");
+            on_listening();
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    sampler.abort();
+    daemon.stop_all().await;
+    let _ = std::fs::remove_file(&lock_path);
+    tracing::info!("vgpud stopped");
+    served.map_err(DaemonError::Runtime)
+}

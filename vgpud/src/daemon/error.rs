@@ -1,0 +1,158 @@
+//! Errors: the REST API's (status + JSON body naming the field) and the daemon's own.
+
+use std::path::PathBuf;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::api::ErrorBody;
+
+/// An error answer of the REST API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error: String,
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, field: Option<&str>, error: impl Into<String>) -> Self {
+        Self {
+            status,
+            error: error.into(),
+            field: field.map(str::to_owned),
+        }
+    }
+
+    /// 400: the request is wrong.
+    pub fn bad(field: &str, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, Some(field), error)
+    }
+
+    /// 400 without a particular field (malformed body).
+    pub fn bad_body(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, None, error)
+    }
+
+    /// 404: no such object.
+    pub fn not_found(field: &str, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, Some(field), error)
+    }
+
+    /// 409: the request conflicts with the state (capacity, an object in use).
+    pub fn conflict(field: &str, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Some(field), error)
+    }
+
+    /// 501: not built yet.
+    pub fn not_implemented(field: Option<&str>, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, field, error)
+    }
+
+    /// 500: the daemon could not do it (a process would not start, ...).
+    pub fn internal(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, None, error)
+    }
+
+    /// 502: a worker did not do what it was asked.
+    pub fn worker(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, None, error)
+    }
+
+    /// 401: missing or wrong token.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            Some("authorization"),
+            "missing or wrong bearer token: send `Authorization: Bearer <token>` with the token from vgpud's --token-file",
+        )
+    }
+
+    /// 503: the daemon is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            None,
+            "vgpud is shutting down; start it again and retry",
+        )
+    }
+
+    /// Prefixes the field with `prefix.` (errors of a nested object).
+    pub fn within(mut self, prefix: &str) -> Self {
+        self.field = Some(match self.field {
+            Some(f) => format!("{prefix}.{f}"),
+            None => prefix.to_owned(),
+        });
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: self.error.clone(),
+            field: self.field.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.field {
+            Some(field) => write!(f, "{} ({field}): {}", self.status.as_u16(), self.error),
+            None => write!(f, "{}: {}", self.status.as_u16(), self.error),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = self.status.as_u16(), field = ?self.field, error = %self.error, "request failed");
+        } else {
+            tracing::debug!(status = self.status.as_u16(), field = ?self.field, error = %self.error, "request rejected");
+        }
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// Why vgpud could not start or serve. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("another vgpud is already running on {socket} (pid {pid}); stop it first, or give this one its own --socket and --state-dir")]
+    AlreadyRunning { socket: PathBuf, pid: String },
+    #[error("{path}: exists and is not a socket; remove it or pick another --socket")]
+    NotASocket { path: PathBuf },
+    #[error("cannot create the state directory {path}: {source}; pick a writable --state-dir")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("refusing to listen on {addr} without a token: a TCP listener needs --token-file (a non-loopback address even more so)")]
+    TokenRequired { addr: String },
+    #[error("cannot read the token file {path}: {why}")]
+    Token { path: PathBuf, why: String },
+    #[error("{name} not found at {path}; build it (`cargo build -p {package} --bin {name}`) or point {flag} at it")]
+    MissingBinary {
+        name: &'static str,
+        package: &'static str,
+        path: PathBuf,
+        flag: &'static str,
+    },
+    #[error("the {backend} backend is not built yet (it arrives with the CUDA issue); use --backend sim")]
+    BackendNotBuilt { backend: String },
+    #[error("bad option: {0}")]
+    Option(String),
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+}

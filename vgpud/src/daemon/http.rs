@@ -1,0 +1,473 @@
+//! The REST API: routes, handlers, the JSON extractor (errors naming the field), bearer
+//! authentication, and the OpenAPI document (utoipa).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, Modify, OpenApi};
+
+use super::core::Daemon;
+use super::error::ApiError;
+use super::metrics;
+use crate::api::{
+    ErrorBody, Gpu, MigrateRequest, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm,
+    VmCreate, VmState,
+};
+
+/// Largest request body.
+const MAX_BODY: usize = 1 << 20;
+
+type AppState = Arc<Daemon>;
+
+/// The API's routes over `daemon`.
+pub fn router(daemon: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/v1/gpus", get(list_gpus))
+        .route("/v1/vgpus", get(list_vgpus).post(create_vgpu))
+        .route(
+            "/v1/vgpus/{id}",
+            get(get_vgpu).patch(patch_vgpu).delete(delete_vgpu),
+        )
+        .route("/v1/vgpus/{id}/stats", get(vgpu_stats))
+        .route("/v1/vgpus/{id}/migrate", post(migrate_vgpu))
+        .route("/v1/vms", get(list_vms).post(create_vm))
+        .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
+        .route("/v1/vms/{id}/console", get(vm_console))
+        .route("/v1/vms/{id}/migrate", post(migrate_vm))
+        .route("/v1/openapi.json", get(openapi_doc))
+        .route("/metrics", get(get_metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(daemon.clone(), auth))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(daemon)
+}
+
+/// The OpenAPI document.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "vgpud",
+        description = "The vgpu host daemon: physical GPUs, vGPUs with memory/compute/copy shares, and the VMs that use them. Shares are fractions of one GPU (0..1). Errors answer `{\"error\": ..., \"field\": ...}`. Over TCP every request needs `Authorization: Bearer <token>`.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
+        migrate_vgpu, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        get_metrics
+    ),
+    components(schemas(
+        ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
+        VmState, MigrateRequest
+    )),
+    modifiers(&BearerAuth),
+    tags((name = "vgpud"))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+/// Checks the bearer token when the daemon has one.
+async fn auth(State(d): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if let Some(token) = d.config().token.as_deref() {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            let mut r = ApiError::unauthorized().into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body whose errors name the field at fault.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            ApiError::bad_body(format!(
+                "cannot read the request body ({e}); send at most {} KiB of JSON",
+                MAX_BODY / 1024
+            ))
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses a request body, mapping serde's error to `{error, field}`.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_body(
+            "the request body is empty; send a JSON object (see docs/api.md)",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        // Trailing garbage after the object is malformed JSON too.
+        Ok(v) => match de.end() {
+            Ok(()) => Ok(v),
+            Err(e) => Err(ApiError::bad_body(format!(
+                "{e}; the body must be one well-formed JSON object"
+            ))),
+        },
+        Err(e) => {
+            let inner = e.inner();
+            let msg = inner.to_string();
+            let mut path = e.path().to_string();
+            if path == "." || path == "?" {
+                path.clear();
+            }
+            // serde names a missing or unknown field in backticks; the path stops at its parent
+            // for a missing one.
+            if msg.starts_with("missing field `") {
+                if let Some(name) = msg.split('`').nth(1) {
+                    path = if path.is_empty() {
+                        name.to_owned()
+                    } else {
+                        format!("{path}.{name}")
+                    };
+                }
+            }
+            let hint = if msg.starts_with("unknown field") {
+                "; remove it (see docs/api.md for the fields)"
+            } else if inner.is_syntax() || inner.is_eof() {
+                "; the body must be one well-formed JSON object"
+            } else {
+                ""
+            };
+            let error = format!("{msg}{hint}");
+            Err(if path.is_empty() {
+                ApiError::bad_body(error)
+            } else {
+                ApiError::bad(&path, error)
+            })
+        }
+    }
+}
+
+/// Parses an `{id}` path segment.
+fn id_of(raw: &str) -> Result<u32, ApiError> {
+    raw.parse::<u32>().map_err(|_| {
+        ApiError::bad(
+            "id",
+            format!("{raw:?} is not an id; ids are whole numbers such as 1"),
+        )
+    })
+}
+
+fn created<T: serde::Serialize>(v: T) -> Response {
+    (StatusCode::CREATED, Json(v)).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "path",
+        "no such endpoint; see docs/api.md or GET /v1/openapi.json",
+    )
+}
+
+/// List the physical GPUs and their commitments.
+#[utoipa::path(get, path = "/v1/gpus", responses((status = 200, body = [Gpu])))]
+async fn list_gpus(State(d): State<AppState>) -> Json<Vec<Gpu>> {
+    Json(d.gpus())
+}
+
+/// List vGPUs.
+#[utoipa::path(get, path = "/v1/vgpus", responses((status = 200, body = [Vgpu])))]
+async fn list_vgpus(State(d): State<AppState>) -> Json<Vec<Vgpu>> {
+    Json(d.list_vgpus())
+}
+
+/// Create a vGPU: admits its shares on a GPU and starts its worker.
+#[utoipa::path(post, path = "/v1/vgpus", request_body = VgpuCreate, responses(
+    (status = 201, body = Vgpu, description = "Created; its worker is ready for a VM"),
+    (status = 400, body = ErrorBody, description = "Invalid field"),
+    (status = 409, body = ErrorBody, description = "Does not fit (memory, shares)"),
+    (status = 501, body = ErrorBody, description = "oversubscribe=true (issue 6)"),
+    (status = 500, body = ErrorBody, description = "The worker could not start"),
+))]
+async fn create_vgpu(
+    State(d): State<AppState>,
+    ApiJson(spec): ApiJson<VgpuCreate>,
+) -> Result<Response, ApiError> {
+    d.create_vgpu(spec).await.map(created)
+}
+
+/// One vGPU.
+#[utoipa::path(get, path = "/v1/vgpus/{id}", params(("id" = u32, Path)), responses(
+    (status = 200, body = Vgpu), (status = 404, body = ErrorBody)))]
+async fn get_vgpu(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vgpu>, ApiError> {
+    d.get_vgpu(id_of(&id)?).map(Json)
+}
+
+/// Change a vGPU's shares or priority at run time (forwarded to its worker).
+#[utoipa::path(patch, path = "/v1/vgpus/{id}", params(("id" = u32, Path)), request_body = VgpuPatch, responses(
+    (status = 200, body = Vgpu), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+    (status = 409, body = ErrorBody, description = "Shares would sum past 100%, or the vGPU is gone"),
+    (status = 502, body = ErrorBody, description = "The worker did not take the change")))]
+async fn patch_vgpu(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<VgpuPatch>,
+) -> Result<Json<Vgpu>, ApiError> {
+    d.patch_vgpu(id_of(&id)?, patch).await.map(Json)
+}
+
+/// Delete a vGPU (stops its worker). A vGPU a running VM uses answers 409.
+#[utoipa::path(delete, path = "/v1/vgpus/{id}", params(("id" = u32, Path)), responses(
+    (status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn delete_vgpu(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    d.delete_vgpu(id_of(&id)?)
+        .await
+        .map(|()| StatusCode::NO_CONTENT)
+}
+
+/// Utilization over the last window, memory and counters of a vGPU.
+#[utoipa::path(get, path = "/v1/vgpus/{id}/stats", params(("id" = u32, Path)), responses(
+    (status = 200, body = VgpuStats), (status = 404, body = ErrorBody)))]
+async fn vgpu_stats(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<VgpuStats>, ApiError> {
+    d.vgpu_stats(id_of(&id)?).await.map(Json)
+}
+
+/// Migrate a vGPU to another GPU (501 until issue 7).
+#[utoipa::path(post, path = "/v1/vgpus/{id}/migrate", params(("id" = u32, Path)), request_body = MigrateRequest, responses(
+    (status = 501, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn migrate_vgpu(State(d): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiError {
+    match id_of(&id).and_then(|id| d.get_vgpu(id)) {
+        Err(e) => e,
+        Ok(_) => migrate_answer(&body),
+    }
+}
+
+fn migrate_answer(body: &[u8]) -> ApiError {
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        if let Err(e) = parse_json::<MigrateRequest>(body) {
+            return e;
+        }
+    }
+    ApiError::not_implemented(
+        None,
+        "live migration arrives with issue 7; the vGPU keeps running where it is",
+    )
+}
+
+/// List VMs.
+#[utoipa::path(get, path = "/v1/vms", responses((status = 200, body = [Vm])))]
+async fn list_vms(State(d): State<AppState>) -> Json<Vec<Vm>> {
+    Json(d.list_vms())
+}
+
+/// Launch a VM, with an existing vGPU (`vgpu_id`) or a new one (`vgpu`).
+#[utoipa::path(post, path = "/v1/vms", request_body = VmCreate, responses(
+    (status = 201, body = Vm, description = "Launched (state starting, then running)"),
+    (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): issue 12"),
+    (status = 500, body = ErrorBody)))]
+async fn create_vm(
+    State(d): State<AppState>,
+    ApiJson(req): ApiJson<VmCreate>,
+) -> Result<Response, ApiError> {
+    d.create_vm(req).await.map(created)
+}
+
+/// One VM.
+#[utoipa::path(get, path = "/v1/vms/{id}", params(("id" = u32, Path)), responses(
+    (status = 200, body = Vm), (status = 404, body = ErrorBody)))]
+async fn get_vm(State(d): State<AppState>, Path(id): Path<String>) -> Result<Json<Vm>, ApiError> {
+    d.get_vm(id_of(&id)?).map(Json)
+}
+
+/// Stop (SIGTERM, then SIGKILL) and remove a VM; its inline vGPU goes with it.
+#[utoipa::path(delete, path = "/v1/vms/{id}", params(("id" = u32, Path)), responses(
+    (status = 204), (status = 404, body = ErrorBody)))]
+async fn delete_vm(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    d.delete_vm(id_of(&id)?)
+        .await
+        .map(|()| StatusCode::NO_CONTENT)
+}
+
+/// Console query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+struct ConsoleQuery {
+    /// Return the output from this byte on (for following a running VM).
+    #[serde(default)]
+    offset: u64,
+}
+
+/// The VM's serial console (and vmm messages) captured so far, as text.
+#[utoipa::path(get, path = "/v1/vms/{id}/console", params(("id" = u32, Path), ConsoleQuery), responses(
+    (status = 200, content_type = "text/plain", body = String), (status = 404, body = ErrorBody)))]
+async fn vm_console(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+    q: Result<Query<ConsoleQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad("offset", format!("{e}; give ?offset=<bytes>")))?;
+    let data = d.console(id_of(&id)?, q.offset)?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], data).into_response())
+}
+
+/// Migrate a VM's vGPU (501 until issue 7).
+#[utoipa::path(post, path = "/v1/vms/{id}/migrate", params(("id" = u32, Path)), request_body = MigrateRequest, responses(
+    (status = 501, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn migrate_vm(State(d): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiError {
+    match id_of(&id).and_then(|id| d.get_vm(id)) {
+        Err(e) => e,
+        Ok(_) => migrate_answer(&body),
+    }
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, content_type = "text/plain", body = String)))]
+async fn get_metrics(State(d): State<AppState>) -> Response {
+    match metrics::render(&d) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => ApiError::internal(format!("cannot render metrics: {e}")).into_response(),
+    }
+}
+
+async fn openapi_doc() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::api::openapi_json(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let e =
+            parse_json::<VgpuCreate>(br#"{"memory_bytes": 1, "compute_share": 0.1, "bogus": 1}"#)
+                .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("bogus"));
+        assert!(e.error.contains("unknown field"), "{e}");
+        let e = parse_json::<VgpuCreate>(br#"{"compute_share": 0.1}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("memory_bytes"));
+        let e = parse_json::<VmCreate>(
+            br#"{"payload": "/x", "vgpu": {"memory_bytes": "lots", "compute_share": 0.1}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("vgpu.memory_bytes"));
+        let e = parse_json::<VmCreate>(br#"{"payload": "/x", "vgpu": {"memory_bytes": 1}}"#)
+            .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("vgpu.compute_share"));
+        let e = parse_json::<VgpuCreate>(br#"{"memory_bytes": 1,"#).unwrap_err();
+        assert_eq!(e.field, None);
+        assert!(e.error.contains("well-formed"), "{e}");
+        let e = parse_json::<VgpuPatch>(br#"{} x"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let e = parse_json::<VgpuPatch>(b"  ").unwrap_err();
+        assert!(e.error.contains("empty"), "{e}");
+        let ok = parse_json::<VgpuPatch>(br#"{"priority": 3}"#).expect("valid");
+        assert_eq!(ok.priority, Some(3));
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn committed_spec_matches_the_code() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        let generated = crate::api::openapi_json();
+        assert!(
+            committed == generated,
+            "docs/openapi.json is out of date with the code; regenerate it with\n  cargo run -p vgpud --bin vgpud -- --print-openapi > docs/openapi.json"
+        );
+    }
+
+    #[test]
+    fn every_route_is_in_the_spec() {
+        let doc = openapi();
+        let paths: Vec<&String> = doc.paths.paths.keys().collect();
+        for p in [
+            "/v1/gpus",
+            "/v1/vgpus",
+            "/v1/vgpus/{id}",
+            "/v1/vgpus/{id}/stats",
+            "/v1/vgpus/{id}/migrate",
+            "/v1/vms",
+            "/v1/vms/{id}",
+            "/v1/vms/{id}/console",
+            "/v1/vms/{id}/migrate",
+            "/metrics",
+        ] {
+            assert!(
+                paths.iter().any(|k| k.as_str() == p),
+                "{p} missing from the spec"
+            );
+        }
+    }
+}

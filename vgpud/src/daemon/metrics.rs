@@ -1,0 +1,174 @@
+//! `GET /metrics`: Prometheus text exposition, built fresh from the daemon's state at each
+//! scrape (so vGPUs that are gone never linger as stale series).
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use super::core::Daemon;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VgpuLabels {
+    vgpu: String,
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+type FGauge = Family<GpuLabels, Gauge<f64, AtomicU64>>;
+type VGauge = Family<VgpuLabels, Gauge<f64, AtomicU64>>;
+type VCounter = Family<VgpuLabels, Counter<u64>>;
+
+fn fgauge(reg: &mut Registry, name: &str, help: &str) -> FGauge {
+    let f = FGauge::default();
+    reg.register(name, help, f.clone());
+    f
+}
+
+fn vgauge(reg: &mut Registry, name: &str, help: &str) -> VGauge {
+    let f = VGauge::default();
+    reg.register(name, help, f.clone());
+    f
+}
+
+fn vcounter(reg: &mut Registry, name: &str, help: &str) -> VCounter {
+    let f = VCounter::default();
+    reg.register(name, help, f.clone());
+    f
+}
+
+/// The metrics now, as Prometheus/OpenMetrics text.
+pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
+    let mut reg = Registry::with_prefix("vgpud");
+    let gpu_mem = fgauge(
+        &mut reg,
+        "gpu_memory_bytes",
+        "Device memory of each physical GPU",
+    );
+    let gpu_mem_c = fgauge(
+        &mut reg,
+        "gpu_memory_committed_bytes",
+        "Memory promised to live vGPUs",
+    );
+    let gpu_comp_c = fgauge(
+        &mut reg,
+        "gpu_compute_committed_ratio",
+        "Sum of live vGPUs' compute shares",
+    );
+    let gpu_copy_c = fgauge(
+        &mut reg,
+        "gpu_copy_committed_ratio",
+        "Sum of live vGPUs' copy shares",
+    );
+    for g in d.gpus() {
+        let l = GpuLabels {
+            gpu: g.index.to_string(),
+        };
+        gpu_mem.get_or_create(&l).set(g.memory_bytes as f64);
+        gpu_mem_c
+            .get_or_create(&l)
+            .set(g.memory_committed_bytes as f64);
+        gpu_comp_c.get_or_create(&l).set(g.compute_committed);
+        gpu_copy_c.get_or_create(&l).set(g.copy_committed);
+    }
+
+    let comp_u = vgauge(
+        &mut reg,
+        "vgpu_compute_utilization_ratio",
+        "Kernel time over wall time in the stats window",
+    );
+    let copy_u = vgauge(
+        &mut reg,
+        "vgpu_copy_utilization_ratio",
+        "Copied bytes over the GPU's copy bandwidth in the stats window",
+    );
+    let comp_s = vgauge(
+        &mut reg,
+        "vgpu_compute_share_ratio",
+        "Guaranteed compute share",
+    );
+    let copy_s = vgauge(&mut reg, "vgpu_copy_share_ratio", "Guaranteed copy share");
+    let mem_share = vgauge(
+        &mut reg,
+        "vgpu_memory_share_bytes",
+        "Memory the vGPU may allocate",
+    );
+    let mem_used = vgauge(&mut reg, "vgpu_memory_used_bytes", "Memory allocated");
+    let mem_res = vgauge(
+        &mut reg,
+        "vgpu_memory_resident_bytes",
+        "Allocated memory in device memory",
+    );
+    let mem_swap = vgauge(
+        &mut reg,
+        "vgpu_memory_swapped_bytes",
+        "Allocated memory swapped to host memory",
+    );
+    let live = vgauge(&mut reg, "vgpu_live", "1 while the vGPU's worker runs");
+    let requests = vcounter(&mut reg, "vgpu_requests", "Requests completed");
+    let errors = vcounter(
+        &mut reg,
+        "vgpu_request_errors",
+        "Requests answered with an error",
+    );
+    let kernels = vcounter(&mut reg, "vgpu_kernels", "Kernels completed");
+    let kernel_ns = vcounter(
+        &mut reg,
+        "vgpu_kernel_nanoseconds",
+        "Device time of completed kernels",
+    );
+    let htod = vcounter(&mut reg, "vgpu_htod_bytes", "Bytes copied host to device");
+    let dtoh = vcounter(&mut reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
+    for s in d.all_stats() {
+        let l = VgpuLabels {
+            vgpu: s.vgpu.to_string(),
+            gpu: s.gpu.to_string(),
+        };
+        comp_u.get_or_create(&l).set(s.compute_utilization);
+        if let Some(c) = s.copy_utilization {
+            copy_u.get_or_create(&l).set(c);
+        }
+        comp_s.get_or_create(&l).set(s.compute_share);
+        copy_s.get_or_create(&l).set(s.copy_share);
+        mem_share.get_or_create(&l).set(s.memory_share_bytes as f64);
+        mem_used.get_or_create(&l).set(s.memory_used_bytes as f64);
+        mem_res
+            .get_or_create(&l)
+            .set(s.memory_resident_bytes as f64);
+        mem_swap
+            .get_or_create(&l)
+            .set(s.memory_swapped_bytes as f64);
+        live.get_or_create(&l).set(if s.live { 1.0 } else { 0.0 });
+        requests.get_or_create(&l).inc_by(s.requests);
+        errors.get_or_create(&l).inc_by(s.errors);
+        kernels.get_or_create(&l).inc_by(s.kernels);
+        kernel_ns.get_or_create(&l).inc_by(s.kernel_ns);
+        htod.get_or_create(&l).inc_by(s.bytes_htod);
+        dtoh.get_or_create(&l).inc_by(s.bytes_dtoh);
+    }
+
+    let vms = Family::<StateLabels, Gauge>::default();
+    reg.register("vms", "VMs by state", vms.clone());
+    for (state, n) in d.vm_states() {
+        vms.get_or_create(&StateLabels {
+            state: state.to_owned(),
+        })
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    let mut out = String::new();
+    encode(&mut out, &reg)?;
+    Ok(out)
+}

@@ -1,0 +1,104 @@
+//! vgpud: owns the physical GPUs, spawns one `vgpu-worker` per vGPU and one `vmm` per VM,
+//! keeps a control channel to every worker, tears a VM's vGPU down when either process
+//! exits (however it exits), and serves the REST API.
+//!
+//! Accounting: a vGPU holds its memory and shares on its GPU while it is `starting`,
+//! `ready` or `attached`; once its worker is gone (`released`, `failed`) they are free.
+//! A vGPU serves one VM: its device memory dies with the VM (invariant 5), so a new VM
+//! needs a new vGPU.
+
+mod core;
+mod error;
+pub mod http;
+mod link;
+mod metrics;
+mod procs;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use self::core::Daemon;
+pub use error::{ApiError, DaemonError};
+
+/// One simulated physical GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuConfig {
+    pub name: String,
+    /// Device memory, bytes.
+    pub memory: u64,
+    /// Host-device copy bandwidth, bytes/s (0 = unpaced).
+    pub copy_bandwidth: u64,
+    /// Compute-rate factor (1.0 = nominal).
+    pub speed: f64,
+}
+
+/// Where the API listens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Listen {
+    /// A unix socket (the default).
+    Unix(PathBuf),
+    /// A TCP address (needs a token).
+    Tcp(SocketAddr),
+}
+
+/// How vgpud runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: Listen,
+    /// Bearer token every request must carry (mandatory for TCP).
+    pub token: Option<String>,
+    /// Worker sockets, worker logs and VM consoles live here; so does the lock file.
+    pub state_dir: PathBuf,
+    pub gpus: Vec<GpuConfig>,
+    pub worker_bin: PathBuf,
+    pub vmm_bin: PathBuf,
+    /// Host threads one sim kernel may use in a worker (0 = all).
+    pub sim_threads: usize,
+    /// Where bare payload names are looked up.
+    pub payload_dir: Option<PathBuf>,
+    /// How often vgpud samples every worker's counters.
+    pub stats_interval: Duration,
+    /// The window utilizations are computed over.
+    pub stats_window: Duration,
+}
+
+/// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
+pub fn default_state_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("vgpud"),
+        None => {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            PathBuf::from(format!("/tmp/vgpud-{uid}"))
+        }
+    }
+}
+
+/// The default API socket: `<default state dir>/vgpud.sock`.
+pub fn default_socket() -> PathBuf {
+    default_state_dir().join("vgpud.sock")
+}
+
+/// A sibling binary of the running executable (same target directory).
+pub fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}
+
+/// Runs vgpud until SIGTERM or SIGINT, then stops every VM and worker it started and
+/// removes its sockets. `on_listening` runs once the API accepts connections.
+pub fn run(
+    config: Config,
+    on_listening: impl FnOnce() + Send + 'static,
+) -> Result<(), DaemonError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Runtime)?;
+    rt.block_on(core::serve(config, on_listening))
+}

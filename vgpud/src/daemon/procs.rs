@@ -1,0 +1,184 @@
+//! Child processes: spawning with a parent-death signal and an optional inherited control
+//! socket, pidfds for race-free signals, and prompt reaping on the runtime.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::sync::Arc;
+
+use tokio::io::unix::AsyncFd;
+
+/// The descriptor number a worker's control socket gets in the child.
+pub const CONTROL_FD: RawFd = 3;
+
+/// A child process we can signal without pid-reuse races.
+#[derive(Clone, Debug)]
+pub struct Proc {
+    pub pid: u32,
+    pidfd: Arc<OwnedFd>,
+}
+
+impl Proc {
+    /// Sends `sig`; a process that already exited is not an error.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: pidfd_send_signal takes a pidfd we own, a signal number, a null siginfo
+        // and zero flags; it touches no memory of ours.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                tracing::warn!(pid = self.pid, sig, error = %e, "cannot signal child");
+            }
+        }
+    }
+}
+
+struct PidFd(Arc<OwnedFd>);
+
+impl AsRawFd for PidFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A connected `SOCK_STREAM` unix socket pair, close-on-exec.
+pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`, a valid 2-element array.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created by socketpair and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Spawns `cmd`. The child gets SIGTERM when vgpud dies (so VMs and workers never outlive
+/// the daemon that accounts for them) and, when `control` is given, that descriptor as
+/// [`CONTROL_FD`]. Must be called from a thread that lives as long as the daemon (the
+/// parent-death signal follows the spawning thread).
+pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child, Proc)> {
+    let control_raw = control.map(AsRawFd::as_raw_fd);
+    // SAFETY: the closure runs in the child between fork and exec and calls only
+    // async-signal-safe functions (prctl, dup2, fcntl) on plain integers.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(fd) = control_raw {
+                if fd == CONTROL_FD {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, CONTROL_FD) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    let pidfd = match pidfd_open(child.id()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
+    let proc = Proc {
+        pid: child.id(),
+        pidfd: Arc::new(pidfd),
+    };
+    Ok((child, proc))
+}
+
+/// Waits until `child` exits and reaps it. Wakes as soon as the kernel reports the exit
+/// (the pidfd becomes readable), so a `kill -9` is seen within milliseconds.
+pub async fn reap(mut child: Child, proc: &Proc) -> ExitStatus {
+    let pidfd = PidFd(proc.pidfd.clone());
+    // SAFETY: `PidFd` holds an `Arc<OwnedFd>`, so the descriptor stays open for as long as
+    // the `AsyncFd` that registers it lives.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+    match registered {
+        Ok(afd) => {
+            let _ = afd.readable().await;
+        }
+        Err(e) => {
+            tracing::warn!(pid = proc.pid, error = %e, "cannot watch the pidfd; polling instead");
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return status;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            // Readable means exited; a zombie is reapable at once. Spurious: poll briefly.
+            Ok(None) => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
+            Err(e) => {
+                tracing::warn!(pid = proc.pid, error = %e, "waitpid failed; trying a blocking wait");
+                return child.wait().unwrap_or_else(|_| {
+                    std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL)
+                });
+            }
+        }
+    }
+}
+
+/// `exit code 3` / `killed by signal 9 (SIGKILL)`.
+pub fn describe(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}{}", signal_name(s)),
+        _ => format!("{status}"),
+    }
+}
+
+fn signal_name(s: i32) -> &'static str {
+    match s {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGINT => " (SIGINT)",
+        libc::SIGBUS => " (SIGBUS)",
+        _ => "",
+    }
+}
