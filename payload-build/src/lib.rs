@@ -16,6 +16,7 @@ use lock::BuildLock;
 
 /// Every payload binary in guests/payloads/src/bin (a test keeps the two in step).
 pub const PAYLOADS: &[&str] = &[
+    "gpu-load",
     "hello",
     "hostile",
     "kvm-exits",

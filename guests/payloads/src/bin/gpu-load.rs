@@ -1,0 +1,191 @@
+//! A long-running vGPU workload that checks its own results: the demo's and the daemon
+//! tests' guest.
+//!
+//! Each round uploads `x` (a host-to-device copy), runs `saxpy` (`y = x + y`) and a `spin`
+//! burst of `spin_us` µs (compute time). Every `check=<k>` rounds the device computes the
+//! FNV-1a checksum of `y` (built-in `checksum`), the guest compares it with the checksum of
+//! the `y` it expects after that many rounds, and prints a progress line:
+//! `gpu-load: round r/R ok checksum=0x...`. Integer-valued f32 keep every sum exact, so any
+//! lost or corrupted byte changes the checksum.
+//!
+//! Arguments: `rounds=<n>` (default 100), `n=<elements>` (default 16384), `spin_us=<µs>`
+//! (default 10000), `check=<k>` (default 10).
+//! Prints `GPU-LOAD OK rounds=<n> checksum=0x...` and exits 0; otherwise a diagnostic and
+//! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch.
+#![no_std]
+#![no_main]
+
+extern crate alloc;
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use guest_driver::vgpu::launch_1d;
+use guest_driver::vgpu::vgpu_proto::{Access, KernelArg};
+use guest_driver::Error;
+use payload_rt::vgpu::open_single;
+use payload_rt::{println, Args, BootInfo};
+
+payload_rt::entry!(main);
+
+const EXIT_BAD_ARGS: u8 = 2;
+const EXIT_NO_DEVICE: u8 = 3;
+const EXIT_DRIVER: u8 = 4;
+const EXIT_MISMATCH: u8 = 6;
+
+/// `y` stays below this, so every value is an exact f32 integer.
+const EXACT_LIMIT: u64 = 1 << 24;
+
+struct Failure(u8);
+
+fn fail(code: u8, what: core::fmt::Arguments) -> Failure {
+    println!("gpu-load: FAIL {what}");
+    Failure(code)
+}
+
+fn driver(what: &'static str) -> impl Fn(Error) -> Failure {
+    move |e| fail(EXIT_DRIVER, format_args!("{what}: {e}"))
+}
+
+fn main(boot: &'static BootInfo, args: &'static str) -> u8 {
+    match run(boot, Args::new(args)) {
+        Ok(()) => 0,
+        Err(Failure(code)) => code,
+    }
+}
+
+fn x_of(i: usize) -> u64 {
+    (i % 7 + 1) as u64
+}
+
+fn y0_of(i: usize) -> u64 {
+    (i % 1000) as u64
+}
+
+/// The f32 bit pattern of a whole number below 2^24, with integer instructions only (the
+/// payload is soft-float; this keeps the expected checksum cheap).
+fn f32_bits(v: u64) -> u32 {
+    if v == 0 {
+        return 0;
+    }
+    let e = 63 - v.leading_zeros();
+    let mantissa = ((v << (23 - e)) as u32) & 0x7f_ffff;
+    ((e + 127) << 23) | mantissa
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a of `y` after `rounds` rounds: y[i] = y0[i] + rounds * x[i].
+fn expected_checksum(n: usize, rounds: u64) -> u64 {
+    let mut h = FNV_OFFSET;
+    for i in 0..n {
+        for b in f32_bits(y0_of(i) + rounds * x_of(i)).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+        }
+    }
+    h
+}
+
+fn as_bytes(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
+    let num = |key, default| {
+        args.number(key, default)
+            .map_err(|e| fail(EXIT_BAD_ARGS, format_args!("{e}")))
+    };
+    let rounds = num("rounds", 100)?;
+    let n = num("n", 1 << 14)? as usize;
+    let spin_us = num("spin_us", 10_000)?;
+    let check = num("check", 10)?.max(1);
+    if n == 0 || n > 1 << 22 {
+        return Err(fail(EXIT_BAD_ARGS, format_args!("n must be 1..=4194304")));
+    }
+    if 1000 + rounds.saturating_mul(7) >= EXACT_LIMIT {
+        return Err(fail(
+            EXIT_BAD_ARGS,
+            format_args!("rounds must stay below {} (exact f32 sums)", (EXACT_LIMIT - 1000) / 7),
+        ));
+    }
+    let (_gpu, mut s) =
+        open_single(boot).map_err(|e| fail(EXIT_NO_DEVICE, format_args!("{e}")))?;
+    let info = s.get_info().map_err(driver("GET_INFO"))?;
+    println!(
+        "gpu-load: vGPU {} share {} MiB compute {}/1000: {rounds} rounds of {n} elements, spin {spin_us} us",
+        info.vgpu_id,
+        info.memory_share >> 20,
+        info.compute_share
+    );
+
+    let bytes = 4 * n as u64;
+    let x = as_bytes(&(0..n).map(|i| f32_bits(x_of(i))).collect::<Vec<_>>());
+    let y0 = as_bytes(&(0..n).map(|i| f32_bits(y0_of(i))).collect::<Vec<_>>());
+    let dx = s.alloc(bytes).map_err(driver("ALLOC x"))?;
+    let dy = s.alloc(bytes).map_err(driver("ALLOC y"))?;
+    let dsum = s.alloc(8).map_err(driver("ALLOC sum"))?;
+    s.memcpy_htod(dy, &y0).map_err(driver("MEMCPY_HTOD y"))?;
+
+    let module = s.load_builtin().map_err(driver("MODULE_LOAD builtin"))?;
+    let saxpy = s
+        .get_function(module, "saxpy")
+        .map_err(driver("GET_FUNCTION saxpy"))?;
+    let spin = s
+        .get_function(module, "spin")
+        .map_err(driver("GET_FUNCTION spin"))?;
+    let checksum = s
+        .get_function(module, "checksum")
+        .map_err(driver("GET_FUNCTION checksum"))?;
+    let saxpy_launch = launch_1d(saxpy.handle, n as u64, 256);
+    let saxpy_args = [
+        KernelArg::f32(1.0),
+        KernelArg::ptr(dx, Access::Read),
+        KernelArg::ptr(dy, Access::ReadWrite),
+        KernelArg::u64(n as u64),
+    ];
+    let spin_launch = launch_1d(spin.handle, 1, 1);
+    let spin_args = [KernelArg::u64(spin_us)];
+    let sum_launch = launch_1d(checksum.handle, 1, 1);
+    let sum_args = [
+        KernelArg::ptr(dy, Access::Read),
+        KernelArg::u64(bytes),
+        KernelArg::ptr(dsum, Access::Write),
+    ];
+
+    let mut sum = vec![0u8; 8];
+    let mut last = 0u64;
+    for r in 1..=rounds {
+        s.memcpy_htod(dx, &x).map_err(driver("MEMCPY_HTOD x"))?;
+        s.launch(&saxpy_launch, &saxpy_args)
+            .map_err(driver("LAUNCH saxpy"))?;
+        if spin_us > 0 {
+            s.launch(&spin_launch, &spin_args)
+                .map_err(driver("LAUNCH spin"))?;
+        }
+        if r % check == 0 || r == rounds {
+            s.launch(&sum_launch, &sum_args)
+                .map_err(driver("LAUNCH checksum"))?;
+            s.memcpy_dtoh(&mut sum, dsum)
+                .map_err(driver("MEMCPY_DTOH sum"))?;
+            let got = u64::from_le_bytes([
+                sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7],
+            ]);
+            let want = expected_checksum(n, r);
+            if got != want {
+                return Err(fail(
+                    EXIT_MISMATCH,
+                    format_args!("round {r}: checksum {got:#018x}, want {want:#018x}"),
+                ));
+            }
+            last = got;
+            println!("gpu-load: round {r}/{rounds} ok checksum={got:#018x}");
+        }
+    }
+    s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
+    for d in [dx, dy, dsum] {
+        s.free(d).map_err(driver("FREE"))?;
+    }
+    println!("GPU-LOAD OK rounds={rounds} checksum={last:#018x}");
+    Ok(())
+}
