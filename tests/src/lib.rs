@@ -5,6 +5,7 @@
 //! a benchmark of the same path run the same code.
 
 pub mod bench;
+pub mod benches;
 pub mod bins;
 pub mod echo;
 pub mod run;

@@ -101,36 +101,54 @@ fn vgpu_arg(socket: &Path) -> String {
     format!("socket={}", socket.display())
 }
 
-#[test]
-fn vecadd_passes_on_the_gpu() {
-    require_kvm!();
-    let Some(w) = cuda_worker("vecadd", "1G", 2) else {
-        return;
-    };
+/// Runs payload `name` with `arg` against a fresh cuda worker of `queues` queues; returns
+/// the guest's output and the worker's log, or None when skipped.
+fn on_gpu(name: &str, queues: u16, arg: &str, ok_line: &str) -> Option<(String, String)> {
+    let w = cuda_worker(name, "1G", queues)?;
     let out = run_payload(
-        &payload("vecadd"),
+        &payload(name),
         &[
             "--memory",
             "512M",
             "--vgpu",
             &vgpu_arg(&w.socket),
             "--payload-arg",
-            "n=1000003 iters=2000",
+            arg,
         ],
         DEADLINE,
     );
     let log = w.output();
-    assert_eq!(out.code, Some(0), "{out:?}\nworker:\n{log}");
-    assert!(out.stdout.contains("VECADD OK"), "{out:?}");
-    assert!(
-        out.stdout.contains("backend 1"),
-        "the guest did not see a cuda vGPU: {out:?}"
-    );
+    assert_eq!(out.code, Some(0), "{name}: {out:?}\nworker:\n{log}");
+    assert!(out.stdout.contains(ok_line), "{name}: {out:?}");
     println!("{}", out.stdout);
     assert!(
         log.contains("guest memory pinned for direct copies"),
-        "the worker did not pin guest RAM: {log}"
+        "{name}: the worker did not pin guest RAM: {log}"
     );
+    Some((out.stdout, log))
+}
+
+#[test]
+fn vecadd_passes_on_the_gpu() {
+    require_kvm!();
+    if let Some((out, _)) = on_gpu("vecadd", 2, "n=1000003 iters=2000", "VECADD OK") {
+        assert!(
+            out.contains("backend 1"),
+            "the guest did not see a cuda vGPU: {out}"
+        );
+    }
+}
+
+#[test]
+fn streams_pass_on_the_gpu() {
+    require_kvm!();
+    on_gpu("streams", 4, "streams=4", "STREAMS OK");
+}
+
+#[test]
+fn hostile_guest_is_refused_on_the_gpu() {
+    require_kvm!();
+    on_gpu("hostile", 2, "", "HOSTILE OK");
 }
 
 #[test]

@@ -44,6 +44,8 @@ pub const DEBUG_EXIT_PORT: u16 = 0xF4;
 /// i8042 command port (0xFE resets the machine) and data port.
 pub const I8042_CMD_PORT: u16 = 0x64;
 pub const I8042_DATA_PORT: u16 = 0x60;
+/// vCPU park: the writing vCPU stops running until the VM ends (ring 3 cannot `hlt`).
+pub const PARK_PORT: u16 = 0xF5;
 /// POST code port: accepted and ignored, a cheap VM exit.
 pub const POST_PORT: u16 = 0x80;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{kvm_fpu, CpuId};
+use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 
 use crate::arch::{cpuid, regs};
@@ -62,6 +62,12 @@ pub fn create(
         ..Default::default()
     };
     vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
+    // With the in-kernel irqchip, application processors wait for INIT/SIPI; payloads
+    // have no APIC code, so every vCPU starts at the entry point at once.
+    vcpu.set_mp_state(kvm_mp_state {
+        mp_state: KVM_MP_STATE_RUNNABLE,
+    })
+    .map_err(cfg("mp state"))?;
     Ok(vcpu)
 }
 
@@ -73,6 +79,15 @@ pub fn spawn(mut vcpu: VcpuFd, index: u8, ctx: VcpuContext) -> Result<JoinHandle
         .map_err(|e| VcpuError::Spawn(index, e))
 }
 
+/// What a vCPU thread does after an exit.
+enum Next {
+    Run,
+    /// The vCPU parked itself (port 0xF5): it stops until the VM ends.
+    Park,
+    /// The VM ends with this exit code.
+    End(i32),
+}
+
 fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
     loop {
         if ctx.stop.load(Ordering::SeqCst) {
@@ -81,12 +96,23 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
         match vcpu.run() {
             Ok(exit) => {
                 let internal = matches!(exit, VcpuExit::InternalError);
-                if let Some(code) = handle_exit(exit, index, ctx) {
-                    if internal {
-                        report_internal_error(vcpu, index);
+                match handle_exit(exit, index, ctx) {
+                    Next::Run => {}
+                    Next::Park => {
+                        tracing::debug!(vcpu = index, "vCPU parked");
+                        while !ctx.stop.load(Ordering::SeqCst) {
+                            // The kick signal that stops the VM also cuts this sleep short.
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        return;
                     }
-                    ctx.exit.request(code);
-                    return;
+                    Next::End(code) => {
+                        if internal {
+                            report_internal_error(vcpu, index);
+                        }
+                        ctx.exit.request(code);
+                        return;
+                    }
                 }
             }
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
@@ -124,62 +150,63 @@ fn report_internal_error(vcpu: &mut VcpuFd, index: u8) {
     );
 }
 
-/// Handles one exit; `Some(code)` ends the VM.
-fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Option<i32> {
+/// Handles one exit.
+fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Next {
     match exit {
+        VcpuExit::IoOut(layout::PARK_PORT, _) => Next::Park,
         VcpuExit::IoOut(port, data) => {
             ctx.exit.note_io();
             if !ctx.pio.write(u64::from(port), data) {
                 tracing::debug!(port, "write to an empty port");
             }
-            None
+            Next::Run
         }
         VcpuExit::IoIn(port, data) => {
             ctx.exit.note_io();
             if !ctx.pio.read(u64::from(port), data) {
                 data.fill(0xff);
             }
-            None
+            Next::Run
         }
         VcpuExit::MmioRead(addr, data) => {
             if !ctx.mmio.read(addr, data) {
                 tracing::debug!(addr, "read of unmapped MMIO");
                 data.fill(0xff);
             }
-            None
+            Next::Run
         }
         VcpuExit::MmioWrite(addr, data) => {
             if !ctx.mmio.write(addr, data) {
                 tracing::debug!(addr, "write to unmapped MMIO");
             }
-            None
+            Next::Run
         }
         VcpuExit::Hlt => {
             // With the in-kernel irqchip HLT stays in KVM; without one, park politely.
             std::thread::sleep(Duration::from_millis(1));
-            None
+            Next::Run
         }
-        VcpuExit::Intr => None,
+        VcpuExit::Intr => Next::Run,
         VcpuExit::Shutdown => {
             tracing::error!(vcpu = index, "the guest triple-faulted; stopping the VM");
             eprintln!("vmm: guest crashed (triple fault on vCPU {index})");
-            Some(GUEST_CRASH_EXIT)
+            Next::End(GUEST_CRASH_EXIT)
         }
         VcpuExit::FailEntry(reason, cpu) => {
             eprintln!("vmm: KVM could not enter vCPU {index} (reason {reason:#x}, cpu {cpu})");
-            Some(GUEST_CRASH_EXIT)
+            Next::End(GUEST_CRASH_EXIT)
         }
         VcpuExit::InternalError => {
             eprintln!("vmm: KVM internal error on vCPU {index} (an instruction the nested KVM cannot emulate?)");
-            Some(GUEST_CRASH_EXIT)
+            Next::End(GUEST_CRASH_EXIT)
         }
         VcpuExit::SystemEvent(kind, _) => {
             tracing::info!(vcpu = index, kind, "guest system event");
-            Some(0)
+            Next::End(0)
         }
         other => {
             eprintln!("vmm: unexpected exit on vCPU {index}: {other:?}");
-            Some(GUEST_CRASH_EXIT)
+            Next::End(GUEST_CRASH_EXIT)
         }
     }
 }

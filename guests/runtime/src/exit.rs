@@ -22,10 +22,16 @@ pub fn reset() {
     unsafe { outb(I8042_COMMAND, I8042_RESET) }
 }
 
-/// Stops this vCPU for good: interrupts off, halt, and halt again on any wake-up.
+/// vCPU park port: the vmm stops running the vCPU that writes it.
+const PARK_PORT: u16 = 0xF5;
+
+/// Stops this vCPU for good. Payloads run in ring 3 (docs/payload-abi.md), where `hlt`
+/// faults, so the vmm parks the vCPU on a port write; the pause loop only covers a vmm
+/// that ignores the port.
 pub fn park() -> ! {
+    // SAFETY: a write to the park port has no effect on memory.
+    unsafe { outb(PARK_PORT, 0) }
     loop {
-        // SAFETY: cli/hlt only affect this vCPU's interrupt flag and execution; touches no memory.
-        unsafe { core::arch::asm!("cli", "hlt", options(nomem, nostack)) }
+        core::hint::spin_loop();
     }
 }

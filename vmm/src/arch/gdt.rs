@@ -1,5 +1,7 @@
-//! The GDT a payload runs with: flat 64-bit code and data, and a TSS descriptor KVM needs
-//! for a valid task register.
+//! The GDT a payload runs with: flat 64-bit code and data for ring 0 and ring 3, and a TSS
+//! descriptor KVM needs for a valid task register. Payloads run in ring 3 (see
+//! docs/payload-abi.md: the KVM on our machines emulates ring-0 guest code instruction by
+//! instruction, but runs ring-3 code natively).
 
 use kvm_bindings::kvm_segment;
 
@@ -12,13 +14,25 @@ pub const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
         | (limit as u64 & 0x0000_ffff)
 }
 
-/// Null, code64 (0x08), data (0x10), TSS (0x18).
-pub const GDT: [u64; 4] = [
+/// Null, kernel code64 (0x08), kernel data (0x10), TSS (0x18, 16 bytes: its upper half is
+/// entry 4, zero for a TSS below 4 GiB), user data (0x28, DPL 3), user code64 (0x30, DPL 3).
+pub const GDT: [u64; 7] = [
     gdt_entry(0, 0, 0),
     gdt_entry(0xa09b, 0, 0xfffff),
     gdt_entry(0xc093, 0, 0xfffff),
-    gdt_entry(0x808b, 0, 0xfffff),
+    gdt_entry(0x808b, TSS_ADDR as u32, 0x67),
+    0,
+    gdt_entry(0xc0f3, 0, 0xfffff),
+    gdt_entry(0xa0fb, 0, 0xfffff),
 ];
+
+/// Where the (all-zero) TSS lives: right after the GDT.
+pub const TSS_ADDR: u64 = crate::layout::GDT_ADDR + 0x100;
+pub const KERNEL_CODE: u8 = 1;
+pub const KERNEL_DATA: u8 = 2;
+pub const TSS: u8 = 3;
+pub const USER_DATA: u8 = 5;
+pub const USER_CODE: u8 = 6;
 
 /// The KVM segment register matching GDT entry `index`.
 pub fn segment(index: u8) -> kvm_segment {
@@ -34,7 +48,7 @@ pub fn segment(index: u8) -> kvm_segment {
         } else {
             limit_raw as u32
         },
-        selector: u16::from(index) * 8,
+        selector: u16::from(index) * 8 | ((entry >> 45) & 3) as u16,
         type_: ((entry >> 40) & 0xf) as u8,
         present: ((entry >> 47) & 1) as u8,
         dpl: ((entry >> 45) & 3) as u8,
@@ -70,7 +84,12 @@ mod tests {
         assert_eq!((ds.selector, ds.type_, ds.s, ds.db), (0x10, 0x3, 1, 1));
         let tss = segment(3);
         assert_eq!((tss.selector, tss.type_, tss.s), (0x18, 0xb, 0));
+        assert_eq!(tss.base, TSS_ADDR);
         assert_eq!(segment(0).unusable, 1);
+        let ucs = segment(USER_CODE);
+        assert_eq!((ucs.selector, ucs.dpl, ucs.l, ucs.type_), (0x33, 3, 1, 0xb));
+        let uds = segment(USER_DATA);
+        assert_eq!((uds.selector, uds.dpl, uds.type_), (0x2b, 3, 0x3));
     }
 
     #[test]

@@ -7,19 +7,26 @@ use crate::layout::{PDPT_ADDR, PD_ADDR, PML4_ADDR};
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
 const HUGE: u64 = 1 << 7;
+/// Ring 3 may use every page: payloads run there.
+const USER: u64 = 1 << 2;
 /// How many page directories (each maps 1 GiB).
 pub const PD_COUNT: u64 = 4;
 
 /// The entries, as `(guest address, value)`, in the order they are written.
 pub fn entries() -> impl Iterator<Item = (u64, u64)> {
-    let pml4 = std::iter::once((PML4_ADDR, PDPT_ADDR | PRESENT | WRITABLE));
+    let pml4 = std::iter::once((PML4_ADDR, PDPT_ADDR | PRESENT | WRITABLE | USER));
     let pdpt = (0..PD_COUNT).map(|i| {
         (
             PDPT_ADDR + i * 8,
-            (PD_ADDR + i * 0x1000) | PRESENT | WRITABLE,
+            (PD_ADDR + i * 0x1000) | PRESENT | WRITABLE | USER,
         )
     });
-    let pds = (0..PD_COUNT * 512).map(|i| (PD_ADDR + i * 8, (i << 21) | PRESENT | WRITABLE | HUGE));
+    let pds = (0..PD_COUNT * 512).map(|i| {
+        (
+            PD_ADDR + i * 8,
+            (i << 21) | PRESENT | WRITABLE | HUGE | USER,
+        )
+    });
     pml4.chain(pdpt).chain(pds)
 }
 

@@ -15,6 +15,7 @@ const CR4_OSFXSR: u64 = 1 << 9;
 const CR4_OSXMMEXCPT: u64 = 1 << 10;
 const EFER_LME: u64 = 1 << 8;
 const EFER_LMA: u64 = 1 << 10;
+const RFLAGS_IOPL3: u64 = 3 << 12;
 
 /// Special registers: long mode, paging on with `cr3`, flat segments, SSE usable.
 pub fn long_mode_sregs(mut sregs: kvm_sregs, cr3: u64) -> kvm_sregs {
@@ -22,14 +23,15 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs, cr3: u64) -> kvm_sregs {
     sregs.gdt.limit = (std::mem::size_of_val(&gdt::GDT) - 1) as u16;
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
-    sregs.cs = gdt::segment(1);
-    let data = gdt::segment(2);
+    // Ring 3: payload code then runs natively instead of through KVM's emulator.
+    sregs.cs = gdt::segment(gdt::USER_CODE);
+    let data = gdt::segment(gdt::USER_DATA);
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
-    sregs.tr = gdt::segment(3);
+    sregs.tr = gdt::segment(gdt::TSS);
     sregs.cr3 = cr3;
     sregs.cr4 |= CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
     // Caches on (CD and NW clear), FPU/SSE usable (EM and TS clear).
@@ -46,7 +48,8 @@ pub fn entry_regs(entry: u64, vcpu_index: u8) -> kvm_regs {
         rbp: stack_top(vcpu_index),
         rdi: layout::BOOT_INFO_ADDR,
         rsi: u64::from(vcpu_index),
-        rflags: 0x2,
+        // IOPL 3: port I/O (console, exit) works from ring 3; interrupts stay off.
+        rflags: RFLAGS_IOPL3 | 0x2,
         ..Default::default()
     }
 }
@@ -70,7 +73,9 @@ mod tests {
         assert_ne!(s.cr4 & CR4_OSFXSR, 0);
         assert_eq!(s.efer & (EFER_LME | EFER_LMA), EFER_LME | EFER_LMA);
         assert_eq!(s.cs.l, 1);
-        assert_eq!(s.gdt.limit, 31);
+        assert_eq!(s.cs.dpl, 3, "payloads run in ring 3");
+        assert_eq!(s.ss.dpl, 3);
+        assert_eq!(s.gdt.limit, 55);
     }
 
     #[test]

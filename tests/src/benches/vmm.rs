@@ -1,24 +1,16 @@
-//! `vgpu-bench-vmm`: the VMM core's figures (issue 2), each beside its anchor from the same
-//! run: how long the vmm takes from start to the payload's `main`, and the vhost-user
-//! doorbell round trip, both against the raw cost of one KVM exit to userspace.
-//!
-//! Run: `cargo run --release -p vgpu-tests --bin vgpu-bench-vmm [-- --runs N]`
+//! The VMM core's figures (issue 2), each beside its anchor from the same run: how long
+//! the vmm takes from start to the payload's `main`, and the vhost-user doorbell round trip,
+//! both against the raw cost of one KVM exit to userspace.
 
-use std::path::PathBuf;
+use crate::bench::{bench_value, median, Figure, VM_DEADLINE};
+use crate::bins::payload;
+use crate::echo::EchoServer;
+use crate::run::run_payload;
 
-use vgpu_tests::bench::{bench_value, median, report, Figure, VM_DEADLINE};
-use vgpu_tests::bins::payload;
-use vgpu_tests::echo::EchoServer;
-use vgpu_tests::run::run_payload;
-
-fn main() {
-    let runs: usize = std::env::args()
-        .skip_while(|a| a != "--runs")
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    if !vgpu_tests::bins::have_kvm() {
-        eprintln!("vgpu-bench-vmm: /dev/kvm is not available; nothing to measure");
+/// Runs the VMM figures; `runs` VM starts are timed.
+pub fn run(runs: usize) -> Vec<Figure> {
+    if !crate::bins::have_kvm() {
+        eprintln!("vgpu-bench vmm: /dev/kvm is not available; nothing to measure");
         std::process::exit(2);
     }
 
@@ -62,7 +54,7 @@ fn main() {
     server.join();
     let _ = std::fs::remove_dir_all(&dir);
 
-    let figures = [
+    vec![
         Figure {
             name: "vmm start to payload main".into(),
             value: median(starts),
@@ -79,13 +71,10 @@ fn main() {
             anchor: exit_ns / 1000.0,
             anchor_unit: "us".into(),
         },
-    ];
-    if let Err(e) = report(&figures, &PathBuf::from("out/bench-vmm.json")) {
-        eprintln!("vgpu-bench-vmm: cannot write results: {e}");
-    }
+    ]
 }
 
 fn fail(what: &str, output: &str) -> ! {
-    eprintln!("vgpu-bench-vmm: {what} printed no figure:\n{output}");
+    eprintln!("vgpu-bench vmm: {what} printed no figure:\n{output}");
     std::process::exit(1);
 }

@@ -1,0 +1,4 @@
+//! The benchmarks behind `vgpu-bench <name>`.
+
+pub mod band;
+pub mod vmm;

@@ -1,0 +1,47 @@
+//! `vgpu-bench <name>`: the project's one benchmark entry point. Each benchmark prints
+//! `name: value unit | anchor: value unit | ratio: x` per figure and writes the same as
+//! JSON under `out/`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use vgpu_tests::bench::report;
+use vgpu_tests::benches;
+
+#[derive(Parser)]
+#[command(about = "vgpu benchmarks: every figure beside its anchor, measured in the same run")]
+struct Args {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// VMM start and vhost-user doorbell round trip vs one KVM exit (issue 2).
+    Vmm {
+        /// VM starts to time.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
+    /// BAND vs Credit vs FIFO, the grant path, HEFT vs round-robin mapping (issue 5).
+    Band {
+        /// Seconds of virtual time per scenario.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Seconds of real time for the grant-path run.
+        #[arg(long, default_value_t = 5)]
+        real_seconds: u64,
+    },
+}
+
+fn main() {
+    let args = Args::parse();
+    let (figures, name) = match args.bench {
+        Bench::Vmm { runs } => (benches::vmm::run(runs), "vmm"),
+        Bench::Band { seconds, real_seconds } => (benches::band::run(seconds, real_seconds), "band"),
+    };
+    if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
+        eprintln!("vgpu-bench: cannot write results: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,236 @@
+//! A vgpud started for one test: its own state directory and socket, the project's worker
+//! and vmm, stopped (SIGTERM, then SIGKILL) and cleaned up on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpud::client::{Client, Endpoint};
+
+/// A running vgpud.
+pub struct TestDaemon {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub client: Client,
+    pub log: PathBuf,
+}
+
+/// A fresh directory under the system temp dir.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("vgpud-test-{}-{tag}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// The vgpud command with the project's binaries and payload directory.
+pub fn vgpud_command(extra: &[&str]) -> Command {
+    // vgpud finds vgpu-worker and vmm next to itself; make sure they are built.
+    crate::bins::binary("vgpu-worker");
+    crate::bins::binary("vmm");
+    let mut cmd = Command::new(crate::bins::binary("vgpud"));
+    cmd.args(extra).env("RUST_LOG", "info").stdin(Stdio::null());
+    cmd
+}
+
+impl TestDaemon {
+    /// Starts vgpud on a unix socket with `extra` options and waits until it serves.
+    pub fn start(tag: &str, extra: &[&str]) -> Self {
+        let dir = temp_dir(tag);
+        let socket = dir.join("vgpud.sock");
+        let log = dir.join("vgpud.log");
+        let payloads = crate::bins::payload("hello");
+        let payload_dir = payloads.parent().expect("payload dir").to_owned();
+        let sock = socket.display().to_string();
+        let pdir = payload_dir.display().to_string();
+        let mut args = vec!["--socket", sock.as_str(), "--payload-dir", pdir.as_str()];
+        args.extend_from_slice(extra);
+        let child = vgpud_command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
+            .spawn()
+            .expect("cannot start vgpud");
+        let client = Client::new(Endpoint::Unix(socket.clone()), None);
+        let mut d = TestDaemon {
+            child: Some(child),
+            dir,
+            socket,
+            client,
+            log,
+        };
+        d.wait_serving();
+        d
+    }
+
+    fn wait_serving(&mut self) {
+        let start = Instant::now();
+        loop {
+            if self.client.gpus().is_ok() {
+                return;
+            }
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("vgpud exited ({st}) before serving:\n{}", self.log_text());
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "vgpud did not serve within 20 s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// vgpud's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// SIGTERM and wait (at most 10 s, then SIGKILL). Returns whether it exited by itself.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let pid = libc::pid_t::try_from(c.id()).unwrap_or(0);
+        // SAFETY: kill(2) on the pid of our own child, which we have not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = c.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether process `pid` still exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .map(str::trim_start)
+            .is_some_and(|r| r.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Direct children of `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Files left in `dir` (names).
+pub fn files_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Checks `value` against schema `name` of the OpenAPI document `spec`: every property
+/// the value has is declared, every required one is present, and each has the declared
+/// JSON type (recursing into `$ref`s, arrays and `oneOf`s). Returns what does not conform.
+pub fn conforms(spec: &serde_json::Value, name: &str, value: &serde_json::Value) -> Vec<String> {
+    let mut errs = Vec::new();
+    let schema = &spec["components"]["schemas"][name];
+    if schema.is_null() {
+        errs.push(format!("no schema {name} in the spec"));
+        return errs;
+    }
+    check(spec, schema, value, name, &mut errs);
+    errs
+}
+
+fn resolve<'a>(spec: &'a serde_json::Value, s: &'a serde_json::Value) -> &'a serde_json::Value {
+    match s.get("$ref").and_then(|r| r.as_str()) {
+        Some(r) => {
+            let name = r.rsplit('/').next().unwrap_or("");
+            &spec["components"]["schemas"][name]
+        }
+        None => s,
+    }
+}
+
+fn check(spec: &serde_json::Value, schema: &serde_json::Value, v: &serde_json::Value, at: &str, errs: &mut Vec<String>) {
+    use serde_json::Value;
+    let schema = resolve(spec, schema);
+    if let Some(alts) = schema.get("oneOf").and_then(Value::as_array) {
+        let ok = alts.iter().any(|alt| {
+            let mut e = Vec::new();
+            check(spec, alt, v, at, &mut e);
+            e.is_empty()
+        });
+        if !ok {
+            errs.push(format!("{at}: {v} matches none of oneOf"));
+        }
+        return;
+    }
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return,
+    };
+    let fits = types.iter().any(|t| match *t {
+        "null" => v.is_null(),
+        "boolean" => v.is_boolean(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "string" => v.is_string(),
+        "array" => v.is_array(),
+        "object" => v.is_object(),
+        _ => true,
+    });
+    if !fits {
+        errs.push(format!("{at}: {v} is not {types:?}"));
+        return;
+    }
+    if let (Some(props), Some(obj)) = (schema.get("properties").and_then(Value::as_object), v.as_object()) {
+        for (k, val) in obj {
+            match props.get(k) {
+                Some(p) => check(spec, p, val, &format!("{at}.{k}"), errs),
+                None => errs.push(format!("{at}.{k} is not in the spec")),
+            }
+        }
+        for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(r) = r.as_str() {
+                if !obj.contains_key(r) {
+                    errs.push(format!("{at}.{r} is required by the spec but missing"));
+                }
+            }
+        }
+    }
+    if let (Some(items), Some(arr)) = (schema.get("items"), v.as_array()) {
+        for (i, x) in arr.iter().enumerate() {
+            check(spec, items, x, &format!("{at}[{i}]"), errs);
+        }
+    }
+}
