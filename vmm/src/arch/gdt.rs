@@ -48,7 +48,7 @@ pub fn segment(index: u8) -> kvm_segment {
         } else {
             limit_raw as u32
         },
-        selector: u16::from(index) * 8 | ((entry >> 45) & 3) as u16,
+        selector: (u16::from(index) * 8) | ((entry >> 45) & 3) as u16,
         type_: ((entry >> 40) & 0xf) as u8,
         present: ((entry >> 47) & 1) as u8,
         dpl: ((entry >> 45) & 3) as u8,
