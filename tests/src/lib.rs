@@ -9,3 +9,4 @@ pub mod benches;
 pub mod bins;
 pub mod echo;
 pub mod run;
+pub mod worker;
