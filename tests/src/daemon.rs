@@ -180,7 +180,13 @@ fn resolve<'a>(spec: &'a serde_json::Value, s: &'a serde_json::Value) -> &'a ser
     }
 }
 
-fn check(spec: &serde_json::Value, schema: &serde_json::Value, v: &serde_json::Value, at: &str, errs: &mut Vec<String>) {
+fn check(
+    spec: &serde_json::Value,
+    schema: &serde_json::Value,
+    v: &serde_json::Value,
+    at: &str,
+    errs: &mut Vec<String>,
+) {
     use serde_json::Value;
     let schema = resolve(spec, schema);
     if let Some(alts) = schema.get("oneOf").and_then(Value::as_array) {
@@ -213,14 +219,27 @@ fn check(spec: &serde_json::Value, schema: &serde_json::Value, v: &serde_json::V
         errs.push(format!("{at}: {v} is not {types:?}"));
         return;
     }
-    if let (Some(props), Some(obj)) = (schema.get("properties").and_then(Value::as_object), v.as_object()) {
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+        if !allowed.contains(v) {
+            errs.push(format!("{at}: {v} is not one of {allowed:?}"));
+        }
+    }
+    if let (Some(props), Some(obj)) = (
+        schema.get("properties").and_then(Value::as_object),
+        v.as_object(),
+    ) {
         for (k, val) in obj {
             match props.get(k) {
                 Some(p) => check(spec, p, val, &format!("{at}.{k}"), errs),
                 None => errs.push(format!("{at}.{k} is not in the spec")),
             }
         }
-        for r in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+        for r in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(r) = r.as_str() {
                 if !obj.contains_key(r) {
                     errs.push(format!("{at}.{r} is required by the spec but missing"));

@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod benches;
 pub mod bins;
+pub mod daemon;
 pub mod echo;
 pub mod run;
 pub mod worker;

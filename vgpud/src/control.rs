@@ -10,6 +10,7 @@
 //! - daemon → worker: a [`Request`] with an id; the worker answers with
 //!   [`WorkerMessage::Reply`] carrying the same id. Commands: `stats`, `set_shares`,
 //!   `shutdown`.
+//! - worker → daemon, last: [`WorkerMessage::Final`] with its counters, before it exits.
 //!
 //! When the daemon's end closes (vgpud died), the worker shuts down as on SIGTERM.
 //! The fast path for BAND grants (issue 5) is shared memory + eventfd, not this socket;
@@ -101,6 +102,9 @@ pub enum WorkerMessage {
     Connected,
     /// The answer to request `id`.
     Reply { id: u64, body: ReplyBody },
+    /// The counters at the end, sent just before the worker exits (so the daemon's
+    /// accounting sees the last requests, not only its last sample).
+    Final { stats: WorkerStats },
 }
 
 /// One message as a line (with its newline).

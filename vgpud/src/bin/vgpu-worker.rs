@@ -478,12 +478,19 @@ fn run(args: Args) -> Result<(), WorkerError> {
         }
         None => None,
     };
-    serve(&mut listener, vgpu, &shutdown, || {
+    let served = serve(&mut listener, vgpu, &shutdown, || {
         state.connected.store(true, Ordering::Relaxed);
         if let Some(out) = &out {
             out.send(&WorkerMessage::Connected);
         }
-    })?;
+    });
+    if let Some(out) = &out {
+        state.connected.store(false, Ordering::Relaxed);
+        out.send(&WorkerMessage::Final {
+            stats: state.stats(),
+        });
+    }
+    served?;
     tracing::info!("frontend gone; exiting");
     Ok(())
 }

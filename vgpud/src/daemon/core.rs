@@ -567,18 +567,22 @@ impl Daemon {
         })?;
         drop(theirs);
         let weak = Arc::downgrade(self);
-        let (link, ready) =
-            match link::start(std::os::unix::net::UnixStream::from(ours), move || {
-                if let Some(d) = weak.upgrade() {
-                    d.on_connected(id);
+        let on_event = move |e: link::Event| {
+            if let Some(d) = weak.upgrade() {
+                match e {
+                    link::Event::Connected => d.on_connected(id),
+                    link::Event::Final(stats) => d.record_sample(id, stats),
                 }
-            }) {
-                Ok(v) => v,
-                Err(e) => {
-                    proc.signal(libc::SIGKILL);
-                    return Err(ApiError::internal(format!("control channel: {e}")));
-                }
-            };
+            }
+        };
+        let (link, ready) = match link::start(std::os::unix::net::UnixStream::from(ours), on_event)
+        {
+            Ok(v) => v,
+            Err(e) => {
+                proc.signal(libc::SIGKILL);
+                return Err(ApiError::internal(format!("control channel: {e}")));
+            }
+        };
         tracing::info!(vgpu = id, pid = proc.pid, "worker started");
         if let Some(rec) = self.lock().vgpus.get_mut(&id) {
             rec.worker = Some(WorkerHandle {

@@ -7,7 +7,16 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{self, Command, ReplyBody, Request, WorkerMessage};
+use crate::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
+
+/// What a worker reports without being asked (besides `ready`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event {
+    /// Its vmm connected.
+    Connected,
+    /// Its counters at the end; it exits next.
+    Final(WorkerStats),
+}
 
 type Pending = oneshot::Sender<Result<ReplyBody, String>>;
 
@@ -35,18 +44,17 @@ impl Link {
     }
 }
 
-/// Starts serving the channel on the runtime. `on_connected` runs when the worker reports
-/// that its vmm connected. The returned receiver yields the worker's pid once it is ready
+/// Starts serving the channel on the runtime. `on_event` runs for each unprompted report. The returned receiver yields the worker's pid once it is ready
 /// (its socket bound); it is dropped unanswered if the channel closes first.
 pub fn start(
     stream: std::os::unix::net::UnixStream,
-    on_connected: impl Fn() + Send + 'static,
+    on_event: impl Fn(Event) + Send + 'static,
 ) -> std::io::Result<(Link, oneshot::Receiver<u32>)> {
     stream.set_nonblocking(true)?;
     let stream = UnixStream::from_std(stream)?;
     let (tx, rx) = mpsc::channel(16);
     let (ready_tx, ready_rx) = oneshot::channel();
-    tokio::spawn(serve(stream, rx, ready_tx, on_connected));
+    tokio::spawn(serve(stream, rx, ready_tx, on_event));
     Ok((Link { tx }, ready_rx))
 }
 
@@ -54,7 +62,7 @@ async fn serve(
     stream: UnixStream,
     mut commands: mpsc::Receiver<(Command, Pending)>,
     ready: oneshot::Sender<u32>,
-    on_connected: impl Fn(),
+    on_event: impl Fn(Event),
 ) {
     let (rd, mut wr) = stream.into_split();
     let limit = u64::try_from(control::MAX_LINE).unwrap_or(u64::MAX) + 1;
@@ -99,7 +107,8 @@ async fn serve(
                             let _ = r.send(pid);
                         }
                     }
-                    Ok(WorkerMessage::Connected) => on_connected(),
+                    Ok(WorkerMessage::Connected) => on_event(Event::Connected),
+                    Ok(WorkerMessage::Final { stats }) => on_event(Event::Final(stats)),
                     Ok(WorkerMessage::Reply { id, body }) => match pending.remove(&id) {
                         Some(p) => {
                             let _ = p.send(Ok(body));
