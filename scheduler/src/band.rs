@@ -37,6 +37,19 @@ impl Rule for BandRule {
     fn may_lease(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
         !acc.over_share(vgpu, now)
     }
+
+    fn urgency(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> Option<f64> {
+        // The vGPU furthest below its share (counting half of its typical burst) goes
+        // first. Gdev takes the head of a rotating queue, which with more than two vGPUs
+        // lets one that is over its share go ahead of one that is starved.
+        acc.headroom_after_grant(vgpu, now)
+    }
+
+    fn may_take_free(acc: &Accounts, vgpu: VgpuId, now: Nanos, waiting: bool) -> bool {
+        // During the time-buffer we wait for a vGPU under its share: an arrival from one
+        // over its share would undo the very wait.
+        !waiting || !acc.over_share_after_grant(vgpu, now)
+    }
 }
 
 /// The BAND policy.

@@ -19,6 +19,15 @@ pub(crate) trait Rule: Send {
     fn may_continue(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool;
     /// Whether a vGPU just granted may keep the resource for a lease.
     fn may_lease(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool;
+    /// How strongly `vgpu` should go next (higher first); `None` keeps queue order.
+    fn urgency(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos) -> Option<f64> {
+        None
+    }
+    /// Whether an arrival while the resource is free may take it at once. During a
+    /// time-buffering wait the policy may want only the arrival it is waiting for.
+    fn may_take_free(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos, _waiting: bool) -> bool {
+        true
+    }
 }
 
 pub(crate) struct Exclusive<R: Rule> {
@@ -72,8 +81,22 @@ impl<R: Rule> Exclusive<R> {
         self.order.insert(at, vgpu);
     }
 
-    fn select(&self) -> Option<VgpuId> {
+    fn select(&self, now: Nanos) -> Option<VgpuId> {
         let has_work = |v: &VgpuId| self.acc.get(*v).is_ok_and(|a| a.pending > 0);
+        let keyed = self
+            .order
+            .iter()
+            .copied()
+            .filter(has_work)
+            .filter_map(|v| R::urgency(&self.acc, v, now).map(|u| (v, u)))
+            // Ties keep queue order: max_by returns the last maximum, so compare reversed.
+            .fold(None, |best: Option<(VgpuId, f64)>, (v, u)| match best {
+                Some((_, bu)) if bu >= u => best,
+                _ => Some((v, u)),
+            });
+        if let Some((v, _)) = keyed {
+            return Some(v);
+        }
         self.order
             .iter()
             .copied()
@@ -85,7 +108,7 @@ impl<R: Rule> Exclusive<R> {
     fn pass_on(&mut self, finished: Option<VgpuId>, now: Nanos) -> Vec<Grant> {
         self.current = None;
         self.hold_until = None;
-        let Some(next) = self.select() else {
+        let Some(next) = self.select(now) else {
             return Vec::new();
         };
         if let Some(f) = finished {
@@ -124,11 +147,12 @@ impl<R: Rule> Exclusive<R> {
         self.acc.roll(now);
         self.acc.get_mut(vgpu)?.pending += 1;
         match self.current {
-            None => {
+            None if R::may_take_free(&self.acc, vgpu, now, self.wait_until.is_some()) => {
                 self.wait_until = None;
                 self.current = Some(vgpu);
                 Ok(self.grant_all(vgpu, now))
             }
+            None => Ok(Vec::new()),
             Some(c)
                 if c == vgpu && (self.holding(now) || R::may_continue(&self.acc, vgpu, now)) =>
             {

@@ -91,7 +91,8 @@ impl Report {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    Arrive(VgpuId),
+    /// Workload `i` (an index into the workloads) submits.
+    Arrive(usize),
     /// The device finished the request at the head of its queue for `resource`.
     Done(Resource),
     Tick,
@@ -120,9 +121,22 @@ impl Rng {
 /// One device engine: granted requests run one after another.
 #[derive(Default)]
 struct Engine {
+    /// Granted, not started: per vGPU, how many (the workload is chosen at start).
     queue: VecDeque<VgpuId>,
-    /// The running request: its vGPU and start.
-    running: Option<(VgpuId, Nanos)>,
+    /// The running request: its workload index and start.
+    running: Option<(usize, Nanos)>,
+}
+
+/// The workload of `vgpu` on `r` whose request starts next (one with a request waiting).
+fn take_waiting(waiting: &mut [u32], workloads: &[Workload], vgpu: VgpuId, r: Resource) -> usize {
+    let i = workloads
+        .iter()
+        .enumerate()
+        .position(|(i, w)| w.vgpu == vgpu && w.resource == r && waiting[i] > 0)
+        .or_else(|| workloads.iter().position(|w| w.vgpu == vgpu && w.resource == r))
+        .unwrap_or(0);
+    waiting[i] = waiting[i].saturating_sub(1);
+    i
 }
 
 /// Runs `workloads` on a GPU scheduled by `sched` for `duration`, with `window`-long
@@ -145,16 +159,24 @@ pub fn run(
         seq += 1;
         events.push(Reverse((t, seq, e)));
     };
-    let by_id: BTreeMap<VgpuId, &Workload> = workloads.iter().map(|w| (w.vgpu, w)).collect();
-    for w in workloads {
-        if sched.add(w.vgpu, w.compute_share, w.copy_share, 0).is_err() {
-            continue;
+    // A vGPU may have several workloads (compute and copy, say): it joins the scheduler
+    // once, with the shares of its first workload.
+    let mut added = std::collections::BTreeSet::new();
+    for (i, w) in workloads.iter().enumerate() {
+        if !added.contains(&w.vgpu) {
+            if sched.add(w.vgpu, w.compute_share, w.copy_share, 0).is_err() {
+                continue;
+            }
+            added.insert(w.vgpu);
         }
         for s in 0..w.streams {
-            push(&mut events, u64::from(s), Event::Arrive(w.vgpu));
+            push(&mut events, u64::from(s), Event::Arrive(i));
         }
     }
     let nwin = duration.div_ceil(window.max(1)) as usize;
+    // Submitted and not yet started, per workload.
+    let mut waiting = vec![0u32; workloads.len()];
+    // Engines queue workload indices, so each request keeps its burst and think time.
     let mut engines: BTreeMap<Resource, Engine> = BTreeMap::new();
     let mut scheduled_tick: Option<Nanos> = None;
 
@@ -181,28 +203,27 @@ pub fn run(
             break;
         }
         let grants: Vec<ResourceGrant> = match event {
-            Event::Arrive(v) => {
+            Event::Arrive(i) => {
                 report.calls += 1;
-                sched.submit(v, by_id[&v].resource, now).unwrap_or_default()
+                waiting[i] += 1;
+                sched.submit(workloads[i].vgpu, workloads[i].resource, now).unwrap_or_default()
             }
             Event::Done(ix) => {
                 let engine = engines.entry(ix).or_default();
-                let Some((v, started)) = engine.running.take() else {
+                let Some((i, started)) = engine.running.take() else {
                     continue;
                 };
+                let v = workloads[i].vgpu;
                 account(&mut report, v, ix, started, now);
                 *report.completed.entry(v).or_default() += 1;
-                push(&mut events, now + by_id[&v].think, Event::Arrive(v));
+                push(&mut events, now + workloads[i].think, Event::Arrive(i));
                 report.calls += 1;
                 let g = sched.complete(v, ix, started, now).unwrap_or_default();
                 // Start the next queued request on this engine.
                 if let Some(next) = engine.queue.pop_front() {
-                    engine.running = Some((next, now));
-                    push(
-                        &mut events,
-                        now + rng.burst(by_id[&next].burst),
-                        Event::Done(ix),
-                    );
+                    let j = take_waiting(&mut waiting, workloads, next, ix);
+                    engine.running = Some((j, now));
+                    push(&mut events, now + rng.burst(workloads[j].burst), Event::Done(ix));
                 }
                 g
             }
@@ -220,12 +241,9 @@ pub fn run(
             }
             if engine.running.is_none() {
                 if let Some(next) = engine.queue.pop_front() {
-                    engine.running = Some((next, now));
-                    push(
-                        &mut events,
-                        now + rng.burst(by_id[&next].burst),
-                        Event::Done(ix),
-                    );
+                    let j = take_waiting(&mut waiting, workloads, next, ix);
+                    engine.running = Some((j, now));
+                    push(&mut events, now + rng.burst(workloads[j].burst), Event::Done(ix));
                 }
             }
         }
@@ -239,9 +257,9 @@ pub fn run(
     }
     // Requests still running at the end count up to the end.
     for (ix, e) in &engines {
-        if let Some((v, started)) = e.running {
+        if let Some((i, started)) = e.running {
             if started < duration {
-                account(&mut report, v, *ix, started, duration);
+                account(&mut report, workloads[i].vgpu, *ix, started, duration);
             }
         }
     }

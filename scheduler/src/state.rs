@@ -249,12 +249,15 @@ impl Accounts {
     /// at once, and deciding at the burst's midpoint centres the oscillation on the share
     /// instead of above it.
     pub fn over_share_after_grant(&self, vgpu: VgpuId, now: Nanos) -> bool {
-        match (self.map.get(&vgpu), self.utilization(vgpu, now)) {
-            (Some(a), Some(u)) => {
-                u + a.burst_ewma / (2.0 * self.config.period as f64) > a.share.fraction
-            }
-            _ => false,
-        }
+        self.headroom_after_grant(vgpu, now).is_some_and(|h| h < 0.0)
+    }
+
+    /// Share minus utilization after half of the vGPU's typical burst: how far below its
+    /// share a grant would leave it (negative: over).
+    pub fn headroom_after_grant(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {
+        let a = self.map.get(&vgpu)?;
+        let u = self.utilization(vgpu, now)?;
+        Some(a.share.fraction - (u + a.burst_ewma / (2.0 * self.config.period as f64)))
     }
 
     pub fn over_share(&self, vgpu: VgpuId, now: Nanos) -> bool {
