@@ -35,6 +35,8 @@ pub struct Vgpu {
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
     gate: Arc<dyn Gate>,
+    /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
+    slots: Option<Arc<crate::slots::HwSlots>>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -60,7 +62,15 @@ impl Vgpu {
             stats: Stats::default(),
             alloc_lock: Mutex::new(()),
             gate: Arc::new(Ungated),
+            slots: None,
         })
+    }
+
+    /// Limits this vGPU's concurrent kernels to `slots` hardware queues, handed out by
+    /// `policy` when streams outnumber them.
+    pub fn with_slots(mut self, slots: Arc<crate::slots::HwSlots>) -> Self {
+        self.slots = Some(slots);
+        self
     }
 
     /// Puts every copy and kernel behind `gate` (the grant path to vgpud's scheduler).
@@ -450,6 +460,9 @@ impl Vgpu {
             block: la.block,
             shared_bytes: la.shared_bytes,
         };
+        // A hardware queue first (ranked by the guest's HEFT rank), then the GPU's
+        // scheduler.
+        let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
         let _permit = self.gate.acquire(Resource::Compute);
         let stats = self
             .backend

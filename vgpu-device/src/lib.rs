@@ -13,6 +13,7 @@ mod config;
 mod device;
 mod error;
 mod events;
+mod slots;
 mod stats;
 mod vhost;
 
@@ -26,5 +27,6 @@ pub use config::{DeviceConfig, DEFAULT_QUEUE_SIZE, MAX_QUEUES};
 pub use device::Vgpu;
 pub use error::{ConfigError, RequestError};
 pub use events::MAX_EVENTS;
+pub use slots::{HwSlots, SlotPolicy};
 pub use stats::StatsSnapshot;
 pub use vhost::{Memory, VgpuVhostBackend, Vring};
