@@ -1,1 +1,711 @@
-fn main() {}
+//! `vgpu-demo`: the README's first command (`./ci/demo.sh`).
+//!
+//! Starts vgpud on the sim backend (2 GPUs), creates two vGPUs with different shares on
+//! GPU 0, launches two VMs running the `gpu-load` payload (repeated copies and kernels, each
+//! round's result checked by checksum), shows live per-vGPU utilization, ends with a
+//! summary table and a PNG plot of utilization over time, and cleans up: no processes,
+//! sockets or state left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use vgpud::api::{MigrateRequest, Vgpu, VgpuCreate, VmCreate, VmState};
+use vgpud::client::{Client, ClientError, Endpoint};
+use vgpud::units::human_bytes;
+
+/// Two VMs share one simulated GPU through vGPUs with different shares.
+#[derive(Parser, Debug)]
+#[command(name = "vgpu-demo", version)]
+struct Args {
+    /// Rounds of work each VM runs (a round: copy 64 KiB in, saxpy, a spin kernel).
+    #[arg(long, default_value_t = 800)]
+    rounds: u64,
+    /// Length of each round's spin kernel, µs.
+    #[arg(long, default_value_t = 10_000)]
+    spin_us: u64,
+    /// Stop the VMs after this many seconds if they have not finished.
+    #[arg(long, default_value_t = 45)]
+    max_seconds: u64,
+    /// Where the PNG plot goes [default: target/vgpu-demo/utilization.png].
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// Why the demo failed; each says what to do.
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    #[error("/dev/kvm is not usable here ({0}); the demo runs its guests under KVM: run it on a Linux host with KVM enabled (and read/write access to /dev/kvm)")]
+    NoKvm(std::io::Error),
+    #[error("cannot build the payload guests: {0}")]
+    Payload(String),
+    #[error("{what}: {why}")]
+    Start { what: String, why: String },
+    #[error("vgpud: {0}")]
+    Api(#[from] ClientError),
+    #[error("cannot write the plot {path}: {why}")]
+    Plot { path: PathBuf, why: String },
+}
+
+/// One sample of one vGPU.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    t: f64,
+    compute: f64,
+    copy: f64,
+}
+
+struct Tenant {
+    name: &'static str,
+    vgpu: Vgpu,
+    vm: u32,
+    samples: Vec<Sample>,
+    bar: ProgressBar,
+    round: u64,
+}
+
+/// vgpud as a child, stopped and cleaned up on drop.
+struct DaemonProc {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl DaemonProc {
+    fn stop(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        if let Ok(pid) = libc::pid_t::try_from(c.id()) {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = c.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        false
+    }
+}
+
+impl Drop for DaemonProc {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn sibling(name: &str) -> PathBuf {
+    vgpud::daemon::sibling_binary(name)
+}
+
+/// Under `cargo run`, builds the daemon, worker and vmm beside this binary (cargo builds
+/// only the binary it runs), so the demo never runs stale ones.
+fn build_siblings() -> Result<(), DemoError> {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return Ok(());
+    };
+    let release = sibling("vgpud")
+        .parent()
+        .is_some_and(|d| d.ends_with("release"));
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "vgpud", "-p", "vmm", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().map_err(|e| DemoError::Start {
+        what: "cannot run cargo to build vgpud and vmm".into(),
+        why: e.to_string(),
+    })?;
+    if !status.success() {
+        return Err(DemoError::Start {
+            what: "building vgpud and vmm failed".into(),
+            why: format!("cargo {status}; see its output above"),
+        });
+    }
+    Ok(())
+}
+
+fn start_daemon(dir: &Path) -> Result<(DaemonProc, Client), DemoError> {
+    let socket = dir.join("vgpud.sock");
+    let log = std::fs::File::create(dir.join("vgpud.log")).map_err(|e| DemoError::Start {
+        what: "vgpud log".into(),
+        why: e.to_string(),
+    })?;
+    let bin = sibling("vgpud");
+    let child = Command::new(&bin)
+        .arg("--socket")
+        .arg(&socket)
+        .args([
+            "--sim-gpus",
+            "2",
+            "--sim-memory",
+            "8G",
+            "--sim-copy-bw",
+            "12G",
+        ])
+        .args(["--stats-interval-ms", "200", "--stats-window-ms", "1000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .map_err(|e| DemoError::Start {
+            what: format!("cannot start {}", bin.display()),
+            why: format!("{e}; build it with `cargo build --release -p vgpud -p vmm`"),
+        })?;
+    let mut d = DaemonProc {
+        child: Some(child),
+        dir: dir.to_owned(),
+    };
+    let client = Client::new(Endpoint::Unix(socket), None);
+    let start = Instant::now();
+    while client.gpus().is_err() {
+        let exited = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+        if exited.is_some() || start.elapsed() > Duration::from_secs(15) {
+            let log = std::fs::read_to_string(dir.join("vgpud.log")).unwrap_or_default();
+            return Err(DemoError::Start {
+                what: "vgpud did not come up".into(),
+                why: log.lines().last().unwrap_or("no log").to_owned(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((d, client))
+}
+
+/// Migration mid-run: the hook the migration issue (7) fills in. Today the daemon answers
+/// 501, and the demo says so and carries on.
+fn migrate_mid_run(c: &Client, vgpu: u32, target_gpu: u32) -> String {
+    let req = MigrateRequest {
+        target_gpu: Some(target_gpu),
+        mode: Some("precopy".into()),
+        max_downtime_ms: Some(50),
+    };
+    match c.migrate_vgpu(vgpu, &req) {
+        Ok(v) => format!("vGPU {vgpu} migrating to GPU {target_gpu}: {v}"),
+        Err(ClientError::Api { status: 501, .. }) => format!(
+            "live migration of vGPU {vgpu} to GPU {target_gpu} mid-run: not available yet (issue 7; vgpud answered 501)"
+        ),
+        Err(e) => format!("migration request failed: {e}"),
+    }
+}
+
+fn vm_state(s: &VmState) -> String {
+    match s {
+        VmState::Starting => "starting".into(),
+        VmState::Running => "running".into(),
+        VmState::Exited { code } => format!("exited ({code})"),
+        VmState::Failed { reason } => format!("failed: {reason}"),
+    }
+}
+
+/// The last `round r/R` the guest printed.
+fn last_round(console: &str) -> Option<u64> {
+    console
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("gpu-load: round "))
+        .and_then(|r| r.split('/').next())
+        .and_then(|n| n.parse().ok())
+}
+
+fn run(args: Args) -> Result<(), DemoError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map_err(DemoError::NoKvm)?;
+    let t_all = Instant::now();
+    println!("vgpu demo: two VMs share one simulated GPU through vGPUs with different shares\n");
+    println!("building vgpud, vgpu-worker, vmm and the payload guests (once)...");
+    build_siblings()?;
+    for name in ["vgpud", "vgpu-worker", "vmm"] {
+        if !sibling(name).is_file() {
+            return Err(DemoError::Start {
+                what: format!("{} is missing", sibling(name).display()),
+                why: "build it with `cargo build --release -p vgpud -p vmm`".into(),
+            });
+        }
+    }
+    let payload =
+        payload_build::payload("gpu-load").map_err(|e| DemoError::Payload(e.to_string()))?;
+
+    let dir = std::env::temp_dir().join(format!("vgpu-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| DemoError::Start {
+        what: format!("cannot create {}", dir.display()),
+        why: e.to_string(),
+    })?;
+    let (mut daemon, c) = start_daemon(&dir)?;
+    println!("vgpud running (sim backend) on {}", c.endpoint());
+    for g in c.gpus()? {
+        println!(
+            "  GPU {}: {} {} memory, {:.0} GB/s copy",
+            g.index,
+            g.name,
+            human_bytes(g.memory_bytes),
+            g.copy_bandwidth as f64 / 1e9
+        );
+    }
+
+    let mut tenants = Vec::new();
+    for (name, share, mem, prio) in [("A", 0.7, 2u64 << 30, 1), ("B", 0.3, 1u64 << 30, 0)] {
+        let v = c.create_vgpu(&VgpuCreate {
+            gpu: Some(0),
+            memory_bytes: mem,
+            compute_share: share,
+            copy_share: Some(share),
+            priority: prio,
+            oversubscribe: false,
+            share_group: None,
+            queues: 1,
+        })?;
+        println!(
+            "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",
+            v.id,
+            human_bytes(v.memory_bytes),
+            share * 100.0
+        );
+        tenants.push((name, v));
+    }
+    let mut live = Vec::new();
+    let multi = MultiProgress::new();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if !tty {
+        multi.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let style = ProgressStyle::with_template("{prefix:>22} [{bar:40.cyan/blue}] {pos:>3}% {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("#>-");
+    for (name, v) in tenants {
+        let vm = c.create_vm(&VmCreate {
+            payload: Some(payload.display().to_string()),
+            payload_arg: format!("rounds={} spin_us={} check=50", args.rounds, args.spin_us),
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            memory_bytes: 128 << 20,
+            vcpus: 1,
+            vgpu_id: Some(v.id),
+            vgpu: None,
+        })?;
+        println!(
+            "launched VM {} on vGPU {} ({name}): gpu-load, {} rounds",
+            vm.id, v.id, args.rounds
+        );
+        let bar = multi.add(ProgressBar::new(100));
+        bar.set_style(style.clone());
+        bar.set_prefix(format!(
+            "vGPU {} ({name}, {:.0}%)",
+            v.id,
+            v.compute_share * 100.0
+        ));
+        live.push(Tenant {
+            name,
+            vgpu: v,
+            vm: vm.id,
+            samples: Vec::new(),
+            bar,
+            round: 0,
+        });
+    }
+    println!("\nlive compute utilization per vGPU (kernel time / wall time over the last second):");
+
+    let t0 = Instant::now();
+    let mut migrated = None;
+    let mut last_print = Instant::now();
+    loop {
+        let t = t0.elapsed().as_secs_f64();
+        let mut running = 0;
+        for tn in &mut live {
+            let s = c.vgpu_stats(tn.vgpu.id)?;
+            let vm = c.vm(tn.vm)?;
+            if vm.state.is_live() {
+                running += 1;
+            }
+            let console = String::from_utf8_lossy(&c.console(tn.vm, 0)?).into_owned();
+            tn.round = last_round(&console).unwrap_or(tn.round);
+            if s.live && s.window_ms > 0 {
+                tn.samples.push(Sample {
+                    t,
+                    compute: s.compute_utilization,
+                    copy: s.copy_utilization.unwrap_or(0.0),
+                });
+            }
+            let pct = (s.compute_utilization * 100.0).round().clamp(0.0, 100.0) as u64;
+            tn.bar.set_position(pct);
+            tn.bar.set_message(format!(
+                "copy {:>5.1}%  mem {:>9}  kernels {:>5}  round {}/{}  {}",
+                s.copy_utilization.unwrap_or(0.0) * 100.0,
+                human_bytes(s.memory_used_bytes),
+                s.kernels,
+                tn.round,
+                args.rounds,
+                vm_state(&vm.state)
+            ));
+            if !tty && last_print.elapsed() >= Duration::from_secs(2) {
+                println!(
+                    "  t={t:>5.1}s vGPU {} ({}): compute {:>5.1}%  copy {:>5.1}%  round {}/{}",
+                    tn.vgpu.id,
+                    tn.name,
+                    s.compute_utilization * 100.0,
+                    s.copy_utilization.unwrap_or(0.0) * 100.0,
+                    tn.round,
+                    args.rounds
+                );
+            }
+        }
+        if !tty && last_print.elapsed() >= Duration::from_secs(2) {
+            last_print = Instant::now();
+        }
+        if migrated.is_none() && t > 5.0 {
+            if let Some(b) = live.get(1) {
+                let msg = migrate_mid_run(&c, b.vgpu.id, 1);
+                multi.suspend(|| println!("  {msg}"));
+                migrated = Some(msg);
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        if t > args.max_seconds as f64 {
+            multi.suspend(|| println!("  stopping the VMs after {} s", args.max_seconds));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for tn in &live {
+        tn.bar.finish();
+    }
+
+    // Summary.
+    println!("\nsummary:");
+    println!(
+        "{:<6} {:<4} {:<4} {:>6} {:>9} {:>9} {:>8} {:>9} {:>7}  VM result",
+        "vGPU", "VM", "GPU", "share", "mean util", "peak util", "kernels", "HtoD", "errors"
+    );
+    let mut all_ok = true;
+    for tn in &live {
+        let s = c.vgpu_stats(tn.vgpu.id)?;
+        let vm = c.vm(tn.vm)?;
+        let console = String::from_utf8_lossy(&c.console(tn.vm, 0)?).into_owned();
+        let verdict = console
+            .lines()
+            .find(|l| l.starts_with("GPU-LOAD OK"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| vm_state(&vm.state));
+        all_ok &= matches!(vm.state, VmState::Exited { code: 0 });
+        let busy: Vec<f64> = tn.samples.iter().map(|s| s.compute).collect();
+        let mean = if busy.is_empty() {
+            0.0
+        } else {
+            busy.iter().sum::<f64>() / busy.len() as f64
+        };
+        let peak = busy.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:<6} {:<4} {:<4} {:>5.0}% {:>8.1}% {:>8.1}% {:>8} {:>9} {:>7}  {}",
+            format!("{} ({})", tn.vgpu.id, tn.name),
+            tn.vm,
+            tn.vgpu.gpu,
+            tn.vgpu.compute_share * 100.0,
+            mean * 100.0,
+            peak * 100.0,
+            s.kernels,
+            human_bytes(s.bytes_htod),
+            s.errors,
+            verdict
+        );
+    }
+    println!(
+        "\nshares are admitted and accounted by vgpud today; the sim GPU runs both vGPUs' kernels\n\
+         side by side, so each is busy for its own work. BAND (issue 5) will hold each vGPU to its\n\
+         share when they compete."
+    );
+    if let Some(m) = &migrated {
+        println!("{m}");
+    }
+
+    let plot = args.plot.clone().unwrap_or_else(|| {
+        let t = Path::new("target");
+        if t.is_dir() {
+            t.join("vgpu-demo")
+        } else {
+            PathBuf::from(".")
+        }
+        .join("utilization.png")
+    });
+    draw_plot(&plot, &live)?;
+    println!("plot of utilization over time: {}", plot.display());
+
+    // Clean up: VMs, vGPUs, the daemon, its directory.
+    let pids: Vec<u32> = c
+        .vgpus()?
+        .iter()
+        .filter_map(|v| v.worker_pid)
+        .chain(c.vms()?.iter().filter_map(|v| v.pid))
+        .collect();
+    for tn in &live {
+        c.delete_vm(tn.vm)?;
+        c.delete_vgpu(tn.vgpu.id)?;
+    }
+    let clean = daemon.stop();
+    let left: Vec<u32> = pids
+        .into_iter()
+        .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+        .collect();
+    drop(daemon);
+    println!(
+        "cleaned up: vgpud {}, {} left-over processes, state directory {}",
+        if clean { "stopped" } else { "killed" },
+        left.len(),
+        if dir.exists() {
+            "NOT removed"
+        } else {
+            "removed"
+        }
+    );
+    println!("done in {:.1} s", t_all.elapsed().as_secs_f64());
+    if !all_ok {
+        return Err(DemoError::Start {
+            what: "a VM did not finish cleanly".into(),
+            why: "see the summary above".into(),
+        });
+    }
+    Ok(())
+}
+
+// ---- the plot: plotters for lines, embedded-graphics' built-in bitmap font for text (no
+// system fonts or fontconfig needed) ----
+
+use embedded_graphics::mono_font::ascii::{FONT_6X10, FONT_9X15_BOLD};
+use embedded_graphics::mono_font::MonoTextStyle;
+use embedded_graphics::pixelcolor::{Rgb888, RgbColor as _};
+use embedded_graphics::prelude::{DrawTarget, OriginDimensions, Point, Size};
+use embedded_graphics::text::{Baseline, Text};
+use embedded_graphics::Drawable;
+use plotters::prelude::*;
+
+/// embedded-graphics drawing onto a plotters area.
+struct Canvas<'a, 'b> {
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    size: (u32, u32),
+}
+
+impl OriginDimensions for Canvas<'_, '_> {
+    fn size(&self) -> Size {
+        Size::new(self.size.0, self.size.1)
+    }
+}
+
+impl DrawTarget for Canvas<'_, '_> {
+    type Color = Rgb888;
+    type Error = std::convert::Infallible;
+
+    fn draw_iter<I>(&mut self, pixels: I) -> Result<(), Self::Error>
+    where
+        I: IntoIterator<Item = embedded_graphics::Pixel<Self::Color>>,
+    {
+        for embedded_graphics::Pixel(p, c) in pixels {
+            let _ = self
+                .area
+                .draw_pixel((p.x, p.y), &RGBColor(c.r(), c.g(), c.b()));
+        }
+        Ok(())
+    }
+}
+
+fn text(canvas: &mut Canvas<'_, '_>, s: &str, x: i32, y: i32, bold: bool, color: Rgb888) {
+    let font = if bold { &FONT_9X15_BOLD } else { &FONT_6X10 };
+    let _ = Text::with_baseline(
+        s,
+        Point::new(x, y),
+        MonoTextStyle::new(font, color),
+        Baseline::Top,
+    )
+    .draw(canvas);
+}
+
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
+fn draw_plot(path: &Path, tenants: &[Tenant]) -> Result<(), DemoError> {
+    let err = |e: &dyn std::fmt::Display| DemoError::Plot {
+        path: path.to_owned(),
+        why: e.to_string(),
+    };
+    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).map_err(|e| err(&e))?;
+    }
+    let (w, h) = (960u32, 540u32);
+    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let t_max = tenants
+        .iter()
+        .flat_map(|t| t.samples.iter().map(|s| s.t))
+        .fold(1.0f64, f64::max)
+        .ceil();
+    let y_max = tenants
+        .iter()
+        .flat_map(|t| t.samples.iter().map(|s| s.compute.max(s.copy)))
+        .fold(1.0f64, f64::max)
+        .max(1.0)
+        * 1.05;
+    let (left, right, top, bottom) = (70i32, 30i32, 50i32, 60i32);
+    let mut chart = ChartBuilder::on(&root)
+        .margin_left(left as u32)
+        .margin_right(right as u32)
+        .margin_top(top as u32)
+        .margin_bottom(bottom as u32)
+        .build_cartesian_2d(0f64..t_max, 0f64..y_max)
+        .map_err(|e| err(&e))?;
+    let grid = RGBColor(225, 225, 225);
+    let y_ticks: Vec<f64> = (0..=((y_max * 10.0) as i32))
+        .step_by(2)
+        .map(|i| f64::from(i) / 10.0)
+        .collect();
+    let x_step = (t_max / 10.0).ceil().max(1.0);
+    let x_ticks: Vec<f64> = (0..)
+        .map(|i| f64::from(i) * x_step)
+        .take_while(|&x| x <= t_max)
+        .collect();
+    for &y in &y_ticks {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(0.0, y), (t_max, y)],
+                grid,
+            )))
+            .map_err(|e| err(&e))?;
+    }
+    for &x in &x_ticks {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(x, 0.0), (x, y_max)],
+                grid,
+            )))
+            .map_err(|e| err(&e))?;
+    }
+    for (i, tn) in tenants.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let share = tn.vgpu.compute_share;
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(0.0, share), (t_max, share)],
+                8,
+                6,
+                color.stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(LineSeries::new(
+                tn.samples.iter().map(|s| (s.t, s.compute)),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(LineSeries::new(
+                tn.samples.iter().map(|s| (s.t, s.copy)),
+                color.mix(0.5).stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?;
+    }
+    let (x0, y0) = chart.backend_coord(&(0.0, 0.0));
+    let (x1, y1) = chart.backend_coord(&(t_max, y_max));
+    root.draw(&Rectangle::new([(x0, y1), (x1, y0)], BLACK.stroke_width(1)))
+        .map_err(|e| err(&e))?;
+    let mut canvas = Canvas {
+        area: &root,
+        size: (w, h),
+    };
+    text(
+        &mut canvas,
+        "vGPU compute utilization over time (sim GPU 0)",
+        left,
+        14,
+        true,
+        Rgb888::BLACK,
+    );
+    for &y in &y_ticks {
+        let (_, py) = chart.backend_coord(&(0.0, y));
+        text(
+            &mut canvas,
+            &format!("{:>4.0}%", y * 100.0),
+            x0 - 40,
+            py - 5,
+            false,
+            Rgb888::BLACK,
+        );
+    }
+    for &x in &x_ticks {
+        let (px, _) = chart.backend_coord(&(x, 0.0));
+        text(
+            &mut canvas,
+            &format!("{x:.0}"),
+            px - 6,
+            y0 + 6,
+            false,
+            Rgb888::BLACK,
+        );
+    }
+    text(
+        &mut canvas,
+        "time (s)",
+        (x0 + x1) / 2 - 24,
+        y0 + 22,
+        false,
+        Rgb888::BLACK,
+    );
+    text(&mut canvas, "util", 8, (y0 + y1) / 2, false, Rgb888::BLACK);
+    text(
+        &mut canvas,
+        "thick: compute, thin: copy, dashed: the vGPU's share",
+        x1 - 320,
+        30,
+        false,
+        Rgb888::new(90, 90, 90),
+    );
+    let mut ly = y1 + 8;
+    for (i, tn) in tenants.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let lx = x1 - 200;
+        let _ = root.draw(&PathElement::new(
+            vec![(lx, ly + 5), (lx + 24, ly + 5)],
+            c.stroke_width(2),
+        ));
+        text(
+            &mut canvas,
+            &format!(
+                "vGPU {} ({}), share {:.0}%",
+                tn.vgpu.id,
+                tn.name,
+                tn.vgpu.compute_share * 100.0
+            ),
+            lx + 30,
+            ly,
+            false,
+            Rgb888::new(c.0, c.1, c.2),
+        );
+        ly += 14;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-demo: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
