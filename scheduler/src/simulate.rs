@@ -133,7 +133,11 @@ fn take_waiting(waiting: &mut [u32], workloads: &[Workload], vgpu: VgpuId, r: Re
         .iter()
         .enumerate()
         .position(|(i, w)| w.vgpu == vgpu && w.resource == r && waiting[i] > 0)
-        .or_else(|| workloads.iter().position(|w| w.vgpu == vgpu && w.resource == r))
+        .or_else(|| {
+            workloads
+                .iter()
+                .position(|w| w.vgpu == vgpu && w.resource == r)
+        })
         .unwrap_or(0);
     waiting[i] = waiting[i].saturating_sub(1);
     i
@@ -206,7 +210,9 @@ pub fn run(
             Event::Arrive(i) => {
                 report.calls += 1;
                 waiting[i] += 1;
-                sched.submit(workloads[i].vgpu, workloads[i].resource, now).unwrap_or_default()
+                sched
+                    .submit(workloads[i].vgpu, workloads[i].resource, now)
+                    .unwrap_or_default()
             }
             Event::Done(ix) => {
                 let engine = engines.entry(ix).or_default();
@@ -223,7 +229,11 @@ pub fn run(
                 if let Some(next) = engine.queue.pop_front() {
                     let j = take_waiting(&mut waiting, workloads, next, ix);
                     engine.running = Some((j, now));
-                    push(&mut events, now + rng.burst(workloads[j].burst), Event::Done(ix));
+                    push(
+                        &mut events,
+                        now + rng.burst(workloads[j].burst),
+                        Event::Done(ix),
+                    );
                 }
                 g
             }
@@ -243,7 +253,11 @@ pub fn run(
                 if let Some(next) = engine.queue.pop_front() {
                     let j = take_waiting(&mut waiting, workloads, next, ix);
                     engine.running = Some((j, now));
-                    push(&mut events, now + rng.burst(workloads[j].burst), Event::Done(ix));
+                    push(
+                        &mut events,
+                        now + rng.burst(workloads[j].burst),
+                        Event::Done(ix),
+                    );
                 }
             }
         }

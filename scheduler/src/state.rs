@@ -249,7 +249,8 @@ impl Accounts {
     /// at once, and deciding at the burst's midpoint centres the oscillation on the share
     /// instead of above it.
     pub fn over_share_after_grant(&self, vgpu: VgpuId, now: Nanos) -> bool {
-        self.headroom_after_grant(vgpu, now).is_some_and(|h| h < 0.0)
+        self.headroom_after_grant(vgpu, now)
+            .is_some_and(|h| h < 0.0)
     }
 
     /// Share minus utilization after half of the vGPU's typical burst: how far below its

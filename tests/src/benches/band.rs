@@ -28,11 +28,31 @@ fn scenarios() -> Vec<Scenario> {
     let long = Burst::Uniform(MS, 10 * MS);
     let any = Burst::Uniform(100 * US, 10 * MS);
     vec![
-        Scenario { name: "50/50", vgpus: vec![(0.5, short), (0.5, long)] },
-        Scenario { name: "70/30", vgpus: vec![(0.7, short), (0.3, long)] },
-        Scenario { name: "30/70", vgpus: vec![(0.3, short), (0.7, long)] },
-        Scenario { name: "60/30/10", vgpus: vec![(0.6, short), (0.3, long), (0.1, any)] },
-        Scenario { name: "4x25", vgpus: vec![(0.25, short), (0.25, long), (0.25, any), (0.25, Burst::Uniform(5 * MS, 10 * MS))] },
+        Scenario {
+            name: "50/50",
+            vgpus: vec![(0.5, short), (0.5, long)],
+        },
+        Scenario {
+            name: "70/30",
+            vgpus: vec![(0.7, short), (0.3, long)],
+        },
+        Scenario {
+            name: "30/70",
+            vgpus: vec![(0.3, short), (0.7, long)],
+        },
+        Scenario {
+            name: "60/30/10",
+            vgpus: vec![(0.6, short), (0.3, long), (0.1, any)],
+        },
+        Scenario {
+            name: "4x25",
+            vgpus: vec![
+                (0.25, short),
+                (0.25, long),
+                (0.25, any),
+                (0.25, Burst::Uniform(5 * MS, 10 * MS)),
+            ],
+        },
     ]
 }
 
@@ -70,16 +90,34 @@ fn errors(r: &Report, s: &Scenario, kinds: &[Resource]) -> (f64, f64) {
 }
 
 fn busy_fraction(r: &Report, kinds: &[Resource]) -> f64 {
-    let total: u64 = r.busy.iter().filter(|((_, k), _)| kinds.contains(k)).map(|(_, b)| *b).sum();
+    let total: u64 = r
+        .busy
+        .iter()
+        .filter(|((_, k), _)| kinds.contains(k))
+        .map(|(_, b)| *b)
+        .sum();
     total as f64 / (r.duration as f64 * kinds.len() as f64)
 }
 
 fn sim(kind: PolicyKind, w: &[Workload], seconds: u64) -> Report {
-    simulate_run(GpuScheduler::new(kind, QueueMode::Mrq, Config::default()), w, seconds * 1000 * MS, 1000 * MS, 42)
+    simulate_run(
+        GpuScheduler::new(kind, QueueMode::Mrq, Config::default()),
+        w,
+        seconds * 1000 * MS,
+        1000 * MS,
+        42,
+    )
 }
 
 fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
-    Figure { name, value, unit: unit.into(), anchor_name: anchor_name.into(), anchor, anchor_unit: unit.into() }
+    Figure {
+        name,
+        value,
+        unit: unit.into(),
+        anchor_name: anchor_name.into(),
+        anchor,
+        anchor_unit: unit.into(),
+    }
 }
 
 /// The policies in virtual time.
@@ -101,15 +139,31 @@ fn policies(seconds: u64, out: &mut Vec<Figure>) {
                 let v = i as u32 + 1;
                 let k0 = k[0];
                 out.push(fig(
-                    format!("{} {kname}: vGPU {v} share {:.0}% got (BAND)", s.name, share * 100.0),
+                    format!(
+                        "{} {kname}: vGPU {v} share {:.0}% got (BAND)",
+                        s.name,
+                        share * 100.0
+                    ),
                     band.share_of_busy(v, k0) * 100.0,
                     "%",
                     "Credit",
                     credit.share_of_busy(v, k0) * 100.0,
                 ));
             }
-            out.push(fig(format!("{} {kname}: max share error, whole run (BAND)", s.name), be, "pp", "Credit", ce));
-            out.push(fig(format!("{} {kname}: max share error, 1 s windows (BAND)", s.name), bw, "pp", "Credit", cw));
+            out.push(fig(
+                format!("{} {kname}: max share error, whole run (BAND)", s.name),
+                be,
+                "pp",
+                "Credit",
+                ce,
+            ));
+            out.push(fig(
+                format!("{} {kname}: max share error, 1 s windows (BAND)", s.name),
+                bw,
+                "pp",
+                "Credit",
+                cw,
+            ));
             out.push(fig(
                 format!("{} {kname}: GPU busy (BAND)", s.name),
                 busy_fraction(&band, k) * 100.0,
@@ -128,10 +182,15 @@ fn burst(d: Duration) {
 
 /// Two vGPUs 70/30 through the real grant path; returns vGPU 1's share of busy time.
 fn real_split(policy: PolicyKind, seconds: u64) -> f64 {
-    let config = ServerConfig { policy, ..ServerConfig::default() };
+    let config = ServerConfig {
+        policy,
+        ..ServerConfig::default()
+    };
     let server = GrantServer::start(config, "bench").expect("scheduler thread");
     let client = |v, share| {
-        let fds = server.attach(v, Share::new(share), Share::new(share)).expect("attach");
+        let fds = server
+            .attach(v, Share::new(share), Share::new(share))
+            .expect("attach");
         Arc::new(GrantClient::from_fds(fds.page, fds.doorbell).expect("client"))
     };
     let (a, b) = (client(1, 0.7), client(2, 0.3));
@@ -160,10 +219,15 @@ fn real_split(policy: PolicyKind, seconds: u64) -> f64 {
 fn grant_latency(lease: bool, n: u32) -> Duration {
     let mut config = ServerConfig::default();
     if !lease {
-        config.sched = Config { lease: 0, ..Config::default() };
+        config.sched = Config {
+            lease: 0,
+            ..Config::default()
+        };
     }
     let server = GrantServer::start(config, "bench").expect("scheduler thread");
-    let fds = server.attach(1, Share::new(1.0), Share::new(1.0)).expect("attach");
+    let fds = server
+        .attach(1, Share::new(1.0), Share::new(1.0))
+        .expect("attach");
     let c = GrantClient::from_fds(fds.page, fds.doorbell).expect("client");
     for _ in 0..100 {
         drop(c.acquire(Resource::Compute));
@@ -199,11 +263,20 @@ fn socket_round_trip(n: u32) -> Duration {
 }
 
 fn mapping(out: &mut Vec<Figure>) {
-    let cases = [("NW-like wavefront 16x16", wavefront(16, 16, 100 * US)), ("random DAG 300 tasks", random_dag(300, 16, 9))];
+    let cases = [
+        ("NW-like wavefront 16x16", wavefront(16, 16, 100 * US)),
+        ("random DAG 300 tasks", random_dag(300, 16, 9)),
+    ];
     for (name, g) in cases {
         let prio = simulate(&g, 4, Mapping::Priority).unwrap_or(0);
         let rr = simulate(&g, 4, Mapping::RoundRobin { quantum: 100 * US }).unwrap_or(0);
-        out.push(fig(format!("makespan, {name}, 16 queues on 4 slots (HEFT priority)"), prio as f64 / 1e6, "ms", "round-robin, 100 us quantum", rr as f64 / 1e6));
+        out.push(fig(
+            format!("makespan, {name}, 16 queues on 4 slots (HEFT priority)"),
+            prio as f64 / 1e6,
+            "ms",
+            "round-robin, 100 us quantum",
+            rr as f64 / 1e6,
+        ));
     }
 }
 
@@ -212,11 +285,29 @@ pub fn run(seconds: u64, real_seconds: u64) -> Vec<Figure> {
     policies(seconds, &mut out);
     let band = real_split(PolicyKind::Band, real_seconds);
     let credit = real_split(PolicyKind::Credit, real_seconds);
-    out.push(fig("real time 70/30 (0.2 ms vs 5 ms kernels): vGPU 1 got (BAND)".into(), band * 100.0, "%", "Credit", credit * 100.0));
+    out.push(fig(
+        "real time 70/30 (0.2 ms vs 5 ms kernels): vGPU 1 got (BAND)".into(),
+        band * 100.0,
+        "%",
+        "Credit",
+        credit * 100.0,
+    ));
     let n = 20_000;
     let sock = socket_round_trip(n).as_secs_f64() * 1e6;
-    out.push(fig("grant round trip, holder's lease".into(), grant_latency(true, n).as_secs_f64() * 1e6, "us", "unix socket round trip", sock));
-    out.push(fig("grant round trip, no lease (ask + grant)".into(), grant_latency(false, n / 4).as_secs_f64() * 1e6, "us", "unix socket round trip", sock));
+    out.push(fig(
+        "grant round trip, holder's lease".into(),
+        grant_latency(true, n).as_secs_f64() * 1e6,
+        "us",
+        "unix socket round trip",
+        sock,
+    ));
+    out.push(fig(
+        "grant round trip, no lease (ask + grant)".into(),
+        grant_latency(false, n / 4).as_secs_f64() * 1e6,
+        "us",
+        "unix socket round trip",
+        sock,
+    ));
     mapping(&mut out);
     out
 }

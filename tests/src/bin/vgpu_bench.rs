@@ -38,7 +38,10 @@ fn main() {
     let args = Args::parse();
     let (figures, name) = match args.bench {
         Bench::Vmm { runs } => (benches::vmm::run(runs), "vmm"),
-        Bench::Band { seconds, real_seconds } => (benches::band::run(seconds, real_seconds), "band"),
+        Bench::Band {
+            seconds,
+            real_seconds,
+        } => (benches::band::run(seconds, real_seconds), "band"),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");
