@@ -8,7 +8,8 @@
 //! `VGPU_PAYLOAD_DIR` pointing at prebuilt payloads (docs/cuda.md).
 //!
 //! `gpu_copy_sweep` (ignored by default) is the guest side of the CUDA backend benchmark:
-//! vecadd's copy bandwidth for buffers of 4 KiB to 256 MiB, one VM per size.
+//! vecadd's copy bandwidth for buffers of 4 KiB to 512 MiB (the largest vecadd's heap
+//! holds), one VM per size.
 
 use std::time::Duration;
 
@@ -96,15 +97,23 @@ fn gpu_copy_sweep() {
         (1 << 22, "16MiB"),
         (1 << 24, "64MiB"),
         (1 << 26, "256MiB"),
+        (1 << 27, "512MiB"),
     ] {
-        let Some(w) = cuda_worker(label, "4G", 1) else {
+        // a, b, c and a second c in the guest heap (which lives below the 3 GiB hole, so
+        // 512 MiB buffers are the largest vecadd can hold); a, b, c on the device.
+        let (guest_mem, share) = if n >= 1 << 27 {
+            ("3G", "4G")
+        } else {
+            ("2G", "4G")
+        };
+        let Some(w) = cuda_worker(label, share, 1) else {
             return;
         };
         let out = run_payload(
             &payload("vecadd"),
             &[
                 "--memory",
-                "2G",
+                guest_mem,
                 "--vgpu",
                 &w.vgpu_arg(),
                 "--payload-arg",
