@@ -29,7 +29,8 @@ struct Args {
     /// Stop the VMs after this many seconds if they have not finished.
     #[arg(long, default_value_t = 45)]
     max_seconds: u64,
-    /// Where the PNG plot goes [default: target/vgpu-demo/utilization.png].
+    /// Where the PNG plot goes [default: vgpu-demo/utilization.png in the cargo target
+    /// directory, e.g. target/vgpu-demo/utilization.png].
     #[arg(long)]
     plot: Option<PathBuf>,
 }
@@ -430,14 +431,14 @@ fn run(args: Args) -> Result<(), DemoError> {
         println!("{m}");
     }
 
+    // Beside the build: target/vgpu-demo/ (this binary runs from target/<profile>/).
     let plot = args.plot.clone().unwrap_or_else(|| {
-        let t = Path::new("target");
-        if t.is_dir() {
-            t.join("vgpu-demo")
-        } else {
-            PathBuf::from(".")
-        }
-        .join("utilization.png")
+        sibling("vgpud")
+            .parent()
+            .and_then(Path::parent)
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+            .join("vgpu-demo")
+            .join("utilization.png")
     });
     draw_plot(&plot, &live)?;
     println!("plot of utilization over time: {}", plot.display());
