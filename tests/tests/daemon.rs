@@ -912,6 +912,14 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
         freed.as_millis()
     );
     assert!(!alive(worker), "the victim's worker still runs");
+    // The vmm's exit is reaped independently of the worker's; both within the second.
+    while c.vm(victim.id).expect("vm").state.is_live() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the victim's death not seen within 1 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     match c.vm(victim.id).expect("vm").state {
         VmState::Failed { reason } => assert!(reason.contains("signal 9"), "{reason}"),
         other => panic!("victim state {other:?}"),
