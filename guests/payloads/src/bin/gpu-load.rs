@@ -106,11 +106,13 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     if 1000 + rounds.saturating_mul(7) >= EXACT_LIMIT {
         return Err(fail(
             EXIT_BAD_ARGS,
-            format_args!("rounds must stay below {} (exact f32 sums)", (EXACT_LIMIT - 1000) / 7),
+            format_args!(
+                "rounds must stay below {} (exact f32 sums)",
+                (EXACT_LIMIT - 1000) / 7
+            ),
         ));
     }
-    let (_gpu, mut s) =
-        open_single(boot).map_err(|e| fail(EXIT_NO_DEVICE, format_args!("{e}")))?;
+    let (_gpu, mut s) = open_single(boot).map_err(|e| fail(EXIT_NO_DEVICE, format_args!("{e}")))?;
     let info = s.get_info().map_err(driver("GET_INFO"))?;
     println!(
         "gpu-load: vGPU {} share {} MiB compute {}/1000: {rounds} rounds of {n} elements, spin {spin_us} us",
