@@ -381,7 +381,7 @@ fn run(args: Args) -> Result<(), DemoError> {
         std::thread::sleep(Duration::from_millis(250));
     }
     for tn in &live {
-        tn.bar.finish();
+        tn.bar.abandon();
     }
 
     // Summary.
