@@ -155,6 +155,7 @@ impl Inner {
 }
 
 /// A validated vGPU request (shares in per-mille).
+#[derive(Debug)]
 struct VgpuAsk {
     gpu: Option<u32>,
     memory: u64,
@@ -1595,4 +1596,148 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let _ = std::fs::remove_file(&lock_path);
     tracing::info!("vgpud stopped");
     served.map_err(DaemonError::Runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon(gpus: u32) -> Daemon {
+        Daemon::new(Config {
+            listen: Listen::Unix("/nonexistent/vgpud.sock".into()),
+            token: None,
+            state_dir: "/nonexistent".into(),
+            gpus: (0..gpus)
+                .map(|i| GpuConfig {
+                    name: format!("g{i}"),
+                    memory: 4 << 30,
+                    copy_bandwidth: 0,
+                    speed: 1.0,
+                })
+                .collect(),
+            worker_bin: "/nonexistent/vgpu-worker".into(),
+            vmm_bin: "/nonexistent/vmm".into(),
+            sim_threads: 1,
+            payload_dir: None,
+            stats_interval: Duration::from_millis(250),
+            stats_window: Duration::from_secs(1),
+        })
+    }
+
+    fn spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {
+        VgpuCreate {
+            gpu,
+            memory_bytes: memory,
+            compute_share: compute,
+            copy_share: None,
+            priority: 0,
+            oversubscribe: false,
+            share_group: None,
+            queues: 1,
+        }
+    }
+
+    fn admit(d: &Daemon, s: VgpuCreate) -> Result<u32, ApiError> {
+        let ask = d.validate_vgpu(&s)?;
+        let mut inner = d.lock();
+        d.admit(&mut inner, ask, None)
+    }
+
+    #[test]
+    fn shares_and_memory_are_admitted_up_to_the_gpu() {
+        let d = daemon(1);
+        admit(&d, spec(Some(0), 3 << 30, 0.7)).expect("fits");
+        let e = admit(&d, spec(Some(0), 1 << 20, 0.31)).expect_err("compute past 100%");
+        assert_eq!(
+            (e.status, e.field.as_deref()),
+            (axum::http::StatusCode::CONFLICT, Some("compute_share"))
+        );
+        assert!(e.error.contains("at most 30.0% is left"), "{e}");
+        let e = admit(&d, spec(Some(0), 2 << 30, 0.1)).expect_err("memory past the GPU");
+        assert_eq!(e.field.as_deref(), Some("memory_bytes"));
+        admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("exactly full fits");
+        let g = &d.gpus()[0];
+        assert_eq!((g.memory_free_bytes, g.compute_committed), (0, 1.0));
+        // Released and failed vGPUs hold nothing.
+        for r in d.lock().vgpus.values_mut() {
+            r.state = VgpuState::Released;
+        }
+        assert_eq!(d.gpus()[0].memory_committed_bytes, 0);
+        admit(&d, spec(Some(0), 4 << 30, 1.0)).expect("all free again");
+    }
+
+    #[test]
+    fn placement_picks_the_least_loaded_gpu_that_fits() {
+        let d = daemon(3);
+        admit(&d, spec(Some(0), 1 << 30, 0.5)).expect("gpu 0");
+        admit(&d, spec(Some(1), 1 << 30, 0.2)).expect("gpu 1");
+        admit(&d, spec(Some(2), 4 << 30, 0.1)).expect("gpu 2 memory full");
+        let id = admit(&d, spec(None, 1 << 30, 0.3)).expect("placed");
+        assert_eq!(
+            d.lock().vgpus[&id].gpu,
+            1,
+            "gpu 2 is less loaded but has no memory left"
+        );
+        let e = admit(&d, spec(None, 1 << 30, 0.9)).expect_err("nowhere");
+        assert_eq!(e.field.as_deref(), Some("gpu"));
+    }
+
+    #[test]
+    fn bad_specs_name_their_field() {
+        let d = daemon(1);
+        for (s, field) in [
+            (spec(Some(0), 0, 0.1), "memory_bytes"),
+            (spec(Some(0), 1, f64::NAN), "compute_share"),
+            (spec(Some(0), 1, -0.1), "compute_share"),
+            (spec(Some(5), 1, 0.1), "gpu"),
+            (spec(None, 5 << 30, 0.1), "memory_bytes"),
+            (
+                VgpuCreate {
+                    copy_share: Some(2.0),
+                    ..spec(None, 1, 0.1)
+                },
+                "copy_share",
+            ),
+            (
+                VgpuCreate {
+                    queues: 65,
+                    ..spec(None, 1, 0.1)
+                },
+                "queues",
+            ),
+            (
+                VgpuCreate {
+                    share_group: Some(String::new()),
+                    ..spec(None, 1, 0.1)
+                },
+                "share_group",
+            ),
+            (
+                VgpuCreate {
+                    oversubscribe: true,
+                    ..spec(None, 1, 0.1)
+                },
+                "oversubscribe",
+            ),
+        ] {
+            let e = d.validate_vgpu(&s).expect_err("invalid");
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+        }
+        assert!(d.lock().vgpus.is_empty(), "validation changed the state");
+    }
+
+    #[test]
+    fn log_tail_picks_the_error_without_the_timestamp() {
+        let p = std::env::temp_dir().join(format!("vgpud-logtail-{}", std::process::id()));
+        std::fs::write(
+            &p,
+            "2026-11-29T12:20:53.997651Z  INFO vgpu_worker: listening\n\
+             2026-11-29T12:20:53.998011Z ERROR vgpu_worker: cannot bind\n\
+             2026-11-29T12:20:53.998011Z  INFO vgpu_worker: bye\n",
+        )
+        .expect("write");
+        assert_eq!(log_tail(&p), ": ERROR vgpu_worker: cannot bind");
+        std::fs::remove_file(&p).expect("rm");
+        assert_eq!(log_tail(&p), "");
+    }
 }
