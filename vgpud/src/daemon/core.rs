@@ -815,11 +815,12 @@ impl Daemon {
             }
             let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
             rec.stopping = true;
-            rec.worker.as_ref().map(|w| w.proc.clone())
+            rec.worker
+                .as_ref()
+                .map(|w| (w.proc.clone(), w.link.clone()))
         };
-        if let Some(p) = proc {
-            self.stop_proc(&p, |i| i.vgpus.get(&id).is_none_or(|r| r.worker.is_none()))
-                .await;
+        if let Some((p, link)) = proc {
+            self.stop_worker(id, &p, &link).await;
         }
         let vm = self.lock().vgpus.get(&id).and_then(|r| r.vm);
         if let Some(vm) = vm {
@@ -830,6 +831,24 @@ impl Daemon {
         self.forget_vgpu(id);
         tracing::info!(vgpu = id, "vGPU deleted");
         Ok(())
+    }
+
+    /// Asks worker `id` to shut down over its control channel; falls back to signals.
+    async fn stop_worker(&self, id: u32, p: &Proc, link: &Link) {
+        let gone = |i: &Inner| i.vgpus.get(&id).is_none_or(|r| r.worker.is_none());
+        match link.call(Ctl::Shutdown, STOP_GRACE).await {
+            Ok(ReplyBody::ShuttingDown) => {
+                if self.wait_until(STOP_GRACE * 2, gone).await {
+                    return;
+                }
+                tracing::warn!(vgpu = id, pid = p.pid, "worker did not exit after shutdown");
+            }
+            Ok(other) => tracing::warn!(vgpu = id, reply = ?other, "unexpected reply to shutdown"),
+            Err(e) => {
+                tracing::debug!(vgpu = id, error = %e, "shutdown over the control channel failed")
+            }
+        }
+        self.stop_proc(p, gone).await;
     }
 
     /// SIGTERM, then SIGKILL after the grace period, until `gone` holds.
@@ -1164,12 +1183,11 @@ impl Daemon {
                 let mut inner = self.lock();
                 inner.vgpus.get_mut(&g).and_then(|r| {
                     r.stopping = true;
-                    r.worker.as_ref().map(|w| w.proc.clone())
+                    r.worker.as_ref().map(|w| (w.proc.clone(), w.link.clone()))
                 })
             };
-            if let Some(p) = proc {
-                self.stop_proc(&p, |i| i.vgpus.get(&g).is_none_or(|r| r.worker.is_none()))
-                    .await;
+            if let Some((p, link)) = proc {
+                self.stop_worker(g, &p, &link).await;
             }
             self.forget_vgpu(g);
         } else if let Some(rec) = self.lock().vgpus.get_mut(&g) {
