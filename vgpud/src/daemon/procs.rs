@@ -87,12 +87,18 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// parent-death signal follows the spawning thread).
 pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child, Proc)> {
     let control_raw = control.map(AsRawFd::as_raw_fd);
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
-    // async-signal-safe functions (prctl, dup2, fcntl) on plain integers.
+    // async-signal-safe functions (prctl, getppid, dup2, fcntl) on plain integers.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // vgpud died between fork and prctl: the signal will never come.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             if let Some(fd) = control_raw {
                 if fd == CONTROL_FD {
