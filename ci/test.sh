@@ -13,6 +13,9 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 (cd guests && cargo clippy --release --locked -- -D warnings)
 echo "== tests"
+# The e2e tests run the programs (vmm, vgpu-worker, vgpud...): cargo test alone builds
+# other packages' binaries only as test harnesses.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked
 (cd guests && cargo test --locked --target x86_64-unknown-linux-gnu -p payload-rt)
 echo "== all tests passed"

@@ -14,14 +14,27 @@ pub fn profile_dir() -> PathBuf {
     dir
 }
 
-/// The path of workspace binary `name`, building it when `cargo test --workspace` did not
-/// (a test run for one package builds only that package's binaries).
+/// The package that owns workspace binary `name`.
+fn package_of(name: &str) -> &'static str {
+    match name {
+        "vmm" => "vmm",
+        "payload-build" => "payload-build",
+        "vgpu-bench" => "vgpu-tests",
+        _ => "vgpud",
+    }
+}
+
+/// The path of workspace binary `name`, building it when it is missing: `cargo test`
+/// builds another package's binaries only as unit-test harnesses, never the programs.
 pub fn binary(name: &str) -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let path = profile_dir().join(name);
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     if !path.exists() {
         let release = profile_dir().ends_with("release");
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cmd.args(["build", "--quiet", "--bin", name]);
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+        cmd.args(["build", "--quiet", "--manifest-path", manifest, "-p", package_of(name), "--bin", name]);
         if release {
             cmd.arg("--release");
         }
