@@ -883,12 +883,14 @@ impl Daemon {
             .unwrap_or(u64::MAX)
             .saturating_mul(2);
         if let Some(rec) = self.lock().vgpus.get_mut(&id) {
+            // A vGPU has one worker for its life, so its clock only moves forward; a sample
+            // older than the newest one lost a race with a concurrent query: drop it.
             if rec
                 .samples
                 .back()
-                .is_some_and(|b| b.uptime_ns > s.uptime_ns)
+                .is_some_and(|b| b.uptime_ns >= s.uptime_ns)
             {
-                rec.samples.clear();
+                return;
             }
             rec.samples.push_back(s);
             while rec
