@@ -86,7 +86,9 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             })
         }
         BackendKind::Auto => {
-            tracing::info!("--backend auto: the cuda backend is not built into vgpud yet; using sim");
+            tracing::info!(
+                "--backend auto: the cuda backend is not built into vgpud yet; using sim"
+            );
         }
     }
     if args.sim_gpus == 0 || args.sim_gpus > 64 {
