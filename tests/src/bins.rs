@@ -34,7 +34,16 @@ pub fn binary(name: &str) -> PathBuf {
         let release = profile_dir().ends_with("release");
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
-        cmd.args(["build", "--quiet", "--manifest-path", manifest, "-p", package_of(name), "--bin", name]);
+        cmd.args([
+            "build",
+            "--quiet",
+            "--manifest-path",
+            manifest,
+            "-p",
+            package_of(name),
+            "--bin",
+            name,
+        ]);
         if release {
             cmd.arg("--release");
         }
