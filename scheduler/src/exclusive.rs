@@ -174,6 +174,12 @@ impl<R: Rule> Exclusive<R> {
             // granted before a share change): accounted, nothing else to do.
             return Ok(Vec::new());
         }
+        if idle && self.acc.config.lease > 0 && R::may_lease(&self.acc, vgpu, now) {
+            // The holder went idle within its share: keep the resource for it through the
+            // gap until its next request (a closed-loop guest always has one).
+            let until = now + self.acc.config.lease;
+            self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
+        }
         if !idle || self.holding(now) {
             // Still running, or idle within its lease: the holder keeps the resource (the
             // tick at the lease's end passes it on if nothing more came).

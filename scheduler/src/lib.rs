@@ -38,7 +38,7 @@ pub enum SchedError {
     #[error("vGPU {0} is already scheduled on this GPU")]
     Duplicate(VgpuId),
     /// A share outside 0..=1, or shares summing past 1.
-    #[error("share {share} for vGPU {vgpu} is invalid: shares are fractions in (0, 1] and the shares on one GPU sum to at most 1 (now {total} with it)")]
+    #[error("share {share} for vGPU {vgpu} is invalid: shares are fractions in [0, 1] and the shares on one GPU sum to at most 1 (now {total} with it)")]
     BadShare {
         vgpu: VgpuId,
         share: f64,

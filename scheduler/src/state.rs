@@ -12,7 +12,7 @@ pub type VgpuId = u32;
 /// What a vGPU was promised on one resource.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Share {
-    /// Fraction of the resource's time, in (0, 1].
+    /// Fraction of the resource's time, in [0, 1] (0: best effort, only what others leave).
     pub fraction: f64,
     /// Higher runs first among vGPUs in the same state.
     pub priority: i32,
@@ -123,7 +123,7 @@ impl Accounts {
             .map(|(_, a)| a.share.fraction)
             .sum();
         let total = others + fraction;
-        if !(fraction > 0.0 && fraction <= 1.0) || total > 1.0 + 1e-9 {
+        if !(0.0..=1.0).contains(&fraction) || total > 1.0 + 1e-9 {
             return Err(SchedError::BadShare {
                 vgpu,
                 share: fraction,
@@ -291,7 +291,7 @@ mod tests {
             Err(SchedError::BadShare { .. })
         ));
         acc.set_share(1, Share::new(0.6)).unwrap();
-        for bad in [0.0, -0.1, 1.5, f64::NAN] {
+        for bad in [-0.1, 1.5, f64::NAN] {
             assert!(acc.check_share(9, bad).is_err(), "{bad}");
         }
     }

@@ -206,8 +206,9 @@ fn a_lease_keeps_the_resource_through_the_holders_gaps() {
         vec![Grant { vgpu: 1, count: 1 }]
     );
     assert_eq!(p.complete(1, 120 * US, 300 * US).unwrap(), vec![]);
-    // The lease (extended by the second grant) ends with nothing running: vGPU 2 gets it.
-    assert_eq!(p.next_deadline(), Some(120 * US + MS));
-    assert_eq!(p.tick(120 * US + MS), vec![Grant { vgpu: 2, count: 1 }]);
-    assert_eq!(p.lease(1, 120 * US + MS), None);
+    // Each idle moment renews the lease; when it ends with nothing running, vGPU 2 gets
+    // the engine.
+    assert_eq!(p.next_deadline(), Some(300 * US + MS));
+    assert_eq!(p.tick(300 * US + MS), vec![Grant { vgpu: 2, count: 1 }]);
+    assert_eq!(p.lease(1, 300 * US + MS), None);
 }

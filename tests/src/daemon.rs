@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vgpud::api::{VgpuCreate, VmCreate, VmState};
 use vgpud::client::{Client, Endpoint};
 
 /// A running vgpud.
@@ -250,6 +251,48 @@ fn check(
     if let (Some(items), Some(arr)) = (schema.get("items"), v.as_array()) {
         for (i, x) in arr.iter().enumerate() {
             check(spec, items, x, &format!("{at}[{i}]"), errs);
+        }
+    }
+}
+
+/// A VM running the gpu-load payload with an inline vGPU.
+pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
+    VmCreate {
+        payload: Some(crate::bins::payload("gpu-load").display().to_string()),
+        payload_arg: arg.into(),
+        kernel: None,
+        initrd: None,
+        cmdline: None,
+        memory_bytes: 64 << 20,
+        vcpus: 1,
+        vgpu_id: None,
+        vgpu: Some(VgpuCreate {
+            gpu: Some(gpu),
+            memory_bytes: memory,
+            compute_share: compute,
+            copy_share: None,
+            priority: 0,
+            oversubscribe: false,
+            share_group: None,
+            queues: 1,
+        }),
+    }
+}
+
+/// Waits until VM `id` runs (its vGPU connected); panics with its console otherwise.
+pub fn wait_running(c: &Client, id: u32) {
+    let start = Instant::now();
+    loop {
+        let vm = c.vm(id).expect("vm");
+        match vm.state {
+            VmState::Running => return,
+            VmState::Starting if start.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            other => panic!(
+                "VM {id} did not start: {other:?}\n{}",
+                String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default())
+            ),
         }
     }
 }

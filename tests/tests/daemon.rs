@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use vgpu_tests::daemon::{
-    alive, children, conforms, files_in, temp_dir, vgpud_command, TestDaemon,
+    alive, children, conforms, files_in, gpu_load, temp_dir, vgpud_command, wait_running,
+    TestDaemon,
 };
 use vgpu_tests::require_kvm;
-use vgpud::api::{Gpu, VgpuCreate, VgpuState, VmCreate, VmState};
+use vgpud::api::{Gpu, VgpuCreate, VgpuState, VmState};
 use vgpud::client::{Client, ClientError, Endpoint};
 
 fn spec() -> Value {
@@ -634,46 +635,6 @@ fn tcp_needs_a_token() {
                 assert_eq!(body.field.as_deref(), Some("authorization"))
             }
             other => panic!("expected 401, got {other:?}"),
-        }
-    }
-}
-
-fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
-    VmCreate {
-        payload: Some(vgpu_tests::bins::payload("gpu-load").display().to_string()),
-        payload_arg: arg.into(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
-        memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
-        vgpu: Some(VgpuCreate {
-            gpu: Some(gpu),
-            memory_bytes: memory,
-            compute_share: compute,
-            copy_share: None,
-            priority: 0,
-            oversubscribe: false,
-            share_group: None,
-            queues: 1,
-        }),
-    }
-}
-
-fn wait_running(c: &Client, id: u32) {
-    let start = Instant::now();
-    loop {
-        let vm = c.vm(id).expect("vm");
-        match vm.state {
-            VmState::Running => return,
-            VmState::Starting if start.elapsed() < Duration::from_secs(20) => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            other => panic!(
-                "VM {id} did not start: {other:?}\n{}",
-                String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default())
-            ),
         }
     }
 }

@@ -154,6 +154,14 @@ fn report_internal_error(vcpu: &mut VcpuFd, index: u8) {
 fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Next {
     match exit {
         VcpuExit::IoOut(layout::PARK_PORT, _) => Next::Park,
+        VcpuExit::IoOut(layout::IDLE_PORT, data) => {
+            let mut v = [0u8; 4];
+            let n = data.len().min(4);
+            v[..n].copy_from_slice(&data[..n]);
+            let us = u32::from_le_bytes(v).min(layout::IDLE_MAX_US);
+            std::thread::sleep(Duration::from_micros(u64::from(us)));
+            Next::Run
+        }
         VcpuExit::IoOut(port, data) => {
             ctx.exit.note_io();
             if !ctx.pio.write(u64::from(port), data) {

@@ -15,7 +15,9 @@ mod stream;
 
 pub use ops::{launch_1d, Function};
 pub use slots::SLOT_SIZE;
-pub use stream::{Stream, StreamOptions, Ticket, DEFAULT_STREAM_CAPACITY, MAX_DATA_BUFFERS};
+pub use stream::{
+    spin_relax, Stream, StreamOptions, Ticket, DEFAULT_STREAM_CAPACITY, MAX_DATA_BUFFERS,
+};
 pub use vgpu_proto;
 
 use vgpu_proto::{version_compatible, VgpuConfig, VIRTIO_ID_VGPU};

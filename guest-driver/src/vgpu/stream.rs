@@ -29,6 +29,14 @@ pub struct StreamOptions {
     /// How long a synchronous call waits for its completion before the stream gives up
     /// and resets the device (so no late DMA can land in a buffer the caller reuses).
     pub timeout_ns: u64,
+    /// Called between polls of the used ring with how long the wait has lasted (ns), so
+    /// the guest can back off (a payload asks the vmm to idle its vCPU; Linux would yield).
+    pub relax: fn(waited_ns: u64),
+}
+
+/// A `relax` that only spins.
+pub fn spin_relax(_waited_ns: u64) {
+    core::hint::spin_loop();
 }
 
 /// Names an outstanding request on its stream.
@@ -397,18 +405,20 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         self.check_ticket(t)?;
         let start = (self.opts.now_ns)();
         let mut polls: u32 = 0;
+        let mut waited = 0;
         loop {
             if let Some(result) = self.try_take(t)? {
                 return Ok(result);
             }
             polls = polls.wrapping_add(1);
-            if polls % CLOCK_STRIDE == 0
-                && (self.opts.now_ns)().saturating_sub(start) > self.opts.timeout_ns
-            {
-                self.stop_device();
-                return Err(Error::Timeout);
+            if polls % CLOCK_STRIDE == 0 {
+                waited = (self.opts.now_ns)().saturating_sub(start);
+                if waited > self.opts.timeout_ns {
+                    self.stop_device();
+                    return Err(Error::Timeout);
+                }
             }
-            core::hint::spin_loop();
+            (self.opts.relax)(waited);
         }
     }
 

@@ -187,6 +187,7 @@ const OPTS: StreamOptions = StreamOptions {
     queue_size: 16,
     now_ns: fake_now,
     timeout_ns: 1_000_000_000,
+    relax: crate::vgpu::spin_relax,
 };
 
 fn config(version: u32, queues: u32) -> Vec<u8> {

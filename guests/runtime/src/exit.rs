@@ -1,6 +1,6 @@
 //! Leaving the VM: debug exit port, i8042 reset, parking a vCPU.
 
-use crate::io::outb;
+use crate::io::{outb, outl};
 
 /// Debug exit device: the vmm exits with the low 8 bits written here.
 const EXIT_PORT: u16 = 0xF4;
@@ -20,6 +20,16 @@ pub fn exit(code: u8) -> ! {
 pub fn reset() {
     // SAFETY: writing 0xFE to the i8042 command port pulses reset and nothing else.
     unsafe { outb(I8042_COMMAND, I8042_RESET) }
+}
+
+/// vCPU idle port: the vmm sleeps the writing vCPU for the value in µs (at most 1000).
+const IDLE_PORT: u16 = 0xF6;
+
+/// Gives the host `us` microseconds of this vCPU's time (the vmm sleeps instead of
+/// running it): how a ring-3 payload that cannot `hlt` waits without burning a host CPU.
+pub fn idle_us(us: u32) {
+    // SAFETY: a write to the idle port has no effect on memory.
+    unsafe { outl(IDLE_PORT, us) }
 }
 
 /// vCPU park port: the vmm stops running the vCPU that writes it.

@@ -22,7 +22,21 @@ pub fn stream_options(queue_size: u16) -> StreamOptions {
         queue_size,
         now_ns: timeout_clock_ns,
         timeout_ns: DEFAULT_TIMEOUT_NS,
+        relax: idle_while_waiting,
     }
+}
+
+/// Waiting for the vGPU: spin for the first 50 µs (a completion usually comes sooner),
+/// then ask the vmm to idle this vCPU for a quarter of the time waited so far (at most
+/// 200 µs), so a VM waiting on a long kernel leaves the host's CPUs to the work it waits
+/// for (docs/payload-abi.md, port 0xF6).
+fn idle_while_waiting(waited_ns: u64) {
+    if waited_ns < 50_000 {
+        core::hint::spin_loop();
+        return;
+    }
+    let us = (waited_ns / 4_000).clamp(20, 200) as u32;
+    crate::exit::idle_us(us);
 }
 
 /// Why the vGPU could not be opened.

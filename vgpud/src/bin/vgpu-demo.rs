@@ -423,9 +423,9 @@ fn run(args: Args) -> Result<(), DemoError> {
         );
     }
     println!(
-        "\nshares are admitted and accounted by vgpud today; the sim GPU runs both vGPUs' kernels\n\
-         side by side, so each is busy for its own work. BAND (issue 5) will hold each vGPU to its\n\
-         share when they compete."
+        "\nboth vGPUs' copies and kernels pass vgpud's BAND scheduler on GPU 0: while the two VMs\n\
+         compete, the 30% vGPU is held near its share and the 70% vGPU gets the rest it asks for;\n\
+         alone, a vGPU may use the whole GPU (see the plot)."
     );
     if let Some(m) = &migrated {
         println!("{m}");

@@ -88,6 +88,48 @@ struct Args {
     /// An inherited unix stream socket to vgpud (the control channel).
     #[arg(long)]
     control_fd: Option<i32>,
+    /// Inherited grant page and scheduler doorbell, `PAGE,DOORBELL` (given by vgpud):
+    /// every copy and kernel then waits for the GPU scheduler's grant. Without it the
+    /// worker runs ungated.
+    #[arg(long, value_parser = parse_fd_pair)]
+    grant_fds: Option<(i32, i32)>,
+    /// Hardware queue slots this vGPU's streams share; 0 = one per stream.
+    #[arg(long, default_value_t = 0)]
+    hw_slots: u32,
+    /// Which waiting stream gets a free hardware slot: priority (HEFT rank) or fifo.
+    #[arg(long, default_value = "priority")]
+    slot_policy: vgpu_device::SlotPolicy,
+}
+
+fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: give two descriptors, PAGE,DOORBELL"))?;
+    let fd = |v: &str| {
+        v.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| format!("{v:?} is not a file descriptor"))
+    };
+    Ok((fd(a)?, fd(b)?))
+}
+
+/// Opens the grant channel from inherited descriptors.
+fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, WorkerError> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    for fd in [page, doorbell] {
+        // SAFETY: F_GETFD only inspects the descriptor table.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(WorkerError::Grant(format!(
+                "descriptor {fd} is not open; start the worker from vgpud or drop --grant-fds"
+            )));
+        }
+    }
+    // SAFETY: both descriptors are open (checked above) and were handed to this process
+    // for the grant channel alone; nothing else in the worker owns them.
+    let (page, doorbell) = unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) };
+    vgpu_grant::GrantClient::from_fds(page, doorbell).map_err(|e| WorkerError::Grant(e.to_string()))
 }
 
 /// The backends a worker can run.
@@ -102,6 +144,8 @@ enum BackendKind {
 /// Why the worker stopped with an error. Each message names what to change.
 #[derive(Debug, thiserror::Error)]
 enum WorkerError {
+    #[error("grant channel: {0}")]
+    Grant(String),
     #[error("cannot bind vhost-user socket {path}: {why}")]
     Bind { path: PathBuf, why: String },
     #[error("GPU backend: {0}")]
@@ -422,7 +466,18 @@ fn run(args: Args) -> Result<(), WorkerError> {
         compute_share: args.compute_share,
         copy_share: args.copy_share,
     };
-    let vgpu = Arc::new(Vgpu::new(cfg, backend)?);
+    let mut vgpu = Vgpu::new(cfg, backend)?;
+    if let Some((page, doorbell)) = args.grant_fds {
+        vgpu = vgpu.with_gate(Arc::new(grant_gate(page, doorbell)?));
+        tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
+    }
+    if args.hw_slots > 0 {
+        vgpu = vgpu.with_slots(Arc::new(vgpu_device::HwSlots::new(
+            args.hw_slots,
+            args.slot_policy,
+        )));
+    }
+    let vgpu = Arc::new(vgpu);
     let mut listener = bind(&args.socket)?;
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));

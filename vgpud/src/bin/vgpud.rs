@@ -47,6 +47,9 @@ struct Args {
     /// Host threads one simulated kernel may use in a worker (0 = all cores).
     #[arg(long, default_value_t = 1)]
     sim_threads: usize,
+    /// Scheduling policy of every GPU: band (Gdev's BAND), credit or fifo (to compare).
+    #[arg(long, default_value = "band")]
+    policy: vgpu_scheduler::gpu::PolicyKind,
     /// The vgpu-worker binary [default: next to vgpud].
     #[arg(long, env = "VGPUD_WORKER_BIN")]
     worker_bin: Option<PathBuf>,
@@ -179,6 +182,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         payload_dir: args.payload_dir,
         stats_interval: Duration::from_millis(args.stats_interval_ms),
         stats_window: Duration::from_millis(args.stats_window_ms),
+        policy: args.policy,
     })
 }
 

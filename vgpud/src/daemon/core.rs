@@ -20,6 +20,8 @@ use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
 use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
 use crate::units::{fraction_to_permille, human_bytes, permille_to_fraction};
+use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
+use vgpu_scheduler::Share;
 
 /// Per-mille of a whole GPU.
 const WHOLE: u32 = 1000;
@@ -169,6 +171,9 @@ struct VgpuAsk {
 /// The daemon.
 pub struct Daemon {
     cfg: Config,
+    /// One scheduler thread per GPU: every copy and kernel of every vGPU on it passes
+    /// through its grant path (BAND by default).
+    grants: Vec<GrantServer>,
     inner: Mutex<Inner>,
     /// Woken whenever a child exits or a state changes.
     changed: Notify,
@@ -230,9 +235,17 @@ fn log_tail(path: &Path) -> String {
 }
 
 impl Daemon {
-    fn new(cfg: Config) -> Self {
-        Self {
+    fn new(cfg: Config) -> Result<Self, vgpu_grant::GrantError> {
+        let sched = ServerConfig {
+            policy: cfg.policy,
+            ..ServerConfig::default()
+        };
+        let grants = (0..cfg.gpus.len())
+            .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
             cfg,
+            grants,
             inner: Mutex::new(Inner {
                 next_vgpu: 1,
                 next_vm: 1,
@@ -240,6 +253,35 @@ impl Daemon {
             }),
             changed: Notify::new(),
             shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    /// vGPU `id`'s shares joined its GPU's scheduler: the descriptors its worker needs.
+    fn attach_grants(
+        &self,
+        id: u32,
+        gpu: u32,
+        compute: u32,
+        copy: u32,
+        priority: i32,
+    ) -> Result<WorkerFds, ApiError> {
+        let server = self
+            .grants
+            .get(gpu as usize)
+            .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
+        let share = |permille: u32| Share {
+            fraction: permille_to_fraction(permille),
+            priority,
+        };
+        server
+            .attach(id, share(compute), share(copy))
+            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))
+    }
+
+    /// vGPU `id` leaves its GPU's scheduler (its worker is gone): whatever it held passes on.
+    fn detach_grants(&self, id: u32, gpu: u32) {
+        if let Some(server) = self.grants.get(gpu as usize) {
+            server.detach(id);
         }
     }
 
@@ -520,7 +562,7 @@ impl Daemon {
 
     /// Spawns vGPU `id`'s worker and waits until its socket is bound.
     async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
-        let (mut cmd, log) = {
+        let (mut cmd, log, fds, gpu) = {
             let inner = self.lock();
             let rec = inner
                 .vgpus
@@ -529,6 +571,7 @@ impl Daemon {
             let gpu = self
                 .gpu(rec.gpu)
                 .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
+            let fds = self.attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)?;
             let mut cmd = Command::new(&self.cfg.worker_bin);
             cmd.arg("--socket")
                 .arg(&rec.socket)
@@ -545,8 +588,12 @@ impl Daemon {
                 .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
                 .args(["--sim-speed", &gpu.speed.to_string()])
                 .args(["--sim-threads", &self.cfg.sim_threads.to_string()])
-                .args(["--control-fd", &procs::CONTROL_FD.to_string()]);
-            (cmd, rec.log.clone())
+                .args(["--control-fd", &procs::CONTROL_FD.to_string()])
+                .args([
+                    "--grant-fds",
+                    &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
+                ]);
+            (cmd, rec.log.clone(), fds, rec.gpu)
         };
         let log_file = File::create(&log).map_err(|e| {
             ApiError::internal(format!(
@@ -560,13 +607,20 @@ impl Daemon {
             .env("NO_COLOR", "1");
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
-        let (child, proc) = procs::spawn(&mut cmd, Some(&theirs)).map_err(|e| {
-            ApiError::internal(format!(
-                "cannot start {}: {e}; check vgpud's --worker-bin",
-                self.cfg.worker_bin.display()
-            ))
-        })?;
+        let extra = [
+            (&fds.page, procs::GRANT_PAGE_FD),
+            (&fds.doorbell, procs::GRANT_DOORBELL_FD),
+        ];
+        let (child, proc) =
+            procs::spawn_with_fds(&mut cmd, Some(&theirs), &extra).map_err(|e| {
+                self.detach_grants(id, gpu);
+                ApiError::internal(format!(
+                    "cannot start {}: {e}; check vgpud's --worker-bin",
+                    self.cfg.worker_bin.display()
+                ))
+            })?;
         drop(theirs);
+        drop(fds);
         let weak = Arc::downgrade(self);
         let on_event = move |e: link::Event| {
             if let Some(d) = weak.upgrade() {
@@ -654,6 +708,7 @@ impl Daemon {
             return;
         }
         rec.worker = None;
+        self.detach_grants(id, rec.gpu);
         let vm = rec.vm;
         let stopping = rec.stopping;
         let was = rec.state.clone();
@@ -786,6 +841,18 @@ impl Daemon {
                 return Err(ApiError::worker(format!(
                     "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
                 )));
+            }
+        }
+        let gpu = self.lock().vgpus.get(&id).map(|r| r.gpu);
+        if let Some(server) = gpu.and_then(|g| self.grants.get(g as usize)) {
+            let share = |permille: u32| Share {
+                fraction: permille_to_fraction(permille),
+                priority: new.2,
+            };
+            if let Err(e) = server.set_shares(id, share(new.0), share(new.1)) {
+                // Admission already checked the sums; this only fails for a vGPU whose
+                // worker just went away.
+                tracing::warn!(vgpu = id, "the scheduler did not take the new shares: {e}");
             }
         }
         tracing::info!(
@@ -1548,7 +1615,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let lock_path = cfg.state_dir.join("vgpud.lock");
     let _lock = take_lock(&lock_path, &sock_for_msg)?;
 
-    let daemon = Arc::new(Daemon::new(cfg.clone()));
+    let daemon = Arc::new(Daemon::new(cfg.clone())?);
     let app = super::http::router(daemon.clone());
     let shutdown = async {
         let mut term =
@@ -1641,7 +1708,9 @@ mod tests {
             payload_dir: None,
             stats_interval: Duration::from_millis(250),
             stats_window: Duration::from_secs(1),
+            policy: vgpu_scheduler::gpu::PolicyKind::Band,
         })
+        .expect("scheduler threads")
     }
 
     fn spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {

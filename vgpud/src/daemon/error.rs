@@ -138,6 +138,8 @@ pub enum DaemonError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("cannot start the GPU schedulers: {0}")]
+    Scheduler(#[from] vgpu_grant::GrantError),
     #[error("refusing to listen on {addr} without a token: a TCP listener needs --token-file (a non-loopback address even more so)")]
     TokenRequired { addr: String },
     #[error("cannot read the token file {path}: {why}")]

@@ -61,6 +61,8 @@ pub struct Config {
     pub stats_interval: Duration,
     /// The window utilizations are computed over.
     pub stats_window: Duration,
+    /// The scheduling policy every GPU runs (BAND by default; Credit and FIFO to compare).
+    pub policy: vgpu_scheduler::gpu::PolicyKind,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.

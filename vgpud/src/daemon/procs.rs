@@ -11,6 +11,9 @@ use tokio::io::unix::AsyncFd;
 
 /// The descriptor number a worker's control socket gets in the child.
 pub const CONTROL_FD: RawFd = 3;
+/// Where a worker finds its grant page and the scheduler's doorbell (`--grant-fds 4,5`).
+pub const GRANT_PAGE_FD: RawFd = 4;
+pub const GRANT_DOORBELL_FD: RawFd = 5;
 
 /// A child process we can signal without pid-reuse races.
 #[derive(Clone, Debug)]
@@ -86,6 +89,24 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// [`CONTROL_FD`]. Must be called from a thread that lives as long as the daemon (the
 /// parent-death signal follows the spawning thread).
 pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child, Proc)> {
+    spawn_with_fds(cmd, control, &[])
+}
+
+/// Like [`spawn`], and also hands the child each `(descriptor, number)` of `extra` at that
+/// number (the grant page and doorbell, say).
+pub fn spawn_with_fds(
+    cmd: &mut Command,
+    control: Option<&OwnedFd>,
+    extra: &[(&OwnedFd, RawFd)],
+) -> io::Result<(Child, Proc)> {
+    const MAX_EXTRA: usize = 4;
+    if extra.len() > MAX_EXTRA {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut extra_raw = [(-1 as RawFd, -1 as RawFd); MAX_EXTRA];
+    for (slot, (fd, target)) in extra_raw.iter_mut().zip(extra) {
+        *slot = (fd.as_raw_fd(), *target);
+    }
     let control_raw = control.map(AsRawFd::as_raw_fd);
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
@@ -99,6 +120,22 @@ pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child,
             // vgpud died between fork and prctl: the signal will never come.
             if libc::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Move every extra descriptor out of the way of the target numbers first, so
+            // one dup2 cannot clobber another's source.
+            let mut moved = [-1 as RawFd; MAX_EXTRA];
+            for (m, (fd, _)) in moved.iter_mut().zip(extra_raw.iter()) {
+                if *fd >= 0 {
+                    *m = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100);
+                    if *m < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
+            for (m, (_, target)) in moved.iter().zip(extra_raw.iter()) {
+                if *m >= 0 && libc::dup2(*m, *target) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             if let Some(fd) = control_raw {
                 if fd == CONTROL_FD {

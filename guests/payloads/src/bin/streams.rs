@@ -292,9 +292,10 @@ fn fence(streams: &mut [GpuStream], kernels: &Kernels) -> Result<(), Failure> {
         .map_err(driver("enqueue spin"))?;
     s0.submit();
     // Give stream 0's worker time to start the kernel: the fence covers only what the
-    // other queues were executing when it started (a tenth of the kernel's run is ample
-    // for a worker thread to pick it up, even on a loaded 2-core machine).
-    payload_rt::time::delay_us(SPIN_US / 10);
+    // other queues were executing when it started. Half the kernel's run: a tenth (20 ms)
+    // was not always enough for the worker thread to be scheduled on a loaded 2-core CI
+    // machine.
+    payload_rt::time::delay_us(SPIN_US / 2);
     s1.fence().map_err(driver("FENCE"))?;
     match s0.try_take(t).map_err(driver("spin"))? {
         Some(_) => {
