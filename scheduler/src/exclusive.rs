@@ -58,7 +58,10 @@ impl<R: Rule> Exclusive<R> {
         if pending == 0 {
             return Vec::new();
         }
-        if self.acc.config.lease > 0 && R::may_lease(&self.acc, vgpu, now) {
+        if self.acc.config.lease > 0
+            && R::may_lease(&self.acc, vgpu, now)
+            && !self.others_owed(vgpu, now)
+        {
             let until = now + self.acc.config.lease;
             self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
         }
@@ -174,18 +177,32 @@ impl<R: Rule> Exclusive<R> {
             // granted before a share change): accounted, nothing else to do.
             return Ok(Vec::new());
         }
-        if idle && self.acc.config.lease > 0 && R::may_lease(&self.acc, vgpu, now) {
+        if idle
+            && self.acc.config.lease > 0
+            && R::may_lease(&self.acc, vgpu, now)
+            && !self.others_owed(vgpu, now)
+        {
             // The holder went idle within its share: keep the resource for it through the
             // gap until its next request (a closed-loop guest always has one).
             let until = now + self.acc.config.lease;
             self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
         }
-        if !idle || self.holding(now) {
+        if !idle || (self.holding(now) && !self.others_owed(vgpu, now)) {
             // Still running, or idle within its lease: the holder keeps the resource (the
             // tick at the lease's end passes it on if nothing more came).
             return Ok(Vec::new());
         }
         Ok(self.release(vgpu, now))
+    }
+
+    /// Whether another vGPU waits while under its share: then an idle holder must let go,
+    /// or a holder that can never reach its own share (its guest is slower than its
+    /// share) would keep the resource from one that is owed it. A vGPU's guarantee comes
+    /// before its neighbour's convenience.
+    fn others_owed(&self, vgpu: VgpuId, now: Nanos) -> bool {
+        self.acc.map.iter().any(|(id, a)| {
+            *id != vgpu && a.pending > 0 && !self.acc.over_share_after_grant(*id, now)
+        })
     }
 
     fn holding(&self, now: Nanos) -> bool {

@@ -190,7 +190,7 @@ fn mrq_overlaps_compute_and_copy_and_sdq_does_not() {
 }
 
 #[test]
-fn a_lease_keeps_the_resource_through_the_holders_gaps() {
+fn a_lease_keeps_the_resource_through_the_holders_gaps_unless_another_is_owed() {
     use vgpu_scheduler::{Grant, Policy};
     let mut p = vgpu_scheduler::band::Band::new(Config::default());
     p.add(1, Share::new(0.5), 0).unwrap();
@@ -198,17 +198,32 @@ fn a_lease_keeps_the_resource_through_the_holders_gaps() {
     assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
     assert_eq!(p.lease(1, 0), Some(MS));
     assert_eq!(p.lease(2, 0), None);
-    p.submit(2, 10).unwrap();
     // vGPU 1 goes idle inside its lease: it keeps the engine and its next request starts.
     assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
     assert_eq!(
         p.submit(1, 120 * US).unwrap(),
         vec![Grant { vgpu: 1, count: 1 }]
     );
-    assert_eq!(p.complete(1, 120 * US, 300 * US).unwrap(), vec![]);
-    // Each idle moment renews the lease; when it ends with nothing running, vGPU 2 gets
-    // the engine.
-    assert_eq!(p.next_deadline(), Some(300 * US + MS));
-    assert_eq!(p.tick(300 * US + MS), vec![Grant { vgpu: 2, count: 1 }]);
-    assert_eq!(p.lease(1, 300 * US + MS), None);
+    // vGPU 2 now waits under its share: at vGPU 1's next idle moment the engine goes to it.
+    assert_eq!(p.submit(2, 200 * US).unwrap(), vec![]);
+    assert_eq!(
+        p.complete(1, 120 * US, 300 * US).unwrap(),
+        vec![Grant { vgpu: 2, count: 1 }]
+    );
+    assert_eq!(p.lease(1, 300 * US), None);
+}
+
+#[test]
+fn a_slow_guest_cannot_starve_a_neighbour_of_its_share() {
+    // vGPU 1 (70%) thinks 300 us between 0.2 ms kernels: it can never use 70%, and must
+    // not keep vGPU 2 (30%, 5 ms kernels) from its 30%.
+    let mut w = two(0.7, 200 * US, 0.3, 5 * MS);
+    w[0].think = 300 * US;
+    let r = sim(PolicyKind::Band, &w);
+    let b = r.utilization(2, Resource::Compute);
+    eprintln!(
+        "slow 70% guest: vGPU 1 {:.3}, vGPU 2 {b:.3}",
+        r.utilization(1, Resource::Compute)
+    );
+    assert!(b > 0.26, "vGPU 2 got {b}, share 0.3");
 }

@@ -80,6 +80,15 @@ impl Default for CudaConfig {
     }
 }
 
+/// One GPU as the driver describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceDesc {
+    pub ordinal: i32,
+    pub name: String,
+    /// Physical memory in bytes.
+    pub memory: u64,
+}
+
 /// What [`CudaGpu::probe`] found.
 #[derive(Clone, Debug)]
 pub struct Probe {
@@ -134,6 +143,23 @@ impl CudaGpu {
             devices,
             name: props.name,
         })
+    }
+
+    /// Every GPU the driver sees, without creating a context (vgpud lists its GPUs with
+    /// this; each worker then opens its own). The error says what is missing.
+    pub fn devices() -> std::result::Result<Vec<DeviceDesc>, String> {
+        driver::init()?;
+        let n = driver::device_count().map_err(|e| e.to_string())?;
+        (0..n)
+            .map(|ordinal| {
+                let (_, props) = driver::device(ordinal).map_err(|e| e.to_string())?;
+                Ok(DeviceDesc {
+                    ordinal,
+                    name: props.name,
+                    memory: props.total_memory,
+                })
+            })
+            .collect()
     }
 
     /// Opens GPU `cfg.ordinal`, reserves the vGPU's address space and loads the built-in

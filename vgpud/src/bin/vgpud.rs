@@ -81,19 +81,21 @@ enum BackendKind {
 }
 
 fn config(args: Args) -> Result<Config, DaemonError> {
-    match args.backend {
-        BackendKind::Sim => {}
-        BackendKind::Cuda => {
-            return Err(DaemonError::BackendNotBuilt {
-                backend: "cuda".into(),
-            })
-        }
-        BackendKind::Auto => {
-            tracing::info!(
-                "--backend auto: the cuda backend is not built into vgpud yet; using sim"
-            );
-        }
-    }
+    let cuda = match args.backend {
+        BackendKind::Sim => None,
+        BackendKind::Cuda => Some(
+            vgpu_backend::cuda::CudaGpu::devices()
+                .and_then(|d| if d.is_empty() { Err("the NVIDIA driver sees no GPU".into()) } else { Ok(d) })
+                .map_err(|why| DaemonError::Option(format!("--backend cuda: {why}; use --backend sim on a machine without an NVIDIA GPU")))?,
+        ),
+        BackendKind::Auto => match vgpu_backend::cuda::CudaGpu::devices() {
+            Ok(d) if !d.is_empty() => Some(d),
+            Ok(_) | Err(_) => {
+                tracing::info!("--backend auto: no usable NVIDIA GPU; using the sim backend");
+                None
+            }
+        },
+    };
     if args.sim_gpus == 0 || args.sim_gpus > 64 {
         return Err(DaemonError::Option(format!(
             "--sim-gpus {}: give 1 to 64",
@@ -159,14 +161,27 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             .unwrap_or_else(daemon::default_state_dir),
         (None, Listen::Tcp(_)) => daemon::default_state_dir(),
     };
-    let gpus = (0..args.sim_gpus)
-        .map(|i| GpuConfig {
-            name: format!("vgpu-sim-{i}"),
-            memory: args.sim_memory,
-            copy_bandwidth: args.sim_copy_bw,
-            speed: args.sim_speed,
-        })
-        .collect();
+    let gpus = match cuda {
+        Some(devices) => devices
+            .into_iter()
+            .map(|d| GpuConfig {
+                name: d.name,
+                cuda_ordinal: Some(d.ordinal),
+                memory: d.memory,
+                copy_bandwidth: 0,
+                speed: 1.0,
+            })
+            .collect(),
+        None => (0..args.sim_gpus)
+            .map(|i| GpuConfig {
+                name: format!("vgpu-sim-{i}"),
+                cuda_ordinal: None,
+                memory: args.sim_memory,
+                copy_bandwidth: args.sim_copy_bw,
+                speed: args.sim_speed,
+            })
+            .collect(),
+    };
     Ok(Config {
         listen,
         token,

@@ -333,7 +333,12 @@ impl Daemon {
                 api::Gpu {
                     index,
                     name: g.name.clone(),
-                    backend: "sim".into(),
+                    backend: if g.cuda_ordinal.is_some() {
+                        "cuda"
+                    } else {
+                        "sim"
+                    }
+                    .into(),
                     memory_bytes: g.memory,
                     memory_committed_bytes: c.memory,
                     memory_free_bytes: g.memory.saturating_sub(c.memory),
@@ -583,12 +588,19 @@ impl Daemon {
                     &permille_to_fraction(rec.compute).to_string(),
                 ])
                 .args(["--copy-share", &permille_to_fraction(rec.copy).to_string()])
-                .args(["--priority", &rec.priority.to_string()])
-                .args(["--sim-memory", &gpu.memory.to_string()])
-                .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
-                .args(["--sim-speed", &gpu.speed.to_string()])
-                .args(["--sim-threads", &self.cfg.sim_threads.to_string()])
-                .args(["--control-fd", &procs::CONTROL_FD.to_string()])
+                .args(["--priority", &rec.priority.to_string()]);
+            match gpu.cuda_ordinal {
+                Some(ordinal) => {
+                    cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
+                }
+                None => {
+                    cmd.args(["--sim-memory", &gpu.memory.to_string()])
+                        .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
+                        .args(["--sim-speed", &gpu.speed.to_string()])
+                        .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
+                }
+            }
+            cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
                 .args([
                     "--grant-fds",
                     &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
@@ -1697,6 +1709,7 @@ mod tests {
             gpus: (0..gpus)
                 .map(|i| GpuConfig {
                     name: format!("g{i}"),
+                    cuda_ordinal: None,
                     memory: 4 << 30,
                     copy_bandwidth: 0,
                     speed: 1.0,

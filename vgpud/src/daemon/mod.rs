@@ -25,6 +25,8 @@ pub use error::{ApiError, DaemonError};
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuConfig {
     pub name: String,
+    /// `None`: a simulated GPU; `Some(n)`: CUDA device ordinal n.
+    pub cuda_ordinal: Option<i32>,
     /// Device memory, bytes.
     pub memory: u64,
     /// Host-device copy bandwidth, bytes/s (0 = unpaced).
