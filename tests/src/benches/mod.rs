@@ -1,4 +1,5 @@
 //! The benchmarks behind `vgpu-bench <name>`.
 
 pub mod band;
+pub mod device;
 pub mod vmm;

@@ -23,6 +23,8 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
+    /// Guest copy throughput vs host memcpy, request round trip, batching (issue 3).
+    Device,
     /// BAND vs Credit vs FIFO, the grant path, HEFT vs round-robin mapping (issue 5).
     Band {
         /// Seconds of virtual time per scenario.
@@ -38,6 +40,7 @@ fn main() {
     let args = Args::parse();
     let (figures, name) = match args.bench {
         Bench::Vmm { runs } => (benches::vmm::run(runs), "vmm"),
+        Bench::Device => (benches::device::run(), "device"),
         Bench::Band {
             seconds,
             real_seconds,
