@@ -11,4 +11,5 @@ pub mod api;
 pub mod client;
 pub mod control;
 pub mod daemon;
+pub mod plot;
 pub mod units;

@@ -280,8 +280,67 @@ fn mapping(out: &mut Vec<Figure>) {
     }
 }
 
+/// Utilization over time of the 70/30 compute scenario under BAND (thick) and Credit
+/// (thin), 100 ms windows, as a PNG.
+fn plot(seconds: u64, path: &std::path::Path) {
+    let s = &scenarios()[1];
+    let w = workloads(s, &[Resource::Compute]);
+    let window = 100 * MS;
+    let run = |kind| {
+        simulate_run(
+            GpuScheduler::new(kind, QueueMode::Mrq, Config::default()),
+            &w,
+            seconds * 1000 * MS,
+            window,
+            42,
+        )
+    };
+    let (band, credit) = (run(PolicyKind::Band), run(PolicyKind::Credit));
+    let mut lines = Vec::new();
+    for (i, (share, _)) in s.vgpus.iter().enumerate() {
+        let v = i as u32 + 1;
+        let series = |r: &Report| -> Vec<(f64, f64)> {
+            r.windows
+                .get(&(v, Resource::Compute))
+                .map(|ws| {
+                    ws.iter()
+                        .enumerate()
+                        .map(|(k, u)| ((k as f64 + 0.5) * 0.1, *u))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        lines.push(vgpud::plot::Line {
+            label: Some(format!("vGPU {v}, share {:.0}%: BAND", share * 100.0)),
+            points: series(&band),
+            color: i,
+            style: vgpud::plot::Style::Thick,
+        });
+        lines.push(vgpud::plot::Line {
+            label: None,
+            points: series(&credit),
+            color: i,
+            style: vgpud::plot::Style::Thin,
+        });
+        lines.push(vgpud::plot::Line::level(*share, i));
+    }
+    match vgpud::plot::utilization_png(
+        path,
+        "70/30, 0.1-1 ms vs 1-10 ms bursts (virtual time)",
+        "thick: BAND, thin: Credit, dashed: share",
+        &lines,
+    ) {
+        Ok(()) => println!("(plot of utilization over time: {})", path.display()),
+        Err(e) => eprintln!("vgpu-bench band: cannot draw {}: {e}", path.display()),
+    }
+}
+
 pub fn run(seconds: u64, real_seconds: u64) -> Vec<Figure> {
     let mut out = Vec::new();
+    plot(
+        seconds,
+        std::path::Path::new("out/bench-band-utilization.png"),
+    );
     policies(seconds, &mut out);
     let band = real_split(PolicyKind::Band, real_seconds);
     let credit = real_split(PolicyKind::Credit, real_seconds);

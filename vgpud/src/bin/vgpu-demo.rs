@@ -480,224 +480,39 @@ fn run(args: Args) -> Result<(), DemoError> {
     Ok(())
 }
 
-// ---- the plot: plotters for lines, embedded-graphics' built-in bitmap font for text (no
-// system fonts or fontconfig needed) ----
-
-use embedded_graphics::mono_font::ascii::{FONT_6X10, FONT_9X15_BOLD};
-use embedded_graphics::mono_font::MonoTextStyle;
-use embedded_graphics::pixelcolor::{Rgb888, RgbColor as _};
-use embedded_graphics::prelude::{DrawTarget, OriginDimensions, Point, Size};
-use embedded_graphics::text::{Baseline, Text};
-use embedded_graphics::Drawable;
-use plotters::prelude::*;
-
-/// embedded-graphics drawing onto a plotters area.
-struct Canvas<'a, 'b> {
-    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
-    size: (u32, u32),
-}
-
-impl OriginDimensions for Canvas<'_, '_> {
-    fn size(&self) -> Size {
-        Size::new(self.size.0, self.size.1)
-    }
-}
-
-impl DrawTarget for Canvas<'_, '_> {
-    type Color = Rgb888;
-    type Error = std::convert::Infallible;
-
-    fn draw_iter<I>(&mut self, pixels: I) -> Result<(), Self::Error>
-    where
-        I: IntoIterator<Item = embedded_graphics::Pixel<Self::Color>>,
-    {
-        for embedded_graphics::Pixel(p, c) in pixels {
-            let _ = self
-                .area
-                .draw_pixel((p.x, p.y), &RGBColor(c.r(), c.g(), c.b()));
-        }
-        Ok(())
-    }
-}
-
-fn text(canvas: &mut Canvas<'_, '_>, s: &str, x: i32, y: i32, bold: bool, color: Rgb888) {
-    let font = if bold { &FONT_9X15_BOLD } else { &FONT_6X10 };
-    let _ = Text::with_baseline(
-        s,
-        Point::new(x, y),
-        MonoTextStyle::new(font, color),
-        Baseline::Top,
-    )
-    .draw(canvas);
-}
-
-const COLORS: [RGBColor; 4] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-];
-
+/// The demo's plot: per vGPU, compute (thick), copy (thin) and its share (dashed).
 fn draw_plot(path: &Path, tenants: &[Tenant]) -> Result<(), DemoError> {
-    let err = |e: &dyn std::fmt::Display| DemoError::Plot {
-        path: path.to_owned(),
-        why: e.to_string(),
-    };
-    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(d).map_err(|e| err(&e))?;
-    }
-    let (w, h) = (960u32, 540u32);
-    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let t_max = tenants
-        .iter()
-        .flat_map(|t| t.samples.iter().map(|s| s.t))
-        .fold(1.0f64, f64::max)
-        .ceil();
-    let y_max = tenants
-        .iter()
-        .flat_map(|t| t.samples.iter().map(|s| s.compute.max(s.copy)))
-        .fold(1.0f64, f64::max)
-        .max(1.0)
-        * 1.05;
-    let (left, right, top, bottom) = (70i32, 30i32, 50i32, 60i32);
-    let mut chart = ChartBuilder::on(&root)
-        .margin_left(left as u32)
-        .margin_right(right as u32)
-        .margin_top(top as u32)
-        .margin_bottom(bottom as u32)
-        .build_cartesian_2d(0f64..t_max, 0f64..y_max)
-        .map_err(|e| err(&e))?;
-    let grid = RGBColor(225, 225, 225);
-    let y_ticks: Vec<f64> = (0..=((y_max * 10.0) as i32))
-        .step_by(2)
-        .map(|i| f64::from(i) / 10.0)
-        .collect();
-    let x_step = (t_max / 10.0).ceil().max(1.0);
-    let x_ticks: Vec<f64> = (0..)
-        .map(|i| f64::from(i) * x_step)
-        .take_while(|&x| x <= t_max)
-        .collect();
-    for &y in &y_ticks {
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                vec![(0.0, y), (t_max, y)],
-                grid,
-            )))
-            .map_err(|e| err(&e))?;
-    }
-    for &x in &x_ticks {
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                vec![(x, 0.0), (x, y_max)],
-                grid,
-            )))
-            .map_err(|e| err(&e))?;
-    }
+    let mut lines = Vec::new();
     for (i, tn) in tenants.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let share = tn.vgpu.compute_share;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(0.0, share), (t_max, share)],
-                8,
-                6,
-                color.stroke_width(1),
-            ))
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(LineSeries::new(
-                tn.samples.iter().map(|s| (s.t, s.compute)),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(LineSeries::new(
-                tn.samples.iter().map(|s| (s.t, s.copy)),
-                color.mix(0.5).stroke_width(1),
-            ))
-            .map_err(|e| err(&e))?;
-    }
-    let (x0, y0) = chart.backend_coord(&(0.0, 0.0));
-    let (x1, y1) = chart.backend_coord(&(t_max, y_max));
-    root.draw(&Rectangle::new([(x0, y1), (x1, y0)], BLACK.stroke_width(1)))
-        .map_err(|e| err(&e))?;
-    let mut canvas = Canvas {
-        area: &root,
-        size: (w, h),
-    };
-    text(
-        &mut canvas,
-        "vGPU compute utilization over time (sim GPU 0)",
-        left,
-        14,
-        true,
-        Rgb888::BLACK,
-    );
-    for &y in &y_ticks {
-        let (_, py) = chart.backend_coord(&(0.0, y));
-        text(
-            &mut canvas,
-            &format!("{:>4.0}%", y * 100.0),
-            x0 - 40,
-            py - 5,
-            false,
-            Rgb888::BLACK,
-        );
-    }
-    for &x in &x_ticks {
-        let (px, _) = chart.backend_coord(&(x, 0.0));
-        text(
-            &mut canvas,
-            &format!("{x:.0}"),
-            px - 6,
-            y0 + 6,
-            false,
-            Rgb888::BLACK,
-        );
-    }
-    text(
-        &mut canvas,
-        "time (s)",
-        (x0 + x1) / 2 - 24,
-        y0 + 22,
-        false,
-        Rgb888::BLACK,
-    );
-    text(&mut canvas, "util", 8, (y0 + y1) / 2, false, Rgb888::BLACK);
-    text(
-        &mut canvas,
-        "thick: compute, thin: copy, dashed: the vGPU's share",
-        x1 - 320,
-        30,
-        false,
-        Rgb888::new(90, 90, 90),
-    );
-    let mut ly = y1 + 8;
-    for (i, tn) in tenants.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        let lx = x1 - 200;
-        let _ = root.draw(&PathElement::new(
-            vec![(lx, ly + 5), (lx + 24, ly + 5)],
-            c.stroke_width(2),
-        ));
-        text(
-            &mut canvas,
-            &format!(
+        lines.push(vgpud::plot::Line {
+            label: Some(format!(
                 "vGPU {} ({}), share {:.0}%",
                 tn.vgpu.id,
                 tn.name,
                 tn.vgpu.compute_share * 100.0
-            ),
-            lx + 30,
-            ly,
-            false,
-            Rgb888::new(c.0, c.1, c.2),
-        );
-        ly += 14;
+            )),
+            points: tn.samples.iter().map(|s| (s.t, s.compute)).collect(),
+            color: i,
+            style: vgpud::plot::Style::Thick,
+        });
+        lines.push(vgpud::plot::Line {
+            label: None,
+            points: tn.samples.iter().map(|s| (s.t, s.copy)).collect(),
+            color: i,
+            style: vgpud::plot::Style::Thin,
+        });
+        lines.push(vgpud::plot::Line::level(tn.vgpu.compute_share, i));
     }
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    vgpud::plot::utilization_png(
+        path,
+        "vGPU compute utilization over time (sim GPU 0)",
+        "thick: compute, thin: copy, dashed: the vGPU's share",
+        &lines,
+    )
+    .map_err(|why| DemoError::Plot {
+        path: path.to_owned(),
+        why,
+    })
 }
 
 fn main() -> ExitCode {
