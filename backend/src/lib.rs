@@ -13,6 +13,7 @@ pub mod cuda;
 mod drain;
 mod error;
 pub mod sim;
+mod space;
 
 pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use cudarc::driver::sys;
 
@@ -58,47 +58,20 @@ struct Space {
     used: AtomicU64,
     count: AtomicU64,
     /// Free holes: offset -> length, multiples of `granularity`.
-    holes: Mutex<BTreeMap<u64, u64>>,
+    holes: crate::space::Holes,
 }
 
 impl Space {
     fn take_hole(&self, len: u64) -> Option<u64> {
-        let mut holes = self.holes.lock().unwrap_or_else(PoisonError::into_inner);
-        let (&off, &hole) = holes.iter().find(|(_, &l)| l >= len)?;
-        holes.remove(&off);
-        if hole > len {
-            holes.insert(off + len, hole - len);
-        }
-        Some(off)
+        self.holes.take(len)
     }
 
     fn give_hole(&self, off: u64, len: u64) {
-        let mut holes = self.holes.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut start, mut end) = (off, off + len);
-        if let Some((&p, &plen)) = holes.range(..off).next_back() {
-            if p + plen == off {
-                holes.remove(&p);
-                start = p;
-            }
-        }
-        if let Some(&nlen) = holes.get(&end) {
-            holes.remove(&end);
-            end += nlen;
-        }
-        holes.insert(start, end - start);
+        self.holes.give(off, len)
     }
 
     fn charge(&self, bytes: u64) -> Result<()> {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(bytes).filter(|t| *t <= self.capacity)
-            })
-            .map(|_| ())
-            .map_err(|u| BackendError::OutOfMemory {
-                requested: bytes,
-                available: self.capacity.saturating_sub(u),
-                capacity: self.capacity,
-            })
+        crate::space::charge(&self.used, self.capacity, bytes)
     }
 
     fn uncharge(&self, bytes: u64) {
@@ -279,8 +252,6 @@ impl DeviceMemory {
                  taken in this process); pick another va_base"
             )));
         }
-        let mut holes = BTreeMap::new();
-        holes.insert(0, va_size / granularity * granularity);
         tracing::debug!(
             va_base = format_args!("{va_base:#x}"),
             va_size,
@@ -295,7 +266,7 @@ impl DeviceMemory {
                 ordinal,
                 used: AtomicU64::new(0),
                 count: AtomicU64::new(0),
-                holes: Mutex::new(holes),
+                holes: crate::space::Holes::new(va_size / granularity * granularity),
             }),
             table: RwLock::new(BTreeMap::new()),
         })

@@ -1,0 +1,91 @@
+//! Book-keeping every backend's device address space shares: the free holes of the vGPU's
+//! reserved range, and the charge against its memory share.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use crate::{BackendError, Result};
+
+/// Free holes of an address range: offset -> length, first fit, merged on free.
+#[derive(Debug)]
+pub(crate) struct Holes(Mutex<BTreeMap<u64, u64>>);
+
+impl Holes {
+    /// One hole covering `len` bytes from offset 0.
+    pub fn new(len: u64) -> Self {
+        let mut m = BTreeMap::new();
+        if len > 0 {
+            m.insert(0, len);
+        }
+        Self(Mutex::new(m))
+    }
+
+    /// Takes the first hole of at least `len` bytes; its offset.
+    pub fn take(&self, len: u64) -> Option<u64> {
+        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (&off, &hole) = holes.iter().find(|(_, &l)| l >= len)?;
+        holes.remove(&off);
+        if hole > len {
+            holes.insert(off + len, hole - len);
+        }
+        Some(off)
+    }
+
+    /// Returns `off..off+len`, merging it with its neighbours.
+    pub fn give(&self, off: u64, len: u64) {
+        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut start, mut end) = (off, off + len);
+        if let Some((&p, &plen)) = holes.range(..off).next_back() {
+            if p + plen == off {
+                holes.remove(&p);
+                start = p;
+            }
+        }
+        if let Some(&nlen) = holes.get(&end) {
+            holes.remove(&end);
+            end += nlen;
+        }
+        holes.insert(start, end - start);
+    }
+}
+
+/// Adds `bytes` to `used` if the total stays within `capacity`.
+pub(crate) fn charge(used: &AtomicU64, capacity: u64, bytes: u64) -> Result<()> {
+    used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        u.checked_add(bytes).filter(|t| *t <= capacity)
+    })
+    .map(|_| ())
+    .map_err(|u| BackendError::OutOfMemory {
+        requested: bytes,
+        available: capacity.saturating_sub(u),
+        capacity,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_split_and_merge() {
+        let h = Holes::new(100);
+        assert_eq!(h.take(30), Some(0));
+        assert_eq!(h.take(30), Some(30));
+        assert_eq!(h.take(50), None);
+        h.give(0, 30);
+        h.give(30, 30);
+        assert_eq!(h.take(100), Some(0), "freed holes merge back into one");
+    }
+
+    #[test]
+    fn charges_stay_within_capacity() {
+        let used = AtomicU64::new(0);
+        charge(&used, 100, 60).unwrap();
+        assert!(matches!(
+            charge(&used, 100, 50),
+            Err(BackendError::OutOfMemory { available: 40, .. })
+        ));
+        charge(&used, 100, 40).unwrap();
+    }
+}
