@@ -125,7 +125,9 @@ fn batching(s: &mut GpuStream, iters: u64) -> Result<(), Failure> {
 /// Null-kernel launches (`spin` for 0 µs): the synchronous round trip of one launch, and
 /// the rate of 32 launches per doorbell.
 fn null_kernels(s: &mut GpuStream, module: u64, iters: u64) -> Result<(), Failure> {
-    let spin = s.get_function(module, "spin").map_err(driver("GET_FUNCTION spin"))?;
+    let spin = s
+        .get_function(module, "spin")
+        .map_err(driver("GET_FUNCTION spin"))?;
     let launch = launch_1d(spin.handle, 1, 1);
     let args = [KernelArg::u64(0)];
     let t0 = rdtsc();
@@ -137,13 +139,18 @@ fn null_kernels(s: &mut GpuStream, module: u64, iters: u64) -> Result<(), Failur
     let t0 = rdtsc();
     for _ in 0..rounds {
         for _ in 0..32 {
-            s.enqueue_launch(&launch, &args, &[]).map_err(driver("enqueue LAUNCH spin"))?;
+            s.enqueue_launch(&launch, &args, &[])
+                .map_err(driver("enqueue LAUNCH spin"))?;
         }
         s.submit();
         s.wait_all().map_err(driver("LAUNCH spin batch"))?;
     }
     if let Some(ns) = ticks_to_ns(rdtsc() - t0).filter(|&ns| ns > 0) {
-        bench!("vgpu_null_launches_per_s_batch32", (rounds * 32) as f64 * 1e9 / ns as f64, "launch/s");
+        bench!(
+            "vgpu_null_launches_per_s_batch32",
+            (rounds * 32) as f64 * 1e9 / ns as f64,
+            "launch/s"
+        );
     }
     Ok(())
 }
