@@ -68,9 +68,18 @@ pub fn probe(boot: &BootInfo, index: usize) -> Result<Gpu, OpenError> {
 
 /// The common case: the first vGPU with stream 0 open and the device started.
 pub fn open_single(boot: &BootInfo) -> Result<(Gpu, GpuStream), OpenError> {
+    open_single_with(boot, DEFAULT_QUEUE_SIZE)
+}
+
+/// Like [`open_single`], with a stream of `CAP` requests in flight over a queue of
+/// `queue_size` descriptors (two per simple request).
+pub fn open_single_with<const CAP: usize>(
+    boot: &BootInfo,
+    queue_size: u16,
+) -> Result<(Gpu, GpuStream<CAP>), OpenError> {
     let mut gpu = probe(boot, 0)?;
     let stream = gpu
-        .open_stream(0, stream_options(DEFAULT_QUEUE_SIZE))
+        .open_stream(0, stream_options(queue_size))
         .map_err(OpenError::Driver)?;
     gpu.start().map_err(OpenError::Driver)?;
     Ok((gpu, stream))
