@@ -367,7 +367,9 @@ fn map_memfd(
             host as *mut libc::c_void,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_FIXED,
+            // Populated now: device memory is resident once allocated, as on a GPU, so a
+            // copy or kernel never pays the first-touch page faults.
+            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
             memfd.as_raw_fd(),
             0,
         )
