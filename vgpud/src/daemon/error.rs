@@ -151,8 +151,6 @@ pub enum DaemonError {
         path: PathBuf,
         flag: &'static str,
     },
-    #[error("the {backend} backend is not built into vgpud yet (the daemon gets it with the CUDA issue; `vgpu-worker --backend cuda` serves one vGPU by hand); use --backend sim")]
-    BackendNotBuilt { backend: String },
     #[error("bad option: {0}")]
     Option(String),
     #[error("runtime: {0}")]
