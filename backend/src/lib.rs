@@ -9,6 +9,7 @@
 //! All methods take `&self` and lock internally at fine grain, so a kernel running for one
 //! queue does not block a copy for another.
 
+mod args;
 pub mod cuda;
 mod drain;
 mod error;

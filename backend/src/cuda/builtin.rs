@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use vgpu_proto::builtin::{self, KernelSig, Param};
+use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::ArgValue;
 
 use super::driver::{check, CuError};
@@ -15,6 +15,7 @@ use super::lanes::Lane;
 use super::memory::Allocation;
 use super::modules::Func;
 use super::CudaGpu;
+use crate::args::{check_args, int, ptr, word};
 use crate::error::{BackendError, Result};
 
 /// Threads per block of the element-wise kernels.
@@ -24,59 +25,6 @@ const BLOCK: u32 = 256;
 const BLOCKS_PER_SM: u64 = 32;
 /// reduce_sum's block of elements (docs/protocol.md).
 const REDUCE_BLOCK: u64 = 65536;
-
-/// Checks `args` against the kernel's parameter list (count, kinds, access modes).
-pub fn check_args(sig: &'static KernelSig, args: &[ArgValue]) -> Result<()> {
-    if args.len() != sig.params.len() {
-        return Err(BackendError::BadArgCount {
-            kernel: sig.name,
-            expected: sig.params.len(),
-            got: args.len(),
-        });
-    }
-    for (index, (arg, (param, want))) in args.iter().zip(sig.params.iter()).enumerate() {
-        let bad = |reason: String| BackendError::BadArgType {
-            kernel: sig.name,
-            index,
-            param,
-            reason,
-        };
-        if !want.accepts(arg.kind()) {
-            return Err(bad(format!("expects {want:?}, got {:?}", arg.kind())));
-        }
-        if let (Param::Ptr(needed), ArgValue::Ptr { access, .. }) = (want, arg) {
-            if !access.covers(*needed) {
-                return Err(bad(format!(
-                    "the kernel needs {needed:?} access, the pointer declares {access:?}"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn int(args: &[ArgValue], i: usize) -> u64 {
-    match args.get(i) {
-        Some(ArgValue::U32(v)) => u64::from(*v),
-        Some(ArgValue::U64(v)) => *v,
-        _ => 0,
-    }
-}
-
-fn word(args: &[ArgValue], i: usize) -> u32 {
-    match args.get(i) {
-        Some(ArgValue::U32(v)) => *v,
-        Some(ArgValue::F32(v)) => v.to_bits(),
-        _ => 0,
-    }
-}
-
-fn ptr(args: &[ArgValue], i: usize) -> u64 {
-    match args.get(i) {
-        Some(ArgValue::Ptr { addr, .. }) => *addr,
-        _ => 0,
-    }
-}
 
 /// Grid of `BLOCK`-thread blocks for `work` independent items.
 fn grid_for(work: u64, sm_count: u32) -> u32 {

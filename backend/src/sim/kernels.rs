@@ -9,11 +9,12 @@ use std::sync::atomic::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vgpu_proto::builtin::{self, KernelSig, Param, FNV_OFFSET, FNV_PRIME};
+use vgpu_proto::builtin::{self, KernelSig, FNV_OFFSET, FNV_PRIME};
 use vgpu_proto::ArgValue;
 
 use super::memory::{Allocation, DeviceMemory, Word};
 use super::pacing;
+use crate::args::{check_args, f32_arg, int, ptr, word};
 use crate::error::{BackendError, Result};
 
 /// Elements below which a kernel runs on the calling thread only.
@@ -29,66 +30,6 @@ pub struct Ctx<'a> {
     pub threads: usize,
     /// Compute-rate factor.
     pub speed: f64,
-}
-
-/// Checks `args` against the kernel's parameter list (count, kinds, access modes).
-pub fn check_args(sig: &'static KernelSig, args: &[ArgValue]) -> Result<()> {
-    if args.len() != sig.params.len() {
-        return Err(BackendError::BadArgCount {
-            kernel: sig.name,
-            expected: sig.params.len(),
-            got: args.len(),
-        });
-    }
-    for (index, (arg, (param, want))) in args.iter().zip(sig.params.iter()).enumerate() {
-        let bad = |reason: String| BackendError::BadArgType {
-            kernel: sig.name,
-            index,
-            param,
-            reason,
-        };
-        if !want.accepts(arg.kind()) {
-            return Err(bad(format!("expects {want:?}, got {:?}", arg.kind())));
-        }
-        if let (Param::Ptr(needed), ArgValue::Ptr { access, .. }) = (want, arg) {
-            if !access.covers(*needed) {
-                return Err(bad(format!(
-                    "the kernel needs {needed:?} access, the pointer declares {access:?}"
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn int(args: &[ArgValue], i: usize) -> u64 {
-    match args.get(i) {
-        Some(ArgValue::U32(v)) => u64::from(*v),
-        Some(ArgValue::U64(v)) => *v,
-        _ => 0,
-    }
-}
-
-fn f32_arg(args: &[ArgValue], i: usize) -> f32 {
-    match args.get(i) {
-        Some(ArgValue::F32(v)) => *v,
-        _ => 0.0,
-    }
-}
-
-fn word(args: &[ArgValue], i: usize) -> u32 {
-    match args.get(i) {
-        Some(ArgValue::U32(v)) => *v,
-        Some(ArgValue::F32(v)) => v.to_bits(),
-        _ => 0,
-    }
-}
-
-fn ptr(args: &[ArgValue], i: usize) -> u64 {
-    match args.get(i) {
-        Some(ArgValue::Ptr { addr, .. }) => *addr,
-        _ => 0,
-    }
 }
 
 /// An element count as usize.
