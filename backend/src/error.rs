@@ -18,6 +18,14 @@ pub enum BackendError {
         /// Total bytes.
         capacity: u64,
     },
+    /// The memory broker (vgpud) could not make room on the physical GPU.
+    #[error("device memory for {requested} bytes is not available now: {why}; free memory, retry later, or ask the operator for a larger or non-oversubscribed share")]
+    MemoryPressure {
+        /// Bytes that had to become resident.
+        requested: u64,
+        /// The broker's reason.
+        why: String,
+    },
     /// The host has no memory left to back device memory.
     #[error("the host has no memory left to back {requested} bytes of device memory; free memory on the host or lower the vGPU's memory share")]
     HostOutOfMemory {
@@ -115,6 +123,7 @@ impl BackendError {
             BackendError::ZeroSize | BackendError::InvalidArgument(_) => Status::InvalidArgument,
             BackendError::OutOfMemory { .. }
             | BackendError::HostOutOfMemory { .. }
+            | BackendError::MemoryPressure { .. }
             | BackendError::AddressSpaceFull { .. } => Status::OutOfMemory,
             BackendError::BadPointer { .. }
             | BackendError::Misaligned { .. }

@@ -13,6 +13,7 @@ mod args;
 pub mod cuda;
 mod drain;
 mod error;
+pub mod pager;
 pub mod sim;
 mod space;
 
@@ -20,6 +21,8 @@ pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
+
+use std::os::fd::OwnedFd;
 
 use vm_memory::VolatileSlice;
 
@@ -187,6 +190,44 @@ pub trait Backend: Send + Sync {
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         let _ = regions;
         Ok(())
+    }
+
+    /// Size of the pieces [`Backend::decommit`] works in, in bytes; 0 = whole allocations
+    /// only. Default: 0.
+    fn commit_granule(&self) -> u64 {
+        0
+    }
+
+    /// Gives the device memory behind `[addr + off, addr + off + len)` back, keeping the
+    /// addresses taken (swap-out): until [`Backend::recommit`] the range must not be
+    /// touched. `addr` is an allocation's start; `off` and `len` are multiples of
+    /// [`Backend::commit_granule`] (or cover the whole allocation), the last piece may end
+    /// at the allocation's charged size. Default: not supported.
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let _ = (addr, off, len);
+        Err(BackendError::NotSupported(
+            "this backend cannot swap device memory".into(),
+        ))
+    }
+
+    /// Backs a decommitted range with device memory again, at the same addresses; its
+    /// content is undefined until written. Default: not supported.
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let _ = (addr, off, len);
+        Err(BackendError::NotSupported(
+            "this backend cannot swap device memory".into(),
+        ))
+    }
+
+    /// Maps a shared device memory object (`size` bytes) that another process created at a
+    /// fresh device address of this vGPU; [`Backend::free`] of that address unmaps it.
+    /// `handle` is the object's file descriptor (sim: a memfd; cuda: an exportable
+    /// allocation handle). Default: not supported.
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let _ = (handle, size, read_only);
+        Err(BackendError::NotSupported(
+            "this backend cannot map shared device memory".into(),
+        ))
     }
 
     /// Undoes [`Backend::register_host_memory`] for `regions` (each exactly as

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
 use vgpu_grant::{Gate, Resource, Ungated};
-use vgpu_proto::args::module_kind;
+use vgpu_proto::args::{module_kind, shm_flags};
 use vgpu_proto::{
     features, launch_request_len, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode, Request,
     Response, VgpuConfig, MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN,
@@ -37,6 +37,8 @@ pub struct Vgpu {
     gate: Arc<dyn Gate>,
     /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
     slots: Option<Arc<crate::slots::HwSlots>>,
+    /// The shared device memory registry; `None`: SHM_* requests are not supported.
+    shm: Option<Arc<dyn crate::shm::ShmHost>>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -63,7 +65,15 @@ impl Vgpu {
             alloc_lock: Mutex::new(()),
             gate: Arc::new(Ungated),
             slots: None,
+            shm: None,
         })
+    }
+
+    /// Serves SHM_* requests through `host` and says so in the config space.
+    pub fn with_shm(mut self, host: Arc<dyn crate::shm::ShmHost>) -> Self {
+        self.space.features |= vgpu_proto::features::SHM;
+        self.shm = Some(host);
+        self
     }
 
     /// Limits this vGPU's concurrent kernels to `slots` hardware queues, handed out by
@@ -274,14 +284,57 @@ impl Vgpu {
             }
             Request::EventDestroy(e) => self.events.destroy(e.event).map(|()| [0; 4]),
             Request::ShmGet(_) | Request::ShmAt(_) | Request::ShmDt(_) | Request::ShmCtl(_) => {
-                Err(RequestError::NotSupported {
-                    opcode: name,
-                    why: "shared device memory is not available on this device yet (capability bit SHM is clear)",
-                })
+                self.shm_request(name, req)
             }
             Request::StorageAttach(_) => Err(RequestError::NotSupported {
                 opcode: name,
                 why: "GPU-initiated storage is not available on this device yet (capability bit STORAGE is clear)",
+            }),
+        }
+    }
+
+    fn shm_request(&self, name: &'static str, req: &Request<'_>) -> Outcome {
+        let Some(host) = &self.shm else {
+            return Err(RequestError::NotSupported {
+                opcode: name,
+                why: "shared device memory is not available on this device (capability bit SHM is clear); run the vGPU under vgpud",
+            });
+        };
+        match req {
+            Request::ShmGet(a) => {
+                if a.flags & !(shm_flags::CREATE | shm_flags::EXCLUSIVE) != 0 {
+                    return Err(RequestError::Invalid {
+                        opcode: name,
+                        what: format!("unknown flags {:#x}; use CREATE and EXCLUSIVE", a.flags),
+                    });
+                }
+                Ok([host.get(a.key, a.size, a.flags)?, 0, 0, 0])
+            }
+            Request::ShmAt(a) => {
+                if a.flags & !1 != 0 {
+                    return Err(RequestError::Invalid {
+                        opcode: name,
+                        what: format!(
+                            "unknown flags {:#x}; bit 0 (read-only) is the only one",
+                            a.flags
+                        ),
+                    });
+                }
+                Ok([host.attach(a.shmid, a.flags & 1 != 0)?, 0, 0, 0])
+            }
+            Request::ShmDt(a) => host.detach(a.addr).map(|()| [0; 4]).map_err(Into::into),
+            Request::ShmCtl(a) => {
+                if a.flags != 0 {
+                    return Err(RequestError::Invalid {
+                        opcode: name,
+                        what: "flags must be 0".into(),
+                    });
+                }
+                Ok(host.ctl(a.shmid, a.cmd)?)
+            }
+            _ => Err(RequestError::Invalid {
+                opcode: name,
+                what: "not a shared memory request".into(),
             }),
         }
     }

@@ -106,6 +106,9 @@ pub enum RequestError {
     /// The backend refused or failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A shared device memory request failed.
+    #[error(transparent)]
+    Shm(crate::shm::ShmError),
 }
 
 impl RequestError {
@@ -127,6 +130,7 @@ impl RequestError {
             RequestError::TooManyEvents(_) => Status::OutOfResources,
             RequestError::NotSupported { .. } => Status::NotSupported,
             RequestError::Backend(e) => e.status(),
+            RequestError::Shm(e) => e.status(),
         }
     }
 

@@ -46,11 +46,13 @@ pub enum Status {
     KernelFault = 15,
     /// The physical device failed; the request's effects are unknown.
     DeviceError = 16,
+    /// The vGPU may not do this (e.g. attach shared memory outside its share group).
+    PermissionDenied = 17,
 }
 
 impl Status {
     /// Every status, for tables and tests.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::UnknownOpcode,
         Status::BadDescriptor,
@@ -68,6 +70,7 @@ impl Status {
         Status::OutOfResources,
         Status::KernelFault,
         Status::DeviceError,
+        Status::PermissionDenied,
     ];
 
     /// The status with this wire value, if any (a newer device may send codes an older
@@ -101,6 +104,7 @@ impl Status {
             Status::OutOfResources => "OUT_OF_RESOURCES",
             Status::KernelFault => "KERNEL_FAULT",
             Status::DeviceError => "DEVICE_ERROR",
+            Status::PermissionDenied => "PERMISSION_DENIED",
         }
     }
 }

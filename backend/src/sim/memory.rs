@@ -114,6 +114,9 @@ pub struct Allocation {
     va_len: u64,
     host: usize,
     memfd: OwnedFd,
+    /// Mapped from a shared object another process owns (shm): not charged here, never
+    /// decommitted here.
+    imported: bool,
     space: Arc<Space>,
 }
 
@@ -293,6 +296,7 @@ impl DeviceMemory {
                     va_len,
                     host,
                     memfd,
+                    imported: false,
                     space: self.space.clone(),
                 });
                 self.table
@@ -332,6 +336,143 @@ impl DeviceMemory {
             }
             None => Err(BackendError::NotAllocated { addr }),
         }
+    }
+
+    /// Maps a shared object's memfd (`size` bytes, page-rounded length) at a fresh device
+    /// address; nothing is charged to this address space. `read_only` maps it without write
+    /// access (a kernel writing it faults in this process only).
+    pub fn import(&self, memfd: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let bad = || BackendError::InvalidArgument(format!("shared object of {size} bytes"));
+        let map_len = round_up(size, PAGE).ok_or_else(bad)?;
+        let va_len = round_up(size, VA_ALIGN).ok_or_else(bad)?;
+        let file_len = fd_len(&memfd)?;
+        if file_len < map_len {
+            return Err(BackendError::InvalidArgument(format!(
+                "shared object memfd holds {file_len} bytes, fewer than its size {size}"
+            )));
+        }
+        let off = self
+            .space
+            .take_hole(va_len)
+            .ok_or(BackendError::AddressSpaceFull { requested: size })?;
+        let addr = self.space.va_base + off;
+        let host = self.space.res.host + off as usize;
+        let prot = if read_only {
+            libc::PROT_READ
+        } else {
+            libc::PROT_READ | libc::PROT_WRITE
+        };
+        if let Err(e) = map_at(host, 0, map_len as usize, prot, &memfd) {
+            tracing::error!(addr, error = %e, "mapping a shared object failed; address range retired");
+            return Err(e);
+        }
+        self.space.count.fetch_add(1, Ordering::AcqRel);
+        let a = Arc::new(Allocation {
+            addr,
+            size,
+            charged: 0,
+            va_len,
+            host,
+            memfd,
+            imported: true,
+            space: self.space.clone(),
+        });
+        self.table
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(addr, a);
+        tracing::debug!(addr, size, read_only, "shared object mapped");
+        Ok(addr)
+    }
+
+    /// The live allocation that starts exactly at `addr`.
+    fn exact(&self, addr: u64) -> Result<Arc<Allocation>> {
+        self.table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&addr)
+            .cloned()
+            .ok_or(BackendError::NotAllocated { addr })
+    }
+
+    /// Checks that `[off, off + len)` is a page-aligned range of the owned allocation at
+    /// `addr`; returns it.
+    fn commit_range(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
+        let a = self.exact(addr)?;
+        if a.imported {
+            return Err(BackendError::NotSupported(
+                "shared objects stay resident; only owned allocations are swapped".into(),
+            ));
+        }
+        let ok = off % PAGE == 0
+            && len % PAGE == 0
+            && len > 0
+            && off.checked_add(len).is_some_and(|end| end <= a.charged);
+        if !ok {
+            return Err(BackendError::BadPointer {
+                addr: addr.wrapping_add(off),
+                len,
+            });
+        }
+        Ok(a)
+    }
+
+    /// Gives the host pages behind `[off, off + len)` of the allocation at `addr` back to
+    /// the host and makes the range inaccessible; its addresses stay taken.
+    pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let a = self.commit_range(addr, off, len)?;
+        let host = a.host + off as usize;
+        // SAFETY: [host, host + len) lies inside this allocation's part of the reservation
+        // (checked by commit_range); MAP_FIXED replaces only our own mapping of it.
+        let p = unsafe {
+            libc::mmap(
+                host as *mut libc::c_void,
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(BackendError::os(
+                "decommitting device memory (mmap PROT_NONE)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: plain syscall on the allocation's own memfd, inside its size.
+        let rc = unsafe {
+            libc::fallocate(
+                a.memfd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(BackendError::os(
+                "releasing device memory (fallocate PUNCH_HOLE)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Backs `[off, off + len)` of the allocation at `addr` with fresh zeroed pages again,
+    /// at the same addresses.
+    pub fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let a = self.commit_range(addr, off, len)?;
+        commit(&a.memfd, off, len)?;
+        map_at(
+            a.host + off as usize,
+            off,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            &a.memfd,
+        )
     }
 
     /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.
@@ -420,4 +561,70 @@ fn make_memfd(len: usize) -> Result<OwnedFd> {
         };
     }
     Ok(memfd)
+}
+
+/// Maps `len` bytes of `memfd` from `file_off` at `host` (inside our reservation),
+/// populated.
+fn map_at(host: usize, file_off: u64, len: usize, prot: i32, memfd: &OwnedFd) -> Result<()> {
+    let off = libc::off_t::try_from(file_off)
+        .map_err(|_| BackendError::InvalidArgument(format!("offset {file_off} too large")))?;
+    // SAFETY: callers pass a range of our PROT_NONE reservation that belongs to one
+    // allocation of theirs; MAP_FIXED replaces only that range.
+    let p = unsafe {
+        libc::mmap(
+            host as *mut libc::c_void,
+            len,
+            prot,
+            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+            memfd.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(BackendError::os(
+            "mapping device memory",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Commits `[off, off + len)` of `memfd`'s pages.
+fn commit(memfd: &OwnedFd, off: u64, len: u64) -> Result<()> {
+    // SAFETY: plain syscall on a descriptor we own.
+    if unsafe { libc::fallocate(memfd.as_raw_fd(), 0, off as libc::off_t, len as libc::off_t) } != 0
+    {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::ENOMEM) => {
+                Err(BackendError::HostOutOfMemory { requested: len })
+            }
+            _ => Err(BackendError::os("committing device memory (fallocate)", e)),
+        };
+    }
+    Ok(())
+}
+
+/// The size of the file behind `fd`.
+fn fd_len(fd: &OwnedFd) -> Result<u64> {
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat only writes to `st`.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(BackendError::os(
+            "inspecting a shared object (fstat)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// A memfd of `size` bytes (page-rounded) with its memory committed: a shared device
+/// memory object as vgpud creates it for the sim backend.
+pub fn shared_object(size: u64) -> Result<OwnedFd> {
+    let len = round_up(size, PAGE)
+        .and_then(|l| usize::try_from(l).ok())
+        .filter(|l| *l > 0)
+        .ok_or_else(|| BackendError::InvalidArgument(format!("shared object of {size} bytes")))?;
+    make_memfd(len)
 }

@@ -25,6 +25,7 @@ use memory::DeviceMemory;
 use modules::Modules;
 use pacing::CopyEngine;
 
+pub use memory::shared_object;
 pub use pacing::{SPLIT_CHUNK, UNITS_PER_SEC};
 
 /// How to simulate the GPU.
@@ -294,5 +295,21 @@ impl Backend for SimGpu {
 
     fn synchronize(&self) {
         self.inflight.drain();
+    }
+
+    fn commit_granule(&self) -> u64 {
+        crate::pager::GRANULE
+    }
+
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        self.mem.decommit(addr, off, len)
+    }
+
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        self.mem.recommit(addr, off, len)
+    }
+
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        self.mem.import(handle, size, read_only)
     }
 }

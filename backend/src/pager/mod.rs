@@ -1,0 +1,655 @@
+//! Device memory oversubscription inside one worker: the [`Pager`] wraps a vGPU's backend,
+//! tracks where each piece of each allocation lives (device memory, the GPU's swap area,
+//! host memory), evicts pieces when its [`Broker`] asks, and restores them on demand
+//! (Gdev §4), so device addresses never change and the guest never notices.
+//!
+//! Restores are driven by the API: a copy into a range restores only the pieces it
+//! touches (pieces it overwrites whole are not even read back); a copy out of a swapped
+//! range reads the swapped bytes where they are, restoring nothing; a launch restores the
+//! allocations its pointer arguments point into, or all of them when an argument may be a
+//! raw device address. Eviction takes only allocations no operation is using.
+//!
+//! Decisions (how much to evict, from whom, to which tier) belong to the broker: vgpud for
+//! a worker, across processes. The pager only moves bytes.
+
+mod broker;
+mod entry;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Instant;
+
+use vgpu_proto::ArgValue;
+use vm_memory::VolatileSlice;
+
+use crate::{
+    Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
+    LaunchStats, MemoryUsage, ModuleImage, Result,
+};
+pub use broker::{Broker, LocalBroker, LocalMember, MemState, Tier};
+use entry::{Entry, Piece, Pin};
+pub use plan::{Member, Planner, Step, Tried};
+
+/// Size of a swap piece where the backend can swap parts of an allocation (2 MiB: the
+/// device allocation alignment, so a piece never straddles two allocations).
+pub const GRANULE: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
+
+#[derive(Debug, Default)]
+struct Counters {
+    used: AtomicU64,
+    resident: AtomicU64,
+    device_swap: AtomicU64,
+    host_swap: AtomicU64,
+    swap_out_bytes: AtomicU64,
+    swap_in_bytes: AtomicU64,
+    swap_out_ns: AtomicU64,
+    swap_in_ns: AtomicU64,
+    evictions: AtomicU64,
+    restores: AtomicU64,
+}
+
+/// A vGPU's backend with swapping.
+pub struct Pager {
+    inner: Arc<dyn Backend>,
+    broker: Arc<dyn Broker>,
+    share: u64,
+    granule: u64,
+    entries: RwLock<BTreeMap<u64, Arc<Entry>>>,
+    tick: AtomicU64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Pager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager")
+            .field("share", &self.share)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+fn ns_since(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Pager {
+    /// Wraps `inner`. The vGPU may allocate `share` bytes in all; how many of them are
+    /// resident at a time is up to `broker`. `inner` must be able to hold `share` bytes
+    /// plus its swap-area buffers.
+    pub fn new(inner: Arc<dyn Backend>, broker: Arc<dyn Broker>, share: u64) -> Self {
+        let granule = inner.commit_granule();
+        Self {
+            inner,
+            broker,
+            share,
+            granule,
+            entries: RwLock::new(BTreeMap::new()),
+            tick: AtomicU64::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &Arc<dyn Backend> {
+        &self.inner
+    }
+
+    /// Where the vGPU's memory is now.
+    pub fn state(&self) -> MemState {
+        // Counters, not a walk over the pieces: the state is reported while a piece table
+        // is locked (a restore waiting for its reservation).
+        let c = &self.counters;
+        let mut s = MemState {
+            used: c.used.load(Ordering::Relaxed),
+            resident: c.resident.load(Ordering::Relaxed),
+            device_swap: c.device_swap.load(Ordering::Relaxed),
+            host_swap: c.host_swap.load(Ordering::Relaxed),
+            ..MemState::default()
+        };
+        s.swap_out_bytes = c.swap_out_bytes.load(Ordering::Relaxed);
+        s.swap_in_bytes = c.swap_in_bytes.load(Ordering::Relaxed);
+        s.swap_out_ns = c.swap_out_ns.load(Ordering::Relaxed);
+        s.swap_in_ns = c.swap_in_ns.load(Ordering::Relaxed);
+        s.evictions = c.evictions.load(Ordering::Relaxed);
+        s.restores = c.restores.load(Ordering::Relaxed);
+        s
+    }
+
+    /// Counter of the bytes in `p`'s place.
+    fn place(&self, p: &Piece) -> &AtomicU64 {
+        match p {
+            Piece::Resident => &self.counters.resident,
+            Piece::Device(_) => &self.counters.device_swap,
+            Piece::Host(_) => &self.counters.host_swap,
+        }
+    }
+
+    /// Replaces piece `i` of `e` with `new`, moving its bytes between the counters.
+    fn set_piece(&self, e: &Entry, pieces: &mut [Piece], i: usize, new: Piece) -> Piece {
+        let (_, len) = e.piece(i);
+        self.place(&pieces[i]).fetch_sub(len, Ordering::Relaxed);
+        self.place(&new).fetch_add(len, Ordering::Relaxed);
+        std::mem::replace(&mut pieces[i], new)
+    }
+
+    fn report(&self) {
+        self.broker.report(self.state());
+    }
+
+    fn next_tick(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Pins the allocation holding `[addr, addr + len)`; its offset of `addr`.
+    fn pin(&self, addr: u64, len: u64) -> Result<(Pin, u64)> {
+        let bad = BackendError::BadPointer { addr, len };
+        let e = {
+            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let (_, e) = entries.range(..=addr).next_back().ok_or(bad)?;
+            e.clone()
+        };
+        let off = addr - e.addr;
+        match off.checked_add(len) {
+            Some(end) if off < e.size && end <= e.size => {}
+            _ => return Err(BackendError::BadPointer { addr, len }),
+        }
+        Ok((Pin::new(e, self.next_tick()), off))
+    }
+
+    /// Makes the pieces of `e` overlapping `[off, off + len)` resident. Pieces that lie
+    /// wholly inside `overwrite` get device memory back but not their old bytes (the
+    /// caller is about to overwrite them).
+    fn make_resident(
+        &self,
+        e: &Entry,
+        off: u64,
+        len: u64,
+        overwrite: Option<(u64, u64)>,
+    ) -> Result<()> {
+        if e.shared {
+            return Ok(());
+        }
+        let mut pieces = e.lock();
+        let wanted = e.pieces_of(off, len);
+        let missing: u64 = wanted
+            .clone()
+            .filter(|i| !matches!(pieces[*i], Piece::Resident))
+            .map(|i| e.piece(i).1)
+            .sum();
+        if missing == 0 {
+            return Ok(());
+        }
+        let t = Instant::now();
+        self.broker
+            .reserve(missing)
+            .map_err(|why| BackendError::MemoryPressure {
+                requested: missing,
+                why,
+            })
+            .inspect_err(|_| tracing::debug!(addr = e.addr, missing, "restore refused"))?;
+        let mut moved = 0;
+        let result = (|| {
+            for i in wanted {
+                if matches!(pieces[i], Piece::Resident) {
+                    continue;
+                }
+                let (poff, plen) = e.piece(i);
+                self.inner.recommit(e.addr, poff, plen)?;
+                let dlen = e.data_len(i);
+                let whole = overwrite.is_some_and(|(o, l)| o <= poff && poff + dlen <= o + l);
+                let old = self.set_piece(e, &mut pieces, i, Piece::Resident);
+                match old {
+                    Piece::Device(buf) => {
+                        if !whole {
+                            self.inner.copy_dtod(e.addr + poff, buf, dlen)?;
+                            moved += dlen;
+                        }
+                        if let Err(err) = self.inner.free(buf) {
+                            tracing::warn!(error = %err, "freeing a swap buffer failed");
+                        }
+                    }
+                    Piece::Host(bytes) => {
+                        if !whole {
+                            let n = (dlen as usize).min(bytes.len());
+                            let mut bytes = bytes;
+                            // SAFETY: `bytes` is a live heap buffer we own exclusively
+                            // for this call; the slice covers `n <= len` of its bytes.
+                            let src = unsafe { VolatileSlice::new(bytes.as_mut_ptr(), n) };
+                            self.inner.copy_htod(e.addr + poff, &src)?;
+                            moved += dlen;
+                        }
+                    }
+                    Piece::Resident => {}
+                }
+                self.counters.restores.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })();
+        drop(pieces);
+        self.counters
+            .swap_in_bytes
+            .fetch_add(moved, Ordering::Relaxed);
+        self.counters
+            .swap_in_ns
+            .fetch_add(ns_since(t), Ordering::Relaxed);
+        self.report();
+        if let Err(err) = &result {
+            tracing::error!(addr = e.addr, error = %err, "restoring swapped device memory failed");
+        }
+        result
+    }
+
+    /// Evicts at least `want` bytes (when that much is idle) of this vGPU's resident
+    /// memory to `tier`; returns the bytes freed. Gdev's choice: the smallest idle
+    /// allocation that covers `want` on its own, else the least recently used ones.
+    pub fn evict(&self, want: u64, tier: Tier) -> u64 {
+        let candidates: Vec<Arc<Entry>> = {
+            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            entries
+                .values()
+                .filter(|e| !e.shared && !e.pinned())
+                .cloned()
+                .collect()
+        };
+        let resident = |e: &Entry| -> u64 {
+            e.try_lock().map_or(0, |p| {
+                p.iter()
+                    .enumerate()
+                    .filter(|(_, p)| matches!(p, Piece::Resident))
+                    .map(|(i, _)| e.piece(i).1)
+                    .sum()
+            })
+        };
+        let mut sized: Vec<(u64, Arc<Entry>)> = candidates
+            .into_iter()
+            .map(|e| (resident(&e), e))
+            .filter(|(r, _)| *r > 0)
+            .collect();
+        let order: Vec<Arc<Entry>> = match sized
+            .iter()
+            .filter(|(r, _)| *r >= want)
+            .min_by_key(|(r, _)| *r)
+        {
+            Some((_, e)) => vec![e.clone()],
+            None => {
+                sized.sort_by_key(|(_, e)| e.last_use.load(Ordering::Relaxed));
+                sized.into_iter().map(|(_, e)| e).collect()
+            }
+        };
+        let t = Instant::now();
+        let mut freed = 0;
+        for e in order {
+            if freed >= want {
+                break;
+            }
+            freed += self.evict_entry(&e, want - freed, tier);
+        }
+        self.counters
+            .swap_out_ns
+            .fetch_add(ns_since(t), Ordering::Relaxed);
+        tracing::debug!(want, freed, ?tier, "evicted");
+        self.report();
+        freed
+    }
+
+    /// Evicts up to `want` bytes of `e`'s resident pieces; the bytes freed.
+    fn evict_entry(&self, e: &Entry, want: u64, tier: Tier) -> u64 {
+        let Some(mut pieces) = e.try_lock() else {
+            return 0;
+        };
+        if e.pinned() {
+            return 0;
+        }
+        let mut freed = 0;
+        for i in 0..pieces.len() {
+            if freed >= want {
+                break;
+            }
+            if !matches!(pieces[i], Piece::Resident) {
+                continue;
+            }
+            let (off, len) = e.piece(i);
+            match self.save(e.addr + off, e.data_len(i), tier) {
+                Ok(saved) => {
+                    if let Err(err) = self.inner.decommit(e.addr, off, len) {
+                        tracing::error!(addr = e.addr, off, error = %err, "decommit failed; the piece stays resident");
+                        self.discard(saved);
+                        continue;
+                    }
+                    self.set_piece(e, &mut pieces, i, saved);
+                    freed += len;
+                    self.counters
+                        .swap_out_bytes
+                        .fetch_add(e.data_len(i), Ordering::Relaxed);
+                    self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) => {
+                    tracing::warn!(addr = e.addr, off, error = %err, "saving a piece failed; it stays resident");
+                }
+            }
+        }
+        freed
+    }
+
+    /// Copies `len` device bytes at `addr` to `tier` (host memory when the swap area
+    /// cannot take them).
+    fn save(&self, addr: u64, len: u64, tier: Tier) -> Result<Piece> {
+        if tier == Tier::Device {
+            match self.inner.alloc(len) {
+                Ok(buf) => match self.inner.copy_dtod(buf.addr, addr, len) {
+                    Ok(_) => return Ok(Piece::Device(buf.addr)),
+                    Err(e) => {
+                        let _ = self.inner.free(buf.addr);
+                        tracing::warn!(error = %e, "copy into the swap area failed; using host memory");
+                    }
+                },
+                Err(e) => tracing::debug!(error = %e, "no swap-area buffer; using host memory"),
+            }
+        }
+        let n = usize::try_from(len)
+            .map_err(|_| BackendError::InvalidArgument(format!("piece of {len} bytes")))?;
+        let mut bytes = vec![0u8; n].into_boxed_slice();
+        // SAFETY: `bytes` is a live heap buffer of `n` bytes owned by this frame.
+        let dst = unsafe { VolatileSlice::new(bytes.as_mut_ptr(), n) };
+        self.inner.copy_dtoh(addr, &dst)?;
+        Ok(Piece::Host(bytes))
+    }
+
+    fn discard(&self, p: Piece) {
+        if let Piece::Device(buf) = p {
+            let _ = self.inner.free(buf);
+        }
+    }
+
+    /// Moves at least `want` bytes (as far as idle pieces allow) from the swap area to
+    /// host memory; returns the bytes moved.
+    pub fn spill(&self, want: u64) -> u64 {
+        let mut entries: Vec<Arc<Entry>> = {
+            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            t.values().filter(|e| !e.shared).cloned().collect()
+        };
+        entries.sort_by_key(|e| e.last_use.load(Ordering::Relaxed));
+        let t = Instant::now();
+        let mut moved = 0;
+        for e in entries {
+            if moved >= want {
+                break;
+            }
+            let Some(mut pieces) = e.try_lock() else {
+                continue;
+            };
+            for i in 0..pieces.len() {
+                if moved >= want {
+                    break;
+                }
+                let Piece::Device(buf) = pieces[i] else {
+                    continue;
+                };
+                let (_, len) = e.piece(i);
+                match self.save(buf, e.data_len(i), Tier::Host) {
+                    Ok(p) => {
+                        self.set_piece(&e, &mut pieces, i, p);
+                        let _ = self.inner.free(buf);
+                        moved += len;
+                    }
+                    Err(err) => tracing::warn!(error = %err, "spilling a swap buffer failed"),
+                }
+            }
+        }
+        self.counters
+            .swap_out_ns
+            .fetch_add(ns_since(t), Ordering::Relaxed);
+        self.report();
+        moved
+    }
+
+    /// Makes every allocation resident (a launch whose arguments may reach any of them).
+    fn pin_all(&self) -> Result<Vec<Pin>> {
+        let all: Vec<Arc<Entry>> = {
+            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            t.values().cloned().collect()
+        };
+        let tick = self.next_tick();
+        let pins: Vec<Pin> = all.into_iter().map(|e| Pin::new(e, tick)).collect();
+        for p in &pins {
+            self.make_resident(&p.0, 0, p.0.charged, None)?;
+        }
+        Ok(pins)
+    }
+
+    fn insert(&self, e: Entry) {
+        self.entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(e.addr, Arc::new(e));
+    }
+}
+
+impl Backend for Pager {
+    fn info(&self) -> &BackendInfo {
+        self.inner.info()
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        let s = self.state();
+        let allocations = self
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len() as u64;
+        MemoryUsage {
+            used: s.used,
+            capacity: self.share,
+            allocations,
+        }
+    }
+
+    fn alloc(&self, size: u64) -> Result<Allocated> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let g = self.inner.info().alloc_granularity.max(1);
+        let charge =
+            size.checked_add(g - 1)
+                .map(|v| v / g * g)
+                .ok_or(BackendError::OutOfMemory {
+                    requested: size,
+                    available: 0,
+                    capacity: self.share,
+                })?;
+        let used = self.state().used;
+        if used.saturating_add(charge) > self.share {
+            return Err(BackendError::OutOfMemory {
+                requested: charge,
+                available: self.share.saturating_sub(used),
+                capacity: self.share,
+            });
+        }
+        if let Err(why) = self.broker.reserve(charge) {
+            tracing::info!(size, why, "allocation refused by the memory broker");
+            self.report();
+            return Err(BackendError::MemoryPressure {
+                requested: charge,
+                why,
+            });
+        }
+        let a = match self.inner.alloc(size) {
+            Ok(a) => a,
+            Err(e) => {
+                self.report();
+                return Err(e);
+            }
+        };
+        let mut e = Entry::new(a.addr, size, a.charged, self.granule, false);
+        e.last_use = AtomicU64::new(self.next_tick());
+        self.counters.used.fetch_add(a.charged, Ordering::Relaxed);
+        self.counters
+            .resident
+            .fetch_add(a.charged, Ordering::Relaxed);
+        self.insert(e);
+        self.report();
+        Ok(a)
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        let e = self
+            .entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&addr)
+            .ok_or(BackendError::NotAllocated { addr })?;
+        if !e.shared {
+            let mut pieces = e.lock();
+            for i in 0..pieces.len() {
+                if let Piece::Device(buf) = self.set_piece(&e, &mut pieces, i, Piece::Resident) {
+                    let _ = self.inner.free(buf);
+                }
+            }
+            self.counters.used.fetch_sub(e.charged, Ordering::Relaxed);
+            self.counters
+                .resident
+                .fetch_sub(e.charged, Ordering::Relaxed);
+        }
+        let r = self.inner.free(addr);
+        self.report();
+        r
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        self.pin(addr, len).map(|_| ())
+    }
+
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
+        let len = src.len() as u64;
+        let (pin, off) = self.pin(dst, len)?;
+        self.make_resident(&pin.0, off, len, Some((off, len)))?;
+        self.inner.copy_htod(dst, src)
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
+        let len = dst.len() as u64;
+        let (pin, off) = self.pin(src, len)?;
+        let e = &pin.0;
+        if e.shared {
+            return self.inner.copy_dtoh(src, dst);
+        }
+        let pieces = e.lock();
+        let range = e.pieces_of(off, len);
+        if range.clone().all(|i| matches!(pieces[i], Piece::Resident)) {
+            drop(pieces);
+            return self.inner.copy_dtoh(src, dst);
+        }
+        // Read each piece where it is now: swapped bytes are not restored for a read.
+        for i in range {
+            let (poff, _) = e.piece(i);
+            let from = off.max(poff);
+            let to = (off + len).min(poff + e.data_len(i));
+            if from >= to {
+                continue;
+            }
+            let n = (to - from) as usize;
+            let out = dst
+                .subslice((from - off) as usize, n)
+                .map_err(|err| BackendError::Device(format!("guest slice: {err}")))?;
+            match &pieces[i] {
+                Piece::Resident => {
+                    self.inner.copy_dtoh(e.addr + from, &out)?;
+                }
+                Piece::Device(buf) => {
+                    self.inner.copy_dtoh(buf + (from - poff), &out)?;
+                }
+                Piece::Host(bytes) => {
+                    let at = (from - poff) as usize;
+                    let part = bytes.get(at..at + n).ok_or(BackendError::BadPointer {
+                        addr: e.addr + from,
+                        len: n as u64,
+                    })?;
+                    out.copy_from(part);
+                }
+            }
+        }
+        Ok(len)
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
+        let (sp, so) = self.pin(src, len)?;
+        let (dp, doff) = self.pin(dst, len)?;
+        self.make_resident(&sp.0, so, len, None)?;
+        self.make_resident(&dp.0, doff, len, Some((doff, len)))?;
+        self.inner.copy_dtod(dst, src, len)
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
+        let len = count.saturating_mul(u64::from(elem_size));
+        let (pin, off) = self.pin(dst, len)?;
+        self.make_resident(&pin.0, off, len, Some((off, len)))?;
+        self.inner.memset(dst, value, elem_size, count)
+    }
+
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
+        self.inner.module_load(image)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        self.inner.module_unload(module)
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
+        self.inner.get_function(module, name)
+    }
+
+    fn launch(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        let info = self.inner.info();
+        let va = info.va_base..info.va_base.saturating_add(info.va_size);
+        // A 64-bit integer argument inside the address space may be a raw device pointer
+        // (a PTX kernel's): every allocation may be touched.
+        let raw = args
+            .iter()
+            .any(|a| matches!(a, ArgValue::U64(v) if va.contains(v)));
+        let _pins = if raw {
+            self.pin_all()?
+        } else {
+            let mut pins = Vec::new();
+            for a in args {
+                if let ArgValue::Ptr { addr, .. } = a {
+                    // An address outside every allocation is the inner backend's to
+                    // reject, with its own message.
+                    if let Ok((p, _)) = self.pin(*addr, 0) {
+                        self.make_resident(&p.0, 0, p.0.charged, None)?;
+                        pins.push(p);
+                    }
+                }
+            }
+            pins
+        };
+        self.inner.launch(function, config, args)
+    }
+
+    fn synchronize(&self) {
+        self.inner.synchronize()
+    }
+
+    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
+        self.inner.register_host_memory(regions)
+    }
+
+    fn unregister_host_memory(&self, regions: &[HostRegion]) {
+        self.inner.unregister_host_memory(regions)
+    }
+
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let addr = self.inner.import_shared(handle, size, read_only)?;
+        self.insert(Entry::new(addr, size, 0, 0, true));
+        Ok(addr)
+    }
+}
