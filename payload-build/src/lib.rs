@@ -20,6 +20,8 @@ pub const PAYLOADS: &[&str] = &[
     "hello",
     "hostile",
     "kvm-exits",
+    "memcheck",
+    "shm-pipe",
     "streams",
     "vecadd",
     "vhost-echo",

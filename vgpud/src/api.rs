@@ -32,8 +32,19 @@ pub struct Gpu {
     pub memory_bytes: u64,
     /// Memory promised to live vGPUs.
     pub memory_committed_bytes: u64,
-    /// Memory still free for new vGPUs.
+    /// Memory still free for new vGPUs with hard shares.
     pub memory_free_bytes: u64,
+    /// Memory held by shared objects.
+    pub memory_shared_bytes: u64,
+    /// Memory oversubscribed vGPUs share (what hard shares and shared objects leave, less
+    /// the swap area).
+    pub oversubscribed_pool_bytes: u64,
+    /// Bytes of that pool resident now.
+    pub oversubscribed_resident_bytes: u64,
+    /// Size of the device-side temporal swap area.
+    pub swap_area_bytes: u64,
+    /// Bytes in it now.
+    pub swap_area_used_bytes: u64,
     /// Host-device copy bandwidth in bytes/s (0 = unpaced).
     pub copy_bandwidth: u64,
     /// Sim compute-rate factor (1.0 = nominal).
@@ -253,10 +264,22 @@ pub struct VgpuStats {
     pub memory_share_bytes: u64,
     /// Bytes allocated.
     pub memory_used_bytes: u64,
-    /// Bytes of those in device memory (all of them until swapping lands with issue 6).
+    /// Bytes of those in device memory now.
     pub memory_resident_bytes: u64,
-    /// Bytes of those swapped out to host memory (0 until issue 6).
+    /// Bytes of those swapped out (swap area and host memory).
     pub memory_swapped_bytes: u64,
+    /// Bytes of those in the GPU's swap area.
+    pub memory_device_swap_bytes: u64,
+    /// Bytes swapped out so far.
+    pub swap_out_bytes: u64,
+    /// Bytes swapped back in so far.
+    pub swap_in_bytes: u64,
+    /// Time spent swapping out, ms.
+    pub swap_out_ms: f64,
+    /// Time spent swapping in, ms.
+    pub swap_in_ms: f64,
+    /// Pieces evicted so far.
+    pub evictions: u64,
     /// Live allocations.
     pub allocations: u64,
     /// Requests completed, failed ones included.
@@ -274,6 +297,28 @@ pub struct VgpuStats {
     pub compute_share: f64,
     pub copy_share: f64,
     pub priority: i32,
+}
+
+/// A shared device memory object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShmObject {
+    /// The id SHM_GET returns.
+    pub id: u64,
+    /// The key the guests chose.
+    pub key: u64,
+    pub size_bytes: u64,
+    pub gpu: u32,
+    /// Only vGPUs of this group on this GPU may use it.
+    pub share_group: String,
+    /// The vGPU that created it.
+    pub creator_vgpu: u32,
+    /// Attachments across vGPUs.
+    pub attachments: u64,
+    /// vGPUs that have it attached.
+    pub attached_vgpus: Vec<u32>,
+    /// RMID was asked: freed at the last detach.
+    pub removed: bool,
 }
 
 /// A migration request (answered 501 until the migration issue, 7, lands).

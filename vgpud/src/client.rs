@@ -274,6 +274,11 @@ impl Client {
         )
     }
 
+    /// `GET /v1/shm`
+    pub fn shm(&self) -> Result<Vec<crate::api::ShmObject>, ClientError> {
+        self.call("GET", "/v1/shm", None)
+    }
+
     /// `GET /v1/vms`
     pub fn vms(&self) -> Result<Vec<Vm>, ClientError> {
         self.call("GET", "/v1/vms", None)

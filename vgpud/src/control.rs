@@ -13,9 +13,13 @@
 //! - worker → daemon, last: [`WorkerMessage::Final`] with its counters, before it exits.
 //!
 //! When the daemon's end closes (vgpud died), the worker shuts down as on SIGTERM.
-//! The fast path for BAND grants (issue 5) is shared memory + eventfd, not this socket;
-//! memory-share and migration commands (issues 6 and 7) join [`Command`] and may pass file
-//! descriptors over this same socket (SCM_RIGHTS).
+//! - worker → daemon: [`WorkerMessage::Ask`] (a memory reservation of an oversubscribed
+//!   vGPU, or a shared memory request) with an id; the daemon answers with
+//!   [`Command::Answer`] carrying it, and for a shared object attach passes the object's
+//!   file descriptor with that line (SCM_RIGHTS). [`WorkerMessage::Memory`] reports a
+//!   pager's state after it changed.
+//!
+//! The fast path for BAND grants (issue 5) is shared memory + eventfd, not this socket.
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +40,138 @@ pub enum Command {
     },
     /// Close the frontend connection (if any) and exit.
     Shutdown,
+    /// Swap out at least `bytes` of idle device memory to `tier` (memory oversubscription).
+    Evict { bytes: u64, tier: SwapTier },
+    /// Move at least `bytes` from the GPU's swap area on to host memory.
+    Spill { bytes: u64 },
+    /// The daemon's answer to the worker's [`WorkerMessage::Ask`] `to`. The worker does
+    /// not reply to it. An `Attach` answer carries the shared object's file descriptor
+    /// (SCM_RIGHTS) with the first byte of its line.
+    Answer { to: u64, answer: Answer },
+}
+
+/// Where evicted bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapTier {
+    /// The GPU's temporal swap area.
+    Device,
+    /// Host memory.
+    Host,
+}
+
+impl From<SwapTier> for vgpu_backend::pager::Tier {
+    fn from(t: SwapTier) -> Self {
+        match t {
+            SwapTier::Device => Self::Device,
+            SwapTier::Host => Self::Host,
+        }
+    }
+}
+
+impl From<vgpu_backend::pager::Tier> for SwapTier {
+    fn from(t: vgpu_backend::pager::Tier) -> Self {
+        match t {
+            vgpu_backend::pager::Tier::Device => Self::Device,
+            vgpu_backend::pager::Tier::Host => Self::Host,
+        }
+    }
+}
+
+/// What a worker asks vgpud (memory decisions and the shared memory registry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Ask {
+    /// `bytes` more resident device memory (an oversubscribed vGPU).
+    Reserve { bytes: u64 },
+    /// `shmget`.
+    ShmGet { key: u64, size: u64, flags: u64 },
+    /// `shmat`: the object's descriptor and size.
+    ShmAttach { shmid: u64 },
+    /// `shmdt` done: one attachment of `shmid` fewer.
+    ShmDetach { shmid: u64 },
+    /// `shmctl`.
+    ShmCtl { shmid: u64, cmd: u32 },
+}
+
+/// Why a shared memory request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShmFailure {
+    NotFound,
+    Exists,
+    Denied,
+    Invalid,
+    NoMemory,
+}
+
+/// vgpud's answer to an [`Ask`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Answer {
+    /// The reservation is granted.
+    Granted,
+    /// Refused; why.
+    Refused { why: String },
+    /// Result values (shm get: `[id, ..]`; ctl stat: `[size, attachments, key, 0]`).
+    Values { values: [u64; 4] },
+    /// A shared memory request failed.
+    ShmError {
+        failure: ShmFailure,
+        message: String,
+    },
+    /// The object to map: its descriptor rides with this line.
+    Attach { size: u64 },
+}
+
+/// A pager's state (see `vgpu_backend::pager::MemState`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemReport {
+    pub used: u64,
+    pub resident: u64,
+    pub device_swap: u64,
+    pub host_swap: u64,
+    pub swap_out_bytes: u64,
+    pub swap_in_bytes: u64,
+    pub swap_out_ns: u64,
+    pub swap_in_ns: u64,
+    pub evictions: u64,
+    pub restores: u64,
+}
+
+impl From<vgpu_backend::pager::MemState> for MemReport {
+    fn from(s: vgpu_backend::pager::MemState) -> Self {
+        Self {
+            used: s.used,
+            resident: s.resident,
+            device_swap: s.device_swap,
+            host_swap: s.host_swap,
+            swap_out_bytes: s.swap_out_bytes,
+            swap_in_bytes: s.swap_in_bytes,
+            swap_out_ns: s.swap_out_ns,
+            swap_in_ns: s.swap_in_ns,
+            evictions: s.evictions,
+            restores: s.restores,
+        }
+    }
+}
+
+impl From<MemReport> for vgpu_backend::pager::MemState {
+    fn from(s: MemReport) -> Self {
+        Self {
+            used: s.used,
+            resident: s.resident,
+            device_swap: s.device_swap,
+            host_swap: s.host_swap,
+            swap_out_bytes: s.swap_out_bytes,
+            swap_in_bytes: s.swap_in_bytes,
+            swap_out_ns: s.swap_out_ns,
+            swap_in_ns: s.swap_in_ns,
+            evictions: s.evictions,
+            restores: s.restores,
+        }
+    }
 }
 
 /// A command with the id its reply will carry.
@@ -72,6 +208,9 @@ pub struct WorkerStats {
     pub priority: i32,
     /// Whether a vmm is connected.
     pub connected: bool,
+    /// Swapping state, for an oversubscribed vGPU.
+    #[serde(default)]
+    pub memory: Option<MemReport>,
 }
 
 /// A reply's content.
@@ -87,6 +226,14 @@ pub enum ReplyBody {
         priority: i32,
     },
     ShuttingDown,
+    Evicted {
+        freed: u64,
+        memory: MemReport,
+    },
+    Spilled {
+        moved: u64,
+        memory: MemReport,
+    },
     Error {
         message: String,
     },
@@ -105,6 +252,10 @@ pub enum WorkerMessage {
     /// The counters at the end, sent just before the worker exits (so the daemon's
     /// accounting sees the last requests, not only its last sample).
     Final { stats: WorkerStats },
+    /// A question for vgpud; it answers with [`Command::Answer`] `to: id`.
+    Ask { id: u64, ask: Ask },
+    /// The oversubscribed vGPU's memory changed (frees, evictions, restores).
+    Memory { memory: MemReport },
 }
 
 /// One message as a line (with its newline).

@@ -11,5 +11,6 @@ pub mod api;
 pub mod client;
 pub mod control;
 pub mod daemon;
+pub mod memlink;
 pub mod plot;
 pub mod units;

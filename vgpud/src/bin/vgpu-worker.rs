@@ -12,7 +12,7 @@
 //! when the vmm connected, and answers `stats`, `set_shares` and `shutdown`. When vgpud's
 //! end closes, the worker shuts down as on SIGTERM. Without `--control-fd` it runs alone.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -23,11 +23,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use clap::Parser;
+use vgpu_backend::pager::Pager;
 use vgpu_backend::{Backend, BackendError, CudaConfig, CudaGpu, SimConfig, SimGpu};
 use vgpu_device::{
     ConfigError, DeviceConfig, Vgpu, VgpuVhostBackend, DEFAULT_QUEUE_SIZE, MAX_QUEUES,
 };
 use vgpud::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
+use vgpud::memlink::{Asker, ControlBroker, ControlOut, FdQueue, FdReader, WorkerShm};
 use vgpud::units::{parse_bandwidth, parse_share, parse_size};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
@@ -99,6 +101,13 @@ struct Args {
     /// Which waiting stream gets a free hardware slot: priority (HEFT rank) or fifo.
     #[arg(long, default_value = "priority")]
     slot_policy: vgpu_device::SlotPolicy,
+    /// Let the vGPU's memory be swapped out when the GPU runs short (memory
+    /// oversubscription): vgpud decides what is resident. Needs --control-fd.
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Serve shared device memory requests through vgpud's registry. Needs --control-fd.
+    #[arg(long)]
+    shm: bool,
 }
 
 fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
@@ -303,6 +312,8 @@ struct ControlState {
     connected: AtomicBool,
     shutdown: Shutdown,
     socket: PathBuf,
+    pager: Option<Arc<Pager>>,
+    asker: Option<Arc<Asker>>,
 }
 
 impl ControlState {
@@ -326,6 +337,7 @@ impl ControlState {
             copy_share: sh.copy,
             priority: sh.priority,
             connected: self.connected.load(Ordering::Relaxed),
+            memory: self.pager.as_ref().map(|p| p.state().into()),
         }
     }
 
@@ -363,20 +375,36 @@ impl ControlState {
                 (body, false)
             }
             Command::Shutdown => (ReplyBody::ShuttingDown, true),
+            Command::Evict { bytes, tier } => match &self.pager {
+                Some(p) => {
+                    let freed = p.evict(bytes, tier.into());
+                    let memory = p.state().into();
+                    (ReplyBody::Evicted { freed, memory }, false)
+                }
+                None => (no_pager(), false),
+            },
+            Command::Spill { bytes } => match &self.pager {
+                Some(p) => {
+                    let moved = p.spill(bytes);
+                    let memory = p.state().into();
+                    (ReplyBody::Spilled { moved, memory }, false)
+                }
+                None => (no_pager(), false),
+            },
+            Command::Answer { .. } => (
+                ReplyBody::Error {
+                    message: "answers are routed before commands are handled".into(),
+                },
+                false,
+            ),
         }
     }
 }
 
-/// The worker's end of the control channel.
-struct ControlOut(Mutex<UnixStream>);
-
-impl ControlOut {
-    fn send(&self, msg: &WorkerMessage) {
-        let line = control::encode(msg);
-        let mut out = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Err(e) = out.write_all(&line) {
-            tracing::warn!(error = %e, "cannot write to the control channel");
-        }
+fn no_pager() -> ReplyBody {
+    ReplyBody::Error {
+        message: "this vGPU does not oversubscribe memory (start the worker with --oversubscribe)"
+            .into(),
     }
 }
 
@@ -400,7 +428,7 @@ fn control_socket(fd: i32) -> Result<UnixStream, WorkerError> {
 }
 
 /// Reads commands until vgpud closes its end, answering each.
-fn control_loop(input: UnixStream, out: Arc<ControlOut>, state: Arc<ControlState>) {
+fn control_loop(input: FdReader, out: Arc<ControlOut>, state: Arc<ControlState>) {
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
     loop {
@@ -428,11 +456,20 @@ fn control_loop(input: UnixStream, out: Arc<ControlOut>, state: Arc<ControlState
                 continue;
             }
         };
+        if let Command::Answer { to, answer } = req.command {
+            if let Some(a) = &state.asker {
+                a.answer(to, answer);
+            }
+            continue;
+        }
         let (body, exit) = state.handle(req.command);
         out.send(&WorkerMessage::Reply { id: req.id, body });
         if exit {
             stop(&state.shutdown, &state.socket, "vgpud asked to shut down");
         }
+    }
+    if let Some(a) = &state.asker {
+        a.close();
     }
     stop(
         &state.shutdown,
@@ -444,7 +481,29 @@ fn control_loop(input: UnixStream, out: Arc<ControlOut>, state: Arc<ControlState
 fn run(args: Args) -> Result<(), WorkerError> {
     let signals = block_signals()?;
     let control = args.control_fd.map(control_socket).transpose()?;
-    let backend: Arc<dyn Backend> = match args.backend {
+    let fd = args.control_fd.unwrap_or(-1);
+    if (args.oversubscribe || args.shm) && control.is_none() {
+        return Err(WorkerError::Control {
+            fd,
+            why: "--oversubscribe and --shm need vgpud (the control channel)".into(),
+        });
+    }
+    // The control channel's two ends: lines out, and lines (with descriptors) in.
+    let fds = Arc::new(FdQueue::default());
+    let channel = match control {
+        Some(stream) => {
+            let input = stream.try_clone().map_err(|e| WorkerError::Control {
+                fd,
+                why: e.to_string(),
+            })?;
+            let out = Arc::new(ControlOut::new(stream));
+            let asker = Arc::new(Asker::new(out.clone(), fds.clone()));
+            Some((FdReader::new(input, fds.clone()), out, asker))
+        }
+        None => None,
+    };
+    let asker = channel.as_ref().map(|(_, _, a)| a.clone());
+    let inner: Arc<dyn Backend> = match args.backend {
         BackendKind::Sim => Arc::new(SimGpu::new(SimConfig {
             memory: args.sim_memory.unwrap_or(args.memory),
             copy_bandwidth: args.sim_copy_bw,
@@ -458,6 +517,18 @@ fn run(args: Args) -> Result<(), WorkerError> {
             ..CudaConfig::default()
         })?),
     };
+    let pager = match (&asker, args.oversubscribe) {
+        (Some(a), true) => Some(Arc::new(Pager::new(
+            inner.clone(),
+            Arc::new(ControlBroker(a.clone())),
+            args.memory,
+        ))),
+        _ => None,
+    };
+    let backend: Arc<dyn Backend> = match &pager {
+        Some(p) => p.clone(),
+        None => inner,
+    };
     let cfg = DeviceConfig {
         vgpu_id: args.vgpu_id,
         num_queues: args.queues,
@@ -466,7 +537,10 @@ fn run(args: Args) -> Result<(), WorkerError> {
         compute_share: args.compute_share,
         copy_share: args.copy_share,
     };
-    let mut vgpu = Vgpu::new(cfg, backend)?;
+    let mut vgpu = Vgpu::new(cfg, backend.clone())?;
+    if let (Some(a), true) = (&asker, args.shm) {
+        vgpu = vgpu.with_shm(Arc::new(WorkerShm::new(a.clone(), backend.clone())));
+    }
     if let Some((page, doorbell)) = args.grant_fds {
         vgpu = vgpu.with_gate(Arc::new(grant_gate(page, doorbell)?));
         tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
@@ -512,15 +586,11 @@ fn run(args: Args) -> Result<(), WorkerError> {
         connected: AtomicBool::new(false),
         shutdown: shutdown.clone(),
         socket: args.socket.clone(),
+        pager,
+        asker,
     });
-    let out = match control {
-        Some(stream) => {
-            let fd = args.control_fd.unwrap_or(-1);
-            let input = stream.try_clone().map_err(|e| WorkerError::Control {
-                fd,
-                why: e.to_string(),
-            })?;
-            let out = Arc::new(ControlOut(Mutex::new(stream)));
+    let out = match channel {
+        Some((input, out, _)) => {
             out.send(&WorkerMessage::Ready {
                 pid: std::process::id(),
             });

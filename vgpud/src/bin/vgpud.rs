@@ -47,6 +47,10 @@ struct Args {
     /// Host threads one simulated kernel may use in a worker (0 = all cores).
     #[arg(long, default_value_t = 1)]
     sim_threads: usize,
+    /// Fraction of each GPU's memory kept as the device-side swap area of oversubscribed
+    /// vGPUs ("0.1" or "10%").
+    #[arg(long, value_parser = parse_fraction, default_value = "10%")]
+    swap_area: f64,
     /// Scheduling policy of every GPU: band (Gdev's BAND), credit or fifo (to compare).
     #[arg(long, default_value = "band")]
     policy: vgpu_scheduler::gpu::PolicyKind,
@@ -198,6 +202,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         stats_interval: Duration::from_millis(args.stats_interval_ms),
         stats_window: Duration::from_millis(args.stats_window_ms),
         policy: args.policy,
+        swap_area: args.swap_area,
     })
 }
 
@@ -221,5 +226,18 @@ fn main() -> ExitCode {
             eprintln!("vgpud: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?} is not a fraction: give e.g. 0.1 or 10%"))?;
+    if (0.0..=0.5).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s:?}: give a fraction from 0 to 0.5 (50%)"))
     }
 }

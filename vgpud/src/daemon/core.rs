@@ -16,12 +16,34 @@ use tokio::sync::Notify;
 use super::error::{ApiError, DaemonError};
 use super::link::{self, Link};
 use super::procs::{self, Proc};
+use super::shm;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
-use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
+use crate::control::{Answer, Ask, Command as Ctl, MemReport, ReplyBody, WorkerStats};
 use crate::units::{fraction_to_permille, human_bytes, permille_to_fraction};
+use vgpu_backend::pager::{Planner, Step, Tried};
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
+
+/// How long one eviction may take (it may move gigabytes at host copy speed).
+const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn lock_planner(p: &Mutex<Planner>) -> MutexGuard<'_, Planner> {
+    p.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn cfg_gpus_memory(cfg: &Config) -> Vec<GpuMemory> {
+    cfg.gpus
+        .iter()
+        .map(|g| {
+            let swap = (g.memory as f64 * cfg.swap_area) as u64;
+            GpuMemory {
+                planner: Mutex::new(Planner::new(g.memory - swap.min(g.memory), swap)),
+                serial: tokio::sync::Mutex::new(()),
+            }
+        })
+        .collect()
+}
 
 /// Per-mille of a whole GPU.
 const WHOLE: u32 = 1000;
@@ -65,6 +87,8 @@ struct VgpuRec {
     /// We asked the worker to stop: its exit is not a failure.
     stopping: bool,
     samples: VecDeque<WorkerStats>,
+    /// An oversubscribed vGPU's latest memory report.
+    memory_report: Option<MemReport>,
 }
 
 impl VgpuRec {
@@ -147,7 +171,9 @@ impl Inner {
         let mut c = Committed::default();
         for v in self.vgpus.values() {
             if v.gpu == gpu && v.holds_resources() && Some(v.id) != except {
-                c.memory = c.memory.saturating_add(v.memory);
+                if !v.oversubscribe {
+                    c.memory = c.memory.saturating_add(v.memory);
+                }
                 c.compute += v.compute;
                 c.copy += v.copy;
             }
@@ -164,8 +190,15 @@ struct VgpuAsk {
     compute: u32,
     copy: u32,
     priority: i32,
+    oversubscribe: bool,
     share_group: Option<String>,
     queues: u16,
+}
+
+/// One GPU's oversubscribed memory: the pool's plan, and one reservation at a time.
+struct GpuMemory {
+    planner: Mutex<Planner>,
+    serial: tokio::sync::Mutex<()>,
 }
 
 /// The daemon.
@@ -178,6 +211,10 @@ pub struct Daemon {
     /// Woken whenever a child exits or a state changes.
     changed: Notify,
     shutting_down: AtomicBool,
+    /// Per GPU: the memory pool oversubscribed vGPUs share.
+    memory: Vec<GpuMemory>,
+    /// Shared device memory objects.
+    shm: Mutex<shm::Registry>,
 }
 
 fn share(field: &str, v: f64) -> Result<u32, ApiError> {
@@ -243,6 +280,7 @@ impl Daemon {
         let grants = (0..cfg.gpus.len())
             .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let memory = cfg_gpus_memory(&cfg);
         Ok(Self {
             cfg,
             grants,
@@ -253,6 +291,8 @@ impl Daemon {
             }),
             changed: Notify::new(),
             shutting_down: AtomicBool::new(false),
+            memory,
+            shm: Mutex::new(shm::Registry::default()),
         })
     }
 
@@ -342,6 +382,11 @@ impl Daemon {
                     memory_bytes: g.memory,
                     memory_committed_bytes: c.memory,
                     memory_free_bytes: g.memory.saturating_sub(c.memory),
+                    memory_shared_bytes: self.shm_lock().bytes_on(index),
+                    oversubscribed_pool_bytes: self.pool_of(index).0,
+                    oversubscribed_resident_bytes: self.pool_of(index).1,
+                    swap_area_bytes: self.pool_of(index).2,
+                    swap_area_used_bytes: self.pool_of(index).3,
                     copy_bandwidth: g.copy_bandwidth,
                     speed: g.speed,
                     compute_committed: permille_to_fraction(c.compute),
@@ -379,12 +424,6 @@ impl Daemon {
             return Err(ApiError::bad(
                 "queues",
                 format!("{} queues: give 1 to {MAX_QUEUES}", spec.queues),
-            ));
-        }
-        if spec.oversubscribe {
-            return Err(ApiError::not_implemented(
-                Some("oversubscribe"),
-                "memory oversubscription (swapping) arrives with issue 6; create the vGPU with oversubscribe=false",
             ));
         }
         if let Some(g) = &spec.share_group {
@@ -425,6 +464,7 @@ impl Daemon {
             compute,
             copy,
             priority: spec.priority,
+            oversubscribe: spec.oversubscribe,
             share_group: spec.share_group.clone(),
             queues: spec.queues,
         })
@@ -441,7 +481,9 @@ impl Daemon {
         let g = self.gpu(gpu)?;
         let c = inner.committed(gpu, except);
         let free = g.memory.saturating_sub(c.memory);
-        if ask.memory > free {
+        // An oversubscribed vGPU's memory is not reserved: it competes for what the hard
+        // shares leave, and swaps.
+        if !ask.oversubscribe && ask.memory > free {
             return Some(ApiError::conflict(
                 "memory_bytes",
                 format!(
@@ -520,7 +562,7 @@ impl Daemon {
             compute: ask.compute,
             copy: ask.copy,
             priority: ask.priority,
-            oversubscribe: false,
+            oversubscribe: ask.oversubscribe,
             share_group: ask.share_group,
             queues: ask.queues,
             state: VgpuState::Starting,
@@ -531,6 +573,7 @@ impl Daemon {
             worker: None,
             stopping: false,
             samples: VecDeque::new(),
+            memory_report: None,
         };
         tracing::info!(
             vgpu = id,
@@ -594,19 +637,35 @@ impl Daemon {
                     cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
                 }
                 None => {
-                    cmd.args(["--sim-memory", &gpu.memory.to_string()])
+                    // An oversubscribed vGPU's sim GPU also holds its swap-area buffers.
+                    let sim_memory = if rec.oversubscribe {
+                        gpu.memory.saturating_add(self.swap_area(gpu.memory))
+                    } else {
+                        gpu.memory
+                    };
+                    cmd.args(["--sim-memory", &sim_memory.to_string()])
                         .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
                         .args(["--sim-speed", &gpu.speed.to_string()])
                         .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
                 }
             }
+            if rec.oversubscribe {
+                cmd.arg("--oversubscribe");
+            }
+            cmd.arg("--shm");
             cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
                 .args([
                     "--grant-fds",
                     &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
                 ]);
+            if rec.oversubscribe {
+                if let Some(m) = self.memory.get(rec.gpu as usize) {
+                    lock_planner(&m.planner).join(id, rec.priority);
+                }
+            }
             (cmd, rec.log.clone(), fds, rec.gpu)
         };
+        self.refresh_pool(gpu);
         let log_file = File::create(&log).map_err(|e| {
             ApiError::internal(format!(
                 "cannot create the worker log {}: {e}",
@@ -639,6 +698,20 @@ impl Daemon {
                 match e {
                     link::Event::Connected => d.on_connected(id),
                     link::Event::Final(stats) => d.record_sample(id, stats),
+                    link::Event::Memory(m) => d.on_memory(id, m),
+                    link::Event::Ask { id: ask_id, ask } => {
+                        tokio::spawn(async move {
+                            let (answer, fd) = d.answer(id, ask).await;
+                            let link = d.link_of(id);
+                            if let Some(link) = link {
+                                if let Err(e) =
+                                    link.tell(Ctl::Answer { to: ask_id, answer }, fd).await
+                                {
+                                    tracing::debug!(vgpu = id, error = %e, "answer not delivered");
+                                }
+                            }
+                        });
+                    }
                 }
             }
         };
@@ -697,6 +770,233 @@ impl Daemon {
         }
     }
 
+    // ---- device memory: oversubscription and shared objects ----
+
+    /// Bytes of GPU memory (of `memory` in all) kept as the swap area.
+    fn swap_area(&self, memory: u64) -> u64 {
+        (memory as f64 * self.cfg.swap_area) as u64
+    }
+
+    /// Recomputes GPU `gpu`'s oversubscription pool: what hard shares and shared objects
+    /// leave, less the swap area.
+    fn refresh_pool(&self, gpu: u32) {
+        let (Some(g), Some(m)) = (self.gpu(gpu), self.memory.get(gpu as usize)) else {
+            return;
+        };
+        let hard = self.lock().committed(gpu, None).memory;
+        let shm = self.shm_lock().bytes_on(gpu);
+        let left = g.memory.saturating_sub(hard).saturating_sub(shm);
+        let swap = self.swap_area(g.memory).min(left);
+        lock_planner(&m.planner).resize(left - swap, swap);
+    }
+
+    fn shm_lock(&self) -> MutexGuard<'_, shm::Registry> {
+        self.shm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn link_of(&self, id: u32) -> Option<Link> {
+        self.lock()
+            .vgpus
+            .get(&id)
+            .and_then(|r| r.worker.as_ref().map(|w| w.link.clone()))
+    }
+
+    fn on_memory(&self, id: u32, m: MemReport) {
+        let gpu = {
+            let mut inner = self.lock();
+            let Some(rec) = inner.vgpus.get_mut(&id) else {
+                return;
+            };
+            rec.memory_report = Some(m);
+            rec.gpu
+        };
+        if let Some(g) = self.memory.get(gpu as usize) {
+            lock_planner(&g.planner).update(id, m.into());
+        }
+    }
+
+    /// Answers a worker's question.
+    async fn answer(&self, id: u32, ask: Ask) -> (Answer, Option<std::os::fd::OwnedFd>) {
+        let (gpu, group) = match self.lock().vgpus.get(&id) {
+            Some(r) => (r.gpu, r.share_group.clone()),
+            None => {
+                return (
+                    Answer::Refused {
+                        why: format!("vGPU {id} is gone"),
+                    },
+                    None,
+                )
+            }
+        };
+        let who = shm::Asker {
+            vgpu: id,
+            gpu,
+            group: group.as_deref(),
+        };
+        let shm_answer = |r: Result<[u64; 4], (crate::control::ShmFailure, String)>| match r {
+            Ok(values) => Answer::Values { values },
+            Err((failure, message)) => Answer::ShmError { failure, message },
+        };
+        match ask {
+            Ask::Reserve { bytes } => (self.reserve(id, gpu, bytes).await, None),
+            Ask::ShmGet { key, size, flags } => {
+                let free = self.shm_free(gpu);
+                let sim = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_none());
+                let r = self.shm_lock().get(&who, key, size, flags, free, |size| {
+                    if sim {
+                        vgpu_backend::sim::shared_object(size).map_err(|e| e.to_string())
+                    } else {
+                        Err("shared device memory on CUDA GPUs needs exportable allocation handles, which this build does not create yet; use a sim GPU".into())
+                    }
+                });
+                self.refresh_pool(gpu);
+                (shm_answer(r.map(|id| [id, 0, 0, 0])), None)
+            }
+            Ask::ShmAttach { shmid } => match self.shm_lock().attach(&who, shmid) {
+                Ok((fd, size)) => (Answer::Attach { size }, Some(fd)),
+                Err((failure, message)) => (Answer::ShmError { failure, message }, None),
+            },
+            Ask::ShmDetach { shmid } => {
+                let r = self.shm_lock().detach(id, shmid).map(|()| [0; 4]);
+                self.refresh_pool(gpu);
+                (shm_answer(r), None)
+            }
+            Ask::ShmCtl { shmid, cmd } => {
+                let r = self.shm_lock().ctl(&who, shmid, cmd);
+                self.refresh_pool(gpu);
+                (shm_answer(r), None)
+            }
+        }
+    }
+
+    /// Device memory GPU `gpu` has left for a new shared object.
+    fn shm_free(&self, gpu: u32) -> u64 {
+        let Some(g) = self.gpu(gpu) else { return 0 };
+        let hard = self.lock().committed(gpu, None).memory;
+        let shm = self.shm_lock().bytes_on(gpu);
+        let resident = self
+            .memory
+            .get(gpu as usize)
+            .map_or(0, |m| lock_planner(&m.planner).resident());
+        g.memory
+            .saturating_sub(hard)
+            .saturating_sub(shm)
+            .saturating_sub(self.swap_area(g.memory))
+            .saturating_sub(resident)
+    }
+
+    /// Makes room for `bytes` more resident memory of oversubscribed vGPU `id`, swapping
+    /// out other vGPUs' (or its own idle) memory as the plan says.
+    async fn reserve(&self, id: u32, gpu: u32, bytes: u64) -> Answer {
+        let Some(m) = self.memory.get(gpu as usize) else {
+            return Answer::Refused {
+                why: format!("vGPU {id} is on an unknown GPU"),
+            };
+        };
+        let _one = m.serial.lock().await;
+        let mut tried = Tried::default();
+        loop {
+            let step = lock_planner(&m.planner).next_step(id, bytes, &tried);
+            match step {
+                Step::Grant => {
+                    lock_planner(&m.planner).grant(id, bytes);
+                    return Answer::Granted;
+                }
+                Step::Deny(why) => {
+                    tracing::info!(vgpu = id, bytes, %why, "memory reservation refused");
+                    return Answer::Refused { why };
+                }
+                Step::Evict {
+                    victim,
+                    bytes: want,
+                    tier,
+                } => {
+                    let freed = match self.link_of(victim) {
+                        Some(l) => match l
+                            .call(
+                                Ctl::Evict {
+                                    bytes: want,
+                                    tier: tier.into(),
+                                },
+                                SWAP_TIMEOUT,
+                            )
+                            .await
+                        {
+                            Ok(ReplyBody::Evicted { freed, memory }) => {
+                                self.on_memory(victim, memory);
+                                freed
+                            }
+                            Ok(other) => {
+                                tracing::warn!(vgpu = victim, ?other, "eviction not done");
+                                0
+                            }
+                            Err(e) => {
+                                tracing::warn!(vgpu = victim, error = %e, "eviction failed");
+                                0
+                            }
+                        },
+                        None => 0,
+                    };
+                    tracing::debug!(
+                        vgpu = id,
+                        victim,
+                        want,
+                        freed,
+                        ?tier,
+                        "evicted for a reservation"
+                    );
+                    if freed == 0 {
+                        tried.evict.push(victim);
+                    }
+                }
+                Step::Spill {
+                    victim,
+                    bytes: want,
+                } => {
+                    let moved = match self.link_of(victim) {
+                        Some(l) => match l.call(Ctl::Spill { bytes: want }, SWAP_TIMEOUT).await {
+                            Ok(ReplyBody::Spilled { moved, memory }) => {
+                                self.on_memory(victim, memory);
+                                moved
+                            }
+                            _ => 0,
+                        },
+                        None => 0,
+                    };
+                    if moved == 0 {
+                        tried.spill.push(victim);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Shared objects, for the API.
+    pub fn shm_objects(&self) -> Vec<api::ShmObject> {
+        self.shm_lock()
+            .objects()
+            .map(|o| api::ShmObject {
+                id: o.id,
+                key: o.key,
+                size_bytes: o.size,
+                gpu: o.gpu,
+                share_group: o.group.clone(),
+                creator_vgpu: o.creator,
+                attachments: o.attachments(),
+                attached_vgpus: o.attached.keys().copied().collect(),
+                removed: o.removed,
+            })
+            .collect()
+    }
+
+    /// Per-GPU memory pool figures, for the API.
+    fn pool_of(&self, gpu: u32) -> (u64, u64, u64, u64) {
+        self.memory.get(gpu as usize).map_or((0, 0, 0, 0), |m| {
+            let p = lock_planner(&m.planner);
+            (p.capacity(), p.resident(), p.swap_area(), p.device_swap())
+        })
+    }
+
     fn on_connected(&self, vgpu: u32) {
         let mut inner = self.lock();
         let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
@@ -721,6 +1021,10 @@ impl Daemon {
         }
         rec.worker = None;
         self.detach_grants(id, rec.gpu);
+        let gpu_of_rec = rec.gpu;
+        if let Some(m) = self.memory.get(rec.gpu as usize) {
+            lock_planner(&m.planner).leave(id);
+        }
         let vm = rec.vm;
         let stopping = rec.stopping;
         let was = rec.state.clone();
@@ -769,7 +1073,17 @@ impl Daemon {
                 }
             }
         }
+        let alive: Vec<(u32, String)> = inner
+            .vgpus
+            .values()
+            .filter(|r| r.id != id && r.worker.is_some())
+            .filter_map(|r| r.share_group.clone().map(|g| (r.gpu, g)))
+            .collect();
         drop(inner);
+        self.shm_lock().vgpu_gone(id, |gpu, group| {
+            alive.iter().any(|(g, n)| *g == gpu && n == group)
+        });
+        self.refresh_pool(gpu_of_rec);
         self.changed.notify_waiters();
     }
 
@@ -823,6 +1137,7 @@ impl Daemon {
                 compute: new.0,
                 copy: new.1,
                 priority: new.2,
+                oversubscribe: false,
                 share_group: None,
                 queues: 1,
             };
@@ -831,6 +1146,11 @@ impl Daemon {
             }
             let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
             (rec.compute, rec.copy, rec.priority) = new;
+            if rec.oversubscribe {
+                if let Some(m) = self.memory.get(rec.gpu as usize) {
+                    lock_planner(&m.planner).join(id, new.2);
+                }
+            }
             (old, new, rec.worker.as_ref().map(|w| w.link.clone()))
         };
         if let Some(link) = link {
@@ -1012,8 +1332,16 @@ impl Daemon {
             copy_utilization: copy,
             memory_share_bytes: rec.memory,
             memory_used_bytes: last.memory_used,
-            memory_resident_bytes: last.memory_used,
-            memory_swapped_bytes: 0,
+            memory_resident_bytes: rec.memory_report.map_or(last.memory_used, |m| m.resident),
+            memory_swapped_bytes: rec.memory_report.map_or(0, |m| m.device_swap + m.host_swap),
+            memory_device_swap_bytes: rec.memory_report.map_or(0, |m| m.device_swap),
+            swap_out_bytes: rec.memory_report.map_or(0, |m| m.swap_out_bytes),
+            swap_in_bytes: rec.memory_report.map_or(0, |m| m.swap_in_bytes),
+            swap_out_ms: rec
+                .memory_report
+                .map_or(0.0, |m| m.swap_out_ns as f64 / 1e6),
+            swap_in_ms: rec.memory_report.map_or(0.0, |m| m.swap_in_ns as f64 / 1e6),
+            evictions: rec.memory_report.map_or(0, |m| m.evictions),
             allocations: last.allocations,
             requests: last.requests,
             errors: last.errors,
@@ -1721,6 +2049,7 @@ mod tests {
             payload_dir: None,
             stats_interval: Duration::from_millis(250),
             stats_window: Duration::from_secs(1),
+            swap_area: 0.1,
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
         })
         .expect("scheduler threads")

@@ -19,8 +19,8 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
 use crate::api::{
-    ErrorBody, Gpu, MigrateRequest, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm,
-    VmCreate, VmState,
+    ErrorBody, Gpu, MigrateRequest, ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats,
+    Vm, VmCreate, VmState,
 };
 
 /// Largest request body.
@@ -39,6 +39,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         )
         .route("/v1/vgpus/{id}/stats", get(vgpu_stats))
         .route("/v1/vgpus/{id}/migrate", post(migrate_vgpu))
+        .route("/v1/shm", get(list_shm))
         .route("/v1/vms", get(list_vms).post(create_vm))
         .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
         .route("/v1/vms/{id}/console", get(vm_console))
@@ -65,12 +66,12 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
-        migrate_vgpu, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        migrate_vgpu, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
         get_metrics
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
-        VmState, MigrateRequest
+        VmState, MigrateRequest, ShmObject
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -213,6 +214,12 @@ async fn not_found() -> ApiError {
 #[utoipa::path(get, path = "/v1/gpus", responses((status = 200, body = [Gpu])))]
 async fn list_gpus(State(d): State<AppState>) -> Json<Vec<Gpu>> {
     Json(d.gpus())
+}
+
+/// List the shared device memory objects (share groups, sizes, attachments).
+#[utoipa::path(get, path = "/v1/shm", responses((status = 200, body = [ShmObject])))]
+async fn list_shm(State(d): State<AppState>) -> Json<Vec<ShmObject>> {
+    Json(d.shm_objects())
 }
 
 /// List vGPUs.

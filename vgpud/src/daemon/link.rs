@@ -1,36 +1,69 @@
 //! vgpud's end of one worker's control channel (see [`crate::control`]).
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
+
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
+use crate::control::{
+    self, Ask, Command, MemReport, ReplyBody, Request, WorkerMessage, WorkerStats,
+};
 
 /// What a worker reports without being asked (besides `ready`).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// Its vmm connected.
     Connected,
     /// Its counters at the end; it exits next.
     Final(WorkerStats),
+    /// A question to answer with [`Link::tell`] (`Command::Answer { to: id }`).
+    Ask { id: u64, ask: Ask },
+    /// Its pager's state changed.
+    Memory(MemReport),
 }
 
 type Pending = oneshot::Sender<Result<ReplyBody, String>>;
 
+enum Out {
+    /// A command whose reply someone waits for.
+    Call(Command, Pending),
+    /// A command without a reply, optionally with a descriptor riding on its line.
+    Tell(Command, Option<OwnedFd>),
+}
+
 /// Sends commands to one worker.
 #[derive(Clone, Debug)]
 pub struct Link {
-    tx: mpsc::Sender<(Command, Pending)>,
+    tx: mpsc::Sender<Out>,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Out::Call(c, _) => write!(f, "Call({c:?})"),
+            Out::Tell(c, fd) => write!(f, "Tell({c:?}, fd: {})", fd.is_some()),
+        }
+    }
 }
 
 impl Link {
+    /// Sends `command` without waiting for a reply; `fd` (if any) rides with its line.
+    pub async fn tell(&self, command: Command, fd: Option<OwnedFd>) -> Result<(), String> {
+        self.tx
+            .send(Out::Tell(command, fd))
+            .await
+            .map_err(|_| "the worker's control channel is closed (the worker exited)".to_string())
+    }
+
     /// Sends `command` and waits for the worker's reply at most `timeout`.
     pub async fn call(&self, command: Command, timeout: Duration) -> Result<ReplyBody, String> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((command, tx)).await.map_err(|_| {
+        self.tx.send(Out::Call(command, tx)).await.map_err(|_| {
             "the worker's control channel is closed (the worker exited)".to_string()
         })?;
         match tokio::time::timeout(timeout, rx).await {
@@ -60,7 +93,7 @@ pub fn start(
 
 async fn serve(
     stream: UnixStream,
-    mut commands: mpsc::Receiver<(Command, Pending)>,
+    mut commands: mpsc::Receiver<Out>,
     ready: oneshot::Sender<u32>,
     on_event: impl Fn(Event),
 ) {
@@ -77,15 +110,29 @@ async fn serve(
         let mut limited = (&mut rd).take(limit);
         tokio::select! {
             cmd = commands.recv() => {
-                let Some((command, reply)) = cmd else { break };
-                let id = next_id;
-                next_id += 1;
-                let bytes = control::encode(&Request { id, command });
-                if let Err(e) = wr.write_all(&bytes).await {
-                    let _ = reply.send(Err(format!("cannot write to the worker's control channel: {e}")));
-                    continue;
+                let Some(out) = cmd else { break };
+                match out {
+                    Out::Call(command, reply) => {
+                        let id = next_id;
+                        next_id += 1;
+                        let bytes = control::encode(&Request { id, command });
+                        if let Err(e) = wr.write_all(&bytes).await {
+                            let _ = reply.send(Err(format!("cannot write to the worker's control channel: {e}")));
+                            continue;
+                        }
+                        pending.insert(id, reply);
+                    }
+                    Out::Tell(command, fd) => {
+                        let bytes = control::encode(&Request { id: 0, command });
+                        let sent = match fd {
+                            Some(fd) => write_with_fd(&mut wr, &bytes, &fd).await,
+                            None => wr.write_all(&bytes).await,
+                        };
+                        if let Err(e) = sent {
+                            tracing::warn!(error = %e, "cannot write to the worker's control channel");
+                        }
+                    }
                 }
-                pending.insert(id, reply);
             }
             n = limited.read_until(b'\n', &mut line) => {
                 match n {
@@ -109,6 +156,8 @@ async fn serve(
                     }
                     Ok(WorkerMessage::Connected) => on_event(Event::Connected),
                     Ok(WorkerMessage::Final { stats }) => on_event(Event::Final(stats)),
+                    Ok(WorkerMessage::Ask { id, ask }) => on_event(Event::Ask { id, ask }),
+                    Ok(WorkerMessage::Memory { memory }) => on_event(Event::Memory(memory)),
                     Ok(WorkerMessage::Reply { id, body }) => match pending.remove(&id) {
                         Some(p) => {
                             let _ = p.send(Ok(body));
@@ -124,4 +173,34 @@ async fn serve(
     for (_, p) in pending.drain() {
         let _ = p.send(Err("the worker's control channel closed".into()));
     }
+}
+
+/// Writes `bytes` with `fd` attached to their first byte (SCM_RIGHTS), then the rest.
+async fn write_with_fd(
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+    bytes: &[u8],
+    fd: &OwnedFd,
+) -> std::io::Result<()> {
+    let stream: &UnixStream = wr.as_ref();
+    let sent = loop {
+        stream.writable().await?;
+        let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: the descriptor is the tokio stream's own, open for this whole call;
+            // ManuallyDrop keeps the temporary std view from closing it.
+            let s = std::mem::ManuallyDrop::new(unsafe {
+                std::os::unix::net::UnixStream::from_raw_fd(stream.as_raw_fd())
+            });
+            s.send_with_fd(bytes, fd.as_raw_fd())
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+        });
+        match r {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    if sent < bytes.len() {
+        wr.write_all(&bytes[sent..]).await?;
+    }
+    Ok(())
 }

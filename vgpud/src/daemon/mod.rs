@@ -13,6 +13,7 @@ pub mod http;
 mod link;
 mod metrics;
 mod procs;
+mod shm;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,9 @@ pub struct Config {
     pub stats_window: Duration,
     /// The scheduling policy every GPU runs (BAND by default; Credit and FIFO to compare).
     pub policy: vgpu_scheduler::gpu::PolicyKind,
+    /// Fraction of each GPU's memory kept as the temporal swap area for oversubscribed
+    /// vGPUs (Gdev; default 0.10).
+    pub swap_area: f64,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
