@@ -3,6 +3,7 @@
 //! a warp's lanes that fall in the same line share one reference (and one I/O on a miss).
 
 use crate::cache::{LineRef, PageCache};
+
 use crate::error::{Error, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -124,21 +125,27 @@ impl<T: Element> StorageArray<T> {
         Ok(Self::read_at(&line, off))
     }
 
-    /// A warp's access: `idx[lane]` for each lane into `out[lane]`. Lanes that hit the
-    /// same line take one reference to it, so a line is fetched at most once per warp.
+    /// A warp's access: `idx[lane]` for each lane into `out[lane]`. Lanes are grouped by
+    /// line; each group takes one reference (one I/O on a miss) and releases it before
+    /// the next, so a warp never pins more than one line and cannot starve the cache.
     pub fn warp_get(&self, idx: &[u64], out: &mut [T]) -> Result<()> {
-        let mut held: Vec<LineRef<'_>> = Vec::with_capacity(idx.len().min(WARP));
+        if out.len() < idx.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} lanes but room for {} results",
+                idx.len(),
+                out.len()
+            )));
+        }
+        let mut lanes: Vec<(u64, usize, usize)> = Vec::with_capacity(idx.len());
         for (lane, &i) in idx.iter().enumerate() {
             let (page, off) = self.locate(i)?;
-            let line = match held.iter().position(|l| l.page() == page) {
-                Some(k) => &held[k],
-                None => {
-                    held.push(self.cache.acquire(page)?);
-                    &held[held.len() - 1]
-                }
-            };
-            if let Some(o) = out.get_mut(lane) {
-                *o = Self::read_at(line, off);
+            lanes.push((page, off, lane));
+        }
+        lanes.sort_unstable_by_key(|l| l.0);
+        for group in lanes.chunk_by(|a, b| a.0 == b.0) {
+            let line = self.cache.acquire(group[0].0)?;
+            for &(_, off, lane) in group {
+                out[lane] = Self::read_at(&line, off);
             }
         }
         Ok(())

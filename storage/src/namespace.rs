@@ -212,7 +212,10 @@ impl Namespace {
         while done < buf.len() {
             let iova = buf.iova() + done as u64;
             let to_two_pages = 2 * PAGE_SIZE - (iova % PAGE_SIZE as u64) as usize;
+            let bs = self.info.block_size as usize;
             let n = (buf.len() - done).min(self.max_transfer as usize).min(to_two_pages);
+            // Whole blocks per command; a short tail is rejected by `command` below.
+            let n = if n >= bs { n - n % bs } else { n };
             let part = buf.slice(done, n)?;
             let s = if write {
                 self.submit_write(q, offset + done as u64, &part)
