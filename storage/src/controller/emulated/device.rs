@@ -139,6 +139,10 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
     let mut idle = 0u32;
     while !dev.shared.stop.load(Ordering::Acquire) {
         let mut work = dev.step_registers();
+        if dev.shared.stalled.load(Ordering::Acquire) {
+            std::thread::park_timeout(Duration::from_millis(1));
+            continue;
+        }
         if dev.ready {
             work |= dev.step_queues();
         }

@@ -69,6 +69,7 @@ pub(crate) struct Shared {
     acq: AtomicU64,
     doorbells: Box<[AtomicU32]>,
     stop: AtomicBool,
+    stalled: AtomicBool,
     sleeping: AtomicBool,
     thread: OnceLock<std::thread::Thread>,
     windows: RwLock<Vec<Window>>,
@@ -182,6 +183,15 @@ impl Bar for EmulatedBar {
     }
 }
 
+impl EmulatedBar {
+    /// Fault injection: while stalled the controller ignores its queues, as a hung device
+    /// would, so callers can check they get errors instead of hanging.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.0.stalled.store(stalled, Ordering::Release);
+        self.0.wake();
+    }
+}
+
 impl DmaMapper for EmulatedBar {
     fn map(&self, region: &Arc<DmaRegion>) -> Result<()> {
         let mut w = self
@@ -237,6 +247,7 @@ impl EmulatedController {
                 .map(|_| AtomicU32::new(0))
                 .collect(),
             stop: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
             windows: RwLock::new(Vec::new()),
