@@ -113,6 +113,9 @@ struct Device {
     /// Fixed capacity, never reallocated: engines hold pointers to `Op::iov`.
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
+    /// Ids of existing queues, so the poll loop does not scan every possible id.
+    live_sqs: Vec<usize>,
+    live_cqs: Vec<usize>,
     done: Vec<(u64, i32)>,
 }
 
@@ -134,6 +137,8 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
         cqs: (0..nq).map(|_| None).collect(),
         ops: (0..MAX_INFLIGHT).map(|_| None).collect(),
         free: (0..MAX_INFLIGHT).rev().collect(),
+        live_sqs: Vec::new(),
+        live_cqs: Vec::new(),
         done: Vec::with_capacity(MAX_INFLIGHT),
     };
     let mut idle = 0u32;
@@ -151,11 +156,13 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
             continue;
         }
         idle = idle.saturating_add(1);
+        // Spin only briefly before yielding: on a 2-core box the submitters may share our
+        // core, and they are the ones who give us work.
         if dev.inflight() > 0 {
             dev.backing.engine.wait(Duration::from_micros(50));
-        } else if idle < 256 {
+        } else if idle < 32 {
             std::hint::spin_loop();
-        } else if idle < 512 {
+        } else if idle < 2048 {
             std::thread::yield_now();
         } else {
             dev.shared.sleeping.store(true, Ordering::Relaxed);
@@ -179,10 +186,9 @@ impl Device {
     }
 
     fn doorbell_pending(&self) -> bool {
-        self.sqs
+        self.live_sqs
             .iter()
-            .enumerate()
-            .any(|(q, s)| s.as_ref().is_some_and(|s| self.db(2 * q) != s.head))
+            .any(|&q| self.sqs[q].as_ref().is_some_and(|s| self.db(2 * q) != s.head))
             || self.shared.cc.load(Ordering::Acquire) & regs::CC_EN != self.ready as u32
     }
 
@@ -254,7 +260,13 @@ impl Device {
             phase: true,
             pending: VecDeque::new(),
         });
+        self.refresh_live();
         Ok(())
+    }
+
+    fn refresh_live(&mut self) {
+        self.live_sqs = (0..self.sqs.len()).filter(|&q| self.sqs[q].is_some()).collect();
+        self.live_cqs = (0..self.cqs.len()).filter(|&q| self.cqs[q].is_some()).collect();
     }
 
     /// Controller reset: abandon every queue; in-flight data transfers finish first so no
@@ -263,6 +275,7 @@ impl Device {
         self.drain(Duration::from_secs(5));
         self.sqs.iter_mut().for_each(|s| *s = None);
         self.cqs.iter_mut().for_each(|c| *c = None);
+        self.refresh_live();
         for d in self.shared.doorbells.iter() {
             d.store(0, Ordering::Release);
         }
@@ -288,10 +301,8 @@ impl Device {
 
     fn step_queues(&mut self) -> bool {
         let mut work = false;
-        for q in 0..self.sqs.len() {
-            if self.sqs[q].is_some() {
-                work |= self.fetch(q);
-            }
+        for i in 0..self.live_sqs.len() {
+            work |= self.fetch(self.live_sqs[i]);
         }
         self.backing.engine.submit();
         let mut done = std::mem::take(&mut self.done);
@@ -302,7 +313,8 @@ impl Device {
             self.finish(tag as usize, res);
         }
         self.done = done;
-        for c in 0..self.cqs.len() {
+        for i in 0..self.live_cqs.len() {
+            let c = self.live_cqs[i];
             if self.cqs[c].as_ref().is_some_and(|c| !c.pending.is_empty()) {
                 work |= self.flush_pending(c);
             }
@@ -333,6 +345,7 @@ impl Device {
                     Ok(dw0) => (0, dw0),
                     Err(s) => (s.to_field(), 0),
                 };
+                self.refresh_live();
                 self.post(0, sqe.cid(), status, dw0);
             } else if let Err(s) = self.start_io(q as u16, &sqe) {
                 self.post(q as u16, sqe.cid(), s.to_field(), 0);
