@@ -301,8 +301,11 @@ impl Device {
 
     fn step_queues(&mut self) -> bool {
         let mut work = false;
-        for i in 0..self.live_sqs.len() {
-            work |= self.fetch(self.live_sqs[i]);
+        // Admin commands may change the list while we walk it: index, don't iterate.
+        let mut i = 0;
+        while let Some(&q) = self.live_sqs.get(i) {
+            work |= self.fetch(q);
+            i += 1;
         }
         self.backing.engine.submit();
         let mut done = std::mem::take(&mut self.done);
@@ -313,8 +316,9 @@ impl Device {
             self.finish(tag as usize, res);
         }
         self.done = done;
-        for i in 0..self.live_cqs.len() {
-            let c = self.live_cqs[i];
+        let mut i = 0;
+        while let Some(&c) = self.live_cqs.get(i) {
+            i += 1;
             if self.cqs[c].as_ref().is_some_and(|c| !c.pending.is_empty()) {
                 work |= self.flush_pending(c);
             }
