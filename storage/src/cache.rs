@@ -144,7 +144,9 @@ impl PageCache {
             let s = state.load(Ordering::Acquire);
             if s & VALID != 0 {
                 if s & REF_MASK == REF_MASK {
-                    return Err(Error::InvalidArgument("cache line reference count overflow".into()));
+                    return Err(Error::InvalidArgument(
+                        "cache line reference count overflow".into(),
+                    ));
                 }
                 if state
                     .compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
@@ -155,7 +157,11 @@ impl PageCache {
                         self.referenced[slot].store(true, Ordering::Relaxed);
                     }
                     self.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(LineRef { cache: self, page, slot });
+                    return Ok(LineRef {
+                        cache: self,
+                        page,
+                        slot,
+                    });
                 }
             } else if s & BUSY != 0 {
                 // Someone else's miss on this line is in flight: wait for its one I/O.
@@ -184,7 +190,8 @@ impl PageCache {
         };
         let off = page * self.line as u64;
         let len = (self.line as u64).min(self.ns.bytes() - off) as usize;
-        let res = DmaSlice::new(self.mem.clone(), slot * self.line, len).and_then(|buf| self.ns.read(off, &buf));
+        let res = DmaSlice::new(self.mem.clone(), slot * self.line, len)
+            .and_then(|buf| self.ns.read(off, &buf));
         if let Err(e) = res {
             self.owner[slot].store(0, Ordering::Release);
             state.store(0, Ordering::Release);
@@ -193,7 +200,11 @@ impl PageCache {
         self.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
         self.referenced[slot].store(true, Ordering::Relaxed);
         state.store(VALID | ((slot as u64) << SLOT_SHIFT) | 1, Ordering::Release);
-        Ok(LineRef { cache: self, page, slot })
+        Ok(LineRef {
+            cache: self,
+            page,
+            slot,
+        })
     }
 
     /// Clock: sweep slots from the hand; a set reference bit buys one more sweep; a line
@@ -257,7 +268,12 @@ impl PageCache {
             if owner != 0 {
                 let st = &self.pages[(owner - 1) as usize];
                 let s = st.load(Ordering::Acquire);
-                if s & VALID != 0 && s & REF_MASK == 0 && st.compare_exchange(s, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if s & VALID != 0
+                    && s & REF_MASK == 0
+                    && st
+                        .compare_exchange(s, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
                     self.owner[i].store(0, Ordering::Release);
                 } else {
                     pinned += 1;

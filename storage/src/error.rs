@@ -26,7 +26,10 @@ pub enum Error {
     InvalidArgument(String),
     /// The controller did not reach the wanted state (CSTS.RDY) in time; check the device is present and not in a fatal state.
     #[error("controller did not become {state} within {waited:?}")]
-    ControllerTimeout { state: &'static str, waited: Duration },
+    ControllerTimeout {
+        state: &'static str,
+        waited: Duration,
+    },
     /// The controller reports a fatal status (CSTS.CFS); reset it (or reload the driver) before use.
     #[error("controller fatal status (CSTS.CFS) set; reset the controller")]
     ControllerFatal,

@@ -99,7 +99,9 @@ impl CsrGraph {
 pub fn bfs(g: &CsrGraph, source: u32, threads: usize) -> Result<Vec<u32>> {
     let n = g.vertices();
     if source as u64 >= n {
-        return Err(Error::InvalidArgument(format!("source {source} not below {n} vertices")));
+        return Err(Error::InvalidArgument(format!(
+            "source {source} not below {n} vertices"
+        )));
     }
     let levels: Vec<AtomicU32> = (0..n).map(|_| AtomicU32::new(u32::MAX)).collect();
     levels[source as usize].store(0, Ordering::Relaxed);
@@ -133,10 +135,17 @@ pub fn bfs(g: &CsrGraph, source: u32, threads: usize) -> Result<Vec<u32>> {
                     g.edges.read_range(lo, &mut nbrs[..m])?;
                     for &u in &nbrs[..m] {
                         let slot = levels.get(u as usize).ok_or_else(|| {
-                            Error::InvalidArgument(format!("edge to vertex {u} outside {n} vertices"))
+                            Error::InvalidArgument(format!(
+                                "edge to vertex {u} outside {n} vertices"
+                            ))
                         })?;
                         if slot
-                            .compare_exchange(u32::MAX, level + 1, Ordering::Relaxed, Ordering::Relaxed)
+                            .compare_exchange(
+                                u32::MAX,
+                                level + 1,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            )
                             .is_ok()
                         {
                             found.push(u);
@@ -170,7 +179,10 @@ pub fn bfs_in_memory(offsets: &[u64], edges: &[u32], source: u32) -> Vec<u32> {
         q.push_back(source);
     }
     while let Some(v) = q.pop_front() {
-        let (lo, hi) = (offsets[v as usize] as usize, offsets[v as usize + 1] as usize);
+        let (lo, hi) = (
+            offsets[v as usize] as usize,
+            offsets[v as usize + 1] as usize,
+        );
         for &u in &edges[lo..hi] {
             if levels[u as usize] == u32::MAX {
                 levels[u as usize] = levels[v as usize] + 1;

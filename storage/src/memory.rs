@@ -131,7 +131,9 @@ impl DmaSlice {
     /// A sub-range of this slice.
     pub fn slice(&self, offset: usize, len: usize) -> Result<Self> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Self::new(self.region.clone(), self.offset + offset, len),
+            Some(end) if end <= self.len => {
+                Self::new(self.region.clone(), self.offset + offset, len)
+            }
             _ => Err(Error::InvalidArgument(format!(
                 "sub-slice {offset}+{len} outside a {}-byte slice",
                 self.len

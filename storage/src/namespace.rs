@@ -78,7 +78,11 @@ impl Namespace {
 
     /// Bring up any controller reachable through `bar` and create the I/O queues, their
     /// memory from fresh host regions.
-    pub fn attach(bar: Arc<dyn Bar>, dma: Arc<dyn DmaMapper>, opts: &NamespaceOptions) -> Result<Self> {
+    pub fn attach(
+        bar: Arc<dyn Bar>,
+        dma: Arc<dyn DmaMapper>,
+        opts: &NamespaceOptions,
+    ) -> Result<Self> {
         let driver = Driver::init(
             bar,
             dma,
@@ -91,7 +95,12 @@ impl Namespace {
         let mut queues = Vec::with_capacity(n as usize);
         for qid in 1..=n {
             let mem = DmaSlice::whole(DmaRegion::host(queue_memory_bytes(opts.queue_depth))?);
-            queues.push(Arc::new(driver.create_queue_pair(qid, opts.queue_depth, mem, opts.timeout)?));
+            queues.push(Arc::new(driver.create_queue_pair(
+                qid,
+                opts.queue_depth,
+                mem,
+                opts.timeout,
+            )?));
         }
         let info = driver.namespace();
         let mt = driver.controller().max_transfer;
@@ -206,48 +215,46 @@ impl Namespace {
 
     fn chunks(&self, offset: u64, buf: &DmaSlice, write: bool) -> Result<()> {
         let q = self.queue();
+        let bs = self.info.block_size as usize;
         let mut pending: Vec<Submitted> = Vec::new();
+        let mut first_err: Option<Error> = None;
         let mut done = 0usize;
-        let mut result = Ok(());
-        while done < buf.len() {
+        while done < buf.len() && first_err.is_none() {
             let iova = buf.iova() + done as u64;
             let to_two_pages = 2 * PAGE_SIZE - (iova % PAGE_SIZE as u64) as usize;
-            let bs = self.info.block_size as usize;
-            let n = (buf.len() - done).min(self.max_transfer as usize).min(to_two_pages);
-            // Whole blocks per command; a short tail is rejected by `command` below.
+            let n = (buf.len() - done)
+                .min(self.max_transfer as usize)
+                .min(to_two_pages);
+            // Whole blocks per command; a short tail is rejected by `command`.
             let n = if n >= bs { n - n % bs } else { n };
-            let part = buf.slice(done, n)?;
-            let s = if write {
-                self.submit_write(q, offset + done as u64, &part)
-            } else {
-                self.submit_read(q, offset + done as u64, &part)
-            };
+            let s = buf.slice(done, n).and_then(|part| {
+                if write {
+                    self.submit_write(q, offset + done as u64, &part)
+                } else {
+                    self.submit_read(q, offset + done as u64, &part)
+                }
+            });
             match s {
                 Ok(s) => pending.push(s),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
+                Err(e) => first_err = Some(e),
             }
             done += n;
             // Keep well under the queue depth so one large read cannot fill the queue.
             if pending.len() >= 32 {
                 for s in pending.drain(..) {
                     if let Err(e) = q.wait(s) {
-                        result = result.and(Err(e));
+                        first_err.get_or_insert(e);
                     }
                 }
-                if result.is_err() {
-                    return result;
-                }
             }
         }
+        // Every submitted command is waited for, even after an error, so its slot is freed.
         for s in pending {
             if let Err(e) = q.wait(s) {
-                result = result.and(Err(e));
+                first_err.get_or_insert(e);
             }
         }
-        result
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Read `buf.len()` bytes at byte `offset`, splitting into commands as needed.

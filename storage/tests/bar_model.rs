@@ -44,7 +44,10 @@ fn driver_programs_admin_queue_then_enables_and_creates_io_queues() {
 
     let writes = bar.writes.lock().unwrap().clone();
     let pos = |off: u64| writes.iter().position(|w| w.0 == off).unwrap();
-    let enable = writes.iter().position(|w| w.0 == regs::CC && w.1 & regs::CC_EN != 0).unwrap();
+    let enable = writes
+        .iter()
+        .position(|w| w.0 == regs::CC && w.1 & regs::CC_EN != 0)
+        .unwrap();
     assert!(pos(regs::AQA) < enable && pos(regs::ASQ) < enable && pos(regs::ACQ) < enable);
     let cc = bar.read32(regs::CC);
     assert_eq!(regs::cc_iosqes(cc), 6);
@@ -64,8 +67,14 @@ fn driver_programs_admin_queue_then_enables_and_creates_io_queues() {
         d.create_queue_pair(1, 16, mem(), t),
         Err(Error::Status(NvmeStatus::InvalidQueueIdentifier))
     ));
-    assert!(matches!(d.create_queue_pair(65, 16, mem(), t), Err(Error::InvalidArgument(_))));
-    assert!(matches!(d.create_queue_pair(2, 8192, mem(), t), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        d.create_queue_pair(65, 16, mem(), t),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        d.create_queue_pair(2, 8192, mem(), t),
+        Err(Error::InvalidArgument(_))
+    ));
     assert_eq!(q1.qid(), 1);
     d.delete_queue_pair(1).unwrap();
     assert!(matches!(
@@ -98,10 +107,18 @@ fn enable_with_an_unmapped_admin_queue_sets_fatal_status() {
     // Disabling clears the fatal state; the driver can then bring it up properly.
     bar.write32(regs::CC, 0);
     while bar.read32(regs::CSTS) != 0 {
-        assert!(std::time::Instant::now() < deadline, "reset never cleared CSTS");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reset never cleared CSTS"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
-    Driver::init(Arc::new(bar.clone()), Arc::new(bar), &DriverOptions::default()).unwrap();
+    Driver::init(
+        Arc::new(bar.clone()),
+        Arc::new(bar),
+        &DriverOptions::default(),
+    )
+    .unwrap();
 }
 
 /// A controller model frozen in one CSTS value.
@@ -113,7 +130,7 @@ struct Frozen {
 impl Bar for Frozen {
     fn read32(&self, offset: u64) -> u32 {
         match offset {
-            regs::CAP => 0x3ff,          // MQES 1023, TO 0
+            regs::CAP => 0x3ff,           // MQES 1023, TO 0
             o if o == regs::CAP + 4 => 0, // DSTRD 0
             regs::CSTS => self.csts,
             _ => 0,
@@ -149,10 +166,24 @@ fn a_controller_that_never_becomes_ready_times_out() {
         ..Default::default()
     };
     let r = Driver::init(frozen(0), Arc::new(NoIommu), &opts);
-    assert!(matches!(r, Err(Error::ControllerTimeout { state: "ready", .. })), "{:?}", r.err());
+    assert!(
+        matches!(r, Err(Error::ControllerTimeout { state: "ready", .. })),
+        "{:?}",
+        r.err()
+    );
     // Stuck ready while we want it disabled.
     let r = Driver::init(frozen(regs::CSTS_RDY), Arc::new(NoIommu), &opts);
-    assert!(matches!(r, Err(Error::ControllerTimeout { state: "disabled", .. })), "{:?}", r.err());
+    assert!(
+        matches!(
+            r,
+            Err(Error::ControllerTimeout {
+                state: "disabled",
+                ..
+            })
+        ),
+        "{:?}",
+        r.err()
+    );
 }
 
 #[test]

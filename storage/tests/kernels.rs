@@ -82,7 +82,8 @@ fn bfs_on_storage_equals_in_memory() {
     let cache = PageCache::new(ns, 4096, 128).unwrap();
     let g = CsrGraph {
         offsets: StorageArray::new(cache.clone(), 0, offsets.len() as u64).unwrap(),
-        edges: StorageArray::new(cache, (off_bytes.len() + pad) as u64, edges.len() as u64).unwrap(),
+        edges: StorageArray::new(cache, (off_bytes.len() + pad) as u64, edges.len() as u64)
+            .unwrap(),
     };
     for src in [1u32, 12_345] {
         let got = kernels::bfs(&g, src, 8).unwrap();

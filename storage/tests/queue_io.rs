@@ -13,7 +13,10 @@ fn words_at(ns: &Namespace, offset: u64, n: usize, buf_off: usize) -> Vec<u64> {
     ns.read(offset, &buf).unwrap();
     let mut bytes = vec![0u8; n * 8];
     buf.read_to(&mut bytes);
-    bytes.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()
+    bytes
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 #[test]
@@ -69,12 +72,19 @@ fn one_thread_keeps_a_full_queue_in_flight_and_polls_out_of_order() {
         for k in 0..63 {
             let lba = rng.next() % (ns.info().blocks);
             let buf = vgpu_storage::DmaSlice::new(mem.clone(), k * 512, 512).unwrap();
-            pending.push((lba, buf.clone(), ns.submit_read(q, lba * 512, &buf).unwrap()));
+            pending.push((
+                lba,
+                buf.clone(),
+                ns.submit_read(q, lba * 512, &buf).unwrap(),
+            ));
         }
         // A full queue refuses a non-waiting submit.
         let extra = vgpu_storage::DmaSlice::new(mem.clone(), 0, 512).unwrap();
         let sqe = ns.raw_command(false, 0, 1, &extra).unwrap();
-        assert!(matches!(q.try_submit(sqe), Err(vgpu_storage::Error::QueueFull(1))));
+        assert!(matches!(
+            q.try_submit(sqe),
+            Err(vgpu_storage::Error::QueueFull(1))
+        ));
         // Reap in reverse: the CQ head must still move once earlier entries are consumed.
         for (lba, buf, s) in pending.into_iter().rev() {
             q.wait(s).unwrap();
@@ -105,7 +115,11 @@ fn thousands_of_concurrent_submitters_all_complete_correctly() {
                     for k in 0..32 {
                         let lba = rng.next() % blocks;
                         let buf = vgpu_storage::DmaSlice::new(mem.clone(), k * 512, 512).unwrap();
-                        pending.push((lba, buf.clone(), ns.submit_read(q, lba * 512, &buf).unwrap()));
+                        pending.push((
+                            lba,
+                            buf.clone(),
+                            ns.submit_read(q, lba * 512, &buf).unwrap(),
+                        ));
                     }
                     for (lba, buf, s) in pending {
                         q.wait(s).unwrap();

@@ -77,7 +77,10 @@ impl Rng {
 }
 
 fn ensure_file(path: &Path, bytes: u64) -> std::io::Result<()> {
-    if std::fs::metadata(path).map(|m| m.len() == bytes).unwrap_or(false) {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == bytes)
+        .unwrap_or(false)
+    {
         return Ok(());
     }
     if let Some(d) = path.parent() {
@@ -132,12 +135,16 @@ fn fio(a: &Args, bs: usize) -> Result<Rate, String> {
         .output()
         .map_err(|e| format!("running fio: {e}"))?;
     if !out.status.success() {
-        return Err(format!("fio failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before the JSON object.
     let start = text.find('{').ok_or("fio printed no JSON")?;
-    let v: serde_json::Value = serde_json::from_str(&text[start..]).map_err(|e| format!("fio JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text[start..]).map_err(|e| format!("fio JSON: {e}"))?;
     let r = &v["jobs"][0]["read"];
     let iops = r["iops"].as_f64().ok_or("fio JSON has no read.iops")?;
     let bw = r["bw_bytes"].as_f64().unwrap_or(iops * bs as f64);
@@ -163,7 +170,9 @@ fn ours(ns: &Namespace, bs: usize, qd: usize, seconds: f64) -> Result<Rate, Stri
     let end = start + Duration::from_secs_f64(seconds);
     let mut done = 0u64;
     for (k, b) in bufs.iter().enumerate() {
-        let s = ns.submit_read(q, (rng.next() % slots) * bs as u64, b).map_err(|e| e.to_string())?;
+        let s = ns
+            .submit_read(q, (rng.next() % slots) * bs as u64, b)
+            .map_err(|e| e.to_string())?;
         inflight.push_back((k, s));
     }
     // Check the clock every 256 completions; reap the oldest command first.
@@ -287,7 +296,8 @@ fn amplification(ns: &Arc<Namespace>, n: u64) -> Result<Amplification, String> {
     let mut tile_bytes = 0u64;
     for &k in &tiles {
         let len = tile.min(ns.bytes() - k * tile);
-        ns.read(k * tile, &buf.slice(0, len as usize).map_err(e)?).map_err(e)?;
+        ns.read(k * tile, &buf.slice(0, len as usize).map_err(e)?)
+            .map_err(e)?;
         tile_bytes += len;
     }
     let tiles_s = t.elapsed().as_secs_f64();
@@ -371,7 +381,12 @@ fn run(a: &Args) -> Result<(), String> {
 
     if a.iops_only {
         for r in &rows {
-            println!("{} B: ours {:.0} IOPS, fio {:?}", r.block, r.ours.iops, r.fio.map(|f| f.iops));
+            println!(
+                "{} B: ours {:.0} IOPS, fio {:?}",
+                r.block,
+                r.ours.iops,
+                r.fio.map(|f| f.iops)
+            );
         }
         return Ok(());
     }
@@ -394,11 +409,17 @@ fn run(a: &Args) -> Result<(), String> {
         engine,
         a.seconds
     );
-    println!("| random read | ours IOPS | ours MiB/s | fio io_uring IOPS | fio MiB/s | ours / fio |");
+    println!(
+        "| random read | ours IOPS | ours MiB/s | fio io_uring IOPS | fio MiB/s | ours / fio |"
+    );
     println!("| --- | --- | --- | --- | --- | --- |");
     for r in &rows {
         let (fi, fb, ra) = match (r.fio, r.ratio) {
-            (Some(f), Some(x)) => (format!("{:.0}", f.iops), format!("{:.0}", f.mib_s), format!("{:.1} %", x * 100.0)),
+            (Some(f), Some(x)) => (
+                format!("{:.0}", f.iops),
+                format!("{:.0}", f.mib_s),
+                format!("{:.1} %", x * 100.0),
+            ),
             _ => ("n/a".into(), "n/a".into(), "n/a".into()),
         };
         println!(
@@ -408,7 +429,10 @@ fn run(a: &Args) -> Result<(), String> {
     }
     println!("| cache (2 threads, 32-lane warps) | lookups/s | hit ratio | lines filled/s |");
     println!("| --- | --- | --- | --- |");
-    for (name, c) in [("hits (8 MiB array, 16 MiB cache)", &hit), ("misses (whole file, 16 MiB cache)", &miss)] {
+    for (name, c) in [
+        ("hits (8 MiB array, 16 MiB cache)", &hit),
+        ("misses (whole file, 16 MiB cache)", &miss),
+    ] {
         println!(
             "| {name} | {:.0} | {:.3} | {:.0} |",
             c.lookups_per_s, c.hit_ratio, c.lines_filled_per_s
@@ -439,8 +463,11 @@ fn run(a: &Args) -> Result<(), String> {
     if let Some(d) = a.json.parent() {
         std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
-    std::fs::write(&a.json, serde_json::to_string_pretty(&json).unwrap_or_default())
-        .map_err(|e| format!("writing {}: {e}", a.json.display()))?;
+    std::fs::write(
+        &a.json,
+        serde_json::to_string_pretty(&json).unwrap_or_default(),
+    )
+    .map_err(|e| format!("writing {}: {e}", a.json.display()))?;
     println!("\nJSON written to {}", a.json.display());
     Ok(())
 }

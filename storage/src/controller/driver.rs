@@ -73,7 +73,8 @@ impl Driver {
         let cap = bar.read64(regs::CAP);
         let mqes = regs::cap_mqes(cap);
         let dstrd = regs::cap_dstrd(cap);
-        let ready_timeout = Duration::from_millis(regs::cap_timeout_ms(cap).max(500)).min(opts.timeout);
+        let ready_timeout =
+            Duration::from_millis(regs::cap_timeout_ms(cap).max(500)).min(opts.timeout);
         let admin_depth = opts.admin_depth.min(mqes).min(4096);
 
         if bar.read32(regs::CC) & regs::CC_EN != 0 {
@@ -124,8 +125,12 @@ impl Driver {
         d.controller = ControllerInfo::parse(&page);
         let page = d.identify(CNS_NAMESPACE, 1)?;
         d.namespace = NamespaceInfo::parse(1, &page);
-        let granted = d.admin.execute(Sqe::set_number_of_queues(u16::MAX - 1, u16::MAX - 1))?;
-        d.io_queues = ((granted.dw0 & 0xffff) as u16).min((granted.dw0 >> 16) as u16).saturating_add(1);
+        let granted = d
+            .admin
+            .execute(Sqe::set_number_of_queues(u16::MAX - 1, u16::MAX - 1))?;
+        d.io_queues = ((granted.dw0 & 0xffff) as u16)
+            .min((granted.dw0 >> 16) as u16)
+            .saturating_add(1);
         tracing::info!(model = %d.controller.model, blocks = d.namespace.blocks, block_size = d.namespace.block_size, io_queues = d.io_queues, "NVMe controller ready");
         Ok(d)
     }
@@ -163,7 +168,13 @@ impl Driver {
 
     /// Create I/O queue pair `qid` in caller memory (at least `queue_memory_bytes(depth)`,
     /// page-aligned); the memory is mapped for the device here.
-    pub fn create_queue_pair(&self, qid: u16, depth: u32, memory: DmaSlice, timeout: Duration) -> Result<QueuePair> {
+    pub fn create_queue_pair(
+        &self,
+        qid: u16,
+        depth: u32,
+        memory: DmaSlice,
+        timeout: Duration,
+    ) -> Result<QueuePair> {
         if qid == 0 || qid > self.io_queues {
             return Err(Error::InvalidArgument(format!(
                 "queue id {qid} outside 1..={} granted by the controller",
@@ -181,12 +192,20 @@ impl Driver {
             qid,
             depth,
             memory,
-            sq_doorbell: self.bar.doorbell(regs::doorbell_offset(qid, false, self.dstrd))?,
-            cq_doorbell: self.bar.doorbell(regs::doorbell_offset(qid, true, self.dstrd))?,
+            sq_doorbell: self
+                .bar
+                .doorbell(regs::doorbell_offset(qid, false, self.dstrd))?,
+            cq_doorbell: self
+                .bar
+                .doorbell(regs::doorbell_offset(qid, true, self.dstrd))?,
             timeout,
         })?;
-        self.admin.execute(Sqe::create_io_cq(qid, depth, qp.cq_iova()))?;
-        if let Err(e) = self.admin.execute(Sqe::create_io_sq(qid, depth, qp.sq_iova(), qid)) {
+        self.admin
+            .execute(Sqe::create_io_cq(qid, depth, qp.cq_iova()))?;
+        if let Err(e) = self
+            .admin
+            .execute(Sqe::create_io_sq(qid, depth, qp.sq_iova(), qid))
+        {
             let _ = self.admin.execute(Sqe::delete_io_cq(qid));
             return Err(e);
         }
@@ -202,7 +221,8 @@ impl Driver {
     /// Normal shutdown (CC.SHN), then disable. Data written before is durable after.
     pub fn shutdown(&self) -> Result<()> {
         let cc = self.bar.read32(regs::CC);
-        self.bar.write32(regs::CC, (cc & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL);
+        self.bar
+            .write32(regs::CC, (cc & !regs::CC_SHN_MASK) | regs::CC_SHN_NORMAL);
         let start = Instant::now();
         while self.bar.read32(regs::CSTS) & regs::CSTS_SHST_MASK != regs::CSTS_SHST_DONE {
             if start.elapsed() > Duration::from_secs(2) {

@@ -51,14 +51,17 @@ impl VfioController {
     /// Open `/sys/bus/pci/devices/<bdf>` (already bound to vfio-pci), map BAR0 and enable
     /// bus mastering.
     pub fn open(sysfs_path: &Path) -> Result<Arc<Self>> {
-        let container = Arc::new(VfioContainer::new(None).map_err(|e| vfio_err("opening /dev/vfio/vfio", e))?);
+        let container =
+            Arc::new(VfioContainer::new(None).map_err(|e| vfio_err("opening /dev/vfio/vfio", e))?);
         let ops: Arc<dyn VfioOps> = container.clone();
         let device = VfioDevice::new(sysfs_path, ops, false)
             .map_err(|e| vfio_err(&format!("opening {}", sysfs_path.display()), e))?;
         let len = device.get_region_size(BAR0) as usize;
         let offset = device.get_region_offset(BAR0);
         if len < 0x2000 {
-            return Err(Error::Vfio(format!("BAR0 is {len} bytes; not an NVMe controller")));
+            return Err(Error::Vfio(format!(
+                "BAR0 is {len} bytes; not an NVMe controller"
+            )));
         }
         // SAFETY: mapping a VFIO region of the device fd at the offset VFIO reported;
         // the result is checked before use.
@@ -73,14 +76,20 @@ impl VfioController {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(Error::io("mmap of NVMe BAR0", std::io::Error::last_os_error()));
+            return Err(Error::io(
+                "mmap of NVMe BAR0",
+                std::io::Error::last_os_error(),
+            ));
         }
         let mut cmd = [0u8; 2];
         device.region_read(CONFIG_REGION, &mut cmd, PCI_COMMAND);
         let v = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
         device.region_write(CONFIG_REGION, &v.to_le_bytes(), PCI_COMMAND);
         Ok(Arc::new(VfioController {
-            bar0: Arc::new(Mapping { ptr: ptr as *mut u8, len }),
+            bar0: Arc::new(Mapping {
+                ptr: ptr as *mut u8,
+                len,
+            }),
             container,
             _device: device,
             mapped: Mutex::new(Vec::new()),
@@ -110,7 +119,8 @@ impl Bar for VfioController {
             return u64::MAX;
         }
         // SAFETY: 8-aligned and inside the mapping; NVMe allows 64-bit access to CAP/ASQ/ACQ.
-        unsafe { AtomicU64::from_ptr(self.bar0.ptr.add(offset as usize) as *mut u64) }.load(Ordering::Acquire)
+        unsafe { AtomicU64::from_ptr(self.bar0.ptr.add(offset as usize) as *mut u64) }
+            .load(Ordering::Acquire)
     }
     fn doorbell(&self, offset: u64) -> Result<Doorbell> {
         let r = reg(&self.bar0, offset)
@@ -132,8 +142,11 @@ impl DmaMapper for VfioController {
         }
         // SAFETY: the region stays allocated while we hold it in `mapped`; it is only
         // accessed through raw pointers (DmaRegion's contract), as VFIO requires.
-        unsafe { self.container.vfio_dma_map(region.iova(), region.len(), region.as_ptr()) }
-            .map_err(|e| vfio_err("VFIO_IOMMU_MAP_DMA", e))?;
+        unsafe {
+            self.container
+                .vfio_dma_map(region.iova(), region.len(), region.as_ptr())
+        }
+        .map_err(|e| vfio_err("VFIO_IOMMU_MAP_DMA", e))?;
         m.push((region.iova(), region.len(), region.clone()));
         Ok(())
     }

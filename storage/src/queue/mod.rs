@@ -94,7 +94,9 @@ impl QueuePair {
                 "queue depth {depth} must be a power of two in 2..=65536"
             )));
         }
-        if setup.memory.len() < queue_memory_bytes(depth) || setup.memory.iova() % PAGE_SIZE as u64 != 0 {
+        if setup.memory.len() < queue_memory_bytes(depth)
+            || setup.memory.iova() % PAGE_SIZE as u64 != 0
+        {
             return Err(Error::InvalidArgument(format!(
                 "queue memory must be page-aligned and hold {} bytes for depth {depth}",
                 queue_memory_bytes(depth)

@@ -178,7 +178,10 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
 
 impl Device {
     fn db(&self, i: usize) -> u32 {
-        self.shared.doorbells.get(i).map_or(0, |d| d.load(Ordering::Acquire))
+        self.shared
+            .doorbells
+            .get(i)
+            .map_or(0, |d| d.load(Ordering::Acquire))
     }
 
     fn inflight(&self) -> usize {
@@ -186,10 +189,11 @@ impl Device {
     }
 
     fn doorbell_pending(&self) -> bool {
-        self.live_sqs
-            .iter()
-            .any(|&q| self.sqs[q].as_ref().is_some_and(|s| self.db(2 * q) != s.head))
-            || self.shared.cc.load(Ordering::Acquire) & regs::CC_EN != self.ready as u32
+        self.live_sqs.iter().any(|&q| {
+            self.sqs[q]
+                .as_ref()
+                .is_some_and(|s| self.db(2 * q) != s.head)
+        }) || self.shared.cc.load(Ordering::Acquire) & regs::CC_EN != self.ready as u32
     }
 
     /// Enable, disable and shutdown transitions; true if anything changed.
@@ -215,13 +219,17 @@ impl Device {
             self.shared.csts.store(0, Ordering::Release);
             changed = true;
         }
-        if cc & regs::CC_SHN_MASK != 0 && csts & regs::CSTS_SHST_MASK != regs::CSTS_SHST_DONE && self.ready {
+        if cc & regs::CC_SHN_MASK != 0
+            && csts & regs::CSTS_SHST_MASK != regs::CSTS_SHST_DONE
+            && self.ready
+        {
             // SAFETY: fd is the open backing file.
             unsafe { libc::fsync(std::os::fd::AsRawFd::as_raw_fd(&self.backing.file)) };
             let csts = self.shared.csts.load(Ordering::Acquire);
-            self.shared
-                .csts
-                .store((csts & !regs::CSTS_SHST_MASK) | regs::CSTS_SHST_DONE, Ordering::Release);
+            self.shared.csts.store(
+                (csts & !regs::CSTS_SHST_MASK) | regs::CSTS_SHST_DONE,
+                Ordering::Release,
+            );
             changed = true;
         }
         changed
@@ -243,8 +251,14 @@ impl Device {
         if asq % PAGE_SIZE as u64 != 0 || acq % PAGE_SIZE as u64 != 0 {
             return Err("ASQ/ACQ must be page-aligned");
         }
-        let sq = self.shared.translate(asq, sq_size as u64 * 64).ok_or("ASQ is not DMA-mapped")?;
-        let cq = self.shared.translate(acq, cq_size as u64 * 16).ok_or("ACQ is not DMA-mapped")?;
+        let sq = self
+            .shared
+            .translate(asq, sq_size as u64 * 64)
+            .ok_or("ASQ is not DMA-mapped")?;
+        let cq = self
+            .shared
+            .translate(acq, cq_size as u64 * 16)
+            .ok_or("ACQ is not DMA-mapped")?;
         self.shared.doorbells[0].store(0, Ordering::Release);
         self.shared.doorbells[1].store(0, Ordering::Release);
         self.sqs[0] = Some(Sq {
@@ -265,8 +279,12 @@ impl Device {
     }
 
     fn refresh_live(&mut self) {
-        self.live_sqs = (0..self.sqs.len()).filter(|&q| self.sqs[q].is_some()).collect();
-        self.live_cqs = (0..self.cqs.len()).filter(|&q| self.cqs[q].is_some()).collect();
+        self.live_sqs = (0..self.sqs.len())
+            .filter(|&q| self.sqs[q].is_some())
+            .collect();
+        self.live_cqs = (0..self.cqs.len())
+            .filter(|&q| self.cqs[q].is_some())
+            .collect();
     }
 
     /// Controller reset: abandon every queue; in-flight data transfers finish first so no
@@ -330,10 +348,14 @@ impl Device {
     fn fetch(&mut self, q: usize) -> bool {
         let tail = self.db(2 * q);
         let mut work = false;
-        loop {
-            let Some(sq) = self.sqs[q].as_mut() else { break };
+        while let Some(sq) = self.sqs[q].as_mut() {
             if tail >= sq.size {
-                tracing::warn!(qid = q, tail, size = sq.size, "SQ tail doorbell beyond the queue; ignored");
+                tracing::warn!(
+                    qid = q,
+                    tail,
+                    size = sq.size,
+                    "SQ tail doorbell beyond the queue; ignored"
+                );
                 break;
             }
             if sq.head == tail || (q != 0 && self.free.is_empty()) {
@@ -413,13 +435,22 @@ impl Device {
     }
 
     /// Resolve PRP1/PRP2 into at most two host segments (MDTS keeps us off PRP lists).
-    fn prps(&self, prp1: u64, prp2: u64, bytes: u64, iov: &mut [libc::iovec; 2]) -> Result<u32, NvmeStatus> {
+    fn prps(
+        &self,
+        prp1: u64,
+        prp2: u64,
+        bytes: u64,
+        iov: &mut [libc::iovec; 2],
+    ) -> Result<u32, NvmeStatus> {
         if prp1 % 4 != 0 {
             return Err(NvmeStatus::InvalidField);
         }
         let page = PAGE_SIZE as u64;
         let first = bytes.min(page - prp1 % page);
-        let p1 = self.shared.translate(prp1, first).ok_or(NvmeStatus::DataTransferError)?;
+        let p1 = self
+            .shared
+            .translate(prp1, first)
+            .ok_or(NvmeStatus::DataTransferError)?;
         iov[0] = libc::iovec {
             iov_base: p1 as *mut libc::c_void,
             iov_len: first as usize,
@@ -431,7 +462,10 @@ impl Device {
         if rest > page || prp2 % page != 0 {
             return Err(NvmeStatus::InvalidField);
         }
-        let p2 = self.shared.translate(prp2, rest).ok_or(NvmeStatus::DataTransferError)?;
+        let p2 = self
+            .shared
+            .translate(prp2, rest)
+            .ok_or(NvmeStatus::DataTransferError)?;
         iov[1] = libc::iovec {
             iov_base: p2 as *mut libc::c_void,
             iov_len: rest as usize,
@@ -457,7 +491,11 @@ impl Device {
                 _ => failed.to_field(),
             }
         } else if (res as usize) < op.expected {
-            tracing::warn!(got = res, want = op.expected, "short transfer: the backing file shrank");
+            tracing::warn!(
+                got = res,
+                want = op.expected,
+                "short transfer: the backing file shrank"
+            );
             failed.to_field()
         } else {
             0

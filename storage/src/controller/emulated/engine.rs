@@ -53,7 +53,9 @@ pub(crate) fn open(kind: EngineKind, file: &File, entries: u32) -> (Box<dyn Engi
                     EngineKind::IoUring,
                 )
             }
-            Err(e) => tracing::warn!(error = %e, "io_uring unavailable; the emulated controller falls back to preadv"),
+            Err(e) => {
+                tracing::warn!(error = %e, "io_uring unavailable; the emulated controller falls back to preadv")
+            }
         }
     }
     (
@@ -91,8 +93,12 @@ impl Engine for Uring {
                     .offset(req.offset)
                     .build()
             }
-            (IoKind::Read, n) => opcode::Readv::new(fd, req.iov, n).offset(req.offset).build(),
-            (IoKind::Write, n) => opcode::Writev::new(fd, req.iov, n).offset(req.offset).build(),
+            (IoKind::Read, n) => opcode::Readv::new(fd, req.iov, n)
+                .offset(req.offset)
+                .build(),
+            (IoKind::Write, n) => opcode::Writev::new(fd, req.iov, n)
+                .offset(req.offset)
+                .build(),
         }
         .user_data(req.tag);
         // SAFETY: the buffers and the iovec array stay valid until the completion for this
@@ -112,7 +118,9 @@ impl Engine for Uring {
         if self.queued > 0 {
             match self.ring.submit() {
                 Ok(_) => self.queued = 0,
-                Err(e) => tracing::warn!(error = %e, "io_uring submit failed; retrying on the next pass"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring submit failed; retrying on the next pass")
+                }
             }
         }
     }
@@ -144,12 +152,16 @@ impl Engine for SyncEngine {
         let r = unsafe {
             match req.kind {
                 IoKind::Read => libc::preadv(self.fd, req.iov, req.n_iov as i32, req.offset as i64),
-                IoKind::Write => libc::pwritev(self.fd, req.iov, req.n_iov as i32, req.offset as i64),
+                IoKind::Write => {
+                    libc::pwritev(self.fd, req.iov, req.n_iov as i32, req.offset as i64)
+                }
                 IoKind::Flush => libc::fsync(self.fd) as isize,
             }
         };
         let res = if r < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+            -std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
         } else {
             r as i32
         };

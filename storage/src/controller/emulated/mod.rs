@@ -145,7 +145,10 @@ impl Bar for EmulatedBar {
         };
         let set_hi = |r: &AtomicU64| {
             let v = r.load(Ordering::Acquire);
-            r.store((v & 0xffff_ffff) | ((value as u64) << 32), Ordering::Release)
+            r.store(
+                (v & 0xffff_ffff) | ((value as u64) << 32),
+                Ordering::Release,
+            )
         };
         match offset {
             regs::CC => {
@@ -164,7 +167,11 @@ impl Bar for EmulatedBar {
                     s.rung();
                 }
             }
-            _ => tracing::debug!(offset, value, "write to a read-only or reserved register ignored"),
+            _ => tracing::debug!(
+                offset,
+                value,
+                "write to a read-only or reserved register ignored"
+            ),
         }
     }
 
@@ -174,7 +181,9 @@ impl Bar for EmulatedBar {
             .filter(|o| o % 4 == 0)
             .map(|o| (o / 4) as usize)
             .filter(|&i| i < self.0.doorbells.len())
-            .ok_or_else(|| Error::InvalidArgument(format!("no doorbell at BAR offset {offset:#x}")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("no doorbell at BAR offset {offset:#x}"))
+            })?;
         let reg: *const AtomicU32 = &self.0.doorbells[i];
         let listener: Arc<dyn DoorbellListener> = self.0.clone();
         let keep: Arc<dyn Send + Sync> = self.0.clone();
@@ -199,7 +208,10 @@ impl DmaMapper for EmulatedBar {
             .windows
             .write()
             .map_err(|_| Error::InvalidArgument("DMA window table poisoned".into()))?;
-        if !w.iter().any(|x| x.iova == region.iova() && x.len == region.len() as u64) {
+        if !w
+            .iter()
+            .any(|x| x.iova == region.iova() && x.len == region.len() as u64)
+        {
             w.push(Window {
                 iova: region.iova(),
                 len: region.len() as u64,
@@ -226,7 +238,9 @@ impl EmulatedController {
                 opts.block_size
             )));
         }
-        if !opts.max_queue_entries.is_power_of_two() || !(2..=65536).contains(&opts.max_queue_entries) {
+        if !opts.max_queue_entries.is_power_of_two()
+            || !(2..=65536).contains(&opts.max_queue_entries)
+        {
             return Err(Error::InvalidArgument(format!(
                 "max queue entries {} must be a power of two in 2..=65536",
                 opts.max_queue_entries
@@ -255,7 +269,16 @@ impl EmulatedController {
         let dev_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("nvme-emu".into())
-            .spawn(move || device::run(dev_shared, backing, opts))
+            .spawn(move || {
+                let s = dev_shared.clone();
+                let run = std::panic::AssertUnwindSafe(|| device::run(dev_shared, backing, opts));
+                if std::panic::catch_unwind(run).is_err() {
+                    // A controller bug must not hang its users: report a fatal status,
+                    // queued commands time out.
+                    tracing::error!("emulated controller thread panicked; CSTS.CFS set");
+                    s.csts.store(regs::CSTS_CFS, Ordering::Release);
+                }
+            })
             .map_err(|e| Error::io("spawning the emulated controller thread", e))?;
         let _ = shared.thread.set(thread.thread().clone());
         tracing::info!(path = %info.path.display(), blocks = info.ns.blocks, block_size = info.ns.block_size, engine = ?info.engine, "emulated NVMe controller started");
