@@ -182,8 +182,9 @@ impl QueuePair {
     }
 }
 
-/// Back off while waiting on another thread: spin briefly, then yield the core (the CI
-/// box has two), so a waiter never starves the thread it waits for.
+/// Back off while waiting on another thread: spin briefly, yield, then sleep in short
+/// naps. On a box with fewer cores than waiters (the CI box has two) a waiter must not
+/// starve the controller thread it waits for.
 #[derive(Default)]
 pub(crate) struct Backoff(u32);
 
@@ -191,8 +192,10 @@ impl Backoff {
     pub(crate) fn snooze(&mut self) {
         if self.0 < 16 {
             std::hint::spin_loop();
-        } else {
+        } else if self.0 < 64 {
             std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
         self.0 = self.0.saturating_add(1);
     }
