@@ -4,7 +4,11 @@
 //! reading whole tiles. Prints a table and writes JSON (default out/bench-storage.json).
 //!
 //! Usage: vgpu-storage-bench [--file PATH] [--size-mib N] [--qd N] [--seconds S]
-//!                           [--direct] [--no-fio] [--json PATH]
+//!                           [--direct] [--no-fio] [--iops-only] [--sync-engine]
+//!                           [--repeat N] [--json PATH]
+//!
+//! The machine is shared and noisy, so fio and our path run interleaved `--repeat`
+//! times and each figure is the median of its runs.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -24,6 +28,7 @@ struct Args {
     fio: bool,
     json: PathBuf,
     iops_only: bool,
+    repeat: usize,
     engine: vgpu_storage::controller::EngineKind,
 }
 
@@ -37,6 +42,7 @@ fn parse_args() -> Result<Args, String> {
         fio: true,
         json: PathBuf::from("out/bench-storage.json"),
         iops_only: false,
+        repeat: 3,
         engine: vgpu_storage::controller::EngineKind::IoUring,
     };
     let mut it = std::env::args().skip(1);
@@ -51,9 +57,10 @@ fn parse_args() -> Result<Args, String> {
             "--direct" => a.direct = true,
             "--no-fio" => a.fio = false,
             "--iops-only" => a.iops_only = true,
+            "--repeat" => a.repeat = val()?.parse().map_err(|e| format!("--repeat: {e}"))?,
             "--sync-engine" => a.engine = vgpu_storage::controller::EngineKind::Sync,
             "-h" | "--help" => {
-                return Err("usage: vgpu-storage-bench [--file PATH] [--size-mib N] [--qd N] [--seconds S] [--direct] [--no-fio] [--iops-only] [--sync-engine] [--json PATH]".into())
+                return Err("usage: vgpu-storage-bench [--file PATH] [--size-mib N] [--qd N] [--seconds S] [--direct] [--no-fio] [--iops-only] [--sync-engine] [--repeat N] [--json PATH]".into())
             }
             other => return Err(format!("unknown argument {other}; see --help")),
         }
@@ -319,6 +326,11 @@ fn amplification(ns: &Arc<Namespace>, n: u64, line: usize) -> Result<Amplificati
     })
 }
 
+fn median(mut v: Vec<Rate>) -> Option<Rate> {
+    v.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+    v.get(v.len() / 2).copied()
+}
+
 #[derive(serde::Serialize)]
 struct Row {
     block: usize,
@@ -375,9 +387,14 @@ fn run(a: &Args) -> Result<(), String> {
                 .map_err(|e| eprintln!("fio anchor unavailable: {e}"))
                 .ok()
         };
-        let f1 = anchor(1);
-        let f2 = anchor(2);
-        let o = ours(&ns, bs, a.qd, a.seconds)?;
+        let (mut f1s, mut f2s, mut os) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.repeat.max(1) {
+            f1s.extend(anchor(1));
+            f2s.extend(anchor(2));
+            os.push(ours(&ns, bs, a.qd, a.seconds)?);
+        }
+        let (f1, f2) = (median(f1s), median(f2s));
+        let o = median(os).unwrap_or_default();
         rows.push(Row {
             block: bs,
             queue_depth: a.qd,
@@ -417,13 +434,14 @@ fn run(a: &Args) -> Result<(), String> {
     }
 
     println!(
-        "\nstorage bench: file {} ({} MiB, {}), queue depth {}, engine {:?}, {} s per run",
+        "\nstorage bench: file {} ({} MiB, {}), queue depth {}, engine {:?}, {} s per run, median of {}",
         a.file.display(),
         a.size_mib,
         if a.direct { "O_DIRECT" } else { "page cache" },
         a.qd,
         engine,
-        a.seconds
+        a.seconds,
+        a.repeat
     );
     println!("| random read | ours IOPS | ours MiB/s | fio 1 job IOPS | ours / fio 1 job | fio 2 jobs IOPS | ours / fio 2 jobs |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
@@ -474,6 +492,7 @@ fn run(a: &Args) -> Result<(), String> {
         "direct": a.direct,
         "queue_depth": a.qd,
         "seconds": a.seconds,
+        "repeat": a.repeat,
         "engine": format!("{engine:?}"),
         "random_read": rows,
         "cache_hit": hit,

@@ -158,10 +158,13 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
         idle = idle.saturating_add(1);
         // Spin only briefly before yielding: on a 2-core box the submitters may share our
         // core, and they are the ones who give us work.
-        if dev.inflight() > 0 {
-            dev.backing.engine.wait(Duration::from_micros(50));
-        } else if idle < 32 {
+        // Each pass also reaps engine completions. With I/O in flight, a short spin picks
+        // up new doorbells, then we block in the engine until a completion (a yield here
+        // measured slower with O_DIRECT); with none, yield a while, then sleep.
+        if idle < 32 {
             std::hint::spin_loop();
+        } else if dev.inflight() > 0 {
+            dev.backing.engine.wait(Duration::from_micros(50));
         } else if idle < 2048 {
             std::thread::yield_now();
         } else {
