@@ -10,7 +10,6 @@
 //! The machine is shared and noisy, so fio and our path run interleaved `--repeat`
 //! times and each figure is the median of its runs.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -169,48 +168,60 @@ fn ours(ns: &Namespace, bs: usize, qd: usize, seconds: f64) -> Result<Rate, Stri
     let mem = ns.alloc_dma(qd * bs.max(4096)).map_err(|e| e.to_string())?;
     let slots = ns.bytes() / bs as u64;
     let mut rng = Rng(99);
-    let mut inflight: VecDeque<(usize, Submitted)> = VecDeque::with_capacity(qd);
     let bufs: Vec<DmaSlice> = (0..qd)
         .map(|k| DmaSlice::new(mem.clone(), k * bs.max(4096), bs))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
+    let submit = |k: usize, rng: &mut Rng| {
+        ns.submit_read(q, (rng.next() % slots) * bs as u64, &bufs[k])
+            .map_err(|e| e.to_string())
+    };
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
     let mut done = 0u64;
-    for (k, b) in bufs.iter().enumerate() {
-        let s = ns
-            .submit_read(q, (rng.next() % slots) * bs as u64, b)
-            .map_err(|e| e.to_string())?;
-        inflight.push_back((k, s));
+    let mut inflight: Vec<Option<Submitted>> = Vec::with_capacity(qd);
+    for k in 0..qd {
+        inflight.push(Some(submit(k, &mut rng)?));
     }
-    // Check the clock every 256 completions; reap the oldest command first.
+    // Reap whichever commands finished (completions come back out of order with
+    // O_DIRECT) and resubmit into the same buffer, as fio does; check the clock every 256.
     let mut running = true;
-    while let Some((k, s)) = inflight.pop_front() {
-        // Spin briefly, then yield: on a 2-core box the controller thread may share our
-        // core, and pure spinning would starve it for a whole time slice.
-        let mut spins = 0u32;
-        loop {
-            match q.poll(s).map_err(|e| e.to_string())? {
-                Some(cqe) => {
-                    cqe.status().map_err(|e| e.to_string())?;
-                    break;
-                }
-                None if spins < 64 => {
-                    spins += 1;
-                    std::hint::spin_loop()
-                }
-                None => std::thread::yield_now(),
+    let mut live = qd;
+    let mut idle_rounds = 0u32;
+    while live > 0 {
+        let mut progressed = false;
+        for k in 0..qd {
+            let Some(s) = inflight[k] else { continue };
+            let Some(cqe) = q.poll(s).map_err(|e| e.to_string())? else {
+                continue;
+            };
+            cqe.status().map_err(|e| e.to_string())?;
+            progressed = true;
+            done += 1;
+            if done % 256 == 0 && Instant::now() > end {
+                running = false;
+            }
+            if running {
+                inflight[k] = Some(submit(k, &mut rng)?);
+            } else {
+                inflight[k] = None;
+                live -= 1;
             }
         }
-        done += 1;
-        if done % 256 == 0 && Instant::now() > end {
-            running = false;
-        }
-        if running {
-            let s = ns
-                .submit_read(q, (rng.next() % slots) * bs as u64, &bufs[k])
-                .map_err(|e| e.to_string())?;
-            inflight.push_back((k, s));
+        // Spin briefly, then yield, then nap: on a 2-core box the controller thread may
+        // share our core, and pure spinning would starve it for a whole time slice.
+        if progressed {
+            idle_rounds = 0;
+        } else {
+            idle_rounds += 1;
+            if idle_rounds < 8 {
+                std::hint::spin_loop();
+            } else if idle_rounds < 64 {
+                std::thread::yield_now();
+            } else {
+                // Slow media: leave the core to the controller and interrupt handling.
+                std::thread::sleep(Duration::from_micros(20));
+            }
         }
     }
     let t = start.elapsed().as_secs_f64();
