@@ -190,8 +190,8 @@ fn ours(ns: &Namespace, bs: usize, qd: usize, seconds: f64) -> Result<Rate, Stri
     let mut idle_rounds = 0u32;
     while live > 0 {
         let mut progressed = false;
-        for k in 0..qd {
-            let Some(s) = inflight[k] else { continue };
+        for (k, slot) in inflight.iter_mut().enumerate() {
+            let Some(s) = *slot else { continue };
             let Some(cqe) = q.poll(s).map_err(|e| e.to_string())? else {
                 continue;
             };
@@ -202,9 +202,9 @@ fn ours(ns: &Namespace, bs: usize, qd: usize, seconds: f64) -> Result<Rate, Stri
                 running = false;
             }
             if running {
-                inflight[k] = Some(submit(k, &mut rng)?);
+                *slot = Some(submit(k, &mut rng)?);
             } else {
-                inflight[k] = None;
+                *slot = None;
                 live -= 1;
             }
         }
