@@ -189,17 +189,23 @@ impl Namespace {
         let len = buf.len() as u64;
         let first = len.min(page - iova % page);
         let prp2 = if len > first { iova + first } else { 0 };
-        if len - first > page || len > self.max_transfer || nlb == 0 || nlb > 65536 {
+        if len - first > page || len > self.max_transfer {
             return Err(Error::InvalidArgument(format!(
                 "a {len}-byte transfer at device address {iova:#x} needs more than two PRP entries; split it"
             )));
         }
-        let nlb = nlb as u16; // 65536 wraps to 0, encoded as 65535 (0-based)
-        let nlb_field = if nlb == 0 { u16::MAX } else { nlb };
+        let nlb = match u16::try_from(nlb) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{nlb} blocks in one command; use 1..=65535"
+                )))
+            }
+        };
         Ok(if write {
-            Sqe::write(self.info.nsid, slba, nlb_field, iova, prp2)
+            Sqe::write(self.info.nsid, slba, nlb, iova, prp2)
         } else {
-            Sqe::read(self.info.nsid, slba, nlb_field, iova, prp2)
+            Sqe::read(self.info.nsid, slba, nlb, iova, prp2)
         })
     }
 
