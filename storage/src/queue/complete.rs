@@ -1,0 +1,118 @@
+//! The completion side: lock-free polling for (command identifier, phase), then marking
+//! the entry consumed; the CQ-lock winner moves the head over consumed entries, rings the
+//! CQ doorbell once, and frees their SQ slots.
+
+use super::{Backoff, QueuePair, Submitted};
+use crate::error::{Error, Result};
+use crate::nvme::Cqe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+impl QueuePair {
+    /// Phase tag the controller writes on the lap that contains absolute position `pos`.
+    fn phase_of(&self, pos: u64) -> bool {
+        (pos >> self.log2) & 1 == 0
+    }
+
+    fn load_dw3(&self, loc: usize) -> u32 {
+        // SAFETY: loc < depth so the entry is inside the CQ; dword 3 is 4-byte aligned
+        // and the controller writes it atomically, last.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*self.cq.add(loc)).dw3)) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Look for the completion of `s` once; `Ok(None)` if it has not arrived. On success
+    /// the entry is consumed: the caller must not poll for the same command again.
+    pub fn poll(&self, s: Submitted) -> Result<Option<Cqe>> {
+        self.check()?;
+        let head = self.cq_head.load(Ordering::Acquire);
+        for i in 0..self.depth {
+            let pos = head + i;
+            let loc = (pos & self.mask) as usize;
+            let dw3 = self.load_dw3(loc);
+            let phase = dw3 & (1 << 16) != 0;
+            if phase != self.phase_of(pos) {
+                // The controller posts in order: nothing newer past here.
+                break;
+            }
+            if dw3 as u16 == s.cid && !self.cq_mark[loc].load(Ordering::Acquire) {
+                // SAFETY: loc < depth; the acquire load of dw3 orders the rest of the entry.
+                let cqe = unsafe { std::ptr::read_volatile(self.cq.add(loc)) };
+                self.consume(loc);
+                return Ok(Some(cqe));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Wait for the completion of `s`, up to the pair's timeout, and turn an error status
+    /// into a typed error.
+    pub fn wait(&self, s: Submitted) -> Result<Cqe> {
+        let deadline = Instant::now() + self.timeout;
+        let mut backoff = Backoff::default();
+        loop {
+            if let Some(cqe) = self.poll(s)? {
+                cqe.status().map_err(Error::Status)?;
+                return Ok(cqe);
+            }
+            if Instant::now() > deadline {
+                return Err(self.poison());
+            }
+            backoff.snooze();
+        }
+    }
+
+    fn consume(&self, loc: usize) {
+        // SeqCst on the mark and the lock: either we see the lock free, or the holder's
+        // re-check after unlocking sees our mark (no lost head move).
+        self.cq_mark[loc].store(true, Ordering::SeqCst);
+        while !self.cq_lock.swap(true, Ordering::SeqCst) {
+            self.move_cq_head();
+            self.cq_lock.store(false, Ordering::SeqCst);
+            let head = self.cq_head.load(Ordering::SeqCst);
+            if !self.cq_mark[(head & self.mask) as usize].load(Ordering::SeqCst) {
+                break;
+            }
+        }
+    }
+
+    /// Called with the CQ lock held.
+    fn move_cq_head(&self) {
+        let cur = self.cq_head.load(Ordering::Acquire);
+        let mut n = 0u64;
+        while n < self.depth {
+            let loc = ((cur + n) & self.mask) as usize;
+            if !self.cq_mark[loc].load(Ordering::Acquire) {
+                break;
+            }
+            let cid = self.load_dw3(loc) as u16;
+            self.sq_free_mark[(cid as u64 & self.mask) as usize].store(true, Ordering::Release);
+            self.cq_mark[loc].store(false, Ordering::Release);
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let new = cur + n;
+        self.cq_head.store(new, Ordering::Release);
+        self.cq_db.ring((new & self.mask) as u32);
+        self.move_sq_head();
+    }
+
+    /// Free SQ slots in order; only the CQ-lock holder gets here, so one writer.
+    fn move_sq_head(&self) {
+        let cur = self.sq_head.load(Ordering::Acquire);
+        let mut n = 0u64;
+        while n < self.depth {
+            let loc = ((cur + n) & self.mask) as usize;
+            if !self.sq_free_mark[loc].swap(false, Ordering::AcqRel) {
+                break;
+            }
+            self.turns[loc].fetch_add(1, Ordering::Release);
+            n += 1;
+        }
+        if n > 0 {
+            self.sq_head.store(cur + n, Ordering::Release);
+        }
+    }
+}
