@@ -192,6 +192,31 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Allocates `size` bytes at exactly `addr` (a migrated vGPU keeps every device
+    /// address). Default: not supported.
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let _ = (addr, size);
+        Err(BackendError::NotSupported(
+            "this backend cannot place allocations at given addresses".into(),
+        ))
+    }
+
+    /// Copies `[addr, addr + len)` of this device's memory to the same addresses on
+    /// `peer` (a migration target). Default: through host memory in 64 MiB pieces.
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        const PIECE: u64 = 64 << 20;
+        let mut buf = vec![0u8; PIECE.min(len) as usize];
+        let mut off = 0;
+        while off < len {
+            let n = PIECE.min(len - off) as usize;
+            let slice = VolatileSlice::from(&mut buf[..n]);
+            self.copy_dtoh(addr + off, &slice)?;
+            peer.copy_htod(addr + off, &slice)?;
+            off += n as u64;
+        }
+        Ok(len)
+    }
+
     /// Size of the pieces [`Backend::decommit`] works in, in bytes; 0 = whole allocations
     /// only. Default: 0.
     fn commit_granule(&self) -> u64 {

@@ -32,6 +32,28 @@ impl Holes {
         Some(off)
     }
 
+    /// Takes exactly `off..off + len` if it lies inside one hole.
+    pub fn take_at(&self, off: u64, len: u64) -> bool {
+        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((&h, &hlen)) = holes.range(..=off).next_back() else {
+            return false;
+        };
+        let (Some(end), Some(hend)) = (off.checked_add(len), h.checked_add(hlen)) else {
+            return false;
+        };
+        if end > hend {
+            return false;
+        }
+        holes.remove(&h);
+        if off > h {
+            holes.insert(h, off - h);
+        }
+        if hend > end {
+            holes.insert(end, hend - end);
+        }
+        true
+    }
+
     /// Returns `off..off+len`, merging it with its neighbours.
     pub fn give(&self, off: u64, len: u64) {
         let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -76,6 +98,12 @@ mod tests {
         h.give(0, 30);
         h.give(30, 30);
         assert_eq!(h.take(100), Some(0), "freed holes merge back into one");
+        h.give(0, 100);
+        assert!(h.take_at(40, 20));
+        assert!(!h.take_at(50, 20), "overlaps a taken range");
+        assert!(!h.take_at(90, 20), "runs past the end");
+        assert_eq!(h.take(40), Some(0));
+        assert_eq!(h.take(40), Some(60));
     }
 
     #[test]

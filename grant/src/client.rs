@@ -130,30 +130,89 @@ impl GrantClient {
     }
 }
 
-impl Gate for GrantClient {
-    fn acquire(&self, resource: Resource) -> Permit<'_> {
+impl GrantClient {
+    /// Waits for leave to start a request on `resource` (under the open lease, or by a
+    /// grant); the start time.
+    fn begin(&self, resource: Resource) -> Nanos {
         if self.start_leased(resource) {
             self.ring();
-            return Permit {
-                client: Some(self),
-                resource,
-                started: time::now(),
-            };
+            return time::now();
         }
         self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
         self.ring();
         self.wait_grant(resource);
+        time::now()
+    }
+}
+
+impl Gate for GrantClient {
+    fn acquire(&self, resource: Resource) -> Permit<'_> {
+        let started = self.begin(resource);
         Permit {
-            client: Some(self),
+            client: Some(Holder::Ref(self)),
             resource,
-            started: time::now(),
+            started,
+        }
+    }
+}
+
+/// A gate whose grant channel can be replaced (the vGPU moved to another GPU's
+/// scheduler). Each permit keeps the channel it was granted on, so a switch while requests
+/// run reports their completions where they started.
+pub struct SwitchGate {
+    current: std::sync::RwLock<std::sync::Arc<GrantClient>>,
+}
+
+impl SwitchGate {
+    /// Starts on `client`.
+    pub fn new(client: GrantClient) -> Self {
+        Self {
+            current: std::sync::RwLock::new(std::sync::Arc::new(client)),
+        }
+    }
+
+    /// Uses `client` for every request from now on.
+    pub fn switch(&self, client: GrantClient) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::sync::Arc::new(client);
+    }
+}
+
+impl Gate for SwitchGate {
+    fn acquire(&self, resource: Resource) -> Permit<'_> {
+        let c = self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let started = c.begin(resource);
+        Permit {
+            client: Some(Holder::Shared(c)),
+            resource,
+            started,
+        }
+    }
+}
+
+enum Holder<'a> {
+    Ref(&'a GrantClient),
+    Shared(std::sync::Arc<GrantClient>),
+}
+
+impl Holder<'_> {
+    fn get(&self) -> &GrantClient {
+        match self {
+            Holder::Ref(c) => c,
+            Holder::Shared(c) => c,
         }
     }
 }
 
 /// Leave to run one request; dropping it reports the completion.
 pub struct Permit<'a> {
-    client: Option<&'a GrantClient>,
+    client: Option<Holder<'a>>,
     resource: Resource,
     started: Nanos,
 }
@@ -176,8 +235,8 @@ impl Permit<'_> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if let Some(c) = self.client {
-            c.complete(self.resource, self.started);
+        if let Some(c) = &self.client {
+            c.get().complete(self.resource, self.started);
         }
     }
 }

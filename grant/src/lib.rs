@@ -21,7 +21,7 @@ mod server;
 pub mod shm;
 pub mod time;
 
-pub use client::{GrantClient, Permit};
+pub use client::{GrantClient, Permit, SwitchGate};
 pub use server::{GrantServer, ServerConfig, VgpuUsage, WorkerFds};
 pub use vgpu_scheduler::gpu::Resource;
 

@@ -268,6 +268,16 @@ impl DeviceMemory {
 
     /// Allocates `size` zero-filled bytes; returns (address, bytes charged).
     pub fn alloc(&self, size: u64) -> Result<(u64, u64)> {
+        self.alloc_where(size, None)
+    }
+
+    /// Allocates `size` zero-filled bytes at exactly `addr` (a migrated allocation keeps
+    /// its address); returns (address, bytes charged).
+    pub fn alloc_at(&self, addr: u64, size: u64) -> Result<(u64, u64)> {
+        self.alloc_where(size, Some(addr))
+    }
+
+    fn alloc_where(&self, size: u64, at: Option<u64>) -> Result<(u64, u64)> {
         if size == 0 {
             return Err(BackendError::ZeroSize);
         }
@@ -280,9 +290,20 @@ impl DeviceMemory {
         let va_len = round_up(size, VA_ALIGN).ok_or_else(too_big)?;
         let map_len = usize::try_from(charged).map_err(|_| too_big())?;
         self.space.charge(charged)?;
-        let Some(off) = self.space.take_hole(va_len) else {
+        let off = match at {
+            None => self.space.take_hole(va_len),
+            Some(addr) => addr
+                .checked_sub(self.space.va_base)
+                .filter(|off| off % VA_ALIGN == 0 && self.space.holes.take_at(*off, va_len)),
+        };
+        let Some(off) = off else {
             self.space.uncharge(charged);
-            return Err(BackendError::AddressSpaceFull { requested: size });
+            return Err(match at {
+                None => BackendError::AddressSpaceFull { requested: size },
+                Some(addr) => BackendError::InvalidArgument(format!(
+                    "device range {addr:#x}+{size:#x} is not free in this address space"
+                )),
+            });
         };
         let addr = self.space.va_base + off;
         let host = self.space.res.host + off as usize;
@@ -386,6 +407,12 @@ impl DeviceMemory {
             .insert(addr, a);
         tracing::debug!(addr, size, read_only, "shared object mapped");
         Ok(addr)
+    }
+
+    /// The bytes of `[addr, addr + len)` (inside one allocation) as a volatile slice,
+    /// with the allocation that keeps them mapped.
+    pub fn view(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
+        self.resolve(addr, len)
     }
 
     /// The live allocation that starts exactly at `addr`.

@@ -297,6 +297,19 @@ impl Backend for SimGpu {
         self.inflight.drain();
     }
 
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let (addr, charged) = self.mem.alloc_at(addr, size)?;
+        Ok(Allocated { addr, charged })
+    }
+
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        // One copy straight out of our mapping, paced by the peer's copy engine (a
+        // device-to-device transfer between two GPUs).
+        let (a, off) = self.mem.view(addr, len)?;
+        let _op = self.inflight.begin();
+        peer.copy_htod(addr, &a.volatile(off, len)?)
+    }
+
     fn commit_granule(&self) -> u64 {
         crate::pager::GRANULE
     }

@@ -1,0 +1,671 @@
+//! The backend wrapper that makes a vGPU movable, and the move itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use vgpu_backend::{
+    Allocated, ArgValue, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
+    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
+};
+use vm_memory::VolatileSlice;
+
+use crate::report::{MigrateOptions, Mode, Phase, Progress, Report};
+use crate::MigrationError;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One allocation as the migration sees it.
+#[derive(Debug)]
+struct Alloc {
+    size: u64,
+    /// Epoch of the last operation that may have written it.
+    written: Arc<AtomicU64>,
+    /// Swapped-out ranges (offset -> length): no bytes to copy, and the target must not
+    /// hold memory for them either.
+    decommitted: Arc<Mutex<BTreeMap<u64, u64>>>,
+}
+
+#[derive(Debug, Clone)]
+enum Image {
+    Builtin(Vec<u8>),
+    Ptx(Vec<u8>),
+}
+
+impl Image {
+    fn as_module(&self) -> ModuleImage<'_> {
+        match self {
+            Image::Builtin(b) => ModuleImage::Builtin(b),
+            Image::Ptx(b) => ModuleImage::Ptx(b),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Module {
+    image: Image,
+    real: u64,
+}
+
+#[derive(Debug)]
+struct Func {
+    module: u64,
+    name: Vec<u8>,
+    real: u64,
+}
+
+/// A vGPU's backend that can move to another GPU under the guest's feet.
+pub struct Migratable {
+    current: RwLock<Arc<dyn Backend>>,
+    /// What the guest saw first (a moved vGPU keeps its identity).
+    info: BackendInfo,
+    /// Every operation holds it shared; a migration's stop phase holds it exclusively.
+    dispatch: RwLock<()>,
+    allocs: Mutex<BTreeMap<u64, Alloc>>,
+    /// Shared objects mapped (they stay on their GPU).
+    imported: Mutex<BTreeSet<u64>>,
+    modules: Mutex<BTreeMap<u64, Module>>,
+    functions: Mutex<BTreeMap<u64, Func>>,
+    regions: Mutex<Vec<HostRegion>>,
+    next_handle: AtomicU64,
+    epoch: AtomicU64,
+    migrating: AtomicBool,
+}
+
+impl std::fmt::Debug for Migratable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Migratable")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Migratable {
+    /// Serves through `backend` until a migration moves it.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            info: backend.info().clone(),
+            current: RwLock::new(backend),
+            dispatch: RwLock::new(()),
+            allocs: Mutex::new(BTreeMap::new()),
+            imported: Mutex::new(BTreeSet::new()),
+            modules: Mutex::new(BTreeMap::new()),
+            functions: Mutex::new(BTreeMap::new()),
+            regions: Mutex::new(Vec::new()),
+            next_handle: AtomicU64::new(1),
+            epoch: AtomicU64::new(1),
+            migrating: AtomicBool::new(false),
+        }
+    }
+
+    /// The backend serving now.
+    pub fn current(&self) -> Arc<dyn Backend> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn enter(&self) -> (RwLockReadGuard<'_, ()>, Arc<dyn Backend>) {
+        let g = self.dispatch.read().unwrap_or_else(PoisonError::into_inner);
+        (g, self.current())
+    }
+
+    /// Marks the allocation holding `addr` as written now.
+    fn mark(&self, addr: u64) {
+        let e = self.epoch.load(Ordering::Acquire);
+        if let Some((_, a)) = lock(&self.allocs).range(..=addr).next_back() {
+            a.written.fetch_max(e, Ordering::AcqRel);
+        }
+    }
+
+    fn mark_all(&self) {
+        let e = self.epoch.load(Ordering::Acquire);
+        for a in lock(&self.allocs).values() {
+            a.written.fetch_max(e, Ordering::AcqRel);
+        }
+    }
+
+    /// Marks what a launch may write: pointers declared write or read-write, or
+    /// everything when an integer argument may be a raw device address.
+    fn mark_launch(&self, args: &[ArgValue]) {
+        let va = self.info.va_base..self.info.va_base.saturating_add(self.info.va_size);
+        if args
+            .iter()
+            .any(|a| matches!(a, ArgValue::U64(v) if va.contains(v)))
+        {
+            self.mark_all();
+            return;
+        }
+        for a in args {
+            if let ArgValue::Ptr { addr, access } = a {
+                if access.writes() {
+                    self.mark(*addr);
+                }
+            }
+        }
+    }
+
+    fn track(&self, a: &Allocated, size: u64) {
+        lock(&self.allocs).insert(
+            a.addr,
+            Alloc {
+                size,
+                written: Arc::new(AtomicU64::new(self.epoch.load(Ordering::Acquire))),
+                decommitted: Arc::new(Mutex::new(BTreeMap::new())),
+            },
+        );
+    }
+
+    fn handle(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Backend for Migratable {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        self.current().memory_usage()
+    }
+
+    fn alloc(&self, size: u64) -> Result<Allocated> {
+        let (_g, b) = self.enter();
+        let a = b.alloc(size)?;
+        self.track(&a, size);
+        Ok(a)
+    }
+
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let (_g, b) = self.enter();
+        let a = b.alloc_at(addr, size)?;
+        self.track(&a, size);
+        Ok(a)
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        b.free(addr)?;
+        lock(&self.allocs).remove(&addr);
+        lock(&self.imported).remove(&addr);
+        Ok(())
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        self.current().check_range(addr, len)
+    }
+
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.copy_htod(dst, src);
+        self.mark(dst);
+        r
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        b.copy_dtoh(src, dst)
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.copy_dtod(dst, src, len);
+        self.mark(dst);
+        r
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.memset(dst, value, elem_size, count);
+        self.mark(dst);
+        r
+    }
+
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let real = b.module_load(image)?;
+        let image = match image {
+            ModuleImage::Builtin(n) => Image::Builtin(n.to_vec()),
+            ModuleImage::Ptx(p) => Image::Ptx(p.to_vec()),
+        };
+        let h = self.handle();
+        lock(&self.modules).insert(h, Module { image, real });
+        Ok(h)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        b.module_unload(real)?;
+        lock(&self.modules).remove(&module);
+        lock(&self.functions).retain(|_, f| f.module != module);
+        Ok(())
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
+        let (_g, b) = self.enter();
+        let real_module = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        let f = b.get_function(real_module, name)?;
+        let h = self.handle();
+        lock(&self.functions).insert(
+            h,
+            Func {
+                module,
+                name: name.to_vec(),
+                real: f.handle,
+            },
+        );
+        Ok(FunctionInfo {
+            handle: h,
+            param_count: f.param_count,
+        })
+    }
+
+    fn launch(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("{function}")))?;
+        self.mark_launch(args);
+        let r = b.launch(real, config, args);
+        self.mark_launch(args);
+        r
+    }
+
+    fn synchronize(&self) {
+        self.current().synchronize()
+    }
+
+    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
+        let (_g, b) = self.enter();
+        b.register_host_memory(regions)?;
+        lock(&self.regions).extend_from_slice(regions);
+        Ok(())
+    }
+
+    fn unregister_host_memory(&self, regions: &[HostRegion]) {
+        let (_g, b) = self.enter();
+        b.unregister_host_memory(regions);
+        lock(&self.regions).retain(|r| !regions.contains(r));
+    }
+
+    fn commit_granule(&self) -> u64 {
+        self.current().commit_granule()
+    }
+
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
+        let Some(d) = d else {
+            return b.decommit(addr, off, len);
+        };
+        // Held across the call: a pre-copy never reads a range while it goes away.
+        let mut d = lock(&d);
+        b.decommit(addr, off, len)?;
+        d.insert(off, len);
+        Ok(())
+    }
+
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
+        let Some(d) = d else {
+            return b.recommit(addr, off, len);
+        };
+        let mut d = lock(&d);
+        b.recommit(addr, off, len)?;
+        d.remove(&off);
+        Ok(())
+    }
+
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let addr = b.import_shared(handle, size, read_only)?;
+        lock(&self.imported).insert(addr);
+        Ok(addr)
+    }
+
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        self.current().copy_to_peer(peer, addr, len)
+    }
+}
+
+/// What the target holds of one allocation during a migration.
+#[derive(Debug, Default)]
+struct Placed {
+    decommitted: BTreeMap<u64, u64>,
+}
+
+struct Mover<'a> {
+    src: &'a Migratable,
+    source: Arc<dyn Backend>,
+    target: Arc<dyn Backend>,
+    placed: BTreeMap<u64, Placed>,
+    bytes: u64,
+    started: Instant,
+}
+
+impl Mover<'_> {
+    fn target_err(what: String) -> impl FnOnce(BackendError) -> MigrationError {
+        move |source| MigrationError::Target { what, source }
+    }
+
+    /// The allocations as of now: (addr, size, written epoch, decommitted ranges).
+    fn snapshot(&self) -> Vec<(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)> {
+        lock(&self.src.allocs)
+            .iter()
+            .map(|(a, x)| {
+                (
+                    *a,
+                    x.size,
+                    x.written.load(Ordering::Acquire),
+                    x.decommitted.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Makes the target's allocations match the source's (frees what was freed, places
+    /// what is new at the same address).
+    fn reconcile(
+        &mut self,
+        live: &[(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)],
+    ) -> std::result::Result<(), MigrationError> {
+        let keep: BTreeSet<u64> = live.iter().map(|l| l.0).collect();
+        let gone: Vec<u64> = self
+            .placed
+            .keys()
+            .filter(|a| !keep.contains(a))
+            .copied()
+            .collect();
+        for a in gone {
+            let _ = self.target.free(a);
+            self.placed.remove(&a);
+        }
+        for (addr, size, _, _) in live {
+            if !self.placed.contains_key(addr) {
+                self.target
+                    .alloc_at(*addr, *size)
+                    .map_err(Self::target_err(format!(
+                        "placing {size} bytes at {addr:#x}"
+                    )))?;
+                self.placed.insert(*addr, Placed::default());
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies allocation `addr`'s resident bytes; mirrors its swapped-out ranges.
+    fn copy_one(
+        &mut self,
+        addr: u64,
+        size: u64,
+        dec: &Mutex<BTreeMap<u64, u64>>,
+    ) -> std::result::Result<u64, MigrationError> {
+        let dec = lock(dec);
+        let placed = self.placed.entry(addr).or_default();
+        // Ranges the target holds decommitted but the source has back: recommit first.
+        let back: Vec<(u64, u64)> = placed
+            .decommitted
+            .iter()
+            .filter(|(o, _)| !dec.contains_key(o))
+            .map(|(o, l)| (*o, *l))
+            .collect();
+        for (o, l) in back {
+            self.target
+                .recommit(addr, o, l)
+                .map_err(Self::target_err(format!("recommitting {addr:#x}+{o:#x}")))?;
+            placed.decommitted.remove(&o);
+        }
+        // Copy what is resident at the source, between its swapped-out ranges.
+        let mut copied = 0;
+        let mut at = 0;
+        let mut copy = |from: u64, to: u64| -> std::result::Result<(), MigrationError> {
+            let to = to.min(size);
+            if to > from {
+                self.source
+                    .copy_to_peer(&*self.target, addr + from, to - from)
+                    .map_err(|e| match e {
+                        BackendError::NotSupported(_) | BackendError::BadPointer { .. } => {
+                            MigrationError::Source(e)
+                        }
+                        other => MigrationError::Target {
+                            what: format!("copying {addr:#x}+{from:#x}"),
+                            source: other,
+                        },
+                    })?;
+                copied += to - from;
+            }
+            Ok(())
+        };
+        for (o, l) in dec.iter() {
+            copy(at, *o)?;
+            at = o + l;
+        }
+        copy(at, size)?;
+        // Ranges swapped out at the source: give the target's memory back too.
+        for (o, l) in dec.iter() {
+            if !placed.decommitted.contains_key(o) {
+                self.target
+                    .decommit(addr, *o, *l)
+                    .map_err(Self::target_err(format!("decommitting {addr:#x}+{o:#x}")))?;
+                placed.decommitted.insert(*o, *l);
+            }
+        }
+        self.bytes += copied;
+        Ok(copied)
+    }
+}
+
+impl Migratable {
+    /// Moves the vGPU onto `target` (a fresh backend of the target GPU with the same
+    /// address space). `progress` hears about every step. On error the vGPU stays on its
+    /// current backend and `target` is dropped.
+    pub fn migrate(
+        &self,
+        target: Arc<dyn Backend>,
+        opts: &MigrateOptions,
+        mut progress: impl FnMut(&Progress),
+    ) -> std::result::Result<Report, MigrationError> {
+        if self.migrating.swap(true, Ordering::AcqRel) {
+            return Err(MigrationError::Busy);
+        }
+        let r = self.migrate_inner(target, opts, &mut progress);
+        self.migrating.store(false, Ordering::Release);
+        r
+    }
+
+    fn migrate_inner(
+        &self,
+        target: Arc<dyn Backend>,
+        opts: &MigrateOptions,
+        progress: &mut impl FnMut(&Progress),
+    ) -> std::result::Result<Report, MigrationError> {
+        let shared = lock(&self.imported).len();
+        if shared > 0 {
+            return Err(MigrationError::SharedMappings(shared));
+        }
+        let mut m = Mover {
+            src: self,
+            source: self.current(),
+            target,
+            placed: BTreeMap::new(),
+            bytes: 0,
+            started: Instant::now(),
+        };
+        let total = |live: &[(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)]| {
+            live.iter().map(|l| l.1).sum::<u64>()
+        };
+        let mut timeline = Vec::new();
+        let mut rounds = 0;
+        // Every write since this epoch still has to reach the target.
+        let mut since = 0u64;
+        let mut rate_ns_per_byte = 0.0f64;
+        if opts.mode == Mode::Precopy {
+            let t0 = m.started.elapsed();
+            loop {
+                let round_start = self.epoch.fetch_add(1, Ordering::AcqRel);
+                let live = m.snapshot();
+                m.reconcile(&live)?;
+                let t = Instant::now();
+                let mut copied = 0;
+                for (addr, size, written, dec) in &live {
+                    if *written >= since {
+                        copied += m.copy_one(*addr, *size, dec)?;
+                    }
+                }
+                rounds += 1;
+                if copied > 0 {
+                    rate_ns_per_byte = t.elapsed().as_nanos() as f64 / copied as f64;
+                }
+                since = round_start;
+                let live = m.snapshot();
+                let dirty: u64 = live.iter().filter(|l| l.2 >= since).map(|l| l.1).sum();
+                progress(&Progress {
+                    phase: Phase::Precopy,
+                    rounds,
+                    bytes: m.bytes,
+                    total: total(&live),
+                    dirty,
+                    elapsed: m.started.elapsed(),
+                });
+                let expect = Duration::from_nanos((dirty as f64 * rate_ns_per_byte) as u64);
+                tracing::debug!(rounds, copied, dirty, ?expect, "pre-copy round");
+                if expect <= opts.max_downtime || rounds >= opts.max_rounds || dirty == 0 {
+                    break;
+                }
+            }
+            timeline.push((Phase::Precopy, t0, m.started.elapsed()));
+        }
+        let precopy_bytes = m.bytes;
+        // Stop: new operations wait here; running ones finish (a kernel boundary).
+        let stop = Instant::now();
+        let t_drain = m.started.elapsed();
+        progress(&Progress {
+            phase: Phase::Draining,
+            rounds,
+            bytes: m.bytes,
+            total: total(&m.snapshot()),
+            dirty: 0,
+            elapsed: m.started.elapsed(),
+        });
+        let held = self
+            .dispatch
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        m.source.synchronize();
+        let drain = stop.elapsed();
+        let t_copy = m.started.elapsed();
+        timeline.push((Phase::Draining, t_drain, t_copy));
+        let live = m.snapshot();
+        let finish = (|| {
+            m.reconcile(&live)?;
+            for (addr, size, written, dec) in &live {
+                if opts.mode == Mode::StopCopy || *written >= since {
+                    m.copy_one(*addr, *size, dec)?;
+                }
+            }
+            // Modules and functions under the same guest handles.
+            let mut modules = lock(&self.modules);
+            let mut functions = lock(&self.functions);
+            let mut new_mod = BTreeMap::new();
+            for (h, md) in modules.iter() {
+                let real = m
+                    .target
+                    .module_load(md.image.as_module())
+                    .map_err(Mover::target_err(format!("loading module {h}")))?;
+                new_mod.insert(*h, real);
+            }
+            let mut new_fn = BTreeMap::new();
+            for (h, f) in functions.iter() {
+                let module = new_mod.get(&f.module).copied().unwrap_or(0);
+                let real = m
+                    .target
+                    .get_function(module, &f.name)
+                    .map_err(Mover::target_err(format!("looking up function {h}")))?;
+                new_fn.insert(*h, real.handle);
+            }
+            let regions = lock(&self.regions).clone();
+            if !regions.is_empty() {
+                m.target
+                    .register_host_memory(&regions)
+                    .map_err(Mover::target_err("registering guest memory".into()))?;
+            }
+            for (h, md) in modules.iter_mut() {
+                md.real = new_mod.get(h).copied().unwrap_or(md.real);
+            }
+            for (h, f) in functions.iter_mut() {
+                f.real = new_fn.get(h).copied().unwrap_or(f.real);
+            }
+            Ok::<_, MigrationError>(())
+        })();
+        if let Err(e) = finish {
+            drop(held);
+            tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");
+            return Err(e);
+        }
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
+            m.target.clone(),
+        );
+        let downtime = stop.elapsed();
+        drop(held);
+        let t_end = m.started.elapsed();
+        timeline.push((Phase::StopCopy, t_copy, t_end));
+        // The source's memory goes once nothing uses it.
+        let regions = lock(&self.regions).clone();
+        if !regions.is_empty() {
+            old.unregister_host_memory(&regions);
+        }
+        drop(old);
+        let live = m.snapshot();
+        let report = Report {
+            mode: opts.mode,
+            rounds,
+            precopy_bytes,
+            stop_bytes: m.bytes - precopy_bytes,
+            total: total(&live),
+            downtime,
+            drain,
+            elapsed: m.started.elapsed(),
+            timeline,
+        };
+        progress(&Progress {
+            phase: Phase::Done,
+            rounds,
+            bytes: m.bytes,
+            total: report.total,
+            dirty: 0,
+            elapsed: report.elapsed,
+        });
+        tracing::info!(
+            rounds,
+            bytes = m.bytes,
+            downtime_us = downtime.as_micros() as u64,
+            total_ms = report.elapsed.as_millis() as u64,
+            "vGPU migrated"
+        );
+        Ok(report)
+    }
+}

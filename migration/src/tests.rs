@@ -1,0 +1,215 @@
+//! Migration between two sim GPUs: identical addresses and bytes, handles that survive,
+//! writes during pre-copy re-sent, swapped-out pieces kept swapped, rollback.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use vgpu_backend::pager::{LocalBroker, Pager};
+use vgpu_backend::{Access, ArgValue, Backend, LaunchConfig, ModuleImage, SimConfig, SimGpu};
+use vm_memory::VolatileSlice;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn sim(memory: u64) -> Arc<dyn Backend> {
+    Arc::new(
+        SimGpu::new(SimConfig {
+            memory,
+            va_size: 1 << 30,
+            threads: 1,
+            ..SimConfig::default()
+        })
+        .expect("sim"),
+    )
+}
+
+fn put(b: &dyn Backend, addr: u64, bytes: &[u8]) {
+    let mut v = bytes.to_vec();
+    b.copy_htod(addr, &VolatileSlice::from(&mut v[..]))
+        .expect("htod");
+}
+
+fn get(b: &dyn Backend, addr: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    b.copy_dtoh(addr, &VolatileSlice::from(&mut v[..]))
+        .expect("dtoh");
+    v
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn one_d() -> LaunchConfig {
+    LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+    }
+}
+
+fn opts(mode: Mode) -> MigrateOptions {
+    MigrateOptions {
+        mode,
+        max_downtime: Duration::from_millis(5),
+        max_rounds: 6,
+    }
+}
+
+#[test]
+fn bytes_addresses_and_handles_survive_both_modes() {
+    for mode in [Mode::StopCopy, Mode::Precopy] {
+        let m = Migratable::new(sim(64 * MIB));
+        let a = m.alloc(3 * MIB + 5).expect("a").addr;
+        let b = m.alloc(4096).expect("b").addr;
+        put(&m, a, &pattern(1, 3 << 20));
+        put(&m, b, &pattern(2, 4096));
+        let module = m
+            .module_load(ModuleImage::Builtin(b"builtin"))
+            .expect("module");
+        let fill = m.get_function(module, b"fill").expect("fill").handle;
+        let r = m
+            .migrate(sim(64 * MIB), &opts(mode), |_| {})
+            .expect("migrate");
+        assert_eq!(r.total, 3 * MIB + 5 + 4096);
+        assert!(r.precopy_bytes + r.stop_bytes >= r.total, "{r:?}");
+        assert_eq!(get(&m, a, 3 << 20), pattern(1, 3 << 20), "{mode:?}");
+        assert_eq!(get(&m, b, 4096), pattern(2, 4096));
+        // The old function handle works on the new GPU.
+        m.launch(
+            fill,
+            &one_d(),
+            &[
+                ArgValue::Ptr {
+                    addr: b,
+                    access: Access::Write,
+                },
+                ArgValue::U32(0x0101_0101),
+                ArgValue::U64(1024),
+            ],
+        )
+        .expect("launch after the move");
+        assert!(get(&m, b, 4096).iter().all(|v| *v == 1));
+        // New allocations do not collide with moved ones.
+        let c = m.alloc(MIB).expect("c").addr;
+        assert!(c >= b + 4096 || c + MIB <= a, "fresh address {c:#x}");
+        m.free(a).expect("free a");
+    }
+}
+
+#[test]
+fn writes_during_precopy_are_sent_again() {
+    let m = Arc::new(Migratable::new(sim(128 * MIB)));
+    let bufs: Vec<u64> = (0..8)
+        .map(|_| m.alloc(4 * MIB).expect("alloc").addr)
+        .collect();
+    for (i, a) in bufs.iter().enumerate() {
+        put(&*m, *a, &pattern(i as u8, 4 << 20));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (m, stop, a) = (m.clone(), stop.clone(), bufs[0]);
+        std::thread::spawn(move || {
+            let mut v = 0u8;
+            while !stop.load(Ordering::Relaxed) {
+                v = v.wrapping_add(1);
+                put(&*m, a, &vec![v; 4096]);
+            }
+            v
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let mut phases = Vec::new();
+    let r = m
+        .migrate(sim(128 * MIB), &opts(Mode::Precopy), |p| {
+            phases.push(p.phase)
+        })
+        .expect("migrate");
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().expect("writer");
+    assert!(r.rounds >= 1 && r.precopy_bytes >= 32 * MIB, "{r:?}");
+    assert!(phases.contains(&Phase::Draining) && phases.last() == Some(&Phase::Done));
+    assert_eq!(
+        get(&*m, bufs[0], 4096),
+        vec![last; 4096],
+        "the last write arrived"
+    );
+    for (i, a) in bufs.iter().enumerate().skip(1) {
+        assert_eq!(get(&*m, *a, 4 << 20), pattern(i as u8, 4 << 20));
+    }
+}
+
+#[test]
+fn swapped_out_memory_stays_swapped_and_intact() {
+    let broker = LocalBroker::new(8 * MIB, 0);
+    let mig = Arc::new(Migratable::new(sim(64 * MIB)));
+    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), 32 * MIB));
+    broker.attach(1, &pager);
+    let bufs: Vec<u64> = (0..4)
+        .map(|_| pager.alloc(4 * MIB).expect("alloc").addr)
+        .collect();
+    for (i, a) in bufs.iter().enumerate() {
+        put(&*pager, *a, &pattern(i as u8 + 7, 4 << 20));
+    }
+    let before = pager.state();
+    assert!(
+        before.host_swap >= 8 * MIB,
+        "half is swapped out: {before:?}"
+    );
+    mig.migrate(sim(64 * MIB), &opts(Mode::Precopy), |_| {})
+        .expect("migrate");
+    assert_eq!(pager.state().host_swap, before.host_swap, "still swapped");
+    for (i, a) in bufs.iter().enumerate() {
+        assert_eq!(
+            get(&*pager, *a, 4 << 20),
+            pattern(i as u8 + 7, 4 << 20),
+            "buffer {i}"
+        );
+    }
+    // Swap in and out on the new GPU.
+    for (i, a) in bufs.iter().enumerate() {
+        put(&*pager, *a, &pattern(i as u8 + 9, 4 << 20));
+    }
+    for (i, a) in bufs.iter().enumerate() {
+        assert_eq!(get(&*pager, *a, 4 << 20), pattern(i as u8 + 9, 4 << 20));
+    }
+}
+
+#[test]
+fn a_full_target_rolls_back_and_the_vgpu_keeps_working() {
+    let m = Migratable::new(sim(64 * MIB));
+    let a = m.alloc(16 * MIB).expect("a").addr;
+    put(&m, a, &pattern(3, 16 << 20));
+    let e = m
+        .migrate(sim(8 * MIB), &opts(Mode::Precopy), |_| {})
+        .expect_err("target too small");
+    assert!(matches!(e, MigrationError::Target { .. }), "{e}");
+    assert!(e.to_string().contains("target GPU"), "{e}");
+    assert_eq!(
+        get(&m, a, 16 << 20),
+        pattern(3, 16 << 20),
+        "still on the source"
+    );
+    put(&m, a, &pattern(4, 16 << 20));
+    m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("a later migration works");
+    assert_eq!(get(&m, a, 16 << 20), pattern(4, 16 << 20));
+}
+
+#[test]
+fn shared_mappings_refuse_to_move() {
+    let m = Migratable::new(sim(64 * MIB));
+    let fd = vgpu_backend::sim::shared_object(MIB).expect("memfd");
+    let addr = m.import_shared(fd, MIB, false).expect("import");
+    let e = m
+        .migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect_err("shm");
+    assert!(matches!(e, MigrationError::SharedMappings(1)), "{e}");
+    m.free(addr).expect("detach");
+    m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("movable once detached");
+}
