@@ -351,6 +351,11 @@ impl Backend for Migratable {
     }
 }
 
+/// Swapped-out ranges of one allocation (offset -> length).
+type Ranges = Arc<Mutex<BTreeMap<u64, u64>>>;
+/// One allocation at a moment: address, size, written epoch, swapped-out ranges.
+type Live = (u64, u64, u64, Ranges);
+
 /// What the target holds of one allocation during a migration.
 #[derive(Debug, Default)]
 struct Placed {
@@ -372,7 +377,7 @@ impl Mover<'_> {
     }
 
     /// The allocations as of now: (addr, size, written epoch, decommitted ranges).
-    fn snapshot(&self) -> Vec<(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)> {
+    fn snapshot(&self) -> Vec<Live> {
         lock(&self.src.allocs)
             .iter()
             .map(|(a, x)| {
@@ -390,7 +395,7 @@ impl Mover<'_> {
     /// what is new at the same address).
     fn reconcile(
         &mut self,
-        live: &[(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)],
+        live: &[Live],
     ) -> std::result::Result<(), MigrationError> {
         let keep: BTreeSet<u64> = live.iter().map(|l| l.0).collect();
         let gone: Vec<u64> = self
@@ -514,7 +519,7 @@ impl Migratable {
             bytes: 0,
             started: Instant::now(),
         };
-        let total = |live: &[(u64, u64, u64, Arc<Mutex<BTreeMap<u64, u64>>>)]| {
+        let total = |live: &[Live]| {
             live.iter().map(|l| l.1).sum::<u64>()
         };
         let mut timeline = Vec::new();
