@@ -393,10 +393,7 @@ impl Mover<'_> {
 
     /// Makes the target's allocations match the source's (frees what was freed, places
     /// what is new at the same address).
-    fn reconcile(
-        &mut self,
-        live: &[Live],
-    ) -> std::result::Result<(), MigrationError> {
+    fn reconcile(&mut self, live: &[Live]) -> std::result::Result<(), MigrationError> {
         let keep: BTreeSet<u64> = live.iter().map(|l| l.0).collect();
         let gone: Vec<u64> = self
             .placed
@@ -491,12 +488,25 @@ impl Migratable {
         &self,
         target: Arc<dyn Backend>,
         opts: &MigrateOptions,
+        progress: impl FnMut(&Progress),
+    ) -> std::result::Result<Report, MigrationError> {
+        self.migrate_with(target, opts, progress, || {})
+    }
+
+    /// Like [`Migratable::migrate`]; `on_switch` runs at the switch, while dispatch is
+    /// still stopped (the worker moves its grant channel to the target GPU's scheduler
+    /// there).
+    pub fn migrate_with(
+        &self,
+        target: Arc<dyn Backend>,
+        opts: &MigrateOptions,
         mut progress: impl FnMut(&Progress),
+        on_switch: impl FnOnce(),
     ) -> std::result::Result<Report, MigrationError> {
         if self.migrating.swap(true, Ordering::AcqRel) {
             return Err(MigrationError::Busy);
         }
-        let r = self.migrate_inner(target, opts, &mut progress);
+        let r = self.migrate_inner(target, opts, &mut progress, on_switch);
         self.migrating.store(false, Ordering::Release);
         r
     }
@@ -506,6 +516,7 @@ impl Migratable {
         target: Arc<dyn Backend>,
         opts: &MigrateOptions,
         progress: &mut impl FnMut(&Progress),
+        on_switch: impl FnOnce(),
     ) -> std::result::Result<Report, MigrationError> {
         let shared = lock(&self.imported).len();
         if shared > 0 {
@@ -519,9 +530,7 @@ impl Migratable {
             bytes: 0,
             started: Instant::now(),
         };
-        let total = |live: &[Live]| {
-            live.iter().map(|l| l.1).sum::<u64>()
-        };
+        let total = |live: &[Live]| live.iter().map(|l| l.1).sum::<u64>();
         let mut timeline = Vec::new();
         let mut rounds = 0;
         // Every write since this epoch still has to reach the target.
@@ -634,6 +643,7 @@ impl Migratable {
             &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
             m.target.clone(),
         );
+        on_switch();
         let downtime = stop.elapsed();
         drop(held);
         let t_end = m.started.elapsed();

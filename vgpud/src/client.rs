@@ -266,12 +266,47 @@ impl Client {
         &self,
         id: u32,
         req: &MigrateRequest,
-    ) -> Result<serde_json::Value, ClientError> {
+    ) -> Result<crate::api::Migration, ClientError> {
         self.call(
             "POST",
             &format!("/v1/vgpus/{id}/migrate"),
             Some(&Self::json(req)?),
         )
+    }
+
+    /// `GET /v1/migrations/{id}`
+    pub fn migration(&self, id: u32) -> Result<crate::api::Migration, ClientError> {
+        self.call("GET", &format!("/v1/migrations/{id}"), None)
+    }
+
+    /// `GET /v1/migrations`
+    pub fn migrations(&self) -> Result<Vec<crate::api::Migration>, ClientError> {
+        self.call("GET", "/v1/migrations", None)
+    }
+
+    /// Polls migration `id` until it completes or fails (or `timeout`); `each` sees every
+    /// state polled.
+    pub fn wait_migration(
+        &self,
+        id: u32,
+        timeout: Duration,
+        mut each: impl FnMut(&crate::api::Migration),
+    ) -> Result<crate::api::Migration, ClientError> {
+        let start = std::time::Instant::now();
+        loop {
+            let m = self.migration(id)?;
+            each(&m);
+            if m.state != "running" {
+                return Ok(m);
+            }
+            if start.elapsed() > timeout {
+                return Err(ClientError::Usage(format!(
+                    "migration {id} still runs after {} s",
+                    timeout.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// `GET /v1/shm`
@@ -315,7 +350,7 @@ impl Client {
         &self,
         id: u32,
         req: &MigrateRequest,
-    ) -> Result<serde_json::Value, ClientError> {
+    ) -> Result<crate::api::Migration, ClientError> {
         self.call(
             "POST",
             &format!("/v1/vms/{id}/migrate"),

@@ -44,10 +44,70 @@ pub enum Command {
     Evict { bytes: u64, tier: SwapTier },
     /// Move at least `bytes` from the GPU's swap area on to host memory.
     Spill { bytes: u64 },
+    /// Move the vGPU onto another GPU (live migration). The target GPU's grant page and
+    /// doorbell ride with this line when `grant_fds` is true. The reply comes when it is
+    /// done ([`ReplyBody::Migrated`]) or failed (the vGPU stays where it was); progress
+    /// comes as [`WorkerMessage::Migration`] meanwhile.
+    Migrate {
+        target: TargetGpu,
+        mode: MigrationMode,
+        max_downtime_ms: u64,
+        grant_fds: bool,
+    },
     /// The daemon's answer to the worker's [`WorkerMessage::Ask`] `to`. The worker does
     /// not reply to it. An `Attach` answer carries the shared object's file descriptor
     /// (SCM_RIGHTS) with the first byte of its line.
     Answer { to: u64, answer: Answer },
+}
+
+/// The GPU a migration moves to, as the worker builds its backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetGpu {
+    /// vgpud's index of the GPU.
+    pub gpu: u32,
+    /// CUDA device ordinal; None: a simulated GPU with the fields below.
+    pub cuda_ordinal: Option<i32>,
+    pub sim_memory: u64,
+    pub sim_copy_bw: u64,
+    pub sim_speed: f64,
+    pub sim_threads: usize,
+}
+
+/// How a migration moves memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigrationMode {
+    StopCopy,
+    Precopy,
+}
+
+/// Where a migration is (worker → daemon).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationProgress {
+    /// `precopy`, `draining`, `stop_copy` or `done`.
+    pub phase: String,
+    pub rounds: u32,
+    pub bytes: u64,
+    pub total: u64,
+    pub dirty: u64,
+    pub elapsed_ms: f64,
+}
+
+/// A finished migration (worker → daemon).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationDone {
+    pub rounds: u32,
+    pub precopy_bytes: u64,
+    pub stop_bytes: u64,
+    pub total: u64,
+    pub downtime_ms: f64,
+    pub drain_ms: f64,
+    pub elapsed_ms: f64,
+    /// (phase, start ms, end ms).
+    pub timeline: Vec<(String, f64, f64)>,
 }
 
 /// Where evicted bytes go.
@@ -234,6 +294,9 @@ pub enum ReplyBody {
         moved: u64,
         memory: MemReport,
     },
+    Migrated {
+        report: MigrationDone,
+    },
     Error {
         message: String,
     },
@@ -256,6 +319,8 @@ pub enum WorkerMessage {
     Ask { id: u64, ask: Ask },
     /// The oversubscribed vGPU's memory changed (frees, evictions, restores).
     Memory { memory: MemReport },
+    /// A migration moved on.
+    Migration { progress: MigrationProgress },
 }
 
 /// One message as a line (with its newline).

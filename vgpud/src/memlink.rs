@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
@@ -52,7 +52,8 @@ impl FdQueue {
             .push_back(fd);
     }
 
-    fn pop(&self) -> Option<OwnedFd> {
+    /// The oldest descriptor not yet taken.
+    pub fn pop(&self) -> Option<OwnedFd> {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -77,16 +78,26 @@ impl FdReader {
 
 impl Read for FdReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let (n, file) = self
-            .sock
-            .recv_with_fd(buf)
+        let mut iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        let mut raw = [-1i32; MAX_FDS];
+        // SAFETY: the iovec points at `buf`, which is valid for writes of its length for
+        // this whole call; `raw` has room for MAX_FDS descriptors.
+        let (n, nfds) = unsafe { self.sock.recv_with_fds(&mut iov, &mut raw) }
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-        if let Some(f) = file {
-            self.fds.push(OwnedFd::from(f));
+        for fd in raw.iter().take(nfds).filter(|fd| **fd >= 0) {
+            // SAFETY: recvmsg installed this descriptor in our table just now; nothing
+            // else owns it.
+            self.fds.push(unsafe { OwnedFd::from_raw_fd(*fd) });
         }
         Ok(n)
     }
 }
+
+/// Most descriptors one control line carries.
+pub const MAX_FDS: usize = 4;
 
 type Waiter = mpsc::SyncSender<(Answer, Option<OwnedFd>)>;
 
@@ -149,6 +160,11 @@ impl Asker {
             }
             None => tracing::debug!(to, "answer to a question nobody waits for"),
         }
+    }
+
+    /// The next received descriptor (a command that carries some takes them in order).
+    pub fn take_fd(&self) -> Option<OwnedFd> {
+        self.fds.pop()
     }
 
     /// Fails every waiting question (the channel closed).

@@ -180,18 +180,31 @@ fn start_daemon(dir: &Path) -> Result<(DaemonProc, Client), DemoError> {
     Ok((d, client))
 }
 
-/// Migration mid-run: the hook the migration issue (7) fills in. Today the daemon answers
-/// 501, and the demo says so and carries on.
+/// Live migration mid-run: moves the vGPU to `target_gpu` with pre-copy while its guest
+/// keeps computing, and says how long the guest was paused.
 fn migrate_mid_run(c: &Client, vgpu: u32, target_gpu: u32) -> String {
     let req = MigrateRequest {
         target_gpu: Some(target_gpu),
         mode: Some("precopy".into()),
         max_downtime_ms: Some(50),
     };
-    match c.migrate_vgpu(vgpu, &req) {
-        Ok(v) => format!("vGPU {vgpu} migrating to GPU {target_gpu}: {v}"),
-        Err(ClientError::Api { status: 501, .. }) => format!(
-            "live migration of vGPU {vgpu} to GPU {target_gpu} mid-run: not available yet (issue 7; vgpud answered 501)"
+    let done = c
+        .migrate_vgpu(vgpu, &req)
+        .and_then(|m| c.wait_migration(m.id, Duration::from_secs(60), |_| {}));
+    match done {
+        Ok(m) if m.state == "completed" => format!(
+            "vGPU {vgpu} live-migrated GPU {} -> GPU {} in {:.0} ms ({} rounds, {} MiB), guest paused {:.2} ms",
+            m.source_gpu,
+            m.target_gpu,
+            m.elapsed_ms,
+            m.rounds,
+            m.bytes >> 20,
+            m.downtime_ms.unwrap_or(0.0)
+        ),
+        Ok(m) => format!(
+            "migration of vGPU {vgpu} failed, it stays on GPU {}: {}",
+            m.source_gpu,
+            m.error.unwrap_or_default()
         ),
         Err(e) => format!("migration request failed: {e}"),
     }

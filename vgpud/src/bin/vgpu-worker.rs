@@ -28,7 +28,11 @@ use vgpu_backend::{Backend, BackendError, CudaConfig, CudaGpu, SimConfig, SimGpu
 use vgpu_device::{
     ConfigError, DeviceConfig, Vgpu, VgpuVhostBackend, DEFAULT_QUEUE_SIZE, MAX_QUEUES,
 };
-use vgpud::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
+use vgpu_migration::{Migratable, MigrateOptions, Mode, Progress};
+use vgpud::control::{
+    self, Command, MigrationDone, MigrationMode, MigrationProgress, ReplyBody, Request, TargetGpu,
+    WorkerMessage, WorkerStats,
+};
 use vgpud::memlink::{Asker, ControlBroker, ControlOut, FdQueue, FdReader, WorkerShm};
 use vgpud::units::{parse_bandwidth, parse_share, parse_size};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
@@ -314,9 +318,129 @@ struct ControlState {
     socket: PathBuf,
     pager: Option<Arc<Pager>>,
     asker: Option<Arc<Asker>>,
+    migratable: Arc<Migratable>,
+    gate: Option<Arc<vgpu_grant::SwitchGate>>,
+    /// The vGPU's memory share (a cuda target is sized by it).
+    memory: u64,
 }
 
 impl ControlState {
+    /// Builds the target GPU's backend for a migration.
+    fn target_backend(&self, t: &TargetGpu) -> Result<Arc<dyn Backend>, String> {
+        let b: Arc<dyn Backend> = match t.cuda_ordinal {
+            None => Arc::new(
+                SimGpu::new(SimConfig {
+                    memory: t.sim_memory,
+                    copy_bandwidth: t.sim_copy_bw,
+                    speed: t.sim_speed,
+                    threads: t.sim_threads,
+                    ..SimConfig::default()
+                })
+                .map_err(|e| e.to_string())?,
+            ),
+            Some(ordinal) => Arc::new(
+                CudaGpu::new(CudaConfig {
+                    ordinal,
+                    memory: self.memory,
+                    ..CudaConfig::default()
+                })
+                .map_err(|e| e.to_string())?,
+            ),
+        };
+        Ok(b)
+    }
+
+    /// Runs a migration on its own thread; the reply goes out when it ends.
+    fn start_migration(
+        self: &Arc<Self>,
+        id: u64,
+        out: Arc<ControlOut>,
+        target: TargetGpu,
+        mode: MigrationMode,
+        max_downtime_ms: u64,
+        grant: Option<(OwnedFd, OwnedFd)>,
+    ) {
+        let st = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("migration".into())
+            .spawn(move || {
+                let body = match st.migrate(&out, &target, mode, max_downtime_ms, grant) {
+                    Ok(report) => ReplyBody::Migrated { report },
+                    Err(message) => ReplyBody::Error { message },
+                };
+                out.send(&WorkerMessage::Reply { id, body });
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the migration thread");
+        }
+    }
+
+    fn migrate(
+        &self,
+        out: &ControlOut,
+        target: &TargetGpu,
+        mode: MigrationMode,
+        max_downtime_ms: u64,
+        grant: Option<(OwnedFd, OwnedFd)>,
+    ) -> Result<MigrationDone, String> {
+        let backend = self.target_backend(target)?;
+        let client = match grant {
+            Some((page, doorbell)) => {
+                Some(vgpu_grant::GrantClient::from_fds(page, doorbell).map_err(|e| e.to_string())?)
+            }
+            None => None,
+        };
+        let opts = MigrateOptions {
+            mode: match mode {
+                MigrationMode::StopCopy => Mode::StopCopy,
+                MigrationMode::Precopy => Mode::Precopy,
+            },
+            max_downtime: std::time::Duration::from_millis(max_downtime_ms),
+            ..MigrateOptions::default()
+        };
+        let mut last = Instant::now();
+        let progress = |p: &Progress| {
+            // At most ~20 reports a second, and every phase change.
+            if last.elapsed().as_millis() >= 50 || p.phase != vgpu_migration::Phase::Precopy {
+                last = Instant::now();
+                out.send(&WorkerMessage::Migration {
+                    progress: MigrationProgress {
+                        phase: p.phase.name().into(),
+                        rounds: p.rounds,
+                        bytes: p.bytes,
+                        total: p.total,
+                        dirty: p.dirty,
+                        elapsed_ms: p.elapsed.as_secs_f64() * 1e3,
+                    },
+                });
+            }
+        };
+        let gate = self.gate.clone();
+        let r = self
+            .migratable
+            .migrate_with(backend, &opts, progress, move || {
+                if let (Some(g), Some(c)) = (gate, client) {
+                    g.switch(c);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        Ok(MigrationDone {
+            rounds: r.rounds,
+            precopy_bytes: r.precopy_bytes,
+            stop_bytes: r.stop_bytes,
+            total: r.total,
+            downtime_ms: ms(r.downtime),
+            drain_ms: ms(r.drain),
+            elapsed_ms: ms(r.elapsed),
+            timeline: r
+                .timeline
+                .iter()
+                .map(|(p, a, b)| (p.name().to_string(), ms(*a), ms(*b)))
+                .collect(),
+        })
+    }
+
     fn stats(&self) -> WorkerStats {
         let s = self.vgpu.stats();
         let m = self.vgpu.backend().memory_usage();
@@ -391,6 +515,12 @@ impl ControlState {
                 }
                 None => (no_pager(), false),
             },
+            Command::Migrate { .. } => (
+                ReplyBody::Error {
+                    message: "migrations are started before commands are handled".into(),
+                },
+                false,
+            ),
             Command::Answer { .. } => (
                 ReplyBody::Error {
                     message: "answers are routed before commands are handled".into(),
@@ -428,7 +558,12 @@ fn control_socket(fd: i32) -> Result<UnixStream, WorkerError> {
 }
 
 /// Reads commands until vgpud closes its end, answering each.
-fn control_loop(input: FdReader, out: Arc<ControlOut>, state: Arc<ControlState>) {
+fn control_loop(
+    input: FdReader,
+    fds: Arc<FdQueue>,
+    out: Arc<ControlOut>,
+    state: Arc<ControlState>,
+) {
     let mut reader = BufReader::new(input);
     let mut line = Vec::new();
     loop {
@@ -460,6 +595,32 @@ fn control_loop(input: FdReader, out: Arc<ControlOut>, state: Arc<ControlState>)
             if let Some(a) = &state.asker {
                 a.answer(to, answer);
             }
+            continue;
+        }
+        if let Command::Migrate {
+            target,
+            mode,
+            max_downtime_ms,
+            grant_fds,
+        } = req.command
+        {
+            let grant = if grant_fds {
+                match (fds.pop(), fds.pop()) {
+                    (Some(p), Some(d)) => Some((p, d)),
+                    _ => {
+                        out.send(&WorkerMessage::Reply {
+                            id: req.id,
+                            body: ReplyBody::Error {
+                                message: "the migration's grant descriptors did not arrive".into(),
+                            },
+                        });
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            state.start_migration(req.id, out.clone(), target, mode, max_downtime_ms, grant);
             continue;
         }
         let (body, exit) = state.handle(req.command);
@@ -517,6 +678,8 @@ fn run(args: Args) -> Result<(), WorkerError> {
             ..CudaConfig::default()
         })?),
     };
+    let migratable = Arc::new(Migratable::new(inner));
+    let inner: Arc<dyn Backend> = migratable.clone();
     let pager = match (&asker, args.oversubscribe) {
         (Some(a), true) => Some(Arc::new(Pager::new(
             inner.clone(),
@@ -541,8 +704,11 @@ fn run(args: Args) -> Result<(), WorkerError> {
     if let (Some(a), true) = (&asker, args.shm) {
         vgpu = vgpu.with_shm(Arc::new(WorkerShm::new(a.clone(), backend.clone())));
     }
+    let mut gate = None;
     if let Some((page, doorbell)) = args.grant_fds {
-        vgpu = vgpu.with_gate(Arc::new(grant_gate(page, doorbell)?));
+        let g = Arc::new(vgpu_grant::SwitchGate::new(grant_gate(page, doorbell)?));
+        vgpu = vgpu.with_gate(g.clone());
+        gate = Some(g);
         tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
     }
     if args.hw_slots > 0 {
@@ -588,16 +754,19 @@ fn run(args: Args) -> Result<(), WorkerError> {
         socket: args.socket.clone(),
         pager,
         asker,
+        migratable,
+        gate,
+        memory: args.memory,
     });
     let out = match channel {
         Some((input, out, _)) => {
             out.send(&WorkerMessage::Ready {
                 pid: std::process::id(),
             });
-            let (o, st) = (out.clone(), state.clone());
+            let (o, st, fq) = (out.clone(), state.clone(), fds.clone());
             std::thread::Builder::new()
                 .name("control".into())
-                .spawn(move || control_loop(input, o, st))
+                .spawn(move || control_loop(input, fq, o, st))
                 .map_err(WorkerError::Signals)?;
             Some(out)
         }

@@ -111,6 +111,9 @@ struct MigrateArgs {
     /// Longest acceptable pause, ms.
     #[arg(long)]
     max_downtime_ms: Option<u64>,
+    /// Return at once instead of following the migration with a progress bar.
+    #[arg(long)]
+    no_wait: bool,
 }
 
 impl MigrateArgs {
@@ -145,7 +148,7 @@ enum VgpuCmd {
     Delete { id: u32 },
     /// Utilization, memory and counters.
     Stats { id: u32 },
-    /// Migrate to another GPU (not yet: issue 7).
+    /// Live-migrate to another GPU (the VM keeps running; it sees a pause).
     Migrate {
         id: u32,
         #[command(flatten)]
@@ -214,7 +217,7 @@ enum VmCmd {
         #[arg(long, default_value_t = 3600)]
         timeout_s: u64,
     },
-    /// Migrate a VM's vGPU (not yet: issue 7).
+    /// Live-migrate a VM's vGPU to another GPU.
     Migrate {
         id: u32,
         #[command(flatten)]
@@ -369,6 +372,81 @@ fn stats_rows(s: &[VgpuStats]) -> String {
             })
             .collect(),
     )
+}
+
+/// Follows a migration with a progress bar until it ends; exit 0 when it completed.
+fn follow_migration(
+    c: &Client,
+    json: bool,
+    m: vgpud::api::Migration,
+    no_wait: bool,
+) -> Result<ExitCode, ClientError> {
+    if no_wait {
+        emit(json, &m, migration_line);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let bar = if json || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(1)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} vGPU {prefix} {msg:24} [{bar:30}] {bytes}/{total_bytes}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(format!(
+        "{}: GPU {} -> {}",
+        m.vgpu, m.source_gpu, m.target_gpu
+    ));
+    let done = c.wait_migration(m.id, Duration::from_secs(600), |m| {
+        bar.set_length(m.total_bytes.max(1));
+        bar.set_position(m.bytes.min(m.total_bytes));
+        bar.set_message(format!("{} (round {})", m.phase, m.rounds));
+    })?;
+    bar.finish_and_clear();
+    emit(json, &done, migration_line);
+    Ok(if done.state == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn migration_line(m: &vgpud::api::Migration) -> String {
+    match m.state.as_str() {
+        "completed" => format!(
+            "migration {}: vGPU {} moved from GPU {} to GPU {} in {:.1} ms ({}, {} rounds, {} copied of {}), downtime {:.2} ms\n",
+            m.id,
+            m.vgpu,
+            m.source_gpu,
+            m.target_gpu,
+            m.elapsed_ms,
+            m.mode,
+            m.rounds,
+            human_bytes(m.bytes),
+            human_bytes(m.total_bytes),
+            m.downtime_ms.unwrap_or(0.0)
+        ),
+        "failed" => format!(
+            "migration {}: vGPU {} stays on GPU {}: {}\n",
+            m.id,
+            m.vgpu,
+            m.source_gpu,
+            m.error.as_deref().unwrap_or("failed")
+        ),
+        _ => format!(
+            "migration {}: vGPU {} GPU {} -> {}: {} ({} of {})\n",
+            m.id,
+            m.vgpu,
+            m.source_gpu,
+            m.target_gpu,
+            m.phase,
+            human_bytes(m.bytes),
+            human_bytes(m.total_bytes)
+        ),
+    }
 }
 
 fn emit<T: Serialize>(json: bool, v: &T, human: impl FnOnce(&T) -> String) {
@@ -541,9 +619,10 @@ fn run(cli: Cli) -> Result<ExitCode, ClientError> {
             VgpuCmd::Stats { id } => emit(json, &c.vgpu_stats(id)?, |s| {
                 stats_rows(std::slice::from_ref(s))
             }),
-            VgpuCmd::Migrate { id, args } => emit(json, &c.migrate_vgpu(id, &args.req())?, |v| {
-                format!("{v}\n")
-            }),
+            VgpuCmd::Migrate { id, args } => {
+                let m = c.migrate_vgpu(id, &args.req())?;
+                return follow_migration(&c, json, m, args.no_wait);
+            }
         },
         Cmd::Vm(cmd) => match cmd {
             VmCmd::List => emit(json, &c.vms()?, |v| vm_rows(v)),
@@ -635,7 +714,8 @@ fn run(cli: Cli) -> Result<ExitCode, ClientError> {
                 return Ok(vm_exit(&vm));
             }
             VmCmd::Migrate { id, args } => {
-                emit(json, &c.migrate_vm(id, &args.req())?, |v| format!("{v}\n"))
+                let m = c.migrate_vm(id, &args.req())?;
+                return follow_migration(&c, json, m, args.no_wait);
             }
         },
         Cmd::Top { interval_ms, count } => {

@@ -19,12 +19,17 @@ use super::procs::{self, Proc};
 use super::shm;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
-use crate::control::{Answer, Ask, Command as Ctl, MemReport, ReplyBody, WorkerStats};
+use crate::control::{
+    Answer, Ask, Command as Ctl, MemReport, MigrationMode, MigrationProgress, ReplyBody, TargetGpu,
+    WorkerStats,
+};
 use crate::units::{fraction_to_permille, human_bytes, permille_to_fraction};
 use vgpu_backend::pager::{Planner, Step, Tried};
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
 
+/// How long a migration may take in all.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one eviction may take (it may move gigabytes at host copy speed).
 const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -89,6 +94,8 @@ struct VgpuRec {
     samples: VecDeque<WorkerStats>,
     /// An oversubscribed vGPU's latest memory report.
     memory_report: Option<MemReport>,
+    /// A migration to this GPU is running (its shares are committed there too).
+    migrating_to: Option<u32>,
 }
 
 impl VgpuRec {
@@ -156,6 +163,8 @@ struct Inner {
     vms: BTreeMap<u32, VmRec>,
     next_vgpu: u32,
     next_vm: u32,
+    migrations: BTreeMap<u32, api::Migration>,
+    next_migration: u32,
 }
 
 /// What one GPU has committed.
@@ -170,7 +179,8 @@ impl Inner {
     fn committed(&self, gpu: u32, except: Option<u32>) -> Committed {
         let mut c = Committed::default();
         for v in self.vgpus.values() {
-            if v.gpu == gpu && v.holds_resources() && Some(v.id) != except {
+            let here = v.gpu == gpu || v.migrating_to == Some(gpu);
+            if here && v.holds_resources() && Some(v.id) != except {
                 if !v.oversubscribe {
                     c.memory = c.memory.saturating_add(v.memory);
                 }
@@ -287,6 +297,7 @@ impl Daemon {
             inner: Mutex::new(Inner {
                 next_vgpu: 1,
                 next_vm: 1,
+                next_migration: 1,
                 ..Inner::default()
             }),
             changed: Notify::new(),
@@ -574,6 +585,7 @@ impl Daemon {
             stopping: false,
             samples: VecDeque::new(),
             memory_report: None,
+            migrating_to: None,
         };
         tracing::info!(
             vgpu = id,
@@ -699,6 +711,7 @@ impl Daemon {
                     link::Event::Connected => d.on_connected(id),
                     link::Event::Final(stats) => d.record_sample(id, stats),
                     link::Event::Memory(m) => d.on_memory(id, m),
+                    link::Event::Migration(p) => d.on_migration_progress(id, p),
                     link::Event::Ask { id: ask_id, ask } => {
                         tokio::spawn(async move {
                             let (answer, fd) = d.answer(id, ask).await;
@@ -995,6 +1008,362 @@ impl Daemon {
             let p = lock_planner(&m.planner);
             (p.capacity(), p.resident(), p.swap_area(), p.device_swap())
         })
+    }
+
+    // ---- live migration ----
+
+    /// Starts moving vGPU `id` to another GPU; the migration runs on.
+    pub async fn migrate_vgpu(
+        self: &Arc<Self>,
+        id: u32,
+        req: api::MigrateRequest,
+    ) -> Result<api::Migration, ApiError> {
+        self.check_running()?;
+        let mode = match req.mode.as_deref().unwrap_or("precopy") {
+            "precopy" => MigrationMode::Precopy,
+            "stop_copy" => MigrationMode::StopCopy,
+            other => {
+                return Err(ApiError::bad(
+                    "mode",
+                    format!("{other:?}: use \"precopy\" or \"stop_copy\""),
+                ))
+            }
+        };
+        let max_downtime_ms = req.max_downtime_ms.unwrap_or(50);
+        if max_downtime_ms == 0 || max_downtime_ms > 600_000 {
+            return Err(ApiError::bad(
+                "max_downtime_ms",
+                format!("{max_downtime_ms}: give 1 to 600000 ms"),
+            ));
+        }
+        let (mid, source, target, link, target_gpu) = {
+            let mut inner = self.lock();
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            if !matches!(rec.state, VgpuState::Ready | VgpuState::Attached) || rec.worker.is_none()
+            {
+                return Err(ApiError::conflict(
+                    "id",
+                    format!(
+                        "vGPU {id} is not running (state {:?}); only a live vGPU migrates",
+                        rec.state
+                    ),
+                ));
+            }
+            if rec.migrating_to.is_some() {
+                return Err(ApiError::conflict(
+                    "id",
+                    format!("vGPU {id} is already migrating; follow GET /v1/migrations"),
+                ));
+            }
+            let source = rec.gpu;
+            let ask = VgpuAsk {
+                gpu: None,
+                memory: rec.memory,
+                compute: rec.compute,
+                copy: rec.copy,
+                priority: rec.priority,
+                oversubscribe: rec.oversubscribe,
+                share_group: None,
+                queues: rec.queues,
+            };
+            let link = rec
+                .worker
+                .as_ref()
+                .map(|w| w.link.clone())
+                .ok_or_else(|| ApiError::conflict("id", format!("vGPU {id} has no worker")))?;
+            let target = match req.target_gpu {
+                Some(t) => {
+                    if self.gpu(t).is_none() {
+                        return Err(ApiError::bad(
+                            "target_gpu",
+                            format!(
+                                "there is no GPU {t}: this host has GPUs 0..{} (GET /v1/gpus)",
+                                self.cfg.gpus.len().saturating_sub(1)
+                            ),
+                        ));
+                    }
+                    if t != source {
+                        if let Some(e) = self.misfit(&inner, t, &ask, Some(id)) {
+                            return Err(ApiError::conflict(
+                                "target_gpu",
+                                format!(
+                                    "GPU {t} cannot take vGPU {id}; it stays on GPU {source}: {}",
+                                    e.error
+                                ),
+                            ));
+                        }
+                    }
+                    t
+                }
+                None => {
+                    let mut best: Option<(u32, u32)> = None;
+                    for i in 0..self.cfg.gpus.len() {
+                        let g = u32::try_from(i).unwrap_or(u32::MAX);
+                        if g != source && self.misfit(&inner, g, &ask, Some(id)).is_none() {
+                            let load = inner.committed(g, None).compute;
+                            if best.is_none_or(|(_, l)| load < l) {
+                                best = Some((g, load));
+                            }
+                        }
+                    }
+                    best.map(|(g, _)| g).ok_or_else(|| {
+                        ApiError::conflict(
+                            "target_gpu",
+                            format!(
+                                "no other GPU has room for vGPU {id}; it stays on GPU {source}"
+                            ),
+                        )
+                    })?
+                }
+            };
+            if rec.oversubscribe && target != source {
+                let resident = rec.memory_report.map_or(0, |m| m.resident);
+                let pool = self.pool_of(target);
+                if resident > pool.0.saturating_sub(pool.1) {
+                    return Err(ApiError::conflict(
+                        "target_gpu",
+                        format!(
+                            "GPU {target} has {} free for oversubscribed vGPUs, vGPU {id} holds {} resident; it stays on GPU {source}",
+                            human_bytes(pool.0.saturating_sub(pool.1)),
+                            human_bytes(resident)
+                        ),
+                    ));
+                }
+            }
+            let g = self
+                .gpu(target)
+                .ok_or_else(|| ApiError::internal("target GPU vanished"))?;
+            let target_gpu = TargetGpu {
+                gpu: target,
+                cuda_ordinal: g.cuda_ordinal,
+                sim_memory: if rec.oversubscribe {
+                    g.memory.saturating_add(self.swap_area(g.memory))
+                } else {
+                    g.memory
+                },
+                sim_copy_bw: g.copy_bandwidth,
+                sim_speed: g.speed,
+                sim_threads: self.cfg.sim_threads,
+            };
+            let mid = inner.next_migration;
+            inner.next_migration += 1;
+            if let Some(rec) = inner.vgpus.get_mut(&id) {
+                rec.migrating_to = Some(target);
+            }
+            let m = api::Migration {
+                id: mid,
+                vgpu: id,
+                source_gpu: source,
+                target_gpu: target,
+                mode: req.mode.clone().unwrap_or_else(|| "precopy".into()),
+                state: "running".into(),
+                phase: "starting".into(),
+                rounds: 0,
+                bytes: 0,
+                total_bytes: 0,
+                dirty_bytes: 0,
+                downtime_ms: None,
+                elapsed_ms: 0.0,
+                error: None,
+                timeline: Vec::new(),
+            };
+            inner.migrations.insert(mid, m);
+            (mid, source, target, link, target_gpu)
+        };
+        // The target GPU's scheduler takes the vGPU's shares; its grant channel rides to
+        // the worker with the command.
+        let fds = if target != source {
+            let (compute, copy, priority) = {
+                let inner = self.lock();
+                let r = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+                (r.compute, r.copy, r.priority)
+            };
+            match self.attach_grants(id, target, compute, copy, priority) {
+                Ok(f) => vec![f.page, f.doorbell],
+                Err(e) => {
+                    self.finish_migration(mid, id, Err(e.error.clone()), source, target);
+                    return Err(e);
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let grant_fds = !fds.is_empty();
+        tracing::info!(
+            vgpu = id,
+            migration = mid,
+            source,
+            target,
+            ?mode,
+            "migration started"
+        );
+        let d = self.clone();
+        tokio::spawn(async move {
+            let r = link
+                .call_with_fds(
+                    Ctl::Migrate {
+                        target: target_gpu,
+                        mode,
+                        max_downtime_ms,
+                        grant_fds,
+                    },
+                    fds,
+                    MIGRATION_TIMEOUT,
+                )
+                .await;
+            let r = match r {
+                Ok(ReplyBody::Migrated { report }) => Ok(report),
+                Ok(ReplyBody::Error { message }) => Err(message),
+                Ok(other) => Err(format!("unexpected reply {other:?}")),
+                Err(e) => Err(e),
+            };
+            d.finish_migration(mid, id, r, source, target);
+        });
+        self.migration(mid)
+    }
+
+    fn finish_migration(
+        self: &Arc<Self>,
+        mid: u32,
+        id: u32,
+        r: Result<crate::control::MigrationDone, String>,
+        source: u32,
+        target: u32,
+    ) {
+        let moved = r.is_ok();
+        {
+            let mut inner = self.lock();
+            if let Some(rec) = inner.vgpus.get_mut(&id) {
+                rec.migrating_to = None;
+                if moved {
+                    rec.gpu = target;
+                }
+            }
+            if let Some(m) = inner.migrations.get_mut(&mid) {
+                match &r {
+                    Ok(rep) => {
+                        m.state = "completed".into();
+                        m.phase = "done".into();
+                        m.rounds = rep.rounds;
+                        m.bytes = rep.precopy_bytes + rep.stop_bytes;
+                        m.total_bytes = rep.total;
+                        m.dirty_bytes = 0;
+                        m.downtime_ms = Some(rep.downtime_ms);
+                        m.elapsed_ms = rep.elapsed_ms;
+                        m.timeline = rep
+                            .timeline
+                            .iter()
+                            .map(|(p, a, b)| api::MigrationSpan {
+                                phase: p.clone(),
+                                start_ms: *a,
+                                end_ms: *b,
+                            })
+                            .collect();
+                    }
+                    Err(why) => {
+                        m.state = "failed".into();
+                        m.error = Some(why.clone());
+                    }
+                }
+            }
+        }
+        if source != target {
+            // The GPU the vGPU left (or never reached) lets its shares go. A short grace
+            // lets a request that was waiting for a grant there when the switch happened
+            // get it.
+            let (leave, stay) = if moved {
+                (source, target)
+            } else {
+                (target, source)
+            };
+            self.detach_grants_later(id, leave);
+            if moved {
+                if let (Some(a), Some(b)) = (
+                    self.memory.get(leave as usize),
+                    self.memory.get(stay as usize),
+                ) {
+                    let (prio, report) = {
+                        let inner = self.lock();
+                        let r = inner.vgpus.get(&id);
+                        (
+                            r.map_or(0, |r| r.priority),
+                            r.and_then(|r| r.memory_report)
+                                .filter(|_| r.is_some_and(|r| r.oversubscribe)),
+                        )
+                    };
+                    lock_planner(&a.planner).leave(id);
+                    if let Some(m) = report {
+                        let mut p = lock_planner(&b.planner);
+                        p.join(id, prio);
+                        p.update(id, m.into());
+                    }
+                }
+            }
+            self.refresh_pool(source);
+            self.refresh_pool(target);
+        }
+        match &r {
+            Ok(rep) => tracing::info!(
+                vgpu = id,
+                migration = mid,
+                source,
+                target,
+                downtime_ms = rep.downtime_ms,
+                total_ms = rep.elapsed_ms,
+                "migration completed"
+            ),
+            Err(why) => tracing::warn!(vgpu = id, migration = mid, source, target, %why,
+                "migration failed; the vGPU stays on its source"),
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn detach_grants_later(self: &Arc<Self>, id: u32, gpu: u32) {
+        let d = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            // Unless the vGPU came back to that GPU meanwhile.
+            let back = d
+                .lock()
+                .vgpus
+                .get(&id)
+                .is_some_and(|r| r.gpu == gpu || r.migrating_to == Some(gpu));
+            if !back {
+                d.detach_grants(id, gpu);
+            }
+        });
+    }
+
+    fn on_migration_progress(&self, id: u32, p: MigrationProgress) {
+        let mut inner = self.lock();
+        if let Some(m) = inner
+            .migrations
+            .values_mut()
+            .rev()
+            .find(|m| m.vgpu == id && m.state == "running")
+        {
+            m.phase = p.phase;
+            m.rounds = p.rounds;
+            m.bytes = p.bytes;
+            m.total_bytes = p.total;
+            m.dirty_bytes = p.dirty;
+            m.elapsed_ms = p.elapsed_ms;
+        }
+    }
+
+    /// One migration.
+    pub fn migration(&self, id: u32) -> Result<api::Migration, ApiError> {
+        self.lock().migrations.get(&id).cloned().ok_or_else(|| {
+            ApiError::not_found(
+                "id",
+                format!("no migration {id}; list them with GET /v1/migrations"),
+            )
+        })
+    }
+
+    /// Every migration.
+    pub fn migrations(&self) -> Vec<api::Migration> {
+        self.lock().migrations.values().cloned().collect()
     }
 
     fn on_connected(&self, vgpu: u32) {

@@ -19,8 +19,8 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
 use crate::api::{
-    ErrorBody, Gpu, MigrateRequest, ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats,
-    Vm, VmCreate, VmState,
+    ErrorBody, Gpu, MigrateRequest, Migration, MigrationSpan, ShmObject, Vgpu, VgpuCreate,
+    VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
 
 /// Largest request body.
@@ -40,6 +40,8 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/vgpus/{id}/stats", get(vgpu_stats))
         .route("/v1/vgpus/{id}/migrate", post(migrate_vgpu))
         .route("/v1/shm", get(list_shm))
+        .route("/v1/migrations", get(list_migrations))
+        .route("/v1/migrations/{id}", get(get_migration))
         .route("/v1/vms", get(list_vms).post(create_vm))
         .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
         .route("/v1/vms/{id}/console", get(vm_console))
@@ -66,12 +68,12 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
-        migrate_vgpu, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        migrate_vgpu, list_migrations, get_migration, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
         get_metrics
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
-        VmState, MigrateRequest, ShmObject
+        VmState, MigrateRequest, ShmObject, Migration, MigrationSpan
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -288,26 +290,46 @@ async fn vgpu_stats(
     d.vgpu_stats(id_of(&id)?).await.map(Json)
 }
 
-/// Migrate a vGPU to another GPU (501 until issue 7).
+/// Live-migrate a vGPU to another GPU (its VM keeps running; it sees only a pause).
+/// Answers 202 with the migration to follow at `GET /v1/migrations/{id}`.
 #[utoipa::path(post, path = "/v1/vgpus/{id}/migrate", params(("id" = u32, Path)), request_body = MigrateRequest, responses(
-    (status = 501, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn migrate_vgpu(State(d): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiError {
-    match id_of(&id).and_then(|id| d.get_vgpu(id)) {
-        Err(e) => e,
-        Ok(_) => migrate_answer(&body),
-    }
+    (status = 202, body = Migration), (status = 404, body = ErrorBody),
+    (status = 409, body = ErrorBody), (status = 400, body = ErrorBody)))]
+async fn migrate_vgpu(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let id = id_of(&id)?;
+    let req = migrate_request(&body)?;
+    d.migrate_vgpu(id, req).await.map(accepted)
 }
 
-fn migrate_answer(body: &[u8]) -> ApiError {
-    if !body.iter().all(u8::is_ascii_whitespace) {
-        if let Err(e) = parse_json::<MigrateRequest>(body) {
-            return e;
-        }
+fn migrate_request(body: &[u8]) -> Result<MigrateRequest, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(MigrateRequest::default());
     }
-    ApiError::not_implemented(
-        None,
-        "live migration arrives with issue 7; the vGPU keeps running where it is",
-    )
+    parse_json::<MigrateRequest>(body)
+}
+
+fn accepted(m: Migration) -> Response {
+    (StatusCode::ACCEPTED, Json(m)).into_response()
+}
+
+/// List migrations (running and finished).
+#[utoipa::path(get, path = "/v1/migrations", responses((status = 200, body = [Migration])))]
+async fn list_migrations(State(d): State<AppState>) -> Json<Vec<Migration>> {
+    Json(d.migrations())
+}
+
+/// One migration: phase, bytes, rounds, downtime.
+#[utoipa::path(get, path = "/v1/migrations/{id}", params(("id" = u32, Path)), responses(
+    (status = 200, body = Migration), (status = 404, body = ErrorBody)))]
+async fn get_migration(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Migration>, ApiError> {
+    d.migration(id_of(&id)?).map(Json)
 }
 
 /// List VMs.
@@ -370,14 +392,21 @@ async fn vm_console(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], data).into_response())
 }
 
-/// Migrate a VM's vGPU (501 until issue 7).
+/// Live-migrate a VM's vGPU (see `POST /v1/vgpus/{id}/migrate`).
 #[utoipa::path(post, path = "/v1/vms/{id}/migrate", params(("id" = u32, Path)), request_body = MigrateRequest, responses(
-    (status = 501, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn migrate_vm(State(d): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiError {
-    match id_of(&id).and_then(|id| d.get_vm(id)) {
-        Err(e) => e,
-        Ok(_) => migrate_answer(&body),
-    }
+    (status = 202, body = Migration), (status = 404, body = ErrorBody),
+    (status = 409, body = ErrorBody), (status = 400, body = ErrorBody)))]
+async fn migrate_vm(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let vm = d.get_vm(id_of(&id)?)?;
+    let req = migrate_request(&body)?;
+    let vgpu = vm
+        .vgpu
+        .ok_or_else(|| ApiError::conflict("id", format!("VM {} has no vGPU to migrate", vm.id)))?;
+    d.migrate_vgpu(vgpu, req).await.map(accepted)
 }
 
 /// Prometheus metrics (text exposition format).

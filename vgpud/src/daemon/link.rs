@@ -11,7 +11,8 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{
-    self, Ask, Command, MemReport, ReplyBody, Request, WorkerMessage, WorkerStats,
+    self, Ask, Command, MemReport, MigrationProgress, ReplyBody, Request, WorkerMessage,
+    WorkerStats,
 };
 
 /// What a worker reports without being asked (besides `ready`).
@@ -25,15 +26,17 @@ pub enum Event {
     Ask { id: u64, ask: Ask },
     /// Its pager's state changed.
     Memory(MemReport),
+    /// A migration of it moved on.
+    Migration(MigrationProgress),
 }
 
 type Pending = oneshot::Sender<Result<ReplyBody, String>>;
 
 enum Out {
-    /// A command whose reply someone waits for.
-    Call(Command, Pending),
-    /// A command without a reply, optionally with a descriptor riding on its line.
-    Tell(Command, Option<OwnedFd>),
+    /// A command whose reply someone waits for, with descriptors riding on its line.
+    Call(Command, Pending, Vec<OwnedFd>),
+    /// A command without a reply, with descriptors riding on its line.
+    Tell(Command, Vec<OwnedFd>),
 }
 
 /// Sends commands to one worker.
@@ -45,8 +48,8 @@ pub struct Link {
 impl std::fmt::Debug for Out {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Out::Call(c, _) => write!(f, "Call({c:?})"),
-            Out::Tell(c, fd) => write!(f, "Tell({c:?}, fd: {})", fd.is_some()),
+            Out::Call(c, _, fds) => write!(f, "Call({c:?}, fds: {})", fds.len()),
+            Out::Tell(c, fds) => write!(f, "Tell({c:?}, fds: {})", fds.len()),
         }
     }
 }
@@ -55,17 +58,30 @@ impl Link {
     /// Sends `command` without waiting for a reply; `fd` (if any) rides with its line.
     pub async fn tell(&self, command: Command, fd: Option<OwnedFd>) -> Result<(), String> {
         self.tx
-            .send(Out::Tell(command, fd))
+            .send(Out::Tell(command, fd.into_iter().collect()))
             .await
             .map_err(|_| "the worker's control channel is closed (the worker exited)".to_string())
     }
 
     /// Sends `command` and waits for the worker's reply at most `timeout`.
     pub async fn call(&self, command: Command, timeout: Duration) -> Result<ReplyBody, String> {
+        self.call_with_fds(command, Vec::new(), timeout).await
+    }
+
+    /// Like [`Link::call`], with `fds` riding on the command's line (SCM_RIGHTS).
+    pub async fn call_with_fds(
+        &self,
+        command: Command,
+        fds: Vec<OwnedFd>,
+        timeout: Duration,
+    ) -> Result<ReplyBody, String> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Out::Call(command, tx)).await.map_err(|_| {
-            "the worker's control channel is closed (the worker exited)".to_string()
-        })?;
+        self.tx
+            .send(Out::Call(command, tx, fds))
+            .await
+            .map_err(|_| {
+                "the worker's control channel is closed (the worker exited)".to_string()
+            })?;
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err("the worker's control channel closed before it answered".into()),
@@ -112,23 +128,19 @@ async fn serve(
             cmd = commands.recv() => {
                 let Some(out) = cmd else { break };
                 match out {
-                    Out::Call(command, reply) => {
+                    Out::Call(command, reply, fds) => {
                         let id = next_id;
                         next_id += 1;
                         let bytes = control::encode(&Request { id, command });
-                        if let Err(e) = wr.write_all(&bytes).await {
+                        if let Err(e) = write_with_fds(&mut wr, &bytes, &fds).await {
                             let _ = reply.send(Err(format!("cannot write to the worker's control channel: {e}")));
                             continue;
                         }
                         pending.insert(id, reply);
                     }
-                    Out::Tell(command, fd) => {
+                    Out::Tell(command, fds) => {
                         let bytes = control::encode(&Request { id: 0, command });
-                        let sent = match fd {
-                            Some(fd) => write_with_fd(&mut wr, &bytes, &fd).await,
-                            None => wr.write_all(&bytes).await,
-                        };
-                        if let Err(e) = sent {
+                        if let Err(e) = write_with_fds(&mut wr, &bytes, &fds).await {
                             tracing::warn!(error = %e, "cannot write to the worker's control channel");
                         }
                     }
@@ -158,6 +170,7 @@ async fn serve(
                     Ok(WorkerMessage::Final { stats }) => on_event(Event::Final(stats)),
                     Ok(WorkerMessage::Ask { id, ask }) => on_event(Event::Ask { id, ask }),
                     Ok(WorkerMessage::Memory { memory }) => on_event(Event::Memory(memory)),
+                    Ok(WorkerMessage::Migration { progress }) => on_event(Event::Migration(progress)),
                     Ok(WorkerMessage::Reply { id, body }) => match pending.remove(&id) {
                         Some(p) => {
                             let _ = p.send(Ok(body));
@@ -175,12 +188,16 @@ async fn serve(
     }
 }
 
-/// Writes `bytes` with `fd` attached to their first byte (SCM_RIGHTS), then the rest.
-async fn write_with_fd(
+/// Writes `bytes` with `fds` attached to their first byte (SCM_RIGHTS), then the rest.
+async fn write_with_fds(
     wr: &mut tokio::net::unix::OwnedWriteHalf,
     bytes: &[u8],
-    fd: &OwnedFd,
+    fds: &[OwnedFd],
 ) -> std::io::Result<()> {
+    if fds.is_empty() {
+        return wr.write_all(bytes).await;
+    }
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let stream: &UnixStream = wr.as_ref();
     let sent = loop {
         stream.writable().await?;
@@ -190,7 +207,7 @@ async fn write_with_fd(
             let s = std::mem::ManuallyDrop::new(unsafe {
                 std::os::unix::net::UnixStream::from_raw_fd(stream.as_raw_fd())
             });
-            s.send_with_fd(bytes, fd.as_raw_fd())
+            s.send_with_fds(&[bytes], &raw)
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
         });
         match r {
