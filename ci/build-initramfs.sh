@@ -67,7 +67,7 @@ if [ -n "${GUEST_BIN:-}" ]; then
   guest=$GUEST_BIN
 else
   log "building vgpu-guest (static, musl)"
-  (cd "$root" && cargo build --release -p guest-driver --features cli \
+  (cd "$root" && cargo build --release -p guest-driver --features std \
     --bin vgpu-guest --target x86_64-unknown-linux-musl >&2)
   guest=${CARGO_TARGET_DIR:-$root/target}/x86_64-unknown-linux-musl/release/vgpu-guest
 fi
@@ -80,7 +80,8 @@ for app in sh mount umount cat echo ls dmesg reboot poweroff sleep mkdir grep un
   ln -sf busybox "$rd/bin/$app"
 done
 cp "$guest" "$rd/bin/vgpu-guest"
-init_cmd=${INIT_CMD:-'/bin/vgpu-guest info && /bin/vgpu-guest selftest'}
+strip "$rd/bin/vgpu-guest" 2>/dev/null || true
+init_cmd=${INIT_CMD:-'/bin/vgpu-guest info && /bin/vgpu-guest memory && /bin/vgpu-guest selftest'}
 cat >"$rd/init" <<EOF
 #!/bin/sh
 # /init of the vgpu test initramfs: mount the basics, reserve hugepages for DMA, run the

@@ -101,7 +101,25 @@ pub const RESTRICTED_MASKS: &[(u32, Option<u32>, Reg, u32, &str)] = &[
 /// without XSAVE), 0x14 is processor trace, 0x1D/0x1E are AMX tiles.
 pub const RESTRICTED_LEAVES: &[u32] = &[0xd, 0x14, 0x1d, 0x1e];
 
+/// Kernel parameters the restricted profile adds to a Linux command line. Some KVMs
+/// (`kvm_pvm` on our machines) do not apply all of KVM_SET_CPUID2 (measured: XSAVE, AVX,
+/// UMIP stayed visible, cmpxchg16b went), so the kernel is also told not to use them:
+/// `noxsave` (FXSAVE instead; AVX and later need XSAVE and go with it) and the
+/// `clearcpuid=` numbers of cx16 (4*32+13), rdrand (4*32+30), smap (9*32+20),
+/// rdseed (9*32+18), umip (16*32+2), rdpid (16*32+22).
+pub const RESTRICTED_LINUX_PARAMS: &str =
+    "noxsave nopku nosmap nosmep noinvpcid nopcid nofsgsbase nordrand tsx=off \
+clearcpuid=141,158,306,308,514,534";
+
 impl CpuProfile {
+    /// Kernel parameters that go with the profile (empty for `host`).
+    pub fn linux_params(self) -> &'static str {
+        match self {
+            CpuProfile::Host => "",
+            CpuProfile::Restricted => RESTRICTED_LINUX_PARAMS,
+        }
+    }
+
     /// Applies the profile to a CPUID table (after `arch::cpuid::for_vcpu`).
     pub fn apply(self, cpuid: CpuId) -> CpuId {
         match self {

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
+use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::arch::{cpuid, regs};
-use crate::devices::bus::Bus;
 use crate::cpuid_profile::CpuProfile;
+use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
 use crate::layout;
 
@@ -65,6 +65,24 @@ pub fn create(
     let cfg = |what| move |e| VcpuError::Configure(index, what, e);
     let cpuid = profile.apply(cpuid::for_vcpu(supported.clone(), index, count));
     vcpu.set_cpuid2(&cpuid).map_err(cfg("cpuid"))?;
+    if let Ok(back) = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES) {
+        // Some KVMs (kvm_pvm) keep their own idea of the guest's CPUID: say what stuck.
+        let leaf = |c: &CpuId, f: u32| {
+            c.as_slice()
+                .iter()
+                .find(|e| e.function == f && e.index == 0)
+                .map_or(0, |e| e.ecx)
+        };
+        tracing::debug!(
+            vcpu = index,
+            ?profile,
+            set_leaf1_ecx = format_args!("{:#x}", leaf(&cpuid, 1)),
+            kvm_leaf1_ecx = format_args!("{:#x}", leaf(&back, 1)),
+            set_entries = cpuid.as_slice().len(),
+            kvm_entries = back.as_slice().len(),
+            "CPUID set and as KVM reports it back"
+        );
+    }
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,

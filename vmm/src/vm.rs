@@ -145,7 +145,12 @@ impl Vm {
                         gsi: layout::MMIO_GSI_BASE + i as u32,
                     })
                     .collect();
-                Loaded::Linux(linux::load(&mem, linux_config, config.memory, &announce)?)
+                let mut linux_config = linux_config.clone();
+                let extra = config.cpu_profile.linux_params();
+                if !extra.is_empty() {
+                    linux_config.cmdline = format!("{} {extra}", linux_config.cmdline);
+                }
+                Loaded::Linux(linux::load(&mem, &linux_config, config.memory, &announce)?)
             }
         };
 
@@ -289,16 +294,7 @@ impl Vm {
             },
         };
         let vcpu_fds = (0..config.vcpus)
-            .map(|i| {
-                vcpu::create(
-                    &vm,
-                    &supported,
-                    i,
-                    config.vcpus,
-                    entry,
-                    config.cpu_profile,
-                )
-            })
+            .map(|i| vcpu::create(&vm, &supported, i, config.vcpus, entry, config.cpu_profile))
             .collect::<Result<Vec<_>, _>>()?;
         // KVM reports the guest TSC rate per vCPU; all of ours run at the same rate.
         let tsc_khz = vcpu_fds

@@ -70,7 +70,8 @@ impl Chunk {
         let pos = self.free.partition_point(|&(s, _)| s < offset);
         self.free.insert(pos, (offset, len));
         // Merge with the next, then the previous.
-        if pos + 1 < self.free.len() && self.free[pos].0 + self.free[pos].1 == self.free[pos + 1].0 {
+        if pos + 1 < self.free.len() && self.free[pos].0 + self.free[pos].1 == self.free[pos + 1].0
+        {
             self.free[pos].1 += self.free[pos + 1].1;
             self.free.remove(pos + 1);
         }
@@ -122,9 +123,10 @@ impl Pool {
 
     /// Returns an allocation by its CPU pointer; false if it is not one of ours.
     pub fn free(&mut self, ptr: *const u8) -> bool {
-        let found = self.live.iter().position(|&(ci, off, _)| {
-            self.chunks[ci].map.offset_of(ptr, 0) == Some(off)
-        });
+        let found = self
+            .live
+            .iter()
+            .position(|&(ci, off, _)| self.chunks[ci].map.offset_of(ptr, 0) == Some(off));
         match found {
             Some(i) => {
                 let (ci, off, len) = self.live.swap_remove(i);
@@ -137,10 +139,8 @@ impl Pool {
 
     /// The physical address of `ptr..ptr + len` if it lies inside one chunk.
     pub fn phys(&self, ptr: *const u8, len: usize) -> Option<u64> {
-        self.chunks.iter().find_map(|c| {
-            c.map
-                .offset_of(ptr, len)
-                .map(|off| c.phys + off as u64)
-        })
+        self.chunks
+            .iter()
+            .find_map(|c| c.map.offset_of(ptr, len).map(|off| c.phys + off as u64))
     }
 }

@@ -80,7 +80,8 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
+        let base = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| std::io::Error::other("mmap returned NULL"))?;
         Ok(Mapping { base, len })
     }
 

@@ -42,7 +42,9 @@ pub const HUGEPAGE_SIZE: usize = 2 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum LinuxError {
     /// A file cannot be opened.
-    #[error("cannot open {path}: {source} (root is needed for /dev/mem and pagemap frame numbers)")]
+    #[error(
+        "cannot open {path}: {source} (root is needed for /dev/mem and pagemap frame numbers)"
+    )]
     Open {
         path: PathBuf,
         source: std::io::Error,
@@ -68,10 +70,7 @@ pub enum LinuxError {
     NotMapped(u64),
     /// Reading the pagemap failed (short file, I/O error).
     #[error("cannot read the pagemap entry of {vaddr:#x}: {source}")]
-    PagemapRead {
-        vaddr: u64,
-        source: std::io::Error,
-    },
+    PagemapRead { vaddr: u64, source: std::io::Error },
     /// The page is not in memory.
     #[error("virtual address {0:#x} is not present in memory")]
     NotPresent(u64),
@@ -79,7 +78,9 @@ pub enum LinuxError {
     #[error("virtual address {0:#x} is swapped out")]
     Swapped(u64),
     /// The kernel hid the frame number.
-    #[error("the pagemap shows frame 0: reading physical addresses needs CAP_SYS_ADMIN (run as root)")]
+    #[error(
+        "the pagemap shows frame 0: reading physical addresses needs CAP_SYS_ADMIN (run as root)"
+    )]
     NoPfn,
     /// A hugepage that is not physically contiguous (cannot happen with real hugepages).
     #[error("the hugepage at {0:#x} is not physically contiguous")]
@@ -267,7 +268,13 @@ impl LinuxTransport {
             return None;
         }
         // SAFETY: reg_off + MMIO_WINDOW bytes are mapped (open), and end <= MMIO_WINDOW.
-        Some(unsafe { self.inner.regs.base().as_ptr().add(self.inner.reg_off + offset) })
+        Some(unsafe {
+            self.inner
+                .regs
+                .base()
+                .as_ptr()
+                .add(self.inner.reg_off + offset)
+        })
     }
 }
 
@@ -312,10 +319,8 @@ impl Transport for LinuxTransport {
     }
 
     fn dma_alloc(&self, len: usize, align: usize) -> Result<DmaRegion> {
-        let (ptr, phys): (NonNull<u8>, u64) = self
-            .pool()
-            .alloc(len, align)
-            .ok_or(Error::OutOfDmaMemory)?;
+        let (ptr, phys): (NonNull<u8>, u64) =
+            self.pool().alloc(len, align).ok_or(Error::OutOfDmaMemory)?;
         // SAFETY: the pool handed this range out to us alone until dma_free; it lies in a
         // mapping the transport keeps alive (every clone holds the Arc) and is physically
         // contiguous from `phys`.

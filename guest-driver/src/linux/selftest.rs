@@ -109,7 +109,12 @@ pub fn run<T: Transport + Clone>(
         .map_err(e("DMA a"))?
         .as_mut_slice()
         .chunks_exact_mut(4)
-        .zip(b.region().map_err(e("DMA b"))?.as_mut_slice().chunks_exact_mut(4))
+        .zip(
+            b.region()
+                .map_err(e("DMA b"))?
+                .as_mut_slice()
+                .chunks_exact_mut(4),
+        )
         .enumerate()
     {
         wa.copy_from_slice(&((i % 1000) as f32).to_le_bytes());

@@ -43,7 +43,10 @@ impl TempFile {
     }
     fn read_at(&self, off: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0; len];
-        File::open(&self.0).unwrap().read_exact_at(&mut v, off).unwrap();
+        File::open(&self.0)
+            .unwrap()
+            .read_exact_at(&mut v, off)
+            .unwrap();
         v
     }
 }
@@ -65,10 +68,22 @@ fn paths(mem: &TempFile, pagemap: &TempFile) -> Paths {
 #[test]
 fn pagemap_entries_decode() {
     let present = 1u64 << 63;
-    assert_eq!(decode(present | 0x1234, 0x7f00_0abc, 4096).unwrap(), 0x123_4abc);
-    assert!(matches!(decode(0, 0x1000, 4096), Err(LinuxError::NotPresent(0x1000))));
-    assert!(matches!(decode(1 << 62, 0x1000, 4096), Err(LinuxError::Swapped(_))));
-    assert!(matches!(decode(present, 0x1000, 4096), Err(LinuxError::NoPfn)));
+    assert_eq!(
+        decode(present | 0x1234, 0x7f00_0abc, 4096).unwrap(),
+        0x123_4abc
+    );
+    assert!(matches!(
+        decode(0, 0x1000, 4096),
+        Err(LinuxError::NotPresent(0x1000))
+    ));
+    assert!(matches!(
+        decode(1 << 62, 0x1000, 4096),
+        Err(LinuxError::Swapped(_))
+    ));
+    assert!(matches!(
+        decode(present, 0x1000, 4096),
+        Err(LinuxError::NoPfn)
+    ));
     // Flag bits above the frame number (soft-dirty, exclusive, file-mapped) are ignored.
     let flags = (1 << 55) | (1 << 56) | (1 << 61);
     assert_eq!(decode(present | flags | 2, 0x10, 4096).unwrap(), 0x2010);
@@ -126,7 +141,14 @@ fn cmdline_device_parsing() {
         ]
     );
     assert!(cmdline_devices("quiet").unwrap().is_empty());
-    for bad in ["4K", "4K@zz:5", "4K@0x1000", "4Q@0x1000:5", "@0x1000:5", "4K@0x1000:x"] {
+    for bad in [
+        "4K",
+        "4K@zz:5",
+        "4K@0x1000",
+        "4Q@0x1000:5",
+        "@0x1000:5",
+        "4K@0x1000:x",
+    ] {
         assert!(
             matches!(
                 cmdline_devices(&format!("virtio_mmio.device={bad}")),
@@ -184,10 +206,7 @@ fn registers_through_a_fake_uio_device() {
         &Registers::Uio {
             path: uio.0.clone(),
         },
-        &DmaSource::Reserved {
-            phys: 0,
-            len: 4096,
-        },
+        &DmaSource::Reserved { phys: 0, len: 4096 },
     )
     .unwrap();
     assert_eq!(t.read32(reg::DEVICE_ID), VIRTIO_ID_VGPU);
@@ -225,7 +244,10 @@ fn reserved_dma_memory_allocates_translates_and_frees() {
         Err(Error::AddressNotTranslatable)
     );
     // Exhaustion is an error, and freeing makes room again (zeroed).
-    assert_eq!(t.dma_alloc(64 * 1024, 64).unwrap_err(), Error::OutOfDmaMemory);
+    assert_eq!(
+        t.dma_alloc(64 * 1024, 64).unwrap_err(),
+        Error::OutOfDmaMemory
+    );
     assert_eq!(t.dma_alloc(64, 3).unwrap_err(), Error::OutOfDmaMemory);
     let before = t.dma_free_bytes();
     // SAFETY: no device uses these regions.
@@ -248,7 +270,14 @@ fn bad_setups_are_errors() {
     let regs = Registers::DevMem { base: 0 };
     // A reserved region that is not page aligned.
     assert!(matches!(
-        LinuxTransport::open(&p, &regs, &DmaSource::Reserved { phys: 0x10, len: 4096 }),
+        LinuxTransport::open(
+            &p,
+            &regs,
+            &DmaSource::Reserved {
+                phys: 0x10,
+                len: 4096
+            }
+        ),
         Err(LinuxError::BadOffset(0x10))
     ));
     assert!(matches!(
@@ -256,7 +285,14 @@ fn bad_setups_are_errors() {
         Err(LinuxError::BadOffset(0))
     ));
     assert!(matches!(
-        LinuxTransport::open(&p, &regs, &DmaSource::Reserved { phys: u64::MAX & !0xfff, len: 4096 }),
+        LinuxTransport::open(
+            &p,
+            &regs,
+            &DmaSource::Reserved {
+                phys: u64::MAX & !0xfff,
+                len: 4096
+            }
+        ),
         Err(LinuxError::BadOffset(_))
     ));
     let missing = Paths {
@@ -316,7 +352,11 @@ fn serve(mem_file: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u6
         Arc::new(sim),
     )
     .unwrap();
-    let f = File::options().read(true).write(true).open(&mem_file).unwrap();
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .open(&mem_file)
+        .unwrap();
     let w32 = |off: usize, v: u32| f.write_all_at(&v.to_le_bytes(), REGS + off as u64).unwrap();
     w32(reg::MAGIC, 0x7472_6976);
     w32(reg::VERSION, 2);
@@ -346,7 +386,10 @@ fn serve(mem_file: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u6
         }
         let mut q = Queue::new(64).unwrap();
         q.set_size(r32(reg::QUEUE_NUM) as u16);
-        q.set_desc_table_address(Some(r32(reg::QUEUE_DESC_LOW)), Some(r32(reg::QUEUE_DESC_HIGH)));
+        q.set_desc_table_address(
+            Some(r32(reg::QUEUE_DESC_LOW)),
+            Some(r32(reg::QUEUE_DESC_HIGH)),
+        );
         q.set_avail_ring_address(
             Some(r32(reg::QUEUE_DRIVER_LOW)),
             Some(r32(reg::QUEUE_DRIVER_HIGH)),
@@ -390,18 +433,21 @@ fn selftest_runs_against_the_real_device_backend() {
         },
     )
     .unwrap();
-    let result = selftest::open(t.clone()).map_err(|e| e.to_string()).and_then(
-        |(gpu, mut s)| {
+    let result = selftest::open(t.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|(gpu, mut s)| {
             assert_eq!(gpu.config().vgpu_id, 3);
             selftest::run(&mut s, &t, 10_000, 256 * 1024, 4)
-        },
-    );
+        });
     stop.store(true, Ordering::SeqCst);
     let served = device.join().unwrap();
     let report = result.unwrap();
     assert_eq!(report.info.vgpu_id, 3);
     assert_eq!(report.vecadd_elements, 10_000);
     assert!(report.htod_mb_s > 0.0 && report.dtoh_mb_s > 0.0);
-    assert!(served >= 15, "the real backend served the requests ({served})");
+    assert!(
+        served >= 15,
+        "the real backend served the requests ({served})"
+    );
     let _ = std::io::stderr().flush();
 }

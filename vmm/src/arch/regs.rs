@@ -123,7 +123,10 @@ mod tests {
         assert_eq!(s.cr4, CR4_PAE);
         assert_ne!(s.cr0 & CR0_PG, 0);
         let r = linux_regs(0x100_0000, 0x7000, 0x8ff0);
-        assert_eq!((r.rip, r.rsi, r.rsp, r.rflags), (0x100_0000, 0x7000, 0x8ff0, 2));
+        assert_eq!(
+            (r.rip, r.rsi, r.rsp, r.rflags),
+            (0x100_0000, 0x7000, 0x8ff0, 2)
+        );
     }
 
     #[test]

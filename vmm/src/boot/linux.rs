@@ -94,7 +94,9 @@ pub enum LinuxBootError {
         source: std::io::Error,
     },
     /// Neither an ELF nor a bzImage.
-    #[error("kernel {0} is neither a vmlinux ELF nor a bzImage (no ELF magic, no \"HdrS\" at 0x202)")]
+    #[error(
+        "kernel {0} is neither a vmlinux ELF nor a bzImage (no ELF magic, no \"HdrS\" at 0x202)"
+    )]
     UnknownKernel(PathBuf),
     /// A bzImage without a 64-bit entry point.
     #[error("bzImage {0} has no 64-bit entry point (XLF_KERNEL_64 clear): give a 64-bit kernel")]

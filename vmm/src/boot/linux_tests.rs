@@ -32,7 +32,10 @@ fn devices(n: usize) -> Vec<MmioAnnounce> {
 fn e820_small_vm_skips_the_legacy_hole() {
     let map = e820_map(256 * MIB);
     assert_eq!(map.len(), 2);
-    assert_eq!((map[0].addr, map[0].size, map[0].r#type), (0, EBDA_START, 1));
+    assert_eq!(
+        (map[0].addr, map[0].size, map[0].r#type),
+        (0, EBDA_START, 1)
+    );
     assert_eq!(
         (map[1].addr, map[1].size, map[1].r#type),
         (HIMEM_START, 256 * MIB - HIMEM_START, 1)
@@ -144,7 +147,11 @@ fn zero_page_keeps_a_bzimage_header_and_splits_high_initrd() {
     };
     let p = boot_params(Some(h), 8 * GIB, 10, Some((0x1_2345_6000, 0x1_0000_0000))).unwrap();
     let hdr = p.hdr;
-    assert_eq!({ hdr.loadflags }, 0x21, "the kernel's flags kept, LOADED_HIGH set");
+    assert_eq!(
+        { hdr.loadflags },
+        0x21,
+        "the kernel's flags kept, LOADED_HIGH set"
+    );
     assert_eq!({ hdr.init_size }, 0x200_0000);
     assert_eq!({ hdr.kernel_alignment }, 0x20_0000);
     assert_eq!({ hdr.type_of_loader }, 0xff);
@@ -209,7 +216,10 @@ fn bzimage(xloadflags: u16, payload: &[u8]) -> Vec<u8> {
 #[test]
 fn loads_a_vmlinux_with_initrd_and_devices() {
     let mem = create_guest_memory(64 * MIB).unwrap();
-    let kernel = tmp("vmlinux", &vmlinux(0x100_0000, 0x100_0000, &[0x90; 64], 0x1000));
+    let kernel = tmp(
+        "vmlinux",
+        &vmlinux(0x100_0000, 0x100_0000, &[0x90; 64], 0x1000),
+    );
     let initrd = tmp("initrd", &[0xab; 10_000]);
     let config = LinuxConfig {
         kernel: kernel.clone(),
@@ -230,7 +240,8 @@ fn loads_a_vmlinux_with_initrd_and_devices() {
     assert_eq!({ p.hdr.ramdisk_size } as u64, is);
     assert_eq!({ p.hdr.cmdline_size }, e.cmdline_size);
     let mut line = vec![0u8; e.cmdline_size as usize];
-    mem.read_slice(&mut line, GuestAddress(CMDLINE_ADDR)).unwrap();
+    mem.read_slice(&mut line, GuestAddress(CMDLINE_ADDR))
+        .unwrap();
     assert_eq!(
         line,
         b"console=ttyS0 virtio_mmio.device=4K@0xd0000000:5\0".to_vec()
