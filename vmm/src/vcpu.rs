@@ -9,7 +9,7 @@ use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_S
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::arch::{cpuid, regs};
+use crate::arch::{assist, cpuid, regs};
 use crate::cpuid_profile::CpuProfile;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
@@ -38,6 +38,8 @@ pub struct VcpuContext {
     pub stop: Arc<AtomicBool>,
     /// Guest RAM, to show the instruction bytes at a crash.
     pub mem: GuestMemoryMmap,
+    /// Finish `int3`/`int n` the emulator refuses (Linux guests; see arch/assist.rs).
+    pub assist_software_interrupts: bool,
 }
 
 /// How a vCPU starts.
@@ -149,8 +151,21 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
             return;
         }
         match vcpu.run() {
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: the vCPU just exited with KVM_EXIT_INTERNAL_ERROR, so `internal`
+                // is the active member of the exit union.
+                let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                if ctx.assist_software_interrupts
+                    && assist::complete_software_interrupt(vcpu, suberror, &ctx.mem)
+                {
+                    continue;
+                }
+                eprintln!("vmm: KVM internal error on vCPU {index} (an instruction the nested KVM cannot emulate?)");
+                report_internal_error(vcpu, index, &ctx.mem);
+                ctx.exit.request(GUEST_CRASH_EXIT);
+                return;
+            }
             Ok(exit) => {
-                let internal = matches!(exit, VcpuExit::InternalError);
                 match handle_exit(exit, index, ctx) {
                     Next::Run => {}
                     Next::Park => {
@@ -162,9 +177,7 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
                         return;
                     }
                     Next::End(code) => {
-                        if internal {
-                            report_internal_error(vcpu, index, &ctx.mem);
-                        } else if code == GUEST_CRASH_EXIT {
+                        if code == GUEST_CRASH_EXIT {
                             report_crash_state(vcpu, index, &ctx.mem);
                         }
                         ctx.exit.request(code);

@@ -103,6 +103,8 @@ pub struct Vm {
     done: Arc<AtomicBool>,
     serial: Arc<Mutex<SerialDevice<std::io::Stdout>>>,
     report_timing: bool,
+    /// A Linux guest (not a payload).
+    linux: bool,
     // Kept alive for the VM's life: KVM holds the memory mapping and the fds.
     _vm: VmFd,
     _mem: GuestMemoryMmap,
@@ -322,6 +324,7 @@ impl Vm {
             done,
             serial,
             report_timing,
+            linux: matches!(loaded, Loaded::Linux(_)),
             _vm: vm,
             _mem: mem,
         })
@@ -339,6 +342,7 @@ impl Vm {
                 exit: self.exit.clone(),
                 stop: stop.clone(),
                 mem: self._mem.clone(),
+                assist_software_interrupts: self.linux,
             };
             threads.push(vcpu::spawn(fd, i as u8, ctx)?);
         }
