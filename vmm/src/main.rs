@@ -22,11 +22,12 @@ struct Args {
     #[arg(long)]
     kernel: Option<PathBuf>,
     /// An initramfs for the Linux kernel.
-    #[arg(long, requires = "kernel")]
+    #[arg(long)]
     initrd: Option<PathBuf>,
-    /// The Linux command line; the vmm appends one virtio_mmio.device= per --vgpu.
-    #[arg(long, requires = "kernel", default_value = DEFAULT_CMDLINE)]
-    cmdline: String,
+    /// The Linux command line (default: see docs/linux-guests.md); the vmm appends one
+    /// virtio_mmio.device= per --vgpu.
+    #[arg(long)]
+    cmdline: Option<String>,
     /// CPUID the guest sees: host (KVM's supported set) or restricted (without the
     /// features a nested KVM cannot emulate in ring 0: cmpxchg16b, xsave, AVX*, ...).
     #[arg(long, value_enum, default_value_t = CpuProfile::Host)]
@@ -55,11 +56,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
+        eprintln!("vmm: --initrd and --cmdline go with --kernel");
+        return ExitCode::from(2);
+    }
     let guest = match (args.payload, args.kernel) {
         (_, Some(kernel)) => Guest::Linux(LinuxConfig {
             kernel,
             initrd: args.initrd,
-            cmdline: args.cmdline,
+            cmdline: args.cmdline.unwrap_or_else(|| DEFAULT_CMDLINE.into()),
         }),
         (Some(path), None) => Guest::Payload {
             path,
