@@ -1,9 +1,11 @@
-//! Help for a KVM whose instruction emulator gives up on software interrupts in guest
+//! Help for a KVM whose instruction emulator gives up on some instructions in guest
 //! ring 0 (kvm_pvm emulates every ring-0 instruction, and KVM's emulator does not deliver
 //! protected-mode `int3`/`int n`: "emulation failure"). Linux executes an `int3` at boot
 //! (`int3_selftest`, and `text_poke_bp` for static keys), so in Linux mode the vmm finishes
 //! the instruction itself: it steps `rip` past it and injects the exception through
-//! KVM_SET_VCPU_EVENTS, whose delivery does not go through the emulator.
+//! KVM_SET_VCPU_EVENTS, whose delivery does not go through the emulator. `fwait` (the
+//! kernel's FPU switch code has one) is refused too; with no unmasked x87 exception
+//! pending it does nothing, so the vmm steps over it.
 
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -11,12 +13,21 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 /// `KVM_INTERNAL_ERROR_EMULATION`.
 pub const SUBERROR_EMULATION: u32 = 1;
 
-/// The software interrupt an instruction raises: `(vector, length)` for `int3` (CC) and
-/// `int imm8` (CD ib); `None` for anything else.
-pub fn software_interrupt(code: &[u8]) -> Option<(u8, u64)> {
+/// What the vmm does for an instruction the emulator refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Assist {
+    /// Step over `len` bytes and raise exception `vector` (a trap: `int3`, `int n`).
+    Interrupt { vector: u8, len: u64 },
+    /// Step over `len` bytes (`fwait`).
+    Skip { len: u64 },
+}
+
+/// The assist for the instruction starting with `code`, if the vmm knows one.
+pub fn assist_for(code: &[u8]) -> Option<Assist> {
     match code {
-        [0xcc, ..] => Some((3, 1)),
-        [0xcd, v, ..] => Some((*v, 2)),
+        [0xcc, ..] => Some(Assist::Interrupt { vector: 3, len: 1 }),
+        [0xcd, v, ..] => Some(Assist::Interrupt { vector: *v, len: 2 }),
+        [0x9b, ..] => Some(Assist::Skip { len: 1 }),
         _ => None,
     }
 }
@@ -46,8 +57,17 @@ pub fn complete_software_interrupt(vcpu: &VcpuFd, suberror: u32, mem: &GuestMemo
     {
         return false;
     }
-    let Some((vector, len)) = software_interrupt(&code) else {
-        return false;
+    let (vector, len) = match assist_for(&code) {
+        Some(Assist::Interrupt { vector, len }) => (vector, len),
+        Some(Assist::Skip { len }) => {
+            regs.rip = regs.rip.wrapping_add(len);
+            tracing::debug!(
+                rip = regs.rip,
+                "stepped over an instruction for the emulator"
+            );
+            return vcpu.set_regs(&regs).is_ok();
+        }
+        None => return false,
     };
     let Ok(mut events) = vcpu.get_vcpu_events() else {
         return false;
@@ -74,11 +94,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recognises_software_interrupts_only() {
-        assert_eq!(software_interrupt(&[0xcc, 0x90]), Some((3, 1)));
-        assert_eq!(software_interrupt(&[0xcd, 0x80]), Some((0x80, 2)));
-        assert_eq!(software_interrupt(&[0xcd]), None);
-        assert_eq!(software_interrupt(&[0x0f, 0x0b]), None);
-        assert_eq!(software_interrupt(&[]), None);
+    fn knows_software_interrupts_and_fwait_only() {
+        assert_eq!(
+            assist_for(&[0xcc, 0x90]),
+            Some(Assist::Interrupt { vector: 3, len: 1 })
+        );
+        assert_eq!(
+            assist_for(&[0xcd, 0x80]),
+            Some(Assist::Interrupt {
+                vector: 0x80,
+                len: 2
+            })
+        );
+        assert_eq!(assist_for(&[0x9b, 0x65]), Some(Assist::Skip { len: 1 }));
+        assert_eq!(assist_for(&[0xcd]), None);
+        assert_eq!(assist_for(&[0x0f, 0x0b]), None);
+        assert_eq!(assist_for(&[]), None);
     }
 }
