@@ -289,7 +289,7 @@ fn bad_setups_are_errors() {
             &p,
             &regs,
             &DmaSource::Reserved {
-                phys: u64::MAX & !0xfff,
+                phys: !0xfff,
                 len: 4096
             }
         ),
