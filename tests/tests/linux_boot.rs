@@ -13,8 +13,17 @@ use vgpu_tests::run::{finish, spawn_vmm};
 const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Prints "L" on COM1; exits 42 when rsi = 0x7000, boot_params.hdr.type_of_loader = 0xff,
-/// cmd_line_ptr = 0x20000 and CPL = 0; exits 1 otherwise (tests/tests/linux_boot.rs
-/// history has the assembly).
+/// cmd_line_ptr = 0x20000 and CPL = 0; exits 1 otherwise. Assembled with GNU as from:
+///
+/// ```text
+///     mov $0x3f8, %dx;  mov $0x4c, %al;  out %al, %dx
+///     cmp $0x7000, %rsi;        jne 1f
+///     movb 0x210(%rsi), %al;    cmp $0xff, %al;     jne 1f
+///     mov 0x228(%rsi), %eax;    cmp $0x20000, %eax; jne 1f
+///     mov %cs, %eax;            test $3, %al;       jne 1f
+///     mov $42, %al;  out %al, $0xf4
+/// 1:  mov $1, %al;   out %al, $0xf4
+/// ```
 const CHECK_ENTRY: &[u8] = &[
     0x66, 0xba, 0xf8, 0x03, 0xb0, 0x4c, 0xee, 0x48, 0x81, 0xfe, 0x00, 0x70, 0x00, 0x00, 0x75, 0x21,
     0x8a, 0x86, 0x10, 0x02, 0x00, 0x00, 0x3c, 0xff, 0x75, 0x17, 0x8b, 0x86, 0x28, 0x02, 0x00, 0x00,
