@@ -1,6 +1,6 @@
 //! The crate a guest installs to drive a vGPU: a `no_std` virtio-mmio modern driver and
-//! split virtqueues over a [`Transport`] (payloads: identity-mapped MMIO; later, feature
-//! `std`: a Linux userspace transport), and on top of them the vGPU request API.
+//! split virtqueues over a [`Transport`] (payloads: identity-mapped MMIO; feature `std`:
+//! the Linux userspace transport in [`linux`]), and on top of them the vGPU request API.
 //!
 //! Initialisation, in the order virtio 1.x 3.1.1 demands:
 //!
@@ -15,9 +15,11 @@
 //! dev.kick(0, &mut q);
 //! while q.pop_used()?.is_none() {}
 //! ```
-#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 pub mod error;
+#[cfg(any(test, feature = "std"))]
+pub mod linux;
 pub mod mmio;
 pub mod queue;
 mod ring;

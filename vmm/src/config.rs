@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::boot::linux::LinuxConfig;
+use crate::cpuid_profile::CpuProfile;
+
 /// One vGPU device: the vhost-user socket its vgpu-worker serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VgpuSpec {
@@ -55,14 +58,24 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         .ok_or_else(|| SizeError(s.into()))
 }
 
+/// What the VM boots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Guest {
+    /// A no_std payload ELF and its argument string (docs/payload-abi.md).
+    Payload { path: PathBuf, arg: String },
+    /// A Linux kernel with an optional initrd and a command line (docs/linux-guests.md).
+    Linux(LinuxConfig),
+}
+
 /// A VM to run.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
-    pub payload: PathBuf,
-    pub payload_arg: String,
+    pub guest: Guest,
     pub memory: u64,
     pub vcpus: u8,
     pub vgpus: Vec<VgpuSpec>,
+    /// Which CPUID features the guest sees.
+    pub cpu_profile: CpuProfile,
 }
 
 #[cfg(test)]

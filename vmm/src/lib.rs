@@ -2,11 +2,14 @@
 //! serial console, and virtio-mmio devices served by external vhost-user backends.
 //!
 //! The vmm never touches a vGPU request: the vGPU's `vgpu-worker` reads the guest's queues
-//! from the shared guest RAM. See docs/payload-abi.md for what a payload guest sees.
+//! from the shared guest RAM. See docs/payload-abi.md for what a payload guest sees and
+//! docs/linux-guests.md for Linux guests.
 
 pub mod arch;
+pub mod boot;
 pub mod boot_info;
 pub mod config;
+pub mod cpuid_profile;
 pub mod devices;
 pub mod layout;
 pub mod loader;
@@ -16,5 +19,7 @@ pub mod vcpu;
 pub mod virtio;
 pub mod vm;
 
-pub use config::{parse_size, VgpuSpec, VmConfig};
+pub use boot::linux::{LinuxConfig, DEFAULT_CMDLINE};
+pub use config::{parse_size, Guest, VgpuSpec, VmConfig};
+pub use cpuid_profile::CpuProfile;
 pub use vm::{Vm, VmError, VGPU_DEVICE_ID};

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MP_STATE_RUNNABLE};
+use kvm_bindings::{kvm_fpu, kvm_mp_state, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::arch::{cpuid, regs};
+use crate::arch::{assist, cpuid, regs};
+use crate::cpuid_profile::CpuProfile;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
 use crate::layout;
@@ -34,40 +36,95 @@ pub struct VcpuContext {
     pub mmio: Arc<Bus>,
     pub exit: Arc<ExitState>,
     pub stop: Arc<AtomicBool>,
+    /// Guest RAM, to show the instruction bytes at a crash.
+    pub mem: GuestMemoryMmap,
+    /// Finish `int3`/`int n` the emulator refuses (Linux guests; see arch/assist.rs).
+    pub assist_software_interrupts: bool,
 }
 
-/// Creates and configures vCPU `index` for entry at `entry`.
+/// How a vCPU starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// A payload: every vCPU at `rip` in ring 3 (docs/payload-abi.md).
+    Payload { rip: u64, cr3: u64 },
+    /// A Linux kernel: the boot vCPU at `rip` in ring 0 with `rsi` = the zero page; the
+    /// others wait for INIT/SIPI from the kernel.
+    Linux { rip: u64, cr3: u64, zero_page: u64 },
+}
+
+/// Creates and configures vCPU `index` of `count`.
 pub fn create(
     vm: &VmFd,
     supported: &CpuId,
     index: u8,
     count: u8,
-    entry: u64,
-    cr3: u64,
+    entry: Entry,
+    profile: CpuProfile,
 ) -> Result<VcpuFd, VcpuError> {
     let vcpu = vm
         .create_vcpu(u64::from(index))
         .map_err(|e| VcpuError::Create(index, e))?;
     let cfg = |what| move |e| VcpuError::Configure(index, what, e);
-    vcpu.set_cpuid2(&cpuid::for_vcpu(supported.clone(), index, count))
-        .map_err(cfg("cpuid"))?;
-    let sregs = vcpu.get_sregs().map_err(cfg("get sregs"))?;
-    vcpu.set_sregs(&regs::long_mode_sregs(sregs, cr3))
-        .map_err(cfg("sregs"))?;
-    vcpu.set_regs(&regs::entry_regs(entry, index))
-        .map_err(cfg("regs"))?;
+    let cpuid = profile.apply(cpuid::for_vcpu(supported.clone(), index, count));
+    vcpu.set_cpuid2(&cpuid).map_err(cfg("cpuid"))?;
+    if let Ok(back) = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES) {
+        // Some KVMs (kvm_pvm) keep their own idea of the guest's CPUID: say what stuck.
+        let leaf = |c: &CpuId, f: u32| {
+            c.as_slice()
+                .iter()
+                .find(|e| e.function == f && e.index == 0)
+                .map_or(0, |e| e.ecx)
+        };
+        tracing::debug!(
+            vcpu = index,
+            ?profile,
+            set_leaf1_ecx = format_args!("{:#x}", leaf(&cpuid, 1)),
+            kvm_leaf1_ecx = format_args!("{:#x}", leaf(&back, 1)),
+            set_entries = cpuid.as_slice().len(),
+            kvm_entries = back.as_slice().len(),
+            "CPUID set and as KVM reports it back"
+        );
+    }
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
-    // With the in-kernel irqchip, application processors wait for INIT/SIPI; payloads
-    // have no APIC code, so every vCPU starts at the entry point at once.
-    vcpu.set_mp_state(kvm_mp_state {
-        mp_state: KVM_MP_STATE_RUNNABLE,
-    })
-    .map_err(cfg("mp state"))?;
+    match entry {
+        Entry::Payload { rip, cr3 } => {
+            let sregs = vcpu.get_sregs().map_err(cfg("get sregs"))?;
+            vcpu.set_sregs(&regs::long_mode_sregs(sregs, cr3))
+                .map_err(cfg("sregs"))?;
+            vcpu.set_regs(&regs::entry_regs(rip, index))
+                .map_err(cfg("regs"))?;
+            vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
+            // With the in-kernel irqchip, application processors wait for INIT/SIPI;
+            // payloads have no APIC code, so every vCPU starts at the entry point at once.
+            vcpu.set_mp_state(kvm_mp_state {
+                mp_state: KVM_MP_STATE_RUNNABLE,
+            })
+            .map_err(cfg("mp state"))?;
+        }
+        Entry::Linux { .. } if index > 0 => {
+            // Application processors stay in wait-for-SIPI, as on a real machine.
+        }
+        Entry::Linux {
+            rip,
+            cr3,
+            zero_page,
+        } => {
+            let sregs = vcpu.get_sregs().map_err(cfg("get sregs"))?;
+            vcpu.set_sregs(&regs::linux_sregs(sregs, cr3))
+                .map_err(cfg("sregs"))?;
+            vcpu.set_regs(&regs::linux_regs(
+                rip,
+                zero_page,
+                crate::boot::linux::BOOT_STACK,
+            ))
+            .map_err(cfg("regs"))?;
+            vcpu.set_fpu(&fpu).map_err(cfg("fpu"))?;
+        }
+    }
     Ok(vcpu)
 }
 
@@ -94,8 +151,21 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
             return;
         }
         match vcpu.run() {
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: the vCPU just exited with KVM_EXIT_INTERNAL_ERROR, so `internal`
+                // is the active member of the exit union.
+                let suberror = unsafe { vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                if ctx.assist_software_interrupts
+                    && assist::complete_software_interrupt(vcpu, suberror, &ctx.mem)
+                {
+                    continue;
+                }
+                eprintln!("vmm: KVM internal error on vCPU {index} (an instruction the nested KVM cannot emulate?)");
+                report_internal_error(vcpu, index, &ctx.mem);
+                ctx.exit.request(GUEST_CRASH_EXIT);
+                return;
+            }
             Ok(exit) => {
-                let internal = matches!(exit, VcpuExit::InternalError);
                 match handle_exit(exit, index, ctx) {
                     Next::Run => {}
                     Next::Park => {
@@ -107,8 +177,8 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
                         return;
                     }
                     Next::End(code) => {
-                        if internal {
-                            report_internal_error(vcpu, index);
+                        if code == GUEST_CRASH_EXIT {
+                            report_crash_state(vcpu, index, &ctx.mem);
                         }
                         ctx.exit.request(code);
                         return;
@@ -125,9 +195,40 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
     }
 }
 
+/// Up to 16 instruction bytes at the guest's `rip`, through the guest's page tables.
+fn code_bytes(vcpu: &VcpuFd, rip: u64, mem: &GuestMemoryMmap) -> Option<Vec<u8>> {
+    let t = vcpu.translate_gva(rip).ok()?;
+    if t.valid == 0 {
+        return None;
+    }
+    // Stop at the end of the page: the next one may not be contiguous.
+    let n = (0x1000 - (t.physical_address & 0xfff) as usize).min(16);
+    let mut bytes = vec![0u8; n];
+    mem.read_slice(&mut bytes, GuestAddress(t.physical_address))
+        .ok()?;
+    Some(bytes)
+}
+
+/// Prints where a crashed vCPU stood (rip, its code bytes, control registers).
+fn report_crash_state(vcpu: &VcpuFd, index: u8, mem: &GuestMemoryMmap) {
+    let regs = vcpu.get_regs().unwrap_or_default();
+    let sregs = vcpu.get_sregs().unwrap_or_default();
+    eprintln!(
+        "vmm: vCPU {index} at rip {:#x} (cpl {}), code {:02x?}, cr0 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x}",
+        regs.rip,
+        sregs.cs.dpl,
+        code_bytes(vcpu, regs.rip, mem).unwrap_or_default(),
+        sregs.cr0,
+        sregs.cr3,
+        sregs.cr4,
+        sregs.efer
+    );
+}
+
 /// Says what KVM could not do, with the guest's instruction pointer, so a crash report is
 /// actionable.
-fn report_internal_error(vcpu: &mut VcpuFd, index: u8) {
+fn report_internal_error(vcpu: &mut VcpuFd, index: u8, mem: &GuestMemoryMmap) {
+    report_crash_state(vcpu, index, mem);
     let regs = vcpu.get_regs().unwrap_or_default();
     let rip = regs.rip;
     let sregs = vcpu.get_sregs().unwrap_or_default();

@@ -7,14 +7,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{IoEventAddress, Kvm, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
 use crate::arch::{gdt, paging};
-use crate::config::VmConfig;
+use crate::boot::linux;
+use crate::config::{Guest, VmConfig};
 use crate::devices::bus::{lock, Bus, BusDevice};
 use crate::devices::legacy::{DebugExit, ExitState, PostCode, I8042};
 use crate::devices::serial::SerialDevice;
@@ -41,6 +44,8 @@ pub enum VmError {
     Load(#[from] loader::LoadError),
     #[error(transparent)]
     BootInfo(#[from] boot_info::BootInfoError),
+    #[error(transparent)]
+    Linux(#[from] linux::LinuxBootError),
     #[error("cannot write the boot page tables or GDT: {0}")]
     BootTables(vm_memory::GuestMemoryError),
     #[error(transparent)]
@@ -51,6 +56,12 @@ pub enum VmError {
     EventLoop(String),
     #[error("cannot place a device: {0}")]
     Bus(#[from] crate::devices::bus::BusError),
+}
+
+/// What was loaded into guest memory.
+enum Loaded {
+    Payload(loader::Loaded),
+    Linux(linux::LinuxEntry),
 }
 
 /// Watches the end of the VM (guest exit, reset, crash) and SIGTERM/SIGINT.
@@ -92,6 +103,8 @@ pub struct Vm {
     done: Arc<AtomicBool>,
     serial: Arc<Mutex<SerialDevice<std::io::Stdout>>>,
     report_timing: bool,
+    /// A Linux guest (not a payload).
+    linux: bool,
     // Kept alive for the VM's life: KVM holds the memory mapping and the fds.
     _vm: VmFd,
     _mem: GuestMemoryMmap,
@@ -107,12 +120,41 @@ impl Vm {
         if !vcpu::check_count(config.vcpus) {
             return Err(VmError::Vcpus(config.vcpus));
         }
-        if config.payload_arg.len() > layout::ARG_MAX {
-            return Err(boot_info::BootInfoError::ArgTooLong(config.payload_arg.len()).into());
+        if let Guest::Payload { arg, .. } = &config.guest {
+            if arg.len() > layout::ARG_MAX {
+                return Err(boot_info::BootInfoError::ArgTooLong(arg.len()).into());
+            }
+        }
+        if config.vgpus.len() > layout::MAX_MMIO_DEVICES {
+            return Err(boot_info::BootInfoError::TooManyDevices(config.vgpus.len()).into());
         }
         let mem = memory::create_guest_memory(config.memory)?;
         let low_end = layout::ram_regions(config.memory)[0].1;
-        let loaded = loader::load_payload(&mem, &config.payload, low_end)?;
+        let loaded = match &config.guest {
+            Guest::Payload { path, .. } => {
+                Loaded::Payload(loader::load_payload(&mem, path, low_end)?)
+            }
+            Guest::Linux(linux_config) => {
+                if config.vcpus > 1 {
+                    tracing::warn!(
+                        "the vmm writes no MP or ACPI tables: a Linux guest sees one vCPU"
+                    );
+                }
+                let announce: Vec<_> = (0..config.vgpus.len())
+                    .map(|i| linux::MmioAnnounce {
+                        base: layout::mmio_base(i),
+                        size: layout::MMIO_SIZE,
+                        gsi: layout::MMIO_GSI_BASE + i as u32,
+                    })
+                    .collect();
+                let mut linux_config = linux_config.clone();
+                let extra = config.cpu_profile.linux_params();
+                if !extra.is_empty() {
+                    linux_config.cmdline = format!("{} {extra}", linux_config.cmdline);
+                }
+                Loaded::Linux(linux::load(&mem, &linux_config, config.memory, &announce)?)
+            }
+        };
 
         let kvm = Kvm::new().map_err(VmError::Kvm)?;
         let vm = kvm
@@ -124,6 +166,16 @@ impl Vm {
             .map_err(|e| VmError::KvmSetup("set the identity map address", e))?;
         vm.create_irq_chip()
             .map_err(|e| VmError::KvmSetup("create the interrupt controller", e))?;
+        if matches!(loaded, Loaded::Linux(_)) {
+            // Linux calibrates its clocks against the PIT; payloads never touch it.
+            let pit = kvm_pit_config {
+                flags: KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            if let Err(e) = vm.create_pit2(pit) {
+                tracing::warn!("KVM has no in-kernel PIT ({e}); Linux falls back to other clocks");
+            }
+        }
         for (slot, region) in mem.iter().enumerate() {
             let host = mem.get_host_address(region.start_addr()).map_err(|_| {
                 VmError::KvmSetup("map guest memory", kvm_ioctls::Error::new(libc::EFAULT))
@@ -235,23 +287,33 @@ impl Vm {
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| VmError::KvmSetup("report its CPUID", e))?;
+        let entry = match &loaded {
+            Loaded::Payload(l) => vcpu::Entry::Payload { rip: l.entry, cr3 },
+            Loaded::Linux(l) => vcpu::Entry::Linux {
+                rip: l.entry,
+                cr3,
+                zero_page: linux::ZERO_PAGE_ADDR,
+            },
+        };
         let vcpu_fds = (0..config.vcpus)
-            .map(|i| vcpu::create(&vm, &supported, i, config.vcpus, loaded.entry, cr3))
+            .map(|i| vcpu::create(&vm, &supported, i, config.vcpus, entry, config.cpu_profile))
             .collect::<Result<Vec<_>, _>>()?;
         // KVM reports the guest TSC rate per vCPU; all of ours run at the same rate.
         let tsc_khz = vcpu_fds
             .first()
             .and_then(|v| v.get_tsc_khz().ok())
             .unwrap_or(0);
-        let info = boot_info::build(
-            config.memory,
-            config.vcpus,
-            u64::from(tsc_khz),
-            config.payload_arg.len(),
-            config.vgpus.len(),
-        )?;
-        boot_info::write(&mem, &info, &config.payload_arg)?;
-        tracing::debug!(entry = loaded.entry, end = loaded.end, "payload loaded");
+        if let (Guest::Payload { arg, .. }, Loaded::Payload(l)) = (&config.guest, &loaded) {
+            let info = boot_info::build(
+                config.memory,
+                config.vcpus,
+                u64::from(tsc_khz),
+                arg.len(),
+                config.vgpus.len(),
+            )?;
+            boot_info::write(&mem, &info, arg)?;
+            tracing::debug!(entry = l.entry, end = l.end, "payload loaded");
+        }
 
         Ok(Self {
             vcpu_fds,
@@ -262,6 +324,7 @@ impl Vm {
             done,
             serial,
             report_timing,
+            linux: matches!(loaded, Loaded::Linux(_)),
             _vm: vm,
             _mem: mem,
         })
@@ -278,6 +341,8 @@ impl Vm {
                 mmio: self.mmio.clone(),
                 exit: self.exit.clone(),
                 stop: stop.clone(),
+                mem: self._mem.clone(),
+                assist_software_interrupts: self.linux,
             };
             threads.push(vcpu::spawn(fd, i as u8, ctx)?);
         }

@@ -1,0 +1,3 @@
+//! Guest kernels other than payloads: Linux bzImage and vmlinux (`linux`).
+
+pub mod linux;
