@@ -100,6 +100,44 @@ pub fn utilization_png(
     subtitle: &str,
     lines: &[Line],
 ) -> Result<(), String> {
+    let axes = Axes {
+        x_label: "time (s)",
+        y_label: "util",
+        percent: true,
+    };
+    xy_png(path, title, subtitle, &axes, lines)
+}
+
+/// The axes of an [`xy_png`] plot.
+#[derive(Clone, Copy, Debug)]
+pub struct Axes<'a> {
+    /// Under the x axis.
+    pub x_label: &'a str,
+    /// Left of the y axis.
+    pub y_label: &'a str,
+    /// y values are fractions shown as % (and the axis reaches at least 100%).
+    pub percent: bool,
+}
+
+/// A round tick step of about `span / 8`: 1, 2 or 5 times a power of ten.
+fn tick_step(span: f64) -> f64 {
+    let raw = (span / 8.0).max(1e-9);
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * p)
+}
+
+/// Draws `lines` ((x, y) points from 0 up) into a 960x540 PNG with `axes`.
+pub fn xy_png(
+    path: &Path,
+    title: &str,
+    subtitle: &str,
+    axes: &Axes<'_>,
+    lines: &[Line],
+) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(d).map_err(|e| err(&e))?;
@@ -114,13 +152,16 @@ pub fn utilization_png(
         .filter(|v| finite(*v))
         .fold(1.0f64, f64::max)
         .ceil();
-    let y_max = lines
+    let y_data = lines
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .filter(|v| finite(*v))
-        .fold(1.0f64, f64::max)
-        .max(1.0)
-        * 1.05;
+        .fold(0.0f64, f64::max);
+    let y_max = if axes.percent {
+        y_data.max(1.0) * 1.05
+    } else {
+        (y_data * 1.05).max(1e-9)
+    };
     let (left, right, top, bottom) = (70i32, 30i32, 50i32, 60i32);
     let mut chart = ChartBuilder::on(&root)
         .margin_left(left as u32)
@@ -130,9 +171,10 @@ pub fn utilization_png(
         .build_cartesian_2d(0f64..t_max, 0f64..y_max)
         .map_err(|e| err(&e))?;
     let grid = RGBColor(225, 225, 225);
-    let y_ticks: Vec<f64> = (0..=((y_max * 10.0) as i32))
-        .step_by(2)
-        .map(|i| f64::from(i) / 10.0)
+    let y_step = if axes.percent { 0.2 } else { tick_step(y_max) };
+    let y_ticks: Vec<f64> = (0..)
+        .map(|i| f64::from(i) * y_step)
+        .take_while(|&y| y <= y_max)
         .collect();
     let x_step = (t_max / 10.0).ceil().max(1.0);
     let x_ticks: Vec<f64> = (0..)
@@ -198,14 +240,14 @@ pub fn utilization_png(
     text(&mut canvas, title, left, 14, true, Rgb888::BLACK);
     for &y in &y_ticks {
         let (_, py) = chart.backend_coord(&(0.0, y));
-        text(
-            &mut canvas,
-            &format!("{:>4.0}%", y * 100.0),
-            x0 - 40,
-            py - 5,
-            false,
-            Rgb888::BLACK,
-        );
+        let label = if axes.percent {
+            format!("{:>4.0}%", y * 100.0)
+        } else if y_step >= 1.0 {
+            format!("{y:>5.0}")
+        } else {
+            format!("{y:>5.2}")
+        };
+        text(&mut canvas, &label, x0 - 40, py - 5, false, Rgb888::BLACK);
     }
     for &x in &x_ticks {
         let (px, _) = chart.backend_coord(&(x, 0.0));
@@ -220,13 +262,20 @@ pub fn utilization_png(
     }
     text(
         &mut canvas,
-        "time (s)",
-        (x0 + x1) / 2 - 24,
+        axes.x_label,
+        (x0 + x1) / 2 - 3 * axes.x_label.len() as i32,
         y0 + 22,
         false,
         Rgb888::BLACK,
     );
-    text(&mut canvas, "util", 8, (y0 + y1) / 2, false, Rgb888::BLACK);
+    text(
+        &mut canvas,
+        axes.y_label,
+        8,
+        (y0 + y1) / 2,
+        false,
+        Rgb888::BLACK,
+    );
     text(
         &mut canvas,
         subtitle,

@@ -2,4 +2,5 @@
 
 pub mod band;
 pub mod device;
+pub mod memory;
 pub mod vmm;

@@ -34,6 +34,16 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         real_seconds: u64,
     },
+    /// Oversubscription (Gdev's overload case, scaled), swap throughput of both tiers,
+    /// shm dataflow vs copies through the host, on the sim backend (issue 6).
+    Memory {
+        /// Sim host-device copy bandwidth, GB/s.
+        #[arg(long, default_value_t = 2.0)]
+        copy_gbps: f64,
+        /// Sim compute speed (1.0 = 1e9 element operations/s).
+        #[arg(long, default_value_t = 0.5)]
+        speed: f64,
+    },
 }
 
 fn main() {
@@ -45,6 +55,13 @@ fn main() {
             seconds,
             real_seconds,
         } => (benches::band::run(seconds, real_seconds), "band"),
+        Bench::Memory { copy_gbps, speed } => (
+            benches::memory::run(benches::memory::Params {
+                copy_bandwidth: (copy_gbps * 1e9) as u64,
+                speed,
+            }),
+            "memory",
+        ),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");
