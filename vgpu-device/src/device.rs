@@ -39,6 +39,8 @@ pub struct Vgpu {
     slots: Option<Arc<crate::slots::HwSlots>>,
     /// The shared device memory registry; `None`: SHM_* requests are not supported.
     shm: Option<Arc<dyn crate::shm::ShmHost>>,
+    /// The vGPU's storage namespaces; `None`: STORAGE_ATTACH is not supported.
+    storage: Option<Arc<dyn crate::storage::StorageHost>>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -66,6 +68,7 @@ impl Vgpu {
             gate: Arc::new(Ungated),
             slots: None,
             shm: None,
+            storage: None,
         })
     }
 
@@ -73,6 +76,14 @@ impl Vgpu {
     pub fn with_shm(mut self, host: Arc<dyn crate::shm::ShmHost>) -> Self {
         self.space.features |= vgpu_proto::features::SHM;
         self.shm = Some(host);
+        self
+    }
+
+    /// Serves STORAGE_ATTACH through `host` and says so in the config space (feature bit
+    /// STORAGE). The backend runs the storage kernels over the same namespaces.
+    pub fn with_storage(mut self, host: Arc<dyn crate::storage::StorageHost>) -> Self {
+        self.space.features |= vgpu_proto::features::STORAGE;
+        self.storage = Some(host);
         self
     }
 
@@ -286,10 +297,19 @@ impl Vgpu {
             Request::ShmGet(_) | Request::ShmAt(_) | Request::ShmDt(_) | Request::ShmCtl(_) => {
                 self.shm_request(name, req)
             }
-            Request::StorageAttach(_) => Err(RequestError::NotSupported {
-                opcode: name,
-                why: "GPU-initiated storage is not available on this device yet (capability bit STORAGE is clear)",
-            }),
+            Request::StorageAttach(a) => {
+                let Some(host) = &self.storage else {
+                    return Err(RequestError::NotSupported {
+                        opcode: name,
+                        why: "this vGPU has no storage namespaces (capability bit STORAGE is clear); the operator attaches them with `storage` in the vGPU's spec",
+                    });
+                };
+                if a.flags != 0 {
+                    return Err(RequestError::invalid(op, format!("flags {:#x} must be 0", a.flags)));
+                }
+                let at = host.attach(a.namespace)?;
+                Ok([at.handle, at.bytes, u64::from(at.block_size), u64::from(at.read_only)])
+            }
         }
     }
 
