@@ -505,6 +505,7 @@ fn rest_contract_bad_input_and_concurrency() {
                     oversubscribe: false,
                     share_group: None,
                     queues: 1,
+                    storage: Vec::new(),
                 })
             })
         })
@@ -660,6 +661,7 @@ fn vm_lifecycle_with_a_vgpu_workload() {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -897,6 +899,7 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");

@@ -85,10 +85,33 @@ pub struct VgpuCreate {
     /// Request queues (guest streams), 1..=64.
     #[serde(default = "one_queue")]
     pub queues: u16,
+    /// Storage namespaces the guest may read from GPU kernels (issue 9): at most 16,
+    /// unique ids. The guest attaches one with `STORAGE_ATTACH` and runs the built-in
+    /// storage kernels on it (sim GPUs).
+    #[serde(default)]
+    pub storage: Vec<StorageAttachment>,
 }
 
 fn one_queue() -> u16 {
     1
+}
+
+/// A storage namespace attached to a vGPU: a file or block device on the daemon's host,
+/// served to the vGPU by an emulated NVMe controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageAttachment {
+    /// The id the guest names it by (`STORAGE_ATTACH`), 1..=65535, unique per vGPU.
+    pub namespace: u32,
+    /// Absolute path of a readable, non-empty regular file or block device.
+    pub path: String,
+    /// Open it read-only (default true; false also needs write permission).
+    #[serde(default = "yes")]
+    pub read_only: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Run-time changes to a vGPU (any subset).
@@ -139,6 +162,9 @@ pub struct Vgpu {
     pub oversubscribe: bool,
     pub share_group: Option<String>,
     pub queues: u16,
+    /// Its storage namespaces.
+    #[serde(default)]
+    pub storage: Vec<StorageAttachment>,
     pub state: VgpuState,
     /// The VM using it.
     pub vm: Option<u32>,

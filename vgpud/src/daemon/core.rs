@@ -17,6 +17,7 @@ use super::error::{ApiError, DaemonError};
 use super::link::{self, Link};
 use super::procs::{self, Proc};
 use super::shm;
+use super::storage;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
 use crate::control::{Answer, Ask, Command as Ctl, MemReport, ReplyBody, WorkerStats};
@@ -78,6 +79,8 @@ struct VgpuRec {
     oversubscribe: bool,
     share_group: Option<String>,
     queues: u16,
+    /// Storage namespaces (issue 9), passed to the worker.
+    storage: Vec<api::StorageAttachment>,
     state: VgpuState,
     vm: Option<u32>,
     owned: bool,
@@ -110,6 +113,7 @@ impl VgpuRec {
             oversubscribe: self.oversubscribe,
             share_group: self.share_group.clone(),
             queues: self.queues,
+            storage: self.storage.clone(),
             state: self.state.clone(),
             vm: self.vm,
             owned_by_vm: self.owned,
@@ -193,6 +197,7 @@ struct VgpuAsk {
     oversubscribe: bool,
     share_group: Option<String>,
     queues: u16,
+    storage: Vec<api::StorageAttachment>,
 }
 
 /// One GPU's oversubscribed memory: the pool's plan, and one reservation at a time.
@@ -429,6 +434,7 @@ impl Daemon {
         if let Some(g) = &spec.share_group {
             validate_share_group(g)?;
         }
+        storage::validate(&spec.storage)?;
         if let Some(g) = spec.gpu {
             let Some(gpu) = self.gpu(g) else {
                 return Err(ApiError::bad(
@@ -467,6 +473,7 @@ impl Daemon {
             oversubscribe: spec.oversubscribe,
             share_group: spec.share_group.clone(),
             queues: spec.queues,
+            storage: spec.storage.clone(),
         })
     }
 
@@ -565,6 +572,7 @@ impl Daemon {
             oversubscribe: ask.oversubscribe,
             share_group: ask.share_group,
             queues: ask.queues,
+            storage: ask.storage,
             state: VgpuState::Starting,
             vm,
             owned: vm.is_some(),
@@ -653,6 +661,9 @@ impl Daemon {
                 cmd.arg("--oversubscribe");
             }
             cmd.arg("--shm");
+            for s in &rec.storage {
+                cmd.arg("--storage").arg(storage::worker_arg(s));
+            }
             cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
                 .args([
                     "--grant-fds",
@@ -1140,6 +1151,7 @@ impl Daemon {
                 oversubscribe: false,
                 share_group: None,
                 queues: 1,
+                storage: Vec::new(),
             };
             if let Some(e) = self.misfit(&inner, rec.gpu, &ask, Some(id)) {
                 return Err(e);
@@ -2065,6 +2077,7 @@ mod tests {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         }
     }
 
