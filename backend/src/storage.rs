@@ -127,10 +127,7 @@ impl StorageSet {
                 ));
             }
             let id = spec.id;
-            if entries
-                .insert(id, Entry { spec, opened: None })
-                .is_some()
-            {
+            if entries.insert(id, Entry { spec, opened: None }).is_some() {
                 return Err(BackendError::InvalidArgument(format!(
                     "storage namespace {id} is given twice; give each id once"
                 )));
@@ -253,7 +250,10 @@ mod tests {
         assert_eq!((s.id, s.read_only), (1, true));
         assert_eq!(s.path, PathBuf::from("/tmp/a:b.bin"));
         let s = NamespaceSpec::parse("7=/x:rw").expect("rw");
-        assert_eq!((s.id, s.read_only, s.to_arg().as_str()), (7, false, "7=/x:rw"));
+        assert_eq!(
+            (s.id, s.read_only, s.to_arg().as_str()),
+            (7, false, "7=/x:rw")
+        );
         assert_eq!(NamespaceSpec::parse(&s.to_arg()), Ok(s));
         for bad in ["", "x=/a", "0=/a", "1=", "1=:ro", "/a"] {
             assert!(NamespaceSpec::parse(bad).is_err(), "{bad:?}");
@@ -275,7 +275,10 @@ mod tests {
         assert!(e.to_string().contains("attached: 3"), "{e}");
         let e = set.attach(3).expect_err("missing file");
         assert_eq!(e.status(), vgpu_proto::Status::DeviceError, "{e}");
-        assert!(e.to_string().contains("/nonexistent/vgpu-storage-test"), "{e}");
+        assert!(
+            e.to_string().contains("/nonexistent/vgpu-storage-test"),
+            "{e}"
+        );
         assert!(set.get(3).is_err(), "not attached");
     }
 }

@@ -148,6 +148,9 @@ fn bfs(ctx: &Ctx<'_>, o: &Opened, args: &[ArgValue]) -> Result<()> {
         BackendError::InvalidArgument(format!("{name}: source = {source} is too large"))
     })?;
     let got = kernels::bfs(&g, source, ctx.threads).map_err(|e| error(name, e))?;
-    levels.iter().zip(got).for_each(|(l, v)| l.store(v, Relaxed));
+    levels
+        .iter()
+        .zip(got)
+        .for_each(|(l, v)| l.store(v, Relaxed));
     Ok(())
 }
