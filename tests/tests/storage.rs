@@ -148,7 +148,11 @@ fn bad_storage_specs_name_their_field() {
     let missing = d.dir.join("missing.bin");
     for (storage, field, says) in [
         (vec![att(1, &missing)], "storage[0].path", "No such file"),
-        (vec![att(1, &good), att(1, &good)], "storage[1].namespace", "twice"),
+        (
+            vec![att(1, &good), att(1, &good)],
+            "storage[1].namespace",
+            "twice",
+        ),
         (vec![att(0, &good)], "storage[0].namespace", "1..=65535"),
         (vec![att(1, &empty)], "storage[0].path", "512-byte block"),
         (vec![att(1, &d.dir)], "storage[0].path", "regular file"),
