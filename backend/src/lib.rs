@@ -16,6 +16,7 @@ mod error;
 pub mod pager;
 pub mod sim;
 mod space;
+pub mod storage;
 
 pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};

@@ -22,6 +22,7 @@ pub const PAYLOADS: &[&str] = &[
     "kvm-exits",
     "memcheck",
     "shm-pipe",
+    "storage",
     "streams",
     "vecadd",
     "vhost-echo",

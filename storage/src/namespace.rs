@@ -26,6 +26,9 @@ pub struct NamespaceOptions {
     pub block_size: u32,
     pub direct: bool,
     pub engine: EngineKind,
+    /// Emulated controller only: open the backing file read-only (writes complete with
+    /// Namespace Write Protected).
+    pub read_only: bool,
 }
 
 impl Default for NamespaceOptions {
@@ -37,6 +40,7 @@ impl Default for NamespaceOptions {
             block_size: 512,
             direct: false,
             engine: EngineKind::IoUring,
+            read_only: false,
         }
     }
 }
@@ -62,6 +66,7 @@ impl Namespace {
         eo.block_size = opts.block_size;
         eo.direct = opts.direct;
         eo.engine = opts.engine;
+        eo.read_only = opts.read_only;
         eo.max_queue_entries = eo.max_queue_entries.max(opts.queue_depth);
         let ctrl = EmulatedController::start(eo)?;
         let bar = Arc::new(ctrl.bar());

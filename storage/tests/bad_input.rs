@@ -165,3 +165,22 @@ fn waiting_on_a_completion_that_never_comes_times_out() {
     assert!(t.elapsed() < Duration::from_secs(1));
     drop(buf);
 }
+
+#[test]
+fn a_read_only_namespace_refuses_writes_and_serves_reads() {
+    let f = pattern_file("ro", 1 << 12);
+    let opts = NamespaceOptions {
+        read_only: true,
+        ..NamespaceOptions::default()
+    };
+    let ns = Namespace::open_file(&f.0, &opts).unwrap();
+    let buf = DmaSlice::whole(ns.alloc_dma(4096).unwrap());
+    assert!(
+        matches!(
+            ns.write(0, &buf),
+            Err(Error::Status(NvmeStatus::NamespaceWriteProtected))
+        ),
+        "a write to a read-only namespace is refused"
+    );
+    ns.read(0, &buf).unwrap();
+}

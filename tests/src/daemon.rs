@@ -275,6 +275,7 @@ pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         }),
     }
 }

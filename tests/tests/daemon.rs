@@ -346,9 +346,9 @@ fn rest_contract_bad_input_and_concurrency() {
         &spec,
         "POST",
         "/v1/vgpus",
-        br#"{"memory_bytes": 1024, "compute_share": 0.1, "oversubscribe": true}"#,
-        501,
-        Some("oversubscribe"),
+        br#"{"memory_bytes": 1099511627776000, "compute_share": 0.1, "oversubscribe": true}"#,
+        400,
+        Some("memory_bytes"),
     );
     // Unknown and malformed ids.
     refused(c, &spec, "GET", "/v1/vgpus/999", b"", 404, Some("id"));
@@ -446,15 +446,15 @@ fn rest_contract_bad_input_and_concurrency() {
         Some("vgpu.compute_share"),
     );
     refused(c, &spec, "POST", "/v1/vms", br#"{"payload": "hello", "vgpu": {"memory_bytes": 1024, "compute_share": 0.1, "extra": 1}}"#, 400, Some("vgpu.extra"));
-    // Migration is not built yet.
+    // A migration request with a bad mode.
     refused(
         c,
         &spec,
         "POST",
         &format!("{vg}/migrate"),
-        br#"{"target_gpu": 1}"#,
-        501,
-        None,
+        br#"{"target_gpu": 1, "mode": "warp"}"#,
+        400,
+        Some("mode"),
     );
     refused(
         c,
@@ -505,6 +505,7 @@ fn rest_contract_bad_input_and_concurrency() {
                     oversubscribe: false,
                     share_group: None,
                     queues: 1,
+                    storage: Vec::new(),
                 })
             })
         })
@@ -660,6 +661,7 @@ fn vm_lifecycle_with_a_vgpu_workload() {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -897,6 +899,7 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");
@@ -1063,9 +1066,9 @@ fn vgpuctl_speaks_for_every_endpoint() {
         err.contains("\"field\":\"compute_share\"") && err.contains("at most 50.0% is left"),
         "{err}"
     );
-    let (code, _, err) = ctl(&["vgpu", "migrate", &id, "--target-gpu", "0"]);
+    let (code, _, err) = ctl(&["vgpu", "migrate", &id, "--target-gpu", "7"]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("501") && err.contains("issue 7"), "{err}");
+    assert!(err.contains("there is no GPU 7"), "{err}");
     let (code, _, err) = ctl(&[
         "vm",
         "launch",

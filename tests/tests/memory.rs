@@ -36,6 +36,7 @@ fn vm(
             oversubscribe,
             share_group: group.map(str::to_string),
             queues: 1,
+            storage: Vec::new(),
         }),
     }
 }

@@ -39,6 +39,8 @@ pub struct Vgpu {
     slots: Option<Arc<crate::slots::HwSlots>>,
     /// The shared device memory registry; `None`: SHM_* requests are not supported.
     shm: Option<Arc<dyn crate::shm::ShmHost>>,
+    /// The vGPU's storage namespaces; `None`: STORAGE_ATTACH is not supported.
+    storage: Option<Arc<dyn crate::storage::StorageHost>>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -66,6 +68,7 @@ impl Vgpu {
             gate: Arc::new(Ungated),
             slots: None,
             shm: None,
+            storage: None,
         })
     }
 
@@ -73,6 +76,14 @@ impl Vgpu {
     pub fn with_shm(mut self, host: Arc<dyn crate::shm::ShmHost>) -> Self {
         self.space.features |= vgpu_proto::features::SHM;
         self.shm = Some(host);
+        self
+    }
+
+    /// Serves STORAGE_ATTACH through `host` and says so in the config space (feature bit
+    /// STORAGE). The backend runs the storage kernels over the same namespaces.
+    pub fn with_storage(mut self, host: Arc<dyn crate::storage::StorageHost>) -> Self {
+        self.space.features |= vgpu_proto::features::STORAGE;
+        self.storage = Some(host);
         self
     }
 
@@ -212,7 +223,10 @@ impl Vgpu {
             Request::GetInfo => self.get_info(mem, chain),
             Request::Alloc(a) => {
                 if a.flags != 0 {
-                    return Err(RequestError::invalid(op, format!("flags {:#x} must be 0", a.flags)));
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("flags {:#x} must be 0", a.flags),
+                    ));
                 }
                 self.alloc(a.size)
             }
@@ -221,10 +235,13 @@ impl Vgpu {
                 b.check_range(a.dst, a.size)?;
                 let _permit = self.gate.acquire(Resource::Copy);
                 for_each_data(mem, chain, layout, name, false, a.size, |off, s| {
-                    let dst = a.dst.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
-                        addr: a.dst,
-                        len: a.size,
-                    })?;
+                    let dst =
+                        a.dst
+                            .checked_add(off)
+                            .ok_or(vgpu_backend::BackendError::BadPointer {
+                                addr: a.dst,
+                                len: a.size,
+                            })?;
                     b.copy_htod(dst, s)?;
                     Ok(())
                 })?;
@@ -235,10 +252,13 @@ impl Vgpu {
                 b.check_range(a.src, a.size)?;
                 let _permit = self.gate.acquire(Resource::Copy);
                 for_each_data(mem, chain, layout, name, true, a.size, |off, s| {
-                    let src = a.src.checked_add(off).ok_or(vgpu_backend::BackendError::BadPointer {
-                        addr: a.src,
-                        len: a.size,
-                    })?;
+                    let src =
+                        a.src
+                            .checked_add(off)
+                            .ok_or(vgpu_backend::BackendError::BadPointer {
+                                addr: a.src,
+                                len: a.size,
+                            })?;
                     b.copy_dtoh(src, s)?;
                     Ok(())
                 })?;
@@ -260,10 +280,16 @@ impl Vgpu {
                 Ok([n, 0, 0, 0])
             }
             Request::ModuleLoad(a) => self.module_load(mem, chain, layout, a),
-            Request::ModuleUnload(a) => b.module_unload(a.module).map(|()| [0; 4]).map_err(Into::into),
+            Request::ModuleUnload(a) => b
+                .module_unload(a.module)
+                .map(|()| [0; 4])
+                .map_err(Into::into),
             Request::GetFunction(a) => {
                 if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
-                    return Err(RequestError::invalid(op, format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len)));
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
+                    ));
                 }
                 let mut name = [0u8; MAX_NAME_LEN as usize];
                 gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
@@ -279,17 +305,37 @@ impl Vgpu {
             Request::EventRecord(e) => Ok([self.events.record(e.event)?, 0, 0, 0]),
             Request::EventQuery(e) => Ok([1, self.events.get(e.event)?, 0, 0]),
             Request::EventElapsed(e) => {
-                let ns = self.events.get(e.end)?.saturating_sub(self.events.get(e.start)?);
+                let ns = self
+                    .events
+                    .get(e.end)?
+                    .saturating_sub(self.events.get(e.start)?);
                 Ok([ns, ns / 1000, 0, 0])
             }
             Request::EventDestroy(e) => self.events.destroy(e.event).map(|()| [0; 4]),
             Request::ShmGet(_) | Request::ShmAt(_) | Request::ShmDt(_) | Request::ShmCtl(_) => {
                 self.shm_request(name, req)
             }
-            Request::StorageAttach(_) => Err(RequestError::NotSupported {
-                opcode: name,
-                why: "GPU-initiated storage is not available on this device yet (capability bit STORAGE is clear)",
-            }),
+            Request::StorageAttach(a) => {
+                let Some(host) = &self.storage else {
+                    return Err(RequestError::NotSupported {
+                        opcode: name,
+                        why: "this vGPU has no storage namespaces (capability bit STORAGE is clear); the operator attaches them with `storage` in the vGPU's spec",
+                    });
+                };
+                if a.flags != 0 {
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("flags {:#x} must be 0", a.flags),
+                    ));
+                }
+                let at = host.attach(a.namespace)?;
+                Ok([
+                    at.handle,
+                    at.bytes,
+                    u64::from(at.block_size),
+                    u64::from(at.read_only),
+                ])
+            }
         }
     }
 

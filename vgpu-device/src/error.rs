@@ -109,6 +109,9 @@ pub enum RequestError {
     /// A shared device memory request failed.
     #[error(transparent)]
     Shm(crate::shm::ShmError),
+    /// A storage request failed.
+    #[error(transparent)]
+    Storage(crate::storage::StorageError),
 }
 
 impl RequestError {
@@ -131,6 +134,7 @@ impl RequestError {
             RequestError::NotSupported { .. } => Status::NotSupported,
             RequestError::Backend(e) => e.status(),
             RequestError::Shm(e) => e.status(),
+            RequestError::Storage(e) => e.status(),
         }
     }
 

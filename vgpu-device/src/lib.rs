@@ -16,6 +16,7 @@ mod events;
 mod shm;
 mod slots;
 mod stats;
+mod storage;
 mod vhost;
 
 #[cfg(test)]
@@ -31,4 +32,5 @@ pub use events::MAX_EVENTS;
 pub use shm::{ShmError, ShmHost};
 pub use slots::{HwSlots, SlotPolicy};
 pub use stats::StatsSnapshot;
+pub use storage::{StorageError, StorageHost};
 pub use vhost::{Memory, VgpuVhostBackend, Vring};

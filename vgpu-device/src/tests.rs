@@ -1065,3 +1065,40 @@ fn every_kernel_through_the_queue() {
     assert_eq!(resp.status(), Some(Status::KernelFault));
     h.still_works();
 }
+
+#[test]
+fn storage_attach_through_a_storage_host() {
+    use vgpu_backend::storage::{NamespaceSpec, StorageSet};
+    let file = std::env::temp_dir().join(format!("vgpu-device-storage-{}", std::process::id()));
+    std::fs::write(&file, vec![5u8; 8192]).expect("write");
+    let spec = |id, path: std::path::PathBuf| NamespaceSpec {
+        id,
+        path,
+        read_only: true,
+    };
+    let set = Arc::new(
+        StorageSet::new(vec![
+            spec(1, file.clone()),
+            spec(2, file.with_extension("gone")),
+        ])
+        .expect("set"),
+    );
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    assert_eq!(h.vgpu.config_space().features & features::STORAGE, 0);
+    h.vgpu = new_vgpu(32 * MIB).with_storage(set);
+    assert_ne!(h.vgpu.config_space().features & features::STORAGE, 0);
+    let attach = |namespace, flags| Request::StorageAttach(StorageAttachArgs { namespace, flags });
+    assert_eq!(h.ok(attach(1, 0), &[]), [1, 8192, 512, 1]);
+    assert_eq!(h.ok(attach(1, 0), &[]), [1, 8192, 512, 1], "idempotent");
+    assert_eq!(
+        h.status(attach(2, 0), &[]),
+        Status::DeviceError,
+        "file gone"
+    );
+    assert_eq!(h.status(attach(3, 0), &[]), Status::InvalidArgument);
+    assert_eq!(h.status(attach(1 << 40, 0), &[]), Status::InvalidArgument);
+    assert_eq!(h.status(attach(1, 1), &[]), Status::InvalidArgument);
+    h.still_works();
+    let _ = std::fs::remove_file(file);
+}

@@ -194,7 +194,11 @@ wire_struct! {
 }
 
 wire_struct! {
-    /// `STORAGE_ATTACH`: result[0] = device address of the queue-pair area.
+    /// `STORAGE_ATTACH`: result[0] = the handle the storage kernels take as their `ns`
+    /// argument (on this protocol version the namespace id itself), result[1] = the
+    /// namespace's size in bytes, result[2] = its logical block size, result[3] = 1 if it
+    /// is read-only. Attaching again returns the same. Unknown namespace:
+    /// `INVALID_ARGUMENT`; a namespace whose backing store is gone: `DEVICE_ERROR`.
     pub struct StorageAttachArgs, size 16 {
         /// Host-assigned storage namespace id (the operator attaches it to the vGPU).
         pub namespace: u64,

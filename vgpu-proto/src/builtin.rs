@@ -120,6 +120,56 @@ pub const CHECKSUM: KernelSig = KernelSig {
           for each byte: h ^= byte; h = h * 0x100000001b3 (wrapping)",
 };
 
+/// `dst[i] = A[idx[i]]` where `A` is the array of `elem_bytes`-byte elements starting at
+/// byte `base` of namespace `ns`.
+pub const STORAGE_GATHER: KernelSig = KernelSig {
+    name: "storage_gather",
+    params: &[
+        ("ns", Param::Int),
+        ("base", Param::Int),
+        ("idx", R),
+        ("dst", W),
+        ("n", Param::Int),
+        ("elem_bytes", Param::Int),
+    ],
+    doc: "dst[i] = A[idx[i]] for i < n, where A is the array of elem_bytes-byte (4 or 8) \
+          little-endian elements from byte base (a multiple of elem_bytes) to the end of \
+          namespace ns; idx holds u64 indices, dst elem_bytes-byte elements; an index past \
+          the namespace stops the kernel with KERNEL_FAULT before any read",
+};
+/// `out[0] = sum of n elements` read sequentially from byte `base` of namespace `ns`.
+pub const STORAGE_SCAN_SUM: KernelSig = KernelSig {
+    name: "storage_scan_sum",
+    params: &[
+        ("ns", Param::Int),
+        ("base", Param::Int),
+        ("n", Param::Int),
+        ("elem_bytes", Param::Int),
+        ("out", W),
+    ],
+    doc: "out[0] (u64) = wrapping sum of the n elem_bytes-byte (4 or 8) little-endian \
+          unsigned elements at byte base of namespace ns, each widened to u64; a range \
+          past the namespace is INVALID_ARGUMENT",
+};
+/// Level-synchronous BFS over a CSR graph stored in namespace `ns`.
+pub const STORAGE_BFS: KernelSig = KernelSig {
+    name: "storage_bfs",
+    params: &[
+        ("ns", Param::Int),
+        ("offsets_base", Param::Int),
+        ("edges_base", Param::Int),
+        ("vertices", Param::Int),
+        ("edges", Param::Int),
+        ("source", Param::Int),
+        ("levels", W),
+    ],
+    doc: "BFS from source over the CSR graph in namespace ns: vertices + 1 u64 offsets at \
+          byte offsets_base, edges u32 neighbour ids at byte edges_base; the neighbours of v \
+          are edges[offsets[v]..offsets[v + 1]]; levels[v] (u32) = hops from source, \
+          0xffffffff if unreachable; a malformed graph (offsets decreasing or past edges, a \
+          neighbour >= vertices) is INVALID_ARGUMENT",
+};
+
 /// Longest `spin` a launch may ask for (60 s); longer is `INVALID_ARGUMENT`.
 pub const MAX_SPIN_US: u64 = 60_000_000;
 
@@ -128,9 +178,22 @@ pub const KERNELS: [KernelSig; 8] = [
     VECTOR_ADD, SAXPY, FILL, REDUCE_SUM, MATMUL, GATHER, SPIN, CHECKSUM,
 ];
 
-/// The built-in kernel called `name`, if any.
+/// The storage kernels, after [`KERNELS`] in the built-in module.
+pub const STORAGE_KERNELS: [KernelSig; 3] = [STORAGE_GATHER, STORAGE_SCAN_SUM, STORAGE_BFS];
+
+/// Every kernel of the built-in module in order: [`KERNELS`], then [`STORAGE_KERNELS`].
+pub fn all() -> impl Iterator<Item = &'static KernelSig> {
+    KERNELS.iter().chain(STORAGE_KERNELS.iter())
+}
+
+/// The built-in kernel called `name`, if any (storage kernels included).
 pub fn find(name: &[u8]) -> Option<&'static KernelSig> {
-    KERNELS.iter().find(|k| k.name.as_bytes() == name)
+    all().find(|k| k.name.as_bytes() == name)
+}
+
+/// Whether `sig` is one of the [`STORAGE_KERNELS`].
+pub fn is_storage(sig: &KernelSig) -> bool {
+    STORAGE_KERNELS.iter().any(|k| k.name == sig.name)
 }
 
 /// 64-bit FNV-1a offset basis.

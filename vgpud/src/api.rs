@@ -74,8 +74,9 @@ pub struct VgpuCreate {
     /// Scheduling priority, larger = more important (ready-queue order, eviction victims).
     #[serde(default)]
     pub priority: i32,
-    /// Allow oversubscribing device memory (swap). Not available yet: `true` answers 501
-    /// until the memory issue (6) lands.
+    /// Allow oversubscribing device memory: the share is not reserved; the vGPU competes
+    /// for what hard shares leave and is swapped out (to the GPU's swap area, then host
+    /// memory) when the GPU runs short (docs/memory.md).
     #[serde(default)]
     pub oversubscribe: bool,
     /// Share group: vGPUs in one group may share device memory (shm, issue 6).
@@ -85,10 +86,33 @@ pub struct VgpuCreate {
     /// Request queues (guest streams), 1..=64.
     #[serde(default = "one_queue")]
     pub queues: u16,
+    /// Storage namespaces the guest may read from GPU kernels (issue 9): at most 16,
+    /// unique ids. The guest attaches one with `STORAGE_ATTACH` and runs the built-in
+    /// storage kernels on it (sim GPUs).
+    #[serde(default)]
+    pub storage: Vec<StorageAttachment>,
 }
 
 fn one_queue() -> u16 {
     1
+}
+
+/// A storage namespace attached to a vGPU: a file or block device on the daemon's host,
+/// served to the vGPU by an emulated NVMe controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageAttachment {
+    /// The id the guest names it by (`STORAGE_ATTACH`), 1..=65535, unique per vGPU.
+    pub namespace: u32,
+    /// Absolute path of a readable, non-empty regular file or block device.
+    pub path: String,
+    /// Open it read-only (default true; false also needs write permission).
+    #[serde(default = "yes")]
+    pub read_only: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Run-time changes to a vGPU (any subset).
@@ -139,6 +163,9 @@ pub struct Vgpu {
     pub oversubscribe: bool,
     pub share_group: Option<String>,
     pub queues: u16,
+    /// Its storage namespaces.
+    #[serde(default)]
+    pub storage: Vec<StorageAttachment>,
     pub state: VgpuState,
     /// The VM using it.
     pub vm: Option<u32>,

@@ -348,6 +348,15 @@ impl Modules {
             || BackendError::UnknownFunction(format!("\"{}\" in module {module}", printable(name)));
         match entry {
             Entry::Builtin => {
+                if let Some(k) = vgpu_proto::builtin::STORAGE_KERNELS
+                    .iter()
+                    .find(|k| k.name.as_bytes() == name)
+                {
+                    return Err(BackendError::NotSupported(format!(
+                        "{} runs on the sim backend only: GPU threads enqueueing NVMe commands on a real GPU (queue memory mapped to the GPU, PTX twins of the storage kernels) is not built yet (docs/storage.md); run this vGPU on a sim GPU",
+                        k.name
+                    )));
+                }
                 let (index, sig) = KERNELS
                     .iter()
                     .enumerate()

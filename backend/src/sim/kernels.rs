@@ -30,6 +30,8 @@ pub struct Ctx<'a> {
     pub threads: usize,
     /// Compute-rate factor.
     pub speed: f64,
+    /// The vGPU's storage namespaces, for the storage kernels.
+    pub storage: Option<&'a crate::storage::StorageSet>,
 }
 
 /// An element count as usize.
@@ -40,14 +42,14 @@ fn count(sig: &KernelSig, what: &str, v: u64) -> Result<usize> {
 }
 
 /// A pointer argument resolved to its allocation, with the extent it covers.
-struct Mapped {
+pub(super) struct Mapped {
     alloc: Arc<Allocation>,
     off: u64,
     count: u64,
 }
 
 impl Mapped {
-    fn new<T: Word>(mem: &DeviceMemory, addr: u64, count: u64) -> Result<Self> {
+    pub(super) fn new<T: Word>(mem: &DeviceMemory, addr: u64, count: u64) -> Result<Self> {
         let len = count.checked_mul(T::SIZE).ok_or(BackendError::BadPointer {
             addr,
             len: u64::MAX,
@@ -62,7 +64,7 @@ impl Mapped {
         Ok(Self { alloc, off, count })
     }
 
-    fn words<T: Word>(&self) -> Result<&[T]> {
+    pub(super) fn words<T: Word>(&self) -> Result<&[T]> {
         self.alloc.words::<T>(self.off, self.count)
     }
 }
@@ -97,6 +99,10 @@ fn par_for(units: usize, min_per_thread: usize, threads: usize, f: impl Fn(Range
 /// Runs built-in kernel `sig` to completion; returns its device time.
 pub fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<Duration> {
     check_args(sig, args)?;
+    if builtin::is_storage(sig) {
+        // I/O-bound: they take the time their reads take, no modeled floor.
+        return super::storage_kernels::run(ctx, sig, args);
+    }
     let start = Instant::now();
     let work = match sig.name {
         n if n == builtin::VECTOR_ADD.name => vector_add(ctx, sig, args)?,

@@ -6,17 +6,20 @@ mod kernels;
 mod memory;
 mod modules;
 mod pacing;
+mod storage_kernels;
 #[cfg(test)]
 mod tests;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
 
 use vgpu_proto::{backend_kind, features, ArgValue};
 use vm_memory::VolatileSlice;
 
 use crate::drain::InFlight;
 use crate::error::{BackendError, Result};
+use crate::storage::StorageSet;
 use crate::{
     Allocated, Backend, BackendInfo, FunctionInfo, LaunchConfig, LaunchStats, MemoryUsage,
     ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
@@ -72,6 +75,8 @@ pub struct SimGpu {
     copy: CopyEngine,
     modules: Modules,
     inflight: InFlight,
+    /// Storage namespaces the storage kernels read; `None`: they answer NOT_SUPPORTED.
+    storage: Option<Arc<StorageSet>>,
 }
 
 impl SimGpu {
@@ -116,7 +121,15 @@ impl SimGpu {
             copy: CopyEngine::new(cfg.copy_bandwidth),
             modules: Modules::default(),
             inflight: InFlight::default(),
+            storage: None,
         })
+    }
+
+    /// Lets the built-in storage kernels read the namespaces of `set` (the same set the
+    /// device layer answers `STORAGE_ATTACH` from).
+    pub fn with_storage(mut self, set: Arc<StorageSet>) -> Self {
+        self.storage = Some(set);
+        self
     }
 
     /// A duplicate of the memfd backing the allocation that starts at `addr`, and the
@@ -285,6 +298,7 @@ impl Backend for SimGpu {
             mem: &self.mem,
             threads: self.threads,
             speed: self.speed,
+            storage: self.storage.as_deref(),
         };
         let t = kernels::run(&ctx, sig, args)?;
         tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");

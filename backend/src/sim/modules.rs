@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
-use vgpu_proto::builtin::{KernelSig, KERNELS};
+use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::BUILTIN_MODULE;
 
 use crate::error::{BackendError, Result};
@@ -103,8 +103,7 @@ impl Modules {
             None => return Err(BackendError::UnknownModule(format!("handle {module}"))),
         }
         let name = name.strip_suffix(&[0]).unwrap_or(name);
-        let (index, sig) = KERNELS
-            .iter()
+        let (index, sig) = builtin::all()
             .enumerate()
             .find(|(_, k)| k.name.as_bytes() == name)
             .ok_or_else(|| {
@@ -123,7 +122,7 @@ impl Modules {
         let index = (function & 0xffff).checked_sub(1).ok_or_else(unknown)? as usize;
         let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         match t.loaded.get(&module) {
-            Some(Module::Builtin) => KERNELS.get(index).ok_or_else(unknown),
+            Some(Module::Builtin) => builtin::all().nth(index).ok_or_else(unknown),
             None => Err(unknown()),
         }
     }

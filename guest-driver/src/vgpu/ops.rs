@@ -38,6 +38,19 @@ pub fn launch_1d(function: u64, n: u64, block: u32) -> LaunchArgs {
     }
 }
 
+/// An attached storage namespace (`STORAGE_ATTACH`'s result).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageInfo {
+    /// What the storage kernels take as their `ns` argument.
+    pub handle: u64,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Logical block size in bytes.
+    pub block_size: u64,
+    /// The namespace is read-only.
+    pub read_only: bool,
+}
+
 /// Splits `len` bytes at device address `phys` into descriptors of at most MAX_CHUNK.
 fn chunks(phys: u64, len: u64, writable: bool) -> Result<([Buffer; MAX_DATA_BUFFERS], usize)> {
     let mut out = [Buffer::readable(0, 0); MAX_DATA_BUFFERS];
@@ -316,11 +329,22 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         }))
     }
 
-    /// Attaches a storage namespace; returns the device address of its queue-pair area.
+    /// Attaches a storage namespace; returns the handle the storage kernels take as `ns`.
     pub fn storage_attach(&mut self, namespace: u64) -> Result<u64> {
-        Ok(self.call(&Request::StorageAttach(StorageAttachArgs {
+        Ok(self.storage_attach_info(namespace)?.handle)
+    }
+
+    /// Attaches a storage namespace; returns its handle, size, block size and mode.
+    pub fn storage_attach_info(&mut self, namespace: u64) -> Result<StorageInfo> {
+        let r = self.call(&Request::StorageAttach(StorageAttachArgs {
             namespace,
             flags: 0,
-        }))?[0])
+        }))?;
+        Ok(StorageInfo {
+            handle: r[0],
+            bytes: r[1],
+            block_size: r[2],
+            read_only: r[3] != 0,
+        })
     }
 }

@@ -39,6 +39,9 @@ pub enum NvmeStatus {
     /// The medium could not be written; check the backing file or device (space, permissions).
     #[error("write fault")]
     WriteFault,
+    /// The namespace is write protected (the emulated controller: opened read-only); write elsewhere or attach it read-write.
+    #[error("namespace is write protected")]
+    NamespaceWriteProtected,
     /// Any other status; see the NVMe specification for SCT/SC.
     #[error("NVMe status sct={sct:#x} sc={sc:#x}")]
     Other { sct: u8, sc: u8 },
@@ -55,6 +58,7 @@ impl NvmeStatus {
             (0, 0x04) => Self::DataTransferError,
             (0, 0x06) => Self::InternalError,
             (0, 0x0b) => Self::InvalidNamespace,
+            (0, 0x20) => Self::NamespaceWriteProtected,
             (0, 0x80) => Self::LbaOutOfRange,
             (1, 0x00) => Self::CompletionQueueInvalid,
             (1, 0x01) => Self::InvalidQueueIdentifier,
@@ -74,6 +78,7 @@ impl NvmeStatus {
             Self::DataTransferError => (0, 0x04),
             Self::InternalError => (0, 0x06),
             Self::InvalidNamespace => (0, 0x0b),
+            Self::NamespaceWriteProtected => (0, 0x20),
             Self::LbaOutOfRange => (0, 0x80),
             Self::CompletionQueueInvalid => (1, 0x00),
             Self::InvalidQueueIdentifier => (1, 0x01),
@@ -97,6 +102,7 @@ mod tests {
             NvmeStatus::LbaOutOfRange,
             NvmeStatus::InvalidQueueSize,
             NvmeStatus::UnrecoveredReadError,
+            NvmeStatus::NamespaceWriteProtected,
             NvmeStatus::Other { sct: 3, sc: 0x10 },
         ] {
             assert_eq!(NvmeStatus::from_field(s.to_field()), s);

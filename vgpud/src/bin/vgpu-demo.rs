@@ -278,6 +278,7 @@ fn run(args: Args) -> Result<(), DemoError> {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         })?;
         println!(
             "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",

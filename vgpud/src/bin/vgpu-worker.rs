@@ -112,6 +112,11 @@ struct Args {
     /// Serve shared device memory requests through vgpud's registry. Needs --control-fd.
     #[arg(long)]
     shm: bool,
+    /// Attach a storage namespace for GPU-initiated reads (issue 9), `ID=PATH[:ro|:rw]`
+    /// (read-only unless `:rw`); repeat for more. The guest attaches it with
+    /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
+    #[arg(long, value_parser = vgpu_backend::storage::NamespaceSpec::parse)]
+    storage: Vec<vgpu_backend::storage::NamespaceSpec>,
 }
 
 fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
@@ -322,22 +327,28 @@ struct ControlState {
     gate: Option<Arc<vgpu_grant::SwitchGate>>,
     /// The vGPU's memory share (a cuda target is sized by it).
     memory: u64,
+    /// Storage namespaces the target GPU's backend must serve too.
+    storage: Option<Arc<vgpu_backend::storage::StorageSet>>,
 }
 
 impl ControlState {
     /// Builds the target GPU's backend for a migration.
     fn target_backend(&self, t: &TargetGpu) -> Result<Arc<dyn Backend>, String> {
         let b: Arc<dyn Backend> = match t.cuda_ordinal {
-            None => Arc::new(
-                SimGpu::new(SimConfig {
+            None => {
+                let sim = SimGpu::new(SimConfig {
                     memory: t.sim_memory,
                     copy_bandwidth: t.sim_copy_bw,
                     speed: t.sim_speed,
                     threads: t.sim_threads,
                     ..SimConfig::default()
                 })
-                .map_err(|e| e.to_string())?,
-            ),
+                .map_err(|e| e.to_string())?;
+                Arc::new(match &self.storage {
+                    Some(set) => sim.with_storage(set.clone()),
+                    None => sim,
+                })
+            }
             Some(ordinal) => Arc::new(
                 CudaGpu::new(CudaConfig {
                     ordinal,
@@ -639,6 +650,21 @@ fn control_loop(
     );
 }
 
+/// The vGPU's storage namespaces from `--storage`, or None when there are none.
+fn storage_set(
+    specs: &[vgpu_backend::storage::NamespaceSpec],
+) -> Result<Option<Arc<vgpu_backend::storage::StorageSet>>, WorkerError> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let set = vgpu_backend::storage::StorageSet::new(specs.to_vec())?;
+    for s in specs {
+        tracing::info!(namespace = s.id, path = %s.path.display(), read_only = s.read_only,
+            "storage namespace attached (opened on the guest's STORAGE_ATTACH)");
+    }
+    Ok(Some(Arc::new(set)))
+}
+
 fn run(args: Args) -> Result<(), WorkerError> {
     let signals = block_signals()?;
     let control = args.control_fd.map(control_socket).transpose()?;
@@ -664,14 +690,21 @@ fn run(args: Args) -> Result<(), WorkerError> {
         None => None,
     };
     let asker = channel.as_ref().map(|(_, _, a)| a.clone());
+    let storage = storage_set(&args.storage)?;
     let inner: Arc<dyn Backend> = match args.backend {
-        BackendKind::Sim => Arc::new(SimGpu::new(SimConfig {
-            memory: args.sim_memory.unwrap_or(args.memory),
-            copy_bandwidth: args.sim_copy_bw,
-            speed: args.sim_speed,
-            threads: args.sim_threads,
-            ..SimConfig::default()
-        })?),
+        BackendKind::Sim => {
+            let sim = SimGpu::new(SimConfig {
+                memory: args.sim_memory.unwrap_or(args.memory),
+                copy_bandwidth: args.sim_copy_bw,
+                speed: args.sim_speed,
+                threads: args.sim_threads,
+                ..SimConfig::default()
+            })?;
+            Arc::new(match &storage {
+                Some(set) => sim.with_storage(set.clone()),
+                None => sim,
+            })
+        }
         BackendKind::Cuda => Arc::new(CudaGpu::new(CudaConfig {
             ordinal: args.gpu,
             memory: args.memory,
@@ -703,6 +736,9 @@ fn run(args: Args) -> Result<(), WorkerError> {
     let mut vgpu = Vgpu::new(cfg, backend.clone())?;
     if let (Some(a), true) = (&asker, args.shm) {
         vgpu = vgpu.with_shm(Arc::new(WorkerShm::new(a.clone(), backend.clone())));
+    }
+    if let Some(set) = storage.clone() {
+        vgpu = vgpu.with_storage(set);
     }
     let mut gate = None;
     if let Some((page, doorbell)) = args.grant_fds {
@@ -757,6 +793,7 @@ fn run(args: Args) -> Result<(), WorkerError> {
         migratable,
         gate,
         memory: args.memory,
+        storage,
     });
     let out = match channel {
         Some((input, out, _)) => {

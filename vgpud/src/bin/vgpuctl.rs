@@ -83,6 +83,19 @@ struct VgpuSpecArgs {
     /// Allow memory oversubscription (answers 501 until issue 6).
     #[arg(long)]
     oversubscribe: bool,
+    /// Attach a storage namespace, `ID=PATH[:ro|:rw]` (read-only unless `:rw`); repeat
+    /// for more.
+    #[arg(long, value_parser = parse_storage)]
+    storage: Vec<vgpud::api::StorageAttachment>,
+}
+
+fn parse_storage(s: &str) -> Result<vgpud::api::StorageAttachment, String> {
+    let n = vgpu_backend::storage::NamespaceSpec::parse(s)?;
+    Ok(vgpud::api::StorageAttachment {
+        namespace: n.id,
+        path: n.path.display().to_string(),
+        read_only: n.read_only,
+    })
 }
 
 impl VgpuSpecArgs {
@@ -96,6 +109,7 @@ impl VgpuSpecArgs {
             oversubscribe: self.oversubscribe,
             share_group: self.share_group.clone(),
             queues: self.queues,
+            storage: self.storage.clone(),
         }
     }
 }
@@ -651,6 +665,7 @@ fn run(cli: Cli) -> Result<ExitCode, ClientError> {
                         oversubscribe: false,
                         share_group: None,
                         queues,
+                        storage: Vec::new(),
                     }),
                     (None, None) => None,
                     _ => {

@@ -17,6 +17,7 @@ use super::error::{ApiError, DaemonError};
 use super::link::{self, Link};
 use super::procs::{self, Proc};
 use super::shm;
+use super::storage;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
 use crate::control::{
@@ -83,6 +84,8 @@ struct VgpuRec {
     oversubscribe: bool,
     share_group: Option<String>,
     queues: u16,
+    /// Storage namespaces (issue 9), passed to the worker.
+    storage: Vec<api::StorageAttachment>,
     state: VgpuState,
     vm: Option<u32>,
     owned: bool,
@@ -117,6 +120,7 @@ impl VgpuRec {
             oversubscribe: self.oversubscribe,
             share_group: self.share_group.clone(),
             queues: self.queues,
+            storage: self.storage.clone(),
             state: self.state.clone(),
             vm: self.vm,
             owned_by_vm: self.owned,
@@ -203,6 +207,7 @@ struct VgpuAsk {
     oversubscribe: bool,
     share_group: Option<String>,
     queues: u16,
+    storage: Vec<api::StorageAttachment>,
 }
 
 /// One GPU's oversubscribed memory: the pool's plan, and one reservation at a time.
@@ -440,6 +445,7 @@ impl Daemon {
         if let Some(g) = &spec.share_group {
             validate_share_group(g)?;
         }
+        storage::validate(&spec.storage)?;
         if let Some(g) = spec.gpu {
             let Some(gpu) = self.gpu(g) else {
                 return Err(ApiError::bad(
@@ -478,6 +484,7 @@ impl Daemon {
             oversubscribe: spec.oversubscribe,
             share_group: spec.share_group.clone(),
             queues: spec.queues,
+            storage: spec.storage.clone(),
         })
     }
 
@@ -576,6 +583,7 @@ impl Daemon {
             oversubscribe: ask.oversubscribe,
             share_group: ask.share_group,
             queues: ask.queues,
+            storage: ask.storage,
             state: VgpuState::Starting,
             vm,
             owned: vm.is_some(),
@@ -665,6 +673,9 @@ impl Daemon {
                 cmd.arg("--oversubscribe");
             }
             cmd.arg("--shm");
+            for s in &rec.storage {
+                cmd.arg("--storage").arg(storage::worker_arg(s));
+            }
             cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
                 .args([
                     "--grant-fds",
@@ -1065,6 +1076,7 @@ impl Daemon {
                 oversubscribe: rec.oversubscribe,
                 share_group: None,
                 queues: rec.queues,
+                storage: Vec::new(),
             };
             let link = rec
                 .worker
@@ -1509,6 +1521,7 @@ impl Daemon {
                 oversubscribe: false,
                 share_group: None,
                 queues: 1,
+                storage: Vec::new(),
             };
             if let Some(e) = self.misfit(&inner, rec.gpu, &ask, Some(id)) {
                 return Err(e);
@@ -2434,6 +2447,7 @@ mod tests {
             oversubscribe: false,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         }
     }
 
@@ -2515,9 +2529,9 @@ mod tests {
             (
                 VgpuCreate {
                     oversubscribe: true,
-                    ..spec(None, 1, 0.1)
+                    ..spec(None, 8 << 30, 0.1)
                 },
-                "oversubscribe",
+                "memory_bytes",
             ),
         ] {
             let e = d.validate_vgpu(&s).expect_err("invalid");

@@ -19,8 +19,8 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
 use crate::api::{
-    ErrorBody, Gpu, MigrateRequest, Migration, MigrationSpan, ShmObject, Vgpu, VgpuCreate,
-    VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate, VmState,
+    ErrorBody, Gpu, MigrateRequest, Migration, MigrationSpan, ShmObject, StorageAttachment, Vgpu,
+    VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
 
 /// Largest request body.
@@ -73,7 +73,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
-        VmState, MigrateRequest, ShmObject, Migration, MigrationSpan
+        VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))

@@ -14,6 +14,7 @@ mod link;
 mod metrics;
 mod procs;
 mod shm;
+mod storage;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

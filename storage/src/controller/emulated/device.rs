@@ -22,6 +22,7 @@ const NSID: u32 = 1;
 #[derive(Clone, Debug)]
 pub(crate) struct BackingInfo {
     pub path: PathBuf,
+    pub read_only: bool,
     pub ns: NamespaceInfo,
     pub engine: EngineKind,
 }
@@ -35,7 +36,7 @@ pub(crate) struct Backing {
 impl Backing {
     pub(crate) fn open(opts: &EmulatedOptions) -> Result<Self> {
         let mut oo = std::fs::OpenOptions::new();
-        oo.read(true).write(true);
+        oo.read(true).write(!opts.read_only);
         if opts.direct {
             oo.custom_flags(libc::O_DIRECT);
         }
@@ -59,6 +60,7 @@ impl Backing {
             engine,
             info: BackingInfo {
                 path: opts.path.clone(),
+                read_only: opts.read_only,
                 ns: NamespaceInfo {
                     nsid: NSID,
                     blocks,
@@ -392,6 +394,9 @@ impl Device {
         };
         if sqe.nsid != NSID && !(kind == IoKind::Flush && sqe.nsid == u32::MAX) {
             return Err(NvmeStatus::InvalidNamespace);
+        }
+        if kind == IoKind::Write && self.backing.info.read_only {
+            return Err(NvmeStatus::NamespaceWriteProtected);
         }
         let mut op = Op {
             sqid,

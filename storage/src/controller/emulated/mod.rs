@@ -36,6 +36,8 @@ pub struct EmulatedOptions {
     pub engine: EngineKind,
     /// Maximum data transfer size; 8 KiB keeps every command within PRP1 + PRP2.
     pub max_transfer: u64,
+    /// Open the backing file read-only; writes complete with Namespace Write Protected.
+    pub read_only: bool,
 }
 
 impl EmulatedOptions {
@@ -48,6 +50,7 @@ impl EmulatedOptions {
             direct: false,
             engine: EngineKind::IoUring,
             max_transfer: 8192,
+            read_only: false,
         }
     }
 }

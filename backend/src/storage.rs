@@ -1,0 +1,284 @@
+//! Storage namespaces attached to one vGPU (BaM, issue 9): the operator names them in the
+//! vGPU's spec (`storage` in vgpud's `VgpuCreate`, `--storage ID=PATH[:ro|:rw]` on the
+//! worker); the guest attaches one with `STORAGE_ATTACH` and passes its handle as the
+//! `ns` value argument of the built-in storage kernels (`vgpu_proto::builtin::STORAGE_KERNELS`).
+//!
+//! A [`StorageSet`] is owned by the worker and shared by the two sides that need it: the
+//! device layer answers `STORAGE_ATTACH` through it (`vgpu_device::StorageHost`), and the
+//! sim backend resolves a storage kernel's `ns` argument through it
+//! ([`crate::SimGpu::with_storage`]). Each namespace is opened on its first attach, with
+//! the emulated NVMe controller over its file (io_uring), its own queue pairs and its own
+//! page cache: nothing is shared with another vGPU (each vGPU is its own worker process).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use vgpu_storage::{Namespace, NamespaceOptions, PageCache};
+
+use crate::error::BackendError;
+
+/// Bytes per cache line: one NVMe command (at most the emulated controller's 8 KiB MDTS).
+pub const CACHE_LINE: usize = 4096;
+/// Cache lines per attached namespace (4 MiB of cache).
+pub const CACHE_LINES: usize = 1024;
+/// How long a storage kernel waits for one completion before the namespace counts as hung.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One namespace the operator attached to the vGPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceSpec {
+    /// The id the guest names it by (`STORAGE_ATTACH`'s `namespace`), >= 1.
+    pub id: u32,
+    /// The backing file or block device.
+    pub path: PathBuf,
+    /// Opened read-only (the storage kernels only read).
+    pub read_only: bool,
+}
+
+impl NamespaceSpec {
+    /// Parses the worker's `--storage` value: `ID=PATH`, `ID=PATH:ro` or `ID=PATH:rw`
+    /// (read-only unless `:rw`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (id, rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: give ID=PATH[:ro|:rw], e.g. 1=/data/graph.bin:ro"))?;
+        let id: u32 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("{s:?}: the namespace id {id:?} must be a number >= 1"))?;
+        let (path, read_only) = if let Some(p) = rest.strip_suffix(":ro") {
+            (p, true)
+        } else if let Some(p) = rest.strip_suffix(":rw") {
+            (p, false)
+        } else {
+            (rest, true)
+        };
+        if path.is_empty() {
+            return Err(format!("{s:?}: the path is empty"));
+        }
+        Ok(Self {
+            id,
+            path: PathBuf::from(path),
+            read_only,
+        })
+    }
+
+    /// The worker's `--storage` value for this spec (what [`NamespaceSpec::parse`] reads).
+    pub fn to_arg(&self) -> String {
+        format!(
+            "{}={}:{}",
+            self.id,
+            self.path.display(),
+            if self.read_only { "ro" } else { "rw" }
+        )
+    }
+}
+
+/// What `STORAGE_ATTACH` tells the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// The value storage kernels take as `ns` (the namespace id).
+    pub handle: u64,
+    /// Namespace size in bytes (whole blocks).
+    pub bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Opened read-only.
+    pub read_only: bool,
+}
+
+/// An opened namespace with its cache.
+pub(crate) struct Opened {
+    pub(crate) ns: Arc<Namespace>,
+    pub(crate) cache: Arc<PageCache>,
+}
+
+struct Entry {
+    spec: NamespaceSpec,
+    opened: Option<Arc<Opened>>,
+}
+
+/// The namespaces of one vGPU. See the module documentation.
+pub struct StorageSet {
+    entries: Mutex<BTreeMap<u32, Entry>>,
+}
+
+impl std::fmt::Debug for StorageSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_list()
+            .entries(e.values().map(|e| (&e.spec, e.opened.is_some())))
+            .finish()
+    }
+}
+
+impl StorageSet {
+    /// The set of `specs`; ids must be unique and >= 1. Nothing is opened yet.
+    pub fn new(specs: Vec<NamespaceSpec>) -> Result<Self, BackendError> {
+        let mut entries = BTreeMap::new();
+        for spec in specs {
+            if spec.id == 0 {
+                return Err(BackendError::InvalidArgument(
+                    "storage namespace id 0; ids start at 1".into(),
+                ));
+            }
+            let id = spec.id;
+            if entries.insert(id, Entry { spec, opened: None }).is_some() {
+                return Err(BackendError::InvalidArgument(format!(
+                    "storage namespace {id} is given twice; give each id once"
+                )));
+            }
+        }
+        Ok(Self {
+            entries: Mutex::new(entries),
+        })
+    }
+
+    /// The namespaces, in id order.
+    pub fn specs(&self) -> Vec<NamespaceSpec> {
+        let e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        e.values().map(|e| e.spec.clone()).collect()
+    }
+
+    /// Whether no namespace is configured.
+    pub fn is_empty(&self) -> bool {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// `STORAGE_ATTACH`: opens namespace `id` (once; later attaches return the same) and
+    /// says how the guest reaches it. Unknown id: `InvalidArgument`; a backing file that is
+    /// gone or unreadable: `Device`.
+    pub fn attach(&self, id: u64) -> Result<Attached, BackendError> {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = || {
+            let ids: Vec<String> = entries.keys().map(u32::to_string).collect();
+            if ids.is_empty() {
+                "none".to_string()
+            } else {
+                ids.join(", ")
+            }
+        };
+        let Some(key) = u32::try_from(id).ok().filter(|k| entries.contains_key(k)) else {
+            return Err(BackendError::InvalidArgument(format!(
+                "storage namespace {id} is not attached to this vGPU (attached: {}); the operator attaches namespaces with `storage` in the vGPU's spec",
+                known()
+            )));
+        };
+        let entry = entries
+            .get_mut(&key)
+            .ok_or_else(|| BackendError::InvalidArgument(format!("storage namespace {id}")))?;
+        let opened = match &entry.opened {
+            Some(o) => o.clone(),
+            None => {
+                let o = Arc::new(open(&entry.spec)?);
+                entry.opened = Some(o.clone());
+                o
+            }
+        };
+        Ok(Attached {
+            handle: u64::from(key),
+            bytes: opened.ns.bytes(),
+            block_size: opened.ns.block_size(),
+            read_only: entry.spec.read_only,
+        })
+    }
+
+    /// The opened namespace a storage kernel's `ns` argument names; it must have been
+    /// attached (`STORAGE_ATTACH`) first.
+    pub(crate) fn get(&self, ns: u64) -> Result<Arc<Opened>, BackendError> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        u32::try_from(ns)
+            .ok()
+            .and_then(|k| entries.get(&k))
+            .and_then(|e| e.opened.clone())
+            .ok_or_else(|| {
+                BackendError::InvalidArgument(format!(
+                    "storage namespace {ns} is not attached; pass the handle STORAGE_ATTACH returned"
+                ))
+            })
+    }
+}
+
+fn open(spec: &NamespaceSpec) -> Result<Opened, BackendError> {
+    let opts = NamespaceOptions {
+        queues: 2,
+        queue_depth: 256,
+        timeout: IO_TIMEOUT,
+        read_only: spec.read_only,
+        ..NamespaceOptions::default()
+    };
+    let what = |e: vgpu_storage::Error| {
+        BackendError::Device(format!(
+            "storage namespace {} ({}): {e}; check that the backing file exists and is readable",
+            spec.id,
+            spec.path.display()
+        ))
+    };
+    let ns = Namespace::open_file(&spec.path, &opts).map_err(what)?;
+    let cache = PageCache::new(ns.clone(), CACHE_LINE, CACHE_LINES).map_err(what)?;
+    tracing::info!(namespace = spec.id, path = %spec.path.display(), bytes = ns.bytes(),
+        read_only = spec.read_only, engine = ?ns.engine(), "storage namespace opened");
+    Ok(Opened { ns, cache })
+}
+
+/// A storage-layer error as the guest sees it: bad offsets and sizes are the guest's
+/// (`InvalidArgument`); I/O errors, timeouts and dead controllers are the device's.
+pub(crate) fn error(kernel: &str, e: vgpu_storage::Error) -> BackendError {
+    use vgpu_storage::Error as E;
+    match e {
+        E::OutOfRange { .. } | E::InvalidArgument(_) => {
+            BackendError::InvalidArgument(format!("{kernel}: {e}"))
+        }
+        other => BackendError::Device(format!("{kernel}: storage I/O failed: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_args_parse_and_print() {
+        let s = NamespaceSpec::parse("1=/tmp/a:b.bin").expect("plain");
+        assert_eq!((s.id, s.read_only), (1, true));
+        assert_eq!(s.path, PathBuf::from("/tmp/a:b.bin"));
+        let s = NamespaceSpec::parse("7=/x:rw").expect("rw");
+        assert_eq!(
+            (s.id, s.read_only, s.to_arg().as_str()),
+            (7, false, "7=/x:rw")
+        );
+        assert_eq!(NamespaceSpec::parse(&s.to_arg()), Ok(s));
+        for bad in ["", "x=/a", "0=/a", "1=", "1=:ro", "/a"] {
+            assert!(NamespaceSpec::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_duplicate_and_missing_namespaces_are_errors() {
+        let spec = |id, p: &str| NamespaceSpec {
+            id,
+            path: PathBuf::from(p),
+            read_only: true,
+        };
+        assert!(StorageSet::new(vec![spec(1, "/a"), spec(1, "/b")]).is_err());
+        assert!(StorageSet::new(vec![spec(0, "/a")]).is_err());
+        let set = StorageSet::new(vec![spec(3, "/nonexistent/vgpu-storage-test")]).expect("set");
+        let e = set.attach(4).expect_err("unknown");
+        assert_eq!(e.status(), vgpu_proto::Status::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("attached: 3"), "{e}");
+        let e = set.attach(3).expect_err("missing file");
+        assert_eq!(e.status(), vgpu_proto::Status::DeviceError, "{e}");
+        assert!(
+            e.to_string().contains("/nonexistent/vgpu-storage-test"),
+            "{e}"
+        );
+        assert!(set.get(3).is_err(), "not attached");
+    }
+}

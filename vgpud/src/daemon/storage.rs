@@ -1,0 +1,146 @@
+//! Storage namespaces in a vGPU's spec (issue 9): validation (each error names its field)
+//! and the worker's `--storage` arguments. The worker opens the namespaces; vgpud only
+//! checks what an operator can get wrong before a VM depends on it.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+use crate::api::StorageAttachment;
+
+use super::error::ApiError;
+
+/// Most namespaces one vGPU may have.
+pub const MAX_NAMESPACES: usize = 16;
+
+/// Checks `list` (the `storage` field of a vGPU spec).
+pub(super) fn validate(list: &[StorageAttachment]) -> Result<(), ApiError> {
+    if list.len() > MAX_NAMESPACES {
+        return Err(ApiError::bad(
+            "storage",
+            format!(
+                "{} namespaces; a vGPU takes at most {MAX_NAMESPACES}",
+                list.len()
+            ),
+        ));
+    }
+    for (i, s) in list.iter().enumerate() {
+        let field = |f: &str| format!("storage[{i}].{f}");
+        if s.namespace == 0 || s.namespace > 65535 {
+            return Err(ApiError::bad(
+                &field("namespace"),
+                format!("namespace id {}: give 1..=65535", s.namespace),
+            ));
+        }
+        if list[..i].iter().any(|o| o.namespace == s.namespace) {
+            return Err(ApiError::bad(
+                &field("namespace"),
+                format!(
+                    "namespace {} is given twice; give each id once",
+                    s.namespace
+                ),
+            ));
+        }
+        check_path(s).map_err(|why| ApiError::bad(&field("path"), why))?;
+    }
+    Ok(())
+}
+
+fn check_path(s: &StorageAttachment) -> Result<(), String> {
+    let path = Path::new(&s.path);
+    if !path.is_absolute() {
+        return Err(format!(
+            "{:?} is not an absolute path; give the backing file's absolute path on the daemon's host",
+            s.path
+        ));
+    }
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot use {:?}: {e}", s.path))?;
+    let ft = meta.file_type();
+    if !(ft.is_file() || ft.is_block_device()) {
+        return Err(format!(
+            "{:?} is not a regular file or block device",
+            s.path
+        ));
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!s.read_only)
+        .open(path)
+        .map_err(|e| {
+            format!(
+                "cannot open {:?} for {}: {e}; check its permissions",
+                s.path,
+                if s.read_only {
+                    "reading"
+                } else {
+                    "reading and writing"
+                }
+            )
+        })?;
+    let size = std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0))
+        .map_err(|e| format!("cannot size {:?}: {e}", s.path))?;
+    if size < 512 {
+        return Err(format!(
+            "{:?} holds {size} bytes; a namespace needs at least one 512-byte block",
+            s.path
+        ));
+    }
+    Ok(())
+}
+
+/// The worker's `--storage` value for `s` (`vgpu_backend::storage::NamespaceSpec::parse`).
+pub(super) fn worker_arg(s: &StorageAttachment) -> String {
+    format!(
+        "{}={}:{}",
+        s.namespace,
+        s.path,
+        if s.read_only { "ro" } else { "rw" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn att(namespace: u32, path: &str) -> StorageAttachment {
+        StorageAttachment {
+            namespace,
+            path: path.into(),
+            read_only: true,
+        }
+    }
+
+    #[test]
+    fn bad_namespaces_name_their_field() {
+        let dir = std::env::temp_dir();
+        let good = dir.join(format!("vgpud-storage-test-{}", std::process::id()));
+        std::fs::write(&good, vec![7u8; 4096]).expect("write");
+        let empty = dir.join(format!("vgpud-storage-empty-{}", std::process::id()));
+        std::fs::write(&empty, b"").expect("write");
+        let g = good.display().to_string();
+        let e = empty.display().to_string();
+        assert!(validate(&[att(1, &g), att(2, &g)]).is_ok());
+        for (list, field, says) in [
+            (vec![att(0, &g)], "storage[0].namespace", "1..=65535"),
+            (
+                vec![att(1, &g), att(1, &g)],
+                "storage[1].namespace",
+                "twice",
+            ),
+            (vec![att(1, "rel/path")], "storage[0].path", "absolute"),
+            (
+                vec![att(1, "/nonexistent/x")],
+                "storage[0].path",
+                "cannot use",
+            ),
+            (vec![att(1, &g), att(2, &e)], "storage[1].path", "512-byte"),
+            (vec![att(1, "/")], "storage[0].path", "regular file"),
+        ] {
+            let err = validate(&list).expect_err("invalid");
+            assert_eq!(err.field.as_deref(), Some(field), "{err:?}");
+            assert!(err.error.contains(says), "{err:?}");
+        }
+        assert_eq!(worker_arg(&att(3, "/a:b")), "3=/a:b:ro");
+        let _ = std::fs::remove_file(good);
+        let _ = std::fs::remove_file(empty);
+    }
+}
