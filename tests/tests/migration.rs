@@ -104,6 +104,7 @@ fn swapped_out_memory_migrates_intact() {
             oversubscribe: true,
             share_group: None,
             queues: 1,
+            storage: Vec::new(),
         }),
     };
     let a = c.create_vm(&vm(1)).expect("a");
@@ -157,6 +158,7 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
         oversubscribe: false,
         share_group: None,
         queues: 1,
+        storage: Vec::new(),
     })
     .expect("filler");
     let req = |target: Option<u32>, mode: Option<&str>| MigrateRequest {
@@ -168,7 +170,7 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
         Err(ClientError::Api {
             status: 409, body, ..
         }) => {
-            assert!(body.contains("stays on GPU 0"), "{body}")
+            assert!(body.error.contains("stays on GPU 0"), "{body:?}")
         }
         other => panic!("expected 409, got {other:?}"),
     }
