@@ -258,7 +258,11 @@ impl Accounts {
     pub fn headroom_after_grant(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {
         let a = self.map.get(&vgpu)?;
         let u = self.utilization(vgpu, now)?;
-        Some(a.share.fraction - (u + a.burst_ewma / (2.0 * self.config.period as f64)))
+        // At most half the share: one freak burst (a worker thread descheduled while it
+        // held the GPU) must not keep a vGPU "over its share" forever, since its estimate
+        // only improves when it runs again.
+        let burst = (a.burst_ewma / (2.0 * self.config.period as f64)).min(a.share.fraction / 2.0);
+        Some(a.share.fraction - (u + burst))
     }
 
     pub fn over_share(&self, vgpu: VgpuId, now: Nanos) -> bool {
@@ -272,6 +276,25 @@ impl Accounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_freak_burst_does_not_keep_a_vgpu_over_its_share() {
+        let mut acc = Accounts::new(Config::default());
+        let period = acc.config.period;
+        acc.add(1, Share::new(0.2), 0).unwrap();
+        // A 10-period copy: the worker was descheduled while it held the GPU.
+        acc.start_unasked(1, 1, 0).unwrap();
+        acc.finish(1, 0, 10 * period).unwrap();
+        assert!(acc.over_share_after_grant(1, 10 * period), "just now it is over");
+        // Two idle periods later its utilization has decayed; it must be eligible again.
+        let later = 12 * period + 1;
+        acc.roll(later);
+        assert!(
+            !acc.over_share_after_grant(1, later),
+            "headroom {:?}",
+            acc.headroom_after_grant(1, later)
+        );
+    }
 
     #[test]
     fn shares_must_fit() {
