@@ -24,6 +24,8 @@ pub struct GrantClient {
     doorbell: EventFd,
     /// Grants this worker has consumed, per resource (compared with `granted`).
     taken: [AtomicU32; 2],
+    /// Replaced by another channel (the vGPU moved GPUs): waiters go there.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl GrantClient {
@@ -45,6 +47,7 @@ impl GrantClient {
             page,
             doorbell,
             taken,
+            retired: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -91,12 +94,16 @@ impl GrantClient {
         false
     }
 
-    fn wait_grant(&self, r: Resource) {
+    /// Waits for a grant; false if the channel was retired first.
+    fn wait_grant(&self, r: Resource) -> bool {
         let asked = Instant::now();
         let mut warned = false;
         loop {
             if self.try_take(r) {
-                return;
+                return true;
+            }
+            if self.retired.load(Ordering::Acquire) {
+                return false;
             }
             if asked.elapsed() < SPIN {
                 std::hint::spin_loop();
@@ -104,7 +111,7 @@ impl GrantClient {
             }
             let g = self.page.granted(r).load(Ordering::Acquire);
             if self.try_take(r) {
-                return;
+                return true;
             }
             futex::wait(self.page.granted(r), g, Duration::from_millis(100));
             if !warned && asked.elapsed() > SLOW {
@@ -132,22 +139,22 @@ impl GrantClient {
 
 impl GrantClient {
     /// Waits for leave to start a request on `resource` (under the open lease, or by a
-    /// grant); the start time.
-    fn begin(&self, resource: Resource) -> Nanos {
+    /// grant); the start time, or None if the channel was retired meanwhile.
+    fn begin(&self, resource: Resource) -> Option<Nanos> {
         if self.start_leased(resource) {
             self.ring();
-            return time::now();
+            return Some(time::now());
         }
         self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
         self.ring();
-        self.wait_grant(resource);
-        time::now()
+        self.wait_grant(resource).then(time::now)
     }
 }
 
 impl Gate for GrantClient {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
-        let started = self.begin(resource);
+        // A plain client is never retired (only a SwitchGate retires its old ones).
+        let started = self.begin(resource).unwrap_or_else(time::now);
         Permit {
             client: Some(Holder::Ref(self)),
             resource,
@@ -171,27 +178,35 @@ impl SwitchGate {
         }
     }
 
-    /// Uses `client` for every request from now on.
+    /// Uses `client` for every request from now on; requests still waiting for a grant
+    /// on the old channel move over (its scheduler is about to let the vGPU go).
     pub fn switch(&self, client: GrantClient) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = std::sync::Arc::new(client);
+        let old = std::mem::replace(
+            &mut *self
+                .current
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            std::sync::Arc::new(client),
+        );
+        old.retired.store(true, Ordering::Release);
     }
 }
 
 impl Gate for SwitchGate {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
-        let c = self
-            .current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let started = c.begin(resource);
-        Permit {
-            client: Some(Holder::Shared(c)),
-            resource,
-            started,
+        loop {
+            let c = self
+                .current
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if let Some(started) = c.begin(resource) {
+                return Permit {
+                    client: Some(Holder::Shared(c)),
+                    resource,
+                    started,
+                };
+            }
         }
     }
 }

@@ -285,7 +285,10 @@ mod tests {
         // A 10-period copy: the worker was descheduled while it held the GPU.
         acc.start_unasked(1, 1, 0).unwrap();
         acc.finish(1, 0, 10 * period).unwrap();
-        assert!(acc.over_share_after_grant(1, 10 * period), "just now it is over");
+        assert!(
+            acc.over_share_after_grant(1, 10 * period),
+            "just now it is over"
+        );
         // Two idle periods later its utilization has decayed; it must be eligible again.
         let later = 12 * period + 1;
         acc.roll(later);

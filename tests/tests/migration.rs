@@ -46,7 +46,7 @@ fn back_and_forth_twenty_times_and_the_result_is_bit_identical() {
     require_kvm!();
     let d = TestDaemon::start("migrate-20", &["--sim-gpus", "2", "--sim-memory", "512M"]);
     let c = &d.client;
-    let arg = "rounds=4000 n=262144 spin_us=1000 check=50";
+    let arg = "rounds=2000 n=262144 spin_us=1000 check=50";
     let moved = c.create_vm(&gpu_load(arg, 0, 0.4, 64 * MIB)).expect("vm");
     let still = c
         .create_vm(&gpu_load(arg, 1, 0.4, 64 * MIB))
@@ -72,7 +72,7 @@ fn back_and_forth_twenty_times_and_the_result_is_bit_identical() {
         assert_eq!(vm.state, VmState::Exited { code: 0 }, "{}", console(c, id));
     }
     let (a, b) = (console(c, moved.id), console(c, still.id));
-    assert!(a.contains("GPU-LOAD OK rounds=4000"), "{a}");
+    assert!(a.contains("GPU-LOAD OK rounds=2000"), "{a}");
     assert_eq!(
         last_checksum(&a),
         last_checksum(&b),

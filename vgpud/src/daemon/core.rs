@@ -1190,6 +1190,9 @@ impl Daemon {
                 let r = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
                 (r.compute, r.copy, r.priority)
             };
+            // Back to a GPU it left moments ago: its old channel there (kept for a grace
+            // period) goes first.
+            self.detach_grants(id, target);
             match self.attach_grants(id, target, compute, copy, priority) {
                 Ok(f) => vec![f.page, f.doorbell],
                 Err(e) => {
