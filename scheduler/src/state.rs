@@ -63,6 +63,10 @@ pub(crate) struct Account {
     pub busy_total: Nanos,
     /// Typical busy interval (EWMA, ns): how much one grant adds to the window.
     pub burst_ewma: f64,
+    /// Completions seen before the lease start they belong to (the daemon reads a
+    /// worker's lease counter and its completion ring at different moments, so a request
+    /// started and finished in between shows its completion first).
+    pub early: u32,
     /// Requests waiting for a grant.
     pub pending: u32,
     /// Requests granted and not yet complete.
@@ -107,6 +111,7 @@ impl Accounts {
                 busy_prev: 0,
                 busy_total: 0,
                 burst_ewma: 0.0,
+                early: 0,
                 pending: 0,
                 running: 0,
                 charged_until: 0,
@@ -186,7 +191,9 @@ impl Accounts {
     ) -> Result<(), SchedError> {
         self.roll(now);
         let a = self.get_mut(vgpu)?;
-        a.running = a.running.saturating_add(count);
+        let absorbed = count.min(a.early);
+        a.early -= absorbed;
+        a.running = a.running.saturating_add(count - absorbed);
         Ok(())
     }
 
@@ -208,9 +215,16 @@ impl Accounts {
             .get_mut(&vgpu)
             .ok_or(SchedError::UnknownVgpu(vgpu))?;
         if a.running == 0 {
-            return Err(SchedError::NothingRunning(vgpu));
+            // Its lease start comes next; count the completion now, match it then. A
+            // worker can only get ahead by what it started under its lease, so this stays
+            // small.
+            if a.early >= 1024 {
+                return Err(SchedError::NothingRunning(vgpu));
+            }
+            a.early += 1;
+        } else {
+            a.running -= 1;
         }
-        a.running -= 1;
         let start = started.max(a.charged_until).min(now);
         a.charged_until = a.charged_until.max(now);
         let busy = now - start;
@@ -276,6 +290,21 @@ impl Accounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completion_before_its_lease_start_is_matched() {
+        let mut acc = Accounts::new(Config::default());
+        acc.add(1, Share::new(0.5), 0).unwrap();
+        assert!(acc.finish(1, 0, 10).unwrap(), "nothing else runs");
+        acc.start_unasked(1, 1, 20).unwrap();
+        assert_eq!(
+            acc.get(1).unwrap().running,
+            0,
+            "the start met its completion"
+        );
+        acc.start_unasked(1, 1, 30).unwrap();
+        assert_eq!(acc.get(1).unwrap().running, 1);
+    }
 
     #[test]
     fn one_freak_burst_does_not_keep_a_vgpu_over_its_share() {
@@ -356,10 +385,9 @@ mod tests {
         assert!(acc.finish(1, 2 * MS, 5 * MS).unwrap());
         // [1, 4) and [2, 5) overlap: 4 ms busy, not 6.
         assert_eq!(acc.get(1).unwrap().busy_total, 4 * MS);
-        assert!(matches!(
-            acc.finish(1, 0, 6 * MS),
-            Err(SchedError::NothingRunning(1))
-        ));
+        // One more completion than starts: kept for the lease start it belongs to.
+        assert!(acc.finish(1, 0, 6 * MS).unwrap());
+        assert_eq!(acc.get(1).unwrap().early, 1);
         assert!(matches!(
             acc.finish(7, 0, 6 * MS),
             Err(SchedError::UnknownVgpu(7))

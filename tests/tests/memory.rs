@@ -185,6 +185,20 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
         .expect("no group");
     finish(c, intruder.id, "SHM-PIPE OK role=intruder refused");
     finish(c, loner.id, "SHM-PIPE OK role=intruder refused");
+    let done = c
+        .wait_vm(consumer.id, Duration::from_secs(240))
+        .expect("wait");
+    if done.state != (VmState::Exited { code: 0 }) {
+        for e in std::fs::read_dir(&d.dir).expect("dir").flatten() {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                eprintln!(
+                    "== {}\n{}",
+                    e.path().display(),
+                    std::fs::read_to_string(e.path()).unwrap_or_default()
+                );
+            }
+        }
+    }
     finish(c, consumer.id, "SHM-PIPE OK role=consumer items=12");
     finish(c, producer.id, "SHM-PIPE OK role=producer items=12");
     // RMID'd by the consumer, freed at the producer's detach.
