@@ -138,7 +138,8 @@ pub struct Allocation {
     addr: u64,
     size: u64,
     mapped: u64,
-    handle: sys::CUmemGenericAllocationHandle,
+    /// The physical memory mapped at `addr`; None while swapped out (decommitted).
+    handle: std::sync::Mutex<Option<sys::CUmemGenericAllocationHandle>>,
     space: Arc<Space>,
 }
 
@@ -184,13 +185,16 @@ fn unmap_release(
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        if unmap_release(
-            &self.space.res.ctx,
-            self.addr,
-            self.mapped,
-            self.handle,
-            true,
-        ) {
+        let handle = self
+            .handle
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let reusable = match handle {
+            Some(h) => unmap_release(&self.space.res.ctx, self.addr, self.mapped, h, true),
+            None => true,
+        };
+        if reusable {
             self.space
                 .give_hole(self.addr - self.space.res.base, self.mapped);
         }
@@ -365,7 +369,7 @@ impl DeviceMemory {
             addr,
             size,
             mapped: len,
-            handle,
+            handle: std::sync::Mutex::new(Some(handle)),
             space: sp.clone(),
         })
     }
@@ -417,6 +421,90 @@ impl DeviceMemory {
             return Err(BackendError::BadPointer { addr, len });
         }
         Ok((a.clone(), off))
+    }
+
+    /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
+    /// `len` its mapped size).
+    fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
+        let a = self
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&addr)
+            .cloned()
+            .ok_or(BackendError::NotAllocated { addr })?;
+        if off != 0 || len != a.mapped {
+            return Err(BackendError::InvalidArgument(format!(
+                "the cuda backend swaps whole allocations: {addr:#x} is {} bytes, asked {off:#x}+{len:#x}",
+                a.mapped
+            )));
+        }
+        Ok(a)
+    }
+
+    /// Releases the physical memory behind the allocation at `addr`, keeping its
+    /// addresses reserved (swap-out). The caller has saved its bytes.
+    pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let a = self.whole(addr, off, len)?;
+        let mut h = a.handle.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handle) = h.take() {
+            if !unmap_release(&self.space.res.ctx, addr, a.mapped, handle, true) {
+                return Err(BackendError::Device(format!(
+                    "unmapping {addr:#x} failed; the allocation is unusable"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps fresh physical memory at the allocation's addresses again (swap-in).
+    pub fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let a = self.whole(addr, off, len)?;
+        let mut h = a.handle.lock().unwrap_or_else(PoisonError::into_inner);
+        if h.is_some() {
+            return Ok(());
+        }
+        let sp = &self.space;
+        let len_us = usize::try_from(a.mapped)
+            .map_err(|_| BackendError::InvalidArgument("allocation too large".into()))?;
+        let prop = alloc_prop(sp.ordinal);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        check(
+            // SAFETY: reads `prop`, writes one handle into `handle`.
+            unsafe { sys::cuMemCreate(&mut handle, len_us, &prop, 0) },
+            "cuMemCreate",
+        )
+        .map_err(|e| {
+            if e.is_oom() {
+                BackendError::OutOfMemory {
+                    requested: a.mapped,
+                    available: mem_info().map(|(f, _)| f).unwrap_or(0),
+                    capacity: sp.capacity,
+                }
+            } else {
+                dev_err(e)
+            }
+        })?;
+        if let Err(e) = check(
+            // SAFETY: maps our fresh handle over the allocation's own range, unmapped since
+            // its decommit (we hold its handle lock).
+            unsafe { sys::cuMemMap(addr, len_us, 0, handle, 0) },
+            "cuMemMap",
+        ) {
+            unmap_release(&sp.res.ctx, addr, a.mapped, handle, false);
+            return Err(dev_err(e));
+        }
+        let desc = sp.access_desc();
+        if let Err(e) = check(
+            // SAFETY: sets access on the mapping just made; reads one descriptor.
+            unsafe { sys::cuMemSetAccess(addr, len_us, &desc, 1) },
+            "cuMemSetAccess",
+        ) {
+            unmap_release(&sp.res.ctx, addr, a.mapped, handle, true);
+            return Err(dev_err(e));
+        }
+        *h = Some(handle);
+        Ok(())
     }
 
     /// Drops every allocation (the backend is going away).

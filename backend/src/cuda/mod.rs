@@ -684,6 +684,18 @@ impl Backend for CudaGpu {
         self.inflight.drain();
     }
 
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        self.enter()?;
+        // Nothing may still run on the memory that goes away.
+        self.synchronize();
+        self.mem.decommit(addr, off, len)
+    }
+
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        self.enter()?;
+        self.mem.recommit(addr, off, len)
+    }
+
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
         let mut pinned = self
