@@ -116,7 +116,7 @@ impl Default for RebalanceConfig {
             window: 2_000 * MS,
             overload: 1.05,
             overload_clear: 0.9,
-            target_max: 0.9,
+            target_max: 1.0,
             min_gain: 0.05,
             vgpu_cooldown: 10_000 * MS,
             gpu_cooldown: 2_000 * MS,
