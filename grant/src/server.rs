@@ -78,12 +78,7 @@ impl Worker {
     /// Accounts the time since the last event to the wait totals of the resources that had
     /// requests pending (two additions per event: the only cost of queue-wait monitoring).
     fn settle(&mut self, now: Nanos) {
-        let dt = now.saturating_sub(self.settled);
-        for i in 0..2 {
-            if self.pending[i] > 0 {
-                self.wait_ns[i] = self.wait_ns[i].saturating_add(dt);
-            }
-        }
+        self.wait_ns = self.waited(now);
         self.settled = self.settled.max(now);
     }
 
@@ -91,9 +86,9 @@ impl Worker {
     fn waited(&self, now: Nanos) -> [Nanos; 2] {
         let dt = now.saturating_sub(self.settled);
         let mut w = self.wait_ns;
-        for i in 0..2 {
-            if self.pending[i] > 0 {
-                w[i] = w[i].saturating_add(dt);
+        for (w, &p) in w.iter_mut().zip(&self.pending) {
+            if p > 0 {
+                *w = w.saturating_add(dt);
             }
         }
         w
