@@ -55,6 +55,10 @@ pub struct VgpuUsage {
     /// Busy time since attach.
     pub compute_busy_ns: Nanos,
     pub copy_busy_ns: Nanos,
+    /// Time since attach during which it had requests waiting for a grant (queue wait,
+    /// the part of its demand the GPU could not serve; issue 13).
+    pub compute_wait_ns: Nanos,
+    pub copy_wait_ns: Nanos,
 }
 
 struct Worker {
@@ -63,6 +67,39 @@ struct Worker {
     seen: [u64; 2],
     /// Lease starts accounted so far (the lease word's count).
     seen_leased: [u64; 2],
+    /// Requests announced and not granted yet, per resource.
+    pending: [u64; 2],
+    /// Time with at least one request pending, per resource, up to `settled`.
+    wait_ns: [Nanos; 2],
+    settled: Nanos,
+}
+
+impl Worker {
+    /// Accounts the time since the last event to the wait totals of the resources that had
+    /// requests pending (two additions per event: the only cost of queue-wait monitoring).
+    fn settle(&mut self, now: Nanos) {
+        self.wait_ns = self.waited(now);
+        self.settled = self.settled.max(now);
+    }
+
+    /// Wait totals as of `now`.
+    fn waited(&self, now: Nanos) -> [Nanos; 2] {
+        let dt = now.saturating_sub(self.settled);
+        let mut w = self.wait_ns;
+        for (w, &p) in w.iter_mut().zip(&self.pending) {
+            if p > 0 {
+                *w = w.saturating_add(dt);
+            }
+        }
+        w
+    }
+}
+
+fn resource_index(r: Resource) -> usize {
+    match r {
+        Resource::Compute => 0,
+        Resource::Copy => 1,
+    }
 }
 
 struct State {
@@ -171,6 +208,9 @@ impl GrantServer {
                 doorbell,
                 seen: [0, 0],
                 seen_leased: [0, 0],
+                pending: [0, 0],
+                wait_ns: [0, 0],
+                settled: time::now(),
             },
         );
         Ok(fds)
@@ -194,10 +234,8 @@ impl GrantServer {
     /// The vGPU's accounted use.
     pub fn usage(&self, vgpu: VgpuId) -> Option<VgpuUsage> {
         let st = lock(&self.shared.state);
-        if !st.workers.contains_key(&vgpu) {
-            return None;
-        }
         let now = time::now();
+        let waited = st.workers.get(&vgpu)?.waited(now);
         Some(VgpuUsage {
             compute_util: st
                 .sched
@@ -209,6 +247,8 @@ impl GrantServer {
                 .unwrap_or(0.0),
             compute_busy_ns: st.sched.busy_total(vgpu, Resource::Compute).unwrap_or(0),
             copy_busy_ns: st.sched.busy_total(vgpu, Resource::Copy).unwrap_or(0),
+            compute_wait_ns: waited[0],
+            copy_wait_ns: waited[1],
         })
     }
 
@@ -245,15 +285,18 @@ fn detach_locked(shared: &Shared, st: &mut State, vgpu: VgpuId) {
 }
 
 fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
+    let now = time::now();
     for g in grants {
-        if let Some(w) = st.workers.get(&g.grant.vgpu) {
+        if let Some(w) = st.workers.get_mut(&g.grant.vgpu) {
             let word = w.page.granted(g.resource);
             word.fetch_add(g.grant.count, Ordering::Release);
             futex::wake_all(word);
+            w.settle(now);
+            let i = resource_index(g.resource);
+            w.pending[i] = w.pending[i].saturating_sub(u64::from(g.grant.count));
         }
     }
     // Open the holders' leases (closing is `close_leases`' job, before any release).
-    let now = time::now();
     for (&vgpu, w) in &st.workers {
         for r in [Resource::Compute, Resource::Copy] {
             if st.sched.lease(vgpu, r, now).is_some() {
@@ -303,6 +346,10 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         }
         w.seen[i] = cur;
         submits[i] = delta;
+    }
+    w.settle(now);
+    for (p, n) in w.pending.iter_mut().zip(submits) {
+        *p = p.saturating_add(n);
     }
     let mut leased = [0u64; 2];
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {

@@ -10,6 +10,8 @@
 //! - [`gpu`]: one GPU's schedulers, MRQ (compute and copy separate) or SDQ (one queue).
 //! - [`mapping`]: software queues onto a fixed number of hardware slots, by HEFT upward
 //!   rank or round-robin with a quantum (seed 002).
+//! - [`rebalance`]: placement of new vGPUs and live-migration decisions across GPUs
+//!   (overload windows, benefit per byte moved, hysteresis, consolidation; seed 003).
 //! - [`simulate`]: a discrete-event driver that runs any policy in virtual time.
 //!
 //! Every policy is a [`Policy`]: events in (`submit`, `complete`, `tick`), grants out. Time
@@ -22,6 +24,7 @@ mod exclusive;
 pub mod fifo;
 pub mod gpu;
 pub mod mapping;
+pub mod rebalance;
 pub mod simulate;
 mod state;
 

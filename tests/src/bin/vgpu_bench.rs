@@ -44,6 +44,11 @@ enum Bench {
         #[arg(long, default_value_t = 0.5)]
         speed: f64,
     },
+    /// Placement and rebalancing across GPUs (issue 13): overload time, completion times
+    /// and migrations for static placement, placement only and placement + rebalancing
+    /// on 2 and 4 GPUs, and GPU-hours freed by consolidation under light load (in-process
+    /// simulation with vgpud's policy; compared with DCUDA's figures).
+    Rebalance,
 }
 
 fn main() {
@@ -62,6 +67,7 @@ fn main() {
             }),
             "memory",
         ),
+        Bench::Rebalance => (benches::rebalance::run(), "rebalance"),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");

@@ -152,6 +152,10 @@ fn start_daemon(dir: &Path) -> Result<(DaemonProc, Client), DemoError> {
             "12G",
         ])
         .args(["--stats-interval-ms", "200", "--stats-window-ms", "1000"])
+        // The rebalancer runs (issue 13); its window outlasts the demo's shared phase
+        // (the demo migrates vGPU b itself at 5 s), so it only steps in if a GPU stays
+        // overloaded after that: GET /v1/rebalancer/events says what it saw.
+        .args(["--rebalance", "balance", "--rebalance-window-ms", "8000"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))

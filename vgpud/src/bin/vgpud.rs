@@ -69,6 +69,18 @@ struct Args {
     /// The window utilizations are computed over, ms.
     #[arg(long, default_value_t = 1000)]
     stats_window_ms: u64,
+    /// The rebalancer (docs/rebalance.md): off (measure demand only), balance (live-migrate
+    /// vGPUs off GPUs that stay overloaded) or consolidate (balance, and pack light load
+    /// onto fewer GPUs).
+    #[arg(long, default_value = "off")]
+    rebalance: vgpu_scheduler::rebalance::Mode,
+    /// How often the rebalancer measures demand and decides, ms.
+    #[arg(long, default_value_t = 250)]
+    rebalance_interval_ms: u64,
+    /// How long an overload (or light load) must last before the rebalancer acts, ms;
+    /// its cool-downs scale with it.
+    #[arg(long, default_value_t = 2000)]
+    rebalance_window_ms: u64,
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     print_openapi: bool,
@@ -120,6 +132,11 @@ fn config(args: Args) -> Result<Config, DaemonError> {
     if args.stats_interval_ms == 0 || args.stats_window_ms < args.stats_interval_ms {
         return Err(DaemonError::Option(
             "--stats-interval-ms must be > 0 and at most --stats-window-ms".into(),
+        ));
+    }
+    if args.rebalance_interval_ms == 0 || args.rebalance_window_ms < args.rebalance_interval_ms {
+        return Err(DaemonError::Option(
+            "--rebalance-interval-ms must be > 0 and at most --rebalance-window-ms".into(),
         ));
     }
     let token = match &args.token_file {
@@ -203,6 +220,11 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         stats_window: Duration::from_millis(args.stats_window_ms),
         policy: args.policy,
         swap_area: args.swap_area,
+        rebalance: vgpu_scheduler::rebalance::RebalanceConfig::with_window(
+            args.rebalance,
+            args.rebalance_window_ms.saturating_mul(1_000_000),
+        ),
+        rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
     })
 }
 

@@ -29,6 +29,9 @@ use vgpu_backend::pager::{Planner, Step, Tried};
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
 
+#[path = "rebalance.rs"]
+mod rebalance;
+
 /// How long a migration may take in all.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one eviction may take (it may move gigabytes at host copy speed).
@@ -230,6 +233,8 @@ pub struct Daemon {
     memory: Vec<GpuMemory>,
     /// Shared device memory objects.
     shm: Mutex<shm::Registry>,
+    /// Demand monitoring and the rebalancer (issue 13). Lock order: `inner` first.
+    rebalance: Mutex<rebalance::State>,
 }
 
 fn share(field: &str, v: f64) -> Result<u32, ApiError> {
@@ -296,6 +301,7 @@ impl Daemon {
             .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
             .collect::<Result<Vec<_>, _>>()?;
         let memory = cfg_gpus_memory(&cfg);
+        let rebalance = Mutex::new(rebalance::State::new(&cfg));
         Ok(Self {
             cfg,
             grants,
@@ -309,6 +315,7 @@ impl Daemon {
             shutting_down: AtomicBool::new(false),
             memory,
             shm: Mutex::new(shm::Registry::default()),
+            rebalance,
         })
     }
 
@@ -543,24 +550,20 @@ impl Daemon {
                 g
             }
             None => {
-                let mut best: Option<(u32, u32)> = None;
+                let mut fits = Vec::new();
                 let mut first_err = None;
                 for i in 0..self.cfg.gpus.len() {
                     let g = u32::try_from(i).unwrap_or(u32::MAX);
                     match self.misfit(inner, g, &ask, None) {
-                        None => {
-                            let load = inner.committed(g, None).compute;
-                            if best.is_none_or(|(_, l)| load < l) {
-                                best = Some((g, load));
-                            }
-                        }
+                        None => fits.push(g),
                         Some(e) => {
                             first_err.get_or_insert(e);
                         }
                     }
                 }
-                match best {
-                    Some((g, _)) => g,
+                // By measured load and free memory share (issue 13).
+                match self.place_auto(inner, &ask, &fits) {
+                    Some(g) => g,
                     None => {
                         let why = first_err.map(|e| e.error).unwrap_or_default();
                         return Err(ApiError::conflict(
@@ -2354,6 +2357,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         tracing::info!("signal received; shutting down");
     };
     let sampler = tokio::spawn(daemon.clone().sampler());
+    let rebalancer = tokio::spawn(daemon.clone().rebalancer());
     let served = match &cfg.listen {
         Listen::Unix(path) => {
             if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -2404,6 +2408,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         }
     };
     sampler.abort();
+    rebalancer.abort();
     daemon.stop_all().await;
     let _ = std::fs::remove_file(&lock_path);
     tracing::info!("vgpud stopped");
@@ -2436,6 +2441,8 @@ mod tests {
             stats_window: Duration::from_secs(1),
             swap_area: 0.1,
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
+            rebalance: Default::default(),
+            rebalance_interval: Duration::from_millis(250),
         })
         .expect("scheduler threads")
     }

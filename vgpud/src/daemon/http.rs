@@ -19,8 +19,9 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
 use crate::api::{
-    ErrorBody, Gpu, MigrateRequest, Migration, MigrationSpan, ShmObject, StorageAttachment, Vgpu,
-    VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate, VmState,
+    ErrorBody, Gpu, GpuDemand, MigrateRequest, Migration, MigrationSpan, RebalanceEvent,
+    RebalancerStatus, ShmObject, StorageAttachment, Vgpu, VgpuCreate, VgpuDemand, VgpuPatch,
+    VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
 
 /// Largest request body.
@@ -42,6 +43,8 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/shm", get(list_shm))
         .route("/v1/migrations", get(list_migrations))
         .route("/v1/migrations/{id}", get(get_migration))
+        .route("/v1/rebalancer", get(get_rebalancer))
+        .route("/v1/rebalancer/events", get(rebalancer_events))
         .route("/v1/vms", get(list_vms).post(create_vm))
         .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
         .route("/v1/vms/{id}/console", get(vm_console))
@@ -68,12 +71,13 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
-        migrate_vgpu, list_migrations, get_migration, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
         get_metrics
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
-        VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment
+        VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
+        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -330,6 +334,34 @@ async fn get_migration(
     Path(id): Path<String>,
 ) -> Result<Json<Migration>, ApiError> {
     d.migration(id_of(&id)?).map(Json)
+}
+
+/// The rebalancer (issue 13): its mode and settings, each GPU's and vGPU's measured
+/// demand (busy + queue wait), overload and idle time, idle GPUs.
+#[utoipa::path(get, path = "/v1/rebalancer", responses((status = 200, body = RebalancerStatus)))]
+async fn get_rebalancer(State(d): State<AppState>) -> Json<RebalancerStatus> {
+    Json(d.rebalancer_status())
+}
+
+/// Events query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    /// Only events with this id or later (for following the log).
+    #[serde(default)]
+    since: u64,
+}
+
+/// The rebalancer's decision log, oldest first (the latest 1000): every migration it
+/// started and every overload, idle GPU or refusal it noticed, each with its reason.
+#[utoipa::path(get, path = "/v1/rebalancer/events", params(EventsQuery), responses(
+    (status = 200, body = [RebalanceEvent]), (status = 400, body = ErrorBody)))]
+async fn rebalancer_events(
+    State(d): State<AppState>,
+    q: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<RebalanceEvent>>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad("since", format!("{e}; give ?since=<event id>")))?;
+    Ok(Json(d.rebalance_events(q.since)))
 }
 
 /// List VMs.

@@ -159,6 +159,71 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         dtoh.get_or_create(&l).inc_by(s.bytes_dtoh);
     }
 
+    // The rebalancer (issue 13).
+    let rb = d.rebalancer_status();
+    let load = fgauge(
+        &mut reg,
+        "gpu_demand_ratio",
+        "Smoothed demand (busy + queue wait) over capacity, max of compute and copy",
+    );
+    let overloaded = fgauge(
+        &mut reg,
+        "gpu_overloaded",
+        "1 while the GPU has been overloaded for a whole rebalancer window",
+    );
+    let idle = fgauge(&mut reg, "gpu_idle", "1 while the GPU holds no vGPU");
+    let over_s = Family::<GpuLabels, Counter<f64, AtomicU64>>::default();
+    reg.register(
+        "gpu_overload_seconds",
+        "Time the GPU's demand was above the overload threshold",
+        over_s.clone(),
+    );
+    let idle_s = Family::<GpuLabels, Counter<f64, AtomicU64>>::default();
+    reg.register(
+        "gpu_idle_seconds",
+        "Time the GPU held no vGPU",
+        idle_s.clone(),
+    );
+    for g in &rb.gpus {
+        let l = GpuLabels {
+            gpu: g.gpu.to_string(),
+        };
+        load.get_or_create(&l).set(g.load);
+        overloaded
+            .get_or_create(&l)
+            .set(if g.overloaded { 1.0 } else { 0.0 });
+        idle.get_or_create(&l).set(if g.idle { 1.0 } else { 0.0 });
+        over_s.get_or_create(&l).inc_by(g.overload_ms as f64 / 1e3);
+        idle_s.get_or_create(&l).inc_by(g.idle_ms as f64 / 1e3);
+    }
+    let vdemand = vgauge(
+        &mut reg,
+        "vgpu_demand_ratio",
+        "Smoothed demand on its GPU (busy + queue wait), max of compute and copy",
+    );
+    let vwait = vgauge(
+        &mut reg,
+        "vgpu_queue_wait_ratio",
+        "Fraction of the last interval with requests waiting for a grant (compute)",
+    );
+    for v in &rb.vgpus {
+        let l = VgpuLabels {
+            vgpu: v.vgpu.to_string(),
+            gpu: v.gpu.to_string(),
+        };
+        vdemand
+            .get_or_create(&l)
+            .set(v.compute_demand.max(v.copy_demand));
+        vwait.get_or_create(&l).set(v.compute_wait);
+    }
+    let moves = Counter::<u64>::default();
+    reg.register(
+        "rebalance_migrations",
+        "Migrations the rebalancer started",
+        moves.clone(),
+    );
+    moves.inc_by(rb.migrations);
+
     let vms = Family::<StateLabels, Gauge>::default();
     reg.register("vms", "VMs by state", vms.clone());
     for (state, n) in d.vm_states() {

@@ -70,6 +70,10 @@ pub struct Config {
     /// Fraction of each GPU's memory kept as the temporal swap area for oversubscribed
     /// vGPUs (Gdev; default 0.10).
     pub swap_area: f64,
+    /// The rebalancer's policy (issue 13): mode (off by default), window, thresholds.
+    pub rebalance: vgpu_scheduler::rebalance::RebalanceConfig,
+    /// How often it measures demand and decides.
+    pub rebalance_interval: Duration,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
