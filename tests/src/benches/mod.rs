@@ -3,4 +3,5 @@
 pub mod band;
 pub mod device;
 pub mod memory;
+pub mod migration;
 pub mod vmm;
