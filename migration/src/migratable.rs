@@ -115,16 +115,24 @@ impl Migratable {
         (g, self.current())
     }
 
+    /// The epoch a write that has just finished belongs to. The fence orders the write
+    /// before the load: if the load still sees a round's start epoch, the write finished
+    /// before that round began copying, so the round's copy carried it.
+    fn now_epoch(&self) -> u64 {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Marks the allocation holding `addr` as written now.
     fn mark(&self, addr: u64) {
-        let e = self.epoch.load(Ordering::Acquire);
+        let e = self.now_epoch();
         if let Some((_, a)) = lock(&self.allocs).range(..=addr).next_back() {
             a.written.fetch_max(e, Ordering::AcqRel);
         }
     }
 
     fn mark_all(&self) {
-        let e = self.epoch.load(Ordering::Acquire);
+        let e = self.now_epoch();
         for a in lock(&self.allocs).values() {
             a.written.fetch_max(e, Ordering::AcqRel);
         }
@@ -539,7 +547,7 @@ impl Migratable {
         if opts.mode == Mode::Precopy {
             let t0 = m.started.elapsed();
             loop {
-                let round_start = self.epoch.fetch_add(1, Ordering::AcqRel);
+                let round_start = self.epoch.fetch_add(1, Ordering::SeqCst);
                 let live = m.snapshot();
                 m.reconcile(&live)?;
                 let t = Instant::now();
@@ -553,7 +561,11 @@ impl Migratable {
                 if copied > 0 {
                     rate_ns_per_byte = t.elapsed().as_nanos() as f64 / copied as f64;
                 }
-                since = round_start;
+                // Writes marked with `round_start` finished before this round copied
+                // (see `now_epoch`); only later ones may be missing at the target. (With
+                // `>= round_start`, everything written before round 1 counted as dirty
+                // again: every pre-copy sent all bytes twice or all of them stopped.)
+                since = round_start + 1;
                 let live = m.snapshot();
                 let dirty: u64 = live.iter().filter(|l| l.2 >= since).map(|l| l.1).sum();
                 progress(&Progress {

@@ -213,3 +213,23 @@ fn shared_mappings_refuse_to_move() {
     m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
         .expect("movable once detached");
 }
+
+#[test]
+fn an_idle_vgpu_is_copied_once_and_nothing_is_left_for_the_stop() {
+    let m = Migratable::new(sim(64 * MIB));
+    let bufs: Vec<u64> = (0..4)
+        .map(|_| m.alloc(4 * MIB).expect("alloc").addr)
+        .collect();
+    for (i, a) in bufs.iter().enumerate() {
+        put(&m, *a, &pattern(i as u8, 4 << 20));
+    }
+    let r = m
+        .migrate(sim(64 * MIB), &opts(Mode::Precopy), |_| {})
+        .expect("migrate");
+    assert_eq!(r.rounds, 1, "{r:?}");
+    assert_eq!(r.precopy_bytes, 16 * MIB, "{r:?}");
+    assert_eq!(r.stop_bytes, 0, "nothing was written since round 1: {r:?}");
+    for (i, a) in bufs.iter().enumerate() {
+        assert_eq!(get(&m, *a, 4 << 20), pattern(i as u8, 4 << 20));
+    }
+}

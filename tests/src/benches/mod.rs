@@ -4,4 +4,5 @@ pub mod band;
 pub mod device;
 pub mod memory;
 pub mod rebalance;
+pub mod migration;
 pub mod vmm;

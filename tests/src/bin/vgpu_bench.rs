@@ -49,6 +49,22 @@ enum Bench {
     /// on 2 and 4 GPUs, and GPU-hours freed by consolidation under light load (in-process
     /// simulation with vgpud's policy; compared with DCUDA's figures).
     Rebalance,
+    /// Live migration of a running vGPU between two sim GPUs: downtime and total time vs
+    /// resident memory, precopy vs stop_copy vs a plain copy, and a timeline (issue 7).
+    Migration {
+        /// Sim copy bandwidth of both GPUs (a GPU-to-GPU copy), GB/s; 0 = unpaced.
+        #[arg(long, default_value_t = 25.0)]
+        copy_gbps: f64,
+        /// Sim compute speed (1.0 = 1e9 element operations/s).
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// Runs per point (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Largest resident size, MiB (64, 256, 1024, 4096 are measured up to it).
+        #[arg(long, default_value_t = 4096)]
+        max_mib: u64,
+    },
 }
 
 fn main() {
@@ -68,6 +84,20 @@ fn main() {
             "memory",
         ),
         Bench::Rebalance => (benches::rebalance::run(), "rebalance"),
+        Bench::Migration {
+            copy_gbps,
+            speed,
+            reps,
+            max_mib,
+        } => (
+            benches::migration::run(benches::migration::Params {
+                copy_bandwidth: (copy_gbps * 1e9) as u64,
+                speed,
+                reps: reps.max(1),
+                max_size: max_mib << 20,
+            }),
+            "migration",
+        ),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");
