@@ -3,6 +3,6 @@
 pub mod band;
 pub mod device;
 pub mod memory;
-pub mod rebalance;
 pub mod migration;
+pub mod rebalance;
 pub mod vmm;
