@@ -36,7 +36,9 @@ impl Default for NamespaceOptions {
         NamespaceOptions {
             queues: 4,
             queue_depth: 1024,
-            timeout: Duration::from_secs(5),
+            // Long enough for a loaded 2-core host running thousands of submitters; a
+            // hung controller still surfaces as an error, never a hang.
+            timeout: Duration::from_secs(30),
             block_size: 512,
             direct: false,
             engine: EngineKind::IoUring,
