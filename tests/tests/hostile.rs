@@ -212,7 +212,7 @@ fn injected_device_errors_oom_and_slowness_reach_only_their_guest() {
 #[test]
 fn kill9_of_a_worker_mid_copy_leaves_the_neighbour_untouched() {
     require_kvm!();
-    // 50 MB/s copies: the victim's 16 MiB uploads take about 0.3 s each, so the kill lands
+    // 20 MB/s copies: the victim's 4 MiB uploads take about 0.2 s each, so the kill lands
     // inside one.
     let d = TestDaemon::start(
         "kill-worker-copy",
@@ -222,7 +222,7 @@ fn kill9_of_a_worker_mid_copy_leaves_the_neighbour_untouched() {
             "--sim-memory",
             "1G",
             "--sim-copy-bw",
-            "50M",
+            "20M",
         ],
     );
     let c = &d.client;
@@ -236,7 +236,7 @@ fn kill9_of_a_worker_mid_copy_leaves_the_neighbour_untouched() {
         .expect("neighbour");
     let victim = c
         .create_vm(&gpu_load(
-            "rounds=100000 n=4194304 spin_us=0 check=1000",
+            "rounds=100000 n=1048576 spin_us=0 check=1000",
             0,
             0.3,
             128 * MIB,
@@ -247,7 +247,7 @@ fn kill9_of_a_worker_mid_copy_leaves_the_neighbour_untouched() {
     let vg = victim.vgpu.expect("vgpu");
     let worker = c.vgpu(vg).expect("vgpu").worker_pid.expect("worker");
     wait_until("the victim copies", Duration::from_secs(30), || {
-        c.vgpu_stats(vg).map(|s| s.bytes_htod).unwrap_or(0) > 16 * MIB
+        c.vgpu_stats(vg).map(|s| s.bytes_htod).unwrap_or(0) > 4 * MIB
     });
     std::thread::sleep(Duration::from_millis(150));
     kill9(worker);
@@ -291,7 +291,7 @@ fn kill_mid_migration(tag: &str, which: &str) {
             "--sim-memory",
             "1G",
             "--sim-copy-bw",
-            "40M",
+            "10M",
         ],
     );
     let c = &d.client;
@@ -303,10 +303,10 @@ fn kill_mid_migration(tag: &str, which: &str) {
             64 * MIB,
         ))
         .expect("neighbour");
-    // 32 MiB of live data to move at 40 MB/s: the migration runs for about a second.
+    // 8 MiB of live data to move at 10 MB/s: the migration runs for about a second.
     let victim = c
         .create_vm(&gpu_load(
-            "rounds=100000 n=4194304 spin_us=0 check=1000",
+            "rounds=100000 n=1048576 spin_us=0 check=1000",
             0,
             0.4,
             128 * MIB,
