@@ -419,3 +419,74 @@ fn a_failing_migration_target_leaves_the_vgpu_where_it_was() {
     assert!(!last(&a).is_empty(), "{a}");
     assert_eq!(last(&a), last(&b), "bytes lost across failed migrations");
 }
+
+#[test]
+fn kill9_of_vgpud_takes_its_vms_down_and_a_restart_starts_clean() {
+    require_kvm!();
+    let mut d = TestDaemon::start("restart", &["--sim-gpus", "1", "--sim-memory", "1G"]);
+    let c = &d.client;
+    let vm = c
+        .create_vm(&gpu_load(
+            "rounds=100000 spin_us=2000 check=50",
+            0,
+            0.5,
+            64 * MIB,
+        ))
+        .expect("vm");
+    wait_running(c, vm.id);
+    let kids = vgpu_tests::daemon::children(d.pid());
+    assert!(kids.len() >= 2, "a vmm and a worker: {kids:?}");
+    kill9(d.pid());
+    // Every child gets SIGTERM from the kernel when vgpud dies (PR_SET_PDEATHSIG): no
+    // orphaned vmm keeps running, no worker keeps device memory.
+    let gone = wait_until("children gone", Duration::from_secs(3), || {
+        kids.iter().all(|k| !alive(*k))
+    });
+    eprintln!(
+        "kill -9 of vgpud: its {} children gone after {} ms",
+        kids.len(),
+        gone.as_millis()
+    );
+    if let Some(mut ch) = d.child.take() {
+        let _ = ch.wait();
+    }
+    // A new vgpud on the same state directory starts (the stale socket is replaced) and
+    // starts empty: every GPU's capacity is free again.
+    let sock = d.socket.display().to_string();
+    let pdir = vgpu_tests::bins::payload("hello")
+        .parent()
+        .expect("dir")
+        .display()
+        .to_string();
+    let log = std::fs::File::create(d.dir.join("vgpud2.log")).expect("log");
+    let child = vgpu_tests::daemon::vgpud_command(&[
+        "--socket",
+        sock.as_str(),
+        "--payload-dir",
+        pdir.as_str(),
+        "--sim-gpus",
+        "1",
+        "--sim-memory",
+        "1G",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(log)
+    .spawn()
+    .expect("vgpud again");
+    d.child = Some(child);
+    wait_until("vgpud serves again", Duration::from_secs(20), || {
+        c.gpus().is_ok()
+    });
+    assert!(c.vms().expect("vms").is_empty());
+    assert!(c.vgpus().expect("vgpus").is_empty());
+    assert_eq!(committed(c, 0), (0.0, 0));
+    let again = c
+        .create_vm(&gpu_load(
+            "rounds=20 spin_us=1000 check=5",
+            0,
+            1.0,
+            64 * MIB,
+        ))
+        .expect("the whole GPU is free again");
+    neighbour_ok(c, again.id, 20);
+}
