@@ -9,6 +9,6 @@ secs="${1:-600}"
 out="${CARGO_TARGET_DIR:-target}/soak.json"
 cargo build --workspace --bins --release --locked
 VGPU_SOAK_SECS="$secs" VGPU_SOAK_OUT="$(realpath -m "$out")" \
-    cargo test --release --locked -p vgpu-tests --test soak -- --nocapture
+    cargo test --release --locked -p vgpu-tests --test soak soak_eight_vms_mixed_workloads_and_migrations -- --include-ignored --nocapture
 echo "== soak figures: $out"
 cat "$out"
