@@ -18,4 +18,12 @@ echo "== tests"
 cargo build --workspace --bins --locked
 cargo test --workspace --locked
 (cd guests && cargo test --locked --target x86_64-unknown-linux-gnu -p payload-rt)
+echo "== fuzz targets (build only; docs/hostile.md says how to run them)"
+if command -v cargo-fuzz >/dev/null && rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    # Type-checks every target with the fuzzing cfg (a full sanitizer build takes long on
+    # 2 cores; `cargo +nightly fuzz build -O` in fuzz/ is the full one).
+    (cd fuzz && cargo +nightly fuzz check -O)
+else
+    echo "skipped: cargo-fuzz or the nightly toolchain is missing (cargo install cargo-fuzz; rustup toolchain install nightly)"
+fi
 echo "== all tests passed"

@@ -13,6 +13,7 @@ mod args;
 pub mod cuda;
 mod drain;
 mod error;
+pub mod faults;
 pub mod pager;
 pub mod sim;
 mod space;

@@ -40,6 +40,12 @@ pub fn vgpud_command(extra: &[&str]) -> Command {
 impl TestDaemon {
     /// Starts vgpud on a unix socket with `extra` options and waits until it serves.
     pub fn start(tag: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(tag, extra, &[])
+    }
+
+    /// As [`TestDaemon::start`], with `env` added to vgpud's environment (its workers and
+    /// vmms inherit it; e.g. `VGPU_FAULTS_DIR` for fault injection).
+    pub fn start_with_env(tag: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = temp_dir(tag);
         let socket = dir.join("vgpud.sock");
         let log = dir.join("vgpud.log");
@@ -50,6 +56,7 @@ impl TestDaemon {
         let mut args = vec!["--socket", sock.as_str(), "--payload-dir", pdir.as_str()];
         args.extend_from_slice(extra);
         let child = vgpud_command(&args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
             .spawn()

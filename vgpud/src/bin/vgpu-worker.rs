@@ -358,7 +358,7 @@ impl ControlState {
                 .map_err(|e| e.to_string())?,
             ),
         };
-        Ok(b)
+        Ok(vgpu_backend::faults::target(b))
     }
 
     /// Runs a migration on its own thread; the reply goes out when it ends.
@@ -725,6 +725,8 @@ fn run(args: Args) -> Result<(), WorkerError> {
         Some(p) => p.clone(),
         None => inner,
     };
+    // Fault injection (tests, soak): only when VGPU_FAULTS_DIR is set.
+    let backend = vgpu_backend::faults::from_env(backend, args.vgpu_id);
     let cfg = DeviceConfig {
         vgpu_id: args.vgpu_id,
         num_queues: args.queues,

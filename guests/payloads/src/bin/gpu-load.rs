@@ -9,7 +9,10 @@
 //! lost or corrupted byte changes the checksum.
 //!
 //! Arguments: `rounds=<n>` (default 100), `n=<elements>` (default 16384), `spin_us=<µs>`
-//! (default 10000), `check=<k>` (default 10).
+//! (default 10000), `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
+//! ends the run; k > 0: a request answered `DEVICE_ERROR` or `OUT_OF_MEMORY` is sent again,
+//! up to k times each, which is exact because a failed request changed nothing. The fault
+//! injection tests use it; the end line then counts the retries).
 //! Prints `GPU-LOAD OK rounds=<n> checksum=0x...` and exits 0; otherwise a diagnostic and
 //! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch.
 #![no_std]
@@ -21,7 +24,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use guest_driver::vgpu::launch_1d;
-use guest_driver::vgpu::vgpu_proto::{Access, KernelArg};
+use guest_driver::vgpu::vgpu_proto::{Access, KernelArg, Status};
 use guest_driver::Error;
 use payload_rt::vgpu::open_single;
 use payload_rt::{println, Args, BootInfo};
@@ -87,6 +90,27 @@ fn expected_checksum(n: usize, rounds: u64) -> u64 {
     h
 }
 
+/// Runs `f`, again (up to `retry` more times) while it fails with a transient device status.
+fn again<T>(
+    retry: u64,
+    retried: &mut u64,
+    what: &'static str,
+    mut f: impl FnMut() -> Result<T, Error>,
+) -> Result<T, Failure> {
+    let mut left = retry;
+    loop {
+        match f() {
+            Err(Error::Device { status, .. })
+                if left > 0 && matches!(status, Status::DeviceError | Status::OutOfMemory) =>
+            {
+                left -= 1;
+                *retried += 1;
+            }
+            other => return other.map_err(driver(what)),
+        }
+    }
+}
+
 fn as_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -100,6 +124,8 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let n = num("n", 1 << 14)? as usize;
     let spin_us = num("spin_us", 10_000)?;
     let check = num("check", 10)?.max(1);
+    let retry = num("retry", 0)?;
+    let mut retried = 0u64;
     if n == 0 || n > 1 << 22 {
         return Err(fail(EXIT_BAD_ARGS, format_args!("n must be 1..=4194304")));
     }
@@ -127,7 +153,9 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let dx = s.alloc(bytes).map_err(driver("ALLOC x"))?;
     let dy = s.alloc(bytes).map_err(driver("ALLOC y"))?;
     let dsum = s.alloc(8).map_err(driver("ALLOC sum"))?;
-    s.memcpy_htod(dy, &y0).map_err(driver("MEMCPY_HTOD y"))?;
+    again(retry, &mut retried, "MEMCPY_HTOD y", || {
+        s.memcpy_htod(dy, &y0)
+    })?;
 
     let module = s.load_builtin().map_err(driver("MODULE_LOAD builtin"))?;
     let saxpy = s
@@ -158,18 +186,23 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let mut sum = vec![0u8; 8];
     let mut last = 0u64;
     for r in 1..=rounds {
-        s.memcpy_htod(dx, &x).map_err(driver("MEMCPY_HTOD x"))?;
-        s.launch(&saxpy_launch, &saxpy_args)
-            .map_err(driver("LAUNCH saxpy"))?;
+        let rt = &mut retried;
+        again(retry, rt, "MEMCPY_HTOD x", || s.memcpy_htod(dx, &x))?;
+        again(retry, rt, "LAUNCH saxpy", || {
+            s.launch(&saxpy_launch, &saxpy_args)
+        })?;
         if spin_us > 0 {
-            s.launch(&spin_launch, &spin_args)
-                .map_err(driver("LAUNCH spin"))?;
+            again(retry, rt, "LAUNCH spin", || {
+                s.launch(&spin_launch, &spin_args)
+            })?;
         }
         if r % check == 0 || r == rounds {
-            s.launch(&sum_launch, &sum_args)
-                .map_err(driver("LAUNCH checksum"))?;
-            s.memcpy_dtoh(&mut sum, dsum)
-                .map_err(driver("MEMCPY_DTOH sum"))?;
+            again(retry, rt, "LAUNCH checksum", || {
+                s.launch(&sum_launch, &sum_args)
+            })?;
+            again(retry, rt, "MEMCPY_DTOH sum", || {
+                s.memcpy_dtoh(&mut sum, dsum)
+            })?;
             let got = u64::from_le_bytes([
                 sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7],
             ]);
@@ -187,6 +220,9 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
     for d in [dx, dy, dsum] {
         s.free(d).map_err(driver("FREE"))?;
+    }
+    if retry > 0 {
+        println!("gpu-load: {retried} requests retried after transient device errors");
     }
     println!("GPU-LOAD OK rounds={rounds} checksum={last:#018x}");
     Ok(())

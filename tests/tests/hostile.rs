@@ -1,0 +1,492 @@
+//! Hostile guests and injected faults (issue 10, docs/hostile.md), each beside a neighbour
+//! VM that checks its own results all along (gpu-load: checksums every few rounds):
+//!
+//! - the hostile payload attacks invariants 1-3 through vgpud while a neighbour computes;
+//! - the sim backend injects device errors, out-of-memory and a slow device on demand
+//!   (`VGPU_FAULTS_DIR`): the guest sees the statuses, the neighbour sees nothing;
+//! - `kill -9` of a worker mid-copy, of a vmm and of a worker mid-migration;
+//! - a migration target that fails: the vGPU stays where it was, no byte lost.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vgpu_tests::daemon::{alive, gpu_load, wait_running, TestDaemon};
+use vgpu_tests::require_kvm;
+use vgpud::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpud::client::Client;
+
+const MIB: u64 = 1 << 20;
+
+fn console(c: &Client, id: u32) -> String {
+    String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
+}
+
+fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
+    VgpuCreate {
+        gpu: Some(gpu),
+        memory_bytes: memory,
+        compute_share: compute,
+        copy_share: None,
+        priority: 0,
+        oversubscribe: false,
+        share_group: None,
+        queues,
+        storage: Vec::new(),
+    }
+}
+
+/// A VM running `payload` on the existing vGPU `vgpu`.
+fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
+    VmCreate {
+        payload: Some(vgpu_tests::bins::payload(payload).display().to_string()),
+        payload_arg: arg.into(),
+        kernel: None,
+        initrd: None,
+        cmdline: None,
+        memory_bytes: 64 << 20,
+        vcpus: 1,
+        vgpu_id: Some(vgpu),
+        vgpu: None,
+    }
+}
+
+fn set_faults(dir: &Path, vgpu: u32, spec: &str) {
+    std::fs::write(dir.join(format!("vgpu-{vgpu}")), spec).expect("fault file");
+    // The worker re-reads the file every 20 ms.
+    std::thread::sleep(Duration::from_millis(80));
+}
+
+/// The neighbour finished its run with every checksum right and no error.
+fn neighbour_ok(c: &Client, id: u32, rounds: u32) {
+    let done = c.wait_vm(id, Duration::from_secs(240)).expect("wait");
+    let out = console(c, id);
+    assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+    assert!(
+        out.contains(&format!("GPU-LOAD OK rounds={rounds}")),
+        "{out}"
+    );
+    let stats = c
+        .vgpu_stats(done.vgpu.expect("vgpu"))
+        .expect("neighbour stats");
+    assert_eq!(stats.errors, 0, "the neighbour saw errors: {stats:?}");
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t0.elapsed()
+}
+
+/// Committed compute and memory of GPU `g`.
+fn committed(c: &Client, g: usize) -> (f64, u64) {
+    let gpus = c.gpus().expect("gpus");
+    (gpus[g].compute_committed, gpus[g].memory_committed_bytes)
+}
+
+fn kill9(pid: u32) {
+    let pid = libc::pid_t::try_from(pid).expect("pid");
+    // SAFETY: kill(2) with a pid the daemon reported for a process it started.
+    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill -9 {pid}");
+}
+
+#[test]
+fn a_hostile_guest_beside_a_neighbour_that_checks_its_data() {
+    require_kvm!();
+    let d = TestDaemon::start(
+        "hostile-neighbour",
+        &["--sim-gpus", "1", "--sim-memory", "1G"],
+    );
+    let c = &d.client;
+    let neighbour = c
+        .create_vm(&gpu_load(
+            "rounds=300 spin_us=2000 check=5",
+            0,
+            0.4,
+            64 * MIB,
+        ))
+        .expect("neighbour");
+    wait_running(c, neighbour.id);
+    // Three hostile guests in a row, each on a fresh vGPU of the same GPU.
+    let mut errors = 0;
+    for _ in 0..3 {
+        let v = c
+            .create_vgpu(&vgpu_spec(0, 0.3, 64 * MIB, 2))
+            .expect("vgpu");
+        let h = c.create_vm(&vm_on("hostile", "", v.id)).expect("hostile");
+        let done = c.wait_vm(h.id, Duration::from_secs(120)).expect("wait");
+        let out = console(c, h.id);
+        assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+        assert!(out.contains("HOSTILE OK"), "{out}");
+        errors += out.lines().filter(|l| l.starts_with("hostile: ")).count();
+        assert_eq!(
+            c.vm(neighbour.id).expect("vm").state,
+            VmState::Running,
+            "the neighbour must still run"
+        );
+    }
+    eprintln!("hostile: {errors} attack lines answered; the neighbour kept verifying");
+    neighbour_ok(c, neighbour.id, 300);
+    let log = d.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn injected_device_errors_oom_and_slowness_reach_only_their_guest() {
+    require_kvm!();
+    let faults = vgpu_tests::daemon::temp_dir("faults");
+    let fdir = faults.display().to_string();
+    let d = TestDaemon::start_with_env(
+        "faults",
+        &["--sim-gpus", "1", "--sim-memory", "1G"],
+        &[("VGPU_FAULTS_DIR", fdir.as_str())],
+    );
+    let c = &d.client;
+    let neighbour = c
+        .create_vm(&gpu_load(
+            "rounds=400 spin_us=1000 check=5",
+            0,
+            0.3,
+            64 * MIB,
+        ))
+        .expect("neighbour");
+    // The victim retries requests that fail with DEVICE_ERROR / OUT_OF_MEMORY: an injected
+    // fault fails a request before it does anything, so its checksums must still match.
+    let v = c
+        .create_vgpu(&vgpu_spec(0, 0.3, 64 * MIB, 1))
+        .expect("vgpu");
+    set_faults(&faults, v.id, "error=4");
+    let victim = c
+        .create_vm(&vm_on(
+            "gpu-load",
+            "rounds=300 spin_us=1000 check=3 retry=100000",
+            v.id,
+        ))
+        .expect("victim");
+    wait_running(c, neighbour.id);
+    wait_running(c, victim.id);
+    std::thread::sleep(Duration::from_millis(700));
+    set_faults(&faults, v.id, "slow=10 error=7");
+    std::thread::sleep(Duration::from_millis(700));
+    set_faults(&faults, v.id, "error=2 oom");
+    std::thread::sleep(Duration::from_millis(500));
+    set_faults(&faults, v.id, "none");
+    let done = c
+        .wait_vm(victim.id, Duration::from_secs(240))
+        .expect("wait");
+    let out = console(c, victim.id);
+    assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+    assert!(out.contains("GPU-LOAD OK rounds=300"), "{out}");
+    let retried: u64 = out
+        .lines()
+        .find(|l| l.contains("requests retried"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let errs = c.vgpu_stats(v.id).expect("stats").errors;
+    eprintln!("faults: the victim saw {errs} error statuses and retried {retried} requests; all checksums matched");
+    assert!(retried > 10 && errs > 10, "{out}");
+
+    // Out of memory from the start: the guest's first ALLOC fails, it says so and exits.
+    let o = c
+        .create_vgpu(&vgpu_spec(0, 0.1, 64 * MIB, 1))
+        .expect("vgpu");
+    set_faults(&faults, o.id, "oom");
+    let oom = c
+        .create_vm(&vm_on("gpu-load", "rounds=5", o.id))
+        .expect("oom vm");
+    let done = c.wait_vm(oom.id, Duration::from_secs(60)).expect("wait");
+    let out = console(c, oom.id);
+    assert_eq!(done.state, VmState::Exited { code: 4 }, "{out}");
+    assert!(
+        out.contains("ALLOC x") && out.contains("OUT_OF_MEMORY"),
+        "{out}"
+    );
+
+    neighbour_ok(c, neighbour.id, 400);
+}
+
+#[test]
+fn kill9_of_a_worker_mid_copy_leaves_the_neighbour_untouched() {
+    require_kvm!();
+    // 20 MB/s copies: the victim's 4 MiB uploads take about 0.2 s each, so the kill lands
+    // inside one.
+    let d = TestDaemon::start(
+        "kill-worker-copy",
+        &[
+            "--sim-gpus",
+            "1",
+            "--sim-memory",
+            "1G",
+            "--sim-copy-bw",
+            "20M",
+        ],
+    );
+    let c = &d.client;
+    let neighbour = c
+        .create_vm(&gpu_load(
+            "rounds=200 spin_us=2000 check=5",
+            0,
+            0.3,
+            64 * MIB,
+        ))
+        .expect("neighbour");
+    let victim = c
+        .create_vm(&gpu_load(
+            "rounds=100000 n=1048576 spin_us=0 check=1000",
+            0,
+            0.3,
+            128 * MIB,
+        ))
+        .expect("victim");
+    wait_running(c, neighbour.id);
+    wait_running(c, victim.id);
+    let vg = victim.vgpu.expect("vgpu");
+    let worker = c.vgpu(vg).expect("vgpu").worker_pid.expect("worker");
+    wait_until("the victim copies", Duration::from_secs(30), || {
+        c.vgpu_stats(vg).map(|s| s.bytes_htod).unwrap_or(0) > 4 * MIB
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    kill9(worker);
+    let freed = wait_until("shares freed", Duration::from_secs(1), || {
+        let (cc, m) = committed(c, 0);
+        (cc - 0.3).abs() < 1e-9 && m == 64 * MIB
+    });
+    eprintln!(
+        "kill -9 of a worker mid-copy: shares free after {} ms",
+        freed.as_millis()
+    );
+    wait_until("the victim VM ends", Duration::from_secs(2), || {
+        !c.vm(victim.id).expect("vm").state.is_live()
+    });
+    assert!(!alive(worker));
+    neighbour_ok(c, neighbour.id, 200);
+}
+
+fn start_migration(c: &Client, vgpu: u32, target: u32) -> u32 {
+    let m = c
+        .migrate_vgpu(
+            vgpu,
+            &MigrateRequest {
+                target_gpu: Some(target),
+                mode: Some("precopy".into()),
+                max_downtime_ms: Some(5),
+            },
+        )
+        .expect("migrate");
+    assert_eq!(m.state, "running");
+    m.id
+}
+
+/// Kills the victim's `which` ("vmm" or "worker") while its vGPU migrates from GPU 0 to 1.
+fn kill_mid_migration(tag: &str, which: &str) {
+    let d = TestDaemon::start(
+        tag,
+        &[
+            "--sim-gpus",
+            "2",
+            "--sim-memory",
+            "1G",
+            "--sim-copy-bw",
+            "10M",
+        ],
+    );
+    let c = &d.client;
+    let neighbour = c
+        .create_vm(&gpu_load(
+            "rounds=200 spin_us=2000 check=5",
+            1,
+            0.3,
+            64 * MIB,
+        ))
+        .expect("neighbour");
+    // 8 MiB of live data to move at 10 MB/s: the migration runs for about a second.
+    let victim = c
+        .create_vm(&gpu_load(
+            "rounds=100000 n=1048576 spin_us=0 check=1000",
+            0,
+            0.4,
+            128 * MIB,
+        ))
+        .expect("victim");
+    wait_running(c, neighbour.id);
+    wait_running(c, victim.id);
+    let vg = victim.vgpu.expect("vgpu");
+    wait_until("the victim computes", Duration::from_secs(30), || {
+        c.vgpu_stats(vg).map(|s| s.kernels).unwrap_or(0) > 2
+    });
+    let mid = start_migration(c, vg, 1);
+    wait_until("the migration copies", Duration::from_secs(10), || {
+        let m = c.migration(mid).expect("migration");
+        m.bytes > 0 || m.state != "running"
+    });
+    let m = c.migration(mid).expect("migration");
+    assert_eq!(m.state, "running", "the migration ended too soon: {m:?}");
+    let pid = match which {
+        "vmm" => c.vm(victim.id).expect("vm").pid.expect("vmm pid"),
+        _ => c.vgpu(vg).expect("vgpu").worker_pid.expect("worker pid"),
+    };
+    kill9(pid);
+    let freed = wait_until("both GPUs' shares freed", Duration::from_secs(2), || {
+        committed(c, 0) == (0.0, 0) && {
+            let (cc, mem) = committed(c, 1);
+            (cc - 0.3).abs() < 1e-9 && mem == 64 * MIB
+        }
+    });
+    let m = c
+        .wait_migration(mid, Duration::from_secs(10), |_| {})
+        .expect("migration ends");
+    assert_eq!(m.state, "failed", "{m:?}");
+    eprintln!(
+        "kill -9 of the {which} mid-migration: shares free after {} ms; migration: {:?}",
+        freed.as_millis(),
+        m.error
+    );
+    neighbour_ok(c, neighbour.id, 200);
+    let log = d.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn kill9_of_a_vmm_mid_migration_frees_both_gpus() {
+    require_kvm!();
+    kill_mid_migration("kill-vmm-migrate", "vmm");
+}
+
+#[test]
+fn kill9_of_a_worker_mid_migration_frees_both_gpus() {
+    require_kvm!();
+    kill_mid_migration("kill-worker-migrate", "worker");
+}
+
+#[test]
+fn a_failing_migration_target_leaves_the_vgpu_where_it_was() {
+    require_kvm!();
+    let faults = vgpu_tests::daemon::temp_dir("target-faults");
+    let fdir = faults.display().to_string();
+    let d = TestDaemon::start_with_env(
+        "target-fail",
+        &["--sim-gpus", "2", "--sim-memory", "512M"],
+        &[("VGPU_FAULTS_DIR", fdir.as_str())],
+    );
+    let c = &d.client;
+    let arg = "rounds=600 n=262144 spin_us=1000 check=20";
+    let v = c
+        .create_vgpu(&vgpu_spec(0, 0.4, 64 * MIB, 1))
+        .expect("vgpu");
+    let moved = c.create_vm(&vm_on("gpu-load", arg, v.id)).expect("vm");
+    let reference = c
+        .create_vm(&gpu_load(arg, 1, 0.4, 64 * MIB))
+        .expect("reference");
+    wait_running(c, moved.id);
+    wait_running(c, reference.id);
+    set_faults(&faults, v.id, "target-fail");
+    for _ in 0..3 {
+        let mid = start_migration(c, v.id, 1);
+        let m = c
+            .wait_migration(mid, Duration::from_secs(30), |_| {})
+            .expect("wait");
+        assert_eq!(m.state, "failed", "{m:?}");
+        assert!(
+            m.error.as_deref().unwrap_or("").contains("injected"),
+            "{m:?}"
+        );
+        assert_eq!(c.vgpu(v.id).expect("vgpu").gpu, 0, "the vGPU must stay");
+    }
+    let (cc, _) = committed(c, 1);
+    assert!((cc - 0.4).abs() < 1e-9, "the failed target kept a share");
+    set_faults(&faults, v.id, "none");
+    let mid = start_migration(c, v.id, 1);
+    let m = c
+        .wait_migration(mid, Duration::from_secs(60), |_| {})
+        .expect("wait");
+    assert_eq!(m.state, "completed", "{m:?}");
+    let last = |out: &str| {
+        out.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("GPU-LOAD OK "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    for id in [moved.id, reference.id] {
+        let vm = c.wait_vm(id, Duration::from_secs(240)).expect("wait");
+        assert_eq!(vm.state, VmState::Exited { code: 0 }, "{}", console(c, id));
+    }
+    let (a, b) = (console(c, moved.id), console(c, reference.id));
+    assert!(!last(&a).is_empty(), "{a}");
+    assert_eq!(last(&a), last(&b), "bytes lost across failed migrations");
+}
+
+#[test]
+fn kill9_of_vgpud_takes_its_vms_down_and_a_restart_starts_clean() {
+    require_kvm!();
+    let mut d = TestDaemon::start("restart", &["--sim-gpus", "1", "--sim-memory", "1G"]);
+    let c = &d.client;
+    let vm = c
+        .create_vm(&gpu_load(
+            "rounds=100000 spin_us=2000 check=50",
+            0,
+            0.5,
+            64 * MIB,
+        ))
+        .expect("vm");
+    wait_running(c, vm.id);
+    let kids = vgpu_tests::daemon::children(d.pid());
+    assert!(kids.len() >= 2, "a vmm and a worker: {kids:?}");
+    kill9(d.pid());
+    // Every child gets SIGTERM from the kernel when vgpud dies (PR_SET_PDEATHSIG): no
+    // orphaned vmm keeps running, no worker keeps device memory.
+    let gone = wait_until("children gone", Duration::from_secs(3), || {
+        kids.iter().all(|k| !alive(*k))
+    });
+    eprintln!(
+        "kill -9 of vgpud: its {} children gone after {} ms",
+        kids.len(),
+        gone.as_millis()
+    );
+    if let Some(mut ch) = d.child.take() {
+        let _ = ch.wait();
+    }
+    // A new vgpud on the same state directory starts (the stale socket is replaced) and
+    // starts empty: every GPU's capacity is free again.
+    let sock = d.socket.display().to_string();
+    let pdir = vgpu_tests::bins::payload("hello")
+        .parent()
+        .expect("dir")
+        .display()
+        .to_string();
+    let log = std::fs::File::create(d.dir.join("vgpud2.log")).expect("log");
+    let child = vgpu_tests::daemon::vgpud_command(&[
+        "--socket",
+        sock.as_str(),
+        "--payload-dir",
+        pdir.as_str(),
+        "--sim-gpus",
+        "1",
+        "--sim-memory",
+        "1G",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(log)
+    .spawn()
+    .expect("vgpud again");
+    d.child = Some(child);
+    wait_until("vgpud serves again", Duration::from_secs(20), || {
+        c.gpus().is_ok()
+    });
+    assert!(c.vms().expect("vms").is_empty());
+    assert!(c.vgpus().expect("vgpus").is_empty());
+    assert_eq!(committed(c, 0), (0.0, 0));
+    let again = c
+        .create_vm(&gpu_load(
+            "rounds=20 spin_us=1000 check=5",
+            0,
+            1.0,
+            64 * MIB,
+        ))
+        .expect("the whole GPU is free again");
+    neighbour_ok(c, again.id, 20);
+}
