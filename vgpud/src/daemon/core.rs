@@ -32,6 +32,8 @@ use vgpu_scheduler::Share;
 #[path = "rebalance.rs"]
 mod rebalance;
 
+/// How many times (20 ms apart) a reservation waits for busy victims before it is refused.
+const BUSY_RETRIES: u32 = 100;
 /// How long a migration may take in all.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one eviction may take (it may move gigabytes at host copy speed).
@@ -922,6 +924,7 @@ impl Daemon {
         };
         let _one = m.serial.lock().await;
         let mut tried = Tried::default();
+        let mut busy_retries = 0;
         loop {
             let step = lock_planner(&m.planner).next_step(id, bytes, &tried);
             match step {
@@ -930,6 +933,14 @@ impl Daemon {
                     return Answer::Granted;
                 }
                 Step::Deny(why) => {
+                    // Victims that gave nothing were busy (their memory is in use by a
+                    // copy or kernel right now): wait for them a little before refusing.
+                    if !tried.evict.is_empty() && busy_retries < BUSY_RETRIES {
+                        busy_retries += 1;
+                        tried = Tried::default();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
                     tracing::info!(vgpu = id, bytes, %why, "memory reservation refused");
                     return Answer::Refused { why };
                 }
@@ -1286,9 +1297,7 @@ impl Daemon {
             }
         }
         if source != target {
-            // The GPU the vGPU left (or never reached) lets its shares go. A short grace
-            // lets a request that was waiting for a grant there when the switch happened
-            // get it.
+            // The GPU the vGPU left (or never reached) lets its shares go.
             let (leave, stay) = if moved {
                 (source, target)
             } else {
@@ -1336,20 +1345,20 @@ impl Daemon {
         self.changed.notify_waiters();
     }
 
+    /// The GPU the vGPU left lets its shares go at once: the worker's requests that were
+    /// still waiting for a grant there moved to the new GPU's channel at the switch
+    /// (`SwitchGate` retires the old one), and a lingering attachment would keep its
+    /// share counted there (new vGPUs refused, neighbours held behind grants nobody
+    /// takes).
     fn detach_grants_later(self: &Arc<Self>, id: u32, gpu: u32) {
-        let d = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            // Unless the vGPU came back to that GPU meanwhile.
-            let back = d
-                .lock()
-                .vgpus
-                .get(&id)
-                .is_some_and(|r| r.gpu == gpu || r.migrating_to == Some(gpu));
-            if !back {
-                d.detach_grants(id, gpu);
-            }
-        });
+        let back = self
+            .lock()
+            .vgpus
+            .get(&id)
+            .is_some_and(|r| r.gpu == gpu || r.migrating_to == Some(gpu));
+        if !back {
+            self.detach_grants(id, gpu);
+        }
     }
 
     fn on_migration_progress(&self, id: u32, p: MigrationProgress) {
