@@ -454,17 +454,23 @@ impl Mover<'_> {
         let mut copy = |from: u64, to: u64| -> std::result::Result<(), MigrationError> {
             let to = to.min(size);
             if to > from {
-                self.source
-                    .copy_to_peer(&*self.target, addr + from, to - from)
-                    .map_err(|e| match e {
-                        BackendError::NotSupported(_) | BackendError::BadPointer { .. } => {
-                            MigrationError::Source(e)
-                        }
-                        other => MigrationError::Target {
-                            what: format!("copying {addr:#x}+{from:#x}"),
-                            source: other,
-                        },
-                    })?;
+                let r = self
+                    .source
+                    .copy_to_peer(&*self.target, addr + from, to - from);
+                if r.is_err() && !lock(&self.src.allocs).contains_key(&addr) {
+                    // Freed while we copied (pre-copy runs beside the guest's requests):
+                    // nothing to move; the next reconcile drops it from the target.
+                    return Ok(());
+                }
+                r.map_err(|e| match e {
+                    BackendError::NotSupported(_) | BackendError::BadPointer { .. } => {
+                        MigrationError::Source(e)
+                    }
+                    other => MigrationError::Target {
+                        what: format!("copying {addr:#x}+{from:#x}"),
+                        source: other,
+                    },
+                })?;
                 copied += to - from;
             }
             Ok(())
