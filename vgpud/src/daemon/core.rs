@@ -32,8 +32,9 @@ use vgpu_scheduler::Share;
 #[path = "rebalance.rs"]
 mod rebalance;
 
-/// How many times (20 ms apart) a reservation waits for busy victims before it is refused.
-const BUSY_RETRIES: u32 = 100;
+/// How many times (20 ms apart, 10 s in all) a reservation waits for busy victims before it
+/// is refused (a victim's memory may be in a long copy on a loaded host).
+const BUSY_RETRIES: u32 = 500;
 /// How long a migration may take in all.
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long one eviction may take (it may move gigabytes at host copy speed).
@@ -934,7 +935,7 @@ impl Daemon {
                 }
                 Step::Deny(why) => {
                     // Victims that gave nothing were busy (their memory is in use by a
-                    // copy or kernel right now): wait for them a little before refusing.
+                    // copy or kernel right now): wait for them (up to 10 s) before refusing.
                     if !tried.evict.is_empty() && busy_retries < BUSY_RETRIES {
                         busy_retries += 1;
                         tried = Tried::default();
