@@ -1261,6 +1261,23 @@ impl Daemon {
         target: u32,
     ) {
         let moved = r.is_ok();
+        if moved && source != target {
+            // An oversubscribed vGPU joins the target's memory pool before its record
+            // points there, so no reservation finds it in neither pool.
+            let (prio, report) = {
+                let inner = self.lock();
+                let r = inner.vgpus.get(&id);
+                (
+                    r.map_or(0, |r| r.priority),
+                    r.filter(|r| r.oversubscribe).and_then(|r| r.memory_report),
+                )
+            };
+            if let (Some(m), Some(b)) = (report, self.memory.get(target as usize)) {
+                let mut p = lock_planner(&b.planner);
+                p.join(id, prio);
+                p.update(id, m.into());
+            }
+        }
         {
             let mut inner = self.lock();
             if let Some(rec) = inner.vgpus.get_mut(&id) {
@@ -1306,25 +1323,9 @@ impl Daemon {
             };
             self.detach_grants_later(id, leave);
             if moved {
-                if let (Some(a), Some(b)) = (
-                    self.memory.get(leave as usize),
-                    self.memory.get(stay as usize),
-                ) {
-                    let (prio, report) = {
-                        let inner = self.lock();
-                        let r = inner.vgpus.get(&id);
-                        (
-                            r.map_or(0, |r| r.priority),
-                            r.and_then(|r| r.memory_report)
-                                .filter(|_| r.is_some_and(|r| r.oversubscribe)),
-                        )
-                    };
+                let _ = stay;
+                if let Some(a) = self.memory.get(leave as usize) {
                     lock_planner(&a.planner).leave(id);
-                    if let Some(m) = report {
-                        let mut p = lock_planner(&b.planner);
-                        p.join(id, prio);
-                        p.update(id, m.into());
-                    }
                 }
             }
             self.refresh_pool(source);
