@@ -1316,14 +1316,9 @@ impl Daemon {
         }
         if source != target {
             // The GPU the vGPU left (or never reached) lets its shares go.
-            let (leave, stay) = if moved {
-                (source, target)
-            } else {
-                (target, source)
-            };
+            let leave = if moved { source } else { target };
             self.detach_grants_later(id, leave);
             if moved {
-                let _ = stay;
                 if let Some(a) = self.memory.get(leave as usize) {
                     lock_planner(&a.planner).leave(id);
                 }
