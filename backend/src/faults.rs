@@ -221,6 +221,18 @@ impl Backend for Faulty {
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         self.inner.unregister_host_memory(regions)
     }
+    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
+        self.inner.device_window(addr, len)
+    }
+    fn vacate_addresses(&self) -> Result<()> {
+        self.inner.vacate_addresses()
+    }
+    fn reoccupy_addresses(&self) -> Result<()> {
+        self.inner.reoccupy_addresses()
+    }
+    fn occupy_addresses(&self) -> Result<()> {
+        self.inner.occupy_addresses()
+    }
 }
 
 /// The faults of this process once [`from_env`] turned injection on.
@@ -356,6 +368,19 @@ impl Backend for FailingTarget {
     }
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         self.0.unregister_host_memory(regions)
+    }
+    fn device_window(&self, _addr: u64, _len: u64) -> Option<crate::DeviceWindow> {
+        // Copies into it must go through `copy_htod`, which fails.
+        None
+    }
+    fn vacate_addresses(&self) -> Result<()> {
+        self.0.vacate_addresses()
+    }
+    fn reoccupy_addresses(&self) -> Result<()> {
+        self.0.reoccupy_addresses()
+    }
+    fn occupy_addresses(&self) -> Result<()> {
+        self.0.occupy_addresses()
     }
 }
 

@@ -206,17 +206,7 @@ pub trait Backend: Send + Sync {
     /// Copies `[addr, addr + len)` of this device's memory to the same addresses on
     /// `peer` (a migration target). Default: through host memory in 64 MiB pieces.
     fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        const PIECE: u64 = 64 << 20;
-        let mut buf = vec![0u8; PIECE.min(len) as usize];
-        let mut off = 0;
-        while off < len {
-            let n = PIECE.min(len - off) as usize;
-            let slice = VolatileSlice::from(&mut buf[..n]);
-            self.copy_dtoh(addr + off, &slice)?;
-            peer.copy_htod(addr + off, &slice)?;
-            off += n as u64;
-        }
-        Ok(len)
+        copy_through_host(self, peer, addr, len)
     }
 
     /// Size of the pieces [`Backend::decommit`] works in, in bytes; 0 = whole allocations
@@ -262,4 +252,67 @@ pub trait Backend: Send + Sync {
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         let _ = regions;
     }
+
+    /// Where a backend of the same kind in this process can reach `[addr, addr + len)` of
+    /// this device's memory directly, so a migration copies device to device without the
+    /// host. The window stays valid while the allocation lives and is not decommitted; the
+    /// caller (the migration, which owns this backend as its target) guarantees that.
+    /// Default: none (copies go through the host).
+    fn device_window(&self, addr: u64, len: u64) -> Option<DeviceWindow> {
+        let _ = (addr, len);
+        None
+    }
+
+    /// Migration, at the switch (dispatch stopped, nothing running): gives up this
+    /// backend's hold on the vGPU's device addresses so that the successor in this process
+    /// can map its memory there (cuda: unmaps every allocation, keeping its memory). The
+    /// backend serves nothing afterwards unless [`Backend::reoccupy_addresses`] undoes it.
+    /// Default: nothing to give up (sim addresses are per backend).
+    fn vacate_addresses(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Undoes [`Backend::vacate_addresses`] when the successor could not take over.
+    fn reoccupy_addresses(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Migration, at the switch: moves this backend's memory (a migration target, staged
+    /// elsewhere until now) to the vGPU's device addresses, which the predecessor has just
+    /// vacated. Default: nothing to move.
+    fn occupy_addresses(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// [`Backend::copy_to_peer`] through host memory in 64 MiB pieces (what backends without a
+/// direct path do).
+pub fn copy_through_host<B: Backend + ?Sized>(
+    src: &B,
+    peer: &dyn Backend,
+    addr: u64,
+    len: u64,
+) -> Result<u64> {
+    const PIECE: u64 = 64 << 20;
+    let mut buf = vec![0u8; PIECE.min(len) as usize];
+    let mut off = 0;
+    while off < len {
+        let n = PIECE.min(len - off) as usize;
+        let slice = VolatileSlice::from(&mut buf[..n]);
+        src.copy_dtoh(addr + off, &slice)?;
+        peer.copy_htod(addr + off, &slice)?;
+        off += n as u64;
+    }
+    Ok(len)
+}
+
+/// See [`Backend::device_window`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceWindow {
+    /// `vgpu_proto::backend_kind` of the memory.
+    pub kind: u32,
+    /// The range's first address in the process's unified address space.
+    pub ptr: u64,
+    /// The driver context that owns the memory (cuda: a `CUcontext`), as an integer.
+    pub context: usize,
 }

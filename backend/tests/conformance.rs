@@ -49,6 +49,7 @@ fn cuda(memory: u64) -> CudaGpu {
         memory,
         va_base: DEFAULT_VA_BASE + (k + 1) * (64 << 30),
         va_size: 16 << 30,
+        ..CudaConfig::default()
     })
     .expect("cuda backend")
 }

@@ -652,6 +652,23 @@ impl Migratable {
             }
             Ok::<_, MigrationError>(())
         })();
+        // The device addresses change hands (cuda: the target maps its memory where the
+        // source's was; one process, one address space). The source keeps its memory until
+        // the target holds the addresses, so a failure here still leaves the vGPU whole.
+        let finish = finish.and_then(|()| {
+            if let Err(e) = m.source.vacate_addresses() {
+                return Err(MigrationError::Source(e));
+            }
+            m.target.occupy_addresses().map_err(|e| {
+                if let Err(back) = m.source.reoccupy_addresses() {
+                    tracing::error!(error = %back, "the source cannot take its device addresses back");
+                }
+                MigrationError::Target {
+                    what: "mapping its memory at the vGPU's device addresses".into(),
+                    source: e,
+                }
+            })
+        });
         if let Err(e) = finish {
             drop(held);
             tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");

@@ -251,6 +251,11 @@ impl Context {
         Ok(ctx)
     }
 
+    /// The raw handle (for calls that name two contexts, like `cuMemcpyPeerAsync`).
+    pub fn raw(&self) -> sys::CUcontext {
+        self.raw
+    }
+
     /// Makes the context current on the calling thread (cheap: a thread-local store in the
     /// driver). Every backend entry point calls it first, since the queue threads that call
     /// the backend are not ours.

@@ -7,10 +7,19 @@
 //! allocator's choice inside our own range, never on the driver: swapping and migration can
 //! later unmap the physical memory and map other memory (another GPU's) at the same
 //! addresses. Freed ranges are reused only once nothing uses the allocation any more.
+//!
+//! **Migration in one process.** A migration target (another GPU's backend, created by the
+//! same worker) cannot reserve the vGPU's range: the source holds it. It finds the range
+//! in [`HOMES`], reserves a staging range of the same size wherever the driver likes and
+//! maps its allocations there while pre-copy fills them (with access for the source GPU
+//! too, so the copy engines move the bytes peer to peer). At the switch the source unmaps
+//! its memory (keeping it, in case the switch fails) and the target unmaps each allocation
+//! from staging and maps the same physical memory at the vGPU's own addresses. The
+//! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use cudarc::driver::sys;
 
@@ -24,37 +33,116 @@ fn round_up(v: u64, align: u64) -> Option<u64> {
     v.checked_add(align - 1).map(|v| v / align * align)
 }
 
-/// The reserved address range; freed when the last allocation is gone.
+/// The vGPU address ranges reserved in this process, by base address (see the module
+/// doc: a migration target finds its vGPU's range here).
+static HOMES: Mutex<BTreeMap<u64, Weak<Reservation>>> = Mutex::new(BTreeMap::new());
+
+/// A reserved address range; freed when the last user is gone.
 #[derive(Debug)]
 struct Reservation {
     base: u64,
     size: u64,
     ctx: Arc<Context>,
+    /// The GPU whose memory is mapped in it now (a vGPU's range: changes at a switch).
+    ordinal: AtomicI32,
+    /// Listed in [`HOMES`].
+    home: bool,
+}
+
+impl Reservation {
+    /// Reserves `size` bytes at `at` (0: wherever the driver likes); the address it got.
+    fn reserve(
+        ctx: &Arc<Context>,
+        ordinal: i32,
+        at: u64,
+        size: u64,
+    ) -> std::result::Result<Self, CuError> {
+        let mut got: sys::CUdeviceptr = 0;
+        check(
+            // SAFETY: writes one device address into `got`; reserves address space only.
+            unsafe { sys::cuMemAddressReserve(&mut got, size as usize, VA_ALIGN as usize, at, 0) },
+            "cuMemAddressReserve",
+        )?;
+        Ok(Self {
+            base: got,
+            size,
+            ctx: ctx.clone(),
+            ordinal: AtomicI32::new(ordinal),
+            home: false,
+        })
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if self.home {
+            let mut homes = HOMES.lock().unwrap_or_else(PoisonError::into_inner);
+            if homes.get(&self.base).is_some_and(|w| w.upgrade().is_none()) {
+                homes.remove(&self.base);
+            }
+        }
         if self.ctx.bind().is_err() {
             return;
         }
         if let Err(e) = check(
-            // SAFETY: frees the range reserved in `DeviceMemory::new`; every allocation mapped in
-            // it holds an Arc of the Space that owns this reservation, so none is mapped now.
+            // SAFETY: frees a range reserved in `Reservation::reserve`; every allocation mapped
+            // in it holds an Arc of a Space that holds this reservation, so none is mapped now.
             unsafe { sys::cuMemAddressFree(self.base, self.size as usize) },
             "cuMemAddressFree",
         ) {
-            tracing::warn!(error = %e, "freeing the vGPU address range failed");
+            tracing::warn!(error = %e, "freeing a device address range failed");
         }
     }
+}
+
+/// Where this backend's allocations are mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// At the vGPU's own addresses.
+    Home,
+    /// In the staging range (a migration target before its switch).
+    Staged,
+    /// Nowhere (a migration source at its switch): the memory is kept, unmapped.
+    Vacated,
+}
+
+/// The CUdevice of GPU `ordinal`.
+fn device_of(ordinal: i32) -> std::result::Result<sys::CUdevice, CuError> {
+    let mut dev: sys::CUdevice = 0;
+    check(
+        // SAFETY: writes one device handle into `dev`.
+        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
+        "cuDeviceGet",
+    )?;
+    Ok(dev)
+}
+
+/// Whether GPU `from` can reach GPU `to`'s memory directly (NVLink or PCIe peer to peer).
+fn can_access_peer(from: i32, to: i32) -> bool {
+    let (Ok(f), Ok(t)) = (device_of(from), device_of(to)) else {
+        return false;
+    };
+    let mut ok = 0;
+    // SAFETY: writes one int into `ok`; both handles came from cuDeviceGet.
+    let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, f, t) };
+    rc == sys::CUresult::CUDA_SUCCESS && ok == 1
 }
 
 /// State shared by the address space and its allocations.
 #[derive(Debug)]
 struct Space {
-    res: Reservation,
+    /// The vGPU's address range (shared with the other backend during a migration).
+    home: Arc<Reservation>,
+    /// A migration target's staging range.
+    staging: Option<Reservation>,
+    place: RwLock<Place>,
+    /// Our GPU's context (frees and maps run in it).
+    ctx: Arc<Context>,
     capacity: u64,
     granularity: u64,
     ordinal: i32,
+    /// GPUs besides ours granted access to staged mappings (the migration source).
+    peers: Vec<i32>,
     used: AtomicU64,
     count: AtomicU64,
     /// Free holes: offset -> length, multiples of `granularity`.
@@ -78,14 +166,61 @@ impl Space {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    fn access_desc(&self) -> sys::CUmemAccessDesc {
-        sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: self.ordinal,
-            },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    /// Where the allocation at vGPU address `addr` is mapped when placed at `place`.
+    fn va_of(&self, addr: u64, place: Place) -> Option<u64> {
+        match (place, &self.staging) {
+            (Place::Home, _) => Some(addr),
+            (Place::Staged, Some(st)) => Some(st.base + (addr - self.home.base)),
+            (Place::Staged, None) | (Place::Vacated, _) => None,
         }
+    }
+
+    fn place(&self) -> std::sync::RwLockReadGuard<'_, Place> {
+        self.place.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Maps `handle` over `[va, va + len)` with read-write access for our GPU (and, in
+    /// staging, for the migration source's GPU).
+    fn map(
+        &self,
+        va: u64,
+        len: u64,
+        handle: sys::CUmemGenericAllocationHandle,
+        staged: bool,
+    ) -> std::result::Result<(), CuError> {
+        let len_us = len as usize;
+        check(
+            // SAFETY: maps a live handle of ours over a range of one of our reservations that
+            // the caller owns and that nothing else maps.
+            unsafe { sys::cuMemMap(va, len_us, 0, handle, 0) },
+            "cuMemMap",
+        )?;
+        let mut desc = vec![access_desc(self.ordinal)];
+        if staged {
+            desc.extend(self.peers.iter().map(|p| access_desc(*p)));
+        }
+        let rc = check(
+            // SAFETY: sets access on the mapping just made; reads `desc.len()` descriptors.
+            unsafe { sys::cuMemSetAccess(va, len_us, desc.as_ptr(), desc.len()) },
+            "cuMemSetAccess",
+        );
+        if let Err(e) = rc {
+            // SAFETY: undoes the mapping just made; nothing can have used it.
+            let _ = unsafe { sys::cuMemUnmap(va, len_us) };
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Read-write access for GPU `ordinal`.
+fn access_desc(ordinal: i32) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     }
 }
 
@@ -132,14 +267,22 @@ pub fn granularity(ordinal: i32) -> std::result::Result<u64, CuError> {
     })
 }
 
+/// The physical memory behind an allocation and where it is mapped.
+#[derive(Debug, Default)]
+struct Slot {
+    /// None while swapped out (decommitted).
+    handle: Option<sys::CUmemGenericAllocationHandle>,
+    /// Where `handle` is mapped; None while unmapped (decommitted, or vacated at a switch).
+    at: Option<u64>,
+}
+
 /// One live allocation: physical memory mapped at its place in the reserved range.
 #[derive(Debug)]
 pub struct Allocation {
     addr: u64,
     size: u64,
     mapped: u64,
-    /// The physical memory mapped at `addr`; None while swapped out (decommitted).
-    handle: std::sync::Mutex<Option<sys::CUmemGenericAllocationHandle>>,
+    slot: Mutex<Slot>,
     space: Arc<Space>,
 }
 
@@ -148,55 +291,57 @@ impl Allocation {
     pub fn addr(&self) -> u64 {
         self.addr
     }
+
+    /// Where its memory is mapped now (its address, or the staging address of a migration
+    /// target); None while swapped out or vacated.
+    pub fn va(&self) -> Option<u64> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner).at
+    }
 }
 
-/// Unmaps `[addr, addr + len)` and releases `handle`; false if the unmap failed (the range
-/// must then never be handed out again).
+/// Unmaps `[at, at + len)` (when mapped) and releases `handle`; false if the unmap failed
+/// (the range must then never be handed out again).
 fn unmap_release(
     ctx: &Context,
-    addr: u64,
+    at: Option<u64>,
     len: u64,
     handle: sys::CUmemGenericAllocationHandle,
-    mapped: bool,
 ) -> bool {
     if let Err(e) = ctx.bind() {
         tracing::error!(error = %e, "cannot bind the CUDA context to free device memory");
         return false;
     }
     let mut ok = true;
-    if mapped {
+    if let Some(va) = at {
         if let Err(e) = check(
-            // SAFETY: [addr, addr + len) is exactly one mapping we made with cuMemMap, and
-            // nothing uses it any more (every user held the Arc that is being dropped).
-            unsafe { sys::cuMemUnmap(addr, len as usize) },
+            // SAFETY: [va, va + len) is exactly one mapping we made with cuMemMap, and
+            // nothing uses it any more (every user held the Arc that is being dropped, or
+            // the caller holds the allocation's slot lock after draining its work).
+            unsafe { sys::cuMemUnmap(va, len as usize) },
             "cuMemUnmap",
         ) {
-            tracing::error!(addr, error = %e, "unmapping device memory failed; its address range is retired");
+            tracing::error!(va, error = %e, "unmapping device memory failed; its address range is retired");
             ok = false;
         }
     }
     // SAFETY: releases our own handle from cuMemCreate, once; the physical memory goes away
     // when no mapping uses it.
     if let Err(e) = check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease") {
-        tracing::error!(addr, error = %e, "releasing device memory failed");
+        tracing::error!(va = ?at, error = %e, "releasing device memory failed");
     }
     ok
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        let handle = self
-            .handle
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let reusable = match handle {
-            Some(h) => unmap_release(&self.space.res.ctx, self.addr, self.mapped, h, true),
+        let slot = std::mem::take(self.slot.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let reusable = match slot.handle {
+            Some(h) => unmap_release(&self.space.ctx, slot.at, self.mapped, h),
             None => true,
         };
         if reusable {
             self.space
-                .give_hole(self.addr - self.space.res.base, self.mapped);
+                .give_hole(self.addr - self.space.home.base, self.mapped);
         }
         self.space.uncharge(self.mapped);
         self.space.count.fetch_sub(1, Ordering::AcqRel);
@@ -213,13 +358,16 @@ pub struct DeviceMemory {
 
 impl DeviceMemory {
     /// Reserves `[va_base, va_base + va_size)` in `ctx` (bound by the caller) for at most
-    /// `capacity` bytes of GPU `ordinal`'s memory.
+    /// `capacity` bytes of GPU `ordinal`'s memory. A `migration_target` whose range another
+    /// backend of this process holds (the vGPU's source) stages its memory elsewhere until
+    /// [`DeviceMemory::occupy`].
     pub fn new(
         ctx: &Arc<Context>,
         ordinal: i32,
         va_base: u64,
         va_size: u64,
         capacity: u64,
+        migration_target: bool,
     ) -> Result<Self> {
         if va_base % VA_ALIGN != 0 || va_base == 0 || va_size < VA_ALIGN || va_size % VA_ALIGN != 0
         {
@@ -233,47 +381,101 @@ impl DeviceMemory {
             ))
         })?;
         let granularity = granularity(ordinal).map_err(dev_err)?;
-        let mut got: sys::CUdeviceptr = 0;
-        check(
-            // SAFETY: writes one device address into `got`; reserves address space only.
-            unsafe { sys::cuMemAddressReserve(&mut got, va_size as usize, VA_ALIGN as usize, va_base, 0) },
-            "cuMemAddressReserve",
-        )
-        .map_err(|e| {
-            BackendError::Device(format!(
-                "{e}: cannot reserve the vGPU address space {va_base:#x}+{va_size:#x}; pick a smaller or another range"
-            ))
-        })?;
-        let res = Reservation {
-            base: got,
-            size: va_size,
-            ctx: ctx.clone(),
+        let held = if migration_target {
+            HOMES
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&va_base)
+                .and_then(Weak::upgrade)
+        } else {
+            None
         };
-        if got != va_base {
-            drop(res);
-            return Err(BackendError::Device(format!(
-                "the driver placed the vGPU address space at {got:#x} instead of {va_base:#x} (the range is \
-                 taken in this process); pick another va_base"
-            )));
-        }
+        let (home, staging, place, peers) = match held {
+            Some(home) if home.size == va_size => {
+                let staging = Reservation::reserve(ctx, ordinal, 0, va_size).map_err(|e| {
+                    BackendError::Device(format!(
+                        "{e}: cannot reserve {va_size:#x} bytes of address space to stage the migrating vGPU"
+                    ))
+                })?;
+                let source = home.ordinal.load(Ordering::Acquire);
+                let peers = if source != ordinal && can_access_peer(source, ordinal) {
+                    vec![source]
+                } else {
+                    Vec::new()
+                };
+                tracing::debug!(
+                    staging = format_args!("{:#x}", staging.base),
+                    source,
+                    peer_access = !peers.is_empty(),
+                    "migration target staged"
+                );
+                (home, Some(staging), Place::Staged, peers)
+            }
+            Some(home) => {
+                return Err(BackendError::InvalidArgument(format!(
+                    "the migrating vGPU's address space is {:#x} bytes, the target asked {va_size:#x}",
+                    home.size
+                )));
+            }
+            None => (
+                Self::reserve_home(ctx, ordinal, va_base, va_size)?,
+                None,
+                Place::Home,
+                Vec::new(),
+            ),
+        };
         tracing::debug!(
             va_base = format_args!("{va_base:#x}"),
             va_size,
             granularity,
+            ?place,
             "vGPU address space reserved"
         );
         Ok(Self {
             space: Arc::new(Space {
-                res,
+                home,
+                staging,
+                place: RwLock::new(place),
+                ctx: ctx.clone(),
                 capacity,
                 granularity,
                 ordinal,
+                peers,
                 used: AtomicU64::new(0),
                 count: AtomicU64::new(0),
                 holes: crate::space::Holes::new(va_size / granularity * granularity),
             }),
             table: RwLock::new(BTreeMap::new()),
         })
+    }
+
+    /// Reserves the vGPU's own range at exactly `va_base` and lists it in [`HOMES`].
+    fn reserve_home(
+        ctx: &Arc<Context>,
+        ordinal: i32,
+        va_base: u64,
+        va_size: u64,
+    ) -> Result<Arc<Reservation>> {
+        let mut res = Reservation::reserve(ctx, ordinal, va_base, va_size).map_err(|e| {
+            BackendError::Device(format!(
+                "{e}: cannot reserve the vGPU address space {va_base:#x}+{va_size:#x}; pick a smaller or another range"
+            ))
+        })?;
+        if res.base != va_base {
+            let got = res.base;
+            drop(res);
+            return Err(BackendError::Device(format!(
+                "the driver placed the vGPU address space at {got:#x} instead of {va_base:#x} (the range is \
+                 taken in this process); pick another va_base"
+            )));
+        }
+        res.home = true;
+        let res = Arc::new(res);
+        HOMES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(va_base, Arc::downgrade(&res));
+        Ok(res)
     }
 
     /// Allocation granularity (sizes are charged rounded up to it).
@@ -296,6 +498,12 @@ impl DeviceMemory {
         self.space.count.load(Ordering::Acquire)
     }
 
+    /// Whether the memory is at the vGPU's own addresses (not a migration target still
+    /// staging, nor a source that gave its addresses up): guest work may run only then.
+    pub fn at_home(&self) -> bool {
+        *self.space.place() == Place::Home
+    }
+
     /// Allocates and maps `size` bytes (not yet zeroed: the caller clears them before
     /// publishing the address); returns the allocation, not yet in the table.
     pub fn create(&self, size: u64) -> Result<Allocation> {
@@ -303,73 +511,88 @@ impl DeviceMemory {
             return Err(BackendError::ZeroSize);
         }
         let sp = &self.space;
+        let len = self.checked_len(size)?;
+        sp.charge(len)?;
+        let Some(off) = sp.take_hole(len) else {
+            sp.uncharge(len);
+            return Err(BackendError::AddressSpaceFull { requested: size });
+        };
+        self.back(off, len, size)
+    }
+
+    /// Like [`DeviceMemory::create`] at exactly `addr` (a migration target places the
+    /// source's allocations where the guest knows them).
+    pub fn create_at(&self, addr: u64, size: u64) -> Result<Allocation> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let sp = &self.space;
+        let base = sp.home.base;
+        if addr < base || addr >= base + sp.home.size || (addr - base) % sp.granularity != 0 {
+            return Err(BackendError::InvalidArgument(format!(
+                "{addr:#x} is not a {:#x}-aligned address of this vGPU's space {base:#x}+{:#x}",
+                sp.granularity, sp.home.size
+            )));
+        }
+        let len = self.checked_len(size)?;
+        sp.charge(len)?;
+        if !sp.holes.take_at(addr - base, len) {
+            sp.uncharge(len);
+            return Err(BackendError::InvalidArgument(format!(
+                "{addr:#x}+{len:#x} overlaps a live allocation or leaves the address space"
+            )));
+        }
+        self.back(addr - base, len, size)
+    }
+
+    /// `size` rounded up to the granularity, if it is a size the driver can map.
+    fn checked_len(&self, size: u64) -> Result<u64> {
+        let sp = &self.space;
         let too_big = || BackendError::OutOfMemory {
             requested: size,
             available: sp.capacity.saturating_sub(self.used()),
             capacity: sp.capacity,
         };
         let len = round_up(size, sp.granularity).ok_or_else(too_big)?;
-        let len_us = usize::try_from(len).map_err(|_| too_big())?;
-        sp.charge(len)?;
-        let Some(off) = sp.take_hole(len) else {
+        usize::try_from(len).map_err(|_| too_big())?;
+        Ok(len)
+    }
+
+    /// Backs the taken (and charged) range `off..off + len` with fresh physical memory.
+    fn back(&self, off: u64, len: u64, size: u64) -> Result<Allocation> {
+        let sp = &self.space;
+        let addr = sp.home.base + off;
+        let undo = || {
+            sp.give_hole(off, len);
             sp.uncharge(len);
-            return Err(BackendError::AddressSpaceFull { requested: size });
         };
-        let addr = sp.res.base + off;
-        let undo = |handle: Option<(sys::CUmemGenericAllocationHandle, bool)>| {
-            let reusable = match handle {
-                Some((h, mapped)) => unmap_release(&sp.res.ctx, addr, len, h, mapped),
-                None => true,
-            };
-            if reusable {
-                sp.give_hole(off, len);
+        let place = sp.place();
+        let Some(va) = sp.va_of(addr, *place) else {
+            undo();
+            return Err(moving());
+        };
+        let handle = match create_handle(sp, len) {
+            Ok(h) => h,
+            Err(e) => {
+                undo();
+                return Err(e);
             }
-            sp.uncharge(len);
         };
-        let prop = alloc_prop(sp.ordinal);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        if let Err(e) = check(
-            // SAFETY: reads `prop`, writes one handle into `handle`.
-            unsafe { sys::cuMemCreate(&mut handle, len_us, &prop, 0) },
-            "cuMemCreate",
-        ) {
-            undo(None);
-            return Err(if e.is_oom() {
-                let (free, _) = mem_info().unwrap_or((0, 0));
-                tracing::debug!(size, free, "the GPU is out of memory");
-                BackendError::OutOfMemory {
-                    requested: len,
-                    available: free.min(sp.capacity.saturating_sub(self.used())),
-                    capacity: sp.capacity,
-                }
-            } else {
-                dev_err(e)
-            });
-        }
-        if let Err(e) = check(
-            // SAFETY: maps our fresh handle over [addr, addr + len), a hole of our own reserved
-            // range that no other allocation uses.
-            unsafe { sys::cuMemMap(addr, len_us, 0, handle, 0) },
-            "cuMemMap",
-        ) {
-            undo(Some((handle, false)));
+        if let Err(e) = sp.map(va, len, handle, *place == Place::Staged) {
+            unmap_release(&sp.ctx, None, len, handle);
+            undo();
             return Err(dev_err(e));
         }
-        let desc = sp.access_desc();
-        if let Err(e) = check(
-            // SAFETY: sets access on the mapping just made; reads one descriptor.
-            unsafe { sys::cuMemSetAccess(addr, len_us, &desc, 1) },
-            "cuMemSetAccess",
-        ) {
-            undo(Some((handle, true)));
-            return Err(dev_err(e));
-        }
+        drop(place);
         sp.count.fetch_add(1, Ordering::AcqRel);
         Ok(Allocation {
             addr,
             size,
             mapped: len,
-            handle: std::sync::Mutex::new(Some(handle)),
+            slot: Mutex::new(Slot {
+                handle: Some(handle),
+                at: Some(va),
+            }),
             space: sp.clone(),
         })
     }
@@ -446,9 +669,9 @@ impl DeviceMemory {
     /// addresses reserved (swap-out). The caller has saved its bytes.
     pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut h = a.handle.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(handle) = h.take() {
-            if !unmap_release(&self.space.res.ctx, addr, a.mapped, handle, true) {
+        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handle) = slot.handle.take() {
+            if !unmap_release(&self.space.ctx, slot.at.take(), a.mapped, handle) {
                 return Err(BackendError::Device(format!(
                     "unmapping {addr:#x} failed; the allocation is unusable"
                 )));
@@ -460,51 +683,173 @@ impl DeviceMemory {
     /// Maps fresh physical memory at the allocation's addresses again (swap-in).
     pub fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut h = a.handle.lock().unwrap_or_else(PoisonError::into_inner);
-        if h.is_some() {
+        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.handle.is_some() {
             return Ok(());
         }
         let sp = &self.space;
-        let len_us = usize::try_from(a.mapped)
-            .map_err(|_| BackendError::InvalidArgument("allocation too large".into()))?;
-        let prop = alloc_prop(sp.ordinal);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        check(
-            // SAFETY: reads `prop`, writes one handle into `handle`.
-            unsafe { sys::cuMemCreate(&mut handle, len_us, &prop, 0) },
-            "cuMemCreate",
-        )
-        .map_err(|e| {
-            if e.is_oom() {
-                BackendError::OutOfMemory {
-                    requested: a.mapped,
-                    available: mem_info().map(|(f, _)| f).unwrap_or(0),
-                    capacity: sp.capacity,
-                }
-            } else {
-                dev_err(e)
-            }
-        })?;
-        if let Err(e) = check(
-            // SAFETY: maps our fresh handle over the allocation's own range, unmapped since
-            // its decommit (we hold its handle lock).
-            unsafe { sys::cuMemMap(addr, len_us, 0, handle, 0) },
-            "cuMemMap",
-        ) {
-            unmap_release(&sp.res.ctx, addr, a.mapped, handle, false);
+        let place = sp.place();
+        let va = sp.va_of(addr, *place).ok_or_else(moving)?;
+        let handle = create_handle(sp, a.mapped)?;
+        if let Err(e) = sp.map(va, a.mapped, handle, *place == Place::Staged) {
+            unmap_release(&sp.ctx, None, a.mapped, handle);
             return Err(dev_err(e));
         }
-        let desc = sp.access_desc();
-        if let Err(e) = check(
-            // SAFETY: sets access on the mapping just made; reads one descriptor.
-            unsafe { sys::cuMemSetAccess(addr, len_us, &desc, 1) },
-            "cuMemSetAccess",
-        ) {
-            unmap_release(&sp.res.ctx, addr, a.mapped, handle, true);
-            return Err(dev_err(e));
-        }
-        *h = Some(handle);
+        *slot = Slot {
+            handle: Some(handle),
+            at: Some(va),
+        };
         Ok(())
+    }
+
+    /// Migration source at the switch: unmaps every allocation, keeping its memory (the
+    /// caller has drained all work). [`DeviceMemory::reoccupy`] maps it back.
+    pub fn vacate(&self) -> Result<()> {
+        let sp = &self.space;
+        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        if *place != Place::Home {
+            return Err(BackendError::InvalidArgument(format!(
+                "only memory at its own addresses can be vacated (it is {place:?})"
+            )));
+        }
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let mut done = Vec::new();
+        for a in table.values() {
+            let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(va) = slot.at else { continue };
+            let rc = check(
+                // SAFETY: one mapping of ours; every operation on it has finished (the caller
+                // drained) and none can start (dispatch is stopped).
+                unsafe { sys::cuMemUnmap(va, a.mapped as usize) },
+                "cuMemUnmap",
+            );
+            if let Err(e) = rc {
+                drop(slot);
+                // Map back what was unmapped: the vGPU stays here, whole.
+                for b in done {
+                    self.remap_home(&table, b);
+                }
+                return Err(dev_err(e));
+            }
+            slot.at = None;
+            done.push(a.addr);
+        }
+        *place = Place::Vacated;
+        Ok(())
+    }
+
+    /// Maps the allocation at `addr` (unmapped, memory kept) at its own address again.
+    fn remap_home(&self, table: &BTreeMap<u64, Arc<Allocation>>, addr: u64) -> Option<CuError> {
+        let a = table.get(&addr)?;
+        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let (Some(h), None) = (slot.handle, slot.at) else {
+            return None;
+        };
+        match self.space.map(a.addr, a.mapped, h, false) {
+            Ok(()) => {
+                slot.at = Some(a.addr);
+                None
+            }
+            Err(e) => {
+                tracing::error!(addr, error = %e, "cannot map vGPU memory back at its address");
+                Some(e)
+            }
+        }
+    }
+
+    /// Undoes [`DeviceMemory::vacate`] (the switch failed).
+    pub fn reoccupy(&self) -> Result<()> {
+        let sp = &self.space;
+        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        if *place != Place::Vacated {
+            return Ok(());
+        }
+        sp.home.ordinal.store(sp.ordinal, Ordering::Release);
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let mut first = None;
+        for addr in table.keys() {
+            if let Some(e) = self.remap_home(&table, *addr) {
+                first.get_or_insert(e);
+            }
+        }
+        *place = Place::Home;
+        first.map_or(Ok(()), |e| Err(dev_err(e)))
+    }
+
+    /// Migration target at the switch: moves every allocation from the staging range to
+    /// the vGPU's own addresses (the source has vacated them). On failure the allocations
+    /// moved so far go back to staging.
+    pub fn occupy(&self) -> Result<()> {
+        let sp = &self.space;
+        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        if *place != Place::Staged {
+            return Ok(());
+        }
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let mut moved: Vec<&Arc<Allocation>> = Vec::new();
+        let mut failed = None;
+        for a in table.values() {
+            if let Err(e) = self.move_mapping(a, Place::Staged, Place::Home) {
+                failed = Some(e);
+                break;
+            }
+            moved.push(a);
+        }
+        if let Some(e) = failed {
+            for a in moved {
+                if let Err(e) = self.move_mapping(a, Place::Home, Place::Staged) {
+                    tracing::error!(addr = a.addr, error = %e, "cannot move target memory back to staging");
+                }
+            }
+            return Err(BackendError::Device(format!(
+                "{e}: the migration target cannot map its memory at the vGPU's addresses"
+            )));
+        }
+        *place = Place::Home;
+        sp.home.ordinal.store(sp.ordinal, Ordering::Release);
+        Ok(())
+    }
+
+    /// Remaps one allocation's memory from its `from` place to its `to` place.
+    fn move_mapping(
+        &self,
+        a: &Allocation,
+        from: Place,
+        to: Place,
+    ) -> std::result::Result<(), CuError> {
+        let sp = &self.space;
+        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let (Some(h), Some(at)) = (slot.handle, slot.at) else {
+            return Ok(());
+        };
+        if Some(at) != sp.va_of(a.addr, from) {
+            return Ok(());
+        }
+        let Some(va) = sp.va_of(a.addr, to) else {
+            return Ok(());
+        };
+        check(
+            // SAFETY: one mapping of ours, unused (dispatch is stopped; the target ran no
+            // guest work yet).
+            unsafe { sys::cuMemUnmap(at, a.mapped as usize) },
+            "cuMemUnmap",
+        )?;
+        slot.at = None;
+        if let Err(e) = sp.map(va, a.mapped, h, to == Place::Staged) {
+            // Put it back where it was, so nothing is lost.
+            if sp.map(at, a.mapped, h, from == Place::Staged).is_ok() {
+                slot.at = Some(at);
+            }
+            return Err(e);
+        }
+        slot.at = Some(va);
+        Ok(())
+    }
+
+    /// Where `[addr, addr + len)` is mapped now, for a peer's direct copy into it.
+    pub fn window(&self, addr: u64, len: u64) -> Option<u64> {
+        let (a, off) = self.resolve(addr, len).ok()?;
+        a.va().map(|va| va + off)
     }
 
     /// Drops every allocation (the backend is going away).
@@ -512,6 +857,38 @@ impl DeviceMemory {
         let all = std::mem::take(&mut *self.table.write().unwrap_or_else(PoisonError::into_inner));
         drop(all);
     }
+}
+
+/// The error for guest work on memory that is between two GPUs.
+fn moving() -> BackendError {
+    BackendError::Device(
+        "this vGPU's memory is being moved to another GPU; retry the request".into(),
+    )
+}
+
+/// Fresh physical memory of `len` bytes on the space's GPU.
+fn create_handle(sp: &Space, len: u64) -> Result<sys::CUmemGenericAllocationHandle> {
+    let prop = alloc_prop(sp.ordinal);
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    check(
+        // SAFETY: reads `prop`, writes one handle into `handle`.
+        unsafe { sys::cuMemCreate(&mut handle, len as usize, &prop, 0) },
+        "cuMemCreate",
+    )
+    .map_err(|e| {
+        if e.is_oom() {
+            let (free, _) = mem_info().unwrap_or((0, 0));
+            tracing::debug!(len, free, "the GPU is out of memory");
+            BackendError::OutOfMemory {
+                requested: len,
+                available: free.min(sp.capacity.saturating_sub(sp.used.load(Ordering::Acquire))),
+                capacity: sp.capacity,
+            }
+        } else {
+            dev_err(e)
+        }
+    })?;
+    Ok(handle)
 }
 
 /// Free and total memory of the current context's device.

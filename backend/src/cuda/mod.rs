@@ -67,6 +67,10 @@ pub struct CudaConfig {
     pub va_base: u64,
     /// Device address space size.
     pub va_size: u64,
+    /// A live migration's target, created in the worker that serves the vGPU now: its
+    /// memory is staged at other addresses until the switch
+    /// ([`Backend::occupy_addresses`]), since the source holds the vGPU's range.
+    pub migration_target: bool,
 }
 
 impl Default for CudaConfig {
@@ -76,6 +80,7 @@ impl Default for CudaConfig {
             memory: 1 << 30,
             va_base: DEFAULT_VA_BASE,
             va_size: DEFAULT_VA_SIZE,
+            migration_target: false,
         }
     }
 }
@@ -102,6 +107,58 @@ pub struct Probe {
 #[derive(Debug, Default)]
 struct Pinned {
     regions: RwLock<Vec<HostRegion>>,
+}
+
+/// Host ranges registered in this process, with how many backends use each. A range is
+/// registered once (portable: every context of the process sees it pinned), so a
+/// migration target in the same worker shares the source's registration, and the source
+/// letting go after the switch does not unpin what the target copies from.
+static PINS: Mutex<std::collections::BTreeMap<(usize, usize), usize>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// Takes a reference on `r`'s registration, registering it if it is the first.
+fn pin(r: &HostRegion) -> std::result::Result<bool, CuError> {
+    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(n) = pins.get_mut(&(r.addr, r.len)) {
+        *n += 1;
+        return Ok(false);
+    }
+    // SAFETY: the caller keeps [addr, addr + len) mapped until it unregisters it (trait
+    // contract); the driver pins those pages and only DMA's to them when a copy names them.
+    let rc = unsafe {
+        sys::cuMemHostRegister_v2(
+            r.addr as *mut c_void,
+            r.len,
+            sys::CU_MEMHOSTREGISTER_PORTABLE,
+        )
+    };
+    check(rc, "cuMemHostRegister")?;
+    pins.insert((r.addr, r.len), 1);
+    Ok(true)
+}
+
+/// Drops a reference on `r`'s registration, unregistering it with the last.
+fn unpin(r: &HostRegion) {
+    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(n) = pins.get_mut(&(r.addr, r.len)) else {
+        return;
+    };
+    *n -= 1;
+    if *n > 0 {
+        return;
+    }
+    pins.remove(&(r.addr, r.len));
+    // SAFETY: unregisters a range registered in `pin` that no backend uses any more.
+    let rc = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
+    if let Err(e) = check(rc, "cuMemHostUnregister") {
+        tracing::warn!(addr = format_args!("{:#x}", r.addr), error = %e, "unpinning guest memory failed");
+    } else {
+        tracing::debug!(
+            addr = format_args!("{:#x}", r.addr),
+            len = r.len,
+            "guest memory unpinned"
+        );
+    }
 }
 
 impl Pinned {
@@ -187,7 +244,14 @@ impl CudaGpu {
         }
         let ctx = Context::primary(dev).map_err(memory::dev_err)?;
         let capacity = cfg.memory.min(props.total_memory);
-        let mem = DeviceMemory::new(&ctx, cfg.ordinal, cfg.va_base, cfg.va_size, capacity)?;
+        let mem = DeviceMemory::new(
+            &ctx,
+            cfg.ordinal,
+            cfg.va_base,
+            cfg.va_size,
+            capacity,
+            cfg.migration_target,
+        )?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
         let info = BackendInfo {
@@ -405,6 +469,37 @@ impl CudaGpu {
         Ok(ns)
     }
 
+    /// Clears a fresh allocation (physical memory may hold an earlier user's bytes) before
+    /// its address is known to anyone, then publishes it.
+    fn clear_and_publish(&self, a: memory::Allocation, size: u64) -> Result<Allocated> {
+        let charged = self.mem.charge_of(size);
+        let va = a.va().ok_or_else(|| {
+            BackendError::Device("a fresh allocation is not mapped; retry".into())
+        })?;
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        check(
+            // SAFETY: clears exactly the mapping just made, on our stream, then waits.
+            unsafe { sys::cuMemsetD8Async(va, 0, charged as usize, lane.stream.raw()) },
+            "cuMemsetD8Async",
+        )
+        .and_then(|()| lane.stream.synchronize())
+        .map_err(|e| self.cuda_err(e))?;
+        let addr = self.mem.publish(a);
+        Ok(Allocated { addr, charged })
+    }
+
+    /// Guest work runs only on memory at the vGPU's own addresses (never on a migration
+    /// target still staging, nor on a source that gave its addresses up).
+    fn guest_ready(&self) -> Result<()> {
+        if self.mem.at_home() {
+            Ok(())
+        } else {
+            Err(BackendError::Device(
+                "this vGPU's memory is being moved to another GPU; retry the request".into(),
+            ))
+        }
+    }
+
     /// Queues a host<->device copy of `len` bytes in `COPY_CHUNK` pieces on `lane` and waits
     /// for it. `op(dev, host, n)` queues one piece.
     fn copy(
@@ -438,8 +533,7 @@ impl Drop for CudaGpu {
                     .unwrap_or_else(PoisonError::into_inner),
             );
             for r in regions {
-                // SAFETY: unregisters a range we registered and that is still registered.
-                let _ = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
+                unpin(&r);
             }
         }
         self.modules.clear();
@@ -464,26 +558,13 @@ impl Backend for CudaGpu {
     fn alloc(&self, size: u64) -> Result<Allocated> {
         self.enter()?;
         let a = self.mem.create(size)?;
-        // Fresh physical memory may hold an earlier user's bytes: clear it before the
-        // address is known to anyone.
-        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
-        check(
-            // SAFETY: clears exactly the mapping just made, on our stream, then waits.
-            unsafe {
-                sys::cuMemsetD8Async(
-                    a.addr(),
-                    0,
-                    self.mem.charge_of(size) as usize,
-                    lane.stream.raw(),
-                )
-            },
-            "cuMemsetD8Async",
-        )
-        .and_then(|()| lane.stream.synchronize())
-        .map_err(|e| self.cuda_err(e))?;
-        let charged = self.mem.charge_of(size);
-        let addr = self.mem.publish(a);
-        Ok(Allocated { addr, charged })
+        self.clear_and_publish(a, size)
+    }
+
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        self.enter()?;
+        let a = self.mem.create_at(addr, size)?;
+        self.clear_and_publish(a, size)
     }
 
     fn free(&self, addr: u64) -> Result<()> {
@@ -498,6 +579,7 @@ impl Backend for CudaGpu {
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         self.enter()?;
+        self.guest_ready()?;
         let len = src.len();
         let (_alloc, _) = self.mem.resolve(dst, len as u64)?;
         let host = src.ptr_guard().as_ptr() as usize;
@@ -530,6 +612,7 @@ impl Backend for CudaGpu {
     fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         self.enter()?;
+        self.guest_ready()?;
         let len = dst.len();
         let (_alloc, _) = self.mem.resolve(src, len as u64)?;
         let host = dst.ptr_guard_mut().as_ptr() as usize;
@@ -561,6 +644,7 @@ impl Backend for CudaGpu {
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
         let _op = self.inflight.begin();
         self.enter()?;
+        self.guest_ready()?;
         let (_sa, _) = self.mem.resolve(src, len)?;
         let (_da, _) = self.mem.resolve(dst, len)?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
@@ -626,6 +710,7 @@ impl Backend for CudaGpu {
             });
         }
         self.enter()?;
+        self.guest_ready()?;
         let (_a, _) = self.mem.resolve(dst, len)?;
         let n = usize::try_from(count).map_err(|_| BackendError::BadPointer { addr: dst, len })?;
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
@@ -670,6 +755,7 @@ impl Backend for CudaGpu {
         let _op = self.inflight.begin();
         let kernel = self.modules.kernel(function)?;
         self.enter()?;
+        self.guest_ready()?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
@@ -696,6 +782,76 @@ impl Backend for CudaGpu {
         self.mem.recommit(addr, off, len)
     }
 
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        let Some(w) = peer
+            .device_window(addr, len)
+            .filter(|w| w.kind == backend_kind::CUDA)
+        else {
+            return crate::copy_through_host(self, peer, addr, len);
+        };
+        let _op = self.inflight.begin();
+        self.enter()?;
+        let (a, off) = self.mem.resolve(addr, len)?;
+        let src = a.va().ok_or(BackendError::BadPointer { addr, len })? + off;
+        let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr, len })?;
+        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        if n > 0 {
+            let rc = check(
+                // SAFETY: [src, src + n) lies in our live allocation `a` (held); the peer
+                // guarantees [w.ptr, w.ptr + n) is its live mapping of the same range and
+                // `w.context` its live context (device_window's contract); waited for below.
+                unsafe {
+                    sys::cuMemcpyPeerAsync(
+                        w.ptr,
+                        w.context as sys::CUcontext,
+                        src,
+                        self.ctx.raw(),
+                        n,
+                        lane.stream.raw(),
+                    )
+                },
+                "cuMemcpyPeerAsync",
+            );
+            if let Err(e) = rc {
+                if e.is_sticky() {
+                    return Err(self.cuda_err(e));
+                }
+                // A driver that cannot copy between these mappings directly: the bytes
+                // still move, through host memory.
+                tracing::warn!(error = %e, "peer copy refused; copying through host memory");
+                drop(lane);
+                return crate::copy_through_host(self, peer, addr, len);
+            }
+        }
+        lane.stream.synchronize().map_err(|e| self.cuda_err(e))?;
+        drop(a);
+        Ok(len)
+    }
+
+    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
+        Some(crate::DeviceWindow {
+            kind: backend_kind::CUDA,
+            ptr: self.mem.window(addr, len)?,
+            context: self.ctx.raw() as usize,
+        })
+    }
+
+    fn vacate_addresses(&self) -> Result<()> {
+        self.enter()?;
+        self.synchronize();
+        self.mem.vacate()
+    }
+
+    fn reoccupy_addresses(&self) -> Result<()> {
+        self.enter()?;
+        self.mem.reoccupy()
+    }
+
+    fn occupy_addresses(&self) -> Result<()> {
+        self.enter()?;
+        self.mem.occupy()
+    }
+
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
         let mut pinned = self
@@ -709,16 +865,13 @@ impl Backend for CudaGpu {
                 continue;
             }
             let t = Instant::now();
-            // SAFETY: the caller keeps [addr, addr + len) mapped until it unregisters it
-            // (trait contract); the driver pins those pages and only DMA's to them when a
-            // copy names them.
-            let rc = unsafe { sys::cuMemHostRegister_v2(r.addr as *mut c_void, r.len, 0) };
-            match check(rc, "cuMemHostRegister") {
-                Ok(()) => {
+            match pin(r) {
+                Ok(fresh) => {
                     tracing::info!(
                         addr = format_args!("{:#x}", r.addr),
                         len = r.len,
                         ms = t.elapsed().as_secs_f64() * 1e3,
+                        shared = !fresh,
                         "guest memory pinned for direct copies"
                     );
                     pinned.push(*r);
@@ -751,17 +904,8 @@ impl Backend for CudaGpu {
         for r in regions {
             if let Some(i) = pinned.iter().position(|p| p == r) {
                 pinned.swap_remove(i);
-                // SAFETY: unregisters a range we registered; no copy uses it (write lock).
-                let rc = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
-                if let Err(e) = check(rc, "cuMemHostUnregister") {
-                    tracing::warn!(addr = format_args!("{:#x}", r.addr), error = %e, "unpinning guest memory failed");
-                } else {
-                    tracing::debug!(
-                        addr = format_args!("{:#x}", r.addr),
-                        len = r.len,
-                        "guest memory unpinned"
-                    );
-                }
+                // No copy of ours uses it (write lock).
+                unpin(r);
             }
         }
     }

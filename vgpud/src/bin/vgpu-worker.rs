@@ -353,6 +353,7 @@ impl ControlState {
                 CudaGpu::new(CudaConfig {
                     ordinal,
                     memory: self.memory,
+                    migration_target: true,
                     ..CudaConfig::default()
                 })
                 .map_err(|e| e.to_string())?,
