@@ -145,3 +145,41 @@ fn gpu_copy_sweep() {
         }
     }
 }
+
+#[test]
+#[ignore = "benchmark: run on the GPU machine (docs/cuda.md)"]
+fn gpu_round_trips_with_and_without_queue_polling() {
+    require_kvm!();
+    // The same guest (vecadd's small-buffer round trips) against a worker whose queue
+    // thread sleeps on every kick (0) and one that polls its ring 50 µs after each
+    // request (`--poll-us`, vgpud's `--queue-poll-us`).
+    for poll in ["0", "50"] {
+        let w = match Worker::start("cuda", "poll", "1G", 1, &["--gpu", "0", "--poll-us", poll]) {
+            Ok(w) => w,
+            Err(why) => {
+                assert!(
+                    std::env::var_os("VGPU_REQUIRE_CUDA").is_none(),
+                    "VGPU_REQUIRE_CUDA is set but the cuda worker did not start: {why}"
+                );
+                eprintln!("SKIPPED: no usable CUDA GPU: {why}");
+                return;
+            }
+        };
+        let out = run_payload(
+            &payload("vecadd"),
+            &[
+                "--memory",
+                "512M",
+                "--vgpu",
+                &w.vgpu_arg(),
+                "--payload-arg",
+                "n=1024 iters=5000",
+            ],
+            DEADLINE,
+        );
+        assert_eq!(out.code, Some(0), "{out:?}\nworker:\n{}", w.output());
+        for line in out.stdout.lines().filter(|l| l.starts_with("BENCH")) {
+            println!("POLL {poll}us {line}");
+        }
+    }
+}

@@ -9,6 +9,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use vgpu_backend::HostRegion;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -38,6 +39,9 @@ pub struct VgpuVhostBackend {
     config: Vec<u8>,
     /// Guest RAM regions registered with the backend (for direct copies).
     registered: Mutex<Vec<HostRegion>>,
+    /// How long a queue thread keeps polling its ring after the last request before it
+    /// sleeps on the kick eventfd (0: never polls). See [`VgpuVhostBackend::with_poll`].
+    poll: Duration,
 }
 
 impl std::fmt::Debug for VgpuVhostBackend {
@@ -58,7 +62,19 @@ impl VgpuVhostBackend {
             event_idx: AtomicBool::new(false),
             config,
             registered: Mutex::new(Vec::new()),
+            poll: Duration::ZERO,
         }
+    }
+
+    /// Polls each ring for `poll` after its last request before sleeping (adaptive
+    /// polling, like vhost's busy-poll). With EVENT_IDX the guest does not kick while the
+    /// device polls (its avail_event stays behind), so a guest that sends its next request
+    /// within the window saves a VM exit, an eventfd wake-up and a thread switch: several
+    /// microseconds per request under nested virtualisation. Costs up to `poll` of one
+    /// core per burst; off (0) by default.
+    pub fn with_poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
     }
 
     /// The vGPU.
@@ -76,6 +92,8 @@ impl VgpuVhostBackend {
         let guard = atomic.memory();
         let mem: &GuestMem = &guard;
         let event_idx = self.event_idx.load(Ordering::Acquire);
+        // End of the current polling window (set when the ring first runs dry).
+        let mut deadline: Option<Instant> = None;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -86,6 +104,7 @@ impl VgpuVhostBackend {
                 let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem);
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
+                deadline = None;
                 let used = self.vgpu.process_chain(queue, mem, chain);
                 if let Err(e) = vring.add_used(head, used) {
                     // The guest broke its own used ring; nothing more can be completed.
@@ -102,6 +121,13 @@ impl VgpuVhostBackend {
             }
             if !event_idx {
                 return Ok(());
+            }
+            if !self.poll.is_zero() {
+                let end = *deadline.get_or_insert_with(|| Instant::now() + self.poll);
+                if Instant::now() < end {
+                    std::hint::spin_loop();
+                    continue;
+                }
             }
             match vring.enable_notification() {
                 Ok(true) => continue, // more arrived while notifications were off

@@ -145,3 +145,77 @@ fn serves_a_vring_in_order_and_signals_the_call_eventfd() {
     be.handle_event(5, EventSet::IN, std::slice::from_ref(&vring), 1)
         .expect("unknown vring ignored");
 }
+
+/// A vring with EVENT_IDX set up like a frontend would, over `mem`'s guest RAM.
+fn ready_vring(
+    mem: &GuestMemoryAtomic<GuestMem>,
+    vq: &MockSplitQueue<'_, GuestMem>,
+) -> VringRwLock<GuestMemoryAtomic<GuestMem>> {
+    let vring = VringRwLock::new(mem.clone(), 256).expect("vring");
+    vring.set_queue_size(256);
+    vring
+        .set_queue_info(vq.desc_table_addr().0, vq.avail_addr().0, vq.used_addr().0)
+        .expect("queue info");
+    vring.set_queue_event_idx(true);
+    vring.set_queue_ready(true);
+    vring.set_enabled(true);
+    vring
+}
+
+#[test]
+fn a_polling_queue_serves_a_request_that_arrives_without_a_kick() {
+    for poll_ms in [0u64, 1000] {
+        let ram = GuestMem::from_ranges(&[(GuestAddress(0), 4 << 20)]).expect("ram");
+        let mem = GuestMemoryAtomic::new(ram);
+        let be = backend(&mem, 1).with_poll(std::time::Duration::from_millis(poll_ms));
+        be.set_event_idx(true);
+        let guard = mem.memory();
+        let vq = MockSplitQueue::new(&*guard, 256);
+        let vring = ready_vring(&mem, &vq);
+        let base = 1u64 << 20;
+        let h = RequestHeader {
+            opcode: Opcode::GetInfo as u32,
+            flags: 0,
+            id: 7,
+        }
+        .to_bytes();
+        guard.write_slice(&h, GuestAddress(base)).expect("w");
+        let d = |addr: u64, len: u32, flags: u32, next: u16| {
+            RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+        };
+        let chain = [
+            d(base, 16, VRING_DESC_F_NEXT, 1),
+            d(
+                base + 0x1000,
+                128,
+                VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+                2,
+            ),
+            d(base + 0x2000, 48, VRING_DESC_F_WRITE, 0),
+        ];
+        vq.add_desc_chains(&chain, 0).expect("chain");
+        // Unpublish it; a "guest" thread publishes it 200 ms into the call, without a kick.
+        let idx = GuestAddress(vq.avail_addr().0 + 2);
+        guard.write_obj(0u16, idx).expect("avail idx");
+        let publisher = {
+            let mem = mem.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                mem.memory().write_obj(1u16, idx).expect("publish");
+            })
+        };
+        be.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 0)
+            .expect("handle");
+        let served = vq.used().idx().load();
+        publisher.join().expect("publisher");
+        if poll_ms == 0 {
+            assert_eq!(
+                served, 0,
+                "without polling the thread sleeps until the next kick"
+            );
+        } else {
+            assert_eq!(served, 1, "the polling thread served the late request");
+            assert_eq!(be.vgpu().stats().requests, 1);
+        }
+    }
+}

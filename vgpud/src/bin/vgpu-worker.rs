@@ -112,6 +112,11 @@ struct Args {
     /// Serve shared device memory requests through vgpud's registry. Needs --control-fd.
     #[arg(long)]
     shm: bool,
+    /// Microseconds each queue thread keeps polling its ring after a request before it
+    /// sleeps on the guest's kick (adaptive polling; 0 = off). See
+    /// `VgpuVhostBackend::with_poll`.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    poll_us: u64,
     /// Attach a storage namespace for GPU-initiated reads (issue 9), `ID=PATH[:ro|:rw]`
     /// (read-only unless `:rw`); repeat for more. The guest attaches it with
     /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
@@ -268,11 +273,12 @@ fn serve(
     listener: &mut Listener,
     vgpu: Arc<Vgpu>,
     shutdown: &Shutdown,
+    poll: std::time::Duration,
     on_connected: impl FnOnce(),
 ) -> Result<(), WorkerError> {
     let id = vgpu.config().vgpu_id;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()));
+    let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll));
     let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
     daemon
@@ -812,7 +818,8 @@ fn run(args: Args) -> Result<(), WorkerError> {
         }
         None => None,
     };
-    let served = serve(&mut listener, vgpu, &shutdown, || {
+    let poll = std::time::Duration::from_micros(args.poll_us);
+    let served = serve(&mut listener, vgpu, &shutdown, poll, || {
         state.connected.store(true, Ordering::Relaxed);
         if let Some(out) = &out {
             out.send(&WorkerMessage::Connected);
@@ -909,7 +916,9 @@ mod tests {
         let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
         let shutdown: Shutdown = Arc::new(Mutex::new(None));
         let sd = shutdown.clone();
-        let worker = std::thread::spawn(move || serve(&mut listener, vgpu, &sd, || {}));
+        let worker = std::thread::spawn(move || {
+            serve(&mut listener, vgpu, &sd, std::time::Duration::ZERO, || {})
+        });
 
         let mut fe = Frontend::connect(&path, 3).expect("connect");
         fe.set_owner().expect("owner");

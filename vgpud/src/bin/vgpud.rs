@@ -47,6 +47,11 @@ struct Args {
     /// Host threads one simulated kernel may use in a worker (0 = all cores).
     #[arg(long, default_value_t = 1)]
     sim_threads: usize,
+    /// Microseconds each worker queue thread keeps polling its ring after a request before
+    /// it sleeps (adaptive polling: saves the guest's kick and a wake-up per request, at
+    /// the cost of a core spinning that long after each burst). 0 = off.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    queue_poll_us: u64,
     /// Fraction of each GPU's memory kept as the device-side swap area of oversubscribed
     /// vGPUs ("0.1" or "10%").
     #[arg(long, value_parser = parse_fraction, default_value = "10%")]
@@ -215,6 +220,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             .vmm_bin
             .unwrap_or_else(|| daemon::sibling_binary("vmm")),
         sim_threads: args.sim_threads,
+        queue_poll_us: args.queue_poll_us,
         payload_dir: args.payload_dir,
         stats_interval: Duration::from_millis(args.stats_interval_ms),
         stats_window: Duration::from_millis(args.stats_window_ms),

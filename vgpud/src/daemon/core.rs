@@ -658,6 +658,9 @@ impl Daemon {
                 ])
                 .args(["--copy-share", &permille_to_fraction(rec.copy).to_string()])
                 .args(["--priority", &rec.priority.to_string()]);
+            if self.cfg.queue_poll_us > 0 {
+                cmd.args(["--poll-us", &self.cfg.queue_poll_us.to_string()]);
+            }
             match gpu.cuda_ordinal {
                 Some(ordinal) => {
                     cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
@@ -2442,6 +2445,7 @@ mod tests {
             worker_bin: "/nonexistent/vgpu-worker".into(),
             vmm_bin: "/nonexistent/vmm".into(),
             sim_threads: 1,
+            queue_poll_us: 0,
             payload_dir: None,
             stats_interval: Duration::from_millis(250),
             stats_window: Duration::from_secs(1),

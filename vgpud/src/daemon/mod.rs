@@ -59,6 +59,8 @@ pub struct Config {
     pub vmm_bin: PathBuf,
     /// Host threads one sim kernel may use in a worker (0 = all).
     pub sim_threads: usize,
+    /// Worker queue threads poll their ring this long after a request (0 = off).
+    pub queue_poll_us: u64,
     /// Where bare payload names are looked up.
     pub payload_dir: Option<PathBuf>,
     /// How often vgpud samples every worker's counters.
