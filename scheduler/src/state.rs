@@ -31,9 +31,13 @@ impl Share {
 /// Scheduler parameters (Gdev §6 defaults: 30 ms period, 500 µs wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Budget period: every period each vGPU's credit grows by `period * share`.
+    /// Budget period: Credit refills each vGPU's credit by `period * share` every period;
+    /// for BAND it bounds a balance (one period either way), is the utilization window,
+    /// and a vGPU idle for a whole period is inactive.
     pub period: Nanos,
-    /// BAND's time-buffering wait.
+    /// BAND's time-buffering wait: how long the resource stays idle for the holder's next
+    /// request when the next vGPU is over its share (only for a holder whose requests
+    /// usually come back within it).
     pub wait: Nanos,
     /// How long the holder of a resource keeps it after a grant while it is within its
     /// share, even between its requests (0: pass the resource on at every idle moment).
