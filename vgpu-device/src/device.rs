@@ -524,7 +524,13 @@ impl Vgpu {
                 ),
             ));
         }
-        let threads: u64 = la.block.iter().map(|v| u64::from(*v)).product();
+        // Three u32 factors can overflow u64 (fuzzing found it: a plain product panics in
+        // debug builds and wraps in release, where a wrapped count could pass the check).
+        let threads = la
+            .block
+            .iter()
+            .try_fold(1u64, |n, v| n.checked_mul(u64::from(*v)))
+            .unwrap_or(u64::MAX);
         if threads > MAX_THREADS_PER_BLOCK {
             return Err(RequestError::invalid(
                 op,

@@ -815,6 +815,22 @@ fn wrong_argument_count_and_kinds() {
         h.send_raw(&buf[..n], &[]).0.status(),
         Some(Status::InvalidArgument)
     );
+    // Found by fuzzing: a block whose thread count overflows u64. A wrapping product
+    // would be 0 here and pass the limit; it must be refused, not panic.
+    for block in [[u32::MAX, u32::MAX, u32::MAX], [1 << 31, 1 << 31, 4]] {
+        let la = LaunchArgs {
+            function: f,
+            grid: [1; 3],
+            block,
+            ..Default::default()
+        };
+        let n = encode_launch(&mut buf, 2, &la, &[], &[]).expect("encode");
+        assert_eq!(
+            h.send_raw(&buf[..n], &[]).0.status(),
+            Some(Status::InvalidArgument),
+            "{block:?}"
+        );
+    }
     let la = LaunchArgs {
         function: f,
         grid: [1; 3],
