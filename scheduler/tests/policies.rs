@@ -229,3 +229,40 @@ fn a_slow_guest_cannot_starve_a_neighbour_of_its_share() {
     );
     assert!(b > 0.26, "vGPU 2 got {b}, share 0.3");
 }
+
+/// The cause of the soak's stalls (docs/hostile.md, "Issues the soak found", item 2): the
+/// daemon reads a worker's lease counter and then its completion ring, so a request that
+/// starts under the lease and finishes in between shows its completion first and its
+/// start at the next wake-up. When that completion was dropped ("nothing running"), the
+/// start left the holder running forever: it never went idle, so it kept the engine, and
+/// every neighbour on the GPU waited until its guest driver gave up (30 s).
+#[test]
+fn a_completion_read_before_its_lease_start_does_not_keep_the_resource_held() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    assert!(p.lease(1, 100 * US).is_some(), "idle inside its lease");
+    // A request started under the lease at 150 us and finished at 200 us: the daemon
+    // reads its completion first (the result does not matter here: the daemon only logs
+    // a refused completion), its lease start at the next wake-up.
+    let _ = p.complete(1, 150 * US, 200 * US);
+    p.start_leased(1, 1, 250 * US).unwrap();
+    // vGPU 2 asks meanwhile; once the lease is over the idle holder must let go.
+    assert_eq!(p.submit(2, 300 * US).unwrap(), vec![]);
+    let mut granted = Vec::new();
+    let mut now = 300 * US;
+    while now < 1_000 * MS && granted.is_empty() {
+        now = p.next_deadline().unwrap_or(now + MS).max(now + US);
+        granted.extend(p.tick(now).into_iter().filter(|g| g.vgpu == 2));
+    }
+    assert_eq!(
+        granted,
+        vec![Grant { vgpu: 2, count: 1 }],
+        "vGPU 2 still waits at {} ms: vGPU 1 holds the engine with nothing running",
+        now / MS
+    );
+    assert!(now <= 2 * MS, "granted only at {} us", now / US);
+}
