@@ -266,3 +266,32 @@ fn a_completion_read_before_its_lease_start_does_not_keep_the_resource_held() {
     );
     assert!(now <= 2 * MS, "granted only at {} us", now / US);
 }
+
+/// The same race when the lease ends in between: the early completion left the holder
+/// idle, the lease's end passed the engine on (nobody waited, so it went free), and only
+/// then did the daemon see the lease start. That start was already matched by its
+/// completion, so nothing runs; the engine must stay free, not go back to vGPU 1 with no
+/// completion to come that would ever release it.
+#[test]
+fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resource() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    // Started under the lease at 150 us, finished at 200 us; the completion is read first.
+    assert_eq!(p.complete(1, 150 * US, 200 * US).unwrap(), vec![]);
+    // The lease ends with nothing running and nobody waiting: the engine is free.
+    let end = p.lease(1, 200 * US).expect("vGPU 1 holds a lease");
+    assert_eq!(p.tick(end), vec![]);
+    assert_eq!(p.lease(1, end), None);
+    // Now the daemon reads the lease start that belongs to the 200 us completion.
+    p.start_leased(1, 1, end + 50 * US).unwrap();
+    // vGPU 2's request finds the engine free.
+    assert_eq!(
+        p.submit(2, end + 100 * US).unwrap(),
+        vec![Grant { vgpu: 2, count: 1 }],
+        "the engine went back to vGPU 1 although nothing of it runs"
+    );
+}
