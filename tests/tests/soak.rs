@@ -224,6 +224,12 @@ fn soak(secs: u64, migrate_every: Option<Duration>) {
                     String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned();
                 if vm.state == (VmState::Exited { code: 0 }) && out.contains(ok_marker(s.kind)) {
                     jobs_ok += 1;
+                    // As an operator would: a finished VM's records go, so what vgpud
+                    // keeps per VM does not read as a leak in the RSS drift. A failed
+                    // one stays, with its logs, for VGPU_SOAK_KEEP.
+                    if let Err(e) = c.delete_vm(id) {
+                        panic!("delete finished VM {id}: {e}");
+                    }
                 } else {
                     jobs_failed += 1;
                     failures.push(format!(
