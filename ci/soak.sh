@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full soak (issue 10, docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs,
 # a migration every 3 s, every result checksummed, vgpud's and its children's RSS and fds
-# sampled each second. Not part of ci/test.sh, which runs the 30 s version.
+# sampled each second. Not part of ci/test.sh, which runs a 20 s version (a migration
+# every 5 s: soak_short_eight_vms_mixed_workloads).
 #   ci/soak.sh [seconds]      (default 600; figures in target/soak.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."

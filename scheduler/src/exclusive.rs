@@ -284,9 +284,12 @@ impl<R: Rule> Exclusive<R> {
         self.acc.get(vgpu)?;
         self.settle_hold(now);
         self.acc.start_unasked(vgpu, count, now)?;
-        if self.current.is_none() {
+        let running = self.acc.get(vgpu).map_or(0, |a| a.running);
+        if self.current.is_none() && running > 0 {
             // Only a worker whose lease was open can start unasked; the books follow what
-            // really runs.
+            // really runs. Starts already matched by their completions (read first, see
+            // `Account::early`) run no more: taking the free resource for them would hold
+            // it with no completion to come that releases it.
             self.current = Some(vgpu);
         }
         if self.current == Some(vgpu) && count > 0 {

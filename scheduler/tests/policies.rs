@@ -369,3 +369,69 @@ fn the_time_buffer_waits_only_for_an_owed_holder_that_comes_back() {
     assert_eq!(p.next_deadline(), Some(t2 + 500 * US));
     assert_eq!(p.tick(t2 + 500 * US), vec![Grant { vgpu: 2, count: 1 }]);
 }
+
+/// The cause of the soak's stalls (docs/hostile.md, "Issues the soak found", item 2): the
+/// daemon reads a worker's lease counter and then its completion ring, so a request that
+/// starts under the lease and finishes in between shows its completion first and its
+/// start at the next wake-up. When that completion was dropped ("nothing running"), the
+/// start left the holder running forever: it never went idle, so it kept the engine, and
+/// every neighbour on the GPU waited until its guest driver gave up (30 s).
+#[test]
+fn a_completion_read_before_its_lease_start_does_not_keep_the_resource_held() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    assert!(p.lease(1, 100 * US).is_some(), "idle inside its lease");
+    // A request started under the lease at 150 us and finished at 200 us: the daemon
+    // reads its completion first (the result does not matter here: the daemon only logs
+    // a refused completion), its lease start at the next wake-up.
+    let _ = p.complete(1, 150 * US, 200 * US);
+    p.start_leased(1, 1, 250 * US).unwrap();
+    // vGPU 2 asks meanwhile; the idle holder must let go: at once (BAND ends an idle hold
+    // for an owed neighbour) or once the lease is over, never later.
+    let mut granted = p.submit(2, 300 * US).unwrap();
+    let mut now = 300 * US;
+    while now < 1_000 * MS && granted.is_empty() {
+        now = p.next_deadline().unwrap_or(now + MS).max(now + US);
+        granted.extend(p.tick(now).into_iter().filter(|g| g.vgpu == 2));
+    }
+    assert_eq!(
+        granted,
+        vec![Grant { vgpu: 2, count: 1 }],
+        "vGPU 2 still waits at {} ms: vGPU 1 holds the engine with nothing running",
+        now / MS
+    );
+    assert!(now <= 2 * MS, "granted only at {} us", now / US);
+}
+
+/// The same race when the lease ends in between: the early completion left the holder
+/// idle, the lease's end passed the engine on (nobody waited, so it went free), and only
+/// then did the daemon see the lease start. That start was already matched by its
+/// completion, so nothing runs; the engine must stay free, not go back to vGPU 1 with no
+/// completion to come that would ever release it.
+#[test]
+fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resource() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    // Started under the lease at 150 us, finished at 200 us; the completion is read first.
+    assert_eq!(p.complete(1, 150 * US, 200 * US).unwrap(), vec![]);
+    // The lease ends with nothing running and nobody waiting: the engine is free.
+    let end = p.lease(1, 200 * US).expect("vGPU 1 holds a lease");
+    assert_eq!(p.tick(end), vec![]);
+    assert_eq!(p.lease(1, end), None);
+    // Now the daemon reads the lease start that belongs to the 200 us completion.
+    p.start_leased(1, 1, end + 50 * US).unwrap();
+    // vGPU 2's request finds the engine free.
+    assert_eq!(
+        p.submit(2, end + 100 * US).unwrap(),
+        vec![Grant { vgpu: 2, count: 1 }],
+        "the engine went back to vGPU 1 although nothing of it runs"
+    );
+}
