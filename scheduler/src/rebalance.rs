@@ -91,6 +91,12 @@ pub struct RebalanceConfig {
     /// overloaded too: a heavy overload is acted on sooner than a mild one.
     pub severe: f64,
     pub severe_window: Nanos,
+    /// A GPU whose load was above `overload` for at least this fraction of the recent
+    /// past (an EWMA with time constant `recurring_span`) is overloaded too, even when
+    /// each episode is shorter than the window (bursts that repeat). Its moves are judged
+    /// on the vGPUs' recent peaks, so a move fits the target even at the peaks.
+    pub recurring_duty: f64,
+    pub recurring_span: Nanos,
     /// A move leaves its target at most this loaded.
     pub target_max: f64,
     /// Smallest drop of the pair's peak load worth a move.
@@ -122,6 +128,8 @@ impl Default for RebalanceConfig {
             overload_clear: 0.9,
             severe: 1.3,
             severe_window: 1_000 * MS,
+            recurring_duty: 0.3,
+            recurring_span: 20_000 * MS,
             target_max: 1.0,
             min_gain: 0.05,
             vgpu_cooldown: 10_000 * MS,
@@ -151,6 +159,7 @@ impl RebalanceConfig {
             return_cooldown: scale(d.return_cooldown),
             smoothing: scale(d.smoothing),
             severe_window: scale(d.severe_window),
+            recurring_span: scale(d.recurring_span),
             ..d
         }
     }
@@ -303,6 +312,9 @@ pub struct Round {
 struct Tracked {
     /// Smoothed demand in nominal units (times speed / copy rate).
     work: Demand,
+    /// Recent peak of the measured demand (nominal units), decaying with
+    /// `recurring_span`.
+    peak: Demand,
     seen: bool,
     moved_at: Option<Nanos>,
     left: Option<(GpuIndex, Nanos)>,
@@ -312,6 +324,10 @@ struct Tracked {
 struct GpuTrack {
     over_since: Option<Nanos>,
     severe_since: Option<Nanos>,
+    /// Fraction of the recent past with load above `overload` (EWMA).
+    duty: f64,
+    /// Overloaded only by recurrence (its moves are judged on peaks).
+    recurring: bool,
     overloaded: bool,
     light_since: Option<Nanos>,
     touched_at: Option<Nanos>,
@@ -436,6 +452,11 @@ impl Rebalancer {
         } else {
             1.0 - (-(dt as f64) / cfg.smoothing as f64).exp()
         };
+        let keep = if cfg.recurring_span == 0 {
+            0.0
+        } else {
+            (-(dt as f64) / cfg.recurring_span as f64).exp()
+        };
         let gpu_of = |i: GpuIndex| gpus.iter().find(|g| g.index == i);
         // Demand, smoothed, in nominal units.
         self.vgpus.retain(|id, _| vgpus.iter().any(|v| v.id == *id));
@@ -450,8 +471,11 @@ impl Rebalancer {
                 if t.seen {
                     t.work.compute += alpha * (w.compute - t.work.compute);
                     t.work.copy += alpha * (w.copy - t.work.copy);
+                    t.peak.compute = w.compute.max(t.peak.compute * keep);
+                    t.peak.copy = w.copy.max(t.peak.copy * keep);
                 } else {
                     t.work = w;
+                    t.peak = w;
                     t.seen = true;
                 }
             }
@@ -474,13 +498,17 @@ impl Rebalancer {
             } else {
                 tr.severe_since = None;
             }
-            let over = tr
+            let above = if l.load > cfg.overload { 1.0 } else { 0.0 };
+            tr.duty = tr.duty * keep + (1.0 - keep) * above;
+            let windowed = tr
                 .over_since
                 .is_some_and(|s| now.saturating_sub(s) >= cfg.window)
                 || (tr.over_since.is_some()
                     && tr
                         .severe_since
                         .is_some_and(|s| now.saturating_sub(s) >= cfg.severe_window));
+            tr.recurring = !windowed && tr.duty >= cfg.recurring_duty;
+            let over = windowed || tr.recurring;
             if over != tr.overloaded {
                 tr.overloaded = over;
                 round.notes.push(if over {
@@ -599,6 +627,18 @@ impl Rebalancer {
         minus: Option<VgpuId>,
         plus: Option<&VgpuView>,
     ) -> GpuLoad {
+        self.load_by(g, vgpus, minus, plus, false)
+    }
+
+    /// As `load_of`, on the vGPUs' recent peaks (`peak`) or their smoothed demand.
+    fn load_by(
+        &self,
+        g: &GpuView,
+        vgpus: &[VgpuView],
+        minus: Option<VgpuId>,
+        plus: Option<&VgpuView>,
+        peak: bool,
+    ) -> GpuLoad {
         let mut d = Demand::default();
         let mut n = 0;
         for v in vgpus
@@ -607,7 +647,11 @@ impl Rebalancer {
             .chain(plus)
         {
             n += 1;
-            let w = self.work_of(v);
+            let w = if peak {
+                self.peak_of(v)
+            } else {
+                self.work_of(v)
+            };
             d.compute += w.compute;
             d.copy += w.copy;
         }
@@ -622,6 +666,18 @@ impl Rebalancer {
             over_since: None,
             idle: n == 0,
             vgpus: n,
+        }
+    }
+
+    /// A vGPU's recent peak demand (never below its smoothed demand), nominal units.
+    fn peak_of(&self, v: &VgpuView) -> Demand {
+        let w = self.work_of(v);
+        match self.vgpus.get(&v.id) {
+            Some(t) if t.seen => Demand {
+                compute: w.compute.max(t.peak.compute),
+                copy: w.copy.max(t.peak.copy),
+            },
+            _ => w,
         }
     }
 
@@ -683,14 +739,20 @@ impl Rebalancer {
             if !ts.overloaded || self.cooling(ts.touched_at, now, cfg.gpu_cooldown) {
                 continue;
             }
-            let ls = load(s.index);
+            // Overloaded by recurring bursts: judged on the vGPUs' recent peaks.
+            let peaky = ts.recurring;
+            let ls = if peaky {
+                self.load_by(s, vgpus, None, None, true).load
+            } else {
+                load(s.index)
+            };
             let mut why = String::from("no vGPU on it may move now");
             for v in vgpus.iter().filter(|v| v.gpu == s.index) {
                 let tv = self.vgpus.get(&v.id).copied().unwrap_or_default();
                 if !v.movable || self.cooling(tv.moved_at, now, cfg.vgpu_cooldown) {
                     continue;
                 }
-                let after_s = self.load_of(s, vgpus, Some(v.id), None).load;
+                let after_s = self.load_by(s, vgpus, Some(v.id), None, peaky).load;
                 for t in gpus.iter().filter(|t| t.index != s.index) {
                     if self.cooling(track(t.index).touched_at, now, cfg.gpu_cooldown) {
                         why = format!("GPU {} is settling after a move", t.index);
@@ -705,9 +767,13 @@ impl Rebalancer {
                         why = m;
                         continue;
                     }
-                    let lt = load(t.index);
+                    let lt = if peaky {
+                        self.load_by(t, vgpus, None, None, true).load
+                    } else {
+                        load(t.index)
+                    };
                     let moved = VgpuView { gpu: t.index, ..*v };
-                    let after_t = self.load_of(t, vgpus, None, Some(&moved)).load;
+                    let after_t = self.load_by(t, vgpus, None, Some(&moved), peaky).load;
                     if after_t > cfg.target_max {
                         why = format!(
                             "GPU {} would reach load {after_t:.2} (room up to {:.2})",
@@ -723,6 +789,21 @@ impl Rebalancer {
                     let bytes = v.resident.saturating_add(cfg.move_overhead_bytes);
                     let score = benefit / gib(bytes).max(1e-9);
                     let w = on_gpu(self.work_of(v), s);
+                    let over = if peaky {
+                        format!(
+                            "GPU {} overloaded again and again (load above {:.2} {:.0}% of the recent past; at the recent peaks {ls:.2})",
+                            s.index,
+                            cfg.overload,
+                            100.0 * ts.duty
+                        )
+                    } else {
+                        format!(
+                            "GPU {} overloaded (load {ls:.2} > {:.2} for {} ms)",
+                            s.index,
+                            cfg.overload,
+                            now.saturating_sub(ts.over_since.unwrap_or(now)) / MS
+                        )
+                    };
                     if best.as_ref().is_none_or(|b| score > b.score) {
                         best = Some(Decision {
                             at: now,
@@ -739,10 +820,7 @@ impl Rebalancer {
                             benefit,
                             score,
                             reason: format!(
-                                "GPU {} overloaded (load {ls:.2} > {:.2} for {} ms); vGPU {} (demand {:.2}, {:.0} MiB resident) to GPU {} (load {lt:.2} -> {after_t:.2}) lowers the peak by {benefit:.2}, the most per byte moved",
-                                s.index,
-                                cfg.overload,
-                                now.saturating_sub(ts.over_since.unwrap_or(now)) / MS,
+                                "{over}; vGPU {} (demand {:.2}, {:.0} MiB resident) to GPU {} (load {lt:.2} -> {after_t:.2}) lowers the peak by {benefit:.2}, the most per byte moved",
                                 v.id,
                                 w.compute.max(w.copy),
                                 v.resident as f64 / (1 << 20) as f64,
@@ -1078,6 +1156,8 @@ impl Rebalancer {
             if d.kind == Kind::Balance && tr.overloaded {
                 tr.over_since = Some(now);
                 tr.severe_since = None;
+                tr.duty = 0.0;
+                tr.recurring = false;
                 tr.overloaded = false;
             }
         }
@@ -1323,6 +1403,36 @@ mod tests {
         assert!(d.iter().any(|x| x.reason.contains("swap")), "{d:#?}");
         assert_no_return(&d, r.config().return_cooldown);
         assert!(d.len() <= 8, "{} moves: {d:#?}", d.len());
+    }
+
+    #[test]
+    fn recurring_bursts_shorter_than_the_window_move_a_vgpu_once() {
+        // GPU 0: vGPU 1 bursts to 0.9 for 1.25 s every 3 s (0.05 otherwise) beside a
+        // steady vGPU 2 at 0.6; GPU 1 holds a nearly idle vGPU 3. Each overload lasts less
+        // than the window (and less than `severe_window` above `severe`), so the old rules
+        // never moved anything; the pattern repeats, so the recurring rule moves one vGPU,
+        // to where it fits even at the peaks, once.
+        let mut r = Rebalancer::new(cfg(Mode::Balance));
+        let mut gs = gpus(2);
+        let mut vs = vec![
+            v(1, 0, 200, GIB, 0.05),
+            v(2, 0, 200, GIB, 0.6),
+            v(3, 1, 200, GIB, 0.05),
+        ];
+        let demand = |t: Nanos, id: VgpuId| match id {
+            1 if t % (3000 * MS) < 1250 * MS => 0.9,
+            1 | 3 => 0.05,
+            _ => 0.6,
+        };
+        let d = run(&mut r, &mut gs, &mut vs, 0, 120, demand);
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_eq!((d[0].from, d[0].to), (0, 1), "{d:#?}");
+        assert!(d[0].reason.contains("again and again"), "{}", d[0].reason);
+        assert!(d[0].to_load_after <= 1.0, "{d:#?}");
+        // Gone: the bursts no longer overload anything.
+        let more = run(&mut r, &mut gs, &mut vs, 120_000 * MS, 60, demand);
+        assert!(more.is_empty(), "{more:#?}");
+        assert!(r.loads().iter().all(|l| !l.overloaded), "{:?}", r.loads());
     }
 
     #[test]
