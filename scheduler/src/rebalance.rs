@@ -13,8 +13,13 @@
 //!   (times the GPU's speed) and smoothed (EWMA), so a vGPU's demand survives its move.
 //! - **Load** of a GPU = max over compute and copy of the sum of its vGPUs' demands over
 //!   its capacity. Load above 1 means demand above capacity: someone waits.
-//! - **Overloaded**: load above `overload` continuously for `window`; it ends only below
-//!   `overload_clear` (a hysteresis band).
+//! - **Overloaded**: load above `overload` continuously for `window`, or above `severe`
+//!   for `severe_window` (half the window); it ends only below `overload_clear` (a
+//!   hysteresis band). Also *recurring*: above `overload` for `recurring_duty` of the
+//!   recent past (bursts shorter than the window that repeat); such moves are judged on
+//!   the vGPUs' recent peaks.
+//! - **Swap**: when no single move is allowed, a light vGPU of another GPU comes in first,
+//!   then a busy one goes out; each leg on its own keeps every share guaranteed.
 //! - **A move** of vGPU v from s to t must keep every share guaranteed (t's committed
 //!   compute, copy and memory stay within t), leave t at most at `target_max`, and lower the
 //!   pair's peak load by at least `min_gain`. Among the moves allowed, the one with the
