@@ -445,6 +445,10 @@ impl Rebalancer {
         if let Some(g) = self.gpus.get_mut(&d.to) {
             g.touched_at = None;
         }
+        // A swap whose first leg failed is dropped (its second leg would not fit).
+        if self.pending.as_ref().is_some_and(|p| p.first == d.vgpu) {
+            self.pending = None;
+        }
     }
 
     /// One round at `now`: takes the measurements, answers with what to move.
@@ -1385,6 +1389,32 @@ mod tests {
         // And it stays.
         let more = run(&mut r, &mut gs, &mut vs, 60_000 * MS, 60, demand);
         assert!(more.is_empty(), "{more:#?}");
+    }
+
+    #[test]
+    fn a_refused_first_leg_drops_the_swap() {
+        let mut r = Rebalancer::new(cfg(Mode::Balance));
+        let mut gs = gpus(2);
+        let vs = vec![
+            v(1, 0, 200, GIB, 0.7),
+            v(2, 0, 200, GIB, 0.7),
+            v(3, 1, 200, GIB, 0.1),
+            v(4, 1, 800, GIB, 0.2),
+        ];
+        commit_all(&mut gs, &vs);
+        let mut first = None;
+        let mut now = 0;
+        while first.is_none() && now < 10_000 * MS {
+            now += 250 * MS;
+            first = r.observe(now, &gs, &vs).decisions.into_iter().next();
+        }
+        let first = first.expect("a swap's first leg");
+        assert!(first.reason.contains("first leg"), "{}", first.reason);
+        assert!(r.pending.is_some());
+        // vgpud's migration of the first leg is refused: the second leg is forgotten and
+        // other moves are no longer held back.
+        r.failed(&first);
+        assert!(r.pending.is_none());
     }
 
     #[test]
