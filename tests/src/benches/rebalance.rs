@@ -502,13 +502,66 @@ fn fig(
     }
 }
 
+/// Three traces per size; the figures are their sums/means.
+const SEEDS: [u64; 3] = [11, 23, 37];
+
+/// The share of static placement's overload that no placement can avoid (the host as a
+/// whole wanted more than all its GPUs have), over the three traces of a size.
+fn unavoidable_share(gpus: u32, n: usize, gap: f64) -> f64 {
+    let (mut host, mut over) = (0.0, 0.0);
+    for &s in &SEEDS {
+        let r = simulate(
+            &trace(s * 1000 + u64::from(gpus), n, gap, false),
+            gpus,
+            Policy::Static,
+        );
+        host += r.host_overload_s;
+        over += r.overload_s;
+    }
+    host / over.max(1e-9)
+}
+
+/// DCUDA-like load: DCUDA removed 78.3 % of static assignment's overload, so on its
+/// workloads at most 21.7 % of that overload was unavoidable. Our notes on the paper
+/// (seed 003) give neither its arrival rate nor its trace, so this picks the heaviest load (the
+/// shortest mean gap between arrivals, same mix, same VMs, same seeds) whose unavoidable
+/// share under *static placement* is at most 21.7 %. Only the static runs choose it, so
+/// it favours no policy; all three policies then run the same traces.
+fn dcuda_like_gap(gpus: u32, n: usize, heavy_gap: f64) -> (f64, f64) {
+    let limit = 1.0 - DCUDA_OVERLOAD / 100.0;
+    let mut last = (heavy_gap, unavoidable_share(gpus, n, heavy_gap));
+    for k in [1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0] {
+        let gap = heavy_gap * k;
+        let u = unavoidable_share(gpus, n, gap);
+        last = (gap, u);
+        if u <= limit {
+            break;
+        }
+    }
+    last
+}
+
 /// Runs every scenario; prints the table and returns the figures.
 pub fn run() -> Vec<Figure> {
     let mut figures = Vec::new();
     println!("rebalance: fluid simulation in virtual time with vgpud's placement and rebalancing policy (see docs/PERFORMANCE.md)");
+    let mut scenarios = Vec::new();
     for (gpus, n, gap) in [(2u32, 40usize, 14.0f64), (4, 80, 7.0)] {
-        // Three traces per size; the figures are their sums/means.
-        let seeds = [11u64, 23, 37];
+        scenarios.push(("heavy", gpus, n, gap));
+    }
+    for (gpus, n, gap) in [(2u32, 40usize, 14.0f64), (4, 80, 7.0)] {
+        let (g, u) = dcuda_like_gap(gpus, n, gap);
+        println!(
+            "DCUDA-like load on {gpus} GPUs: one VM per {g:.1} s on average ({:.2}x the heavy gap); {:.1}% of static placement's overload is unavoidable (at most {:.1}% wanted)",
+            g / gap,
+            100.0 * u,
+            100.0 - DCUDA_OVERLOAD
+        );
+        scenarios.push(("DCUDA-like", gpus, n, g));
+    }
+    for (label, gpus, n, gap) in scenarios {
+        let seeds = SEEDS;
+        let pfx = if label == "heavy" { "" } else { "dcuda-like " };
         let mut agg: Vec<(Policy, Outcome)> = Vec::new();
         for p in [Policy::Static, Policy::Placement, Policy::Rebalance] {
             let mut o = Outcome::default();
@@ -525,7 +578,7 @@ pub fn run() -> Vec<Figure> {
             agg.push((p, o));
         }
         println!(
-            "\n{gpus} GPUs, {} VMs per trace × {} traces (compute-heavy, copy-heavy, bursty, idle; arrivals every {gap} s on average)",
+            "\n{label} load, {gpus} GPUs, {} VMs per trace × {} traces (compute-heavy, copy-heavy, bursty, idle; arrivals every {gap:.1} s on average)",
             n,
             seeds.len()
         );
@@ -546,7 +599,7 @@ pub fn run() -> Vec<Figure> {
         let base = agg[0].1.clone();
         for (p, o) in &agg[1..] {
             figures.push(fig(
-                format!("rebalance {gpus}gpu overload time, {}", p.name()),
+                format!("rebalance {}{gpus}gpu overload time, {}", pfx, p.name()),
                 o.overload_s,
                 "GPU-s",
                 "static placement",
@@ -554,7 +607,7 @@ pub fn run() -> Vec<Figure> {
                 "GPU-s",
             ));
             figures.push(fig(
-                format!("rebalance {gpus}gpu mean completion, {}", p.name()),
+                format!("rebalance {}{gpus}gpu mean completion, {}", pfx, p.name()),
                 o.mean_completion_s,
                 "s",
                 "static placement",
@@ -562,7 +615,7 @@ pub fn run() -> Vec<Figure> {
                 "s",
             ));
             figures.push(fig(
-                format!("rebalance {gpus}gpu p95 completion, {}", p.name()),
+                format!("rebalance {}{gpus}gpu p95 completion, {}", pfx, p.name()),
                 o.p95_completion_s,
                 "s",
                 "static placement",
@@ -572,7 +625,10 @@ pub fn run() -> Vec<Figure> {
         }
         let best = &agg[2].1;
         figures.push(fig(
-            format!("rebalance {gpus}gpu migrations, placement + rebalancing"),
+            format!(
+                "rebalance {}{gpus}gpu migrations, placement + rebalancing",
+                pfx
+            ),
             best.migrations as f64,
             "moves",
             "VMs",
@@ -585,11 +641,17 @@ pub fn run() -> Vec<Figure> {
             "  overload-time reduction {red:.1}% (DCUDA {DCUDA_OVERLOAD}%), mean completion-time gain {gain:.1}% (DCUDA up to {DCUDA_COMPLETION}%)"
         );
         println!(
-            "  the host as a whole wanted more than its {gpus} GPUs have for {:.1} s: overload no placement avoids",
-            base.host_overload_s
+            "  the host as a whole wanted more than its {gpus} GPUs have for {:.1} s: overload no placement avoids; of the avoidable {:.1} GPU-s, rebalancing removed {:.1}%",
+            base.host_overload_s,
+            base.overload_s - base.host_overload_s,
+            100.0 * (base.overload_s - best.overload_s)
+                / (base.overload_s - base.host_overload_s).max(1e-9)
         );
         figures.push(fig(
-            format!("rebalance {gpus}gpu overload-time reduction vs static"),
+            format!(
+                "rebalance {}{gpus}gpu overload-time reduction vs static",
+                pfx
+            ),
             red,
             "%",
             "DCUDA",
@@ -597,7 +659,10 @@ pub fn run() -> Vec<Figure> {
             "%",
         ));
         figures.push(fig(
-            format!("rebalance {gpus}gpu mean completion-time gain vs static"),
+            format!(
+                "rebalance {}{gpus}gpu mean completion-time gain vs static",
+                pfx
+            ),
             gain,
             "%",
             "DCUDA",
