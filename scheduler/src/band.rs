@@ -1,7 +1,12 @@
-//! BAND (Gdev Figure 2): a vGPU goes to the tail only when its budget is spent *and* its
-//! utilization exceeds its share, and the resource waits a short time before going to a
-//! vGPU that is over its share, so a short-burst vGPU's next request can arrive and take
-//! it first.
+//! BAND (Gdev Figure 2): a vGPU loses the resource only when its budget is spent *and* it
+//! is over its share, and the resource waits a short time before going to a vGPU that is
+//! over its share, so a short-burst vGPU's next request can arrive and take it first.
+//!
+//! The budget is the vGPU's balance (`Account::balance`): its share of the time the
+//! resource was used, minus what it used or had reserved, carried across periods. The
+//! pending vGPU that is owed the most goes next; the wait is made only for the vGPU that
+//! just went idle, only while it is owed and the next one is not, and only if its requests
+//! usually come back within the wait (docs/scheduler.md).
 
 use crate::clock::Nanos;
 use crate::exclusive::{exclusive_policy, Exclusive, Rule};
@@ -13,14 +18,7 @@ impl Rule for BandRule {
     const NAME: &'static str = "band";
 
     fn lower(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
-        acc.over_budget(vgpu) && acc.over_share(vgpu, now)
-    }
-
-    fn wait_for(acc: &Accounts, _finished: VgpuId, next: VgpuId, now: Nanos) -> bool {
-        // Gdev waits when the next vGPU is over its share; we ask whether it would be over
-        // after half of its typical burst (see `over_share_after_grant`), which keeps a
-        // long-burst vGPU from overshooting by a whole burst at every grant.
-        acc.over_share_after_grant(next, now)
+        !acc.owed(vgpu) && acc.over_share(vgpu, now)
     }
 
     fn preferred(_acc: &Accounts, _vgpu: VgpuId) -> bool {
@@ -28,27 +26,43 @@ impl Rule for BandRule {
     }
 
     fn may_continue(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
-        // The holder keeps launching unless it is spent and over its share while others
-        // wait (Gdev's yield in schedule_compute).
-        let others_wait = acc.map.iter().any(|(id, a)| *id != vgpu && a.pending > 0);
-        !(others_wait && acc.over_budget(vgpu) && acc.over_share(vgpu, now))
+        // The holder keeps launching unless it is spent and over its share while a vGPU
+        // that is owed waits (Gdev's yield in schedule_compute).
+        let owed_waits = acc
+            .map
+            .iter()
+            .any(|(id, a)| *id != vgpu && a.pending > 0 && acc.owed(*id));
+        !(owed_waits && !acc.owed(vgpu) && acc.over_share(vgpu, now))
     }
 
-    fn may_lease(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
-        !acc.over_share(vgpu, now)
+    fn may_lease(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> bool {
+        acc.balance(vgpu).is_some_and(|b| b >= 0.0)
     }
 
-    fn urgency(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> Option<f64> {
-        // The vGPU furthest below its share (counting half of its typical burst) goes
-        // first. Gdev takes the head of a rotating queue, which with more than two vGPUs
-        // lets one that is over its share go ahead of one that is starved.
-        acc.headroom_after_grant(vgpu, now)
+    fn urgency(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> Option<f64> {
+        // The vGPU owed the most goes first. Gdev takes the head of a rotating queue,
+        // which with more than two vGPUs lets one that is over its share go ahead of one
+        // that is starved.
+        acc.balance(vgpu)
     }
 
-    fn may_take_free(acc: &Accounts, vgpu: VgpuId, now: Nanos, waiting: bool) -> bool {
-        // During the time-buffer we wait for a vGPU under its share: an arrival from one
-        // over its share would undo the very wait.
-        !waiting || !acc.over_share_after_grant(vgpu, now)
+    fn owed(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> bool {
+        acc.owed(vgpu)
+    }
+
+    fn keep_for(acc: &Accounts, holder: VgpuId, next: Option<VgpuId>, now: Nanos) -> Option<Nanos> {
+        let config = acc.config;
+        let Some(next) = next else {
+            // Nobody else waits: holding costs nothing, and spares a closed-loop guest a
+            // round trip for its next request (the lease).
+            return (config.lease > 0).then_some(now + config.lease);
+        };
+        // Gdev's time-buffer, made only when it can pay off: the next vGPU is over its
+        // share, the holder is under its own, and the holder's requests usually come back
+        // within the wait (a vGPU that is not coming would leave the resource idle).
+        let idle_since = acc.get(holder).ok()?.idle_since?;
+        (!acc.owed(next) && acc.owed(holder) && acc.expected_within(holder, config.wait, now))
+            .then_some(idle_since + config.wait)
     }
 }
 

@@ -16,10 +16,6 @@ impl Rule for CreditRule {
         acc.over_budget(vgpu)
     }
 
-    fn wait_for(_acc: &Accounts, _finished: VgpuId, _next: VgpuId, _now: Nanos) -> bool {
-        false
-    }
-
     fn preferred(acc: &Accounts, vgpu: VgpuId) -> bool {
         !acc.over_budget(vgpu)
     }

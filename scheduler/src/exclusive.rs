@@ -11,8 +11,6 @@ pub(crate) trait Rule: Send {
     const NAME: &'static str;
     /// Whether the vGPU that just finished goes to the tail of the queue.
     fn lower(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool;
-    /// Whether to wait (time-buffering) before handing the resource to `next`.
-    fn wait_for(acc: &Accounts, finished: VgpuId, next: VgpuId, now: Nanos) -> bool;
     /// Whether a vGPU with pending work is eligible in the first pass of selection.
     fn preferred(acc: &Accounts, vgpu: VgpuId) -> bool;
     /// Whether the holder may start another request while it holds the resource.
@@ -23,21 +21,35 @@ pub(crate) trait Rule: Send {
     fn urgency(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos) -> Option<f64> {
         None
     }
-    /// Whether an arrival while the resource is free may take it at once. During a
-    /// time-buffering wait the policy may want only the arrival it is waiting for.
-    fn may_take_free(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos, _waiting: bool) -> bool {
-        true
+    /// Whether `vgpu` is under its share: a lease yields to a waiting vGPU that is.
+    fn owed(_acc: &Accounts, _vgpu: VgpuId, _now: Nanos) -> bool {
+        false
+    }
+    /// The holder went idle (nothing running, nothing pending) and `next` would get the
+    /// resource now: until when to keep it for the holder instead (time-buffering), or
+    /// `None` to pass it on.
+    fn keep_for(
+        _acc: &Accounts,
+        _holder: VgpuId,
+        _next: Option<VgpuId>,
+        _now: Nanos,
+    ) -> Option<Nanos> {
+        None
     }
 }
 
 pub(crate) struct Exclusive<R: Rule> {
     acc: Accounts,
-    /// Queue order: the head is asked first.
+    /// Queue order: the head is asked first (ties of urgency, and Credit's order).
     order: Vec<VgpuId>,
     current: Option<VgpuId>,
-    wait_until: Option<Nanos>,
     /// The holder keeps the resource until then, idle or not.
     hold_until: Option<Nanos>,
+    /// The holder is idle under its hold: (since when, charged up to when). Time it keeps
+    /// the resource from others that wait is charged to it as if it had used it, past a
+    /// grace of an eighth of its typical burst (a gap that short is the cost of any
+    /// hand-over between non-preemptive requests, not a reservation).
+    held_idle: Option<(Nanos, Nanos)>,
     _rule: std::marker::PhantomData<R>,
 }
 
@@ -47,8 +59,8 @@ impl<R: Rule> Exclusive<R> {
             acc: Accounts::new(config),
             order: Vec::new(),
             current: None,
-            wait_until: None,
             hold_until: None,
+            held_idle: None,
             _rule: Default::default(),
         }
     }
@@ -58,6 +70,7 @@ impl<R: Rule> Exclusive<R> {
         if pending == 0 {
             return Vec::new();
         }
+        self.held_idle = None;
         if self.acc.config.lease > 0
             && R::may_lease(&self.acc, vgpu, now)
             && !self.others_owed(vgpu, now)
@@ -107,22 +120,32 @@ impl<R: Rule> Exclusive<R> {
             .or_else(|| self.order.iter().copied().find(|v| has_work(v)))
     }
 
-    /// Hands the free resource to the next vGPU, possibly after a wait.
-    fn pass_on(&mut self, finished: Option<VgpuId>, now: Nanos) -> Vec<Grant> {
+    /// Hands the free resource to the next vGPU.
+    fn pass_on(&mut self, now: Nanos) -> Vec<Grant> {
         self.current = None;
         self.hold_until = None;
+        self.held_idle = None;
         let Some(next) = self.select(now) else {
             return Vec::new();
         };
-        if let Some(f) = finished {
-            if next != f && R::wait_for(&self.acc, f, next, now) {
-                // Time-buffering: an arrival during the wait takes the resource at once.
-                self.wait_until = Some(now + self.acc.config.wait);
-                return Vec::new();
-            }
-        }
         self.current = Some(next);
         self.grant_all(next, now)
+    }
+
+    /// Charges an idle holder for the time since the last event if others waited
+    /// meanwhile (pending only changes at events, so this is exact). Called first in
+    /// every event.
+    fn settle_hold(&mut self, now: Nanos) {
+        let (Some(c), Some((since, until))) = (self.current, self.held_idle) else {
+            return;
+        };
+        let others_wait = self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0);
+        let grace = self.acc.get(c).map_or(0, |a| (a.burst_ewma / 8.0) as Nanos);
+        let from = until.max(since + grace);
+        if others_wait && now > from {
+            self.acc.charge(c, now - from, now);
+        }
+        self.held_idle = Some((since, until.max(now)));
     }
 
     pub fn add(&mut self, vgpu: VgpuId, share: Share, now: Nanos) -> Result<(), SchedError> {
@@ -132,10 +155,11 @@ impl<R: Rule> Exclusive<R> {
     }
 
     pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
+        self.settle_hold(now);
         self.acc.map.remove(&vgpu);
         self.order.retain(|v| *v != vgpu);
         if self.current == Some(vgpu) {
-            return self.pass_on(None, now);
+            return self.pass_on(now);
         }
         Vec::new()
     }
@@ -147,19 +171,34 @@ impl<R: Rule> Exclusive<R> {
     }
 
     pub fn submit(&mut self, vgpu: VgpuId, now: Nanos) -> Result<Vec<Grant>, SchedError> {
-        self.acc.roll(now);
-        self.acc.get_mut(vgpu)?.pending += 1;
+        self.acc.get(vgpu)?;
+        self.settle_hold(now);
+        self.acc.arrive(vgpu, now)?;
         match self.current {
-            None if R::may_take_free(&self.acc, vgpu, now, self.wait_until.is_some()) => {
-                self.wait_until = None;
+            None => {
                 self.current = Some(vgpu);
                 Ok(self.grant_all(vgpu, now))
             }
-            None => Ok(Vec::new()),
             Some(c)
                 if c == vgpu && (self.holding(now) || R::may_continue(&self.acc, vgpu, now)) =>
             {
                 Ok(self.grant_all(vgpu, now))
+            }
+            Some(c) if c != vgpu && self.acc.get(c).is_ok_and(|a| a.running == 0) => {
+                // The holder is idle: keep waiting for it only while the rule still says
+                // so now that someone else waits (never past the hold it has).
+                let keep = if self.holding(now) && self.acc.get(c).is_ok_and(|a| a.pending == 0) {
+                    R::keep_for(&self.acc, c, self.select(now), now)
+                } else {
+                    None
+                };
+                match keep {
+                    Some(d) if d > now => {
+                        self.hold_until = self.hold_until.map(|h| h.min(d));
+                        Ok(Vec::new())
+                    }
+                    _ => Ok(self.release(c, now)),
+                }
             }
             Some(_) => Ok(Vec::new()),
         }
@@ -171,38 +210,40 @@ impl<R: Rule> Exclusive<R> {
         started: Nanos,
         now: Nanos,
     ) -> Result<Vec<Grant>, SchedError> {
+        self.acc.get(vgpu)?;
+        self.settle_hold(now);
         let idle = self.acc.finish(vgpu, started, now)?;
         if self.current != Some(vgpu) {
             // A completion from a vGPU that lost the resource (removed and re-added, or
             // granted before a share change): accounted, nothing else to do.
             return Ok(Vec::new());
         }
-        if idle
-            && self.acc.config.lease > 0
-            && R::may_lease(&self.acc, vgpu, now)
-            && !self.others_owed(vgpu, now)
-        {
-            // The holder went idle within its share: keep the resource for it through the
-            // gap until its next request (a closed-loop guest always has one).
-            let until = now + self.acc.config.lease;
-            self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
-        }
-        if !idle || (self.holding(now) && !self.others_owed(vgpu, now)) {
-            // Still running, or idle within its lease: the holder keeps the resource (the
-            // tick at the lease's end passes it on if nothing more came).
+        if !idle {
             return Ok(Vec::new());
+        }
+        if self.acc.get(vgpu).is_ok_and(|a| a.pending == 0) {
+            // Nothing more of its own waits: keep the resource for its next request if the
+            // rule says so (time-buffering; a closed-loop guest always has one coming).
+            match R::keep_for(&self.acc, vgpu, self.select(now), now) {
+                Some(d) if d > now => {
+                    self.hold_until = Some(d);
+                    self.held_idle = Some((now, now));
+                    return Ok(Vec::new());
+                }
+                _ => {}
+            }
         }
         Ok(self.release(vgpu, now))
     }
 
-    /// Whether another vGPU waits while under its share: then an idle holder must let go,
-    /// or a holder that can never reach its own share (its guest is slower than its
-    /// share) would keep the resource from one that is owed it. A vGPU's guarantee comes
-    /// before its neighbour's convenience.
+    /// Whether another vGPU waits while under its share: then a holder must not extend
+    /// its lease, or a holder that can never reach its own share (its guest is slower than
+    /// its share) would keep the resource from one that is owed it.
     fn others_owed(&self, vgpu: VgpuId, now: Nanos) -> bool {
-        self.acc.map.iter().any(|(id, a)| {
-            *id != vgpu && a.pending > 0 && !self.acc.over_share_after_grant(*id, now)
-        })
+        self.acc
+            .map
+            .iter()
+            .any(|(id, a)| *id != vgpu && a.pending > 0 && R::owed(&self.acc, *id, now))
     }
 
     fn holding(&self, now: Nanos) -> bool {
@@ -215,40 +256,33 @@ impl<R: Rule> Exclusive<R> {
             self.order.retain(|v| *v != vgpu);
             self.order.push(vgpu);
         }
-        self.pass_on(Some(vgpu), now)
+        self.pass_on(now)
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<Grant> {
+        self.settle_hold(now);
         self.acc.roll(now);
         if let (Some(h), Some(c)) = (self.hold_until, self.current) {
             if h <= now {
                 self.hold_until = None;
                 if self.acc.get(c).is_ok_and(|a| a.running == 0) {
+                    // The wait passed with no request from the holder: no burst is coming,
+                    // give the resource to the next vGPU after all (Gdev: one chance).
                     return self.release(c, now);
                 }
             }
         }
-        match self.wait_until {
-            Some(t) if t <= now => {
-                self.wait_until = None;
-                if self.current.is_none() {
-                    // The wait passed with no arrival: no burst is coming, give it to the
-                    // selected vGPU after all (Gdev: one chance).
-                    return self.pass_on(None, now);
-                }
-                Vec::new()
-            }
-            _ => Vec::new(),
-        }
+        Vec::new()
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
         let period = self.acc.next_period();
-        let d = self.wait_until.map_or(period, |w| w.min(period));
-        Some(self.hold_until.map_or(d, |h| h.min(d)))
+        Some(self.hold_until.map_or(period, |h| h.min(period)))
     }
 
     pub fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError> {
+        self.acc.get(vgpu)?;
+        self.settle_hold(now);
         self.acc.start_unasked(vgpu, count, now)?;
         let running = self.acc.get(vgpu).map_or(0, |a| a.running);
         if self.current.is_none() && running > 0 {
@@ -257,6 +291,9 @@ impl<R: Rule> Exclusive<R> {
             // `Account::early`) run no more: taking the free resource for them would hold
             // it with no completion to come that releases it.
             self.current = Some(vgpu);
+        }
+        if self.current == Some(vgpu) && count > 0 {
+            self.held_idle = None;
         }
         Ok(())
     }

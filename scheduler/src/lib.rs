@@ -2,9 +2,10 @@
 //! next, so that every vGPU gets the bandwidth it was promised although GPU work is
 //! non-preemptive and bursty (Gdev §5, seed 000).
 //!
-//! - [`band`]: Gdev's BAND scheduler (Figure 2): budget per period, a vGPU is lowered only
-//!   when its budget is spent *and* its utilization exceeds its share, and time-buffering
-//!   (a short wait) before handing the resource to a vGPU that is over its share.
+//! - [`band`]: Gdev's BAND scheduler (Figure 2): a budget (a balance carried across
+//!   periods), a vGPU gives the resource up only when its budget is spent *and* its
+//!   utilization exceeds its share, and time-buffering (a short wait for the idle holder)
+//!   before handing the resource to a vGPU that is over its share.
 //! - [`credit`]: Xen's Credit scheduler, the baseline BAND improves on.
 //! - [`fifo`]: arrival order, no accounting: the overhead baseline.
 //! - [`gpu`]: one GPU's schedulers, MRQ (compute and copy separate) or SDQ (one queue).

@@ -128,6 +128,8 @@ struct Engine {
 }
 
 /// The workload of `vgpu` on `r` whose request starts next (one with a request waiting).
+/// Under SDQ every grant comes tagged with the compute engine, so a vGPU's waiting copy
+/// request is found by its vGPU alone.
 fn take_waiting(waiting: &mut [u32], workloads: &[Workload], vgpu: VgpuId, r: Resource) -> usize {
     let i = workloads
         .iter()
@@ -136,8 +138,10 @@ fn take_waiting(waiting: &mut [u32], workloads: &[Workload], vgpu: VgpuId, r: Re
         .or_else(|| {
             workloads
                 .iter()
-                .position(|w| w.vgpu == vgpu && w.resource == r)
+                .enumerate()
+                .position(|(i, w)| w.vgpu == vgpu && waiting[i] > 0)
         })
+        .or_else(|| workloads.iter().position(|w| w.vgpu == vgpu))
         .unwrap_or(0);
     waiting[i] = waiting[i].saturating_sub(1);
     i

@@ -1,5 +1,6 @@
-//! Per-vGPU accounting shared by the credit-based policies: credit (budget) per period,
-//! busy time, utilization over a sliding window of one period.
+//! Per-vGPU accounting shared by the credit-based policies: credit (Xen's budget) per
+//! period, BAND's balance carried across periods, busy time, utilization over a sliding
+//! window of one period.
 
 use std::collections::BTreeMap;
 
@@ -30,9 +31,13 @@ impl Share {
 /// Scheduler parameters (Gdev §6 defaults: 30 ms period, 500 µs wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// Budget period: every period each vGPU's credit grows by `period * share`.
+    /// Budget period: Credit refills each vGPU's credit by `period * share` every period;
+    /// for BAND it bounds a balance (one period either way), is the utilization window,
+    /// and a vGPU idle for a whole period is inactive.
     pub period: Nanos,
-    /// BAND's time-buffering wait.
+    /// BAND's time-buffering wait: how long the resource stays idle for the holder's next
+    /// request when the next vGPU is over its share (only for a holder whose requests
+    /// usually come back within it).
     pub wait: Nanos,
     /// How long the holder of a resource keeps it after a grant while it is within its
     /// share, even between its requests (0: pass the resource on at every idle moment).
@@ -56,13 +61,29 @@ impl Default for Config {
 #[derive(Clone, Debug)]
 pub(crate) struct Account {
     pub share: Share,
-    /// Budget left in ns; negative once overspent.
+    /// Budget left in ns; negative once overspent (Xen's Credit: refilled every period by
+    /// `period * share`, clamped to one period either way).
     pub credit: i64,
+    /// BAND's budget, ns: what the vGPU is owed (positive) or owes (negative) of the time
+    /// the resource was used. It earns its share of every nanosecond the resource is used
+    /// (by anyone active) and pays for the time it used or had reserved, so over a run it
+    /// converges to exactly its share; unlike `credit` it is carried across periods (within
+    /// one period either way), which a 10 ms burst at a 10 % share needs: that burst is
+    /// paid back over 100 ms, three periods.
+    pub balance: f64,
+    /// When it last had nothing running and nothing pending (None: busy or waiting).
+    pub idle_since: Option<Nanos>,
+    /// Typical busy interval (EWMA, ns).
+    pub burst_ewma: f64,
+    /// Typical time between going idle and its next request (EWMA, ns; 0: not seen yet):
+    /// whether a wait for it is likely to be answered.
+    pub gap_ewma: f64,
+    /// Last submit, start or completion: a vGPU idle for a whole period is inactive (earns
+    /// nothing, keeps no positive balance).
+    last_active: Nanos,
     busy_cur: Nanos,
     busy_prev: Nanos,
     pub busy_total: Nanos,
-    /// Typical busy interval (EWMA, ns): how much one grant adds to the window.
-    pub burst_ewma: f64,
     /// Completions seen before the lease start they belong to (the daemon reads a
     /// worker's lease counter and its completion ring at different moments, so a request
     /// started and finished in between shows its completion first).
@@ -107,10 +128,14 @@ impl Accounts {
                 // A new vGPU starts with one period's budget, as if it had just been
                 // replenished.
                 credit: (self.config.period as f64 * share.fraction) as i64,
+                balance: 0.0,
+                idle_since: None,
+                burst_ewma: 0.0,
+                gap_ewma: 0.0,
+                last_active: now,
                 busy_cur: 0,
                 busy_prev: 0,
                 busy_total: 0,
-                burst_ewma: 0.0,
                 early: 0,
                 pending: 0,
                 running: 0,
@@ -178,8 +203,87 @@ impl Accounts {
             a.credit = (a.credit + refill * periods).clamp(-cap, cap);
             a.busy_prev = if elapsed == 1 { a.busy_cur } else { 0 };
             a.busy_cur = 0;
+            if !Self::is_active(a, now, period) {
+                // No banking while away; a debt stays until it is paid.
+                a.balance = a.balance.min(0.0);
+            }
         }
         self.period_start += elapsed * period;
+    }
+
+    fn is_active(a: &Account, now: Nanos, period: Nanos) -> bool {
+        a.pending > 0 || a.running > 0 || now.saturating_sub(a.last_active) < period
+    }
+
+    /// `vgpu` used (or had reserved) the resource for `used` ns: it pays for them, and
+    /// every active vGPU earns its share of them, shares normalised over the active ones
+    /// (so a share left unused by an idle vGPU goes to the others in proportion). The
+    /// balances of active vGPUs sum to zero, which is what makes the long-run split exact.
+    pub fn charge(&mut self, vgpu: VgpuId, used: Nanos, now: Nanos) {
+        if used == 0 || !self.map.contains_key(&vgpu) {
+            return;
+        }
+        let period = self.config.period;
+        let cap = period as f64;
+        let active_share: f64 = self
+            .map
+            .iter()
+            .filter(|(id, a)| **id == vgpu || Self::is_active(a, now, period))
+            .map(|(_, a)| a.share.fraction)
+            .sum();
+        let used = used as f64;
+        for (id, a) in self.map.iter_mut() {
+            let mut b = a.balance;
+            if *id == vgpu {
+                b -= used;
+            }
+            if active_share > 0.0 && (*id == vgpu || Self::is_active(a, now, period)) {
+                b += used * a.share.fraction / active_share;
+            }
+            a.balance = b.clamp(-cap, cap);
+        }
+    }
+
+    /// A request of `vgpu` arrives.
+    pub fn arrive(&mut self, vgpu: VgpuId, now: Nanos) -> Result<(), SchedError> {
+        self.roll(now);
+        // A gap longer than twice the wait is a pause, not a guest preparing its next
+        // request: it counts as "too long to wait for", no more, so one pause does not
+        // keep the estimate high for long.
+        let longest = 2.0 * self.config.wait.max(1) as f64;
+        let a = self.get_mut(vgpu)?;
+        a.pending += 1;
+        a.last_active = now;
+        if let Some(t) = a.idle_since.take() {
+            let gap = (now.saturating_sub(t) as f64).min(longest);
+            a.gap_ewma = if a.gap_ewma == 0.0 {
+                gap.max(1.0)
+            } else {
+                a.gap_ewma * 0.875 + gap * 0.125
+            };
+        }
+        Ok(())
+    }
+
+    /// BAND's "under its share": owed time (a positive balance).
+    pub fn owed(&self, vgpu: VgpuId) -> bool {
+        self.map.get(&vgpu).is_some_and(|a| a.balance > 0.0)
+    }
+
+    pub fn balance(&self, vgpu: VgpuId) -> Option<f64> {
+        self.map.get(&vgpu).map(|a| a.balance)
+    }
+
+    /// Whether `vgpu`, idle now, is likely to submit again within `wait`: it went idle
+    /// less than `wait` ago and its typical gap is shorter than the wait (or not known
+    /// yet). Waiting for anyone else would idle the resource for nothing.
+    pub fn expected_within(&self, vgpu: VgpuId, wait: Nanos, now: Nanos) -> bool {
+        self.map.get(&vgpu).is_some_and(|a| {
+            a.pending == 0
+                && a.running == 0
+                && a.idle_since.is_some_and(|t| now.saturating_sub(t) < wait)
+                && a.gap_ewma <= wait as f64
+        })
     }
 
     /// Records `count` requests that started without a grant (under a lease).
@@ -194,6 +298,10 @@ impl Accounts {
         let absorbed = count.min(a.early);
         a.early -= absorbed;
         a.running = a.running.saturating_add(count - absorbed);
+        if count > 0 {
+            a.last_active = now;
+            a.idle_since = None;
+        }
         Ok(())
     }
 
@@ -203,6 +311,9 @@ impl Accounts {
             let n = count.min(a.pending);
             a.pending -= n;
             a.running += n;
+            if n > 0 {
+                a.idle_since = None;
+            }
         }
     }
 
@@ -238,7 +349,13 @@ impl Accounts {
         } else {
             a.burst_ewma * 0.875 + busy as f64 * 0.125
         };
-        Ok(a.running == 0)
+        a.last_active = now;
+        let idle = a.running == 0;
+        if idle && a.pending == 0 {
+            a.idle_since = Some(now);
+        }
+        self.charge(vgpu, busy, now);
+        Ok(idle)
     }
 
     /// Utilization over the last `period`: the previous period weighted by how much of it
@@ -256,27 +373,6 @@ impl Accounts {
     /// Over its share and out of budget: BAND's and Credit's test for lowering a vGPU.
     pub fn over_budget(&self, vgpu: VgpuId) -> bool {
         self.map.get(&vgpu).is_some_and(|a| a.credit <= 0)
-    }
-
-    /// Whether granting `vgpu` now would leave it over its share, counting half of its
-    /// typical burst: with non-preemptive bursts a grant moves utilization by a whole burst
-    /// at once, and deciding at the burst's midpoint centres the oscillation on the share
-    /// instead of above it.
-    pub fn over_share_after_grant(&self, vgpu: VgpuId, now: Nanos) -> bool {
-        self.headroom_after_grant(vgpu, now)
-            .is_some_and(|h| h < 0.0)
-    }
-
-    /// Share minus utilization after half of the vGPU's typical burst: how far below its
-    /// share a grant would leave it (negative: over).
-    pub fn headroom_after_grant(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {
-        let a = self.map.get(&vgpu)?;
-        let u = self.utilization(vgpu, now)?;
-        // At most half the share: one freak burst (a worker thread descheduled while it
-        // held the GPU) must not keep a vGPU "over its share" forever, since its estimate
-        // only improves when it runs again.
-        let burst = (a.burst_ewma / (2.0 * self.config.period as f64)).min(a.share.fraction / 2.0);
-        Some(a.share.fraction - (u + burst))
     }
 
     pub fn over_share(&self, vgpu: VgpuId, now: Nanos) -> bool {
@@ -307,25 +403,71 @@ mod tests {
     }
 
     #[test]
-    fn one_freak_burst_does_not_keep_a_vgpu_over_its_share() {
+    fn one_freak_burst_owes_at_most_one_period() {
         let mut acc = Accounts::new(Config::default());
         let period = acc.config.period;
         acc.add(1, Share::new(0.2), 0).unwrap();
+        acc.add(2, Share::new(0.8), 0).unwrap();
+        acc.arrive(2, 0).unwrap();
         // A 10-period copy: the worker was descheduled while it held the GPU.
         acc.start_unasked(1, 1, 0).unwrap();
         acc.finish(1, 0, 10 * period).unwrap();
+        let b = acc.balance(1).unwrap();
+        assert_eq!(b, -(period as f64), "the debt is capped at one period");
+        // Paid back, while it waits, at its share of what the others use: 150 ms of vGPU
+        // 2's time.
+        acc.arrive(1, 10 * period).unwrap();
+        acc.start(2, 1);
+        acc.finish(2, 10 * period, 10 * period + 150 * MS).unwrap();
+        assert!(acc.balance(1).unwrap().abs() < 1.0, "{:?}", acc.balance(1));
+    }
+
+    #[test]
+    fn balances_split_used_time_by_share_and_sum_to_zero() {
+        let mut acc = Accounts::new(Config::default());
+        for (v, s) in [(1, 0.6), (2, 0.3), (3, 0.1)] {
+            acc.add(v, Share::new(s), 0).unwrap();
+        }
+        acc.arrive(3, 0).unwrap();
+        acc.start(3, 1);
+        acc.finish(3, 0, 10 * MS).unwrap();
         assert!(
-            acc.over_share_after_grant(1, 10 * period),
-            "just now it is over"
+            (acc.balance(3).unwrap() + 9.0 * MS as f64).abs() < 1.0,
+            "{}",
+            acc.balance(3).unwrap()
         );
-        // Two idle periods later its utilization has decayed; it must be eligible again.
-        let later = 12 * period + 1;
-        acc.roll(later);
         assert!(
-            !acc.over_share_after_grant(1, later),
-            "headroom {:?}",
-            acc.headroom_after_grant(1, later)
+            (acc.balance(1).unwrap() - 6.0 * MS as f64).abs() < 1.0,
+            "{}",
+            acc.balance(1).unwrap()
         );
+        assert!(
+            (acc.balance(2).unwrap() - 3.0 * MS as f64).abs() < 1.0,
+            "{}",
+            acc.balance(2).unwrap()
+        );
+        assert!(
+            (acc.balance(1).unwrap() + acc.balance(2).unwrap() + acc.balance(3).unwrap()).abs()
+                < 1.0
+        );
+        // vGPU 2 goes away for a period: it stops earning and keeps no credit, and vGPU
+        // 1 earns what its share was (the split is over the active shares).
+        acc.arrive(1, 10 * MS).unwrap();
+        acc.start(1, 1);
+        acc.finish(1, 10 * MS, 11 * MS).unwrap();
+        acc.roll(50 * MS);
+        assert_eq!(acc.balance(2).unwrap(), 0.0, "no banking while inactive");
+        acc.arrive(3, 50 * MS).unwrap();
+        acc.start(3, 1);
+        acc.arrive(1, 50 * MS).unwrap();
+        let before = (acc.balance(1).unwrap(), acc.balance(3).unwrap());
+        acc.finish(3, 50 * MS, 57 * MS).unwrap();
+        assert!(
+            (acc.balance(1).unwrap() - before.0 - 6.0 * MS as f64).abs() < 1.0,
+            "{}",
+            acc.balance(1).unwrap() - before.0
+        );
+        assert!((acc.balance(3).unwrap() - before.1 + 6.0 * MS as f64).abs() < 1.0);
     }
 
     #[test]
