@@ -60,9 +60,19 @@ impl Rule for BandRule {
         // Gdev's time-buffer, made only when it can pay off: the next vGPU is over its
         // share, the holder is under its own, and the holder's requests usually come back
         // within the wait (a vGPU that is not coming would leave the resource idle).
-        let idle_since = acc.get(holder).ok()?.idle_since?;
-        (!acc.owed(next) && acc.owed(holder) && acc.expected_within(holder, config.wait, now))
-            .then_some(idle_since + config.wait)
+        let a = acc.get(holder).ok()?;
+        let idle_since = a.idle_since?;
+        // The wait covers the holder's measured gap (1.5x, at least the configured wait,
+        // at most three times it): a guest slowed by its host (nested virtualisation, a
+        // loaded or debug build) sends its next short burst later than 500 µs, and a wait
+        // that ends first hands every gap to a neighbour's long non-preemptive burst.
+        let wait = if a.gap_ewma > 0.0 {
+            ((a.gap_ewma * 1.5) as Nanos).clamp(config.wait, config.wait.saturating_mul(3))
+        } else {
+            config.wait
+        };
+        (!acc.owed(next) && acc.owed(holder) && acc.expected_within(holder, wait, now))
+            .then_some(idle_since + wait)
     }
 }
 

@@ -247,10 +247,10 @@ impl Accounts {
     /// A request of `vgpu` arrives.
     pub fn arrive(&mut self, vgpu: VgpuId, now: Nanos) -> Result<(), SchedError> {
         self.roll(now);
-        // A gap longer than twice the wait is a pause, not a guest preparing its next
+        // A gap longer than six waits (twice the longest wait) is a pause, not a guest preparing its next
         // request: it counts as "too long to wait for", no more, so one pause does not
         // keep the estimate high for long.
-        let longest = 2.0 * self.config.wait.max(1) as f64;
+        let longest = 6.0 * self.config.wait.max(1) as f64;
         let a = self.get_mut(vgpu)?;
         a.pending += 1;
         a.last_active = now;
