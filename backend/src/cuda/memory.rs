@@ -860,7 +860,7 @@ impl DeviceMemory {
 }
 
 /// The error for guest work on memory that is between two GPUs.
-fn moving() -> BackendError {
+pub fn moving() -> BackendError {
     BackendError::Device(
         "this vGPU's memory is being moved to another GPU; retry the request".into(),
     )

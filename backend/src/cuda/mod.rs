@@ -494,9 +494,7 @@ impl CudaGpu {
         if self.mem.at_home() {
             Ok(())
         } else {
-            Err(BackendError::Device(
-                "this vGPU's memory is being moved to another GPU; retry the request".into(),
-            ))
+            Err(memory::moving())
         }
     }
 
