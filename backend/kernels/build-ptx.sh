@@ -2,6 +2,7 @@
 # Regenerates the committed PTX of the cuda backend's kernels from their CUDA C sources:
 #   builtin.cu -> builtin.ptx   (module "builtin", embedded by backend/src/cuda/modules.rs)
 #   probe.cu   -> probe.ptx     (the isolation test's pointer probe)
+#   storage.cu -> storage.ptx   (the storage kernels, embedded by backend/src/cuda/storage.rs)
 #
 # Needs nvcc (the GPU machine has it; the development machines do not, which is why the
 # PTX is committed). compute_90 PTX is JIT-compiled by the driver for the GPU it runs on
@@ -20,7 +21,7 @@ if ! command -v "$NVCC" >/dev/null; then
     exit 1
 fi
 "$NVCC" --version | tail -n 2
-for name in builtin probe; do
+for name in builtin probe storage; do
     "$NVCC" -ptx -arch=compute_90 --fmad=false -O3 -o "$out/$name.ptx" "$here/$name.cu"
     if command -v ptxas >/dev/null; then
         ptxas -arch=sm_90 -o /dev/null "$out/$name.ptx"

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use vgpu_storage::{Namespace, NamespaceOptions, PageCache};
+use vgpu_storage::{Element, Namespace, NamespaceOptions, PageCache, StorageArray};
 
 use crate::error::BackendError;
 
@@ -190,6 +190,14 @@ impl StorageSet {
         })
     }
 
+    /// Fault injection: makes attached namespace `id`'s controller ignore its queues (a
+    /// hung device) or serve them again. Storage kernels then fail with `DEVICE_ERROR`
+    /// after the I/O timeout instead of hanging.
+    pub fn set_stalled(&self, id: u64, stalled: bool) -> Result<(), BackendError> {
+        self.get(id)?.ns.set_stalled(stalled);
+        Ok(())
+    }
+
     /// The opened namespace a storage kernel's `ns` argument names; it must have been
     /// attached (`STORAGE_ATTACH`) first.
     pub(crate) fn get(&self, ns: u64) -> Result<Arc<Opened>, BackendError> {
@@ -226,6 +234,24 @@ fn open(spec: &NamespaceSpec) -> Result<Opened, BackendError> {
     tracing::info!(namespace = spec.id, path = %spec.path.display(), bytes = ns.bytes(),
         read_only = spec.read_only, engine = ?ns.engine(), "storage namespace opened");
     Ok(Opened { ns, cache })
+}
+
+/// The array of `T` from byte `base` of the namespace: `len` elements, or to the end.
+pub(crate) fn array<T: Element>(
+    kernel: &str,
+    o: &Opened,
+    base: u64,
+    len: Option<u64>,
+) -> Result<StorageArray<T>, BackendError> {
+    let size = std::mem::size_of::<T>() as u64;
+    let bytes = o.ns.bytes();
+    if base % size != 0 || base > bytes {
+        return Err(BackendError::InvalidArgument(format!(
+            "{kernel}: byte offset {base} must be a multiple of {size} and inside the {bytes}-byte namespace"
+        )));
+    }
+    let len = len.unwrap_or((bytes - base) / size);
+    StorageArray::new(o.cache.clone(), base, len).map_err(|e| error(kernel, e))
 }
 
 /// A storage-layer error as the guest sees it: bad offsets and sizes are the guest's

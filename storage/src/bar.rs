@@ -30,6 +30,13 @@ pub trait Bar: Send + Sync {
 pub trait DmaMapper: Send + Sync {
     /// Make `region` reachable by the device at `region.iova()`.
     fn map(&self, region: &Arc<DmaRegion>) -> Result<()>;
+
+    /// Stop the device reaching `region` (it must have no transfer in flight). The default
+    /// keeps the mapping: a real controller's IOMMU mapping then lives until the container
+    /// closes.
+    fn unmap(&self, _region: &Arc<DmaRegion>) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Wakes a controller that sleeps between doorbell writes (the emulated one); a real

@@ -20,5 +20,5 @@ pub use array::{Element, StorageArray};
 pub use cache::{CacheStats, PageCache};
 pub use error::{Error, Result};
 pub use memory::{DmaRegion, DmaSlice};
-pub use namespace::{Namespace, NamespaceOptions};
+pub use namespace::{DeviceQueue, Namespace, NamespaceOptions};
 pub use queue::QueuePair;

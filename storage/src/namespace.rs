@@ -3,7 +3,9 @@
 //! ([`Namespace::open_file`]) or a VFIO-bound PCI device ([`Namespace::open_vfio`]).
 
 use crate::bar::{Bar, DmaMapper};
-use crate::controller::{Driver, DriverOptions, EmulatedController, EmulatedOptions, EngineKind};
+use crate::controller::{
+    Driver, DriverOptions, EmulatedController, EmulatedOptions, EngineKind, PollGuard,
+};
 use crate::error::{Error, Result};
 use crate::memory::{DmaRegion, DmaSlice};
 use crate::nvme::identify::{ControllerInfo, NamespaceInfo};
@@ -11,7 +13,7 @@ use crate::nvme::{Sqe, PAGE_SIZE};
 use crate::queue::{queue_memory_bytes, QueuePair, Submitted};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -53,6 +55,8 @@ pub struct Namespace {
     info: NamespaceInfo,
     max_transfer: u64,
     next_queue: AtomicUsize,
+    /// Queue ids handed to device-side submitters ([`Namespace::device_queue`]).
+    device_qids: Mutex<Vec<u16>>,
     // Dropped last: the controller thread must outlive the queues it serves.
     emulated: Option<EmulatedController>,
 }
@@ -116,6 +120,7 @@ impl Namespace {
             info,
             max_transfer: if mt == 0 { 1 << 20 } else { mt },
             next_queue: AtomicUsize::new(0),
+            device_qids: Mutex::new(Vec::new()),
             driver,
             emulated: None,
         })
@@ -168,6 +173,12 @@ impl Namespace {
     /// Make caller-provided memory (e.g. pinned and mapped to the GPU) reachable.
     pub fn map_dma(&self, region: &Arc<DmaRegion>) -> Result<()> {
         self.driver.dma().map(region)
+    }
+
+    /// Undo [`Namespace::map_dma`]; the caller makes sure no command still transfers into
+    /// `region` (every command it submitted there completed).
+    pub fn unmap_dma(&self, region: &Arc<DmaRegion>) -> Result<()> {
+        self.driver.dma().unmap(region)
     }
 
     fn command(&self, write: bool, offset: u64, buf: &DmaSlice) -> Result<Sqe> {
@@ -283,11 +294,116 @@ impl Namespace {
         self.queue().execute(Sqe::flush(self.info.nsid)).map(|_| ())
     }
 
+    /// A queue pair for submitters that are not on this host's CPU (GPU threads): created
+    /// on the controller with its entries in `memory` (at least
+    /// [`crate::queue::queue_memory_bytes`]`(depth)` bytes, page-aligned, mapped to the
+    /// submitters), under a queue id the host queues do not use. The submitters run the
+    /// same protocol as [`QueuePair`] on their own copy of its counters and ring the
+    /// doorbells in [`Namespace::doorbell_page`]. Deleted from the controller when the
+    /// returned handle drops.
+    pub fn device_queue(self: &Arc<Self>, depth: u32, memory: DmaSlice) -> Result<DeviceQueue> {
+        let qid = {
+            let mut used = self
+                .device_qids
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let first = self.queues.len() as u16 + 1;
+            let qid = (first..=self.driver.io_queues())
+                .find(|q| !used.contains(q))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "the controller granted {} I/O queues and all are in use; release a device queue first",
+                        self.driver.io_queues()
+                    ))
+                })?;
+            used.push(qid);
+            qid
+        };
+        match self
+            .driver
+            .create_queue_pair(qid, depth, memory, self.queues[0].timeout())
+        {
+            Ok(pair) => Ok(DeviceQueue {
+                pair,
+                ns: self.clone(),
+            }),
+            Err(e) => {
+                self.release_qid(qid);
+                Err(e)
+            }
+        }
+    }
+
+    fn release_qid(&self, qid: u16) {
+        self.device_qids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|q| *q != qid);
+    }
+
+    /// The page of doorbell registers, for submitters that ring them directly; only the
+    /// emulated controller has one here (for a VFIO controller it would be BAR0's doorbell
+    /// page, which needs `CU_MEMHOSTREGISTER_IOMEMORY`; not built).
+    pub fn doorbell_page(&self) -> Option<Arc<DmaRegion>> {
+        self.emulated.as_ref().map(|c| c.bar().doorbell_page())
+    }
+
+    /// Keeps the emulated controller polling while device-side submitters may ring its
+    /// doorbells (they cannot wake it); `None` for a real controller, which needs none.
+    pub fn keep_polling(&self) -> Option<PollGuard> {
+        self.emulated.as_ref().map(|c| c.bar().keep_polling())
+    }
+
+    /// Fault injection (emulated controller only): a stalled controller ignores its
+    /// queues, as a hung device would.
+    pub fn set_stalled(&self, stalled: bool) {
+        if let Some(c) = &self.emulated {
+            c.bar().set_stalled(stalled);
+        }
+    }
+
     /// Delete the I/O queues and shut the controller down cleanly.
     pub fn shutdown(&self) -> Result<()> {
         for q in &self.queues {
             self.driver.delete_queue_pair(q.qid())?;
         }
         self.driver.shutdown()
+    }
+}
+
+/// A queue pair on the controller for device-side submitters (see
+/// [`Namespace::device_queue`]); deleted from the controller when dropped.
+pub struct DeviceQueue {
+    pair: QueuePair,
+    ns: Arc<Namespace>,
+}
+
+impl DeviceQueue {
+    pub fn qid(&self) -> u16 {
+        self.pair.qid()
+    }
+    pub fn depth(&self) -> u32 {
+        self.pair.depth()
+    }
+    /// Byte offset of the SQ tail doorbell in [`Namespace::doorbell_page`].
+    pub fn sq_doorbell_offset(&self) -> u64 {
+        crate::nvme::regs::doorbell_offset(self.qid(), false, 0) - crate::nvme::regs::DOORBELL_BASE
+    }
+    /// Byte offset of the CQ head doorbell in [`Namespace::doorbell_page`].
+    pub fn cq_doorbell_offset(&self) -> u64 {
+        crate::nvme::regs::doorbell_offset(self.qid(), true, 0) - crate::nvme::regs::DOORBELL_BASE
+    }
+    /// Offset of the completion queue in the queue memory (the SQ starts at 0).
+    pub fn cq_offset(&self) -> u64 {
+        self.pair.cq_iova() - self.pair.sq_iova()
+    }
+}
+
+impl Drop for DeviceQueue {
+    fn drop(&mut self) {
+        if let Err(e) = self.ns.driver.delete_queue_pair(self.qid()) {
+            tracing::warn!(qid = self.qid(), error = %e, "deleting a device queue pair failed");
+        }
+        self.ns.release_qid(self.qid());
     }
 }

@@ -89,7 +89,14 @@ fn console(c: &Client, id: u32) -> String {
 #[test]
 fn a_guest_runs_storage_kernels_on_an_attached_namespace() {
     require_kvm!();
-    let d = TestDaemon::start("storage", &["--sim-gpus", "1", "--sim-memory", "256M"]);
+    // VGPU_TEST_BACKEND=cuda runs it on the GPU machine: GPU threads enqueue the reads.
+    let cuda = std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda");
+    let args: &[&str] = if cuda {
+        &["--backend", "cuda"]
+    } else {
+        &["--sim-gpus", "1", "--sim-memory", "256M"]
+    };
+    let d = TestDaemon::start("storage", args);
     let c = &d.client;
     let (seed, words, vertices) = (7u64, 1u64 << 18, 20_000u64);
     let data = d.dir.join("ns1.bin");

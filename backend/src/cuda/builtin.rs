@@ -92,7 +92,7 @@ impl CudaGpu {
     /// A pointer argument checked like the sim backend: `count` elements of `elem` bytes at
     /// `addr` inside one live allocation, `addr` aligned to `elem`. The Arc keeps the
     /// allocation mapped while the kernel runs.
-    fn extent(&self, addr: u64, count: u64, elem: u64) -> Result<Arc<Allocation>> {
+    pub(super) fn extent(&self, addr: u64, count: u64, elem: u64) -> Result<Arc<Allocation>> {
         let len = count.checked_mul(elem).ok_or(BackendError::BadPointer {
             addr,
             len: u64::MAX,

@@ -25,6 +25,7 @@ mod driver;
 mod lanes;
 mod memory;
 mod modules;
+mod storage;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,7 @@ use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
 
 pub use modules::BUILTIN_PTX;
+pub use storage::STORAGE_PTX;
 
 /// Host-device copies larger than this are queued as pieces of this size (Gdev's split
 /// transaction): one wait for the whole copy, and other queues' copies interleave.
@@ -116,8 +118,9 @@ struct Pinned {
 static PINS: Mutex<std::collections::BTreeMap<(usize, usize), usize>> =
     Mutex::new(std::collections::BTreeMap::new());
 
-/// Takes a reference on `r`'s registration, registering it if it is the first.
-fn pin(r: &HostRegion) -> std::result::Result<bool, CuError> {
+/// Takes a reference on `r`'s registration, registering it with `flags` (and
+/// `CU_MEMHOSTREGISTER_PORTABLE`) if it is the first.
+fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
     let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(n) = pins.get_mut(&(r.addr, r.len)) {
         *n += 1;
@@ -129,7 +132,7 @@ fn pin(r: &HostRegion) -> std::result::Result<bool, CuError> {
         sys::cuMemHostRegister_v2(
             r.addr as *mut c_void,
             r.len,
-            sys::CU_MEMHOSTREGISTER_PORTABLE,
+            sys::CU_MEMHOSTREGISTER_PORTABLE | flags,
         )
     };
     check(rc, "cuMemHostRegister")?;
@@ -183,6 +186,8 @@ pub struct CudaGpu {
     lost_why: Mutex<String>,
     /// Serialises raising a function's dynamic shared memory limit.
     attr_lock: Mutex<()>,
+    /// Storage namespaces and what the GPU's storage kernels use of them.
+    storage: storage::GpuStorage,
     ctx: Arc<Context>,
 }
 
@@ -280,8 +285,16 @@ impl CudaGpu {
             lost: AtomicBool::new(false),
             lost_why: Mutex::new(String::new()),
             attr_lock: Mutex::new(()),
+            storage: storage::GpuStorage::new(None),
             ctx,
         })
+    }
+
+    /// Lets the built-in storage kernels read the namespaces of `set` (the same set the
+    /// device layer answers `STORAGE_ATTACH` from); GPU threads enqueue the reads.
+    pub fn with_storage(mut self, set: Arc<crate::storage::StorageSet>) -> Self {
+        self.storage = storage::GpuStorage::new(Some(set));
+        self
     }
 
     /// Fails once the context was lost; else makes it current on this thread.
@@ -758,6 +771,7 @@ impl Backend for CudaGpu {
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
             Kernel::Ptx(_module, f) => self.run_ptx(&lane, f, config, args)?,
+            Kernel::Storage(sig) => self.run_storage(&mut lane, sig, args)?,
         };
         drop(kernel);
         tracing::trace!(function, ns, "kernel done");
@@ -863,7 +877,7 @@ impl Backend for CudaGpu {
                 continue;
             }
             let t = Instant::now();
-            match pin(r) {
+            match pin(r, 0) {
                 Ok(fresh) => {
                     tracing::info!(
                         addr = format_args!("{:#x}", r.addr),

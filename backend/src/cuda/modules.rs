@@ -57,7 +57,10 @@ unsafe impl Sync for LoadedModule {}
 impl LoadedModule {
     /// JIT-compiles NUL-terminated PTX `text` in `ctx` (bound by the caller). On failure
     /// the error carries the JIT log.
-    fn load(ctx: &Arc<Context>, text: &[u8]) -> std::result::Result<Self, (CuError, String)> {
+    pub(super) fn load(
+        ctx: &Arc<Context>,
+        text: &[u8],
+    ) -> std::result::Result<Self, (CuError, String)> {
         let mut log = vec![0u8; LOG_BYTES];
         let mut opts = [
             sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -90,7 +93,7 @@ impl LoadedModule {
     }
 
     /// The entry point called `name` (no NUL inside), or None if the module has none.
-    fn function(&self, name: &[u8]) -> std::result::Result<Option<Func>, CuError> {
+    pub(super) fn function(&self, name: &[u8]) -> std::result::Result<Option<Func>, CuError> {
         let Ok(cname) = CString::new(name) else {
             return Ok(None);
         };
@@ -234,6 +237,8 @@ pub enum Kernel {
     Builtin(&'static KernelSig, usize),
     /// A guest PTX function; the Arc keeps its module loaded while it runs.
     Ptx(Arc<PtxModule>, PtxFunc),
+    /// A built-in storage kernel (`storage.rs`).
+    Storage(&'static KernelSig),
 }
 
 #[derive(Debug)]
@@ -350,12 +355,14 @@ impl Modules {
             Entry::Builtin => {
                 if let Some(k) = vgpu_proto::builtin::STORAGE_KERNELS
                     .iter()
-                    .find(|k| k.name.as_bytes() == name)
+                    .position(|k| k.name.as_bytes() == name)
                 {
-                    return Err(BackendError::NotSupported(format!(
-                        "{} runs on the sim backend only: GPU threads enqueueing NVMe commands on a real GPU (queue memory mapped to the GPU, PTX twins of the storage kernels) is not built yet (docs/storage.md); run this vGPU on a sim GPU",
-                        k.name
-                    )));
+                    // After the compute kernels, as `vgpu_proto::builtin::all` orders them.
+                    let sig = &vgpu_proto::builtin::STORAGE_KERNELS[k];
+                    return Ok(FunctionInfo {
+                        handle: (module << 16) | ((KERNELS.len() + k) as u64 + 1),
+                        param_count: sig.params.len() as u32,
+                    });
                 }
                 let (index, sig) = KERNELS
                     .iter()
@@ -422,10 +429,14 @@ impl Modules {
             .cloned()
             .ok_or_else(unknown)?;
         match entry {
-            Entry::Builtin => KERNELS
-                .get(index)
-                .map(|sig| Kernel::Builtin(sig, index))
-                .ok_or_else(unknown),
+            Entry::Builtin => match KERNELS.get(index) {
+                Some(sig) => Ok(Kernel::Builtin(sig, index)),
+                None => index
+                    .checked_sub(KERNELS.len())
+                    .and_then(|k| vgpu_proto::builtin::STORAGE_KERNELS.get(k))
+                    .map(Kernel::Storage)
+                    .ok_or_else(unknown),
+            },
             Entry::Ptx(m) => {
                 let f = m
                     .funcs

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::ArgValue;
 use vgpu_storage::kernels::{self, CsrGraph};
-use vgpu_storage::{Element, StorageArray};
+use vgpu_storage::Element;
 
 use super::kernels::{Ctx, Mapped};
 use crate::args::{int, ptr};
 use crate::error::{BackendError, Result};
-use crate::storage::{error, Opened};
+use crate::storage::{array, error, Opened};
 
 /// Runs storage kernel `sig` (arguments already checked against it); returns its time.
 pub(super) fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<Duration> {
@@ -39,24 +39,6 @@ pub(super) fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> 
 fn usize_of(kernel: &str, what: &str, v: u64) -> Result<usize> {
     usize::try_from(v)
         .map_err(|_| BackendError::InvalidArgument(format!("{kernel}: {what} = {v} is too large")))
-}
-
-/// The array of `T` from byte `base` of the namespace: `len` elements, or to the end.
-fn array<T: Element>(
-    kernel: &str,
-    o: &Opened,
-    base: u64,
-    len: Option<u64>,
-) -> Result<StorageArray<T>> {
-    let size = std::mem::size_of::<T>() as u64;
-    let bytes = o.ns.bytes();
-    if base % size != 0 || base > bytes {
-        return Err(BackendError::InvalidArgument(format!(
-            "{kernel}: byte offset {base} must be a multiple of {size} and inside the {bytes}-byte namespace"
-        )));
-    }
-    let len = len.unwrap_or((bytes - base) / size);
-    StorageArray::new(o.cache.clone(), base, len).map_err(|e| error(kernel, e))
 }
 
 fn gather(ctx: &Ctx<'_>, o: &Opened, args: &[ArgValue]) -> Result<()> {

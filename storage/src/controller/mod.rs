@@ -6,4 +6,4 @@ pub mod emulated;
 pub mod vfio;
 
 pub use driver::{Driver, DriverOptions};
-pub use emulated::{EmulatedController, EmulatedOptions, EngineKind};
+pub use emulated::{EmulatedController, EmulatedOptions, EngineKind, PollGuard};

@@ -355,15 +355,19 @@ impl ControlState {
                     None => sim,
                 })
             }
-            Some(ordinal) => Arc::new(
-                CudaGpu::new(CudaConfig {
+            Some(ordinal) => {
+                let gpu = CudaGpu::new(CudaConfig {
                     ordinal,
                     memory: self.memory,
                     migration_target: true,
                     ..CudaConfig::default()
                 })
-                .map_err(|e| e.to_string())?,
-            ),
+                .map_err(|e| e.to_string())?;
+                Arc::new(match &self.storage {
+                    Some(set) => gpu.with_storage(set.clone()),
+                    None => gpu,
+                })
+            }
         };
         Ok(vgpu_backend::faults::target(b))
     }
@@ -712,11 +716,17 @@ fn run(args: Args) -> Result<(), WorkerError> {
                 None => sim,
             })
         }
-        BackendKind::Cuda => Arc::new(CudaGpu::new(CudaConfig {
-            ordinal: args.gpu,
-            memory: args.memory,
-            ..CudaConfig::default()
-        })?),
+        BackendKind::Cuda => {
+            let gpu = CudaGpu::new(CudaConfig {
+                ordinal: args.gpu,
+                memory: args.memory,
+                ..CudaConfig::default()
+            })?;
+            Arc::new(match &storage {
+                Some(set) => gpu.with_storage(set.clone()),
+                None => gpu,
+            })
+        }
     };
     let migratable = Arc::new(Migratable::new(inner));
     let inner: Arc<dyn Backend> = migratable.clone();

@@ -165,6 +165,10 @@ pub(crate) fn run(shared: Arc<Shared>, backing: Backing, opts: EmulatedOptions) 
         // measured slower with O_DIRECT); with none, yield a while, then sleep.
         if idle < 32 {
             std::hint::spin_loop();
+        } else if dev.shared.pollers.load(Ordering::Acquire) > 0 {
+            // Someone rings doorbells without waking us (a GPU): never sleep, but leave
+            // the core to others between passes.
+            std::thread::yield_now();
         } else if dev.inflight() > 0 {
             dev.backing.engine.wait(Duration::from_micros(50));
         } else if idle < 2048 {

@@ -62,6 +62,30 @@ struct Window {
     _region: Arc<DmaRegion>,
 }
 
+/// The doorbell registers, in page-aligned memory of their own so that a GPU can map them
+/// (`cuMemHostRegister`) and ring them itself, as it would map a real controller's BAR0.
+pub(crate) struct DoorbellPage {
+    region: Arc<DmaRegion>,
+    count: usize,
+}
+
+impl DoorbellPage {
+    fn new(count: usize) -> Result<Self> {
+        let region = DmaRegion::host(count * 4)?;
+        Ok(DoorbellPage { region, count })
+    }
+}
+
+impl std::ops::Deref for DoorbellPage {
+    type Target = [AtomicU32];
+    fn deref(&self) -> &[AtomicU32] {
+        // SAFETY: the region is page-aligned, zeroed, at least `count * 4` bytes and lives
+        // as long as `self`; every access to it (ours and a GPU's) is a 32-bit atomic or
+        // volatile access, so viewing it as atomics is sound.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr().cast::<AtomicU32>(), self.count) }
+    }
+}
+
 /// What the register file and the device thread share.
 pub(crate) struct Shared {
     cap: u64,
@@ -70,7 +94,9 @@ pub(crate) struct Shared {
     aqa: AtomicU32,
     asq: AtomicU64,
     acq: AtomicU64,
-    doorbells: Box<[AtomicU32]>,
+    doorbells: DoorbellPage,
+    /// Users that need the thread to keep polling (a GPU writes doorbells without waking it).
+    pollers: AtomicU32,
     stop: AtomicBool,
     stalled: AtomicBool,
     sleeping: AtomicBool,
@@ -195,7 +221,33 @@ impl Bar for EmulatedBar {
     }
 }
 
+/// Keeps the controller thread polling its doorbells instead of sleeping between them,
+/// for as long as it lives ([`EmulatedBar::keep_polling`]).
+pub struct PollGuard(Arc<Shared>);
+
+impl Drop for PollGuard {
+    fn drop(&mut self) {
+        self.0.pollers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl EmulatedBar {
+    /// The page holding the doorbell registers (doorbell `2*qid + is_cq` is the 32-bit word
+    /// at that index, DSTRD = 0). Writers other than [`Doorbell::ring`] (a GPU) do not wake
+    /// the controller thread: hold a [`PollGuard`] while they may write.
+    pub fn doorbell_page(&self) -> Arc<DmaRegion> {
+        self.0.doorbells.region.clone()
+    }
+
+    /// While the guard lives, the controller thread polls its doorbells without sleeping,
+    /// so doorbells written straight into [`EmulatedBar::doorbell_page`] are seen within
+    /// microseconds.
+    pub fn keep_polling(&self) -> PollGuard {
+        self.0.pollers.fetch_add(1, Ordering::AcqRel);
+        self.0.wake();
+        PollGuard(self.0.clone())
+    }
+
     /// Fault injection: while stalled the controller ignores its queues, as a hung device
     /// would, so callers can check they get errors instead of hanging.
     pub fn set_stalled(&self, stalled: bool) {
@@ -222,6 +274,16 @@ impl DmaMapper for EmulatedBar {
                 _region: region.clone(),
             });
         }
+        Ok(())
+    }
+
+    fn unmap(&self, region: &Arc<DmaRegion>) -> Result<()> {
+        let mut w = self
+            .0
+            .windows
+            .write()
+            .map_err(|_| Error::InvalidArgument("DMA window table poisoned".into()))?;
+        w.retain(|x| !(x.iova == region.iova() && x.len == region.len() as u64));
         Ok(())
     }
 }
@@ -260,9 +322,8 @@ impl EmulatedController {
             aqa: AtomicU32::new(0),
             asq: AtomicU64::new(0),
             acq: AtomicU64::new(0),
-            doorbells: (0..2 * (opts.max_io_queues as usize + 1))
-                .map(|_| AtomicU32::new(0))
-                .collect(),
+            doorbells: DoorbellPage::new(2 * (opts.max_io_queues as usize + 1))?,
+            pollers: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),

@@ -1,0 +1,689 @@
+//! The built-in storage kernels on a CUDA GPU (issue 9): GPU threads enqueue the NVMe reads
+//! themselves (`backend/kernels/storage.cu`, BaM's queue and cache on the device).
+//!
+//! Per attached namespace, on first use, this backend sets up what the GPU threads touch:
+//!
+//! - a **device queue pair** on the namespace's controller ([`vgpu_storage::DeviceQueue`])
+//!   whose SQ/CQ entries, and the **cache lines**, live in one page-aligned host region
+//!   registered with CUDA (`cuMemHostRegister`, device-mapped): the emulated controller reads
+//!   SQEs from it and DMAs data into it, the GPU writes SQEs and polls CQEs in it;
+//! - the controller's **doorbell page**, registered the same way, so the tail-lock winner
+//!   on the GPU rings the SQ doorbell itself; while a storage kernel runs, the controller
+//!   thread is told to keep polling (a GPU store cannot wake it);
+//! - one **device block** (`StorageBlock`, then the queue's turn counters and marks and the
+//!   cache's state words) in device memory, where the GPU atomics work.
+//!
+//! The host checks every argument exactly as the sim backend does (same messages), then
+//! launches; the kernel reports the first error in the block (index out of range, malformed
+//! graph, NVMe error status, timeout) and the host turns it into the guest's status. A
+//! timeout poisons the queue: later launches on that namespace fail at once, as on the sim.
+//! The block and the region are backend overhead outside the vGPU's memory quota
+//! (docs/storage.md).
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use vgpu_proto::builtin::{self, KernelSig};
+use vgpu_proto::ArgValue;
+use vgpu_storage::nvme::NvmeStatus;
+use vgpu_storage::queue::queue_memory_bytes;
+use vgpu_storage::{DeviceQueue, DmaRegion, DmaSlice};
+
+use super::driver::{check, Context, CuError, DevBuf};
+use super::lanes::Lane;
+use super::modules::{Func, LoadedModule};
+use super::CudaGpu;
+use crate::args::{check_args, int, ptr};
+use crate::error::{BackendError, Result};
+use crate::storage::{array, Opened, StorageSet, IO_TIMEOUT};
+use crate::HostRegion;
+
+/// The storage kernels' PTX (`backend/kernels/storage.cu`, `build-ptx.sh`).
+pub const STORAGE_PTX: &str = include_str!("../../kernels/storage.ptx");
+
+/// Entries of the GPU's queue pair (at most 1023 commands in flight).
+const DEPTH: u32 = 1024;
+/// Bytes per cache line: one NVMe command, one page (PRP1 only).
+const LINE: usize = 4096;
+/// Cache lines per namespace on the GPU (32 MiB of pinned host memory).
+const LINES: usize = 8192;
+/// Threads per block of the storage kernels.
+const BLOCK: u32 = 256;
+/// Blocks per launch: 4096 threads, 128 warps. A warp pins at most one line per distinct
+/// line its lanes ask for (32), so at most half the lines are ever pinned at once and a
+/// miss always finds a victim.
+const MAX_BLOCKS: u64 = 16;
+/// Most namespace lines the device keeps a state word for (64 GiB at 4 KiB lines; 128 MiB
+/// of device memory).
+const MAX_PAGES: u64 = 1 << 24;
+
+// Error words of storage.cu.
+const E_TIMEOUT: u64 = 1;
+const E_STATUS: u64 = 2;
+const E_INDEX: u64 = 3;
+const E_EXHAUSTED: u64 = 4;
+const E_GRAPH: u64 = 5;
+const E_POISONED: u64 = 6;
+const E_REFS: u64 = 7;
+
+/// `struct Storage` of storage.cu, field for field (all 8 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct StorageBlock {
+    ticket: u64,
+    tail: u64,
+    sq_head: u64,
+    cq_head: u64,
+    tail_lock: u64,
+    cq_lock: u64,
+    poisoned: u64,
+    error: u64,
+    error_arg: u64,
+    nvme_status: u64,
+    changed: u64,
+    hand: u64,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+    commands: u64,
+    turns: u64,
+    tail_mark: u64,
+    sq_free_mark: u64,
+    done: u64,
+    sq: u64,
+    cq: u64,
+    sq_db: u64,
+    cq_db: u64,
+    pages: u64,
+    owner: u64,
+    referenced: u64,
+    slot_lock: u64,
+    lines: u64,
+    lines_iova: u64,
+    npages: u64,
+    ns_bytes: u64,
+    timeout_ns: u64,
+    depth: u64,
+    log2: u64,
+    line_bytes: u64,
+    nlines: u64,
+    nsid: u64,
+    block_bytes: u64,
+    sq_lock: u64,
+}
+
+/// The leading words the kernels write (state and results), read back after each launch.
+const RESULT_WORDS: usize = 16;
+/// Byte offset of `error` (then `error_arg`, `nvme_status`, `changed`): cleared per launch.
+const ERROR_OFFSET: u64 = 7 * 8;
+/// Byte offset of `changed`.
+const CHANGED_OFFSET: u64 = 10 * 8;
+
+/// The storage module's entry points.
+pub(super) struct StorageKernels {
+    _module: LoadedModule,
+    gather: Func,
+    scan_sum: Func,
+    bfs_level: Func,
+}
+
+impl std::fmt::Debug for StorageKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StorageKernels")
+    }
+}
+
+impl StorageKernels {
+    fn load(ctx: &Arc<Context>) -> Result<Self> {
+        let mut text = STORAGE_PTX.as_bytes().to_vec();
+        text.push(0);
+        let module = LoadedModule::load(ctx, &text).map_err(|(e, log)| {
+            BackendError::Device(format!(
+                "the storage kernels' PTX did not load: {e}: {log}; regenerate it with backend/kernels/build-ptx.sh for this driver"
+            ))
+        })?;
+        let get = |name: &str| -> Result<Func> {
+            module
+                .function(name.as_bytes())
+                .map_err(|e| BackendError::Device(e.to_string()))?
+                .ok_or_else(|| {
+                    BackendError::Device(format!(
+                        "the storage PTX has no entry point {name}; regenerate it with backend/kernels/build-ptx.sh"
+                    ))
+                })
+        };
+        Ok(Self {
+            gather: get("vgpu_storage_gather")?,
+            scan_sum: get("vgpu_storage_scan_sum")?,
+            bfs_level: get("vgpu_storage_bfs_level")?,
+            _module: module,
+        })
+    }
+}
+
+/// What this backend set up for one namespace; see the module documentation.
+struct GpuNamespace {
+    opened: Arc<Opened>,
+    /// Deleted from the controller first when dropped.
+    queue: Option<DeviceQueue>,
+    block: DevBuf,
+    /// Queue entries, then the cache lines; registered with CUDA, mapped for the controller.
+    region: Arc<DmaRegion>,
+    doorbells: HostRegion,
+    /// From the last launch: a timeout left commands in flight.
+    poisoned: bool,
+    ctx: Arc<Context>,
+}
+
+impl GpuNamespace {
+    fn new(ctx: &Arc<Context>, opened: Arc<Opened>) -> Result<Self> {
+        let ns = &opened.ns;
+        let unsupported = |why: String| BackendError::NotSupported(why);
+        let page = ns.doorbell_page().ok_or_else(|| {
+            unsupported("storage kernels on a CUDA GPU need the emulated controller (a VFIO controller's doorbells would have to be mapped to the GPU, which is not built); attach a file-backed namespace".into())
+        })?;
+        let npages = ns.bytes().div_ceil(LINE as u64);
+        if npages > MAX_PAGES {
+            return Err(unsupported(format!(
+                "a {}-byte namespace is larger than the {} GiB the GPU cache tracks; attach a smaller namespace",
+                ns.bytes(),
+                (MAX_PAGES * LINE as u64) >> 30
+            )));
+        }
+        let qbytes = queue_memory_bytes(DEPTH);
+        let device_err = |what: &str, e: vgpu_storage::Error| {
+            BackendError::Device(format!("setting up GPU storage access ({what}): {e}"))
+        };
+        let region = DmaRegion::host(qbytes + LINE * LINES)
+            .map_err(|e| device_err("queue and cache memory", e))?;
+        let host = HostRegion {
+            addr: region.as_ptr() as usize,
+            len: region.len(),
+        };
+        let doorbells = HostRegion {
+            addr: page.as_ptr() as usize,
+            len: page.len(),
+        };
+        // Registered (mapped) host memory, unregistered again if anything below fails.
+        super::pin(&host, sys::CU_MEMHOSTREGISTER_DEVICEMAP).map_err(cuda)?;
+        if let Err(e) = super::pin(&doorbells, sys::CU_MEMHOSTREGISTER_DEVICEMAP) {
+            super::unpin(&host);
+            return Err(cuda(e));
+        }
+        let undo = |e: BackendError| {
+            super::unpin(&host);
+            super::unpin(&doorbells);
+            e
+        };
+        let host_dev = device_pointer(host.addr).map_err(|e| undo(cuda(e)))?;
+        let db_dev = device_pointer(doorbells.addr).map_err(|e| undo(cuda(e)))?;
+        if let Err(e) = ns.map_dma(&region) {
+            return Err(undo(device_err("mapping for the controller", e)));
+        }
+        let queue = match ns.device_queue(
+            DEPTH,
+            DmaSlice::new(region.clone(), 0, qbytes).map_err(|e| undo(device_err("queue", e)))?,
+        ) {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = ns.unmap_dma(&region);
+                return Err(undo(device_err("creating the GPU's queue pair", e)));
+            }
+        };
+        let d = u64::from(DEPTH);
+        let lines = LINES as u64;
+        let head = std::mem::size_of::<StorageBlock>() as u64;
+        let bytes = head + 4 * d * 8 + npages * 8 + 3 * lines * 8;
+        let fail = |e: BackendError| {
+            let _ = ns.unmap_dma(&region);
+            undo(e)
+        };
+        let block = DevBuf::new(ctx, bytes as usize).map_err(|e| fail(cuda(e)))?;
+        let b = block.ptr();
+        let sq_db = db_dev + queue.sq_doorbell_offset();
+        let cq_db = db_dev + queue.cq_doorbell_offset();
+        let hdr = StorageBlock {
+            turns: b + head,
+            tail_mark: b + head + d * 8,
+            sq_free_mark: b + head + 2 * d * 8,
+            done: b + head + 3 * d * 8,
+            sq: host_dev,
+            cq: host_dev + queue.cq_offset(),
+            sq_db,
+            cq_db,
+            pages: b + head + 4 * d * 8,
+            owner: b + head + 4 * d * 8 + npages * 8,
+            referenced: b + head + 4 * d * 8 + npages * 8 + lines * 8,
+            slot_lock: b + head + 4 * d * 8 + npages * 8 + 2 * lines * 8,
+            lines: host_dev + qbytes as u64,
+            lines_iova: region.iova() + qbytes as u64,
+            npages,
+            ns_bytes: ns.bytes(),
+            timeout_ns: IO_TIMEOUT.as_nanos() as u64,
+            depth: d,
+            log2: u64::from(DEPTH.trailing_zeros()),
+            line_bytes: LINE as u64,
+            nlines: lines,
+            nsid: u64::from(ns.info().nsid),
+            block_bytes: u64::from(ns.block_size()),
+            ..StorageBlock::default()
+        };
+        let init = check(
+            // SAFETY: `b` is our fresh allocation of `bytes` bytes; synchronous.
+            unsafe { sys::cuMemsetD8_v2(b, 0, bytes as usize) },
+            "cuMemsetD8",
+        )
+        .and_then(|()| {
+            check(
+                // SAFETY: copies the header (size_of::<StorageBlock>() <= bytes) from a live
+                // local; synchronous.
+                unsafe {
+                    sys::cuMemcpyHtoD_v2(
+                        b,
+                        (&hdr as *const StorageBlock).cast(),
+                        std::mem::size_of::<StorageBlock>(),
+                    )
+                },
+                "cuMemcpyHtoD",
+            )
+        });
+        if let Err(e) = init {
+            drop(queue);
+            return Err(fail(cuda(e)));
+        }
+        tracing::info!(
+            qid = queue.qid(),
+            depth = DEPTH,
+            lines = LINES,
+            line = LINE,
+            npages,
+            device_bytes = bytes,
+            "GPU storage queue pair and cache ready"
+        );
+        Ok(Self {
+            opened,
+            queue: Some(queue),
+            block,
+            region,
+            doorbells,
+            poisoned: false,
+            ctx: ctx.clone(),
+        })
+    }
+
+    fn results(&self, lane: &Lane) -> std::result::Result<[u64; RESULT_WORDS], CuError> {
+        let mut out = [0u64; RESULT_WORDS];
+        check(
+            // SAFETY: reads RESULT_WORDS words at the start of our block into `out`, which
+            // outlives the synchronisation below.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    out.as_mut_ptr().cast(),
+                    self.block.ptr(),
+                    RESULT_WORDS * 8,
+                    lane.stream.raw(),
+                )
+            },
+            "cuMemcpyDtoHAsync",
+        )?;
+        lane.stream.synchronize()?;
+        Ok(out)
+    }
+
+    /// Queues the clearing of the error and `changed` words before a launch.
+    fn clear_errors(&self, lane: &Lane) -> std::result::Result<(), CuError> {
+        check(
+            // SAFETY: 8 words (error, error_arg, nvme_status, changed) inside our block.
+            unsafe {
+                sys::cuMemsetD32Async(self.block.ptr() + ERROR_OFFSET, 0, 8, lane.stream.raw())
+            },
+            "cuMemsetD32Async",
+        )
+    }
+}
+
+impl Drop for GpuNamespace {
+    fn drop(&mut self) {
+        // The controller forgets the queue first: nothing fetches SQEs from the region after.
+        drop(self.queue.take());
+        if self.ctx.bind().is_ok() {
+            super::unpin(&HostRegion {
+                addr: self.region.as_ptr() as usize,
+                len: self.region.len(),
+            });
+            super::unpin(&self.doorbells);
+        }
+        if self.poisoned {
+            // A timed-out read may still land in the lines: the controller keeps the region
+            // (and so the memory) mapped until the namespace closes.
+            tracing::warn!(
+                "GPU storage queue was poisoned; its memory stays mapped until the namespace closes"
+            );
+        } else if let Err(e) = self.opened.ns.unmap_dma(&self.region) {
+            tracing::warn!(error = %e, "unmapping GPU storage memory failed");
+        }
+    }
+}
+
+fn cuda(e: CuError) -> BackendError {
+    BackendError::Device(format!("setting up GPU storage access: {e}"))
+}
+
+/// The GPU's address of registered host memory at `addr`.
+fn device_pointer(addr: usize) -> std::result::Result<u64, CuError> {
+    let mut d: sys::CUdeviceptr = 0;
+    check(
+        // SAFETY: `addr` starts a range registered with DEVICEMAP; writes one pointer.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut c_void, 0) },
+        "cuMemHostGetDevicePointer",
+    )?;
+    Ok(d)
+}
+
+/// One launch of `f` with 8-byte parameters.
+fn launch(lane: &Lane, f: Func, grid: u64, params: &mut [u64]) -> std::result::Result<(), CuError> {
+    let mut ptrs: Vec<*mut c_void> = params.iter_mut().map(|p| (p as *mut u64).cast()).collect();
+    let grid = u32::try_from(grid.clamp(1, MAX_BLOCKS)).unwrap_or(1);
+    check(
+        // SAFETY: `f` is a live entry point of the loaded storage module (its holder keeps
+        // it loaded); `ptrs` points at `params.len()` 8-byte values matching the kernel's
+        // parameter list in storage.cu, alive until the driver copied them (before return);
+        // every device pointer among them was checked against the vGPU's allocations and
+        // the caller holds them until the stream is synchronised.
+        unsafe {
+            sys::cuLaunchKernel(
+                f.0,
+                grid,
+                1,
+                1,
+                BLOCK,
+                1,
+                1,
+                0,
+                lane.stream.raw(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel",
+    )
+}
+
+/// Blocks for `work` items, one thread each.
+fn blocks(work: u64) -> u64 {
+    work.div_ceil(u64::from(BLOCK))
+}
+
+/// The storage state of one CUDA backend: the module, loaded on first use, and one
+/// [`GpuNamespace`] per namespace used (each behind its own lock: one storage kernel at a
+/// time per namespace, since the result words are shared).
+#[derive(Default)]
+pub(super) struct GpuStorage {
+    set: Option<Arc<StorageSet>>,
+    kernels: Mutex<Option<Arc<StorageKernels>>>,
+    namespaces: Mutex<BTreeMap<u64, Arc<Mutex<GpuNamespace>>>>,
+}
+
+impl std::fmt::Debug for GpuStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuStorage")
+            .field("set", &self.set)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GpuStorage {
+    pub(super) fn new(set: Option<Arc<StorageSet>>) -> Self {
+        Self {
+            set,
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn set(&self) -> Option<&Arc<StorageSet>> {
+        self.set.as_ref()
+    }
+}
+
+impl CudaGpu {
+    fn storage_kernels(&self) -> Result<Arc<StorageKernels>> {
+        let mut k = self
+            .storage
+            .kernels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = &*k {
+            return Ok(k.clone());
+        }
+        let t = Instant::now();
+        let loaded = Arc::new(StorageKernels::load(&self.ctx)?);
+        tracing::info!(
+            jit_ms = t.elapsed().as_millis() as u64,
+            "storage kernels loaded"
+        );
+        *k = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// This backend's setup for namespace `ns` (opened by the guest's attach).
+    fn gpu_namespace(&self, ns: u64, opened: &Arc<Opened>) -> Result<Arc<Mutex<GpuNamespace>>> {
+        let mut map = self
+            .storage
+            .namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = map.get(&ns) {
+            let same = Arc::ptr_eq(
+                &g.lock().unwrap_or_else(PoisonError::into_inner).opened,
+                opened,
+            );
+            if same {
+                return Ok(g.clone());
+            }
+        }
+        let g = Arc::new(Mutex::new(GpuNamespace::new(&self.ctx, opened.clone())?));
+        map.insert(ns, g.clone());
+        Ok(g)
+    }
+
+    /// Runs storage kernel `sig`; returns its time in ns.
+    pub(super) fn run_storage(
+        &self,
+        lane: &mut Lane,
+        sig: &'static KernelSig,
+        args: &[ArgValue],
+    ) -> Result<u64> {
+        check_args(sig, args)?;
+        let Some(set) = self.storage.set() else {
+            return Err(BackendError::NotSupported(format!(
+                "{}: this vGPU has no storage namespaces; the operator attaches them with `storage` in the vGPU's spec",
+                sig.name
+            )));
+        };
+        let start = Instant::now();
+        let ns_id = int(args, 0);
+        let opened = set.get(ns_id)?;
+        let kernels = self.storage_kernels()?;
+        let g = self.gpu_namespace(ns_id, &opened)?;
+        let mut g = g.lock().unwrap_or_else(PoisonError::into_inner);
+        if g.poisoned {
+            return Err(BackendError::Device(format!(
+                "{}: storage I/O failed: an earlier command on namespace {ns_id} timed out and poisoned the GPU's queue pair; recreate the vGPU to reopen it",
+                sig.name
+            )));
+        }
+        let _poll = opened.ns.keep_polling();
+        let block = g.block.ptr();
+        let name = sig.name;
+        let before = g.results(lane).map_err(|e| self.cuda_err(e))?;
+        match name {
+            n if n == builtin::STORAGE_GATHER.name => {
+                let (base, idx, dst) = (int(args, 1), ptr(args, 2), ptr(args, 3));
+                let (n, eb) = (int(args, 4), int(args, 5));
+                // The element count (and every check) as on the sim.
+                match eb {
+                    4 => array::<u32>(name, &opened, base, None).map(|_| ())?,
+                    8 => array::<u64>(name, &opened, base, None).map(|_| ())?,
+                    other => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "{name}: elem_bytes = {other}; use 4 or 8"
+                        )))
+                    }
+                }
+                let _i = self.extent(idx, n, 8)?;
+                let _d = self.extent(dst, n, eb)?;
+                if n > 0 {
+                    g.clear_errors(lane).map_err(|e| self.cuda_err(e))?;
+                    let mut p = [block, base, idx, dst, n, eb];
+                    launch(lane, kernels.gather, blocks(n), &mut p)
+                        .map_err(|e| self.launch_err(e, name))?;
+                    self.finish(&mut g, lane, name, base, eb)?;
+                }
+            }
+            n if n == builtin::STORAGE_SCAN_SUM.name => {
+                let (base, n, eb, out) = (int(args, 1), int(args, 2), int(args, 3), ptr(args, 4));
+                match eb {
+                    4 => array::<u32>(name, &opened, base, Some(n)).map(|_| ())?,
+                    8 => array::<u64>(name, &opened, base, Some(n)).map(|_| ())?,
+                    other => {
+                        return Err(BackendError::InvalidArgument(format!(
+                            "{name}: elem_bytes = {other}; use 4 or 8"
+                        )))
+                    }
+                }
+                let _o = self.extent(out, 1, 8)?;
+                check(
+                    // SAFETY: 8 bytes at `out`, inside a live allocation (`_o`, held).
+                    unsafe { sys::cuMemsetD32Async(out, 0, 2, lane.stream.raw()) },
+                    "cuMemsetD32Async",
+                )
+                .map_err(|e| self.cuda_err(e))?;
+                g.clear_errors(lane).map_err(|e| self.cuda_err(e))?;
+                let mut p = [block, base, n, eb, out];
+                launch(lane, kernels.scan_sum, blocks(n), &mut p)
+                    .map_err(|e| self.launch_err(e, name))?;
+                self.finish(&mut g, lane, name, base, eb)?;
+            }
+            n if n == builtin::STORAGE_BFS.name => {
+                self.bfs(&mut g, lane, &kernels, &opened, args)?;
+            }
+            other => return Err(BackendError::UnknownFunction(other.to_string())),
+        }
+        if let Ok(after) = g.results(lane) {
+            tracing::debug!(
+                kernel = name,
+                hits = after[12] - before[12],
+                misses = after[13] - before[13],
+                commands = after[15] - before[15],
+                evictions = after[14] - before[14],
+                "storage kernel done"
+            );
+        }
+        Ok(start.elapsed().as_nanos() as u64)
+    }
+
+    /// Waits for the launch and turns the kernel's error word into the guest's status.
+    fn finish(
+        &self,
+        g: &mut GpuNamespace,
+        lane: &Lane,
+        name: &str,
+        base: u64,
+        eb: u64,
+    ) -> Result<[u64; RESULT_WORDS]> {
+        let r = g.results(lane).map_err(|e| self.kernel_err(e, name))?;
+        let (code, arg, status) = (r[7], r[8], r[9]);
+        if r[6] != 0 {
+            g.poisoned = true;
+        }
+        let count = g.opened.ns.bytes().saturating_sub(base) / eb.max(1);
+        let io = |what: String| BackendError::Device(format!("{name}: storage I/O failed: {what}"));
+        match code {
+            0 => Ok(r),
+            E_INDEX => Err(BackendError::KernelFault(format!(
+                "{name}: idx[{arg}] is past the {count} elements from byte {base} of the namespace"
+            ))),
+            E_GRAPH => Err(BackendError::InvalidArgument(format!(
+                "{name}: the graph is malformed at vertex {arg} (offsets must not decrease and stay within the edges, edge targets must be below vertices)"
+            ))),
+            E_STATUS => Err(io(format!(
+                "controller returned an error status: {}",
+                NvmeStatus::from_field(status as u16)
+            ))),
+            E_TIMEOUT | E_POISONED => Err(io(format!(
+                "no completion within {IO_TIMEOUT:?}; the queue pair is poisoned, recreate the vGPU to reopen the namespace"
+            ))),
+            E_EXHAUSTED => Err(io(format!(
+                "all {LINES} cache lines stayed referenced; this is a bug in the cache's sizing"
+            ))),
+            E_REFS => Err(io("cache line reference count overflow".into())),
+            other => Err(io(format!("unknown error word {other}"))),
+        }
+    }
+
+    fn bfs(
+        &self,
+        g: &mut GpuNamespace,
+        lane: &Lane,
+        kernels: &StorageKernels,
+        opened: &Arc<Opened>,
+        args: &[ArgValue],
+    ) -> Result<()> {
+        let name = builtin::STORAGE_BFS.name;
+        let (offsets_base, edges_base) = (int(args, 1), int(args, 2));
+        let (vertices, edges, source) = (int(args, 3), int(args, 4), int(args, 5));
+        if vertices == 0 || vertices > u64::from(u32::MAX) {
+            return Err(BackendError::InvalidArgument(format!(
+                "{name}: vertices = {vertices}; give 1..=2^32-1 (vertex ids are u32)"
+            )));
+        }
+        if source >= vertices {
+            return Err(BackendError::InvalidArgument(format!(
+                "{name}: source = {source} is not below vertices = {vertices}"
+            )));
+        }
+        let levels = ptr(args, 6);
+        let _l = self.extent(levels, vertices, 4)?;
+        array::<u64>(name, opened, offsets_base, Some(vertices + 1))?;
+        array::<u32>(name, opened, edges_base, Some(edges))?;
+        let s = lane.stream.raw();
+        check(
+            // SAFETY: `vertices` u32 words at `levels` lie in a live allocation (`_l`, held),
+            // and `source < vertices`; queued on our stream.
+            unsafe {
+                let n = usize::try_from(vertices).unwrap_or(0);
+                let rc = sys::cuMemsetD32Async(levels, u32::MAX, n, s);
+                if rc == sys::CUresult::CUDA_SUCCESS {
+                    sys::cuMemsetD32Async(levels + 4 * source, 0, 1, s)
+                } else {
+                    rc
+                }
+            },
+            "cuMemsetD32Async",
+        )
+        .map_err(|e| self.cuda_err(e))?;
+        let block = g.block.ptr();
+        for cur in 0..vertices {
+            g.clear_errors(lane).map_err(|e| self.cuda_err(e))?;
+            let mut p = [
+                block,
+                offsets_base,
+                edges_base,
+                vertices,
+                edges,
+                cur,
+                levels,
+            ];
+            launch(lane, kernels.bfs_level, blocks(vertices), &mut p)
+                .map_err(|e| self.launch_err(e, name))?;
+            let r = self.finish(g, lane, name, offsets_base, 8)?;
+            if r[(CHANGED_OFFSET / 8) as usize] == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
