@@ -48,14 +48,28 @@ pub const STORAGE_PTX: &str = include_str!("../../kernels/storage.ptx");
 const DEPTH: u32 = 1024;
 /// Bytes per cache line: one NVMe command, one page (PRP1 only).
 const LINE: usize = 4096;
-/// Cache lines per namespace on the GPU (32 MiB of pinned host memory).
-const LINES: usize = 8192;
+/// Cache lines per namespace on the GPU (64 MiB of pinned host memory).
+const LINES: usize = 16384;
 /// Threads per block of the storage kernels.
 const BLOCK: u32 = 256;
-/// Blocks per launch: 4096 threads, 128 warps. A warp pins at most one line per distinct
-/// line its lanes ask for (32), so at most half the lines are ever pinned at once and a
-/// miss always finds a victim.
-const MAX_BLOCKS: u64 = 16;
+/// Most blocks per launch: 8192 threads, 256 warps. A warp pins at most one line per
+/// distinct line its lanes ask for (32), so at most half the lines are ever pinned at once
+/// and a miss always finds a victim.
+const MAX_BLOCKS: u64 = (LINES / 2 / BLOCK as usize) as u64;
+
+/// Blocks per launch by default: 4096 threads. On the H200, cold random reads peak at 8-16
+/// blocks (more threads contend on the queue's locks), cache hits and scans keep scaling to
+/// 32 (docs/PERFORMANCE.md); 16 is the compromise.
+const DEFAULT_BLOCKS: u64 = 16;
+
+/// Blocks per launch: `VGPU_STORAGE_BLOCKS` (1..=MAX_BLOCKS, for tuning and benchmark
+/// sweeps), else DEFAULT_BLOCKS.
+fn max_blocks() -> u64 {
+    std::env::var("VGPU_STORAGE_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(DEFAULT_BLOCKS, |b| b.clamp(1, MAX_BLOCKS))
+}
 /// Most namespace lines the device keeps a state word for (64 GiB at 4 KiB lines; 128 MiB
 /// of device memory).
 const MAX_PAGES: u64 = 1 << 24;
@@ -386,7 +400,7 @@ fn device_pointer(addr: usize) -> std::result::Result<u64, CuError> {
 /// One launch of `f` with 8-byte parameters.
 fn launch(lane: &Lane, f: Func, grid: u64, params: &mut [u64]) -> std::result::Result<(), CuError> {
     let mut ptrs: Vec<*mut c_void> = params.iter_mut().map(|p| (p as *mut u64).cast()).collect();
-    let grid = u32::try_from(grid.clamp(1, MAX_BLOCKS)).unwrap_or(1);
+    let grid = u32::try_from(grid.clamp(1, max_blocks())).unwrap_or(1);
     check(
         // SAFETY: `f` is a live entry point of the loaded storage module (its holder keeps
         // it loaded); `ptrs` points at `params.len()` 8-byte values matching the kernel's
