@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 
@@ -17,6 +17,7 @@ use super::error::{ApiError, DaemonError};
 use super::link::{self, Link};
 use super::procs::{self, Proc};
 use super::shm;
+use super::statefile;
 use super::storage;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
@@ -29,6 +30,8 @@ use vgpu_backend::pager::{Planner, Step, Tried};
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
 
+#[path = "persist.rs"]
+mod persist;
 #[path = "rebalance.rs"]
 mod rebalance;
 
@@ -105,6 +108,9 @@ struct VgpuRec {
     memory_report: Option<MemReport>,
     /// A migration to this GPU is running (its shares are committed there too).
     migrating_to: Option<u32>,
+    /// Restored from the state file but not running (it is still saved as a definition
+    /// to bring back at the next start).
+    restore_failed: bool,
 }
 
 impl VgpuRec {
@@ -148,11 +154,21 @@ struct VmRec {
     console: PathBuf,
     started: Instant,
     ended: Option<Instant>,
+    /// Wall-clock launch time (saved in the state file).
+    launched: SystemTime,
+    /// A record restored from the state file: how long it ran.
+    restored_uptime: Option<u64>,
 }
 
 impl VmRec {
+    fn uptime_ms(&self) -> u64 {
+        self.restored_uptime.unwrap_or_else(|| {
+            let up = self.ended.unwrap_or_else(Instant::now) - self.started;
+            u64::try_from(up.as_millis()).unwrap_or(u64::MAX)
+        })
+    }
+
     fn view(&self) -> api::Vm {
-        let up = self.ended.unwrap_or_else(Instant::now) - self.started;
         api::Vm {
             id: self.id,
             payload: self.payload.display().to_string(),
@@ -162,7 +178,7 @@ impl VmRec {
             vgpu: self.vgpu,
             state: self.state.clone(),
             pid: self.proc.as_ref().map(|p| p.pid),
-            uptime_ms: u64::try_from(up.as_millis()).unwrap_or(u64::MAX),
+            uptime_ms: self.uptime_ms(),
         }
     }
 }
@@ -238,6 +254,10 @@ pub struct Daemon {
     shm: Mutex<shm::Registry>,
     /// Demand monitoring and the rebalancer (issue 13). Lock order: `inner` first.
     rebalance: Mutex<rebalance::State>,
+    /// The state file's writer (persist.rs); taken before `inner`.
+    saver: tokio::sync::Mutex<persist::Saver>,
+    /// Wakes the background saver.
+    save_kick: Notify,
 }
 
 fn share(field: &str, v: f64) -> Result<u32, ApiError> {
@@ -319,6 +339,8 @@ impl Daemon {
             memory,
             shm: Mutex::new(shm::Registry::default()),
             rebalance,
+            saver: tokio::sync::Mutex::new(persist::Saver::default()),
+            save_kick: Notify::new(),
         })
     }
 
@@ -600,6 +622,7 @@ impl Daemon {
             samples: VecDeque::new(),
             memory_report: None,
             migrating_to: None,
+            restore_failed: false,
         };
         tracing::info!(
             vgpu = id,
@@ -622,6 +645,8 @@ impl Daemon {
             self.forget_vgpu(id);
             return Err(e);
         }
+        // Answered only once the definition is on disk: a restart keeps it.
+        self.save().await;
         self.vgpu(id)
     }
 
@@ -631,6 +656,7 @@ impl Daemon {
             let _ = std::fs::remove_file(&rec.log);
             let _ = std::fs::remove_file(&rec.socket);
         }
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -1177,6 +1203,7 @@ impl Daemon {
             };
             let mid = inner.next_migration;
             inner.next_migration += 1;
+            self.mark_dirty();
             if let Some(rec) = inner.vgpus.get_mut(&id) {
                 rec.migrating_to = Some(target);
             }
@@ -1342,6 +1369,8 @@ impl Daemon {
             Err(why) => tracing::warn!(vgpu = id, migration = mid, source, target, %why,
                 "migration failed; the vGPU stays on its source"),
         }
+        // Its GPU changed (or not): the state file says where it is.
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -1480,6 +1509,7 @@ impl Daemon {
             alive.iter().any(|(g, n)| *g == gpu && n == group)
         });
         self.refresh_pool(gpu_of_rec);
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -1567,6 +1597,8 @@ impl Daemon {
                 if let Some(rec) = self.lock().vgpus.get_mut(&id) {
                     (rec.compute, rec.copy, rec.priority) = old;
                 }
+                // A save in between may have caught the new values.
+                self.mark_dirty();
                 return Err(ApiError::worker(format!(
                     "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
                 )));
@@ -1591,6 +1623,8 @@ impl Daemon {
             priority = new.2,
             "vGPU shares changed"
         );
+        // Answered only once the new shares are on disk: a restart keeps them.
+        self.save().await;
         self.vgpu(id)
     }
 
@@ -1625,6 +1659,7 @@ impl Daemon {
             }
         }
         self.forget_vgpu(id);
+        self.save().await;
         tracing::info!(vgpu = id, "vGPU deleted");
         Ok(())
     }
@@ -1950,6 +1985,8 @@ impl Daemon {
                     console,
                     started: Instant::now(),
                     ended: None,
+                    launched: SystemTime::now(),
+                    restored_uptime: None,
                 },
             );
             (vm_id, vgpu_id)
@@ -1959,6 +1996,7 @@ impl Daemon {
             if let Err(e) = self.start_worker(g).await {
                 self.forget_vgpu(g);
                 self.lock().vms.remove(&vm_id);
+                self.mark_dirty();
                 return Err(e);
             }
             if let Some(rec) = self.lock().vgpus.get_mut(&g) {
@@ -1971,6 +2009,7 @@ impl Daemon {
             self.undo_vm(vm_id, vgpu_id, inline).await;
             return Err(e);
         }
+        self.save().await;
         self.lock()
             .vms
             .get(&vm_id)
@@ -1983,6 +2022,7 @@ impl Daemon {
         if let Some(vm) = self.lock().vms.remove(&vm_id) {
             let _ = std::fs::remove_file(&vm.console);
         }
+        self.mark_dirty();
         let Some(g) = vgpu else { return };
         if inline {
             let proc = {
@@ -2080,6 +2120,7 @@ impl Daemon {
             };
         }
         tracing::info!(vm = vm_id, pid, state = ?vm.state, "vmm exited");
+        self.mark_dirty();
         let worker = vm
             .vgpu
             .and_then(|g| inner.vgpus.get(&g))
@@ -2133,7 +2174,12 @@ impl Daemon {
         let (proc, vgpu) = {
             let inner = self.lock();
             let vm = inner.vms.get(&id).ok_or_else(|| no_vm(id))?;
-            (vm.proc.clone(), vm.vgpu)
+            // A vGPU restored after a restart no longer belongs to the VM it served before
+            // (it may serve a new one): leave it alone.
+            let vgpu = vm
+                .vgpu
+                .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm == Some(id)));
+            (vm.proc.clone(), vgpu)
         };
         if let Some(p) = proc {
             self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc.is_none()))
@@ -2166,6 +2212,7 @@ impl Daemon {
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }
+        self.save().await;
         self.changed.notify_waiters();
         tracing::info!(vm = id, "VM deleted");
         Ok(())
@@ -2189,6 +2236,8 @@ impl Daemon {
     /// Stops every VM and worker (daemon shutdown) and removes their files.
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // What the next start brings back: the state before this stop tears it down.
+        self.save_final().await;
         let (vms, workers): (Vec<Proc>, Vec<Proc>) = {
             let mut inner = self.lock();
             for r in inner.vgpus.values_mut() {
@@ -2237,13 +2286,12 @@ impl Daemon {
             }
             self.wait_until(Duration::from_secs(2), all_gone).await;
         }
+        // The VMs' consoles stay with their records (the state file keeps them; DELETE
+        // removes both).
         let inner = self.lock();
         for r in inner.vgpus.values() {
             let _ = std::fs::remove_file(&r.socket);
             let _ = std::fs::remove_file(&r.log);
-        }
-        for v in inner.vms.values() {
-            let _ = std::fs::remove_file(&v.console);
         }
     }
 }
@@ -2352,22 +2400,75 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let lock_path = cfg.state_dir.join("vgpud.lock");
     let _lock = take_lock(&lock_path, &sock_for_msg)?;
 
+    // What the last vgpud on this state directory saved; a damaged or newer file stops
+    // the start (with what to do) unless the operator said to set it aside.
+    let state_path = statefile::path_in(&cfg.state_dir);
+    let saved = match statefile::load(&state_path) {
+        Ok(s) => s,
+        Err(e) if cfg.discard_state => {
+            let to = statefile::discard(&state_path)?;
+            tracing::warn!(error = %e, set_aside = %to.display(),
+                "--discard-state: the state file is set aside; starting without its vGPUs and VMs");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+
     let daemon = Arc::new(Daemon::new(cfg.clone())?);
-    let app = super::http::router(daemon.clone());
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut int =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    // Signals are ours from here on: a stop during the restore below is a graceful one.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let shutdown = async move {
         tokio::select! {
             _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
             _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
         }
         tracing::info!("signal received; shutting down");
     };
+    let listener = bind(&cfg).await?;
+    // Bound but not yet serving: a client that connects now waits for the restore.
+    match saved {
+        Some(saved) => daemon.restore(saved).await,
+        None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
+    }
+    daemon.save().await;
+    let saver = tokio::spawn(daemon.clone().saver());
+    let app = super::http::router(daemon.clone());
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
-    let served = match &cfg.listen {
+    on_listening();
+    let served = match listener {
+        Bound::Unix(listener, path) => {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+        Bound::Tcp(listener) => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    sampler.abort();
+    rebalancer.abort();
+    daemon.stop_all().await;
+    saver.abort();
+    let _ = std::fs::remove_file(&lock_path);
+    tracing::info!("vgpud stopped");
+    served.map_err(DaemonError::Runtime)
+}
+
+/// The API's listener.
+enum Bound {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// Binds the API's socket (replacing a stale unix socket, refusing a live one).
+async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
+    match &cfg.listen {
         Listen::Unix(path) => {
             if let Ok(meta) = std::fs::symlink_metadata(path) {
                 use std::os::unix::fs::FileTypeExt;
@@ -2395,12 +2496,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
                 })?;
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
             tracing::info!(socket = %path.display(), gpus = cfg.gpus.len(), "vgpud listening");
-            on_listening();
-            let r = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await;
-            let _ = std::fs::remove_file(path);
-            r
+            Ok(Bound::Unix(listener, path.clone()))
         }
         Listen::Tcp(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -2410,18 +2506,9 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
                     source,
                 })?;
             tracing::info!(%addr, gpus = cfg.gpus.len(), "vgpud listening (TCP, bearer token required)");
-            on_listening();
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            Ok(Bound::Tcp(listener))
         }
-    };
-    sampler.abort();
-    rebalancer.abort();
-    daemon.stop_all().await;
-    let _ = std::fs::remove_file(&lock_path);
-    tracing::info!("vgpud stopped");
-    served.map_err(DaemonError::Runtime)
+    }
 }
 
 #[cfg(test)]
@@ -2453,6 +2540,7 @@ mod tests {
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
             rebalance: Default::default(),
             rebalance_interval: Duration::from_millis(250),
+            discard_state: false,
         })
         .expect("scheduler threads")
     }
