@@ -113,7 +113,23 @@ struct VgpuRec {
     restore_failed: bool,
 }
 
+/// How a reservation on one pool ended.
+enum Reserved {
+    Granted,
+    /// The vGPU is not (or no longer) in that pool.
+    NotMember,
+    Refused(String),
+}
+
 impl VgpuRec {
+    /// The GPUs whose oversubscription pools hold its memory: its own, and during a
+    /// migration the target's too.
+    fn pools(&self) -> Vec<u32> {
+        std::iter::once(self.gpu)
+            .chain(self.migrating_to.filter(|t| *t != self.gpu))
+            .collect()
+    }
+
     fn holds_resources(&self) -> bool {
         matches!(
             self.state,
@@ -861,16 +877,18 @@ impl Daemon {
     }
 
     fn on_memory(&self, id: u32, m: MemReport) {
-        let gpu = {
+        let pools = {
             let mut inner = self.lock();
             let Some(rec) = inner.vgpus.get_mut(&id) else {
                 return;
             };
             rec.memory_report = Some(m);
-            rec.gpu
+            rec.pools()
         };
-        if let Some(g) = self.memory.get(gpu as usize) {
-            lock_planner(&g.planner).update(id, m.into());
+        for gpu in pools {
+            if let Some(g) = self.memory.get(gpu as usize) {
+                lock_planner(&g.planner).update(id, m.into());
+            }
         }
     }
 
@@ -897,7 +915,7 @@ impl Daemon {
             Err((failure, message)) => Answer::ShmError { failure, message },
         };
         match ask {
-            Ask::Reserve { bytes } => (self.reserve(id, gpu, bytes).await, None),
+            Ask::Reserve { bytes } => (self.reserve(id, bytes).await, None),
             Ask::ShmGet { key, size, flags } => {
                 let free = self.shm_free(gpu);
                 let sim = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_none());
@@ -944,23 +962,63 @@ impl Daemon {
             .saturating_sub(resident)
     }
 
-    /// Makes room for `bytes` more resident memory of oversubscribed vGPU `id`, swapping
-    /// out other vGPUs' (or its own idle) memory as the plan says.
-    async fn reserve(&self, id: u32, gpu: u32, bytes: u64) -> Answer {
-        let Some(m) = self.memory.get(gpu as usize) else {
-            return Answer::Refused {
-                why: format!("vGPU {id} is on an unknown GPU"),
+    /// Makes room for `bytes` more resident memory of oversubscribed vGPU `id` in every
+    /// pool its memory is in (its GPU's, and during a migration the target's too: the
+    /// copy puts every resident byte there), swapping out other vGPUs' (or its own idle)
+    /// memory as each plan says.
+    ///
+    /// The pools are read when each is planned, not when the worker asked: a migration
+    /// may finish while the reservation waits for a pool (another reservation holds it),
+    /// and then the vGPU's memory is no longer on the GPU it left.
+    async fn reserve(&self, id: u32, bytes: u64) -> Answer {
+        let mut done: Vec<u32> = Vec::new();
+        let mut granted = false;
+        loop {
+            let Some(pools) = self.lock().vgpus.get(&id).map(VgpuRec::pools) else {
+                return Answer::Refused {
+                    why: format!("vGPU {id} is gone"),
+                };
             };
+            let Some(gpu) = pools.into_iter().find(|g| !done.contains(g)) else {
+                break;
+            };
+            match self.reserve_on(id, gpu, bytes).await {
+                Reserved::Granted => granted = true,
+                // It left that pool meanwhile (its migration finished or failed).
+                Reserved::NotMember => {}
+                Reserved::Refused(why) => return Answer::Refused { why },
+            }
+            done.push(gpu);
+        }
+        if granted {
+            Answer::Granted
+        } else {
+            let why = format!("vGPU {id} is in no GPU's memory pool (pools tried: {done:?})");
+            tracing::warn!(vgpu = id, bytes, %why, "memory reservation refused");
+            Answer::Refused { why }
+        }
+    }
+
+    /// [`Daemon::reserve`] on GPU `gpu`'s pool.
+    async fn reserve_on(&self, id: u32, gpu: u32, bytes: u64) -> Reserved {
+        let Some(m) = self.memory.get(gpu as usize) else {
+            return Reserved::Refused(format!("vGPU {id} is on an unknown GPU {gpu}"));
         };
         let _one = m.serial.lock().await;
         let mut tried = Tried::default();
         let mut busy_retries = 0;
         loop {
-            let step = lock_planner(&m.planner).next_step(id, bytes, &tried);
+            let step = {
+                let p = lock_planner(&m.planner);
+                if p.member(id).is_none() {
+                    return Reserved::NotMember;
+                }
+                p.next_step(id, bytes, &tried)
+            };
             match step {
                 Step::Grant => {
                     lock_planner(&m.planner).grant(id, bytes);
-                    return Answer::Granted;
+                    return Reserved::Granted;
                 }
                 Step::Deny(why) => {
                     // Victims that gave nothing were busy (their memory is in use by a
@@ -971,8 +1029,8 @@ impl Daemon {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
-                    tracing::info!(vgpu = id, bytes, %why, "memory reservation refused");
-                    return Answer::Refused { why };
+                    tracing::info!(vgpu = id, gpu, bytes, %why, "memory reservation refused");
+                    return Reserved::Refused(why);
                 }
                 Step::Evict {
                     victim,
@@ -1204,9 +1262,7 @@ impl Daemon {
             let mid = inner.next_migration;
             inner.next_migration += 1;
             self.mark_dirty();
-            if let Some(rec) = inner.vgpus.get_mut(&id) {
-                rec.migrating_to = Some(target);
-            }
+            self.begin_move(&mut inner, id, target);
             let m = api::Migration {
                 id: mid,
                 vgpu: id,
@@ -1282,6 +1338,27 @@ impl Daemon {
         self.migration(mid)
     }
 
+    /// Records that vGPU `id` is moving to GPU `target`: its shares count there from now
+    /// on, and an oversubscribed vGPU's memory joins the target's pool, because the copy
+    /// puts its resident bytes there and from the switch on its reservations are for that
+    /// GPU (vgpud hears of the switch only when the migration reports back). Caller holds
+    /// `inner`.
+    fn begin_move(&self, inner: &mut Inner, id: u32, target: u32) {
+        let Some(rec) = inner.vgpus.get_mut(&id) else {
+            return;
+        };
+        rec.migrating_to = Some(target);
+        if rec.oversubscribe && target != rec.gpu {
+            if let Some(m) = self.memory.get(target as usize) {
+                let mut p = lock_planner(&m.planner);
+                p.join(id, rec.priority);
+                if let Some(r) = rec.memory_report {
+                    p.update(id, r.into());
+                }
+            }
+        }
+    }
+
     fn finish_migration(
         self: &Arc<Self>,
         mid: u32,
@@ -1291,23 +1368,6 @@ impl Daemon {
         target: u32,
     ) {
         let moved = r.is_ok();
-        if moved && source != target {
-            // An oversubscribed vGPU joins the target's memory pool before its record
-            // points there, so no reservation finds it in neither pool.
-            let (prio, report) = {
-                let inner = self.lock();
-                let r = inner.vgpus.get(&id);
-                (
-                    r.map_or(0, |r| r.priority),
-                    r.filter(|r| r.oversubscribe).and_then(|r| r.memory_report),
-                )
-            };
-            if let (Some(m), Some(b)) = (report, self.memory.get(target as usize)) {
-                let mut p = lock_planner(&b.planner);
-                p.join(id, prio);
-                p.update(id, m.into());
-            }
-        }
         {
             let mut inner = self.lock();
             if let Some(rec) = inner.vgpus.get_mut(&id) {
@@ -1345,12 +1405,20 @@ impl Daemon {
             }
         }
         if source != target {
-            // The GPU the vGPU left (or never reached) lets its shares go.
+            // The GPU the vGPU left (or never reached) lets its shares and its memory
+            // pool go (an oversubscribed vGPU joined the target's at the start).
             let leave = if moved { source } else { target };
             self.detach_grants_later(id, leave);
-            if moved {
-                if let Some(a) = self.memory.get(leave as usize) {
-                    lock_planner(&a.planner).leave(id);
+            {
+                let inner = self.lock();
+                let back = inner
+                    .vgpus
+                    .get(&id)
+                    .is_some_and(|r| r.pools().contains(&leave));
+                if !back {
+                    if let Some(a) = self.memory.get(leave as usize) {
+                        lock_planner(&a.planner).leave(id);
+                    }
                 }
             }
             self.refresh_pool(source);
@@ -1447,8 +1515,10 @@ impl Daemon {
         rec.worker = None;
         self.detach_grants(id, rec.gpu);
         let gpu_of_rec = rec.gpu;
-        if let Some(m) = self.memory.get(rec.gpu as usize) {
-            lock_planner(&m.planner).leave(id);
+        for gpu in rec.pools() {
+            if let Some(m) = self.memory.get(gpu as usize) {
+                lock_planner(&m.planner).leave(id);
+            }
         }
         let vm = rec.vm;
         let stopping = rec.stopping;
@@ -2646,6 +2716,73 @@ mod tests {
             assert_eq!(e.field.as_deref(), Some(field), "{e}");
         }
         assert!(d.lock().vgpus.is_empty(), "validation changed the state");
+    }
+
+    /// Regression (migration::swapped_out_memory_migrates_intact failed 4 in 15): a
+    /// worker's reservation that waits for its source GPU's pool (another reservation holds
+    /// it) while its migration finishes was planned on the pool the vGPU had just left:
+    /// refused ("not in this GPU's memory pool"), and the guest's next copy failed with
+    /// OUT_OF_MEMORY. It must land on the target's pool.
+    #[test]
+    fn a_reservation_during_a_migration_lands_where_the_memory_is() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let d = Arc::new(daemon(2));
+            let id = admit(
+                &d,
+                VgpuCreate {
+                    oversubscribe: true,
+                    ..spec(Some(0), 1 << 30, 0.2)
+                },
+            )
+            .expect("admitted");
+            // As its worker starts, it joins GPU 0's pool.
+            lock_planner(&d.memory[0].planner).join(id, 0);
+            let resident = |g: usize| lock_planner(&d.memory[g].planner).resident();
+            let member = |g: usize| lock_planner(&d.memory[g].planner).member(id).is_some();
+
+            // The migration to GPU 1 starts: the memory is in both pools until it ends,
+            // and a reservation now (its worker may have switched already) counts in both.
+            d.begin_move(&mut d.lock(), id, 1);
+            assert!(member(0) && member(1));
+            assert_eq!(d.reserve(id, 2 << 20).await, Answer::Granted);
+            assert_eq!((resident(0), resident(1)), (2 << 20, 2 << 20));
+
+            // Another reservation holds GPU 0's pool; the vGPU asks for more meanwhile...
+            let held = d.memory[0].serial.lock().await;
+            let asking = tokio::spawn({
+                let d = d.clone();
+                async move { d.reserve(id, 4 << 20).await }
+            });
+            tokio::task::yield_now().await;
+            assert!(!asking.is_finished(), "it waits for GPU 0's pool");
+            // ... and the migration completes before it gets GPU 0's pool.
+            let done = crate::control::MigrationDone {
+                rounds: 1,
+                precopy_bytes: 0,
+                stop_bytes: 0,
+                total: 0,
+                downtime_ms: 1.0,
+                drain_ms: 0.0,
+                elapsed_ms: 1.0,
+                timeline: Vec::new(),
+            };
+            d.finish_migration(1, id, Ok(done), 0, 1);
+            assert!(!member(0) && member(1), "it left GPU 0's pool");
+            drop(held);
+            assert_eq!(asking.await.expect("task"), Answer::Granted);
+            assert_eq!(resident(1), 6 << 20, "counted on the GPU its memory is on");
+            assert_eq!(d.lock().vgpus[&id].gpu, 1);
+
+            // A failed migration leaves the target's pool again.
+            d.begin_move(&mut d.lock(), id, 0);
+            assert!(member(0) && member(1));
+            d.finish_migration(2, id, Err("injected".into()), 1, 0);
+            assert!(!member(0) && member(1));
+        });
     }
 
     #[test]
