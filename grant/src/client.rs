@@ -168,6 +168,8 @@ impl Gate for GrantClient {
 /// run reports their completions where they started.
 pub struct SwitchGate {
     current: std::sync::RwLock<std::sync::Arc<GrantClient>>,
+    /// The worker is stopping: nobody will grant any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl SwitchGate {
@@ -175,6 +177,23 @@ impl SwitchGate {
     pub fn new(client: GrantClient) -> Self {
         Self {
             current: std::sync::RwLock::new(std::sync::Arc::new(client)),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The worker is stopping (vgpud told it to, or vgpud is gone and with it the
+    /// scheduler): requests waiting for a grant, and any after them, run ungated, so the
+    /// queues drain and the worker can exit instead of waiting for grants that never come.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let c = self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        c.retired.store(true, Ordering::Release);
+        for r in [Resource::Compute, Resource::Copy] {
+            futex::wake_all(c.page.granted(r));
         }
     }
 
@@ -195,6 +214,9 @@ impl SwitchGate {
 impl Gate for SwitchGate {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Permit::ungated(resource);
+            }
             let c = self
                 .current
                 .read()

@@ -123,3 +123,31 @@ fn shares_are_checked_and_changed() {
         .is_err());
     assert!(server.usage(9).is_none());
 }
+
+#[test]
+fn a_closed_gate_lets_its_waiters_go_when_nobody_grants_any_more() {
+    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let a = client(&server, 1, 0.5);
+    let gate = Arc::new(vgpu_grant::SwitchGate::new(client(&server, 2, 0.5)));
+    // vGPU 1 holds the engine and its daemon dies: nobody will grant vGPU 2 again.
+    std::mem::forget(a.acquire(Resource::Compute));
+    drop(server);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            let _p = gate.acquire(Resource::Compute);
+            let _ = tx.send(());
+        })
+    };
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "vGPU 2 ran while vGPU 1 held the engine"
+    );
+    // The worker stops: its waiting request runs ungated, and so does any later one.
+    gate.close();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the waiter was not let go");
+    t.join().unwrap();
+    drop(gate.acquire(Resource::Copy));
+}

@@ -15,6 +15,9 @@ pub struct TestDaemon {
     pub socket: PathBuf,
     pub client: Client,
     pub log: PathBuf,
+    /// The options it was started with (a restart uses them again).
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// A fresh directory under the system temp dir.
@@ -46,31 +49,81 @@ impl TestDaemon {
     /// As [`TestDaemon::start`], with `env` added to vgpud's environment (its workers and
     /// vmms inherit it; e.g. `VGPU_FAULTS_DIR` for fault injection).
     pub fn start_with_env(tag: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let dir = temp_dir(tag);
+        Self::start_in_with_env(&temp_dir(tag), extra, env)
+    }
+
+    /// As [`TestDaemon::start`], in the existing directory `dir` (socket, state, log).
+    pub fn start_in(dir: &Path, extra: &[&str]) -> Self {
+        Self::start_in_with_env(dir, extra, &[])
+    }
+
+    fn start_in_with_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = dir.to_owned();
         let socket = dir.join("vgpud.sock");
         let log = dir.join("vgpud.log");
-        let payloads = crate::bins::payload("hello");
-        let payload_dir = payloads.parent().expect("payload dir").to_owned();
-        let sock = socket.display().to_string();
-        let pdir = payload_dir.display().to_string();
-        let mut args = vec!["--socket", sock.as_str(), "--payload-dir", pdir.as_str()];
-        args.extend_from_slice(extra);
-        let child = vgpud_command(&args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).expect("log")))
-            .spawn()
-            .expect("cannot start vgpud");
         let client = Client::new(Endpoint::Unix(socket.clone()), None);
         let mut d = TestDaemon {
-            child: Some(child),
+            child: None,
             dir,
             socket,
             client,
             log,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
-        d.wait_serving();
+        d.spawn();
         d
+    }
+
+    /// Starts vgpud (on this daemon's socket and state directory, with its options; its
+    /// log appended to `log`) and waits until it serves.
+    fn spawn(&mut self) {
+        let payloads = crate::bins::payload("hello");
+        let payload_dir = payloads.parent().expect("payload dir").to_owned();
+        let sock = self.socket.display().to_string();
+        let pdir = payload_dir.display().to_string();
+        let mut args = vec!["--socket", sock.as_str(), "--payload-dir", pdir.as_str()];
+        args.extend(self.extra.iter().map(String::as_str));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        let child = vgpud_command(&args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("cannot start vgpud");
+        self.child = Some(child);
+        self.wait_serving();
+    }
+
+    /// Starts vgpud again on the same socket and state directory after it stopped or was
+    /// killed, with `extra` options instead of the first ones when given.
+    pub fn restart(&mut self, extra: Option<&[&str]>) {
+        assert!(
+            self.child.is_none(),
+            "vgpud still runs: stop or kill it first"
+        );
+        if let Some(extra) = extra {
+            self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+        }
+        self.spawn();
+    }
+
+    /// `kill -9` of vgpud (reaped); returns the children it had.
+    pub fn kill9(&mut self) -> Vec<u32> {
+        let Some(mut c) = self.child.take() else {
+            return Vec::new();
+        };
+        let kids = children(c.id());
+        let _ = c.kill();
+        let _ = c.wait();
+        kids
     }
 
     fn wait_serving(&mut self) {

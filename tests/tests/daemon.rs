@@ -807,7 +807,7 @@ fn vm_lifecycle_with_a_vgpu_workload() {
     left.sort();
     assert_eq!(
         left,
-        ["vgpud.lock", "vgpud.log", "vgpud.sock"],
+        ["vgpud-state.json", "vgpud.lock", "vgpud.log", "vgpud.sock"],
         "files left behind"
     );
 }

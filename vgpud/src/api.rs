@@ -183,7 +183,8 @@ pub enum VgpuState {
     Attached,
     /// Its VM ended; its worker is gone and its memory and shares are free again.
     Released,
-    /// Its worker died or could not start; its resources are free.
+    /// Its worker died or could not start, or it could not be restored after a vgpud
+    /// restart (vgpud tries again at its next start); its resources are free.
     Failed {
         /// Why.
         reason: String,
@@ -210,7 +211,8 @@ pub struct Vgpu {
     pub state: VgpuState,
     /// The VM using it.
     pub vm: Option<u32>,
-    /// Created together with that VM (deleted with it).
+    /// Created together with that VM (deleted with it; after a vgpud restart it stays
+    /// `released` with that VM's record).
     pub owned_by_vm: bool,
     /// Its vhost-user socket.
     pub socket: String,
@@ -278,7 +280,8 @@ pub enum VmState {
         /// Exit code.
         code: i32,
     },
-    /// The vmm was killed or its vGPU's worker died.
+    /// The vmm was killed, its vGPU's worker died, or vgpud restarted while it ran
+    /// (`stopped: vgpud restarted ...`: the record is kept, the VM is not).
     Failed {
         /// Why.
         reason: String,

@@ -248,8 +248,12 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
 type Shutdown = Arc<Mutex<Option<ShutdownHandle>>>;
 
 /// Ends the worker: closes the frontend connection when there is one (serve() then
-/// returns), else removes the socket and exits at once.
-fn stop(shutdown: &Shutdown, socket: &Path, why: &str) {
+/// returns), else removes the socket and exits at once. Requests waiting for a grant run
+/// ungated from now on: vgpud may be gone, and its scheduler with it.
+fn stop(shutdown: &Shutdown, socket: &Path, gate: Option<&vgpu_grant::SwitchGate>, why: &str) {
+    if let Some(g) = gate {
+        g.close();
+    }
     match shutdown
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -648,7 +652,12 @@ fn control_loop(
         let (body, exit) = state.handle(req.command);
         out.send(&WorkerMessage::Reply { id: req.id, body });
         if exit {
-            stop(&state.shutdown, &state.socket, "vgpud asked to shut down");
+            stop(
+                &state.shutdown,
+                &state.socket,
+                state.gate.as_deref(),
+                "vgpud asked to shut down",
+            );
         }
     }
     if let Some(a) = &state.asker {
@@ -657,6 +666,7 @@ fn control_loop(
     stop(
         &state.shutdown,
         &state.socket,
+        state.gate.as_deref(),
         "vgpud closed the control channel",
     );
 }
@@ -776,7 +786,7 @@ fn run(args: Args) -> Result<(), WorkerError> {
     let mut listener = bind(&args.socket)?;
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));
-    let (sd, path) = (shutdown.clone(), args.socket.clone());
+    let (sd, path, g) = (shutdown.clone(), args.socket.clone(), gate.clone());
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -784,6 +794,7 @@ fn run(args: Args) -> Result<(), WorkerError> {
             stop(
                 &sd,
                 &path,
+                g.as_deref(),
                 if sig == libc::SIGINT {
                     "SIGINT"
                 } else {

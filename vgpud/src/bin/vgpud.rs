@@ -25,7 +25,8 @@ struct Args {
     /// File holding the bearer token clients must send (mandatory with --listen).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// Directory for worker sockets, worker logs and VM consoles [default: the socket's
+    /// Directory for worker sockets, worker logs, VM consoles and the state file that
+    /// keeps vGPU definitions and VM records across restarts [default: the socket's
     /// directory].
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -86,6 +87,11 @@ struct Args {
     /// its cool-downs scale with it.
     #[arg(long, default_value_t = 2000)]
     rebalance_window_ms: u64,
+    /// Start even if the state file (vgpud-state.json in the state directory) is damaged
+    /// or from a newer vgpud: it is set aside as vgpud-state.json.discarded-<time> and
+    /// this vgpud starts without the vGPUs and VM records it held.
+    #[arg(long)]
+    discard_state: bool,
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     print_openapi: bool,
@@ -231,6 +237,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             args.rebalance_window_ms.saturating_mul(1_000_000),
         ),
         rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
+        discard_state: args.discard_state,
     })
 }
 

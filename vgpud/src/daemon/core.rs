@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
 
@@ -17,6 +17,7 @@ use super::error::{ApiError, DaemonError};
 use super::link::{self, Link};
 use super::procs::{self, Proc};
 use super::shm;
+use super::statefile;
 use super::storage;
 use super::{Config, GpuConfig, Listen};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
@@ -29,6 +30,8 @@ use vgpu_backend::pager::{Planner, Step, Tried};
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
 
+#[path = "persist.rs"]
+mod persist;
 #[path = "rebalance.rs"]
 mod rebalance;
 
@@ -105,9 +108,28 @@ struct VgpuRec {
     memory_report: Option<MemReport>,
     /// A migration to this GPU is running (its shares are committed there too).
     migrating_to: Option<u32>,
+    /// Restored from the state file but not running (it is still saved as a definition
+    /// to bring back at the next start).
+    restore_failed: bool,
+}
+
+/// How a reservation on one pool ended.
+enum Reserved {
+    Granted,
+    /// The vGPU is not (or no longer) in that pool.
+    NotMember,
+    Refused(String),
 }
 
 impl VgpuRec {
+    /// The GPUs whose oversubscription pools hold its memory: its own, and during a
+    /// migration the target's too.
+    fn pools(&self) -> Vec<u32> {
+        std::iter::once(self.gpu)
+            .chain(self.migrating_to.filter(|t| *t != self.gpu))
+            .collect()
+    }
+
     fn holds_resources(&self) -> bool {
         matches!(
             self.state,
@@ -148,11 +170,21 @@ struct VmRec {
     console: PathBuf,
     started: Instant,
     ended: Option<Instant>,
+    /// Wall-clock launch time (saved in the state file).
+    launched: SystemTime,
+    /// A record restored from the state file: how long it ran.
+    restored_uptime: Option<u64>,
 }
 
 impl VmRec {
+    fn uptime_ms(&self) -> u64 {
+        self.restored_uptime.unwrap_or_else(|| {
+            let up = self.ended.unwrap_or_else(Instant::now) - self.started;
+            u64::try_from(up.as_millis()).unwrap_or(u64::MAX)
+        })
+    }
+
     fn view(&self) -> api::Vm {
-        let up = self.ended.unwrap_or_else(Instant::now) - self.started;
         api::Vm {
             id: self.id,
             payload: self.payload.display().to_string(),
@@ -162,7 +194,7 @@ impl VmRec {
             vgpu: self.vgpu,
             state: self.state.clone(),
             pid: self.proc.as_ref().map(|p| p.pid),
-            uptime_ms: u64::try_from(up.as_millis()).unwrap_or(u64::MAX),
+            uptime_ms: self.uptime_ms(),
         }
     }
 }
@@ -238,6 +270,10 @@ pub struct Daemon {
     shm: Mutex<shm::Registry>,
     /// Demand monitoring and the rebalancer (issue 13). Lock order: `inner` first.
     rebalance: Mutex<rebalance::State>,
+    /// The state file's writer (persist.rs); taken before `inner`.
+    saver: tokio::sync::Mutex<persist::Saver>,
+    /// Wakes the background saver.
+    save_kick: Notify,
 }
 
 fn share(field: &str, v: f64) -> Result<u32, ApiError> {
@@ -319,6 +355,8 @@ impl Daemon {
             memory,
             shm: Mutex::new(shm::Registry::default()),
             rebalance,
+            saver: tokio::sync::Mutex::new(persist::Saver::default()),
+            save_kick: Notify::new(),
         })
     }
 
@@ -600,6 +638,7 @@ impl Daemon {
             samples: VecDeque::new(),
             memory_report: None,
             migrating_to: None,
+            restore_failed: false,
         };
         tracing::info!(
             vgpu = id,
@@ -622,6 +661,8 @@ impl Daemon {
             self.forget_vgpu(id);
             return Err(e);
         }
+        // Answered only once the definition is on disk: a restart keeps it.
+        self.save().await;
         self.vgpu(id)
     }
 
@@ -631,6 +672,7 @@ impl Daemon {
             let _ = std::fs::remove_file(&rec.log);
             let _ = std::fs::remove_file(&rec.socket);
         }
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -835,16 +877,18 @@ impl Daemon {
     }
 
     fn on_memory(&self, id: u32, m: MemReport) {
-        let gpu = {
+        let pools = {
             let mut inner = self.lock();
             let Some(rec) = inner.vgpus.get_mut(&id) else {
                 return;
             };
             rec.memory_report = Some(m);
-            rec.gpu
+            rec.pools()
         };
-        if let Some(g) = self.memory.get(gpu as usize) {
-            lock_planner(&g.planner).update(id, m.into());
+        for gpu in pools {
+            if let Some(g) = self.memory.get(gpu as usize) {
+                lock_planner(&g.planner).update(id, m.into());
+            }
         }
     }
 
@@ -871,7 +915,7 @@ impl Daemon {
             Err((failure, message)) => Answer::ShmError { failure, message },
         };
         match ask {
-            Ask::Reserve { bytes } => (self.reserve(id, gpu, bytes).await, None),
+            Ask::Reserve { bytes } => (self.reserve(id, bytes).await, None),
             Ask::ShmGet { key, size, flags } => {
                 let free = self.shm_free(gpu);
                 let sim = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_none());
@@ -918,23 +962,63 @@ impl Daemon {
             .saturating_sub(resident)
     }
 
-    /// Makes room for `bytes` more resident memory of oversubscribed vGPU `id`, swapping
-    /// out other vGPUs' (or its own idle) memory as the plan says.
-    async fn reserve(&self, id: u32, gpu: u32, bytes: u64) -> Answer {
-        let Some(m) = self.memory.get(gpu as usize) else {
-            return Answer::Refused {
-                why: format!("vGPU {id} is on an unknown GPU"),
+    /// Makes room for `bytes` more resident memory of oversubscribed vGPU `id` in every
+    /// pool its memory is in (its GPU's, and during a migration the target's too: the
+    /// copy puts every resident byte there), swapping out other vGPUs' (or its own idle)
+    /// memory as each plan says.
+    ///
+    /// The pools are read when each is planned, not when the worker asked: a migration
+    /// may finish while the reservation waits for a pool (another reservation holds it),
+    /// and then the vGPU's memory is no longer on the GPU it left.
+    async fn reserve(&self, id: u32, bytes: u64) -> Answer {
+        let mut done: Vec<u32> = Vec::new();
+        let mut granted = false;
+        loop {
+            let Some(pools) = self.lock().vgpus.get(&id).map(VgpuRec::pools) else {
+                return Answer::Refused {
+                    why: format!("vGPU {id} is gone"),
+                };
             };
+            let Some(gpu) = pools.into_iter().find(|g| !done.contains(g)) else {
+                break;
+            };
+            match self.reserve_on(id, gpu, bytes).await {
+                Reserved::Granted => granted = true,
+                // It left that pool meanwhile (its migration finished or failed).
+                Reserved::NotMember => {}
+                Reserved::Refused(why) => return Answer::Refused { why },
+            }
+            done.push(gpu);
+        }
+        if granted {
+            Answer::Granted
+        } else {
+            let why = format!("vGPU {id} is in no GPU's memory pool (pools tried: {done:?})");
+            tracing::warn!(vgpu = id, bytes, %why, "memory reservation refused");
+            Answer::Refused { why }
+        }
+    }
+
+    /// [`Daemon::reserve`] on GPU `gpu`'s pool.
+    async fn reserve_on(&self, id: u32, gpu: u32, bytes: u64) -> Reserved {
+        let Some(m) = self.memory.get(gpu as usize) else {
+            return Reserved::Refused(format!("vGPU {id} is on an unknown GPU {gpu}"));
         };
         let _one = m.serial.lock().await;
         let mut tried = Tried::default();
         let mut busy_retries = 0;
         loop {
-            let step = lock_planner(&m.planner).next_step(id, bytes, &tried);
+            let step = {
+                let p = lock_planner(&m.planner);
+                if p.member(id).is_none() {
+                    return Reserved::NotMember;
+                }
+                p.next_step(id, bytes, &tried)
+            };
             match step {
                 Step::Grant => {
                     lock_planner(&m.planner).grant(id, bytes);
-                    return Answer::Granted;
+                    return Reserved::Granted;
                 }
                 Step::Deny(why) => {
                     // Victims that gave nothing were busy (their memory is in use by a
@@ -945,8 +1029,8 @@ impl Daemon {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
-                    tracing::info!(vgpu = id, bytes, %why, "memory reservation refused");
-                    return Answer::Refused { why };
+                    tracing::info!(vgpu = id, gpu, bytes, %why, "memory reservation refused");
+                    return Reserved::Refused(why);
                 }
                 Step::Evict {
                     victim,
@@ -1177,9 +1261,8 @@ impl Daemon {
             };
             let mid = inner.next_migration;
             inner.next_migration += 1;
-            if let Some(rec) = inner.vgpus.get_mut(&id) {
-                rec.migrating_to = Some(target);
-            }
+            self.mark_dirty();
+            self.begin_move(&mut inner, id, target);
             let m = api::Migration {
                 id: mid,
                 vgpu: id,
@@ -1255,6 +1338,27 @@ impl Daemon {
         self.migration(mid)
     }
 
+    /// Records that vGPU `id` is moving to GPU `target`: its shares count there from now
+    /// on, and an oversubscribed vGPU's memory joins the target's pool, because the copy
+    /// puts its resident bytes there and from the switch on its reservations are for that
+    /// GPU (vgpud hears of the switch only when the migration reports back). Caller holds
+    /// `inner`.
+    fn begin_move(&self, inner: &mut Inner, id: u32, target: u32) {
+        let Some(rec) = inner.vgpus.get_mut(&id) else {
+            return;
+        };
+        rec.migrating_to = Some(target);
+        if rec.oversubscribe && target != rec.gpu {
+            if let Some(m) = self.memory.get(target as usize) {
+                let mut p = lock_planner(&m.planner);
+                p.join(id, rec.priority);
+                if let Some(r) = rec.memory_report {
+                    p.update(id, r.into());
+                }
+            }
+        }
+    }
+
     fn finish_migration(
         self: &Arc<Self>,
         mid: u32,
@@ -1264,23 +1368,6 @@ impl Daemon {
         target: u32,
     ) {
         let moved = r.is_ok();
-        if moved && source != target {
-            // An oversubscribed vGPU joins the target's memory pool before its record
-            // points there, so no reservation finds it in neither pool.
-            let (prio, report) = {
-                let inner = self.lock();
-                let r = inner.vgpus.get(&id);
-                (
-                    r.map_or(0, |r| r.priority),
-                    r.filter(|r| r.oversubscribe).and_then(|r| r.memory_report),
-                )
-            };
-            if let (Some(m), Some(b)) = (report, self.memory.get(target as usize)) {
-                let mut p = lock_planner(&b.planner);
-                p.join(id, prio);
-                p.update(id, m.into());
-            }
-        }
         {
             let mut inner = self.lock();
             if let Some(rec) = inner.vgpus.get_mut(&id) {
@@ -1318,12 +1405,20 @@ impl Daemon {
             }
         }
         if source != target {
-            // The GPU the vGPU left (or never reached) lets its shares go.
+            // The GPU the vGPU left (or never reached) lets its shares and its memory
+            // pool go (an oversubscribed vGPU joined the target's at the start).
             let leave = if moved { source } else { target };
             self.detach_grants_later(id, leave);
-            if moved {
-                if let Some(a) = self.memory.get(leave as usize) {
-                    lock_planner(&a.planner).leave(id);
+            {
+                let inner = self.lock();
+                let back = inner
+                    .vgpus
+                    .get(&id)
+                    .is_some_and(|r| r.pools().contains(&leave));
+                if !back {
+                    if let Some(a) = self.memory.get(leave as usize) {
+                        lock_planner(&a.planner).leave(id);
+                    }
                 }
             }
             self.refresh_pool(source);
@@ -1342,6 +1437,8 @@ impl Daemon {
             Err(why) => tracing::warn!(vgpu = id, migration = mid, source, target, %why,
                 "migration failed; the vGPU stays on its source"),
         }
+        // Its GPU changed (or not): the state file says where it is.
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -1418,8 +1515,10 @@ impl Daemon {
         rec.worker = None;
         self.detach_grants(id, rec.gpu);
         let gpu_of_rec = rec.gpu;
-        if let Some(m) = self.memory.get(rec.gpu as usize) {
-            lock_planner(&m.planner).leave(id);
+        for gpu in rec.pools() {
+            if let Some(m) = self.memory.get(gpu as usize) {
+                lock_planner(&m.planner).leave(id);
+            }
         }
         let vm = rec.vm;
         let stopping = rec.stopping;
@@ -1480,6 +1579,7 @@ impl Daemon {
             alive.iter().any(|(g, n)| *g == gpu && n == group)
         });
         self.refresh_pool(gpu_of_rec);
+        self.mark_dirty();
         self.changed.notify_waiters();
     }
 
@@ -1567,6 +1667,8 @@ impl Daemon {
                 if let Some(rec) = self.lock().vgpus.get_mut(&id) {
                     (rec.compute, rec.copy, rec.priority) = old;
                 }
+                // A save in between may have caught the new values.
+                self.mark_dirty();
                 return Err(ApiError::worker(format!(
                     "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
                 )));
@@ -1591,6 +1693,8 @@ impl Daemon {
             priority = new.2,
             "vGPU shares changed"
         );
+        // Answered only once the new shares are on disk: a restart keeps them.
+        self.save().await;
         self.vgpu(id)
     }
 
@@ -1625,6 +1729,7 @@ impl Daemon {
             }
         }
         self.forget_vgpu(id);
+        self.save().await;
         tracing::info!(vgpu = id, "vGPU deleted");
         Ok(())
     }
@@ -1950,6 +2055,8 @@ impl Daemon {
                     console,
                     started: Instant::now(),
                     ended: None,
+                    launched: SystemTime::now(),
+                    restored_uptime: None,
                 },
             );
             (vm_id, vgpu_id)
@@ -1959,6 +2066,7 @@ impl Daemon {
             if let Err(e) = self.start_worker(g).await {
                 self.forget_vgpu(g);
                 self.lock().vms.remove(&vm_id);
+                self.mark_dirty();
                 return Err(e);
             }
             if let Some(rec) = self.lock().vgpus.get_mut(&g) {
@@ -1971,6 +2079,7 @@ impl Daemon {
             self.undo_vm(vm_id, vgpu_id, inline).await;
             return Err(e);
         }
+        self.save().await;
         self.lock()
             .vms
             .get(&vm_id)
@@ -1983,6 +2092,7 @@ impl Daemon {
         if let Some(vm) = self.lock().vms.remove(&vm_id) {
             let _ = std::fs::remove_file(&vm.console);
         }
+        self.mark_dirty();
         let Some(g) = vgpu else { return };
         if inline {
             let proc = {
@@ -2080,6 +2190,7 @@ impl Daemon {
             };
         }
         tracing::info!(vm = vm_id, pid, state = ?vm.state, "vmm exited");
+        self.mark_dirty();
         let worker = vm
             .vgpu
             .and_then(|g| inner.vgpus.get(&g))
@@ -2133,7 +2244,12 @@ impl Daemon {
         let (proc, vgpu) = {
             let inner = self.lock();
             let vm = inner.vms.get(&id).ok_or_else(|| no_vm(id))?;
-            (vm.proc.clone(), vm.vgpu)
+            // A vGPU restored after a restart no longer belongs to the VM it served before
+            // (it may serve a new one): leave it alone.
+            let vgpu = vm
+                .vgpu
+                .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm == Some(id)));
+            (vm.proc.clone(), vgpu)
         };
         if let Some(p) = proc {
             self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc.is_none()))
@@ -2166,6 +2282,7 @@ impl Daemon {
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }
+        self.save().await;
         self.changed.notify_waiters();
         tracing::info!(vm = id, "VM deleted");
         Ok(())
@@ -2189,6 +2306,8 @@ impl Daemon {
     /// Stops every VM and worker (daemon shutdown) and removes their files.
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        // What the next start brings back: the state before this stop tears it down.
+        self.save_final().await;
         let (vms, workers): (Vec<Proc>, Vec<Proc>) = {
             let mut inner = self.lock();
             for r in inner.vgpus.values_mut() {
@@ -2237,13 +2356,12 @@ impl Daemon {
             }
             self.wait_until(Duration::from_secs(2), all_gone).await;
         }
+        // The VMs' consoles stay with their records (the state file keeps them; DELETE
+        // removes both).
         let inner = self.lock();
         for r in inner.vgpus.values() {
             let _ = std::fs::remove_file(&r.socket);
             let _ = std::fs::remove_file(&r.log);
-        }
-        for v in inner.vms.values() {
-            let _ = std::fs::remove_file(&v.console);
         }
     }
 }
@@ -2352,22 +2470,75 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let lock_path = cfg.state_dir.join("vgpud.lock");
     let _lock = take_lock(&lock_path, &sock_for_msg)?;
 
+    // What the last vgpud on this state directory saved; a damaged or newer file stops
+    // the start (with what to do) unless the operator said to set it aside.
+    let state_path = statefile::path_in(&cfg.state_dir);
+    let saved = match statefile::load(&state_path) {
+        Ok(s) => s,
+        Err(e) if cfg.discard_state => {
+            let to = statefile::discard(&state_path)?;
+            tracing::warn!(error = %e, set_aside = %to.display(),
+                "--discard-state: the state file is set aside; starting without its vGPUs and VMs");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+
     let daemon = Arc::new(Daemon::new(cfg.clone())?);
-    let app = super::http::router(daemon.clone());
-    let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut int =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    // Signals are ours from here on: a stop during the restore below is a graceful one.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let shutdown = async move {
         tokio::select! {
             _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
             _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
         }
         tracing::info!("signal received; shutting down");
     };
+    let listener = bind(&cfg).await?;
+    // Bound but not yet serving: a client that connects now waits for the restore.
+    match saved {
+        Some(saved) => daemon.restore(saved).await,
+        None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
+    }
+    daemon.save().await;
+    let saver = tokio::spawn(daemon.clone().saver());
+    let app = super::http::router(daemon.clone());
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
-    let served = match &cfg.listen {
+    on_listening();
+    let served = match listener {
+        Bound::Unix(listener, path) => {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+        Bound::Tcp(listener) => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    sampler.abort();
+    rebalancer.abort();
+    daemon.stop_all().await;
+    saver.abort();
+    let _ = std::fs::remove_file(&lock_path);
+    tracing::info!("vgpud stopped");
+    served.map_err(DaemonError::Runtime)
+}
+
+/// The API's listener.
+enum Bound {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// Binds the API's socket (replacing a stale unix socket, refusing a live one).
+async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
+    match &cfg.listen {
         Listen::Unix(path) => {
             if let Ok(meta) = std::fs::symlink_metadata(path) {
                 use std::os::unix::fs::FileTypeExt;
@@ -2395,12 +2566,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
                 })?;
             let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
             tracing::info!(socket = %path.display(), gpus = cfg.gpus.len(), "vgpud listening");
-            on_listening();
-            let r = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await;
-            let _ = std::fs::remove_file(path);
-            r
+            Ok(Bound::Unix(listener, path.clone()))
         }
         Listen::Tcp(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -2410,18 +2576,9 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
                     source,
                 })?;
             tracing::info!(%addr, gpus = cfg.gpus.len(), "vgpud listening (TCP, bearer token required)");
-            on_listening();
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
+            Ok(Bound::Tcp(listener))
         }
-    };
-    sampler.abort();
-    rebalancer.abort();
-    daemon.stop_all().await;
-    let _ = std::fs::remove_file(&lock_path);
-    tracing::info!("vgpud stopped");
-    served.map_err(DaemonError::Runtime)
+    }
 }
 
 #[cfg(test)]
@@ -2453,6 +2610,7 @@ mod tests {
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
             rebalance: Default::default(),
             rebalance_interval: Duration::from_millis(250),
+            discard_state: false,
         })
         .expect("scheduler threads")
     }
@@ -2558,6 +2716,73 @@ mod tests {
             assert_eq!(e.field.as_deref(), Some(field), "{e}");
         }
         assert!(d.lock().vgpus.is_empty(), "validation changed the state");
+    }
+
+    /// Regression (migration::swapped_out_memory_migrates_intact failed 4 in 15): a
+    /// worker's reservation that waits for its source GPU's pool (another reservation holds
+    /// it) while its migration finishes was planned on the pool the vGPU had just left:
+    /// refused ("not in this GPU's memory pool"), and the guest's next copy failed with
+    /// OUT_OF_MEMORY. It must land on the target's pool.
+    #[test]
+    fn a_reservation_during_a_migration_lands_where_the_memory_is() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let d = Arc::new(daemon(2));
+            let id = admit(
+                &d,
+                VgpuCreate {
+                    oversubscribe: true,
+                    ..spec(Some(0), 1 << 30, 0.2)
+                },
+            )
+            .expect("admitted");
+            // As its worker starts, it joins GPU 0's pool.
+            lock_planner(&d.memory[0].planner).join(id, 0);
+            let resident = |g: usize| lock_planner(&d.memory[g].planner).resident();
+            let member = |g: usize| lock_planner(&d.memory[g].planner).member(id).is_some();
+
+            // The migration to GPU 1 starts: the memory is in both pools until it ends,
+            // and a reservation now (its worker may have switched already) counts in both.
+            d.begin_move(&mut d.lock(), id, 1);
+            assert!(member(0) && member(1));
+            assert_eq!(d.reserve(id, 2 << 20).await, Answer::Granted);
+            assert_eq!((resident(0), resident(1)), (2 << 20, 2 << 20));
+
+            // Another reservation holds GPU 0's pool; the vGPU asks for more meanwhile...
+            let held = d.memory[0].serial.lock().await;
+            let asking = tokio::spawn({
+                let d = d.clone();
+                async move { d.reserve(id, 4 << 20).await }
+            });
+            tokio::task::yield_now().await;
+            assert!(!asking.is_finished(), "it waits for GPU 0's pool");
+            // ... and the migration completes before it gets GPU 0's pool.
+            let done = crate::control::MigrationDone {
+                rounds: 1,
+                precopy_bytes: 0,
+                stop_bytes: 0,
+                total: 0,
+                downtime_ms: 1.0,
+                drain_ms: 0.0,
+                elapsed_ms: 1.0,
+                timeline: Vec::new(),
+            };
+            d.finish_migration(1, id, Ok(done), 0, 1);
+            assert!(!member(0) && member(1), "it left GPU 0's pool");
+            drop(held);
+            assert_eq!(asking.await.expect("task"), Answer::Granted);
+            assert_eq!(resident(1), 6 << 20, "counted on the GPU its memory is on");
+            assert_eq!(d.lock().vgpus[&id].gpu, 1);
+
+            // A failed migration leaves the target's pool again.
+            d.begin_move(&mut d.lock(), id, 0);
+            assert!(member(0) && member(1));
+            d.finish_migration(2, id, Err("injected".into()), 1, 0);
+            assert!(!member(0) && member(1));
+        });
     }
 
     #[test]

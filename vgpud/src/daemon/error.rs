@@ -153,6 +153,9 @@ pub enum DaemonError {
     },
     #[error("bad option: {0}")]
     Option(String),
+    /// The state file cannot be read or set aside (the message says what to do).
+    #[error(transparent)]
+    State(#[from] super::statefile::StateError),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
 }

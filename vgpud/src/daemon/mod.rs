@@ -14,6 +14,7 @@ mod link;
 mod metrics;
 mod procs;
 mod shm;
+pub mod statefile;
 mod storage;
 
 use std::net::SocketAddr;
@@ -52,7 +53,8 @@ pub struct Config {
     pub listen: Listen,
     /// Bearer token every request must carry (mandatory for TCP).
     pub token: Option<String>,
-    /// Worker sockets, worker logs and VM consoles live here; so does the lock file.
+    /// Worker sockets, worker logs and VM consoles live here; so do the lock file and the
+    /// state file (`vgpud-state.json`: what survives a restart).
     pub state_dir: PathBuf,
     pub gpus: Vec<GpuConfig>,
     pub worker_bin: PathBuf,
@@ -76,6 +78,9 @@ pub struct Config {
     pub rebalance: vgpu_scheduler::rebalance::RebalanceConfig,
     /// How often it measures demand and decides.
     pub rebalance_interval: Duration,
+    /// Set an unreadable state file aside and start without it (`--discard-state`)
+    /// instead of refusing to start.
+    pub discard_state: bool,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
