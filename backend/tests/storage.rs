@@ -59,10 +59,16 @@ fn set_for(path: &Path) -> Arc<StorageSet> {
 fn each(path: &Path, f: impl Fn(&str, &dyn Backend, &StorageSet)) {
     let set = set_for(path);
     set.attach(1).expect("attach");
+    // VGPU_BENCH_SIM_THREADS: more host threads for the figures (how far the emulated
+    // controller goes when submitters are plentiful).
+    let threads = std::env::var("VGPU_BENCH_SIM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let sim = SimGpu::new(SimConfig {
         memory: 256 * MIB,
         va_size: 16 << 30,
-        threads: 2,
+        threads,
         ..SimConfig::default()
     })
     .expect("sim")
@@ -587,7 +593,8 @@ fn storage_figures() {
         let scan_s = t.elapsed().as_secs_f64();
         let blocks = std::env::var("VGPU_STORAGE_BLOCKS").unwrap_or_else(|_| "default".into());
         println!(
-            "| {name} (blocks: {blocks}) | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {name} (blocks: {blocks}, sim threads: {}) | {:.0} | {:.0} | {:.0} | {:.0} |",
+            std::env::var("VGPU_BENCH_SIM_THREADS").unwrap_or_else(|_| "2".into()),
             n as f64 / cold,
             n as f64 * 4096.0 / cold / MIB as f64,
             n as f64 / warm,
