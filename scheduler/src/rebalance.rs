@@ -1576,6 +1576,65 @@ mod tests {
     }
 
     #[test]
+    fn the_fast_migration_settings_do_not_ping_pong() {
+        // The settings `vgpu-bench rebalance` runs where moves are cheap (H200: window
+        // 500 ms, smoothing 50 ms; every cool-down scales with the window). Load swinging
+        // every 750 ms, longer than the window, moves each vGPU at most once per return
+        // cool-down and never back within it, and no two moves come closer than the GPU
+        // cool-down.
+        let mut fast = RebalanceConfig::with_window(Mode::Balance, 500 * MS);
+        fast.smoothing = 50 * MS;
+        let swing = |period: Nanos| {
+            move |t: Nanos, id: VgpuId| {
+                let phase = (t / period) % 2 == 0;
+                if phase == (id <= 2) {
+                    0.7
+                } else {
+                    0.1
+                }
+            }
+        };
+        let four = || {
+            vec![
+                v(1, 0, 200, GIB, 0.7),
+                v(2, 0, 200, GIB, 0.7),
+                v(3, 1, 200, GIB, 0.1),
+                v(4, 1, 200, GIB, 0.1),
+            ]
+        };
+        let mut r = Rebalancer::new(fast);
+        let mut gs = gpus(2);
+        let mut vs = four();
+        let d = run(&mut r, &mut gs, &mut vs, 0, 120, swing(750 * MS));
+        assert!(
+            !d.is_empty(),
+            "a swing longer than the window is an overload"
+        );
+        assert_no_return(&d, fast.return_cooldown);
+        let per_vgpu = 120_000 * MS / fast.return_cooldown + 1;
+        for id in 1..=4 {
+            let n = d.iter().filter(|x| x.vgpu == id).count() as u64;
+            assert!(n <= per_vgpu, "vGPU {id} moved {n} times: {d:#?}");
+        }
+        for w in d.windows(2) {
+            assert!(
+                w[1].at - w[0].at >= fast.gpu_cooldown,
+                "moves closer than the GPU cool-down: {d:#?}"
+            );
+        }
+        // Swings of one round: with so little smoothing GPU 0 is above `overload` every
+        // other round, a recurring overload; it is fixed once (one move or one swap) and
+        // nothing moves after that.
+        let mut r = Rebalancer::new(fast);
+        let mut vs = four();
+        let d = run(&mut r, &mut gs, &mut vs, 0, 60, swing(250 * MS));
+        assert!(d.len() <= 2, "{d:#?}");
+        assert_no_return(&d, fast.return_cooldown);
+        let more = run(&mut r, &mut gs, &mut vs, 60_000 * MS, 60, swing(250 * MS));
+        assert!(more.is_empty(), "{more:#?}");
+    }
+
+    #[test]
     fn imbalance_converges_and_stays() {
         let mut r = Rebalancer::new(cfg(Mode::Balance));
         let mut gs = gpus(4);
