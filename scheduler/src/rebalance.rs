@@ -22,7 +22,8 @@
 //!   then a busy one goes out; each leg on its own keeps every share guaranteed.
 //! - **A move** of vGPU v from s to t must keep every share guaranteed (t's committed
 //!   compute, copy and memory stay within t), leave t at most at `target_max`, and lower the
-//!   pair's peak load by at least `min_gain`. Among the moves allowed, the one with the
+//!   pair's peak load by at least `min_gain`, or end the overload (s at most at capacity
+//!   after, however little the peak drops). Among the moves allowed, the one with the
 //!   highest benefit per byte moved wins (benefit = how much the pair's peak drops; bytes =
 //!   the vGPU's resident memory plus a fixed cost per move).
 //! - **No ping-pong**: a vGPU that moved stays for `vgpu_cooldown`, never returns to the
@@ -102,6 +103,9 @@ pub struct RebalanceConfig {
     /// on the vGPUs' recent peaks, so a move fits the target even at the peaks.
     pub recurring_duty: f64,
     pub recurring_span: Nanos,
+    /// The recurring rule counts the time with load above this (at least `overload`):
+    /// swings just over capacity that never last a window are left to the others.
+    pub recurring_level: f64,
     /// A move leaves its target at most this loaded.
     pub target_max: f64,
     /// Smallest drop of the pair's peak load worth a move.
@@ -129,12 +133,13 @@ impl Default for RebalanceConfig {
         Self {
             mode: Mode::Off,
             window: 2_000 * MS,
-            overload: 1.05,
+            overload: 1.001,
             overload_clear: 0.9,
             severe: 1.3,
             severe_window: 1_000 * MS,
             recurring_duty: 0.3,
             recurring_span: 20_000 * MS,
+            recurring_level: 1.05,
             target_max: 1.0,
             min_gain: 0.05,
             vgpu_cooldown: 10_000 * MS,
@@ -507,7 +512,11 @@ impl Rebalancer {
             } else {
                 tr.severe_since = None;
             }
-            let above = if l.load > cfg.overload { 1.0 } else { 0.0 };
+            let above = if l.load > cfg.overload.max(cfg.recurring_level) {
+                1.0
+            } else {
+                0.0
+            };
             tr.duty = tr.duty * keep + (1.0 - keep) * above;
             let windowed = tr
                 .over_since
@@ -791,7 +800,12 @@ impl Rebalancer {
                         continue;
                     }
                     let benefit = ls.max(lt) - after_s.max(after_t);
-                    if benefit < cfg.min_gain {
+                    // A move that ends the overload (both GPUs at most at capacity after,
+                    // the target within `target_max` as checked above) is worth it however
+                    // little it lowers the peak: a burst just over capacity beside a few
+                    // light vGPUs is still an overload.
+                    let ends = ls > 1.0 && after_s <= 1.0 && benefit > 0.0;
+                    if benefit < cfg.min_gain && !ends {
                         why = format!("no move lowers the peak by {:.2} or more", cfg.min_gain);
                         continue;
                     }
@@ -1573,6 +1587,93 @@ mod tests {
             }
         });
         assert!(d.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn the_fast_migration_settings_do_not_ping_pong() {
+        // The settings `vgpu-bench rebalance` runs where moves are cheap (H200: window
+        // 500 ms, smoothing 50 ms; every cool-down scales with the window). Load swinging
+        // every 750 ms, longer than the window, moves each vGPU at most once per return
+        // cool-down and never back within it, and no two moves come closer than the GPU
+        // cool-down.
+        let mut fast = RebalanceConfig::with_window(Mode::Balance, 500 * MS);
+        fast.smoothing = 50 * MS;
+        let swing = |period: Nanos| {
+            move |t: Nanos, id: VgpuId| {
+                let phase = (t / period) % 2 == 0;
+                if phase == (id <= 2) {
+                    0.7
+                } else {
+                    0.1
+                }
+            }
+        };
+        let four = || {
+            vec![
+                v(1, 0, 200, GIB, 0.7),
+                v(2, 0, 200, GIB, 0.7),
+                v(3, 1, 200, GIB, 0.1),
+                v(4, 1, 200, GIB, 0.1),
+            ]
+        };
+        let mut r = Rebalancer::new(fast);
+        let mut gs = gpus(2);
+        let mut vs = four();
+        let d = run(&mut r, &mut gs, &mut vs, 0, 120, swing(750 * MS));
+        assert!(
+            !d.is_empty(),
+            "a swing longer than the window is an overload"
+        );
+        assert_no_return(&d, fast.return_cooldown);
+        let per_vgpu = 120_000 * MS / fast.return_cooldown + 1;
+        for id in 1..=4 {
+            let n = d.iter().filter(|x| x.vgpu == id).count() as u64;
+            assert!(n <= per_vgpu, "vGPU {id} moved {n} times: {d:#?}");
+        }
+        for w in d.windows(2) {
+            assert!(
+                w[1].at - w[0].at >= fast.gpu_cooldown,
+                "moves closer than the GPU cool-down: {d:#?}"
+            );
+        }
+        // Swings of one round: with so little smoothing GPU 0 is above `overload` every
+        // other round, a recurring overload; it is fixed once (one move or one swap) and
+        // nothing moves after that.
+        let mut r = Rebalancer::new(fast);
+        let mut vs = four();
+        let d = run(&mut r, &mut gs, &mut vs, 0, 60, swing(250 * MS));
+        assert!(d.len() <= 2, "{d:#?}");
+        assert_no_return(&d, fast.return_cooldown);
+        let more = run(&mut r, &mut gs, &mut vs, 60_000 * MS, 60, swing(250 * MS));
+        assert!(more.is_empty(), "{more:#?}");
+    }
+
+    #[test]
+    fn a_move_that_ends_an_overload_is_made_however_small() {
+        // GPU 0: vGPU 1 at 0.97 beside a light vGPU 2 at 0.04: load 1.01, just over
+        // capacity, for good. Moving vGPU 1 would overload GPU 1; moving vGPU 2 lowers the
+        // peak by only 0.04 (< min_gain) but ends the overload, so it moves, once.
+        let mut r = Rebalancer::new(cfg(Mode::Balance));
+        let mut gs = gpus(2);
+        let mut vs = vec![
+            v(1, 0, 200, GIB, 0.97),
+            v(2, 0, 200, GIB, 0.04),
+            v(3, 1, 200, GIB, 0.5),
+        ];
+        let demand = |_: Nanos, id: VgpuId| match id {
+            1 => 0.97,
+            2 => 0.04,
+            _ => 0.5,
+        };
+        let d = run(&mut r, &mut gs, &mut vs, 0, 60, demand);
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_eq!((d[0].vgpu, d[0].from, d[0].to), (2, 0, 1), "{d:#?}");
+        assert!(d[0].benefit < r.config().min_gain, "{d:#?}");
+        assert!(
+            d[0].from_load_after <= 1.0 && d[0].to_load_after <= 1.0,
+            "{d:#?}"
+        );
+        assert!(r.loads().iter().all(|l| l.load <= 1.0), "{:?}", r.loads());
     }
 
     #[test]

@@ -92,6 +92,11 @@ struct Args {
     /// this vgpud starts without the vGPUs and VM records it held.
     #[arg(long)]
     discard_state: bool,
+    /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
+    /// the window. With fast migrations (a short window) the interval's own average is
+    /// smoothing enough (docs/rebalance.md).
+    #[arg(long)]
+    rebalance_smoothing_ms: Option<u64>,
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     print_openapi: bool,
@@ -232,10 +237,16 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         stats_window: Duration::from_millis(args.stats_window_ms),
         policy: args.policy,
         swap_area: args.swap_area,
-        rebalance: vgpu_scheduler::rebalance::RebalanceConfig::with_window(
-            args.rebalance,
-            args.rebalance_window_ms.saturating_mul(1_000_000),
-        ),
+        rebalance: {
+            let mut r = vgpu_scheduler::rebalance::RebalanceConfig::with_window(
+                args.rebalance,
+                args.rebalance_window_ms.saturating_mul(1_000_000),
+            );
+            if let Some(ms) = args.rebalance_smoothing_ms {
+                r.smoothing = ms.saturating_mul(1_000_000);
+            }
+            r
+        },
         rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
         discard_state: args.discard_state,
     })
