@@ -46,8 +46,30 @@ pub const STORAGE_PTX: &str = include_str!("../../kernels/storage.ptx");
 
 /// Entries of the GPU's queue pair (at most 1023 commands in flight).
 const DEPTH: u32 = 1024;
-/// Bytes per cache line: one NVMe command, one page (PRP1 only).
+/// Bytes per cache line by default: one NVMe command, one page (PRP1 only).
 const LINE: usize = 4096;
+
+/// Bytes per cache line for a namespace with `block`-byte blocks: `VGPU_STORAGE_LINE_BYTES`
+/// (a power of two from the block size to 4096, for 512-byte random-read workloads and
+/// their benchmark), else [`LINE`]. A line never crosses a page, so one command with PRP1
+/// alone always fills it.
+fn line_bytes(block: u32) -> usize {
+    let want = std::env::var("VGPU_STORAGE_LINE_BYTES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    match want {
+        Some(l) if l.is_power_of_two() && l >= block as usize && l <= LINE => l,
+        Some(l) => {
+            tracing::warn!(
+                line = l,
+                block,
+                "VGPU_STORAGE_LINE_BYTES must be a power of two from the block size to 4096; using 4096"
+            );
+            LINE
+        }
+        None => LINE,
+    }
+}
 /// Cache lines per namespace on the GPU (64 MiB of pinned host memory).
 const LINES: usize = 16384;
 /// Threads per block of the storage kernels.
@@ -199,19 +221,20 @@ impl GpuNamespace {
         let page = ns.doorbell_page().ok_or_else(|| {
             unsupported("storage kernels on a CUDA GPU need the emulated controller (a VFIO controller's doorbells would have to be mapped to the GPU, which is not built); attach a file-backed namespace".into())
         })?;
-        let npages = ns.bytes().div_ceil(LINE as u64);
+        let line = line_bytes(ns.block_size());
+        let npages = ns.bytes().div_ceil(line as u64);
         if npages > MAX_PAGES {
             return Err(unsupported(format!(
                 "a {}-byte namespace is larger than the {} GiB the GPU cache tracks; attach a smaller namespace",
                 ns.bytes(),
-                (MAX_PAGES * LINE as u64) >> 30
+                (MAX_PAGES * line as u64) >> 30
             )));
         }
         let qbytes = queue_memory_bytes(DEPTH);
         let device_err = |what: &str, e: vgpu_storage::Error| {
             BackendError::Device(format!("setting up GPU storage access ({what}): {e}"))
         };
-        let region = DmaRegion::host(qbytes + LINE * LINES)
+        let region = DmaRegion::host(qbytes + line * LINES)
             .map_err(|e| device_err("queue and cache memory", e))?;
         let host = HostRegion {
             addr: region.as_ptr() as usize,
@@ -279,7 +302,7 @@ impl GpuNamespace {
             timeout_ns: IO_TIMEOUT.as_nanos() as u64,
             depth: d,
             log2: u64::from(DEPTH.trailing_zeros()),
-            line_bytes: LINE as u64,
+            line_bytes: line as u64,
             nlines: lines,
             nsid: u64::from(ns.info().nsid),
             block_bytes: u64::from(ns.block_size()),
@@ -312,7 +335,7 @@ impl GpuNamespace {
             qid = queue.qid(),
             depth = DEPTH,
             lines = LINES,
-            line = LINE,
+            line,
             npages,
             device_bytes = bytes,
             "GPU storage queue pair and cache ready"
