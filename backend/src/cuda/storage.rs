@@ -454,6 +454,8 @@ fn blocks(work: u64) -> u64 {
     work.div_ceil(u64::from(BLOCK))
 }
 
+type NamespaceEntry = (Arc<Opened>, Arc<Mutex<GpuNamespace>>);
+
 /// The storage state of one CUDA backend: the module, loaded on first use, and one
 /// [`GpuNamespace`] per namespace used (each behind its own lock: one storage kernel at a
 /// time per namespace, since the result words are shared).
@@ -461,7 +463,8 @@ fn blocks(work: u64) -> u64 {
 pub(super) struct GpuStorage {
     set: Option<Arc<StorageSet>>,
     kernels: Mutex<Option<Arc<StorageKernels>>>,
-    namespaces: Mutex<BTreeMap<u64, Arc<Mutex<GpuNamespace>>>>,
+    /// Per namespace id: the opened namespace it was set up for, and the setup.
+    namespaces: Mutex<BTreeMap<u64, NamespaceEntry>>,
 }
 
 impl std::fmt::Debug for GpuStorage {
@@ -505,24 +508,22 @@ impl CudaGpu {
         Ok(loaded)
     }
 
-    /// This backend's setup for namespace `ns` (opened by the guest's attach).
+    /// This backend's setup for namespace `ns` (opened by the guest's attach). The map's
+    /// lock is never held while a namespace's own lock is (a long kernel on one namespace
+    /// does not hold up another's first launch).
     fn gpu_namespace(&self, ns: u64, opened: &Arc<Opened>) -> Result<Arc<Mutex<GpuNamespace>>> {
         let mut map = self
             .storage
             .namespaces
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(g) = map.get(&ns) {
-            let same = Arc::ptr_eq(
-                &g.lock().unwrap_or_else(PoisonError::into_inner).opened,
-                opened,
-            );
-            if same {
+        if let Some((o, g)) = map.get(&ns) {
+            if Arc::ptr_eq(o, opened) {
                 return Ok(g.clone());
             }
         }
         let g = Arc::new(Mutex::new(GpuNamespace::new(&self.ctx, opened.clone())?));
-        map.insert(ns, g.clone());
+        map.insert(ns, (opened.clone(), g.clone()));
         Ok(g)
     }
 
