@@ -441,3 +441,47 @@ fn a_damaged_state_file_stops_the_start_until_set_aside() {
     assert_eq!(aside.len(), 1, "set aside: {aside:?}");
     assert!(d.stop());
 }
+
+#[test]
+fn a_change_that_cannot_be_saved_is_answered_with_an_error_and_saved_later() {
+    let mut d = TestDaemon::start(
+        "restart-unsaved",
+        &["--sim-gpus", "1", "--sim-memory", "512M"],
+    );
+    let state = d.dir.join("vgpud-state.json");
+    // The state file's path turns into a non-empty directory: the atomic rename fails.
+    let _ = std::fs::remove_file(&state);
+    std::fs::create_dir_all(state.join("blocker")).expect("mkdir");
+    let e = d
+        .client
+        .create_vgpu(&vgpu_spec(Some(0), 64 * MIB, 0.25))
+        .expect_err("the state cannot be saved");
+    assert_eq!(e.status(), Some(500), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("was created and is in effect now, but it is not saved"),
+        "{msg}"
+    );
+    assert!(msg.contains("state_file"), "{msg}");
+    // In effect: listed and usable.
+    let listed = d.client.vgpus().expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let id = listed[0].id;
+    // The directory is fixed; the next change saves everything, the earlier one included.
+    std::fs::remove_dir_all(&state).expect("rmdir");
+    d.client
+        .patch_vgpu(
+            id,
+            &VgpuPatch {
+                compute_share: Some(0.5),
+                copy_share: None,
+                priority: None,
+            },
+        )
+        .expect("patch saves");
+    assert!(state.is_file(), "saved");
+    d.kill9();
+    d.restart(None);
+    let back = d.client.vgpu(id).expect("came back");
+    assert_eq!(back.compute_share, 0.5);
+}

@@ -662,7 +662,9 @@ impl Daemon {
             return Err(e);
         }
         // Answered only once the definition is on disk: a restart keeps it.
-        self.save().await;
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was created"), &e))?;
         self.vgpu(id)
     }
 
@@ -1694,7 +1696,9 @@ impl Daemon {
             "vGPU shares changed"
         );
         // Answered only once the new shares are on disk: a restart keeps them.
-        self.save().await;
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
         self.vgpu(id)
     }
 
@@ -1729,9 +1733,10 @@ impl Daemon {
             }
         }
         self.forget_vgpu(id);
-        self.save().await;
         tracing::info!(vgpu = id, "vGPU deleted");
-        Ok(())
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was deleted"), &e))
     }
 
     /// Asks worker `id` to shut down over its control channel; falls back to signals.
@@ -2079,7 +2084,9 @@ impl Daemon {
             self.undo_vm(vm_id, vgpu_id, inline).await;
             return Err(e);
         }
-        self.save().await;
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("VM {vm_id} was created"), &e))?;
         self.lock()
             .vms
             .get(&vm_id)
@@ -2282,10 +2289,11 @@ impl Daemon {
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }
-        self.save().await;
         self.changed.notify_waiters();
         tracing::info!(vm = id, "VM deleted");
-        Ok(())
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("VM {id} was deleted"), &e))
     }
 
     /// Counts of VMs per state name, for metrics.
@@ -2501,7 +2509,9 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         Some(saved) => daemon.restore(saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
-    daemon.save().await;
+    // A state directory that cannot be written is logged here and reported to every API
+    // change until a save succeeds.
+    let _ = daemon.save().await;
     let saver = tokio::spawn(daemon.clone().saver());
     let app = super::http::router(daemon.clone());
     let sampler = tokio::spawn(daemon.clone().sampler());

@@ -55,6 +55,16 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, None, error)
     }
 
+    /// 500: the change is in effect but the state file could not be written, so it would
+    /// not survive a vgpud restart until a later save succeeds.
+    pub fn unsaved(done: &str, why: &str) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some("state_file"),
+            format!("{done} and is in effect now, but it is not saved: {why}. The next change that saves successfully saves it too"),
+        )
+    }
+
     /// 502: a worker did not do what it was asked.
     pub fn worker(error: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_GATEWAY, None, error)

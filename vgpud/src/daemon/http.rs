@@ -240,7 +240,7 @@ async fn list_vgpus(State(d): State<AppState>) -> Json<Vec<Vgpu>> {
     (status = 400, body = ErrorBody, description = "Invalid field"),
     (status = 409, body = ErrorBody, description = "Does not fit (memory, shares)"),
     (status = 501, body = ErrorBody, description = "oversubscribe=true (issue 6)"),
-    (status = 500, body = ErrorBody, description = "The worker could not start"),
+    (status = 500, body = ErrorBody, description = "The worker could not start; or created, but the state file could not be written (field state_file): the vGPU would not survive a restart until a later save succeeds"),
 ))]
 async fn create_vgpu(
     State(d): State<AppState>,
@@ -263,7 +263,8 @@ async fn get_vgpu(
 #[utoipa::path(patch, path = "/v1/vgpus/{id}", params(("id" = u32, Path)), request_body = VgpuPatch, responses(
     (status = 200, body = Vgpu), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
     (status = 409, body = ErrorBody, description = "Shares would sum past 100%, or the vGPU is gone"),
-    (status = 502, body = ErrorBody, description = "The worker did not take the change")))]
+    (status = 502, body = ErrorBody, description = "The worker did not take the change"),
+    (status = 500, body = ErrorBody, description = "Done, but the state file could not be written (field state_file): the change would not survive a restart until a later save succeeds")))]
 async fn patch_vgpu(
     State(d): State<AppState>,
     Path(id): Path<String>,
@@ -274,7 +275,8 @@ async fn patch_vgpu(
 
 /// Delete a vGPU (stops its worker). A vGPU a running VM uses answers 409.
 #[utoipa::path(delete, path = "/v1/vgpus/{id}", params(("id" = u32, Path)), responses(
-    (status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    (status = 204), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+    (status = 500, body = ErrorBody, description = "Done, but the state file could not be written (field state_file): the change would not survive a restart until a later save succeeds")))]
 async fn delete_vgpu(
     State(d): State<AppState>,
     Path(id): Path<String>,
@@ -375,7 +377,7 @@ async fn list_vms(State(d): State<AppState>) -> Json<Vec<Vm>> {
     (status = 201, body = Vm, description = "Launched (state starting, then running)"),
     (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
     (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): issue 12"),
-    (status = 500, body = ErrorBody)))]
+    (status = 500, body = ErrorBody, description = "The VM could not start; or launched, but the state file could not be written (field state_file)")))]
 async fn create_vm(
     State(d): State<AppState>,
     ApiJson(req): ApiJson<VmCreate>,
@@ -392,7 +394,8 @@ async fn get_vm(State(d): State<AppState>, Path(id): Path<String>) -> Result<Jso
 
 /// Stop (SIGTERM, then SIGKILL) and remove a VM; its inline vGPU goes with it.
 #[utoipa::path(delete, path = "/v1/vms/{id}", params(("id" = u32, Path)), responses(
-    (status = 204), (status = 404, body = ErrorBody)))]
+    (status = 204), (status = 404, body = ErrorBody),
+    (status = 500, body = ErrorBody, description = "Done, but the state file could not be written (field state_file): the change would not survive a restart until a later save succeeds")))]
 async fn delete_vm(
     State(d): State<AppState>,
     Path(id): Path<String>,

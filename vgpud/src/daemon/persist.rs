@@ -59,15 +59,17 @@ impl Daemon {
         self.save_kick.notify_one();
     }
 
-    /// Writes the state now and returns once it is on disk (or the write failed, which is
-    /// logged). Serialised: each write carries the state as of its own start.
-    pub(super) async fn save(&self) {
+    /// Writes the state now and returns once it is on disk. A failed write is logged and
+    /// returned (the API answers the change with an error saying it is not saved; the
+    /// next successful save includes it). Serialised: each write carries the state as of
+    /// its own start.
+    pub(super) async fn save(&self) -> Result<(), String> {
         let mut saver = self.saver.lock().await;
         if saver.frozen {
-            return;
+            return Ok(());
         }
         let snap = self.snapshot(false);
-        self.write_state(&mut saver, snap).await;
+        self.write_state(&mut saver, snap).await
     }
 
     /// The final save of a graceful stop: the state as it is before the stop tears the VMs
@@ -79,11 +81,12 @@ impl Daemon {
             return;
         }
         let snap = self.snapshot(true);
-        self.write_state(&mut saver, snap).await;
+        // Logged inside; a stopping daemon has nobody to tell.
+        let _ = self.write_state(&mut saver, snap).await;
         saver.frozen = true;
     }
 
-    async fn write_state(&self, saver: &mut Saver, snap: StateFile) {
+    async fn write_state(&self, saver: &mut Saver, snap: StateFile) -> Result<(), String> {
         let path = self.state_path();
         let p = path.clone();
         let r = tokio::task::spawn_blocking(move || statefile::save(&p, &snap))
@@ -100,12 +103,14 @@ impl Daemon {
                     tracing::info!(path = %path.display(), "state file saved again");
                 }
                 saver.failing = false;
+                Ok(())
             }
             Err(e) => {
                 if !saver.failing {
                     tracing::error!("{e}");
                 }
                 saver.failing = true;
+                Err(e.to_string())
             }
         }
     }
@@ -114,7 +119,8 @@ impl Daemon {
     pub(super) async fn saver(self: Arc<Self>) {
         loop {
             self.save_kick.notified().await;
-            self.save().await;
+            // Logged inside; process events have no caller to answer.
+            let _ = self.save().await;
         }
     }
 
