@@ -57,10 +57,7 @@ unsafe impl Sync for LoadedModule {}
 impl LoadedModule {
     /// JIT-compiles NUL-terminated PTX `text` in `ctx` (bound by the caller). On failure
     /// the error carries the JIT log.
-    pub(super) fn load(
-        ctx: &Arc<Context>,
-        text: &[u8],
-    ) -> std::result::Result<Self, (CuError, String)> {
+    fn load(ctx: &Arc<Context>, text: &[u8]) -> std::result::Result<Self, (CuError, String)> {
         let mut log = vec![0u8; LOG_BYTES];
         let mut opts = [
             sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -93,7 +90,7 @@ impl LoadedModule {
     }
 
     /// The entry point called `name` (no NUL inside), or None if the module has none.
-    pub(super) fn function(&self, name: &[u8]) -> std::result::Result<Option<Func>, CuError> {
+    fn function(&self, name: &[u8]) -> std::result::Result<Option<Func>, CuError> {
         let Ok(cname) = CString::new(name) else {
             return Ok(None);
         };
@@ -164,27 +161,37 @@ fn entry_of(name: &str) -> &str {
     }
 }
 
+impl LoadedModule {
+    /// JIT-compiles PTX shipped with the backend (`what` names it in errors: "built-in",
+    /// "storage") in `ctx` (bound by the caller).
+    pub(super) fn shipped(ctx: &Arc<Context>, ptx: &str, what: &str) -> Result<Self> {
+        let mut text = ptx.as_bytes().to_vec();
+        text.push(0);
+        Self::load(ctx, &text).map_err(|(e, log)| {
+            BackendError::Device(format!(
+                "the {what} kernels' PTX did not load: {e}: {log}; regenerate it with \
+                 backend/kernels/build-ptx.sh for this driver"
+            ))
+        })
+    }
+
+    /// Entry point `name` of shipped PTX, which must have it.
+    pub(super) fn entry(&self, name: &str, what: &str) -> Result<Func> {
+        self.function(name.as_bytes())
+            .map_err(|e| BackendError::Device(e.to_string()))?
+            .ok_or_else(|| {
+                BackendError::Device(format!(
+                    "the {what} PTX has no entry point {name}; regenerate it with backend/kernels/build-ptx.sh"
+                ))
+            })
+    }
+}
+
 impl Builtins {
     /// JIT-compiles the shipped PTX in `ctx` (bound by the caller).
     pub fn load(ctx: &Arc<Context>) -> Result<Self> {
-        let mut text = BUILTIN_PTX.as_bytes().to_vec();
-        text.push(0);
-        let module = LoadedModule::load(ctx, &text).map_err(|(e, log)| {
-            BackendError::Device(format!(
-                "the built-in kernels' PTX did not load: {e}: {log}; regenerate it with \
-                 backend/kernels/build-ptx.sh for this driver"
-            ))
-        })?;
-        let get = |name: &str| -> Result<Func> {
-            module
-                .function(name.as_bytes())
-                .map_err(|e| BackendError::Device(e.to_string()))?
-                .ok_or_else(|| {
-                    BackendError::Device(format!(
-                        "the built-in PTX has no entry point {name}; regenerate it with backend/kernels/build-ptx.sh"
-                    ))
-                })
-        };
+        let module = LoadedModule::shipped(ctx, BUILTIN_PTX, "built-in")?;
+        let get = |name: &str| module.entry(name, "built-in");
         let mut kernels = [Func(std::ptr::null_mut()); KERNELS.len()];
         for (slot, sig) in kernels.iter_mut().zip(KERNELS.iter()) {
             *slot = get(entry_of(sig.name))?;

@@ -174,23 +174,8 @@ impl std::fmt::Debug for StorageKernels {
 
 impl StorageKernels {
     fn load(ctx: &Arc<Context>) -> Result<Self> {
-        let mut text = STORAGE_PTX.as_bytes().to_vec();
-        text.push(0);
-        let module = LoadedModule::load(ctx, &text).map_err(|(e, log)| {
-            BackendError::Device(format!(
-                "the storage kernels' PTX did not load: {e}: {log}; regenerate it with backend/kernels/build-ptx.sh for this driver"
-            ))
-        })?;
-        let get = |name: &str| -> Result<Func> {
-            module
-                .function(name.as_bytes())
-                .map_err(|e| BackendError::Device(e.to_string()))?
-                .ok_or_else(|| {
-                    BackendError::Device(format!(
-                        "the storage PTX has no entry point {name}; regenerate it with backend/kernels/build-ptx.sh"
-                    ))
-                })
-        };
+        let module = LoadedModule::shipped(ctx, STORAGE_PTX, "storage")?;
+        let get = |name: &str| module.entry(name, "storage");
         Ok(Self {
             gather: get("vgpu_storage_gather")?,
             scan_sum: get("vgpu_storage_scan_sum")?,
