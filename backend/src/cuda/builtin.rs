@@ -58,34 +58,64 @@ impl Step {
     }
 
     fn enqueue(&mut self, lane: &Lane) -> std::result::Result<(), CuError> {
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); 6];
-        for (p, v) in ptrs.iter_mut().zip(self.params.iter_mut()).take(self.count) {
-            *p = (v as *mut u64).cast();
-        }
-        check(
-            // SAFETY: `func` is a live entry point of the loaded built-in module; `ptrs` holds
-            // `count` pointers to parameter values that outlive the call (the driver copies
-            // them before returning), matching the kernel's parameter list in builtin.cu; every
-            // device pointer among them was checked to lie inside a live allocation that the
-            // caller keeps alive until the stream is synchronised.
-            unsafe {
-                sys::cuLaunchKernel(
-                    self.func.0,
-                    self.grid,
-                    1,
-                    1,
-                    self.block,
-                    1,
-                    1,
-                    0,
-                    lane.stream.raw(),
-                    ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel",
+        launch_u64(
+            self.func,
+            self.grid,
+            self.block,
+            lane,
+            &mut self.params[..self.count],
         )
     }
+}
+
+/// Most parameters of a shipped kernel (storage_bfs's level kernel has 7).
+const MAX_PARAMS: usize = 8;
+
+/// Launches `func` on `lane`'s stream with `grid` x `block` threads and 8-byte parameter
+/// values (4-byte parameters read the low half on this little-endian host).
+///
+/// The caller guarantees `func` is a live entry point of a module it keeps loaded, whose
+/// parameter list `params` matches, and that every device pointer among them was checked
+/// against the vGPU's allocations and stays mapped until the stream is synchronised.
+pub(super) fn launch_u64(
+    func: Func,
+    grid: u32,
+    block: u32,
+    lane: &Lane,
+    params: &mut [u64],
+) -> std::result::Result<(), CuError> {
+    // On the stack: this is on every launch's path.
+    let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+    if params.len() > MAX_PARAMS {
+        return Err(CuError {
+            code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            call: "cuLaunchKernel",
+        });
+    }
+    for (p, v) in ptrs.iter_mut().zip(params.iter_mut()) {
+        *p = (v as *mut u64).cast();
+    }
+    check(
+        // SAFETY: `func` is live and `ptrs` holds one pointer per parameter of its list,
+        // to values that outlive the call (the driver copies them before returning); the
+        // pointers' targets are checked and kept mapped by the caller (contract above).
+        unsafe {
+            sys::cuLaunchKernel(
+                func.0,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                lane.stream.raw(),
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel",
+    )
 }
 
 impl CudaGpu {

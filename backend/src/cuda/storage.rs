@@ -405,33 +405,11 @@ fn device_pointer(addr: usize) -> std::result::Result<u64, CuError> {
     Ok(d)
 }
 
-/// One launch of `f` with 8-byte parameters.
+/// One launch of `f` with 8-byte parameters (pointers checked by the caller, who holds
+/// their allocations until the stream is synchronised).
 fn launch(lane: &Lane, f: Func, grid: u64, params: &mut [u64]) -> std::result::Result<(), CuError> {
-    let mut ptrs: Vec<*mut c_void> = params.iter_mut().map(|p| (p as *mut u64).cast()).collect();
     let grid = u32::try_from(grid.clamp(1, max_blocks())).unwrap_or(1);
-    check(
-        // SAFETY: `f` is a live entry point of the loaded storage module (its holder keeps
-        // it loaded); `ptrs` points at `params.len()` 8-byte values matching the kernel's
-        // parameter list in storage.cu, alive until the driver copied them (before return);
-        // every device pointer among them was checked against the vGPU's allocations and
-        // the caller holds them until the stream is synchronised.
-        unsafe {
-            sys::cuLaunchKernel(
-                f.0,
-                grid,
-                1,
-                1,
-                BLOCK,
-                1,
-                1,
-                0,
-                lane.stream.raw(),
-                ptrs.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        "cuLaunchKernel",
-    )
+    super::builtin::launch_u64(f, grid, BLOCK, lane, params)
 }
 
 /// Blocks for `work` items, one thread each.
