@@ -254,6 +254,42 @@ pub(crate) fn array<T: Element>(
     StorageArray::new(o.cache.clone(), base, len).map_err(|e| error(kernel, e))
 }
 
+/// Checks an array of `n` (or, with `None`, all remaining) elements of `elem_bytes`
+/// (4 or 8) from byte `base`, as a storage kernel's arguments describe it.
+pub(crate) fn check_elems(
+    kernel: &str,
+    o: &Opened,
+    base: u64,
+    n: Option<u64>,
+    elem_bytes: u64,
+) -> Result<(), BackendError> {
+    match elem_bytes {
+        4 => array::<u32>(kernel, o, base, n).map(|_| ()),
+        8 => array::<u64>(kernel, o, base, n).map(|_| ()),
+        other => Err(bad_elem_bytes(kernel, other)),
+    }
+}
+
+/// `elem_bytes` other than 4 or 8.
+pub(crate) fn bad_elem_bytes(kernel: &str, elem_bytes: u64) -> BackendError {
+    BackendError::InvalidArgument(format!("{kernel}: elem_bytes = {elem_bytes}; use 4 or 8"))
+}
+
+/// The BFS kernel's vertex count and source: vertex ids are u32, the source one of them.
+pub(crate) fn check_bfs(kernel: &str, vertices: u64, source: u64) -> Result<(), BackendError> {
+    if vertices == 0 || vertices > u64::from(u32::MAX) {
+        return Err(BackendError::InvalidArgument(format!(
+            "{kernel}: vertices = {vertices}; give 1..=2^32-1 (vertex ids are u32)"
+        )));
+    }
+    if source >= vertices {
+        return Err(BackendError::InvalidArgument(format!(
+            "{kernel}: source = {source} is not below vertices = {vertices}"
+        )));
+    }
+    Ok(())
+}
+
 /// A storage-layer error as the guest sees it: bad offsets and sizes are the guest's
 /// (`InvalidArgument`); I/O errors, timeouts and dead controllers are the device's.
 pub(crate) fn error(kernel: &str, e: vgpu_storage::Error) -> BackendError {

@@ -38,7 +38,7 @@ use super::modules::{Func, LoadedModule};
 use super::CudaGpu;
 use crate::args::{check_args, int, ptr};
 use crate::error::{BackendError, Result};
-use crate::storage::{array, Opened, StorageSet, IO_TIMEOUT};
+use crate::storage::{array, check_bfs, check_elems, Opened, StorageSet, IO_TIMEOUT};
 use crate::HostRegion;
 
 /// The storage kernels' PTX (`backend/kernels/storage.cu`, `build-ptx.sh`).
@@ -524,16 +524,7 @@ impl CudaGpu {
             n if n == builtin::STORAGE_GATHER.name => {
                 let (base, idx, dst) = (int(args, 1), ptr(args, 2), ptr(args, 3));
                 let (n, eb) = (int(args, 4), int(args, 5));
-                // The element count (and every check) as on the sim.
-                match eb {
-                    4 => array::<u32>(name, &opened, base, None).map(|_| ())?,
-                    8 => array::<u64>(name, &opened, base, None).map(|_| ())?,
-                    other => {
-                        return Err(BackendError::InvalidArgument(format!(
-                            "{name}: elem_bytes = {other}; use 4 or 8"
-                        )))
-                    }
-                }
+                check_elems(name, &opened, base, None, eb)?;
                 let _i = self.extent(idx, n, 8)?;
                 let _d = self.extent(dst, n, eb)?;
                 if n > 0 {
@@ -546,15 +537,7 @@ impl CudaGpu {
             }
             n if n == builtin::STORAGE_SCAN_SUM.name => {
                 let (base, n, eb, out) = (int(args, 1), int(args, 2), int(args, 3), ptr(args, 4));
-                match eb {
-                    4 => array::<u32>(name, &opened, base, Some(n)).map(|_| ())?,
-                    8 => array::<u64>(name, &opened, base, Some(n)).map(|_| ())?,
-                    other => {
-                        return Err(BackendError::InvalidArgument(format!(
-                            "{name}: elem_bytes = {other}; use 4 or 8"
-                        )))
-                    }
-                }
+                check_elems(name, &opened, base, Some(n), eb)?;
                 let _o = self.extent(out, 1, 8)?;
                 check(
                     // SAFETY: 8 bytes at `out`, inside a live allocation (`_o`, held).
@@ -636,16 +619,7 @@ impl CudaGpu {
         let name = builtin::STORAGE_BFS.name;
         let (offsets_base, edges_base) = (int(args, 1), int(args, 2));
         let (vertices, edges, source) = (int(args, 3), int(args, 4), int(args, 5));
-        if vertices == 0 || vertices > u64::from(u32::MAX) {
-            return Err(BackendError::InvalidArgument(format!(
-                "{name}: vertices = {vertices}; give 1..=2^32-1 (vertex ids are u32)"
-            )));
-        }
-        if source >= vertices {
-            return Err(BackendError::InvalidArgument(format!(
-                "{name}: source = {source} is not below vertices = {vertices}"
-            )));
-        }
+        check_bfs(name, vertices, source)?;
         let levels = ptr(args, 6);
         let _l = self.extent(levels, vertices, 4)?;
         array::<u64>(name, opened, offsets_base, Some(vertices + 1))?;

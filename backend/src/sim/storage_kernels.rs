@@ -15,7 +15,7 @@ use vgpu_storage::Element;
 use super::kernels::{Ctx, Mapped};
 use crate::args::{int, ptr};
 use crate::error::{BackendError, Result};
-use crate::storage::{array, error, Opened};
+use crate::storage::{array, bad_elem_bytes, check_bfs, error, Opened};
 
 /// Runs storage kernel `sig` (arguments already checked against it); returns its time.
 pub(super) fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<Duration> {
@@ -64,11 +64,7 @@ fn gather(ctx: &Ctx<'_>, o: &Opened, args: &[ArgValue]) -> Result<()> {
             let out = gather_as::<u64>(ctx, o, base, &idx)?;
             dst.iter().zip(out).for_each(|(d, v)| d.store(v, Relaxed));
         }
-        other => {
-            return Err(BackendError::InvalidArgument(format!(
-                "{name}: elem_bytes = {other}; use 4 or 8"
-            )))
-        }
+        other => return Err(bad_elem_bytes(name, other)),
     }
     Ok(())
 }
@@ -93,11 +89,7 @@ fn scan_sum(ctx: &Ctx<'_>, o: &Opened, args: &[ArgValue]) -> Result<()> {
     let sum = match eb {
         4 => kernels::scan_sum(&array::<u32>(name, o, base, Some(n))?, ctx.threads),
         8 => kernels::scan_sum(&array::<u64>(name, o, base, Some(n))?, ctx.threads),
-        other => {
-            return Err(BackendError::InvalidArgument(format!(
-                "{name}: elem_bytes = {other}; use 4 or 8"
-            )))
-        }
+        other => return Err(bad_elem_bytes(name, other)),
     }
     .map_err(|e| error(name, e))?;
     if let Some(o) = out.first() {
@@ -110,16 +102,7 @@ fn bfs(ctx: &Ctx<'_>, o: &Opened, args: &[ArgValue]) -> Result<()> {
     let name = builtin::STORAGE_BFS.name;
     let (offsets_base, edges_base) = (int(args, 1), int(args, 2));
     let (vertices, edges, source) = (int(args, 3), int(args, 4), int(args, 5));
-    if vertices == 0 || vertices > u64::from(u32::MAX) {
-        return Err(BackendError::InvalidArgument(format!(
-            "{name}: vertices = {vertices}; give 1..=2^32-1 (vertex ids are u32)"
-        )));
-    }
-    if source >= vertices {
-        return Err(BackendError::InvalidArgument(format!(
-            "{name}: source = {source} is not below vertices = {vertices}"
-        )));
-    }
+    check_bfs(name, vertices, source)?;
     let levels = Mapped::new::<AtomicU32>(ctx.mem, ptr(args, 6), vertices)?;
     let levels = levels.words::<AtomicU32>()?;
     let g = CsrGraph {
