@@ -87,10 +87,13 @@ const DEFAULT_BLOCKS: u64 = 16;
 /// Blocks per launch: `VGPU_STORAGE_BLOCKS` (1..=MAX_BLOCKS, for tuning and benchmark
 /// sweeps), else DEFAULT_BLOCKS.
 fn max_blocks() -> u64 {
-    std::env::var("VGPU_STORAGE_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(DEFAULT_BLOCKS, |b| b.clamp(1, MAX_BLOCKS))
+    static BLOCKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BLOCKS.get_or_init(|| {
+        std::env::var("VGPU_STORAGE_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(DEFAULT_BLOCKS, |b| b.clamp(1, MAX_BLOCKS))
+    })
 }
 /// Most namespace lines the device keeps a state word for (64 GiB at 4 KiB lines; 128 MiB
 /// of device memory).
@@ -519,7 +522,9 @@ impl CudaGpu {
         let _poll = opened.ns.keep_polling();
         let block = g.block.ptr();
         let name = sig.name;
-        let before = g.results(lane).map_err(|e| self.cuda_err(e))?;
+        // Counters for the debug log only: no extra device round trip otherwise.
+        let debug = tracing::enabled!(tracing::Level::DEBUG);
+        let before = if debug { g.results(lane).ok() } else { None };
         match name {
             n if n == builtin::STORAGE_GATHER.name => {
                 let (base, idx, dst) = (int(args, 1), ptr(args, 2), ptr(args, 3));
@@ -556,7 +561,7 @@ impl CudaGpu {
             }
             other => return Err(BackendError::UnknownFunction(other.to_string())),
         }
-        if let Ok(after) = g.results(lane) {
+        if let Some((before, Ok(after))) = before.map(|b| (b, g.results(lane))) {
             tracing::debug!(
                 kernel = name,
                 hits = after[12] - before[12],
