@@ -1,7 +1,10 @@
-//! Scheduling policies without I/O: who may use a GPU's compute engine and its copy engine
+//! The host's policies, without I/O: who may use a GPU's compute engine and its copy engine
 //! next, so that every vGPU gets the bandwidth it was promised although GPU work is
-//! non-preemptive and bursty (Gdev §5, seed 000).
+//! non-preemptive and bursty (Gdev §5, seed 000); whether a vGPU fits a GPU; where vGPUs
+//! go and when they move; and whose device memory to evict when a GPU is oversubscribed.
 //!
+//! - [`admission`]: the one admission rule (memory share, oversubscribed pool, compute and
+//!   copy shares per mille of [`admission::WHOLE`]), for vgpud and the rebalancer alike.
 //! - [`band`]: Gdev's BAND scheduler (Figure 2): a budget (a balance carried across
 //!   periods), a vGPU gives the resource up only when its budget is spent *and* its
 //!   utilization exceeds its share, and time-buffering (a short wait for the idle holder)
@@ -9,15 +12,19 @@
 //! - [`credit`]: Xen's Credit scheduler, the baseline BAND improves on.
 //! - [`fifo`]: arrival order, no accounting: the overhead baseline.
 //! - [`gpu`]: one GPU's schedulers, MRQ (compute and copy separate) or SDQ (one queue).
+//! - [`memory`]: device memory oversubscription: the pager's reported state and the
+//!   [`memory::Planner`] that picks victims and swap tiers (Gdev §4).
 //! - [`mapping`]: software queues onto a fixed number of hardware slots, by HEFT upward
 //!   rank or round-robin with a quantum (seed 002).
 //! - [`rebalance`]: placement of new vGPUs and live-migration decisions across GPUs
 //!   (overload windows, benefit per byte moved, hysteresis, consolidation; seed 003).
 //! - [`simulate`]: a discrete-event driver that runs any policy in virtual time.
 //!
-//! Every policy is a [`Policy`]: events in (`submit`, `complete`, `tick`), grants out. Time
-//! comes from the caller, so tests run in virtual time and the daemon in real time.
+//! Every scheduling policy is a [`Policy`]: events in (`submit`, `complete`, `tick`), grants
+//! out. Time comes from the caller (or a [`Clock`]), so tests run in virtual time and the
+//! daemon in real time.
 
+pub mod admission;
 pub mod band;
 pub mod clock;
 pub mod credit;
@@ -25,12 +32,16 @@ mod exclusive;
 pub mod fifo;
 pub mod gpu;
 pub mod mapping;
+pub mod memory;
 pub mod rebalance;
 pub mod simulate;
 mod state;
 
 pub use clock::{Clock, MonotonicClock, Nanos, VirtualClock};
 pub use state::{Config, Share, VgpuId};
+
+/// Index of a physical GPU.
+pub type GpuIndex = u32;
 
 /// Why a scheduler request was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -3,43 +3,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use super::plan::{Planner, Step, Tried};
 use super::Pager;
-
-/// Where evicted bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// The GPU's temporal swap area in device memory (fast to evict and restore).
-    Device,
-    /// Host memory.
-    Host,
-}
-
-/// One vGPU's device memory at one moment, as its pager reports it. Byte counts are
-/// absolute, so a lost or failed update corrects itself with the next report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MemState {
-    /// Bytes charged by live allocations (resident or not).
-    pub used: u64,
-    /// Bytes of them backed by device memory now.
-    pub resident: u64,
-    /// Bytes held in the GPU's swap area.
-    pub device_swap: u64,
-    /// Bytes held in host memory.
-    pub host_swap: u64,
-    /// Bytes moved out of device memory so far (device swap and host).
-    pub swap_out_bytes: u64,
-    /// Bytes moved back so far.
-    pub swap_in_bytes: u64,
-    /// Time spent moving bytes out, in nanoseconds.
-    pub swap_out_ns: u64,
-    /// Time spent moving bytes back, in nanoseconds.
-    pub swap_in_ns: u64,
-    /// Pieces evicted so far.
-    pub evictions: u64,
-    /// Pieces restored so far.
-    pub restores: u64,
-}
+use super::{MemState, Planner, Step, Tried};
 
 /// The party that decides whether a pager may make more bytes resident.
 pub trait Broker: Send + Sync {

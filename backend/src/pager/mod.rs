@@ -14,7 +14,6 @@
 
 mod broker;
 mod entry;
-mod plan;
 #[cfg(test)]
 mod tests;
 
@@ -31,9 +30,9 @@ use crate::{
     Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
     LaunchStats, MemoryUsage, ModuleImage, Result,
 };
-pub use broker::{Broker, LocalBroker, LocalMember, MemState, Tier};
+pub use broker::{Broker, LocalBroker, LocalMember};
 use entry::{Entry, Piece, Pin};
-pub use plan::{Member, Planner, Step, Tried};
+pub use vgpu_scheduler::memory::{MemState, Member, Planner, Step, Tier, Tried};
 
 /// Size of a swap piece where the backend can swap parts of an allocation (2 MiB: the
 /// device allocation alignment, so a piece never straddles two allocations).

@@ -2,12 +2,12 @@
 //! if not, whose memory to evict and where to put it (Gdev §4: a lower-priority owner's
 //! allocation first; the device-side temporal swap area before host memory).
 //!
-//! vgpud runs one [`Planner`] per physical GPU over the vGPUs that oversubscribe it;
-//! [`super::LocalBroker`] runs one inside a single process.
+//! vgpud runs one [`Planner`] per physical GPU over the vGPUs that oversubscribe it; the
+//! backend's `LocalBroker` runs one inside a single process.
 
 use std::collections::BTreeMap;
 
-use super::broker::{MemState, Tier};
+use super::{MemState, Tier};
 
 /// One vGPU in the pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
