@@ -92,7 +92,7 @@ step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_r
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
-step_device() { VGPU_REQUIRE_CUDA=0 "$(tb device)" --nocapture; }
+step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {
     local dir sock pid rc
     dir=$(mktemp -d) sock=$dir/vgpud.sock
