@@ -193,6 +193,18 @@ fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> bool {
     }
 }
 
+/// The target GPU's grant page and doorbell, when a `migrate` command says they ride with
+/// it (they are the next two received descriptors).
+fn take_grant(fds: &FdQueue, wanted: bool) -> Result<Option<(OwnedFd, OwnedFd)>, String> {
+    if !wanted {
+        return Ok(None);
+    }
+    match (fds.pop(), fds.pop()) {
+        (Some(page), Some(doorbell)) => Ok(Some((page, doorbell))),
+        _ => Err("the migration's grant descriptors did not arrive".into()),
+    }
+}
+
 /// The control thread: the channel's reading end, its received descriptors, its writing
 /// end, and what the commands act on.
 pub struct ControlLoop {
@@ -232,33 +244,22 @@ impl ControlLoop {
                     mode,
                     max_downtime_ms,
                     grant_fds,
-                } => {
-                    let grant = if grant_fds {
-                        match (fds.pop(), fds.pop()) {
-                            (Some(p), Some(d)) => Some((p, d)),
-                            _ => {
-                                out.send(&WorkerMessage::Reply {
-                                    id: req.id,
-                                    body: ReplyBody::Error {
-                                        message: "the migration's grant descriptors did not arrive"
-                                            .into(),
-                                    },
-                                });
-                                continue;
-                            }
-                        }
-                    } else {
-                        None
-                    };
-                    let cmd = MigrateCommand {
+                } => match take_grant(&fds, grant_fds) {
+                    Ok(grant) => {
+                        let cmd = MigrateCommand {
+                            id: req.id,
+                            target,
+                            mode,
+                            max_downtime_ms,
+                            grant,
+                        };
+                        state.start_migration(out.clone(), cmd);
+                    }
+                    Err(message) => out.send(&WorkerMessage::Reply {
                         id: req.id,
-                        target,
-                        mode,
-                        max_downtime_ms,
-                        grant,
-                    };
-                    state.start_migration(out.clone(), cmd);
-                }
+                        body: ReplyBody::Error { message },
+                    }),
+                },
                 command => {
                     let (body, exit) = state.handle(command);
                     out.send(&WorkerMessage::Reply { id: req.id, body });
