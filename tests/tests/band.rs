@@ -8,7 +8,7 @@ use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
 
 /// Mean compute utilization of each vGPU over `secs` seconds of samples.
-fn sample(c: &vgpud::client::Client, a: u32, b: u32, secs: u64) -> (f64, f64) {
+fn sample(c: &vgpu_api::client::Client, a: u32, b: u32, secs: u64) -> (f64, f64) {
     let (mut ua, mut ub, mut n) = (0.0, 0.0, 0.0);
     let end = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < end {

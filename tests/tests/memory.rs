@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use vgpu_api::api::{VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::TestDaemon;
 use vgpu_tests::require_kvm;
-use vgpud::api::{VgpuCreate, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 

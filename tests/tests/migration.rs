@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::{Client, ClientError};
 use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
-use vgpud::client::{Client, ClientError};
 
 const MIB: u64 = 1 << 20;
 
@@ -14,7 +14,7 @@ fn console(c: &Client, id: u32) -> String {
     String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
 }
 
-fn migrate(c: &Client, vgpu: u32, target: u32, mode: &str) -> vgpud::api::Migration {
+fn migrate(c: &Client, vgpu: u32, target: u32, mode: &str) -> vgpu_api::api::Migration {
     let m = c
         .migrate_vgpu(
             vgpu,

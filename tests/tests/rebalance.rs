@@ -5,13 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+use vgpu_api::api::{RebalanceEvent, RebalancerStatus, Vgpu, VmState};
 use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{RebalanceEvent, RebalancerStatus, Vgpu, VmState};
 
 const MIB: u64 = 1 << 20;
 
-fn console(c: &vgpud::client::Client, id: u32) -> String {
+fn console(c: &vgpu_api::client::Client, id: u32) -> String {
     String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
 }
 

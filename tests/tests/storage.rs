@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuState, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::TestDaemon;
 use vgpu_tests::require_kvm;
-use vgpud::api::{StorageAttachment, VgpuCreate, VgpuState, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 const DEG_SALT: u64 = 0xD1B5_4A32_D192_ED03;

@@ -255,7 +255,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_openapi {
-        print!("{}", vgpud::api::openapi_json());
+        print!("{}", vgpud::openapi::openapi_json());
         return ExitCode::SUCCESS;
     }
     tracing_subscriber::fmt()

@@ -464,7 +464,7 @@ async fn get_metrics(State(d): State<AppState>) -> Response {
 async fn openapi_doc() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        crate::api::openapi_json(),
+        crate::openapi::openapi_json(),
     )
         .into_response()
 }

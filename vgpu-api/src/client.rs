@@ -47,6 +47,20 @@ impl Endpoint {
     }
 }
 
+/// Where vgpud listens unless told otherwise: `vgpud.sock` in its default state directory,
+/// `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
+pub fn default_socket() -> PathBuf {
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("vgpud"),
+        None => {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            PathBuf::from(format!("/tmp/vgpud-{uid}"))
+        }
+    };
+    dir.join("vgpud.sock")
+}
+
 /// Why a request failed. The messages say what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -19,7 +19,7 @@
 //!   file descriptor with that line (SCM_RIGHTS). [`WorkerMessage::Memory`] reports a
 //!   pager's state after it changed.
 //!
-//! The fast path for BAND grants (issue 5) is shared memory + eventfd, not this socket.
+//! The fast path for BAND grants is shared memory + eventfd (`vgpu-grant`), not this socket.
 
 use serde::{Deserialize, Serialize};
 
@@ -120,24 +120,6 @@ pub enum SwapTier {
     Host,
 }
 
-impl From<SwapTier> for vgpu_backend::pager::Tier {
-    fn from(t: SwapTier) -> Self {
-        match t {
-            SwapTier::Device => Self::Device,
-            SwapTier::Host => Self::Host,
-        }
-    }
-}
-
-impl From<vgpu_backend::pager::Tier> for SwapTier {
-    fn from(t: vgpu_backend::pager::Tier) -> Self {
-        match t {
-            vgpu_backend::pager::Tier::Device => Self::Device,
-            vgpu_backend::pager::Tier::Host => Self::Host,
-        }
-    }
-}
-
 /// What a worker asks vgpud (memory decisions and the shared memory registry).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -184,7 +166,7 @@ pub enum Answer {
     Attach { size: u64 },
 }
 
-/// A pager's state (see `vgpu_backend::pager::MemState`).
+/// A pager's state (see `vgpu_backend::pager::MemState`; the `pager` feature converts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemReport {
@@ -198,40 +180,6 @@ pub struct MemReport {
     pub swap_in_ns: u64,
     pub evictions: u64,
     pub restores: u64,
-}
-
-impl From<vgpu_backend::pager::MemState> for MemReport {
-    fn from(s: vgpu_backend::pager::MemState) -> Self {
-        Self {
-            used: s.used,
-            resident: s.resident,
-            device_swap: s.device_swap,
-            host_swap: s.host_swap,
-            swap_out_bytes: s.swap_out_bytes,
-            swap_in_bytes: s.swap_in_bytes,
-            swap_out_ns: s.swap_out_ns,
-            swap_in_ns: s.swap_in_ns,
-            evictions: s.evictions,
-            restores: s.restores,
-        }
-    }
-}
-
-impl From<MemReport> for vgpu_backend::pager::MemState {
-    fn from(s: MemReport) -> Self {
-        Self {
-            used: s.used,
-            resident: s.resident,
-            device_swap: s.device_swap,
-            host_swap: s.host_swap,
-            swap_out_bytes: s.swap_out_bytes,
-            swap_in_bytes: s.swap_in_bytes,
-            swap_out_ns: s.swap_out_ns,
-            swap_in_ns: s.swap_in_ns,
-            evictions: s.evictions,
-            restores: s.restores,
-        }
-    }
 }
 
 /// A command with the id its reply will carry.

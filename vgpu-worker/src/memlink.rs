@@ -1,5 +1,5 @@
 //! The worker's side of vgpud's memory decisions and shared memory registry: questions
-//! asked over the control channel ([`crate::control::Ask`]) and their answers, a
+//! asked over the control channel ([`vgpu_api::control::Ask`]) and their answers, a
 //! [`Broker`] for the pager of an oversubscribed vGPU, and a [`ShmHost`] for the device.
 
 use std::collections::{HashMap, VecDeque};
@@ -15,7 +15,7 @@ use vgpu_backend::Backend;
 use vgpu_device::{ShmError, ShmHost};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::control::{self, Answer, Ask, ShmFailure, WorkerMessage};
+use vgpu_api::control::{self, Answer, Ask, ShmFailure, WorkerMessage};
 
 /// How long a question waits for vgpud (a reservation may wait for other vGPUs to swap
 /// out several gigabytes).
@@ -160,11 +160,6 @@ impl Asker {
             }
             None => tracing::debug!(to, "answer to a question nobody waits for"),
         }
-    }
-
-    /// The next received descriptor (a command that carries some takes them in order).
-    pub fn take_fd(&self) -> Option<OwnedFd> {
-        self.fds.pop()
     }
 
     /// Fails every waiting question (the channel closed).

@@ -152,6 +152,37 @@ pub struct StorageAttachment {
     pub read_only: bool,
 }
 
+impl StorageAttachment {
+    /// Parses `ID=PATH`, `ID=PATH:ro` or `ID=PATH:rw` (read-only unless `:rw`), the form
+    /// vgpuctl's and the worker's `--storage` take.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (id, rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: give ID=PATH[:ro|:rw], e.g. 1=/data/graph.bin:ro"))?;
+        let namespace: u32 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("{s:?}: the namespace id {id:?} must be a number >= 1"))?;
+        let (path, read_only) = if let Some(p) = rest.strip_suffix(":ro") {
+            (p, true)
+        } else if let Some(p) = rest.strip_suffix(":rw") {
+            (p, false)
+        } else {
+            (rest, true)
+        };
+        if path.is_empty() {
+            return Err(format!("{s:?}: the path is empty"));
+        }
+        Ok(Self {
+            namespace,
+            path: path.to_owned(),
+            read_only,
+        })
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -539,14 +570,4 @@ pub struct RebalanceEvent {
     pub migration: Option<u32>,
     /// In words.
     pub reason: String,
-}
-
-/// The OpenAPI document of the API, pretty-printed JSON with a trailing newline (what
-/// `vgpud --print-openapi` prints and docs/openapi.json holds).
-pub fn openapi_json() -> String {
-    let mut s = crate::daemon::http::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()));
-    s.push('\n');
-    s
 }

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use vgpud::api::{MigrateRequest, Vgpu, VgpuCreate, VmCreate, VmState};
-use vgpud::client::{Client, ClientError, Endpoint};
-use vgpud::units::human_bytes;
+use vgpu_api::api::{MigrateRequest, Vgpu, VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::{Client, ClientError, Endpoint};
+use vgpu_api::units::human_bytes;
 
 /// Two VMs share one simulated GPU through vGPUs with different shares.
 #[derive(Parser, Debug)]
@@ -102,8 +102,15 @@ impl Drop for DaemonProc {
     }
 }
 
+/// A program beside this one (cargo puts a workspace's binaries in one directory; test
+/// binaries one level down, in `deps/`).
 fn sibling(name: &str) -> PathBuf {
-    vgpud::daemon::sibling_binary(name)
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
 }
 
 /// Under `cargo run`, builds the daemon, worker and vmm beside this binary (cargo builds
@@ -116,17 +123,18 @@ fn build_siblings() -> Result<(), DemoError> {
         .parent()
         .is_some_and(|d| d.ends_with("release"));
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "vgpud", "-p", "vmm", "--bins"]);
+    cmd.args(["build", "--quiet", "--bins"]);
+    cmd.args(["-p", "vgpud", "-p", "vgpu-worker", "-p", "vmm"]);
     if release {
         cmd.arg("--release");
     }
     let status = cmd.status().map_err(|e| DemoError::Start {
-        what: "cannot run cargo to build vgpud and vmm".into(),
+        what: "cannot run cargo to build vgpud, vgpu-worker and vmm".into(),
         why: e.to_string(),
     })?;
     if !status.success() {
         return Err(DemoError::Start {
-            what: "building vgpud and vmm failed".into(),
+            what: "building vgpud, vgpu-worker and vmm failed".into(),
             why: format!("cargo {status}; see its output above"),
         });
     }
@@ -152,7 +160,7 @@ fn start_daemon(dir: &Path) -> Result<(DaemonProc, Client), DemoError> {
             "12G",
         ])
         .args(["--stats-interval-ms", "200", "--stats-window-ms", "1000"])
-        // The rebalancer runs (issue 13); its window outlasts the demo's shared phase
+        // The rebalancer runs; its window outlasts the demo's shared phase
         // (the demo migrates vGPU b itself at 5 s), so it only steps in if a GPU stays
         // overloaded after that: GET /v1/rebalancer/events says what it saw.
         .args(["--rebalance", "balance", "--rebalance-window-ms", "8000"])
@@ -162,7 +170,9 @@ fn start_daemon(dir: &Path) -> Result<(DaemonProc, Client), DemoError> {
         .spawn()
         .map_err(|e| DemoError::Start {
             what: format!("cannot start {}", bin.display()),
-            why: format!("{e}; build it with `cargo build --release -p vgpud -p vmm`"),
+            why: format!(
+                "{e}; build it with `cargo build --release -p vgpud -p vgpu-worker -p vmm`"
+            ),
         })?;
     let mut d = DaemonProc {
         child: Some(child),
@@ -247,7 +257,7 @@ fn run(args: Args) -> Result<(), DemoError> {
         if !sibling(name).is_file() {
             return Err(DemoError::Start {
                 what: format!("{} is missing", sibling(name).display()),
-                why: "build it with `cargo build --release -p vgpud -p vmm`".into(),
+                why: "build it with `cargo build --release -p vgpud -p vgpu-worker -p vmm`".into(),
             });
         }
     }
@@ -502,7 +512,7 @@ fn run(args: Args) -> Result<(), DemoError> {
 fn draw_plot(path: &Path, tenants: &[Tenant]) -> Result<(), DemoError> {
     let mut lines = Vec::new();
     for (i, tn) in tenants.iter().enumerate() {
-        lines.push(vgpud::plot::Line {
+        lines.push(vgpuctl::plot::Line {
             label: Some(format!(
                 "vGPU {} ({}), share {:.0}%",
                 tn.vgpu.id,
@@ -511,17 +521,17 @@ fn draw_plot(path: &Path, tenants: &[Tenant]) -> Result<(), DemoError> {
             )),
             points: tn.samples.iter().map(|s| (s.t, s.compute)).collect(),
             color: i,
-            style: vgpud::plot::Style::Thick,
+            style: vgpuctl::plot::Style::Thick,
         });
-        lines.push(vgpud::plot::Line {
+        lines.push(vgpuctl::plot::Line {
             label: None,
             points: tn.samples.iter().map(|s| (s.t, s.copy)).collect(),
             color: i,
-            style: vgpud::plot::Style::Thin,
+            style: vgpuctl::plot::Style::Thin,
         });
-        lines.push(vgpud::plot::Line::level(tn.vgpu.compute_share, i));
+        lines.push(vgpuctl::plot::Line::level(tn.vgpu.compute_share, i));
     }
-    vgpud::plot::utilization_png(
+    vgpuctl::plot::utilization_png(
         path,
         "vGPU compute utilization over time (sim GPU 0)",
         "thick: compute, thin: copy, dashed: the vGPU's share",
