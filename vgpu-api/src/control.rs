@@ -166,7 +166,7 @@ pub enum Answer {
     Attach { size: u64 },
 }
 
-/// A pager's state (see `vgpu_backend::pager::MemState`; the `pager` feature converts).
+/// A pager's state (see `vgpu_scheduler::memory::MemState`; the `pager` feature converts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemReport {

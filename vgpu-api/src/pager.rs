@@ -1,6 +1,6 @@
-//! Conversions between the control channel's memory types and the backend pager's.
+//! Conversions between the control channel's memory types and the memory planner's (vgpu-scheduler).
 
-use vgpu_backend::pager::{MemState, Tier};
+use vgpu_scheduler::memory::{MemState, Tier};
 
 use crate::control::{MemReport, SwapTier};
 
