@@ -316,3 +316,15 @@ mod tests {
         );
     }
 }
+
+/// One NVIDIA GPU as `vgpu-worker --list-cuda-gpus` describes it (one JSON array on
+/// stdout), so vgpud learns the machine's GPUs without loading the GPU driver itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CudaDevice {
+    /// CUDA device ordinal.
+    pub ordinal: i32,
+    /// The driver's name for it.
+    pub name: String,
+    /// Physical memory in bytes.
+    pub memory: u64,
+}

@@ -42,14 +42,18 @@ use crate::run::Config;
 #[command(name = "vgpu-worker", version)]
 struct Args {
     /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
-    #[arg(long)]
-    socket: PathBuf,
+    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    socket: Option<PathBuf>,
     /// Host-wide id of the vGPU (shown to the guest in the config space).
-    #[arg(long)]
-    vgpu_id: u32,
+    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    vgpu_id: Option<u32>,
     /// Device memory the vGPU may allocate (its memory share).
-    #[arg(long, value_parser = parse_size)]
-    memory: u64,
+    #[arg(long, value_parser = parse_size, required_unless_present = "list_cuda_gpus")]
+    memory: Option<u64>,
+    /// Print the machine's NVIDIA GPUs as one JSON array (ordinal, name, memory) and exit;
+    /// vgpud asks this way so that it never loads the GPU driver itself.
+    #[arg(long, exclusive = true)]
+    list_cuda_gpus: bool,
     /// Request queues (guest streams), each served by its own thread.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_QUEUES)))]
     queues: u16,
@@ -131,27 +135,29 @@ fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
 }
 
 impl Args {
-    /// The worker's configuration.
-    fn into_config(self) -> Config {
-        Config {
+    /// The worker's configuration; `None` without the vGPU's arguments (clap requires them
+    /// unless `--list-cuda-gpus` is given).
+    fn into_config(self) -> Option<Config> {
+        let (socket, vgpu_id, memory) = (self.socket?, self.vgpu_id?, self.memory?);
+        Some(Config {
             device: DeviceConfig {
-                vgpu_id: self.vgpu_id,
+                vgpu_id,
                 num_queues: self.queues,
                 queue_size: self.queue_size,
-                memory_share: self.memory,
+                memory_share: memory,
                 compute_share: self.compute_share,
                 copy_share: self.copy_share,
             },
             gpu: GpuSpec {
                 kind: self.backend,
                 ordinal: self.gpu,
-                memory: self.memory,
+                memory,
                 sim_memory: self.sim_memory,
                 sim_copy_bw: self.sim_copy_bw,
                 sim_speed: self.sim_speed,
                 sim_threads: self.sim_threads,
             },
-            socket: self.socket,
+            socket,
             priority: self.priority,
             control_fd: self.control_fd,
             grant_fds: self.grant_fds,
@@ -161,6 +167,35 @@ impl Args {
             shm: self.shm,
             poll: Duration::from_micros(self.poll_us),
             storage: self.storage,
+        })
+    }
+}
+
+/// `--list-cuda-gpus`: the GPUs as JSON on stdout.
+fn list_cuda_gpus() -> ExitCode {
+    let devices = match vgpu_backend::cuda::CudaGpu::devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("vgpu-worker: cannot list NVIDIA GPUs: {why}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let list: Vec<vgpu_api::control::CudaDevice> = devices
+        .into_iter()
+        .map(|d| vgpu_api::control::CudaDevice {
+            ordinal: d.ordinal,
+            name: d.name,
+            memory: d.memory,
+        })
+        .collect();
+    match serde_json::to_string(&list) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vgpu-worker: cannot encode the GPU list: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -175,7 +210,14 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    match run::run(args.into_config()) {
+    if args.list_cuda_gpus {
+        return list_cuda_gpus();
+    }
+    let Some(config) = args.into_config() else {
+        eprintln!("vgpu-worker: error: give --socket, --vgpu-id and --memory (see --help)");
+        return ExitCode::from(2);
+    };
+    match run::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vgpu-worker: error: {e}");
