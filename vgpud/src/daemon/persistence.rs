@@ -19,15 +19,22 @@
 //! that change it answer only once the change is on disk; changes that come from process
 //! events are saved by a background task.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::super::statefile::{
+use super::core::Daemon;
+use super::state::{Inner, VgpuRec, VmRec};
+use super::statefile::{
     self, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
 };
-use super::*;
+use super::Config;
+use crate::api::{self, VgpuCreate, VgpuState, VmState};
+use crate::units::permille_to_fraction;
 
 /// A restored VM that was running when vgpud went away.
-pub(super) const RESTART_REASON: &str =
+const RESTART_REASON: &str =
     "stopped: vgpud restarted (a VM does not outlive the daemon that runs it); launch it again";
 
 /// How long a restore waits for a worker of the previous vgpud to let go of a socket.
@@ -42,7 +49,7 @@ pub(super) struct Saver {
     failing: bool,
 }
 
-pub(super) fn unix_ms(t: SystemTime) -> u64 {
+fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -127,178 +134,15 @@ impl Daemon {
     /// What the state file holds now. `stopping`: the daemon stops gracefully, so running
     /// VMs get their uptime until now.
     fn snapshot(&self, stopping: bool) -> StateFile {
-        let inner = self.lock();
-        let vgpus = inner
-            .vgpus
-            .values()
-            // A free vGPU whose create has not answered yet is not the user's yet.
-            .filter(|r| !(r.state == VgpuState::Starting && !r.owned && !r.restore_failed))
-            .map(|r| SavedVgpu {
-                id: r.id,
-                gpu: r.gpu,
-                memory_bytes: r.memory,
-                compute_permille: r.compute,
-                copy_permille: r.copy,
-                priority: r.priority,
-                oversubscribe: r.oversubscribe,
-                share_group: r.share_group.clone(),
-                queues: r.queues,
-                storage: r
-                    .storage
-                    .iter()
-                    .map(|s| SavedStorage {
-                        namespace: s.namespace,
-                        path: s.path.clone(),
-                        read_only: s.read_only,
-                    })
-                    .collect(),
-                owned_by_vm: r.owned,
-                vm: r.vm,
-                state: match &r.state {
-                    // Not restored at the last start: still a definition to bring back.
-                    _ if r.restore_failed => SavedVgpuState::Live,
-                    VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
-                        SavedVgpuState::Live
-                    }
-                    VgpuState::Released => SavedVgpuState::Released,
-                    VgpuState::Failed { reason } => SavedVgpuState::Failed {
-                        reason: reason.clone(),
-                    },
-                },
-            })
-            .collect();
-        let vms = inner
-            .vms
-            .values()
-            .map(|v| {
-                let live = v.state.is_live();
-                SavedVm {
-                    id: v.id,
-                    payload: v.payload.display().to_string(),
-                    payload_arg: v.payload_arg.clone(),
-                    memory_bytes: v.memory,
-                    vcpus: v.vcpus,
-                    vgpu: v.vgpu,
-                    state: match &v.state {
-                        VmState::Starting | VmState::Running => SavedVmState::Live,
-                        VmState::Exited { code } => SavedVmState::Exited { code: *code },
-                        VmState::Failed { reason } => SavedVmState::Failed {
-                            reason: reason.clone(),
-                        },
-                    },
-                    launched_unix_ms: unix_ms(v.launched),
-                    uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
-                }
-            })
-            .collect();
-        StateFile {
-            version: statefile::VERSION,
-            next_vgpu: inner.next_vgpu,
-            next_vm: inner.next_vm,
-            next_migration: inner.next_migration,
-            vgpus,
-            vms,
-        }
+        self.state.with(|inner| snapshot_of(inner, stopping))
     }
 
     /// Brings back what `saved` holds (see the module comment). Runs before the API
     /// serves; never fails: what cannot come back is listed with the reason.
     pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
-        let now_unix = unix_ms(SystemTime::now());
-        let mut candidates = Vec::new();
-        {
-            let mut inner = self.lock();
-            let max_vgpu = saved.vgpus.iter().map(|v| v.id).max().unwrap_or(0);
-            let max_vm = saved.vms.iter().map(|v| v.id).max().unwrap_or(0);
-            inner.next_vgpu = saved.next_vgpu.max(max_vgpu.saturating_add(1)).max(1);
-            inner.next_vm = saved.next_vm.max(max_vm.saturating_add(1)).max(1);
-            inner.next_migration = saved.next_migration.max(1);
-            for v in saved.vgpus {
-                let id = v.id;
-                let bring_back = v.state == SavedVgpuState::Live && !v.owned_by_vm;
-                let state = match v.state {
-                    // Held until it is validated and admitted below.
-                    SavedVgpuState::Live if bring_back => VgpuState::Failed {
-                        reason: "being restored".into(),
-                    },
-                    // Its VM ended with the old daemon: released, as when a VM ends.
-                    SavedVgpuState::Live | SavedVgpuState::Released => VgpuState::Released,
-                    SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
-                };
-                let rec = VgpuRec {
-                    id,
-                    gpu: v.gpu,
-                    memory: v.memory_bytes,
-                    compute: v.compute_permille,
-                    copy: v.copy_permille,
-                    priority: v.priority,
-                    oversubscribe: v.oversubscribe,
-                    share_group: v.share_group,
-                    queues: v.queues,
-                    storage: v
-                        .storage
-                        .into_iter()
-                        .map(|s| api::StorageAttachment {
-                            namespace: s.namespace,
-                            path: s.path,
-                            read_only: s.read_only,
-                        })
-                        .collect(),
-                    state,
-                    // A vGPU that comes back is free for a new VM.
-                    vm: if bring_back { None } else { v.vm },
-                    owned: v.owned_by_vm,
-                    socket: self.cfg.state_dir.join(format!("vgpu-{id}.sock")),
-                    log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
-                    worker: None,
-                    stopping: false,
-                    samples: VecDeque::new(),
-                    memory_report: None,
-                    migrating_to: None,
-                    restore_failed: bring_back,
-                };
-                if bring_back {
-                    candidates.push(id);
-                }
-                inner.vgpus.insert(id, rec);
-            }
-            for v in saved.vms {
-                let (state, uptime) = match v.state {
-                    SavedVmState::Live => (
-                        VmState::Failed {
-                            reason: RESTART_REASON.into(),
-                        },
-                        v.uptime_ms
-                            .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
-                    ),
-                    SavedVmState::Exited { code } => {
-                        (VmState::Exited { code }, v.uptime_ms.unwrap_or(0))
-                    }
-                    SavedVmState::Failed { reason } => {
-                        (VmState::Failed { reason }, v.uptime_ms.unwrap_or(0))
-                    }
-                };
-                let now = Instant::now();
-                inner.vms.insert(
-                    v.id,
-                    VmRec {
-                        id: v.id,
-                        payload: PathBuf::from(v.payload),
-                        payload_arg: v.payload_arg,
-                        memory: v.memory_bytes,
-                        vcpus: v.vcpus,
-                        vgpu: v.vgpu,
-                        state,
-                        proc: None,
-                        console: self.cfg.state_dir.join(format!("vm-{}.log", v.id)),
-                        started: now,
-                        ended: Some(now),
-                        launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
-                        restored_uptime: Some(uptime),
-                    },
-                );
-            }
-        }
+        let candidates = self
+            .state
+            .with(|inner| restore_records(&self.cfg, inner, saved));
         let (mut ready, mut unusable) = (0usize, 0usize);
         for id in candidates {
             match self.restore_vgpu(id).await {
@@ -313,23 +157,23 @@ impl Daemon {
                 }
             }
         }
-        let inner = self.lock();
-        tracing::info!(
-            path = %self.state_path().display(),
-            vgpus_ready = ready,
-            vgpus_unusable = unusable,
-            vgpu_records = inner.vgpus.len(),
-            vm_records = inner.vms.len(),
-            next_vgpu = inner.next_vgpu,
-            next_vm = inner.next_vm,
-            "state restored"
-        );
+        self.state.with(|inner| {
+            tracing::info!(
+                path = %self.state_path().display(),
+                vgpus_ready = ready,
+                vgpus_unusable = unusable,
+                vgpu_records = inner.vgpus.len(),
+                vm_records = inner.vms.len(),
+                next_vgpu = inner.next_vgpu,
+                next_vm = inner.next_vm,
+                "state restored"
+            );
+        });
     }
 
     /// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
     async fn restore_vgpu(self: &Arc<Self>, id: u32) -> Result<(), String> {
-        {
-            let mut inner = self.lock();
+        self.state.with(|inner| {
             let rec = inner
                 .vgpus
                 .get(&id)
@@ -348,7 +192,7 @@ impl Daemon {
             let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
             // Exactly the shares it had (no round trip through fractions).
             (ask.compute, ask.copy) = (rec.compute, rec.copy);
-            if let Some(e) = self.misfit(&inner, rec.gpu, &ask, Some(id)) {
+            if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
                 return Err(e.error);
             }
             let rec = inner
@@ -356,12 +200,15 @@ impl Daemon {
                 .get_mut(&id)
                 .ok_or_else(|| "its record vanished".to_owned())?;
             rec.state = VgpuState::Starting;
-        }
+            Ok::<(), String>(())
+        })?;
         self.wait_socket_free(id).await?;
         self.start_worker(id).await.map_err(|e| e.error)?;
-        if let Some(rec) = self.lock().vgpus.get_mut(&id) {
-            rec.restore_failed = false;
-        }
+        self.state.with(|inner| {
+            if let Some(rec) = inner.vgpus.get_mut(&id) {
+                rec.restore_failed = false;
+            }
+        });
         tracing::info!(vgpu = id, "vGPU restored");
         Ok(())
     }
@@ -370,7 +217,10 @@ impl Daemon {
     /// (parent-death signal) and are gone within milliseconds, but a restart can be
     /// quicker: wait until none serves vGPU `id`'s socket any more.
     async fn wait_socket_free(&self, id: u32) -> Result<(), String> {
-        let Some(socket) = self.lock().vgpus.get(&id).map(|r| r.socket.clone()) else {
+        let Some(socket) = self
+            .state
+            .with(|i| i.vgpus.get(&id).map(|r| r.socket.clone()))
+        else {
             return Ok(());
         };
         let deadline = Instant::now() + OLD_WORKER_GRACE;
@@ -395,11 +245,8 @@ impl Daemon {
 
     /// Restored vGPU `id` cannot run: listed as failed with `reason`, holding nothing.
     fn fail_restored(&self, id: u32, reason: String) {
-        let gpu = {
-            let mut inner = self.lock();
-            let Some(rec) = inner.vgpus.get_mut(&id) else {
-                return;
-            };
+        let gpu = self.state.with(|inner| {
+            let rec = inner.vgpus.get_mut(&id)?;
             rec.state = VgpuState::Failed { reason };
             rec.restore_failed = true;
             if rec.worker.is_some() {
@@ -408,14 +255,190 @@ impl Daemon {
             } else {
                 Some(rec.gpu)
             }
-        };
+        });
         if let Some(gpu) = gpu {
             self.detach_grants(id, gpu);
-            if let Some(m) = self.memory.get(gpu as usize) {
-                lock_planner(&m.planner).leave(id);
-            }
+            self.pool_leave(gpu, id);
             self.refresh_pool(gpu);
         }
-        self.changed.notify_waiters();
+        self.state.notify();
+    }
+}
+
+/// What the state file holds for `inner`. `stopping`: the daemon stops gracefully, so
+/// running VMs get their uptime until now.
+fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
+    let vgpus = inner
+        .vgpus
+        .values()
+        // A free vGPU whose create has not answered yet is not the user's yet.
+        .filter(|r| !(r.state == VgpuState::Starting && !r.owned && !r.restore_failed))
+        .map(|r| SavedVgpu {
+            id: r.id,
+            gpu: r.gpu,
+            memory_bytes: r.memory,
+            compute_permille: r.compute,
+            copy_permille: r.copy,
+            priority: r.priority,
+            oversubscribe: r.oversubscribe,
+            share_group: r.share_group.clone(),
+            queues: r.queues,
+            storage: r
+                .storage
+                .iter()
+                .map(|s| SavedStorage {
+                    namespace: s.namespace,
+                    path: s.path.clone(),
+                    read_only: s.read_only,
+                })
+                .collect(),
+            owned_by_vm: r.owned,
+            vm: r.vm,
+            state: match &r.state {
+                // Not restored at the last start: still a definition to bring back.
+                _ if r.restore_failed => SavedVgpuState::Live,
+                VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
+                    SavedVgpuState::Live
+                }
+                VgpuState::Released => SavedVgpuState::Released,
+                VgpuState::Failed { reason } => SavedVgpuState::Failed {
+                    reason: reason.clone(),
+                },
+            },
+        })
+        .collect();
+    let vms = inner
+        .vms
+        .values()
+        .map(|v| {
+            let live = v.state.is_live();
+            SavedVm {
+                id: v.id,
+                payload: v.payload.display().to_string(),
+                payload_arg: v.payload_arg.clone(),
+                memory_bytes: v.memory,
+                vcpus: v.vcpus,
+                vgpu: v.vgpu,
+                state: match &v.state {
+                    VmState::Starting | VmState::Running => SavedVmState::Live,
+                    VmState::Exited { code } => SavedVmState::Exited { code: *code },
+                    VmState::Failed { reason } => SavedVmState::Failed {
+                        reason: reason.clone(),
+                    },
+                },
+                launched_unix_ms: unix_ms(v.launched),
+                uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
+            }
+        })
+        .collect();
+    StateFile {
+        version: statefile::VERSION,
+        next_vgpu: inner.next_vgpu,
+        next_vm: inner.next_vm,
+        next_migration: inner.next_migration,
+        vgpus,
+        vms,
+    }
+}
+
+/// Puts `saved`'s records into `inner`: the ids of the vGPUs to bring back.
+fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Vec<u32> {
+    let now_unix = unix_ms(SystemTime::now());
+    let max_vgpu = saved.vgpus.iter().map(|v| v.id).max().unwrap_or(0);
+    let max_vm = saved.vms.iter().map(|v| v.id).max().unwrap_or(0);
+    inner.next_vgpu = saved.next_vgpu.max(max_vgpu.saturating_add(1)).max(1);
+    inner.next_vm = saved.next_vm.max(max_vm.saturating_add(1)).max(1);
+    inner.next_migration = saved.next_migration.max(1);
+    let mut candidates = Vec::new();
+    for v in saved.vgpus {
+        let (rec, bring_back) = restored_vgpu(cfg, v);
+        if bring_back {
+            candidates.push(rec.id);
+        }
+        inner.vgpus.insert(rec.id, rec);
+    }
+    for v in saved.vms {
+        inner.vms.insert(v.id, restored_vm(cfg, v, now_unix));
+    }
+    candidates
+}
+
+/// A saved vGPU's record, and whether it is to be brought back (it is held as failed
+/// until it is validated and admitted).
+fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
+    let id = v.id;
+    let bring_back = v.state == SavedVgpuState::Live && !v.owned_by_vm;
+    let state = match v.state {
+        // Held until it is validated and admitted below.
+        SavedVgpuState::Live if bring_back => VgpuState::Failed {
+            reason: "being restored".into(),
+        },
+        // Its VM ended with the old daemon: released, as when a VM ends.
+        SavedVgpuState::Live | SavedVgpuState::Released => VgpuState::Released,
+        SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
+    };
+    let rec = VgpuRec {
+        id,
+        gpu: v.gpu,
+        memory: v.memory_bytes,
+        compute: v.compute_permille,
+        copy: v.copy_permille,
+        priority: v.priority,
+        oversubscribe: v.oversubscribe,
+        share_group: v.share_group,
+        queues: v.queues,
+        storage: v
+            .storage
+            .into_iter()
+            .map(|s| api::StorageAttachment {
+                namespace: s.namespace,
+                path: s.path,
+                read_only: s.read_only,
+            })
+            .collect(),
+        state,
+        // A vGPU that comes back is free for a new VM.
+        vm: if bring_back { None } else { v.vm },
+        owned: v.owned_by_vm,
+        socket: cfg.state_dir.join(format!("vgpu-{id}.sock")),
+        log: cfg.state_dir.join(format!("vgpu-{id}.log")),
+        worker: None,
+        stopping: false,
+        samples: VecDeque::new(),
+        memory_report: None,
+        migrating_to: None,
+        restore_failed: bring_back,
+    };
+    (rec, bring_back)
+}
+
+/// A saved VM's record: a VM that was running ended with the old daemon.
+fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
+    let (state, uptime) = match v.state {
+        SavedVmState::Live => (
+            VmState::Failed {
+                reason: RESTART_REASON.into(),
+            },
+            v.uptime_ms
+                .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
+        ),
+        SavedVmState::Exited { code } => (VmState::Exited { code }, v.uptime_ms.unwrap_or(0)),
+        SavedVmState::Failed { reason } => (VmState::Failed { reason }, v.uptime_ms.unwrap_or(0)),
+    };
+    let now = Instant::now();
+    VmRec {
+        id: v.id,
+        payload: PathBuf::from(v.payload),
+        payload_arg: v.payload_arg,
+        memory: v.memory_bytes,
+        vcpus: v.vcpus,
+        vgpu: v.vgpu,
+        state,
+        proc: None,
+        console: cfg.state_dir.join(format!("vm-{}.log", v.id)),
+        started: now,
+        ended: Some(now),
+        launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
+        restored_uptime: Some(uptime),
     }
 }
