@@ -74,12 +74,12 @@ impl Daemon {
         lock_planner(&m.planner).resize(left - swap, swap);
     }
 
-    /// Oversubscribed vGPU `id` joins GPU `gpu`'s pool (or changes its priority there),
-    /// with its latest memory report when there is one.
+    /// Oversubscribed vGPU `id` joins GPU `gpu`'s pool (or changes its priority there).
     pub(super) fn pool_join(&self, gpu: u32, id: u32, priority: i32) {
         self.pool_enter(gpu, id, priority, None);
     }
 
+    /// [`Daemon::pool_join`], with the vGPU's latest memory report when there is one.
     fn pool_enter(&self, gpu: u32, id: u32, priority: i32, report: Option<MemReport>) {
         if let Some(m) = self.memory.get(gpu as usize) {
             let mut p = lock_planner(&m.planner);

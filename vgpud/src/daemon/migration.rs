@@ -305,15 +305,15 @@ impl Daemon {
             // pool go (an oversubscribed vGPU joined the target's at the start).
             let leave = if moved { source } else { target };
             self.detach_grants_later(id, leave);
-            let back = self.state.with(|inner| {
-                inner
+            self.state.with(|inner| {
+                let back = inner
                     .vgpus
                     .get(&id)
-                    .is_some_and(|r| r.pools().contains(&leave))
+                    .is_some_and(|r| r.pools().contains(&leave));
+                if !back {
+                    self.pool_leave(leave, id);
+                }
             });
-            if !back {
-                self.pool_leave(leave, id);
-            }
             self.refresh_pool(source);
             self.refresh_pool(target);
         }

@@ -1,4 +1,4 @@
-//! Demand monitoring, placement of new vGPUs and the rebalancer task (issue 13): the
+//! Demand monitoring, placement of new vGPUs and the rebalancer task: the
 //! daemon's side of `vgpu_scheduler::rebalance` (the policy, pure and tested in virtual
 //! time). See docs/rebalance.md.
 //!

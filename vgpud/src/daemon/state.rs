@@ -7,7 +7,7 @@
 //! Lock order (a thread holding one lock takes only locks further down the list):
 //! 1. the state file writer (`persistence::Saver`, an async mutex held across a save);
 //! 2. one GPU's reservation slot (`memory::GpuMemory::serial`, an async mutex held across
-//!    a reservation; never held while waiting for the state lock's closure to finish);
+//!    a whole reservation, which reads the state and replans the pool meanwhile);
 //! 3. the state lock (this module);
 //! 4. the rebalancer's state (`rebalancing::State`);
 //! 5. the shared-memory registry (`shm::Registry`);
