@@ -310,6 +310,8 @@ async fn migrate_vgpu(
 ) -> Result<Response, ApiError> {
     let id = id_of(&id)?;
     let req = migrate_request(&body)?;
+    // A stopping daemon says so before it judges the request's fields.
+    d.check_running()?;
     d.migrate_vgpu(id, migrate_command(req)?)
         .await
         .map(accepted)
@@ -471,6 +473,7 @@ async fn migrate_vm(
     let vgpu = vm
         .vgpu
         .ok_or_else(|| ApiError::conflict("id", format!("VM {} has no vGPU to migrate", vm.id)))?;
+    d.check_running()?;
     d.migrate_vgpu(vgpu, migrate_command(req)?)
         .await
         .map(accepted)

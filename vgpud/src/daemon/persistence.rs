@@ -369,7 +369,7 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
     let id = v.id;
     let bring_back = v.state == SavedVgpuState::Live && !v.owned_by_vm;
     let state = match v.state {
-        // Held until it is validated and admitted below.
+        // Held until `restore` validates and admits it.
         SavedVgpuState::Live if bring_back => VgpuState::Failed {
             reason: "being restored".into(),
         },
@@ -440,5 +440,43 @@ fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
         ended: Some(now),
         launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
         restored_uptime: Some(uptime),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    #[test]
+    fn a_snapshot_restores_definitions_and_ended_vms() {
+        let d = daemon(1);
+        let live = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("live");
+        let gone = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("gone");
+        d.state.with(|i| {
+            for (id, state) in [(live, VgpuState::Ready), (gone, VgpuState::Released)] {
+                if let Some(r) = i.vgpus.get_mut(&id) {
+                    r.state = state;
+                }
+            }
+        });
+        let file = d.state.with(|i| snapshot_of(i, false));
+        assert_eq!(file.vgpus.len(), 2);
+
+        let mut back = Inner::default();
+        let candidates = restore_records(&d.cfg, &mut back, file);
+        assert_eq!(
+            candidates,
+            vec![live],
+            "only the live definition comes back"
+        );
+        assert_eq!(back.next_vgpu, gone + 1, "ids are not reused");
+        let r = &back.vgpus[&live];
+        assert!(
+            r.restore_failed && !r.holds_resources(),
+            "held until admitted"
+        );
+        assert_eq!(back.vgpus[&gone].state, VgpuState::Released);
     }
 }
