@@ -34,7 +34,7 @@ use std::time::Duration;
 
 pub use self::core::Daemon;
 pub use error::{ApiError, DaemonError};
-pub use migration::{MigrateCommand, DEFAULT_MAX_DOWNTIME_MS};
+pub use migration::MigrateCommand;
 
 /// One simulated physical GPU.
 #[derive(Clone, Debug, PartialEq)]
