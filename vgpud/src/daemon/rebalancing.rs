@@ -1,4 +1,4 @@
-//! Demand monitoring, placement of new vGPUs and the rebalancer task (issue 13): the
+//! Demand monitoring, placement of new vGPUs and the rebalancer task: the
 //! daemon's side of `vgpu_scheduler::rebalance` (the policy, pure and tested in virtual
 //! time). See docs/rebalance.md.
 //!
@@ -8,12 +8,21 @@
 //! round reads those counters (one lock per vGPU), so monitoring costs nothing per request
 //! beyond that accounting.
 
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::admission::VgpuAsk;
+use super::core::Daemon;
+use super::migration::MigrateCommand;
+use super::state::Inner;
+use super::Config;
+use crate::api::{self, VgpuState};
+use crate::units::permille_to_fraction;
 use vgpu_grant::VgpuUsage;
 use vgpu_scheduler::rebalance::{
     place, Decision, Demand, GpuView, Mode, Note, PlaceCandidate, Rebalancer, VgpuView,
 };
-
-use super::*;
 
 /// Events kept for `GET /v1/rebalancer/events`.
 const EVENTS_KEPT: usize = 1000;
@@ -120,13 +129,7 @@ struct Seen {
 }
 
 impl Daemon {
-    fn rb(&self) -> MutexGuard<'_, rebalance::State> {
-        self.rebalance
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Every GPU as the policy sees it. Caller holds `inner`.
+    /// Every GPU as the policy sees it. Caller holds the state lock.
     fn gpu_views(&self, inner: &Inner) -> Vec<GpuView> {
         let max_bw = self
             .cfg
@@ -162,7 +165,7 @@ impl Daemon {
     }
 
     /// Picks a GPU for a new vGPU among `fits` (those it fits on) by measured load and
-    /// free memory share. Caller holds `inner`.
+    /// free memory share. Caller holds the state lock.
     pub(super) fn place_auto(&self, inner: &Inner, ask: &VgpuAsk, fits: &[u32]) -> Option<u32> {
         let views = self.gpu_views(inner);
         let rb = self.rb();
@@ -204,16 +207,17 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if self.shutting_down.load(Ordering::SeqCst) {
+            if self.is_shutting_down() {
                 return;
             }
             self.rebalance_round().await;
         }
     }
 
+    /// One round: what the vGPUs did since the last round, what the policy makes of it,
+    /// and the moves it decided (started unless the rebalancer only observes).
     async fn rebalance_round(self: &Arc<Self>) {
-        let (views, seen, migrating, outcomes) = {
-            let inner = self.lock();
+        let (views, seen, migrating, outcomes) = self.state.with(|inner| {
             // Where the migrations it started stand (read before its own lock: lock order).
             let outcomes: BTreeMap<u32, api::Migration> = {
                 let rb = self.rb();
@@ -222,7 +226,7 @@ impl Daemon {
                     .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
                     .collect()
             };
-            let views = self.gpu_views(&inner);
+            let views = self.gpu_views(inner);
             let migrating = inner.vgpus.values().any(|v| v.migrating_to.is_some());
             let seen: Vec<Seen> = inner
                 .vgpus
@@ -249,7 +253,7 @@ impl Daemon {
                 })
                 .collect();
             (views, seen, migrating, outcomes)
-        };
+        });
         // The grant servers' counters (one lock each), outside the daemon's lock.
         let usage: Vec<Option<VgpuUsage>> = seen
             .iter()
@@ -262,48 +266,7 @@ impl Daemon {
         let now = Instant::now();
         let (decisions, mode) = {
             let mut rb = self.rb();
-            let mut vgpus = Vec::with_capacity(seen.len());
-            for (s, u) in seen.iter().zip(usage) {
-                let mut v = s.view;
-                // A round during a migration measures but moves nothing.
-                v.movable &= !migrating;
-                if let Some(u) = u {
-                    let prev = rb.baselines.insert(
-                        v.id,
-                        Baseline {
-                            gpu: v.gpu,
-                            usage: u,
-                            at: now,
-                        },
-                    );
-                    if let Some(b) = prev.filter(|b| {
-                        b.gpu == v.gpu
-                            && u.compute_busy_ns >= b.usage.compute_busy_ns
-                            && u.copy_busy_ns >= b.usage.copy_busy_ns
-                            && u.compute_wait_ns >= b.usage.compute_wait_ns
-                            && u.copy_wait_ns >= b.usage.copy_wait_ns
-                    }) {
-                        let dt = now.duration_since(b.at).as_nanos() as f64;
-                        let raw = Raw {
-                            compute_busy: frac(u.compute_busy_ns - b.usage.compute_busy_ns, dt),
-                            compute_wait: frac(u.compute_wait_ns - b.usage.compute_wait_ns, dt),
-                            copy_busy: frac(u.copy_busy_ns - b.usage.copy_busy_ns, dt),
-                            copy_wait: frac(u.copy_wait_ns - b.usage.copy_wait_ns, dt),
-                        };
-                        rb.raw.insert(v.id, raw);
-                        v.demand = Some(Demand {
-                            compute: (raw.compute_busy + raw.compute_wait).min(1.0),
-                            copy: (raw.copy_busy + raw.copy_wait).min(1.0),
-                        });
-                    }
-                } else {
-                    rb.baselines.remove(&v.id);
-                }
-                vgpus.push(v);
-            }
-            rb.baselines
-                .retain(|id, _| seen.iter().any(|s| s.view.id == *id));
-            rb.raw.retain(|id, _| seen.iter().any(|s| s.view.id == *id));
+            let vgpus = measure(&mut rb, &seen, usage, now, migrating);
             let t = u64::try_from(now.duration_since(rb.started).as_nanos()).unwrap_or(u64::MAX);
             let round = rb.policy.observe(t, &views, &vgpus);
             let dt = rb.last_round.map_or(0, |l| {
@@ -325,78 +288,9 @@ impl Daemon {
                 }
             }
             let at = rb.ms(now);
-            for n in round.notes {
-                let e = match n {
-                    Note::Overloaded { gpu, load } => {
-                        let mut e = event(at, "overloaded", Some(gpu), format!(
-                            "GPU {gpu}'s demand stayed above {overload:.2} of its capacity for a window (load {load:.2})"
-                        ));
-                        e.load = Some(load);
-                        e
-                    }
-                    Note::Cleared { gpu, load } => {
-                        let mut e = event(
-                            at,
-                            "cleared",
-                            Some(gpu),
-                            format!("GPU {gpu} is no longer overloaded (load {load:.2})"),
-                        );
-                        e.load = Some(load);
-                        e
-                    }
-                    Note::Idle { gpu, idle: true } => event(
-                        at,
-                        "idle",
-                        Some(gpu),
-                        format!("GPU {gpu} holds no vGPU: it can be powered down or lent out"),
-                    ),
-                    Note::Idle { gpu, idle: false } => event(
-                        at,
-                        "busy",
-                        Some(gpu),
-                        format!("GPU {gpu} holds vGPUs again"),
-                    ),
-                    Note::Stuck { gpu, why } => event(
-                        at,
-                        "stuck",
-                        Some(gpu),
-                        format!("GPU {gpu} is overloaded but no move helps: {why}"),
-                    ),
-                };
-                rb.push(e);
-            }
-            let mut decided = Vec::new();
-            for d in round.decisions {
-                let mut e = event(at, d.kind.name(), Some(d.from), d.reason.clone());
-                e.vgpu = Some(d.vgpu);
-                e.target_gpu = Some(d.to);
-                e.load = Some(d.from_load);
-                e.load_after = Some(d.from_load_after);
-                e.bytes = Some(d.bytes);
-                let eid = rb.push(e);
-                decided.push((d, eid));
-            }
-            // Migrations it started earlier that failed since.
-            let following = std::mem::take(&mut rb.following);
-            let mut still = Vec::new();
-            for (mid, eid) in following {
-                match outcomes.get(&mid) {
-                    Some(m) if m.state == "running" => still.push((mid, eid)),
-                    Some(m) if m.state == "failed" => {
-                        let (vgpu, from, to) = (m.vgpu, m.source_gpu, m.target_gpu);
-                        let mut e = event(at, "failed", Some(from), format!(
-                            "migration {mid} of vGPU {vgpu} to GPU {to} (event {eid}) failed: {}; it stays on GPU {from}",
-                            m.error.clone().unwrap_or_default()
-                        ));
-                        e.vgpu = Some(vgpu);
-                        e.target_gpu = Some(to);
-                        e.migration = Some(mid);
-                        rb.push(e);
-                    }
-                    _ => {}
-                }
-            }
-            rb.following = still;
+            record_notes(&mut rb, at, round.notes);
+            let decided = record_decisions(&mut rb, at, round.decisions);
+            follow_migrations(&mut rb, at, &outcomes);
             (decided, rb.policy.config().mode)
         };
         if mode == Mode::Off {
@@ -408,12 +302,9 @@ impl Daemon {
     }
 
     async fn start_rebalance_move(self: &Arc<Self>, d: &Decision, eid: u64) {
-        let req = api::MigrateRequest {
-            target_gpu: Some(d.to),
-            mode: None,
-            max_downtime_ms: None,
-        };
-        let r = self.migrate_vgpu(d.vgpu, req).await;
+        let r = self
+            .migrate_vgpu(d.vgpu, MigrateCommand::to(Some(d.to)))
+            .await;
         let mut rb = self.rb();
         match r {
             Ok(m) => {
@@ -444,8 +335,7 @@ impl Daemon {
 
     /// The rebalancer's settings and measurements (`GET /v1/rebalancer`).
     pub fn rebalancer_status(&self) -> api::RebalancerStatus {
-        let alloc: BTreeMap<u32, (u64, u64, u64)> = {
-            let inner = self.lock();
+        let alloc: BTreeMap<u32, (u64, u64, u64)> = self.state.with(|inner| {
             inner
                 .vgpus
                 .values()
@@ -462,8 +352,8 @@ impl Daemon {
                     )
                 })
                 .collect()
-        };
-        let views = self.gpu_views(&self.lock());
+        });
+        let views = self.state.with(|inner| self.gpu_views(inner));
         let rb = self.rb();
         let cfg = rb.policy.config();
         let loads = rb.policy.loads();
@@ -528,4 +418,145 @@ impl Daemon {
             .cloned()
             .collect()
     }
+}
+
+/// Each seen vGPU with its demand since the last round (from the grant servers'
+/// counters `usage`); the baselines move on.
+fn measure(
+    rb: &mut State,
+    seen: &[Seen],
+    usage: Vec<Option<VgpuUsage>>,
+    now: Instant,
+    migrating: bool,
+) -> Vec<VgpuView> {
+    let mut vgpus = Vec::with_capacity(seen.len());
+    for (s, u) in seen.iter().zip(usage) {
+        let mut v = s.view;
+        // A round during a migration measures but moves nothing.
+        v.movable &= !migrating;
+        if let Some(u) = u {
+            let prev = rb.baselines.insert(
+                v.id,
+                Baseline {
+                    gpu: v.gpu,
+                    usage: u,
+                    at: now,
+                },
+            );
+            if let Some(b) = prev.filter(|b| {
+                b.gpu == v.gpu
+                    && u.compute_busy_ns >= b.usage.compute_busy_ns
+                    && u.copy_busy_ns >= b.usage.copy_busy_ns
+                    && u.compute_wait_ns >= b.usage.compute_wait_ns
+                    && u.copy_wait_ns >= b.usage.copy_wait_ns
+            }) {
+                let dt = now.duration_since(b.at).as_nanos() as f64;
+                let raw = Raw {
+                    compute_busy: frac(u.compute_busy_ns - b.usage.compute_busy_ns, dt),
+                    compute_wait: frac(u.compute_wait_ns - b.usage.compute_wait_ns, dt),
+                    copy_busy: frac(u.copy_busy_ns - b.usage.copy_busy_ns, dt),
+                    copy_wait: frac(u.copy_wait_ns - b.usage.copy_wait_ns, dt),
+                };
+                rb.raw.insert(v.id, raw);
+                v.demand = Some(Demand {
+                    compute: (raw.compute_busy + raw.compute_wait).min(1.0),
+                    copy: (raw.copy_busy + raw.copy_wait).min(1.0),
+                });
+            }
+        } else {
+            rb.baselines.remove(&v.id);
+        }
+        vgpus.push(v);
+    }
+    rb.baselines
+        .retain(|id, _| seen.iter().any(|s| s.view.id == *id));
+    rb.raw.retain(|id, _| seen.iter().any(|s| s.view.id == *id));
+    vgpus
+}
+
+/// The policy's notes as events.
+fn record_notes(rb: &mut State, at: u64, notes: Vec<Note>) {
+    let overload = rb.policy.config().overload;
+    for n in notes {
+        let e = match n {
+            Note::Overloaded { gpu, load } => {
+                let mut e = event(at, "overloaded", Some(gpu), format!(
+                            "GPU {gpu}'s demand stayed above {overload:.2} of its capacity for a window (load {load:.2})"
+                        ));
+                e.load = Some(load);
+                e
+            }
+            Note::Cleared { gpu, load } => {
+                let mut e = event(
+                    at,
+                    "cleared",
+                    Some(gpu),
+                    format!("GPU {gpu} is no longer overloaded (load {load:.2})"),
+                );
+                e.load = Some(load);
+                e
+            }
+            Note::Idle { gpu, idle: true } => event(
+                at,
+                "idle",
+                Some(gpu),
+                format!("GPU {gpu} holds no vGPU: it can be powered down or lent out"),
+            ),
+            Note::Idle { gpu, idle: false } => event(
+                at,
+                "busy",
+                Some(gpu),
+                format!("GPU {gpu} holds vGPUs again"),
+            ),
+            Note::Stuck { gpu, why } => event(
+                at,
+                "stuck",
+                Some(gpu),
+                format!("GPU {gpu} is overloaded but no move helps: {why}"),
+            ),
+        };
+        rb.push(e);
+    }
+}
+
+/// The policy's decisions as events: each with its event id.
+fn record_decisions(rb: &mut State, at: u64, decisions: Vec<Decision>) -> Vec<(Decision, u64)> {
+    let mut decided = Vec::new();
+    for d in decisions {
+        let mut e = event(at, d.kind.name(), Some(d.from), d.reason.clone());
+        e.vgpu = Some(d.vgpu);
+        e.target_gpu = Some(d.to);
+        e.load = Some(d.from_load);
+        e.load_after = Some(d.from_load_after);
+        e.bytes = Some(d.bytes);
+        let eid = rb.push(e);
+        decided.push((d, eid));
+    }
+    decided
+}
+
+/// Migrations it started earlier that failed since become events; running ones are
+/// followed on.
+fn follow_migrations(rb: &mut State, at: u64, outcomes: &BTreeMap<u32, api::Migration>) {
+    // Migrations it started earlier that failed since.
+    let following = std::mem::take(&mut rb.following);
+    let mut still = Vec::new();
+    for (mid, eid) in following {
+        match outcomes.get(&mid) {
+            Some(m) if m.state == "running" => still.push((mid, eid)),
+            Some(m) if m.state == "failed" => {
+                let (vgpu, from, to) = (m.vgpu, m.source_gpu, m.target_gpu);
+                let mut e = event(at, "failed", Some(from), format!(
+                            "migration {mid} of vGPU {vgpu} to GPU {to} (event {eid}) failed: {}; it stays on GPU {from}",
+                            m.error.clone().unwrap_or_default()
+                        ));
+                e.vgpu = Some(vgpu);
+                e.target_gpu = Some(to);
+                e.migration = Some(mid);
+                rb.push(e);
+            }
+            _ => {}
+        }
+    }
+    rb.following = still;
 }
