@@ -37,6 +37,7 @@ fn init_logging() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(false)
             .try_init();
     });
 }

@@ -18,11 +18,12 @@ pub fn profile_dir() -> PathBuf {
     dir
 }
 
-/// Builds `-p package` (its `--bin bin` when given) unless `path` exists.
-fn ensure_built(path: &Path, package: &str, bin: Option<&str>) {
+/// Builds `-p package` (its `--bin bin` when given); with `only_missing`, only when
+/// `path` does not exist.
+fn ensure_built(path: &Path, package: &str, bin: Option<&str>, only_missing: bool) {
     static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = BUILD.lock().unwrap_or_else(|p| p.into_inner());
-    if path.exists() {
+    if only_missing && path.exists() {
         return;
     }
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
@@ -53,14 +54,15 @@ fn ensure_built(path: &Path, package: &str, bin: Option<&str>) {
 /// The `vgpu-worker` program, built when missing.
 pub fn worker_binary() -> PathBuf {
     let path = profile_dir().join("vgpu-worker");
-    ensure_built(&path, "vgpud", Some("vgpu-worker"));
+    ensure_built(&path, "vgpud", Some("vgpu-worker"), true);
     path
 }
 
-/// The built library (`libvgpu_cuda.so`), built when missing.
+/// The built library (`libvgpu_cuda.so`), brought up to date first (`cargo test` builds
+/// the library only as the rlib the tests link).
 pub fn library() -> PathBuf {
     let path = profile_dir().join("libvgpu_cuda.so");
-    ensure_built(&path, "vgpu-cuda", None);
+    ensure_built(&path, "vgpu-cuda", None, false);
     path
 }
 
