@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+#[macro_use]
+pub mod cuda;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
