@@ -72,6 +72,19 @@ fn a_c_program_runs_on_the_installed_library() {
         "the C program failed: {stdout}{stderr}"
     );
     assert_eq!(stdout.trim(), "ok");
+    // Without a worker behind VGPU_SOCKET: no device, no abort.
+    let out = Command::new(&exe)
+        .arg("nodevice")
+        .env("VGPU_SOCKET", prefix.join("no-such.sock"))
+        .env("LD_LIBRARY_PATH", &libdir)
+        .output()
+        .expect("run the C program");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
     // The program linked against the installed name.
     let ldd = Command::new("ldd")
         .arg(&exe)
