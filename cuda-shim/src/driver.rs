@@ -6,8 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use guest_driver::linux::selftest::{now_ns, stream_options};
-use guest_driver::{DmaRegion, Transport, VgpuDevice};
+use guest_driver::{DmaRegion, StreamOptions, Transport, VgpuDevice};
 use vgpu_proto::DeviceInfo;
 
 use crate::image::Signature;
@@ -114,10 +113,14 @@ fn lock_raw() -> MutexGuard<'static, Option<Driver>> {
     DRIVER.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `f` on the driver; CUDA_ERROR_NOT_INITIALIZED before a successful `cuInit`.
+/// Runs `f` on the driver; CUDA_ERROR_NOT_INITIALIZED before a successful `cuInit`,
+/// CUDA_ERROR_DEVICE_UNAVAILABLE once the worker hung up.
 pub fn with<R>(f: impl FnOnce(&mut Driver) -> Res<R>) -> Res<R> {
     if INIT.get() != Some(&res::SUCCESS) {
         return Err(res::NOT_INITIALIZED);
+    }
+    if crate::watch::gone() {
+        return Err(res::DEVICE_UNAVAILABLE);
     }
     let mut guard = lock_raw();
     let d = guard.as_mut().ok_or(res::NOT_INITIALIZED)?;
@@ -128,9 +131,14 @@ impl Driver {
     fn open() -> Result<Self, crate::transport::OpenError> {
         use crate::transport::OpenError;
         let t = AnyTransport::open()?;
+        crate::watch::watch(&t);
         let mut gpu = VgpuDevice::probe(t.clone()).map_err(OpenError::Device)?;
-        let mut opts = stream_options(64);
-        opts.timeout_ns = TIMEOUT_NS;
+        let opts = StreamOptions {
+            queue_size: 64,
+            now_ns: crate::watch::now_ns,
+            timeout_ns: TIMEOUT_NS,
+            relax: crate::watch::relax,
+        };
         let mut queues = Vec::new();
         for i in 0..gpu.num_queues() {
             let s = gpu.open_stream(i, opts).map_err(OpenError::Device)?;
@@ -141,7 +149,6 @@ impl Driver {
             .first_mut()
             .ok_or(OpenError::Device(guest_driver::Error::NoSuchQueue(0)))?;
         let info = first.stream().get_info().map_err(OpenError::Device)?;
-        let _ = now_ns();
         tracing::info!(
             name = info.name_str(),
             queues = queues.len(),

@@ -14,7 +14,9 @@ pub fn map_error(e: &Error) -> CUresult {
         Error::AddressNotTranslatable | Error::BufferTooLarge | Error::RequestTooLarge => {
             res::INVALID_VALUE
         }
+        Error::Timeout | Error::Broken if crate::watch::gone() => res::DEVICE_UNAVAILABLE,
         Error::Timeout => res::TIMEOUT,
+        Error::Broken => res::DEVICE_UNAVAILABLE,
         _ => res::UNKNOWN,
     }
 }

@@ -18,6 +18,7 @@ pub mod image;
 pub mod queue;
 pub mod transport;
 pub mod types;
+pub mod watch;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;

@@ -30,6 +30,7 @@ pub mod res {
     pub const OUT_OF_MEMORY: CUresult = 2;
     pub const NOT_INITIALIZED: CUresult = 3;
     pub const DEINITIALIZED: CUresult = 4;
+    pub const DEVICE_UNAVAILABLE: CUresult = 46;
     pub const NO_DEVICE: CUresult = 100;
     pub const INVALID_DEVICE: CUresult = 101;
     pub const INVALID_IMAGE: CUresult = 200;

@@ -214,6 +214,8 @@ impl Default for Options {
 }
 
 struct Inner {
+    /// The vhost-user socket (owned by the frontend inside `regs`), polled for hang-up.
+    socket: std::os::fd::RawFd,
     regs: Mutex<Registers>,
     memory: Mutex<Memory>,
     kick: Vec<EventFd>,
@@ -320,8 +322,10 @@ impl ProcessTransport {
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(ProcessError::Resource)?;
         tracing::info!(socket = %socket.display(), queues, pool_bytes, "vGPU process transport connected");
+        let socket_fd = frontend.as_raw_fd();
         Ok(ProcessTransport {
             inner: Arc::new(Inner {
+                socket: socket_fd,
                 regs: Mutex::new(Registers::new(
                     frontend,
                     backend_features & !VHOST_USER_F_PROTOCOL_FEATURES,
@@ -357,6 +361,22 @@ impl ProcessTransport {
     /// Whether the worker hung up or refused the device setup (status DEVICE_NEEDS_RESET).
     pub fn failed(&self) -> bool {
         self.regs().failed()
+    }
+
+    /// Whether the worker hung up its socket (it exited or was killed): nothing will
+    /// complete any more. Cheap (one `poll` with no wait): callers check it while they
+    /// wait for completions.
+    pub fn peer_gone(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.inner.socket,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the socket stays open while `inner` lives (the
+        // frontend owning it is inside `inner`).
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0
+            && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
     }
 
     /// The memfds of the pool (for checking their seals).
