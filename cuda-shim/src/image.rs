@@ -80,10 +80,19 @@ pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
     if image.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    // SAFETY: every image kind is at least 16 bytes long, or NUL-terminated text whose
-    // first bytes we only inspect up to its NUL (read below byte by byte).
-    let head = unsafe { std::slice::from_raw_parts(image, 4) };
-    let magic = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    // The first four bytes, stopping at a NUL: a short text image ends there.
+    let mut head = [0u8; 4];
+    for (i, b) in head.iter_mut().enumerate() {
+        // SAFETY: bytes up to and including the first NUL are readable for every image
+        // kind (binary images are longer than four bytes and have no NUL in their magic).
+        *b = unsafe { image.add(i).read() };
+        if *b == 0 {
+            // SAFETY: NUL-terminated text, as just seen.
+            let text = unsafe { std::ffi::CStr::from_ptr(image.cast()) };
+            return classify(text.to_bytes());
+        }
+    }
+    let magic = u32::from_le_bytes(head);
     if magic == FATBIN_WRAPPER_MAGIC {
         // struct { int magic; int version; const unsigned long long *data; void *filename_or_fatbins; }
         // SAFETY: a wrapper is 24 bytes; its data field points to a fat binary.
@@ -101,7 +110,7 @@ pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
         let bytes = unsafe { std::slice::from_raw_parts(image, total) };
         return ptx_from_fatbin(bytes).map(Image::Ptx);
     }
-    if head == b"\x7fELF" {
+    if &head == b"\x7fELF" {
         // A cubin: machine code for a real GPU, which a vGPU cannot run.
         return Err(res::NO_BINARY_FOR_GPU);
     }
@@ -319,7 +328,10 @@ pub fn kernel_arg(
         ParamKind::U32 => KernelArg::u32(v as u32),
         ParamKind::F32 => KernelArg::f32(f32::from_bits(v as u32)),
         ParamKind::F64 => KernelArg::f64(f64::from_bits(v)),
-        ParamKind::Bytes => return Err(res::NOT_SUPPORTED),
+        ParamKind::Bytes => {
+            crate::api::stubs::log_once("kernel parameters that are aggregates or 16-bit floats");
+            return Err(res::NOT_SUPPORTED);
+        }
     })
 }
 

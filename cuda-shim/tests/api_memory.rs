@@ -489,6 +489,21 @@ fn devices_contexts_memory_and_copies() {
         call!(cu, "cuMemHostRegister", fn(Ptr, usize, c_uint), regp, 16, 0),
         HOST_MEMORY_ALREADY_REGISTERED
     );
+    let mut kind: c_uint = 0;
+    let attr_out: *mut c_void = (&mut kind as *mut c_uint).cast();
+    let inner = regp as u64 + 100;
+    assert_eq!(
+        call!(
+            cu,
+            "cuPointerGetAttribute",
+            fn(*mut c_void, c_int, u64),
+            attr_out,
+            2,
+            inner
+        ),
+        OK
+    );
+    assert_eq!(kind, 1, "registered memory is host memory");
     assert_eq!(
         call!(
             cu,

@@ -304,6 +304,13 @@ fn owner(d: &Driver, ptr: u64) -> Res<Owner> {
             id: h.id,
         });
     }
+    if let Some((base, size)) = d.registered_of(ptr as usize) {
+        return Ok(Owner::Host {
+            base,
+            size,
+            id: base as u64,
+        });
+    }
     Err(res::INVALID_VALUE)
 }
 

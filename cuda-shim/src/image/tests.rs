@@ -130,3 +130,22 @@ fn images_are_classified() {
     let read = unsafe { read_image(with_ptx.as_ptr()) };
     assert_eq!(read, Ok(Image::Ptx(b".version 8.0".to_vec())));
 }
+
+#[test]
+fn short_text_images_are_read_up_to_their_nul() {
+    for text in [c"", c"ab", c"vgpu:builtin"] {
+        // SAFETY: NUL-terminated text.
+        let got = unsafe { read_image(text.as_ptr().cast()) };
+        let want = if text.is_empty() || text == c"ab" {
+            Err(res::INVALID_IMAGE)
+        } else {
+            Ok(Image::Builtin)
+        };
+        assert_eq!(got, want, "{text:?}");
+    }
+    // SAFETY: NULL is refused before any read.
+    assert_eq!(
+        unsafe { read_image(std::ptr::null()) },
+        Err(res::INVALID_VALUE)
+    );
+}
