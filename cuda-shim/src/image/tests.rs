@@ -144,8 +144,6 @@ fn short_text_images_are_read_up_to_their_nul() {
         assert_eq!(got, want, "{text:?}");
     }
     // SAFETY: NULL is refused before any read.
-    assert_eq!(
-        unsafe { read_image(std::ptr::null()) },
-        Err(res::INVALID_VALUE)
-    );
+    let null = unsafe { read_image(std::ptr::null()) };
+    assert_eq!(null, Err(res::INVALID_VALUE));
 }
