@@ -163,6 +163,10 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
             if !d.events.contains_key(&id) {
                 return Err(res::INVALID_HANDLE);
             }
+            // On the legacy default stream the event also covers the blocking streams.
+            if matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
+                d.order_for(q, true, true);
+            }
             let t = d.t.clone();
             let queue = d.queue(q)?;
             let seq = queue.enqueue(&t, |s| s.enqueue_event_record(id), None)?;
