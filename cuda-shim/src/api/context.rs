@@ -307,3 +307,37 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         Ok(())
     })
 }
+
+// The unversioned names the real libcuda also exports for these, with the same
+// signatures (programs that look symbols up by hand find either).
+
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    cuCtxDestroy_v2(ctx)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
+    cuCtxPushCurrent_v2(ctx)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut CUcontext) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuCtxPopCurrent_v2(pctx) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxRelease_v2(dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    cuDevicePrimaryCtxReset_v2(dev)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: c_uint) -> CUresult {
+    cuDevicePrimaryCtxSetFlags_v2(dev, flags)
+}

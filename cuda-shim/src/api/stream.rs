@@ -287,3 +287,15 @@ pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
         })
     })
 }
+
+// The unversioned names the real libcuda also exports, with the same signatures.
+
+#[no_mangle]
+pub extern "C" fn cuStreamDestroy(h: CUstream) -> CUresult {
+    cuStreamDestroy_v2(h)
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy(ev: CUevent) -> CUresult {
+    cuEventDestroy_v2(ev)
+}
