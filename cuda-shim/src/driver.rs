@@ -4,7 +4,7 @@
 //! that is not live is refused, never dereferenced.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use guest_driver::{DmaRegion, StreamOptions, Transport, VgpuDevice};
 use vgpu_proto::DeviceInfo;
@@ -23,6 +23,38 @@ const FIRST_HANDLE: u64 = 0x1000;
 const TIMEOUT_NS: u64 = 600_000_000_000;
 
 pub type Res<T> = Result<T, CUresult>;
+
+/// A queue shared between the driver and threads waiting on it.
+pub type SharedQueue = Arc<Mutex<Queue>>;
+
+/// Locks a queue (a panic while it was held left it consistent: every step of a queue
+/// completes or leaves the request pending).
+pub fn lock(q: &SharedQueue) -> MutexGuard<'_, Queue> {
+    q.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits for every queue of `queues`; returns the first asynchronous error.
+pub fn sync_queues(t: &AnyTransport, queues: &[SharedQueue]) -> Res<()> {
+    let mut first = Ok(());
+    for q in queues {
+        if let Err(e) = lock(q).sync(t) {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
+
+/// Looks up with the driver's lock held, then runs `wait` with only the queues' locks:
+/// a thread blocked in a synchronising call lets other threads use the library.
+pub fn wait_outside<L, R>(
+    look: impl FnOnce(&mut Driver) -> Res<L>,
+    wait: impl FnOnce(&AnyTransport, L) -> Res<R>,
+) -> Res<R> {
+    let (t, found) = with(|d| Ok((d.t.clone(), look(d)?)))?;
+    wait(&t, found)
+}
 
 pub struct Context {
     pub primary: bool,
@@ -70,7 +102,9 @@ pub struct EventObj {
 pub struct Driver {
     pub t: AnyTransport,
     _gpu: VgpuDevice<AnyTransport>,
-    pub queues: Vec<Queue>,
+    /// Each queue has its own lock (taken after the driver's), so a thread waiting for one
+    /// queue does not hold the driver: see [`wait_outside`].
+    queues: Vec<SharedQueue>,
     pub info: DeviceInfo,
     pub primary: u64,
     pub primary_refs: u32,
@@ -142,13 +176,13 @@ impl Driver {
         let mut queues = Vec::new();
         for i in 0..gpu.num_queues() {
             let s = gpu.open_stream(i, opts).map_err(OpenError::Device)?;
-            queues.push(Queue::new(s));
+            queues.push(Arc::new(Mutex::new(Queue::new(s))));
         }
         gpu.start().map_err(OpenError::Device)?;
         let first = queues
-            .first_mut()
+            .first()
             .ok_or(OpenError::Device(guest_driver::Error::NoSuchQueue(0)))?;
-        let info = first.stream().get_info().map_err(OpenError::Device)?;
+        let info = lock(first).stream().get_info().map_err(OpenError::Device)?;
         tracing::info!(
             name = info.name_str(),
             queues = queues.len(),
@@ -195,7 +229,7 @@ impl Driver {
     /// The queue a new stream gets: round robin over the queues after queue 0 (which
     /// serves the default stream), or queue 0 when it is the only one.
     pub fn pick_queue(&mut self) -> usize {
-        let n = self.queues.len();
+        let n = self.num_queues();
         if n <= 1 {
             return 0;
         }
@@ -234,37 +268,48 @@ impl Driver {
     pub fn order_for(&mut self, queue: usize, legacy: bool, blocking: bool) {
         let t = self.t.clone();
         if legacy {
-            for (i, q) in self.queues.iter_mut().enumerate() {
-                if i != queue && !q.is_idle() {
-                    q.wait_all_quiet(&t);
+            for (i, q) in self.queues.iter().enumerate() {
+                if i != queue {
+                    lock(q).wait_all_quiet(&t);
                 }
             }
         } else if blocking && queue != 0 {
-            if let Some(q0) = self.queues.first_mut() {
-                if !q0.is_idle() {
-                    q0.wait_all_quiet(&t);
-                }
+            if let Some(q0) = self.queues.first() {
+                lock(q0).wait_all_quiet(&t);
             }
         }
     }
 
     /// Waits for every queue; returns the first asynchronous error.
     pub fn sync_all(&mut self) -> Res<()> {
-        let t = self.t.clone();
-        let mut first = Ok(());
-        for q in &mut self.queues {
-            if let Err(e) = q.sync(&t) {
-                if first.is_ok() {
-                    first = Err(e);
-                }
-            }
-        }
-        first
+        sync_queues(&self.t, &self.queues)
     }
 
-    /// The queue at `i`.
-    pub fn queue(&mut self, i: usize) -> Res<&mut Queue> {
-        self.queues.get_mut(i).ok_or(res::INVALID_HANDLE)
+    /// Waits for every queue, leaving asynchronous errors for the next synchronising call.
+    pub fn drain_all(&mut self) {
+        let t = self.t.clone();
+        for q in &self.queues {
+            lock(q).wait_all_quiet(&t);
+        }
+    }
+
+    pub fn num_queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// The queue at `i`, locked.
+    pub fn queue(&self, i: usize) -> Res<MutexGuard<'_, Queue>> {
+        self.queues.get(i).map(lock).ok_or(res::INVALID_HANDLE)
+    }
+
+    /// The queue at `i`, to wait on outside the driver's lock.
+    pub fn shared_queue(&self, i: usize) -> Res<SharedQueue> {
+        self.queues.get(i).cloned().ok_or(res::INVALID_HANDLE)
+    }
+
+    /// Every queue, to wait on outside the driver's lock.
+    pub fn shared_queues(&self) -> Vec<SharedQueue> {
+        self.queues.clone()
     }
 
     /// The live allocation holding `ptr` (base, allocation).

@@ -28,6 +28,10 @@ pub struct Queue {
     error: Option<CUresult>,
 }
 
+// SAFETY: the stream's raw pointers point into DMA memory the transport keeps mapped for
+// its whole life; a queue is only ever used under its mutex, one thread at a time.
+unsafe impl Send for Queue {}
+
 impl Queue {
     pub fn new(stream: Stream<AnyTransport>) -> Self {
         Queue {

@@ -6,6 +6,7 @@ mod common;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr::null_mut;
+use std::time::{Duration, Instant};
 
 use common::cuda::*;
 
@@ -411,6 +412,53 @@ fn modules_launches_streams_and_events() {
         call!(cu, "cuEventRecord", fn(Ptr, Ptr), e0, s1),
         INVALID_HANDLE
     );
+
+    // A thread blocked in cuStreamSynchronize does not block another thread's work on
+    // another (non-blocking) stream: that work completes while the kernel still runs.
+    let mut long_us = 1_000_000u64;
+    let mut lp: [Ptr; 1] = [(&mut long_us as *mut u64).cast()];
+    let launched = Instant::now();
+    assert_eq!(launch!(spin, 1, 1, s1, lp.as_mut_ptr(), null_mut()), OK);
+    let (s1_addr, s2_addr, primary_addr) = (s1 as usize, s2 as usize, primary as usize);
+    std::thread::scope(|scope| {
+        let cu = &cu;
+        let waiter = scope.spawn(move || {
+            assert_eq!(
+                call!(cu, "cuCtxSetCurrent", fn(Ptr), primary_addr as Ptr),
+                OK
+            );
+            assert_eq!(
+                call!(cu, "cuStreamSynchronize", fn(Ptr), s1_addr as Ptr),
+                OK
+            );
+            launched.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let s2 = s2_addr as Ptr;
+        assert_eq!(
+            call!(
+                cu,
+                "cuMemsetD32Async",
+                fn(u64, u32, usize, Ptr),
+                c,
+                9,
+                n_el,
+                s2
+            ),
+            OK
+        );
+        assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), s2), OK);
+        let other = launched.elapsed();
+        let waited = waiter.join().expect("waiter");
+        assert!(
+            waited >= Duration::from_millis(950),
+            "the waiter returned early: {waited:?}"
+        );
+        assert!(
+            other < Duration::from_millis(700),
+            "work on another stream finished {other:?} after the launch: it waited for the kernel"
+        );
+    });
 
     // A kernel fault is reported by the next synchronising call, as CUDA reports it.
     let mut idx = 0u64;

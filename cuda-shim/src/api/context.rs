@@ -231,10 +231,13 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     guard("cuCtxSynchronize", || {
-        driver::with(|d| {
-            d.current_ctx()?;
-            d.sync_all()
-        })
+        driver::wait_outside(
+            |d| {
+                d.current_ctx()?;
+                Ok(d.shared_queues())
+            },
+            |t, queues| driver::sync_queues(t, &queues),
+        )
     })
 }
 

@@ -39,7 +39,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, len: usize, stream: Option<CUstrea
         let t = d.t.clone();
         let src = src.cast::<u8>();
         if let Some(phys) = t.phys_range(src, len) {
-            let queue = d.queue(q)?;
+            let mut queue = d.queue(q)?;
             if stream.is_some() {
                 queue.enqueue(
                     &t,
@@ -64,7 +64,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, len: usize, stream: Option<CUstrea
             let bytes = unsafe { std::slice::from_raw_parts(src, len) };
             region.as_mut_slice()[..len].copy_from_slice(bytes);
             let phys = region.phys();
-            let queue = d.queue(q)?;
+            let mut queue = d.queue(q)?;
             queue.enqueue(
                 &t,
                 // SAFETY: the region is ours and lives until the request completes (`keep`).
@@ -75,7 +75,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, len: usize, stream: Option<CUstrea
             return Ok(());
         }
         let (stage, stage_phys) = d.staging()?;
-        let queue = d.queue(q)?;
+        let mut queue = d.queue(q)?;
         let mut off = 0;
         while off < len {
             let n = (len - off).min(STAGING_BYTES);
@@ -107,7 +107,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize, stream: Option<CUstream>
         let t = d.t.clone();
         let dst = dst.cast::<u8>();
         if let Some(phys) = t.phys_range(dst, len) {
-            let queue = d.queue(q)?;
+            let mut queue = d.queue(q)?;
             if stream.is_some() {
                 queue.enqueue(
                     &t,
@@ -129,7 +129,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize, stream: Option<CUstream>
         // Pageable destination: the copy completes before the call returns.
         d.queue(q)?.wait_all_quiet(&t);
         let (stage, stage_phys) = d.staging()?;
-        let queue = d.queue(q)?;
+        let mut queue = d.queue(q)?;
         let mut off = 0;
         while off < len {
             let n = (len - off).min(STAGING_BYTES);
@@ -157,7 +157,7 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: Option<CUstream>
         d.check_device(dst, len as u64)?;
         d.check_device(src, len as u64)?;
         let t = d.t.clone();
-        let queue = d.queue(q)?;
+        let mut queue = d.queue(q)?;
         if stream.is_some() {
             queue.enqueue(&t, |s| s.enqueue_dtod(dst, src, len as u64), None)?;
             queue.submit();
@@ -188,7 +188,7 @@ fn memset(
             .ok_or(res::INVALID_VALUE)?;
         d.check_device(dst, bytes)?;
         let t = d.t.clone();
-        let queue = d.queue(q)?;
+        let mut queue = d.queue(q)?;
         if stream.is_some() {
             queue.enqueue(
                 &t,

@@ -147,7 +147,7 @@ fn launch(
             .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
         d.order_for(q, legacy, blocking);
         let t = d.t.clone();
-        let queue = d.queue(q)?;
+        let mut queue = d.queue(q)?;
         queue.enqueue(&t, |s| s.enqueue_launch(&launch, &kargs, &[]), None)?;
         queue.submit();
         Ok(())

@@ -25,7 +25,7 @@ pub(crate) fn free_context_allocations(d: &mut Driver, ctx: u64) {
         .collect();
     for p in mine {
         d.allocs.remove(&p);
-        if let Ok(q) = d.queue(0) {
+        if let Ok(mut q) = d.queue(0) {
             if let Err(e) = q.call(&t, |s| s.free(p)) {
                 tracing::warn!(
                     addr = format_args!("{p:#x}"),
@@ -76,9 +76,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             }
             // Freeing synchronises: work still using the allocation completes first.
             let t = d.t.clone();
-            for q in &mut d.queues {
-                q.wait_all_quiet(&t);
-            }
+            d.drain_all();
             d.allocs.remove(&dptr);
             d.queue(0)?.call(&t, |s| s.free(dptr))
         })
@@ -154,9 +152,7 @@ pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
                 return Err(res::INVALID_VALUE);
             }
             let t = d.t.clone();
-            for q in &mut d.queues {
-                q.wait_all_quiet(&t);
-            }
+            d.drain_all();
             if let Some(h) = d.host.remove(&key) {
                 // SAFETY: every queue is idle: no request uses the memory any more.
                 unsafe { t.dma_free(h.region) };

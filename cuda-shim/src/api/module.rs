@@ -119,9 +119,7 @@ pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
             let device = m.device;
             // Kernels of the module still queued run first.
             let t = d.t.clone();
-            for q in &mut d.queues {
-                q.wait_all_quiet(&t);
-            }
+            d.drain_all();
             d.modules.remove(&h);
             d.functions.retain(|_, f| f.module != h);
             d.queue(0)?.call(&t, |s| s.unload_module(device))

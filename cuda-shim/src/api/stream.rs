@@ -59,15 +59,17 @@ fn queue_of(d: &Driver, h: CUstream) -> Res<usize> {
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
     guard("cuStreamSynchronize", || {
-        driver::with(|d| {
-            let q = queue_of(d, h)?;
-            let t = d.t.clone();
-            if q == 0 && matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
-                // The legacy default stream also waits for every blocking stream.
-                return d.sync_all();
-            }
-            d.queue(q)?.sync(&t)
-        })
+        driver::wait_outside(
+            |d| {
+                let q = queue_of(d, h)?;
+                if q == 0 && matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
+                    // The legacy default stream also waits for every blocking stream.
+                    return Ok(d.shared_queues());
+                }
+                Ok(vec![d.shared_queue(q)?])
+            },
+            |t, queues| driver::sync_queues(t, &queues),
+        )
     })
 }
 
@@ -77,7 +79,7 @@ pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
         driver::with(|d| {
             let q = queue_of(d, h)?;
             let t = d.t.clone();
-            let queue = d.queue(q)?;
+            let mut queue = d.queue(q)?;
             queue.poll(&t);
             queue.take_error()?;
             if queue.is_idle() {
@@ -168,9 +170,10 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
                 d.order_for(q, true, true);
             }
             let t = d.t.clone();
-            let queue = d.queue(q)?;
+            let mut queue = d.queue(q)?;
             let seq = queue.enqueue(&t, |s| s.enqueue_event_record(id), None)?;
             queue.submit();
+            drop(queue);
             if let Some(e) = d.events.get_mut(&id) {
                 e.recorded = Some((q, seq));
             }
@@ -191,7 +194,7 @@ fn complete(d: &mut Driver, ev: CUevent) -> Res<bool> {
         return Ok(true);
     };
     let t = d.t.clone();
-    let queue = d.queue(q)?;
+    let mut queue = d.queue(q)?;
     if !queue.completed(seq) {
         queue.poll(&t);
     }
@@ -211,14 +214,21 @@ pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     guard("cuEventSynchronize", || {
-        driver::with(|d| {
-            let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
-            if let Some((q, seq)) = e.recorded {
-                let t = d.t.clone();
-                d.queue(q)?.wait_until(&t, seq);
-            }
-            Ok(())
-        })
+        driver::wait_outside(
+            |d| {
+                let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
+                match e.recorded {
+                    Some((q, seq)) => Ok(Some((d.shared_queue(q)?, seq))),
+                    None => Ok(None),
+                }
+            },
+            |t, found| {
+                if let Some((q, seq)) = found {
+                    driver::lock(&q).wait_until(t, seq);
+                }
+                Ok(())
+            },
+        )
     })
 }
 
@@ -244,7 +254,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(
             }
             let t = d.t.clone();
             let (s, e) = (start as u64, end as u64);
-            let q0 = d.queue(0)?;
+            let mut q0 = d.queue(0)?;
             let ts = q0.call(&t, |st| st.event_query(s))?;
             let te = q0.call(&t, |st| st.event_query(e))?;
             match (ts, te) {
@@ -276,7 +286,7 @@ pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
                 // Destroyed after its record, on the same queue; nobody waits for it.
                 let t = d.t.clone();
                 let id = ev as u64;
-                let queue = d.queue(q)?;
+                let mut queue = d.queue(q)?;
                 let destroy =
                     vgpu_proto::Request::EventDestroy(vgpu_proto::EventArgs { event: id });
                 if queue.enqueue(&t, |s| s.enqueue(&destroy), None).is_ok() {
