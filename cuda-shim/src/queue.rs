@@ -87,26 +87,45 @@ impl Queue {
     }
 
     /// Runs a synchronous stream call (it enqueues, submits and waits for its own request)
-    /// once there is room for it.
+    /// once there is room for it: free slots and, when earlier requests hold the ring's
+    /// descriptors, after waiting for them.
     pub fn call<R>(
         &mut self,
         t: &AnyTransport,
-        f: impl FnOnce(&mut Stream<AnyTransport>) -> guest_driver::Result<R>,
+        mut f: impl FnMut(&mut Stream<AnyTransport>) -> guest_driver::Result<R>,
     ) -> Result<R, CUresult> {
         self.room(t);
-        f(&mut self.stream).map_err(|e| map_error(&e))
+        loop {
+            match f(&mut self.stream) {
+                Err(guest_driver::Error::QueueFull) if !self.pending.is_empty() => {
+                    self.stream.submit();
+                    self.wait_oldest(t);
+                }
+                other => return other.map_err(|e| map_error(&e)),
+            }
+        }
     }
 
     /// Enqueues a request (not yet submitted); `keep` is freed when it completes. Returns
-    /// its sequence number.
+    /// its sequence number. A ring without enough free descriptors first completes the
+    /// oldest requests.
     pub fn enqueue(
         &mut self,
         t: &AnyTransport,
-        f: impl FnOnce(&mut Stream<AnyTransport>) -> guest_driver::Result<Ticket>,
+        mut f: impl FnMut(&mut Stream<AnyTransport>) -> guest_driver::Result<Ticket>,
         keep: Option<DmaRegion>,
     ) -> Result<u64, CUresult> {
         self.room(t);
-        match f(&mut self.stream) {
+        let outcome = loop {
+            match f(&mut self.stream) {
+                Err(guest_driver::Error::QueueFull) if !self.pending.is_empty() => {
+                    self.stream.submit();
+                    self.wait_oldest(t);
+                }
+                other => break other,
+            }
+        };
+        match outcome {
             Ok(ticket) => {
                 let seq = self.next_seq;
                 self.next_seq += 1;
