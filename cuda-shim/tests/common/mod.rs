@@ -54,10 +54,21 @@ fn ensure_built(path: &Path, package: &str, bin: Option<&str>, only_missing: boo
     );
 }
 
+/// The package that builds `vgpu-worker`: its own crate where the workspace has one, else
+/// vgpud.
+fn worker_package() -> &'static str {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if root.join("vgpu-worker/Cargo.toml").is_file() {
+        "vgpu-worker"
+    } else {
+        "vgpud"
+    }
+}
+
 /// The `vgpu-worker` program, built when missing.
 pub fn worker_binary() -> PathBuf {
     let path = profile_dir().join("vgpu-worker");
-    ensure_built(&path, "vgpud", Some("vgpu-worker"), true);
+    ensure_built(&path, worker_package(), Some("vgpu-worker"), true);
     path
 }
 
