@@ -472,3 +472,6 @@ impl Transport for ProcessTransport {
             .ok_or(Error::AddressNotTranslatable)
     }
 }
+
+#[cfg(test)]
+mod tests;
