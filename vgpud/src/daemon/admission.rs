@@ -10,9 +10,8 @@ use super::state::{Inner, VgpuRec};
 use super::storage;
 use crate::api::{self, VgpuCreate, VgpuState};
 use crate::units::{fraction_to_permille, human_bytes};
+use vgpu_scheduler::admission::{self, Engine, Misfit, WHOLE};
 
-/// Per-mille of a whole GPU.
-const WHOLE: u32 = 1000;
 /// Most queues per vGPU (vgpu-device's limit).
 const MAX_QUEUES: u16 = 64;
 
@@ -154,39 +153,48 @@ impl Daemon {
     ) -> Option<ApiError> {
         let g = self.gpu(gpu)?;
         let c = inner.committed(gpu, except);
-        let free = g.memory.saturating_sub(c.memory);
-        // An oversubscribed vGPU's memory is not reserved: it competes for what the hard
-        // shares leave, and swaps.
-        if !ask.oversubscribe && ask.memory > free {
-            return Some(ApiError::conflict(
+        // Oversubscribed vGPUs reserve nothing at admission and bring nothing resident.
+        let room = admission::Room {
+            gpu,
+            memory: g.memory,
+            committed_memory: c.memory,
+            committed_compute: c.compute,
+            committed_copy: c.copy,
+            pool_free: u64::MAX,
+        };
+        let want = admission::Ask {
+            memory: ask.memory,
+            compute: ask.compute,
+            copy: ask.copy,
+            oversubscribe: ask.oversubscribe,
+            resident: 0,
+        };
+        Some(match admission::misfit(&want, &room)? {
+            Misfit::Memory { free, total, committed, .. } => ApiError::conflict(
                 "memory_bytes",
                 format!(
                     "GPU {gpu} has {} free of {} ({} committed to other vGPUs); ask for at most {} or pick another GPU",
                     human_bytes(free),
-                    human_bytes(g.memory),
-                    human_bytes(c.memory),
+                    human_bytes(total),
+                    human_bytes(committed),
                     human_bytes(free)
                 ),
-            ));
-        }
-        for (field, have, want) in [
-            ("compute_share", c.compute, ask.compute),
-            ("copy_share", c.copy, ask.copy),
-        ] {
-            if have + want > WHOLE {
-                return Some(ApiError::conflict(
+            ),
+            Misfit::Share { engine, have, want, .. } => {
+                let field = if engine == Engine::Compute { "compute_share" } else { "copy_share" };
+                ApiError::conflict(
                     field,
                     format!(
                         "{field} {} would bring GPU {gpu} to {} ({} already committed); at most {} is left",
                         pct(want),
-                        pct(have + want),
+                        pct(have.saturating_add(want)),
                         pct(have),
-                        pct(WHOLE - have)
+                        pct(WHOLE.saturating_sub(have))
                     ),
-                ));
+                )
             }
-        }
-        None
+            m @ Misfit::Pool { .. } => ApiError::conflict("memory_bytes", m.to_string()),
+        })
     }
 
     /// The GPU `ask` goes on: the one it names if it fits there, else the best of those it

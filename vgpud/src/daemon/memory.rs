@@ -13,7 +13,7 @@ use super::state::VgpuRec;
 use super::Config;
 use crate::api;
 use crate::control::{Answer, Ask, Command as Ctl, MemReport, ReplyBody, ShmFailure};
-use vgpu_backend::pager::{Planner, Step, Tried};
+use vgpu_scheduler::memory::{Planner, Step, Tried};
 
 /// How many times (20 ms apart, 10 s in all) a reservation waits for busy victims before it
 /// is refused (a victim's memory may be in a long copy on a loaded host).
@@ -148,9 +148,9 @@ impl Daemon {
                 let sim = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_none());
                 let r = self.shm_lock().get(&who, key, size, flags, free, |size| {
                     if sim {
-                        vgpu_backend::sim::shared_object(size).map_err(|e| e.to_string())
+                        shm::sim_object(size)
                     } else {
-                        Err("shared device memory on CUDA GPUs needs exportable allocation handles, which this build does not create yet; use a sim GPU".into())
+                        Err("shared device memory is not supported on CUDA GPUs; put the share group's vGPUs on a sim GPU".into())
                     }
                 });
                 self.refresh_pool(gpu);
