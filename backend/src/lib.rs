@@ -23,6 +23,7 @@ pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
+pub use vgpu_storage::sync;
 
 use std::os::fd::OwnedFd;
 

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
+use crate::sync::lock;
 use crate::{BackendError, Result};
 
 /// Free holes of an address range: offset -> length, first fit, merged on free.
@@ -23,7 +24,7 @@ impl Holes {
 
     /// Takes the first hole of at least `len` bytes; its offset.
     pub fn take(&self, len: u64) -> Option<u64> {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let (&off, &hole) = holes.iter().find(|(_, &l)| l >= len)?;
         holes.remove(&off);
         if hole > len {
@@ -34,7 +35,7 @@ impl Holes {
 
     /// Takes exactly `off..off + len` if it lies inside one hole.
     pub fn take_at(&self, off: u64, len: u64) -> bool {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let Some((&h, &hlen)) = holes.range(..=off).next_back() else {
             return false;
         };
@@ -56,7 +57,7 @@ impl Holes {
 
     /// Returns `off..off+len`, merging it with its neighbours.
     pub fn give(&self, off: u64, len: u64) {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let (mut start, mut end) = (off, off + len);
         if let Some((&p, &plen)) = holes.range(..off).next_back() {
             if p + plen == off {

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_backend::{
@@ -14,10 +14,7 @@ use vm_memory::VolatileSlice;
 
 use crate::report::{MigrateOptions, Mode, Phase, Progress, Report};
 use crate::MigrationError;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use vgpu_backend::sync::{lock, read, write};
 
 /// One allocation as the migration sees it.
 #[derive(Debug)]
@@ -104,14 +101,11 @@ impl Migratable {
 
     /// The backend serving now.
     pub fn current(&self) -> Arc<dyn Backend> {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        read(&self.current).clone()
     }
 
     fn enter(&self) -> (RwLockReadGuard<'_, ()>, Arc<dyn Backend>) {
-        let g = self.dispatch.read().unwrap_or_else(PoisonError::into_inner);
+        let g = read(&self.dispatch);
         (g, self.current())
     }
 
@@ -602,10 +596,7 @@ impl Migratable {
             dirty: 0,
             elapsed: m.started.elapsed(),
         });
-        let held = self
-            .dispatch
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let held = write(&self.dispatch);
         m.source.synchronize();
         let drain = stop.elapsed();
         let t_copy = m.started.elapsed();
@@ -674,10 +665,7 @@ impl Migratable {
             tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");
             return Err(e);
         }
-        let old = std::mem::replace(
-            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
-            m.target.clone(),
-        );
+        let old = std::mem::replace(&mut *write(&self.current), m.target.clone());
         on_switch();
         let downtime = stop.elapsed();
         drop(held);

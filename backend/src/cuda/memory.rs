@@ -19,12 +19,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
 use crate::error::{BackendError, Result};
+use crate::sync::{get_mut, lock, read, write};
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
@@ -76,7 +77,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if self.home {
-            let mut homes = HOMES.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut homes = lock(&HOMES);
             if homes.get(&self.base).is_some_and(|w| w.upgrade().is_none()) {
                 homes.remove(&self.base);
             }
@@ -176,7 +177,7 @@ impl Space {
     }
 
     fn place(&self) -> std::sync::RwLockReadGuard<'_, Place> {
-        self.place.read().unwrap_or_else(PoisonError::into_inner)
+        read(&self.place)
     }
 
     /// Maps `handle` over `[va, va + len)` with read-write access for our GPU (and, in
@@ -295,7 +296,7 @@ impl Allocation {
     /// Where its memory is mapped now (its address, or the staging address of a migration
     /// target); None while swapped out or vacated.
     pub fn va(&self) -> Option<u64> {
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner).at
+        lock(&self.slot).at
     }
 }
 
@@ -334,7 +335,7 @@ fn unmap_release(
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        let slot = std::mem::take(self.slot.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let slot = std::mem::take(get_mut(&mut self.slot));
         let reusable = match slot.handle {
             Some(h) => unmap_release(&self.space.ctx, slot.at, self.mapped, h),
             None => true,
@@ -382,11 +383,7 @@ impl DeviceMemory {
         })?;
         let granularity = granularity(ordinal).map_err(dev_err)?;
         let held = if migration_target {
-            HOMES
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&va_base)
-                .and_then(Weak::upgrade)
+            lock(&HOMES).get(&va_base).and_then(Weak::upgrade)
         } else {
             None
         };
@@ -471,10 +468,7 @@ impl DeviceMemory {
         }
         res.home = true;
         let res = Arc::new(res);
-        HOMES
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(va_base, Arc::downgrade(&res));
+        lock(&HOMES).insert(va_base, Arc::downgrade(&res));
         Ok(res)
     }
 
@@ -601,10 +595,7 @@ impl DeviceMemory {
     pub fn publish(&self, a: Allocation) -> u64 {
         let addr = a.addr;
         tracing::debug!(addr, size = a.size, charged = a.mapped, "allocated");
-        self.table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(addr, Arc::new(a));
+        write(&self.table).insert(addr, Arc::new(a));
         addr
     }
 
@@ -616,11 +607,7 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. Its memory is unmapped
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        let removed = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&addr);
+        let removed = write(&self.table).remove(&addr);
         match removed {
             Some(a) => {
                 tracing::debug!(addr, size = a.size, "freed");
@@ -634,7 +621,7 @@ impl DeviceMemory {
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
         let bad = BackendError::BadPointer { addr, len };
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
         let off = addr - a.addr;
         let end = off
@@ -649,10 +636,7 @@ impl DeviceMemory {
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
-        let a = self
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        let a = read(&self.table)
             .get(&addr)
             .cloned()
             .ok_or(BackendError::NotAllocated { addr })?;
@@ -669,7 +653,7 @@ impl DeviceMemory {
     /// addresses reserved (swap-out). The caller has saved its bytes.
     pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         if let Some(handle) = slot.handle.take() {
             if !unmap_release(&self.space.ctx, slot.at.take(), a.mapped, handle) {
                 return Err(BackendError::Device(format!(
@@ -683,7 +667,7 @@ impl DeviceMemory {
     /// Maps fresh physical memory at the allocation's addresses again (swap-in).
     pub fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         if slot.handle.is_some() {
             return Ok(());
         }
@@ -706,16 +690,16 @@ impl DeviceMemory {
     /// caller has drained all work). [`DeviceMemory::reoccupy`] maps it back.
     pub fn vacate(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Home {
             return Err(BackendError::InvalidArgument(format!(
                 "only memory at its own addresses can be vacated (it is {place:?})"
             )));
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let mut done = Vec::new();
         for a in table.values() {
-            let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut slot = lock(&a.slot);
             let Some(va) = slot.at else { continue };
             let rc = check(
                 // SAFETY: one mapping of ours; every operation on it has finished (the caller
@@ -741,7 +725,7 @@ impl DeviceMemory {
     /// Maps the allocation at `addr` (unmapped, memory kept) at its own address again.
     fn remap_home(&self, table: &BTreeMap<u64, Arc<Allocation>>, addr: u64) -> Option<CuError> {
         let a = table.get(&addr)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         let (Some(h), None) = (slot.handle, slot.at) else {
             return None;
         };
@@ -760,12 +744,12 @@ impl DeviceMemory {
     /// Undoes [`DeviceMemory::vacate`] (the switch failed).
     pub fn reoccupy(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Vacated {
             return Ok(());
         }
         sp.home.ordinal.store(sp.ordinal, Ordering::Release);
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let mut first = None;
         for addr in table.keys() {
             if let Some(e) = self.remap_home(&table, *addr) {
@@ -781,11 +765,11 @@ impl DeviceMemory {
     /// moved so far go back to staging.
     pub fn occupy(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Staged {
             return Ok(());
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let mut moved: Vec<&Arc<Allocation>> = Vec::new();
         let mut failed = None;
         for a in table.values() {
@@ -818,7 +802,7 @@ impl DeviceMemory {
         to: Place,
     ) -> std::result::Result<(), CuError> {
         let sp = &self.space;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         let (Some(h), Some(at)) = (slot.handle, slot.at) else {
             return Ok(());
         };
@@ -854,7 +838,7 @@ impl DeviceMemory {
 
     /// Drops every allocation (the backend is going away).
     pub fn clear(&self) {
-        let all = std::mem::take(&mut *self.table.write().unwrap_or_else(PoisonError::into_inner));
+        let all = std::mem::take(&mut *write(&self.table));
         drop(all);
     }
 }

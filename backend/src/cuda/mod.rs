@@ -29,7 +29,7 @@ mod storage;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUresult};
@@ -47,6 +47,7 @@ use lanes::Lanes;
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
 
+use crate::sync::{lock, read, write};
 pub use modules::BUILTIN_PTX;
 pub use storage::STORAGE_PTX;
 
@@ -121,7 +122,7 @@ static PINS: Mutex<std::collections::BTreeMap<(usize, usize), usize>> =
 /// Takes a reference on `r`'s registration, registering it with `flags` (and
 /// `CU_MEMHOSTREGISTER_PORTABLE`) if it is the first.
 fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
-    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pins = lock(&PINS);
     if let Some(n) = pins.get_mut(&(r.addr, r.len)) {
         *n += 1;
         return Ok(false);
@@ -142,7 +143,7 @@ fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
 
 /// Drops a reference on `r`'s registration, unregistering it with the last.
 fn unpin(r: &HostRegion) {
-    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pins = lock(&PINS);
     let Some(n) = pins.get_mut(&(r.addr, r.len)) else {
         return;
     };
@@ -300,11 +301,7 @@ impl CudaGpu {
     /// Fails once the context was lost; else makes it current on this thread.
     fn enter(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
-            let why = self
-                .lost_why
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+            let why = lock(&self.lost_why).clone();
             return Err(BackendError::Device(format!(
                 "this vGPU's GPU context was lost ({why}); its device memory is gone: restart the VM's vGPU"
             )));
@@ -315,7 +312,7 @@ impl CudaGpu {
     /// Marks the context lost after a sticky error.
     fn mark_lost(&self, e: &CuError) {
         if !self.lost.swap(true, Ordering::AcqRel) {
-            *self.lost_why.lock().unwrap_or_else(PoisonError::into_inner) = e.to_string();
+            *lock(&self.lost_why) = e.to_string();
             tracing::error!(error = %e, "the vGPU's CUDA context is lost; every later request fails");
         }
     }
@@ -422,10 +419,7 @@ impl CudaGpu {
         if config.shared_bytes > DEFAULT_SHARED
             && f.shared_limit.load(Ordering::Acquire) < config.shared_bytes
         {
-            let _g = self
-                .attr_lock
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _g = lock(&self.attr_lock);
             check(
                 // SAFETY: sets an attribute of a live function of a loaded module.
                 unsafe {
@@ -536,13 +530,7 @@ impl Drop for CudaGpu {
     fn drop(&mut self) {
         self.synchronize();
         if self.ctx.bind().is_ok() {
-            let regions = std::mem::take(
-                &mut *self
-                    .pinned
-                    .regions
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
+            let regions = std::mem::take(&mut *write(&self.pinned.regions));
             for r in regions {
                 unpin(&r);
             }
@@ -595,11 +583,7 @@ impl Backend for CudaGpu {
         let (_alloc, _) = self.mem.resolve(dst, len as u64)?;
         let host = src.ptr_guard().as_ptr() as usize;
         // Held for the copy: unregistering waits for it.
-        let pinned = self
-            .pinned
-            .regions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let stream = lane.stream.raw();
@@ -627,11 +611,7 @@ impl Backend for CudaGpu {
         let len = dst.len();
         let (_alloc, _) = self.mem.resolve(src, len as u64)?;
         let host = dst.ptr_guard_mut().as_ptr() as usize;
-        let pinned = self
-            .pinned
-            .regions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let stream = lane.stream.raw();
@@ -866,11 +846,7 @@ impl Backend for CudaGpu {
 
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
-        let mut pinned = self
-            .pinned
-            .regions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut pinned = write(&self.pinned.regions);
         let mut first_err = None;
         for r in regions {
             if r.len == 0 || pinned.contains(r) {
@@ -908,11 +884,7 @@ impl Backend for CudaGpu {
             return;
         }
         // Taking the write lock waits for copies that use the regions.
-        let mut pinned = self
-            .pinned
-            .regions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut pinned = write(&self.pinned.regions);
         for r in regions {
             if let Some(i) = pinned.iter().position(|p| p == r) {
                 pinned.swap_remove(i);

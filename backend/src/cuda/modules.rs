@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_proto::builtin::{KernelSig, KERNELS};
@@ -19,6 +19,7 @@ use vgpu_proto::BUILTIN_MODULE;
 
 use super::driver::{check, Context, CuError};
 use crate::error::{BackendError, Result};
+use crate::sync::lock;
 use crate::{FunctionInfo, ModuleImage};
 
 /// Most modules one vGPU may have loaded at once.
@@ -312,7 +313,7 @@ impl Modules {
                 }))
             }
         };
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = lock(&self.table);
         if t.loaded.len() >= MAX_MODULES {
             return Err(BackendError::TooMany {
                 what: "loaded modules",
@@ -334,12 +335,7 @@ impl Modules {
 
     /// Unloads a module; running launches keep its code until they finish.
     pub fn unload(&self, module: u64) -> Result<()> {
-        let removed = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded
-            .remove(&module);
+        let removed = lock(&self.table).loaded.remove(&module);
         removed
             .map(|_| ())
             .ok_or_else(|| BackendError::UnknownModule(format!("handle {module}")))
@@ -347,10 +343,7 @@ impl Modules {
 
     /// Looks a function up by name (the context is bound by the caller).
     pub fn function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        let entry = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let entry = lock(&self.table)
             .loaded
             .get(&module)
             .cloned()
@@ -382,7 +375,7 @@ impl Modules {
                 })
             }
             Entry::Ptx(m) => {
-                let mut funcs = m.funcs.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut funcs = lock(&m.funcs);
                 if let Some((i, f)) = funcs
                     .iter()
                     .enumerate()
@@ -427,10 +420,7 @@ impl Modules {
         let unknown = || BackendError::UnknownFunction(format!("handle {function:#x}"));
         let module = function >> 16;
         let index = (function & 0xffff).checked_sub(1).ok_or_else(unknown)? as usize;
-        let entry = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let entry = lock(&self.table)
             .loaded
             .get(&module)
             .cloned()
@@ -445,13 +435,7 @@ impl Modules {
                     .ok_or_else(unknown),
             },
             Entry::Ptx(m) => {
-                let f = m
-                    .funcs
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(index)
-                    .cloned()
-                    .ok_or_else(unknown)?;
+                let f = lock(&m.funcs).get(index).cloned().ok_or_else(unknown)?;
                 Ok(Kernel::Ptx(m, f))
             }
         }
@@ -459,13 +443,7 @@ impl Modules {
 
     /// Drops every module (the backend is going away).
     pub fn clear(&self) {
-        let all = std::mem::take(
-            &mut self
-                .table
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .loaded,
-        );
+        let all = std::mem::take(&mut lock(&self.table).loaded);
         drop(all);
     }
 }

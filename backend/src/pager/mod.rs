@@ -21,12 +21,13 @@ mod tests;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use vgpu_proto::ArgValue;
 use vm_memory::VolatileSlice;
 
+use crate::sync::{read, write};
 use crate::{
     Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
     LaunchStats, MemoryUsage, ModuleImage, Result,
@@ -149,7 +150,7 @@ impl Pager {
     fn pin(&self, addr: u64, len: u64) -> Result<(Pin, u64)> {
         let bad = BackendError::BadPointer { addr, len };
         let e = {
-            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let entries = read(&self.entries);
             let (_, e) = entries.range(..=addr).next_back().ok_or(bad)?;
             e.clone()
         };
@@ -249,7 +250,7 @@ impl Pager {
     /// allocation that covers `want` on its own, else the least recently used ones.
     pub fn evict(&self, want: u64, tier: Tier) -> u64 {
         let candidates: Vec<Arc<Entry>> = {
-            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let entries = read(&self.entries);
             entries
                 .values()
                 .filter(|e| !e.shared && !e.pinned())
@@ -370,7 +371,7 @@ impl Pager {
     /// host memory; returns the bytes moved.
     pub fn spill(&self, want: u64) -> u64 {
         let mut entries: Vec<Arc<Entry>> = {
-            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let t = read(&self.entries);
             t.values().filter(|e| !e.shared).cloned().collect()
         };
         entries.sort_by_key(|e| e.last_use.load(Ordering::Relaxed));
@@ -411,7 +412,7 @@ impl Pager {
     /// Makes every allocation resident (a launch whose arguments may reach any of them).
     fn pin_all(&self) -> Result<Vec<Pin>> {
         let all: Vec<Arc<Entry>> = {
-            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let t = read(&self.entries);
             t.values().cloned().collect()
         };
         let tick = self.next_tick();
@@ -423,10 +424,7 @@ impl Pager {
     }
 
     fn insert(&self, e: Entry) {
-        self.entries
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(e.addr, Arc::new(e));
+        write(&self.entries).insert(e.addr, Arc::new(e));
     }
 }
 
@@ -437,11 +435,7 @@ impl Backend for Pager {
 
     fn memory_usage(&self) -> MemoryUsage {
         let s = self.state();
-        let allocations = self
-            .entries
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len() as u64;
+        let allocations = read(&self.entries).len() as u64;
         MemoryUsage {
             used: s.used,
             capacity: self.share,
@@ -497,10 +491,7 @@ impl Backend for Pager {
     }
 
     fn free(&self, addr: u64) -> Result<()> {
-        let e = self
-            .entries
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+        let e = write(&self.entries)
             .remove(&addr)
             .ok_or(BackendError::NotAllocated { addr })?;
         if !e.shared {

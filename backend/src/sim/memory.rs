@@ -10,11 +10,12 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 
 use vm_memory::VolatileSlice;
 
 use crate::error::{BackendError, Result};
+use crate::sync::{read, write};
 
 /// Host page size used for charging and mapping.
 pub const PAGE: u64 = 4096;
@@ -320,10 +321,7 @@ impl DeviceMemory {
                     imported: false,
                     space: self.space.clone(),
                 });
-                self.table
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(addr, a);
+                write(&self.table).insert(addr, a);
                 tracing::debug!(addr, size, charged, "allocated");
                 Ok((addr, charged))
             }
@@ -344,11 +342,7 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. The bytes are released
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        let removed = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&addr);
+        let removed = write(&self.table).remove(&addr);
         match removed {
             Some(a) => {
                 tracing::debug!(addr, size = a.size, "freed");
@@ -401,10 +395,7 @@ impl DeviceMemory {
             imported: true,
             space: self.space.clone(),
         });
-        self.table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(addr, a);
+        write(&self.table).insert(addr, a);
         tracing::debug!(addr, size, read_only, "shared object mapped");
         Ok(addr)
     }
@@ -417,9 +408,7 @@ impl DeviceMemory {
 
     /// The live allocation that starts exactly at `addr`.
     fn exact(&self, addr: u64) -> Result<Arc<Allocation>> {
-        self.table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        read(&self.table)
             .get(&addr)
             .cloned()
             .ok_or(BackendError::NotAllocated { addr })
@@ -506,7 +495,7 @@ impl DeviceMemory {
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
         let bad = BackendError::BadPointer { addr, len };
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
         let off = addr - a.addr;
         let end = off

@@ -4,12 +4,13 @@
 //! module is loaded, so no per-function table is needed.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::BUILTIN_MODULE;
 
 use crate::error::{BackendError, Result};
+use crate::sync::lock;
 use crate::{FunctionInfo, ModuleImage};
 
 /// Most modules one vGPU may have loaded at once.
@@ -65,7 +66,7 @@ impl Modules {
                 ))
             }
         };
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = lock(&self.table);
         if t.loaded.len() >= MAX_MODULES {
             return Err(BackendError::TooMany {
                 what: "loaded modules",
@@ -88,7 +89,7 @@ impl Modules {
 
     /// Unloads a module.
     pub fn unload(&self, module: u64) -> Result<()> {
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = lock(&self.table);
         t.loaded
             .remove(&module)
             .map(|_| ())
@@ -97,7 +98,7 @@ impl Modules {
 
     /// Looks a function up by name.
     pub fn function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = lock(&self.table);
         match t.loaded.get(&module) {
             Some(Module::Builtin) => {}
             None => return Err(BackendError::UnknownModule(format!("handle {module}"))),
@@ -120,7 +121,7 @@ impl Modules {
         let unknown = || BackendError::UnknownFunction(format!("handle {function:#x}"));
         let module = function >> 16;
         let index = (function & 0xffff).checked_sub(1).ok_or_else(unknown)? as usize;
-        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = lock(&self.table);
         match t.loaded.get(&module) {
             Some(Module::Builtin) => builtin::all().nth(index).ok_or_else(unknown),
             None => Err(unknown()),
