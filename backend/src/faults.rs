@@ -17,7 +17,7 @@ use vm_memory::VolatileSlice;
 
 use crate::{
     Allocated, ArgValue, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
-    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
+    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Paging, Relocatable, Result,
 };
 
 /// What to inject, as parsed from a spec line.
@@ -126,7 +126,8 @@ impl Faults {
     }
 }
 
-/// A backend that injects [`Faults`] in front of another.
+/// A backend that injects [`Faults`] into another's data path. Its swapping and
+/// relocation capabilities are the wrapped backend's, unchanged.
 pub struct Faulty {
     inner: Arc<dyn Backend>,
     faults: Arc<Faults>,
@@ -199,39 +200,17 @@ impl Backend for Faulty {
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.inner.register_host_memory(regions)
     }
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.faults.alloc(size)?;
-        self.inner.alloc_at(addr, size)
-    }
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        self.inner.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.inner.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.inner.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.inner.recommit(addr, off, len)
-    }
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.inner.import_shared(handle, size, read_only)
     }
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         self.inner.unregister_host_memory(regions)
     }
-    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
-        self.inner.device_window(addr, len)
+    fn paging(&self) -> Option<&dyn Paging> {
+        self.inner.paging()
     }
-    fn vacate_addresses(&self) -> Result<()> {
-        self.inner.vacate_addresses()
-    }
-    fn reoccupy_addresses(&self) -> Result<()> {
-        self.inner.reoccupy_addresses()
-    }
-    fn occupy_addresses(&self) -> Result<()> {
-        self.inner.occupy_addresses()
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        self.inner.relocation()
     }
 }
 
@@ -348,39 +327,37 @@ impl Backend for FailingTarget {
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.0.register_host_memory(regions)
     }
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.0.alloc_at(addr, size)
-    }
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        self.0.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.0.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.0.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.0.recommit(addr, off, len)
-    }
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.0.import_shared(handle, size, read_only)
     }
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         self.0.unregister_host_memory(regions)
     }
-    fn device_window(&self, _addr: u64, _len: u64) -> Option<crate::DeviceWindow> {
-        // Copies into it must go through `copy_htod`, which fails.
-        None
+    fn paging(&self) -> Option<&dyn Paging> {
+        self.0.paging()
+    }
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        self.0.relocation().map(|_| self as &dyn Relocatable)
+    }
+}
+
+/// The wrapped backend's relocation without its device window: copies into the target
+/// must go through [`Backend::copy_htod`], which fails.
+impl Relocatable for FailingTarget {
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        crate::require_relocation(&*self.0)?.alloc_at(addr, size)
+    }
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        crate::copy_to_peer(&*self.0, peer, addr, len)
     }
     fn vacate_addresses(&self) -> Result<()> {
-        self.0.vacate_addresses()
+        crate::require_relocation(&*self.0)?.vacate_addresses()
     }
     fn reoccupy_addresses(&self) -> Result<()> {
-        self.0.reoccupy_addresses()
+        crate::require_relocation(&*self.0)?.reoccupy_addresses()
     }
     fn occupy_addresses(&self) -> Result<()> {
-        self.0.occupy_addresses()
+        crate::require_relocation(&*self.0)?.occupy_addresses()
     }
 }
 

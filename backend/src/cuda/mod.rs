@@ -25,6 +25,7 @@ mod driver;
 mod lanes;
 mod memory;
 mod modules;
+mod relocation;
 mod storage;
 
 use std::ffi::c_void;
@@ -40,7 +41,7 @@ use crate::drain::InFlight;
 use crate::error::{BackendError, Result};
 use crate::{
     Allocated, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats,
-    MemoryUsage, ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    MemoryUsage, ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use driver::{check, Context, CuError};
 use lanes::Lanes;
@@ -72,7 +73,7 @@ pub struct CudaConfig {
     pub va_size: u64,
     /// A live migration's target, created in the worker that serves the vGPU now: its
     /// memory is staged at other addresses until the switch
-    /// ([`Backend::occupy_addresses`]), since the source holds the vGPU's range.
+    /// ([`Relocatable::occupy_addresses`]), since the source holds the vGPU's range.
     pub migration_target: bool,
 }
 
@@ -560,12 +561,6 @@ impl Backend for CudaGpu {
         self.clear_and_publish(a, size)
     }
 
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.enter()?;
-        let a = self.mem.create_at(addr, size)?;
-        self.clear_and_publish(a, size)
-    }
-
     fn free(&self, addr: u64) -> Result<()> {
         self.enter()?;
         self.mem.free(addr)
@@ -762,88 +757,6 @@ impl Backend for CudaGpu {
         self.inflight.drain();
     }
 
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.enter()?;
-        // Nothing may still run on the memory that goes away.
-        self.synchronize();
-        self.mem.decommit(addr, off, len)
-    }
-
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.enter()?;
-        self.mem.recommit(addr, off, len)
-    }
-
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        let Some(w) = peer
-            .device_window(addr, len)
-            .filter(|w| w.kind == backend_kind::CUDA)
-        else {
-            return crate::copy_through_host(self, peer, addr, len);
-        };
-        let _op = self.inflight.begin();
-        self.enter()?;
-        let (a, off) = self.mem.resolve(addr, len)?;
-        let src = a.va().ok_or(BackendError::BadPointer { addr, len })? + off;
-        let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr, len })?;
-        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
-        if n > 0 {
-            let rc = check(
-                // SAFETY: [src, src + n) lies in our live allocation `a` (held); the peer
-                // guarantees [w.ptr, w.ptr + n) is its live mapping of the same range and
-                // `w.context` its live context (device_window's contract); waited for below.
-                unsafe {
-                    sys::cuMemcpyPeerAsync(
-                        w.ptr,
-                        w.context as sys::CUcontext,
-                        src,
-                        self.ctx.raw(),
-                        n,
-                        lane.stream.raw(),
-                    )
-                },
-                "cuMemcpyPeerAsync",
-            );
-            if let Err(e) = rc {
-                if e.is_sticky() {
-                    return Err(self.cuda_err(e));
-                }
-                // A driver that cannot copy between these mappings directly: the bytes
-                // still move, through host memory.
-                tracing::warn!(error = %e, "peer copy refused; copying through host memory");
-                drop(lane);
-                return crate::copy_through_host(self, peer, addr, len);
-            }
-        }
-        lane.stream.synchronize().map_err(|e| self.cuda_err(e))?;
-        drop(a);
-        Ok(len)
-    }
-
-    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
-        Some(crate::DeviceWindow {
-            kind: backend_kind::CUDA,
-            ptr: self.mem.window(addr, len)?,
-            context: self.ctx.raw() as usize,
-        })
-    }
-
-    fn vacate_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.synchronize();
-        self.mem.vacate()
-    }
-
-    fn reoccupy_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.mem.reoccupy()
-    }
-
-    fn occupy_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.mem.occupy()
-    }
-
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
         let mut pinned = write(&self.pinned.regions);
@@ -892,5 +805,13 @@ impl Backend for CudaGpu {
                 unpin(r);
             }
         }
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
     }
 }

@@ -10,7 +10,9 @@
 //! raw device address. Eviction takes only allocations no operation is using.
 //!
 //! Decisions (how much to evict, from whom, to which tier) belong to the broker: vgpud for
-//! a worker, across processes. The pager only moves bytes.
+//! a worker, across processes. The pager only moves bytes, through the wrapped backend's
+//! [`Paging`](crate::Paging) capability (without it, eviction frees nothing); it offers
+//! neither paging nor relocation itself.
 
 mod broker;
 mod entry;
@@ -29,8 +31,8 @@ use vm_memory::VolatileSlice;
 
 use crate::sync::{read, write};
 use crate::{
-    Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
-    LaunchStats, MemoryUsage, ModuleImage, Result,
+    require_paging, Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
+    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
 };
 pub use broker::{Broker, LocalBroker, LocalMember, MemState, Tier};
 use entry::{Entry, Piece, Pin};
@@ -83,7 +85,7 @@ impl Pager {
     /// resident at a time is up to `broker`. `inner` must be able to hold `share` bytes
     /// plus its swap-area buffers.
     pub fn new(inner: Arc<dyn Backend>, broker: Arc<dyn Broker>, share: u64) -> Self {
-        let granule = inner.commit_granule();
+        let granule = inner.paging().map_or(0, |p| p.commit_granule());
         Self {
             inner,
             broker,
@@ -200,7 +202,7 @@ impl Pager {
                     continue;
                 }
                 let (poff, plen) = e.piece(i);
-                self.inner.recommit(e.addr, poff, plen)?;
+                require_paging(&*self.inner)?.recommit(e.addr, poff, plen)?;
                 let dlen = e.data_len(i);
                 let whole = overwrite.is_some_and(|(o, l)| o <= poff && poff + dlen <= o + l);
                 let old = self.set_piece(e, &mut pieces, i, Piece::Resident);
@@ -317,7 +319,9 @@ impl Pager {
             let (off, len) = e.piece(i);
             match self.save(e.addr + off, e.data_len(i), tier) {
                 Ok(saved) => {
-                    if let Err(err) = self.inner.decommit(e.addr, off, len) {
+                    if let Err(err) =
+                        require_paging(&*self.inner).and_then(|p| p.decommit(e.addr, off, len))
+                    {
                         tracing::error!(addr = e.addr, off, error = %err, "decommit failed; the piece stays resident");
                         self.discard(saved);
                         continue;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use vgpu_backend::{
     Access, Allocated, ArgValue, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
-    LaunchStats, MemoryUsage, ModuleImage, SimConfig, SimGpu,
+    LaunchStats, MemoryUsage, ModuleImage, Paging, Relocatable, SimConfig, SimGpu,
 };
 use vgpu_migration::{Migratable, MigrateOptions, Mode, Phase, Progress, Report};
 use vm_memory::VolatileSlice;
@@ -172,26 +172,6 @@ impl Backend for Tap {
     fn register_host_memory(&self, regions: &[HostRegion]) -> vgpu_backend::Result<()> {
         self.gpu.register_host_memory(regions)
     }
-    fn alloc_at(&self, addr: u64, size: u64) -> vgpu_backend::Result<Allocated> {
-        let a = self.gpu.alloc_at(addr, size)?;
-        self.placed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((Instant::now(), size));
-        Ok(a)
-    }
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> vgpu_backend::Result<u64> {
-        self.gpu.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.gpu.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> vgpu_backend::Result<()> {
-        self.gpu.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> vgpu_backend::Result<()> {
-        self.gpu.recommit(addr, off, len)
-    }
     fn import_shared(
         &self,
         handle: std::os::fd::OwnedFd,
@@ -202,6 +182,27 @@ impl Backend for Tap {
     }
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         self.gpu.unregister_host_memory(regions)
+    }
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(&self.gpu)
+    }
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
+    }
+}
+
+/// The sim's relocation, logging every allocation placed.
+impl Relocatable for Tap {
+    fn alloc_at(&self, addr: u64, size: u64) -> vgpu_backend::Result<Allocated> {
+        let a = self.gpu.alloc_at(addr, size)?;
+        self.placed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((Instant::now(), size));
+        Ok(a)
+    }
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> vgpu_backend::Result<u64> {
+        self.gpu.copy_to_peer(peer, addr, len)
     }
 }
 
@@ -561,7 +562,7 @@ fn plain_copy(p: Params, v: &Vgpu) -> Result<(Duration, Duration), String> {
     }
     let c = Instant::now();
     for (a, n) in &allocs {
-        src.copy_to_peer(&*target, *a, *n).map_err(e)?;
+        vgpu_backend::copy_to_peer(&*src, &*target, *a, *n).map_err(e)?;
     }
     Ok((t.elapsed(), c.elapsed()))
 }
