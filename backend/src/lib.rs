@@ -22,6 +22,7 @@ pub mod cuda;
 mod drain;
 mod error;
 pub mod faults;
+mod module_table;
 pub mod pager;
 pub mod sim;
 mod space;

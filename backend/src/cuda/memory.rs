@@ -18,14 +18,16 @@
 //! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
 use crate::error::{BackendError, Result};
+use crate::space::{AllocTable, Extent, Ledger};
 use crate::sync::{get_mut, lock, read, write};
+use crate::MemoryUsage;
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
@@ -139,34 +141,15 @@ struct Space {
     place: RwLock<Place>,
     /// Our GPU's context (frees and maps run in it).
     ctx: Arc<Context>,
-    capacity: u64,
     granularity: u64,
     ordinal: i32,
     /// GPUs besides ours granted access to staged mappings (the migration source).
     peers: Vec<i32>,
-    used: AtomicU64,
-    count: AtomicU64,
-    /// Free holes: offset -> length, multiples of `granularity`.
-    holes: crate::space::Holes,
+    /// Holes (multiples of `granularity`), charge and count.
+    ledger: Ledger,
 }
 
 impl Space {
-    fn take_hole(&self, len: u64) -> Option<u64> {
-        self.holes.take(len)
-    }
-
-    fn give_hole(&self, off: u64, len: u64) {
-        self.holes.give(off, len)
-    }
-
-    fn charge(&self, bytes: u64) -> Result<()> {
-        crate::space::charge(&self.used, self.capacity, bytes)
-    }
-
-    fn uncharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
-
     /// Where the allocation at vGPU address `addr` is mapped when placed at `place`.
     fn va_of(&self, addr: u64, place: Place) -> Option<u64> {
         match (place, &self.staging) {
@@ -287,6 +270,12 @@ pub struct Allocation {
     space: Arc<Space>,
 }
 
+impl Extent for Allocation {
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 impl Allocation {
     /// Its device address.
     pub fn addr(&self) -> u64 {
@@ -340,12 +329,8 @@ impl Drop for Allocation {
             Some(h) => unmap_release(&self.space.ctx, slot.at, self.mapped, h),
             None => true,
         };
-        if reusable {
-            self.space
-                .give_hole(self.addr - self.space.home.base, self.mapped);
-        }
-        self.space.uncharge(self.mapped);
-        self.space.count.fetch_sub(1, Ordering::AcqRel);
+        let hole = reusable.then(|| (self.addr - self.space.home.base, self.mapped));
+        self.space.ledger.released(hole, self.mapped);
         tracing::trace!(addr = self.addr, size = self.size, "device memory released");
     }
 }
@@ -354,7 +339,7 @@ impl Drop for Allocation {
 #[derive(Debug)]
 pub struct DeviceMemory {
     space: Arc<Space>,
-    table: RwLock<BTreeMap<u64, Arc<Allocation>>>,
+    table: AllocTable<Allocation>,
 }
 
 impl DeviceMemory {
@@ -370,17 +355,7 @@ impl DeviceMemory {
         capacity: u64,
         migration_target: bool,
     ) -> Result<Self> {
-        if va_base % VA_ALIGN != 0 || va_base == 0 || va_size < VA_ALIGN || va_size % VA_ALIGN != 0
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} must be non-null and 2 MiB aligned"
-            )));
-        }
-        va_base.checked_add(va_size).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} overflows"
-            ))
-        })?;
+        crate::space::check_layout(va_base, va_size)?;
         let granularity = granularity(ordinal).map_err(dev_err)?;
         let held = if migration_target {
             lock(&HOMES).get(&va_base).and_then(Weak::upgrade)
@@ -434,15 +409,12 @@ impl DeviceMemory {
                 staging,
                 place: RwLock::new(place),
                 ctx: ctx.clone(),
-                capacity,
                 granularity,
                 ordinal,
                 peers,
-                used: AtomicU64::new(0),
-                count: AtomicU64::new(0),
-                holes: crate::space::Holes::new(va_size / granularity * granularity),
+                ledger: Ledger::new(va_size / granularity * granularity, capacity),
             }),
-            table: RwLock::new(BTreeMap::new()),
+            table: AllocTable::default(),
         })
     }
 
@@ -477,19 +449,9 @@ impl DeviceMemory {
         self.space.granularity
     }
 
-    /// Bytes charged now.
-    pub fn used(&self) -> u64 {
-        self.space.used.load(Ordering::Acquire)
-    }
-
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.space.capacity
-    }
-
-    /// Live allocations (including freed ones still used by running work).
-    pub fn count(&self) -> u64 {
-        self.space.count.load(Ordering::Acquire)
+    /// The address space's accounts.
+    pub fn usage(&self) -> MemoryUsage {
+        self.space.ledger.usage()
     }
 
     /// Whether the memory is at the vGPU's own addresses (not a migration target still
@@ -506,9 +468,9 @@ impl DeviceMemory {
         }
         let sp = &self.space;
         let len = self.checked_len(size)?;
-        sp.charge(len)?;
-        let Some(off) = sp.take_hole(len) else {
-            sp.uncharge(len);
+        sp.ledger.charge(len)?;
+        let Some(off) = sp.ledger.take_hole(len) else {
+            sp.ledger.uncharge(len);
             return Err(BackendError::AddressSpaceFull { requested: size });
         };
         self.back(off, len, size)
@@ -529,9 +491,9 @@ impl DeviceMemory {
             )));
         }
         let len = self.checked_len(size)?;
-        sp.charge(len)?;
-        if !sp.holes.take_at(addr - base, len) {
-            sp.uncharge(len);
+        sp.ledger.charge(len)?;
+        if !sp.ledger.take_hole_at(addr - base, len) {
+            sp.ledger.uncharge(len);
             return Err(BackendError::InvalidArgument(format!(
                 "{addr:#x}+{len:#x} overlaps a live allocation or leaves the address space"
             )));
@@ -542,11 +504,7 @@ impl DeviceMemory {
     /// `size` rounded up to the granularity, if it is a size the driver can map.
     fn checked_len(&self, size: u64) -> Result<u64> {
         let sp = &self.space;
-        let too_big = || BackendError::OutOfMemory {
-            requested: size,
-            available: sp.capacity.saturating_sub(self.used()),
-            capacity: sp.capacity,
-        };
+        let too_big = || sp.ledger.out_of_memory(size);
         let len = round_up(size, sp.granularity).ok_or_else(too_big)?;
         usize::try_from(len).map_err(|_| too_big())?;
         Ok(len)
@@ -557,8 +515,8 @@ impl DeviceMemory {
         let sp = &self.space;
         let addr = sp.home.base + off;
         let undo = || {
-            sp.give_hole(off, len);
-            sp.uncharge(len);
+            sp.ledger.give_hole(off, len);
+            sp.ledger.uncharge(len);
         };
         let place = sp.place();
         let Some(va) = sp.va_of(addr, *place) else {
@@ -578,7 +536,7 @@ impl DeviceMemory {
             return Err(dev_err(e));
         }
         drop(place);
-        sp.count.fetch_add(1, Ordering::AcqRel);
+        sp.ledger.added();
         Ok(Allocation {
             addr,
             size,
@@ -595,7 +553,7 @@ impl DeviceMemory {
     pub fn publish(&self, a: Allocation) -> u64 {
         let addr = a.addr;
         tracing::debug!(addr, size = a.size, charged = a.mapped, "allocated");
-        write(&self.table).insert(addr, Arc::new(a));
+        self.table.insert(addr, Arc::new(a));
         addr
     }
 
@@ -607,39 +565,21 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. Its memory is unmapped
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        let removed = write(&self.table).remove(&addr);
-        match removed {
-            Some(a) => {
-                tracing::debug!(addr, size = a.size, "freed");
-                Ok(())
-            }
-            None => Err(BackendError::NotAllocated { addr }),
-        }
+        let a = self.table.remove(addr)?;
+        tracing::debug!(addr, size = a.size, "freed");
+        Ok(())
     }
 
     /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
-        let bad = BackendError::BadPointer { addr, len };
-        let table = read(&self.table);
-        let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
-        let off = addr - a.addr;
-        let end = off
-            .checked_add(len)
-            .ok_or(BackendError::BadPointer { addr, len })?;
-        if off >= a.size || end > a.size {
-            return Err(BackendError::BadPointer { addr, len });
-        }
-        Ok((a.clone(), off))
+        self.table.resolve(addr, len)
     }
 
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
-        let a = read(&self.table)
-            .get(&addr)
-            .cloned()
-            .ok_or(BackendError::NotAllocated { addr })?;
+        let a = self.table.exact(addr)?;
         if off != 0 || len != a.mapped {
             return Err(BackendError::InvalidArgument(format!(
                 "the cuda backend swaps whole allocations: {addr:#x} is {} bytes, asked {off:#x}+{len:#x}",
@@ -696,7 +636,7 @@ impl DeviceMemory {
                 "only memory at its own addresses can be vacated (it is {place:?})"
             )));
         }
-        let table = read(&self.table);
+        let table = self.table.read();
         let mut done = Vec::new();
         for a in table.values() {
             let mut slot = lock(&a.slot);
@@ -749,7 +689,7 @@ impl DeviceMemory {
             return Ok(());
         }
         sp.home.ordinal.store(sp.ordinal, Ordering::Release);
-        let table = read(&self.table);
+        let table = self.table.read();
         let mut first = None;
         for addr in table.keys() {
             if let Some(e) = self.remap_home(&table, *addr) {
@@ -769,7 +709,7 @@ impl DeviceMemory {
         if *place != Place::Staged {
             return Ok(());
         }
-        let table = read(&self.table);
+        let table = self.table.read();
         let mut moved: Vec<&Arc<Allocation>> = Vec::new();
         let mut failed = None;
         for a in table.values() {
@@ -838,8 +778,7 @@ impl DeviceMemory {
 
     /// Drops every allocation (the backend is going away).
     pub fn clear(&self) {
-        let all = std::mem::take(&mut *write(&self.table));
-        drop(all);
+        self.table.clear();
     }
 }
 
@@ -865,8 +804,8 @@ fn create_handle(sp: &Space, len: u64) -> Result<sys::CUmemGenericAllocationHand
             tracing::debug!(len, free, "the GPU is out of memory");
             BackendError::OutOfMemory {
                 requested: len,
-                available: free.min(sp.capacity.saturating_sub(sp.used.load(Ordering::Acquire))),
-                capacity: sp.capacity,
+                available: free.min(sp.ledger.capacity().saturating_sub(sp.ledger.used())),
+                capacity: sp.ledger.capacity(),
             }
         } else {
             dev_err(e)

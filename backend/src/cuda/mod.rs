@@ -548,11 +548,7 @@ impl Backend for CudaGpu {
     }
 
     fn memory_usage(&self) -> MemoryUsage {
-        MemoryUsage {
-            used: self.mem.used(),
-            capacity: self.mem.capacity(),
-            allocations: self.mem.count(),
-        }
+        self.mem.usage()
     }
 
     fn alloc(&self, size: u64) -> Result<Allocated> {
@@ -679,22 +675,7 @@ impl Backend for CudaGpu {
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
-        let esize = u64::from(elem_size);
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(BackendError::InvalidArgument(format!(
-                "memset element size {elem_size}; use 1, 2 or 4"
-            )));
-        }
-        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
-            addr: dst,
-            len: u64::MAX,
-        })?;
-        if dst % esize != 0 {
-            return Err(BackendError::Misaligned {
-                addr: dst,
-                align: esize,
-            });
-        }
+        let len = crate::space::memset_len(dst, elem_size, count)?;
         self.enter()?;
         self.guest_ready()?;
         let (_a, _) = self.mem.resolve(dst, len)?;

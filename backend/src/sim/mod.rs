@@ -158,11 +158,7 @@ impl Backend for SimGpu {
     }
 
     fn memory_usage(&self) -> MemoryUsage {
-        MemoryUsage {
-            used: self.mem.used(),
-            capacity: self.mem.capacity(),
-            allocations: self.mem.count(),
-        }
+        self.mem.usage()
     }
 
     fn alloc(&self, size: u64) -> Result<Allocated> {
@@ -221,22 +217,7 @@ impl Backend for SimGpu {
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
-        let esize = u64::from(elem_size);
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(BackendError::InvalidArgument(format!(
-                "memset element size {elem_size}; use 1, 2 or 4"
-            )));
-        }
-        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
-            addr: dst,
-            len: u64::MAX,
-        })?;
-        if dst % esize != 0 {
-            return Err(BackendError::Misaligned {
-                addr: dst,
-                align: esize,
-            });
-        }
+        let len = crate::space::memset_len(dst, elem_size, count)?;
         let (a, off) = self.mem.resolve(dst, len)?;
         let bytes = value.to_le_bytes();
         let pattern = match elem_size {
