@@ -22,6 +22,7 @@ pub mod cuda;
 mod drain;
 mod error;
 pub mod faults;
+mod forward;
 mod module_table;
 pub mod pager;
 pub mod sim;
@@ -33,6 +34,13 @@ pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
 pub use vgpu_storage::sync;
+
+/// What [`forward_backend!`] expands to needs; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use std::os::fd::OwnedFd;
+    pub use vm_memory::VolatileSlice;
+}
 
 use std::os::fd::OwnedFd;
 

@@ -31,8 +31,8 @@ use vm_memory::VolatileSlice;
 
 use crate::sync::{read, write};
 use crate::{
-    require_paging, Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
-    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
+    require_paging, Allocated, Backend, BackendError, LaunchConfig, LaunchStats, MemoryUsage,
+    Result,
 };
 pub use broker::{Broker, LocalBroker, LocalMember, MemState, Tier};
 use entry::{Entry, Piece, Pin};
@@ -433,10 +433,6 @@ impl Pager {
 }
 
 impl Backend for Pager {
-    fn info(&self) -> &BackendInfo {
-        self.inner.info()
-    }
-
     fn memory_usage(&self) -> MemoryUsage {
         let s = self.state();
         let allocations = read(&self.entries).len() as u64;
@@ -586,18 +582,6 @@ impl Backend for Pager {
         self.inner.memset(dst, value, elem_size, count)
     }
 
-    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        self.inner.module_load(image)
-    }
-
-    fn module_unload(&self, module: u64) -> Result<()> {
-        self.inner.module_unload(module)
-    }
-
-    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        self.inner.get_function(module, name)
-    }
-
     fn launch(
         &self,
         function: u64,
@@ -630,21 +614,14 @@ impl Backend for Pager {
         self.inner.launch(function, config, args)
     }
 
-    fn synchronize(&self) {
-        self.inner.synchronize()
-    }
-
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        self.inner.register_host_memory(regions)
-    }
-
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        self.inner.unregister_host_memory(regions)
-    }
-
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         let addr = self.inner.import_shared(handle, size, read_only)?;
         self.insert(Entry::new(addr, size, 0, 0, true));
         Ok(addr)
     }
+
+    crate::forward_backend!(inner:
+        info, module_load, module_unload, get_function, synchronize, register_host_memory,
+        unregister_host_memory
+    );
 }
