@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
+use super::vmm::{access_desc, alloc_prop, can_access_peer, granularity, mem_info};
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
 use crate::sync::{get_mut, lock, read, write};
@@ -32,7 +33,7 @@ use crate::MemoryUsage;
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
 
-fn round_up(v: u64, align: u64) -> Option<u64> {
+pub(super) fn round_up(v: u64, align: u64) -> Option<u64> {
     v.checked_add(align - 1).map(|v| v / align * align)
 }
 
@@ -109,28 +110,6 @@ enum Place {
     Vacated,
 }
 
-/// The CUdevice of GPU `ordinal`.
-fn device_of(ordinal: i32) -> std::result::Result<sys::CUdevice, CuError> {
-    let mut dev: sys::CUdevice = 0;
-    check(
-        // SAFETY: writes one device handle into `dev`.
-        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
-        "cuDeviceGet",
-    )?;
-    Ok(dev)
-}
-
-/// Whether GPU `from` can reach GPU `to`'s memory directly (NVLink or PCIe peer to peer).
-fn can_access_peer(from: i32, to: i32) -> bool {
-    let (Ok(f), Ok(t)) = (device_of(from), device_of(to)) else {
-        return false;
-    };
-    let mut ok = 0;
-    // SAFETY: writes one int into `ok`; both handles came from cuDeviceGet.
-    let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, f, t) };
-    rc == sys::CUresult::CUDA_SUCCESS && ok == 1
-}
-
 /// State shared by the address space and its allocations.
 #[derive(Debug)]
 struct Space {
@@ -195,60 +174,6 @@ impl Space {
         }
         Ok(())
     }
-}
-
-/// Read-write access for GPU `ordinal`.
-fn access_desc(ordinal: i32) -> sys::CUmemAccessDesc {
-    sys::CUmemAccessDesc {
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    }
-}
-
-/// Physical allocation properties: pinned device memory on GPU `ordinal`.
-fn alloc_prop(ordinal: i32) -> sys::CUmemAllocationProp {
-    sys::CUmemAllocationProp {
-        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
-    }
-}
-
-/// The allocation granularity of GPU `ordinal` for our properties, at least `VA_ALIGN`.
-pub fn granularity(ordinal: i32) -> std::result::Result<u64, CuError> {
-    let prop = alloc_prop(ordinal);
-    let mut g: usize = 0;
-    check(
-        // SAFETY: reads `prop` (a valid struct on this frame), writes one usize into `g`.
-        unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut g,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        },
-        "cuMemGetAllocationGranularity",
-    )?;
-    let g = (g as u64).max(1);
-    // Every allocation must start 2 MiB aligned (protocol): use a common multiple.
-    Ok(if VA_ALIGN % g == 0 {
-        VA_ALIGN
-    } else {
-        round_up(g, VA_ALIGN).unwrap_or(VA_ALIGN)
-    })
 }
 
 /// The physical memory behind an allocation and where it is mapped.
@@ -812,17 +737,6 @@ fn create_handle(sp: &Space, len: u64) -> Result<sys::CUmemGenericAllocationHand
         }
     })?;
     Ok(handle)
-}
-
-/// Free and total memory of the current context's device.
-pub fn mem_info() -> std::result::Result<(u64, u64), CuError> {
-    let (mut free, mut total) = (0usize, 0usize);
-    check(
-        // SAFETY: writes two usizes.
-        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
-        "cuMemGetInfo",
-    )?;
-    Ok((free as u64, total as u64))
 }
 
 /// A driver error as a backend error.

@@ -27,6 +27,7 @@ mod memory;
 mod modules;
 mod relocation;
 mod storage;
+mod vmm;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
