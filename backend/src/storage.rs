@@ -1,4 +1,4 @@
-//! Storage namespaces attached to one vGPU (BaM, issue 9): the operator names them in the
+//! Storage namespaces attached to one vGPU (BaM): the operator names them in the
 //! vGPU's spec (`storage` in vgpud's `VgpuCreate`, `--storage ID=PATH[:ro|:rw]` on the
 //! worker); the guest attaches one with `STORAGE_ATTACH` and passes its handle as the
 //! `ns` value argument of the built-in storage kernels (`vgpu_proto::builtin::STORAGE_KERNELS`).

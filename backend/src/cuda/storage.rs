@@ -1,4 +1,4 @@
-//! The built-in storage kernels on a CUDA GPU (issue 9): GPU threads enqueue the NVMe reads
+//! The built-in storage kernels on a CUDA GPU: GPU threads enqueue the NVMe reads
 //! themselves (`backend/kernels/storage.cu`, BaM's queue and cache on the device).
 //!
 //! Per attached namespace, on first use, this backend sets up what the GPU threads touch:

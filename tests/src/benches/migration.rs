@@ -1,4 +1,4 @@
-//! Live migration (issue 7), in process on the sim backend: downtime and total time of
+//! Live migration, in process on the sim backend: downtime and total time of
 //! moving a running vGPU between two sim GPUs vs its resident device memory, stop_copy vs
 //! precopy, beside the plain copy of the same bytes measured in the same run.
 //!
@@ -566,7 +566,7 @@ const VMOTION_STUN_MS: f64 = 12_000.0;
 const VMOTION_BYTES: f64 = 8e9;
 /// gMig's downtime.
 const GMIG_MS: f64 = 119.0;
-/// Issue 7's goal: precopy downtime at 4 GiB.
+/// The goal: precopy downtime at 4 GiB.
 const GOAL_MS: f64 = 50.0;
 
 fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
@@ -764,7 +764,7 @@ pub fn run(p: Params) -> Vec<Figure> {
             "goal: precopy downtime at 4 GiB with declared writes".into(),
             pt.modes[0].downtime,
             "ms",
-            "issue 7 goal",
+            "goal",
             GOAL_MS,
         ));
     }
