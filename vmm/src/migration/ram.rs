@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::wire::{write_message, Kind, WireError, MAX_RAM_RUN};
 use crate::vm::{Slot, VmHandles};
@@ -32,9 +32,30 @@ impl Default for RamSender {
     }
 }
 
+static ZERO_PAGE: [u8; PAGE as usize] = [0; PAGE as usize];
+
 fn is_zero(page: &[u8]) -> bool {
-    page.chunks_exact(16)
-        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0)
+    page == &ZERO_PAGE[..page.len().min(ZERO_PAGE.len())]
+}
+
+/// Copies guest RAM at `gpa` into `out` with one memcpy, after checking that the range
+/// lies in one region. The guest may be writing the same pages: a torn page is re-sent,
+/// since the write marks it dirty.
+pub fn copy_out(mem: &GuestMemoryMmap, gpa: u64, out: &mut [u8]) -> Result<(), WireError> {
+    let outside = || WireError::OutsideRam {
+        gpa,
+        len: out.len(),
+    };
+    let slice = mem
+        .get_slice(GuestAddress(gpa), out.len())
+        .map_err(|_| outside())?;
+    // SAFETY: `slice` covers `out.len()` bytes of a live guest mapping (checked above) and
+    // `out` is a distinct buffer of that length; the bytes are copied as plain data, no
+    // reference to guest memory is formed.
+    unsafe {
+        std::ptr::copy_nonoverlapping(slice.ptr_guard().as_ptr(), out.as_mut_ptr(), out.len())
+    };
+    Ok(())
 }
 
 impl RamSender {
@@ -65,8 +86,7 @@ impl RamSender {
         while off < len {
             let n = (len - off).min(MAX_RAM_RUN as u64) as usize;
             let base = gpa + off;
-            mem.read_slice(&mut self.buf[..n], GuestAddress(base))
-                .map_err(|_| WireError::OutsideRam { gpa: base, len: n })?;
+            copy_out(mem, base, &mut self.buf[..n])?;
             if !skip_zero {
                 self.send_run(w, base, 0..n)?;
             } else {
@@ -153,6 +173,8 @@ pub fn merge(a: &mut [Vec<u64>], b: &[Vec<u64>]) {
 
 #[cfg(test)]
 mod tests {
+    use vm_memory::Bytes;
+
     use super::*;
     use crate::migration::wire::{read_message, Message};
 

@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::snapshot::{VmDescription, VmSnapshot};
 
@@ -193,9 +193,13 @@ pub fn read_message<'b, R: Read>(
     let mut hb = [0u8; HEADER_LEN];
     read_full(r, &mut hb, true)?;
     let h = decode_header(&hb)?;
-    buf.clear();
-    buf.resize(h.len, 0);
-    read_full(r, buf, false)?;
+    // The buffer only grows (to at most the largest cap), so a run of RAM messages
+    // costs no allocation or clearing.
+    if buf.len() < h.len {
+        buf.resize(h.len, 0);
+    }
+    read_full(r, &mut buf[..h.len], false)?;
+    let buf: &'b [u8] = &buf[..h.len];
     Ok(match h.kind {
         Kind::Describe => {
             Message::Describe(serde_json::from_slice(buf).map_err(|e| WireError::Json(h.kind, e))?)
@@ -266,11 +270,16 @@ pub fn apply_ram(mem: &GuestMemoryMmap, gpa: u64, data: &[u8]) -> Result<(), Wir
         len: data.len(),
     };
     gpa.checked_add(data.len() as u64).ok_or_else(outside)?;
-    // write_slice fails on an address or range not backed by one region, before it writes.
-    mem.get_slice(GuestAddress(gpa), data.len())
+    // get_slice fails on an address or range not backed by one region.
+    let slice = mem
+        .get_slice(GuestAddress(gpa), data.len())
         .map_err(|_| outside())?;
-    mem.write_slice(data, GuestAddress(gpa))
-        .map_err(|_| outside())
+    // SAFETY: `slice` covers `data.len()` bytes of a live guest mapping (checked above);
+    // `data` is a separate buffer of that length.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), slice.ptr_guard_mut().as_ptr(), data.len())
+    };
+    Ok(())
 }
 
 #[cfg(test)]
@@ -371,6 +380,7 @@ mod tests {
 
     #[test]
     fn ram_outside_guest_memory_is_refused() {
+        use vm_memory::Bytes;
         let mem = crate::memory::create_guest_memory(4 << 20).unwrap();
         apply_ram(&mem, 0x1000, &[7; 16]).unwrap();
         let mut b = [0u8; 16];
