@@ -106,11 +106,20 @@ pub fn migrate(
             ..Default::default()
         }
     });
-    let mut stream =
-        Stream::connect(&req.destination).map_err(|source| MigrationError::Connect {
-            addr: req.destination.to_string(),
-            source,
-        })?;
+    let mut stream = match Stream::connect(&req.destination) {
+        Ok(s) => s,
+        Err(source) => {
+            let e = MigrationError::Connect {
+                addr: req.destination.to_string(),
+                source,
+            };
+            update(status, |s| {
+                s.phase = Phase::Failed;
+                s.error = Some(e.to_string());
+            });
+            return Err(e);
+        }
+    };
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
     let mut run = Run {
