@@ -29,7 +29,7 @@ fn against(name: &str, feed: impl FnOnce(&mut UnixStream)) -> (i32, String, Opti
     let listen = dir.join("m.sock");
     let dest = common::spawn_dest(&listen, &dir.join("api.sock"));
     common::wait_for(&listen, Duration::from_secs(10));
-    let mut s = UnixStream::connect(&listen).expect("connect");
+    let mut s = common::connect(&listen);
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     feed(&mut s);
     let _ = s.shutdown(std::net::Shutdown::Write);

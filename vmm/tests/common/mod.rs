@@ -116,9 +116,24 @@ pub fn wait_for(path: &Path, within: Duration) {
     }
 }
 
+/// Connects to a socket that may exist a moment before it listens.
+pub fn connect(path: &Path) -> UnixStream {
+    let t = Instant::now();
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return s,
+            Err(e) if t.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("cannot connect to {}: {e}", path.display()),
+        }
+    }
+}
+
 /// One control request; the reply as JSON.
 pub fn api(sock: &Path, req: serde_json::Value) -> serde_json::Value {
-    let mut s = UnixStream::connect(sock).expect("connect to the control socket");
+    let mut s = connect(sock);
     s.write_all(format!("{req}\n").as_bytes()).expect("send");
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).expect("reply");
