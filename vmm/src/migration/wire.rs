@@ -379,6 +379,26 @@ mod tests {
     }
 
     #[test]
+    fn the_fuzz_seed_is_a_valid_handover() {
+        let seed = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/seeds/migration_stream/handover"
+        ))
+        .unwrap();
+        let mut r = seed.as_slice();
+        let mut buf = Vec::new();
+        let mut kinds = Vec::new();
+        loop {
+            match read_message(&mut r, &mut buf) {
+                Ok(m) => kinds.push(m.kind()),
+                Err(WireError::Closed) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(kinds, [Kind::Describe, Kind::Ram, Kind::State, Kind::Commit]);
+    }
+
+    #[test]
     fn ram_outside_guest_memory_is_refused() {
         use vm_memory::Bytes;
         let mem = crate::memory::create_guest_memory(4 << 20).unwrap();
