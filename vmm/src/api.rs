@@ -182,7 +182,17 @@ fn handle(state: &Arc<State>, req: Request) -> Result<(), String> {
                     let result = source::migrate(&st.h, &req, &st.status);
                     match result {
                         Ok(()) => {
-                            eprintln!("vmm: the VM moved to {}", req.destination);
+                            let s = st.status.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                            eprintln!(
+                                "vmm: the VM moved to {}: downtime_ms={:.1} total_ms={:.1} bytes={} ram_bytes={} stop_ram_bytes={} rounds={}",
+                                req.destination,
+                                s.downtime_ms.unwrap_or(0.0),
+                                s.total_ms.unwrap_or(0.0),
+                                s.bytes,
+                                s.ram_bytes,
+                                s.stop_ram_bytes,
+                                s.rounds
+                            );
                             // The VM lives on at the destination; this vmm ends.
                             st.h.exit.request(0);
                         }

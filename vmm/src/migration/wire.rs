@@ -395,7 +395,10 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
         }
-        assert_eq!(kinds, [Kind::Describe, Kind::Ram, Kind::State, Kind::Commit]);
+        assert_eq!(
+            kinds,
+            [Kind::Describe, Kind::Ram, Kind::State, Kind::Commit]
+        );
     }
 
     #[test]

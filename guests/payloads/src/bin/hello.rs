@@ -9,7 +9,9 @@
 //! every word of a `<MiB>` buffer `n` times (each value depends on the previous one), then
 //! prints `churn: mib=<m> passes=<n> checksum=0x<16 hex digits>` and exits 0. The checksum
 //! depends only on the arguments, so a migrated run must print the same as an unmigrated
-//! one. `progress=<k>` prints `churn: pass <p>` every k passes.
+//! one. `progress=<k>` prints `churn: pass <p>` every k passes. `hot=<MiB>` rewrites only
+//! the first `<MiB>` after the first pass (a working set inside a larger, filled RAM); the
+//! line `churn: filled` follows the first pass.
 #![no_std]
 #![no_main]
 
@@ -82,14 +84,15 @@ fn mix(prev: u64, index: u64, pass: u64) -> u64 {
 
 /// The `churn` mode (see the module docs).
 fn churn(args: &Args) -> u8 {
-    let (mib, passes, progress) = match (
+    let (mib, passes, progress, hot) = match (
         args.number("churn", 0),
         args.number("passes", 100),
         args.number("progress", 0),
+        args.number("hot", 0),
     ) {
-        (Ok(m), Ok(p), Ok(g)) if m > 0 => (m, p, g),
+        (Ok(m), Ok(p), Ok(g), Ok(h)) if m > 0 && h <= m => (m, p, g, if h == 0 { m } else { h }),
         _ => {
-            println!("hello: churn needs churn=<MiB> (> 0), passes=<n>, progress=<k>");
+            println!("hello: churn needs churn=<MiB> (> 0), passes=<n>, progress=<k>, hot=<MiB> (<= churn)");
             return EXIT_BAD_ARGS;
         }
     };
@@ -100,9 +103,14 @@ fn churn(args: &Args) -> u8 {
         return EXIT_BAD_ARGS;
     }
     buf.resize(words, 0u64);
+    let hot_words = (hot as usize) << 17;
     for pass in 0..passes {
-        for (i, w) in buf.iter_mut().enumerate() {
+        let n = if pass == 0 { words } else { hot_words };
+        for (i, w) in buf[..n].iter_mut().enumerate() {
             *w = mix(*w, i as u64, pass);
+        }
+        if pass == 0 {
+            println!("churn: filled");
         }
         if progress > 0 && (pass + 1) % progress == 0 {
             println!("churn: pass {}", pass + 1);
