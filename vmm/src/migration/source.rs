@@ -215,11 +215,12 @@ impl Run<'_> {
                 self.report(&w, rate);
             }
         }
-        // Stop: vCPUs to their pause point, rings stopped, the rest of RAM, the state.
+        // Stop: rings first (the backends finish what is in flight and signal it), then
+        // the vCPUs to their pause point (so those interrupts are in their saved state);
+        // a kick that lands on a stopped ring is replayed by the restart's kick. Then the
+        // rest of RAM and the state.
         flush_console(h);
         let pause_at = Instant::now();
-        let vcpus = h.control.pause_all(PAUSE_TIMEOUT)?;
-        self.paused = true;
         self.pause_at = Some(pause_at);
         update(self.status, |s| s.phase = Phase::Stopped);
         for t in &h.transports {
@@ -228,6 +229,8 @@ impl Run<'_> {
                 .map_err(|e| MigrationError::Device(e.to_string()))?;
             self.bases.push(b);
         }
+        let vcpus = h.control.pause_all(PAUSE_TIMEOUT)?;
+        self.paused = true;
         let stop_before = self.sender.sent.bytes;
         match pending {
             Some(mut maps) if !device_active => {

@@ -135,6 +135,14 @@ pub trait VirtioDevice: Send {
     fn pause_rings(&mut self) -> Result<Vec<VringSnapshot>, ActivateError> {
         Ok(Vec::new())
     }
+    /// True when the backend signalled a used ring that the vmm has not relayed yet
+    /// (consumes the signals).
+    fn take_pending_calls(&self) -> bool {
+        false
+    }
+    /// Notifies every active queue once, so a restarted backend looks at the rings again
+    /// (a guest kick that arrived while the rings were stopped is not lost).
+    fn kick_all(&self) {}
     /// Starts the device again with its queues at `bases` (after a migration, or after a
     /// failed one on the source).
     fn resume_rings(

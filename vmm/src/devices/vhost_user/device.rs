@@ -289,6 +289,26 @@ impl VirtioDevice for VhostUserDevice {
         })
     }
 
+    fn take_pending_calls(&self) -> bool {
+        // Each read resets the eventfd's counter; a non-blocking read of an unsignalled
+        // one fails with EAGAIN.
+        let mut any = false;
+        for fd in &self.call {
+            any |= fd.read().is_ok();
+        }
+        any
+    }
+
+    fn kick_all(&self) {
+        for q in &self.active {
+            if let Some(fd) = self.kick.get(usize::from(*q)) {
+                if let Err(e) = fd.write(1) {
+                    tracing::debug!(queue = q, "cannot kick the ring: {e}");
+                }
+            }
+        }
+    }
+
     fn pause_rings(&mut self) -> Result<Vec<VringSnapshot>, ActivateError> {
         if self.gone() {
             return Err(ActivateError::Backend(format!(

@@ -49,11 +49,16 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
     /// Stops an active device's rings (vhost-user: GET_VRING_BASE) and returns their bases.
     pub fn pause_device(&mut self) -> Result<Vec<VringSnapshot>, ActivateError> {
-        if self.active {
-            self.device.pause_rings()
-        } else {
-            Ok(Vec::new())
+        if !self.active {
+            return Ok(Vec::new());
         }
+        let bases = self.device.pause_rings()?;
+        // A completion the backend signalled before it stopped becomes the interrupt
+        // status the snapshot carries.
+        if self.device.take_pending_calls() {
+            self.interrupt.signal_used();
+        }
+        Ok(bases)
     }
 
     /// Starts an active device again with its rings at `bases`.
@@ -72,6 +77,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
         }
         self.device
             .resume_rings(&self.mem, self.driver_features, &configs, bases)?;
+        self.device.kick_all();
         Ok(())
     }
 
