@@ -19,16 +19,24 @@ fn migrates_back_and_forth_and_keeps_the_checksum() {
     let mut current = common::spawn_source(ARG, "128M", 2, &api);
     common::wait_for(&api, Duration::from_secs(10));
     let mut console = String::new();
-    // Four hops: pre-copy, stop-and-copy, pre-copy, pre-copy.
+    // Four hops: pre-copy, stop-and-copy, pre-copy over TCP, pre-copy.
     for hop in 1..=4 {
-        let listen = dir.join(format!("m{hop}.sock"));
         let next_api = dir.join(format!("api{hop}.sock"));
-        let next = common::spawn_dest(&listen, &next_api);
-        common::wait_for(&listen, Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(300));
+        let (addr, next) = if hop == 3 {
+            let port = common::free_port();
+            let addr = format!("tcp:127.0.0.1:{port}");
+            let next = common::spawn_dest_at(&addr, &next_api, &[]);
+            common::wait_tcp_listen(port, Duration::from_secs(10));
+            (addr, next)
+        } else {
+            let listen = dir.join(format!("m{hop}.sock"));
+            let next = common::spawn_dest(&listen, &next_api);
+            common::wait_for(&listen, Duration::from_secs(10));
+            (format!("unix:{}", listen.display()), next)
+        };
         let reply = common::api(
             &api,
-            json!({"command": "migrate", "destination": format!("unix:{}", listen.display()),
+            json!({"command": "migrate", "destination": addr,
                    "downtime_ms": 200, "max_rounds": 8, "precopy": hop != 2}),
         );
         assert_eq!(reply["ok"], true, "{reply}");
@@ -113,6 +121,47 @@ fn destination_killed_mid_migration_leaves_the_source_running() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(
+        common::checksum(&stdout).as_deref(),
+        Some(want.as_str()),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_destination_that_refuses_leaves_the_source_running() {
+    require_kvm!();
+    let dir = common::tmpdir("refuse");
+    let api = dir.join("api.sock");
+    let listen = dir.join("m.sock");
+    let arg = "churn=8 passes=1000";
+    let want = common::reference(arg, "64M", 1);
+    let source = common::spawn_source(arg, "64M", 1, &api);
+    common::wait_for(&api, Duration::from_secs(10));
+    // The VM has no vGPU; this destination was given one: it refuses at the description.
+    let sock = dir.join("no-worker.sock");
+    let spec = format!("socket={}", sock.display());
+    let dest = common::spawn_dest_at(
+        &format!("unix:{}", listen.display()),
+        &dir.join("api-dest.sock"),
+        &["--vgpu", &spec],
+    );
+    common::wait_for(&listen, Duration::from_secs(10));
+    let r = common::api(
+        &api,
+        json!({"command": "migrate", "destination": format!("unix:{}", listen.display())}),
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    let s = common::wait_migration(&api, Duration::from_secs(30));
+    assert_eq!(s["migration"]["phase"], "failed", "{s}");
+    let why = s["migration"]["error"].as_str().unwrap_or("");
+    assert!(why.contains("vGPUs"), "{s}");
+    let out = common::finish(dest, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1));
+    let out = common::finish(source, Duration::from_secs(120));
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         common::checksum(&stdout).as_deref(),
         Some(want.as_str()),

@@ -142,6 +142,7 @@ pub fn migrate(
             Ok(())
         }
         Err(e) => {
+            let e = with_peer_reason(e, &mut stream);
             tracing::warn!("migration failed, resuming here: {e}");
             let _ = write_error(&mut stream, &e.to_string());
             run.roll_back();
@@ -333,6 +334,24 @@ impl Counting<'_> {
     fn flush_all(&mut self) -> Result<(), WireError> {
         use std::io::Write;
         self.flush().map_err(WireError::Io)
+    }
+}
+
+/// A write that failed because the destination hung up: its `Error` message, if it sent
+/// one first, says why.
+fn with_peer_reason(e: MigrationError, stream: &mut Stream) -> MigrationError {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+    let MigrationError::Wire(WireError::Io(io)) = &e else {
+        return e;
+    };
+    if !matches!(io.kind(), BrokenPipe | ConnectionReset) {
+        return e;
+    }
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = Vec::new();
+    match read_message(stream, &mut buf) {
+        Ok(Message::Error(why)) => WireError::Peer(why).into(),
+        _ => e,
     }
 }
 

@@ -96,9 +96,15 @@ pub fn spawn_source(arg: &str, memory: &str, vcpus: u8, api: &Path) -> Child {
 
 /// A destination waiting on `listen`, with its own control socket.
 pub fn spawn_dest(listen: &Path, api: &Path) -> Child {
+    spawn_dest_at(&format!("unix:{}", listen.display()), api, &[])
+}
+
+/// A destination waiting on `addr` (`unix:` or `tcp:`), with extra arguments.
+pub fn spawn_dest_at(addr: &str, api: &Path, extra: &[&str]) -> Child {
     Command::new(vmm())
         .arg("--migrate-from")
-        .arg(format!("unix:{}", listen.display()))
+        .arg(addr)
+        .args(extra)
         .arg("--api-socket")
         .arg(api)
         .stdout(Stdio::piped())
@@ -112,6 +118,32 @@ pub fn wait_for(path: &Path, within: Duration) {
     let t = Instant::now();
     while !path.exists() {
         assert!(t.elapsed() < within, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits until something listens on loopback TCP `port` (from /proc/net/tcp, without
+/// connecting: the destination accepts exactly one connection).
+pub fn wait_tcp_listen(port: u16, within: Duration) {
+    let want = format!("0100007F:{port:04X}");
+    let t = Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if table.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1] == want && f[3] == "0A"
+        }) {
+            return;
+        }
+        assert!(t.elapsed() < within, "nothing listens on port {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
