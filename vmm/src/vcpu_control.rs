@@ -2,6 +2,7 @@
 //! each completes its last exit (KVM_RUN with `immediate_exit`), saves its own state and
 //! waits; a resume lets them go on, a shutdown ends them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,8 @@ struct Ctl {
 /// Shared by the vCPU threads and whoever pauses them.
 pub struct VcpuControl {
     ctl: Mutex<Ctl>,
+    /// `ctl.pause`, readable without the lock on every vCPU exit.
+    pause_flag: AtomicBool,
     cv: Condvar,
     msr_indices: Vec<u32>,
 }
@@ -58,6 +61,7 @@ impl VcpuControl {
                 ..Default::default()
             }),
             cv: Condvar::new(),
+            pause_flag: AtomicBool::new(false),
             msr_indices,
         }
     }
@@ -71,7 +75,12 @@ impl VcpuControl {
 
     /// True when the vCPU thread should come to its pause point.
     pub fn pause_requested(&self) -> bool {
-        lock(&self.ctl).pause
+        self.pause_flag.load(Ordering::SeqCst)
+    }
+
+    fn set_pause(&self, c: &mut Ctl, on: bool) {
+        c.pause = on;
+        self.pause_flag.store(on, Ordering::SeqCst);
     }
 
     /// Called by vCPU `index`'s thread when it ends for good.
@@ -136,7 +145,7 @@ impl VcpuControl {
         if c.pause {
             return Err(PauseError::AlreadyPaused);
         }
-        c.pause = true;
+        self.set_pause(&mut c, true);
         // Parked vCPUs wait on the condition variable, not in KVM_RUN.
         self.cv.notify_all();
         let result = loop {
@@ -167,7 +176,7 @@ impl VcpuControl {
                 .0;
         };
         if let Err(e) = result {
-            c.pause = false;
+            self.set_pause(&mut c, false);
             self.cv.notify_all();
             return Err(e);
         }
@@ -175,13 +184,15 @@ impl VcpuControl {
         for (i, s) in c.states.iter().enumerate() {
             match s {
                 Some(Ok(s)) => out.push(s.clone()),
-                Some(Err(e)) => {
-                    let e = PauseError::Save(i, e.clone());
-                    c.pause = false;
+                failed => {
+                    let e = match failed {
+                        Some(Err(e)) => PauseError::Save(i, e.clone()),
+                        _ => PauseError::Timeout(i, timeout),
+                    };
+                    self.set_pause(&mut c, false);
                     self.cv.notify_all();
                     return Err(e);
                 }
-                None => return Err(PauseError::Timeout(i, timeout)),
             }
         }
         Ok(out)
@@ -189,7 +200,7 @@ impl VcpuControl {
 
     /// Lets paused vCPUs run again.
     pub fn resume_all(&self) {
-        lock(&self.ctl).pause = false;
+        self.set_pause(&mut lock(&self.ctl), false);
         self.cv.notify_all();
     }
 
