@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./ci/setup.sh
-exec cargo run --release --locked -p vgpud --bin vgpu-demo -- "$@"
+exec cargo run --release --locked -p vgpuctl --bin vgpu-demo -- "$@"

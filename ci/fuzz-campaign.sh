@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 10's fuzz campaign (docs/hostile.md): every target for RUNS executions in JOBS
+# The fuzz campaign (docs/hostile.md): every target for RUNS executions in JOBS
 # parallel jobs, from the committed seeds. Build first (or pass prebuilt binaries in
-# FUZZ_BIN, as on the GPU machines, which have no cargo):
+# FUZZ_BIN, as on the GPU machine, which has no cargo: ci/gpu/suite.sh fuzz):
 #   (cd fuzz && cargo +nightly fuzz build -O -a -s none)
 #   ci/fuzz-campaign.sh [JOBS] [RUNS per job] [SECS limit per job]
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full soak (issue 10, docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs,
+# The full soak (docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs,
 # a migration every 3 s, every result checksummed, vgpud's and its children's RSS and fds
 # sampled each second. Not part of ci/test.sh, which runs a 20 s version (a migration
 # every 5 s: soak_short_eight_vms_mixed_workloads).

@@ -5,10 +5,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vgpud::api::{MigrateRequest, VgpuCreate, VgpuPatch, VmCreate};
-use vgpud::control::{Request, WorkerMessage};
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VgpuPatch, VmCreate};
+use vgpu_api::control::{Request, WorkerMessage};
 use vgpud::daemon::http::parse_json;
-use vgpud::units;
+use vgpu_api::units;
 
 fn shares(v: f64) {
     let p = units::fraction_to_permille(v);

@@ -21,6 +21,8 @@ pub mod error;
 #[cfg(any(test, feature = "std"))]
 pub mod linux;
 pub mod mmio;
+#[cfg(feature = "process")]
+pub mod process;
 pub mod queue;
 mod ring;
 pub mod spec;

@@ -20,6 +20,8 @@ fn package_of(name: &str) -> &'static str {
         "vmm" => "vmm",
         "payload-build" => "payload-build",
         "vgpu-bench" => "vgpu-tests",
+        "vgpu-worker" => "vgpu-worker",
+        "vgpuctl" | "vgpu-demo" => "vgpuctl",
         _ => "vgpud",
     }
 }

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpud::api::{VgpuCreate, VmCreate, VmState};
-use vgpud::client::{Client, Endpoint};
+use vgpu_api::api::{VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::{Client, Endpoint};
 
 /// A running vgpud.
 pub struct TestDaemon {

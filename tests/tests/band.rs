@@ -1,4 +1,4 @@
-//! BAND end to end (issue 5): two payload guests run spin kernels of different lengths
+//! BAND end to end: two payload guests run spin kernels of different lengths
 //! (0.2 ms and 5 ms) on one sim GPU with shares 70/30, every kernel passing vgpud's
 //! scheduler through the grant path; the long-burst vGPU is held near its share.
 
@@ -8,7 +8,7 @@ use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
 
 /// Mean compute utilization of each vGPU over `secs` seconds of samples.
-fn sample(c: &vgpud::client::Client, a: u32, b: u32, secs: u64) -> (f64, f64) {
+fn sample(c: &vgpu_api::client::Client, a: u32, b: u32, secs: u64) -> (f64, f64) {
     let (mut ua, mut ub, mut n) = (0.0, 0.0, 0.0);
     let end = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < end {

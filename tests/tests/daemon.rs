@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use vgpu_api::api::{Gpu, VgpuCreate, VgpuState, VmState};
+use vgpu_api::client::{Client, ClientError, Endpoint};
 use vgpu_tests::daemon::{
     alive, children, conforms, files_in, gpu_load, temp_dir, vgpud_command, wait_running,
     TestDaemon,
 };
 use vgpu_tests::require_kvm;
-use vgpud::api::{Gpu, VgpuCreate, VgpuState, VmState};
-use vgpud::client::{Client, ClientError, Endpoint};
 
 fn spec() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
@@ -1035,7 +1035,8 @@ fn vgpuctl_speaks_for_every_endpoint() {
     );
     let (code, out, _) = ctl(&["--json", "vgpu", "list"]);
     assert_eq!(code, Some(0));
-    let list: Vec<vgpud::api::Vgpu> = serde_json::from_str(&out).expect("--json is the API's JSON");
+    let list: Vec<vgpu_api::api::Vgpu> =
+        serde_json::from_str(&out).expect("--json is the API's JSON");
     assert_eq!(list.len(), 1);
     let id = list[0].id.to_string();
     let (code, out, err) = ctl(&["vgpu", "set", &id, "--compute", "0.5", "--priority", "-1"]);
@@ -1046,7 +1047,7 @@ fn vgpuctl_speaks_for_every_endpoint() {
     assert!(out.contains("50.0%") && out.contains("512.0 MiB"), "{out}");
     let (code, out, _) = ctl(&["--json", "vgpu", "stats", &id]);
     assert_eq!(code, Some(0));
-    let s: vgpud::api::VgpuStats = serde_json::from_str(&out).expect("stats JSON");
+    let s: vgpu_api::api::VgpuStats = serde_json::from_str(&out).expect("stats JSON");
     assert_eq!(s.compute_share, 0.5);
     let (code, out, _) = ctl(&["top", "--count", "1"]);
     assert_eq!(code, Some(0));

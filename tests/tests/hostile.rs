@@ -1,4 +1,4 @@
-//! Hostile guests and injected faults (issue 10, docs/hostile.md), each beside a neighbour
+//! Hostile guests and injected faults (docs/hostile.md), each beside a neighbour
 //! VM that checks its own results all along (gpu-load: checksums every few rounds):
 //!
 //! - the hostile payload attacks invariants 1-3 through vgpud while a neighbour computes;
@@ -12,10 +12,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::{alive, gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 
@@ -546,7 +546,7 @@ fn kill9_of_vgpud_takes_its_vms_down_and_a_restart_frees_their_resources() {
     );
     let vgpus = c.vgpus().expect("vgpus");
     assert_eq!(vgpus.len(), 1, "{vgpus:?}");
-    assert_eq!(vgpus[0].state, vgpud::api::VgpuState::Released);
+    assert_eq!(vgpus[0].state, vgpu_api::api::VgpuState::Released);
     assert_eq!(committed(c, 0), (0.0, 0));
     let again = c
         .create_vm(&gpu_load(

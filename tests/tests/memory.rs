@@ -1,12 +1,12 @@
-//! Device memory end to end (issue 6): oversubscription with swapping across worker
+//! Device memory end to end: oversubscription with swapping across worker
 //! processes, shared device memory between VMs of one share group, and the refusals.
 
 use std::time::Duration;
 
+use vgpu_api::api::{VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::TestDaemon;
 use vgpu_tests::require_kvm;
-use vgpud::api::{VgpuCreate, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 

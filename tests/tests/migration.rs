@@ -1,12 +1,12 @@
-//! Live migration end to end (issue 7): a running guest's vGPU moves between sim GPUs
+//! Live migration end to end: a running guest's vGPU moves between sim GPUs
 //! through the REST API while the guest computes; results stay bit-identical.
 
 use std::time::Duration;
 
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::{Client, ClientError};
 use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
-use vgpud::client::{Client, ClientError};
 
 const MIB: u64 = 1 << 20;
 
@@ -14,7 +14,7 @@ fn console(c: &Client, id: u32) -> String {
     String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
 }
 
-fn migrate(c: &Client, vgpu: u32, target: u32, mode: &str) -> vgpud::api::Migration {
+fn migrate(c: &Client, vgpu: u32, target: u32, mode: &str) -> vgpu_api::api::Migration {
     let m = c
         .migrate_vgpu(
             vgpu,
@@ -42,7 +42,7 @@ fn last_checksum(out: &str) -> String {
 }
 
 /// `VGPU_TEST_BACKEND=cuda` runs the test on the GPU machine's real GPUs (between GPU 0
-/// and the last GPU; onto GPU 0 itself where there is one): issues 8 and 11.
+/// and the last GPU; onto GPU 0 itself where there is one).
 fn on_cuda() -> bool {
     std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda")
 }

@@ -1,17 +1,17 @@
-//! Dynamic placement and rebalancing end to end (issue 13): three busy guests start on one
+//! Dynamic placement and rebalancing end to end: three busy guests start on one
 //! sim GPU of two; the rebalancer sees GPU 0 overloaded (demand above capacity for a
 //! window), live-migrates a vGPU to GPU 1, logs why, and every guest's results stay
 //! correct.
 
 use std::time::{Duration, Instant};
 
+use vgpu_api::api::{RebalanceEvent, RebalancerStatus, Vgpu, VmState};
 use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{RebalanceEvent, RebalancerStatus, Vgpu, VmState};
 
 const MIB: u64 = 1 << 20;
 
-fn console(c: &vgpud::client::Client, id: u32) -> String {
+fn console(c: &vgpu_api::client::Client, id: u32) -> String {
     String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
 }
 

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use vgpu_api::api::{StorageAttachment, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::{alive, gpu_load, temp_dir, vgpud_command, wait_running, TestDaemon};
-use vgpud::api::{StorageAttachment, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 

@@ -1,4 +1,4 @@
-//! A bounded soak (issue 10, docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs
+//! A bounded soak (docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs
 //! (4 gpu-load, 2 memcheck, a shm-pipe producer/consumer pair), a migration every few
 //! seconds, every finished job's checksums verified and the job started again, vgpud's and
 //! its children's RSS and open fds sampled each second.
@@ -10,9 +10,9 @@
 
 use std::time::{Duration, Instant};
 
+use vgpu_api::api::{MigrateRequest, VmCreate, VmState};
 use vgpu_tests::daemon::{children, gpu_load, TestDaemon};
 use vgpu_tests::require_kvm;
-use vgpud::api::{MigrateRequest, VmCreate, VmState};
 
 const MIB: u64 = 1 << 20;
 
@@ -102,7 +102,7 @@ fn sample(pid: u32) -> (u64, u64) {
 /// soak found", item 1: a migrated vGPU kept its shares on its old GPU for a 2 s grace);
 /// fixed since, it is still counted (`create_refused_during_grace`, expected 0) and
 /// retried, so a regression shows in the figures.
-fn create(c: &vgpud::client::Client, vm: &VmCreate, grace_500s: &mut u64) -> u32 {
+fn create(c: &vgpu_api::client::Client, vm: &VmCreate, grace_500s: &mut u64) -> u32 {
     for _ in 0..3 {
         match c.create_vm(vm) {
             Ok(v) => return v.id,
@@ -119,7 +119,7 @@ fn create(c: &vgpud::client::Client, vm: &VmCreate, grace_500s: &mut u64) -> u32
 /// Whether VM `id` is still live a moment after its migration failed or was refused. The
 /// guest may just have finished: its worker exits when the vmm disconnects, and vgpud may
 /// reap it (vGPU released, migration refused) a moment before the vmm (VM exited).
-fn still_live(c: &vgpud::client::Client, id: u32) -> bool {
+fn still_live(c: &vgpu_api::client::Client, id: u32) -> bool {
     c.wait_vm(id, Duration::from_secs(5))
         .map(|v| v.state.is_live())
         .unwrap_or(false)

@@ -1,4 +1,4 @@
-//! GPU-initiated storage end to end (issue 9): a namespace file attached to a vGPU through
+//! GPU-initiated storage end to end: a namespace file attached to a vGPU through
 //! vgpud's REST API, read by the built-in storage kernels (gather, scan-sum, BFS) that a
 //! payload guest launches, every result checked by the guest against its own computation;
 //! bad input (unknown namespace, offsets past the end, a namespace whose file vanished)
@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuState, VmCreate, VmState};
+use vgpu_api::client::Client;
 use vgpu_tests::daemon::TestDaemon;
 use vgpu_tests::require_kvm;
-use vgpud::api::{StorageAttachment, VgpuCreate, VgpuState, VmCreate, VmState};
-use vgpud::client::Client;
 
 const MIB: u64 = 1 << 20;
 const DEG_SALT: u64 = 0xD1B5_4A32_D192_ED03;

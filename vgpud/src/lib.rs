@@ -1,16 +1,27 @@
-//! The host daemon (vgpud), the per-vGPU worker (vgpu-worker), the operator CLI (vgpuctl)
-//! and the demo (vgpu-demo).
+//! The host daemon, vgpud: state, placement, process supervision, REST handlers, metrics.
 //!
-//! - [`control`]: the daemon ↔ worker control channel.
-//! - [`api`]: the REST API's types and its OpenAPI document.
-//! - [`daemon`]: vgpud itself (state, process supervision, REST handlers, metrics).
-//! - [`client`]: a small blocking HTTP client for the API (vgpuctl, the demo, tests).
-//! - [`units`]: sizes, bandwidths and shares as people type them.
+//! - [`daemon`]: vgpud itself.
+//! - [`openapi`]: the API's OpenAPI document (from the daemon's router).
+//! - [`api`], [`control`], [`units`]: `vgpu_api`'s modules under the paths the daemon
+//!   uses.
 
-pub mod api;
-pub mod client;
-pub mod control;
+/// The REST API's types (`vgpu_api::api`) and the document they make up.
+pub mod api {
+    pub use crate::openapi::openapi_json;
+    pub use vgpu_api::api::*;
+}
+pub use vgpu_api::{control, units};
+
 pub mod daemon;
-pub mod memlink;
-pub mod plot;
-pub mod units;
+pub mod openapi;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clients_find_the_daemon_where_it_listens_by_default() {
+        assert_eq!(
+            vgpu_api::client::default_socket(),
+            crate::daemon::default_socket()
+        );
+    }
+}

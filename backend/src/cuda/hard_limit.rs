@@ -3,11 +3,11 @@
 //! answer.
 
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use super::{driver, CudaGpu};
 use crate::error::{BackendError, Result};
+use crate::sync::lock;
 
 /// Longest a guest PTX kernel may run by default (20 s): below the guest driver's 30 s
 /// request timeout, so the guest is answered, and far above the scheduler's 2 s kernel
@@ -60,7 +60,7 @@ impl CudaGpu {
             self.kernel_limit.as_secs_f64()
         );
         if !self.lost.swap(true, Ordering::AcqRel) {
-            *self.lost_why.lock().unwrap_or_else(PoisonError::into_inner) = why.clone();
+            *lock(&self.lost_why) = why.clone();
             tracing::error!(
                 exit = EXIT_KERNEL_HARD_LIMIT,
                 "{why}; the worker exits so that the driver frees the GPU"

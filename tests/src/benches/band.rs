@@ -1,4 +1,4 @@
-//! BAND (issue 5): shares met under non-preemptive bursts, beside Credit (the policy Gdev
+//! BAND: shares met under non-preemptive bursts, beside Credit (the policy Gdev
 //! improves on) and FIFO (no scheduling: the throughput anchor); the real grant path's
 //! latency beside a unix-socket round trip (what it avoids); HEFT-ranked queue mapping
 //! beside round-robin.
@@ -310,21 +310,21 @@ fn plot(seconds: u64, path: &std::path::Path) {
                 })
                 .unwrap_or_default()
         };
-        lines.push(vgpud::plot::Line {
+        lines.push(vgpuctl::plot::Line {
             label: Some(format!("vGPU {v}, share {:.0}%: BAND", share * 100.0)),
             points: series(&band),
             color: i,
-            style: vgpud::plot::Style::Thick,
+            style: vgpuctl::plot::Style::Thick,
         });
-        lines.push(vgpud::plot::Line {
+        lines.push(vgpuctl::plot::Line {
             label: None,
             points: series(&credit),
             color: i,
-            style: vgpud::plot::Style::Thin,
+            style: vgpuctl::plot::Style::Thin,
         });
-        lines.push(vgpud::plot::Line::level(*share, i));
+        lines.push(vgpuctl::plot::Line::level(*share, i));
     }
-    match vgpud::plot::utilization_png(
+    match vgpuctl::plot::utilization_png(
         path,
         "70/30, 0.1-1 ms vs 1-10 ms bursts (virtual time)",
         "thick: BAND, thin: Credit, dashed: share",

@@ -1,4 +1,4 @@
-//! Device memory (issue 6), in process on the sim backend, each figure beside its anchor
+//! Device memory, in process on the sim backend, each figure beside its anchor
 //! in the same run:
 //!
 //! 1. Gdev's overload case (§6), scaled by 1/4: N tasks of 32 MiB and one high-priority
@@ -588,7 +588,7 @@ fn fail(e: String) -> ! {
 
 /// Makespan (thick) and the high-priority task's completion (thin) vs N, per mode.
 fn plot(rows: &[(usize, [Overload; 3])], path: &std::path::Path) {
-    use vgpud::plot::{Line, Style};
+    use vgpuctl::plot::{Line, Style};
     let mut lines = Vec::new();
     for (k, mode) in [Mode::SwapArea, Mode::NoSwapArea, Mode::Admission]
         .iter()
@@ -613,11 +613,11 @@ fn plot(rows: &[(usize, [Overload; 3])], path: &std::path::Path) {
             style: Style::Thin,
         });
     }
-    match vgpud::plot::xy_png(
+    match vgpuctl::plot::xy_png(
         path,
         "Gdev overload / 4: N x 32 MiB + 256 MiB high priority, 512 MiB sim GPU",
         "thick: makespan, thin: high-priority task done",
-        &vgpud::plot::Axes {
+        &vgpuctl::plot::Axes {
             x_label: "N tasks",
             y_label: "s",
             percent: false,

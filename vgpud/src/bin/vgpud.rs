@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use vgpu_api::control::CudaDevice;
 use vgpud::daemon::{self, Config, DaemonError, GpuConfig, Listen};
 use vgpud::units::{parse_bandwidth, parse_size};
 
@@ -112,15 +113,41 @@ enum BackendKind {
     Auto,
 }
 
+/// The machine's NVIDIA GPUs, as the worker program sees them (`vgpu-worker
+/// --list-cuda-gpus`): vgpud itself never loads the GPU driver.
+fn cuda_devices(worker_bin: &std::path::Path) -> Result<Vec<CudaDevice>, String> {
+    let out = std::process::Command::new(worker_bin)
+        .arg("--list-cuda-gpus")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run {} --list-cuda-gpus: {e} (set --worker-bin)",
+                worker_bin.display()
+            )
+        })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(err.trim().trim_start_matches("vgpu-worker: ").to_string());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!("{} --list-cuda-gpus printed something that is not a GPU list ({e}); is it the vgpu-worker of this vgpud?", worker_bin.display())
+    })
+}
+
 fn config(args: Args) -> Result<Config, DaemonError> {
+    let worker_bin = args
+        .worker_bin
+        .clone()
+        .unwrap_or_else(|| daemon::sibling_binary("vgpu-worker"));
     let cuda = match args.backend {
         BackendKind::Sim => None,
         BackendKind::Cuda => Some(
-            vgpu_backend::cuda::CudaGpu::devices()
+            cuda_devices(&worker_bin)
                 .and_then(|d| if d.is_empty() { Err("the NVIDIA driver sees no GPU".into()) } else { Ok(d) })
                 .map_err(|why| DaemonError::Option(format!("--backend cuda: {why}; use --backend sim on a machine without an NVIDIA GPU")))?,
         ),
-        BackendKind::Auto => match vgpu_backend::cuda::CudaGpu::devices() {
+        BackendKind::Auto => match cuda_devices(&worker_bin) {
             Ok(d) if !d.is_empty() => Some(d),
             Ok(_) | Err(_) => {
                 tracing::info!("--backend auto: no usable NVIDIA GPU; using the sim backend");
@@ -224,9 +251,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         token,
         state_dir,
         gpus,
-        worker_bin: args
-            .worker_bin
-            .unwrap_or_else(|| daemon::sibling_binary("vgpu-worker")),
+        worker_bin,
         vmm_bin: args
             .vmm_bin
             .unwrap_or_else(|| daemon::sibling_binary("vmm")),
@@ -255,7 +280,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.print_openapi {
-        print!("{}", vgpud::api::openapi_json());
+        print!("{}", vgpud::openapi::openapi_json());
         return ExitCode::SUCCESS;
     }
     tracing_subscriber::fmt()

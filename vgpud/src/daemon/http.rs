@@ -18,11 +18,13 @@ use utoipa::{IntoParams, Modify, OpenApi};
 use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
+use super::migration::{MigrateCommand, DEFAULT_MAX_DOWNTIME_MS};
 use crate::api::{
     ErrorBody, Gpu, GpuDemand, MigrateRequest, Migration, MigrationSpan, RebalanceEvent,
     RebalancerStatus, ShmObject, StorageAttachment, Vgpu, VgpuCreate, VgpuDemand, VgpuPatch,
     VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
+use crate::control::MigrationMode;
 
 /// Largest request body.
 const MAX_BODY: usize = 1 << 20;
@@ -308,7 +310,11 @@ async fn migrate_vgpu(
 ) -> Result<Response, ApiError> {
     let id = id_of(&id)?;
     let req = migrate_request(&body)?;
-    d.migrate_vgpu(id, req).await.map(accepted)
+    // A stopping daemon says so before it judges the request's fields.
+    d.check_running()?;
+    d.migrate_vgpu(id, migrate_command(req)?)
+        .await
+        .map(accepted)
 }
 
 fn migrate_request(body: &[u8]) -> Result<MigrateRequest, ApiError> {
@@ -316,6 +322,32 @@ fn migrate_request(body: &[u8]) -> Result<MigrateRequest, ApiError> {
         return Ok(MigrateRequest::default());
     }
     parse_json::<MigrateRequest>(body)
+}
+
+/// A migration request's fields checked into the daemon's command.
+fn migrate_command(req: MigrateRequest) -> Result<MigrateCommand, ApiError> {
+    let mode = match req.mode.as_deref().unwrap_or("precopy") {
+        "precopy" => MigrationMode::Precopy,
+        "stop_copy" => MigrationMode::StopCopy,
+        other => {
+            return Err(ApiError::bad(
+                "mode",
+                format!("{other:?}: use \"precopy\" or \"stop_copy\""),
+            ))
+        }
+    };
+    let max_downtime_ms = req.max_downtime_ms.unwrap_or(DEFAULT_MAX_DOWNTIME_MS);
+    if max_downtime_ms == 0 || max_downtime_ms > 600_000 {
+        return Err(ApiError::bad(
+            "max_downtime_ms",
+            format!("{max_downtime_ms}: give 1 to 600000 ms"),
+        ));
+    }
+    Ok(MigrateCommand {
+        target_gpu: req.target_gpu,
+        mode,
+        max_downtime_ms,
+    })
 }
 
 fn accepted(m: Migration) -> Response {
@@ -441,7 +473,10 @@ async fn migrate_vm(
     let vgpu = vm
         .vgpu
         .ok_or_else(|| ApiError::conflict("id", format!("VM {} has no vGPU to migrate", vm.id)))?;
-    d.migrate_vgpu(vgpu, req).await.map(accepted)
+    d.check_running()?;
+    d.migrate_vgpu(vgpu, migrate_command(req)?)
+        .await
+        .map(accepted)
 }
 
 /// Prometheus metrics (text exposition format).
@@ -464,7 +499,7 @@ async fn get_metrics(State(d): State<AppState>) -> Response {
 async fn openapi_doc() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        crate::api::openapi_json(),
+        crate::openapi::openapi_json(),
     )
         .into_response()
 }
@@ -499,6 +534,30 @@ mod tests {
         assert!(e.error.contains("empty"), "{e}");
         let ok = parse_json::<VgpuPatch>(br#"{"priority": 3}"#).expect("valid");
         assert_eq!(ok.priority, Some(3));
+    }
+
+    #[test]
+    fn migrate_requests_become_commands() {
+        let cmd = migrate_command(migrate_request(b"").expect("empty body")).expect("defaults");
+        assert_eq!(cmd, MigrateCommand::to(None));
+        let req = migrate_request(br#"{"mode": "stop_copy", "target_gpu": 1}"#).expect("valid");
+        let cmd = migrate_command(req).expect("valid");
+        assert_eq!(
+            (cmd.mode, cmd.target_gpu),
+            (MigrationMode::StopCopy, Some(1))
+        );
+        for (body, field) in [
+            (&br#"{"mode": "live"}"#[..], "mode"),
+            (br#"{"max_downtime_ms": 0}"#, "max_downtime_ms"),
+            (br#"{"max_downtime_ms": 600001}"#, "max_downtime_ms"),
+        ] {
+            let req = migrate_request(body).expect("well-formed");
+            let e = migrate_command(req).expect_err("invalid");
+            assert_eq!(
+                (e.status, e.field.as_deref()),
+                (StatusCode::BAD_REQUEST, Some(field))
+            );
+        }
     }
 
     #[test]

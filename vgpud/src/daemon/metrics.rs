@@ -52,23 +52,34 @@ fn vcounter(reg: &mut Registry, name: &str, help: &str) -> VCounter {
 /// The metrics now, as Prometheus/OpenMetrics text.
 pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
     let mut reg = Registry::with_prefix("vgpud");
+    gpu_metrics(&mut reg, d);
+    vgpu_metrics(&mut reg, d);
+    rebalancer_metrics(&mut reg, d);
+    vm_metrics(&mut reg, d);
+    let mut out = String::new();
+    encode(&mut out, &reg)?;
+    Ok(out)
+}
+
+/// Each physical GPU's memory and commitments.
+fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
     let gpu_mem = fgauge(
-        &mut reg,
+        reg,
         "gpu_memory_bytes",
         "Device memory of each physical GPU",
     );
     let gpu_mem_c = fgauge(
-        &mut reg,
+        reg,
         "gpu_memory_committed_bytes",
         "Memory promised to live vGPUs",
     );
     let gpu_comp_c = fgauge(
-        &mut reg,
+        reg,
         "gpu_compute_committed_ratio",
         "Sum of live vGPUs' compute shares",
     );
     let gpu_copy_c = fgauge(
-        &mut reg,
+        reg,
         "gpu_copy_committed_ratio",
         "Sum of live vGPUs' copy shares",
     );
@@ -83,54 +94,53 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         gpu_comp_c.get_or_create(&l).set(g.compute_committed);
         gpu_copy_c.get_or_create(&l).set(g.copy_committed);
     }
+}
 
+/// Each vGPU's utilization, shares, memory and counters.
+fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
     let comp_u = vgauge(
-        &mut reg,
+        reg,
         "vgpu_compute_utilization_ratio",
         "Kernel time over wall time in the stats window",
     );
     let copy_u = vgauge(
-        &mut reg,
+        reg,
         "vgpu_copy_utilization_ratio",
         "Copied bytes over the GPU's copy bandwidth in the stats window",
     );
-    let comp_s = vgauge(
-        &mut reg,
-        "vgpu_compute_share_ratio",
-        "Guaranteed compute share",
-    );
-    let copy_s = vgauge(&mut reg, "vgpu_copy_share_ratio", "Guaranteed copy share");
+    let comp_s = vgauge(reg, "vgpu_compute_share_ratio", "Guaranteed compute share");
+    let copy_s = vgauge(reg, "vgpu_copy_share_ratio", "Guaranteed copy share");
     let mem_share = vgauge(
-        &mut reg,
+        reg,
         "vgpu_memory_share_bytes",
         "Memory the vGPU may allocate",
     );
-    let mem_used = vgauge(&mut reg, "vgpu_memory_used_bytes", "Memory allocated");
+    let mem_used = vgauge(reg, "vgpu_memory_used_bytes", "Memory allocated");
     let mem_res = vgauge(
-        &mut reg,
+        reg,
         "vgpu_memory_resident_bytes",
         "Allocated memory in device memory",
     );
     let mem_swap = vgauge(
-        &mut reg,
+        reg,
         "vgpu_memory_swapped_bytes",
         "Allocated memory swapped to host memory",
     );
-    let live = vgauge(&mut reg, "vgpu_live", "1 while the vGPU's worker runs");
-    let requests = vcounter(&mut reg, "vgpu_requests", "Requests completed");
+    let live = vgauge(reg, "vgpu_live", "1 while the vGPU's worker runs");
+    let requests = vcounter(reg, "vgpu_requests", "Requests completed");
     let errors = vcounter(
-        &mut reg,
+        reg,
         "vgpu_request_errors",
         "Requests answered with an error",
     );
-    let kernels = vcounter(&mut reg, "vgpu_kernels", "Kernels completed");
+    let kernels = vcounter(reg, "vgpu_kernels", "Kernels completed");
     let kernel_ns = vcounter(
-        &mut reg,
+        reg,
         "vgpu_kernel_nanoseconds",
         "Device time of completed kernels",
     );
-    let htod = vcounter(&mut reg, "vgpu_htod_bytes", "Bytes copied host to device");
-    let dtoh = vcounter(&mut reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
+    let htod = vcounter(reg, "vgpu_htod_bytes", "Bytes copied host to device");
+    let dtoh = vcounter(reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
     for s in d.all_stats() {
         let l = VgpuLabels {
             vgpu: s.vgpu.to_string(),
@@ -158,20 +168,22 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         htod.get_or_create(&l).inc_by(s.bytes_htod);
         dtoh.get_or_create(&l).inc_by(s.bytes_dtoh);
     }
+}
 
-    // The rebalancer (issue 13).
+/// The rebalancer's view: each GPU's and vGPU's demand, overload and idle time.
+fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
     let rb = d.rebalancer_status();
     let load = fgauge(
-        &mut reg,
+        reg,
         "gpu_demand_ratio",
         "Smoothed demand (busy + queue wait) over capacity, max of compute and copy",
     );
     let overloaded = fgauge(
-        &mut reg,
+        reg,
         "gpu_overloaded",
         "1 while the GPU has been overloaded for a whole rebalancer window",
     );
-    let idle = fgauge(&mut reg, "gpu_idle", "1 while the GPU holds no vGPU");
+    let idle = fgauge(reg, "gpu_idle", "1 while the GPU holds no vGPU");
     let over_s = Family::<GpuLabels, Counter<f64, AtomicU64>>::default();
     reg.register(
         "gpu_overload_seconds",
@@ -197,12 +209,12 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         idle_s.get_or_create(&l).inc_by(g.idle_ms as f64 / 1e3);
     }
     let vdemand = vgauge(
-        &mut reg,
+        reg,
         "vgpu_demand_ratio",
         "Smoothed demand on its GPU (busy + queue wait), max of compute and copy",
     );
     let vwait = vgauge(
-        &mut reg,
+        reg,
         "vgpu_queue_wait_ratio",
         "Fraction of the last interval with requests waiting for a grant (compute)",
     );
@@ -223,7 +235,10 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         moves.clone(),
     );
     moves.inc_by(rb.migrations);
+}
 
+/// VMs by state.
+fn vm_metrics(reg: &mut Registry, d: &Daemon) {
     let vms = Family::<StateLabels, Gauge>::default();
     reg.register("vms", "VMs by state", vms.clone());
     for (state, n) in d.vm_states() {
@@ -232,8 +247,4 @@ pub fn render(d: &Daemon) -> Result<String, std::fmt::Error> {
         })
         .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
-
-    let mut out = String::new();
-    encode(&mut out, &reg)?;
-    Ok(out)
 }

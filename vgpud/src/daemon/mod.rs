@@ -7,15 +7,26 @@
 //! A vGPU serves one VM: its device memory dies with the VM (invariant 5), so a new VM
 //! needs a new vGPU.
 
+mod admission;
 mod core;
 mod error;
 pub mod http;
 mod link;
+mod memory;
 mod metrics;
+mod migration;
+mod persistence;
 mod procs;
+mod rebalancing;
 mod shm;
+mod startup;
+mod state;
 pub mod statefile;
+mod stats;
 mod storage;
+mod vgpus;
+mod vms;
+mod workers;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +34,7 @@ use std::time::Duration;
 
 pub use self::core::Daemon;
 pub use error::{ApiError, DaemonError};
+pub use migration::MigrateCommand;
 
 /// One simulated physical GPU.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,7 +86,7 @@ pub struct Config {
     /// Fraction of each GPU's memory kept as the temporal swap area for oversubscribed
     /// vGPUs (Gdev; default 0.10).
     pub swap_area: f64,
-    /// The rebalancer's policy (issue 13): mode (off by default), window, thresholds.
+    /// The rebalancer's policy: mode (off by default), window, thresholds.
     pub rebalance: vgpu_scheduler::rebalance::RebalanceConfig,
     /// How often it measures demand and decides.
     pub rebalance_interval: Duration,
@@ -120,5 +132,5 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(DaemonError::Runtime)?;
-    rt.block_on(core::serve(config, on_listening))
+    rt.block_on(startup::serve(config, on_listening))
 }

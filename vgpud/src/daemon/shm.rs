@@ -7,11 +7,46 @@
 //! removed (RMID) and its last attachment is gone, or when no vGPU of its group is left.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use vgpu_proto::args::{shm_cmd, shm_flags};
 
 use crate::control::ShmFailure;
+
+/// A shared object for a sim GPU: a memfd of `size` bytes (page-rounded) with its memory
+/// committed, so running out of host memory is an error here and never a SIGBUS in a
+/// mapper later. The sim backend maps it as device memory (`Backend::import_shared`).
+pub fn sim_object(size: u64) -> Result<OwnedFd, String> {
+    const PAGE: u64 = 4096;
+    let len = size
+        .checked_add(PAGE - 1)
+        .map(|l| l & !(PAGE - 1))
+        .filter(|l| *l > 0)
+        .and_then(|l| libc::off_t::try_from(l).ok())
+        .ok_or_else(|| format!("a shared object of {size} bytes cannot be created"))?;
+    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"vgpu-shm".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a fresh descriptor we own and nothing else refers to.
+    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on our own descriptor.
+    if unsafe { libc::ftruncate(memfd.as_raw_fd(), len) } != 0 {
+        return Err(format!(
+            "sizing the object: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fallocate(memfd.as_raw_fd(), 0, 0, len) } != 0 {
+        return Err(format!(
+            "committing {len} bytes of host memory for the object: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(memfd)
+}
 
 /// Who asks.
 #[derive(Clone, Debug)]
@@ -287,7 +322,7 @@ mod tests {
     use super::*;
 
     fn memfd(size: u64) -> Result<OwnedFd, String> {
-        vgpu_backend::sim::shared_object(size).map_err(|e| e.to_string())
+        sim_object(size)
     }
 
     fn who(vgpu: u32, group: Option<&str>) -> Asker<'_> {

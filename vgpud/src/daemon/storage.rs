@@ -1,4 +1,4 @@
-//! Storage namespaces in a vGPU's spec (issue 9): validation (each error names its field)
+//! Storage namespaces in a vGPU's spec: validation (each error names its field)
 //! and the worker's `--storage` arguments. The worker opens the namespaces; vgpud only
 //! checks what an operator can get wrong before a VM depends on it.
 

@@ -1,0 +1,288 @@
+//! Copies and memsets. Host memory from the DMA pool (`cuMemAllocHost`, `cuMemHostAlloc`)
+//! is copied zero-copy; any other host memory bounces through DMA memory: a staging buffer
+//! for synchronous copies, a private copy of the source for asynchronous host-to-device
+//! copies (so the call returns at once, as CUDA does for pageable memory), and a
+//! synchronous copy for device-to-host into pageable memory (as CUDA does).
+
+use std::ffi::{c_uchar, c_uint, c_ushort, c_void};
+
+use guest_driver::Transport;
+
+use crate::driver::{self, Driver, Res, STAGING_BYTES};
+use crate::guard;
+use crate::types::{res, CUdeviceptr, CUresult, CUstream, CU_STREAM_NON_BLOCKING};
+
+/// (queue, legacy default stream, blocking) of a stream handle, ordered as CUDA requires
+/// and checked against the current context.
+fn target(d: &mut Driver, stream: Option<CUstream>) -> Res<usize> {
+    d.current_ctx()?;
+    let h = stream.map_or(0, |s| s as usize);
+    let (q, legacy) = d.stream_queue(h)?;
+    let blocking = d
+        .streams
+        .get(&(h as u64))
+        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
+    d.order_for(q, legacy, blocking);
+    Ok(q)
+}
+
+fn htod(dst: CUdeviceptr, src: *const c_void, len: usize, stream: Option<CUstream>) -> Res<()> {
+    driver::with(|d| {
+        let q = target(d, stream)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        d.check_device(dst, len as u64)?;
+        let t = d.t.clone();
+        let src = src.cast::<u8>();
+        if let Some(phys) = t.phys_range(src, len) {
+            let mut queue = d.queue(q)?;
+            if stream.is_some() {
+                queue.enqueue(
+                    &t,
+                    // SAFETY: pool memory stays mapped; the program keeps it unchanged until
+                    // the copy completes (CUDA's rule for asynchronous copies).
+                    |s| unsafe { s.enqueue_htod(dst, phys, len as u64) },
+                    None,
+                )?;
+                queue.submit();
+                return Ok(());
+            }
+            return queue.call(&t, |s| {
+                // SAFETY: pool memory, unchanged while we wait for the copy below.
+                let tk = unsafe { s.enqueue_htod(dst, phys, len as u64)? };
+                s.submit();
+                s.wait(tk).map(drop)
+            });
+        }
+        if stream.is_some() {
+            let mut region = t.dma_alloc(len, 64).map_err(|_| res::OUT_OF_MEMORY)?;
+            // SAFETY: the program's source holds `len` readable bytes (API contract).
+            let bytes = unsafe { std::slice::from_raw_parts(src, len) };
+            region.as_mut_slice()[..len].copy_from_slice(bytes);
+            let phys = region.phys();
+            let mut queue = d.queue(q)?;
+            queue.enqueue(
+                &t,
+                // SAFETY: the region is ours and lives until the request completes (`keep`).
+                |s| unsafe { s.enqueue_htod(dst, phys, len as u64) },
+                Some(region),
+            )?;
+            queue.submit();
+            return Ok(());
+        }
+        let (stage, stage_phys) = d.staging()?;
+        let mut queue = d.queue(q)?;
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(STAGING_BYTES);
+            // SAFETY: source: `len` readable bytes (API contract); staging: STAGING_BYTES
+            // of our DMA memory, not in use by the device (every staged copy is waited for).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(off), stage, n) };
+            queue.call(&t, |s| {
+                // SAFETY: the staging buffer is unchanged until the wait below returns.
+                let tk = unsafe { s.enqueue_htod(dst + off as u64, stage_phys, n as u64)? };
+                s.submit();
+                s.wait(tk).map(drop)
+            })?;
+            off += n;
+        }
+        Ok(())
+    })
+}
+
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize, stream: Option<CUstream>) -> Res<()> {
+    driver::with(|d| {
+        let q = target(d, stream)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        d.check_device(src, len as u64)?;
+        let t = d.t.clone();
+        let dst = dst.cast::<u8>();
+        if let Some(phys) = t.phys_range(dst, len) {
+            let mut queue = d.queue(q)?;
+            if stream.is_some() {
+                queue.enqueue(
+                    &t,
+                    // SAFETY: pool memory stays mapped; the program leaves it alone until the
+                    // copy completes (CUDA's rule for asynchronous copies).
+                    |s| unsafe { s.enqueue_dtoh(phys, len as u64, src) },
+                    None,
+                )?;
+                queue.submit();
+                return Ok(());
+            }
+            return queue.call(&t, |s| {
+                // SAFETY: pool memory, not touched by us until the wait returns.
+                let tk = unsafe { s.enqueue_dtoh(phys, len as u64, src)? };
+                s.submit();
+                s.wait(tk).map(drop)
+            });
+        }
+        // Pageable destination: the copy completes before the call returns.
+        d.queue(q)?.wait_all_quiet(&t);
+        let (stage, stage_phys) = d.staging()?;
+        let mut queue = d.queue(q)?;
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(STAGING_BYTES);
+            queue.call(&t, |s| {
+                // SAFETY: the staging buffer is read only after the wait below returns.
+                let tk = unsafe { s.enqueue_dtoh(stage_phys, n as u64, src + off as u64)? };
+                s.submit();
+                s.wait(tk).map(drop)
+            })?;
+            // SAFETY: staging holds n bytes the device wrote; the destination holds `len`
+            // writable bytes (API contract).
+            unsafe { std::ptr::copy_nonoverlapping(stage, dst.add(off), n) };
+            off += n;
+        }
+        Ok(())
+    })
+}
+
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: Option<CUstream>) -> Res<()> {
+    driver::with(|d| {
+        let q = target(d, stream)?;
+        if len == 0 {
+            return Ok(());
+        }
+        d.check_device(dst, len as u64)?;
+        d.check_device(src, len as u64)?;
+        let t = d.t.clone();
+        let mut queue = d.queue(q)?;
+        if stream.is_some() {
+            queue.enqueue(&t, |s| s.enqueue_dtod(dst, src, len as u64), None)?;
+            queue.submit();
+            Ok(())
+        } else {
+            queue.call(&t, |s| s.memcpy_dtod(dst, src, len as u64))
+        }
+    })
+}
+
+fn memset(
+    dst: CUdeviceptr,
+    value: u32,
+    count: usize,
+    elem: u32,
+    stream: Option<CUstream>,
+) -> Res<()> {
+    driver::with(|d| {
+        let q = target(d, stream)?;
+        if count == 0 {
+            return Ok(());
+        }
+        if dst % u64::from(elem) != 0 {
+            return Err(res::INVALID_VALUE);
+        }
+        let bytes = (count as u64)
+            .checked_mul(u64::from(elem))
+            .ok_or(res::INVALID_VALUE)?;
+        d.check_device(dst, bytes)?;
+        let t = d.t.clone();
+        let mut queue = d.queue(q)?;
+        if stream.is_some() {
+            queue.enqueue(
+                &t,
+                |s| s.enqueue_memset(dst, value, count as u64, elem),
+                None,
+            )?;
+            queue.submit();
+            Ok(())
+        } else {
+            queue.call(&t, |s| s.memset(dst, value, count as u64, elem))
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    guard("cuMemcpyHtoD_v2", || htod(dst, src, n, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    guard("cuMemcpyHtoDAsync_v2", || htod(dst, src, n, Some(s)))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    guard("cuMemcpyDtoH_v2", || dtoh(dst, src, n, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    guard("cuMemcpyDtoHAsync_v2", || dtoh(dst, src, n, Some(s)))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    guard("cuMemcpyDtoD_v2", || dtod(dst, src, n, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    guard("cuMemcpyDtoDAsync_v2", || dtod(dst, src, n, Some(s)))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: c_uchar, n: usize) -> CUresult {
+    guard("cuMemsetD8_v2", || memset(dst, u32::from(v), n, 1, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: c_ushort, n: usize) -> CUresult {
+    guard("cuMemsetD16_v2", || memset(dst, u32::from(v), n, 2, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: c_uint, n: usize) -> CUresult {
+    guard("cuMemsetD32_v2", || memset(dst, v, n, 4, None))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: c_uchar, n: usize, s: CUstream) -> CUresult {
+    guard("cuMemsetD8Async", || {
+        memset(dst, u32::from(v), n, 1, Some(s))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD16Async(
+    dst: CUdeviceptr,
+    v: c_ushort,
+    n: usize,
+    s: CUstream,
+) -> CUresult {
+    guard("cuMemsetD16Async", || {
+        memset(dst, u32::from(v), n, 2, Some(s))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) -> CUresult {
+    guard("cuMemsetD32Async", || memset(dst, v, n, 4, Some(s)))
+}

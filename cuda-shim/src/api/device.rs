@@ -1,0 +1,225 @@
+//! Initialisation, versions, devices, device attributes, error names.
+
+use std::ffi::{c_char, c_int, c_uint};
+
+use crate::driver::{self, Driver};
+use crate::types::{attr, c_str_ptr, error_text, res, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
+use crate::{guard, out};
+
+/// The compute capability the vGPU presents (the H200's).
+pub const CC_MAJOR: c_int = 9;
+pub const CC_MINOR: c_int = 0;
+
+pub(crate) fn check_dev(dev: CUdevice) -> Result<(), CUresult> {
+    if dev == 0 {
+        Ok(())
+    } else {
+        Err(res::INVALID_DEVICE)
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    guard("cuInit", || {
+        if flags != 0 {
+            return Err(res::INVALID_VALUE);
+        }
+        match driver::init() {
+            res::SUCCESS => Ok(()),
+            e => Err(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    // SAFETY: the caller passes a writable int (or NULL, refused).
+    guard("cuDriverGetVersion", || unsafe {
+        out(version, DRIVER_VERSION)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    guard("cuDeviceGetCount", || {
+        driver::with(|_| Ok(()))?;
+        // SAFETY: a writable int from the caller.
+        unsafe { out(count, 1) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    guard("cuDeviceGet", || {
+        driver::with(|_| Ok(()))?;
+        if device.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        check_dev(ordinal)?;
+        // SAFETY: a writable CUdevice from the caller.
+        unsafe { out(device, 0) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    guard("cuDeviceGetName", || {
+        let text = driver::with(|d| Ok(format!("vGPU {}", d.info.name_str())))?;
+        if name.is_null() || len <= 0 {
+            return Err(res::INVALID_VALUE);
+        }
+        check_dev(dev)?;
+        let bytes = text.as_bytes();
+        let n = bytes.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
+fn uuid_of(d: &Driver) -> CUuuid {
+    // A stable identity per vGPU: "vGPU" and the host-wide vGPU id.
+    let mut bytes = [0u8; 16];
+    bytes[..4].copy_from_slice(b"vGPU");
+    bytes[4..8].copy_from_slice(&d.info.vgpu_id.to_le_bytes());
+    bytes[8..16].copy_from_slice(&d.info.va_base.to_le_bytes());
+    CUuuid {
+        bytes: bytes.map(|b| b as c_char),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    guard("cuDeviceGetUuid", || {
+        let u = driver::with(|d| Ok(uuid_of(d)))?;
+        check_dev(dev)?;
+        // SAFETY: a writable CUuuid from the caller.
+        unsafe { out(uuid, u) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard("cuDeviceTotalMem_v2", || {
+        let total = driver::with(|d| Ok(d.info.memory_share))?;
+        check_dev(dev)?;
+        // SAFETY: a writable size_t from the caller.
+        unsafe { out(bytes, total as usize) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
+    guard("cuDeviceComputeCapability", || {
+        driver::with(|_| Ok(()))?;
+        check_dev(dev)?;
+        if major.is_null() || minor.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: both checked non-null; writable ints from the caller.
+        unsafe {
+            out(major, CC_MAJOR)?;
+            out(minor, CC_MINOR)
+        }
+    })
+}
+
+/// The value of a device attribute: from `GET_INFO` where the device reports it, else the
+/// fixed value docs/cuda-api.md lists; 0 (absent) for every other attribute CUDA 13.0
+/// defines.
+pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
+    let clamp = |v: u64| v.min(c_int::MAX as u64) as c_int;
+    Ok(match a {
+        attr::MAX_THREADS_PER_BLOCK | attr::MAX_BLOCK_DIM_X | attr::MAX_BLOCK_DIM_Y => 1024,
+        attr::MAX_BLOCK_DIM_Z => 64,
+        attr::MAX_GRID_DIM_X => c_int::MAX,
+        attr::MAX_GRID_DIM_Y | attr::MAX_GRID_DIM_Z => 65535,
+        attr::MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
+        attr::TOTAL_CONSTANT_MEMORY => 64 << 10,
+        attr::WARP_SIZE => 32,
+        attr::MAX_PITCH => c_int::MAX,
+        attr::MAX_REGISTERS_PER_BLOCK | attr::MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
+        attr::CLOCK_RATE => 1_980_000,
+        attr::TEXTURE_ALIGNMENT => 512,
+        attr::GPU_OVERLAP | attr::CONCURRENT_KERNELS | attr::UNIFIED_ADDRESSING => 1,
+        attr::MULTIPROCESSOR_COUNT => clamp(u64::from(d.info.compute_units.max(1))),
+        attr::PCI_BUS_ID | attr::PCI_DOMAIN_ID => 0,
+        attr::PCI_DEVICE_ID => clamp(u64::from(d.info.vgpu_id)),
+        attr::MEMORY_CLOCK_RATE => 2_619_000,
+        attr::GLOBAL_MEMORY_BUS_WIDTH => 6144,
+        attr::L2_CACHE_SIZE => 50 << 20,
+        attr::MAX_THREADS_PER_MULTIPROCESSOR => 2048,
+        attr::ASYNC_ENGINE_COUNT => 1,
+        attr::COMPUTE_CAPABILITY_MAJOR => CC_MAJOR,
+        attr::COMPUTE_CAPABILITY_MINOR => CC_MINOR,
+        attr::GLOBAL_L1_CACHE_SUPPORTED | attr::LOCAL_L1_CACHE_SUPPORTED => 1,
+        attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
+        attr::SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
+        attr::COMPUTE_PREEMPTION_SUPPORTED | attr::HOST_REGISTER_SUPPORTED => 1,
+        attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => vgpu_proto::MAX_SHARED_BYTES as c_int,
+        attr::MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
+        attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
+        a if (1..attr::MAX).contains(&a) => 0,
+        _ => return Err(res::INVALID_VALUE),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, a: c_int, dev: CUdevice) -> CUresult {
+    guard("cuDeviceGetAttribute", || {
+        let v = driver::with(|d| {
+            check_dev(dev)?;
+            attribute(d, a)
+        })?;
+        // SAFETY: a writable int from the caller.
+        unsafe { out(pi, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    guard("cuDeviceCanAccessPeer", || {
+        driver::with(|_| Ok(()))?;
+        check_dev(dev)?;
+        check_dev(peer)?;
+        // SAFETY: a writable int from the caller.
+        unsafe { out(can, 0) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(error: CUresult, text: *mut *const c_char) -> CUresult {
+    guard("cuGetErrorName", || {
+        let found = error_text(error);
+        // SAFETY: a writable `const char*` from the caller.
+        unsafe { out(text, found.map_or(std::ptr::null(), |(n, _)| c_str_ptr(n)))? };
+        found.map(drop).ok_or(res::INVALID_VALUE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(error: CUresult, text: *mut *const c_char) -> CUresult {
+    guard("cuGetErrorString", || {
+        let found = error_text(error);
+        // SAFETY: a writable `const char*` from the caller.
+        unsafe { out(text, found.map_or(std::ptr::null(), |(_, s)| c_str_ptr(s)))? };
+        found.map(drop).ok_or(res::INVALID_VALUE)
+    })
+}

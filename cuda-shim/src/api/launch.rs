@@ -1,0 +1,183 @@
+//! `cuLaunchKernel`: grid and block checked as the real driver checks them, parameters
+//! laid out from the function's signature (the PTX `.entry` list, or the built-in's),
+//! from `kernelParams` or from `extra`'s parameter buffer; the launch is enqueued and the
+//! call returns.
+
+use std::ffi::{c_uint, c_void};
+
+use vgpu_proto::{KernelArg, LaunchArgs, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+
+use crate::driver::{self, Driver, Res};
+use crate::guard;
+use crate::image::{buffer_layout, kernel_arg, Signature};
+use crate::types::{
+    res, CUfunction, CUresult, CUstream, CU_LAUNCH_PARAM_BUFFER_POINTER,
+    CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CU_STREAM_NON_BLOCKING,
+};
+
+/// Where the parameter bytes come from.
+enum Params {
+    /// `kernelParams`: one pointer per parameter.
+    Pointers(*mut *mut c_void),
+    /// `extra`'s buffer and its size.
+    Buffer(*const u8, usize),
+}
+
+/// Reads `extra`: BUFFER_POINTER, BUFFER_SIZE, END.
+///
+/// # Safety
+/// `extra` must be a CU_LAUNCH_PARAM_END-terminated array of (key, value) pointers.
+unsafe fn parse_extra(extra: *mut *mut c_void) -> Res<Params> {
+    let mut buf: *const u8 = std::ptr::null();
+    let mut size: Option<usize> = None;
+    let mut i = 0;
+    loop {
+        // SAFETY: the array is END-terminated (caller's contract); we stop at END.
+        let key = unsafe { *extra.add(i) } as usize;
+        if key == CU_LAUNCH_PARAM_END {
+            break;
+        }
+        // SAFETY: every key but END is followed by its value.
+        let value = unsafe { *extra.add(i + 1) };
+        match key {
+            CU_LAUNCH_PARAM_BUFFER_POINTER => buf = value.cast(),
+            CU_LAUNCH_PARAM_BUFFER_SIZE => {
+                if value.is_null() {
+                    return Err(res::INVALID_VALUE);
+                }
+                // SAFETY: BUFFER_SIZE's value points to a size_t (API contract).
+                size = Some(unsafe { value.cast::<usize>().read_unaligned() });
+            }
+            _ => return Err(res::INVALID_VALUE),
+        }
+        i += 2;
+        if i > 64 {
+            return Err(res::INVALID_VALUE);
+        }
+    }
+    match (buf.is_null(), size) {
+        (false, Some(n)) => Ok(Params::Buffer(buf, n)),
+        _ => Err(res::INVALID_VALUE),
+    }
+}
+
+fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Vec<KernelArg>> {
+    let is_ptr = |v: u64| d.alloc_of(v).is_some();
+    match params {
+        Params::Pointers(pp) => {
+            if pp.is_null() && !sig.is_empty() {
+                return Err(res::INVALID_VALUE);
+            }
+            sig.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    // SAFETY: kernelParams holds one pointer per parameter (API contract).
+                    let at = unsafe { *pp.add(i) }.cast::<u8>();
+                    if at.is_null() {
+                        return Err(res::INVALID_VALUE);
+                    }
+                    // SAFETY: each parameter pointer addresses a value of the parameter's size.
+                    let bytes = unsafe { std::slice::from_raw_parts(at, p.size) };
+                    kernel_arg(p, bytes, is_ptr)
+                })
+                .collect()
+        }
+        Params::Buffer(buf, size) => {
+            let (need, offs) = buffer_layout(sig);
+            if size < need {
+                return Err(res::INVALID_VALUE);
+            }
+            // SAFETY: the buffer holds `size` bytes (API contract), at least `need`.
+            let bytes = unsafe { std::slice::from_raw_parts(buf, need) };
+            sig.iter()
+                .zip(offs)
+                .map(|(p, o)| kernel_arg(p, &bytes[o..o + p.size], is_ptr))
+                .collect()
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Res<()> {
+    driver::with(|d| {
+        d.current_ctx()?;
+        let func = d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)?;
+        if grid.contains(&0) || block.contains(&0) {
+            return Err(res::INVALID_VALUE);
+        }
+        let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+        if threads > MAX_THREADS_PER_BLOCK || block[0] > 1024 || block[1] > 1024 || block[2] > 64 {
+            return Err(res::INVALID_VALUE);
+        }
+        if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+            return Err(res::INVALID_VALUE);
+        }
+        if shared > MAX_SHARED_BYTES {
+            return Err(res::INVALID_VALUE);
+        }
+        let params = match (kernel_params.is_null(), extra.is_null()) {
+            (false, false) => return Err(res::INVALID_VALUE),
+            (_, false) => {
+                // SAFETY: `extra` is END-terminated (API contract).
+                unsafe { parse_extra(extra)? }
+            }
+            _ => Params::Pointers(kernel_params),
+        };
+        let kargs = args(d, &func.sig, params)?;
+        let launch = LaunchArgs {
+            function: func.device,
+            grid,
+            block,
+            shared_bytes: shared,
+            ..LaunchArgs::default()
+        };
+        let h = stream as usize;
+        let (q, legacy) = d.stream_queue(h)?;
+        let blocking = d
+            .streams
+            .get(&(h as u64))
+            .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
+        d.order_for(q, legacy, blocking);
+        let t = d.t.clone();
+        let mut queue = d.queue(q)?;
+        queue.enqueue(&t, |s| s.enqueue_launch(&launch, &kargs, &[]), None)?;
+        queue.submit();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    guard("cuLaunchKernel", || {
+        launch(
+            f,
+            [gx, gy, gz],
+            [bx, by, bz],
+            shared,
+            stream,
+            kernel_params,
+            extra,
+        )
+    })
+}

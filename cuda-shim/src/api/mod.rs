@@ -1,0 +1,14 @@
+//! The exported C functions. Their contract is the CUDA Driver API's: every pointer a
+//! program passes must be valid for what the API documents (the library checks NULL and
+//! every handle, and cannot check more than that, exactly like the real driver).
+#![allow(clippy::missing_safety_doc)]
+
+pub mod context;
+pub mod copy;
+pub mod device;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod procaddr;
+pub mod stream;
+pub mod stubs;

@@ -1,0 +1,235 @@
+//! Modules and functions. PTX text (or the PTX inside a fat binary) goes to the device,
+//! which compiles it where it can (cuda backend) and refuses it where it cannot (sim
+//! backend: CUDA_ERROR_NO_BINARY_FOR_GPU); the library keeps each `.entry`'s parameter
+//! list to lay out launches. `vgpu:builtin` loads the vGPU's built-in kernels.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+use guest_driver::Transport;
+
+use crate::driver::{self, Driver, Function, Module, Res};
+use crate::image::{self, Image};
+use crate::types::{
+    res, CUdeviceptr, CUfunction, CUmodule, CUresult, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+};
+use crate::{guard, out};
+
+fn load(d: &mut Driver, img: Image) -> Res<u64> {
+    d.current_ctx()?;
+    let t = d.t.clone();
+    let module = match img {
+        Image::Builtin => {
+            let device = d.queue(0)?.call(&t, |s| s.load_builtin())?;
+            Module {
+                device,
+                builtin: true,
+                entries: HashMap::new(),
+                ptx: None,
+            }
+        }
+        Image::Ptx(bytes) => {
+            let text = String::from_utf8(bytes).map_err(|_| res::INVALID_IMAGE)?;
+            let entries = image::ptx_entries(&text);
+            // The device reads the text from DMA memory.
+            let mut region = t
+                .dma_alloc(text.len().max(1), 64)
+                .map_err(|_| res::OUT_OF_MEMORY)?;
+            region.as_mut_slice()[..text.len()].copy_from_slice(text.as_bytes());
+            let len = text.len();
+            let loaded = d
+                .queue(0)?
+                .call(&t, |s| s.load_module_ptx(&region.as_slice()[..len]));
+            // SAFETY: the load completed (or the device was reset): nothing reads the region.
+            unsafe { t.dma_free(region) };
+            Module {
+                device: loaded?,
+                builtin: false,
+                entries,
+                ptx: Some(text),
+            }
+        }
+    };
+    let h = d.handle();
+    d.modules.insert(h, module);
+    Ok(h)
+}
+
+fn finish(pmod: *mut CUmodule, img: Res<Image>) -> Res<()> {
+    if pmod.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    let h = driver::with(|d| load(d, img?))?;
+    // SAFETY: checked non-null; a writable CUmodule from the caller.
+    unsafe { out(pmod, h as CUmodule) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(pmod: *mut CUmodule, image: *const c_void) -> CUresult {
+    guard("cuModuleLoadData", || {
+        driver::with(|d| d.current_ctx().map(drop))?;
+        // SAFETY: the image is readable as the API documents (fatbin, cubin or text).
+        let img = unsafe { image::read_image(image.cast()) };
+        finish(pmod, img)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    pmod: *mut CUmodule,
+    image: *const c_void,
+    _num_options: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    // JIT options (log buffers, optimisation level) do not apply: the device compiles.
+    // SAFETY: same contract as cuModuleLoadData.
+    unsafe { cuModuleLoadData(pmod, image) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char) -> CUresult {
+    guard("cuModuleLoad", || {
+        driver::with(|d| d.current_ctx().map(drop))?;
+        if fname.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated file name from the caller.
+        let name = unsafe { CStr::from_ptr(fname) }
+            .to_string_lossy()
+            .into_owned();
+        let img = if name == image::BUILTIN_IMAGE {
+            Ok(Image::Builtin)
+        } else {
+            match std::fs::read(&name) {
+                Ok(bytes) => image::classify(&bytes),
+                Err(_) => Err(res::FILE_NOT_FOUND),
+            }
+        };
+        finish(pmod, img)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+    guard("cuModuleUnload", || {
+        driver::with(|d| {
+            let h = hmod as u64;
+            let m = d.modules.get(&h).ok_or(res::INVALID_HANDLE)?;
+            let device = m.device;
+            // Kernels of the module still queued run first.
+            let t = d.t.clone();
+            d.drain_all();
+            d.modules.remove(&h);
+            d.functions.retain(|_, f| f.module != h);
+            d.queue(0)?.call(&t, |s| s.unload_module(device))
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    pfunc: *mut CUfunction,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    guard("cuModuleGetFunction", || {
+        if pfunc.is_null() || name.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated name from the caller.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| res::NOT_FOUND)?;
+        let h = driver::with(|d| {
+            d.current_ctx()?;
+            let mh = hmod as u64;
+            let m = d.modules.get(&mh).ok_or(res::INVALID_HANDLE)?;
+            let sig = if m.builtin {
+                image::builtin_signature(name).ok_or(res::NOT_FOUND)?
+            } else {
+                m.entries.get(name).cloned().ok_or(res::NOT_FOUND)?
+            };
+            let device_module = m.device;
+            let t = d.t.clone();
+            let f = d
+                .queue(0)?
+                .call(&t, |s| s.get_function(device_module, name))?;
+            if f.params != sig.len() as u64 {
+                tracing::warn!(
+                    name,
+                    device = f.params,
+                    parsed = sig.len(),
+                    "parameter counts differ"
+                );
+            }
+            let h = d.handle();
+            d.functions.insert(
+                h,
+                Function {
+                    module: mh,
+                    device: f.handle,
+                    sig,
+                },
+            );
+            Ok(h)
+        })?;
+        // SAFETY: checked non-null; a writable CUfunction from the caller.
+        unsafe { out(pfunc, h as CUfunction) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    _dptr: *mut CUdeviceptr,
+    _bytes: *mut usize,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    guard("cuModuleGetGlobal_v2", || {
+        if name.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated name from the caller.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        driver::with(|d| {
+            d.current_ctx()?;
+            let m = d.modules.get(&(hmod as u64)).ok_or(res::INVALID_HANDLE)?;
+            let declared = m.ptx.as_deref().is_some_and(|p| {
+                p.lines()
+                    .any(|l| l.contains(".global") && l.contains(&*name) && !l.contains(".entry"))
+            });
+            if declared {
+                // The protocol has no request for a module's globals.
+                crate::api::stubs::log_once("cuModuleGetGlobal (module globals)");
+                Err(res::NOT_SUPPORTED)
+            } else {
+                Err(res::NOT_FOUND)
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    hfunc: CUfunction,
+) -> CUresult {
+    guard("cuFuncGetAttribute", || {
+        driver::with(|d| {
+            d.functions
+                .get(&(hfunc as u64))
+                .map(drop)
+                .ok_or(res::INVALID_HANDLE)
+        })?;
+        if attrib != CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK {
+            crate::api::stubs::log_once("cuFuncGetAttribute (this attribute)");
+            return Err(res::NOT_SUPPORTED);
+        }
+        // SAFETY: a writable int from the caller.
+        unsafe { out(pi, vgpu_proto::MAX_THREADS_PER_BLOCK as c_int) }
+    })
+}

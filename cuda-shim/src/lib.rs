@@ -1,0 +1,78 @@
+//! `vgpu-cuda`: a libcuda-compatible library. It exports the CUDA Driver API C ABI
+//! (`cuInit`, `cuMemAlloc_v2`, `cuLaunchKernel`, ..., and `cuGetProcAddress` for loaders
+//! that resolve entry points by name) over guest-driver's vGPU API, so unmodified CUDA
+//! programs run on a vGPU: in a VM through the Linux transport, in a host or container
+//! process through the process transport (`VGPU_SOCKET=/path/to/worker.sock`).
+//! Installed as `libcuda.so.1` (`vgpu-cuda install --prefix DIR`); docs/cuda-api.md lists
+//! what is supported and what everything else answers.
+//!
+//! Every exported function catches panics (a bug answers CUDA_ERROR_UNKNOWN instead of
+//! aborting the program), checks every pointer and handle C passes, and answers what the
+//! real driver answers for bad input.
+
+pub mod api;
+pub mod context;
+pub mod driver;
+pub mod error;
+pub mod image;
+pub mod queue;
+pub mod transport;
+pub mod types;
+pub mod watch;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use types::{res, CUresult};
+
+/// Environment variable with the library's log filter (tracing's `EnvFilter` syntax;
+/// default `warn`). Logs go to stderr.
+pub const ENV_LOG: &str = "VGPU_CUDA_LOG";
+
+/// Installs a stderr logger once, unless the program already installed one.
+fn init_logging() {
+    static LOG: Once = Once::new();
+    LOG.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_LOG)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    });
+}
+
+/// Runs the body of an exported function: panics become CUDA_ERROR_UNKNOWN, `Err(code)`
+/// becomes `code`.
+pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    init_logging();
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => res::SUCCESS,
+        Ok(Err(code)) => {
+            tracing::debug!(function = name, code, "failed");
+            code
+        }
+        Err(_) => {
+            tracing::error!(
+                function = name,
+                "internal error (panic) caught at the C boundary"
+            );
+            res::UNKNOWN
+        }
+    }
+}
+
+/// Writes `value` through a pointer from C, refusing NULL.
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T`.
+pub(crate) unsafe fn out<T>(p: *mut T, value: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract; unaligned is
+    // allowed so a packed C struct field works too.
+    unsafe { p.write_unaligned(value) };
+    Ok(())
+}

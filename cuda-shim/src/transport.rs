@@ -1,0 +1,138 @@
+//! Where the vGPU is: the process transport when `VGPU_SOCKET` names a worker's socket (a
+//! host or container process), the Linux transport otherwise (a program in a VM whose
+//! vGPU is a virtio-mmio device).
+
+use std::path::PathBuf;
+
+use guest_driver::linux::{DmaSource, LinuxTransport, Paths, Registers};
+use guest_driver::process::{Options, ProcessTransport};
+use guest_driver::{DmaRegion, Transport};
+
+/// Environment variable naming the vgpu-worker socket (selects the process transport).
+pub const ENV_SOCKET: &str = "VGPU_SOCKET";
+/// Environment variable: MiB of the first DMA region (process transport).
+pub const ENV_POOL_MB: &str = "VGPU_DMA_POOL_MB";
+/// Environment variable: 2 MiB hugepages of DMA memory (Linux transport; default 16).
+pub const ENV_HUGEPAGES: &str = "VGPU_HUGEPAGES";
+
+/// Why no vGPU could be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{0}")]
+    Process(#[from] guest_driver::process::ProcessError),
+    #[error("{0}")]
+    Linux(#[from] guest_driver::linux::LinuxError),
+    #[error("the vGPU did not initialise: {0}")]
+    Device(guest_driver::Error),
+}
+
+/// Either transport; clones share the underlying one.
+#[derive(Clone, Debug)]
+pub enum AnyTransport {
+    Process(ProcessTransport),
+    Linux(LinuxTransport),
+}
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+impl AnyTransport {
+    /// Opens the transport the environment selects.
+    pub fn open() -> Result<Self, OpenError> {
+        if let Some(socket) = std::env::var_os(ENV_SOCKET) {
+            let mut opts = Options::default();
+            if let Some(mb) = env_usize(ENV_POOL_MB) {
+                opts.pool_bytes = mb.max(1) << 20;
+            }
+            let path = PathBuf::from(socket);
+            return Ok(AnyTransport::Process(ProcessTransport::connect_with(
+                &path, opts,
+            )?));
+        }
+        let paths = Paths::default();
+        let base = LinuxTransport::first_device(&paths)?.base;
+        let count = env_usize(ENV_HUGEPAGES).unwrap_or(16).max(1);
+        Ok(AnyTransport::Linux(LinuxTransport::open(
+            &paths,
+            &Registers::DevMem { base },
+            &DmaSource::Hugepages { count },
+        )?))
+    }
+
+    /// The device address of `ptr..ptr + len` when the whole range is DMA memory the
+    /// device reaches in one piece (memory from `dma_alloc`), else `None`.
+    pub fn phys_range(&self, ptr: *const u8, len: usize) -> Option<u64> {
+        if ptr.is_null() {
+            return None;
+        }
+        match self {
+            AnyTransport::Process(t) => t.phys_range(ptr, len),
+            AnyTransport::Linux(t) => {
+                let first = t.virt_to_phys(ptr).ok()?;
+                let last_ptr = ptr.wrapping_add(len.max(1) - 1);
+                let last = t.virt_to_phys(last_ptr).ok()?;
+                (last.checked_sub(first)? == (len.max(1) - 1) as u64).then_some(first)
+            }
+        }
+    }
+}
+
+impl Transport for AnyTransport {
+    fn read8(&self, offset: usize) -> u8 {
+        match self {
+            AnyTransport::Process(t) => t.read8(offset),
+            AnyTransport::Linux(t) => t.read8(offset),
+        }
+    }
+    fn read16(&self, offset: usize) -> u16 {
+        match self {
+            AnyTransport::Process(t) => t.read16(offset),
+            AnyTransport::Linux(t) => t.read16(offset),
+        }
+    }
+    fn read32(&self, offset: usize) -> u32 {
+        match self {
+            AnyTransport::Process(t) => t.read32(offset),
+            AnyTransport::Linux(t) => t.read32(offset),
+        }
+    }
+    fn write8(&self, offset: usize, value: u8) {
+        match self {
+            AnyTransport::Process(t) => t.write8(offset, value),
+            AnyTransport::Linux(t) => t.write8(offset, value),
+        }
+    }
+    fn write16(&self, offset: usize, value: u16) {
+        match self {
+            AnyTransport::Process(t) => t.write16(offset, value),
+            AnyTransport::Linux(t) => t.write16(offset, value),
+        }
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        match self {
+            AnyTransport::Process(t) => t.write32(offset, value),
+            AnyTransport::Linux(t) => t.write32(offset, value),
+        }
+    }
+    fn dma_alloc(&self, len: usize, align: usize) -> guest_driver::Result<DmaRegion> {
+        match self {
+            AnyTransport::Process(t) => t.dma_alloc(len, align),
+            AnyTransport::Linux(t) => t.dma_alloc(len, align),
+        }
+    }
+    unsafe fn dma_free(&self, region: DmaRegion) {
+        match self {
+            // SAFETY: the caller guarantees the device no longer uses the region.
+            AnyTransport::Process(t) => unsafe { t.dma_free(region) },
+            // SAFETY: as above.
+            AnyTransport::Linux(t) => unsafe { t.dma_free(region) },
+        }
+    }
+    fn virt_to_phys(&self, ptr: *const u8) -> guest_driver::Result<u64> {
+        match self {
+            AnyTransport::Process(t) => t.virt_to_phys(ptr),
+            AnyTransport::Linux(t) => t.virt_to_phys(ptr),
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The library loaded the way a CUDA program's loader loads it: `dlopen` of the built
+//! cdylib, every entry point resolved through `cuGetProcAddress_v2` (as cuda-python does).
+
+#![allow(dead_code)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ptr::null_mut;
+
+pub type R = c_uint;
+pub type Ptr = *mut c_void;
+
+pub const OK: R = 0;
+pub const INVALID_VALUE: R = 1;
+pub const NOT_INITIALIZED: R = 3;
+pub const INVALID_DEVICE: R = 101;
+pub const INVALID_IMAGE: R = 200;
+pub const INVALID_CONTEXT: R = 201;
+pub const NO_BINARY_FOR_GPU: R = 209;
+pub const FILE_NOT_FOUND: R = 301;
+pub const INVALID_HANDLE: R = 400;
+pub const NOT_FOUND: R = 500;
+pub const NOT_READY: R = 600;
+pub const HOST_MEMORY_ALREADY_REGISTERED: R = 712;
+pub const HOST_MEMORY_NOT_REGISTERED: R = 713;
+pub const LAUNCH_FAILED: R = 719;
+pub const NOT_SUPPORTED: R = 801;
+
+pub type GetProc = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> R;
+
+pub struct Cuda {
+    _lib: libloading::Library,
+    pub get_proc: GetProc,
+}
+
+impl Cuda {
+    pub fn load() -> Cuda {
+        let path = super::library();
+        // SAFETY: loading our own library runs no initialisers with preconditions.
+        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen libvgpu_cuda.so");
+        // SAFETY: cuGetProcAddress_v2 has exactly this C signature.
+        let get_proc = unsafe {
+            *lib.get::<GetProc>(b"cuGetProcAddress_v2\0")
+                .expect("symbol")
+        };
+        Cuda {
+            _lib: lib,
+            get_proc,
+        }
+    }
+
+    /// The entry point `name` (base name, CUDA 13.0) as an `F`.
+    pub fn f<F: Copy>(&self, name: &str) -> F {
+        let c = std::ffi::CString::new(name).unwrap();
+        let mut p: Ptr = null_mut();
+        let mut status = -1;
+        // SAFETY: valid name, out pointers.
+        let r = unsafe { (self.get_proc)(c.as_ptr(), &mut p, 13000, 0, &mut status) };
+        assert_eq!((r, status), (OK, 0), "cuGetProcAddress({name})");
+        assert!(!p.is_null());
+        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<Ptr>());
+        // SAFETY: the caller names the C signature of `name` as F (a fn pointer type).
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+}
+
+#[macro_export]
+macro_rules! call {
+    ($cuda:expr, $name:literal, fn($($t:ty),* $(,)?) $(, $a:expr)* $(,)?) => {{
+        let f: unsafe extern "C" fn($($t),*) -> R = $cuda.f($name);
+        // SAFETY: the arguments match the C signature named alongside.
+        #[allow(clippy::macro_metavars_in_unsafe)]
+        unsafe { f($($a),*) }
+    }};
+}
+
+pub fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A sim worker for this test process and the library connected to it (`VGPU_SOCKET`),
+/// not yet initialised.
+pub fn start(name: &str) -> (super::Worker, Cuda) {
+    let worker = super::Worker::start(name, "256M", 4);
+    // SAFETY: set before the library reads the environment, while this test is the only
+    // thread that touches it.
+    unsafe { std::env::set_var("VGPU_SOCKET", &worker.socket) };
+    (worker, Cuda::load())
+}

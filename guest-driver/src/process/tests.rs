@@ -1,0 +1,53 @@
+use std::os::fd::AsRawFd;
+
+use super::*;
+
+#[test]
+fn memfds_are_sealed_against_resizing() {
+    let fd = sealed_memfd(4 << 20).expect("memfd");
+    // SAFETY: F_GET_SEALS on our own descriptor.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    assert_eq!(seals & want, want);
+    // SAFETY: ftruncate on our own descriptor; the seals must refuse it.
+    assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 8 << 20) }, 0);
+    // SAFETY: as above.
+    assert_ne!(unsafe { libc::ftruncate(fd.as_raw_fd(), 1 << 20) }, 0);
+    // SAFETY: adding a seal to a sealed seal set must fail.
+    let more = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) };
+    assert_ne!(more, 0);
+}
+
+#[test]
+fn regions_are_laid_out_apart_and_translate() {
+    let mut m = Memory::default();
+    m.grow(3 << 20).expect("first");
+    m.grow(1 << 20).expect("second");
+    assert_eq!(m.regions[0].gpa, GPA_BASE);
+    assert_eq!(m.regions[0].len, 4 << 20, "rounded up to 2 MiB");
+    // One 2 MiB gap after the first region.
+    assert_eq!(m.regions[1].gpa, GPA_BASE + (6 << 20));
+    let t = m.snapshot();
+    assert_eq!(t.hva(GPA_BASE + 100), Some(m.regions[0].hva + 100));
+    assert_eq!(t.hva(GPA_BASE + (6 << 20)), Some(m.regions[1].hva));
+    assert_eq!(t.hva(GPA_BASE + (5 << 20)), None, "the gap");
+    assert_eq!(t.hva(0), None);
+    // DMA allocations translate back to the region's guest-physical addresses.
+    let (ptr, phys) = m.pool.alloc(4096, 4096).expect("alloc");
+    assert_eq!(t.hva(phys), Some(ptr.as_ptr() as u64));
+}
+
+#[test]
+fn the_table_has_a_limit() {
+    let mut m = Memory::default();
+    for _ in 0..MAX_REGIONS {
+        m.grow(2 << 20).expect("region");
+    }
+    assert!(m.grow(2 << 20).is_err());
+}
+
+#[test]
+fn a_missing_socket_is_a_connect_error() {
+    let err = ProcessTransport::connect(Path::new("/nonexistent/vgpu.sock")).unwrap_err();
+    assert!(matches!(err, ProcessError::Connect { .. }), "{err}");
+}

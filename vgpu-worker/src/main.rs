@@ -1,0 +1,227 @@
+//! `vgpu-worker`: serves exactly one vGPU's vhost-user socket from a GPU backend.
+//!
+//! One process per vGPU (DESIGN.md: GPU contexts in one process are not isolated). The
+//! worker binds the socket, waits for the VM's vmm (the vhost-user frontend) to connect,
+//! serves the vGPU's queues until the frontend disconnects, then exits with status 0 and
+//! removes the socket. It does not accept a second connection: a vGPU's device memory dies
+//! with its VM (invariant 5), so the daemon starts a fresh worker for a fresh VM.
+//! SIGTERM or SIGINT end it the same way, at any time.
+//!
+//! Control channel (`--control-fd N`, see `vgpu_api::control`): newline-delimited JSON on an
+//! inherited unix socket. The worker says `ready` once its socket is bound and `connected`
+//! when the vmm connected, and answers `stats`, `set_shares` and `shutdown`. When vgpud's
+//! end closes, the worker shuts down as on SIGTERM. Without `--control-fd` it runs alone.
+
+mod backend;
+mod control;
+mod error;
+mod memlink;
+mod migrate;
+mod run;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use vgpu_api::units::{parse_bandwidth, parse_share, parse_size};
+use vgpu_device::{DeviceConfig, DEFAULT_QUEUE_SIZE, MAX_QUEUES};
+
+use crate::backend::{BackendKind, GpuSpec};
+use crate::run::Config;
+
+/// Serve one vGPU's vhost-user socket from a GPU backend: the simulated GPU (default) or
+/// an NVIDIA GPU through CUDA (`--backend cuda --gpu N`).
+///
+/// Sizes take binary suffixes (K, M, G, T = 2^10.. ; "1G", "512M", "4096").
+/// Bandwidths take decimal suffixes in bytes per second ("12G" = 12e9 B/s).
+/// Shares are fractions of the physical GPU ("0.3") or percentages ("30%").
+/// Exits with status 0 when the frontend disconnects or on SIGTERM/SIGINT.
+#[derive(Parser, Debug)]
+#[command(name = "vgpu-worker", version)]
+struct Args {
+    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
+    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    socket: Option<PathBuf>,
+    /// Host-wide id of the vGPU (shown to the guest in the config space).
+    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    vgpu_id: Option<u32>,
+    /// Device memory the vGPU may allocate (its memory share).
+    #[arg(long, value_parser = parse_size, required_unless_present = "list_cuda_gpus")]
+    memory: Option<u64>,
+    /// Print the machine's NVIDIA GPUs as one JSON array (ordinal, name, memory) and exit;
+    /// vgpud asks this way so that it never loads the GPU driver itself.
+    #[arg(long, exclusive = true)]
+    list_cuda_gpus: bool,
+    /// Request queues (guest streams), each served by its own thread.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_QUEUES)))]
+    queues: u16,
+    /// Largest virtqueue size the guest may use (a power of two).
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE)]
+    queue_size: u16,
+    /// Guaranteed compute share of the physical GPU.
+    #[arg(long, value_parser = parse_share, default_value = "1")]
+    compute_share: u32,
+    /// Guaranteed copy-bandwidth share of the physical GPU.
+    #[arg(long, value_parser = parse_share, default_value = "1")]
+    copy_share: u32,
+    /// Which backend serves the vGPU: `sim` (simulated GPU) or `cuda` (an NVIDIA GPU).
+    #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+    backend: BackendKind,
+    /// CUDA device ordinal of the GPU to use (with --backend cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: i32,
+    /// Memory of the simulated GPU [default: the --memory value].
+    #[arg(long, value_parser = parse_size)]
+    sim_memory: Option<u64>,
+    /// Host-device copy bandwidth of the simulated GPU in bytes/s; 0 = as fast as the host.
+    #[arg(long, value_parser = parse_bandwidth, default_value = "0")]
+    sim_copy_bw: u64,
+    /// Compute-rate factor of the simulated GPU (1.0 = 1e9 element operations per second).
+    #[arg(long, default_value_t = 1.0)]
+    sim_speed: f64,
+    /// Host threads one kernel may use; 0 = all available.
+    #[arg(long, default_value_t = 0)]
+    sim_threads: usize,
+    /// Scheduling priority (larger = more important); reported, used by the scheduler.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// An inherited unix stream socket to vgpud (the control channel).
+    #[arg(long)]
+    control_fd: Option<i32>,
+    /// Inherited grant page and scheduler doorbell, `PAGE,DOORBELL` (given by vgpud):
+    /// every copy and kernel then waits for the GPU scheduler's grant. Without it the
+    /// worker runs ungated.
+    #[arg(long, value_parser = parse_fd_pair)]
+    grant_fds: Option<(i32, i32)>,
+    /// Hardware queue slots this vGPU's streams share; 0 = one per stream.
+    #[arg(long, default_value_t = 0)]
+    hw_slots: u32,
+    /// Which waiting stream gets a free hardware slot: priority (HEFT rank) or fifo.
+    #[arg(long, default_value = "priority")]
+    slot_policy: vgpu_device::SlotPolicy,
+    /// Let the vGPU's memory be swapped out when the GPU runs short (memory
+    /// oversubscription): vgpud decides what is resident. Needs --control-fd.
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Serve shared device memory requests through vgpud's registry. Needs --control-fd.
+    #[arg(long)]
+    shm: bool,
+    /// Microseconds each queue thread keeps polling its ring after a request before it
+    /// sleeps on the guest's kick (adaptive polling; 0 = off). See
+    /// `VgpuVhostBackend::with_poll`.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    poll_us: u64,
+    /// Attach a storage namespace for GPU-initiated reads, `ID=PATH[:ro|:rw]`
+    /// (read-only unless `:rw`); repeat for more. The guest attaches it with
+    /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
+    #[arg(long, value_parser = vgpu_backend::storage::NamespaceSpec::parse)]
+    storage: Vec<vgpu_backend::storage::NamespaceSpec>,
+}
+
+fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: give two descriptors, PAGE,DOORBELL"))?;
+    let fd = |v: &str| {
+        v.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| format!("{v:?} is not a file descriptor"))
+    };
+    Ok((fd(a)?, fd(b)?))
+}
+
+impl Args {
+    /// The worker's configuration; `None` without the vGPU's arguments (clap requires them
+    /// unless `--list-cuda-gpus` is given).
+    fn into_config(self) -> Option<Config> {
+        let (socket, vgpu_id, memory) = (self.socket?, self.vgpu_id?, self.memory?);
+        Some(Config {
+            device: DeviceConfig {
+                vgpu_id,
+                num_queues: self.queues,
+                queue_size: self.queue_size,
+                memory_share: memory,
+                compute_share: self.compute_share,
+                copy_share: self.copy_share,
+            },
+            gpu: GpuSpec {
+                kind: self.backend,
+                ordinal: self.gpu,
+                memory,
+                sim_memory: self.sim_memory,
+                sim_copy_bw: self.sim_copy_bw,
+                sim_speed: self.sim_speed,
+                sim_threads: self.sim_threads,
+            },
+            socket,
+            priority: self.priority,
+            control_fd: self.control_fd,
+            grant_fds: self.grant_fds,
+            hw_slots: self.hw_slots,
+            slot_policy: self.slot_policy,
+            oversubscribe: self.oversubscribe,
+            shm: self.shm,
+            poll: Duration::from_micros(self.poll_us),
+            storage: self.storage,
+        })
+    }
+}
+
+/// `--list-cuda-gpus`: the GPUs as JSON on stdout.
+fn list_cuda_gpus() -> ExitCode {
+    let devices = match vgpu_backend::cuda::CudaGpu::devices() {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("vgpu-worker: cannot list NVIDIA GPUs: {why}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let list: Vec<vgpu_api::control::CudaDevice> = devices
+        .into_iter()
+        .map(|d| vgpu_api::control::CudaDevice {
+            ordinal: d.ordinal,
+            name: d.name,
+            memory: d.memory,
+        })
+        .collect();
+    match serde_json::to_string(&list) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("vgpu-worker: cannot encode the GPU list: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    if args.list_cuda_gpus {
+        return list_cuda_gpus();
+    }
+    let Some(config) = args.into_config() else {
+        eprintln!("vgpu-worker: error: give --socket, --vgpu-id and --memory (see --help)");
+        return ExitCode::from(2);
+    };
+    match run::run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpu-worker: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! One worker's life: open the control channel, build the backend stack and the device,
+//! bind the socket, serve the one frontend, report the last counters.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vgpu_api::control::WorkerMessage;
+use vgpu_backend::storage::{NamespaceSpec, StorageSet};
+use vgpu_device::{DeviceConfig, SlotPolicy, Vgpu};
+
+use crate::backend::{self, GpuSpec, Stack};
+use crate::control::{control_socket, ControlLoop, ControlState, Shares};
+use crate::error::WorkerError;
+use crate::memlink::{Asker, ControlOut, FdQueue, FdReader, WorkerShm};
+use crate::serve::{self, Shutdown};
+
+/// What the worker serves and how (from the command line).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The vhost-user socket to listen on.
+    pub socket: PathBuf,
+    /// The device as the guest sees it (id, queues, shares).
+    pub device: DeviceConfig,
+    /// The GPU the vGPU starts on.
+    pub gpu: GpuSpec,
+    /// Scheduling priority, reported to vgpud.
+    pub priority: i32,
+    /// The inherited control socket to vgpud.
+    pub control_fd: Option<i32>,
+    /// The inherited grant page and scheduler doorbell.
+    pub grant_fds: Option<(i32, i32)>,
+    /// Hardware queue slots the streams share; 0 = one per stream.
+    pub hw_slots: u32,
+    pub slot_policy: SlotPolicy,
+    /// Let vgpud swap the vGPU's memory out.
+    pub oversubscribe: bool,
+    /// Serve shared device memory through vgpud's registry.
+    pub shm: bool,
+    /// Adaptive polling of the queues after a request.
+    pub poll: Duration,
+    /// Storage namespaces for GPU-initiated reads.
+    pub storage: Vec<NamespaceSpec>,
+}
+
+/// The control channel's parts: lines (with descriptors) in, lines out, questions to vgpud.
+struct Channel {
+    input: FdReader,
+    fds: Arc<FdQueue>,
+    out: Arc<ControlOut>,
+    asker: Arc<Asker>,
+}
+
+/// Opens the control channel on the inherited socket, if there is one.
+fn open_channel(fd: Option<i32>) -> Result<Option<Channel>, WorkerError> {
+    let Some(fd) = fd else {
+        return Ok(None);
+    };
+    let stream = control_socket(fd)?;
+    let input = stream.try_clone().map_err(|e| WorkerError::Control {
+        fd,
+        why: e.to_string(),
+    })?;
+    let fds = Arc::new(FdQueue::default());
+    let out = Arc::new(ControlOut::new(stream));
+    let asker = Arc::new(Asker::new(out.clone(), fds.clone()));
+    Ok(Some(Channel {
+        input: FdReader::new(input, fds.clone()),
+        fds,
+        out,
+        asker,
+    }))
+}
+
+/// Opens the grant channel from inherited descriptors.
+fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, WorkerError> {
+    for fd in [page, doorbell] {
+        // SAFETY: F_GETFD only inspects the descriptor table.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(WorkerError::Grant(format!(
+                "descriptor {fd} is not open; start the worker from vgpud or drop --grant-fds"
+            )));
+        }
+    }
+    // SAFETY: both descriptors are open (checked above) and were handed to this process
+    // for the grant channel alone; nothing else in the worker owns them.
+    let (page, doorbell) = unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) };
+    vgpu_grant::GrantClient::from_fds(page, doorbell).map_err(|e| WorkerError::Grant(e.to_string()))
+}
+
+/// The device over the stack, with what the configuration adds (shared memory, storage,
+/// the grant path, hardware slots), and the grant gate when there is one.
+fn device(
+    cfg: &Config,
+    stack: &Stack,
+    asker: Option<&Arc<Asker>>,
+    storage: Option<&Arc<StorageSet>>,
+) -> Result<(Vgpu, Option<Arc<vgpu_grant::SwitchGate>>), WorkerError> {
+    let mut vgpu = Vgpu::new(cfg.device.clone(), stack.backend.clone())?;
+    if let (Some(a), true) = (asker, cfg.shm) {
+        vgpu = vgpu.with_shm(Arc::new(WorkerShm::new(a.clone(), stack.backend.clone())));
+    }
+    if let Some(set) = storage {
+        vgpu = vgpu.with_storage(set.clone());
+    }
+    let mut gate = None;
+    if let Some((page, doorbell)) = cfg.grant_fds {
+        let g = Arc::new(vgpu_grant::SwitchGate::new(grant_gate(page, doorbell)?));
+        vgpu = vgpu.with_gate(g.clone());
+        gate = Some(g);
+        tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
+    }
+    if cfg.hw_slots > 0 {
+        vgpu = vgpu.with_slots(Arc::new(vgpu_device::HwSlots::new(
+            cfg.hw_slots,
+            cfg.slot_policy,
+        )));
+    }
+    Ok((vgpu, gate))
+}
+
+/// Says `ready` and starts the control thread; the channel's writing end for the rest.
+fn start_control(
+    channel: Channel,
+    state: &Arc<ControlState>,
+) -> Result<Arc<ControlOut>, WorkerError> {
+    let Channel {
+        input, fds, out, ..
+    } = channel;
+    out.send(&WorkerMessage::Ready {
+        pid: std::process::id(),
+    });
+    let control = ControlLoop {
+        input,
+        fds,
+        out: out.clone(),
+        state: state.clone(),
+    };
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || control.run())
+        .map_err(WorkerError::Signals)?;
+    Ok(out)
+}
+
+/// Serves the vGPU until its frontend disconnects or the worker is stopped.
+pub fn run(cfg: Config) -> Result<(), WorkerError> {
+    let signals = serve::block_signals()?;
+    if (cfg.oversubscribe || cfg.shm) && cfg.control_fd.is_none() {
+        return Err(WorkerError::Control {
+            fd: -1,
+            why: "--oversubscribe and --shm need vgpud (the control channel)".into(),
+        });
+    }
+    let channel = open_channel(cfg.control_fd)?;
+    let asker = channel.as_ref().map(|c| c.asker.clone());
+    let storage = backend::storage_set(&cfg.storage)?;
+    let broker = asker.clone().filter(|_| cfg.oversubscribe);
+    let vgpu_id = cfg.device.vgpu_id;
+    let stack = backend::build(&cfg.gpu, storage.as_ref(), broker, vgpu_id)?;
+    let (vgpu, gate) = device(&cfg, &stack, asker.as_ref(), storage.as_ref())?;
+    let vgpu = Arc::new(vgpu);
+    let mut listener = serve::bind(&cfg.socket)?;
+
+    let shutdown: Shutdown = Arc::new(Mutex::new(None));
+    serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;
+    let d = &cfg.device;
+    tracing::info!(socket = %cfg.socket.display(), vgpu = vgpu_id, queues = d.num_queues,
+        memory = d.memory_share, compute_share = d.compute_share, copy_share = d.copy_share,
+        "listening");
+    let state = Arc::new(ControlState {
+        vgpu: vgpu.clone(),
+        started: Instant::now(),
+        shares: Mutex::new(Shares {
+            compute: d.compute_share,
+            copy: d.copy_share,
+            priority: cfg.priority,
+        }),
+        connected: AtomicBool::new(false),
+        shutdown: shutdown.clone(),
+        socket: cfg.socket.clone(),
+        pager: stack.pager,
+        asker,
+        migratable: stack.migratable,
+        gate,
+        memory: d.memory_share,
+        storage,
+    });
+    let out = channel.map(|c| start_control(c, &state)).transpose()?;
+    let served = serve::serve(&mut listener, vgpu, &shutdown, cfg.poll, || {
+        state.connected.store(true, Ordering::Relaxed);
+        if let Some(out) = &out {
+            out.send(&WorkerMessage::Connected);
+        }
+    });
+    if let Some(out) = &out {
+        state.connected.store(false, Ordering::Relaxed);
+        out.send(&WorkerMessage::Final {
+            stats: state.stats(),
+        });
+    }
+    served?;
+    tracing::info!("frontend gone; exiting");
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! The vhost-user side: binding the socket, serving the one frontend connection, and
+//! stopping on a signal or on vgpud's word.
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use vgpu_device::{Vgpu, VgpuVhostBackend};
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::error::WorkerError;
+
+/// Binds the socket, refusing to steal one another process is serving.
+pub fn bind(path: &Path) -> Result<Listener, WorkerError> {
+    let err = |why: String| WorkerError::Bind {
+        path: path.to_owned(),
+        why,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(err(
+                "the path exists and is not a socket; remove it or pick another path".into(),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(err(
+                "another process is serving this socket; pick another path".into(),
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
+    }
+    Listener::new(path, false).map_err(|e| {
+        err(match e {
+            VhostUserError::SocketError(io) => {
+                format!("{io}; check that the directory exists and is writable")
+            }
+            other => other.to_string(),
+        })
+    })
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and every thread spawned after), so that
+/// `wait_signal` receives them.
+pub fn block_signals() -> Result<libc::sigset_t, WorkerError> {
+    // SAFETY: an all-zero sigset_t is a valid value to hand to sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only write to it and
+    // to this thread's signal mask.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(WorkerError::Signals(std::io::Error::from_raw_os_error(rc)));
+    }
+    Ok(set)
+}
+
+/// Waits for one of the blocked signals.
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is an initialised signal set and `sig` a valid out-pointer.
+    let rc = unsafe { libc::sigwait(set, &mut sig) };
+    if rc == 0 {
+        sig
+    } else {
+        libc::SIGTERM
+    }
+}
+
+/// Starts the thread that stops the worker on SIGTERM or SIGINT (blocked in `signals`).
+pub fn spawn_signal_thread(
+    signals: libc::sigset_t,
+    shutdown: Shutdown,
+    socket: std::path::PathBuf,
+    gate: Option<Arc<vgpu_grant::SwitchGate>>,
+) -> Result<(), WorkerError> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = wait_signal(&signals);
+            let why = if sig == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            };
+            stop(&shutdown, &socket, gate.as_deref(), why);
+        })
+        .map(drop)
+        .map_err(WorkerError::Signals)
+}
+
+/// Connection state the signal thread acts on.
+pub type Shutdown = Arc<Mutex<Option<ShutdownHandle>>>;
+
+/// Ends the worker: closes the frontend connection when there is one (serve() then
+/// returns), else removes the socket and exits at once. Requests waiting for a grant run
+/// ungated from now on: vgpud may be gone, and its scheduler with it.
+pub fn stop(shutdown: &Shutdown, socket: &Path, gate: Option<&vgpu_grant::SwitchGate>, why: &str) {
+    if let Some(g) = gate {
+        g.close();
+    }
+    match shutdown
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+    {
+        Some(handle) => {
+            tracing::info!(why, "stopping: closing the frontend connection");
+            handle.shutdown();
+        }
+        None => {
+            tracing::info!(why, "stopping before any frontend connected");
+            let _ = std::fs::remove_file(socket);
+            std::process::exit(0);
+        }
+    }
+}
+
+/// Serves one frontend connection on `listener` until it disconnects or `shutdown` is
+/// triggered, then logs the vGPU's stats. `on_connected` runs once the frontend is in.
+pub fn serve(
+    listener: &mut Listener,
+    vgpu: Arc<Vgpu>,
+    shutdown: &Shutdown,
+    poll: Duration,
+    on_connected: impl FnOnce(),
+) -> Result<(), WorkerError> {
+    let id = vgpu.config().vgpu_id;
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll));
+    let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
+        .map_err(|e| WorkerError::Daemon(e.to_string()))?;
+    daemon
+        .start(listener)
+        .map_err(|e| WorkerError::Daemon(e.to_string()))?;
+    *shutdown.lock().unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+    tracing::info!(vgpu = id, "frontend connected");
+    on_connected();
+    let result = daemon.wait();
+    for handler in daemon.get_epoll_handlers() {
+        handler.send_exit_event();
+    }
+    let s = vgpu.stats();
+    tracing::info!(
+        vgpu = id,
+        requests = s.requests,
+        errors = s.errors,
+        bytes_htod = s.bytes_htod,
+        bytes_dtoh = s.bytes_dtoh,
+        kernels = s.kernels,
+        busy_ms = s.busy_ns / 1_000_000,
+        "vGPU stats"
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected))
+        | Err(vhost_user_backend::Error::HandleRequest(VhostUserError::PartialMessage)) => Ok(()),
+        Err(e) => Err(WorkerError::Daemon(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use vgpu_backend::{SimConfig, SimGpu};
+    use vgpu_device::DeviceConfig;
+    use vgpu_proto::VgpuConfig;
+    use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::VhostBackend;
+
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vgpu-worker-test-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn bind_errors_are_clear() {
+        let e = bind(Path::new("/nonexistent-dir/x.sock"))
+            .err()
+            .expect("no such dir");
+        assert!(e.to_string().contains("/nonexistent-dir/x.sock"), "{e}");
+        let file = tmp("plain-file");
+        std::fs::write(&file, b"x").expect("write");
+        let e = bind(&file).err().expect("not a socket");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        std::fs::remove_file(&file).expect("rm");
+        let live = tmp("live.sock");
+        let _l = bind(&live).expect("bind");
+        let e = bind(&live).err().expect("in use");
+        assert!(e.to_string().contains("another process"), "{e}");
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced() {
+        let p = tmp("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&p).expect("bind"));
+        assert!(p.exists(), "std leaves the socket file behind");
+        let l = bind(&p).expect("stale socket replaced");
+        drop(l);
+        assert!(!p.exists(), "the listener removes its socket");
+    }
+
+    #[test]
+    fn serves_a_frontend_until_it_disconnects() {
+        let path = tmp("serve.sock");
+        let mut listener = bind(&path).expect("bind");
+        let sim = SimGpu::new(SimConfig {
+            memory: 16 << 20,
+            va_size: 1 << 30,
+            threads: 1,
+            ..SimConfig::default()
+        })
+        .expect("sim");
+        let cfg = DeviceConfig {
+            vgpu_id: 9,
+            num_queues: 3,
+            queue_size: 256,
+            memory_share: 16 << 20,
+            compute_share: 250,
+            copy_share: 750,
+        };
+        let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
+        let shutdown: Shutdown = Arc::new(Mutex::new(None));
+        let sd = shutdown.clone();
+        let worker =
+            std::thread::spawn(move || serve(&mut listener, vgpu, &sd, Duration::ZERO, || {}));
+
+        let mut fe = Frontend::connect(&path, 3).expect("connect");
+        fe.set_owner().expect("owner");
+        let features = fe.get_features().expect("features");
+        assert_ne!(features & (1 << 32), 0);
+        fe.set_features(features).expect("set features");
+        let pf = fe.get_protocol_features().expect("protocol features");
+        assert!(pf.contains(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ));
+        fe.set_protocol_features(pf).expect("set protocol features");
+        assert_eq!(fe.get_queue_num().expect("queue num"), 3);
+        let buf = [0u8; VgpuConfig::SIZE];
+        let (_, cfg) = fe
+            .get_config(0, buf.len() as u32, VhostUserConfigFlags::WRITABLE, &buf)
+            .expect("config");
+        assert_eq!(
+            &cfg[4..8],
+            &9u32.to_le_bytes(),
+            "vgpu id in the config space"
+        );
+        assert_eq!(
+            &cfg[8..12],
+            &3u32.to_le_bytes(),
+            "queue count in the config space"
+        );
+        drop(fe);
+        worker
+            .join()
+            .expect("worker thread")
+            .expect("clean exit on disconnect");
+    }
+}

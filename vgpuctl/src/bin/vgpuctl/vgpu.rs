@@ -1,0 +1,135 @@
+//! `vgpuctl vgpu ...`: create, list, change, delete, stats and migrate vGPUs.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuPatch};
+use vgpu_api::client::{Client, ClientError};
+use vgpu_api::units::{parse_share_fraction, parse_size};
+
+use crate::migrate::{follow_migration, MigrateArgs};
+use crate::output::{emit, stats_rows, vgpu_rows};
+
+#[derive(Args, Debug, Clone)]
+pub struct VgpuSpecArgs {
+    /// Physical GPU index [default: the least loaded that fits].
+    #[arg(long)]
+    gpu: Option<u32>,
+    /// Device memory share, e.g. 1G or 512M.
+    #[arg(long, value_parser = parse_size)]
+    memory: u64,
+    /// Compute share: a fraction (0.3) or percentage (30%).
+    #[arg(long, value_parser = parse_share_fraction)]
+    compute: f64,
+    /// Copy-bandwidth share [default: the compute share].
+    #[arg(long, value_parser = parse_share_fraction)]
+    copy: Option<f64>,
+    /// Priority (larger = more important).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Request queues.
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// Share group (for shared device memory).
+    #[arg(long)]
+    share_group: Option<String>,
+    /// Allow memory oversubscription (the share is not reserved; the vGPU is
+    /// swapped out when the GPU runs short).
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Attach a storage namespace, `ID=PATH[:ro|:rw]` (read-only unless `:rw`); repeat
+    /// for more.
+    #[arg(long, value_parser = StorageAttachment::parse)]
+    storage: Vec<StorageAttachment>,
+}
+
+impl VgpuSpecArgs {
+    pub fn spec(&self) -> VgpuCreate {
+        VgpuCreate {
+            gpu: self.gpu,
+            memory_bytes: self.memory,
+            compute_share: self.compute,
+            copy_share: self.copy,
+            priority: self.priority,
+            oversubscribe: self.oversubscribe,
+            share_group: self.share_group.clone(),
+            queues: self.queues,
+            storage: self.storage.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VgpuCmd {
+    /// List vGPUs.
+    List,
+    /// Show one vGPU.
+    Show { id: u32 },
+    /// Create a vGPU (starts its worker).
+    Create(VgpuSpecArgs),
+    /// Change shares or priority at run time.
+    Set {
+        id: u32,
+        #[arg(long, value_parser = parse_share_fraction)]
+        compute: Option<f64>,
+        #[arg(long, value_parser = parse_share_fraction)]
+        copy: Option<f64>,
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i32>,
+    },
+    /// Delete a vGPU.
+    Delete { id: u32 },
+    /// Utilization, memory and counters.
+    Stats { id: u32 },
+    /// Live-migrate to another GPU (the VM keeps running; it sees a pause).
+    Migrate {
+        id: u32,
+        #[command(flatten)]
+        args: MigrateArgs,
+    },
+}
+
+/// Runs one `vgpu` subcommand.
+pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError> {
+    match cmd {
+        VgpuCmd::List => emit(json, &c.vgpus()?, |v| vgpu_rows(v)),
+        VgpuCmd::Show { id } => emit(json, &c.vgpu(id)?, |v| vgpu_rows(std::slice::from_ref(v))),
+        VgpuCmd::Create(a) => emit(json, &c.create_vgpu(&a.spec())?, |v| {
+            vgpu_rows(std::slice::from_ref(v))
+        }),
+        VgpuCmd::Set {
+            id,
+            compute,
+            copy,
+            priority,
+        } => {
+            if compute.is_none() && copy.is_none() && priority.is_none() {
+                return Err(ClientError::Usage(
+                    "nothing to change: give --compute, --copy or --priority".into(),
+                ));
+            }
+            let patch = VgpuPatch {
+                compute_share: compute,
+                copy_share: copy,
+                priority,
+            };
+            emit(json, &c.patch_vgpu(id, &patch)?, |v| {
+                vgpu_rows(std::slice::from_ref(v))
+            });
+        }
+        VgpuCmd::Delete { id } => {
+            c.delete_vgpu(id)?;
+            if !json {
+                println!("vGPU {id} deleted");
+            }
+        }
+        VgpuCmd::Stats { id } => emit(json, &c.vgpu_stats(id)?, |s| {
+            stats_rows(std::slice::from_ref(s))
+        }),
+        VgpuCmd::Migrate { id, args } => {
+            let m = c.migrate_vgpu(id, &args.req())?;
+            return follow_migration(c, json, m, args.no_wait);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,369 @@
+//! Admission: a vGPU request validated into a [`VgpuAsk`], checked against what a GPU
+//! has left ([`Daemon::misfit`], the one place the admission rule is applied), placed and
+//! recorded.
+
+use std::collections::VecDeque;
+
+use super::core::Daemon;
+use super::error::ApiError;
+use super::state::{Inner, VgpuRec};
+use super::storage;
+use crate::api::{self, VgpuCreate, VgpuState};
+use crate::units::{fraction_to_permille, human_bytes};
+use vgpu_scheduler::admission::{self, Engine, Misfit, WHOLE};
+
+/// Most queues per vGPU (vgpu-device's limit).
+const MAX_QUEUES: u16 = 64;
+
+/// A validated vGPU request (shares in per-mille).
+#[derive(Debug)]
+pub(super) struct VgpuAsk {
+    pub(super) gpu: Option<u32>,
+    pub(super) memory: u64,
+    pub(super) compute: u32,
+    pub(super) copy: u32,
+    pub(super) priority: i32,
+    pub(super) oversubscribe: bool,
+    pub(super) share_group: Option<String>,
+    pub(super) queues: u16,
+    pub(super) storage: Vec<api::StorageAttachment>,
+}
+
+impl VgpuAsk {
+    /// What vGPU `rec` holds, as a request (for moving it or changing its shares).
+    pub(super) fn of(rec: &VgpuRec) -> Self {
+        Self {
+            gpu: Some(rec.gpu),
+            memory: rec.memory,
+            compute: rec.compute,
+            copy: rec.copy,
+            priority: rec.priority,
+            oversubscribe: rec.oversubscribe,
+            share_group: None,
+            queues: rec.queues,
+            storage: Vec::new(),
+        }
+    }
+}
+
+/// A share given as a fraction of a GPU, in per-mille.
+pub(super) fn share(field: &str, v: f64) -> Result<u32, ApiError> {
+    if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+        return Err(ApiError::bad(
+            field,
+            format!("{v} is not a share: give a fraction of the GPU between 0 and 1 (0.3 = 30%)"),
+        ));
+    }
+    Ok(fraction_to_permille(v))
+}
+
+fn pct(permille: u32) -> String {
+    format!("{:.1}%", f64::from(permille) / 10.0)
+}
+
+fn validate_share_group(g: &str) -> Result<(), ApiError> {
+    let ok = (1..=64).contains(&g.len())
+        && g.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad(
+            "share_group",
+            format!("{g:?} is not a share group name: use 1 to 64 characters of A-Z a-z 0-9 _ . -"),
+        ))
+    }
+}
+
+impl Daemon {
+    /// Checks a vGPU request field by field (nothing is admitted yet).
+    pub(super) fn validate_vgpu(&self, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {
+        if spec.memory_bytes == 0 {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                "a vGPU needs some device memory: give memory_bytes > 0",
+            ));
+        }
+        let compute = share("compute_share", spec.compute_share)?;
+        let copy = match spec.copy_share {
+            Some(c) => share("copy_share", c)?,
+            None => compute,
+        };
+        if spec.queues == 0 || spec.queues > MAX_QUEUES {
+            return Err(ApiError::bad(
+                "queues",
+                format!("{} queues: give 1 to {MAX_QUEUES}", spec.queues),
+            ));
+        }
+        if let Some(g) = &spec.share_group {
+            validate_share_group(g)?;
+        }
+        storage::validate(&spec.storage)?;
+        self.validate_memory(spec.gpu, spec.memory_bytes)?;
+        Ok(VgpuAsk {
+            gpu: spec.gpu,
+            memory: spec.memory_bytes,
+            compute,
+            copy,
+            priority: spec.priority,
+            oversubscribe: spec.oversubscribe,
+            share_group: spec.share_group.clone(),
+            queues: spec.queues,
+            storage: spec.storage.clone(),
+        })
+    }
+
+    /// The GPU asked for exists and `memory` is no more than it (or, unplaced, some GPU)
+    /// has.
+    fn validate_memory(&self, gpu: Option<u32>, memory: u64) -> Result<(), ApiError> {
+        if let Some(g) = gpu {
+            let Some(cfg) = self.gpu(g) else {
+                return Err(self.no_gpu("gpu", g));
+            };
+            if memory > cfg.memory {
+                return Err(ApiError::bad(
+                    "memory_bytes",
+                    format!(
+                        "{} is more than GPU {g} has ({}); ask for less",
+                        human_bytes(memory),
+                        human_bytes(cfg.memory)
+                    ),
+                ));
+            }
+        } else if self.cfg.gpus.iter().all(|g| memory > g.memory) {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                format!(
+                    "{} is more than any GPU of this host has; ask for less",
+                    human_bytes(memory)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why `ask` does not fit on `gpu` (leaving out vGPU `except`'s commitments), or None
+    /// when it fits. The admission rule: every use of it goes through here.
+    pub(super) fn misfit(
+        &self,
+        inner: &Inner,
+        gpu: u32,
+        ask: &VgpuAsk,
+        except: Option<u32>,
+    ) -> Option<ApiError> {
+        let g = self.gpu(gpu)?;
+        let c = inner.committed(gpu, except);
+        // Oversubscribed vGPUs reserve nothing at admission and bring nothing resident.
+        let room = admission::Room {
+            gpu,
+            memory: g.memory,
+            committed_memory: c.memory,
+            committed_compute: c.compute,
+            committed_copy: c.copy,
+            pool_free: u64::MAX,
+        };
+        let want = admission::Ask {
+            memory: ask.memory,
+            compute: ask.compute,
+            copy: ask.copy,
+            oversubscribe: ask.oversubscribe,
+            resident: 0,
+        };
+        Some(match admission::misfit(&want, &room)? {
+            Misfit::Memory { free, total, committed, .. } => ApiError::conflict(
+                "memory_bytes",
+                format!(
+                    "GPU {gpu} has {} free of {} ({} committed to other vGPUs); ask for at most {} or pick another GPU",
+                    human_bytes(free),
+                    human_bytes(total),
+                    human_bytes(committed),
+                    human_bytes(free)
+                ),
+            ),
+            Misfit::Share { engine, have, want, .. } => {
+                let field = if engine == Engine::Compute { "compute_share" } else { "copy_share" };
+                ApiError::conflict(
+                    field,
+                    format!(
+                        "{field} {} would bring GPU {gpu} to {} ({} already committed); at most {} is left",
+                        pct(want),
+                        pct(have.saturating_add(want)),
+                        pct(have),
+                        pct(WHOLE.saturating_sub(have))
+                    ),
+                )
+            }
+            m @ Misfit::Pool { .. } => ApiError::conflict("memory_bytes", m.to_string()),
+        })
+    }
+
+    /// The GPU `ask` goes on: the one it names if it fits there, else the best of those it
+    /// fits on. Caller holds the state lock.
+    fn place(&self, inner: &Inner, ask: &VgpuAsk) -> Result<u32, ApiError> {
+        if let Some(g) = ask.gpu {
+            return match self.misfit(inner, g, ask, None) {
+                Some(e) => Err(e),
+                None => Ok(g),
+            };
+        }
+        let mut fits = Vec::new();
+        let mut first_err = None;
+        for g in self.gpu_indices() {
+            match self.misfit(inner, g, ask, None) {
+                None => fits.push(g),
+                Some(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        // By measured load and free memory share.
+        self.place_auto(inner, ask, &fits).ok_or_else(|| {
+            let why = first_err.map(|e| e.error).unwrap_or_default();
+            ApiError::conflict("gpu", format!("no GPU has room for this vGPU (e.g. {why})"))
+        })
+    }
+
+    /// Admits `ask` and inserts its record (state `starting`). Caller holds the state lock.
+    pub(super) fn admit(
+        &self,
+        inner: &mut Inner,
+        ask: VgpuAsk,
+        vm: Option<u32>,
+    ) -> Result<u32, ApiError> {
+        let gpu = self.place(inner, &ask)?;
+        let id = inner.next_vgpu;
+        inner.next_vgpu += 1;
+        let rec = VgpuRec {
+            id,
+            gpu,
+            memory: ask.memory,
+            compute: ask.compute,
+            copy: ask.copy,
+            priority: ask.priority,
+            oversubscribe: ask.oversubscribe,
+            share_group: ask.share_group,
+            queues: ask.queues,
+            storage: ask.storage,
+            state: VgpuState::Starting,
+            vm,
+            owned: vm.is_some(),
+            socket: self.cfg.state_dir.join(format!("vgpu-{id}.sock")),
+            log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
+            worker: None,
+            stopping: false,
+            samples: VecDeque::new(),
+            memory_report: None,
+            migrating_to: None,
+            restore_failed: false,
+        };
+        tracing::info!(
+            vgpu = id,
+            gpu,
+            memory = ask.memory,
+            compute = ask.compute,
+            copy = ask.copy,
+            "vGPU admitted"
+        );
+        inner.vgpus.insert(id, rec);
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    pub(in crate::daemon) fn admit(d: &Daemon, s: VgpuCreate) -> Result<u32, ApiError> {
+        let ask = d.validate_vgpu(&s)?;
+        d.state.with(|inner| d.admit(inner, ask, None))
+    }
+
+    #[test]
+    fn shares_and_memory_are_admitted_up_to_the_gpu() {
+        let d = daemon(1);
+        admit(&d, spec(Some(0), 3 << 30, 0.7)).expect("fits");
+        let e = admit(&d, spec(Some(0), 1 << 20, 0.31)).expect_err("compute past 100%");
+        assert_eq!(
+            (e.status, e.field.as_deref()),
+            (axum::http::StatusCode::CONFLICT, Some("compute_share"))
+        );
+        assert!(e.error.contains("at most 30.0% is left"), "{e}");
+        let e = admit(&d, spec(Some(0), 2 << 30, 0.1)).expect_err("memory past the GPU");
+        assert_eq!(e.field.as_deref(), Some("memory_bytes"));
+        admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("exactly full fits");
+        let g = &d.gpus()[0];
+        assert_eq!((g.memory_free_bytes, g.compute_committed), (0, 1.0));
+        // Released and failed vGPUs hold nothing.
+        d.state.with(|i| {
+            for r in i.vgpus.values_mut() {
+                r.state = VgpuState::Released;
+            }
+        });
+        assert_eq!(d.gpus()[0].memory_committed_bytes, 0);
+        admit(&d, spec(Some(0), 4 << 30, 1.0)).expect("all free again");
+    }
+
+    #[test]
+    fn placement_picks_the_least_loaded_gpu_that_fits() {
+        let d = daemon(3);
+        admit(&d, spec(Some(0), 1 << 30, 0.5)).expect("gpu 0");
+        admit(&d, spec(Some(1), 1 << 30, 0.2)).expect("gpu 1");
+        admit(&d, spec(Some(2), 4 << 30, 0.1)).expect("gpu 2 memory full");
+        let id = admit(&d, spec(None, 1 << 30, 0.3)).expect("placed");
+        assert_eq!(
+            d.state.with(|i| i.vgpus[&id].gpu),
+            1,
+            "gpu 2 is less loaded but has no memory left"
+        );
+        let e = admit(&d, spec(None, 1 << 30, 0.9)).expect_err("nowhere");
+        assert_eq!(e.field.as_deref(), Some("gpu"));
+    }
+
+    #[test]
+    fn bad_specs_name_their_field() {
+        let d = daemon(1);
+        for (s, field) in [
+            (spec(Some(0), 0, 0.1), "memory_bytes"),
+            (spec(Some(0), 1, f64::NAN), "compute_share"),
+            (spec(Some(0), 1, -0.1), "compute_share"),
+            (spec(Some(5), 1, 0.1), "gpu"),
+            (spec(None, 5 << 30, 0.1), "memory_bytes"),
+            (
+                VgpuCreate {
+                    copy_share: Some(2.0),
+                    ..spec(None, 1, 0.1)
+                },
+                "copy_share",
+            ),
+            (
+                VgpuCreate {
+                    queues: 65,
+                    ..spec(None, 1, 0.1)
+                },
+                "queues",
+            ),
+            (
+                VgpuCreate {
+                    share_group: Some(String::new()),
+                    ..spec(None, 1, 0.1)
+                },
+                "share_group",
+            ),
+            (
+                VgpuCreate {
+                    oversubscribe: true,
+                    ..spec(None, 8 << 30, 0.1)
+                },
+                "memory_bytes",
+            ),
+        ] {
+            let e = d.validate_vgpu(&s).expect_err("invalid");
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+        }
+        assert!(
+            d.state.with(|i| i.vgpus.is_empty()),
+            "validation changed the state"
+        );
+    }
+}

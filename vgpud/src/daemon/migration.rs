@@ -1,0 +1,457 @@
+//! Live migration of a vGPU between GPUs of this host: the checked command, the steps
+//! that start one (is it movable, where to, does its memory fit there, the target's
+//! scheduler), its progress, and its end (the GPU it left lets go).
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::admission::VgpuAsk;
+use super::core::{no_vgpu, Daemon};
+use super::error::ApiError;
+use super::link::Link;
+use super::state::{Inner, VgpuRec};
+use crate::api::{self, VgpuState};
+use crate::control::{
+    Command as Ctl, MigrationDone, MigrationMode, MigrationProgress, ReplyBody, TargetGpu,
+};
+use crate::units::human_bytes;
+
+/// How long a migration may take in all.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// Pre-copy's downtime goal when the request gives none, ms.
+pub const DEFAULT_MAX_DOWNTIME_MS: u64 = 50;
+
+/// A migration request, checked: where to, how, and pre-copy's downtime goal.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MigrateCommand {
+    /// None: the least loaded other GPU with room.
+    pub target_gpu: Option<u32>,
+    pub mode: MigrationMode,
+    /// 1 to 600 000 ms.
+    pub max_downtime_ms: u64,
+}
+
+impl MigrateCommand {
+    /// A pre-copy migration to `target_gpu` with the default downtime goal.
+    pub fn to(target_gpu: Option<u32>) -> Self {
+        Self {
+            target_gpu,
+            mode: MigrationMode::Precopy,
+            max_downtime_ms: DEFAULT_MAX_DOWNTIME_MS,
+        }
+    }
+}
+
+/// The API's name of a migration mode.
+pub fn mode_name(mode: MigrationMode) -> &'static str {
+    match mode {
+        MigrationMode::Precopy => "precopy",
+        MigrationMode::StopCopy => "stop_copy",
+    }
+}
+
+/// A migration that was admitted and recorded, ready to run.
+struct Started {
+    mid: u32,
+    source: u32,
+    target: u32,
+    link: Link,
+    target_gpu: TargetGpu,
+}
+
+impl Daemon {
+    /// Starts moving vGPU `id` to another GPU; the migration runs on.
+    pub async fn migrate_vgpu(
+        self: &Arc<Self>,
+        id: u32,
+        cmd: MigrateCommand,
+    ) -> Result<api::Migration, ApiError> {
+        self.check_running()?;
+        let s = self
+            .state
+            .with(|inner| self.begin_migration(inner, id, cmd))?;
+        let fds = self.attach_target(s.mid, id, s.source, s.target)?;
+        tracing::info!(
+            vgpu = id,
+            migration = s.mid,
+            source = s.source,
+            target = s.target,
+            mode = ?cmd.mode,
+            "migration started"
+        );
+        let mid = s.mid;
+        self.run_migration(id, cmd, s, fds);
+        self.migration(mid)
+    }
+
+    /// Checks that vGPU `id` can move where `cmd` says, then records the migration and
+    /// counts its shares on the target. Caller holds the state lock.
+    fn begin_migration(
+        &self,
+        inner: &mut Inner,
+        id: u32,
+        cmd: MigrateCommand,
+    ) -> Result<Started, ApiError> {
+        let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+        let link = movable(rec)?;
+        let source = rec.gpu;
+        let target = self.pick_target(inner, rec, cmd.target_gpu)?;
+        self.check_target_pool(rec, target)?;
+        let g = self
+            .gpu(target)
+            .ok_or_else(|| ApiError::internal("target GPU vanished"))?;
+        let target_gpu = TargetGpu {
+            gpu: target,
+            cuda_ordinal: g.cuda_ordinal,
+            sim_memory: self.sim_memory(g, rec.oversubscribe),
+            sim_copy_bw: g.copy_bandwidth,
+            sim_speed: g.speed,
+            sim_threads: self.cfg.sim_threads,
+        };
+        let mid = inner.next_migration;
+        inner.next_migration += 1;
+        self.mark_dirty();
+        self.begin_move(inner, id, target);
+        inner.migrations.insert(
+            mid,
+            api::Migration {
+                id: mid,
+                vgpu: id,
+                source_gpu: source,
+                target_gpu: target,
+                mode: mode_name(cmd.mode).into(),
+                state: "running".into(),
+                phase: "starting".into(),
+                rounds: 0,
+                bytes: 0,
+                total_bytes: 0,
+                dirty_bytes: 0,
+                downtime_ms: None,
+                elapsed_ms: 0.0,
+                error: None,
+                timeline: Vec::new(),
+            },
+        );
+        Ok(Started {
+            mid,
+            source,
+            target,
+            link,
+            target_gpu,
+        })
+    }
+
+    /// The GPU vGPU `rec` moves to: the one asked for if it fits there, else the least
+    /// committed other GPU it fits on.
+    fn pick_target(
+        &self,
+        inner: &Inner,
+        rec: &VgpuRec,
+        asked: Option<u32>,
+    ) -> Result<u32, ApiError> {
+        let (id, source) = (rec.id, rec.gpu);
+        let ask = VgpuAsk {
+            gpu: None,
+            ..VgpuAsk::of(rec)
+        };
+        if let Some(t) = asked {
+            if self.gpu(t).is_none() {
+                return Err(self.no_gpu("target_gpu", t));
+            }
+            if t != source {
+                if let Some(e) = self.misfit(inner, t, &ask, Some(id)) {
+                    return Err(ApiError::conflict(
+                        "target_gpu",
+                        format!(
+                            "GPU {t} cannot take vGPU {id}; it stays on GPU {source}: {}",
+                            e.error
+                        ),
+                    ));
+                }
+            }
+            return Ok(t);
+        }
+        let mut best: Option<(u32, u32)> = None;
+        for g in self.gpu_indices() {
+            if g != source && self.misfit(inner, g, &ask, Some(id)).is_none() {
+                let load = inner.committed(g, None).compute;
+                if best.is_none_or(|(_, l)| load < l) {
+                    best = Some((g, load));
+                }
+            }
+        }
+        best.map(|(g, _)| g).ok_or_else(|| {
+            ApiError::conflict(
+                "target_gpu",
+                format!("no other GPU has room for vGPU {id}; it stays on GPU {source}"),
+            )
+        })
+    }
+
+    /// An oversubscribed vGPU's resident memory fits in the target's pool.
+    fn check_target_pool(&self, rec: &VgpuRec, target: u32) -> Result<(), ApiError> {
+        if !rec.oversubscribe || target == rec.gpu {
+            return Ok(());
+        }
+        let resident = rec.memory_report.map_or(0, |m| m.resident);
+        let pool = self.pool_of(target);
+        let free = pool.0.saturating_sub(pool.1);
+        if resident > free {
+            return Err(ApiError::conflict(
+                "target_gpu",
+                format!(
+                    "GPU {target} has {} free for oversubscribed vGPUs, vGPU {} holds {} resident; it stays on GPU {}",
+                    human_bytes(free),
+                    rec.id,
+                    human_bytes(resident),
+                    rec.gpu
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The target GPU's scheduler takes the vGPU's shares; its grant channel rides to the
+    /// worker with the command (none when it stays on its GPU).
+    fn attach_target(
+        self: &Arc<Self>,
+        mid: u32,
+        id: u32,
+        source: u32,
+        target: u32,
+    ) -> Result<Vec<OwnedFd>, ApiError> {
+        if target == source {
+            return Ok(Vec::new());
+        }
+        let (compute, copy, priority) = self.state.with(|inner| {
+            let r = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            Ok::<_, ApiError>((r.compute, r.copy, r.priority))
+        })?;
+        // Back to a GPU it left moments ago: its old channel there (kept for a grace
+        // period) goes first.
+        self.detach_grants(id, target);
+        match self.attach_grants(id, target, compute, copy, priority) {
+            Ok(f) => Ok(vec![f.page, f.doorbell]),
+            Err(e) => {
+                self.finish_migration(mid, id, Err(e.error.clone()), source, target);
+                Err(e)
+            }
+        }
+    }
+
+    /// Tells the worker to migrate and records the outcome when it answers.
+    fn run_migration(
+        self: &Arc<Self>,
+        id: u32,
+        cmd: MigrateCommand,
+        s: Started,
+        fds: Vec<OwnedFd>,
+    ) {
+        let grant_fds = !fds.is_empty();
+        let d = self.clone();
+        tokio::spawn(async move {
+            let r = s
+                .link
+                .call_with_fds(
+                    Ctl::Migrate {
+                        target: s.target_gpu,
+                        mode: cmd.mode,
+                        max_downtime_ms: cmd.max_downtime_ms,
+                        grant_fds,
+                    },
+                    fds,
+                    MIGRATION_TIMEOUT,
+                )
+                .await;
+            let r = match r {
+                Ok(ReplyBody::Migrated { report }) => Ok(report),
+                Ok(ReplyBody::Error { message }) => Err(message),
+                Ok(other) => Err(format!("unexpected reply {other:?}")),
+                Err(e) => Err(e),
+            };
+            d.finish_migration(s.mid, id, r, s.source, s.target);
+        });
+    }
+
+    /// Records that vGPU `id` is moving to GPU `target`: its shares count there from now
+    /// on, and an oversubscribed vGPU's memory joins the target's pool, because the copy
+    /// puts its resident bytes there and from the switch on its reservations are for that
+    /// GPU (vgpud hears of the switch only when the migration reports back). Caller holds
+    /// the state lock.
+    pub(super) fn begin_move(&self, inner: &mut Inner, id: u32, target: u32) {
+        let Some(rec) = inner.vgpus.get_mut(&id) else {
+            return;
+        };
+        rec.migrating_to = Some(target);
+        self.pool_follow(rec, target);
+    }
+
+    /// Migration `mid` of vGPU `id` ended with `r`: the vGPU is on `target` (or still on
+    /// `source`), and the GPU it left lets its shares and memory go.
+    pub(super) fn finish_migration(
+        self: &Arc<Self>,
+        mid: u32,
+        id: u32,
+        r: Result<MigrationDone, String>,
+        source: u32,
+        target: u32,
+    ) {
+        let moved = r.is_ok();
+        self.state
+            .with(|inner| record_outcome(inner, mid, id, &r, target));
+        if source != target {
+            // The GPU the vGPU left (or never reached) lets its shares and its memory
+            // pool go (an oversubscribed vGPU joined the target's at the start).
+            let leave = if moved { source } else { target };
+            self.detach_grants_later(id, leave);
+            self.state.with(|inner| {
+                let back = inner
+                    .vgpus
+                    .get(&id)
+                    .is_some_and(|r| r.pools().contains(&leave));
+                if !back {
+                    self.pool_leave(leave, id);
+                }
+            });
+            self.refresh_pool(source);
+            self.refresh_pool(target);
+        }
+        match &r {
+            Ok(rep) => tracing::info!(
+                vgpu = id,
+                migration = mid,
+                source,
+                target,
+                downtime_ms = rep.downtime_ms,
+                total_ms = rep.elapsed_ms,
+                "migration completed"
+            ),
+            Err(why) => tracing::warn!(vgpu = id, migration = mid, source, target, %why,
+                "migration failed; the vGPU stays on its source"),
+        }
+        // Its GPU changed (or not): the state file says where it is.
+        self.mark_dirty();
+        self.state.notify();
+    }
+
+    /// The GPU the vGPU left lets its shares go at once: the worker's requests that were
+    /// still waiting for a grant there moved to the new GPU's channel at the switch
+    /// (`SwitchGate` retires the old one), and a lingering attachment would keep its
+    /// share counted there (new vGPUs refused, neighbours held behind grants nobody
+    /// takes).
+    fn detach_grants_later(self: &Arc<Self>, id: u32, gpu: u32) {
+        let back = self.state.with(|inner| {
+            inner
+                .vgpus
+                .get(&id)
+                .is_some_and(|r| r.gpu == gpu || r.migrating_to == Some(gpu))
+        });
+        if !back {
+            self.detach_grants(id, gpu);
+        }
+    }
+
+    /// A worker's report on its running migration.
+    pub(super) fn on_migration_progress(&self, id: u32, p: MigrationProgress) {
+        self.state.with(|inner| {
+            if let Some(m) = inner
+                .migrations
+                .values_mut()
+                .rev()
+                .find(|m| m.vgpu == id && m.state == "running")
+            {
+                m.phase = p.phase;
+                m.rounds = p.rounds;
+                m.bytes = p.bytes;
+                m.total_bytes = p.total;
+                m.dirty_bytes = p.dirty;
+                m.elapsed_ms = p.elapsed_ms;
+            }
+        });
+    }
+
+    /// One migration.
+    pub fn migration(&self, id: u32) -> Result<api::Migration, ApiError> {
+        self.state
+            .with(|i| i.migrations.get(&id).cloned())
+            .ok_or_else(|| {
+                ApiError::not_found(
+                    "id",
+                    format!("no migration {id}; list them with GET /v1/migrations"),
+                )
+            })
+    }
+
+    /// Every migration.
+    pub fn migrations(&self) -> Vec<api::Migration> {
+        self.state
+            .with(|i| i.migrations.values().cloned().collect())
+    }
+}
+
+/// A live vGPU's worker channel, or why it cannot migrate now.
+fn movable(rec: &VgpuRec) -> Result<Link, ApiError> {
+    let id = rec.id;
+    if !matches!(rec.state, VgpuState::Ready | VgpuState::Attached) || rec.worker.is_none() {
+        return Err(ApiError::conflict(
+            "id",
+            format!(
+                "vGPU {id} is not running (state {:?}); only a live vGPU migrates",
+                rec.state
+            ),
+        ));
+    }
+    if rec.migrating_to.is_some() {
+        return Err(ApiError::conflict(
+            "id",
+            format!("vGPU {id} is already migrating; follow GET /v1/migrations"),
+        ));
+    }
+    rec.link()
+        .ok_or_else(|| ApiError::conflict("id", format!("vGPU {id} has no worker")))
+}
+
+/// Migration `mid`'s record and vGPU `id`'s GPU after it ended with `r`.
+fn record_outcome(
+    inner: &mut Inner,
+    mid: u32,
+    id: u32,
+    r: &Result<MigrationDone, String>,
+    target: u32,
+) {
+    if let Some(rec) = inner.vgpus.get_mut(&id) {
+        rec.migrating_to = None;
+        if r.is_ok() {
+            rec.gpu = target;
+        }
+    }
+    let Some(m) = inner.migrations.get_mut(&mid) else {
+        return;
+    };
+    match r {
+        Ok(rep) => {
+            m.state = "completed".into();
+            m.phase = "done".into();
+            m.rounds = rep.rounds;
+            m.bytes = rep.precopy_bytes + rep.stop_bytes;
+            m.total_bytes = rep.total;
+            m.dirty_bytes = 0;
+            m.downtime_ms = Some(rep.downtime_ms);
+            m.elapsed_ms = rep.elapsed_ms;
+            m.timeline = rep
+                .timeline
+                .iter()
+                .map(|(p, a, b)| api::MigrationSpan {
+                    phase: p.clone(),
+                    start_ms: *a,
+                    end_ms: *b,
+                })
+                .collect();
+        }
+        Err(why) => {
+            m.state = "failed".into();
+            m.error = Some(why.clone());
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! Saving the daemon's state to its state file and bringing it back at start (the format
+//! and the atomic write are in `statefile.rs`).
+//!
+//! What comes back after a restart (docs/hostile.md):
+//! - a vGPU created with `POST /v1/vgpus` that held its resources (ready, or attached to a
+//!   VM) comes back **ready** with the same id and spec (PATCHed shares included): a new
+//!   worker, empty device memory, no VM. It is validated and admitted like a fresh create,
+//!   in id order; one that no longer fits or whose GPU or storage file is gone stays
+//!   listed as `failed` with the reason (nothing is dropped), and is tried again at the
+//!   next start (fix the cause and restart vgpud, or DELETE it);
+//! - every VM record comes back as it ended; a VM that was running ended with the old
+//!   daemon and reads `failed: stopped: vgpud restarted ...` (its console log is kept);
+//! - a vGPU created inline with a VM goes with that VM's record: `released`, holding
+//!   nothing, deleted with the VM (as when a VM ends by itself);
+//! - released and failed vGPUs stay records; id counters carry on, so no id is reused.
+//!
+//! Saves happen after every change that alters the file (create, PATCH, delete, a VM or
+//! worker ending, a migration finishing), never on the grant or request path. API calls
+//! that change it answer only once the change is on disk; changes that come from process
+//! events are saved by a background task.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::core::Daemon;
+use super::state::{Inner, VgpuRec, VmRec};
+use super::statefile::{
+    self, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
+};
+use super::Config;
+use crate::api::{self, VgpuCreate, VgpuState, VmState};
+use crate::units::permille_to_fraction;
+
+/// A restored VM that was running when vgpud went away.
+const RESTART_REASON: &str =
+    "stopped: vgpud restarted (a VM does not outlive the daemon that runs it); launch it again";
+
+/// How long a restore waits for a worker of the previous vgpud to let go of a socket.
+const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
+
+/// The writer's state: one save at a time, each of the state as it is then.
+#[derive(Debug, Default)]
+pub(super) struct Saver {
+    /// Set once a graceful stop wrote its final state: later changes are the stop's own.
+    frozen: bool,
+    /// The last save failed (logged once until one succeeds).
+    failing: bool,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Daemon {
+    /// The state file's path.
+    pub(super) fn state_path(&self) -> PathBuf {
+        statefile::path_in(&self.cfg.state_dir)
+    }
+
+    /// Asks the background saver to write the state soon (for changes that come from
+    /// process events, in synchronous code).
+    pub(super) fn mark_dirty(&self) {
+        self.save_kick.notify_one();
+    }
+
+    /// Writes the state now and returns once it is on disk. A failed write is logged and
+    /// returned (the API answers the change with an error saying it is not saved; the
+    /// next successful save includes it). Serialised: each write carries the state as of
+    /// its own start.
+    pub(super) async fn save(&self) -> Result<(), String> {
+        let mut saver = self.saver.lock().await;
+        if saver.frozen {
+            return Ok(());
+        }
+        let snap = self.snapshot(false);
+        self.write_state(&mut saver, snap).await
+    }
+
+    /// The final save of a graceful stop: the state as it is before the stop tears the VMs
+    /// down (they read as stopped by the restart at the next start, with their uptime until
+    /// now); nothing is saved after it.
+    pub(super) async fn save_final(&self) {
+        let mut saver = self.saver.lock().await;
+        if saver.frozen {
+            return;
+        }
+        let snap = self.snapshot(true);
+        // Logged inside; a stopping daemon has nobody to tell.
+        let _ = self.write_state(&mut saver, snap).await;
+        saver.frozen = true;
+    }
+
+    async fn write_state(&self, saver: &mut Saver, snap: StateFile) -> Result<(), String> {
+        let path = self.state_path();
+        let p = path.clone();
+        let r = tokio::task::spawn_blocking(move || statefile::save(&p, &snap))
+            .await
+            .unwrap_or_else(|e| {
+                Err(statefile::StateError::Write {
+                    path: path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            });
+        match r {
+            Ok(()) => {
+                if saver.failing {
+                    tracing::info!(path = %path.display(), "state file saved again");
+                }
+                saver.failing = false;
+                Ok(())
+            }
+            Err(e) => {
+                if !saver.failing {
+                    tracing::error!("{e}");
+                }
+                saver.failing = true;
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Saves whenever something marked the state dirty, for the daemon's life.
+    pub(super) async fn saver(self: Arc<Self>) {
+        loop {
+            self.save_kick.notified().await;
+            // Logged inside; process events have no caller to answer.
+            let _ = self.save().await;
+        }
+    }
+
+    /// What the state file holds now. `stopping`: the daemon stops gracefully, so running
+    /// VMs get their uptime until now.
+    fn snapshot(&self, stopping: bool) -> StateFile {
+        self.state.with(|inner| snapshot_of(inner, stopping))
+    }
+
+    /// Brings back what `saved` holds (see the module comment). Runs before the API
+    /// serves; never fails: what cannot come back is listed with the reason.
+    pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
+        let candidates = self
+            .state
+            .with(|inner| restore_records(&self.cfg, inner, saved));
+        let (mut ready, mut unusable) = (0usize, 0usize);
+        for id in candidates {
+            match self.restore_vgpu(id).await {
+                Ok(()) => ready += 1,
+                Err(why) => {
+                    unusable += 1;
+                    let reason = format!(
+                        "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
+                    );
+                    tracing::error!(vgpu = id, %reason, "vGPU not restored");
+                    self.fail_restored(id, reason);
+                }
+            }
+        }
+        self.state.with(|inner| {
+            tracing::info!(
+                path = %self.state_path().display(),
+                vgpus_ready = ready,
+                vgpus_unusable = unusable,
+                vgpu_records = inner.vgpus.len(),
+                vm_records = inner.vms.len(),
+                next_vgpu = inner.next_vgpu,
+                next_vm = inner.next_vm,
+                "state restored"
+            );
+        });
+    }
+
+    /// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
+    async fn restore_vgpu(self: &Arc<Self>, id: u32) -> Result<(), String> {
+        self.state.with(|inner| {
+            let rec = inner
+                .vgpus
+                .get(&id)
+                .ok_or_else(|| "its record vanished".to_owned())?;
+            let spec = VgpuCreate {
+                gpu: Some(rec.gpu),
+                memory_bytes: rec.memory,
+                compute_share: permille_to_fraction(rec.compute),
+                copy_share: Some(permille_to_fraction(rec.copy)),
+                priority: rec.priority,
+                oversubscribe: rec.oversubscribe,
+                share_group: rec.share_group.clone(),
+                queues: rec.queues,
+                storage: rec.storage.clone(),
+            };
+            let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
+            // Exactly the shares it had (no round trip through fractions).
+            (ask.compute, ask.copy) = (rec.compute, rec.copy);
+            if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
+                return Err(e.error);
+            }
+            let rec = inner
+                .vgpus
+                .get_mut(&id)
+                .ok_or_else(|| "its record vanished".to_owned())?;
+            rec.state = VgpuState::Starting;
+            Ok::<(), String>(())
+        })?;
+        self.wait_socket_free(id).await?;
+        self.start_worker(id).await.map_err(|e| e.error)?;
+        self.state.with(|inner| {
+            if let Some(rec) = inner.vgpus.get_mut(&id) {
+                rec.restore_failed = false;
+            }
+        });
+        tracing::info!(vgpu = id, "vGPU restored");
+        Ok(())
+    }
+
+    /// After a `kill -9` of the previous vgpud its workers get SIGTERM from the kernel
+    /// (parent-death signal) and are gone within milliseconds, but a restart can be
+    /// quicker: wait until none serves vGPU `id`'s socket any more.
+    async fn wait_socket_free(&self, id: u32) -> Result<(), String> {
+        let Some(socket) = self
+            .state
+            .with(|i| i.vgpus.get(&id).map(|r| r.socket.clone()))
+        else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + OLD_WORKER_GRACE;
+        let mut logged = false;
+        while std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} is still served by another process after {} s (a worker of the previous vgpud?); stop it",
+                    socket.display(),
+                    OLD_WORKER_GRACE.as_secs()
+                ));
+            }
+            if !logged {
+                tracing::info!(vgpu = id, socket = %socket.display(),
+                    "a worker of the previous vgpud still serves this vGPU's socket; waiting for it to exit");
+                logged = true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Restored vGPU `id` cannot run: listed as failed with `reason`, holding nothing.
+    fn fail_restored(&self, id: u32, reason: String) {
+        let gpu = self.state.with(|inner| {
+            let rec = inner.vgpus.get_mut(&id)?;
+            rec.state = VgpuState::Failed { reason };
+            rec.restore_failed = true;
+            if rec.worker.is_some() {
+                // Its reaper lets go of the rest.
+                None
+            } else {
+                Some(rec.gpu)
+            }
+        });
+        if let Some(gpu) = gpu {
+            self.detach_grants(id, gpu);
+            self.pool_leave(gpu, id);
+            self.refresh_pool(gpu);
+        }
+        self.state.notify();
+    }
+}
+
+/// What the state file holds for `inner`. `stopping`: the daemon stops gracefully, so
+/// running VMs get their uptime until now.
+fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
+    let vgpus = inner
+        .vgpus
+        .values()
+        // A free vGPU whose create has not answered yet is not the user's yet.
+        .filter(|r| !(r.state == VgpuState::Starting && !r.owned && !r.restore_failed))
+        .map(|r| SavedVgpu {
+            id: r.id,
+            gpu: r.gpu,
+            memory_bytes: r.memory,
+            compute_permille: r.compute,
+            copy_permille: r.copy,
+            priority: r.priority,
+            oversubscribe: r.oversubscribe,
+            share_group: r.share_group.clone(),
+            queues: r.queues,
+            storage: r
+                .storage
+                .iter()
+                .map(|s| SavedStorage {
+                    namespace: s.namespace,
+                    path: s.path.clone(),
+                    read_only: s.read_only,
+                })
+                .collect(),
+            owned_by_vm: r.owned,
+            vm: r.vm,
+            state: match &r.state {
+                // Not restored at the last start: still a definition to bring back.
+                _ if r.restore_failed => SavedVgpuState::Live,
+                VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
+                    SavedVgpuState::Live
+                }
+                VgpuState::Released => SavedVgpuState::Released,
+                VgpuState::Failed { reason } => SavedVgpuState::Failed {
+                    reason: reason.clone(),
+                },
+            },
+        })
+        .collect();
+    let vms = inner
+        .vms
+        .values()
+        .map(|v| {
+            let live = v.state.is_live();
+            SavedVm {
+                id: v.id,
+                payload: v.payload.display().to_string(),
+                payload_arg: v.payload_arg.clone(),
+                memory_bytes: v.memory,
+                vcpus: v.vcpus,
+                vgpu: v.vgpu,
+                state: match &v.state {
+                    VmState::Starting | VmState::Running => SavedVmState::Live,
+                    VmState::Exited { code } => SavedVmState::Exited { code: *code },
+                    VmState::Failed { reason } => SavedVmState::Failed {
+                        reason: reason.clone(),
+                    },
+                },
+                launched_unix_ms: unix_ms(v.launched),
+                uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
+            }
+        })
+        .collect();
+    StateFile {
+        version: statefile::VERSION,
+        next_vgpu: inner.next_vgpu,
+        next_vm: inner.next_vm,
+        next_migration: inner.next_migration,
+        vgpus,
+        vms,
+    }
+}
+
+/// Puts `saved`'s records into `inner`: the ids of the vGPUs to bring back.
+fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Vec<u32> {
+    let now_unix = unix_ms(SystemTime::now());
+    let max_vgpu = saved.vgpus.iter().map(|v| v.id).max().unwrap_or(0);
+    let max_vm = saved.vms.iter().map(|v| v.id).max().unwrap_or(0);
+    inner.next_vgpu = saved.next_vgpu.max(max_vgpu.saturating_add(1)).max(1);
+    inner.next_vm = saved.next_vm.max(max_vm.saturating_add(1)).max(1);
+    inner.next_migration = saved.next_migration.max(1);
+    let mut candidates = Vec::new();
+    for v in saved.vgpus {
+        let (rec, bring_back) = restored_vgpu(cfg, v);
+        if bring_back {
+            candidates.push(rec.id);
+        }
+        inner.vgpus.insert(rec.id, rec);
+    }
+    for v in saved.vms {
+        inner.vms.insert(v.id, restored_vm(cfg, v, now_unix));
+    }
+    candidates
+}
+
+/// A saved vGPU's record, and whether it is to be brought back (it is held as failed
+/// until it is validated and admitted).
+fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
+    let id = v.id;
+    let bring_back = v.state == SavedVgpuState::Live && !v.owned_by_vm;
+    let state = match v.state {
+        // Held until `restore` validates and admits it.
+        SavedVgpuState::Live if bring_back => VgpuState::Failed {
+            reason: "being restored".into(),
+        },
+        // Its VM ended with the old daemon: released, as when a VM ends.
+        SavedVgpuState::Live | SavedVgpuState::Released => VgpuState::Released,
+        SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
+    };
+    let rec = VgpuRec {
+        id,
+        gpu: v.gpu,
+        memory: v.memory_bytes,
+        compute: v.compute_permille,
+        copy: v.copy_permille,
+        priority: v.priority,
+        oversubscribe: v.oversubscribe,
+        share_group: v.share_group,
+        queues: v.queues,
+        storage: v
+            .storage
+            .into_iter()
+            .map(|s| api::StorageAttachment {
+                namespace: s.namespace,
+                path: s.path,
+                read_only: s.read_only,
+            })
+            .collect(),
+        state,
+        // A vGPU that comes back is free for a new VM.
+        vm: if bring_back { None } else { v.vm },
+        owned: v.owned_by_vm,
+        socket: cfg.state_dir.join(format!("vgpu-{id}.sock")),
+        log: cfg.state_dir.join(format!("vgpu-{id}.log")),
+        worker: None,
+        stopping: false,
+        samples: VecDeque::new(),
+        memory_report: None,
+        migrating_to: None,
+        restore_failed: bring_back,
+    };
+    (rec, bring_back)
+}
+
+/// A saved VM's record: a VM that was running ended with the old daemon.
+fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
+    let (state, uptime) = match v.state {
+        SavedVmState::Live => (
+            VmState::Failed {
+                reason: RESTART_REASON.into(),
+            },
+            v.uptime_ms
+                .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
+        ),
+        SavedVmState::Exited { code } => (VmState::Exited { code }, v.uptime_ms.unwrap_or(0)),
+        SavedVmState::Failed { reason } => (VmState::Failed { reason }, v.uptime_ms.unwrap_or(0)),
+    };
+    let now = Instant::now();
+    VmRec {
+        id: v.id,
+        payload: PathBuf::from(v.payload),
+        payload_arg: v.payload_arg,
+        memory: v.memory_bytes,
+        vcpus: v.vcpus,
+        vgpu: v.vgpu,
+        state,
+        proc: None,
+        console: cfg.state_dir.join(format!("vm-{}.log", v.id)),
+        started: now,
+        ended: Some(now),
+        launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
+        restored_uptime: Some(uptime),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    #[test]
+    fn a_snapshot_restores_definitions_and_ended_vms() {
+        let d = daemon(1);
+        let live = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("live");
+        let gone = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("gone");
+        d.state.with(|i| {
+            for (id, state) in [(live, VgpuState::Ready), (gone, VgpuState::Released)] {
+                if let Some(r) = i.vgpus.get_mut(&id) {
+                    r.state = state;
+                }
+            }
+        });
+        let file = d.state.with(|i| snapshot_of(i, false));
+        assert_eq!(file.vgpus.len(), 2);
+
+        let mut back = Inner::default();
+        let candidates = restore_records(&d.cfg, &mut back, file);
+        assert_eq!(
+            candidates,
+            vec![live],
+            "only the live definition comes back"
+        );
+        assert_eq!(back.next_vgpu, gone + 1, "ids are not reused");
+        let r = &back.vgpus[&live];
+        assert!(
+            r.restore_failed && !r.holds_resources(),
+            "held until admitted"
+        );
+        assert_eq!(back.vgpus[&gone].state, VgpuState::Released);
+    }
+}

@@ -1,0 +1,293 @@
+//! Start-up and shutdown: the lock file (one daemon per state directory), the binaries
+//! check, the state file read back, the API's socket, the background tasks, and stopping
+//! every VM and worker at the end.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::core::Daemon;
+use super::error::DaemonError;
+use super::procs::Proc;
+use super::state::Inner;
+use super::statefile::{self, StateFile};
+use super::{Config, Listen};
+
+impl Daemon {
+    /// Stops every VM and worker (daemon shutdown) and removes their files.
+    async fn stop_all(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        // What the next start brings back: the state before this stop tears it down.
+        self.save_final().await;
+        let (vms, workers): (Vec<Proc>, Vec<Proc>) = self.state.with(|inner| {
+            for r in inner.vgpus.values_mut() {
+                r.stopping = true;
+            }
+            (
+                inner.vms.values().filter_map(|v| v.proc.clone()).collect(),
+                inner
+                    .vgpus
+                    .values()
+                    .filter_map(|r| r.worker_proc())
+                    .collect(),
+            )
+        });
+        if !vms.is_empty() || !workers.is_empty() {
+            tracing::info!(
+                vms = vms.len(),
+                workers = workers.len(),
+                "stopping every VM and worker"
+            );
+        }
+        for p in vms.iter().chain(&workers) {
+            p.signal(libc::SIGTERM);
+        }
+        let all_gone = |i: &Inner| {
+            i.vms.values().all(|v| v.proc.is_none()) && i.vgpus.values().all(|r| r.worker.is_none())
+        };
+        if !self
+            .state
+            .wait_until(Duration::from_secs(3), all_gone)
+            .await
+        {
+            let left: Vec<Proc> = self.state.with(|inner| {
+                inner
+                    .vms
+                    .values()
+                    .filter_map(|v| v.proc.clone())
+                    .chain(inner.vgpus.values().filter_map(|r| r.worker_proc()))
+                    .collect()
+            });
+            for p in left {
+                tracing::warn!(pid = p.pid, "still running after SIGTERM; SIGKILL");
+                p.signal(libc::SIGKILL);
+            }
+            self.state
+                .wait_until(Duration::from_secs(2), all_gone)
+                .await;
+        }
+        // The VMs' consoles stay with their records (the state file keeps them; DELETE
+        // removes both).
+        let files: Vec<PathBuf> = self.state.with(|inner| {
+            inner
+                .vgpus
+                .values()
+                .flat_map(|r| [r.socket.clone(), r.log.clone()])
+                .collect()
+        });
+        for f in files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// Holds the lock file for the daemon's life.
+struct LockFile {
+    _file: File,
+}
+
+fn take_lock(path: &Path, socket: &Path) -> Result<LockFile, DaemonError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| DaemonError::Lock {
+            path: path.to_owned(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if rc != 0 {
+        let pid = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        return Err(DaemonError::AlreadyRunning {
+            socket: socket.to_owned(),
+            pid: if pid.is_empty() {
+                "unknown".into()
+            } else {
+                pid
+            },
+        });
+    }
+    let mut f = &file;
+    let _ = file.set_len(0);
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(LockFile { _file: file })
+}
+
+fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
+    for (name, path, flag) in [
+        (
+            "vgpu-worker",
+            &cfg.worker_bin,
+            "--worker-bin (or VGPUD_WORKER_BIN)",
+        ),
+        ("vmm", &cfg.vmm_bin, "--vmm-bin (or VGPUD_VMM_BIN)"),
+    ] {
+        if !path.is_file() {
+            return Err(DaemonError::MissingBinary {
+                name,
+                package: if name == "vmm" { "vmm" } else { "vgpud" },
+                path: path.clone(),
+                flag,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Binds the API, serves it until SIGTERM/SIGINT, then stops everything.
+pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<(), DaemonError> {
+    check_binaries(&cfg)?;
+    if cfg.gpus.is_empty() {
+        return Err(DaemonError::Option(
+            "no GPUs configured; give --sim-gpus 1 or more".into(),
+        ));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.state_dir)
+        .map_err(|source| DaemonError::StateDir {
+            path: cfg.state_dir.clone(),
+            source,
+        })?;
+    // One daemon per state directory (worker sockets, logs and consoles live there); a
+    // second one is refused before it touches anything.
+    let sock_for_msg = match &cfg.listen {
+        Listen::Unix(p) => p.clone(),
+        Listen::Tcp(a) => PathBuf::from(a.to_string()),
+    };
+    let lock_path = cfg.state_dir.join("vgpud.lock");
+    let _lock = take_lock(&lock_path, &sock_for_msg)?;
+
+    let state_path = statefile::path_in(&cfg.state_dir);
+    let saved = load_saved(&cfg, &state_path)?;
+
+    let daemon = Arc::new(Daemon::new(cfg.clone())?);
+    // Signals are ours from here on: a stop during the restore below is a graceful one.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let shutdown = async move {
+        tokio::select! {
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+            _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("signal received; shutting down");
+    };
+    let listener = bind(&cfg).await?;
+    // Bound but not yet serving: a client that connects now waits for the restore.
+    match saved {
+        Some(saved) => daemon.restore(saved).await,
+        None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
+    }
+    // A state directory that cannot be written is logged here and reported to every API
+    // change until a save succeeds.
+    let _ = daemon.save().await;
+    let saver = tokio::spawn(daemon.clone().saver());
+    let app = super::http::router(daemon.clone());
+    let sampler = tokio::spawn(daemon.clone().sampler());
+    let rebalancer = tokio::spawn(daemon.clone().rebalancer());
+    on_listening();
+    let served = match listener {
+        Bound::Unix(listener, path) => {
+            let r = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+        Bound::Tcp(listener) => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
+    sampler.abort();
+    rebalancer.abort();
+    daemon.stop_all().await;
+    saver.abort();
+    let _ = std::fs::remove_file(&lock_path);
+    tracing::info!("vgpud stopped");
+    served.map_err(DaemonError::Runtime)
+}
+
+/// What the last vgpud on this state directory saved; a damaged or newer file stops
+/// the start (with what to do) unless the operator said to set it aside.
+fn load_saved(cfg: &Config, state_path: &Path) -> Result<Option<StateFile>, DaemonError> {
+    match statefile::load(state_path) {
+        Ok(s) => Ok(s),
+        Err(e) if cfg.discard_state => {
+            let to = statefile::discard(state_path)?;
+            tracing::warn!(error = %e, set_aside = %to.display(),
+                "--discard-state: the state file is set aside; starting without its vGPUs and VMs");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The API's listener.
+enum Bound {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// Binds the API's socket (replacing a stale unix socket, refusing a live one).
+async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
+    match &cfg.listen {
+        Listen::Unix(path) => {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if !meta.file_type().is_socket() {
+                    return Err(DaemonError::NotASocket { path: path.clone() });
+                }
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(DaemonError::AlreadyRunning {
+                        socket: path.clone(),
+                        pid: "unknown".into(),
+                    });
+                }
+                let _ = std::fs::remove_file(path);
+            }
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir);
+            }
+            let listener =
+                tokio::net::UnixListener::bind(path).map_err(|source| DaemonError::Bind {
+                    addr: path.display().to_string(),
+                    source,
+                })?;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+            tracing::info!(socket = %path.display(), gpus = cfg.gpus.len(), "vgpud listening");
+            Ok(Bound::Unix(listener, path.clone()))
+        }
+        Listen::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Bind {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            tracing::info!(%addr, gpus = cfg.gpus.len(), "vgpud listening (TCP, bearer token required)");
+            Ok(Bound::Tcp(listener))
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! The daemon's records (vGPUs, VMs, migrations) and the one lock that guards them.
+//!
+//! This module is the only place that takes the state lock: the operation modules read
+//! and change the records through [`State::with`] (a closure run under the lock) and wait
+//! for changes through [`State::wait_until`].
+//!
+//! Lock order (a thread holding one lock takes only locks further down the list):
+//! 1. the state file writer (`persistence::Saver`, an async mutex held across a save);
+//! 2. one GPU's reservation slot (`memory::GpuMemory::serial`, an async mutex held across
+//!    a whole reservation, which reads the state and replans the pool meanwhile);
+//! 3. the state lock (this module);
+//! 4. the rebalancer's state (`rebalancing::State`);
+//! 5. the shared-memory registry (`shm::Registry`);
+//! 6. one GPU's memory planner (`memory::GpuMemory::planner`).
+//!
+//! A closure passed to [`State::with`] never awaits and never takes the state lock again.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::Notify;
+
+use super::link::Link;
+use super::procs::Proc;
+use crate::api::{self, VgpuState, VmState};
+use crate::control::{MemReport, WorkerStats};
+use crate::units::permille_to_fraction;
+
+/// A running worker: its process and its control channel.
+pub(super) struct WorkerHandle {
+    pub(super) proc: Proc,
+    pub(super) link: Link,
+}
+
+/// One vGPU.
+pub(super) struct VgpuRec {
+    pub(super) id: u32,
+    pub(super) gpu: u32,
+    pub(super) memory: u64,
+    pub(super) compute: u32,
+    pub(super) copy: u32,
+    pub(super) priority: i32,
+    pub(super) oversubscribe: bool,
+    pub(super) share_group: Option<String>,
+    pub(super) queues: u16,
+    /// Storage namespaces, passed to the worker.
+    pub(super) storage: Vec<api::StorageAttachment>,
+    pub(super) state: VgpuState,
+    pub(super) vm: Option<u32>,
+    pub(super) owned: bool,
+    pub(super) socket: PathBuf,
+    pub(super) log: PathBuf,
+    pub(super) worker: Option<WorkerHandle>,
+    /// We asked the worker to stop: its exit is not a failure.
+    pub(super) stopping: bool,
+    pub(super) samples: VecDeque<WorkerStats>,
+    /// An oversubscribed vGPU's latest memory report.
+    pub(super) memory_report: Option<MemReport>,
+    /// A migration to this GPU is running (its shares are committed there too).
+    pub(super) migrating_to: Option<u32>,
+    /// Restored from the state file but not running (it is still saved as a definition
+    /// to bring back at the next start).
+    pub(super) restore_failed: bool,
+}
+
+impl VgpuRec {
+    /// The GPUs whose oversubscription pools hold its memory: its own, and during a
+    /// migration the target's too.
+    pub(super) fn pools(&self) -> Vec<u32> {
+        std::iter::once(self.gpu)
+            .chain(self.migrating_to.filter(|t| *t != self.gpu))
+            .collect()
+    }
+
+    pub(super) fn holds_resources(&self) -> bool {
+        matches!(
+            self.state,
+            VgpuState::Starting | VgpuState::Ready | VgpuState::Attached
+        )
+    }
+
+    /// Its worker's control channel, while it runs.
+    pub(super) fn link(&self) -> Option<Link> {
+        self.worker.as_ref().map(|w| w.link.clone())
+    }
+
+    /// Its worker's process, while it runs.
+    pub(super) fn worker_proc(&self) -> Option<Proc> {
+        self.worker.as_ref().map(|w| w.proc.clone())
+    }
+
+    pub(super) fn view(&self) -> api::Vgpu {
+        api::Vgpu {
+            id: self.id,
+            gpu: self.gpu,
+            memory_bytes: self.memory,
+            compute_share: permille_to_fraction(self.compute),
+            copy_share: permille_to_fraction(self.copy),
+            priority: self.priority,
+            oversubscribe: self.oversubscribe,
+            share_group: self.share_group.clone(),
+            queues: self.queues,
+            storage: self.storage.clone(),
+            state: self.state.clone(),
+            vm: self.vm,
+            owned_by_vm: self.owned,
+            socket: self.socket.display().to_string(),
+            worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
+        }
+    }
+}
+
+/// One VM.
+pub(super) struct VmRec {
+    pub(super) id: u32,
+    pub(super) payload: PathBuf,
+    pub(super) payload_arg: String,
+    pub(super) memory: u64,
+    pub(super) vcpus: u8,
+    pub(super) vgpu: Option<u32>,
+    pub(super) state: VmState,
+    pub(super) proc: Option<Proc>,
+    pub(super) console: PathBuf,
+    pub(super) started: Instant,
+    pub(super) ended: Option<Instant>,
+    /// Wall-clock launch time (saved in the state file).
+    pub(super) launched: SystemTime,
+    /// A record restored from the state file: how long it ran.
+    pub(super) restored_uptime: Option<u64>,
+}
+
+impl VmRec {
+    pub(super) fn uptime_ms(&self) -> u64 {
+        self.restored_uptime.unwrap_or_else(|| {
+            let up = self.ended.unwrap_or_else(Instant::now) - self.started;
+            u64::try_from(up.as_millis()).unwrap_or(u64::MAX)
+        })
+    }
+
+    pub(super) fn view(&self) -> api::Vm {
+        api::Vm {
+            id: self.id,
+            payload: self.payload.display().to_string(),
+            payload_arg: self.payload_arg.clone(),
+            memory_bytes: self.memory,
+            vcpus: self.vcpus,
+            vgpu: self.vgpu,
+            state: self.state.clone(),
+            pid: self.proc.as_ref().map(|p| p.pid),
+            uptime_ms: self.uptime_ms(),
+        }
+    }
+}
+
+/// Everything the state lock guards.
+pub(super) struct Inner {
+    pub(super) vgpus: BTreeMap<u32, VgpuRec>,
+    pub(super) vms: BTreeMap<u32, VmRec>,
+    pub(super) next_vgpu: u32,
+    pub(super) next_vm: u32,
+    pub(super) migrations: BTreeMap<u32, api::Migration>,
+    pub(super) next_migration: u32,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            vgpus: BTreeMap::new(),
+            vms: BTreeMap::new(),
+            next_vgpu: 1,
+            next_vm: 1,
+            migrations: BTreeMap::new(),
+            next_migration: 1,
+        }
+    }
+}
+
+/// What one GPU has committed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Committed {
+    pub(super) memory: u64,
+    pub(super) compute: u32,
+    pub(super) copy: u32,
+}
+
+impl Inner {
+    /// What the live vGPUs on `gpu` (or migrating to it) hold, leaving out vGPU `except`.
+    pub(super) fn committed(&self, gpu: u32, except: Option<u32>) -> Committed {
+        let mut c = Committed::default();
+        for v in self.vgpus.values() {
+            let here = v.gpu == gpu || v.migrating_to == Some(gpu);
+            if here && v.holds_resources() && Some(v.id) != except {
+                if !v.oversubscribe {
+                    c.memory = c.memory.saturating_add(v.memory);
+                }
+                c.compute += v.compute;
+                c.copy += v.copy;
+            }
+        }
+        c
+    }
+
+    /// The control channel of vGPU `id`'s worker, while it runs.
+    pub(super) fn link_of(&self, id: u32) -> Option<Link> {
+        self.vgpus.get(&id).and_then(VgpuRec::link)
+    }
+
+    /// Whether vGPU `id` has no worker (or no record) any more.
+    pub(super) fn worker_gone(&self, id: u32) -> bool {
+        self.vgpus.get(&id).is_none_or(|r| r.worker.is_none())
+    }
+}
+
+/// The records, their lock, and the wake-up for whoever waits on a change.
+pub(super) struct State {
+    inner: Mutex<Inner>,
+    /// Woken whenever a child exits or a state changes.
+    changed: Notify,
+}
+
+impl State {
+    pub(super) fn new() -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Runs `f` on the records under the state lock.
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut inner)
+    }
+
+    /// Wakes everyone waiting in [`State::wait_until`].
+    pub(super) fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until `done` holds (checked after every state change) or `timeout` passes.
+    pub(super) async fn wait_until(
+        &self,
+        timeout: Duration,
+        mut done: impl FnMut(&Inner) -> bool,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.with(|i| done(i)) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.with(|i| done(i));
+            }
+        }
+    }
+
+    /// One vGPU's view.
+    pub(super) fn vgpu_view(&self, id: u32) -> Option<api::Vgpu> {
+        self.with(|i| i.vgpus.get(&id).map(VgpuRec::view))
+    }
+
+    /// The control channel of vGPU `id`'s worker, while it runs.
+    pub(super) fn link_of(&self, id: u32) -> Option<Link> {
+        self.with(|i| i.link_of(id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    #[test]
+    fn commitments_count_live_vgpus_and_migration_targets() {
+        let d = daemon(2);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.2)).expect("a");
+        let b = admit(&d, spec(Some(0), 2 << 30, 0.3)).expect("b");
+        d.state.with(|i| {
+            let all = i.committed(0, None);
+            assert_eq!((all.memory, all.compute), (3 << 30, 500));
+            assert_eq!(
+                i.committed(0, Some(a)).compute,
+                300,
+                "except leaves one out"
+            );
+            // A vGPU moving to GPU 1 counts there too until its migration ends.
+            if let Some(r) = i.vgpus.get_mut(&b) {
+                r.migrating_to = Some(1);
+            }
+            assert_eq!(i.committed(1, None).compute, 300);
+            assert_eq!(i.vgpus[&b].pools(), vec![0, 1]);
+            // Released vGPUs hold nothing.
+            if let Some(r) = i.vgpus.get_mut(&a) {
+                r.state = VgpuState::Released;
+            }
+            assert_eq!(i.committed(0, None).compute, 300);
+            assert!(i.worker_gone(a) && i.worker_gone(999));
+        });
+    }
+
+    #[test]
+    fn waiting_ends_when_the_condition_holds_or_the_time_is_up() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let s = std::sync::Arc::new(State::new());
+            assert!(
+                !s.wait_until(Duration::from_millis(20), |i| i.next_vm > 1)
+                    .await
+            );
+            let bump = {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    s.with(|i| i.next_vm = 5);
+                    s.notify();
+                })
+            };
+            assert!(
+                s.wait_until(Duration::from_secs(5), |i| i.next_vm == 5)
+                    .await
+            );
+            bump.await.expect("task");
+        });
+    }
+}

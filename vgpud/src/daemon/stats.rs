@@ -1,0 +1,173 @@
+//! Stats: worker samples (collected by a periodic sampler and on demand), each vGPU's
+//! utilization over the window, and the counts the metrics feed reads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
+use super::error::ApiError;
+use super::link::Link;
+use super::state::VgpuRec;
+use crate::api::{self, VmState};
+use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
+use crate::units::permille_to_fraction;
+
+impl Daemon {
+    /// Counters and utilization of one vGPU (fresh from its worker when it runs).
+    pub async fn vgpu_stats(&self, id: u32) -> Result<api::VgpuStats, ApiError> {
+        let link = self.state.with(|inner| {
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            Ok::<_, ApiError>(rec.link())
+        })?;
+        if let Some(link) = link {
+            if let Ok(ReplyBody::Stats { stats }) = link.call(Ctl::Stats, CONTROL_TIMEOUT).await {
+                self.record_sample(id, stats);
+            }
+        }
+        self.state.with(|inner| {
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            Ok(self.stats_of(rec))
+        })
+    }
+
+    /// Keeps worker sample `s` of vGPU `id` (two windows' worth are kept).
+    pub(super) fn record_sample(&self, id: u32, s: WorkerStats) {
+        let keep_ns = u64::try_from(self.cfg.stats_window.as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2);
+        self.state.with(|inner| {
+            let Some(rec) = inner.vgpus.get_mut(&id) else {
+                return;
+            };
+            // A vGPU has one worker for its life, so its clock only moves forward; a sample
+            // older than the newest one lost a race with a concurrent query: drop it.
+            if rec
+                .samples
+                .back()
+                .is_some_and(|b| b.uptime_ns >= s.uptime_ns)
+            {
+                return;
+            }
+            rec.samples.push_back(s);
+            while rec
+                .samples
+                .front()
+                .is_some_and(|f| s.uptime_ns.saturating_sub(f.uptime_ns) > keep_ns)
+            {
+                rec.samples.pop_front();
+            }
+        });
+    }
+
+    /// vGPU `rec`'s stats over the window, from its samples.
+    fn stats_of(&self, rec: &VgpuRec) -> api::VgpuStats {
+        let window_ns = u64::try_from(self.cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
+        let last = rec.samples.back().copied().unwrap_or_default();
+        let first = rec
+            .samples
+            .iter()
+            .find(|s| last.uptime_ns.saturating_sub(s.uptime_ns) <= window_ns)
+            .copied()
+            .unwrap_or(last);
+        let dt = last.uptime_ns.saturating_sub(first.uptime_ns);
+        let bw = self.gpu(rec.gpu).map_or(0, |g| g.copy_bandwidth);
+        let (compute, copy) = if dt == 0 {
+            (0.0, (bw > 0).then_some(0.0))
+        } else {
+            let secs = dt as f64 / 1e9;
+            let k = last.kernel_ns.saturating_sub(first.kernel_ns) as f64 / dt as f64;
+            let bytes = (last.bytes_htod + last.bytes_dtoh)
+                .saturating_sub(first.bytes_htod + first.bytes_dtoh) as f64;
+            (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
+        };
+        let live = rec.worker.is_some() && !rec.samples.is_empty();
+        api::VgpuStats {
+            vgpu: rec.id,
+            gpu: rec.gpu,
+            live,
+            window_ms: dt / 1_000_000,
+            compute_utilization: compute,
+            copy_utilization: copy,
+            memory_share_bytes: rec.memory,
+            memory_used_bytes: last.memory_used,
+            memory_resident_bytes: rec.memory_report.map_or(last.memory_used, |m| m.resident),
+            memory_swapped_bytes: rec.memory_report.map_or(0, |m| m.device_swap + m.host_swap),
+            memory_device_swap_bytes: rec.memory_report.map_or(0, |m| m.device_swap),
+            swap_out_bytes: rec.memory_report.map_or(0, |m| m.swap_out_bytes),
+            swap_in_bytes: rec.memory_report.map_or(0, |m| m.swap_in_bytes),
+            swap_out_ms: rec
+                .memory_report
+                .map_or(0.0, |m| m.swap_out_ns as f64 / 1e6),
+            swap_in_ms: rec.memory_report.map_or(0.0, |m| m.swap_in_ns as f64 / 1e6),
+            evictions: rec.memory_report.map_or(0, |m| m.evictions),
+            allocations: last.allocations,
+            requests: last.requests,
+            errors: last.errors,
+            kernels: last.kernels,
+            kernel_ns: last.kernel_ns,
+            bytes_htod: last.bytes_htod,
+            bytes_dtoh: last.bytes_dtoh,
+            bytes_dtod: last.bytes_dtod,
+            compute_share: permille_to_fraction(if rec.samples.is_empty() {
+                rec.compute
+            } else {
+                last.compute_share
+            }),
+            copy_share: permille_to_fraction(if rec.samples.is_empty() {
+                rec.copy
+            } else {
+                last.copy_share
+            }),
+            priority: if rec.samples.is_empty() {
+                rec.priority
+            } else {
+                last.priority
+            },
+        }
+    }
+
+    /// Stats of every vGPU, from the latest samples (for metrics and `top`).
+    pub fn all_stats(&self) -> Vec<api::VgpuStats> {
+        self.state
+            .with(|inner| inner.vgpus.values().map(|r| self.stats_of(r)).collect())
+    }
+
+    /// Samples every running worker every `stats_interval`.
+    pub(super) async fn sampler(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.stats_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let links: Vec<(u32, Link)> = self.state.with(|inner| {
+                inner
+                    .vgpus
+                    .values()
+                    .filter_map(|r| r.link().map(|l| (r.id, l)))
+                    .collect()
+            });
+            for (id, link) in links {
+                if let Ok(ReplyBody::Stats { stats }) = link.call(Ctl::Stats, CONTROL_TIMEOUT).await
+                {
+                    self.record_sample(id, stats);
+                }
+            }
+        }
+    }
+
+    /// Counts of VMs per state name, for metrics.
+    pub fn vm_states(&self) -> BTreeMap<&'static str, u64> {
+        self.state.with(|inner| {
+            let mut m = BTreeMap::new();
+            for v in inner.vms.values() {
+                let k = match v.state {
+                    VmState::Starting => "starting",
+                    VmState::Running => "running",
+                    VmState::Exited { .. } => "exited",
+                    VmState::Failed { .. } => "failed",
+                };
+                *m.entry(k).or_insert(0) += 1;
+            }
+            m
+        })
+    }
+}

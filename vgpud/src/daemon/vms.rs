@@ -1,0 +1,455 @@
+//! VMs: launching one (payload resolution, its vGPU bound or created inline, its vmm),
+//! its console, its end (however it ends) and its removal.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use super::admission::VgpuAsk;
+use super::core::{no_vm, Daemon};
+use super::error::ApiError;
+use super::procs;
+use super::state::{Inner, VmRec};
+use super::workers::terminate;
+use crate::api::{self, VgpuState, VmCreate, VmState};
+use crate::units::human_bytes;
+
+/// Guest RAM bounds.
+const VM_MEMORY_MIN: u64 = 16 << 20;
+const VM_MEMORY_MAX: u64 = 64 << 30;
+/// Longest payload argument (payload-abi.md).
+const MAX_PAYLOAD_ARG: usize = 4096;
+/// Most vCPUs (payload-abi.md).
+const MAX_VCPUS: u8 = 16;
+
+/// A validated VM request.
+struct VmAsk {
+    payload: PathBuf,
+    payload_arg: String,
+    memory: u64,
+    vcpus: u8,
+    /// An existing vGPU to attach.
+    vgpu_id: Option<u32>,
+    /// A new vGPU created with the VM (inline).
+    vgpu: Option<VgpuAsk>,
+}
+
+impl Daemon {
+    /// A payload path as the VM request gives it, resolved and checked.
+    fn resolve_payload(&self, p: &str) -> Result<PathBuf, ApiError> {
+        if p.is_empty() {
+            return Err(ApiError::bad(
+                "payload",
+                "payload is empty; give the path of a payload ELF",
+            ));
+        }
+        let path = if p.contains('/') {
+            let path = PathBuf::from(p);
+            if !path.is_absolute() {
+                return Err(ApiError::bad(
+                    "payload",
+                    format!("{p:?} is relative; give an absolute path (vgpud resolves it on its own host) or a bare payload name"),
+                ));
+            }
+            path
+        } else {
+            match &self.cfg.payload_dir {
+                Some(dir) => dir.join(p),
+                None => {
+                    return Err(ApiError::bad(
+                        "payload",
+                        format!("{p:?} is a bare name but vgpud has no --payload-dir; give an absolute path"),
+                    ))
+                }
+            }
+        };
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(path),
+            Ok(_) => Err(ApiError::bad(
+                "payload",
+                format!("{} is not a regular file; give a payload ELF", path.display()),
+            )),
+            Err(e) => Err(ApiError::bad(
+                "payload",
+                format!("cannot read payload {}: {e}; check the path (build payloads with `cargo run -p payload-build -- --out DIR`)", path.display()),
+            )),
+        }
+    }
+
+    /// Checks a VM request field by field (nothing is admitted yet).
+    fn validate_vm(&self, req: &VmCreate) -> Result<VmAsk, ApiError> {
+        for (field, v) in [
+            ("kernel", &req.kernel),
+            ("initrd", &req.initrd),
+            ("cmdline", &req.cmdline),
+        ] {
+            if v.is_some() {
+                return Err(ApiError::not_implemented(
+                    Some(field),
+                    "Linux guests arrive with issue 12; launch a payload guest (payload) for now",
+                ));
+            }
+        }
+        let Some(payload) = req.payload.as_deref() else {
+            return Err(ApiError::bad(
+                "payload",
+                "give payload: the path of a payload ELF to boot",
+            ));
+        };
+        let payload = self.resolve_payload(payload)?;
+        if req.payload_arg.len() > MAX_PAYLOAD_ARG || req.payload_arg.contains('\0') {
+            return Err(ApiError::bad(
+                "payload_arg",
+                format!("payload_arg must be at most {MAX_PAYLOAD_ARG} bytes without NUL"),
+            ));
+        }
+        if !(VM_MEMORY_MIN..=VM_MEMORY_MAX).contains(&req.memory_bytes)
+            || req.memory_bytes % 4096 != 0
+        {
+            return Err(ApiError::bad(
+                "memory_bytes",
+                format!(
+                    "{} of guest RAM: give a multiple of 4 KiB between {} and {}",
+                    req.memory_bytes,
+                    human_bytes(VM_MEMORY_MIN),
+                    human_bytes(VM_MEMORY_MAX)
+                ),
+            ));
+        }
+        if req.vcpus == 0 || req.vcpus > MAX_VCPUS {
+            return Err(ApiError::bad(
+                "vcpus",
+                format!("{} vCPUs: give 1 to {MAX_VCPUS}", req.vcpus),
+            ));
+        }
+        if req.vgpu_id.is_some() && req.vgpu.is_some() {
+            return Err(ApiError::bad(
+                "vgpu",
+                "give either vgpu_id (an existing vGPU) or vgpu (a new one), not both",
+            ));
+        }
+        let vgpu = req
+            .vgpu
+            .as_ref()
+            .map(|s| self.validate_vgpu(s).map_err(|e| e.within("vgpu")))
+            .transpose()?;
+        Ok(VmAsk {
+            payload,
+            payload_arg: req.payload_arg.clone(),
+            memory: req.memory_bytes,
+            vcpus: req.vcpus,
+            vgpu_id: req.vgpu_id,
+            vgpu,
+        })
+    }
+
+    /// Launches a VM (and its inline vGPU).
+    pub async fn create_vm(self: &Arc<Self>, req: VmCreate) -> Result<api::Vm, ApiError> {
+        self.check_running()?;
+        let ask = self.validate_vm(&req)?;
+        let inline = ask.vgpu.is_some();
+        let (vm_id, vgpu_id) = self.state.with(|inner| self.admit_vm(inner, ask))?;
+        if let (true, Some(g)) = (inline, vgpu_id) {
+            if let Err(e) = self.start_worker(g).await {
+                self.forget_vgpu(g);
+                self.state.with(|i| i.vms.remove(&vm_id));
+                self.mark_dirty();
+                return Err(e);
+            }
+            self.state.with(|i| {
+                if let Some(rec) = i.vgpus.get_mut(&g) {
+                    if rec.state == VgpuState::Ready {
+                        rec.state = VgpuState::Attached;
+                    }
+                }
+            });
+        }
+        if let Err(e) = self.spawn_vmm(vm_id) {
+            self.undo_vm(vm_id, vgpu_id, inline).await;
+            return Err(e);
+        }
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("VM {vm_id} was created"), &e))?;
+        self.state
+            .with(|i| i.vms.get(&vm_id).map(VmRec::view))
+            .ok_or_else(|| ApiError::internal(format!("VM {vm_id} vanished while starting")))
+    }
+
+    /// Binds (or admits) the VM's vGPU and inserts its record (state `starting`): the
+    /// VM's id and its vGPU's. Caller holds the state lock.
+    fn admit_vm(&self, inner: &mut Inner, ask: VmAsk) -> Result<(u32, Option<u32>), ApiError> {
+        let vm_id = inner.next_vm;
+        let vgpu_id = match (ask.vgpu_id, ask.vgpu) {
+            (Some(g), _) => {
+                bind_vgpu(inner, g, vm_id)?;
+                Some(g)
+            }
+            (None, Some(vgpu)) => Some(
+                self.admit(inner, vgpu, Some(vm_id))
+                    .map_err(|e| e.within("vgpu"))?,
+            ),
+            (None, None) => None,
+        };
+        inner.next_vm += 1;
+        let console = self.cfg.state_dir.join(format!("vm-{vm_id}.log"));
+        inner.vms.insert(
+            vm_id,
+            VmRec {
+                id: vm_id,
+                payload: ask.payload,
+                payload_arg: ask.payload_arg,
+                memory: ask.memory,
+                vcpus: ask.vcpus,
+                vgpu: vgpu_id,
+                state: VmState::Starting,
+                proc: None,
+                console,
+                started: Instant::now(),
+                ended: None,
+                launched: SystemTime::now(),
+                restored_uptime: None,
+            },
+        );
+        Ok((vm_id, vgpu_id))
+    }
+
+    /// Rolls back a VM whose vmm could not start.
+    async fn undo_vm(&self, vm_id: u32, vgpu: Option<u32>, inline: bool) {
+        if let Some(vm) = self.state.with(|i| i.vms.remove(&vm_id)) {
+            let _ = std::fs::remove_file(&vm.console);
+        }
+        self.mark_dirty();
+        let Some(g) = vgpu else { return };
+        if inline {
+            let worker = self.state.with(|inner| {
+                inner.vgpus.get_mut(&g).and_then(|r| {
+                    r.stopping = true;
+                    r.worker.as_ref().map(|w| (w.proc.clone(), w.link.clone()))
+                })
+            });
+            if let Some((p, link)) = worker {
+                self.stop_worker(g, &p, &link).await;
+            }
+            self.forget_vgpu(g);
+        } else {
+            self.state.with(|inner| {
+                if let Some(rec) = inner.vgpus.get_mut(&g) {
+                    rec.vm = None;
+                    if rec.state == VgpuState::Attached {
+                        rec.state = VgpuState::Ready;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Starts VM `vm_id`'s vmm and its reaper.
+    fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
+        let (child, proc) = self
+            .state
+            .with(|inner| self.spawn_vmm_locked(inner, vm_id))?;
+        let d = self.clone();
+        tokio::spawn(async move {
+            let status = procs::reap(child, &proc).await;
+            d.on_vmm_exit(vm_id, proc.pid, status);
+        });
+        Ok(())
+    }
+
+    /// [`Daemon::spawn_vmm`] under the state lock: the vmm runs and its record says so.
+    fn spawn_vmm_locked(
+        &self,
+        inner: &mut Inner,
+        vm_id: u32,
+    ) -> Result<(std::process::Child, procs::Proc), ApiError> {
+        let vm = inner
+            .vms
+            .get(&vm_id)
+            .ok_or_else(|| ApiError::internal(format!("VM {vm_id} vanished while starting")))?;
+        let socket = vm
+            .vgpu
+            .and_then(|g| inner.vgpus.get(&g))
+            .map(|r| r.socket.clone());
+        let mut cmd = Command::new(&self.cfg.vmm_bin);
+        cmd.arg("--payload")
+            .arg(&vm.payload)
+            .args(["--memory", &vm.memory.to_string()])
+            .args(["--vcpus", &vm.vcpus.to_string()])
+            .arg("--payload-arg")
+            .arg(&vm.payload_arg);
+        if let Some(s) = socket {
+            let mut spec = std::ffi::OsString::from("socket=");
+            spec.push(s.as_os_str());
+            cmd.arg("--vgpu").arg(spec);
+        }
+        let console = File::create(&vm.console).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot create the console log {}: {e}",
+                vm.console.display()
+            ))
+        })?;
+        let console2 = console
+            .try_clone()
+            .map_err(|e| ApiError::internal(format!("console log: {e}")))?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(console))
+            .stderr(Stdio::from(console2));
+        let (child, proc) = procs::spawn(&mut cmd, None).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot start {}: {e}; check vgpud's --vmm-bin",
+                self.cfg.vmm_bin.display()
+            ))
+        })?;
+        tracing::info!(vm = vm_id, pid = proc.pid, payload = %vm.payload.display(), "vmm started");
+        let has_vgpu = vm.vgpu.is_some();
+        if let Some(vm) = inner.vms.get_mut(&vm_id) {
+            vm.proc = Some(proc.clone());
+            if !has_vgpu {
+                vm.state = VmState::Running;
+            }
+        }
+        Ok((child, proc))
+    }
+
+    /// VM `vm_id`'s vmm `pid` exited: the VM ended, and its vGPU's worker goes too.
+    fn on_vmm_exit(&self, vm_id: u32, pid: u32, status: ExitStatus) {
+        let worker = self.state.with(|inner| {
+            let vm = inner.vms.get_mut(&vm_id)?;
+            if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
+                return None;
+            }
+            vm.proc = None;
+            vm.ended = Some(Instant::now());
+            if vm.state.is_live() {
+                vm.state = match status.code() {
+                    Some(code) => VmState::Exited { code },
+                    None => VmState::Failed {
+                        reason: format!("the vmm was {}", procs::describe(&status)),
+                    },
+                };
+            }
+            tracing::info!(vm = vm_id, pid, state = ?vm.state, "vmm exited");
+            self.mark_dirty();
+            let worker = vm
+                .vgpu
+                .and_then(|g| inner.vgpus.get(&g))
+                .and_then(|r| r.worker_proc());
+            Some(worker)
+        });
+        let Some(worker) = worker else { return };
+        // The worker exits by itself when its frontend disconnects; make sure of it, so
+        // the vGPU's memory and shares are free within a second.
+        if let Some(p) = worker {
+            terminate(p);
+        }
+        self.state.notify();
+    }
+
+    /// One VM.
+    pub fn get_vm(&self, id: u32) -> Result<api::Vm, ApiError> {
+        self.state
+            .with(|i| i.vms.get(&id).map(VmRec::view))
+            .ok_or_else(|| no_vm(id))
+    }
+
+    /// Every VM.
+    pub fn list_vms(&self) -> Vec<api::Vm> {
+        self.state
+            .with(|i| i.vms.values().map(VmRec::view).collect())
+    }
+
+    /// The VM's console output from byte `offset` on.
+    pub fn console(&self, id: u32, offset: u64) -> Result<Vec<u8>, ApiError> {
+        let path = self
+            .state
+            .with(|i| i.vms.get(&id).map(|v| v.console.clone()))
+            .ok_or_else(|| no_vm(id))?;
+        let data = std::fs::read(&path).unwrap_or_default();
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(data.len());
+        Ok(data[start..].to_vec())
+    }
+
+    /// Stops a VM (SIGTERM, then SIGKILL), waits until its vGPU is released, removes it
+    /// (and its inline vGPU).
+    pub async fn delete_vm(&self, id: u32) -> Result<(), ApiError> {
+        let (proc, vgpu) = self.state.with(|inner| {
+            let vm = inner.vms.get(&id).ok_or_else(|| no_vm(id))?;
+            // A vGPU restored after a restart no longer belongs to the VM it served before
+            // (it may serve a new one): leave it alone.
+            let vgpu = vm
+                .vgpu
+                .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm == Some(id)));
+            Ok::<_, ApiError>((vm.proc.clone(), vgpu))
+        })?;
+        if let Some(p) = proc {
+            self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc.is_none()))
+                .await;
+        }
+        if let Some(g) = vgpu {
+            // Its worker stops on the vmm's disconnect (with SIGKILL after the grace).
+            let worker = self
+                .state
+                .with(|i| i.vgpus.get(&g).and_then(|r| r.worker_proc()));
+            if let Some(p) = worker {
+                self.stop_proc(&p, |i| i.worker_gone(g)).await;
+            }
+        }
+        let (vm, owned) = self.state.with(|inner| {
+            let vm = inner.vms.remove(&id);
+            let owned = vgpu.filter(|g| inner.vgpus.get(g).is_some_and(|r| r.owned));
+            if let Some(rec) = vgpu.and_then(|g| inner.vgpus.get_mut(&g)) {
+                rec.vm = None;
+            }
+            (vm, owned)
+        });
+        if let Some(vm) = vm {
+            let _ = std::fs::remove_file(&vm.console);
+        }
+        if let Some(g) = owned {
+            self.forget_vgpu(g);
+        }
+        self.state.notify();
+        tracing::info!(vm = id, "VM deleted");
+        self.save()
+            .await
+            .map_err(|e| ApiError::unsaved(&format!("VM {id} was deleted"), &e))
+    }
+}
+
+/// Attaches existing vGPU `g` to new VM `vm_id`, if it is ready and free.
+fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
+    let Some(rec) = inner.vgpus.get(&g) else {
+        return Err(ApiError::bad(
+            "vgpu_id",
+            format!("there is no vGPU {g} (GET /v1/vgpus lists them)"),
+        ));
+    };
+    let vm_live = |v: u32| inner.vms.get(&v).is_some_and(|v| v.state.is_live());
+    match (&rec.state, rec.vm) {
+        (VgpuState::Ready, None) => {}
+        (_, Some(v)) if vm_live(v) => {
+            return Err(ApiError::conflict(
+                "vgpu_id",
+                format!("vGPU {g} is in use by VM {v}; create another vGPU"),
+            ));
+        }
+        (state, _) => {
+            return Err(ApiError::conflict(
+                "vgpu_id",
+                format!(
+                    "vGPU {g} is {state:?}, not ready; a vGPU serves one VM, so create a new one"
+                ),
+            ));
+        }
+    }
+    if let Some(rec) = inner.vgpus.get_mut(&g) {
+        rec.vm = Some(vm_id);
+        rec.state = VgpuState::Attached;
+    }
+    Ok(())
+}

@@ -1,0 +1,446 @@
+//! Worker processes: spawning one per vGPU (command line, grant channel, control
+//! channel), supervising it (its events, its exit) and stopping it.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::core::{Daemon, STOP_GRACE};
+use super::error::ApiError;
+use super::link::{self, Link};
+use super::procs::{self, Proc};
+use super::state::{Inner, VgpuRec, WorkerHandle};
+use super::storage;
+use super::GpuConfig;
+use crate::api::{VgpuState, VmState};
+use crate::control::{Command as Ctl, ReplyBody};
+use crate::units::permille_to_fraction;
+use vgpu_grant::WorkerFds;
+
+/// How long a worker may take to bind its socket.
+const WORKER_START: Duration = Duration::from_secs(5);
+
+/// The worker's last words, for failure reasons: its last error line (or last line),
+/// without the log timestamp.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let pick = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("error") || l.contains("ERROR") || l.contains("panicked"))
+        .or(lines.last());
+    match pick {
+        Some(l) => {
+            let l = l.trim();
+            // "2026-11-29T12:20:53.99Z  INFO target: message" -> "INFO target: message"
+            let l = match l.split_once(' ') {
+                Some((ts, rest)) if ts.len() > 18 && ts.as_bytes().get(4) == Some(&b'-') => {
+                    rest.trim_start()
+                }
+                _ => l,
+            };
+            format!(": {l}")
+        }
+        None => String::new(),
+    }
+}
+
+/// What a worker is started with.
+struct WorkerLaunch {
+    cmd: Command,
+    log: std::path::PathBuf,
+    fds: WorkerFds,
+    gpu: u32,
+}
+
+impl Daemon {
+    /// Spawns vGPU `id`'s worker and waits until its socket is bound.
+    pub(super) async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
+        let WorkerLaunch {
+            mut cmd,
+            log,
+            fds,
+            gpu,
+        } = self.state.with(|inner| self.worker_launch(inner, id))?;
+        self.refresh_pool(gpu);
+        let log_file = File::create(&log).map_err(|e| {
+            ApiError::internal(format!(
+                "cannot create the worker log {}: {e}",
+                log.display()
+            ))
+        })?;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file))
+            .env("NO_COLOR", "1");
+        let (ours, theirs) = procs::socketpair()
+            .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
+        let extra = [
+            (&fds.page, procs::GRANT_PAGE_FD),
+            (&fds.doorbell, procs::GRANT_DOORBELL_FD),
+        ];
+        let (child, proc) =
+            procs::spawn_with_fds(&mut cmd, Some(&theirs), &extra).map_err(|e| {
+                self.detach_grants(id, gpu);
+                ApiError::internal(format!(
+                    "cannot start {}: {e}; check vgpud's --worker-bin",
+                    self.cfg.worker_bin.display()
+                ))
+            })?;
+        drop(theirs);
+        drop(fds);
+        let (link, ready) = match link::start(
+            std::os::unix::net::UnixStream::from(ours),
+            self.worker_events(id),
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                proc.signal(libc::SIGKILL);
+                return Err(ApiError::internal(format!("control channel: {e}")));
+            }
+        };
+        tracing::info!(vgpu = id, pid = proc.pid, "worker started");
+        self.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&id) {
+                rec.worker = Some(WorkerHandle {
+                    proc: proc.clone(),
+                    link,
+                });
+            }
+        });
+        let d = self.clone();
+        let p = proc.clone();
+        tokio::spawn(async move {
+            let status = procs::reap(child, &p).await;
+            d.on_worker_exit(id, p.pid, status);
+        });
+        self.await_ready(id, &proc, &log, ready).await
+    }
+
+    /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
+    /// joined when it oversubscribes). Caller holds the state lock.
+    fn worker_launch(&self, inner: &Inner, id: u32) -> Result<WorkerLaunch, ApiError> {
+        let rec = inner
+            .vgpus
+            .get(&id)
+            .ok_or_else(|| ApiError::internal(format!("vGPU {id} vanished while starting")))?;
+        let gpu = self
+            .gpu(rec.gpu)
+            .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
+        let fds = self.attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)?;
+        let cmd = self.worker_command(rec, gpu);
+        if rec.oversubscribe {
+            self.pool_join(rec.gpu, id, rec.priority);
+        }
+        Ok(WorkerLaunch {
+            cmd,
+            log: rec.log.clone(),
+            fds,
+            gpu: rec.gpu,
+        })
+    }
+
+    /// The `vgpu-worker` command line for vGPU `rec` on GPU `gpu`.
+    fn worker_command(&self, rec: &VgpuRec, gpu: &GpuConfig) -> Command {
+        let mut cmd = Command::new(&self.cfg.worker_bin);
+        cmd.arg("--socket")
+            .arg(&rec.socket)
+            .args(["--vgpu-id", &rec.id.to_string()])
+            .args(["--memory", &rec.memory.to_string()])
+            .args(["--queues", &rec.queues.to_string()])
+            .args([
+                "--compute-share",
+                &permille_to_fraction(rec.compute).to_string(),
+            ])
+            .args(["--copy-share", &permille_to_fraction(rec.copy).to_string()])
+            .args(["--priority", &rec.priority.to_string()]);
+        if self.cfg.queue_poll_us > 0 {
+            cmd.args(["--poll-us", &self.cfg.queue_poll_us.to_string()]);
+        }
+        match gpu.cuda_ordinal {
+            Some(ordinal) => {
+                cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
+            }
+            None => {
+                cmd.args([
+                    "--sim-memory",
+                    &self.sim_memory(gpu, rec.oversubscribe).to_string(),
+                ])
+                .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
+                .args(["--sim-speed", &gpu.speed.to_string()])
+                .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
+            }
+        }
+        if rec.oversubscribe {
+            cmd.arg("--oversubscribe");
+        }
+        cmd.arg("--shm");
+        for s in &rec.storage {
+            cmd.arg("--storage").arg(storage::worker_arg(s));
+        }
+        cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
+            .args([
+                "--grant-fds",
+                &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
+            ]);
+        cmd
+    }
+
+    /// The memory a sim GPU gives a worker: an oversubscribed vGPU's also holds its
+    /// swap-area buffers.
+    pub(super) fn sim_memory(&self, gpu: &GpuConfig, oversubscribe: bool) -> u64 {
+        if oversubscribe {
+            gpu.memory.saturating_add(self.swap_area(gpu.memory))
+        } else {
+            gpu.memory
+        }
+    }
+
+    /// What vGPU `id`'s worker tells over its control channel, dispatched to the daemon.
+    fn worker_events(self: &Arc<Self>, id: u32) -> impl Fn(link::Event) + Send + 'static {
+        let weak = Arc::downgrade(self);
+        move |e: link::Event| {
+            let Some(d) = weak.upgrade() else { return };
+            match e {
+                link::Event::Connected => d.on_connected(id),
+                link::Event::Final(stats) => d.record_sample(id, stats),
+                link::Event::Memory(m) => d.on_memory(id, m),
+                link::Event::Migration(p) => d.on_migration_progress(id, p),
+                link::Event::Ask { id: ask_id, ask } => {
+                    tokio::spawn(async move {
+                        let (answer, fd) = d.answer(id, ask).await;
+                        if let Some(link) = d.state.link_of(id) {
+                            if let Err(e) = link.tell(Ctl::Answer { to: ask_id, answer }, fd).await
+                            {
+                                tracing::debug!(vgpu = id, error = %e, "answer not delivered");
+                            }
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Waits until vGPU `id`'s worker says it is ready (its socket is bound).
+    async fn await_ready<T, E>(
+        &self,
+        id: u32,
+        proc: &Proc,
+        log: &Path,
+        ready: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<(), ApiError> {
+        match tokio::time::timeout(WORKER_START, ready).await {
+            Ok(Ok(_pid)) => {
+                self.state.with(|i| {
+                    if let Some(rec) = i.vgpus.get_mut(&id) {
+                        if rec.state == VgpuState::Starting {
+                            rec.state = VgpuState::Ready;
+                        }
+                    }
+                });
+                self.state.notify();
+                tracing::info!(vgpu = id, "worker ready");
+                Ok(())
+            }
+            Ok(Err(_)) => {
+                // The channel closed: the worker exited. Wait for the reaper's verdict.
+                self.state
+                    .wait_until(Duration::from_secs(2), |i| i.worker_gone(id))
+                    .await;
+                let why = match self
+                    .state
+                    .with(|i| i.vgpus.get(&id).map(|r| r.state.clone()))
+                {
+                    Some(VgpuState::Failed { reason }) => reason,
+                    _ => format!("the worker exited before it was ready{}", log_tail(log)),
+                };
+                Err(ApiError::internal(why))
+            }
+            Err(_) => {
+                proc.signal(libc::SIGKILL);
+                Err(ApiError::internal(format!(
+                    "the worker did not bind its socket within {} s{}",
+                    WORKER_START.as_secs(),
+                    log_tail(log)
+                )))
+            }
+        }
+    }
+
+    /// A VM's frontend connected to vGPU `vgpu`: the VM runs.
+    fn on_connected(&self, vgpu: u32) {
+        self.state.with(|inner| {
+            let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
+            if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
+                if vm.state == VmState::Starting {
+                    vm.state = VmState::Running;
+                    tracing::info!(vm = vm.id, vgpu, "VM running (its vGPU is connected)");
+                }
+            }
+        });
+        self.state.notify();
+    }
+
+    /// Worker `pid` of vGPU `id` exited: the vGPU lets go of everything it held.
+    fn on_worker_exit(&self, id: u32, pid: u32, status: ExitStatus) {
+        let Some((gpu, alive)) = self
+            .state
+            .with(|inner| self.worker_exited(inner, id, pid, &status))
+        else {
+            return;
+        };
+        self.shm_lock().vgpu_gone(id, |gpu, group| {
+            alive.iter().any(|(g, n)| *g == gpu && n == group)
+        });
+        self.refresh_pool(gpu);
+        self.mark_dirty();
+        self.state.notify();
+    }
+
+    /// [`Daemon::on_worker_exit`] under the state lock: the record's new state, its VM
+    /// failed if it crashed. Returns its GPU and the share groups still alive per GPU, or
+    /// None when `pid` is not (or no longer) its worker.
+    fn worker_exited(
+        &self,
+        inner: &mut Inner,
+        id: u32,
+        pid: u32,
+        status: &ExitStatus,
+    ) -> Option<(u32, Vec<(u32, String)>)> {
+        let rec = inner.vgpus.get_mut(&id)?;
+        if rec.worker.as_ref().map(|w| w.proc.pid) != Some(pid) {
+            return None;
+        }
+        rec.worker = None;
+        self.detach_grants(id, rec.gpu);
+        for gpu in rec.pools() {
+            self.pool_leave(gpu, id);
+        }
+        let gpu = rec.gpu;
+        let vm = rec.vm;
+        let new_state = exit_state(rec, status);
+        if let VgpuState::Failed { reason } = &new_state {
+            tracing::warn!(vgpu = id, pid, %reason, "vGPU failed");
+        } else {
+            let how = procs::describe(status);
+            tracing::info!(vgpu = id, pid, how, "worker exited; vGPU released");
+        }
+        rec.state = new_state.clone();
+        if let (VgpuState::Failed { reason }, Some(vm_id)) = (&new_state, vm) {
+            fail_vm(inner, vm_id, id, reason);
+        }
+        let alive: Vec<(u32, String)> = inner
+            .vgpus
+            .values()
+            .filter(|r| r.id != id && r.worker.is_some())
+            .filter_map(|r| r.share_group.clone().map(|g| (r.gpu, g)))
+            .collect();
+        Some((gpu, alive))
+    }
+
+    /// Asks worker `id` to shut down over its control channel; falls back to signals.
+    pub(super) async fn stop_worker(&self, id: u32, p: &Proc, link: &Link) {
+        let gone = |i: &Inner| i.worker_gone(id);
+        match link.call(Ctl::Shutdown, STOP_GRACE).await {
+            Ok(ReplyBody::ShuttingDown) => {
+                if self.state.wait_until(STOP_GRACE * 2, gone).await {
+                    return;
+                }
+                tracing::warn!(vgpu = id, pid = p.pid, "worker did not exit after shutdown");
+            }
+            Ok(other) => tracing::warn!(vgpu = id, reply = ?other, "unexpected reply to shutdown"),
+            Err(e) => {
+                tracing::debug!(vgpu = id, error = %e, "shutdown over the control channel failed")
+            }
+        }
+        self.stop_proc(p, gone).await;
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period, until `gone` holds.
+    pub(super) async fn stop_proc(&self, p: &Proc, mut gone: impl FnMut(&Inner) -> bool) {
+        p.signal(libc::SIGTERM);
+        if !self.state.wait_until(STOP_GRACE * 4, &mut gone).await {
+            tracing::warn!(pid = p.pid, "did not stop after SIGTERM; sending SIGKILL");
+            p.signal(libc::SIGKILL);
+            self.state.wait_until(Duration::from_secs(2), gone).await;
+        }
+    }
+}
+
+/// The state a vGPU is in once its worker exited with `status`.
+fn exit_state(rec: &VgpuRec, status: &ExitStatus) -> VgpuState {
+    let was = &rec.state;
+    // A worker exits 0 when its vmm disconnects (the VM ended; its exit may be reaped a
+    // moment later) or when told to stop; anything else is a crash.
+    if rec.stopping || (*was == VgpuState::Attached && status.success()) {
+        return VgpuState::Released;
+    }
+    let how = procs::describe(status);
+    let reason = match was {
+        VgpuState::Starting => {
+            format!(
+                "the worker exited while starting ({how}){}",
+                log_tail(&rec.log)
+            )
+        }
+        _ => format!(
+            "the worker exited unexpectedly ({how}){}",
+            log_tail(&rec.log)
+        ),
+    };
+    match was {
+        VgpuState::Failed { reason } => VgpuState::Failed {
+            reason: reason.clone(),
+        },
+        VgpuState::Released => VgpuState::Released,
+        _ => VgpuState::Failed { reason },
+    }
+}
+
+/// VM `vm_id` fails with its vGPU `vgpu`: its vmm is stopped.
+fn fail_vm(inner: &mut Inner, vm_id: u32, vgpu: u32, reason: &str) {
+    let Some(v) = inner.vms.get_mut(&vm_id) else {
+        return;
+    };
+    if !v.state.is_live() {
+        return;
+    }
+    v.state = VmState::Failed {
+        reason: format!("its vGPU {vgpu} failed: {reason}"),
+    };
+    if let Some(p) = &v.proc {
+        terminate(p.clone());
+    }
+}
+
+/// SIGTERM now, SIGKILL after the grace period.
+pub(super) fn terminate(p: Proc) {
+    p.signal(libc::SIGTERM);
+    tokio::spawn(async move {
+        tokio::time::sleep(STOP_GRACE).await;
+        p.signal(libc::SIGKILL);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_tail_picks_the_error_without_the_timestamp() {
+        let p = std::env::temp_dir().join(format!("vgpud-logtail-{}", std::process::id()));
+        std::fs::write(
+            &p,
+            "2026-11-29T12:20:53.997651Z  INFO vgpu_worker: listening\n\
+             2026-11-29T12:20:53.998011Z ERROR vgpu_worker: cannot bind\n\
+             2026-11-29T12:20:53.998011Z  INFO vgpu_worker: bye\n",
+        )
+        .expect("write");
+        assert_eq!(log_tail(&p), ": ERROR vgpu_worker: cannot bind");
+        std::fs::remove_file(&p).expect("rm");
+        assert_eq!(log_tail(&p), "");
+    }
+}
