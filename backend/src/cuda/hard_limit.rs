@@ -27,6 +27,13 @@ pub const EXIT_KERNEL_HARD_LIMIT: i32 = 75;
 const HARD_LIMIT_GRACE: Duration = Duration::from_millis(500);
 
 impl CudaGpu {
+    /// Sets the hard limit on a guest PTX kernel's run time ([`DEFAULT_KERNEL_LIMIT`]
+    /// unless set; see [`EXIT_KERNEL_HARD_LIMIT`]).
+    pub fn with_kernel_limit(mut self, limit: Duration) -> Self {
+        self.kernel_limit = limit;
+        self
+    }
+
     /// Waits for a guest kernel recorded before `end`, at most the hard limit. Polls, so
     /// that the wait can end: a short kernel closely, a long one about every 1 % of its run
     /// time (the poll adds at most about 1 % to its latency).

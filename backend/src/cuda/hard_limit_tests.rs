@@ -54,11 +54,9 @@ fn a_kernel_past_the_hard_limit_is_answered_and_the_worker_exits() {
 }
 
 fn child() {
-    let gpu = CudaGpu::new(CudaConfig {
-        kernel_limit: Duration::from_secs(1),
-        ..CudaConfig::default()
-    })
-    .expect("CUDA GPU");
+    let gpu = CudaGpu::new(CudaConfig::default())
+        .expect("CUDA GPU")
+        .with_kernel_limit(Duration::from_secs(1));
     let m = gpu
         .module_load(ModuleImage::Ptx(FOREVER_PTX.as_bytes()))
         .expect("PTX module");

@@ -80,8 +80,6 @@ pub struct CudaConfig {
     /// memory is staged at other addresses until the switch
     /// ([`Relocatable::occupy_addresses`]), since the source holds the vGPU's range.
     pub migration_target: bool,
-    /// Hard limit on a guest PTX kernel's run time (see [`EXIT_KERNEL_HARD_LIMIT`]).
-    pub kernel_limit: Duration,
 }
 
 impl Default for CudaConfig {
@@ -92,7 +90,6 @@ impl Default for CudaConfig {
             va_base: DEFAULT_VA_BASE,
             va_size: DEFAULT_VA_SIZE,
             migration_target: false,
-            kernel_limit: DEFAULT_KERNEL_LIMIT,
         }
     }
 }
@@ -296,7 +293,7 @@ impl CudaGpu {
             inflight: InFlight::default(),
             lost: AtomicBool::new(false),
             lost_why: Mutex::new(String::new()),
-            kernel_limit: cfg.kernel_limit,
+            kernel_limit: DEFAULT_KERNEL_LIMIT,
             attr_lock: Mutex::new(()),
             storage: storage::GpuStorage::new(None),
             ctx,
