@@ -35,7 +35,7 @@ fn an_overrunning_vgpu_cannot_hold_its_neighbour_past_deadline_plus_a_period() {
             workload(2, 0.5, Burst::Uniform(500 * US, 2 * MS)),
         ];
         let sched = GpuScheduler::new(kind, QueueMode::Mrq, config);
-        let r = sim(sched, &w, 25_000);
+        let r = sim(sched, &w, 20_000);
         let wait = r.max_wait.get(&2).copied().unwrap_or(0);
         let done = r.completed.get(&2).copied().unwrap_or(0);
         eprintln!(
