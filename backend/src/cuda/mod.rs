@@ -22,6 +22,9 @@
 
 mod builtin;
 mod driver;
+mod hard_limit;
+#[cfg(test)]
+mod hard_limit_tests;
 mod lanes;
 mod memory;
 mod modules;
@@ -32,7 +35,7 @@ mod vmm;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_proto::{backend_kind, features, ArgValue};
@@ -45,6 +48,7 @@ use crate::{
     MemoryUsage, ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use driver::{check, Context, CuError};
+pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
 use lanes::Lanes;
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
@@ -187,6 +191,8 @@ pub struct CudaGpu {
     inflight: InFlight,
     lost: AtomicBool,
     lost_why: Mutex<String>,
+    /// Hard limit on a guest PTX kernel's run time.
+    kernel_limit: Duration,
     /// Serialises raising a function's dynamic shared memory limit.
     attr_lock: Mutex<()>,
     /// Storage namespaces and what the GPU's storage kernels use of them.
@@ -287,6 +293,7 @@ impl CudaGpu {
             inflight: InFlight::default(),
             lost: AtomicBool::new(false),
             lost_why: Mutex::new(String::new()),
+            kernel_limit: DEFAULT_KERNEL_LIMIT,
             attr_lock: Mutex::new(()),
             storage: storage::GpuStorage::new(None),
             ctx,
@@ -467,9 +474,7 @@ impl CudaGpu {
         lane.end
             .record(&lane.stream)
             .map_err(|e| self.cuda_err(e))?;
-        lane.end
-            .synchronize()
-            .map_err(|e| self.kernel_err(e, f.name()))?;
+        self.wait_kernel(&lane.end, f.name())?;
         let ns = lane
             .end
             .since_ns(&lane.start)
