@@ -178,7 +178,7 @@ fn a_kernel_past_its_deadline_does_not_hold_up_the_neighbour() {
     let worst = nout
         .lines()
         .filter_map(|l| l.strip_prefix("gpu-load: worst request so far "))
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("the neighbour measured nothing: {nout}"));
     let rounds = nout.lines().filter(|l| l.contains(" ok checksum=")).count() * 20;
     eprintln!(
