@@ -603,6 +603,11 @@ fn tcp_needs_a_token() {
         .port();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "s3cret-token-0123456789\n").expect("token");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod 600");
     let addr = format!("127.0.0.1:{port}");
     let mut child = vgpud_command(&[
         "--listen",

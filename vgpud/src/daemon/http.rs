@@ -25,6 +25,7 @@ use crate::api::{
     VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
 use crate::control::MigrationMode;
+use vgpu_api::payloads::{Payload, PayloadArg};
 
 /// Largest request body.
 const MAX_BODY: usize = 1 << 20;
@@ -47,6 +48,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/migrations/{id}", get(get_migration))
         .route("/v1/rebalancer", get(get_rebalancer))
         .route("/v1/rebalancer/events", get(rebalancer_events))
+        .route("/v1/payloads", get(list_payloads))
         .route("/v1/vms", get(list_vms).post(create_vm))
         .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
         .route("/v1/vms/{id}/console", get(vm_console))
@@ -73,13 +75,13 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
-        migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_payloads, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
         get_metrics
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
         VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
-        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent
+        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -396,6 +398,13 @@ async fn rebalancer_events(
 ) -> Result<Json<Vec<RebalanceEvent>>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::bad("since", format!("{e}; give ?since=<event id>")))?;
     Ok(Json(d.rebalance_events(q.since)))
+}
+
+/// The payload ELFs in vgpud's --payload-dir (empty without one), each with what it does
+/// and its arguments (docs/payloads.md).
+#[utoipa::path(get, path = "/v1/payloads", responses((status = 200, body = [Payload])))]
+async fn list_payloads(State(d): State<AppState>) -> Json<Vec<Payload>> {
+    Json(d.payloads())
 }
 
 /// List VMs.
