@@ -103,7 +103,7 @@ fn replace_word(text: &str, word: &str, by: &str) -> String {
     if word.is_empty() {
         return text.to_owned();
     }
-    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find(word) {
@@ -136,7 +136,12 @@ pub fn message(ctx: Context, e: &ClientError) -> String {
                     if leaf != "id" {
                         text = replace_word(&text, leaf, &flag);
                     }
-                    format!("{flag}: {text} (vgpud answered {status})")
+                    let hint = if flag == "--copy" && leaf == "copy_share" && ctx != Context::VgpuSet {
+                        " (without --copy the copy share is the compute share; give --copy to set it apart)"
+                    } else {
+                        ""
+                    };
+                    format!("{flag}: {text}{hint} (vgpud answered {status})")
                 }
                 None => format!("vgpud refused ({status}, field `{field}`): {}", body.error),
             }
