@@ -103,7 +103,7 @@ fn replace_word(text: &str, word: &str, by: &str) -> String {
     if word.is_empty() {
         return text.to_owned();
     }
-    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let is_word = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '/');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find(word) {
