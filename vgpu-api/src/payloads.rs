@@ -243,4 +243,21 @@ mod tests {
         let other = Payload::describe("mine", "/p/mine".into(), 1);
         assert!(other.description.is_none() && other.args.is_empty());
     }
+
+    #[test]
+    fn the_docs_list_every_payload() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/payloads.md");
+        let doc = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            doc.contains(&markdown()),
+            "docs/payloads.md is out of date with vgpu_api::payloads::PAYLOADS; print the table with\n  cargo test -p vgpu-api payloads_markdown -- --ignored --nocapture\nand paste it under \"The payloads\""
+        );
+    }
+
+    /// Prints docs/payloads.md's table.
+    #[test]
+    #[ignore]
+    fn payloads_markdown() {
+        print!("{}", markdown());
+    }
 }

@@ -243,7 +243,7 @@ async fn list_vgpus(State(d): State<AppState>) -> Json<Vec<Vgpu>> {
     (status = 201, body = Vgpu, description = "Created; its worker is ready for a VM"),
     (status = 400, body = ErrorBody, description = "Invalid field"),
     (status = 409, body = ErrorBody, description = "Does not fit (memory, shares)"),
-    (status = 501, body = ErrorBody, description = "oversubscribe=true (issue 6)"),
+    (status = 501, body = ErrorBody, description = "A feature this vgpud lacks"),
     (status = 500, body = ErrorBody, description = "The worker could not start; or created, but the state file could not be written (field state_file): the vGPU would not survive a restart until a later save succeeds"),
 ))]
 async fn create_vgpu(
@@ -372,7 +372,7 @@ async fn get_migration(
     d.migration(id_of(&id)?).map(Json)
 }
 
-/// The rebalancer (issue 13): its mode and settings, each GPU's and vGPU's measured
+/// The rebalancer (docs/rebalance.md): its mode and settings, each GPU's and vGPU's measured
 /// demand (busy + queue wait), overload and idle time, idle GPUs.
 #[utoipa::path(get, path = "/v1/rebalancer", responses((status = 200, body = RebalancerStatus)))]
 async fn get_rebalancer(State(d): State<AppState>) -> Json<RebalancerStatus> {
@@ -417,7 +417,7 @@ async fn list_vms(State(d): State<AppState>) -> Json<Vec<Vm>> {
 #[utoipa::path(post, path = "/v1/vms", request_body = VmCreate, responses(
     (status = 201, body = Vm, description = "Launched (state starting, then running)"),
     (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
-    (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): issue 12"),
+    (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): this vgpud boots payloads only"),
     (status = 500, body = ErrorBody, description = "The VM could not start; or launched, but the state file could not be written (field state_file)")))]
 async fn create_vm(
     State(d): State<AppState>,
