@@ -468,3 +468,76 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Err(format!("{s:?}: give a fraction from 0 to 0.5 (50%)"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_is_in_the_docs() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md");
+        let doc = std::fs::read_to_string(path).unwrap_or_default();
+        for a in Args::command().get_arguments() {
+            if let Some(long) = a.get_long() {
+                assert!(
+                    doc.contains(&format!("`--{long}")),
+                    "--{long} is missing from docs/api.md's options table"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn config_files_become_options() {
+        let dir = std::env::temp_dir().join(format!("vgpud-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.json");
+        std::fs::write(
+            &f,
+            r#"{"sim-gpus": 3, "discard-state": true, "policy": "fifo", "print-openapi": false}"#,
+        )
+        .expect("write");
+        // print-openapi is not a config key.
+        let e = config_words(&f).expect_err("print-openapi refused");
+        assert!(e.to_string().contains("\"print-openapi\""), "{e}");
+        std::fs::write(
+            &f,
+            r#"{"sim-gpus": 3, "discard-state": true, "policy": "fifo"}"#,
+        )
+        .expect("write");
+        let mut words = config_words(&f).expect("config");
+        words.sort();
+        assert_eq!(
+            words,
+            ["--discard-state", "--policy", "--sim-gpus", "3", "fifo"]
+        );
+        for (text, says) in [
+            (r#"{"sim-gpu": 3}"#, "unknown key \"sim-gpu\""),
+            (r#"{"sim-gpus": [3]}"#, "not a string, number or boolean"),
+            (r#"[1]"#, "not a JSON object"),
+        ] {
+            std::fs::write(&f, text).expect("write");
+            let e = config_words(&f).expect_err(text);
+            assert!(e.to_string().contains(says), "{text}: {e}");
+        }
+        // The command line overrides the file.
+        let mut argv: Vec<String> = vec!["vgpud".into()];
+        argv.extend(["--sim-gpus".into(), "3".into()]);
+        argv.extend(["--sim-gpus".into(), "5".into()]);
+        let a = Args::try_parse_from(argv).expect("parse");
+        assert_eq!(a.sim_gpus, 5);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn token_files_must_be_private() {
+        let f = std::env::temp_dir().join(format!("vgpud-token-test-{}", std::process::id()));
+        std::fs::write(&f, "token-0123456789abcdef").expect("write");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = check_private(&f).expect_err("world-readable");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(check_private(&f).is_ok());
+        let _ = std::fs::remove_file(f);
+    }
+}
