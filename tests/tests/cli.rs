@@ -87,6 +87,9 @@ fn every_command_group_and_errors_in_cli_terms() {
     let (code, _, err) = ctl(&["vgpu", "create", "--memory", "0", "--compute", "0.1"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("--memory: "), "{err}");
+    let (code, _, err) = ctl(&["vm", "launch", "--payload", "hello", "--share-group", "g"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--share-group describes a new vGPU"), "{err}");
     let (code, _, err) = ctl(&["migration", "show", "77"]);
     assert_eq!(code, Some(1));
     assert!(

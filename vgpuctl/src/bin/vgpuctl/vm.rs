@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use vgpu_api::api::{VgpuCreate, Vm, VmCreate, VmState};
+use vgpu_api::api::{StorageAttachment, VgpuCreate, Vm, VmCreate, VmState};
 use vgpu_api::client::{Client, ClientError};
 use vgpu_api::units::{parse_share_fraction, parse_size};
 
@@ -34,7 +34,7 @@ pub enum VmCmd {
         #[arg(long, default_value_t = 1)]
         vcpus: u8,
         /// Use this existing vGPU.
-        #[arg(long, conflicts_with_all = ["memory", "compute"])]
+        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage"])]
         vgpu: Option<u32>,
         /// Physical GPU of the new vGPU.
         #[arg(long)]
@@ -54,6 +54,15 @@ pub enum VmCmd {
         /// Queues of the new vGPU.
         #[arg(long, default_value_t = 1)]
         queues: u16,
+        /// Share group of the new vGPU (for shared device memory).
+        #[arg(long)]
+        share_group: Option<String>,
+        /// Let the new vGPU oversubscribe memory (swapped out when the GPU runs short).
+        #[arg(long)]
+        oversubscribe: bool,
+        /// Attach a storage namespace to the new vGPU, `ID=PATH[:ro|:rw]`; repeat for more.
+        #[arg(long, value_parser = StorageAttachment::parse)]
+        storage: Vec<StorageAttachment>,
         /// Wait until the VM ends; exit with its exit code.
         #[arg(long)]
         wait: bool,
@@ -154,6 +163,9 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             copy,
             priority,
             queues,
+            share_group,
+            oversubscribe,
+            storage,
             wait,
         } => {
             let spec = match (memory, compute) {
@@ -163,12 +175,26 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     compute_share: compute,
                     copy_share: copy,
                     priority,
-                    oversubscribe: false,
-                    share_group: None,
+                    oversubscribe,
+                    share_group,
                     queues,
-                    storage: Vec::new(),
+                    storage,
                 }),
-                (None, None) => None,
+                (None, None) => {
+                    let given = [
+                        ("--gpu", gpu.is_some()),
+                        ("--copy", copy.is_some()),
+                        ("--share-group", share_group.is_some()),
+                        ("--oversubscribe", oversubscribe),
+                        ("--storage", !storage.is_empty()),
+                    ];
+                    if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                        return Err(Failure::usage(format!(
+                            "{flag} describes a new vGPU: give --memory and --compute too (or drop it)"
+                        )));
+                    }
+                    None
+                }
                 _ => {
                     return Err(Failure::usage(
                         "a new vGPU needs both --memory and --compute (or use --vgpu ID)",
