@@ -66,6 +66,29 @@ const FLAGS: &[(Context, &str, &str)] = &[
     (Context::Migrate, "max_downtime_ms", "--max-downtime-ms"),
 ];
 
+/// Endpoints that vgpud's hints name → the vgpuctl command that reads them (longest
+/// first, so `/v1/migrations/{id}` wins over `/v1/migrations`).
+const COMMANDS: &[(&str, &str)] = &[
+    ("GET /v1/rebalancer/events", "`vgpuctl rebalancer events`"),
+    ("GET /v1/migrations/{id}", "`vgpuctl migration show ID`"),
+    ("GET /v1/migrations", "`vgpuctl migration list`"),
+    ("GET /v1/rebalancer", "`vgpuctl rebalancer status`"),
+    ("GET /v1/payloads", "`vgpuctl payload list`"),
+    ("GET /v1/vgpus", "`vgpuctl vgpu list`"),
+    ("GET /v1/vms", "`vgpuctl vm list`"),
+    ("GET /v1/gpus", "`vgpuctl gpus`"),
+    ("GET /v1/shm", "`vgpuctl shm list`"),
+];
+
+/// `text` with the endpoints it names as the vgpuctl commands that read them.
+fn cli_commands(text: &str) -> String {
+    let mut out = text.to_owned();
+    for (endpoint, command) in COMMANDS {
+        out = out.replace(endpoint, command);
+    }
+    out
+}
+
 /// The flag for API field `field` of a request made by `ctx` (None: no flag; the field
 /// is a path parameter or something the CLI does not set).
 pub fn flag_for(ctx: Context, field: &str) -> Option<String> {
@@ -126,6 +149,10 @@ pub fn message(ctx: Context, e: &ClientError) -> String {
     match e {
         ClientError::Api { status: 401, .. } => "vgpud refused the request (401): it needs its bearer token; pass --token-file FILE (or set VGPUD_TOKEN_FILE) with the token vgpud was started with".into(),
         ClientError::Api { status, body } => {
+            let body = &vgpu_api::api::ErrorBody {
+                error: cli_commands(&body.error),
+                field: body.field.clone(),
+            };
             let Some(field) = body.field.as_deref() else {
                 return format!("vgpud refused ({status}): {}", body.error);
             };
@@ -250,6 +277,18 @@ mod tests {
         );
         assert!(m.contains("--token-file FILE"), "{m}");
         assert!(!m.contains("Authorization"), "{m}");
+        let m = message(
+            Context::Migrate,
+            &api(
+                409,
+                Some("id"),
+                "vGPU 3 is already migrating; follow GET /v1/migrations",
+            ),
+        );
+        assert!(
+            m.ends_with("follow `vgpuctl migration list` (vgpud answered 409)"),
+            "{m}"
+        );
         assert_eq!(
             replace_word("a memory_bytes_x b", "memory_bytes", "--x"),
             "a memory_bytes_x b"
