@@ -181,6 +181,29 @@ fn every_command_group_and_errors_in_cli_terms() {
     assert!(out.contains("moved from GPU 0 to GPU 1"), "{out}");
     let (code, _, err) = ctl(&["vgpu", "migrate", &id, "--mode", "fast"]);
     assert_eq!(code, Some(2), "{err}");
+
+    // Oversubscribed memory counts in top's header though it reserves nothing.
+    let (code, _, err) = ctl(&[
+        "vgpu",
+        "create",
+        "--gpu",
+        "0",
+        "--memory",
+        "768M",
+        "--compute",
+        "10%",
+        "--oversubscribe",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = ctl(&["top", "--count", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("promised 768.0 MiB (0 B reserved by hard shares, 768.0 MiB oversubscribed)"),
+        "{out}"
+    );
+    let (code, out, err) = ctl(&["gpus"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("OVERSUB RESIDENT/POOL"), "{out}");
 }
 
 #[test]

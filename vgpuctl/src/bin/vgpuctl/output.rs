@@ -147,6 +147,8 @@ pub fn gpu_rows(gpus: &[Gpu]) -> String {
             "MEMORY",
             "COMMITTED",
             "FREE",
+            "OVERSUB RESIDENT/POOL",
+            "SWAP AREA USED",
             "COMPUTE",
             "COPY",
             "COPY BW",
@@ -161,6 +163,16 @@ pub fn gpu_rows(gpus: &[Gpu]) -> String {
                     human_bytes(g.memory_bytes),
                     human_bytes(g.memory_committed_bytes),
                     human_bytes(g.memory_free_bytes),
+                    format!(
+                        "{}/{}",
+                        human_bytes(g.oversubscribed_resident_bytes),
+                        human_bytes(g.oversubscribed_pool_bytes)
+                    ),
+                    format!(
+                        "{}/{}",
+                        human_bytes(g.swap_area_used_bytes),
+                        human_bytes(g.swap_area_bytes)
+                    ),
                     pct(g.compute_committed),
                     pct(g.copy_committed),
                     if g.copy_bandwidth == 0 {
