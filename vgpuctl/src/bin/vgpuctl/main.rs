@@ -54,6 +54,12 @@ struct Cli {
 enum Cmd {
     /// List the physical GPUs and what is committed on them.
     Gpus,
+    /// vGPUs.
+    #[command(subcommand)]
+    Vgpu(VgpuCmd),
+    /// VMs.
+    #[command(subcommand)]
+    Vm(VmCmd),
     /// Live migrations (started with `vgpu migrate` / `vm migrate` or by the rebalancer).
     #[command(subcommand)]
     Migration(MigrationCmd),
@@ -66,12 +72,6 @@ enum Cmd {
     /// The payload guests vgpud can boot (its --payload-dir) and their arguments.
     #[command(subcommand)]
     Payload(PayloadCmd),
-    /// vGPUs.
-    #[command(subcommand)]
-    Vgpu(VgpuCmd),
-    /// VMs.
-    #[command(subcommand)]
-    Vm(VmCmd),
     /// Live per-vGPU utilization and memory (refreshing; q or Ctrl-C to stop).
     Top {
         /// Refresh period, ms.
