@@ -56,7 +56,7 @@ pub struct VgpuUsage {
     pub compute_busy_ns: Nanos,
     pub copy_busy_ns: Nanos,
     /// Time since attach during which it had requests waiting for a grant (queue wait,
-    /// the part of its demand the GPU could not serve; issue 13).
+    /// the part of its demand the GPU could not serve).
     pub compute_wait_ns: Nanos,
     pub copy_wait_ns: Nanos,
 }

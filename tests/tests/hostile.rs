@@ -1,4 +1,4 @@
-//! Hostile guests and injected faults (issue 10, docs/hostile.md), each beside a neighbour
+//! Hostile guests and injected faults (docs/hostile.md), each beside a neighbour
 //! VM that checks its own results all along (gpu-load: checksums every few rounds):
 //!
 //! - the hostile payload attacks invariants 1-3 through vgpud while a neighbour computes;

@@ -26,7 +26,7 @@ pub struct Gpu {
     pub index: u32,
     /// Device name.
     pub name: String,
-    /// Backend serving it: `sim` or `cuda`.
+    /// Backend serving it: `sim` (or `cuda` once that backend lands).
     pub backend: String,
     /// Device memory.
     pub memory_bytes: u64,
@@ -81,14 +81,14 @@ pub struct VgpuCreate {
     /// memory) when the GPU runs short (docs/memory.md).
     #[serde(default)]
     pub oversubscribe: bool,
-    /// Share group: vGPUs in one group on one GPU may share device memory (docs/memory.md).
+    /// Share group: vGPUs in one group may share device memory (shm).
     /// 1..=64 characters of `[A-Za-z0-9_.-]`.
     #[serde(default)]
     pub share_group: Option<String>,
     /// Request queues (guest streams), 1..=64.
     #[serde(default = "one_queue")]
     pub queues: u16,
-    /// Storage namespaces the guest may read from GPU kernels (docs/storage.md): at most 16,
+    /// Storage namespaces the guest may read from GPU kernels: at most 16,
     /// unique ids. The guest attaches one with `STORAGE_ATTACH` and runs the built-in
     /// storage kernels on it (sim GPUs).
     #[serde(default)]
@@ -252,7 +252,8 @@ pub struct Vgpu {
 }
 
 /// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`
-/// (Linux guests) answer 501: this vgpud boots payloads only. Give its vGPU as `vgpu_id` (an existing
+/// (Linux guests) answer 501: vgpud launches payload guests only; run a Linux guest with
+/// `vmm --kernel` by hand (docs/linux-guests.md). Give its vGPU as `vgpu_id` (an existing
 /// `ready` vGPU) or `vgpu` (created with the VM and deleted with it), or neither.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -481,7 +482,7 @@ pub struct Migration {
     pub timeline: Vec<MigrationSpan>,
 }
 
-/// One GPU's demand as the rebalancer measured it (docs/rebalance.md).
+/// One GPU's demand as the rebalancer measured it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuDemand {
