@@ -99,6 +99,7 @@ pub fn follow_migration(
         emit(json, &m, migration_line);
         return Ok(ExitCode::SUCCESS);
     }
+    let was_running = m.state == "running";
     let tty = !json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let bar = if tty {
         indicatif::ProgressBar::new(m.total_bytes)
@@ -135,9 +136,10 @@ pub fn follow_migration(
     if done.state != "completed" {
         return Ok(ExitCode::from(code::FAILED));
     }
-    // Where the vGPU runs now, as vgpud places it.
+    // Where the vGPU runs now, as vgpud places it (a migration watched after its end
+    // may have been followed by others).
     match c.vgpu(done.vgpu) {
-        Ok(v) if !json => {
+        Ok(v) if !json && was_running => {
             if v.gpu == done.target_gpu {
                 println!("vGPU {} now runs on GPU {}", v.id, v.gpu);
             } else {
