@@ -348,8 +348,17 @@ fn private_dir(dir: &Path) -> Result<(), DaemonError> {
         .mode(0o700)
         .create(dir)
         .map_err(err)?;
-    let mode = std::fs::metadata(dir).map_err(err)?.permissions().mode() & 0o777;
-    if mode != 0o700 {
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if mode & 0o1000 != 0 || std::os::unix::fs::MetadataExt::uid(&meta) != me {
+        // A shared directory such as /tmp (the socket's directory by default) is left
+        // alone: tightening it would lock others out.
+        tracing::warn!(dir = %dir.display(), "the state directory is shared (mode {mode:04o}) or not ours; give vgpud its own --state-dir");
+        return Ok(());
+    }
+    if mode & 0o777 != 0o700 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
         tracing::info!(dir = %dir.display(), "state directory tightened to mode 0700 (was {mode:04o})");
     }
