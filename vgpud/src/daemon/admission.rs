@@ -98,7 +98,7 @@ impl Daemon {
         if let Some(g) = &spec.share_group {
             validate_share_group(g)?;
         }
-        storage::validate(&spec.storage)?;
+        storage::validate(&spec.storage, self.cfg.storage_root.as_deref())?;
         self.validate_memory(spec.gpu, spec.memory_bytes)?;
         Ok(VgpuAsk {
             gpu: spec.gpu,
