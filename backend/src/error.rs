@@ -48,6 +48,15 @@ pub enum BackendError {
         /// Length of the range.
         len: u64,
     },
+    /// A write (HtoD, DtoD destination, memset, a kernel's WRITE or READ_WRITE pointer)
+    /// into a read-only mapping.
+    #[error("device range {addr:#x}+{len:#x} lies in a read-only mapping of a shared object; write only through a read-write attachment (SHM_AT without the read-only flag) or into an allocation")]
+    ReadOnly {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
     /// A device pointer not aligned to the element it addresses.
     #[error(
         "device pointer {addr:#x} is not aligned to {align} bytes; align it to the element size"
@@ -126,6 +135,7 @@ impl BackendError {
             | BackendError::MemoryPressure { .. }
             | BackendError::AddressSpaceFull { .. } => Status::OutOfMemory,
             BackendError::BadPointer { .. }
+            | BackendError::ReadOnly { .. }
             | BackendError::Misaligned { .. }
             | BackendError::NotAllocated { .. } => Status::BadDevicePointer,
             BackendError::UnknownModule(_) => Status::UnknownModule,

@@ -185,6 +185,12 @@ impl Ledger {
 pub(crate) trait Extent {
     /// Its size in bytes as requested (device ranges must lie inside it).
     fn size(&self) -> u64;
+
+    /// True for a read-only mapping (a shared object attached with the read-only flag):
+    /// copies, memsets and kernels must not write it.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Live allocations by first device address. Removing one only drops the table's
@@ -230,6 +236,26 @@ impl<A: Extent> AllocTable<A> {
             return Err(BackendError::BadPointer { addr, len });
         }
         Ok((a.clone(), off))
+    }
+
+    /// Like [`resolve`](Self::resolve), for a range about to be written (HtoD, a DtoD
+    /// destination, memset): a read-only mapping is refused before any byte moves.
+    pub fn resolve_write(&self, addr: u64, len: u64) -> Result<(Arc<A>, u64)> {
+        let (a, off) = self.resolve(addr, len)?;
+        if a.read_only() {
+            return Err(BackendError::ReadOnly { addr, len });
+        }
+        Ok((a, off))
+    }
+
+    /// Refuses a kernel pointer argument the kernel may write through (`WRITE` or
+    /// `READ_WRITE`) when it points into a read-only mapping. A pointer inside no
+    /// allocation passes here: the kernel's own range check answers it.
+    pub fn check_kernel_write(&self, addr: u64) -> Result<()> {
+        match self.resolve(addr, 0) {
+            Ok((a, _)) if a.read_only() => Err(BackendError::ReadOnly { addr, len: 0 }),
+            _ => Ok(()),
+        }
     }
 
     /// The table, read-locked (walks over every allocation).

@@ -97,12 +97,19 @@ pub struct Allocation {
     /// Mapped from a shared object another process owns (shm): not charged here, never
     /// decommitted here.
     imported: bool,
+    /// Mapped `PROT_READ` (a read-only attachment of a shared object): every write path
+    /// checks this before touching the bytes, since a write would fault the process.
+    read_only: bool,
     space: Arc<Space>,
 }
 
 impl Extent for Allocation {
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -276,6 +283,7 @@ impl DeviceMemory {
                     host,
                     memfd,
                     imported: false,
+                    read_only: false,
                     space: self.space.clone(),
                 });
                 self.table.insert(addr, a);
@@ -345,6 +353,7 @@ impl DeviceMemory {
             host,
             memfd,
             imported: true,
+            read_only,
             space: self.space.clone(),
         });
         self.table.insert(addr, a);
@@ -444,6 +453,19 @@ impl DeviceMemory {
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
         self.table.resolve(addr, len)
+    }
+
+    /// Like [`resolve`](Self::resolve), for a range about to be written: a read-only
+    /// mapping is refused (`BAD_DEVICE_POINTER`) before any byte is touched, since the
+    /// `PROT_READ` mapping would fault the worker.
+    pub fn resolve_write(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
+        self.table.resolve_write(addr, len)
+    }
+
+    /// Refuses the launch of a kernel that may write through `addr` (a `WRITE` or
+    /// `READ_WRITE` pointer argument) when it points into a read-only mapping.
+    pub fn check_kernel_write(&self, addr: u64) -> Result<()> {
+        self.table.check_kernel_write(addr)
     }
 }
 

@@ -177,7 +177,7 @@ impl Backend for SimGpu {
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = as_len(src.len());
-        let (alloc, off) = self.mem.resolve(dst, len)?;
+        let (alloc, off) = self.mem.resolve_write(dst, len)?;
         self.copy.run(len, |o, n| {
             let d = alloc.volatile(off + o, n)?;
             let s = src
@@ -207,7 +207,7 @@ impl Backend for SimGpu {
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
         let _op = self.inflight.begin();
         let (sa, so) = self.mem.resolve(src, len)?;
-        let (da, doff) = self.mem.resolve(dst, len)?;
+        let (da, doff) = self.mem.resolve_write(dst, len)?;
         // Device-internal bandwidth is far above the copy engine's: not paced.
         // `copy_to_volatile_slice` is a memmove, so overlapping ranges are fine.
         sa.volatile(so, len)?
@@ -218,7 +218,7 @@ impl Backend for SimGpu {
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = crate::space::memset_len(dst, elem_size, count)?;
-        let (a, off) = self.mem.resolve(dst, len)?;
+        let (a, off) = self.mem.resolve_write(dst, len)?;
         let bytes = value.to_le_bytes();
         let pattern = match elem_size {
             1 => u32::from_le_bytes([bytes[0]; 4]),
@@ -275,6 +275,13 @@ impl Backend for SimGpu {
         // geometry (validated by the device layer) matters to PTX kernels only.
         let _op = self.inflight.begin();
         let sig = self.modules.kernel(function)?;
+        for arg in args {
+            if let ArgValue::Ptr { addr, access } = arg {
+                if access.writes() {
+                    self.mem.check_kernel_write(*addr)?;
+                }
+            }
+        }
         let ctx = kernels::Ctx {
             mem: &self.mem,
             threads: self.threads,

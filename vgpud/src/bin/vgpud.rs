@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, ValueEnum};
 use vgpu_api::control::CudaDevice;
-use vgpud::daemon::{self, Config, DaemonError, GpuConfig, Listen};
+use vgpud::daemon::{self, Config, DaemonError, GpuConfig, Listen, ShmLimits};
 use vgpud::units::{parse_bandwidth, parse_size};
 
 /// The vgpu host daemon: owns the physical GPUs, runs one vgpu-worker per vGPU and one
@@ -107,6 +107,15 @@ struct Args {
     /// this vgpud starts without the vGPUs and VM records it held.
     #[arg(long)]
     discard_state: bool,
+    /// Shared memory objects one vGPU may have created and not yet freed.
+    #[arg(long, default_value_t = ShmLimits::default().objects_per_vgpu)]
+    shm_objects_per_vgpu: usize,
+    /// Shared memory objects one share group may hold on one GPU.
+    #[arg(long, default_value_t = ShmLimits::default().objects_per_group)]
+    shm_objects_per_group: usize,
+    /// Shared memory attachments one vGPU may hold at once.
+    #[arg(long, default_value_t = ShmLimits::default().attachments_per_vgpu)]
+    shm_attachments_per_vgpu: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -312,6 +321,12 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         },
         rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
         discard_state: args.discard_state,
+        shm_limits: ShmLimits {
+            objects_per_vgpu: args.shm_objects_per_vgpu,
+            objects_per_group: args.shm_objects_per_group,
+            attachments_per_vgpu: args.shm_attachments_per_vgpu,
+            ..ShmLimits::default()
+        },
     })
 }
 

@@ -59,13 +59,14 @@ impl Daemon {
             .collect::<Result<Vec<_>, _>>()?;
         let memory = GpuMemory::for_config(&cfg);
         let rebalance = Mutex::new(rebalancing::State::new(&cfg));
+        let shm = Mutex::new(shm::Registry::new(cfg.shm_limits));
         Ok(Self {
             cfg,
             grants,
             state: State::new(),
             shutting_down: AtomicBool::new(false),
             memory,
-            shm: Mutex::new(shm::Registry::default()),
+            shm,
             rebalance,
             saver: tokio::sync::Mutex::new(Saver::default()),
             save_kick: Notify::new(),
@@ -212,7 +213,7 @@ pub(super) mod testing {
 
     use std::time::Duration;
 
-    use super::super::{Config, GpuConfig, Listen};
+    use super::super::{Config, GpuConfig, Listen, ShmLimits};
     use super::Daemon;
     use crate::api::VgpuCreate;
 
@@ -243,6 +244,7 @@ pub(super) mod testing {
             rebalance_interval: Duration::from_millis(250),
             discard_state: false,
             storage_root: None,
+            shm_limits: ShmLimits::default(),
         })
         .expect("scheduler threads")
     }

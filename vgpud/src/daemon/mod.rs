@@ -35,6 +35,7 @@ use std::time::Duration;
 pub use self::core::Daemon;
 pub use error::{ApiError, DaemonError};
 pub use migration::MigrateCommand;
+pub use shm::Limits as ShmLimits;
 
 /// One simulated physical GPU.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +97,8 @@ pub struct Config {
     /// Set an unreadable state file aside and start without it (`--discard-state`)
     /// instead of refusing to start.
     pub discard_state: bool,
+    /// Bounds on shared memory objects and attachments (docs/hostile.md).
+    pub shm_limits: ShmLimits,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.

@@ -48,6 +48,91 @@ pub fn sim_object(size: u64) -> Result<OwnedFd, String> {
     Ok(memfd)
 }
 
+/// Bounds on what guests make through the registry. Every object holds a descriptor in
+/// vgpud (and one per attachment in the mapping worker), so without them a guest that
+/// loops over `SHM_GET` with key 0 exhausts vgpud's descriptors and every other tenant's
+/// REST calls fail. Past a bound the guest gets `OUT_OF_MEMORY` with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Live objects one vGPU created (removed ones still attached count: they hold a
+    /// descriptor) (`vgpud --shm-objects-per-vgpu`).
+    pub objects_per_vgpu: usize,
+    /// Live objects of one share group on one GPU (`--shm-objects-per-group`).
+    pub objects_per_group: usize,
+    /// Attachments one vGPU holds at once, across objects (each is a mapping and a
+    /// descriptor in its worker) (`--shm-attachments-per-vgpu`).
+    pub attachments_per_vgpu: u64,
+    /// Descriptors vgpud keeps free for everything else (REST connections, worker
+    /// sockets, logs, grant channels): an object or attachment that would leave fewer is
+    /// refused, long before `EMFILE`.
+    pub fd_reserve: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            objects_per_vgpu: 64,
+            objects_per_group: 256,
+            attachments_per_vgpu: 256,
+            fd_reserve: FD_RESERVE,
+        }
+    }
+}
+
+/// The default of [`Limits::fd_reserve`].
+pub const FD_RESERVE: u64 = 512;
+
+/// Bytes an object of `size` bytes takes: whole pages, as its backing is made.
+pub fn charged_bytes(size: u64) -> u64 {
+    const PAGE: u64 = 4096;
+    size.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+/// Raises vgpud's open-file limit (`RLIMIT_NOFILE`) to its hard limit: every shared
+/// object, worker channel and REST connection is a descriptor. Returns the soft limit
+/// now in force.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "reading RLIMIT_NOFILE");
+        return 0;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads `raised`; raising the soft limit to the hard one is
+        // always permitted.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        } else {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "raising RLIMIT_NOFILE");
+        }
+    }
+    tracing::info!(open_files = lim.rlim_cur, "open-file limit");
+    lim.rlim_cur
+}
+
+/// Descriptors this process may still open: the soft `RLIMIT_NOFILE` less those open
+/// now (`None` when either cannot be read).
+pub fn fd_headroom() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into `lim`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    let open = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(lim.rlim_cur.saturating_sub(open))
+}
+
 /// Who asks.
 #[derive(Clone, Debug)]
 pub struct Asker<'a> {
@@ -85,16 +170,89 @@ impl Object {
 type Fail = (ShmFailure, String);
 
 /// Every shared object of the host.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     next: u64,
     objects: BTreeMap<u64, Object>,
+    limits: Limits,
+    /// Descriptors vgpud may still open (replaceable in tests).
+    headroom: fn() -> Option<u64>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new(Limits::default())
+    }
 }
 
 /// Largest shared object (a sanity bound; the GPU's free memory is the real limit).
 pub const MAX_SIZE: u64 = 1 << 40;
 
 impl Registry {
+    /// An empty registry with these bounds.
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            next: 0,
+            objects: BTreeMap::new(),
+            limits,
+            headroom: fd_headroom,
+        }
+    }
+
+    /// Refuses a new descriptor when fewer than the reserve would be left.
+    fn check_descriptors(&self, what: &str) -> Result<(), Fail> {
+        match (self.headroom)() {
+            Some(left) if left <= self.limits.fd_reserve => {
+                tracing::warn!(
+                    left,
+                    reserve = self.limits.fd_reserve,
+                    "shared memory refused: vgpud is short of file descriptors"
+                );
+                Err((
+                    ShmFailure::NoMemory,
+                    format!(
+                        "{what} refused: vgpud has {left} file descriptors left, and keeps {} for its other work; detach or remove (RMID) shared objects, or ask the operator to raise vgpud's open-file limit",
+                        self.limits.fd_reserve
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a new object of `who` past the per-vGPU or per-group bound.
+    fn check_object_bounds(&self, who: &Asker<'_>, group: &str) -> Result<(), Fail> {
+        let mine = self
+            .objects
+            .values()
+            .filter(|o| o.creator == who.vgpu)
+            .count();
+        if mine >= self.limits.objects_per_vgpu {
+            return Err((
+                ShmFailure::NoMemory,
+                format!(
+                    "vGPU {} has created {mine} shared objects, the most one vGPU may hold; remove some (SHM_CTL RMID, then detach) first",
+                    who.vgpu
+                ),
+            ));
+        }
+        let in_group = self
+            .objects
+            .values()
+            .filter(|o| o.gpu == who.gpu && o.group == group)
+            .count();
+        if in_group >= self.limits.objects_per_group {
+            return Err((
+                ShmFailure::NoMemory,
+                format!(
+                    "share group {group:?} holds {in_group} shared objects on GPU {}, the most a group may hold; remove some (SHM_CTL RMID, then detach) first",
+                    who.gpu
+                ),
+            ));
+        }
+        self.check_descriptors("a new shared object")
+    }
+
     fn group<'a>(who: &Asker<'a>) -> Result<&'a str, Fail> {
         who.group.ok_or_else(|| {
             (
@@ -174,15 +332,17 @@ impl Registry {
                 format!("size {size}: give 1 byte to {MAX_SIZE} bytes"),
             ));
         }
-        if size > free {
+        if charged_bytes(size) > free {
             return Err((
                 ShmFailure::NoMemory,
                 format!(
-                    "{size} bytes asked, GPU {} has {free} bytes free for shared objects",
+                    "{size} bytes asked ({} in whole pages), GPU {} has {free} bytes free for shared objects",
+                    charged_bytes(size),
                     who.gpu
                 ),
             ));
         }
+        self.check_object_bounds(who, group)?;
         let fd = create(size).map_err(|e| (ShmFailure::NoMemory, e))?;
         self.next += 1;
         let id = self.next;
@@ -221,6 +381,22 @@ impl Registry {
                 format!("shared object {id} was removed (RMID)"),
             ));
         }
+        let held: u64 = self
+            .objects
+            .values()
+            .filter_map(|o| o.attached.get(&who.vgpu))
+            .map(|n| u64::from(*n))
+            .sum();
+        if held >= self.limits.attachments_per_vgpu {
+            return Err((
+                ShmFailure::NoMemory,
+                format!(
+                    "vGPU {} holds {held} shared memory attachments, the most one vGPU may hold; detach some (SHM_DT) first",
+                    who.vgpu
+                ),
+            ));
+        }
+        self.check_descriptors("a new attachment")?;
         let fd = o.fd.try_clone().map_err(|e| {
             (
                 ShmFailure::NoMemory,
@@ -302,12 +478,12 @@ impl Registry {
         }
     }
 
-    /// Bytes of shared objects on `gpu`.
+    /// Bytes of shared objects on `gpu`, each in whole pages.
     pub fn bytes_on(&self, gpu: u32) -> u64 {
         self.objects
             .values()
             .filter(|o| o.gpu == gpu)
-            .map(|o| o.size)
+            .map(|o| charged_bytes(o.size))
             .sum()
     }
 
@@ -420,6 +596,111 @@ mod tests {
         assert_eq!(r.ctl(&a, id, 9).map_err(|e| e.0), Err(ShmFailure::Invalid));
         assert_eq!(r.detach(1, id).map_err(|e| e.0), Err(ShmFailure::NotFound));
         assert_eq!(r.detach(1, 999).map_err(|e| e.0), Err(ShmFailure::NotFound));
+    }
+
+    #[test]
+    fn objects_and_attachments_are_bounded_per_vgpu_and_per_group() {
+        let limits = Limits {
+            objects_per_vgpu: 3,
+            objects_per_group: 5,
+            attachments_per_vgpu: 4,
+            fd_reserve: 0,
+        };
+        let mut r = Registry::new(limits);
+        let a = who(1, Some("g"));
+        let b = who(2, Some("g"));
+        let other = who(3, Some("h"));
+        let mut mine = Vec::new();
+        for _ in 0..3 {
+            mine.push(
+                r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
+                    .expect("create"),
+            );
+        }
+        let past = r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd);
+        match past {
+            Err((ShmFailure::NoMemory, why)) => {
+                assert!(why.contains("the most one vGPU may hold"), "{why}")
+            }
+            other => panic!("the 4th object of a vGPU: {other:?}"),
+        }
+        // An existing key still answers: lookups create nothing.
+        let keyed = r.get(&b, 9, 1, CREATE_FLAGS, 1 << 30, memfd).expect("b");
+        r.get(&b, 0, 1, CREATE_FLAGS, 1 << 30, memfd).expect("b");
+        match r.get(&b, 0, 1, CREATE_FLAGS, 1 << 30, memfd) {
+            Err((ShmFailure::NoMemory, why)) => {
+                assert!(why.contains("the most a group may hold"), "{why}")
+            }
+            other => panic!("the 6th object of a group: {other:?}"),
+        }
+        assert_eq!(r.get(&a, 9, 0, 0, 1 << 30, memfd), Ok(keyed));
+        r.get(&other, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
+            .expect("another group has its own bound");
+        // Removing one makes room again.
+        let first = mine[0];
+        r.ctl(&a, first, shm_cmd::RMID).expect("rmid");
+        r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
+            .expect("room after RMID");
+        // Attachments per vGPU.
+        let mut fds = Vec::new();
+        for _ in 0..4 {
+            fds.push(r.attach(&b, keyed).expect("attach"));
+        }
+        assert_eq!(
+            r.attach(&b, keyed).map(|_| ()).map_err(|e| e.0),
+            Err(ShmFailure::NoMemory)
+        );
+        r.detach(2, keyed).expect("detach");
+        r.attach(&b, keyed).expect("room after a detach");
+        // Whole pages: a 1-byte object takes a page.
+        assert_eq!(charged_bytes(1), 4096);
+        assert_eq!(charged_bytes(4096), 4096);
+        assert_eq!(charged_bytes(4097), 8192);
+        assert_eq!(r.bytes_on(0), 6 * 4096, "six live objects on GPU 0");
+    }
+
+    #[test]
+    fn objects_are_refused_when_descriptors_run_short() {
+        let mut r = Registry::new(Limits {
+            fd_reserve: 100,
+            ..Limits::default()
+        });
+        let a = who(1, Some("g"));
+        let id = r
+            .get(&a, 7, 1, CREATE_FLAGS, 1 << 30, memfd)
+            .expect("create");
+        r.headroom = || Some(100);
+        match r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd) {
+            Err((ShmFailure::NoMemory, why)) => {
+                assert!(why.contains("file descriptors left"), "{why}")
+            }
+            other => panic!("short of descriptors: {other:?}"),
+        }
+        assert_eq!(
+            r.attach(&a, id).map(|_| ()).map_err(|e| e.0),
+            Err(ShmFailure::NoMemory)
+        );
+        assert_eq!(
+            r.get(&a, 7, 0, 0, 1 << 30, memfd),
+            Ok(id),
+            "lookups still work"
+        );
+        r.headroom = || Some(101);
+        r.attach(&a, id).expect("attach with headroom");
+    }
+
+    #[test]
+    fn the_fd_limit_is_raised_to_the_hard_limit() {
+        let soft = raise_fd_limit();
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes into `lim`.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(soft, lim.rlim_cur);
+        assert_eq!(lim.rlim_cur, lim.rlim_max);
+        assert!(fd_headroom().is_some_and(|h| h > 0));
     }
 
     #[test]

@@ -153,6 +153,8 @@ fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
 /// Binds the API, serves it until SIGTERM/SIGINT, then stops everything.
 pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<(), DaemonError> {
     check_binaries(&cfg)?;
+    // Every shared object, worker channel and REST connection is a descriptor.
+    super::shm::raise_fd_limit();
     if cfg.gpus.is_empty() {
         return Err(DaemonError::Option(
             "no GPUs configured; give --sim-gpus 1 or more".into(),

@@ -7,6 +7,9 @@
 //!
 //! Prints one `hostile: <case>: <outcome>` line per case and `HOSTILE OK`, exit 0;
 //! a diagnostic and a non-zero code at the first deviation.
+//!
+//! `mode=<name>` runs one of the bounds modes instead (`hostile/bounds.rs`: a shm flood,
+//! its neighbour, writes into a read-only mapping, full event and module tables).
 #![no_std]
 #![no_main]
 
@@ -21,7 +24,10 @@ use guest_driver::vgpu::vgpu_proto::{
 };
 use guest_driver::{Buffer, Error};
 use payload_rt::vgpu::{open_single, GpuStream};
-use payload_rt::{println, BootInfo};
+use payload_rt::{println, Args, BootInfo};
+
+#[path = "hostile/bounds.rs"]
+mod bounds;
 
 payload_rt::entry!(main);
 
@@ -51,7 +57,14 @@ enum Expect {
     Used(u32),
 }
 
-fn main(boot: &'static BootInfo, _args: &'static str) -> u8 {
+fn main(boot: &'static BootInfo, args: &'static str) -> u8 {
+    let args = Args::new(args);
+    if let Some(mode) = args.value("mode") {
+        return match bounds::run(boot, mode, &args) {
+            Ok(()) => 0,
+            Err(Failure(code)) => code,
+        };
+    }
     match run(boot) {
         Ok(n) => {
             println!("hostile: {n} cases answered as specified");
