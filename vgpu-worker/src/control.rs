@@ -436,3 +436,16 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc123", b"abc123"));
+        assert!(!same_secret(b"abc123", b"abc124"));
+        assert!(!same_secret(b"abc", b"abc123"));
+        assert!(!same_secret(b"", b""), "an empty secret never matches");
+    }
+}

@@ -282,3 +282,74 @@ pub mod probe {
         tracing::warn!("probe: socket(2) returned {fd}: ALLOWED");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_compiles_for_kill_and_log_and_leaves_out_what_no_worker_needs() {
+        assert!(filter(SeccompMode::Off).expect("off").is_none());
+        for mode in [SeccompMode::Kill, SeccompMode::Log] {
+            let prog = filter(mode).expect("compiles").expect("a program");
+            assert!(!prog.is_empty());
+        }
+        let list = allowed();
+        for banned in [
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_bind,
+            libc::SYS_execve,
+            libc::SYS_ptrace,
+            libc::SYS_process_vm_readv,
+            libc::SYS_kill,
+            libc::SYS_setuid,
+            libc::SYS_unshare,
+        ] {
+            assert!(!list.contains(&banned), "syscall {banned} is allowed");
+        }
+    }
+
+    #[test]
+    fn a_killing_filter_kills_a_forbidden_call_with_sigsys() {
+        let prog = filter(SeccompMode::Kill)
+            .expect("compiles")
+            .expect("a program");
+        // In a forked child, so the test process keeps its own system calls. The child
+        // allocates nothing (the program is built above): it sets no_new_privs, installs
+        // the filter on its one thread, makes one forbidden call and would exit.
+        // SAFETY: fork has no preconditions; the child only makes system calls and exits
+        // without returning into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // SAFETY: prctl with integer arguments.
+            let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
+            if nnp && seccompiler::apply_filter(&prog).is_ok() {
+                // SAFETY: socket takes integers; the filter kills the process here.
+                unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+            }
+            // SAFETY: _exit ends the child at once.
+            unsafe { libc::_exit(2) };
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
+            "status {status:#x}"
+        );
+    }
+
+    #[test]
+    fn the_probe_is_for_its_vgpu_only() {
+        std::env::set_var("VGPU_WORKER_PROBE", "7;/run/vgpud.sock;../3");
+        assert_eq!(
+            probe::wanted(7),
+            Some(("/run/vgpud.sock".to_owned(), "../3".to_owned()))
+        );
+        assert_eq!(probe::wanted(8), None);
+        std::env::remove_var("VGPU_WORKER_PROBE");
+        assert_eq!(probe::wanted(7), None);
+    }
+}
