@@ -161,6 +161,32 @@ fn allowed() -> Vec<i64> {
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
+        // The CUDA driver: NUMA placement of host memory, its threads' priorities, its
+        // JIT cache (files under the worker's own identity decide what it may touch).
+        libc::SYS_get_mempolicy,
+        libc::SYS_set_mempolicy,
+        libc::SYS_mbind,
+        libc::SYS_mlock2,
+        libc::SYS_sched_get_priority_max,
+        libc::SYS_sched_get_priority_min,
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_setparam,
+        libc::SYS_getpriority,
+        libc::SYS_setpriority,
+        libc::SYS_getrusage,
+        libc::SYS_times,
+        libc::SYS_getcpu,
+        libc::SYS_fstatfs,
+        libc::SYS_statfs,
+        libc::SYS_flock,
+        libc::SYS_mkdirat,
+        libc::SYS_renameat,
+        libc::SYS_renameat2,
+        libc::SYS_utimensat,
+        libc::SYS_fchmod,
+        libc::SYS_inotify_init1,
+        libc::SYS_inotify_add_watch,
+        libc::SYS_inotify_rm_watch,
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend([
@@ -178,6 +204,10 @@ fn allowed() -> Vec<i64> {
         libc::SYS_dup2,
         libc::SYS_arch_prctl,
         libc::SYS_getdents,
+        libc::SYS_mkdir,
+        libc::SYS_rename,
+        libc::SYS_rmdir,
+        libc::SYS_eventfd,
     ]);
     v
 }
