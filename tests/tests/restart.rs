@@ -439,9 +439,15 @@ fn a_worker_that_died_while_vgpud_was_down_fails_its_vm_with_the_reason() {
     let vmm = c.vm(vm.id).expect("vm").pid.expect("vmm");
     let worker = c.vgpu(g).expect("vgpu").worker_pid.expect("worker");
     d.kill9();
-    let pid = libc::pid_t::try_from(worker).expect("pid");
-    // SAFETY: kill(2) on a pid this test just read from the API.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    // The vmm is held still (a guest whose GPU went away may end by itself meanwhile, and
+    // then the VM reads as ended with its vmm instead), and its worker is killed.
+    let signal = |pid: u32, sig: i32| {
+        let pid = libc::pid_t::try_from(pid).expect("pid");
+        // SAFETY: kill(2) on a pid this test just read from the API.
+        unsafe { libc::kill(pid, sig) };
+    };
+    signal(vmm, libc::SIGSTOP);
+    signal(worker, libc::SIGKILL);
     wait_until("the worker gone", Duration::from_secs(5), || !alive(worker));
     d.restart(None);
     let c = &d.client;

@@ -159,6 +159,24 @@ impl Daemon {
         });
     }
 
+    /// Removes the private directories of workers that are gone (stopped while no vgpud
+    /// ran, or not adopted): nothing else removes them. Runs once the start-up's restore is done.
+    pub(super) fn sweep_worker_dirs(&self) {
+        let parent = self.cfg.state_dir.join("workers");
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            return;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let id = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+            let gone = id.is_none_or(|id| self.state.with(|i| i.worker_gone(id)));
+            if gone {
+                tracing::debug!(dir = %e.path().display(), "removing a gone worker's directory");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&parent);
+    }
+
     /// An adopted vmm exited and its parent reaped it before we could read its status.
     fn on_adopted_vmm_gone(&self, vm_id: u32, pid: u32) {
         let worker = self.state.with(|inner| {

@@ -173,6 +173,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         Some(saved) => daemon.restore(saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
+    daemon.sweep_worker_dirs();
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
     let _ = daemon.save().await;
