@@ -1,6 +1,7 @@
 //! vgpud: owns the physical GPUs, spawns one `vgpu-worker` per vGPU and one `vmm` per VM,
 //! keeps a control channel to every worker, tears a VM's vGPU down when either process
-//! exits (however it exits), and serves the REST API.
+//! exits (however it exits), and serves the REST API. Its VMs and workers outlive it: the
+//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers.rs`).
 //!
 //! Accounting: a vGPU holds its memory and shares on its GPU while it is `starting`,
 //! `ready` or `attached`; once its worker is gone (`released`, `failed`) they are free.
@@ -177,8 +178,9 @@ pub fn sibling_binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Runs vgpud until SIGTERM or SIGINT, then stops every VM and worker it started and
-/// removes its sockets. `on_listening` runs once the API accepts connections.
+/// Runs vgpud until SIGTERM or SIGINT, then saves its state and removes its API socket;
+/// the VMs and workers it started keep running for the next vgpud to adopt.
+/// `on_listening` runs once the API accepts connections.
 pub fn run(
     config: Config,
     on_listening: impl FnOnce() + Send + 'static,
