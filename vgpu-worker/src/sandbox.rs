@@ -6,9 +6,10 @@
 //! or is logged by the kernel and allowed (`--seccomp log`, to find a missing one).
 //!
 //! Not on the list, on purpose: `socket`, `connect`, `bind`, `listen` (the worker never
-//! opens a new connection: vgpud comes to it), `execve`, `ptrace`,
-//! `process_vm_readv/writev`, `kill` (it signals nobody), `mount`, `unshare`, `setns`,
-//! `set*uid`, `bpf`, `keyctl`, `pidfd_*`.
+//! opens a new connection: vgpud comes to it), `rename*`, `link*`, `symlink*`, `mkdir*`
+//! (so it cannot put a socket of its own where another vGPU's vmm will connect, even
+//! where workers share a uid), `execve`, `ptrace`, `process_vm_readv/writev`, `kill` (it
+//! signals nobody), `mount`, `unshare`, `setns`, `set*uid`, `bpf`, `keyctl`, `pidfd_*`.
 
 use std::collections::BTreeMap;
 
@@ -161,8 +162,8 @@ fn allowed() -> Vec<i64> {
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
-        // The CUDA driver: NUMA placement of host memory, its threads' priorities, its
-        // JIT cache (files under the worker's own identity decide what it may touch).
+        // The CUDA driver: NUMA placement of host memory, its threads' priorities. (Its
+        // JIT cache on disk is off for workers: vgpud sets CUDA_CACHE_DISABLE=1.)
         libc::SYS_get_mempolicy,
         libc::SYS_set_mempolicy,
         libc::SYS_mbind,
@@ -179,11 +180,6 @@ fn allowed() -> Vec<i64> {
         libc::SYS_fstatfs,
         libc::SYS_statfs,
         libc::SYS_flock,
-        libc::SYS_mkdirat,
-        libc::SYS_renameat,
-        libc::SYS_renameat2,
-        libc::SYS_utimensat,
-        libc::SYS_fchmod,
         libc::SYS_inotify_init1,
         libc::SYS_inotify_add_watch,
         libc::SYS_inotify_rm_watch,
@@ -204,9 +200,6 @@ fn allowed() -> Vec<i64> {
         libc::SYS_dup2,
         libc::SYS_arch_prctl,
         libc::SYS_getdents,
-        libc::SYS_mkdir,
-        libc::SYS_rename,
-        libc::SYS_rmdir,
         libc::SYS_eventfd,
     ]);
     v
@@ -335,6 +328,9 @@ mod tests {
             libc::SYS_kill,
             libc::SYS_setuid,
             libc::SYS_unshare,
+            libc::SYS_renameat2,
+            libc::SYS_linkat,
+            libc::SYS_symlinkat,
         ] {
             assert!(!list.contains(&banned), "syscall {banned} is allowed");
         }

@@ -162,7 +162,10 @@ impl Daemon {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            // The CUDA driver's JIT cache would write files after the worker's seccomp
+            // filter is on (and a worker's uid has no home of its own).
+            .env("CUDA_CACHE_DISABLE", "1");
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
         let extra = [
