@@ -386,6 +386,27 @@ mod tests {
     }
 
     #[test]
+    fn a_file_without_process_records_still_loads() {
+        let d = dir("no-procs");
+        let p = path_in(&d);
+        let mut old = sample();
+        for v in &mut old.vgpus {
+            v.worker = None;
+        }
+        for v in &mut old.vms {
+            v.vmm = None;
+        }
+        let text = serde_json::to_string(&old).expect("encode");
+        assert!(
+            !text.contains("\"worker\"") && !text.contains("\"vmm\""),
+            "{text}"
+        );
+        std::fs::write(&p, text).expect("write");
+        assert_eq!(load(&p).expect("load"), Some(old));
+        std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
     fn missing_file_is_a_fresh_start() {
         let d = dir("missing");
         assert_eq!(load(&path_in(&d)).expect("load"), None);
