@@ -211,6 +211,15 @@ impl SwitchGate {
     }
 }
 
+impl SwitchGate {
+    /// Scheduled again after a [`SwitchGate::close`] (a new vgpud attached the vGPU to its
+    /// scheduler): `client` is the new grant channel; requests from now on wait for it.
+    pub fn reopen(&self, client: GrantClient) {
+        self.switch(client);
+        self.closed.store(false, Ordering::Release);
+    }
+}
+
 impl Gate for SwitchGate {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
         loop {

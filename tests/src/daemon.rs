@@ -180,7 +180,48 @@ impl TestDaemon {
 impl Drop for TestDaemon {
     fn drop(&mut self) {
         self.stop();
+        // VMs and workers outlive vgpud (a restart adopts them): end the test's own.
+        kill_leftovers(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The processes working in `dir` or holding a file in it (a test's vmms and workers,
+/// which outlive vgpud): their pids.
+pub fn processes_in(dir: &Path) -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let inside = |link: &Path| std::fs::read_link(link).is_ok_and(|t| t.starts_with(dir));
+    procs
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            let base = PathBuf::from(format!("/proc/{pid}"));
+            inside(&base.join("cwd"))
+                || std::fs::read_dir(base.join("fd"))
+                    .map(|fds| fds.filter_map(Result::ok).any(|f| inside(&f.path())))
+                    .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// SIGKILLs every process [`processes_in`] `dir` and waits (at most 5 s) until they are
+/// gone.
+pub fn kill_leftovers(dir: &Path) {
+    let pids = processes_in(dir);
+    for pid in &pids {
+        if let Ok(p) = libc::pid_t::try_from(*pid) {
+            // SAFETY: kill(2) takes a pid and a signal; a pid that went away meanwhile
+            // yields ESRCH.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+    let start = Instant::now();
+    while pids.iter().any(|p| alive(*p)) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -1,13 +1,14 @@
 //! The worker's end of the control channel (`vgpu_api::control`): adopting the inherited
-//! socket, and the loop that reads vgpud's commands and answers them.
+//! socket, the loop that reads vgpud's commands and answers them, and waiting for vgpud
+//! to come back on the control socket when the channel closes (a vgpud restart).
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vgpu_api::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
 use vgpu_backend::pager::Pager;
@@ -35,6 +36,8 @@ pub struct ControlState {
     pub started: Instant,
     pub shares: Mutex<Shares>,
     pub connected: AtomicBool,
+    /// vgpud asked it to stop: a closed channel then is no reason to wait for vgpud.
+    pub stopping: AtomicBool,
     pub shutdown: Shutdown,
     pub socket: PathBuf,
     pub pager: Option<Arc<Pager>>,
@@ -205,6 +208,15 @@ fn take_grant(fds: &FdQueue, wanted: bool) -> Result<Option<(OwnedFd, OwnedFd)>,
     }
 }
 
+/// How the worker waits for vgpud to come back when the control channel closes (vgpud
+/// restarted or was upgraded): a listening socket in its private directory, the secret
+/// vgpud must present, and how long to wait.
+pub struct Reconnect {
+    pub listener: UnixListener,
+    pub secret: String,
+    pub wait: Duration,
+}
+
 /// The control thread: the channel's reading end, its received descriptors, its writing
 /// end, and what the commands act on.
 pub struct ControlLoop {
@@ -212,66 +224,228 @@ pub struct ControlLoop {
     pub fds: Arc<FdQueue>,
     pub out: Arc<ControlOut>,
     pub state: Arc<ControlState>,
+    /// Wait for vgpud to reconnect when the channel closes; `None`: stop at once.
+    pub reconnect: Option<Reconnect>,
 }
 
 impl ControlLoop {
-    /// Reads commands until vgpud closes its end, answering each; then stops the worker.
+    /// Serves the channel until vgpud closes its end. With [`Reconnect`] the worker then
+    /// keeps serving its guest (ungated: nobody schedules it) and waits for vgpud to come
+    /// back; once it does not within the wait, or without [`Reconnect`], it stops.
     pub fn run(self) {
         let Self {
             input,
             fds,
             out,
             state,
+            reconnect,
         } = self;
         let mut reader = BufReader::new(input);
-        let mut line = Vec::new();
-        while read_line(&mut reader, &mut line) {
-            let req: Request = match serde_json::from_slice(&line) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring a malformed control message");
-                    continue;
-                }
-            };
-            match req.command {
-                Command::Answer { to, answer } => {
-                    if let Some(a) = &state.asker {
-                        a.answer(to, answer);
+        loop {
+            serve_channel(&mut reader, &fds, &out, &state);
+            if let Some(a) = &state.asker {
+                a.close();
+            }
+            let Some(r) = &reconnect else { break };
+            if state.stopping.load(Ordering::Relaxed) {
+                break;
+            }
+            // Nobody schedules this vGPU until vgpud is back: its requests run ungated
+            // rather than wait (the guest keeps computing).
+            if let Some(g) = &state.gate {
+                g.close();
+            }
+            tracing::warn!(
+                wait_s = r.wait.as_secs(),
+                "vgpud closed the control channel; serving the guest and waiting for it to reconnect"
+            );
+            match await_vgpud(r, &fds, &state) {
+                Some((next, stream)) => {
+                    reader = next;
+                    out.replace(stream);
+                    out.send(&WorkerMessage::Ready {
+                        pid: std::process::id(),
+                    });
+                    if state.connected.load(Ordering::Relaxed) {
+                        out.send(&WorkerMessage::Connected);
                     }
+                    tracing::info!("vgpud reconnected; the control channel is back");
                 }
-                Command::Migrate {
-                    target,
-                    mode,
-                    max_downtime_ms,
-                    grant_fds,
-                } => match take_grant(&fds, grant_fds) {
-                    Ok(grant) => {
-                        let cmd = MigrateCommand {
-                            id: req.id,
-                            target,
-                            mode,
-                            max_downtime_ms,
-                            grant,
-                        };
-                        state.start_migration(out.clone(), cmd);
-                    }
-                    Err(message) => out.send(&WorkerMessage::Reply {
+                None => break,
+            }
+        }
+        let why = if reconnect.is_some() && !state.stopping.load(Ordering::Relaxed) {
+            "vgpud did not come back on the control socket in time"
+        } else {
+            "vgpud closed the control channel"
+        };
+        state.stop(why);
+    }
+}
+
+/// Reads and answers commands until the channel closes.
+fn serve_channel(
+    reader: &mut BufReader<FdReader>,
+    fds: &FdQueue,
+    out: &Arc<ControlOut>,
+    state: &Arc<ControlState>,
+) {
+    let mut line = Vec::new();
+    while read_line(reader, &mut line) {
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a malformed control message");
+                continue;
+            }
+        };
+        match req.command {
+            Command::Answer { to, answer } => {
+                if let Some(a) = &state.asker {
+                    a.answer(to, answer);
+                }
+            }
+            Command::Migrate {
+                target,
+                mode,
+                max_downtime_ms,
+                grant_fds,
+            } => match take_grant(fds, grant_fds) {
+                Ok(grant) => {
+                    let cmd = MigrateCommand {
                         id: req.id,
-                        body: ReplyBody::Error { message },
-                    }),
-                },
-                command => {
-                    let (body, exit) = state.handle(command);
-                    out.send(&WorkerMessage::Reply { id: req.id, body });
-                    if exit {
-                        state.stop("vgpud asked to shut down");
-                    }
+                        target,
+                        mode,
+                        max_downtime_ms,
+                        grant,
+                    };
+                    state.start_migration(out.clone(), cmd);
+                }
+                Err(message) => out.send(&WorkerMessage::Reply {
+                    id: req.id,
+                    body: ReplyBody::Error { message },
+                }),
+            },
+            command => {
+                let (body, exit) = state.handle(command);
+                out.send(&WorkerMessage::Reply { id: req.id, body });
+                if exit {
+                    state.stopping.store(true, Ordering::Relaxed);
+                    state.stop("vgpud asked to shut down");
                 }
             }
         }
-        if let Some(a) = &state.asker {
-            a.close();
+    }
+}
+
+/// The first line a reconnecting vgpud sends: `attach <secret>`, with the vGPU's new
+/// grant page and doorbell riding on it (SCM_RIGHTS).
+pub const ATTACH: &str = "attach ";
+
+/// How long a connection on the control socket may take to present its secret.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits for vgpud on the control socket until the wait is over: the reader of the new
+/// channel and its writing end, or `None`. A connection that does not present the secret
+/// is closed and the wait goes on.
+fn await_vgpud(
+    r: &Reconnect,
+    fds: &Arc<FdQueue>,
+    state: &ControlState,
+) -> Option<(BufReader<FdReader>, UnixStream)> {
+    let deadline = Instant::now() + r.wait;
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        if !readable(&r.listener, left) {
+            continue;
         }
-        state.stop("vgpud closed the control channel");
+        let stream = match r.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept on the control socket failed");
+                continue;
+            }
+        };
+        match hello(stream, fds, &r.secret, state) {
+            Ok(v) => return Some(v),
+            Err(why) => tracing::warn!(%why, "refused a connection on the control socket"),
+        }
+    }
+}
+
+/// Whether `listener` has a connection waiting within `timeout`.
+fn readable(listener: &UnixListener, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis())
+        .unwrap_or(libc::c_int::MAX)
+        .max(1);
+    // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+/// Checks a reconnecting vgpud's secret and takes its grant descriptors.
+fn hello(
+    stream: UnixStream,
+    fds: &Arc<FdQueue>,
+    secret: &str,
+    state: &ControlState,
+) -> Result<(BufReader<FdReader>, UnixStream), String> {
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(HELLO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let input = stream.try_clone().map_err(|e| e.to_string())?;
+    // Descriptors left from the old channel belong to nobody now.
+    while fds.pop().is_some() {}
+    let mut reader = BufReader::new(FdReader::new(input, fds.clone()));
+    let mut line = Vec::new();
+    if !read_line(&mut reader, &mut line) {
+        return Err("the connection closed before it said who it is".into());
+    }
+    let text = String::from_utf8_lossy(&line);
+    let given = text.trim_end().strip_prefix(ATTACH).unwrap_or_default();
+    if !same_secret(given.as_bytes(), secret.as_bytes()) {
+        while fds.pop().is_some() {}
+        return Err("wrong secret".into());
+    }
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    if let (Some(g), Some(page), Some(doorbell)) = (&state.gate, fds.pop(), fds.pop()) {
+        match vgpu_grant::GrantClient::from_fds(page, doorbell) {
+            Ok(c) => {
+                g.reopen(c);
+                tracing::info!("scheduled by vgpud again (new grant channel)");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the new grant channel is unusable; running ungated")
+            }
+        }
+    }
+    Ok((reader, stream))
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() || a.is_empty() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc123", b"abc123"));
+        assert!(!same_secret(b"abc123", b"abc124"));
+        assert!(!same_secret(b"abc", b"abc123"));
+        assert!(!same_secret(b"", b""), "an empty secret never matches");
     }
 }

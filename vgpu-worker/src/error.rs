@@ -20,6 +20,8 @@ pub enum WorkerError {
     Daemon(String),
     #[error("signal setup: {0}")]
     Signals(std::io::Error),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("control channel (fd {fd}): {why}; start the worker from vgpud or drop --control-fd")]
     Control { fd: i32, why: String },
 }

@@ -10,7 +10,13 @@
 //! Control channel (`--control-fd N`, see `vgpu_api::control`): newline-delimited JSON on an
 //! inherited unix socket. The worker says `ready` once its socket is bound and `connected`
 //! when the vmm connected, and answers `stats`, `set_shares` and `shutdown`. When vgpud's
-//! end closes, the worker shuts down as on SIGTERM. Without `--control-fd` it runs alone.
+//! end closes, the worker keeps serving its guest and waits `--control-reconnect-s` for
+//! vgpud to come back on `--control-listen` (a restart or an upgrade of vgpud), then shuts
+//! down as on SIGTERM. Without `--control-fd` it runs alone.
+//!
+//! Sandbox (`sandbox.rs`, docs/hostile.md): not dumpable, `no_new_privs`, and a seccomp
+//! filter (`--seccomp`) once start-up is done; vgpud gives it its own identity and a
+//! private directory.
 
 mod backend;
 mod control;
@@ -18,6 +24,7 @@ mod error;
 mod memlink;
 mod migrate;
 mod run;
+mod sandbox;
 mod serve;
 
 use std::path::PathBuf;
@@ -118,6 +125,22 @@ struct Args {
     /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
     #[arg(long, value_parser = vgpu_backend::storage::NamespaceSpec::parse)]
     storage: Vec<vgpu_backend::storage::NamespaceSpec>,
+    /// The system call filter installed once start-up is done: `kill` (a call outside it
+    /// kills the worker with SIGSYS), `log` (the kernel logs it and lets it through: for
+    /// finding what the filter misses) or `off`. vgpud passes its `--worker-seccomp`.
+    #[arg(long, value_enum, default_value_t = sandbox::SeccompMode::Off)]
+    seccomp: sandbox::SeccompMode,
+    /// A unix socket to listen on for vgpud coming back when the control channel closes
+    /// (a vgpud restart); needs --secret-file. The worker keeps serving its guest while
+    /// it waits.
+    #[arg(long, requires = "secret_file")]
+    control_listen: Option<PathBuf>,
+    /// The file holding the secret a reconnecting vgpud must present.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Seconds to wait for vgpud on --control-listen before stopping (0 = stop at once).
+    #[arg(long, default_value_t = 60)]
+    control_reconnect_s: u64,
 }
 
 fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
@@ -167,6 +190,10 @@ impl Args {
             shm: self.shm,
             poll: Duration::from_micros(self.poll_us),
             storage: self.storage,
+            seccomp: self.seccomp,
+            control_listen: self.control_listen,
+            secret_file: self.secret_file,
+            reconnect: Duration::from_secs(self.control_reconnect_s),
         })
     }
 }

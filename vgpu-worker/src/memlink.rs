@@ -30,6 +30,11 @@ impl ControlOut {
         Self(Mutex::new(stream))
     }
 
+    /// Writes to `stream` from now on (vgpud reconnected).
+    pub fn replace(&self, stream: UnixStream) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = stream;
+    }
+
     /// Sends one message as a line.
     pub fn send(&self, msg: &WorkerMessage) {
         let line = control::encode(msg);

@@ -12,9 +12,10 @@ use vgpu_backend::storage::{NamespaceSpec, StorageSet};
 use vgpu_device::{DeviceConfig, SlotPolicy, Vgpu};
 
 use crate::backend::{self, GpuSpec, Stack};
-use crate::control::{control_socket, ControlLoop, ControlState, Shares};
+use crate::control::{control_socket, ControlLoop, ControlState, Reconnect, Shares};
 use crate::error::WorkerError;
 use crate::memlink::{Asker, ControlOut, FdQueue, FdReader, WorkerShm};
+use crate::sandbox::{self, probe, SeccompMode};
 use crate::serve::{self, Shutdown};
 
 /// What the worker serves and how (from the command line).
@@ -43,6 +44,14 @@ pub struct Config {
     pub poll: Duration,
     /// Storage namespaces for GPU-initiated reads.
     pub storage: Vec<NamespaceSpec>,
+    /// The system call filter installed once start-up is done.
+    pub seccomp: SeccompMode,
+    /// Where vgpud reconnects when the control channel closes (a vgpud restart).
+    pub control_listen: Option<PathBuf>,
+    /// The file holding the secret a reconnecting vgpud presents.
+    pub secret_file: Option<PathBuf>,
+    /// How long to wait for vgpud to reconnect.
+    pub reconnect: Duration,
 }
 
 /// The control channel's parts: lines (with descriptors) in, lines out, questions to vgpud.
@@ -121,10 +130,54 @@ fn device(
     Ok((vgpu, gate))
 }
 
+/// The control socket vgpud reconnects on, with its secret (`--control-listen`,
+/// `--secret-file`), when the worker is to wait for vgpud.
+fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
+    let (Some(path), Some(secret_file)) = (&cfg.control_listen, &cfg.secret_file) else {
+        return Ok(None);
+    };
+    if cfg.reconnect.is_zero() {
+        return Ok(None);
+    }
+    let err = |why: String| WorkerError::Bind {
+        path: path.clone(),
+        why,
+    };
+    let secret = std::fs::read_to_string(secret_file)
+        .map_err(|e| {
+            err(format!(
+                "cannot read the secret {}: {e}",
+                secret_file.display()
+            ))
+        })?
+        .trim()
+        .to_owned();
+    if secret.is_empty() {
+        return Err(err(format!(
+            "the secret {} is empty",
+            secret_file.display()
+        )));
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        std::fs::remove_file(path)
+            .map_err(|e| err(format!("cannot remove the old socket: {e}")))?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| err(e.to_string()))?;
+    Ok(Some(Reconnect {
+        listener,
+        secret,
+        wait: cfg.reconnect,
+    }))
+}
+
 /// Says `ready` and starts the control thread; the channel's writing end for the rest.
 fn start_control(
     channel: Channel,
     state: &Arc<ControlState>,
+    reconnect: Option<Reconnect>,
 ) -> Result<Arc<ControlOut>, WorkerError> {
     let Channel {
         input, fds, out, ..
@@ -137,6 +190,7 @@ fn start_control(
         fds,
         out: out.clone(),
         state: state.clone(),
+        reconnect,
     };
     std::thread::Builder::new()
         .name("control".into())
@@ -147,6 +201,7 @@ fn start_control(
 
 /// Serves the vGPU until its frontend disconnects or the worker is stopped.
 pub fn run(cfg: Config) -> Result<(), WorkerError> {
+    sandbox::harden()?;
     let signals = serve::block_signals()?;
     if (cfg.oversubscribe || cfg.shm) && cfg.control_fd.is_none() {
         return Err(WorkerError::Control {
@@ -163,6 +218,7 @@ pub fn run(cfg: Config) -> Result<(), WorkerError> {
     let (vgpu, gate) = device(&cfg, &stack, asker.as_ref(), storage.as_ref())?;
     let vgpu = Arc::new(vgpu);
     let mut listener = serve::bind(&cfg.socket)?;
+    let reconnect = reconnect_socket(&cfg)?;
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));
     serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;
@@ -179,6 +235,7 @@ pub fn run(cfg: Config) -> Result<(), WorkerError> {
             priority: cfg.priority,
         }),
         connected: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
         shutdown: shutdown.clone(),
         socket: cfg.socket.clone(),
         pager: stack.pager,
@@ -188,7 +245,18 @@ pub fn run(cfg: Config) -> Result<(), WorkerError> {
         memory: d.memory_share,
         storage,
     });
-    let out = channel.map(|c| start_control(c, &state)).transpose()?;
+    let out = channel
+        .map(|c| start_control(c, &state, reconnect))
+        .transpose()?;
+    // Start-up is done: from here on only what serving the guest needs.
+    let probing = probe::wanted(vgpu_id);
+    if let Some((rest, dir)) = &probing {
+        probe::before_filter(rest, dir);
+    }
+    sandbox::lock_down(cfg.seccomp)?;
+    if probing.is_some() {
+        probe::after_filter();
+    }
     let served = serve::serve(&mut listener, vgpu, &shutdown, cfg.poll, || {
         state.connected.store(true, Ordering::Relaxed);
         if let Some(out) = &out {

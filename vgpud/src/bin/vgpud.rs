@@ -124,6 +124,47 @@ struct Args {
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     print_openapi: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// Worker sandbox and restart options (docs/hostile.md, "A compromised worker").
+#[derive(clap::Args, Debug)]
+struct SandboxArgs {
+    /// When vgpud runs as root, vGPU N's worker runs as uid and gid BASE+N (no other
+    /// group); 0 = as vgpud's own user. Pick a range no account uses.
+    #[arg(long, default_value_t = daemon::DEFAULT_WORKER_UID_BASE)]
+    worker_uid_base: u32,
+    /// What a system call outside a worker's seccomp filter does: kill (SIGSYS; vgpud
+    /// reports "worker violated its seccomp filter"), log (the kernel logs it and lets it
+    /// through: for debugging) or off.
+    #[arg(long, value_enum, default_value_t = SeccompArg::Kill)]
+    worker_seccomp: SeccompArg,
+    /// Seconds a worker keeps serving its guest after vgpud went away (stopped, restarted,
+    /// upgraded, killed), waiting for vgpud to come back, before it stops.
+    #[arg(long, default_value_t = 60)]
+    control_reconnect_s: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum SeccompArg {
+    Off,
+    Log,
+    Kill,
+}
+
+impl SandboxArgs {
+    fn config(&self) -> daemon::WorkerSandbox {
+        daemon::WorkerSandbox {
+            uid_base: (self.worker_uid_base != 0).then_some(self.worker_uid_base),
+            seccomp: match self.worker_seccomp {
+                SeccompArg::Off => daemon::SeccompMode::Off,
+                SeccompArg::Log => daemon::SeccompMode::Log,
+                SeccompArg::Kill => daemon::SeccompMode::Kill,
+            },
+            control_reconnect: Duration::from_secs(self.control_reconnect_s),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -327,6 +368,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             attachments_per_vgpu: args.shm_attachments_per_vgpu,
             ..ShmLimits::default()
         },
+        workers: args.sandbox.config(),
     })
 }
 

@@ -247,7 +247,7 @@ impl Daemon {
             state: VgpuState::Starting,
             vm,
             owned: vm.is_some(),
-            socket: self.cfg.state_dir.join(format!("vgpu-{id}.sock")),
+            socket: super::workers::worker_socket(&self.cfg.state_dir, id),
             log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
             worker: None,
             stopping: false,

@@ -245,6 +245,7 @@ pub(super) mod testing {
             discard_state: false,
             storage_root: None,
             shm_limits: ShmLimits::default(),
+            workers: Default::default(),
         })
         .expect("scheduler threads")
     }

@@ -1,6 +1,7 @@
 //! vgpud: owns the physical GPUs, spawns one `vgpu-worker` per vGPU and one `vmm` per VM,
 //! keeps a control channel to every worker, tears a VM's vGPU down when either process
-//! exits (however it exits), and serves the REST API.
+//! exits (however it exits), and serves the REST API. Its VMs and workers outlive it: the
+//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers.rs`).
 //!
 //! Accounting: a vGPU holds its memory and shares on its GPU while it is `starting`,
 //! `ready` or `attached`; once its worker is gone (`released`, `failed`) they are free.
@@ -8,6 +9,7 @@
 //! needs a new vGPU.
 
 mod admission;
+mod adopt;
 mod core;
 mod error;
 pub mod http;
@@ -99,6 +101,60 @@ pub struct Config {
     pub discard_state: bool,
     /// Bounds on shared memory objects and attachments (docs/hostile.md).
     pub shm_limits: ShmLimits,
+    /// How workers are sandboxed, and how long they wait for vgpud after a restart.
+    pub workers: WorkerSandbox,
+}
+
+/// What a violation of a worker's seccomp filter does (`--worker-seccomp`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// No filter (not recommended).
+    Off,
+    /// The kernel logs the call and lets it through (for finding what the filter misses).
+    Log,
+    /// The worker is killed with SIGSYS; vgpud reports "worker violated its seccomp
+    /// filter".
+    #[default]
+    Kill,
+}
+
+impl SeccompMode {
+    /// The worker's `--seccomp` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Log => "log",
+            Self::Kill => "kill",
+        }
+    }
+}
+
+/// The first uid (and gid) of the range workers run under when vgpud runs as root:
+/// vGPU N's worker runs as `base + N` (`--worker-uid-base`).
+pub const DEFAULT_WORKER_UID_BASE: u32 = 2_000_000_000;
+
+/// How workers are sandboxed (docs/hostile.md, "A compromised worker").
+#[derive(Clone, Debug)]
+pub struct WorkerSandbox {
+    /// When vgpud runs as root, vGPU N's worker runs as uid and gid `base + N` (no other
+    /// group). `None`: as vgpud's own user (a warning is logged at start).
+    pub uid_base: Option<u32>,
+    /// The worker's system call filter.
+    pub seccomp: SeccompMode,
+    /// How long a worker whose control channel closed (vgpud stopped, restarted or was
+    /// upgraded) keeps serving its guest while it waits for vgpud to reconnect, before it
+    /// stops.
+    pub control_reconnect: Duration,
+}
+
+impl Default for WorkerSandbox {
+    fn default() -> Self {
+        Self {
+            uid_base: Some(DEFAULT_WORKER_UID_BASE),
+            seccomp: SeccompMode::Kill,
+            control_reconnect: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
@@ -128,8 +184,9 @@ pub fn sibling_binary(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Runs vgpud until SIGTERM or SIGINT, then stops every VM and worker it started and
-/// removes its sockets. `on_listening` runs once the API accepts connections.
+/// Runs vgpud until SIGTERM or SIGINT, then saves its state and removes its API socket;
+/// the VMs and workers it started keep running for the next vgpud to adopt.
+/// `on_listening` runs once the API accepts connections.
 pub fn run(
     config: Config,
     on_listening: impl FnOnce() + Send + 'static,

@@ -8,10 +8,14 @@
 //!   in id order; one that no longer fits or whose GPU or storage file is gone stays
 //!   listed as `failed` with the reason (nothing is dropped), and is tried again at the
 //!   next start (fix the cause and restart vgpud, or DELETE it);
-//! - every VM record comes back as it ended; a VM that was running ended with the old
-//!   daemon and reads `failed: stopped: vgpud restarted ...` (its console log is kept);
-//! - a vGPU created inline with a VM goes with that VM's record: `released`, holding
-//!   nothing, deleted with the VM (as when a VM ends by itself);
+//! - a VM whose vmm still runs (a restart, an upgrade or a `kill -9` of vgpud never
+//!   touches it) is adopted with its vGPU's worker (`adopt.rs`): it reads `running`, its
+//!   vGPU `attached`, with the same processes, and computes on undisturbed;
+//! - a VM whose vmm or worker died while no vgpud ran ends with the reason (a vmm whose
+//!   vGPU's worker is gone is stopped); other VM records come back as they ended, their
+//!   console logs kept;
+//! - a vGPU created inline with a VM goes with that VM's record once the VM ended:
+//!   `released`, holding nothing, deleted with the VM (as when a VM ends by itself);
 //! - released and failed vGPUs stay records; id counters carry on, so no id is reused.
 //!
 //! Saves happen after every change that alters the file (create, PATCH, delete, a VM or
@@ -19,23 +23,25 @@
 //! that change it answer only once the change is on disk; changes that come from process
 //! events are saved by a background task.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::core::Daemon;
+use super::procs::{self, Proc};
 use super::state::{Inner, VgpuRec, VmRec};
 use super::statefile::{
-    self, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
+    self, SavedProc, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
 };
+use super::workers::worker_socket;
 use super::Config;
 use crate::api::{self, VgpuCreate, VgpuState, VmState};
 use crate::units::permille_to_fraction;
 
-/// A restored VM that was running when vgpud went away.
+/// A restored VM that was running when vgpud went away and whose vmm is gone.
 const RESTART_REASON: &str =
-    "stopped: vgpud restarted (a VM does not outlive the daemon that runs it); launch it again";
+    "stopped: its vmm was gone when vgpud restarted (exit status unknown; see its console); launch it again";
 
 /// How long a restore waits for a worker of the previous vgpud to let go of a socket.
 const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
@@ -79,15 +85,14 @@ impl Daemon {
         self.write_state(&mut saver, snap).await
     }
 
-    /// The final save of a graceful stop: the state as it is before the stop tears the VMs
-    /// down (they read as stopped by the restart at the next start, with their uptime until
-    /// now); nothing is saved after it.
+    /// The final save of a graceful stop: the state with every running vmm and worker,
+    /// which stay running for the next vgpud to adopt; nothing is saved after it.
     pub(super) async fn save_final(&self) {
         let mut saver = self.saver.lock().await;
         if saver.frozen {
             return;
         }
-        let snap = self.snapshot(true);
+        let snap = self.snapshot(false);
         // Logged inside; a stopping daemon has nobody to tell.
         let _ = self.write_state(&mut saver, snap).await;
         saver.frozen = true;
@@ -140,11 +145,61 @@ impl Daemon {
     /// Brings back what `saved` holds (see the module comment). Runs before the API
     /// serves; never fails: what cannot come back is listed with the reason.
     pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
-        let candidates = self
+        let plan = self
             .state
             .with(|inner| restore_records(&self.cfg, inner, saved));
+        let (mut adopted, mut lost) = (0usize, 0usize);
+        for (id, proc) in plan.workers {
+            // A free vGPU (no VM) is checked like any restored definition; one that serves
+            // a running VM is adopted as it is.
+            let free = self
+                .state
+                .with(|i| i.vgpus.get(&id).is_some_and(|r| r.vm.is_none()));
+            if free {
+                if let Err(why) = self.state.with(|inner| self.restorable(inner, id)) {
+                    proc.signal(libc::SIGKILL);
+                    let reason = format!(
+                        "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
+                    );
+                    tracing::error!(vgpu = id, %reason, "vGPU not restored");
+                    self.fail_restored(id, reason);
+                    continue;
+                }
+            }
+            match self.adopt_worker(id, proc.clone()).await {
+                Ok(()) => adopted += 1,
+                Err(why) => {
+                    lost += 1;
+                    proc.signal(libc::SIGKILL);
+                    let reason =
+                        format!("its worker could not be adopted after the vgpud restart: {why}");
+                    tracing::error!(vgpu = id, %reason, "worker not adopted");
+                    self.fail_restored(id, reason);
+                }
+            }
+        }
+        for (vm, proc) in plan.vmms {
+            let vgpu_ok = self.state.with(|inner| {
+                let g = inner.vms.get(&vm).and_then(|v| v.vgpu);
+                g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker.is_some()))
+            });
+            if vgpu_ok {
+                self.adopt_vmm(vm, proc);
+            } else {
+                proc.signal(libc::SIGKILL);
+                self.state.with(|inner| {
+                    if let Some(v) = inner.vms.get_mut(&vm) {
+                        v.proc = None;
+                        v.ended = Some(Instant::now());
+                        v.state = VmState::Failed {
+                            reason: "its vGPU's worker could not be adopted after the vgpud restart; the vmm was stopped".into(),
+                        };
+                    }
+                });
+            }
+        }
         let (mut ready, mut unusable) = (0usize, 0usize);
-        for id in candidates {
+        for id in plan.fresh {
             match self.restore_vgpu(id).await {
                 Ok(()) => ready += 1,
                 Err(why) => {
@@ -160,12 +215,16 @@ impl Daemon {
         self.state.with(|inner| {
             tracing::info!(
                 path = %self.state_path().display(),
+                workers_adopted = adopted,
+                workers_lost = lost,
+                vms_running = inner.vms.values().filter(|v| v.proc.is_some()).count(),
                 vgpus_ready = ready,
                 vgpus_unusable = unusable,
                 vgpu_records = inner.vgpus.len(),
                 vm_records = inner.vms.len(),
                 next_vgpu = inner.next_vgpu,
                 next_vm = inner.next_vm,
+                next_migration = inner.next_migration,
                 "state restored"
             );
         });
@@ -173,35 +232,7 @@ impl Daemon {
 
     /// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
     async fn restore_vgpu(self: &Arc<Self>, id: u32) -> Result<(), String> {
-        self.state.with(|inner| {
-            let rec = inner
-                .vgpus
-                .get(&id)
-                .ok_or_else(|| "its record vanished".to_owned())?;
-            let spec = VgpuCreate {
-                gpu: Some(rec.gpu),
-                memory_bytes: rec.memory,
-                compute_share: permille_to_fraction(rec.compute),
-                copy_share: Some(permille_to_fraction(rec.copy)),
-                priority: rec.priority,
-                oversubscribe: rec.oversubscribe,
-                share_group: rec.share_group.clone(),
-                queues: rec.queues,
-                storage: rec.storage.clone(),
-            };
-            let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
-            // Exactly the shares it had (no round trip through fractions).
-            (ask.compute, ask.copy) = (rec.compute, rec.copy);
-            if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
-                return Err(e.error);
-            }
-            let rec = inner
-                .vgpus
-                .get_mut(&id)
-                .ok_or_else(|| "its record vanished".to_owned())?;
-            rec.state = VgpuState::Starting;
-            Ok::<(), String>(())
-        })?;
+        self.state.with(|inner| self.restorable(inner, id))?;
         self.wait_socket_free(id).await?;
         self.start_worker(id).await.map_err(|e| e.error)?;
         self.state.with(|inner| {
@@ -213,9 +244,40 @@ impl Daemon {
         Ok(())
     }
 
-    /// After a `kill -9` of the previous vgpud its workers get SIGTERM from the kernel
-    /// (parent-death signal) and are gone within milliseconds, but a restart can be
-    /// quicker: wait until none serves vGPU `id`'s socket any more.
+    /// Validates and admits restored vGPU `id` like a fresh create on its GPU; it holds
+    /// its resources (`starting`) once admitted. Caller holds the state lock.
+    fn restorable(&self, inner: &mut Inner, id: u32) -> Result<(), String> {
+        let rec = inner
+            .vgpus
+            .get(&id)
+            .ok_or_else(|| "its record vanished".to_owned())?;
+        let spec = VgpuCreate {
+            gpu: Some(rec.gpu),
+            memory_bytes: rec.memory,
+            compute_share: permille_to_fraction(rec.compute),
+            copy_share: Some(permille_to_fraction(rec.copy)),
+            priority: rec.priority,
+            oversubscribe: rec.oversubscribe,
+            share_group: rec.share_group.clone(),
+            queues: rec.queues,
+            storage: rec.storage.clone(),
+        };
+        let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
+        // Exactly the shares it had (no round trip through fractions).
+        (ask.compute, ask.copy) = (rec.compute, rec.copy);
+        if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
+            return Err(e.error);
+        }
+        let rec = inner
+            .vgpus
+            .get_mut(&id)
+            .ok_or_else(|| "its record vanished".to_owned())?;
+        rec.state = VgpuState::Starting;
+        Ok(())
+    }
+
+    /// A worker of the previous vgpud that is being stopped (its VM ended while no vgpud
+    /// ran) may still serve vGPU `id`'s socket for a moment: wait until none does.
     async fn wait_socket_free(&self, id: u32) -> Result<(), String> {
         let Some(socket) = self
             .state
@@ -294,6 +356,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 .collect(),
             owned_by_vm: r.owned,
             vm: r.vm,
+            worker: r.worker.as_ref().map(|w| saved_proc(&w.proc)),
             state: match &r.state {
                 // Not restored at the last start: still a definition to bring back.
                 _ if r.restore_failed => SavedVgpuState::Live,
@@ -328,6 +391,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 },
                 launched_unix_ms: unix_ms(v.launched),
                 uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
+                vmm: v.proc.as_ref().map(saved_proc),
             }
         })
         .collect();
@@ -341,26 +405,133 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
     }
 }
 
-/// Puts `saved`'s records into `inner`: the ids of the vGPUs to bring back.
-fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Vec<u32> {
+fn saved_proc(p: &Proc) -> SavedProc {
+    SavedProc {
+        pid: p.pid,
+        start_time: p.start_time,
+    }
+}
+
+/// What a restore does once the records are in.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// vGPUs whose worker still runs: reconnect to it.
+    workers: Vec<(u32, Proc)>,
+    /// VMs whose vmm still runs: supervise it.
+    vmms: Vec<(u32, Proc)>,
+    /// vGPU definitions to start with a new worker.
+    fresh: Vec<u32>,
+}
+
+/// The processes of `saved` that still run: the vmms of live VMs and the workers of live
+/// vGPUs, paired (a VM runs only with its vGPU's worker; a worker attached to a VM goes
+/// with that VM's vmm). What is not kept is killed; why, per VM, is returned.
+fn running_procs(
+    saved: &StateFile,
+) -> (
+    BTreeMap<u32, Proc>,
+    BTreeMap<u32, Proc>,
+    BTreeMap<u32, String>,
+) {
+    let adopt = |p: Option<SavedProc>| p.and_then(|p| procs::adopt(p.pid, p.start_time));
+    let mut vmms: BTreeMap<u32, Proc> = saved
+        .vms
+        .iter()
+        .filter(|v| v.state == SavedVmState::Live)
+        .filter_map(|v| Some((v.id, adopt(v.vmm)?)))
+        .collect();
+    let mut workers: BTreeMap<u32, Proc> = saved
+        .vgpus
+        .iter()
+        .filter(|v| v.state == SavedVgpuState::Live)
+        .filter_map(|v| Some((v.id, adopt(v.worker)?)))
+        .collect();
+    let mut why = BTreeMap::new();
+    for v in &saved.vms {
+        let Some(g) = v.vgpu else { continue };
+        if !workers.contains_key(&g) {
+            if let Some(p) = vmms.remove(&v.id) {
+                tracing::warn!(
+                    vm = v.id,
+                    vgpu = g,
+                    pid = p.pid,
+                    "the VM's vGPU worker exited while vgpud was down; stopping its vmm"
+                );
+                p.signal(libc::SIGKILL);
+                why.insert(
+                    v.id,
+                    format!(
+                        "its vGPU {g}'s worker exited while vgpud was down; the vmm was stopped"
+                    ),
+                );
+            }
+        }
+    }
+    for g in &saved.vgpus {
+        let Some(vm) = g.vm else { continue };
+        if vmms.contains_key(&vm) {
+            continue;
+        }
+        if let Some(p) = workers.remove(&g.id) {
+            tracing::info!(
+                vgpu = g.id,
+                vm,
+                pid = p.pid,
+                "the vGPU's VM ended while vgpud was down; stopping its worker"
+            );
+            p.signal(libc::SIGKILL);
+        }
+    }
+    (vmms, workers, why)
+}
+
+/// Puts `saved`'s records into `inner`: what to adopt and what to start afresh.
+fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
     let now_unix = unix_ms(SystemTime::now());
     let max_vgpu = saved.vgpus.iter().map(|v| v.id).max().unwrap_or(0);
     let max_vm = saved.vms.iter().map(|v| v.id).max().unwrap_or(0);
     inner.next_vgpu = saved.next_vgpu.max(max_vgpu.saturating_add(1)).max(1);
     inner.next_vm = saved.next_vm.max(max_vm.saturating_add(1)).max(1);
     inner.next_migration = saved.next_migration.max(1);
-    let mut candidates = Vec::new();
+    let (vmms, mut workers, why) = running_procs(&saved);
+    let mut plan = Plan::default();
     for v in saved.vgpus {
-        let (rec, bring_back) = restored_vgpu(cfg, v);
-        if bring_back {
-            candidates.push(rec.id);
+        let worker = workers.remove(&v.id);
+        let saved_vm = v.vm;
+        let lost = v.vm.and_then(|vm| why.get(&vm).map(|_| vm));
+        let (mut rec, bring_back) = restored_vgpu(cfg, v);
+        if let Some(p) = worker {
+            // Held (starting) until its worker answers on the control socket.
+            rec.state = api::VgpuState::Starting;
+            rec.vm = saved_vm.filter(|vm| vmms.contains_key(vm));
+            rec.restore_failed = true;
+            plan.workers.push((rec.id, p));
+        } else {
+            if let (Some(vm), true) = (lost, rec.owned) {
+                rec.state = VgpuState::Failed {
+                    reason: format!(
+                        "its worker exited while vgpud was down{}; VM {vm} was stopped",
+                        super::workers::log_tail(&rec.log)
+                    ),
+                };
+            }
+            if bring_back {
+                plan.fresh.push(rec.id);
+            }
         }
         inner.vgpus.insert(rec.id, rec);
     }
     for v in saved.vms {
-        inner.vms.insert(v.id, restored_vm(cfg, v, now_unix));
+        let proc = vmms.get(&v.id).cloned();
+        let lost = why.get(&v.id).cloned();
+        if let Some(p) = &proc {
+            plan.vmms.push((v.id, p.clone()));
+        }
+        inner
+            .vms
+            .insert(v.id, restored_vm(cfg, v, now_unix, proc, lost));
     }
-    candidates
+    plan
 }
 
 /// A saved vGPU's record, and whether it is to be brought back (it is held as failed
@@ -400,7 +571,7 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         // A vGPU that comes back is free for a new VM.
         vm: if bring_back { None } else { v.vm },
         owned: v.owned_by_vm,
-        socket: cfg.state_dir.join(format!("vgpu-{id}.sock")),
+        socket: worker_socket(&cfg.state_dir, id),
         log: cfg.state_dir.join(format!("vgpu-{id}.log")),
         worker: None,
         stopping: false,
@@ -412,20 +583,36 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
     (rec, bring_back)
 }
 
-/// A saved VM's record: a VM that was running ended with the old daemon.
-fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
-    let (state, uptime) = match v.state {
-        SavedVmState::Live => (
-            VmState::Failed {
-                reason: RESTART_REASON.into(),
-            },
-            v.uptime_ms
-                .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
-        ),
-        SavedVmState::Exited { code } => (VmState::Exited { code }, v.uptime_ms.unwrap_or(0)),
-        SavedVmState::Failed { reason } => (VmState::Failed { reason }, v.uptime_ms.unwrap_or(0)),
-    };
+/// A saved VM's record: running with its adopted vmm `proc`, else as it ended (`lost`:
+/// why a VM that was running ended while no vgpud ran).
+fn restored_vm(
+    cfg: &Config,
+    v: SavedVm,
+    now_unix: u64,
+    proc: Option<Proc>,
+    lost: Option<String>,
+) -> VmRec {
     let now = Instant::now();
+    let ran_for = Duration::from_millis(now_unix.saturating_sub(v.launched_unix_ms));
+    let (state, uptime) = match (v.state, &proc) {
+        (SavedVmState::Live, Some(_)) => (VmState::Running, None),
+        (SavedVmState::Live, None) => (
+            VmState::Failed {
+                reason: lost.unwrap_or_else(|| RESTART_REASON.into()),
+            },
+            Some(
+                v.uptime_ms
+                    .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
+            ),
+        ),
+        (SavedVmState::Exited { code }, _) => {
+            (VmState::Exited { code }, Some(v.uptime_ms.unwrap_or(0)))
+        }
+        (SavedVmState::Failed { reason }, _) => {
+            (VmState::Failed { reason }, Some(v.uptime_ms.unwrap_or(0)))
+        }
+    };
+    let running = proc.is_some() && uptime.is_none();
     VmRec {
         id: v.id,
         payload: PathBuf::from(v.payload),
@@ -434,12 +621,16 @@ fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
         vcpus: v.vcpus,
         vgpu: v.vgpu,
         state,
-        proc: None,
+        proc: proc.filter(|_| running),
         console: cfg.state_dir.join(format!("vm-{}.log", v.id)),
-        started: now,
-        ended: Some(now),
+        started: if running {
+            now.checked_sub(ran_for).unwrap_or(now)
+        } else {
+            now
+        },
+        ended: (!running).then_some(now),
         launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
-        restored_uptime: Some(uptime),
+        restored_uptime: uptime,
     }
 }
 
@@ -465,12 +656,13 @@ mod tests {
         assert_eq!(file.vgpus.len(), 2);
 
         let mut back = Inner::default();
-        let candidates = restore_records(&d.cfg, &mut back, file);
+        let plan = restore_records(&d.cfg, &mut back, file);
         assert_eq!(
-            candidates,
+            plan.fresh,
             vec![live],
             "only the live definition comes back"
         );
+        assert!(plan.workers.is_empty() && plan.vmms.is_empty(), "{plan:?}");
         assert_eq!(back.next_vgpu, gone + 1, "ids are not reused");
         let r = &back.vgpus[&live];
         assert!(

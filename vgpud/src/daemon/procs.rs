@@ -1,5 +1,8 @@
-//! Child processes: spawning with a parent-death signal and an optional inherited control
-//! socket, pidfds for race-free signals, and prompt reaping on the runtime.
+//! Child processes: spawning them so that they outlive vgpud (their own session, no
+//! parent-death signal: a vgpud restart never touches a VM), under their own identity and
+//! with inherited descriptors at fixed numbers; pidfds for race-free signals and for
+//! supervising processes a previous vgpud started (adoption, checked against their start
+//! time so a reused pid is never mistaken for them); prompt reaping on the runtime.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -15,11 +18,72 @@ pub const CONTROL_FD: RawFd = 3;
 pub const GRANT_PAGE_FD: RawFd = 4;
 pub const GRANT_DOORBELL_FD: RawFd = 5;
 
-/// A child process we can signal without pid-reuse races.
+/// A process we can signal without pid-reuse races: a child, or one a previous vgpud
+/// started (adopted).
 #[derive(Clone, Debug)]
 pub struct Proc {
     pub pid: u32,
+    /// When it started, in clock ticks since boot (`/proc/PID/stat` field 22): with the
+    /// pid, what identifies it across a vgpud restart.
+    pub start_time: u64,
     pidfd: Arc<OwnedFd>,
+}
+
+/// The identity a child runs under (a worker's own uid and gid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Process `pid`'s start time, or None when it is gone (or a zombie).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) state ppid ..." where comm may hold spaces and parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // Fields after comm start at 3 (state); start time is field 22.
+    fields.nth(22 - 4)?.parse().ok()
+}
+
+/// Takes over supervision of process `pid` that a previous vgpud started, if it is still
+/// the same process (its start time matches): the pidfd is opened first and the start
+/// time read after, so the pidfd cannot refer to a process that reused the pid.
+pub fn adopt(pid: u32, started: u64) -> Option<Proc> {
+    let pidfd = pidfd_open(pid).ok()?;
+    if start_time(pid)? != started {
+        return None;
+    }
+    Some(Proc {
+        pid,
+        start_time: started,
+        pidfd: Arc::new(pidfd),
+    })
+}
+
+/// Waits until an adopted process exits (it is not our child: its exit status is its
+/// parent's, so none is known here).
+pub async fn watch(proc: &Proc) {
+    let pidfd = PidFd(proc.pidfd.clone());
+    // SAFETY: `PidFd` holds an `Arc<OwnedFd>`, so the descriptor stays open for as long as
+    // the `AsyncFd` that registers it lives.
+    let registered =
+        unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+    match registered {
+        Ok(afd) => {
+            let _ = afd.readable().await;
+        }
+        Err(e) => {
+            tracing::warn!(pid = proc.pid, error = %e, "cannot watch the pidfd; polling instead");
+            while start_time(proc.pid) == Some(proc.start_time) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
 }
 
 impl Proc {
@@ -84,20 +148,22 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Spawns `cmd`. The child gets SIGTERM when vgpud dies (so VMs and workers never outlive
-/// the daemon that accounts for them) and, when `control` is given, that descriptor as
-/// [`CONTROL_FD`]. Must be called from a thread that lives as long as the daemon (the
-/// parent-death signal follows the spawning thread).
+/// Spawns `cmd` in a session of its own and without a parent-death signal: it outlives
+/// vgpud (a restart or an upgrade of vgpud leaves VMs and workers running; the next vgpud
+/// adopts them). When `control` is given, the child gets that descriptor as
+/// [`CONTROL_FD`].
 pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child, Proc)> {
-    spawn_with_fds(cmd, control, &[])
+    spawn_with_fds(cmd, control, &[], None)
 }
 
 /// Like [`spawn`], and also hands the child each `(descriptor, number)` of `extra` at that
-/// number (the grant page and doorbell, say).
+/// number (the grant page and doorbell, say), and runs it as `identity` (no supplementary
+/// groups) when given.
 pub fn spawn_with_fds(
     cmd: &mut Command,
     control: Option<&OwnedFd>,
     extra: &[(&OwnedFd, RawFd)],
+    identity: Option<Identity>,
 ) -> io::Result<(Child, Proc)> {
     const MAX_EXTRA: usize = 4;
     if extra.len() > MAX_EXTRA {
@@ -108,18 +174,15 @@ pub fn spawn_with_fds(
         *slot = (fd.as_raw_fd(), *target);
     }
     let control_raw = control.map(AsRawFd::as_raw_fd);
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
     // SAFETY: the closure runs in the child between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, dup2, fcntl) on plain integers.
+    // async-signal-safe functions (setsid, dup2, fcntl, setgroups, setgid, setuid) on
+    // plain integers.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+            // Its own session: a signal to vgpud's process group (a terminal's ^C, a
+            // service manager stopping vgpud) does not reach it.
+            if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
-            }
-            // vgpud died between fork and prctl: the signal will never come.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             // Move every extra descriptor out of the way of the target numbers first, so
             // one dup2 cannot clobber another's source.
@@ -147,6 +210,14 @@ pub fn spawn_with_fds(
                     return Err(io::Error::last_os_error());
                 }
             }
+            if let Some(id) = identity {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(id.gid) != 0
+                    || libc::setuid(id.uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
@@ -162,6 +233,7 @@ pub fn spawn_with_fds(
     };
     let proc = Proc {
         pid: child.id(),
+        start_time: start_time(child.id()).unwrap_or(0),
         pidfd: Arc::new(pidfd),
     };
     Ok((child, proc))
@@ -222,6 +294,21 @@ fn signal_name(s: i32) -> &'static str {
         libc::SIGABRT => " (SIGABRT)",
         libc::SIGINT => " (SIGINT)",
         libc::SIGBUS => " (SIGBUS)",
+        libc::SIGSYS => " (SIGSYS)",
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adoption_checks_the_start_time() {
+        let me = std::process::id();
+        let t = start_time(me).expect("our own start time");
+        assert!(adopt(me, t).is_some(), "the same process");
+        assert!(adopt(me, t + 1).is_none(), "a reused pid is not adopted");
+        assert!(start_time(u32::MAX).is_none());
     }
 }

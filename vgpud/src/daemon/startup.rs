@@ -1,6 +1,7 @@
 //! Start-up and shutdown: the lock file (one daemon per state directory), the binaries
-//! check, the state file read back, the API's socket, the background tasks, and stopping
-//! every VM and worker at the end.
+//! check, the state file read back (adopting the VMs and workers still running), the
+//! API's socket, the background tasks, and at the end the final state file (VMs and
+//! workers keep running: the next vgpud adopts them).
 
 use std::fs::File;
 use std::io::Write;
@@ -8,79 +9,55 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::core::Daemon;
 use super::error::DaemonError;
-use super::procs::Proc;
-use super::state::Inner;
 use super::statefile::{self, StateFile};
 use super::{Config, Listen};
 
 impl Daemon {
-    /// Stops every VM and worker (daemon shutdown) and removes their files.
+    /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
+    /// and worker, which keep running (their guests never notice); the next vgpud adopts
+    /// them. Each worker serves its guest meanwhile and waits `--control-reconnect-s` for
+    /// vgpud on its control socket (the channel closes when this process exits).
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        // What the next start brings back: the state before this stop tears it down.
         self.save_final().await;
-        let (vms, workers): (Vec<Proc>, Vec<Proc>) = self.state.with(|inner| {
-            for r in inner.vgpus.values_mut() {
-                r.stopping = true;
-            }
+        let (vms, workers) = self.state.with(|inner| {
             (
-                inner.vms.values().filter_map(|v| v.proc.clone()).collect(),
-                inner
-                    .vgpus
-                    .values()
-                    .filter_map(|r| r.worker_proc())
-                    .collect(),
+                inner.vms.values().filter(|v| v.proc.is_some()).count(),
+                inner.vgpus.values().filter(|r| r.worker.is_some()).count(),
             )
         });
-        if !vms.is_empty() || !workers.is_empty() {
+        if vms > 0 || workers > 0 {
             tracing::info!(
-                vms = vms.len(),
-                workers = workers.len(),
-                "stopping every VM and worker"
+                vms,
+                workers,
+                reconnect_s = self.cfg.workers.control_reconnect.as_secs(),
+                "leaving every VM and worker running for the next vgpud to adopt"
             );
         }
-        for p in vms.iter().chain(&workers) {
-            p.signal(libc::SIGTERM);
-        }
-        let all_gone = |i: &Inner| {
-            i.vms.values().all(|v| v.proc.is_none()) && i.vgpus.values().all(|r| r.worker.is_none())
-        };
-        if !self
-            .state
-            .wait_until(Duration::from_secs(3), all_gone)
-            .await
-        {
-            let left: Vec<Proc> = self.state.with(|inner| {
-                inner
-                    .vms
-                    .values()
-                    .filter_map(|v| v.proc.clone())
-                    .chain(inner.vgpus.values().filter_map(|r| r.worker_proc()))
-                    .collect()
-            });
-            for p in left {
-                tracing::warn!(pid = p.pid, "still running after SIGTERM; SIGKILL");
-                p.signal(libc::SIGKILL);
-            }
-            self.state
-                .wait_until(Duration::from_secs(2), all_gone)
-                .await;
-        }
-        // The VMs' consoles stay with their records (the state file keeps them; DELETE
-        // removes both).
-        let files: Vec<PathBuf> = self.state.with(|inner| {
-            inner
-                .vgpus
-                .values()
-                .flat_map(|r| [r.socket.clone(), r.log.clone()])
-                .collect()
-        });
-        for f in files {
-            let _ = std::fs::remove_file(f);
+    }
+
+    /// Says which worker isolation is in effect (docs/hostile.md).
+    fn log_isolation(&self) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let seccomp = self.cfg.workers.seccomp.as_str();
+        match (root, self.cfg.workers.uid_base) {
+            (true, Some(base)) => tracing::info!(
+                uid_base = base,
+                seccomp,
+                "worker isolation: each worker runs as its own uid and gid (base + vGPU id), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
+            ),
+            (true, None) => tracing::warn!(
+                seccomp,
+                "worker isolation: workers run as root (--worker-uid-base 0): only seccomp, not dumpable and no_new_privs separate them; give --worker-uid-base"
+            ),
+            (false, _) => tracing::warn!(
+                seccomp,
+                "worker isolation: vgpud does not run as root, so workers run as its own uid: private directories, seccomp (no socket, connect or ptrace), not dumpable and no_new_privs separate them, but not their uid"
+            ),
         }
     }
 }
@@ -181,6 +158,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let saved = load_saved(&cfg, &state_path)?;
 
     let daemon = Arc::new(Daemon::new(cfg.clone())?);
+    daemon.log_isolation();
     // Signals are ours from here on: a stop during the restore below is a graceful one.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
@@ -197,6 +175,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         Some(saved) => daemon.restore(saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
+    daemon.sweep_worker_dirs();
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
     let _ = daemon.save().await;

@@ -3,8 +3,8 @@
 //! loses").
 //!
 //! It holds every vGPU definition (its id and effective spec, PATCHed values included),
-//! every VM record (its spec and how it ended) and the id counters, so an id is never
-//! handed out twice. It is versioned JSON, written atomically (temporary file, fsync,
+//! every VM record (its spec and how it ended), the running vmm and worker processes (so
+//! the next vgpud adopts them) and the id counters, so an id is never handed out twice. It is versioned JSON, written atomically (temporary file, fsync,
 //! rename, fsync of the directory) after every change that alters it, never on the
 //! grant or request path. Reading it either gives the whole state or a typed error that
 //! names the file and says what to do: vgpud never guesses at a damaged file.
@@ -104,6 +104,16 @@ pub struct SavedStorage {
     pub read_only: bool,
 }
 
+/// A process a vgpud started and that outlives it (a vmm or a worker): what the next
+/// vgpud needs to adopt it. The start time (clock ticks since boot, `/proc/PID/stat`)
+/// tells it from a process that reused the pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedProc {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
 /// One vGPU: its effective spec (shares in per-mille, exactly as admitted).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,6 +133,9 @@ pub struct SavedVgpu {
     /// The VM that used it.
     pub vm: Option<u32>,
     pub state: SavedVgpuState,
+    /// Its running worker (the next vgpud reconnects to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<SavedProc>,
 }
 
 /// Where a saved VM was in its life.
@@ -154,6 +167,9 @@ pub struct SavedVm {
     /// How long it ran: known for a VM that had ended, or that a graceful stop of vgpud
     /// ended; None for one that was running when vgpud was killed.
     pub uptime_ms: Option<u64>,
+    /// Its running vmm (the next vgpud supervises it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmm: Option<SavedProc>,
 }
 
 /// The state file in `state_dir`.
@@ -301,6 +317,10 @@ mod tests {
                     owned_by_vm: false,
                     vm: None,
                     state: SavedVgpuState::Live,
+                    worker: Some(SavedProc {
+                        pid: 4242,
+                        start_time: 987_654,
+                    }),
                 },
                 SavedVgpu {
                     id: 5,
@@ -318,6 +338,7 @@ mod tests {
                     state: SavedVgpuState::Failed {
                         reason: "the worker exited unexpectedly".into(),
                     },
+                    worker: None,
                 },
             ],
             vms: vec![
@@ -331,6 +352,7 @@ mod tests {
                     state: SavedVmState::Exited { code: 3 },
                     launched_unix_ms: 1_700_000_000_000,
                     uptime_ms: Some(42),
+                    vmm: None,
                 },
                 SavedVm {
                     id: 2,
@@ -342,6 +364,10 @@ mod tests {
                     state: SavedVmState::Live,
                     launched_unix_ms: 1_700_000_001_000,
                     uptime_ms: None,
+                    vmm: Some(SavedProc {
+                        pid: 4243,
+                        start_time: 987_655,
+                    }),
                 },
             ],
         }
@@ -356,6 +382,27 @@ mod tests {
         // Saving again replaces it whole.
         save(&p, &StateFile::empty()).expect("save");
         assert_eq!(load(&p).expect("load"), Some(StateFile::empty()));
+        std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
+    fn a_file_without_process_records_still_loads() {
+        let d = dir("no-procs");
+        let p = path_in(&d);
+        let mut old = sample();
+        for v in &mut old.vgpus {
+            v.worker = None;
+        }
+        for v in &mut old.vms {
+            v.vmm = None;
+        }
+        let text = serde_json::to_string(&old).expect("encode");
+        assert!(
+            !text.contains("\"worker\"") && !text.contains("\"vmm\""),
+            "{text}"
+        );
+        std::fs::write(&p, text).expect("write");
+        assert_eq!(load(&p).expect("load"), Some(old));
         std::fs::remove_dir_all(&d).expect("rm");
     }
 

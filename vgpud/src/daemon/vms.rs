@@ -1,7 +1,6 @@
 //! VMs: launching one (payload resolution, its vGPU bound or created inline, its vmm),
 //! its console, its end (however it ends) and its removal.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -333,7 +332,16 @@ impl Daemon {
             spec.push(s.as_os_str());
             cmd.arg("--vgpu").arg(spec);
         }
-        let console = File::create(&vm.console).map_err(|e| {
+        // Owner only: a guest's console is no other tenant's (nor its worker's) business.
+        let console = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true),
+            0o600,
+        )
+        .open(&vm.console)
+        .map_err(|e| {
             ApiError::internal(format!(
                 "cannot create the console log {}: {e}",
                 vm.console.display()
@@ -363,7 +371,7 @@ impl Daemon {
     }
 
     /// VM `vm_id`'s vmm `pid` exited: the VM ended, and its vGPU's worker goes too.
-    fn on_vmm_exit(&self, vm_id: u32, pid: u32, status: ExitStatus) {
+    pub(super) fn on_vmm_exit(&self, vm_id: u32, pid: u32, status: ExitStatus) {
         let worker = self.state.with(|inner| {
             let vm = inner.vms.get_mut(&vm_id)?;
             if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {

@@ -1,8 +1,17 @@
 //! Worker processes: spawning one per vGPU (command line, grant channel, control
-//! channel), supervising it (its events, its exit) and stopping it.
+//! channel) in its sandbox (a private directory, its own identity, a seccomp filter:
+//! docs/hostile.md), supervising it (its events, its exit) and stopping it.
+//!
+//! vGPU N's private directory is `<state dir>/workers/N/`, mode 0700, owned by the
+//! worker's identity. It holds the vhost-user socket (`vgpu.sock`, the one the vmm
+//! connects to), the control socket a restarted vgpud reconnects on (`control.sock`) and
+//! the secret it presents there (`secret`). The worker runs with it as its working
+//! directory, so it never needs a path through the state directory (0700, vgpud's).
 
 use std::fs::File;
-use std::path::Path;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +19,7 @@ use std::time::Duration;
 use super::core::{Daemon, STOP_GRACE};
 use super::error::ApiError;
 use super::link::{self, Link};
-use super::procs::{self, Proc};
+use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
 use super::storage;
 use super::GpuConfig;
@@ -20,11 +29,73 @@ use crate::units::permille_to_fraction;
 use vgpu_grant::WorkerFds;
 
 /// How long a worker may take to bind its socket.
-const WORKER_START: Duration = Duration::from_secs(5);
+pub(super) const WORKER_START: Duration = Duration::from_secs(5);
+
+/// The vhost-user socket's name in a worker's directory.
+const VHOST_SOCKET: &str = "vgpu.sock";
+/// The control socket a restarted vgpud reconnects on.
+pub(super) const CONTROL_SOCKET: &str = "control.sock";
+/// The secret a reconnecting vgpud presents.
+pub(super) const SECRET_FILE: &str = "secret";
+
+/// vGPU `id`'s private directory.
+pub(super) fn worker_dir(state_dir: &Path, id: u32) -> PathBuf {
+    state_dir.join("workers").join(id.to_string())
+}
+
+/// vGPU `id`'s vhost-user socket (what its VM's vmm connects to).
+pub(super) fn worker_socket(state_dir: &Path, id: u32) -> PathBuf {
+    worker_dir(state_dir, id).join(VHOST_SOCKET)
+}
+
+/// A fresh secret: 32 random bytes, hex.
+fn new_secret() -> std::io::Result<String> {
+    let mut b = [0u8; 32];
+    File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Makes vGPU `id`'s private directory anew (0700, owned by `identity`) with its secret.
+fn prepare_dir(state_dir: &Path, id: u32, identity: Option<Identity>) -> std::io::Result<()> {
+    let parent = state_dir.join("workers");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&parent)?;
+    let dir = worker_dir(state_dir, id);
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    // Recursive: `workers/` may have been removed a moment ago (its last worker exited).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    let secret = dir.join(SECRET_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&secret)?;
+    f.write_all(new_secret()?.as_bytes())?;
+    if let Some(who) = identity {
+        for p in [&dir, &secret] {
+            std::os::unix::fs::chown(p, Some(who.uid), Some(who.gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes vGPU `id`'s private directory (its worker is gone), and `workers/` once empty.
+pub(super) fn remove_dir(state_dir: &Path, id: u32) {
+    let _ = std::fs::remove_dir_all(worker_dir(state_dir, id));
+    let _ = std::fs::remove_dir(state_dir.join("workers"));
+}
 
 /// The worker's last words, for failure reasons: its last error line (or last line),
 /// without the log timestamp.
-fn log_tail(path: &Path) -> String {
+pub(super) fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let pick = lines
@@ -66,24 +137,43 @@ impl Daemon {
             gpu,
         } = self.state.with(|inner| self.worker_launch(inner, id))?;
         self.refresh_pool(gpu);
-        let log_file = File::create(&log).map_err(|e| {
-            ApiError::internal(format!(
-                "cannot create the worker log {}: {e}",
-                log.display()
-            ))
-        })?;
+        let identity = self.worker_identity(id);
+        let dir = worker_dir(&self.cfg.state_dir, id);
+        if let Err(e) = prepare_dir(&self.cfg.state_dir, id, identity) {
+            self.detach_grants(id, gpu);
+            return Err(ApiError::internal(format!(
+                "cannot prepare the worker's directory {}: {e}",
+                dir.display()
+            )));
+        }
+        cmd.current_dir(&dir);
+        let log_file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&log)
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot create the worker log {}: {e}",
+                    log.display()
+                ))
+            })?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            // The CUDA driver's JIT cache would write files after the worker's seccomp
+            // filter is on (and a worker's uid has no home of its own).
+            .env("CUDA_CACHE_DISABLE", "1");
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
         let extra = [
             (&fds.page, procs::GRANT_PAGE_FD),
             (&fds.doorbell, procs::GRANT_DOORBELL_FD),
         ];
-        let (child, proc) =
-            procs::spawn_with_fds(&mut cmd, Some(&theirs), &extra).map_err(|e| {
+        let (child, proc) = procs::spawn_with_fds(&mut cmd, Some(&theirs), &extra, identity)
+            .map_err(|e| {
                 self.detach_grants(id, gpu);
                 ApiError::internal(format!(
                     "cannot start {}: {e}; check vgpud's --worker-bin",
@@ -102,7 +192,12 @@ impl Daemon {
                 return Err(ApiError::internal(format!("control channel: {e}")));
             }
         };
-        tracing::info!(vgpu = id, pid = proc.pid, "worker started");
+        tracing::info!(
+            vgpu = id,
+            pid = proc.pid,
+            uid = identity.map(|i| i.uid),
+            "worker started"
+        );
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
                 rec.worker = Some(WorkerHandle {
@@ -115,7 +210,7 @@ impl Daemon {
         let p = proc.clone();
         tokio::spawn(async move {
             let status = procs::reap(child, &p).await;
-            d.on_worker_exit(id, p.pid, status);
+            d.on_worker_exit(id, p.pid, Some(status));
         });
         self.await_ready(id, &proc, &log, ready).await
     }
@@ -146,8 +241,8 @@ impl Daemon {
     /// The `vgpu-worker` command line for vGPU `rec` on GPU `gpu`.
     fn worker_command(&self, rec: &VgpuRec, gpu: &GpuConfig) -> Command {
         let mut cmd = Command::new(&self.cfg.worker_bin);
-        cmd.arg("--socket")
-            .arg(&rec.socket)
+        // Relative to its private directory, its working directory.
+        cmd.args(["--socket", VHOST_SOCKET])
             .args(["--vgpu-id", &rec.id.to_string()])
             .args(["--memory", &rec.memory.to_string()])
             .args(["--queues", &rec.queues.to_string()])
@@ -181,12 +276,33 @@ impl Daemon {
         for s in &rec.storage {
             cmd.arg("--storage").arg(storage::worker_arg(s));
         }
+        let sandbox = &self.cfg.workers;
+        cmd.args(["--seccomp", sandbox.seccomp.as_str()])
+            .args([
+                "--control-listen",
+                CONTROL_SOCKET,
+                "--secret-file",
+                SECRET_FILE,
+            ])
+            .args([
+                "--control-reconnect-s",
+                &sandbox.control_reconnect.as_secs().to_string(),
+            ]);
         cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
             .args([
                 "--grant-fds",
                 &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
             ]);
         cmd
+    }
+
+    /// The identity vGPU `id`'s worker runs under: its own uid and gid when vgpud runs as
+    /// root (`--worker-uid-base`), else vgpud's.
+    pub(super) fn worker_identity(&self, id: u32) -> Option<Identity> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let uid = self.cfg.workers.uid_base?.checked_add(id)?;
+        root.then_some(Identity { uid, gid: uid })
     }
 
     /// The memory a sim GPU gives a worker: an oversubscribed vGPU's also holds its
@@ -200,7 +316,10 @@ impl Daemon {
     }
 
     /// What vGPU `id`'s worker tells over its control channel, dispatched to the daemon.
-    fn worker_events(self: &Arc<Self>, id: u32) -> impl Fn(link::Event) + Send + 'static {
+    pub(super) fn worker_events(
+        self: &Arc<Self>,
+        id: u32,
+    ) -> impl Fn(link::Event) + Send + 'static {
         let weak = Arc::downgrade(self);
         move |e: link::Event| {
             let Some(d) = weak.upgrade() else { return };
@@ -225,7 +344,7 @@ impl Daemon {
     }
 
     /// Waits until vGPU `id`'s worker says it is ready (its socket is bound).
-    async fn await_ready<T, E>(
+    pub(super) async fn await_ready<T, E>(
         &self,
         id: u32,
         proc: &Proc,
@@ -284,14 +403,16 @@ impl Daemon {
         self.state.notify();
     }
 
-    /// Worker `pid` of vGPU `id` exited: the vGPU lets go of everything it held.
-    fn on_worker_exit(&self, id: u32, pid: u32, status: ExitStatus) {
+    /// Worker `pid` of vGPU `id` exited (with `status`, when it was our child): the vGPU
+    /// lets go of everything it held.
+    pub(super) fn on_worker_exit(&self, id: u32, pid: u32, status: Option<ExitStatus>) {
         let Some((gpu, alive)) = self
             .state
-            .with(|inner| self.worker_exited(inner, id, pid, &status))
+            .with(|inner| self.worker_exited(inner, id, pid, status.as_ref()))
         else {
             return;
         };
+        remove_dir(&self.cfg.state_dir, id);
         self.shm_lock().vgpu_gone(id, |gpu, group| {
             alive.iter().any(|(g, n)| *g == gpu && n == group)
         });
@@ -308,8 +429,14 @@ impl Daemon {
         inner: &mut Inner,
         id: u32,
         pid: u32,
-        status: &ExitStatus,
+        status: Option<&ExitStatus>,
     ) -> Option<(u32, Vec<(u32, String)>)> {
+        let vm_running = inner
+            .vgpus
+            .get(&id)
+            .and_then(|r| r.vm)
+            .and_then(|v| inner.vms.get(&v))
+            .is_some_and(|v| v.proc.is_some());
         let rec = inner.vgpus.get_mut(&id)?;
         if rec.worker.as_ref().map(|w| w.proc.pid) != Some(pid) {
             return None;
@@ -321,11 +448,11 @@ impl Daemon {
         }
         let gpu = rec.gpu;
         let vm = rec.vm;
-        let new_state = exit_state(rec, status);
+        let new_state = exit_state(rec, status, vm_running);
         if let VgpuState::Failed { reason } = &new_state {
             tracing::warn!(vgpu = id, pid, %reason, "vGPU failed");
         } else {
-            let how = procs::describe(status);
+            let how = status.map_or_else(|| "status unknown".into(), procs::describe);
             tracing::info!(vgpu = id, pid, how, "worker exited; vGPU released");
         }
         rec.state = new_state.clone();
@@ -370,15 +497,26 @@ impl Daemon {
     }
 }
 
-/// The state a vGPU is in once its worker exited with `status`.
-fn exit_state(rec: &VgpuRec, status: &ExitStatus) -> VgpuState {
+/// The state a vGPU is in once its worker exited with `status` (None: a worker adopted
+/// after a vgpud restart, whose status only its parent sees; it counts as a clean exit
+/// when its VM's vmm is gone too, see `adopt.rs`).
+fn exit_state(rec: &VgpuRec, status: Option<&ExitStatus>, vm_running: bool) -> VgpuState {
+    use std::os::unix::process::ExitStatusExt;
     let was = &rec.state;
+    let success = status.map_or(!vm_running, ExitStatus::success);
     // A worker exits 0 when its vmm disconnects (the VM ended; its exit may be reaped a
     // moment later) or when told to stop; anything else is a crash.
-    if rec.stopping || (*was == VgpuState::Attached && status.success()) {
+    if rec.stopping || (*was == VgpuState::Attached && success) {
         return VgpuState::Released;
     }
-    let how = procs::describe(status);
+    let how = match status {
+        Some(s) if s.signal() == Some(libc::SIGSYS) => format!(
+            "worker violated its seccomp filter: {}; vgpud's --worker-seccomp log lets it through for debugging",
+            procs::describe(s)
+        ),
+        Some(s) => procs::describe(s),
+        None => "status unknown: it was adopted after a vgpud restart".into(),
+    };
     let reason = match was {
         VgpuState::Starting => {
             format!(
