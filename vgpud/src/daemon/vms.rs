@@ -1,6 +1,7 @@
 //! VMs: launching one (payload resolution, its vGPU bound or created inline, its vmm),
 //! its console, its end (however it ends) and its removal.
 
+use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
