@@ -328,3 +328,8 @@ pub struct CudaDevice {
     /// Physical memory in bytes.
     pub memory: u64,
 }
+
+/// The worker's exit status when a guest kernel ran past its hard limit and its GPU
+/// context was given up (the cuda backend's `EXIT_KERNEL_HARD_LIMIT`); vgpud then marks the
+/// vGPU failed with that reason.
+pub const EXIT_KERNEL_HARD_LIMIT: i32 = 75;

@@ -169,6 +169,14 @@ pub fn target(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_hard_limit_exit_status_is_the_one_vgpud_knows() {
+        assert_eq!(
+            vgpu_backend::cuda::EXIT_KERNEL_HARD_LIMIT,
+            vgpu_api::control::EXIT_KERNEL_HARD_LIMIT
+        );
+    }
     use vgpu_api::api::StorageAttachment;
     use vgpu_backend::storage::NamespaceSpec;
 

@@ -98,6 +98,11 @@ struct Args {
     /// How often the rebalancer measures demand and decides, ms.
     #[arg(long, default_value_t = 250)]
     rebalance_interval_ms: u64,
+    /// How long one request (a kernel, a copy) of a vGPU may hold the GPU before the
+    /// scheduler takes the GPU back, gives it to the neighbours and charges the overrun to
+    /// that vGPU (docs/scheduler.md). 10 to 60000.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    kernel_deadline_ms: u64,
     /// How long an overload (or light load) must last before the rebalancer acts, ms;
     /// its cool-downs scale with it.
     #[arg(long, default_value_t = 2000)]
@@ -361,6 +366,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             r
         },
         rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
+        kernel_deadline: Duration::from_millis(args.kernel_deadline_ms),
         discard_state: args.discard_state,
         shm_limits: ShmLimits {
             objects_per_vgpu: args.shm_objects_per_vgpu,

@@ -90,9 +90,15 @@ impl Daemon {
             fraction: permille_to_fraction(permille),
             priority,
         };
-        server
+        let fds = server
             .attach(id, share(compute), share(copy))
-            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))
+            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
+        server
+            .set_kernel_deadline(id, self.config().kernel_deadline)
+            .map_err(|e| {
+                ApiError::internal(format!("cannot set vGPU {id}'s kernel deadline: {e}"))
+            })?;
+        Ok(fds)
     }
 
     /// vGPU `id` leaves its GPU's scheduler (its worker is gone): whatever it held passes on.
@@ -242,6 +248,7 @@ pub(super) mod testing {
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
             rebalance: Default::default(),
             rebalance_interval: Duration::from_millis(250),
+            kernel_deadline: Duration::from_secs(2),
             discard_state: false,
             storage_root: None,
             shm_limits: ShmLimits::default(),

@@ -96,6 +96,9 @@ pub struct Config {
     pub rebalance: vgpu_scheduler::rebalance::RebalanceConfig,
     /// How often it measures demand and decides.
     pub rebalance_interval: Duration,
+    /// How long a vGPU may hold the GPU with one request before the scheduler takes it
+    /// back and charges the overrun (docs/scheduler.md, kernel deadlines).
+    pub kernel_deadline: Duration,
     /// Set an unreadable state file aside and start without it (`--discard-state`)
     /// instead of refusing to start.
     pub discard_state: bool,

@@ -514,6 +514,11 @@ fn exit_state(rec: &VgpuRec, status: Option<&ExitStatus>, vm_running: bool) -> V
             "worker violated its seccomp filter: {}; vgpud's --worker-seccomp log lets it through for debugging",
             procs::describe(s)
         ),
+        Some(s) if s.code() == Some(crate::control::EXIT_KERNEL_HARD_LIMIT) => {
+            "a guest kernel ran past the worker's hard limit and its GPU context was given up; \
+             the guest was answered KERNEL_FAULT (docs/scheduler.md, kernel deadlines)"
+                .to_string()
+        }
         Some(s) => procs::describe(s),
         None => "status unknown: it was adopted after a vgpud restart".into(),
     };
