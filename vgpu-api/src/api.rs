@@ -212,6 +212,9 @@ pub enum VgpuState {
     Ready,
     /// A VM uses it.
     Attached,
+    /// It is being deleted: its worker is stopping and it still holds its memory and
+    /// shares; it takes no change and no VM (409) until it is gone (404).
+    Releasing,
     /// Its VM ended; its worker is gone and its memory and shares are free again.
     Released,
     /// Its worker died or could not start, or it could not be restored after a vgpud

@@ -93,6 +93,10 @@ struct Args {
     /// this vgpud starts without the vGPUs and VM records it held.
     #[arg(long)]
     discard_state: bool,
+    /// Seconds a released vGPU stays in `GET /v1/vgpus` and in the metrics before it is
+    /// forgotten (0: at once).
+    #[arg(long, default_value_t = 300)]
+    released_retention_s: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -274,6 +278,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         },
         rebalance_interval: Duration::from_millis(args.rebalance_interval_ms),
         discard_state: args.discard_state,
+        released_retention: Duration::from_secs(args.released_retention_s),
     })
 }
 

@@ -30,13 +30,15 @@ pub(super) struct VgpuAsk {
 }
 
 impl VgpuAsk {
-    /// What vGPU `rec` holds, as a request (for moving it or changing its shares).
+    /// What vGPU `rec` holds, as a request (for moving it or changing its shares): a
+    /// change on its way counts with the larger of its old and new shares.
     pub(super) fn of(rec: &VgpuRec) -> Self {
+        let (compute, copy) = rec.held();
         Self {
             gpu: Some(rec.gpu),
             memory: rec.memory,
-            compute: rec.compute,
-            copy: rec.copy,
+            compute,
+            copy,
             priority: rec.priority,
             oversubscribe: rec.oversubscribe,
             share_group: None,
@@ -255,6 +257,8 @@ impl Daemon {
             memory_report: None,
             migrating_to: None,
             restore_failed: false,
+            pending: None,
+            released_at: None,
         };
         tracing::info!(
             vgpu = id,

@@ -242,6 +242,7 @@ pub(super) mod testing {
             rebalance: Default::default(),
             rebalance_interval: Duration::from_millis(250),
             discard_state: false,
+            released_retention: Duration::from_secs(300),
         })
         .expect("scheduler threads")
     }

@@ -93,6 +93,9 @@ pub struct Config {
     /// Set an unreadable state file aside and start without it (`--discard-state`)
     /// instead of refusing to start.
     pub discard_state: bool,
+    /// How long a released vGPU stays listed (and in the metrics) before it is
+    /// forgotten (zero: at once).
+    pub released_retention: Duration,
 }
 
 /// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.

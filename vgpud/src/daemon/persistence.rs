@@ -300,7 +300,8 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
                     SavedVgpuState::Live
                 }
-                VgpuState::Released => SavedVgpuState::Released,
+                // Being deleted: it does not come back.
+                VgpuState::Released | VgpuState::Releasing => SavedVgpuState::Released,
                 VgpuState::Failed { reason } => SavedVgpuState::Failed {
                     reason: reason.clone(),
                 },
@@ -408,6 +409,8 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         memory_report: None,
         migrating_to: None,
         restore_failed: bring_back,
+        pending: None,
+        released_at: None,
     };
     (rec, bring_back)
 }
