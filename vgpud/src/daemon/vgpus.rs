@@ -259,7 +259,8 @@ fn being_released(id: u32) -> ApiError {
 /// Whether vGPU `rec` can take a change now.
 fn live_for_change(rec: &VgpuRec) -> Result<(), ApiError> {
     let id = rec.id;
-    if rec.state == VgpuState::Releasing {
+    // Asked to stop: its worker may already be gone, its record not yet.
+    if rec.state == VgpuState::Releasing || rec.stopping {
         return Err(being_released(id));
     }
     if !rec.holds_resources() {
