@@ -32,6 +32,8 @@ fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
         share_group: None,
         queues,
         storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -26,6 +26,8 @@ fn spec(gpu: u32, compute: f64) -> VgpuCreate {
         share_group: None,
         queues: 1,
         storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
     }
 }
 
@@ -34,6 +36,8 @@ fn compute(c: f64) -> VgpuPatch {
         compute_share: Some(c),
         copy_share: Some(c),
         priority: None,
+        name: None,
+        labels: None,
     }
 }
 

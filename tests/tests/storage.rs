@@ -71,6 +71,8 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
         share_group: None,
         queues: 1,
         storage,
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -293,6 +293,8 @@ fn run(args: Args) -> Result<(), DemoError> {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         })?;
         println!(
             "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",

@@ -258,6 +258,8 @@ pub(super) mod testing {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }
     }
 }

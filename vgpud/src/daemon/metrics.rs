@@ -16,11 +16,8 @@ struct GpuLabels {
     gpu: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VgpuLabels {
-    vgpu: String,
-    gpu: String,
-}
+/// A vGPU's labels: `vgpu`, `gpu`, and `name` when it has one.
+type VgpuLabels = Vec<(String, String)>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -141,11 +138,20 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
     );
     let htod = vcounter(reg, "vgpu_htod_bytes", "Bytes copied host to device");
     let dtoh = vcounter(reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
+    let names: std::collections::BTreeMap<u32, String> = d.state.with(|i| {
+        i.vgpus
+            .values()
+            .filter_map(|r| r.name.clone().map(|n| (r.id, n)))
+            .collect()
+    });
     for s in d.all_stats() {
-        let l = VgpuLabels {
-            vgpu: s.vgpu.to_string(),
-            gpu: s.gpu.to_string(),
-        };
+        let mut l: VgpuLabels = vec![
+            ("vgpu".into(), s.vgpu.to_string()),
+            ("gpu".into(), s.gpu.to_string()),
+        ];
+        if let Some(n) = names.get(&s.vgpu) {
+            l.push(("name".into(), n.clone()));
+        }
         comp_u.get_or_create(&l).set(s.compute_utilization);
         if let Some(c) = s.copy_utilization {
             copy_u.get_or_create(&l).set(c);
@@ -219,10 +225,10 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
         "Fraction of the last interval with requests waiting for a grant (compute)",
     );
     for v in &rb.vgpus {
-        let l = VgpuLabels {
-            vgpu: v.vgpu.to_string(),
-            gpu: v.gpu.to_string(),
-        };
+        let l: VgpuLabels = vec![
+            ("vgpu".into(), v.vgpu.to_string()),
+            ("gpu".into(), v.gpu.to_string()),
+        ];
         vdemand
             .get_or_create(&l)
             .set(v.compute_demand.max(v.copy_demand));

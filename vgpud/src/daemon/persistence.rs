@@ -188,6 +188,8 @@ impl Daemon {
                 share_group: rec.share_group.clone(),
                 queues: rec.queues,
                 storage: rec.storage.clone(),
+                name: rec.name.clone(),
+                labels: rec.labels.clone(),
             };
             let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
             // Exactly the shares it had (no round trip through fractions).
@@ -294,6 +296,8 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 .collect(),
             owned_by_vm: r.owned,
             vm: r.vm,
+            name: r.name.clone(),
+            labels: r.labels.clone(),
             state: match &r.state {
                 // Not restored at the last start: still a definition to bring back.
                 _ if r.restore_failed => SavedVgpuState::Live,
@@ -411,6 +415,8 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         restore_failed: bring_back,
         pending: None,
         released_at: None,
+        name: v.name,
+        labels: v.labels,
     };
     (rec, bring_back)
 }

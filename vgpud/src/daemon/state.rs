@@ -69,6 +69,9 @@ pub(super) struct VgpuRec {
     pub(super) pending: Option<Shares>,
     /// When it was first seen released (it is forgotten a retention time later).
     pub(super) released_at: Option<Instant>,
+    /// Its name, unique among live vGPUs.
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
 }
 
 /// A vGPU's shares and priority (compute per-mille, copy per-mille, priority).
@@ -138,6 +141,8 @@ impl VgpuRec {
             owned_by_vm: self.owned,
             socket: self.socket.display().to_string(),
             worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
+            name: self.name.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
@@ -236,6 +241,16 @@ impl Inner {
     /// The control channel of vGPU `id`'s worker, while it runs.
     pub(super) fn link_of(&self, id: u32) -> Option<Link> {
         self.vgpus.get(&id).and_then(VgpuRec::link)
+    }
+
+    /// The live vGPU other than `except` that is called `name`.
+    pub(super) fn vgpu_named(&self, name: &str, except: Option<u32>) -> Option<u32> {
+        self.vgpus
+            .values()
+            .find(|v| {
+                v.holds_resources() && Some(v.id) != except && v.name.as_deref() == Some(name)
+            })
+            .map(|v| v.id)
     }
 
     /// Whether vGPU `id` has no worker (or no record) any more.

@@ -9,6 +9,7 @@
 //! grant or request path. Reading it either gives the whole state or a typed error that
 //! names the file and says what to do: vgpud never guesses at a damaged file.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,9 @@ use serde::{Deserialize, Serialize};
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "vgpud-state.json";
 /// The format this vgpud reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest format this vgpud still reads (version 1 had no vGPU names and labels).
+pub const OLDEST_VERSION: u32 = 1;
 
 /// Why the state file could not be read or written. Each message names the file and
 /// says what to do.
@@ -123,6 +126,12 @@ pub struct SavedVgpu {
     /// The VM that used it.
     pub vm: Option<u32>,
     pub state: SavedVgpuState,
+    /// Its name (from version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its labels (from version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Where a saved VM was in its life.
@@ -201,7 +210,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<StateFile, StateError> {
         source,
     };
     let probe: Probe = serde_json::from_slice(bytes).map_err(corrupt)?;
-    if probe.version != u64::from(VERSION) {
+    if !(u64::from(OLDEST_VERSION)..=u64::from(VERSION)).contains(&probe.version) {
         return Err(StateError::Version {
             path: path.to_owned(),
             found: probe.version,
@@ -301,6 +310,8 @@ mod tests {
                     owned_by_vm: false,
                     vm: None,
                     state: SavedVgpuState::Live,
+                    name: Some("train-a".into()),
+                    labels: BTreeMap::from([("team".into(), "vision".into())]),
                 },
                 SavedVgpu {
                     id: 5,
@@ -318,6 +329,8 @@ mod tests {
                     state: SavedVgpuState::Failed {
                         reason: "the worker exited unexpectedly".into(),
                     },
+                    name: None,
+                    labels: BTreeMap::new(),
                 },
             ],
             vms: vec![
@@ -357,6 +370,29 @@ mod tests {
         save(&p, &StateFile::empty()).expect("save");
         assert_eq!(load(&p).expect("load"), Some(StateFile::empty()));
         std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
+    fn a_version_1_file_loads() {
+        let d = dir("v1");
+        let p = path_in(&d);
+        // Version 1 is version 2 without names and labels.
+        let mut v1 = serde_json::to_value(sample()).expect("encode");
+        v1["version"] = 1.into();
+        for v in v1["vgpus"].as_array_mut().into_iter().flatten() {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("name");
+                o.remove("labels");
+            }
+        }
+        std::fs::write(&p, serde_json::to_vec(&v1).expect("encode")).expect("write");
+        let back = load(&p).expect("load").expect("a state");
+        assert_eq!(back.vgpus.len(), 2);
+        assert_eq!(
+            (back.vgpus[0].name.as_deref(), back.vgpus[0].labels.len()),
+            (None, 0)
+        );
+        assert_eq!(back.next_vgpu, sample().next_vgpu);
     }
 
     #[test]
@@ -425,12 +461,12 @@ mod tests {
     fn unknown_version_is_refused() {
         let d = dir("version");
         let p = path_in(&d);
-        std::fs::write(&p, b"{\"version\": 2, \"whatever\": [1, 2]}").expect("write");
+        std::fs::write(&p, b"{\"version\": 3, \"whatever\": [1, 2]}").expect("write");
         let e = load(&p).expect_err("newer format");
         match &e {
             StateError::Version {
                 found, supported, ..
-            } => assert_eq!((*found, *supported), (2, VERSION)),
+            } => assert_eq!((*found, *supported), (3, VERSION)),
             other => panic!("expected a version error, got {other}"),
         }
         assert!(e.to_string().contains("--discard-state"), "{e}");

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::admission::{share, VgpuAsk};
+use super::admission::{name_free, share, validate_labels, validate_name, VgpuAsk};
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
@@ -69,10 +69,28 @@ impl Daemon {
             .copy_share
             .map(|v| share("copy_share", v))
             .transpose()?;
-        let (new, link) = self
-            .state
-            .with(|inner| self.reserve_shares(inner, id, compute, copy, patch.priority))?;
+        let meta = Meta::of(&patch)?;
+        if compute.is_none() && copy.is_none() && patch.priority.is_none() {
+            // Only its name or labels: nothing to enforce.
+            self.state.with(|inner| {
+                let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+                live_for_change(rec)?;
+                meta.apply(inner, id).map(drop)
+            })?;
+            self.mark_dirty();
+            self.save()
+                .await
+                .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
+            return self.vgpu(id);
+        }
+        let (new, link, old_meta) = self.state.with(|inner| {
+            meta.check(inner, id)?;
+            let (new, link) = self.reserve_shares(inner, id, compute, copy, patch.priority)?;
+            let old = meta.apply(inner, id)?;
+            Ok::<_, ApiError>((new, link, old))
+        })?;
         if let Err(why) = tell_shares(&link, new).await {
+            self.state.with(|inner| old_meta.restore(inner, id));
             return Err(self.drop_pending(id, &why));
         }
         let committed = self.state.with(|inner| self.commit_shares(inner, id, new));
@@ -284,6 +302,70 @@ async fn tell_shares(link: &Link, new: Shares) -> Result<(), String> {
         Ok(ReplyBody::Error { message }) => Err(message),
         Ok(other) => Err(format!("unexpected reply {other:?}")),
         Err(e) => Err(e),
+    }
+}
+
+/// A change of a vGPU's name or labels, validated.
+struct Meta {
+    /// `Some(None)`: remove the name.
+    name: Option<Option<String>>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl Meta {
+    fn of(patch: &VgpuPatch) -> Result<Self, ApiError> {
+        let name = match patch.name.as_deref() {
+            None => None,
+            Some("") => Some(None),
+            Some(n) => {
+                validate_name(n)?;
+                Some(Some(n.to_owned()))
+            }
+        };
+        if let Some(l) = &patch.labels {
+            validate_labels(l)?;
+        }
+        Ok(Self {
+            name,
+            labels: patch.labels.clone(),
+        })
+    }
+
+    /// Its new name is free. Caller holds the state lock.
+    fn check(&self, inner: &Inner, id: u32) -> Result<(), ApiError> {
+        match &self.name {
+            Some(Some(n)) => name_free(inner, n, Some(id)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records it on vGPU `id`; returns what it replaced. Caller holds the state lock.
+    fn apply(&self, inner: &mut Inner, id: u32) -> Result<Meta, ApiError> {
+        self.check(inner, id)?;
+        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+        let old = Meta {
+            name: self.name.as_ref().map(|_| rec.name.clone()),
+            labels: self.labels.as_ref().map(|_| rec.labels.clone()),
+        };
+        if let Some(n) = &self.name {
+            rec.name.clone_from(n);
+        }
+        if let Some(l) = &self.labels {
+            rec.labels.clone_from(l);
+        }
+        Ok(old)
+    }
+
+    /// Puts back what [`Meta::apply`] replaced. Caller holds the state lock.
+    fn restore(self, inner: &mut Inner, id: u32) {
+        if let Some(rec) = inner.vgpus.get_mut(&id) {
+            if let Some(n) = self.name {
+                rec.name = n;
+            }
+            if let Some(l) = self.labels {
+                rec.labels = l;
+            }
+        }
     }
 }
 

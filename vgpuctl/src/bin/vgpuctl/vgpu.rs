@@ -55,6 +55,8 @@ impl VgpuSpecArgs {
             share_group: self.share_group.clone(),
             queues: self.queues,
             storage: self.storage.clone(),
+            name: None,
+            labels: Default::default(),
         }
     }
 }
@@ -112,6 +114,8 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError
                 compute_share: compute,
                 copy_share: copy,
                 priority,
+                name: None,
+                labels: None,
             };
             emit(json, &c.patch_vgpu(id, &patch)?, |v| {
                 vgpu_rows(std::slice::from_ref(v))

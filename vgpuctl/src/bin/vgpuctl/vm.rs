@@ -120,6 +120,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
                     share_group: None,
                     queues,
                     storage: Vec::new(),
+                    name: None,
+                    labels: Default::default(),
                 }),
                 (None, None) => None,
                 _ => {
