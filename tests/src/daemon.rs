@@ -339,6 +339,8 @@ pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
             name: None,
             labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     }
 }
 

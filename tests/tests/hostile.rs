@@ -49,6 +49,8 @@ fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
         vcpus: 1,
         vgpu_id: Some(vgpu),
         vgpu: None,
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -40,6 +40,8 @@ fn vm(
             name: None,
             labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     }
 }
 

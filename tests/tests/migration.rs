@@ -120,6 +120,8 @@ fn swapped_out_memory_migrates_intact() {
             name: None,
             labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     };
     let a = c.create_vm(&vm(1)).expect("a");
     let b = c.create_vm(&vm(2)).expect("b");

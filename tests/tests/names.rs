@@ -1,10 +1,11 @@
-//! vGPU names and labels through the REST API: set at create, shown in GET and list,
+//! vGPU and VM names and labels through the REST API: set at create, shown in GET and list,
 //! changed by PATCH, unique among live vGPUs, validated, carried into /metrics, kept
 //! across a vgpud restart.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use vgpu_api::api::{VgpuCreate, VgpuPatch};
+use vgpu_api::api::{VgpuCreate, VgpuPatch, VmCreate};
 use vgpu_tests::daemon::TestDaemon;
 
 fn named(name: &str, labels: &[(&str, &str)]) -> VgpuCreate {
@@ -125,4 +126,39 @@ fn names_and_labels_are_shown_changed_checked_and_kept() {
     let back = c.vgpu(a.id).expect("restored");
     assert_eq!(back.name.as_deref(), Some("train-c"));
     assert_eq!(back.labels.get("tier").map(String::as_str), Some("gold"));
+}
+
+#[test]
+fn vms_take_a_name_and_labels_too() {
+    vgpu_tests::require_kvm!();
+    let mut d = TestDaemon::start("vm-names", &["--sim-gpus", "1"]);
+    let c = d.client.clone();
+    let req = |name: &str| VmCreate {
+        payload: Some("hello".into()),
+        payload_arg: String::new(),
+        kernel: None,
+        initrd: None,
+        cmdline: None,
+        memory_bytes: 64 << 20,
+        vcpus: 1,
+        vgpu_id: None,
+        vgpu: None,
+        name: Some(name.into()),
+        labels: BTreeMap::from([("env".into(), "test".into())]),
+    };
+    let e = c.create_vm(&req("Not A Label")).expect_err("invalid");
+    assert_eq!(e.status(), Some(400), "{e}");
+    assert_eq!(e.body().and_then(|b| b.field.as_deref()), Some("name"));
+    let vm = c.create_vm(&req("web-1")).expect("launch");
+    assert_eq!(vm.name.as_deref(), Some("web-1"));
+    c.wait_vm(vm.id, Duration::from_secs(60)).expect("wait");
+    let listed = c.vms().expect("list");
+    assert_eq!(
+        listed[0].labels.get("env").map(String::as_str),
+        Some("test")
+    );
+    assert!(d.stop(), "vgpud stops");
+    d.restart(None);
+    let back = d.client.vm(vm.id).expect("kept");
+    assert_eq!(back.name.as_deref(), Some("web-1"));
 }

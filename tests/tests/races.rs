@@ -287,6 +287,8 @@ fn a_delete_racing_a_vm_launch_lets_only_one_win() {
             vcpus: 1,
             vgpu_id: Some(v),
             vgpu: None,
+            name: None,
+            labels: Default::default(),
         });
         let gone = del.join().expect("thread");
         no_5xx("launch", &vm);
@@ -332,6 +334,8 @@ fn released_vgpus_leave_the_list_and_the_metrics_after_their_retention() {
             vcpus: 1,
             vgpu_id: Some(v),
             vgpu: None,
+            name: None,
+            labels: Default::default(),
         })
         .expect("launch");
     let end = c.wait_vm(vm.id, Duration::from_secs(60)).expect("wait");

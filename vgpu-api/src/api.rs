@@ -310,6 +310,12 @@ pub struct VmCreate {
     /// A vGPU to create for this VM.
     #[serde(default)]
     pub vgpu: Option<VgpuCreate>,
+    /// A name, unique among live VMs (the rules of `VgpuCreate.name`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Labels (the rules of `VgpuCreate.labels`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Default guest RAM.
@@ -368,6 +374,12 @@ pub struct Vm {
     pub pid: Option<u32>,
     /// Milliseconds since the VM was launched (until it ended).
     pub uptime_ms: u64,
+    /// Its name, if it has one.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Utilization and counters of one vGPU.

@@ -324,6 +324,8 @@ fn run(args: Args) -> Result<(), DemoError> {
             vcpus: 1,
             vgpu_id: Some(v.id),
             vgpu: None,
+            name: None,
+            labels: Default::default(),
         })?;
         println!(
             "launched VM {} on vGPU {} ({name}): gpu-load, {} rounds",

@@ -144,6 +144,36 @@ pub(super) fn name_free(inner: &Inner, name: &str, except: Option<u32>) -> Resul
     }
 }
 
+/// A VM's name and labels, checked.
+pub(super) fn validate_vm_meta(
+    name: Option<&str>,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    if let Some(n) = name {
+        validate_name(n)?;
+    }
+    validate_labels(labels)
+}
+
+/// `name` (if any) is not taken by a live VM. Caller holds the state lock.
+pub(super) fn vm_name_free(inner: &Inner, name: Option<&str>) -> Result<(), ApiError> {
+    let Some(name) = name else { return Ok(()) };
+    match inner
+        .vms
+        .values()
+        .find(|v| v.state.is_live() && v.name.as_deref() == Some(name))
+    {
+        Some(other) => Err(ApiError::conflict(
+            "name",
+            format!(
+                "the name {name:?} is taken by VM {}; pick another",
+                other.id
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Daemon {
     /// Checks a vGPU request field by field (nothing is admitted yet).
     pub(super) fn validate_vgpu(&self, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {

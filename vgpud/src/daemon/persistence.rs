@@ -333,6 +333,8 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 },
                 launched_unix_ms: unix_ms(v.launched),
                 uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
+                name: v.name.clone(),
+                labels: v.labels.clone(),
             }
         })
         .collect();
@@ -449,6 +451,8 @@ fn restored_vm(cfg: &Config, v: SavedVm, now_unix: u64) -> VmRec {
         ended: Some(now),
         launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
         restored_uptime: Some(uptime),
+        name: v.name,
+        labels: v.labels,
     }
 }
 

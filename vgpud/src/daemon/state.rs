@@ -164,6 +164,9 @@ pub(super) struct VmRec {
     pub(super) launched: SystemTime,
     /// A record restored from the state file: how long it ran.
     pub(super) restored_uptime: Option<u64>,
+    /// Its name, unique among live VMs.
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
 }
 
 impl VmRec {
@@ -185,6 +188,8 @@ impl VmRec {
             state: self.state.clone(),
             pid: self.proc.as_ref().map(|p| p.pid),
             uptime_ms: self.uptime_ms(),
+            name: self.name.clone(),
+            labels: self.labels.clone(),
         }
     }
 }

@@ -163,6 +163,12 @@ pub struct SavedVm {
     /// How long it ran: known for a VM that had ended, or that a graceful stop of vgpud
     /// ended; None for one that was running when vgpud was killed.
     pub uptime_ms: Option<u64>,
+    /// Its name (from version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its labels (from version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The state file in `state_dir`.
@@ -344,6 +350,8 @@ mod tests {
                     state: SavedVmState::Exited { code: 3 },
                     launched_unix_ms: 1_700_000_000_000,
                     uptime_ms: Some(42),
+                    name: Some("web-1".into()),
+                    labels: BTreeMap::from([("env".into(), "prod".into())]),
                 },
                 SavedVm {
                     id: 2,
@@ -355,6 +363,8 @@ mod tests {
                     state: SavedVmState::Live,
                     launched_unix_ms: 1_700_000_001_000,
                     uptime_ms: None,
+                    name: None,
+                    labels: BTreeMap::new(),
                 },
             ],
         }
@@ -379,6 +389,15 @@ mod tests {
         // Version 1 is version 2 without names and labels.
         let mut v1 = serde_json::to_value(sample()).expect("encode");
         v1["version"] = 1.into();
+        let vms = v1["vms"].as_array_mut().cloned().unwrap_or_default();
+        let mut old_vms = vms;
+        for v in &mut old_vms {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("name");
+                o.remove("labels");
+            }
+        }
+        v1["vms"] = old_vms.into();
         for v in v1["vgpus"].as_array_mut().into_iter().flatten() {
             if let Some(o) = v.as_object_mut() {
                 o.remove("name");
@@ -393,6 +412,7 @@ mod tests {
             (None, 0)
         );
         assert_eq!(back.next_vgpu, sample().next_vgpu);
+        assert_eq!((back.vms[0].name.as_deref(), back.vms.len()), (None, 2));
     }
 
     #[test]

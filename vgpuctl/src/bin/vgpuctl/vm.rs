@@ -146,6 +146,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
                 vcpus,
                 vgpu_id: vgpu,
                 vgpu: spec,
+                name: None,
+                labels: Default::default(),
             })?;
             if wait {
                 let vm = c.wait_vm(vm.id, Duration::from_secs(u64::MAX / 4))?;
