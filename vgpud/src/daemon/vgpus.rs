@@ -93,7 +93,13 @@ impl Daemon {
             self.state.with(|inner| old_meta.restore(inner, id));
             return Err(self.drop_pending(id, &why));
         }
-        let committed = self.state.with(|inner| self.commit_shares(inner, id, new));
+        let committed = self.state.with(|inner| {
+            let r = self.commit_shares(inner, id, new);
+            if r.is_err() {
+                old_meta.restore(inner, id);
+            }
+            r
+        });
         self.state.notify();
         committed?;
         tracing::info!(
