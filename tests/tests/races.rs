@@ -362,3 +362,36 @@ fn released_vgpus_leave_the_list_and_the_metrics_after_their_retention() {
     }
     assert_eq!(c.gpus().expect("gpus")[0].compute_committed, 0.0);
 }
+
+#[test]
+fn concurrent_increases_never_commit_past_the_gpu() {
+    let d = TestDaemon::start("race-increases", &["--sim-gpus", "1"]);
+    let c = &d.client;
+    let x = c.create_vgpu(&spec(0, 0.3)).expect("x").id;
+    let y = c.create_vgpu(&spec(0, 0.3)).expect("y").id;
+    let w = Watcher::start(c);
+    for i in 0..ROUNDS {
+        let grow_x = {
+            let c = c.clone();
+            std::thread::spawn(move || c.patch_vgpu(x, &compute(0.6)))
+        };
+        jitter(i);
+        let gy = c.patch_vgpu(y, &compute(0.6));
+        let gx = grow_x.join().expect("thread");
+        no_5xx("grow x", &gx);
+        no_5xx("grow y", &gy);
+        assert!(
+            !(gx.is_ok() && gy.is_ok()),
+            "round {i}: both grew to 0.6 on one GPU"
+        );
+        api_equals_worker(c, x);
+        api_equals_worker(c, y);
+        for (id, r) in [(x, gx), (y, gy)] {
+            if r.is_ok() {
+                c.patch_vgpu(id, &compute(0.3)).expect("back");
+            }
+        }
+    }
+    w.check();
+    log_clean(&d);
+}
