@@ -37,7 +37,7 @@ pub enum StateError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("the state file {path} has format version {found}, this vgpud reads version {supported}; run the vgpud that wrote it, or move the file aside (mv {path} {path}.bad), or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
+    #[error("the state file {path} has format version {found}, this vgpud reads versions 1 to {supported}; run the vgpud that wrote it, or move the file aside (mv {path} {path}.bad), or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
     Version {
         path: PathBuf,
         found: u64,
