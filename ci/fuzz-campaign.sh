@@ -11,7 +11,7 @@ JOBS=${1:-$(nproc)}
 RUNS=${2:-$((10000000 / JOBS + 1))}
 SECS=${3:-3600}
 WORK=${FUZZ_WORK:-$(mktemp -d)}
-for t in request_parser rest_bodies elf_loader bzimage_loader; do
+for t in request_parser rest_bodies elf_loader bzimage_loader migration_stream; do
     mkdir -p "$WORK/$t/corpus" "$WORK/$t/artifacts"
     cp -r "fuzz/seeds/$t/." "$WORK/$t/corpus/"
     (cd "$WORK/$t" && "$F/$t" -runs="$RUNS" -max_total_time="$SECS" -jobs="$JOBS" \

@@ -1,4 +1,4 @@
-// The built-in storage kernels on a CUDA GPU (issue 9; docs/storage.md "On CUDA GPUs"):
+// The built-in storage kernels on a CUDA GPU (docs/storage.md "On CUDA GPUs"):
 // GPU threads read an NVMe namespace themselves. A miss in the software cache makes one
 // thread enqueue an NVMe Read on a BaM queue pair (ticket, turn counters, marks, one
 // tail-lock winner that rings one doorbell for every marked entry), and wait for its

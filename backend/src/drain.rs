@@ -1,7 +1,9 @@
 //! Tracks operations in flight so `synchronize` can wait for every operation that started
 //! before it, without starving behind operations that start after it.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use crate::sync::{lock, wait};
 
 #[derive(Debug, Default)]
 struct State {
@@ -28,7 +30,7 @@ impl InFlight {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock cannot leave the counters inconsistent (every
         // update is a single statement), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Marks an operation started; it ends when the guard drops.
@@ -45,12 +47,12 @@ impl InFlight {
         // The previous epoch must be empty before it can be reused (another drain may be
         // waiting for it).
         while s.active[((s.epoch + 1) & 1) as usize] != 0 {
-            s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s = wait(&self.idle, s);
         }
         let old = (s.epoch & 1) as usize;
         s.epoch += 1;
         while s.active[old] != 0 {
-            s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s = wait(&self.idle, s);
         }
     }
 

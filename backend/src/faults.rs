@@ -8,7 +8,6 @@
 //! a line such as `error=3 oom slow=5 target-fail` (see [`FaultSpec::parse`]). Without the
 //! variable nothing is wrapped and nothing is read.
 
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +15,7 @@ use std::time::Duration;
 use vm_memory::VolatileSlice;
 
 use crate::{
-    Allocated, ArgValue, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
-    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
+    Allocated, ArgValue, Backend, BackendError, LaunchConfig, LaunchStats, Relocatable, Result,
 };
 
 /// What to inject, as parsed from a spec line.
@@ -126,7 +124,8 @@ impl Faults {
     }
 }
 
-/// A backend that injects [`Faults`] in front of another.
+/// A backend that injects [`Faults`] into another's data path. Its swapping and
+/// relocation capabilities are the wrapped backend's, unchanged.
 pub struct Faulty {
     inner: Arc<dyn Backend>,
     faults: Arc<Faults>,
@@ -143,21 +142,9 @@ impl Faulty {
 pub struct FailingTarget(pub Arc<dyn Backend>);
 
 impl Backend for Faulty {
-    fn info(&self) -> &BackendInfo {
-        self.inner.info()
-    }
-    fn memory_usage(&self) -> MemoryUsage {
-        self.inner.memory_usage()
-    }
     fn alloc(&self, size: u64) -> Result<Allocated> {
         self.faults.alloc(size)?;
         self.inner.alloc(size)
-    }
-    fn free(&self, addr: u64) -> Result<()> {
-        self.inner.free(addr)
-    }
-    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.inner.check_range(addr, len)
     }
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         self.faults.op("MEMCPY_HTOD")?;
@@ -175,15 +162,6 @@ impl Backend for Faulty {
         self.faults.op("MEMSET")?;
         self.inner.memset(dst, value, elem_size, count)
     }
-    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        self.inner.module_load(image)
-    }
-    fn module_unload(&self, module: u64) -> Result<()> {
-        self.inner.module_unload(module)
-    }
-    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        self.inner.get_function(module, name)
-    }
     fn launch(
         &self,
         function: u64,
@@ -193,46 +171,12 @@ impl Backend for Faulty {
         self.faults.op("LAUNCH")?;
         self.inner.launch(function, config, args)
     }
-    fn synchronize(&self) {
-        self.inner.synchronize()
-    }
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        self.inner.register_host_memory(regions)
-    }
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.faults.alloc(size)?;
-        self.inner.alloc_at(addr, size)
-    }
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        self.inner.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.inner.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.inner.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.inner.recommit(addr, off, len)
-    }
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        self.inner.import_shared(handle, size, read_only)
-    }
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        self.inner.unregister_host_memory(regions)
-    }
-    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
-        self.inner.device_window(addr, len)
-    }
-    fn vacate_addresses(&self) -> Result<()> {
-        self.inner.vacate_addresses()
-    }
-    fn reoccupy_addresses(&self) -> Result<()> {
-        self.inner.reoccupy_addresses()
-    }
-    fn occupy_addresses(&self) -> Result<()> {
-        self.inner.occupy_addresses()
-    }
+
+    crate::forward_backend!(inner:
+        info, memory_usage, free, check_range, module_load, module_unload, get_function,
+        synchronize, register_host_memory, import_shared, unregister_host_memory, paging,
+        relocation
+    );
 }
 
 /// The faults of this process once [`from_env`] turned injection on.
@@ -298,89 +242,37 @@ fn target_failed(what: &str) -> BackendError {
 }
 
 impl Backend for FailingTarget {
-    fn info(&self) -> &BackendInfo {
-        self.0.info()
-    }
-    fn memory_usage(&self) -> MemoryUsage {
-        self.0.memory_usage()
-    }
-    fn alloc(&self, size: u64) -> Result<Allocated> {
-        self.0.alloc(size)
-    }
-    fn free(&self, addr: u64) -> Result<()> {
-        self.0.free(addr)
-    }
-    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.0.check_range(addr, len)
-    }
     fn copy_htod(&self, _dst: u64, _src: &VolatileSlice<'_>) -> Result<u64> {
         Err(target_failed("a copy into it"))
     }
-    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
-        self.0.copy_dtoh(src, dst)
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        self.0.relocation().map(|_| self as &dyn Relocatable)
     }
-    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
-        self.0.copy_dtod(dst, src, len)
-    }
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
-        self.0.memset(dst, value, elem_size, count)
-    }
-    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        self.0.module_load(image)
-    }
-    fn module_unload(&self, module: u64) -> Result<()> {
-        self.0.module_unload(module)
-    }
-    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        self.0.get_function(module, name)
-    }
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        self.0.launch(function, config, args)
-    }
-    fn synchronize(&self) {
-        self.0.synchronize()
-    }
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        self.0.register_host_memory(regions)
-    }
+
+    crate::forward_backend!(0:
+        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
+        module_load, module_unload, get_function, launch, synchronize, register_host_memory,
+        import_shared, unregister_host_memory, paging
+    );
+}
+
+/// The wrapped backend's relocation without its device window: copies into the target
+/// must go through [`Backend::copy_htod`], which fails.
+impl Relocatable for FailingTarget {
     fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.0.alloc_at(addr, size)
+        crate::require_relocation(&*self.0)?.alloc_at(addr, size)
     }
     fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        self.0.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.0.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.0.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.0.recommit(addr, off, len)
-    }
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        self.0.import_shared(handle, size, read_only)
-    }
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        self.0.unregister_host_memory(regions)
-    }
-    fn device_window(&self, _addr: u64, _len: u64) -> Option<crate::DeviceWindow> {
-        // Copies into it must go through `copy_htod`, which fails.
-        None
+        crate::copy_to_peer(&*self.0, peer, addr, len)
     }
     fn vacate_addresses(&self) -> Result<()> {
-        self.0.vacate_addresses()
+        crate::require_relocation(&*self.0)?.vacate_addresses()
     }
     fn reoccupy_addresses(&self) -> Result<()> {
-        self.0.reoccupy_addresses()
+        crate::require_relocation(&*self.0)?.reoccupy_addresses()
     }
     fn occupy_addresses(&self) -> Result<()> {
-        self.0.occupy_addresses()
+        crate::require_relocation(&*self.0)?.occupy_addresses()
     }
 }
 

@@ -6,6 +6,14 @@
 //! device address space and allocations: invariant 3 of DESIGN.md (a guest reaches only
 //! its own device memory) rests on every device range going through [`Backend`]'s checks.
 //!
+//! [`Backend`] is the data path only (memory, copies, modules, launches). What swapping and
+//! migration need beyond it are capabilities of their own, [`Paging`] and [`Relocatable`],
+//! which a backend offers through [`Backend::paging`] and [`Backend::relocation`] (as
+//! Cloud Hypervisor keeps `Pausable`, `Snapshottable` and `Migratable` apart from a
+//! device). A wrapper (the pager, fault injection, the migration's own wrapper) implements
+//! the data path and forwards a capability with one method, or implements the capability
+//! itself where it changes it.
+//!
 //! All methods take `&self` and lock internally at fine grain, so a kernel running for one
 //! queue does not block a copy for another.
 
@@ -14,6 +22,8 @@ pub mod cuda;
 mod drain;
 mod error;
 pub mod faults;
+mod forward;
+mod module_table;
 pub mod pager;
 pub mod sim;
 mod space;
@@ -23,6 +33,14 @@ pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
+pub use vgpu_storage::sync;
+
+/// What [`forward_backend!`] expands to needs; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use std::os::fd::OwnedFd;
+    pub use vm_memory::VolatileSlice;
+}
 
 use std::os::fd::OwnedFd;
 
@@ -194,48 +212,6 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// Allocates `size` bytes at exactly `addr` (a migrated vGPU keeps every device
-    /// address). Default: not supported.
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        let _ = (addr, size);
-        Err(BackendError::NotSupported(
-            "this backend cannot place allocations at given addresses".into(),
-        ))
-    }
-
-    /// Copies `[addr, addr + len)` of this device's memory to the same addresses on
-    /// `peer` (a migration target). Default: through host memory in 64 MiB pieces.
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        copy_through_host(self, peer, addr, len)
-    }
-
-    /// Size of the pieces [`Backend::decommit`] works in, in bytes; 0 = whole allocations
-    /// only. Default: 0.
-    fn commit_granule(&self) -> u64 {
-        0
-    }
-
-    /// Gives the device memory behind `[addr + off, addr + off + len)` back, keeping the
-    /// addresses taken (swap-out): until [`Backend::recommit`] the range must not be
-    /// touched. `addr` is an allocation's start; `off` and `len` are multiples of
-    /// [`Backend::commit_granule`] (or cover the whole allocation), the last piece may end
-    /// at the allocation's charged size. Default: not supported.
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        let _ = (addr, off, len);
-        Err(BackendError::NotSupported(
-            "this backend cannot swap device memory".into(),
-        ))
-    }
-
-    /// Backs a decommitted range with device memory again, at the same addresses; its
-    /// content is undefined until written. Default: not supported.
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        let _ = (addr, off, len);
-        Err(BackendError::NotSupported(
-            "this backend cannot swap device memory".into(),
-        ))
-    }
-
     /// Maps a shared device memory object (`size` bytes) that another process created at a
     /// fresh device address of this vGPU; [`Backend::free`] of that address unmaps it.
     /// `handle` is the object's file descriptor (sim: a memfd; cuda: an exportable
@@ -253,6 +229,59 @@ pub trait Backend: Send + Sync {
         let _ = regions;
     }
 
+    /// The backend's swapping capability: giving device memory back while keeping its
+    /// addresses. `None` (the default): it cannot. A wrapper that does not change paging
+    /// forwards this one method (or leaves the default to hide it).
+    fn paging(&self) -> Option<&dyn Paging> {
+        None
+    }
+
+    /// The backend's relocation capability: keeping every device address across a move
+    /// to another GPU of this process. `None` (the default): it cannot be a migration
+    /// target, and a migration copies out of it through host memory.
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        None
+    }
+}
+
+/// Device memory given back and taken again at the same device addresses: the
+/// [`pager`](crate::pager) swaps through it. Reached through [`Backend::paging`].
+///
+/// Like the data path, every method checks its range against the live allocations.
+pub trait Paging: Send + Sync {
+    /// Size of the pieces [`Paging::decommit`] works in, in bytes; 0 = whole allocations
+    /// only. Default: 0.
+    fn commit_granule(&self) -> u64 {
+        0
+    }
+
+    /// Gives the device memory behind `[addr + off, addr + off + len)` back, keeping the
+    /// addresses taken (swap-out): until [`Paging::recommit`] the range must not be
+    /// touched. `addr` is an allocation's start; `off` and `len` are multiples of
+    /// [`Paging::commit_granule`] (or cover the whole allocation), the last piece may end
+    /// at the allocation's charged size.
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()>;
+
+    /// Backs a decommitted range with device memory again, at the same addresses; its
+    /// content is undefined until written.
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()>;
+}
+
+/// What a live migration needs of a backend beyond the data path (reached through
+/// [`Backend::relocation`]): a target places every allocation at the address it has on the
+/// source, the source copies its bytes to the target, and at the switch the device
+/// addresses change hands between the two backends of this process.
+pub trait Relocatable: Send + Sync {
+    /// Allocates `size` bytes at exactly `addr` (a migrated vGPU keeps every device
+    /// address).
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated>;
+
+    /// Copies `[addr, addr + len)` of this device's memory to the same addresses on
+    /// `peer` (a migration target): directly where the peer offers a
+    /// [`Relocatable::device_window`] this backend can use, else through host memory
+    /// ([`copy_through_host`]).
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64>;
+
     /// Where a backend of the same kind in this process can reach `[addr, addr + len)` of
     /// this device's memory directly, so a migration copies device to device without the
     /// host. The window stays valid while the allocation lives and is not decommitted; the
@@ -263,30 +292,55 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// Migration, at the switch (dispatch stopped, nothing running): gives up this
-    /// backend's hold on the vGPU's device addresses so that the successor in this process
-    /// can map its memory there (cuda: unmaps every allocation, keeping its memory). The
-    /// backend serves nothing afterwards unless [`Backend::reoccupy_addresses`] undoes it.
-    /// Default: nothing to give up (sim addresses are per backend).
+    /// At the switch (dispatch stopped, nothing running): gives up this backend's hold on
+    /// the vGPU's device addresses so that the successor in this process can map its
+    /// memory there (cuda: unmaps every allocation, keeping its memory). The backend serves
+    /// nothing afterwards unless [`Relocatable::reoccupy_addresses`] undoes it. Default:
+    /// nothing to give up (sim addresses are per backend).
     fn vacate_addresses(&self) -> Result<()> {
         Ok(())
     }
 
-    /// Undoes [`Backend::vacate_addresses`] when the successor could not take over.
+    /// Undoes [`Relocatable::vacate_addresses`] when the successor could not take over.
     fn reoccupy_addresses(&self) -> Result<()> {
         Ok(())
     }
 
-    /// Migration, at the switch: moves this backend's memory (a migration target, staged
-    /// elsewhere until now) to the vGPU's device addresses, which the predecessor has just
-    /// vacated. Default: nothing to move.
+    /// At the switch: moves this backend's memory (a migration target, staged elsewhere
+    /// until now) to the vGPU's device addresses, which the predecessor has just vacated.
+    /// Default: nothing to move.
     fn occupy_addresses(&self) -> Result<()> {
         Ok(())
     }
 }
 
-/// [`Backend::copy_to_peer`] through host memory in 64 MiB pieces (what backends without a
-/// direct path do).
+/// `b`'s [`Paging`], or [`BackendError::NotSupported`] saying that it cannot swap.
+pub fn require_paging(b: &dyn Backend) -> Result<&dyn Paging> {
+    b.paging()
+        .ok_or_else(|| BackendError::NotSupported("this backend cannot swap device memory".into()))
+}
+
+/// `b`'s [`Relocatable`], or [`BackendError::NotSupported`] saying that it cannot keep
+/// device addresses across GPUs.
+pub fn require_relocation(b: &dyn Backend) -> Result<&dyn Relocatable> {
+    b.relocation().ok_or_else(|| {
+        BackendError::NotSupported(
+            "this backend cannot place allocations at given addresses".into(),
+        )
+    })
+}
+
+/// Copies `[addr, addr + len)` of `src` to the same addresses on `peer`: directly when
+/// `src` is [`Relocatable`], else through host memory.
+pub fn copy_to_peer(src: &dyn Backend, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+    match src.relocation() {
+        Some(r) => r.copy_to_peer(peer, addr, len),
+        None => copy_through_host(src, peer, addr, len),
+    }
+}
+
+/// [`Relocatable::copy_to_peer`] through host memory in 64 MiB pieces (what backends
+/// without a direct path do).
 pub fn copy_through_host<B: Backend + ?Sized>(
     src: &B,
     peer: &dyn Backend,
@@ -306,7 +360,7 @@ pub fn copy_through_host<B: Backend + ?Sized>(
     Ok(len)
 }
 
-/// See [`Backend::device_window`].
+/// See [`Relocatable::device_window`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceWindow {
     /// `vgpu_proto::backend_kind` of the memory.

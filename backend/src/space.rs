@@ -1,11 +1,14 @@
 //! Book-keeping every backend's device address space shares: the free holes of the vGPU's
-//! reserved range, and the charge against its memory share.
+//! reserved range, the charge against its memory share and the count of live allocations
+//! (the [`Ledger`]), the table of live allocations by address ([`AllocTable`]), and the
+//! argument checks every backend makes the same way.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
-use crate::{BackendError, Result};
+use crate::sync::{lock, read, write};
+use crate::{BackendError, MemoryUsage, Result};
 
 /// Free holes of an address range: offset -> length, first fit, merged on free.
 #[derive(Debug)]
@@ -23,7 +26,7 @@ impl Holes {
 
     /// Takes the first hole of at least `len` bytes; its offset.
     pub fn take(&self, len: u64) -> Option<u64> {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let (&off, &hole) = holes.iter().find(|(_, &l)| l >= len)?;
         holes.remove(&off);
         if hole > len {
@@ -34,7 +37,7 @@ impl Holes {
 
     /// Takes exactly `off..off + len` if it lies inside one hole.
     pub fn take_at(&self, off: u64, len: u64) -> bool {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let Some((&h, &hlen)) = holes.range(..=off).next_back() else {
             return false;
         };
@@ -56,7 +59,7 @@ impl Holes {
 
     /// Returns `off..off+len`, merging it with its neighbours.
     pub fn give(&self, off: u64, len: u64) {
-        let mut holes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holes = lock(&self.0);
         let (mut start, mut end) = (off, off + len);
         if let Some((&p, &plen)) = holes.range(..off).next_back() {
             if p + plen == off {
@@ -83,6 +86,201 @@ pub(crate) fn charge(used: &AtomicU64, capacity: u64, bytes: u64) -> Result<()> 
         available: capacity.saturating_sub(u),
         capacity,
     })
+}
+
+/// A vGPU address space's accounts: free holes of its reserved range (offsets from the
+/// range's start), bytes charged against its capacity, and live allocations (counting freed
+/// ones that running work still holds).
+#[derive(Debug)]
+pub(crate) struct Ledger {
+    holes: Holes,
+    capacity: u64,
+    used: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Ledger {
+    /// A range of `va_len` bytes, all free, and `capacity` bytes to charge.
+    pub fn new(va_len: u64, capacity: u64) -> Self {
+        Self {
+            holes: Holes::new(va_len),
+            capacity,
+            used: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the first free range of `len` bytes; its offset.
+    pub fn take_hole(&self, len: u64) -> Option<u64> {
+        self.holes.take(len)
+    }
+
+    /// Takes exactly `off..off + len` if it is free.
+    pub fn take_hole_at(&self, off: u64, len: u64) -> bool {
+        self.holes.take_at(off, len)
+    }
+
+    /// Frees `off..off + len`.
+    pub fn give_hole(&self, off: u64, len: u64) {
+        self.holes.give(off, len)
+    }
+
+    /// Charges `bytes` if they fit the capacity.
+    pub fn charge(&self, bytes: u64) -> Result<()> {
+        charge(&self.used, self.capacity, bytes)
+    }
+
+    /// Returns a charge.
+    pub fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Counts a new allocation.
+    pub fn added(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An allocation charged `charged` bytes is gone: frees its range `hole` (offset,
+    /// length; `None`: the range stays retired, still mapped), returns its charge and
+    /// uncounts it.
+    pub fn released(&self, hole: Option<(u64, u64)>, charged: u64) {
+        if let Some((off, len)) = hole {
+            self.give_hole(off, len);
+        }
+        self.uncharge(charged);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// What [`Backend::memory_usage`](crate::Backend::memory_usage) reports.
+    pub fn usage(&self) -> MemoryUsage {
+        MemoryUsage {
+            used: self.used(),
+            capacity: self.capacity,
+            allocations: self.count.load(Ordering::Acquire),
+        }
+    }
+
+    /// The error for an allocation of `requested` bytes that cannot be charged.
+    pub fn out_of_memory(&self, requested: u64) -> BackendError {
+        BackendError::OutOfMemory {
+            requested,
+            available: self.capacity.saturating_sub(self.used()),
+            capacity: self.capacity,
+        }
+    }
+}
+
+/// What the allocation table needs to know of an allocation (its first device address is
+/// its key).
+pub(crate) trait Extent {
+    /// Its size in bytes as requested (device ranges must lie inside it).
+    fn size(&self) -> u64;
+}
+
+/// Live allocations by first device address. Removing one only drops the table's
+/// reference: work still using it (it holds an `Arc`) keeps its memory until it ends.
+#[derive(Debug)]
+pub(crate) struct AllocTable<A>(RwLock<BTreeMap<u64, Arc<A>>>);
+
+impl<A> Default for AllocTable<A> {
+    fn default() -> Self {
+        Self(RwLock::new(BTreeMap::new()))
+    }
+}
+
+impl<A: Extent> AllocTable<A> {
+    /// Lists `a` under its first address `addr`.
+    pub fn insert(&self, addr: u64, a: Arc<A>) {
+        write(&self.0).insert(addr, a);
+    }
+
+    /// Takes the allocation that starts at `addr` out of the table (dropped by the caller,
+    /// outside the table's lock).
+    pub fn remove(&self, addr: u64) -> Result<Arc<A>> {
+        let removed = write(&self.0).remove(&addr);
+        removed.ok_or(BackendError::NotAllocated { addr })
+    }
+
+    /// The allocation that starts exactly at `addr`.
+    pub fn exact(&self, addr: u64) -> Result<Arc<A>> {
+        let found = read(&self.0).get(&addr).cloned();
+        found.ok_or(BackendError::NotAllocated { addr })
+    }
+
+    /// The allocation holding `[addr, addr + len)` whole, and the offset of `addr` in it.
+    pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<A>, u64)> {
+        let bad = BackendError::BadPointer { addr, len };
+        let table = read(&self.0);
+        let (start, a) = table.range(..=addr).next_back().ok_or(bad)?;
+        let off = addr - start;
+        let end = off
+            .checked_add(len)
+            .ok_or(BackendError::BadPointer { addr, len })?;
+        if off >= a.size() || end > a.size() {
+            return Err(BackendError::BadPointer { addr, len });
+        }
+        Ok((a.clone(), off))
+    }
+
+    /// The table, read-locked (walks over every allocation).
+    pub fn read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<A>>> {
+        read(&self.0)
+    }
+
+    /// Empties the table (the backend is going away), dropping outside the lock.
+    pub fn clear(&self) {
+        let all = std::mem::take(&mut *write(&self.0));
+        drop(all);
+    }
+}
+
+/// Checks a device address space `[va_base, va_base + va_size)`: not null, aligned to
+/// [`vgpu_proto::DEVICE_ALLOC_ALIGN`] at both ends, not wrapping around.
+pub(crate) fn check_layout(va_base: u64, va_size: u64) -> Result<()> {
+    const ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
+    if va_base % ALIGN != 0 || va_base == 0 || va_size < ALIGN || va_size % ALIGN != 0 {
+        return Err(BackendError::InvalidArgument(format!(
+            "device address space {va_base:#x}+{va_size:#x} must be non-null and 2 MiB aligned"
+        )));
+    }
+    va_base.checked_add(va_size).ok_or_else(|| {
+        BackendError::InvalidArgument(format!(
+            "device address space {va_base:#x}+{va_size:#x} overflows"
+        ))
+    })?;
+    Ok(())
+}
+
+/// Checks a memset's arguments: `elem_size` 1, 2 or 4, `dst` aligned to it, the byte length
+/// representable. Returns the length in bytes.
+pub(crate) fn memset_len(dst: u64, elem_size: u32, count: u64) -> Result<u64> {
+    let esize = u64::from(elem_size);
+    if !matches!(elem_size, 1 | 2 | 4) {
+        return Err(BackendError::InvalidArgument(format!(
+            "memset element size {elem_size}; use 1, 2 or 4"
+        )));
+    }
+    let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
+        addr: dst,
+        len: u64::MAX,
+    })?;
+    if dst % esize != 0 {
+        return Err(BackendError::Misaligned {
+            addr: dst,
+            align: esize,
+        });
+    }
+    Ok(len)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Storage namespaces attached to one vGPU (BaM, issue 9): the operator names them in the
+//! Storage namespaces attached to one vGPU (BaM): the operator names them in the
 //! vGPU's spec (`storage` in vgpud's `VgpuCreate`, `--storage ID=PATH[:ro|:rw]` on the
 //! worker); the guest attaches one with `STORAGE_ATTACH` and passes its handle as the
 //! `ns` value argument of the built-in storage kernels (`vgpu_proto::builtin::STORAGE_KERNELS`).
@@ -12,12 +12,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vgpu_storage::{Element, Namespace, NamespaceOptions, PageCache, StorageArray};
 
 use crate::error::BackendError;
+use crate::sync::lock;
 
 /// Bytes per cache line: one NVMe command (at most the emulated controller's 8 KiB MDTS).
 pub const CACHE_LINE: usize = 4096;
@@ -109,7 +110,7 @@ pub struct StorageSet {
 
 impl std::fmt::Debug for StorageSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = lock(&self.entries);
         f.debug_list()
             .entries(e.values().map(|e| (&e.spec, e.opened.is_some())))
             .finish()
@@ -140,23 +141,20 @@ impl StorageSet {
 
     /// The namespaces, in id order.
     pub fn specs(&self) -> Vec<NamespaceSpec> {
-        let e = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = lock(&self.entries);
         e.values().map(|e| e.spec.clone()).collect()
     }
 
     /// Whether no namespace is configured.
     pub fn is_empty(&self) -> bool {
-        self.entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        lock(&self.entries).is_empty()
     }
 
     /// `STORAGE_ATTACH`: opens namespace `id` (once; later attaches return the same) and
     /// says how the guest reaches it. Unknown id: `InvalidArgument`; a backing file that is
     /// gone or unreadable: `Device`.
     pub fn attach(&self, id: u64) -> Result<Attached, BackendError> {
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = lock(&self.entries);
         let known = || {
             let ids: Vec<String> = entries.keys().map(u32::to_string).collect();
             if ids.is_empty() {
@@ -201,7 +199,7 @@ impl StorageSet {
     /// The opened namespace a storage kernel's `ns` argument names; it must have been
     /// attached (`STORAGE_ATTACH`) first.
     pub(crate) fn get(&self, ns: u64) -> Result<Arc<Opened>, BackendError> {
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = lock(&self.entries);
         u32::try_from(ns)
             .ok()
             .and_then(|k| entries.get(&k))

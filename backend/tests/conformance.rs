@@ -864,7 +864,7 @@ fn queues_run_concurrently_and_synchronize_waits() {
     });
 }
 
-/// Swapping (issue 6) on each backend: a pager with room for half of its data keeps every
+/// Swapping on each backend: a pager with room for half of its data keeps every
 /// byte through evictions to host memory and API-driven restores, and a kernel restores
 /// what its pointers reach.
 #[test]

@@ -1,4 +1,4 @@
-//! The built-in storage kernels (issue 9) on every backend: on the sim, host threads stand
+//! The built-in storage kernels on every backend: on the sim, host threads stand
 //! in for warps; on a CUDA GPU, GPU threads enqueue the NVMe reads themselves (4096 of them
 //! at once per launch). Results are compared with the same computation over the file's
 //! bytes in memory; bad input, a truncated namespace and a hung controller end in error

@@ -12,9 +12,15 @@
 //! - on completion the worker pushes `(resource, started, finished)` into a ring and rings
 //!   the eventfd again.
 //!
-//! The daemon trusts nothing it reads from the page: counters that jump too far or a ring
-//! that claims more entries than it holds detach the worker, which only hurts that vGPU.
+//! The daemon trusts nothing it reads from the page ([`audit`]): it charges device time
+//! from its own clock where the worker's claim does not fit the grant, ignores completions
+//! it did not grant, and detaches a worker whose counters claim more requests than a guest
+//! can have in flight, whose ring claims more entries than it holds, or that keeps
+//! reporting impossible completions; that only hurts that vGPU. Kernel deadlines are the
+//! scheduler's ([`vgpu_scheduler::Config::deadline`]): the server's thread takes the GPU
+//! back from a holder whose work overruns, on its own clock.
 
+pub mod audit;
 mod client;
 mod futex;
 mod server;
@@ -43,6 +49,9 @@ pub enum GrantError {
     /// The vGPU is not attached.
     #[error("vGPU {0} has no grant channel on this GPU")]
     NotAttached(u32),
+    /// A worker wrote what cannot be true on its grant page.
+    #[error("the worker's grant page cannot be trusted: {0}")]
+    Untrusted(String),
 }
 
 impl GrantError {

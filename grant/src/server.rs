@@ -14,11 +14,9 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::audit::{Books, Violation, MAX_IN_FLIGHT, MAX_VIOLATIONS};
 use crate::shm::{resource, Page, LEASE_OPEN};
 use crate::{futex, time, GrantError};
-
-/// Most new requests one worker may announce per wake-up; more means a corrupt page.
-const MAX_SUBMIT_BURST: u64 = 1 << 20;
 const CONTROL: u64 = u64::MAX;
 const TIMER: u64 = u64::MAX - 1;
 
@@ -56,9 +54,15 @@ pub struct VgpuUsage {
     pub compute_busy_ns: Nanos,
     pub copy_busy_ns: Nanos,
     /// Time since attach during which it had requests waiting for a grant (queue wait,
-    /// the part of its demand the GPU could not serve; issue 13).
+    /// the part of its demand the GPU could not serve).
     pub compute_wait_ns: Nanos,
     pub copy_wait_ns: Nanos,
+    /// Times its work ran past its kernel deadline and the scheduler took the resource
+    /// back.
+    pub compute_overruns: u64,
+    pub copy_overruns: u64,
+    /// Completions its worker reported that the daemon did not believe.
+    pub violations: u32,
 }
 
 struct Worker {
@@ -72,6 +76,11 @@ struct Worker {
     /// Time with at least one request pending, per resource, up to `settled`.
     wait_ns: [Nanos; 2],
     settled: Nanos,
+    /// Requests granted or leased and not completed, per resource: what a completion
+    /// must match.
+    books: [Books; 2],
+    /// Completions not believed so far.
+    violations: u32,
 }
 
 impl Worker {
@@ -105,6 +114,8 @@ fn resource_index(r: Resource) -> usize {
 struct State {
     sched: GpuScheduler,
     workers: BTreeMap<VgpuId, Worker>,
+    /// Workers detached for what they wrote on their page, and why.
+    expelled: BTreeMap<VgpuId, String>,
 }
 
 struct Shared {
@@ -152,6 +163,7 @@ impl GrantServer {
             state: Mutex::new(State {
                 sched: GpuScheduler::new(config.policy, config.mode, config.sched),
                 workers: BTreeMap::new(),
+                expelled: BTreeMap::new(),
             }),
             epoll,
             control,
@@ -190,6 +202,7 @@ impl GrantServer {
         };
         let mut st = lock(&self.shared.state);
         st.sched.add(vgpu, compute, copy, time::now())?;
+        st.expelled.remove(&vgpu);
         if let Err(e) = self.shared.epoll.ctl(
             ControlOperation::Add,
             doorbell.as_raw_fd(),
@@ -211,9 +224,32 @@ impl GrantServer {
                 pending: [0, 0],
                 wait_ns: [0, 0],
                 settled: time::now(),
+                books: [Books::new(time::now()), Books::new(time::now())],
+                violations: 0,
             },
         );
         Ok(fds)
+    }
+
+    /// Sets vGPU `vgpu`'s kernel deadline (see `vgpu_scheduler::Config::deadline`; zero
+    /// restores the GPU's default): work of it that runs this long without a completion
+    /// loses the GPU to its neighbours and is charged as it runs.
+    pub fn set_kernel_deadline(&self, vgpu: VgpuId, deadline: Duration) -> Result<(), GrantError> {
+        let mut st = lock(&self.shared.state);
+        if !st.workers.contains_key(&vgpu) {
+            return Err(GrantError::NotAttached(vgpu));
+        }
+        let ns = deadline.as_nanos().min(u128::from(Nanos::MAX)) as Nanos;
+        st.sched.set_deadline(vgpu, ns)?;
+        // The holder's deadline may now come sooner than the armed timer.
+        let _ = self.shared.control.write(1);
+        Ok(())
+    }
+
+    /// Why the daemon detached vGPU `vgpu`'s worker from the grant path (what it wrote on
+    /// its page could not be true), if it did; cleared when the vGPU attaches again.
+    pub fn expelled(&self, vgpu: VgpuId) -> Option<String> {
+        lock(&self.shared.state).expelled.get(&vgpu).cloned()
     }
 
     /// Detaches a vGPU (its worker exited): whatever it held passes on.
@@ -235,7 +271,8 @@ impl GrantServer {
     pub fn usage(&self, vgpu: VgpuId) -> Option<VgpuUsage> {
         let st = lock(&self.shared.state);
         let now = time::now();
-        let waited = st.workers.get(&vgpu)?.waited(now);
+        let w = st.workers.get(&vgpu)?;
+        let waited = w.waited(now);
         Some(VgpuUsage {
             compute_util: st
                 .sched
@@ -249,6 +286,9 @@ impl GrantServer {
             copy_busy_ns: st.sched.busy_total(vgpu, Resource::Copy).unwrap_or(0),
             compute_wait_ns: waited[0],
             copy_wait_ns: waited[1],
+            compute_overruns: st.sched.overruns(vgpu, Resource::Compute).unwrap_or(0),
+            copy_overruns: st.sched.overruns(vgpu, Resource::Copy).unwrap_or(0),
+            violations: w.violations,
         })
     }
 
@@ -288,11 +328,13 @@ fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
     let now = time::now();
     for g in grants {
         if let Some(w) = st.workers.get_mut(&g.grant.vgpu) {
+            let i = resource_index(g.resource);
+            // Recorded before the word moves: the worker cannot start before `now`.
+            w.books[i].granted(u64::from(g.grant.count), now);
             let word = w.page.granted(g.resource);
             word.fetch_add(g.grant.count, Ordering::Release);
             futex::wake_all(word);
             w.settle(now);
-            let i = resource_index(g.resource);
             w.pending[i] = w.pending[i].saturating_sub(u64::from(g.grant.count));
         }
     }
@@ -310,7 +352,7 @@ fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
 /// resource on: clearing the open bit returns the exact number of requests the worker
 /// started under it, which the scheduler then counts as running.
 fn close_leases(st: &mut State, now: Nanos) {
-    let State { sched, workers } = st;
+    let State { sched, workers, .. } = st;
     for (&vgpu, w) in workers.iter_mut() {
         for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
             let word = w.page.lease(r);
@@ -319,8 +361,9 @@ fn close_leases(st: &mut State, now: Nanos) {
                 continue;
             }
             let count = word.fetch_and(!LEASE_OPEN, Ordering::AcqRel) & !LEASE_OPEN;
-            let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_SUBMIT_BURST);
+            let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_IN_FLIGHT);
             w.seen_leased[i] = count;
+            w.books[i].leased(delta, now);
             if delta > 0 {
                 if let Err(e) = sched.start_leased(vgpu, r, delta as u32, now) {
                     tracing::debug!(vgpu, "lease close: {e}");
@@ -330,19 +373,34 @@ fn close_leases(st: &mut State, now: Nanos) {
     }
 }
 
-/// Reads what a worker announced; `Err` when its page is corrupt.
+/// Reads what a worker announced; `Err` when its page is corrupt or its claims are
+/// impossible often enough that it cannot be trusted.
 fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     let mut grants = Vec::new();
     let Some(w) = st.workers.get_mut(&vgpu) else {
         return Ok(());
     };
     let _ = w.doorbell.read();
+    // The ring first: the worker counts a request (submit or lease start) before it can
+    // push its completion, so every completion read here has its start in the counters
+    // read next.
+    let mut completions = Vec::new();
+    while let Some(c) = w.page.pop()? {
+        completions.push(c);
+    }
+    let read_at = time::now();
     let mut submits = [0u64; 2];
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         let cur = w.page.submitted(r).load(Ordering::Acquire);
         let delta = cur.wrapping_sub(w.seen[i]);
-        if delta > MAX_SUBMIT_BURST {
-            return Err(GrantError::BadPage);
+        // More than a guest can have in flight: the counter is not a real one.
+        let in_flight = delta
+            .saturating_add(w.pending[i])
+            .saturating_add(w.books[i].open());
+        if in_flight > MAX_IN_FLIGHT {
+            return Err(GrantError::Untrusted(format!(
+                "{in_flight} requests in flight on {r:?}, more than the {MAX_IN_FLIGHT} a guest can have"
+            )));
         }
         w.seen[i] = cur;
         submits[i] = delta;
@@ -355,15 +413,40 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         let count = w.page.lease(r).load(Ordering::Acquire) & !LEASE_OPEN;
         let delta = count.wrapping_sub(w.seen_leased[i]);
-        if delta > MAX_SUBMIT_BURST {
-            return Err(GrantError::BadPage);
+        if delta.saturating_add(w.books[i].open()) > MAX_IN_FLIGHT {
+            return Err(GrantError::Untrusted(format!(
+                "{delta} requests started under its lease on {r:?}, more than the {MAX_IN_FLIGHT} a guest can have"
+            )));
         }
         w.seen_leased[i] = count;
+        w.books[i].leased(delta, now);
         leased[i] = delta;
     }
-    let mut completions = Vec::new();
-    while let Some(c) = w.page.pop()? {
-        completions.push(c);
+    // Each completion must match a request granted or leased, inside its window.
+    let mut believed = Vec::with_capacity(completions.len());
+    for c in &completions {
+        let (interval, violation) = match resource(c.resource) {
+            Some(r) => {
+                let (iv, v) = w.books[resource_index(r)].complete(c, read_at);
+                (iv.map(|iv| (r, iv)), v)
+            }
+            None => (None, Some(Violation::NoSuchResource(c.resource))),
+        };
+        if let Some(v) = violation {
+            w.violations = w.violations.saturating_add(1);
+            tracing::warn!(
+                vgpu,
+                violations = w.violations,
+                "worker's grant page: {v}; not believed"
+            );
+            if w.violations > MAX_VIOLATIONS {
+                return Err(GrantError::Untrusted(format!(
+                    "{} completions that cannot be true (the last: {v})",
+                    w.violations
+                )));
+            }
+        }
+        believed.extend(interval);
     }
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         if leased[i] > 0 {
@@ -373,11 +456,11 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     // Completions before new submits, so the resource can change hands between a
     // worker's requests (Gdev's on_completion runs before the next on_arrival); requests
     // started under a lease were counted above, before their completions.
-    for c in completions {
-        let r = resource(c.resource).ok_or(GrantError::BadPage)?;
-        // The interval as the worker measured it, shifted to end now: the scheduler's
-        // clock only moves forward, and the duration is what counts.
-        let busy = c.finished.saturating_sub(c.started).min(now);
+    for (r, (started, finished)) in believed {
+        // The interval (the worker's where it was believed, the daemon's otherwise),
+        // shifted to end now: the scheduler's clock only moves forward, and the duration
+        // is what counts.
+        let busy = finished.saturating_sub(started).min(now);
         match st.sched.complete(vgpu, r, now - busy, now) {
             Ok(g) => grants.extend(g),
             Err(e) => tracing::debug!(vgpu, "ignored completion: {e}"),
@@ -436,13 +519,20 @@ fn run(shared: &Shared) {
                         continue;
                     };
                     if let Err(e) = service(&mut st, vgpu, now) {
-                        tracing::error!(vgpu, "worker's grant page is corrupt ({e}); detaching it");
+                        tracing::error!(
+                            vgpu,
+                            "worker's grant page cannot be trusted ({e}); detaching it"
+                        );
                         detach_locked(shared, &mut st, vgpu);
+                        st.expelled.insert(vgpu, e.to_string());
                     }
                 }
             }
         }
         let grants = st.sched.tick(now);
+        // A holder that overran its deadline lost its lease in `tick`: close it before
+        // anyone else is granted.
+        close_leases(&mut st, now);
         apply(&mut st, grants);
         arm_timer(shared, &st, now);
     }

@@ -6,7 +6,10 @@
 //! allocations and which of them each operation may have written (copy destinations,
 //! launch pointers declared write or read-write), which pieces are swapped out
 //! (decommitted), and the modules and functions loaded (guest-visible handles are ours, so
-//! they survive the move). [`Migratable::migrate`] then
+//! they survive the move). It offers the [`Paging`](vgpu_backend::Paging) capability of
+//! the backend serving now, so a pager above it swaps through it. [`Migratable::migrate`]
+//! needs the target to be [`Relocatable`](vgpu_backend::Relocatable) (allocations placed
+//! at their addresses, the address range handed over at the switch); it then
 //!
 //! 1. pre-copies every allocation to the target while the guest runs, and re-sends what
 //!    was written since, round after round, until the rest fits the downtime budget;

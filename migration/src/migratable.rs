@@ -3,21 +3,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_backend::{
-    Allocated, ArgValue, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion,
-    LaunchConfig, LaunchStats, MemoryUsage, ModuleImage, Result,
+    copy_to_peer, require_paging, require_relocation, Allocated, ArgValue, Backend, BackendError,
+    BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats, MemoryUsage, ModuleImage,
+    Paging, Result,
 };
 use vm_memory::VolatileSlice;
 
 use crate::report::{MigrateOptions, Mode, Phase, Progress, Report};
 use crate::MigrationError;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use vgpu_backend::sync::{lock, read, write};
 
 /// One allocation as the migration sees it.
 #[derive(Debug)]
@@ -104,14 +102,11 @@ impl Migratable {
 
     /// The backend serving now.
     pub fn current(&self) -> Arc<dyn Backend> {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        read(&self.current).clone()
     }
 
     fn enter(&self) -> (RwLockReadGuard<'_, ()>, Arc<dyn Backend>) {
-        let g = self.dispatch.read().unwrap_or_else(PoisonError::into_inner);
+        let g = read(&self.dispatch);
         (g, self.current())
     }
 
@@ -186,13 +181,6 @@ impl Backend for Migratable {
     fn alloc(&self, size: u64) -> Result<Allocated> {
         let (_g, b) = self.enter();
         let a = b.alloc(size)?;
-        self.track(&a, size);
-        Ok(a)
-    }
-
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        let (_g, b) = self.enter();
-        let a = b.alloc_at(addr, size)?;
         self.track(&a, size);
         Ok(a)
     }
@@ -318,19 +306,35 @@ impl Backend for Migratable {
         lock(&self.regions).retain(|r| !regions.contains(r));
     }
 
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let addr = b.import_shared(handle, size, read_only)?;
+        lock(&self.imported).insert(addr);
+        Ok(addr)
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+}
+
+/// Swapping through the backend serving now, recording which ranges are swapped out (a
+/// migration copies no bytes for them and gives the target's memory back for them too).
+/// Without paging in the backend serving now, every call fails as not supported.
+impl Paging for Migratable {
     fn commit_granule(&self) -> u64 {
-        self.current().commit_granule()
+        self.current().paging().map_or(0, |p| p.commit_granule())
     }
 
     fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let (_g, b) = self.enter();
         let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
         let Some(d) = d else {
-            return b.decommit(addr, off, len);
+            return require_paging(&*b)?.decommit(addr, off, len);
         };
         // Held across the call: a pre-copy never reads a range while it goes away.
         let mut d = lock(&d);
-        b.decommit(addr, off, len)?;
+        require_paging(&*b)?.decommit(addr, off, len)?;
         d.insert(off, len);
         Ok(())
     }
@@ -339,23 +343,12 @@ impl Backend for Migratable {
         let (_g, b) = self.enter();
         let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
         let Some(d) = d else {
-            return b.recommit(addr, off, len);
+            return require_paging(&*b)?.recommit(addr, off, len);
         };
         let mut d = lock(&d);
-        b.recommit(addr, off, len)?;
+        require_paging(&*b)?.recommit(addr, off, len)?;
         d.remove(&off);
         Ok(())
-    }
-
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        let (_g, b) = self.enter();
-        let addr = b.import_shared(handle, size, read_only)?;
-        lock(&self.imported).insert(addr);
-        Ok(addr)
-    }
-
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        self.current().copy_to_peer(peer, addr, len)
     }
 }
 
@@ -415,8 +408,8 @@ impl Mover<'_> {
         }
         for (addr, size, _, _) in live {
             if !self.placed.contains_key(addr) {
-                self.target
-                    .alloc_at(*addr, *size)
+                require_relocation(&*self.target)
+                    .and_then(|t| t.alloc_at(*addr, *size))
                     .map_err(Self::target_err(format!(
                         "placing {size} bytes at {addr:#x}"
                     )))?;
@@ -443,8 +436,8 @@ impl Mover<'_> {
             .map(|(o, l)| (*o, *l))
             .collect();
         for (o, l) in back {
-            self.target
-                .recommit(addr, o, l)
+            require_paging(&*self.target)
+                .and_then(|t| t.recommit(addr, o, l))
                 .map_err(Self::target_err(format!("recommitting {addr:#x}+{o:#x}")))?;
             placed.decommitted.remove(&o);
         }
@@ -454,9 +447,7 @@ impl Mover<'_> {
         let mut copy = |from: u64, to: u64| -> std::result::Result<(), MigrationError> {
             let to = to.min(size);
             if to > from {
-                let r = self
-                    .source
-                    .copy_to_peer(&*self.target, addr + from, to - from);
+                let r = copy_to_peer(&*self.source, &*self.target, addr + from, to - from);
                 if r.is_err() && !lock(&self.src.allocs).contains_key(&addr) {
                     // Freed while we copied (pre-copy runs beside the guest's requests):
                     // nothing to move; the next reconcile drops it from the target.
@@ -483,8 +474,8 @@ impl Mover<'_> {
         // Ranges swapped out at the source: give the target's memory back too.
         for (o, l) in dec.iter() {
             if !placed.decommitted.contains_key(o) {
-                self.target
-                    .decommit(addr, *o, *l)
+                require_paging(&*self.target)
+                    .and_then(|t| t.decommit(addr, *o, *l))
                     .map_err(Self::target_err(format!("decommitting {addr:#x}+{o:#x}")))?;
                 placed.decommitted.insert(*o, *l);
             }
@@ -602,10 +593,7 @@ impl Migratable {
             dirty: 0,
             elapsed: m.started.elapsed(),
         });
-        let held = self
-            .dispatch
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let held = write(&self.dispatch);
         m.source.synchronize();
         let drain = stop.elapsed();
         let t_copy = m.started.elapsed();
@@ -656,11 +644,14 @@ impl Migratable {
         // source's was; one process, one address space). The source keeps its memory until
         // the target holds the addresses, so a failure here still leaves the vGPU whole.
         let finish = finish.and_then(|()| {
-            if let Err(e) = m.source.vacate_addresses() {
+            // A backend that cannot relocate holds no addresses to hand over.
+            let source = m.source.relocation();
+            if let Some(Err(e)) = source.map(|s| s.vacate_addresses()) {
                 return Err(MigrationError::Source(e));
             }
-            m.target.occupy_addresses().map_err(|e| {
-                if let Err(back) = m.source.reoccupy_addresses() {
+            let occupied = m.target.relocation().map_or(Ok(()), |t| t.occupy_addresses());
+            occupied.map_err(|e| {
+                if let Some(Err(back)) = source.map(|s| s.reoccupy_addresses()) {
                     tracing::error!(error = %back, "the source cannot take its device addresses back");
                 }
                 MigrationError::Target {
@@ -674,10 +665,7 @@ impl Migratable {
             tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");
             return Err(e);
         }
-        let old = std::mem::replace(
-            &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
-            m.target.clone(),
-        );
+        let old = std::mem::replace(&mut *write(&self.current), m.target.clone());
         on_switch();
         let downtime = stop.elapsed();
         drop(held);

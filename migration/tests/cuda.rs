@@ -1,4 +1,4 @@
-//! Live migration on real GPUs (issues 8 and 11): a vGPU served by the cuda backend moves
+//! Live migration on real GPUs: a vGPU served by the cuda backend moves
 //! between GPUs in one process, the way a worker moves it, while a guest thread keeps
 //! copying and launching. With two GPUs it moves 0 -> 1 -> 1 -> 0 -> 0 -> 1 -> 0 (across and
 //! onto the same GPU); with one it moves onto the same GPU through the same code path.

@@ -1,4 +1,4 @@
-//! Benchmark (ignored by default; needs a GPU; issue 11): live migration of a running
+//! Benchmark (ignored by default; needs a GPU): live migration of a running
 //! vGPU on the cuda backend between GPU 0 and GPU 1 (onto GPU 0 itself where there is one
 //! GPU), downtime and total time against resident memory from 64 MiB to 16 GiB, beside the
 //! native device-to-device copy of the same bytes in the same run (`cuMemAlloc` buffers,

@@ -78,7 +78,7 @@ impl<R: Rule> Exclusive<R> {
             let until = now + self.acc.config.lease;
             self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
         }
-        self.acc.start(vgpu, pending);
+        self.acc.start(vgpu, pending, now);
         vec![Grant {
             vgpu,
             count: pending,
@@ -98,7 +98,14 @@ impl<R: Rule> Exclusive<R> {
     }
 
     fn select(&self, now: Nanos) -> Option<VgpuId> {
-        let has_work = |v: &VgpuId| self.acc.get(*v).is_ok_and(|a| a.pending > 0);
+        // A vGPU whose late work still runs goes last: it gets the resource only when
+        // nobody else waits.
+        let any_work = |v: &VgpuId| self.acc.get(*v).is_ok_and(|a| a.pending > 0);
+        let others = self
+            .order
+            .iter()
+            .any(|v| any_work(v) && !self.acc.is_overrunning(*v));
+        let has_work = |v: &VgpuId| any_work(v) && !(others && self.acc.is_overrunning(*v));
         let keyed = self
             .order
             .iter()
@@ -154,8 +161,14 @@ impl<R: Rule> Exclusive<R> {
         Ok(())
     }
 
-    pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
+    /// Charges late work and the idle hold up to `now`: first in every event.
+    fn settle(&mut self, now: Nanos) {
         self.settle_hold(now);
+        self.acc.settle_overruns(now);
+    }
+
+    pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
+        self.settle(now);
         self.acc.map.remove(&vgpu);
         self.order.retain(|v| *v != vgpu);
         if self.current == Some(vgpu) {
@@ -172,7 +185,7 @@ impl<R: Rule> Exclusive<R> {
 
     pub fn submit(&mut self, vgpu: VgpuId, now: Nanos) -> Result<Vec<Grant>, SchedError> {
         self.acc.get(vgpu)?;
-        self.settle_hold(now);
+        self.settle(now);
         self.acc.arrive(vgpu, now)?;
         match self.current {
             None => {
@@ -211,7 +224,7 @@ impl<R: Rule> Exclusive<R> {
         now: Nanos,
     ) -> Result<Vec<Grant>, SchedError> {
         self.acc.get(vgpu)?;
-        self.settle_hold(now);
+        self.settle(now);
         let idle = self.acc.finish(vgpu, started, now)?;
         if self.current != Some(vgpu) {
             // A completion from a vGPU that lost the resource (removed and re-added, or
@@ -260,8 +273,20 @@ impl<R: Rule> Exclusive<R> {
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<Grant> {
-        self.settle_hold(now);
+        self.settle(now);
         self.acc.roll(now);
+        if let Some(c) = self.current {
+            if self.acc.overdue(c, now) {
+                // Its work ran past the deadline without a completion: the GPU cannot
+                // preempt it, but the scheduler takes the resource back. It pays for
+                // the time it held it (and, as `settle` goes on, for its late work),
+                // goes to the tail, and the others get the resource again.
+                self.acc.overrun(c, now);
+                self.order.retain(|v| *v != c);
+                self.order.push(c);
+                return self.pass_on(now);
+            }
+        }
         if let (Some(h), Some(c)) = (self.hold_until, self.current) {
             if h <= now {
                 self.hold_until = None;
@@ -277,12 +302,24 @@ impl<R: Rule> Exclusive<R> {
 
     pub fn next_deadline(&self) -> Option<Nanos> {
         let period = self.acc.next_period();
-        Some(self.hold_until.map_or(period, |h| h.min(period)))
+        let mut d = self.hold_until.map_or(period, |h| h.min(period));
+        if let Some(o) = self.current.and_then(|c| self.acc.overrun_at(c)) {
+            d = d.min(o);
+        }
+        Some(d)
+    }
+
+    pub fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError> {
+        self.acc.set_deadline(vgpu, deadline)
+    }
+
+    pub fn overruns(&self, vgpu: VgpuId) -> Option<u64> {
+        self.acc.map.get(&vgpu).map(|a| a.overruns)
     }
 
     pub fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError> {
         self.acc.get(vgpu)?;
-        self.settle_hold(now);
+        self.settle(now);
         self.acc.start_unasked(vgpu, count, now)?;
         let running = self.acc.get(vgpu).map_or(0, |a| a.running);
         if self.current.is_none() && running > 0 {
@@ -300,7 +337,9 @@ impl<R: Rule> Exclusive<R> {
 
     /// Until when `vgpu` may start requests without asking (it holds a lease).
     pub fn lease(&self, vgpu: VgpuId, now: Nanos) -> Option<Nanos> {
-        (self.current == Some(vgpu))
+        // A holder past its deadline has no lease: it is closed before `tick` hands the
+        // resource on.
+        (self.current == Some(vgpu) && !self.acc.overdue(vgpu, now))
             .then_some(self.hold_until)
             .flatten()
             .filter(|h| *h > now)
@@ -383,6 +422,16 @@ macro_rules! exclusive_policy {
                 now: $crate::Nanos,
             ) -> Result<(), $crate::SchedError> {
                 self.0.start_leased(v, count, now)
+            }
+            fn set_deadline(
+                &mut self,
+                v: $crate::VgpuId,
+                deadline: $crate::Nanos,
+            ) -> Result<(), $crate::SchedError> {
+                self.0.set_deadline(v, deadline)
+            }
+            fn overruns(&self, v: $crate::VgpuId) -> Option<u64> {
+                self.0.overruns(v)
             }
         }
     };

@@ -23,7 +23,7 @@ impl Fifo {
     }
 
     /// Grants the run of requests at the head of the queue that belong to one vGPU.
-    fn pass_on(&mut self) -> Vec<Grant> {
+    fn pass_on(&mut self, now: Nanos) -> Vec<Grant> {
         self.current = None;
         let Some(&vgpu) = self.queue.front() else {
             return Vec::new();
@@ -34,7 +34,7 @@ impl Fifo {
             count += 1;
         }
         self.current = Some(vgpu);
-        self.acc.start(vgpu, count);
+        self.acc.start(vgpu, count, now);
         vec![Grant { vgpu, count }]
     }
 }
@@ -48,11 +48,11 @@ impl Policy for Fifo {
         self.acc.add(vgpu, share, now)
     }
 
-    fn remove(&mut self, vgpu: VgpuId, _now: Nanos) -> Vec<Grant> {
+    fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
         self.acc.map.remove(&vgpu);
         self.queue.retain(|v| *v != vgpu);
         if self.current == Some(vgpu) {
-            return self.pass_on();
+            return self.pass_on(now);
         }
         Vec::new()
     }
@@ -63,10 +63,11 @@ impl Policy for Fifo {
 
     fn submit(&mut self, vgpu: VgpuId, now: Nanos) -> Result<Vec<Grant>, SchedError> {
         self.acc.roll(now);
+        self.acc.settle_overruns(now);
         self.acc.get_mut(vgpu)?.pending += 1;
         self.queue.push_back(vgpu);
         if self.current.is_none() || (self.current == Some(vgpu) && self.queue.len() == 1) {
-            return Ok(self.pass_on());
+            return Ok(self.pass_on(now));
         }
         Ok(Vec::new())
     }
@@ -77,9 +78,10 @@ impl Policy for Fifo {
         started: Nanos,
         now: Nanos,
     ) -> Result<Vec<Grant>, SchedError> {
+        self.acc.settle_overruns(now);
         let idle = self.acc.finish(vgpu, started, now)?;
         if idle && self.current == Some(vgpu) {
-            return Ok(self.pass_on());
+            return Ok(self.pass_on(now));
         }
         Ok(Vec::new())
     }
@@ -90,11 +92,32 @@ impl Policy for Fifo {
 
     fn tick(&mut self, now: Nanos) -> Vec<Grant> {
         self.acc.roll(now);
-        Vec::new()
+        self.acc.settle_overruns(now);
+        match self.current {
+            // Past its deadline: the next in line goes (the late work keeps running).
+            Some(c) if self.acc.overdue(c, now) => {
+                self.acc.overrun(c, now);
+                self.pass_on(now)
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn next_deadline(&self) -> Option<Nanos> {
-        Some(self.acc.next_period())
+        let period = self.acc.next_period();
+        Some(
+            self.current
+                .and_then(|c| self.acc.overrun_at(c))
+                .map_or(period, |o| o.min(period)),
+        )
+    }
+
+    fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError> {
+        self.acc.set_deadline(vgpu, deadline)
+    }
+
+    fn overruns(&self, vgpu: VgpuId) -> Option<u64> {
+        self.acc.map.get(&vgpu).map(|a| a.overruns)
     }
 
     fn utilization(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {

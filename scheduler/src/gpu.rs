@@ -205,6 +205,23 @@ impl GpuScheduler {
         }
     }
 
+    /// Sets `vgpu`'s kernel deadline on both resources (0: the configured default).
+    pub fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError> {
+        self.compute.set_deadline(vgpu, deadline)?;
+        if self.mode == QueueMode::Mrq {
+            self.copy.set_deadline(vgpu, deadline)?;
+        }
+        Ok(())
+    }
+
+    /// How many times `vgpu` overran its deadline on `r`.
+    pub fn overruns(&self, vgpu: VgpuId, r: Resource) -> Option<u64> {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.copy.overruns(vgpu),
+            _ => self.compute.overruns(vgpu),
+        }
+    }
+
     pub fn policy_name(&self) -> &'static str {
         self.compute.name()
     }

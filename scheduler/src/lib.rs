@@ -21,7 +21,9 @@
 //! - [`simulate`]: a discrete-event driver that runs any policy in virtual time.
 //!
 //! Every scheduling policy is a [`Policy`]: events in (`submit`, `complete`, `tick`), grants
-//! out. Time comes from the caller (or a [`Clock`]), so tests run in virtual time and the
+//! out. Every vGPU has a kernel deadline ([`Config::deadline`]): a holder whose work runs
+//! past it without a completion loses the resource (`tick` hands it on) and pays for its
+//! late work as it runs. Time comes from the caller (or a [`Clock`]), so tests run in virtual time and the
 //! daemon in real time.
 
 pub mod admission;
@@ -38,7 +40,7 @@ pub mod simulate;
 mod state;
 
 pub use clock::{Clock, MonotonicClock, Nanos, VirtualClock};
-pub use state::{Config, Share, VgpuId};
+pub use state::{Config, Share, VgpuId, DEFAULT_DEADLINE};
 
 /// Index of a physical GPU.
 pub type GpuIndex = u32;
@@ -111,4 +113,8 @@ pub trait Policy: Send {
     /// `count` requests of `vgpu` started under its lease without asking: they are
     /// running now and will complete like granted ones.
     fn start_leased(&mut self, vgpu: VgpuId, count: u32, now: Nanos) -> Result<(), SchedError>;
+    /// Sets `vgpu`'s kernel deadline (0: the configured default).
+    fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError>;
+    /// How many times `vgpu` overran its deadline and lost the resource.
+    fn overruns(&self, vgpu: VgpuId) -> Option<u64>;
 }

@@ -1,8 +1,11 @@
 //! A discrete-event simulation of vGPUs sharing one GPU under a policy, in virtual time:
 //! the tests' and the benchmark's model of "two guests run spin kernels of different
 //! lengths". Each vGPU is a closed loop: every stream submits a request, waits for it,
-//! thinks, submits the next. The device runs granted requests one at a time, so the
-//! scheduler's grant order is the device's order.
+//! thinks, submits the next. The device runs each vGPU's granted requests one at a time, in
+//! grant order; since the schedulers let one vGPU hold a resource at a time, that is the
+//! device's order, except after a deadline overrun: then the late request keeps running
+//! while the vGPU that got the resource back runs beside it (a GPU time-slices the
+//! contexts of different processes; the model runs both at full speed).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -10,6 +13,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use crate::clock::Nanos;
 use crate::gpu::{GpuScheduler, Resource, ResourceGrant};
 use crate::state::{Share, VgpuId};
+use crate::SchedError;
 
 /// How long one request runs.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +48,8 @@ pub struct Report {
     pub completed: BTreeMap<VgpuId, u64>,
     /// Scheduler calls made (submit + complete + tick).
     pub calls: u64,
+    /// Longest time a request of each vGPU waited between its submit and its grant.
+    pub max_wait: BTreeMap<VgpuId, Nanos>,
 }
 
 impl Report {
@@ -93,8 +99,8 @@ impl Report {
 enum Event {
     /// Workload `i` (an index into the workloads) submits.
     Arrive(usize),
-    /// The device finished the request at the head of its queue for `resource`.
-    Done(Resource),
+    /// The device finished the running request of a vGPU's lane on `resource`.
+    Done(Resource, VgpuId),
     Tick,
 }
 
@@ -118,33 +124,38 @@ impl Rng {
     }
 }
 
-/// One device engine: granted requests run one after another.
+/// One vGPU's lane on a device engine: its granted requests run one after another.
 #[derive(Default)]
-struct Engine {
-    /// Granted, not started: per vGPU, how many (the workload is chosen at start).
-    queue: VecDeque<VgpuId>,
+struct Lane {
+    /// Granted, not started: workload indices.
+    queue: VecDeque<usize>,
     /// The running request: its workload index and start.
     running: Option<(usize, Nanos)>,
 }
 
-/// The workload of `vgpu` on `r` whose request starts next (one with a request waiting).
-/// Under SDQ every grant comes tagged with the compute engine, so a vGPU's waiting copy
-/// request is found by its vGPU alone.
-fn take_waiting(waiting: &mut [u32], workloads: &[Workload], vgpu: VgpuId, r: Resource) -> usize {
+/// The workload of `vgpu` on `r` whose oldest request a grant takes (one with a request
+/// waiting). Under SDQ every grant comes tagged with the compute engine, so a vGPU's
+/// waiting copy request is found by its vGPU alone.
+fn take_waiting(
+    waiting: &mut [VecDeque<Nanos>],
+    workloads: &[Workload],
+    vgpu: VgpuId,
+    r: Resource,
+) -> (usize, Option<Nanos>) {
     let i = workloads
         .iter()
         .enumerate()
-        .position(|(i, w)| w.vgpu == vgpu && w.resource == r && waiting[i] > 0)
+        .position(|(i, w)| w.vgpu == vgpu && w.resource == r && !waiting[i].is_empty())
         .or_else(|| {
             workloads
                 .iter()
                 .enumerate()
-                .position(|(i, w)| w.vgpu == vgpu && waiting[i] > 0)
+                .position(|(i, w)| w.vgpu == vgpu && !waiting[i].is_empty())
         })
         .or_else(|| workloads.iter().position(|w| w.vgpu == vgpu))
         .unwrap_or(0);
-    waiting[i] = waiting[i].saturating_sub(1);
-    i
+    let arrived = waiting.get_mut(i).and_then(VecDeque::pop_front);
+    (i, arrived)
 }
 
 /// Runs `workloads` on a GPU scheduled by `sched` for `duration`, with `window`-long
@@ -172,8 +183,10 @@ pub fn run(
     let mut added = std::collections::BTreeSet::new();
     for (i, w) in workloads.iter().enumerate() {
         if !added.contains(&w.vgpu) {
-            if sched.add(w.vgpu, w.compute_share, w.copy_share, 0).is_err() {
-                continue;
+            // A vGPU the caller added already (with its own deadline, say) is kept.
+            match sched.add(w.vgpu, w.compute_share, w.copy_share, 0) {
+                Ok(()) | Err(SchedError::Duplicate(_)) => {}
+                Err(_) => continue,
             }
             added.insert(w.vgpu);
         }
@@ -182,10 +195,10 @@ pub fn run(
         }
     }
     let nwin = duration.div_ceil(window.max(1)) as usize;
-    // Submitted and not yet started, per workload.
-    let mut waiting = vec![0u32; workloads.len()];
-    // Engines queue workload indices, so each request keeps its burst and think time.
-    let mut engines: BTreeMap<Resource, Engine> = BTreeMap::new();
+    // Submitted and not yet granted, per workload: their submit times.
+    let mut waiting = vec![VecDeque::new(); workloads.len()];
+    // Lanes queue workload indices, so each request keeps its burst and think time.
+    let mut lanes: BTreeMap<(Resource, VgpuId), Lane> = BTreeMap::new();
     let mut scheduled_tick: Option<Nanos> = None;
 
     // Adds busy time [from, to) to the per-window buckets.
@@ -213,30 +226,28 @@ pub fn run(
         let grants: Vec<ResourceGrant> = match event {
             Event::Arrive(i) => {
                 report.calls += 1;
-                waiting[i] += 1;
+                waiting[i].push_back(now);
                 sched
                     .submit(workloads[i].vgpu, workloads[i].resource, now)
                     .unwrap_or_default()
             }
-            Event::Done(ix) => {
-                let engine = engines.entry(ix).or_default();
-                let Some((i, started)) = engine.running.take() else {
+            Event::Done(ix, v) => {
+                let lane = lanes.entry((ix, v)).or_default();
+                let Some((i, started)) = lane.running.take() else {
                     continue;
                 };
-                let v = workloads[i].vgpu;
                 account(&mut report, v, ix, started, now);
                 *report.completed.entry(v).or_default() += 1;
                 push(&mut events, now + workloads[i].think, Event::Arrive(i));
                 report.calls += 1;
                 let g = sched.complete(v, ix, started, now).unwrap_or_default();
-                // Start the next queued request on this engine.
-                if let Some(next) = engine.queue.pop_front() {
-                    let j = take_waiting(&mut waiting, workloads, next, ix);
-                    engine.running = Some((j, now));
+                // Start the next queued request of this lane.
+                if let Some(j) = lane.queue.pop_front() {
+                    lane.running = Some((j, now));
                     push(
                         &mut events,
                         now + rng.burst(workloads[j].burst),
-                        Event::Done(ix),
+                        Event::Done(ix, v),
                     );
                 }
                 g
@@ -248,19 +259,23 @@ pub fn run(
             }
         };
         for g in grants {
-            let ix = g.resource;
-            let engine = engines.entry(ix).or_default();
+            let (ix, v) = (g.resource, g.grant.vgpu);
+            let lane = lanes.entry((ix, v)).or_default();
             for _ in 0..g.grant.count {
-                engine.queue.push_back(g.grant.vgpu);
+                let (j, arrived) = take_waiting(&mut waiting, workloads, v, ix);
+                if let Some(t) = arrived {
+                    let w = report.max_wait.entry(v).or_default();
+                    *w = (*w).max(now - t);
+                }
+                lane.queue.push_back(j);
             }
-            if engine.running.is_none() {
-                if let Some(next) = engine.queue.pop_front() {
-                    let j = take_waiting(&mut waiting, workloads, next, ix);
-                    engine.running = Some((j, now));
+            if lane.running.is_none() {
+                if let Some(j) = lane.queue.pop_front() {
+                    lane.running = Some((j, now));
                     push(
                         &mut events,
                         now + rng.burst(workloads[j].burst),
-                        Event::Done(ix),
+                        Event::Done(ix, v),
                     );
                 }
             }
@@ -273,12 +288,19 @@ pub fn run(
             }
         }
     }
-    // Requests still running at the end count up to the end.
-    for (ix, e) in &engines {
-        if let Some((i, started)) = e.running {
+    // Requests still running at the end count up to the end; requests never granted
+    // waited until the end.
+    for ((ix, v), lane) in &lanes {
+        if let Some((_, started)) = lane.running {
             if started < duration {
-                account(&mut report, workloads[i].vgpu, *ix, started, duration);
+                account(&mut report, *v, *ix, started, duration);
             }
+        }
+    }
+    for (i, w) in waiting.iter().enumerate() {
+        if let Some(&t) = w.front() {
+            let m = report.max_wait.entry(workloads[i].vgpu).or_default();
+            *m = (*m).max(duration.saturating_sub(t));
         }
     }
     report

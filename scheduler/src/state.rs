@@ -28,7 +28,7 @@ impl Share {
     }
 }
 
-/// Scheduler parameters (Gdev §6 defaults: 30 ms period, 500 µs wait).
+/// Scheduler parameters (Gdev §6 defaults: 30 ms period, 500 µs wait; a 2 s kernel deadline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Budget period: Credit refills each vGPU's credit by `period * share` every period;
@@ -46,7 +46,19 @@ pub struct Config {
     /// The grant path turns the hold into a lease: the worker starts requests without a
     /// round trip until it ends.
     pub lease: Nanos,
+    /// Kernel deadline, the default for every vGPU (each may have its own): a holder with
+    /// work running that shows no progress (no completion since its last grant or
+    /// completion) for this long loses the resource, pays for the time it held it and
+    /// keeps paying while its late work runs. The GPU cannot preempt a kernel, so the
+    /// late kernel keeps running beside the neighbours that get the resource back. 2 s:
+    /// far longer than any kernel a well-behaved guest runs under a 30 ms period, and far
+    /// below the guests' 30 s request timeout, so a neighbour waits at most deadline plus
+    /// one period for its turn and never times out.
+    pub deadline: Nanos,
 }
+
+/// The default kernel deadline (see [`Config::deadline`]).
+pub const DEFAULT_DEADLINE: Nanos = 2_000 * MS;
 
 impl Default for Config {
     fn default() -> Self {
@@ -54,6 +66,7 @@ impl Default for Config {
             period: 30 * MS,
             wait: 500 * US,
             lease: MS,
+            deadline: DEFAULT_DEADLINE,
         }
     }
 }
@@ -96,6 +109,18 @@ pub(crate) struct Account {
     /// union of their intervals, Gdev's makespan), and each completion charges what has
     /// not been charged yet, so a vGPU that never drains still pays as it goes.
     charged_until: Nanos,
+    /// This vGPU's kernel deadline (see [`Config::deadline`]).
+    pub deadline: Nanos,
+    /// When it last showed progress: a grant that found nothing of it running, a lease
+    /// start, or a completion. Its work running past `progress_at + deadline` overruns.
+    pub progress_at: Nanos,
+    /// When its current busy stretch began (running went from none to some).
+    busy_since: Nanos,
+    /// It lost the resource to its deadline and work of it still runs: charged as it
+    /// runs, and last in line while anyone else waits.
+    pub overrun: bool,
+    /// Deadlines it overran since it was added.
+    pub overruns: u64,
 }
 
 /// All vGPUs' accounts on one resource.
@@ -140,6 +165,11 @@ impl Accounts {
                 pending: 0,
                 running: 0,
                 charged_until: 0,
+                deadline: self.config.deadline,
+                progress_at: now,
+                busy_since: now,
+                overrun: false,
+                overruns: 0,
             },
         );
         Ok(())
@@ -215,6 +245,12 @@ impl Accounts {
         a.pending > 0 || a.running > 0 || now.saturating_sub(a.last_active) < period
     }
 
+    /// Whether a vGPU earns its share of others' use: it is active and not overrunning
+    /// (late work runs whether or not it gets the resource, so it was kept from nothing).
+    fn earns(a: &Account, now: Nanos, period: Nanos) -> bool {
+        Self::is_active(a, now, period) && !(a.overrun && a.running > 0)
+    }
+
     /// `vgpu` used (or had reserved) the resource for `used` ns: it pays for them, and
     /// every active vGPU earns its share of them, shares normalised over the active ones
     /// (so a share left unused by an idle vGPU goes to the others in proportion). The
@@ -228,7 +264,7 @@ impl Accounts {
         let active_share: f64 = self
             .map
             .iter()
-            .filter(|(id, a)| **id == vgpu || Self::is_active(a, now, period))
+            .filter(|(id, a)| **id == vgpu || Self::earns(a, now, period))
             .map(|(_, a)| a.share.fraction)
             .sum();
         let used = used as f64;
@@ -237,7 +273,7 @@ impl Accounts {
             if *id == vgpu {
                 b -= used;
             }
-            if active_share > 0.0 && (*id == vgpu || Self::is_active(a, now, period)) {
+            if active_share > 0.0 && (*id == vgpu || Self::earns(a, now, period)) {
                 b += used * a.share.fraction / active_share;
             }
             a.balance = b.clamp(-cap, cap);
@@ -297,24 +333,129 @@ impl Accounts {
         let a = self.get_mut(vgpu)?;
         let absorbed = count.min(a.early);
         a.early -= absorbed;
-        a.running = a.running.saturating_add(count - absorbed);
+        let n = count - absorbed;
+        if n > 0 && a.running == 0 {
+            a.busy_since = now;
+        }
+        a.running = a.running.saturating_add(n);
         if count > 0 {
             a.last_active = now;
             a.idle_since = None;
+            a.progress_at = now;
         }
         Ok(())
     }
 
-    /// Marks `count` pending requests of `vgpu` as running.
-    pub fn start(&mut self, vgpu: VgpuId, count: u32) {
+    /// Marks `count` pending requests of `vgpu` as running (granted at `now`).
+    pub fn start(&mut self, vgpu: VgpuId, count: u32, now: Nanos) {
         if let Some(a) = self.map.get_mut(&vgpu) {
             let n = count.min(a.pending);
+            if n > 0 && a.running == 0 {
+                a.busy_since = now;
+                a.progress_at = now;
+            }
             a.pending -= n;
             a.running += n;
             if n > 0 {
                 a.idle_since = None;
             }
         }
+    }
+
+    /// Sets `vgpu`'s kernel deadline (0 is taken as the configured default).
+    pub fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError> {
+        let default = self.config.deadline;
+        let a = self.get_mut(vgpu)?;
+        a.deadline = if deadline == 0 { default } else { deadline };
+        Ok(())
+    }
+
+    /// When `vgpu`'s running work overruns its deadline unless it shows progress first
+    /// (None: nothing of it runs).
+    pub fn overrun_at(&self, vgpu: VgpuId) -> Option<Nanos> {
+        let a = self.map.get(&vgpu)?;
+        (a.running > 0).then(|| a.progress_at.saturating_add(a.deadline))
+    }
+
+    /// Whether `vgpu`'s running work is past its deadline.
+    pub fn overdue(&self, vgpu: VgpuId, now: Nanos) -> bool {
+        self.overrun_at(vgpu).is_some_and(|d| now >= d)
+    }
+
+    /// `vgpu` overran its deadline and loses the resource: it pays for the time it held
+    /// it so far and is marked, so it keeps paying while its late work runs.
+    pub fn overrun(&mut self, vgpu: VgpuId, now: Nanos) {
+        self.roll(now);
+        self.charge_running(vgpu, now, true);
+        if let Some(a) = self.map.get_mut(&vgpu) {
+            a.overrun = true;
+            a.overruns += 1;
+        }
+    }
+
+    /// Whether `vgpu` lost the resource to its deadline and still has work running.
+    pub fn is_overrunning(&self, vgpu: VgpuId) -> bool {
+        self.map
+            .get(&vgpu)
+            .is_some_and(|a| a.overrun && a.running > 0)
+    }
+
+    /// Charges every overrunning vGPU the time its late work ran since it last paid. Late
+    /// work runs beside the vGPU that holds the resource now (the GPU time-slices them),
+    /// so it kept nobody waiting: the late vGPU pays (its balance, credit, busy time and
+    /// utilization), and nobody earns from it, which would leave every neighbour owed
+    /// and BAND unable to tell them apart.
+    pub fn settle_overruns(&mut self, now: Nanos) {
+        let late: Vec<VgpuId> = self
+            .map
+            .iter()
+            .filter(|(_, a)| a.overrun && a.running > 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for v in late {
+            self.charge_running(v, now, false);
+        }
+    }
+
+    /// Charges `vgpu` for its running work up to `now` (what was not charged yet); the
+    /// others earn their shares of it only if `shared_out` (it held the resource).
+    fn charge_running(&mut self, vgpu: VgpuId, now: Nanos, shared_out: bool) {
+        let period_start = self.period_start;
+        let Some(a) = self.map.get_mut(&vgpu) else {
+            return;
+        };
+        if a.running == 0 {
+            return;
+        }
+        let start = a.busy_since.max(a.charged_until).min(now);
+        a.charged_until = a.charged_until.max(now);
+        let busy = now - start;
+        Self::book(a, start, now, period_start);
+        a.last_active = now;
+        if shared_out {
+            self.charge(vgpu, busy, now);
+        } else {
+            self.debit(vgpu, busy);
+        }
+    }
+
+    /// `vgpu` pays for `used` ns that nobody else was kept from (late work).
+    fn debit(&mut self, vgpu: VgpuId, used: Nanos) {
+        let cap = self.config.period as f64;
+        if let Some(a) = self.map.get_mut(&vgpu) {
+            a.balance = (a.balance - used as f64).clamp(-cap, cap);
+        }
+    }
+
+    /// Books the busy interval [start, now) into `a`'s utilization window, totals and
+    /// credit.
+    fn book(a: &mut Account, start: Nanos, now: Nanos, period_start: Nanos) {
+        let busy = now - start;
+        let in_cur = now - start.max(period_start);
+        a.busy_cur += in_cur;
+        a.busy_prev += busy - in_cur;
+        a.busy_total += busy;
+        a.credit -= busy as i64;
     }
 
     /// Accounts a completed request; true when the vGPU has nothing running any more.
@@ -339,11 +480,12 @@ impl Accounts {
         let start = started.max(a.charged_until).min(now);
         a.charged_until = a.charged_until.max(now);
         let busy = now - start;
-        let in_cur = now - start.max(period_start);
-        a.busy_cur += in_cur;
-        a.busy_prev += busy - in_cur;
-        a.busy_total += busy;
-        a.credit -= busy as i64;
+        Self::book(a, start, now, period_start);
+        a.progress_at = now;
+        let late = a.overrun;
+        if a.running == 0 {
+            a.overrun = false;
+        }
         a.burst_ewma = if a.burst_ewma == 0.0 {
             busy as f64
         } else {
@@ -354,7 +496,11 @@ impl Accounts {
         if idle && a.pending == 0 {
             a.idle_since = Some(now);
         }
-        self.charge(vgpu, busy, now);
+        if late {
+            self.debit(vgpu, busy);
+        } else {
+            self.charge(vgpu, busy, now);
+        }
         Ok(idle)
     }
 
@@ -417,7 +563,7 @@ mod tests {
         // Paid back, while it waits, at its share of what the others use: 150 ms of vGPU
         // 2's time.
         acc.arrive(1, 10 * period).unwrap();
-        acc.start(2, 1);
+        acc.start(2, 1, 10 * period);
         acc.finish(2, 10 * period, 10 * period + 150 * MS).unwrap();
         assert!(acc.balance(1).unwrap().abs() < 1.0, "{:?}", acc.balance(1));
     }
@@ -429,7 +575,7 @@ mod tests {
             acc.add(v, Share::new(s), 0).unwrap();
         }
         acc.arrive(3, 0).unwrap();
-        acc.start(3, 1);
+        acc.start(3, 1, 0);
         acc.finish(3, 0, 10 * MS).unwrap();
         assert!(
             (acc.balance(3).unwrap() + 9.0 * MS as f64).abs() < 1.0,
@@ -453,12 +599,12 @@ mod tests {
         // vGPU 2 goes away for a period: it stops earning and keeps no credit, and vGPU
         // 1 earns what its share was (the split is over the active shares).
         acc.arrive(1, 10 * MS).unwrap();
-        acc.start(1, 1);
+        acc.start(1, 1, 10 * MS);
         acc.finish(1, 10 * MS, 11 * MS).unwrap();
         acc.roll(50 * MS);
         assert_eq!(acc.balance(2).unwrap(), 0.0, "no banking while inactive");
         acc.arrive(3, 50 * MS).unwrap();
-        acc.start(3, 1);
+        acc.start(3, 1, 50 * MS);
         acc.arrive(1, 50 * MS).unwrap();
         let before = (acc.balance(1).unwrap(), acc.balance(3).unwrap());
         acc.finish(3, 50 * MS, 57 * MS).unwrap();
@@ -499,7 +645,7 @@ mod tests {
         acc.add(1, Share::new(0.5), 0).unwrap();
         assert_eq!(acc.get(1).unwrap().credit, 15 * MS as i64);
         acc.get_mut(1).unwrap().pending = 1;
-        acc.start(1, 1);
+        acc.start(1, 1, 0);
         assert!(acc.finish(1, 0, 20 * MS).unwrap());
         assert_eq!(acc.get(1).unwrap().credit, -5 * MS as i64);
         assert!(acc.over_budget(1));
@@ -522,7 +668,7 @@ mod tests {
         let mut acc = Accounts::new(Config::default());
         acc.add(1, Share::new(1.0), 0).unwrap();
         acc.get_mut(1).unwrap().pending = 2;
-        acc.start(1, 2);
+        acc.start(1, 2, 0);
         assert!(!acc.finish(1, MS, 4 * MS).unwrap());
         assert!(acc.finish(1, 2 * MS, 5 * MS).unwrap());
         // [1, 4) and [2, 5) overlap: 4 ms busy, not 6.

@@ -15,6 +15,7 @@ pub mod memory;
 pub mod namespace;
 pub mod nvme;
 pub mod queue;
+pub mod sync;
 
 pub use array::{Element, StorageArray};
 pub use cache::{CacheStats, PageCache};

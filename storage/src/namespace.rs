@@ -11,9 +11,10 @@ use crate::memory::{DmaRegion, DmaSlice};
 use crate::nvme::identify::{ControllerInfo, NamespaceInfo};
 use crate::nvme::{Sqe, PAGE_SIZE};
 use crate::queue::{queue_memory_bytes, QueuePair, Submitted};
+use crate::sync::lock;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Clone, Debug)]
@@ -303,10 +304,7 @@ impl Namespace {
     /// returned handle drops.
     pub fn device_queue(self: &Arc<Self>, depth: u32, memory: DmaSlice) -> Result<DeviceQueue> {
         let qid = {
-            let mut used = self
-                .device_qids
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut used = lock(&self.device_qids);
             let first = self.queues.len() as u16 + 1;
             let qid = (first..=self.driver.io_queues())
                 .find(|q| !used.contains(q))
@@ -335,10 +333,7 @@ impl Namespace {
     }
 
     fn release_qid(&self, qid: u16) {
-        self.device_qids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|q| *q != qid);
+        lock(&self.device_qids).retain(|q| *q != qid);
     }
 
     /// The page of doorbell registers, for submitters that ring them directly; only the

@@ -1,4 +1,4 @@
-//! BAND end to end (issue 5): two payload guests run spin kernels of different lengths
+//! BAND end to end: two payload guests run spin kernels of different lengths
 //! (0.2 ms and 5 ms) on one sim GPU with shares 70/30, every kernel passing vgpud's
 //! scheduler through the grant path; the long-burst vGPU is held near its share.
 

@@ -1,4 +1,4 @@
-//! First GPU work from a guest on the sim backend (issue 3): guest -> virtqueue ->
+//! First GPU work from a guest on the sim backend: guest -> virtqueue ->
 //! vhost-user -> vgpu-worker -> sim GPU -> back, with payload guests under KVM.
 
 use std::time::Duration;

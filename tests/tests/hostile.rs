@@ -1,11 +1,13 @@
-//! Hostile guests and injected faults (issue 10, docs/hostile.md), each beside a neighbour
+//! Hostile guests and injected faults (docs/hostile.md), each beside a neighbour
 //! VM that checks its own results all along (gpu-load: checksums every few rounds):
 //!
 //! - the hostile payload attacks invariants 1-3 through vgpud while a neighbour computes;
 //! - the sim backend injects device errors, out-of-memory and a slow device on demand
 //!   (`VGPU_FAULTS_DIR`): the guest sees the statuses, the neighbour sees nothing;
 //! - `kill -9` of a worker mid-copy, of a vmm and of a worker mid-migration;
-//! - a migration target that fails: the vGPU stays where it was, no byte lost.
+//! - a migration target that fails: the vGPU stays where it was, no byte lost;
+//! - a guest running the longest kernels it may: the neighbour's requests still come back
+//!   within the kernel deadline plus a period.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -134,6 +136,64 @@ fn a_hostile_guest_beside_a_neighbour_that_checks_its_data() {
     }
     eprintln!("hostile: {errors} attack lines answered; the neighbour kept verifying");
     neighbour_ok(c, neighbour.id, 300);
+    let log = d.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// A guest that runs the longest `spin` it may ask for (10 s), three in a row, beside a
+/// neighbour whose every request must come back within the kernel deadline (2 s) plus one
+/// period plus slack, with its checksums right all along.
+#[test]
+fn a_kernel_past_its_deadline_does_not_hold_up_the_neighbour() {
+    require_kvm!();
+    let d = TestDaemon::start("deadline", &["--sim-gpus", "1", "--sim-memory", "1G"]);
+    let c = &d.client;
+    // The longest spin vgpu-proto allows (`builtin::MAX_SPIN_US`).
+    let hog = c
+        .create_vm(&gpu_load(
+            "rounds=3 spin_us=10000000 check=1",
+            0,
+            0.5,
+            64 * MIB,
+        ))
+        .expect("hog");
+    wait_running(c, hog.id);
+    let neighbour = c
+        .create_vm(&gpu_load(
+            "rounds=1000000 spin_us=1000 check=20 max_latency_ms=3000",
+            0,
+            0.5,
+            64 * MIB,
+        ))
+        .expect("neighbour");
+    wait_running(c, neighbour.id);
+    let done = c.wait_vm(hog.id, Duration::from_secs(120)).expect("wait");
+    let out = console(c, hog.id);
+    assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+    assert!(out.contains("GPU-LOAD OK rounds=3"), "{out}");
+    let n = c.vm(neighbour.id).expect("vm");
+    let nout = console(c, neighbour.id);
+    assert_eq!(
+        n.state,
+        VmState::Running,
+        "the neighbour must still run: {nout}"
+    );
+    assert!(!nout.contains("FAIL"), "{nout}");
+    let worst = nout
+        .lines()
+        .filter_map(|l| l.strip_prefix("gpu-load: worst request so far "))
+        .next_back()
+        .unwrap_or_else(|| panic!("the neighbour measured nothing: {nout}"));
+    let rounds = nout.lines().filter(|l| l.contains(" ok checksum=")).count() * 20;
+    eprintln!(
+        "deadline: neighbour ran {rounds} rounds beside three 10 s kernels; worst request {worst}"
+    );
+    assert!(rounds >= 200, "the neighbour hardly ran: {nout}");
+    let stats = c
+        .vgpu_stats(n.vgpu.expect("vgpu"))
+        .expect("neighbour stats");
+    assert_eq!(stats.errors, 0, "the neighbour saw errors: {stats:?}");
+    c.delete_vm(neighbour.id).expect("delete");
     let log = d.log_text();
     assert!(!log.contains("panicked"), "{log}");
 }

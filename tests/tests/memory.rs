@@ -1,4 +1,4 @@
-//! Device memory end to end (issue 6): oversubscription with swapping across worker
+//! Device memory end to end: oversubscription with swapping across worker
 //! processes, shared device memory between VMs of one share group, and the refusals.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Live migration end to end (issue 7): a running guest's vGPU moves between sim GPUs
+//! Live migration end to end: a running guest's vGPU moves between sim GPUs
 //! through the REST API while the guest computes; results stay bit-identical.
 
 use std::time::Duration;
@@ -42,7 +42,7 @@ fn last_checksum(out: &str) -> String {
 }
 
 /// `VGPU_TEST_BACKEND=cuda` runs the test on the GPU machine's real GPUs (between GPU 0
-/// and the last GPU; onto GPU 0 itself where there is one): issues 8 and 11.
+/// and the last GPU; onto GPU 0 itself where there is one).
 fn on_cuda() -> bool {
     std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda")
 }

@@ -1,4 +1,4 @@
-//! Dynamic placement and rebalancing end to end (issue 13): three busy guests start on one
+//! Dynamic placement and rebalancing end to end: three busy guests start on one
 //! sim GPU of two; the rebalancer sees GPU 0 overloaded (demand above capacity for a
 //! window), live-migrates a vGPU to GPU 1, logs why, and every guest's results stay
 //! correct.

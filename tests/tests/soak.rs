@@ -1,4 +1,4 @@
-//! A bounded soak (issue 10, docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs
+//! A bounded soak (docs/hostile.md): 8 VMs with mixed workloads on 2 sim GPUs
 //! (4 gpu-load, 2 memcheck, a shm-pipe producer/consumer pair), a migration every few
 //! seconds, every finished job's checksums verified and the job started again, vgpud's and
 //! its children's RSS and open fds sampled each second.

@@ -1,4 +1,4 @@
-//! GPU-initiated storage end to end (issue 9): a namespace file attached to a vGPU through
+//! GPU-initiated storage end to end: a namespace file attached to a vGPU through
 //! vgpud's REST API, read by the built-in storage kernels (gather, scan-sum, BFS) that a
 //! payload guest launches, every result checked by the guest against its own computation;
 //! bad input (unknown namespace, offsets past the end, a namespace whose file vanished)

@@ -83,14 +83,14 @@ pub struct VgpuCreate {
     /// memory) when the GPU runs short (docs/memory.md).
     #[serde(default)]
     pub oversubscribe: bool,
-    /// Share group: vGPUs in one group may share device memory (shm, issue 6).
+    /// Share group: vGPUs in one group may share device memory (shm).
     /// 1..=64 characters of `[A-Za-z0-9_.-]`.
     #[serde(default)]
     pub share_group: Option<String>,
     /// Request queues (guest streams), 1..=64.
     #[serde(default = "one_queue")]
     pub queues: u16,
-    /// Storage namespaces the guest may read from GPU kernels (issue 9): at most 16,
+    /// Storage namespaces the guest may read from GPU kernels: at most 16,
     /// unique ids. The guest attaches one with `STORAGE_ATTACH` and runs the built-in
     /// storage kernels on it (sim GPUs).
     #[serde(default)]
@@ -277,7 +277,8 @@ pub struct Vgpu {
 }
 
 /// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`
-/// (Linux guests) answer 501 until issue 12. Give its vGPU as `vgpu_id` (an existing
+/// (Linux guests) answer 501: vgpud launches payload guests only; run a Linux guest with
+/// `vmm --kernel` by hand (docs/linux-guests.md). Give its vGPU as `vgpu_id` (an existing
 /// `ready` vGPU) or `vgpu` (created with the VM and deleted with it), or neither.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -518,7 +519,7 @@ pub struct Migration {
     pub timeline: Vec<MigrationSpan>,
 }
 
-/// One GPU's demand as the rebalancer measured it (issue 13).
+/// One GPU's demand as the rebalancer measured it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuDemand {

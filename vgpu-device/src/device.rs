@@ -1,6 +1,6 @@
 //! One vGPU: turns descriptor chains into backend calls and writes the responses.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
@@ -18,6 +18,7 @@ use crate::config::DeviceConfig;
 use crate::error::{ConfigError, RequestError};
 use crate::events::Events;
 use crate::stats::{Stats, StatsSnapshot};
+use vgpu_backend::sync::lock;
 
 /// Largest header descriptor read: a launch with every argument and dependency.
 const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize);
@@ -429,10 +430,7 @@ impl Vgpu {
 
     fn alloc(&self, size: u64) -> Outcome {
         // Serialise allocations so two queues cannot both squeeze past the share.
-        let _g = self
-            .alloc_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _g = lock(&self.alloc_lock);
         let gran = self.backend.info().alloc_granularity.max(1);
         let used = self.backend.memory_usage().used;
         let share = self.config.memory_share;

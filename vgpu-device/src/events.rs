@@ -1,10 +1,11 @@
 //! Guest-named events: a timestamp per event id.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::error::RequestError;
+use vgpu_backend::sync::lock;
 
 /// Most live events per vGPU.
 pub const MAX_EVENTS: usize = 4096;
@@ -34,7 +35,7 @@ impl Events {
     /// Records `event` now; returns the timestamp.
     pub fn record(&self, event: u64) -> Result<u64, RequestError> {
         let ts = self.now_ns();
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = lock(&self.table);
         if !t.contains_key(&event) && t.len() >= MAX_EVENTS {
             return Err(RequestError::TooManyEvents(MAX_EVENTS));
         }
@@ -44,7 +45,7 @@ impl Events {
 
     /// The timestamp of `event`.
     pub fn get(&self, event: u64) -> Result<u64, RequestError> {
-        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = lock(&self.table);
         t.get(&event)
             .copied()
             .ok_or(RequestError::UnknownEvent(event))
@@ -52,7 +53,7 @@ impl Events {
 
     /// Forgets `event`.
     pub fn destroy(&self, event: u64) -> Result<(), RequestError> {
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = lock(&self.table);
         t.remove(&event)
             .map(|_| ())
             .ok_or(RequestError::UnknownEvent(event))

@@ -5,7 +5,8 @@
 //! that waited longest.
 
 use std::collections::BTreeSet;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use vgpu_backend::sync::{lock, wait};
 
 /// How launches beyond the free slots are ordered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +69,7 @@ impl HwSlots {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Waits for a slot for a launch of `rank`.
@@ -82,7 +83,7 @@ impl HwSlots {
         st.next_seq += 1;
         st.waiting.insert(me);
         while !(st.free > 0 && st.waiting.first() == Some(&me)) {
-            st = self.cv.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st = wait(&self.cv, st);
         }
         st.waiting.remove(&me);
         st.free -= 1;

@@ -1,4 +1,4 @@
-//! GPU-initiated storage as the device sees it (issue 9): `STORAGE_ATTACH` goes to a
+//! GPU-initiated storage as the device sees it: `STORAGE_ATTACH` goes to a
 //! [`StorageHost`], the worker's set of namespaces the operator attached to this vGPU.
 //! The storage kernels themselves are built-in kernels the backend runs
 //! (`vgpu_proto::builtin::STORAGE_KERNELS`), reaching the same set.

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use vgpu_backend::HostRegion;
@@ -25,6 +25,7 @@ use vmm_sys_util::event::{
 
 use crate::chain::GuestMem;
 use crate::device::Vgpu;
+use vgpu_backend::sync::{lock, read, write};
 
 /// Guest memory as vhost-user-backend hands it over.
 pub type Memory = GuestMemoryAtomic<GuestMem>;
@@ -84,11 +85,7 @@ impl VgpuVhostBackend {
 
     /// Serves every available request of one vring, in order, signalling completions.
     fn process_vring(&self, queue: u16, vring: &Vring) -> io::Result<()> {
-        let atomic = self
-            .mem
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let atomic = read(&self.mem).clone();
         let guard = atomic.memory();
         let mem: &GuestMem = &guard;
         let event_idx = self.event_idx.load(Ordering::Acquire);
@@ -209,15 +206,12 @@ impl VhostUserBackend for VgpuVhostBackend {
     fn update_memory(&self, mem: Memory) -> io::Result<()> {
         let regions = host_regions(&mem);
         let backend = self.vgpu.backend();
-        let mut registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut registered = lock(&self.registered);
         // Every region is registered afresh: a new region may sit at an old one's address
         // with other pages behind it. Unregistering waits for copies still using them.
         backend.unregister_host_memory(&registered);
         registered.clear();
-        *self.mem.write().unwrap_or_else(PoisonError::into_inner) = mem;
+        *write(&self.mem) = mem;
         if let Err(e) = backend.register_host_memory(&regions) {
             tracing::warn!(error = %e, "guest memory not fully registered with the backend");
         }

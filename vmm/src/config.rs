@@ -76,6 +76,8 @@ pub struct VmConfig {
     pub vgpus: Vec<VgpuSpec>,
     /// Which CPUID features the guest sees.
     pub cpu_profile: CpuProfile,
+    /// Where the control API (pause, resume, migrate, status) listens, if anywhere.
+    pub api_socket: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -117,6 +117,23 @@ pub const RESTRICTED_LINUX_PARAMS: &str =
 clearcpuid=59,141,151,158,306,308,514,534";
 
 impl CpuProfile {
+    /// The profile's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Restricted => "restricted",
+        }
+    }
+
+    /// The profile of `name`, as `name()` writes it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "host" => Some(Self::Host),
+            "restricted" => Some(Self::Restricted),
+            _ => None,
+        }
+    }
+
     /// Kernel parameters that go with the profile (empty for `host`).
     pub fn linux_params(self) -> &'static str {
         match self {

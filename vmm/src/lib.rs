@@ -5,6 +5,7 @@
 //! from the shared guest RAM. See docs/payload-abi.md for what a payload guest sees and
 //! docs/linux-guests.md for Linux guests.
 
+pub mod api;
 pub mod arch;
 pub mod boot;
 pub mod boot_info;
@@ -14,12 +15,14 @@ pub mod devices;
 pub mod layout;
 pub mod loader;
 pub mod memory;
+pub mod migration;
 pub mod signals;
 pub mod vcpu;
+pub mod vcpu_control;
 pub mod virtio;
 pub mod vm;
 
 pub use boot::linux::{LinuxConfig, DEFAULT_CMDLINE};
 pub use config::{parse_size, Guest, VgpuSpec, VmConfig};
 pub use cpuid_profile::CpuProfile;
-pub use vm::{Vm, VmError, VGPU_DEVICE_ID};
+pub use vm::{Boot, Vm, VmError, VmHandles, VGPU_DEVICE_ID};

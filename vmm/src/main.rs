@@ -5,21 +5,24 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use vmm::{parse_size, CpuProfile, Guest, LinuxConfig, VgpuSpec, Vm, VmConfig, DEFAULT_CMDLINE};
+use vmm::migration::{dest, Address};
+use vmm::{
+    parse_size, Boot, CpuProfile, Guest, LinuxConfig, VgpuSpec, Vm, VmConfig, DEFAULT_CMDLINE,
+};
 
 /// Runs one KVM virtual machine with a payload guest or a Linux kernel, and its vGPU devices.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
     /// The no_std payload ELF to boot (see docs/payload-abi.md).
-    #[arg(long, required_unless_present = "kernel", conflicts_with = "kernel")]
+    #[arg(long, required_unless_present_any = ["kernel", "migrate_from"], conflicts_with_all = ["kernel", "migrate_from"])]
     payload: Option<PathBuf>,
     /// A string handed to the payload (at most 4096 bytes).
     #[arg(long, default_value = "")]
     payload_arg: String,
     /// A Linux kernel to boot instead of a payload: a bzImage or an uncompressed vmlinux
     /// (see docs/linux-guests.md).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "migrate_from")]
     kernel: Option<PathBuf>,
     /// An initramfs for the Linux kernel.
     #[arg(long)]
@@ -44,6 +47,65 @@ struct Args {
     /// Print the time from vmm start to the guest's first port I/O on stderr.
     #[arg(long)]
     timing: bool,
+    /// The control API's unix socket (pause, resume, migrate, status; docs/migration.md).
+    #[arg(long)]
+    api_socket: Option<PathBuf>,
+    /// Wait on unix:PATH or tcp:HOST:PORT for a VM migrating in, instead of booting one;
+    /// its memory, vCPUs and CPU profile come from the source. Give one --vgpu per vGPU
+    /// the VM has.
+    #[arg(long)]
+    migrate_from: Option<Address>,
+}
+
+/// Receives a VM on `addr` and runs it.
+fn run_incoming(
+    addr: &Address,
+    vgpus: Vec<VgpuSpec>,
+    api_socket: Option<PathBuf>,
+    started: Instant,
+    timing: bool,
+) -> Result<i32, String> {
+    let (mut stream, desc) = dest::accept(addr).map_err(|e| e.to_string())?;
+    let cpu_profile = CpuProfile::from_name(&desc.cpu_profile).ok_or_else(|| {
+        dest::fail(
+            &mut stream,
+            vmm::migration::MigrationError::Incompatible(format!(
+                "unknown CPU profile {:?}",
+                desc.cpu_profile
+            )),
+        )
+        .to_string()
+    })?;
+    if desc.vgpus != vgpus.len() {
+        let e = vmm::migration::MigrationError::Incompatible(format!(
+            "the VM has {} vGPUs; this vmm was given {} --vgpu",
+            desc.vgpus,
+            vgpus.len()
+        ));
+        return Err(dest::fail(&mut stream, e).to_string());
+    }
+    let config = VmConfig {
+        guest: Guest::Payload {
+            path: PathBuf::new(),
+            arg: String::new(),
+        },
+        memory: desc.memory,
+        vcpus: desc.vcpus,
+        vgpus,
+        cpu_profile,
+        api_socket,
+    };
+    let mut vm = match Vm::assemble(&config, started, timing, Boot::Incoming(&desc)) {
+        Ok(vm) => vm,
+        Err(e) => {
+            let e = vmm::migration::MigrationError::Incompatible(e.to_string());
+            return Err(dest::fail(&mut stream, e).to_string());
+        }
+    };
+    dest::receive(&mut stream, &mut vm).map_err(|e| format!("incoming migration failed: {e}"))?;
+    drop(stream);
+    tracing::info!("incoming VM restored; running it");
+    vm.run().map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -56,6 +118,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(addr) = &args.migrate_from {
+        return match run_incoming(addr, args.vgpus, args.api_socket, started, args.timing) {
+            Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+            Err(e) => {
+                eprintln!("vmm: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if args.kernel.is_none() && (args.initrd.is_some() || args.cmdline.is_some()) {
         eprintln!("vmm: --initrd and --cmdline go with --kernel");
         return ExitCode::from(2);
@@ -82,6 +153,7 @@ fn main() -> ExitCode {
         vcpus: args.vcpus,
         vgpus: args.vgpus,
         cpu_profile: args.cpu_profile,
+        api_socket: args.api_socket,
     };
     match Vm::build(&config, started, args.timing).and_then(Vm::run) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -1,5 +1,6 @@
 //! vCPU threads: each runs KVM_RUN and dispatches port and MMIO exits to the buses.
 
+use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -14,6 +15,7 @@ use crate::cpuid_profile::CpuProfile;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
 use crate::layout;
+use crate::vcpu_control::VcpuControl;
 
 /// Exit code the vmm uses when the guest crashed (triple fault, failed entry, internal
 /// error); documented in docs/payload-abi.md.
@@ -40,6 +42,10 @@ pub struct VcpuContext {
     pub mem: GuestMemoryMmap,
     /// Finish `int3`/`int n` the emulator refuses (Linux guests; see arch/assist.rs).
     pub assist_software_interrupts: bool,
+    /// Pause and resume requests (migration).
+    pub control: Arc<VcpuControl>,
+    /// The vCPU starts parked (it had parked itself before a migration).
+    pub start_parked: bool,
 }
 
 /// How a vCPU starts.
@@ -130,10 +136,29 @@ pub fn create(
 
 /// Starts the thread of vCPU `index`.
 pub fn spawn(mut vcpu: VcpuFd, index: u8, ctx: VcpuContext) -> Result<JoinHandle<()>, VcpuError> {
-    std::thread::Builder::new()
+    let control = ctx.control.clone();
+    let handle = std::thread::Builder::new()
         .name(format!("vcpu{index}"))
-        .spawn(move || run(&mut vcpu, index, &ctx))
-        .map_err(|e| VcpuError::Spawn(index, e))
+        .spawn(move || {
+            run(&mut vcpu, index, &ctx);
+            ctx.control.exited(usize::from(index));
+        })
+        .map_err(|e| VcpuError::Spawn(index, e))?;
+    control.register_thread(usize::from(index), handle.as_pthread_t());
+    Ok(handle)
+}
+
+/// A parked vCPU: it stays out of KVM until the VM ends, saving its state at each pause.
+fn park(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
+    tracing::debug!(vcpu = index, "vCPU parked");
+    while !ctx.stop.load(Ordering::SeqCst) && !ctx.control.stopping() {
+        if ctx.control.pause_requested() && !ctx.control.pause_point(vcpu, usize::from(index), true)
+        {
+            return;
+        }
+        // The kick signal that stops the VM also cuts this wait short.
+        ctx.control.idle_wait(Duration::from_millis(50));
+    }
 }
 
 /// What a vCPU thread does after an exit.
@@ -146,8 +171,17 @@ enum Next {
 }
 
 fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
+    if ctx.start_parked {
+        park(vcpu, index, ctx);
+        return;
+    }
     loop {
         if ctx.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if ctx.control.pause_requested()
+            && !ctx.control.pause_point(vcpu, usize::from(index), false)
+        {
             return;
         }
         match vcpu.run() {
@@ -165,26 +199,20 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
                 ctx.exit.request(GUEST_CRASH_EXIT);
                 return;
             }
-            Ok(exit) => {
-                match handle_exit(exit, index, ctx) {
-                    Next::Run => {}
-                    Next::Park => {
-                        tracing::debug!(vcpu = index, "vCPU parked");
-                        while !ctx.stop.load(Ordering::SeqCst) {
-                            // The kick signal that stops the VM also cuts this sleep short.
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                        return;
-                    }
-                    Next::End(code) => {
-                        if code == GUEST_CRASH_EXIT {
-                            report_crash_state(vcpu, index, &ctx.mem);
-                        }
-                        ctx.exit.request(code);
-                        return;
-                    }
+            Ok(exit) => match handle_exit(exit, index, ctx) {
+                Next::Run => {}
+                Next::Park => {
+                    park(vcpu, index, ctx);
+                    return;
                 }
-            }
+                Next::End(code) => {
+                    if code == GUEST_CRASH_EXIT {
+                        report_crash_state(vcpu, index, &ctx.mem);
+                    }
+                    ctx.exit.request(code);
+                    return;
+                }
+            },
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => {
                 tracing::error!(vcpu = index, "KVM_RUN failed: {e}");

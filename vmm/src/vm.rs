@@ -22,9 +22,11 @@ use crate::devices::bus::{lock, Bus, BusDevice};
 use crate::devices::legacy::{DebugExit, ExitState, PostCode, I8042};
 use crate::devices::serial::SerialDevice;
 use crate::devices::vhost_user::{VhostUserDevice, VhostUserError, VhostUserEventHandler};
+use crate::migration::snapshot::{VmDescription, SNAPSHOT_VERSION};
+use crate::vcpu_control::VcpuControl;
 use crate::virtio::mmio::{reg, MmioTransport};
 use crate::virtio::Interrupt;
-use crate::{boot_info, layout, loader, memory, signals, vcpu};
+use crate::{api, boot_info, layout, loader, memory, signals, vcpu};
 
 /// The virtio device ID of a vGPU (docs/protocol.md).
 pub const VGPU_DEVICE_ID: u32 = 0x5647;
@@ -56,12 +58,71 @@ pub enum VmError {
     EventLoop(String),
     #[error("cannot place a device: {0}")]
     Bus(#[from] crate::devices::bus::BusError),
+    #[error("cannot open the control socket: {0}")]
+    Api(std::io::Error),
+}
+
+/// One KVM memory slot: where guest RAM sits in the guest and in this process.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub slot: u32,
+    pub gpa: u64,
+    pub len: u64,
+    pub hva: u64,
+}
+
+/// A vGPU's virtio-mmio transport, typed (the bus holds the same device untyped).
+pub type VgpuTransport = Arc<Mutex<MmioTransport<VhostUserDevice>>>;
+
+/// What another thread (the control API, a migration) needs to reach the running VM.
+pub struct VmHandles {
+    pub vm: VmFd,
+    pub mem: GuestMemoryMmap,
+    pub slots: Vec<Slot>,
+    pub serial: Arc<Mutex<SerialDevice<std::io::Stdout>>>,
+    pub transports: Vec<VgpuTransport>,
+    pub control: Arc<VcpuControl>,
+    pub exit: Arc<ExitState>,
+    /// The VM's shape, as a migration's destination needs it.
+    pub description: VmDescription,
+    /// The VM has the in-kernel PIT (Linux guests).
+    pub has_pit: bool,
+}
+
+impl VmHandles {
+    /// (Re)registers every memory slot with `flags` (0, or KVM_MEM_LOG_DIRTY_PAGES).
+    pub fn set_slot_flags(&self, flags: u32) -> Result<(), kvm_ioctls::Error> {
+        for s in &self.slots {
+            let r = kvm_userspace_memory_region {
+                slot: s.slot,
+                guest_phys_addr: s.gpa,
+                memory_size: s.len,
+                userspace_addr: s.hva,
+                flags,
+            };
+            // SAFETY: the same live mapping the slot was created with, owned by `mem`,
+            // which lives as long as the VM fd; only the flags change.
+            unsafe { self.vm.set_user_memory_region(r) }?;
+        }
+        Ok(())
+    }
+}
+
+/// How the VM's memory and vCPUs start.
+pub enum Boot<'a> {
+    /// Load the configured guest and start it from its entry point.
+    Fresh,
+    /// An empty VM of `description`'s shape; a migration stream fills RAM and restores
+    /// every vCPU and device before it runs.
+    Incoming(&'a VmDescription),
 }
 
 /// What was loaded into guest memory.
 enum Loaded {
     Payload(loader::Loaded),
     Linux(linux::LinuxEntry),
+    /// Nothing: a migration fills guest RAM.
+    Incoming,
 }
 
 /// Watches the end of the VM (guest exit, reset, crash) and SIGTERM/SIGINT.
@@ -105,9 +166,11 @@ pub struct Vm {
     report_timing: bool,
     /// A Linux guest (not a payload).
     linux: bool,
-    // Kept alive for the VM's life: KVM holds the memory mapping and the fds.
-    _vm: VmFd,
-    _mem: GuestMemoryMmap,
+    /// vCPUs that start parked (restored from a migration).
+    start_parked: Vec<bool>,
+    /// Where the control API listens, if anywhere.
+    api_socket: Option<std::path::PathBuf>,
+    handles: Arc<VmHandles>,
 }
 
 impl Vm {
@@ -117,6 +180,17 @@ impl Vm {
         started: Instant,
         report_timing: bool,
     ) -> Result<Self, VmError> {
+        Self::assemble(config, started, report_timing, Boot::Fresh)
+    }
+
+    /// Builds the VM `boot` asks for.
+    pub fn assemble(
+        config: &VmConfig,
+        started: Instant,
+        report_timing: bool,
+        boot: Boot<'_>,
+    ) -> Result<Self, VmError> {
+        let incoming = matches!(boot, Boot::Incoming(_));
         if !vcpu::check_count(config.vcpus) {
             return Err(VmError::Vcpus(config.vcpus));
         }
@@ -131,6 +205,7 @@ impl Vm {
         let mem = memory::create_guest_memory(config.memory)?;
         let low_end = layout::ram_regions(config.memory)[0].1;
         let loaded = match &config.guest {
+            _ if incoming => Loaded::Incoming,
             Guest::Payload { path, .. } => {
                 Loaded::Payload(loader::load_payload(&mem, path, low_end)?)
             }
@@ -166,7 +241,11 @@ impl Vm {
             .map_err(|e| VmError::KvmSetup("set the identity map address", e))?;
         vm.create_irq_chip()
             .map_err(|e| VmError::KvmSetup("create the interrupt controller", e))?;
-        if matches!(loaded, Loaded::Linux(_)) {
+        let linux_guest = match boot {
+            Boot::Fresh => matches!(loaded, Loaded::Linux(_)),
+            Boot::Incoming(d) => d.linux,
+        };
+        if linux_guest {
             // Linux calibrates its clocks against the PIT; payloads never touch it.
             let pit = kvm_pit_config {
                 flags: KVM_PIT_SPEAKER_DUMMY,
@@ -176,6 +255,7 @@ impl Vm {
                 tracing::warn!("KVM has no in-kernel PIT ({e}); Linux falls back to other clocks");
             }
         }
+        let mut slots = Vec::new();
         for (slot, region) in mem.iter().enumerate() {
             let host = mem.get_host_address(region.start_addr()).map_err(|_| {
                 VmError::KvmSetup("map guest memory", kvm_ioctls::Error::new(libc::EFAULT))
@@ -191,14 +271,24 @@ impl Vm {
             // which the Vm keeps for as long as the VM fd exists.
             unsafe { vm.set_user_memory_region(r) }
                 .map_err(|e| VmError::KvmSetup("register guest memory", e))?;
+            slots.push(Slot {
+                slot: r.slot,
+                gpa: r.guest_phys_addr,
+                len: r.memory_size,
+                hva: r.userspace_addr,
+            });
         }
 
-        // Boot structures.
-        for (i, entry) in gdt::GDT.iter().enumerate() {
-            mem.write_obj(*entry, GuestAddress(layout::GDT_ADDR + i as u64 * 8))
-                .map_err(VmError::BootTables)?;
-        }
-        let cr3 = paging::write(&mem).map_err(VmError::BootTables)?;
+        // Boot structures (a migrated VM brings its own in RAM).
+        let cr3 = if incoming {
+            layout::PML4_ADDR
+        } else {
+            for (i, entry) in gdt::GDT.iter().enumerate() {
+                mem.write_obj(*entry, GuestAddress(layout::GDT_ADDR + i as u64 * 8))
+                    .map_err(VmError::BootTables)?;
+            }
+            paging::write(&mem).map_err(VmError::BootTables)?
+        };
 
         let exit =
             Arc::new(ExitState::new(started).map_err(|e| VmError::EventLoop(e.to_string()))?);
@@ -232,6 +322,7 @@ impl Vm {
 
         // virtio-mmio devices.
         let mut mmio = Bus::default();
+        let mut transports = Vec::new();
         for (i, spec) in config.vgpus.iter().enumerate() {
             if i >= layout::MAX_MMIO_DEVICES {
                 return Err(boot_info::BootInfoError::TooManyDevices(config.vgpus.len()).into());
@@ -266,12 +357,14 @@ impl Vm {
                 spec.socket.display().to_string(),
             );
             events.add_subscriber(Arc::new(Mutex::new(handler)));
-            let transport: Arc<Mutex<dyn BusDevice>> = Arc::new(Mutex::new(MmioTransport::new(
+            let transport: VgpuTransport = Arc::new(Mutex::new(MmioTransport::new(
                 device,
                 mem.clone(),
                 interrupt,
             )));
-            mmio.insert(transport, base, layout::MMIO_SIZE)?;
+            transports.push(transport.clone());
+            let on_bus: Arc<Mutex<dyn BusDevice>> = transport;
+            mmio.insert(on_bus, base, layout::MMIO_SIZE)?;
         }
 
         let term =
@@ -288,6 +381,8 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| VmError::KvmSetup("report its CPUID", e))?;
         let entry = match &loaded {
+            // Overwritten by the migrated state before the vCPU runs.
+            Loaded::Incoming => vcpu::Entry::Payload { rip: 0, cr3 },
             Loaded::Payload(l) => vcpu::Entry::Payload { rip: l.entry, cr3 },
             Loaded::Linux(l) => vcpu::Entry::Linux {
                 rip: l.entry,
@@ -315,25 +410,70 @@ impl Vm {
             tracing::debug!(entry = l.entry, end = l.end, "payload loaded");
         }
 
+        let msrs = crate::migration::vcpu_state::msr_list(&kvm).unwrap_or_else(|e| {
+            tracing::warn!("{e}; a migration of this VM carries no MSRs");
+            Vec::new()
+        });
+        let control = Arc::new(VcpuControl::new(vcpu_fds.len(), msrs));
+        let description = VmDescription {
+            snapshot_version: SNAPSHOT_VERSION,
+            memory: config.memory,
+            vcpus: config.vcpus,
+            vgpus: config.vgpus.len(),
+            linux: linux_guest,
+            cpu_profile: config.cpu_profile.name().into(),
+        };
         Ok(Self {
+            start_parked: vec![false; vcpu_fds.len()],
             vcpu_fds,
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),
-            exit,
+            exit: exit.clone(),
             events,
             done,
-            serial,
+            serial: serial.clone(),
             report_timing,
-            linux: matches!(loaded, Loaded::Linux(_)),
-            _vm: vm,
-            _mem: mem,
+            linux: linux_guest,
+            api_socket: config.api_socket.clone(),
+            handles: Arc::new(VmHandles {
+                vm,
+                mem,
+                slots,
+                serial,
+                transports,
+                control,
+                exit,
+                description,
+                has_pit: linux_guest,
+            }),
         })
+    }
+
+    /// The handles a migration or the control API use.
+    pub fn handles(&self) -> &Arc<VmHandles> {
+        &self.handles
+    }
+
+    /// The vCPUs, before `run` starts them (a migration's destination restores them).
+    pub fn vcpu_fds(&self) -> &[kvm_ioctls::VcpuFd] {
+        &self.vcpu_fds
+    }
+
+    /// Marks which vCPUs start parked.
+    pub fn set_start_parked(&mut self, parked: Vec<bool>) {
+        self.start_parked = parked;
     }
 
     /// Runs until the guest exits, resets, crashes, or a signal asks us to stop. Returns
     /// the exit code.
     pub fn run(mut self) -> Result<i32, VmError> {
         let stop = Arc::new(AtomicBool::new(false));
+        let _api = match &self.api_socket {
+            Some(path) => {
+                Some(api::ApiServer::start(path, self.handles.clone()).map_err(VmError::Api)?)
+            }
+            None => None,
+        };
         let mut threads = Vec::new();
         for (i, fd) in std::mem::take(&mut self.vcpu_fds).into_iter().enumerate() {
             let ctx = vcpu::VcpuContext {
@@ -341,8 +481,10 @@ impl Vm {
                 mmio: self.mmio.clone(),
                 exit: self.exit.clone(),
                 stop: stop.clone(),
-                mem: self._mem.clone(),
+                mem: self.handles.mem.clone(),
                 assist_software_interrupts: self.linux,
+                control: self.handles.control.clone(),
+                start_parked: self.start_parked.get(i).copied().unwrap_or(false),
             };
             threads.push(vcpu::spawn(fd, i as u8, ctx)?);
         }
@@ -351,6 +493,7 @@ impl Vm {
                 tracing::warn!("event loop: {e:?}");
             }
         }
+        self.handles.control.shutdown();
         stop_vcpus(&stop, threads);
         lock(&self.serial).flush();
         let _ = std::io::stdout().flush();

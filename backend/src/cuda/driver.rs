@@ -364,6 +364,16 @@ impl Event {
         )
     }
 
+    /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
+    pub fn query(&self) -> Result<bool, CuError> {
+        // SAFETY: `raw` is a live event.
+        let rc = unsafe { sys::cuEventQuery(self.raw) };
+        if rc == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(rc, "cuEventQuery").map(|()| true)
+    }
+
     /// Waits until the event has completed.
     pub fn synchronize(&self) -> Result<(), CuError> {
         check(

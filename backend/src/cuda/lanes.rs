@@ -7,9 +7,10 @@
 //! calls ever in flight at once (at most the queue count plus callers of `synchronize`) and
 //! creates nothing on the per-request path after that.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use super::driver::{Context, CuError, DevBuf, Event, Stream};
+use crate::sync::lock;
 
 /// One stream and what an operation on it needs.
 #[derive(Debug)]
@@ -79,11 +80,7 @@ impl Lanes {
 
     /// A free lane, created when none is free. The caller has bound the context.
     pub fn take(&self) -> Result<LaneGuard<'_>, CuError> {
-        let lane = self
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let lane = lock(&self.free).pop();
         let lane = match lane {
             Some(l) => l,
             None => {
@@ -116,11 +113,7 @@ impl std::ops::DerefMut for LaneGuard<'_> {
 impl Drop for LaneGuard<'_> {
     fn drop(&mut self) {
         if let Some(lane) = self.lane.take() {
-            self.pool
-                .free
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(lane);
+            lock(&self.pool.free).push(lane);
         }
     }
 }

@@ -18,18 +18,22 @@
 //! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
+use super::vmm::{access_desc, alloc_prop, can_access_peer, granularity, mem_info};
 use crate::error::{BackendError, Result};
+use crate::space::{AllocTable, Extent, Ledger};
+use crate::sync::{get_mut, lock, read, write};
+use crate::MemoryUsage;
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
 
-fn round_up(v: u64, align: u64) -> Option<u64> {
+pub(super) fn round_up(v: u64, align: u64) -> Option<u64> {
     v.checked_add(align - 1).map(|v| v / align * align)
 }
 
@@ -76,7 +80,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if self.home {
-            let mut homes = HOMES.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut homes = lock(&HOMES);
             if homes.get(&self.base).is_some_and(|w| w.upgrade().is_none()) {
                 homes.remove(&self.base);
             }
@@ -106,28 +110,6 @@ enum Place {
     Vacated,
 }
 
-/// The CUdevice of GPU `ordinal`.
-fn device_of(ordinal: i32) -> std::result::Result<sys::CUdevice, CuError> {
-    let mut dev: sys::CUdevice = 0;
-    check(
-        // SAFETY: writes one device handle into `dev`.
-        unsafe { sys::cuDeviceGet(&mut dev, ordinal) },
-        "cuDeviceGet",
-    )?;
-    Ok(dev)
-}
-
-/// Whether GPU `from` can reach GPU `to`'s memory directly (NVLink or PCIe peer to peer).
-fn can_access_peer(from: i32, to: i32) -> bool {
-    let (Ok(f), Ok(t)) = (device_of(from), device_of(to)) else {
-        return false;
-    };
-    let mut ok = 0;
-    // SAFETY: writes one int into `ok`; both handles came from cuDeviceGet.
-    let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, f, t) };
-    rc == sys::CUresult::CUDA_SUCCESS && ok == 1
-}
-
 /// State shared by the address space and its allocations.
 #[derive(Debug)]
 struct Space {
@@ -138,34 +120,15 @@ struct Space {
     place: RwLock<Place>,
     /// Our GPU's context (frees and maps run in it).
     ctx: Arc<Context>,
-    capacity: u64,
     granularity: u64,
     ordinal: i32,
     /// GPUs besides ours granted access to staged mappings (the migration source).
     peers: Vec<i32>,
-    used: AtomicU64,
-    count: AtomicU64,
-    /// Free holes: offset -> length, multiples of `granularity`.
-    holes: crate::space::Holes,
+    /// Holes (multiples of `granularity`), charge and count.
+    ledger: Ledger,
 }
 
 impl Space {
-    fn take_hole(&self, len: u64) -> Option<u64> {
-        self.holes.take(len)
-    }
-
-    fn give_hole(&self, off: u64, len: u64) {
-        self.holes.give(off, len)
-    }
-
-    fn charge(&self, bytes: u64) -> Result<()> {
-        crate::space::charge(&self.used, self.capacity, bytes)
-    }
-
-    fn uncharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
-
     /// Where the allocation at vGPU address `addr` is mapped when placed at `place`.
     fn va_of(&self, addr: u64, place: Place) -> Option<u64> {
         match (place, &self.staging) {
@@ -176,7 +139,7 @@ impl Space {
     }
 
     fn place(&self) -> std::sync::RwLockReadGuard<'_, Place> {
-        self.place.read().unwrap_or_else(PoisonError::into_inner)
+        read(&self.place)
     }
 
     /// Maps `handle` over `[va, va + len)` with read-write access for our GPU (and, in
@@ -213,60 +176,6 @@ impl Space {
     }
 }
 
-/// Read-write access for GPU `ordinal`.
-fn access_desc(ordinal: i32) -> sys::CUmemAccessDesc {
-    sys::CUmemAccessDesc {
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    }
-}
-
-/// Physical allocation properties: pinned device memory on GPU `ordinal`.
-fn alloc_prop(ordinal: i32) -> sys::CUmemAllocationProp {
-    sys::CUmemAllocationProp {
-        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
-    }
-}
-
-/// The allocation granularity of GPU `ordinal` for our properties, at least `VA_ALIGN`.
-pub fn granularity(ordinal: i32) -> std::result::Result<u64, CuError> {
-    let prop = alloc_prop(ordinal);
-    let mut g: usize = 0;
-    check(
-        // SAFETY: reads `prop` (a valid struct on this frame), writes one usize into `g`.
-        unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut g,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        },
-        "cuMemGetAllocationGranularity",
-    )?;
-    let g = (g as u64).max(1);
-    // Every allocation must start 2 MiB aligned (protocol): use a common multiple.
-    Ok(if VA_ALIGN % g == 0 {
-        VA_ALIGN
-    } else {
-        round_up(g, VA_ALIGN).unwrap_or(VA_ALIGN)
-    })
-}
-
 /// The physical memory behind an allocation and where it is mapped.
 #[derive(Debug, Default)]
 struct Slot {
@@ -286,6 +195,12 @@ pub struct Allocation {
     space: Arc<Space>,
 }
 
+impl Extent for Allocation {
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
 impl Allocation {
     /// Its device address.
     pub fn addr(&self) -> u64 {
@@ -295,7 +210,7 @@ impl Allocation {
     /// Where its memory is mapped now (its address, or the staging address of a migration
     /// target); None while swapped out or vacated.
     pub fn va(&self) -> Option<u64> {
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner).at
+        lock(&self.slot).at
     }
 }
 
@@ -334,17 +249,13 @@ fn unmap_release(
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        let slot = std::mem::take(self.slot.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let slot = std::mem::take(get_mut(&mut self.slot));
         let reusable = match slot.handle {
             Some(h) => unmap_release(&self.space.ctx, slot.at, self.mapped, h),
             None => true,
         };
-        if reusable {
-            self.space
-                .give_hole(self.addr - self.space.home.base, self.mapped);
-        }
-        self.space.uncharge(self.mapped);
-        self.space.count.fetch_sub(1, Ordering::AcqRel);
+        let hole = reusable.then(|| (self.addr - self.space.home.base, self.mapped));
+        self.space.ledger.released(hole, self.mapped);
         tracing::trace!(addr = self.addr, size = self.size, "device memory released");
     }
 }
@@ -353,7 +264,7 @@ impl Drop for Allocation {
 #[derive(Debug)]
 pub struct DeviceMemory {
     space: Arc<Space>,
-    table: RwLock<BTreeMap<u64, Arc<Allocation>>>,
+    table: AllocTable<Allocation>,
 }
 
 impl DeviceMemory {
@@ -369,24 +280,10 @@ impl DeviceMemory {
         capacity: u64,
         migration_target: bool,
     ) -> Result<Self> {
-        if va_base % VA_ALIGN != 0 || va_base == 0 || va_size < VA_ALIGN || va_size % VA_ALIGN != 0
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} must be non-null and 2 MiB aligned"
-            )));
-        }
-        va_base.checked_add(va_size).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} overflows"
-            ))
-        })?;
+        crate::space::check_layout(va_base, va_size)?;
         let granularity = granularity(ordinal).map_err(dev_err)?;
         let held = if migration_target {
-            HOMES
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&va_base)
-                .and_then(Weak::upgrade)
+            lock(&HOMES).get(&va_base).and_then(Weak::upgrade)
         } else {
             None
         };
@@ -437,15 +334,12 @@ impl DeviceMemory {
                 staging,
                 place: RwLock::new(place),
                 ctx: ctx.clone(),
-                capacity,
                 granularity,
                 ordinal,
                 peers,
-                used: AtomicU64::new(0),
-                count: AtomicU64::new(0),
-                holes: crate::space::Holes::new(va_size / granularity * granularity),
+                ledger: Ledger::new(va_size / granularity * granularity, capacity),
             }),
-            table: RwLock::new(BTreeMap::new()),
+            table: AllocTable::default(),
         })
     }
 
@@ -471,10 +365,7 @@ impl DeviceMemory {
         }
         res.home = true;
         let res = Arc::new(res);
-        HOMES
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(va_base, Arc::downgrade(&res));
+        lock(&HOMES).insert(va_base, Arc::downgrade(&res));
         Ok(res)
     }
 
@@ -483,19 +374,9 @@ impl DeviceMemory {
         self.space.granularity
     }
 
-    /// Bytes charged now.
-    pub fn used(&self) -> u64 {
-        self.space.used.load(Ordering::Acquire)
-    }
-
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.space.capacity
-    }
-
-    /// Live allocations (including freed ones still used by running work).
-    pub fn count(&self) -> u64 {
-        self.space.count.load(Ordering::Acquire)
+    /// The address space's accounts.
+    pub fn usage(&self) -> MemoryUsage {
+        self.space.ledger.usage()
     }
 
     /// Whether the memory is at the vGPU's own addresses (not a migration target still
@@ -512,9 +393,9 @@ impl DeviceMemory {
         }
         let sp = &self.space;
         let len = self.checked_len(size)?;
-        sp.charge(len)?;
-        let Some(off) = sp.take_hole(len) else {
-            sp.uncharge(len);
+        sp.ledger.charge(len)?;
+        let Some(off) = sp.ledger.take_hole(len) else {
+            sp.ledger.uncharge(len);
             return Err(BackendError::AddressSpaceFull { requested: size });
         };
         self.back(off, len, size)
@@ -535,9 +416,9 @@ impl DeviceMemory {
             )));
         }
         let len = self.checked_len(size)?;
-        sp.charge(len)?;
-        if !sp.holes.take_at(addr - base, len) {
-            sp.uncharge(len);
+        sp.ledger.charge(len)?;
+        if !sp.ledger.take_hole_at(addr - base, len) {
+            sp.ledger.uncharge(len);
             return Err(BackendError::InvalidArgument(format!(
                 "{addr:#x}+{len:#x} overlaps a live allocation or leaves the address space"
             )));
@@ -548,11 +429,7 @@ impl DeviceMemory {
     /// `size` rounded up to the granularity, if it is a size the driver can map.
     fn checked_len(&self, size: u64) -> Result<u64> {
         let sp = &self.space;
-        let too_big = || BackendError::OutOfMemory {
-            requested: size,
-            available: sp.capacity.saturating_sub(self.used()),
-            capacity: sp.capacity,
-        };
+        let too_big = || sp.ledger.out_of_memory(size);
         let len = round_up(size, sp.granularity).ok_or_else(too_big)?;
         usize::try_from(len).map_err(|_| too_big())?;
         Ok(len)
@@ -563,8 +440,8 @@ impl DeviceMemory {
         let sp = &self.space;
         let addr = sp.home.base + off;
         let undo = || {
-            sp.give_hole(off, len);
-            sp.uncharge(len);
+            sp.ledger.give_hole(off, len);
+            sp.ledger.uncharge(len);
         };
         let place = sp.place();
         let Some(va) = sp.va_of(addr, *place) else {
@@ -584,7 +461,7 @@ impl DeviceMemory {
             return Err(dev_err(e));
         }
         drop(place);
-        sp.count.fetch_add(1, Ordering::AcqRel);
+        sp.ledger.added();
         Ok(Allocation {
             addr,
             size,
@@ -601,10 +478,7 @@ impl DeviceMemory {
     pub fn publish(&self, a: Allocation) -> u64 {
         let addr = a.addr;
         tracing::debug!(addr, size = a.size, charged = a.mapped, "allocated");
-        self.table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(addr, Arc::new(a));
+        self.table.insert(addr, Arc::new(a));
         addr
     }
 
@@ -616,46 +490,21 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. Its memory is unmapped
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        let removed = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&addr);
-        match removed {
-            Some(a) => {
-                tracing::debug!(addr, size = a.size, "freed");
-                Ok(())
-            }
-            None => Err(BackendError::NotAllocated { addr }),
-        }
+        let a = self.table.remove(addr)?;
+        tracing::debug!(addr, size = a.size, "freed");
+        Ok(())
     }
 
     /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
-        let bad = BackendError::BadPointer { addr, len };
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
-        let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
-        let off = addr - a.addr;
-        let end = off
-            .checked_add(len)
-            .ok_or(BackendError::BadPointer { addr, len })?;
-        if off >= a.size || end > a.size {
-            return Err(BackendError::BadPointer { addr, len });
-        }
-        Ok((a.clone(), off))
+        self.table.resolve(addr, len)
     }
 
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
-        let a = self
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&addr)
-            .cloned()
-            .ok_or(BackendError::NotAllocated { addr })?;
+        let a = self.table.exact(addr)?;
         if off != 0 || len != a.mapped {
             return Err(BackendError::InvalidArgument(format!(
                 "the cuda backend swaps whole allocations: {addr:#x} is {} bytes, asked {off:#x}+{len:#x}",
@@ -669,7 +518,7 @@ impl DeviceMemory {
     /// addresses reserved (swap-out). The caller has saved its bytes.
     pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         if let Some(handle) = slot.handle.take() {
             if !unmap_release(&self.space.ctx, slot.at.take(), a.mapped, handle) {
                 return Err(BackendError::Device(format!(
@@ -683,7 +532,7 @@ impl DeviceMemory {
     /// Maps fresh physical memory at the allocation's addresses again (swap-in).
     pub fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.whole(addr, off, len)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         if slot.handle.is_some() {
             return Ok(());
         }
@@ -706,16 +555,16 @@ impl DeviceMemory {
     /// caller has drained all work). [`DeviceMemory::reoccupy`] maps it back.
     pub fn vacate(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Home {
             return Err(BackendError::InvalidArgument(format!(
                 "only memory at its own addresses can be vacated (it is {place:?})"
             )));
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = self.table.read();
         let mut done = Vec::new();
         for a in table.values() {
-            let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut slot = lock(&a.slot);
             let Some(va) = slot.at else { continue };
             let rc = check(
                 // SAFETY: one mapping of ours; every operation on it has finished (the caller
@@ -741,7 +590,7 @@ impl DeviceMemory {
     /// Maps the allocation at `addr` (unmapped, memory kept) at its own address again.
     fn remap_home(&self, table: &BTreeMap<u64, Arc<Allocation>>, addr: u64) -> Option<CuError> {
         let a = table.get(&addr)?;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         let (Some(h), None) = (slot.handle, slot.at) else {
             return None;
         };
@@ -760,12 +609,12 @@ impl DeviceMemory {
     /// Undoes [`DeviceMemory::vacate`] (the switch failed).
     pub fn reoccupy(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Vacated {
             return Ok(());
         }
         sp.home.ordinal.store(sp.ordinal, Ordering::Release);
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = self.table.read();
         let mut first = None;
         for addr in table.keys() {
             if let Some(e) = self.remap_home(&table, *addr) {
@@ -781,11 +630,11 @@ impl DeviceMemory {
     /// moved so far go back to staging.
     pub fn occupy(&self) -> Result<()> {
         let sp = &self.space;
-        let mut place = sp.place.write().unwrap_or_else(PoisonError::into_inner);
+        let mut place = write(&sp.place);
         if *place != Place::Staged {
             return Ok(());
         }
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = self.table.read();
         let mut moved: Vec<&Arc<Allocation>> = Vec::new();
         let mut failed = None;
         for a in table.values() {
@@ -818,7 +667,7 @@ impl DeviceMemory {
         to: Place,
     ) -> std::result::Result<(), CuError> {
         let sp = &self.space;
-        let mut slot = a.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&a.slot);
         let (Some(h), Some(at)) = (slot.handle, slot.at) else {
             return Ok(());
         };
@@ -854,8 +703,7 @@ impl DeviceMemory {
 
     /// Drops every allocation (the backend is going away).
     pub fn clear(&self) {
-        let all = std::mem::take(&mut *self.table.write().unwrap_or_else(PoisonError::into_inner));
-        drop(all);
+        self.table.clear();
     }
 }
 
@@ -881,25 +729,14 @@ fn create_handle(sp: &Space, len: u64) -> Result<sys::CUmemGenericAllocationHand
             tracing::debug!(len, free, "the GPU is out of memory");
             BackendError::OutOfMemory {
                 requested: len,
-                available: free.min(sp.capacity.saturating_sub(sp.used.load(Ordering::Acquire))),
-                capacity: sp.capacity,
+                available: free.min(sp.ledger.capacity().saturating_sub(sp.ledger.used())),
+                capacity: sp.ledger.capacity(),
             }
         } else {
             dev_err(e)
         }
     })?;
     Ok(handle)
-}
-
-/// Free and total memory of the current context's device.
-pub fn mem_info() -> std::result::Result<(u64, u64), CuError> {
-    let (mut free, mut total) = (0usize, 0usize);
-    check(
-        // SAFETY: writes two usizes.
-        unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
-        "cuMemGetInfo",
-    )?;
-    Ok((free as u64, total as u64))
 }
 
 /// A driver error as a backend error.

@@ -22,15 +22,20 @@
 
 mod builtin;
 mod driver;
+mod hard_limit;
+#[cfg(test)]
+mod hard_limit_tests;
 mod lanes;
 mod memory;
 mod modules;
+mod relocation;
 mod storage;
+mod vmm;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_proto::{backend_kind, features, ArgValue};
@@ -40,13 +45,15 @@ use crate::drain::InFlight;
 use crate::error::{BackendError, Result};
 use crate::{
     Allocated, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats,
-    MemoryUsage, ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    MemoryUsage, ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use driver::{check, Context, CuError};
+pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
 use lanes::Lanes;
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
 
+use crate::sync::{lock, read, write};
 pub use modules::BUILTIN_PTX;
 pub use storage::STORAGE_PTX;
 
@@ -71,7 +78,7 @@ pub struct CudaConfig {
     pub va_size: u64,
     /// A live migration's target, created in the worker that serves the vGPU now: its
     /// memory is staged at other addresses until the switch
-    /// ([`Backend::occupy_addresses`]), since the source holds the vGPU's range.
+    /// ([`Relocatable::occupy_addresses`]), since the source holds the vGPU's range.
     pub migration_target: bool,
 }
 
@@ -121,7 +128,7 @@ static PINS: Mutex<std::collections::BTreeMap<(usize, usize), usize>> =
 /// Takes a reference on `r`'s registration, registering it with `flags` (and
 /// `CU_MEMHOSTREGISTER_PORTABLE`) if it is the first.
 fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
-    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pins = lock(&PINS);
     if let Some(n) = pins.get_mut(&(r.addr, r.len)) {
         *n += 1;
         return Ok(false);
@@ -142,7 +149,7 @@ fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
 
 /// Drops a reference on `r`'s registration, unregistering it with the last.
 fn unpin(r: &HostRegion) {
-    let mut pins = PINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut pins = lock(&PINS);
     let Some(n) = pins.get_mut(&(r.addr, r.len)) else {
         return;
     };
@@ -184,6 +191,8 @@ pub struct CudaGpu {
     inflight: InFlight,
     lost: AtomicBool,
     lost_why: Mutex<String>,
+    /// Hard limit on a guest PTX kernel's run time.
+    kernel_limit: Duration,
     /// Serialises raising a function's dynamic shared memory limit.
     attr_lock: Mutex<()>,
     /// Storage namespaces and what the GPU's storage kernels use of them.
@@ -284,6 +293,7 @@ impl CudaGpu {
             inflight: InFlight::default(),
             lost: AtomicBool::new(false),
             lost_why: Mutex::new(String::new()),
+            kernel_limit: DEFAULT_KERNEL_LIMIT,
             attr_lock: Mutex::new(()),
             storage: storage::GpuStorage::new(None),
             ctx,
@@ -300,11 +310,7 @@ impl CudaGpu {
     /// Fails once the context was lost; else makes it current on this thread.
     fn enter(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
-            let why = self
-                .lost_why
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+            let why = lock(&self.lost_why).clone();
             return Err(BackendError::Device(format!(
                 "this vGPU's GPU context was lost ({why}); its device memory is gone: restart the VM's vGPU"
             )));
@@ -315,7 +321,7 @@ impl CudaGpu {
     /// Marks the context lost after a sticky error.
     fn mark_lost(&self, e: &CuError) {
         if !self.lost.swap(true, Ordering::AcqRel) {
-            *self.lost_why.lock().unwrap_or_else(PoisonError::into_inner) = e.to_string();
+            *lock(&self.lost_why) = e.to_string();
             tracing::error!(error = %e, "the vGPU's CUDA context is lost; every later request fails");
         }
     }
@@ -422,10 +428,7 @@ impl CudaGpu {
         if config.shared_bytes > DEFAULT_SHARED
             && f.shared_limit.load(Ordering::Acquire) < config.shared_bytes
         {
-            let _g = self
-                .attr_lock
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _g = lock(&self.attr_lock);
             check(
                 // SAFETY: sets an attribute of a live function of a loaded module.
                 unsafe {
@@ -471,9 +474,7 @@ impl CudaGpu {
         lane.end
             .record(&lane.stream)
             .map_err(|e| self.cuda_err(e))?;
-        lane.end
-            .synchronize()
-            .map_err(|e| self.kernel_err(e, f.name()))?;
+        self.wait_kernel(&lane.end, f.name())?;
         let ns = lane
             .end
             .since_ns(&lane.start)
@@ -536,13 +537,7 @@ impl Drop for CudaGpu {
     fn drop(&mut self) {
         self.synchronize();
         if self.ctx.bind().is_ok() {
-            let regions = std::mem::take(
-                &mut *self
-                    .pinned
-                    .regions
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner),
-            );
+            let regions = std::mem::take(&mut *write(&self.pinned.regions));
             for r in regions {
                 unpin(&r);
             }
@@ -559,22 +554,12 @@ impl Backend for CudaGpu {
     }
 
     fn memory_usage(&self) -> MemoryUsage {
-        MemoryUsage {
-            used: self.mem.used(),
-            capacity: self.mem.capacity(),
-            allocations: self.mem.count(),
-        }
+        self.mem.usage()
     }
 
     fn alloc(&self, size: u64) -> Result<Allocated> {
         self.enter()?;
         let a = self.mem.create(size)?;
-        self.clear_and_publish(a, size)
-    }
-
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        self.enter()?;
-        let a = self.mem.create_at(addr, size)?;
         self.clear_and_publish(a, size)
     }
 
@@ -595,11 +580,7 @@ impl Backend for CudaGpu {
         let (_alloc, _) = self.mem.resolve(dst, len as u64)?;
         let host = src.ptr_guard().as_ptr() as usize;
         // Held for the copy: unregistering waits for it.
-        let pinned = self
-            .pinned
-            .regions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let stream = lane.stream.raw();
@@ -627,11 +608,7 @@ impl Backend for CudaGpu {
         let len = dst.len();
         let (_alloc, _) = self.mem.resolve(src, len as u64)?;
         let host = dst.ptr_guard_mut().as_ptr() as usize;
-        let pinned = self
-            .pinned
-            .regions
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let stream = lane.stream.raw();
@@ -704,22 +681,7 @@ impl Backend for CudaGpu {
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
-        let esize = u64::from(elem_size);
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(BackendError::InvalidArgument(format!(
-                "memset element size {elem_size}; use 1, 2 or 4"
-            )));
-        }
-        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
-            addr: dst,
-            len: u64::MAX,
-        })?;
-        if dst % esize != 0 {
-            return Err(BackendError::Misaligned {
-                addr: dst,
-                align: esize,
-            });
-        }
+        let len = crate::space::memset_len(dst, elem_size, count)?;
         self.enter()?;
         self.guest_ready()?;
         let (_a, _) = self.mem.resolve(dst, len)?;
@@ -782,95 +744,9 @@ impl Backend for CudaGpu {
         self.inflight.drain();
     }
 
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.enter()?;
-        // Nothing may still run on the memory that goes away.
-        self.synchronize();
-        self.mem.decommit(addr, off, len)
-    }
-
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        self.enter()?;
-        self.mem.recommit(addr, off, len)
-    }
-
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        let Some(w) = peer
-            .device_window(addr, len)
-            .filter(|w| w.kind == backend_kind::CUDA)
-        else {
-            return crate::copy_through_host(self, peer, addr, len);
-        };
-        let _op = self.inflight.begin();
-        self.enter()?;
-        let (a, off) = self.mem.resolve(addr, len)?;
-        let src = a.va().ok_or(BackendError::BadPointer { addr, len })? + off;
-        let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr, len })?;
-        let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
-        if n > 0 {
-            let rc = check(
-                // SAFETY: [src, src + n) lies in our live allocation `a` (held); the peer
-                // guarantees [w.ptr, w.ptr + n) is its live mapping of the same range and
-                // `w.context` its live context (device_window's contract); waited for below.
-                unsafe {
-                    sys::cuMemcpyPeerAsync(
-                        w.ptr,
-                        w.context as sys::CUcontext,
-                        src,
-                        self.ctx.raw(),
-                        n,
-                        lane.stream.raw(),
-                    )
-                },
-                "cuMemcpyPeerAsync",
-            );
-            if let Err(e) = rc {
-                if e.is_sticky() {
-                    return Err(self.cuda_err(e));
-                }
-                // A driver that cannot copy between these mappings directly: the bytes
-                // still move, through host memory.
-                tracing::warn!(error = %e, "peer copy refused; copying through host memory");
-                drop(lane);
-                return crate::copy_through_host(self, peer, addr, len);
-            }
-        }
-        lane.stream.synchronize().map_err(|e| self.cuda_err(e))?;
-        drop(a);
-        Ok(len)
-    }
-
-    fn device_window(&self, addr: u64, len: u64) -> Option<crate::DeviceWindow> {
-        Some(crate::DeviceWindow {
-            kind: backend_kind::CUDA,
-            ptr: self.mem.window(addr, len)?,
-            context: self.ctx.raw() as usize,
-        })
-    }
-
-    fn vacate_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.synchronize();
-        self.mem.vacate()
-    }
-
-    fn reoccupy_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.mem.reoccupy()
-    }
-
-    fn occupy_addresses(&self) -> Result<()> {
-        self.enter()?;
-        self.mem.occupy()
-    }
-
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
-        let mut pinned = self
-            .pinned
-            .regions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut pinned = write(&self.pinned.regions);
         let mut first_err = None;
         for r in regions {
             if r.len == 0 || pinned.contains(r) {
@@ -908,11 +784,7 @@ impl Backend for CudaGpu {
             return;
         }
         // Taking the write lock waits for copies that use the regions.
-        let mut pinned = self
-            .pinned
-            .regions
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut pinned = write(&self.pinned.regions);
         for r in regions {
             if let Some(i) = pinned.iter().position(|p| p == r) {
                 pinned.swap_remove(i);
@@ -920,5 +792,13 @@ impl Backend for CudaGpu {
                 unpin(r);
             }
         }
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
     }
 }

@@ -9,20 +9,18 @@
 //! is the kernel's position in `vgpu_proto::builtin::KERNELS`, for a PTX module the
 //! position in that module's list of looked-up functions.
 
-use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_proto::builtin::{KernelSig, KERNELS};
-use vgpu_proto::BUILTIN_MODULE;
 
 use super::driver::{check, Context, CuError};
 use crate::error::{BackendError, Result};
+use crate::module_table::{check_builtin, function_handle, printable, unterminated, ModuleTable};
+use crate::sync::lock;
 use crate::{FunctionInfo, ModuleImage};
 
-/// Most modules one vGPU may have loaded at once.
-pub const MAX_MODULES: usize = 64;
 /// Most functions looked up in one PTX module.
 const MAX_FUNCTIONS: usize = 0xffff;
 /// Bytes of JIT error log shown to the guest.
@@ -248,31 +246,10 @@ pub enum Kernel {
     Storage(&'static KernelSig),
 }
 
-#[derive(Debug)]
-struct Table {
-    next: u64,
-    loaded: BTreeMap<u64, Entry>,
-}
-
 /// The module table.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Modules {
-    table: Mutex<Table>,
-}
-
-impl Default for Modules {
-    fn default() -> Self {
-        Self {
-            table: Mutex::new(Table {
-                next: 1,
-                loaded: BTreeMap::new(),
-            }),
-        }
-    }
-}
-
-fn printable(name: &[u8]) -> String {
-    String::from_utf8_lossy(name.get(..64).unwrap_or(name)).into_owned()
+    table: ModuleTable<Entry>,
 }
 
 impl Modules {
@@ -280,13 +257,7 @@ impl Modules {
     pub fn load(&self, ctx: &Arc<Context>, image: ModuleImage<'_>) -> Result<u64> {
         let entry = match image {
             ModuleImage::Builtin(name) => {
-                let name = name.strip_suffix(&[0]).unwrap_or(name);
-                if name != BUILTIN_MODULE.as_bytes() {
-                    return Err(BackendError::UnknownModule(format!(
-                        "\"{}\"",
-                        printable(name)
-                    )));
-                }
+                check_builtin(name)?;
                 Entry::Builtin
             }
             ModuleImage::Ptx(text) => {
@@ -312,50 +283,18 @@ impl Modules {
                 }))
             }
         };
-        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        if t.loaded.len() >= MAX_MODULES {
-            return Err(BackendError::TooMany {
-                what: "loaded modules",
-                limit: MAX_MODULES,
-            });
-        }
-        if t.next >= 1 << 48 {
-            return Err(BackendError::TooMany {
-                what: "module loads over the vGPU's life",
-                limit: 1 << 48,
-            });
-        }
-        let handle = t.next;
-        t.next += 1;
-        t.loaded.insert(handle, entry);
-        tracing::debug!(handle, "module loaded");
-        Ok(handle)
+        self.table.insert(entry)
     }
 
     /// Unloads a module; running launches keep its code until they finish.
     pub fn unload(&self, module: u64) -> Result<()> {
-        let removed = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded
-            .remove(&module);
-        removed
-            .map(|_| ())
-            .ok_or_else(|| BackendError::UnknownModule(format!("handle {module}")))
+        self.table.remove(module).map(|_| ())
     }
 
     /// Looks a function up by name (the context is bound by the caller).
     pub fn function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        let entry = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded
-            .get(&module)
-            .cloned()
-            .ok_or_else(|| BackendError::UnknownModule(format!("handle {module}")))?;
-        let name = name.strip_suffix(&[0]).unwrap_or(name);
+        let entry = self.table.get(module)?;
+        let name = unterminated(name);
         let unknown =
             || BackendError::UnknownFunction(format!("\"{}\" in module {module}", printable(name)));
         match entry {
@@ -367,7 +306,7 @@ impl Modules {
                     // After the compute kernels, as `vgpu_proto::builtin::all` orders them.
                     let sig = &vgpu_proto::builtin::STORAGE_KERNELS[k];
                     return Ok(FunctionInfo {
-                        handle: (module << 16) | ((KERNELS.len() + k) as u64 + 1),
+                        handle: function_handle(module, KERNELS.len() + k),
                         param_count: sig.params.len() as u32,
                     });
                 }
@@ -377,19 +316,19 @@ impl Modules {
                     .find(|(_, k)| k.name.as_bytes() == name)
                     .ok_or_else(unknown)?;
                 Ok(FunctionInfo {
-                    handle: (module << 16) | (index as u64 + 1),
+                    handle: function_handle(module, index),
                     param_count: sig.params.len() as u32,
                 })
             }
             Entry::Ptx(m) => {
-                let mut funcs = m.funcs.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut funcs = lock(&m.funcs);
                 if let Some((i, f)) = funcs
                     .iter()
                     .enumerate()
                     .find(|(_, f)| f.name.as_bytes() == name)
                 {
                     return Ok(FunctionInfo {
-                        handle: (module << 16) | (i as u64 + 1),
+                        handle: function_handle(module, i),
                         param_count: f.params.len() as u32,
                     });
                 }
@@ -415,7 +354,7 @@ impl Modules {
                     shared_limit: Arc::new(std::sync::atomic::AtomicU32::new(48 << 10)),
                 });
                 Ok(FunctionInfo {
-                    handle: (module << 16) | funcs.len() as u64,
+                    handle: function_handle(module, funcs.len() - 1),
                     param_count: count,
                 })
             }
@@ -425,16 +364,7 @@ impl Modules {
     /// The kernel behind a function handle, if its module is loaded.
     pub fn kernel(&self, function: u64) -> Result<Kernel> {
         let unknown = || BackendError::UnknownFunction(format!("handle {function:#x}"));
-        let module = function >> 16;
-        let index = (function & 0xffff).checked_sub(1).ok_or_else(unknown)? as usize;
-        let entry = self
-            .table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded
-            .get(&module)
-            .cloned()
-            .ok_or_else(unknown)?;
+        let (entry, index) = self.table.function(function)?;
         match entry {
             Entry::Builtin => match KERNELS.get(index) {
                 Some(sig) => Ok(Kernel::Builtin(sig, index)),
@@ -445,13 +375,7 @@ impl Modules {
                     .ok_or_else(unknown),
             },
             Entry::Ptx(m) => {
-                let f = m
-                    .funcs
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(index)
-                    .cloned()
-                    .ok_or_else(unknown)?;
+                let f = lock(&m.funcs).get(index).cloned().ok_or_else(unknown)?;
                 Ok(Kernel::Ptx(m, f))
             }
         }
@@ -459,13 +383,6 @@ impl Modules {
 
     /// Drops every module (the backend is going away).
     pub fn clear(&self) {
-        let all = std::mem::take(
-            &mut self
-                .table
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .loaded,
-        );
-        drop(all);
+        self.table.clear();
     }
 }

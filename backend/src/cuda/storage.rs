@@ -1,4 +1,4 @@
-//! The built-in storage kernels on a CUDA GPU (issue 9): GPU threads enqueue the NVMe reads
+//! The built-in storage kernels on a CUDA GPU: GPU threads enqueue the NVMe reads
 //! themselves (`backend/kernels/storage.cu`, BaM's queue and cache on the device).
 //!
 //! Per attached namespace, on first use, this backend sets up what the GPU threads touch:
@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::driver::sys;
@@ -39,6 +39,7 @@ use super::CudaGpu;
 use crate::args::{check_args, int, ptr};
 use crate::error::{BackendError, Result};
 use crate::storage::{array, check_bfs, check_elems, Opened, StorageSet, IO_TIMEOUT};
+use crate::sync::lock;
 use crate::HostRegion;
 
 /// The storage kernels' PTX (`backend/kernels/storage.cu`, `build-ptx.sh`).
@@ -456,11 +457,7 @@ impl GpuStorage {
 
 impl CudaGpu {
     fn storage_kernels(&self) -> Result<Arc<StorageKernels>> {
-        let mut k = self
-            .storage
-            .kernels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut k = lock(&self.storage.kernels);
         if let Some(k) = &*k {
             return Ok(k.clone());
         }
@@ -478,11 +475,7 @@ impl CudaGpu {
     /// lock is never held while a namespace's own lock is (a long kernel on one namespace
     /// does not hold up another's first launch).
     fn gpu_namespace(&self, ns: u64, opened: &Arc<Opened>) -> Result<Arc<Mutex<GpuNamespace>>> {
-        let mut map = self
-            .storage
-            .namespaces
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.storage.namespaces);
         if let Some((o, g)) = map.get(&ns) {
             if Arc::ptr_eq(o, opened) {
                 return Ok(g.clone());
@@ -512,7 +505,7 @@ impl CudaGpu {
         let opened = set.get(ns_id)?;
         let kernels = self.storage_kernels()?;
         let g = self.gpu_namespace(ns_id, &opened)?;
-        let mut g = g.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut g = lock(&g);
         if g.poisoned {
             return Err(BackendError::Device(format!(
                 "{}: storage I/O failed: an earlier command on namespace {ns_id} timed out and poisoned the GPU's queue pair; recreate the vGPU to reopen it",

@@ -1,7 +1,8 @@
 //! One allocation as the pager tracks it: where each piece of it lives now.
 
+use crate::sync::lock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 /// Where one piece of an allocation lives.
 #[derive(Debug)]
@@ -76,7 +77,7 @@ impl Entry {
     pub fn lock(&self) -> MutexGuard<'_, Vec<Piece>> {
         // Piece updates are single assignments after the bytes moved, so a panic in
         // between leaves a consistent (if older) state.
-        self.pieces.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.pieces)
     }
 
     /// The piece table if nobody holds it now.

@@ -10,7 +10,9 @@
 //! raw device address. Eviction takes only allocations no operation is using.
 //!
 //! Decisions (how much to evict, from whom, to which tier) belong to the broker: vgpud for
-//! a worker, across processes. The pager only moves bytes.
+//! a worker, across processes. The pager only moves bytes, through the wrapped backend's
+//! [`Paging`](crate::Paging) capability (without it, eviction frees nothing); it offers
+//! neither paging nor relocation itself.
 
 mod broker;
 mod entry;
@@ -20,15 +22,16 @@ mod tests;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use vgpu_proto::ArgValue;
 use vm_memory::VolatileSlice;
 
+use crate::sync::{read, write};
 use crate::{
-    Allocated, Backend, BackendError, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
-    LaunchStats, MemoryUsage, ModuleImage, Result,
+    require_paging, Allocated, Backend, BackendError, LaunchConfig, LaunchStats, MemoryUsage,
+    Result,
 };
 pub use broker::{Broker, LocalBroker, LocalMember};
 use entry::{Entry, Piece, Pin};
@@ -81,7 +84,7 @@ impl Pager {
     /// resident at a time is up to `broker`. `inner` must be able to hold `share` bytes
     /// plus its swap-area buffers.
     pub fn new(inner: Arc<dyn Backend>, broker: Arc<dyn Broker>, share: u64) -> Self {
-        let granule = inner.commit_granule();
+        let granule = inner.paging().map_or(0, |p| p.commit_granule());
         Self {
             inner,
             broker,
@@ -148,7 +151,7 @@ impl Pager {
     fn pin(&self, addr: u64, len: u64) -> Result<(Pin, u64)> {
         let bad = BackendError::BadPointer { addr, len };
         let e = {
-            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let entries = read(&self.entries);
             let (_, e) = entries.range(..=addr).next_back().ok_or(bad)?;
             e.clone()
         };
@@ -198,7 +201,7 @@ impl Pager {
                     continue;
                 }
                 let (poff, plen) = e.piece(i);
-                self.inner.recommit(e.addr, poff, plen)?;
+                require_paging(&*self.inner)?.recommit(e.addr, poff, plen)?;
                 let dlen = e.data_len(i);
                 let whole = overwrite.is_some_and(|(o, l)| o <= poff && poff + dlen <= o + l);
                 let old = self.set_piece(e, &mut pieces, i, Piece::Resident);
@@ -248,7 +251,7 @@ impl Pager {
     /// allocation that covers `want` on its own, else the least recently used ones.
     pub fn evict(&self, want: u64, tier: Tier) -> u64 {
         let candidates: Vec<Arc<Entry>> = {
-            let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let entries = read(&self.entries);
             entries
                 .values()
                 .filter(|e| !e.shared && !e.pinned())
@@ -315,7 +318,9 @@ impl Pager {
             let (off, len) = e.piece(i);
             match self.save(e.addr + off, e.data_len(i), tier) {
                 Ok(saved) => {
-                    if let Err(err) = self.inner.decommit(e.addr, off, len) {
+                    if let Err(err) =
+                        require_paging(&*self.inner).and_then(|p| p.decommit(e.addr, off, len))
+                    {
                         tracing::error!(addr = e.addr, off, error = %err, "decommit failed; the piece stays resident");
                         self.discard(saved);
                         continue;
@@ -369,7 +374,7 @@ impl Pager {
     /// host memory; returns the bytes moved.
     pub fn spill(&self, want: u64) -> u64 {
         let mut entries: Vec<Arc<Entry>> = {
-            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let t = read(&self.entries);
             t.values().filter(|e| !e.shared).cloned().collect()
         };
         entries.sort_by_key(|e| e.last_use.load(Ordering::Relaxed));
@@ -410,7 +415,7 @@ impl Pager {
     /// Makes every allocation resident (a launch whose arguments may reach any of them).
     fn pin_all(&self) -> Result<Vec<Pin>> {
         let all: Vec<Arc<Entry>> = {
-            let t = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+            let t = read(&self.entries);
             t.values().cloned().collect()
         };
         let tick = self.next_tick();
@@ -422,25 +427,14 @@ impl Pager {
     }
 
     fn insert(&self, e: Entry) {
-        self.entries
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(e.addr, Arc::new(e));
+        write(&self.entries).insert(e.addr, Arc::new(e));
     }
 }
 
 impl Backend for Pager {
-    fn info(&self) -> &BackendInfo {
-        self.inner.info()
-    }
-
     fn memory_usage(&self) -> MemoryUsage {
         let s = self.state();
-        let allocations = self
-            .entries
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len() as u64;
+        let allocations = read(&self.entries).len() as u64;
         MemoryUsage {
             used: s.used,
             capacity: self.share,
@@ -496,10 +490,7 @@ impl Backend for Pager {
     }
 
     fn free(&self, addr: u64) -> Result<()> {
-        let e = self
-            .entries
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+        let e = write(&self.entries)
             .remove(&addr)
             .ok_or(BackendError::NotAllocated { addr })?;
         if !e.shared {
@@ -590,18 +581,6 @@ impl Backend for Pager {
         self.inner.memset(dst, value, elem_size, count)
     }
 
-    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        self.inner.module_load(image)
-    }
-
-    fn module_unload(&self, module: u64) -> Result<()> {
-        self.inner.module_unload(module)
-    }
-
-    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        self.inner.get_function(module, name)
-    }
-
     fn launch(
         &self,
         function: u64,
@@ -634,21 +613,14 @@ impl Backend for Pager {
         self.inner.launch(function, config, args)
     }
 
-    fn synchronize(&self) {
-        self.inner.synchronize()
-    }
-
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        self.inner.register_host_memory(regions)
-    }
-
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        self.inner.unregister_host_memory(regions)
-    }
-
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         let addr = self.inner.import_shared(handle, size, read_only)?;
         self.insert(Entry::new(addr, size, 0, 0, true));
         Ok(addr)
     }
+
+    crate::forward_backend!(inner:
+        info, module_load, module_unload, get_function, synchronize, register_host_memory,
+        unregister_host_memory
+    );
 }

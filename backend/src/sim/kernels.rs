@@ -122,6 +122,15 @@ pub fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<
             }
             let dur =
                 Duration::try_from_secs_f64(us as f64 / 1e6 / ctx.speed).unwrap_or(Duration::MAX);
+            // The cap is on the time it runs: a slower device may not stretch it past it.
+            if dur > Duration::from_micros(builtin::MAX_SPIN_US) {
+                return Err(BackendError::InvalidArgument(format!(
+                    "spin: duration_us = {us} runs {dur:?} on this device (speed {}), above the \
+                     limit of {} µs; split the burst",
+                    ctx.speed,
+                    builtin::MAX_SPIN_US
+                )));
+            }
             let end = start.checked_add(dur).ok_or_else(|| {
                 BackendError::InvalidArgument(format!("spin: duration_us = {us} is too long"))
             })?;

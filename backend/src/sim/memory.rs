@@ -7,14 +7,15 @@
 //! rest of the reservation stays `PROT_NONE`. Freed ranges go back to `PROT_NONE` and are
 //! reused only once nothing uses the allocation any more.
 
-use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
+use std::sync::Arc;
 
 use vm_memory::VolatileSlice;
 
 use crate::error::{BackendError, Result};
+use crate::space::{AllocTable, Extent, Ledger};
+use crate::MemoryUsage;
 
 /// Host page size used for charging and mapping.
 pub const PAGE: u64 = 4096;
@@ -80,29 +81,8 @@ impl Drop for Reservation {
 struct Space {
     res: Reservation,
     va_base: u64,
-    capacity: u64,
-    used: AtomicU64,
-    count: AtomicU64,
-    /// Free holes of the address space: offset -> length, both multiples of `VA_ALIGN`.
-    holes: crate::space::Holes,
-}
-
-impl Space {
-    fn take_hole(&self, len: u64) -> Option<u64> {
-        self.holes.take(len)
-    }
-
-    fn give_hole(&self, off: u64, len: u64) {
-        self.holes.give(off, len)
-    }
-
-    fn charge(&self, bytes: u64) -> Result<()> {
-        crate::space::charge(&self.used, self.capacity, bytes)
-    }
-
-    fn uncharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-    }
+    /// Holes (offsets and lengths multiples of `VA_ALIGN`), charge and count.
+    ledger: Ledger,
 }
 
 /// One live allocation: a memfd mapped at its place in the reservation.
@@ -118,6 +98,12 @@ pub struct Allocation {
     /// decommitted here.
     imported: bool,
     space: Arc<Space>,
+}
+
+impl Extent for Allocation {
+    fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// An atomic word type kernels may view device memory as.
@@ -201,16 +187,15 @@ impl Drop for Allocation {
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
+        let hole = if p == libc::MAP_FAILED {
             // Leave the range out of the free list: never hand out a range still mapped.
             tracing::error!(addr = self.addr, error = %std::io::Error::last_os_error(),
                 "could not unmap a freed allocation; its address range is retired");
+            None
         } else {
-            self.space
-                .give_hole(self.host as u64 - self.space.res.host as u64, self.va_len);
-        }
-        self.space.uncharge(self.charged);
-        self.space.count.fetch_sub(1, Ordering::AcqRel);
+            Some((self.host as u64 - self.space.res.host as u64, self.va_len))
+        };
+        self.space.ledger.released(hole, self.charged);
         tracing::trace!(addr = self.addr, size = self.size, "allocation released");
     }
 }
@@ -219,51 +204,28 @@ impl Drop for Allocation {
 #[derive(Debug)]
 pub struct DeviceMemory {
     space: Arc<Space>,
-    table: RwLock<BTreeMap<u64, Arc<Allocation>>>,
+    table: AllocTable<Allocation>,
 }
 
 impl DeviceMemory {
     /// An empty address space `[va_base, va_base + va_size)` holding at most `capacity`
     /// bytes.
     pub fn new(va_base: u64, va_size: u64, capacity: u64) -> Result<Self> {
-        if va_base % VA_ALIGN != 0 || va_base == 0 || va_size < VA_ALIGN || va_size % VA_ALIGN != 0
-        {
-            return Err(BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} must be non-null and 2 MiB aligned"
-            )));
-        }
-        va_base.checked_add(va_size).ok_or_else(|| {
-            BackendError::InvalidArgument(format!(
-                "device address space {va_base:#x}+{va_size:#x} overflows"
-            ))
-        })?;
+        crate::space::check_layout(va_base, va_size)?;
         let res = Reservation::new(va_size)?;
         Ok(Self {
             space: Arc::new(Space {
                 res,
                 va_base,
-                capacity,
-                used: AtomicU64::new(0),
-                count: AtomicU64::new(0),
-                holes: crate::space::Holes::new(va_size),
+                ledger: Ledger::new(va_size, capacity),
             }),
-            table: RwLock::new(BTreeMap::new()),
+            table: AllocTable::default(),
         })
     }
 
-    /// Bytes charged now.
-    pub fn used(&self) -> u64 {
-        self.space.used.load(Ordering::Acquire)
-    }
-
-    /// Capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.space.capacity
-    }
-
-    /// Live allocations (including freed ones still in use by running work).
-    pub fn count(&self) -> u64 {
-        self.space.count.load(Ordering::Acquire)
+    /// The address space's accounts.
+    pub fn usage(&self) -> MemoryUsage {
+        self.space.ledger.usage()
     }
 
     /// Allocates `size` zero-filled bytes; returns (address, bytes charged).
@@ -281,23 +243,19 @@ impl DeviceMemory {
         if size == 0 {
             return Err(BackendError::ZeroSize);
         }
-        let too_big = || BackendError::OutOfMemory {
-            requested: size,
-            available: self.space.capacity.saturating_sub(self.used()),
-            capacity: self.space.capacity,
-        };
+        let too_big = || self.space.ledger.out_of_memory(size);
         let charged = round_up(size, PAGE).ok_or_else(too_big)?;
         let va_len = round_up(size, VA_ALIGN).ok_or_else(too_big)?;
         let map_len = usize::try_from(charged).map_err(|_| too_big())?;
-        self.space.charge(charged)?;
+        self.space.ledger.charge(charged)?;
         let off = match at {
-            None => self.space.take_hole(va_len),
+            None => self.space.ledger.take_hole(va_len),
             Some(addr) => addr
                 .checked_sub(self.space.va_base)
-                .filter(|off| off % VA_ALIGN == 0 && self.space.holes.take_at(*off, va_len)),
+                .filter(|off| off % VA_ALIGN == 0 && self.space.ledger.take_hole_at(*off, va_len)),
         };
         let Some(off) = off else {
-            self.space.uncharge(charged);
+            self.space.ledger.uncharge(charged);
             return Err(match at {
                 None => BackendError::AddressSpaceFull { requested: size },
                 Some(addr) => BackendError::InvalidArgument(format!(
@@ -309,7 +267,7 @@ impl DeviceMemory {
         let host = self.space.res.host + off as usize;
         match map_memfd(host, map_len, addr) {
             Ok(memfd) => {
-                self.space.count.fetch_add(1, Ordering::AcqRel);
+                self.space.ledger.added();
                 let a = Arc::new(Allocation {
                     addr,
                     size,
@@ -320,10 +278,7 @@ impl DeviceMemory {
                     imported: false,
                     space: self.space.clone(),
                 });
-                self.table
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(addr, a);
+                self.table.insert(addr, a);
                 tracing::debug!(addr, size, charged, "allocated");
                 Ok((addr, charged))
             }
@@ -333,9 +288,9 @@ impl DeviceMemory {
                     // hand that range out again.
                     tracing::error!(addr, error = %e, "device memory mapping failed; address range retired");
                 } else {
-                    self.space.give_hole(off, va_len);
+                    self.space.ledger.give_hole(off, va_len);
                 }
-                self.space.uncharge(charged);
+                self.space.ledger.uncharge(charged);
                 Err(e)
             }
         }
@@ -344,19 +299,9 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. The bytes are released
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        let removed = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&addr);
-        match removed {
-            Some(a) => {
-                tracing::debug!(addr, size = a.size, "freed");
-                drop(a);
-                Ok(())
-            }
-            None => Err(BackendError::NotAllocated { addr }),
-        }
+        let a = self.table.remove(addr)?;
+        tracing::debug!(addr, size = a.size, "freed");
+        Ok(())
     }
 
     /// Maps a shared object's memfd (`size` bytes, page-rounded length) at a fresh device
@@ -377,6 +322,7 @@ impl DeviceMemory {
         }
         let off = self
             .space
+            .ledger
             .take_hole(va_len)
             .ok_or(BackendError::AddressSpaceFull { requested: size })?;
         let addr = self.space.va_base + off;
@@ -390,7 +336,7 @@ impl DeviceMemory {
             tracing::error!(addr, error = %e, "mapping a shared object failed; address range retired");
             return Err(e);
         }
-        self.space.count.fetch_add(1, Ordering::AcqRel);
+        self.space.ledger.added();
         let a = Arc::new(Allocation {
             addr,
             size,
@@ -401,10 +347,7 @@ impl DeviceMemory {
             imported: true,
             space: self.space.clone(),
         });
-        self.table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(addr, a);
+        self.table.insert(addr, a);
         tracing::debug!(addr, size, read_only, "shared object mapped");
         Ok(addr)
     }
@@ -417,12 +360,7 @@ impl DeviceMemory {
 
     /// The live allocation that starts exactly at `addr`.
     fn exact(&self, addr: u64) -> Result<Arc<Allocation>> {
-        self.table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&addr)
-            .cloned()
-            .ok_or(BackendError::NotAllocated { addr })
+        self.table.exact(addr)
     }
 
     /// Checks that `[off, off + len)` is a page-aligned range of the owned allocation at
@@ -505,17 +443,7 @@ impl DeviceMemory {
     /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
-        let bad = BackendError::BadPointer { addr, len };
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
-        let (_, a) = table.range(..=addr).next_back().ok_or(bad)?;
-        let off = addr - a.addr;
-        let end = off
-            .checked_add(len)
-            .ok_or(BackendError::BadPointer { addr, len })?;
-        if off >= a.size || end > a.size {
-            return Err(BackendError::BadPointer { addr, len });
-        }
-        Ok((a.clone(), off))
+        self.table.resolve(addr, len)
     }
 }
 

@@ -22,7 +22,7 @@ use crate::error::{BackendError, Result};
 use crate::storage::StorageSet;
 use crate::{
     Allocated, Backend, BackendInfo, FunctionInfo, LaunchConfig, LaunchStats, MemoryUsage,
-    ModuleImage, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use memory::DeviceMemory;
 use modules::Modules;
@@ -158,11 +158,7 @@ impl Backend for SimGpu {
     }
 
     fn memory_usage(&self) -> MemoryUsage {
-        MemoryUsage {
-            used: self.mem.used(),
-            capacity: self.mem.capacity(),
-            allocations: self.mem.count(),
-        }
+        self.mem.usage()
     }
 
     fn alloc(&self, size: u64) -> Result<Allocated> {
@@ -221,22 +217,7 @@ impl Backend for SimGpu {
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
-        let esize = u64::from(elem_size);
-        if !matches!(elem_size, 1 | 2 | 4) {
-            return Err(BackendError::InvalidArgument(format!(
-                "memset element size {elem_size}; use 1, 2 or 4"
-            )));
-        }
-        let len = count.checked_mul(esize).ok_or(BackendError::BadPointer {
-            addr: dst,
-            len: u64::MAX,
-        })?;
-        if dst % esize != 0 {
-            return Err(BackendError::Misaligned {
-                addr: dst,
-                align: esize,
-            });
-        }
+        let len = crate::space::memset_len(dst, elem_size, count)?;
         let (a, off) = self.mem.resolve(dst, len)?;
         let bytes = value.to_le_bytes();
         let pattern = match elem_size {
@@ -311,19 +292,20 @@ impl Backend for SimGpu {
         self.inflight.drain();
     }
 
-    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
-        let (addr, charged) = self.mem.alloc_at(addr, size)?;
-        Ok(Allocated { addr, charged })
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        self.mem.import(handle, size, read_only)
     }
 
-    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
-        // One copy straight out of our mapping, paced by the peer's copy engine (a
-        // device-to-device transfer between two GPUs).
-        let (a, off) = self.mem.view(addr, len)?;
-        let _op = self.inflight.begin();
-        peer.copy_htod(addr, &a.volatile(off, len)?)
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
     }
 
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
+    }
+}
+
+impl Paging for SimGpu {
     fn commit_granule(&self) -> u64 {
         crate::pager::GRANULE
     }
@@ -335,8 +317,21 @@ impl Backend for SimGpu {
     fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         self.mem.recommit(addr, off, len)
     }
+}
 
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        self.mem.import(handle, size, read_only)
+/// Sim addresses are per backend: nothing to vacate or occupy at a switch, and no device
+/// window (the target's copy engine paces the copy).
+impl Relocatable for SimGpu {
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let (addr, charged) = self.mem.alloc_at(addr, size)?;
+        Ok(Allocated { addr, charged })
+    }
+
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        // One copy straight out of our mapping, paced by the peer's copy engine (a
+        // device-to-device transfer between two GPUs).
+        let (a, off) = self.mem.view(addr, len)?;
+        let _op = self.inflight.begin();
+        peer.copy_htod(addr, &a.volatile(off, len)?)
     }
 }

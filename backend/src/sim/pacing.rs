@@ -1,6 +1,7 @@
 //! Time on the simulated device: the copy engine's bandwidth and the compute rate.
 
-use std::sync::{Mutex, PoisonError};
+use crate::sync::lock;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Large copies move in chunks of this size, each paced on its own (Gdev's split
@@ -55,10 +56,7 @@ impl CopyEngine {
         let nanos = u128::from(n) * 1_000_000_000 / u128::from(self.bytes_per_sec.max(1));
         let dur = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
         let now = Instant::now();
-        let mut busy = self
-            .busy_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut busy = lock(&self.busy_until);
         let floor = now.checked_sub(SLACK).unwrap_or(now);
         let start = (*busy).max(floor);
         let end = start + dur;

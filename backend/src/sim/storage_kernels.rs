@@ -1,4 +1,4 @@
-//! The built-in storage kernels on the sim GPU (issue 9): `vgpu-storage`'s kernels (host
+//! The built-in storage kernels on the sim GPU: `vgpu-storage`'s kernels (host
 //! threads standing in for warps, BaM's queue pairs and page cache underneath) over the
 //! namespace the `ns` argument names, results stored into device memory through atomics
 //! like every sim kernel. Everything a guest passes is checked before the first read:

@@ -586,7 +586,7 @@ fn modules_and_functions() {
             .status(),
         Status::UnknownFunction
     );
-    for _ in 0..modules::MAX_MODULES {
+    for _ in 0..crate::module_table::MAX_MODULES {
         g.module_load(ModuleImage::Builtin(b"builtin"))
             .expect("load");
     }

@@ -1,4 +1,4 @@
-//! BAND (issue 5): shares met under non-preemptive bursts, beside Credit (the policy Gdev
+//! BAND: shares met under non-preemptive bursts, beside Credit (the policy Gdev
 //! improves on) and FIFO (no scheduling: the throughput anchor); the real grant path's
 //! latency beside a unix-socket round trip (what it avoids); HEFT-ranked queue mapping
 //! beside round-robin.

@@ -1,4 +1,4 @@
-//! The vGPU device on the sim backend (issue 3): guest copy throughput HtoD and DtoH from
+//! The vGPU device on the sim backend: guest copy throughput HtoD and DtoH from
 //! 4 KiB to 256 MiB beside a plain host memcpy of the same size in the same run, the
 //! small-request round trip, and requests/s with 1, 8 and 64 requests per doorbell.
 

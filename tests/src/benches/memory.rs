@@ -1,4 +1,4 @@
-//! Device memory (issue 6), in process on the sim backend, each figure beside its anchor
+//! Device memory, in process on the sim backend, each figure beside its anchor
 //! in the same run:
 //!
 //! 1. Gdev's overload case (§6), scaled by 1/4: N tasks of 32 MiB and one high-priority

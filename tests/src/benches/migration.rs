@@ -1,4 +1,4 @@
-//! Live migration (issue 7), in process on the sim backend: downtime and total time of
+//! Live migration, in process on the sim backend: downtime and total time of
 //! moving a running vGPU between two sim GPUs vs its resident device memory, stop_copy vs
 //! precopy, beside the plain copy of the same bytes measured in the same run.
 //!
@@ -16,13 +16,13 @@
 //! `alloc_at`), no guest, from the same vGPU's memory in the same run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use vgpu_backend::sync::lock;
 use vgpu_backend::{
-    Access, Allocated, ArgValue, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig,
-    LaunchStats, MemoryUsage, ModuleImage, SimConfig, SimGpu,
+    Access, Allocated, ArgValue, Backend, LaunchConfig, ModuleImage, Relocatable, SimConfig, SimGpu,
 };
 use vgpu_migration::{Migratable, MigrateOptions, Mode, Phase, Progress, Report};
 use vm_memory::VolatileSlice;
@@ -87,36 +87,15 @@ impl Tap {
     }
 
     fn log(&self) -> Vec<(Instant, u64)> {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.log).clone()
     }
 
     fn placed(&self) -> Vec<(Instant, u64)> {
-        self.placed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.placed).clone()
     }
 }
 
 impl Backend for Tap {
-    fn info(&self) -> &BackendInfo {
-        self.gpu.info()
-    }
-    fn memory_usage(&self) -> MemoryUsage {
-        self.gpu.memory_usage()
-    }
-    fn alloc(&self, size: u64) -> vgpu_backend::Result<Allocated> {
-        self.gpu.alloc(size)
-    }
-    fn free(&self, addr: u64) -> vgpu_backend::Result<()> {
-        self.gpu.free(addr)
-    }
-    fn check_range(&self, addr: u64, len: u64) -> vgpu_backend::Result<()> {
-        self.gpu.check_range(addr, len)
-    }
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> vgpu_backend::Result<u64> {
         let len = src.len() as u64;
         let mut off = 0;
@@ -126,82 +105,31 @@ impl Backend for Tap {
                 .subslice(off as usize, n as usize)
                 .map_err(|e| vgpu_backend::BackendError::Device(format!("slice: {e}")))?;
             self.gpu.copy_htod(dst + off, &piece)?;
-            self.log
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((Instant::now(), n));
+            lock(&self.log).push((Instant::now(), n));
             off += n;
         }
         Ok(len)
     }
-    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> vgpu_backend::Result<u64> {
-        self.gpu.copy_dtoh(src, dst)
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
     }
-    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> vgpu_backend::Result<u64> {
-        self.gpu.copy_dtod(dst, src, len)
-    }
-    fn memset(
-        &self,
-        dst: u64,
-        value: u32,
-        elem_size: u32,
-        count: u64,
-    ) -> vgpu_backend::Result<u64> {
-        self.gpu.memset(dst, value, elem_size, count)
-    }
-    fn module_load(&self, image: ModuleImage<'_>) -> vgpu_backend::Result<u64> {
-        self.gpu.module_load(image)
-    }
-    fn module_unload(&self, module: u64) -> vgpu_backend::Result<()> {
-        self.gpu.module_unload(module)
-    }
-    fn get_function(&self, module: u64, name: &[u8]) -> vgpu_backend::Result<FunctionInfo> {
-        self.gpu.get_function(module, name)
-    }
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> vgpu_backend::Result<LaunchStats> {
-        self.gpu.launch(function, config, args)
-    }
-    fn synchronize(&self) {
-        self.gpu.synchronize()
-    }
-    fn register_host_memory(&self, regions: &[HostRegion]) -> vgpu_backend::Result<()> {
-        self.gpu.register_host_memory(regions)
-    }
+
+    vgpu_backend::forward_backend!(gpu:
+        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
+        module_load, module_unload, get_function, launch, synchronize, register_host_memory,
+        import_shared, unregister_host_memory, paging
+    );
+}
+
+/// The sim's relocation, logging every allocation placed.
+impl Relocatable for Tap {
     fn alloc_at(&self, addr: u64, size: u64) -> vgpu_backend::Result<Allocated> {
         let a = self.gpu.alloc_at(addr, size)?;
-        self.placed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((Instant::now(), size));
+        lock(&self.placed).push((Instant::now(), size));
         Ok(a)
     }
     fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> vgpu_backend::Result<u64> {
         self.gpu.copy_to_peer(peer, addr, len)
-    }
-    fn commit_granule(&self) -> u64 {
-        self.gpu.commit_granule()
-    }
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> vgpu_backend::Result<()> {
-        self.gpu.decommit(addr, off, len)
-    }
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> vgpu_backend::Result<()> {
-        self.gpu.recommit(addr, off, len)
-    }
-    fn import_shared(
-        &self,
-        handle: std::os::fd::OwnedFd,
-        size: u64,
-        read_only: bool,
-    ) -> vgpu_backend::Result<u64> {
-        self.gpu.import_shared(handle, size, read_only)
-    }
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        self.gpu.unregister_host_memory(regions)
     }
 }
 
@@ -561,7 +489,7 @@ fn plain_copy(p: Params, v: &Vgpu) -> Result<(Duration, Duration), String> {
     }
     let c = Instant::now();
     for (a, n) in &allocs {
-        src.copy_to_peer(&*target, *a, *n).map_err(e)?;
+        vgpu_backend::copy_to_peer(&*src, &*target, *a, *n).map_err(e)?;
     }
     Ok((t.elapsed(), c.elapsed()))
 }
@@ -638,7 +566,7 @@ const VMOTION_STUN_MS: f64 = 12_000.0;
 const VMOTION_BYTES: f64 = 8e9;
 /// gMig's downtime.
 const GMIG_MS: f64 = 119.0;
-/// Issue 7's goal: precopy downtime at 4 GiB.
+/// The goal: precopy downtime at 4 GiB.
 const GOAL_MS: f64 = 50.0;
 
 fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
@@ -836,7 +764,7 @@ pub fn run(p: Params) -> Vec<Figure> {
             "goal: precopy downtime at 4 GiB with declared writes".into(),
             pt.modes[0].downtime,
             "ms",
-            "issue 7 goal",
+            "goal",
             GOAL_MS,
         ));
     }

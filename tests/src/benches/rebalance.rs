@@ -1,6 +1,6 @@
-//! `vgpu-bench rebalance` (issue 13): a trace of VMs arriving with mixed workloads
+//! `vgpu-bench rebalance`: a trace of VMs arriving with mixed workloads
 //! (compute-heavy, copy-heavy, bursty, idle) on 2 and 4 GPUs, run three ways in one
-//! process: static placement (the least compute committed, vgpud's rule before issue 13),
+//! process: static placement (the least compute committed, with no measured load),
 //! placement only (`gpu: "auto"`: measured load and free memory), and placement plus the
 //! rebalancer (live migration). A light-load trace then compares consolidation with static
 //! placement: GPU-hours with no vGPU (which can be powered down or lent out) and an energy
@@ -43,7 +43,7 @@ struct Profile {
 }
 
 /// The bench's original cost model: 12 GB/s of pre-copy (a PCIe-class copy) and a 50 ms
-/// pause (issue 7's goal), with a 1 s window and the default smoothing (a quarter of it).
+/// pause (the migration downtime goal), with a 1 s window and the default smoothing (a quarter of it).
 const CONSERVATIVE: Profile = Profile {
     name: "12 GB/s, 50 ms pause, 1 s window",
     bandwidth: 12e9,

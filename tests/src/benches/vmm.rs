@@ -1,4 +1,4 @@
-//! The VMM core's figures (issue 2), each beside its anchor from the same run: how long
+//! The VMM core's figures, each beside its anchor from the same run: how long
 //! the vmm takes from start to the payload's `main`, and the vhost-user doorbell round trip,
 //! both against the raw cost of one KVM exit to userspace.
 

@@ -17,15 +17,15 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Bench {
-    /// VMM start and vhost-user doorbell round trip vs one KVM exit (issue 2).
+    /// VMM start and vhost-user doorbell round trip vs one KVM exit.
     Vmm {
         /// VM starts to time.
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
-    /// Guest copy throughput vs host memcpy, request round trip, batching (issue 3).
+    /// Guest copy throughput vs host memcpy, request round trip, batching.
     Device,
-    /// BAND vs Credit vs FIFO, the grant path, HEFT vs round-robin mapping (issue 5).
+    /// BAND vs Credit vs FIFO, the grant path, HEFT vs round-robin mapping.
     Band {
         /// Seconds of virtual time per scenario.
         #[arg(long, default_value_t = 10)]
@@ -35,7 +35,7 @@ enum Bench {
         real_seconds: u64,
     },
     /// Oversubscription (Gdev's overload case, scaled), swap throughput of both tiers,
-    /// shm dataflow vs copies through the host, on the sim backend (issue 6).
+    /// shm dataflow vs copies through the host, on the sim backend.
     Memory {
         /// Sim host-device copy bandwidth, GB/s.
         #[arg(long, default_value_t = 2.0)]
@@ -44,13 +44,13 @@ enum Bench {
         #[arg(long, default_value_t = 0.5)]
         speed: f64,
     },
-    /// Placement and rebalancing across GPUs (issue 13): overload time, completion times
+    /// Placement and rebalancing across GPUs: overload time, completion times
     /// and migrations for static placement, placement only and placement + rebalancing
     /// on 2 and 4 GPUs, and GPU-hours freed by consolidation under light load (in-process
     /// simulation with vgpud's policy; compared with DCUDA's figures).
     Rebalance,
     /// Live migration of a running vGPU between two sim GPUs: downtime and total time vs
-    /// resident memory, precopy vs stop_copy vs a plain copy, and a timeline (issue 7).
+    /// resident memory, precopy vs stop_copy vs a plain copy, and a timeline.
     Migration {
         /// Sim copy bandwidth of both GPUs (a GPU-to-GPU copy), GB/s; 0 = unpaced.
         #[arg(long, default_value_t = 25.0)]

@@ -1,11 +1,12 @@
 //! `vgpud`: the host daemon. See `vgpud --help` and docs/api.md.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use vgpu_api::control::CudaDevice;
 use vgpud::daemon::{self, Config, DaemonError, GpuConfig, Listen};
 use vgpud::units::{parse_bandwidth, parse_size};
@@ -14,8 +15,16 @@ use vgpud::units::{parse_bandwidth, parse_size};
 /// vmm per VM, and serves the REST API (docs/api.md) on a unix socket, or on TCP with a
 /// bearer token.
 #[derive(Parser, Debug)]
-#[command(name = "vgpud", version)]
+#[command(name = "vgpud", version, args_override_self = true)]
 struct Args {
+    /// JSON file of options: `{"sim-gpus": 4, "payload-dir": "/srv/vgpu/payloads"}`,
+    /// keys the long option names without `--`, a flag `true`; the command line and the
+    /// options' environment variables override it; an unknown key is an error.
+    #[arg(long, env = "VGPUD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format on stderr: text, or json (one object a line, for a log collector).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Unix socket to serve the API on [default: $XDG_RUNTIME_DIR/vgpud/vgpud.sock or
     /// /tmp/vgpud-$UID/vgpud.sock].
     #[arg(long, env = "VGPUD_SOCKET", conflicts_with = "listen")]
@@ -37,7 +46,7 @@ struct Args {
     /// Number of simulated GPUs.
     #[arg(long, default_value_t = 2)]
     sim_gpus: u32,
-    /// Memory of each simulated GPU (binary suffixes: 8G, 512M).
+    /// Memory of each simulated GPU (binary suffixes: 8G, 512M), at least 64M.
     #[arg(long, default_value = "8G", value_parser = parse_size)]
     sim_memory: u64,
     /// Host-device copy bandwidth of each simulated GPU in bytes/s (decimal: 12G); 0 = unpaced.
@@ -67,9 +76,14 @@ struct Args {
     /// The vmm binary [default: next to vgpud].
     #[arg(long, env = "VGPUD_VMM_BIN")]
     vmm_bin: Option<PathBuf>,
-    /// Directory where bare payload names in POST /v1/vms are looked up.
+    /// Directory of the payload ELFs: bare payload names in POST /v1/vms are looked up
+    /// there, and every payload must lie under it (GET /v1/payloads lists them). Must exist.
     #[arg(long, env = "VGPU_PAYLOAD_DIR")]
     payload_dir: Option<PathBuf>,
+    /// Directory storage namespaces' backing files must lie under [default: anywhere the
+    /// daemon can read].
+    #[arg(long, env = "VGPUD_STORAGE_ROOT")]
+    storage_root: Option<PathBuf>,
     /// How often every worker's counters are sampled, ms.
     #[arg(long, default_value_t = 250)]
     stats_interval_ms: u64,
@@ -105,6 +119,14 @@ struct Args {
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     print_openapi: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -171,10 +193,24 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             args.sim_speed
         )));
     }
-    if args.sim_memory == 0 {
-        return Err(DaemonError::Option(
-            "--sim-memory must be more than 0".into(),
-        ));
+    if args.sim_memory < MIN_SIM_MEMORY {
+        return Err(DaemonError::Option(format!(
+            "--sim-memory {}: give at least 64M (binary suffixes: 512M, 8G); a bare number is bytes",
+            args.sim_memory
+        )));
+    }
+    for (flag, dir) in [
+        ("--payload-dir", &args.payload_dir),
+        ("--storage-root", &args.storage_root),
+    ] {
+        if let Some(d) = dir {
+            if !d.is_dir() {
+                return Err(DaemonError::Option(format!(
+                    "{flag} {}: no such directory; create it or give another",
+                    d.display()
+                )));
+            }
+        }
     }
     if args.stats_interval_ms == 0 || args.stats_window_ms < args.stats_interval_ms {
         return Err(DaemonError::Option(
@@ -188,6 +224,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
     }
     let token = match &args.token_file {
         Some(path) => {
+            check_private(path)?;
             let t = std::fs::read_to_string(path).map_err(|e| DaemonError::Token {
                 path: path.clone(),
                 why: e.to_string(),
@@ -262,6 +299,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         sim_threads: args.sim_threads,
         queue_poll_us: args.queue_poll_us,
         payload_dir: args.payload_dir,
+        storage_root: args.storage_root,
         stats_interval: Duration::from_millis(args.stats_interval_ms),
         stats_window: Duration::from_millis(args.stats_window_ms),
         policy: args.policy,
@@ -282,21 +320,148 @@ fn config(args: Args) -> Result<Config, DaemonError> {
     })
 }
 
-fn main() -> ExitCode {
+/// Smallest simulated GPU: below it not even one vGPU with a payload's buffers fits.
+const MIN_SIM_MEMORY: u64 = 64 << 20;
+
+/// The token file may not be readable or writable by group or others.
+fn check_private(path: &Path) -> Result<(), DaemonError> {
+    let meta = std::fs::metadata(path).map_err(|e| DaemonError::Token {
+        path: path.to_owned(),
+        why: e.to_string(),
+    })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o066 != 0 {
+        return Err(DaemonError::Token {
+            path: path.to_owned(),
+            why: format!(
+                "group or others can read or write it (mode {mode:04o}); run `chmod 600 {}`",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Creates the state directory, or tightens an existing one, to mode 0700.
+fn private_dir(dir: &Path) -> Result<(), DaemonError> {
+    let err = |source| DaemonError::StateDir {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if mode & 0o1000 != 0 || std::os::unix::fs::MetadataExt::uid(&meta) != me {
+        // A shared directory such as /tmp (the socket's directory by default) is left
+        // alone: tightening it would lock others out.
+        tracing::warn!(dir = %dir.display(), "the state directory is shared (mode {mode:04o}) or not ours; give vgpud its own --state-dir");
+        return Ok(());
+    }
+    if mode & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+        tracing::info!(dir = %dir.display(), "state directory tightened to mode 0700 (was {mode:04o})");
+    }
+    Ok(())
+}
+
+/// The options of `--config FILE` as command-line words, to go before the real ones (so
+/// those override them); options whose environment variable is set are left out.
+fn config_words(path: &Path) -> Result<Vec<String>, DaemonError> {
+    let bad = |why: String| DaemonError::Option(format!("--config {}: {why}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("not a JSON object of options: {e}")))?;
+    let cmd = Args::command();
+    let mut words = Vec::new();
+    for (key, value) in map {
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_long() == Some(key.as_str()))
+            .filter(|_| {
+                !matches!(
+                    key.as_str(),
+                    "config" | "print-openapi" | "help" | "version"
+                )
+            });
+        let Some(arg) = arg else {
+            return Err(bad(format!(
+                "unknown key {key:?}; keys are vgpud's long options without -- (vgpud --help)"
+            )));
+        };
+        if arg
+            .get_env()
+            .and_then(std::env::var_os)
+            .is_some_and(|v| !v.is_empty())
+        {
+            continue;
+        }
+        let flag = format!("--{key}");
+        match value {
+            serde_json::Value::Bool(true) => words.push(flag),
+            serde_json::Value::Bool(false) | serde_json::Value::Null => {}
+            serde_json::Value::String(v) => words.extend([flag, v]),
+            serde_json::Value::Number(n) => words.extend([flag, n.to_string()]),
+            other => {
+                return Err(bad(format!(
+                    "{key:?}: {other} is not a string, number or boolean"
+                )))
+            }
+        }
+    }
+    Ok(words)
+}
+
+/// The command line, with `--config`'s options before it.
+fn parse_args() -> Result<Args, DaemonError> {
     let args = Args::parse();
+    let Some(path) = args.config.clone() else {
+        return Ok(args);
+    };
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let rest = argv.split_off(1.min(argv.len()));
+    argv.extend(config_words(&path)?.into_iter().map(Into::into));
+    argv.extend(rest);
+    Args::try_parse_from(argv)
+        .map_err(|e| DaemonError::Option(format!("with --config {}: {e}", path.display())))
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("vgpud: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     if args.print_openapi {
         print!("{}", vgpud::openapi::openapi_json());
         return ExitCode::SUCCESS;
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    match config(args).and_then(|c| daemon::run(c, || {})) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    match args.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_env_filter(filter)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_env_filter(filter)
+            .init(),
+    }
+    let run = config(args).and_then(|c| {
+        private_dir(&c.state_dir)?;
+        daemon::run(c, || {})
+    });
+    match run {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vgpud: error: {e}");
@@ -315,5 +480,78 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{s:?}: give a fraction from 0 to 0.5 (50%)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_is_in_the_docs() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api.md");
+        let doc = std::fs::read_to_string(path).unwrap_or_default();
+        for a in Args::command().get_arguments() {
+            if let Some(long) = a.get_long() {
+                assert!(
+                    doc.contains(&format!("`--{long}")),
+                    "--{long} is missing from docs/api.md's options table"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn config_files_become_options() {
+        let dir = std::env::temp_dir().join(format!("vgpud-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("c.json");
+        std::fs::write(
+            &f,
+            r#"{"sim-gpus": 3, "discard-state": true, "policy": "fifo", "print-openapi": false}"#,
+        )
+        .expect("write");
+        // print-openapi is not a config key.
+        let e = config_words(&f).expect_err("print-openapi refused");
+        assert!(e.to_string().contains("\"print-openapi\""), "{e}");
+        std::fs::write(
+            &f,
+            r#"{"sim-gpus": 3, "discard-state": true, "policy": "fifo"}"#,
+        )
+        .expect("write");
+        let mut words = config_words(&f).expect("config");
+        words.sort();
+        assert_eq!(
+            words,
+            ["--discard-state", "--policy", "--sim-gpus", "3", "fifo"]
+        );
+        for (text, says) in [
+            (r#"{"sim-gpu": 3}"#, "unknown key \"sim-gpu\""),
+            (r#"{"sim-gpus": [3]}"#, "not a string, number or boolean"),
+            (r#"[1]"#, "not a JSON object"),
+        ] {
+            std::fs::write(&f, text).expect("write");
+            let e = config_words(&f).expect_err(text);
+            assert!(e.to_string().contains(says), "{text}: {e}");
+        }
+        // The command line overrides the file.
+        let mut argv: Vec<String> = vec!["vgpud".into()];
+        argv.extend(["--sim-gpus".into(), "3".into()]);
+        argv.extend(["--sim-gpus".into(), "5".into()]);
+        let a = Args::try_parse_from(argv).expect("parse");
+        assert_eq!(a.sim_gpus, 5);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn token_files_must_be_private() {
+        let f = std::env::temp_dir().join(format!("vgpud-token-test-{}", std::process::id()));
+        std::fs::write(&f, "token-0123456789abcdef").expect("write");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = check_private(&f).expect_err("world-readable");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(check_private(&f).is_ok());
+        let _ = std::fs::remove_file(f);
     }
 }

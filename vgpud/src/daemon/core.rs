@@ -243,6 +243,7 @@ pub(super) mod testing {
             rebalance_interval: Duration::from_millis(250),
             discard_state: false,
             released_retention: Duration::from_secs(300),
+            storage_root: None,
         })
         .expect("scheduler threads")
     }

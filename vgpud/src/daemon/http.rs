@@ -23,6 +23,7 @@ use crate::api::{
     VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
 use crate::control::MigrationMode;
+use vgpu_api::payloads::{Payload, PayloadArg};
 
 mod body;
 
@@ -47,6 +48,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/migrations/{id}", get(get_migration))
         .route("/v1/rebalancer", get(get_rebalancer))
         .route("/v1/rebalancer/events", get(rebalancer_events))
+        .route("/v1/payloads", get(list_payloads))
         .route("/v1/vms", get(list_vms).post(create_vm))
         .route("/v1/vms/{id}", get(get_vm).delete(delete_vm))
         .route("/v1/vms/{id}/console", get(vm_console))
@@ -74,13 +76,13 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ),
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
-        migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
+        migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_payloads, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
         get_metrics
     ),
     components(schemas(
         ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
         VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
-        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent
+        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -174,7 +176,7 @@ async fn list_vgpus(State(d): State<AppState>) -> Json<Vec<Vgpu>> {
     (status = 201, body = Vgpu, description = "Created; its worker is ready for a VM"),
     (status = 400, body = ErrorBody, description = "Invalid field"),
     (status = 409, body = ErrorBody, description = "Does not fit (memory, shares)"),
-    (status = 501, body = ErrorBody, description = "oversubscribe=true (issue 6)"),
+    (status = 501, body = ErrorBody, description = "A feature this vgpud lacks"),
     (status = 500, body = ErrorBody, description = "The worker could not start; or created, but the state file could not be written (field state_file): the vGPU would not survive a restart until a later save succeeds"),
 ))]
 async fn create_vgpu(
@@ -303,7 +305,7 @@ async fn get_migration(
     d.migration(id_of(&id)?).map(Json)
 }
 
-/// The rebalancer (issue 13): its mode and settings, each GPU's and vGPU's measured
+/// The rebalancer (docs/rebalance.md): its mode and settings, each GPU's and vGPU's measured
 /// demand (busy + queue wait), overload and idle time, idle GPUs.
 #[utoipa::path(get, path = "/v1/rebalancer", responses((status = 200, body = RebalancerStatus)))]
 async fn get_rebalancer(State(d): State<AppState>) -> Json<RebalancerStatus> {
@@ -331,6 +333,13 @@ async fn rebalancer_events(
     Ok(Json(d.rebalance_events(q.since)))
 }
 
+/// The payload ELFs in vgpud's --payload-dir (empty without one), each with what it does
+/// and its arguments (docs/payloads.md).
+#[utoipa::path(get, path = "/v1/payloads", responses((status = 200, body = [Payload])))]
+async fn list_payloads(State(d): State<AppState>) -> Json<Vec<Payload>> {
+    Json(d.payloads())
+}
+
 /// List VMs.
 #[utoipa::path(get, path = "/v1/vms", responses((status = 200, body = [Vm])))]
 async fn list_vms(State(d): State<AppState>) -> Json<Vec<Vm>> {
@@ -341,7 +350,7 @@ async fn list_vms(State(d): State<AppState>) -> Json<Vec<Vm>> {
 #[utoipa::path(post, path = "/v1/vms", request_body = VmCreate, responses(
     (status = 201, body = Vm, description = "Launched (state starting, then running)"),
     (status = 400, body = ErrorBody), (status = 409, body = ErrorBody),
-    (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): issue 12"),
+    (status = 501, body = ErrorBody, description = "Linux guests (kernel/initrd/cmdline): this vgpud boots payloads only"),
     (status = 500, body = ErrorBody, description = "The VM could not start; or launched, but the state file could not be written (field state_file)")))]
 async fn create_vm(
     State(d): State<AppState>,

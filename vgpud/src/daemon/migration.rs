@@ -109,6 +109,9 @@ impl Daemon {
             sim_speed: g.speed,
             sim_threads: self.cfg.sim_threads,
         };
+        // What the move will copy, as last measured, until the worker's first report.
+        let allocated = rec.samples.back().map_or(0, |s| s.memory_used);
+        let total_bytes = rec.memory_report.map_or(allocated, |m| m.resident);
         let mid = inner.next_migration;
         inner.next_migration += 1;
         self.mark_dirty();
@@ -125,8 +128,8 @@ impl Daemon {
                 phase: "starting".into(),
                 rounds: 0,
                 bytes: 0,
-                total_bytes: 0,
-                dirty_bytes: 0,
+                total_bytes,
+                dirty_bytes: total_bytes,
                 downtime_ms: None,
                 elapsed_ms: 0.0,
                 error: None,

@@ -75,8 +75,11 @@ pub struct Config {
     pub sim_threads: usize,
     /// Worker queue threads poll their ring this long after a request (0 = off).
     pub queue_poll_us: u64,
-    /// Where bare payload names are looked up.
+    /// Where bare payload names are looked up; when set, every payload must lie under it
+    /// (absolute paths too, symlinks and `..` resolved).
     pub payload_dir: Option<PathBuf>,
+    /// When set, storage namespaces' backing files must lie under it.
+    pub storage_root: Option<PathBuf>,
     /// How often vgpud samples every worker's counters.
     pub stats_interval: Duration,
     /// The window utilizations are computed over.

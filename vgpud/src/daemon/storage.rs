@@ -3,7 +3,7 @@
 //! checks what an operator can get wrong before a VM depends on it.
 
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::api::StorageAttachment;
 
@@ -12,8 +12,27 @@ use super::error::ApiError;
 /// Most namespaces one vGPU may have.
 pub const MAX_NAMESPACES: usize = 16;
 
-/// Checks `list` (the `storage` field of a vGPU spec).
-pub(super) fn validate(list: &[StorageAttachment]) -> Result<(), ApiError> {
+/// `path` resolved (symlinks and `..` followed) when it lies under `root` (resolved the
+/// same way); else why not, naming the root and the option that sets it.
+pub(super) fn under_root(path: &Path, root: &Path, option: &str) -> Result<PathBuf, String> {
+    let real =
+        std::fs::canonicalize(path).map_err(|e| format!("cannot use {}: {e}", path.display()))?;
+    let real_root = std::fs::canonicalize(root)
+        .map_err(|e| format!("{option} {} is unusable: {e}", root.display()))?;
+    if real.starts_with(&real_root) {
+        Ok(real)
+    } else {
+        Err(format!(
+            "{} is outside {option} {}: vgpud only opens files under it (symlinks and .. included)",
+            path.display(),
+            root.display()
+        ))
+    }
+}
+
+/// Checks `list` (the `storage` field of a vGPU spec); with a `root` (`--storage-root`),
+/// every backing file must lie under it.
+pub(super) fn validate(list: &[StorageAttachment], root: Option<&Path>) -> Result<(), ApiError> {
     if list.len() > MAX_NAMESPACES {
         return Err(ApiError::bad(
             "storage",
@@ -41,6 +60,10 @@ pub(super) fn validate(list: &[StorageAttachment]) -> Result<(), ApiError> {
             ));
         }
         check_path(s).map_err(|why| ApiError::bad(&field("path"), why))?;
+        if let Some(root) = root {
+            under_root(Path::new(&s.path), root, "--storage-root")
+                .map_err(|why| ApiError::bad(&field("path"), why))?;
+        }
     }
     Ok(())
 }
@@ -118,7 +141,7 @@ mod tests {
         std::fs::write(&empty, b"").expect("write");
         let g = good.display().to_string();
         let e = empty.display().to_string();
-        assert!(validate(&[att(1, &g), att(2, &g)]).is_ok());
+        assert!(validate(&[att(1, &g), att(2, &g)], None).is_ok());
         for (list, field, says) in [
             (vec![att(0, &g)], "storage[0].namespace", "1..=65535"),
             (
@@ -135,11 +158,35 @@ mod tests {
             (vec![att(1, &g), att(2, &e)], "storage[1].path", "512-byte"),
             (vec![att(1, "/")], "storage[0].path", "regular file"),
         ] {
-            let err = validate(&list).expect_err("invalid");
+            let err = validate(&list, None).expect_err("invalid");
             assert_eq!(err.field.as_deref(), Some(field), "{err:?}");
             assert!(err.error.contains(says), "{err:?}");
         }
         assert_eq!(worker_arg(&att(3, "/a:b")), "3=/a:b:ro");
+        // Under a root: a file inside passes; outside, `..` and a symlink out are refused.
+        let root = dir.join(format!("vgpud-storage-root-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("mkdir");
+        let inside = root.join("ns.bin");
+        std::fs::write(&inside, vec![1u8; 4096]).expect("write");
+        let link = root.join("out.bin");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&good, &link).expect("symlink");
+        let inside_s = inside.display().to_string();
+        assert!(validate(&[att(1, &inside_s)], Some(&root)).is_ok());
+        for p in [
+            g.clone(),
+            format!(
+                "{}/../{}",
+                root.display(),
+                good.file_name().and_then(|f| f.to_str()).unwrap_or("")
+            ),
+            link.display().to_string(),
+        ] {
+            let err = validate(&[att(1, &p)], Some(&root)).expect_err("outside");
+            assert_eq!(err.field.as_deref(), Some("storage[0].path"), "{err:?}");
+            assert!(err.error.contains("outside --storage-root"), "{err:?}");
+        }
+        let _ = std::fs::remove_dir_all(&root);
         let _ = std::fs::remove_file(good);
         let _ = std::fs::remove_file(empty);
     }

@@ -13,9 +13,11 @@ use super::core::{no_vm, Daemon};
 use super::error::ApiError;
 use super::procs;
 use super::state::{Inner, VmRec};
+use super::storage;
 use super::workers::terminate;
 use crate::api::{self, VgpuState, VmCreate, VmState};
 use crate::units::human_bytes;
+use vgpu_api::payloads::Payload;
 
 /// Guest RAM bounds.
 const VM_MEMORY_MIN: u64 = 16 << 20;
@@ -68,17 +70,63 @@ impl Daemon {
                 }
             }
         };
+        let path = match &self.cfg.payload_dir {
+            Some(dir) => storage::under_root(&path, dir, "--payload-dir")
+                .map_err(|why| ApiError::bad("payload", why))?,
+            None => path,
+        };
         match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => Ok(path),
-            Ok(_) => Err(ApiError::bad(
-                "payload",
-                format!("{} is not a regular file; give a payload ELF", path.display()),
-            )),
-            Err(e) => Err(ApiError::bad(
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(ApiError::bad(
+                    "payload",
+                    format!("{} is not a regular file; give a payload ELF", path.display()),
+                ))
+            }
+            Err(e) => return Err(ApiError::bad(
                 "payload",
                 format!("cannot read payload {}: {e}; check the path (build payloads with `cargo run -p payload-build -- --out DIR`)", path.display()),
             )),
         }
+        let mut magic = [0u8; 4];
+        let read =
+            File::open(&path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+        match read {
+            Ok(()) if magic == *b"\x7fELF" => Ok(path),
+            Ok(()) | Err(_) => Err(ApiError::bad(
+                "payload",
+                format!(
+                    "{} is not an ELF file; give a payload ELF (list them with GET /v1/payloads)",
+                    path.display()
+                ),
+            )),
+        }
+    }
+
+    /// The payload ELFs in `--payload-dir` (none without one), each described from the
+    /// payload table when it is one of the payloads vgpu ships.
+    pub fn payloads(&self) -> Vec<Payload> {
+        let Some(dir) = &self.cfg.payload_dir else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Payload> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_str()?.to_owned();
+                let meta = std::fs::metadata(e.path()).ok()?;
+                let mut magic = [0u8; 4];
+                File::open(e.path())
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+                    .ok()?;
+                (meta.is_file() && magic == *b"\x7fELF")
+                    .then(|| Payload::describe(&name, e.path().display().to_string(), meta.len()))
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// Checks a VM request field by field (nothing is admitted yet).
@@ -91,7 +139,7 @@ impl Daemon {
             if v.is_some() {
                 return Err(ApiError::not_implemented(
                     Some(field),
-                    "Linux guests arrive with issue 12; launch a payload guest (payload) for now",
+                    "this vgpud boots payload guests only; launch one with payload (GET /v1/payloads lists them)",
                 ));
             }
         }

@@ -10,6 +10,9 @@ use super::status::*;
 use super::{Interrupt, QueueConfig, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
 
+mod state;
+pub use state::TransportRestoreError;
+
 pub const MAGIC: u32 = 0x7472_6976; // "virt"
 pub const VERSION: u32 = 2;
 pub const VENDOR_ID: u32 = 0x5550_4756; // "VGPU"

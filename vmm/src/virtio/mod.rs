@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::migration::snapshot::VringSnapshot;
+
 /// Feature bit the transport requires of every modern driver.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
@@ -77,6 +79,13 @@ impl Interrupt {
     pub fn ack(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
+
+    /// Sets the status bits as a migrated VM had them, without raising the interrupt
+    /// again (the interrupt controller's state travels separately).
+    pub fn restore_status(&self, bits: u32) {
+        self.status
+            .store(bits & (INT_USED_RING | INT_CONFIG), Ordering::SeqCst);
+    }
 }
 
 /// Why a device could not start with the driver's configuration.
@@ -120,5 +129,29 @@ pub trait VirtioDevice: Send {
     /// Bumped whenever config space changes under the driver.
     fn config_generation(&self) -> u32 {
         0
+    }
+    /// Stops the active queues for a migration and returns where each stood. A device whose
+    /// queues live in the vmm has nothing to stop.
+    fn pause_rings(&mut self) -> Result<Vec<VringSnapshot>, ActivateError> {
+        Ok(Vec::new())
+    }
+    /// True when the backend signalled a used ring that the vmm has not relayed yet
+    /// (consumes the signals).
+    fn take_pending_calls(&self) -> bool {
+        false
+    }
+    /// Notifies every active queue once, so a restarted backend looks at the rings again
+    /// (a guest kick that arrived while the rings were stopped is not lost).
+    fn kick_all(&self) {}
+    /// Starts the device again with its queues at `bases` (after a migration, or after a
+    /// failed one on the source).
+    fn resume_rings(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        acked_features: u64,
+        queues: &[QueueConfig],
+        _bases: &[VringSnapshot],
+    ) -> Result<(), ActivateError> {
+        self.activate(mem, acked_features, queues)
     }
 }

@@ -12,9 +12,13 @@
 //! (default 10000), `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
 //! ends the run; k > 0: a request answered `DEVICE_ERROR` or `OUT_OF_MEMORY` is sent again,
 //! up to k times each, which is exact because a failed request changed nothing. The fault
-//! injection tests use it; the end line then counts the retries).
+//! injection tests use it; the end line then counts the retries), `max_latency_ms=<ms>`
+//! (default 0: off; else every request of a round must come back within it, and each
+//! progress line is followed by `gpu-load: worst request so far <µs> us`: the kernel
+//! deadline tests' neighbour).
 //! Prints `GPU-LOAD OK rounds=<n> checksum=0x...` and exits 0; otherwise a diagnostic and
-//! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch.
+//! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch, 7 a request
+//! slower than `max_latency_ms`.
 #![no_std]
 #![no_main]
 
@@ -35,6 +39,7 @@ const EXIT_BAD_ARGS: u8 = 2;
 const EXIT_NO_DEVICE: u8 = 3;
 const EXIT_DRIVER: u8 = 4;
 const EXIT_MISMATCH: u8 = 6;
+const EXIT_LATENCY: u8 = 7;
 
 /// `y` stays below this, so every value is an exact f32 integer.
 const EXACT_LIMIT: u64 = 1 << 24;
@@ -111,6 +116,31 @@ fn again<T>(
     }
 }
 
+/// Runs one request, checks its round trip against `max_ms` (0: no limit) and keeps the
+/// worst seen (when the TSC frequency is known; otherwise nothing is measured).
+fn timed<T>(
+    max_ms: u64,
+    worst_ns: &mut u64,
+    what: &str,
+    f: impl FnOnce() -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let t = payload_rt::time::Instant::now();
+    let v = f()?;
+    if let Some(ns) = t.elapsed_ns() {
+        *worst_ns = (*worst_ns).max(ns);
+        if max_ms > 0 && ns > max_ms.saturating_mul(1_000_000) {
+            return Err(fail(
+                EXIT_LATENCY,
+                format_args!(
+                    "{what} took {} us, more than max_latency_ms={max_ms}",
+                    ns / 1000
+                ),
+            ));
+        }
+    }
+    Ok(v)
+}
+
 fn as_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -125,6 +155,8 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let spin_us = num("spin_us", 10_000)?;
     let check = num("check", 10)?.max(1);
     let retry = num("retry", 0)?;
+    let max_ms = num("max_latency_ms", 0)?;
+    let mut worst = 0u64;
     let mut retried = 0u64;
     if n == 0 || n > 1 << 22 {
         return Err(fail(EXIT_BAD_ARGS, format_args!("n must be 1..=4194304")));
@@ -187,21 +219,32 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let mut last = 0u64;
     for r in 1..=rounds {
         let rt = &mut retried;
-        again(retry, rt, "MEMCPY_HTOD x", || s.memcpy_htod(dx, &x))?;
-        again(retry, rt, "LAUNCH saxpy", || {
-            s.launch(&saxpy_launch, &saxpy_args)
+        let w = &mut worst;
+        timed(max_ms, w, "MEMCPY_HTOD x", || {
+            again(retry, rt, "MEMCPY_HTOD x", || s.memcpy_htod(dx, &x))
+        })?;
+        timed(max_ms, w, "LAUNCH saxpy", || {
+            again(retry, rt, "LAUNCH saxpy", || {
+                s.launch(&saxpy_launch, &saxpy_args)
+            })
         })?;
         if spin_us > 0 {
-            again(retry, rt, "LAUNCH spin", || {
-                s.launch(&spin_launch, &spin_args)
+            timed(max_ms, w, "LAUNCH spin", || {
+                again(retry, rt, "LAUNCH spin", || {
+                    s.launch(&spin_launch, &spin_args)
+                })
             })?;
         }
         if r % check == 0 || r == rounds {
-            again(retry, rt, "LAUNCH checksum", || {
-                s.launch(&sum_launch, &sum_args)
+            timed(max_ms, w, "LAUNCH checksum", || {
+                again(retry, rt, "LAUNCH checksum", || {
+                    s.launch(&sum_launch, &sum_args)
+                })
             })?;
-            again(retry, rt, "MEMCPY_DTOH sum", || {
-                s.memcpy_dtoh(&mut sum, dsum)
+            timed(max_ms, w, "MEMCPY_DTOH sum", || {
+                again(retry, rt, "MEMCPY_DTOH sum", || {
+                    s.memcpy_dtoh(&mut sum, dsum)
+                })
             })?;
             let got = u64::from_le_bytes([
                 sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7],
@@ -215,6 +258,9 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
             }
             last = got;
             println!("gpu-load: round {r}/{rounds} ok checksum={got:#018x}");
+            if max_ms > 0 {
+                println!("gpu-load: worst request so far {} us", worst / 1000);
+            }
         }
     }
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;

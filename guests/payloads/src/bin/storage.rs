@@ -1,4 +1,4 @@
-//! GPU-initiated storage from a guest (issue 9): attaches storage namespace 1, runs the
+//! GPU-initiated storage from a guest: attaches storage namespace 1, runs the
 //! built-in storage kernels (gather, scan-sum, BFS) on it and compares every result with
 //! its own in-memory computation of the same data, then checks that bad input gets error
 //! statuses and that the device keeps working after them.

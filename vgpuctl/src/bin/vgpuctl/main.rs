@@ -1,6 +1,9 @@
 //! `vgpuctl`: the operator CLI for vgpud. Every REST endpoint is a subcommand; tables for
-//! people, `--json` for scripts. See `vgpuctl --help` and docs/api.md.
+//! people, `--json` for scripts; errors name the flag at fault. See `vgpuctl --help` and
+//! docs/api.md ("vgpuctl", with the exit codes).
 
+mod cluster;
+mod errors;
 mod migrate;
 mod output;
 mod top;
@@ -14,11 +17,20 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use vgpu_api::client::{default_socket, Client, ClientError, Endpoint};
 
+use crate::cluster::{PayloadCmd, RebalancerCmd, ShmCmd};
+use crate::errors::Failure;
+use crate::migrate::MigrationCmd;
 use crate::output::{emit, gpu_rows};
 use crate::vgpu::VgpuCmd;
 use crate::vm::VmCmd;
 
-/// Operate vgpud: GPUs, vGPUs, VMs, stats.
+/// Operate vgpud: GPUs, vGPUs, VMs, migrations, the rebalancer, shared memory, payloads.
+///
+/// Exit codes: 0 done; 1 refused or failed (the message names the flag at fault); 2 bad
+/// command line; 3 vgpud not running; 4 a migration completed with a longer pause than
+/// --max-downtime-ms. `vm wait` and `vm launch --wait` exit with the guest's exit code,
+/// 123 if a vgpud restart stopped the VM, 124 if it still runs at the timeout, 125 if it
+/// failed (its vmm killed or crashed, or its vGPU's worker died).
 #[derive(Parser, Debug)]
 #[command(name = "vgpuctl", version)]
 struct Cli {
@@ -28,7 +40,7 @@ struct Cli {
     /// vgpud over TCP, e.g. http://127.0.0.1:7070 (needs --token-file).
     #[arg(long, global = true, env = "VGPUD_URL")]
     url: Option<String>,
-    /// File holding the bearer token.
+    /// File holding the bearer token (vgpud over TCP).
     #[arg(long, global = true, env = "VGPUD_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Print JSON (the API's answers) instead of tables.
@@ -48,6 +60,18 @@ enum Cmd {
     /// VMs.
     #[command(subcommand)]
     Vm(VmCmd),
+    /// Live migrations (started with `vgpu migrate` / `vm migrate` or by the rebalancer).
+    #[command(subcommand)]
+    Migration(MigrationCmd),
+    /// The rebalancer: demand it measures and what it decided.
+    #[command(subcommand)]
+    Rebalancer(RebalancerCmd),
+    /// Shared device memory objects.
+    #[command(subcommand)]
+    Shm(ShmCmd),
+    /// The payload guests vgpud can boot (its --payload-dir) and their arguments.
+    #[command(subcommand)]
+    Payload(PayloadCmd),
     /// Live per-vGPU utilization and memory (refreshing; q or Ctrl-C to stop).
     Top {
         /// Refresh period, ms.
@@ -59,6 +83,8 @@ enum Cmd {
     },
     /// Print the Prometheus metrics.
     Metrics,
+    /// Print the API's OpenAPI document.
+    Openapi,
 }
 
 fn client(cli: &Cli) -> Result<Client, ClientError> {
@@ -81,17 +107,25 @@ fn client(cli: &Cli) -> Result<Client, ClientError> {
     Ok(Client::new(endpoint, token))
 }
 
-fn run(cli: Cli) -> Result<ExitCode, ClientError> {
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let c = client(&cli)?;
     let json = cli.json;
     match cli.cmd {
         Cmd::Gpus => emit(json, &c.gpus()?, |g| gpu_rows(g)),
         Cmd::Vgpu(cmd) => return vgpu::run(&c, json, cmd),
         Cmd::Vm(cmd) => return vm::run(&c, json, cmd),
+        Cmd::Migration(cmd) => return migrate::run(&c, json, cmd),
+        Cmd::Rebalancer(cmd) => return cluster::rebalancer(&c, json, cmd),
+        Cmd::Shm(cmd) => return cluster::shm(&c, json, cmd),
+        Cmd::Payload(cmd) => return cluster::payload(&c, json, cmd),
         Cmd::Top { interval_ms, count } => {
             top::top(&c, Duration::from_millis(interval_ms.max(100)), count)?
         }
         Cmd::Metrics => print!("{}", c.metrics()?),
+        Cmd::Openapi => print!(
+            "{}",
+            String::from_utf8_lossy(&c.checked("GET", "/v1/openapi.json", None)?.body)
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -101,18 +135,14 @@ fn main() -> ExitCode {
     let json = cli.json;
     match run(cli) {
         Ok(code) => code,
-        Err(e) => {
+        Err(f) => {
             if json {
-                if let Some(b) = e.body() {
+                if let Some(b) = f.err.body() {
                     eprintln!("{}", serde_json::to_string(b).unwrap_or_default());
                 }
             }
-            eprintln!("vgpuctl: {e}");
-            ExitCode::from(if matches!(e, ClientError::NotRunning { .. }) {
-                3
-            } else {
-                1
-            })
+            eprintln!("vgpuctl: {}", errors::message(f.ctx, &f.err));
+            errors::exit_code(&f.err)
         }
     }
 }

@@ -4,11 +4,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuPatch};
-use vgpu_api::client::{Client, ClientError};
+use vgpu_api::client::Client;
 use vgpu_api::units::{parse_share_fraction, parse_size};
 
+use crate::errors::{Context, Failure};
 use crate::migrate::{follow_migration, MigrateArgs};
-use crate::output::{emit, stats_rows, vgpu_rows};
+use crate::output::{emit, pct, stats_rows, vgpu_rows};
 
 #[derive(Args, Debug, Clone)]
 pub struct VgpuSpecArgs {
@@ -69,13 +70,17 @@ pub enum VgpuCmd {
     Show { id: u32 },
     /// Create a vGPU (starts its worker).
     Create(VgpuSpecArgs),
-    /// Change shares or priority at run time.
+    /// Change shares or priority at run time. Each share changes only when given:
+    /// `--compute` alone leaves the copy share where it is (vgpuctl says so).
     Set {
         id: u32,
+        /// New compute share: a fraction (0.3) or percentage (30%).
         #[arg(long, value_parser = parse_share_fraction)]
         compute: Option<f64>,
+        /// New copy-bandwidth share.
         #[arg(long, value_parser = parse_share_fraction)]
         copy: Option<f64>,
+        /// New priority.
         #[arg(long, allow_negative_numbers = true)]
         priority: Option<i32>,
     },
@@ -92,13 +97,16 @@ pub enum VgpuCmd {
 }
 
 /// Runs one `vgpu` subcommand.
-pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError> {
+pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
     match cmd {
         VgpuCmd::List => emit(json, &c.vgpus()?, |v| vgpu_rows(v)),
         VgpuCmd::Show { id } => emit(json, &c.vgpu(id)?, |v| vgpu_rows(std::slice::from_ref(v))),
-        VgpuCmd::Create(a) => emit(json, &c.create_vgpu(&a.spec())?, |v| {
-            vgpu_rows(std::slice::from_ref(v))
-        }),
+        VgpuCmd::Create(a) => emit(
+            json,
+            &c.create_vgpu(&a.spec())
+                .map_err(Failure::within(Context::VgpuCreate))?,
+            |v| vgpu_rows(std::slice::from_ref(v)),
+        ),
         VgpuCmd::Set {
             id,
             compute,
@@ -106,8 +114,8 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError
             priority,
         } => {
             if compute.is_none() && copy.is_none() && priority.is_none() {
-                return Err(ClientError::Usage(
-                    "nothing to change: give --compute, --copy or --priority".into(),
+                return Err(Failure::usage(
+                    "nothing to change: give --compute, --copy or --priority",
                 ));
             }
             let patch = VgpuPatch {
@@ -117,9 +125,16 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError
                 name: None,
                 labels: None,
             };
-            emit(json, &c.patch_vgpu(id, &patch)?, |v| {
-                vgpu_rows(std::slice::from_ref(v))
-            });
+            let v = c
+                .patch_vgpu(id, &patch)
+                .map_err(Failure::within(Context::VgpuSet))?;
+            emit(json, &v, |v| vgpu_rows(std::slice::from_ref(v)));
+            if compute.is_some() && copy.is_none() && v.copy_share != v.compute_share {
+                eprintln!(
+                    "vgpuctl: note: vGPU {id}'s copy share stays at {}; change it with --copy",
+                    pct(v.copy_share)
+                );
+            }
         }
         VgpuCmd::Delete { id } => {
             c.delete_vgpu(id)?;
@@ -131,8 +146,10 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, ClientError
             stats_rows(std::slice::from_ref(s))
         }),
         VgpuCmd::Migrate { id, args } => {
-            let m = c.migrate_vgpu(id, &args.req())?;
-            return follow_migration(c, json, m, args.no_wait);
+            let m = c
+                .migrate_vgpu(id, &args.req())
+                .map_err(Failure::within(Context::Migrate))?;
+            return follow_migration(c, json, m, args.no_wait, args.max_downtime_ms());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -5,10 +5,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use vgpu_api::api::{VgpuCreate, Vm, VmCreate, VmState};
+use vgpu_api::api::{StorageAttachment, VgpuCreate, Vm, VmCreate, VmState};
 use vgpu_api::client::{Client, ClientError};
 use vgpu_api::units::{parse_share_fraction, parse_size};
 
+use crate::errors::{code, Context, Failure};
 use crate::migrate::{follow_migration, MigrateArgs};
 use crate::output::{emit, vm_rows};
 
@@ -20,10 +21,10 @@ pub enum VmCmd {
     Show { id: u32 },
     /// Launch a VM with an existing vGPU (--vgpu ID) or a new one (--memory/--compute ...).
     Launch {
-        /// Payload ELF (absolute path) or a payload name in vgpud's --payload-dir.
+        /// Payload ELF: a name in vgpud's --payload-dir (`vgpuctl payload list`) or a path.
         #[arg(long)]
         payload: String,
-        /// Argument string for the payload.
+        /// Argument string for the payload, e.g. "rounds=10 n=4096" (`vgpuctl payload show NAME`).
         #[arg(long = "arg", default_value = "")]
         payload_arg: String,
         /// Guest RAM.
@@ -33,7 +34,7 @@ pub enum VmCmd {
         #[arg(long, default_value_t = 1)]
         vcpus: u8,
         /// Use this existing vGPU.
-        #[arg(long, conflicts_with_all = ["memory", "compute"])]
+        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage"])]
         vgpu: Option<u32>,
         /// Physical GPU of the new vGPU.
         #[arg(long)]
@@ -44,7 +45,7 @@ pub enum VmCmd {
         /// Compute share of the new vGPU.
         #[arg(long, value_parser = parse_share_fraction)]
         compute: Option<f64>,
-        /// Copy share of the new vGPU.
+        /// Copy-bandwidth share of the new vGPU [default: the compute share].
         #[arg(long, value_parser = parse_share_fraction)]
         copy: Option<f64>,
         /// Priority of the new vGPU.
@@ -53,6 +54,15 @@ pub enum VmCmd {
         /// Queues of the new vGPU.
         #[arg(long, default_value_t = 1)]
         queues: u16,
+        /// Share group of the new vGPU (for shared device memory).
+        #[arg(long)]
+        share_group: Option<String>,
+        /// Let the new vGPU oversubscribe memory (swapped out when the GPU runs short).
+        #[arg(long)]
+        oversubscribe: bool,
+        /// Attach a storage namespace to the new vGPU, `ID=PATH[:ro|:rw]`; repeat for more.
+        #[arg(long, value_parser = StorageAttachment::parse)]
+        storage: Vec<StorageAttachment>,
         /// Wait until the VM ends; exit with its exit code.
         #[arg(long)]
         wait: bool,
@@ -66,7 +76,8 @@ pub enum VmCmd {
         #[arg(long, short)]
         follow: bool,
     },
-    /// Wait until a VM ends; exit with its exit code.
+    /// Wait until a VM ends; exit with its exit code (123: stopped by a vgpud restart,
+    /// 124: still running at the timeout, 125: failed).
     Wait {
         id: u32,
         /// Give up after this many seconds.
@@ -81,17 +92,62 @@ pub enum VmCmd {
     },
 }
 
-/// Exit code of a finished VM for `--wait`.
+/// The reason vgpud gives a VM that its restart stopped.
+const STOPPED_BY_RESTART: &str = "stopped: vgpud restarted";
+
+/// Exit code of a finished VM for `wait` and `launch --wait`, with a line on stderr when
+/// it did not exit by itself.
 fn vm_exit(vm: &Vm) -> ExitCode {
-    match vm.state {
-        VmState::Exited { code } => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
-        VmState::Failed { .. } => ExitCode::from(125),
-        _ => ExitCode::from(124),
+    match &vm.state {
+        VmState::Exited { code } => {
+            ExitCode::from(u8::try_from((*code).clamp(0, 255)).unwrap_or(1))
+        }
+        VmState::Failed { reason } if reason.starts_with(STOPPED_BY_RESTART) => {
+            eprintln!(
+                "vgpuctl: VM {} was stopped by a vgpud restart (it did not crash); launch it again (exit code {})",
+                vm.id,
+                code::STOPPED_BY_RESTART
+            );
+            ExitCode::from(code::STOPPED_BY_RESTART)
+        }
+        VmState::Failed { reason } => {
+            eprintln!("vgpuctl: VM {} failed: {reason}", vm.id);
+            ExitCode::from(code::VM_FAILED)
+        }
+        _ => {
+            eprintln!("vgpuctl: VM {} still runs", vm.id);
+            ExitCode::from(code::STILL_RUNNING)
+        }
+    }
+}
+
+/// Polls VM `id` until it ends or `timeout` passes. A vgpud that restarts meanwhile is
+/// waited for (up to 30 s), so the VM's record after the restart decides the exit code.
+fn wait_vm(c: &Client, id: u32, timeout: Duration) -> Result<Vm, ClientError> {
+    let start = std::time::Instant::now();
+    let mut away_since: Option<std::time::Instant> = None;
+    loop {
+        match c.vm(id) {
+            Ok(vm) => {
+                away_since = None;
+                if !vm.state.is_live() || start.elapsed() >= timeout {
+                    return Ok(vm);
+                }
+            }
+            Err(e @ ClientError::NotRunning { .. }) => {
+                let since = *away_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_secs(30) {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// Runs one `vm` subcommand.
-pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> {
+pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
     match cmd {
         VmCmd::List => emit(json, &c.vms()?, |v| vm_rows(v)),
         VmCmd::Show { id } => emit(json, &c.vm(id)?, |v| vm_rows(std::slice::from_ref(v))),
@@ -107,6 +163,9 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
             copy,
             priority,
             queues,
+            share_group,
+            oversubscribe,
+            storage,
             wait,
         } => {
             let spec = match (memory, compute) {
@@ -116,17 +175,31 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
                     compute_share: compute,
                     copy_share: copy,
                     priority,
-                    oversubscribe: false,
-                    share_group: None,
+                    oversubscribe,
+                    share_group,
                     queues,
-                    storage: Vec::new(),
+                    storage,
                     name: None,
                     labels: Default::default(),
                 }),
-                (None, None) => None,
+                (None, None) => {
+                    let given = [
+                        ("--gpu", gpu.is_some()),
+                        ("--copy", copy.is_some()),
+                        ("--share-group", share_group.is_some()),
+                        ("--oversubscribe", oversubscribe),
+                        ("--storage", !storage.is_empty()),
+                    ];
+                    if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                        return Err(Failure::usage(format!(
+                            "{flag} describes a new vGPU: give --memory and --compute too (or drop it)"
+                        )));
+                    }
+                    None
+                }
                 _ => {
-                    return Err(ClientError::Usage(
-                        "a new vGPU needs both --memory and --compute (or use --vgpu ID)".into(),
+                    return Err(Failure::usage(
+                        "a new vGPU needs both --memory and --compute (or use --vgpu ID)",
                     ))
                 }
             };
@@ -136,21 +209,23 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
                     .unwrap_or(payload),
                 _ => payload,
             };
-            let vm = c.create_vm(&VmCreate {
-                payload: Some(payload),
-                payload_arg,
-                kernel: None,
-                initrd: None,
-                cmdline: None,
-                memory_bytes: ram,
-                vcpus,
-                vgpu_id: vgpu,
-                vgpu: spec,
-                name: None,
-                labels: Default::default(),
-            })?;
+            let vm = c
+                .create_vm(&VmCreate {
+                    payload: Some(payload),
+                    payload_arg,
+                    kernel: None,
+                    initrd: None,
+                    cmdline: None,
+                    memory_bytes: ram,
+                    vcpus,
+                    vgpu_id: vgpu,
+                    vgpu: spec,
+                    name: None,
+                    labels: Default::default(),
+                })
+                .map_err(Failure::within(Context::VmLaunch))?;
             if wait {
-                let vm = c.wait_vm(vm.id, Duration::from_secs(u64::MAX / 4))?;
+                let vm = wait_vm(c, vm.id, Duration::from_secs(u64::MAX / 4))?;
                 emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
                 return Ok(vm_exit(&vm));
             }
@@ -181,13 +256,15 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, ClientError> 
             }
         }
         VmCmd::Wait { id, timeout_s } => {
-            let vm = c.wait_vm(id, Duration::from_secs(timeout_s))?;
+            let vm = wait_vm(c, id, Duration::from_secs(timeout_s))?;
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
             return Ok(vm_exit(&vm));
         }
         VmCmd::Migrate { id, args } => {
-            let m = c.migrate_vm(id, &args.req())?;
-            return follow_migration(c, json, m, args.no_wait);
+            let m = c
+                .migrate_vm(id, &args.req())
+                .map_err(Failure::within(Context::Migrate))?;
+            return follow_migration(c, json, m, args.no_wait, args.max_downtime_ms());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -12,6 +12,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::migration::snapshot::VringSnapshot;
 use crate::virtio::{ActivateError, QueueConfig, VirtioDevice};
 
 /// Bit 30 of the backend's features: it speaks the protocol-features extension.
@@ -175,6 +176,7 @@ impl VhostUserDevice {
         mem: &GuestMemoryMmap,
         acked: u64,
         queues: &[QueueConfig],
+        bases: &[VringSnapshot],
     ) -> Result<(), vhost::Error> {
         self.frontend
             .set_features(acked | (self.backend_features & VHOST_USER_F_PROTOCOL_FEATURES))?;
@@ -201,7 +203,11 @@ impl VhostUserDevice {
                 log_addr: None,
             };
             self.frontend.set_vring_addr(i, &config)?;
-            self.frontend.set_vring_base(i, 0)?;
+            let base = bases
+                .iter()
+                .find(|b| b.index == q.index)
+                .map_or(0, |b| u16::try_from(b.base).unwrap_or(0));
+            self.frontend.set_vring_base(i, base)?;
             self.frontend.set_vring_call(i, &self.call[i])?;
             self.frontend.set_vring_kick(i, &self.kick[i])?;
             if self.backend_features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
@@ -277,10 +283,68 @@ impl VirtioDevice for VhostUserDevice {
                 self.path.display()
             )));
         }
-        self.start(mem, acked, queues).map_err(|e| {
+        self.start(mem, acked, queues, &[]).map_err(|e| {
             tracing::warn!(path = %self.path.display(), "vhost-user activation failed: {e}");
             ActivateError::Backend(e.to_string())
         })
+    }
+
+    fn take_pending_calls(&self) -> bool {
+        // Each read resets the eventfd's counter; a non-blocking read of an unsignalled
+        // one fails with EAGAIN.
+        let mut any = false;
+        for fd in &self.call {
+            any |= fd.read().is_ok();
+        }
+        any
+    }
+
+    fn kick_all(&self) {
+        for q in &self.active {
+            if let Some(fd) = self.kick.get(usize::from(*q)) {
+                if let Err(e) = fd.write(1) {
+                    tracing::debug!(queue = q, "cannot kick the ring: {e}");
+                }
+            }
+        }
+    }
+
+    fn pause_rings(&mut self) -> Result<Vec<VringSnapshot>, ActivateError> {
+        if self.gone() {
+            return Err(ActivateError::Backend(format!(
+                "backend {} is gone",
+                self.path.display()
+            )));
+        }
+        // GET_VRING_BASE stops the ring in the backend and returns the next available
+        // index it would have read (vhost-user spec); in-flight requests complete first.
+        let mut out = Vec::with_capacity(self.active.len());
+        for q in std::mem::take(&mut self.active) {
+            let base = self
+                .frontend
+                .get_vring_base(usize::from(q))
+                .map_err(|e| ActivateError::Backend(format!("GET_VRING_BASE {q}: {e}")))?;
+            out.push(VringSnapshot { index: q, base });
+        }
+        Ok(out)
+    }
+
+    fn resume_rings(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        acked: u64,
+        queues: &[QueueConfig],
+        bases: &[VringSnapshot],
+    ) -> Result<(), ActivateError> {
+        if self.gone() {
+            return Err(ActivateError::Backend(format!(
+                "backend {} is gone",
+                self.path.display()
+            )));
+        }
+        self.active.clear();
+        self.start(mem, acked, queues, bases)
+            .map_err(|e| ActivateError::Backend(e.to_string()))
     }
 
     fn reset(&mut self) {

@@ -1,0 +1,86 @@
+//! The hard limit on a guest kernel's run time (docs/scheduler.md): the wait for a PTX
+//! kernel ends, and a kernel past the limit costs the vGPU its context, not the guest its
+//! answer.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{driver, CudaGpu};
+use crate::error::{BackendError, Result};
+use crate::sync::lock;
+
+/// Longest a guest PTX kernel may run by default (20 s): below the guest driver's 30 s
+/// request timeout, so the guest is answered, and far above the scheduler's 2 s kernel
+/// deadline, past which the vGPU's neighbours run beside the kernel anyway.
+pub const DEFAULT_KERNEL_LIMIT: Duration = Duration::from_secs(20);
+
+/// The worker's exit status after a guest kernel ran past its hard limit. A GPU cannot
+/// stop one kernel without its context, so the worker answers the launch with
+/// `KERNEL_FAULT` naming the limit, and exits with this status a moment later: the driver
+/// destroys the context (and the kernel) with the process, which frees the GPU, and vgpud
+/// marks the vGPU failed for this reason. Its neighbours are untouched (their contexts
+/// live in their own workers).
+pub const EXIT_KERNEL_HARD_LIMIT: i32 = 75;
+
+/// How long the worker keeps running after answering a launch that ran past its hard
+/// limit: time for the answer to reach the guest before the worker exits.
+const HARD_LIMIT_GRACE: Duration = Duration::from_millis(500);
+
+impl CudaGpu {
+    /// Sets the hard limit on a guest PTX kernel's run time ([`DEFAULT_KERNEL_LIMIT`]
+    /// unless set; see [`EXIT_KERNEL_HARD_LIMIT`]).
+    pub fn with_kernel_limit(mut self, limit: Duration) -> Self {
+        self.kernel_limit = limit;
+        self
+    }
+
+    /// Waits for a guest kernel recorded before `end`, at most the hard limit. Polls, so
+    /// that the wait can end: a short kernel closely, a long one about every 1 % of its run
+    /// time (the poll adds at most about 1 % to its latency).
+    pub(super) fn wait_kernel(&self, end: &driver::Event, kernel: &str) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            if end.query().map_err(|e| self.kernel_err(e, kernel))? {
+                return Ok(());
+            }
+            let ran = t.elapsed();
+            if ran >= self.kernel_limit {
+                return Err(self.past_hard_limit(kernel, ran));
+            }
+            if ran < Duration::from_micros(50) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(
+                    (ran / 100).clamp(Duration::from_micros(20), Duration::from_millis(10)),
+                );
+            }
+        }
+    }
+
+    /// A guest kernel ran past the hard limit: the context is given up (every later
+    /// request fails), and the worker exits with [`EXIT_KERNEL_HARD_LIMIT`] once the
+    /// answer is on its way.
+    fn past_hard_limit(&self, kernel: &str, ran: Duration) -> BackendError {
+        let why = format!(
+            "{kernel} ran past the hard limit of {} s on the GPU ({ran:.1?}) and cannot be \
+             stopped without its context; the vGPU's GPU context is given up",
+            self.kernel_limit.as_secs_f64()
+        );
+        if !self.lost.swap(true, Ordering::AcqRel) {
+            *lock(&self.lost_why) = why.clone();
+            tracing::error!(
+                exit = EXIT_KERNEL_HARD_LIMIT,
+                "{why}; the worker exits so that the driver frees the GPU"
+            );
+            std::thread::spawn(|| {
+                std::thread::sleep(HARD_LIMIT_GRACE);
+                // `_exit`, not `exit`: no atexit handler may wait on the GPU (the driver's
+                // own teardown might wait for the kernel that never ends); the kernel
+                // driver destroys the context with the process, as for a killed one.
+                // SAFETY: ends the process at once; nothing of it runs after this call.
+                unsafe { libc::_exit(EXIT_KERNEL_HARD_LIMIT) };
+            });
+        }
+        BackendError::KernelFault(why)
+    }
+}
