@@ -377,7 +377,11 @@ pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -30,7 +30,11 @@ fn vm(arg: &str, group: Option<&str>) -> VmCreate {
             share_group: group.map(str::to_string),
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -506,6 +506,8 @@ fn rest_contract_bad_input_and_concurrency() {
                     share_group: None,
                     queues: 1,
                     storage: Vec::new(),
+                    name: None,
+                    labels: Default::default(),
                 })
             })
         })
@@ -667,6 +669,8 @@ fn vm_lifecycle_with_a_vgpu_workload() {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -910,6 +914,8 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");

@@ -34,6 +34,8 @@ fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
         share_group: None,
         queues,
         storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
     }
 }
 
@@ -49,6 +51,8 @@ fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
         vcpus: 1,
         vgpu_id: Some(vgpu),
         vgpu: None,
+        name: None,
+        labels: Default::default(),
     }
 }
 

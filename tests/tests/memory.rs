@@ -37,7 +37,11 @@ fn vm(
             share_group: group.map(str::to_string),
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     }
 }
 

@@ -117,7 +117,11 @@ fn swapped_out_memory_migrates_intact() {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }),
+        name: None,
+        labels: Default::default(),
     };
     let a = c.create_vm(&vm(1)).expect("a");
     let b = c.create_vm(&vm(2)).expect("b");
@@ -171,6 +175,8 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
         share_group: None,
         queues: 1,
         storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
     })
     .expect("filler");
     let req = |target: Option<u32>, mode: Option<&str>| MigrateRequest {

@@ -25,6 +25,8 @@ fn vgpu_spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {
         share_group: None,
         queues: 1,
         storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
     }
 }
 
@@ -40,6 +42,8 @@ fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
         vcpus: 1,
         vgpu_id: Some(vgpu),
         vgpu: None,
+        name: None,
+        labels: Default::default(),
     }
 }
 
@@ -113,6 +117,8 @@ fn create_definitions(d: &TestDaemon) -> Vec<Vgpu> {
                 compute_share: Some(0.5),
                 copy_share: Some(0.4),
                 priority: Some(3),
+                name: None,
+                labels: None,
             },
         )
         .expect("patch");
@@ -622,6 +628,8 @@ fn a_change_that_cannot_be_saved_is_answered_with_an_error_and_saved_later() {
                 compute_share: Some(0.5),
                 copy_share: None,
                 priority: None,
+                name: None,
+                labels: None,
             },
         )
         .expect("patch saves");

@@ -71,6 +71,8 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
         share_group: None,
         queues: 1,
         storage,
+        name: None,
+        labels: Default::default(),
     }
 }
 
@@ -126,6 +128,8 @@ fn a_guest_runs_storage_kernels_on_an_attached_namespace() {
             vcpus: 1,
             vgpu_id: Some(v.id),
             vgpu: None,
+            name: None,
+            labels: Default::default(),
         })
         .expect("vm");
     let done = c.wait_vm(vm.id, Duration::from_secs(120)).expect("wait");
@@ -182,6 +186,8 @@ fn bad_storage_specs_name_their_field() {
             vcpus: 1,
             vgpu_id: None,
             vgpu: Some(spec(vec![att(3, &missing)])),
+            name: None,
+            labels: Default::default(),
         })
         .expect_err("invalid inline spec");
     assert_eq!(

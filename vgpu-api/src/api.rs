@@ -5,6 +5,8 @@
 //! bytes per second; utilizations as fractions (1.0 = the whole GPU).
 //! Requests reject unknown fields.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -93,6 +95,14 @@ pub struct VgpuCreate {
     /// storage kernels on it (sim GPUs).
     #[serde(default)]
     pub storage: Vec<StorageAttachment>,
+    /// A name, unique among live vGPUs: 1 to 63 characters of `a-z 0-9 -`, starting and
+    /// ending with a letter or digit (a DNS label).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Labels: at most 16; keys 1 to 63 characters of `A-Z a-z 0-9 _ . - /`, values at most
+    /// 256 printable characters.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// `gpu`: an index, `"auto"` or null.
@@ -200,6 +210,12 @@ pub struct VgpuPatch {
     /// New priority.
     #[serde(default)]
     pub priority: Option<i32>,
+    /// New name (the rules of `VgpuCreate.name`); `""` removes it.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// New labels, replacing all of them (`{}` removes them).
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// Where a vGPU is in its life.
@@ -212,6 +228,9 @@ pub enum VgpuState {
     Ready,
     /// A VM uses it.
     Attached,
+    /// It is being deleted: its worker is stopping and it still holds its memory and
+    /// shares; it takes no change and no VM (409) until it is gone (404).
+    Releasing,
     /// Its VM ended; its worker is gone and its memory and shares are free again.
     Released,
     /// Its worker died or could not start, or it could not be restored after a vgpud
@@ -249,6 +268,12 @@ pub struct Vgpu {
     pub socket: String,
     /// Its worker process while it runs.
     pub worker_pid: Option<u32>,
+    /// Its name, if it has one.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`
@@ -286,6 +311,12 @@ pub struct VmCreate {
     /// A vGPU to create for this VM.
     #[serde(default)]
     pub vgpu: Option<VgpuCreate>,
+    /// A name, unique among live VMs (the rules of `VgpuCreate.name`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Labels (the rules of `VgpuCreate.labels`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Default guest RAM.
@@ -344,6 +375,12 @@ pub struct Vm {
     pub pid: Option<u32>,
     /// Milliseconds since the VM was launched (until it ended).
     pub uptime_ms: u64,
+    /// Its name, if it has one.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Utilization and counters of one vGPU.

@@ -293,6 +293,8 @@ fn run(args: Args) -> Result<(), DemoError> {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         })?;
         println!(
             "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",
@@ -322,6 +324,8 @@ fn run(args: Args) -> Result<(), DemoError> {
             vcpus: 1,
             vgpu_id: Some(v.id),
             vgpu: None,
+            name: None,
+            labels: Default::default(),
         })?;
         println!(
             "launched VM {} on vGPU {} ({name}): gpu-load, {} rounds",

@@ -121,6 +121,10 @@ struct Args {
     /// Shared memory attachments one vGPU may hold at once.
     #[arg(long, default_value_t = ShmLimits::default().attachments_per_vgpu)]
     shm_attachments_per_vgpu: u64,
+    /// Seconds a released vGPU stays in `GET /v1/vgpus` and in the metrics before it is
+    /// forgotten (0: at once).
+    #[arg(long, default_value_t = 300)]
+    released_retention_s: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -375,6 +379,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             ..ShmLimits::default()
         },
         workers: args.sandbox.config(),
+        released_retention: Duration::from_secs(args.released_retention_s),
     })
 }
 

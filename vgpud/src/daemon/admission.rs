@@ -2,7 +2,7 @@
 //! has left ([`Daemon::misfit`], the one place the admission rule is applied), placed and
 //! recorded.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::core::Daemon;
 use super::error::ApiError;
@@ -27,21 +27,27 @@ pub(super) struct VgpuAsk {
     pub(super) share_group: Option<String>,
     pub(super) queues: u16,
     pub(super) storage: Vec<api::StorageAttachment>,
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
 }
 
 impl VgpuAsk {
-    /// What vGPU `rec` holds, as a request (for moving it or changing its shares).
+    /// What vGPU `rec` holds, as a request (for moving it or changing its shares): a
+    /// change on its way counts with the larger of its old and new shares.
     pub(super) fn of(rec: &VgpuRec) -> Self {
+        let (compute, copy) = rec.held();
         Self {
             gpu: Some(rec.gpu),
             memory: rec.memory,
-            compute: rec.compute,
-            copy: rec.copy,
+            compute,
+            copy,
             priority: rec.priority,
             oversubscribe: rec.oversubscribe,
             share_group: None,
             queues: rec.queues,
             storage: Vec::new(),
+            name: None,
+            labels: BTreeMap::new(),
         }
     }
 }
@@ -75,6 +81,99 @@ fn validate_share_group(g: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Most labels per object.
+const MAX_LABELS: usize = 16;
+/// Longest label value.
+const MAX_LABEL_VALUE: usize = 256;
+
+/// A name: a DNS label (1 to 63 of `a-z 0-9 -`, a letter or digit at both ends).
+pub(super) fn validate_name(n: &str) -> Result<(), ApiError> {
+    let b = n.as_bytes();
+    let ok = (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad(
+            "name",
+            format!("{n:?} is not a name: use 1 to 63 characters of a-z 0-9 -, starting and ending with a letter or digit (e.g. \"train-a\")"),
+        ))
+    }
+}
+
+/// Labels: at most [`MAX_LABELS`], keys 1 to 63 of `A-Z a-z 0-9 _ . - /`, values at most
+/// [`MAX_LABEL_VALUE`] characters with no control characters.
+pub(super) fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(ApiError::bad(
+            "labels",
+            format!("{} labels: give at most {MAX_LABELS}", labels.len()),
+        ));
+    }
+    for (k, v) in labels {
+        let key_ok = (1..=63).contains(&k.len())
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'/'));
+        if !key_ok {
+            return Err(ApiError::bad(
+                "labels",
+                format!("{k:?} is not a label key: use 1 to 63 characters of A-Z a-z 0-9 _ . - /"),
+            ));
+        }
+        if v.chars().count() > MAX_LABEL_VALUE || v.chars().any(char::is_control) {
+            return Err(ApiError::bad(
+                &format!("labels.{k}"),
+                format!("label values are at most {MAX_LABEL_VALUE} characters with no control characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `name` is not taken by a live vGPU other than `except`. Caller holds the state lock.
+pub(super) fn name_free(inner: &Inner, name: &str, except: Option<u32>) -> Result<(), ApiError> {
+    match inner.vgpu_named(name, except) {
+        Some(other) => Err(ApiError::conflict(
+            "name",
+            format!("the name {name:?} is taken by vGPU {other}; pick another"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A VM's name and labels, checked.
+pub(super) fn validate_vm_meta(
+    name: Option<&str>,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    if let Some(n) = name {
+        validate_name(n)?;
+    }
+    validate_labels(labels)
+}
+
+/// `name` (if any) is not taken by a live VM. Caller holds the state lock.
+pub(super) fn vm_name_free(inner: &Inner, name: Option<&str>) -> Result<(), ApiError> {
+    let Some(name) = name else { return Ok(()) };
+    match inner
+        .vms
+        .values()
+        .find(|v| v.state.is_live() && v.name.as_deref() == Some(name))
+    {
+        Some(other) => Err(ApiError::conflict(
+            "name",
+            format!(
+                "the name {name:?} is taken by VM {}; pick another",
+                other.id
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Daemon {
     /// Checks a vGPU request field by field (nothing is admitted yet).
     pub(super) fn validate_vgpu(&self, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {
@@ -99,6 +198,10 @@ impl Daemon {
             validate_share_group(g)?;
         }
         storage::validate(&spec.storage, self.cfg.storage_root.as_deref())?;
+        if let Some(n) = &spec.name {
+            validate_name(n)?;
+        }
+        validate_labels(&spec.labels)?;
         self.validate_memory(spec.gpu, spec.memory_bytes)?;
         Ok(VgpuAsk {
             gpu: spec.gpu,
@@ -110,6 +213,8 @@ impl Daemon {
             share_group: spec.share_group.clone(),
             queues: spec.queues,
             storage: spec.storage.clone(),
+            name: spec.name.clone(),
+            labels: spec.labels.clone(),
         })
     }
 
@@ -230,6 +335,9 @@ impl Daemon {
         ask: VgpuAsk,
         vm: Option<u32>,
     ) -> Result<u32, ApiError> {
+        if let Some(n) = &ask.name {
+            name_free(inner, n, None)?;
+        }
         let gpu = self.place(inner, &ask)?;
         let id = inner.next_vgpu;
         inner.next_vgpu += 1;
@@ -255,6 +363,10 @@ impl Daemon {
             memory_report: None,
             migrating_to: None,
             restore_failed: false,
+            pending: None,
+            released_at: None,
+            name: ask.name,
+            labels: ask.labels,
         };
         tracing::info!(
             vgpu = id,
@@ -365,5 +477,63 @@ pub(super) mod tests {
             d.state.with(|i| i.vgpus.is_empty()),
             "validation changed the state"
         );
+    }
+
+    #[test]
+    fn names_and_labels_are_checked_and_names_unique_among_live_vgpus() {
+        let d = daemon(1);
+        let named = |n: &str| VgpuCreate {
+            name: Some(n.into()),
+            ..spec(Some(0), 1 << 20, 0.1)
+        };
+        for bad in [
+            "",
+            "Upper",
+            "-dash",
+            "dash-",
+            "under_score",
+            &"x".repeat(64),
+        ] {
+            let e = d.validate_vgpu(&named(bad)).expect_err(bad);
+            assert_eq!(e.field.as_deref(), Some("name"), "{bad:?}: {e}");
+        }
+        let a = admit(&d, named("train-a")).expect("named");
+        let e = admit(&d, named("train-a")).expect_err("taken");
+        assert_eq!(
+            (e.status, e.field.as_deref()),
+            (axum::http::StatusCode::CONFLICT, Some("name"))
+        );
+        assert!(e.error.contains(&format!("vGPU {a}")), "{e}");
+        // A released vGPU gives its name back.
+        d.state.with(|i| {
+            if let Some(r) = i.vgpus.get_mut(&a) {
+                r.state = VgpuState::Released;
+            }
+        });
+        admit(&d, named("train-a")).expect("free again");
+
+        let labelled = |l: Vec<(&str, &str)>| VgpuCreate {
+            labels: l.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            ..spec(Some(0), 1 << 20, 0.1)
+        };
+        d.validate_vgpu(&labelled(vec![
+            ("team", "vision"),
+            ("example.com/tier", "gold"),
+        ]))
+        .expect("valid labels");
+        let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+        let too_many = VgpuCreate {
+            labels: many.into_iter().collect(),
+            ..spec(Some(0), 1 << 20, 0.1)
+        };
+        for (s, field) in [
+            (too_many, "labels"),
+            (labelled(vec![("bad key", "v")]), "labels"),
+            (labelled(vec![("k", "line\nbreak")]), "labels.k"),
+            (labelled(vec![("k", &"v".repeat(257))]), "labels.k"),
+        ] {
+            let e = d.validate_vgpu(&s).expect_err("invalid labels");
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+        }
     }
 }

@@ -250,6 +250,7 @@ pub(super) mod testing {
             rebalance_interval: Duration::from_millis(250),
             kernel_deadline: Duration::from_secs(2),
             discard_state: false,
+            released_retention: Duration::from_secs(300),
             storage_root: None,
             shm_limits: ShmLimits::default(),
             workers: Default::default(),
@@ -268,6 +269,8 @@ pub(super) mod testing {
             share_group: None,
             queues: 1,
             storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
         }
     }
 }

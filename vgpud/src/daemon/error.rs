@@ -45,6 +45,26 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, Some(field), error)
     }
 
+    /// 405: the path exists, the method does not.
+    pub fn method_not_allowed(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, Some("method"), error)
+    }
+
+    /// 408: the request did not arrive in time.
+    pub fn timeout(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, None, error)
+    }
+
+    /// 413: the request body is larger than the API takes.
+    pub fn too_large(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, None, error)
+    }
+
+    /// Any other error status, with `error` as its message.
+    pub fn status(status: StatusCode, error: impl Into<String>) -> Self {
+        Self::new(status, None, error)
+    }
+
     /// 501: not built yet.
     pub fn not_implemented(field: Option<&str>, error: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, field, error)

@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi};
@@ -27,8 +25,10 @@ use crate::api::{
 use crate::control::MigrationMode;
 use vgpu_api::payloads::{Payload, PayloadArg};
 
-/// Largest request body.
-const MAX_BODY: usize = 1 << 20;
+mod body;
+
+pub use body::{parse_json, parse_object, ApiJson};
+use body::{RawBody, MAX_BODY};
 
 type AppState = Arc<Daemon>;
 
@@ -58,6 +58,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(daemon.clone(), auth))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(body::strict))
         .with_state(daemon)
 }
 
@@ -129,74 +130,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// A JSON body whose errors name the field at fault.
-pub struct ApiJson<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            ApiError::bad_body(format!(
-                "cannot read the request body ({e}); send at most {} KiB of JSON",
-                MAX_BODY / 1024
-            ))
-        })?;
-        parse_json(&bytes).map(ApiJson)
-    }
-}
-
-/// Parses a request body, mapping serde's error to `{error, field}`.
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_body(
-            "the request body is empty; send a JSON object (see docs/api.md)",
-        ));
-    }
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize::<_, T>(&mut de) {
-        // Trailing garbage after the object is malformed JSON too.
-        Ok(v) => match de.end() {
-            Ok(()) => Ok(v),
-            Err(e) => Err(ApiError::bad_body(format!(
-                "{e}; the body must be one well-formed JSON object"
-            ))),
-        },
-        Err(e) => {
-            let inner = e.inner();
-            let msg = inner.to_string();
-            let mut path = e.path().to_string();
-            if path == "." || path == "?" {
-                path.clear();
-            }
-            // serde names a missing or unknown field in backticks; the path stops at its parent
-            // for a missing one.
-            if msg.starts_with("missing field `") {
-                if let Some(name) = msg.split('`').nth(1) {
-                    path = if path.is_empty() {
-                        name.to_owned()
-                    } else {
-                        format!("{path}.{name}")
-                    };
-                }
-            }
-            let hint = if msg.starts_with("unknown field") {
-                "; remove it (see docs/api.md for the fields)"
-            } else if inner.is_syntax() || inner.is_eof() {
-                "; the body must be one well-formed JSON object"
-            } else {
-                ""
-            };
-            let error = format!("{msg}{hint}");
-            Err(if path.is_empty() {
-                ApiError::bad_body(error)
-            } else {
-                ApiError::bad(&path, error)
-            })
-        }
-    }
 }
 
 /// Parses an `{id}` path segment.
@@ -308,7 +241,7 @@ async fn vgpu_stats(
 async fn migrate_vgpu(
     State(d): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let id = id_of(&id)?;
     let req = migrate_request(&body)?;
@@ -323,7 +256,7 @@ fn migrate_request(body: &[u8]) -> Result<MigrateRequest, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(MigrateRequest::default());
     }
-    parse_json::<MigrateRequest>(body)
+    parse_object::<MigrateRequest>(body)
 }
 
 /// A migration request's fields checked into the daemon's command.
@@ -475,7 +408,7 @@ async fn vm_console(
 async fn migrate_vm(
     State(d): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let vm = d.get_vm(id_of(&id)?)?;
     let req = migrate_request(&body)?;

@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
@@ -16,11 +17,8 @@ struct GpuLabels {
     gpu: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VgpuLabels {
-    vgpu: String,
-    gpu: String,
-}
+/// A vGPU's labels: `vgpu`, `gpu`, and `name` when it has one.
+type VgpuLabels = Vec<(String, String)>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
@@ -30,6 +28,27 @@ struct StateLabels {
 type FGauge = Family<GpuLabels, Gauge<f64, AtomicU64>>;
 type VGauge = Family<VgpuLabels, Gauge<f64, AtomicU64>>;
 type VCounter = Family<VgpuLabels, Counter<u64>>;
+
+/// The names of the vGPUs that have one.
+fn vgpu_names(d: &Daemon) -> BTreeMap<u32, String> {
+    d.state.with(|i| {
+        i.vgpus
+            .values()
+            .filter_map(|r| r.name.clone().map(|n| (r.id, n)))
+            .collect()
+    })
+}
+
+fn vgpu_labels(vgpu: u32, gpu: u32, names: &BTreeMap<u32, String>) -> VgpuLabels {
+    let mut l = vec![
+        ("vgpu".into(), vgpu.to_string()),
+        ("gpu".into(), gpu.to_string()),
+    ];
+    if let Some(n) = names.get(&vgpu) {
+        l.push(("name".into(), n.clone()));
+    }
+    l
+}
 
 fn fgauge(reg: &mut Registry, name: &str, help: &str) -> FGauge {
     let f = FGauge::default();
@@ -141,11 +160,9 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
     );
     let htod = vcounter(reg, "vgpu_htod_bytes", "Bytes copied host to device");
     let dtoh = vcounter(reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
+    let names = vgpu_names(d);
     for s in d.all_stats() {
-        let l = VgpuLabels {
-            vgpu: s.vgpu.to_string(),
-            gpu: s.gpu.to_string(),
-        };
+        let l = vgpu_labels(s.vgpu, s.gpu, &names);
         comp_u.get_or_create(&l).set(s.compute_utilization);
         if let Some(c) = s.copy_utilization {
             copy_u.get_or_create(&l).set(c);
@@ -218,11 +235,9 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
         "vgpu_queue_wait_ratio",
         "Fraction of the last interval with requests waiting for a grant (compute)",
     );
+    let names = vgpu_names(d);
     for v in &rb.vgpus {
-        let l = VgpuLabels {
-            vgpu: v.vgpu.to_string(),
-            gpu: v.gpu.to_string(),
-        };
+        let l = vgpu_labels(v.vgpu, v.gpu, &names);
         vdemand
             .get_or_create(&l)
             .set(v.compute_demand.max(v.copy_demand));
@@ -246,5 +261,41 @@ fn vm_metrics(reg: &mut Registry, d: &Daemon) {
             state: state.to_owned(),
         })
         .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+    use crate::api::VgpuCreate;
+
+    #[test]
+    fn a_named_vgpu_carries_its_name_and_a_forgotten_one_leaves() {
+        let d = daemon(1);
+        let a = admit(
+            &d,
+            VgpuCreate {
+                name: Some("train-a".into()),
+                ..spec(Some(0), 1 << 20, 0.1)
+            },
+        )
+        .expect("a");
+        let b = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("b");
+        let text = render(&d).expect("render");
+        assert!(
+            text.contains(&format!(
+                "vgpud_vgpu_live{{vgpu=\"{a}\",gpu=\"0\",name=\"train-a\"}}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("vgpud_vgpu_live{{vgpu=\"{b}\",gpu=\"0\"}}")),
+            "{text}"
+        );
+        d.state.with(|i| i.vgpus.remove(&a));
+        let text = render(&d).expect("render");
+        assert!(!text.contains(&format!("vgpu=\"{a}\"")), "{text}");
     }
 }

@@ -227,14 +227,16 @@ impl Daemon {
         if target == source {
             return Ok(Vec::new());
         }
-        let (compute, copy, priority) = self.state.with(|inner| {
+        // Read and attached in one step: a share change commits to every GPU that has a
+        // channel for the vGPU, and one that has none yet reads the record here.
+        let attached = self.state.with(|inner| {
             let r = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-            Ok::<_, ApiError>((r.compute, r.copy, r.priority))
-        })?;
-        // Back to a GPU it left moments ago: its old channel there (kept for a grace
-        // period) goes first.
-        self.detach_grants(id, target);
-        match self.attach_grants(id, target, compute, copy, priority) {
+            // Back to a GPU it left moments ago: its old channel there (kept for a grace
+            // period) goes first.
+            self.detach_grants(id, target);
+            self.attach_grants(id, target, r.compute, r.copy, r.priority)
+        });
+        match attached {
             Ok(f) => Ok(vec![f.page, f.doorbell]),
             Err(e) => {
                 self.finish_migration(mid, id, Err(e.error.clone()), source, target);
@@ -301,22 +303,24 @@ impl Daemon {
         target: u32,
     ) {
         let moved = r.is_ok();
-        self.state
-            .with(|inner| record_outcome(inner, mid, id, &r, target));
-        if source != target {
-            // The GPU the vGPU left (or never reached) lets its shares and its memory
-            // pool go (an oversubscribed vGPU joined the target's at the start).
-            let leave = if moved { source } else { target };
-            self.detach_grants_later(id, leave);
-            self.state.with(|inner| {
+        self.state.with(|inner| {
+            record_outcome(inner, mid, id, &r, target);
+            if source != target {
+                // The GPU the vGPU left (or never reached) lets its shares and its memory
+                // pool go in the same step (an oversubscribed vGPU joined the target's at
+                // the start), so admission and the scheduler agree at every instant.
+                let leave = if moved { source } else { target };
                 let back = inner
                     .vgpus
                     .get(&id)
                     .is_some_and(|r| r.pools().contains(&leave));
                 if !back {
+                    self.detach_grants(id, leave);
                     self.pool_leave(leave, id);
                 }
-            });
+            }
+        });
+        if source != target {
             self.refresh_pool(source);
             self.refresh_pool(target);
         }
@@ -336,23 +340,6 @@ impl Daemon {
         // Its GPU changed (or not): the state file says where it is.
         self.mark_dirty();
         self.state.notify();
-    }
-
-    /// The GPU the vGPU left lets its shares go at once: the worker's requests that were
-    /// still waiting for a grant there moved to the new GPU's channel at the switch
-    /// (`SwitchGate` retires the old one), and a lingering attachment would keep its
-    /// share counted there (new vGPUs refused, neighbours held behind grants nobody
-    /// takes).
-    fn detach_grants_later(self: &Arc<Self>, id: u32, gpu: u32) {
-        let back = self.state.with(|inner| {
-            inner
-                .vgpus
-                .get(&id)
-                .is_some_and(|r| r.gpu == gpu || r.migrating_to == Some(gpu))
-        });
-        if !back {
-            self.detach_grants(id, gpu);
-        }
     }
 
     /// A worker's report on its running migration.

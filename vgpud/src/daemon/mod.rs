@@ -106,6 +106,9 @@ pub struct Config {
     pub shm_limits: ShmLimits,
     /// How workers are sandboxed, and how long they wait for vgpud after a restart.
     pub workers: WorkerSandbox,
+    /// How long a released vGPU stays listed (and in the metrics) before it is
+    /// forgotten (zero: at once).
+    pub released_retention: Duration,
 }
 
 /// What a violation of a worker's seccomp filter does (`--worker-seccomp`).

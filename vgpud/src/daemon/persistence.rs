@@ -261,6 +261,8 @@ impl Daemon {
             share_group: rec.share_group.clone(),
             queues: rec.queues,
             storage: rec.storage.clone(),
+            name: rec.name.clone(),
+            labels: rec.labels.clone(),
         };
         let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
         // Exactly the shares it had (no round trip through fractions).
@@ -357,13 +359,16 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
             owned_by_vm: r.owned,
             vm: r.vm,
             worker: r.worker.as_ref().map(|w| saved_proc(&w.proc)),
+            name: r.name.clone(),
+            labels: r.labels.clone(),
             state: match &r.state {
                 // Not restored at the last start: still a definition to bring back.
                 _ if r.restore_failed => SavedVgpuState::Live,
                 VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
                     SavedVgpuState::Live
                 }
-                VgpuState::Released => SavedVgpuState::Released,
+                // Being deleted: it does not come back.
+                VgpuState::Released | VgpuState::Releasing => SavedVgpuState::Released,
                 VgpuState::Failed { reason } => SavedVgpuState::Failed {
                     reason: reason.clone(),
                 },
@@ -392,6 +397,8 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 launched_unix_ms: unix_ms(v.launched),
                 uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
                 vmm: v.proc.as_ref().map(saved_proc),
+                name: v.name.clone(),
+                labels: v.labels.clone(),
             }
         })
         .collect();
@@ -579,6 +586,10 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         memory_report: None,
         migrating_to: None,
         restore_failed: bring_back,
+        pending: None,
+        released_at: None,
+        name: v.name,
+        labels: v.labels,
     };
     (rec, bring_back)
 }
@@ -631,6 +642,8 @@ fn restored_vm(
         ended: (!running).then_some(now),
         launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
         restored_uptime: uptime,
+        name: v.name,
+        labels: v.labels,
     }
 }
 

@@ -63,6 +63,23 @@ pub(super) struct VgpuRec {
     /// Restored from the state file but not running (it is still saved as a definition
     /// to bring back at the next start).
     pub(super) restore_failed: bool,
+    /// A share change on its way to the worker and the schedulers: until both applied
+    /// it, the vGPU holds the larger of its current and its new shares on every GPU it
+    /// counts on.
+    pub(super) pending: Option<Shares>,
+    /// When it was first seen released (it is forgotten a retention time later).
+    pub(super) released_at: Option<Instant>,
+    /// Its name, unique among live vGPUs.
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
+}
+
+/// A vGPU's shares and priority (compute per-mille, copy per-mille, priority).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Shares {
+    pub(super) compute: u32,
+    pub(super) copy: u32,
+    pub(super) priority: i32,
 }
 
 impl VgpuRec {
@@ -77,8 +94,24 @@ impl VgpuRec {
     pub(super) fn holds_resources(&self) -> bool {
         matches!(
             self.state,
-            VgpuState::Starting | VgpuState::Ready | VgpuState::Attached
+            VgpuState::Starting | VgpuState::Ready | VgpuState::Attached | VgpuState::Releasing
         )
+    }
+
+    /// The shares its schedulers enforce (and its worker has).
+    pub(super) fn shares(&self) -> Shares {
+        Shares {
+            compute: self.compute,
+            copy: self.copy,
+            priority: self.priority,
+        }
+    }
+
+    /// The shares it holds against its GPUs: its enforced ones, or the larger ones while
+    /// a change is on its way.
+    pub(super) fn held(&self) -> (u32, u32) {
+        let p = self.pending.unwrap_or_else(|| self.shares());
+        (self.compute.max(p.compute), self.copy.max(p.copy))
     }
 
     /// Its worker's control channel, while it runs.
@@ -108,6 +141,8 @@ impl VgpuRec {
             owned_by_vm: self.owned,
             socket: self.socket.display().to_string(),
             worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
+            name: self.name.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
@@ -129,6 +164,9 @@ pub(super) struct VmRec {
     pub(super) launched: SystemTime,
     /// A record restored from the state file: how long it ran.
     pub(super) restored_uptime: Option<u64>,
+    /// Its name, unique among live VMs.
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
 }
 
 impl VmRec {
@@ -150,6 +188,8 @@ impl VmRec {
             state: self.state.clone(),
             pid: self.proc.as_ref().map(|p| p.pid),
             uptime_ms: self.uptime_ms(),
+            name: self.name.clone(),
+            labels: self.labels.clone(),
         }
     }
 }
@@ -195,8 +235,9 @@ impl Inner {
                 if !v.oversubscribe {
                     c.memory = c.memory.saturating_add(v.memory);
                 }
-                c.compute += v.compute;
-                c.copy += v.copy;
+                let (compute, copy) = v.held();
+                c.compute += compute;
+                c.copy += copy;
             }
         }
         c
@@ -205,6 +246,16 @@ impl Inner {
     /// The control channel of vGPU `id`'s worker, while it runs.
     pub(super) fn link_of(&self, id: u32) -> Option<Link> {
         self.vgpus.get(&id).and_then(VgpuRec::link)
+    }
+
+    /// The live vGPU other than `except` that is called `name`.
+    pub(super) fn vgpu_named(&self, name: &str, except: Option<u32>) -> Option<u32> {
+        self.vgpus
+            .values()
+            .find(|v| {
+                v.holds_resources() && Some(v.id) != except && v.name.as_deref() == Some(name)
+            })
+            .map(|v| v.id)
     }
 
     /// Whether vGPU `id` has no worker (or no record) any more.
@@ -301,6 +352,26 @@ mod tests {
             }
             assert_eq!(i.committed(0, None).compute, 300);
             assert!(i.worker_gone(a) && i.worker_gone(999));
+        });
+    }
+
+    #[test]
+    fn a_change_on_its_way_holds_the_larger_shares() {
+        let d = daemon(1);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.6)).expect("a");
+        d.state.with(|i| {
+            let r = i.vgpus.get_mut(&a).expect("a");
+            // Down to 0.2: the room is freed only once the change is applied.
+            r.pending = Some(Shares {
+                compute: 200,
+                copy: 700,
+                priority: 0,
+            });
+            let c = i.committed(0, None);
+            assert_eq!((c.compute, c.copy), (600, 700), "the larger of old and new");
+            let r = i.vgpus.get_mut(&a).expect("a");
+            (r.compute, r.copy, r.pending) = (200, 700, None);
+            assert_eq!(i.committed(0, None).compute, 200);
         });
     }
 

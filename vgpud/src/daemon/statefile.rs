@@ -9,6 +9,7 @@
 //! grant or request path. Reading it either gives the whole state or a typed error that
 //! names the file and says what to do: vgpud never guesses at a damaged file.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,9 @@ use serde::{Deserialize, Serialize};
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "vgpud-state.json";
 /// The format this vgpud reads and writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest format this vgpud still reads (version 1 had no vGPU names and labels).
+pub const OLDEST_VERSION: u32 = 1;
 
 /// Why the state file could not be read or written. Each message names the file and
 /// says what to do.
@@ -34,7 +37,7 @@ pub enum StateError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("the state file {path} has format version {found}, this vgpud reads version {supported}; run the vgpud that wrote it, or move the file aside (mv {path} {path}.bad), or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
+    #[error("the state file {path} has format version {found}, this vgpud reads versions 1 to {supported}; run the vgpud that wrote it, or move the file aside (mv {path} {path}.bad), or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
     Version {
         path: PathBuf,
         found: u64,
@@ -136,6 +139,12 @@ pub struct SavedVgpu {
     /// Its running worker (the next vgpud reconnects to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<SavedProc>,
+    /// Its name (from version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its labels (from version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Where a saved VM was in its life.
@@ -170,6 +179,12 @@ pub struct SavedVm {
     /// Its running vmm (the next vgpud supervises it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmm: Option<SavedProc>,
+    /// Its name (from version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its labels (from version 2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The state file in `state_dir`.
@@ -217,7 +232,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<StateFile, StateError> {
         source,
     };
     let probe: Probe = serde_json::from_slice(bytes).map_err(corrupt)?;
-    if probe.version != u64::from(VERSION) {
+    if !(u64::from(OLDEST_VERSION)..=u64::from(VERSION)).contains(&probe.version) {
         return Err(StateError::Version {
             path: path.to_owned(),
             found: probe.version,
@@ -321,6 +336,8 @@ mod tests {
                         pid: 4242,
                         start_time: 987_654,
                     }),
+                    name: Some("train-a".into()),
+                    labels: BTreeMap::from([("team".into(), "vision".into())]),
                 },
                 SavedVgpu {
                     id: 5,
@@ -339,6 +356,8 @@ mod tests {
                         reason: "the worker exited unexpectedly".into(),
                     },
                     worker: None,
+                    name: None,
+                    labels: BTreeMap::new(),
                 },
             ],
             vms: vec![
@@ -353,6 +372,8 @@ mod tests {
                     launched_unix_ms: 1_700_000_000_000,
                     uptime_ms: Some(42),
                     vmm: None,
+                    name: Some("web-1".into()),
+                    labels: BTreeMap::from([("env".into(), "prod".into())]),
                 },
                 SavedVm {
                     id: 2,
@@ -368,6 +389,8 @@ mod tests {
                         pid: 4243,
                         start_time: 987_655,
                     }),
+                    name: None,
+                    labels: BTreeMap::new(),
                 },
             ],
         }
@@ -383,6 +406,39 @@ mod tests {
         save(&p, &StateFile::empty()).expect("save");
         assert_eq!(load(&p).expect("load"), Some(StateFile::empty()));
         std::fs::remove_dir_all(&d).expect("rm");
+    }
+
+    #[test]
+    fn a_version_1_file_loads() {
+        let d = dir("v1");
+        let p = path_in(&d);
+        // Version 1 is version 2 without names and labels.
+        let mut v1 = serde_json::to_value(sample()).expect("encode");
+        v1["version"] = 1.into();
+        let vms = v1["vms"].as_array_mut().cloned().unwrap_or_default();
+        let mut old_vms = vms;
+        for v in &mut old_vms {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("name");
+                o.remove("labels");
+            }
+        }
+        v1["vms"] = old_vms.into();
+        for v in v1["vgpus"].as_array_mut().into_iter().flatten() {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("name");
+                o.remove("labels");
+            }
+        }
+        std::fs::write(&p, serde_json::to_vec(&v1).expect("encode")).expect("write");
+        let back = load(&p).expect("load").expect("a state");
+        assert_eq!(back.vgpus.len(), 2);
+        assert_eq!(
+            (back.vgpus[0].name.as_deref(), back.vgpus[0].labels.len()),
+            (None, 0)
+        );
+        assert_eq!(back.next_vgpu, sample().next_vgpu);
+        assert_eq!((back.vms[0].name.as_deref(), back.vms.len()), (None, 2));
     }
 
     #[test]
@@ -472,12 +528,12 @@ mod tests {
     fn unknown_version_is_refused() {
         let d = dir("version");
         let p = path_in(&d);
-        std::fs::write(&p, b"{\"version\": 2, \"whatever\": [1, 2]}").expect("write");
+        std::fs::write(&p, b"{\"version\": 3, \"whatever\": [1, 2]}").expect("write");
         let e = load(&p).expect_err("newer format");
         match &e {
             StateError::Version {
                 found, supported, ..
-            } => assert_eq!((*found, *supported), (2, VERSION)),
+            } => assert_eq!((*found, *supported), (3, VERSION)),
             other => panic!("expected a version error, got {other}"),
         }
         assert!(e.to_string().contains("--discard-state"), "{e}");

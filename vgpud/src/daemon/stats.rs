@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
 use super::state::VgpuRec;
-use crate::api::{self, VmState};
+use crate::api::{self, VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
 use crate::units::permille_to_fraction;
 
@@ -71,7 +72,8 @@ impl Daemon {
             .unwrap_or(last);
         let dt = last.uptime_ns.saturating_sub(first.uptime_ns);
         let bw = self.gpu(rec.gpu).map_or(0, |g| g.copy_bandwidth);
-        let (compute, copy) = if dt == 0 {
+        // A vGPU whose worker is gone uses nothing, whatever its last window said.
+        let (compute, copy) = if dt == 0 || rec.worker.is_none() {
             (0.0, (bw > 0).then_some(0.0))
         } else {
             let secs = dt as f64 / 1e9;
@@ -138,6 +140,7 @@ impl Daemon {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            self.collect_released(Instant::now());
             let links: Vec<(u32, Link)> = self.state.with(|inner| {
                 inner
                     .vgpus
@@ -152,6 +155,42 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Forgets the vGPUs released for at least the retention time (`--released-retention-s`):
+    /// they leave the API's lists, the metrics and the state file.
+    pub(super) fn collect_released(&self, now: Instant) {
+        let retention = self.cfg.released_retention;
+        let gone: Vec<VgpuRec> = self.state.with(|inner| {
+            let mut expired = Vec::new();
+            for r in inner.vgpus.values_mut() {
+                if r.state == VgpuState::Released && r.worker.is_none() {
+                    let at = *r.released_at.get_or_insert(now);
+                    if now.saturating_duration_since(at) >= retention {
+                        expired.push(r.id);
+                    }
+                } else {
+                    r.released_at = None;
+                }
+            }
+            expired
+                .iter()
+                .filter_map(|id| inner.vgpus.remove(id))
+                .collect()
+        });
+        if gone.is_empty() {
+            return;
+        }
+        for rec in &gone {
+            let _ = std::fs::remove_file(&rec.log);
+            let _ = std::fs::remove_file(&rec.socket);
+            tracing::info!(
+                vgpu = rec.id,
+                "released vGPU forgotten after its retention time"
+            );
+        }
+        self.mark_dirty();
+        self.state.notify();
     }
 
     /// Counts of VMs per state name, for metrics.
@@ -169,5 +208,35 @@ impl Daemon {
             }
             m
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    #[test]
+    fn released_vgpus_are_forgotten_after_the_retention_time() {
+        let d = daemon(1);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
+        let b = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("b");
+        d.state.with(|i| {
+            if let Some(r) = i.vgpus.get_mut(&a) {
+                r.state = VgpuState::Released;
+            }
+        });
+        let t0 = Instant::now();
+        d.collect_released(t0);
+        assert_eq!(d.list_vgpus().len(), 2, "kept for the retention time");
+        d.collect_released(t0 + Duration::from_secs(299));
+        assert_eq!(d.list_vgpus().len(), 2);
+        d.collect_released(t0 + Duration::from_secs(300));
+        let left: Vec<u32> = d.list_vgpus().iter().map(|v| v.id).collect();
+        assert_eq!(left, vec![b], "the live one stays");
+        assert!(d.all_stats().iter().all(|s| s.vgpu != a));
     }
 }

@@ -2,18 +2,16 @@
 
 use std::sync::Arc;
 
-use super::admission::{share, VgpuAsk};
+use super::admission::{name_free, share, validate_labels, validate_name, VgpuAsk};
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
-use super::state::VgpuRec;
-use crate::api::{self, VgpuCreate, VgpuPatch};
+use super::state::{Inner, Shares, VgpuRec};
+use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
+use vgpu_grant::GrantError;
 use vgpu_scheduler::Share;
-
-/// Shares and priority: (compute per-mille, copy per-mille, priority).
-type Shares = (u32, u32, i32);
 
 impl Daemon {
     /// Creates a vGPU and starts its worker.
@@ -57,7 +55,10 @@ impl Daemon {
             .with(|i| i.vgpus.values().map(VgpuRec::view).collect())
     }
 
-    /// Changes shares and priority at run time and tells the worker.
+    /// Changes shares and priority at run time. The change is reserved on every GPU the
+    /// vGPU counts on (its own, and a migration's target) with the larger of its old and
+    /// new shares, told to the worker, then applied to the schedulers and recorded in one
+    /// step: the API never reports a share the schedulers do not enforce.
     pub async fn patch_vgpu(&self, id: u32, patch: VgpuPatch) -> Result<api::Vgpu, ApiError> {
         self.check_running()?;
         let compute = patch
@@ -68,16 +69,44 @@ impl Daemon {
             .copy_share
             .map(|v| share("copy_share", v))
             .transpose()?;
-        let (old, new, link) = self.admit_shares(id, compute, copy, patch.priority)?;
-        if let Some(link) = link {
-            self.tell_shares(id, &link, old, new).await?;
+        let meta = Meta::of(&patch)?;
+        if compute.is_none() && copy.is_none() && patch.priority.is_none() {
+            // Only its name or labels: nothing to enforce.
+            self.state.with(|inner| {
+                let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+                live_for_change(rec)?;
+                meta.apply(inner, id).map(drop)
+            })?;
+            self.mark_dirty();
+            self.save()
+                .await
+                .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
+            return self.vgpu(id);
         }
-        self.schedule_shares(id, new);
+        let (new, link, old_meta) = self.state.with(|inner| {
+            meta.check(inner, id)?;
+            let (new, link) = self.reserve_shares(inner, id, compute, copy, patch.priority)?;
+            let old = meta.apply(inner, id)?;
+            Ok::<_, ApiError>((new, link, old))
+        })?;
+        if let Err(why) = tell_shares(&link, new).await {
+            self.state.with(|inner| old_meta.restore(inner, id));
+            return Err(self.drop_pending(id, &why));
+        }
+        let committed = self.state.with(|inner| {
+            let r = self.commit_shares(inner, id, new);
+            if r.is_err() {
+                old_meta.restore(inner, id);
+            }
+            r
+        });
+        self.state.notify();
+        committed?;
         tracing::info!(
             vgpu = id,
-            compute = new.0,
-            copy = new.1,
-            priority = new.2,
+            compute = new.compute,
+            copy = new.copy,
+            priority = new.priority,
             "vGPU shares changed"
         );
         // Answered only once the new shares are on disk: a restart keeps them.
@@ -87,95 +116,112 @@ impl Daemon {
         self.vgpu(id)
     }
 
-    /// Checks vGPU `id`'s new shares against its GPU and records them: (old, new, its
-    /// worker's channel).
-    fn admit_shares(
+    /// Checks vGPU `id`'s new shares against its GPU (and a migration's target) and
+    /// holds them as pending: (the new shares, its worker's channel). Caller holds the
+    /// state lock.
+    fn reserve_shares(
         &self,
+        inner: &mut Inner,
         id: u32,
         compute: Option<u32>,
         copy: Option<u32>,
         priority: Option<i32>,
-    ) -> Result<(Shares, Shares, Option<Link>), ApiError> {
-        self.state.with(|inner| {
-            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-            if !rec.holds_resources() {
-                return Err(ApiError::conflict(
-                    "id",
-                    format!("vGPU {id} is no longer live (its worker is gone); create a new vGPU"),
-                ));
-            }
-            let old = (rec.compute, rec.copy, rec.priority);
-            let new = (
-                compute.unwrap_or(rec.compute),
-                copy.unwrap_or(rec.copy),
-                priority.unwrap_or(rec.priority),
-            );
-            let ask = VgpuAsk {
-                memory: 0,
-                compute: new.0,
-                copy: new.1,
-                priority: new.2,
-                oversubscribe: false,
-                queues: 1,
-                ..VgpuAsk::of(rec)
-            };
-            if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
+    ) -> Result<(Shares, Link), ApiError> {
+        let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+        live_for_change(rec)?;
+        if rec.pending.is_some() {
+            return Err(ApiError::conflict(
+                "id",
+                format!("another change to vGPU {id} is on its way to its worker; retry once it answered"),
+            ));
+        }
+        let old = rec.shares();
+        let new = Shares {
+            compute: compute.unwrap_or(old.compute),
+            copy: copy.unwrap_or(old.copy),
+            priority: priority.unwrap_or(old.priority),
+        };
+        let ask = VgpuAsk {
+            memory: 0,
+            compute: new.compute.max(old.compute),
+            copy: new.copy.max(old.copy),
+            priority: new.priority,
+            oversubscribe: false,
+            queues: 1,
+            ..VgpuAsk::of(rec)
+        };
+        for gpu in rec.pools() {
+            if let Some(e) = self.misfit(inner, gpu, &ask, Some(id)) {
                 return Err(e);
             }
-            let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-            (rec.compute, rec.copy, rec.priority) = new;
-            if rec.oversubscribe {
-                self.pool_join(rec.gpu, id, new.2);
-            }
-            Ok((old, new, rec.link()))
-        })
+        }
+        let Some(link) = rec.link() else {
+            return Err(ApiError::conflict(
+                "id",
+                format!("vGPU {id}'s worker is still starting; retry once the vGPU is ready"),
+            ));
+        };
+        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+        rec.pending = Some(new);
+        Ok((new, link))
     }
 
-    /// Tells vGPU `id`'s worker its new shares; puts the old ones back if it refuses.
-    async fn tell_shares(
-        &self,
-        id: u32,
-        link: &Link,
-        old: Shares,
-        new: Shares,
-    ) -> Result<(), ApiError> {
-        let cmd = Ctl::SetShares {
-            compute_share: new.0,
-            copy_share: new.1,
-            priority: new.2,
+    /// The worker took vGPU `id`'s new shares: its schedulers take them and the record
+    /// says so, in one step. Caller holds the state lock.
+    fn commit_shares(&self, inner: &mut Inner, id: u32, new: Shares) -> Result<(), ApiError> {
+        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+        rec.pending = None;
+        live_for_change(rec)?;
+        let share = |permille: u32| Share {
+            fraction: permille_to_fraction(permille),
+            priority: new.priority,
         };
-        let err = match link.call(cmd, CONTROL_TIMEOUT).await {
-            Ok(ReplyBody::SharesSet { .. }) => None,
-            Ok(ReplyBody::Error { message }) => Some(message),
-            Ok(other) => Some(format!("unexpected reply {other:?}")),
-            Err(e) => Some(e),
-        };
-        let Some(why) = err else { return Ok(()) };
-        self.state.with(|i| {
-            if let Some(rec) = i.vgpus.get_mut(&id) {
-                (rec.compute, rec.copy, rec.priority) = old;
-            }
-        });
-        // A save in between may have caught the new values.
-        self.mark_dirty();
-        Err(ApiError::worker(format!(
-            "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
-        )))
-    }
-
-    /// vGPU `id`'s GPU scheduler takes its new shares.
-    fn schedule_shares(&self, id: u32, new: Shares) {
-        let gpu = self.state.with(|i| i.vgpus.get(&id).map(|r| r.gpu));
-        if let Some(server) = gpu.and_then(|g| self.grants.get(g as usize)) {
-            let share = |permille: u32| Share {
-                fraction: permille_to_fraction(permille),
-                priority: new.2,
+        // The GPU it runs on first: that one must take it. A migration's target that has
+        // no channel for it yet reads the shares from the record when it attaches.
+        let mut done = Vec::new();
+        for gpu in rec.pools() {
+            let Some(server) = self.grants.get(gpu as usize) else {
+                continue;
             };
-            if let Err(e) = server.set_shares(id, share(new.0), share(new.1)) {
-                // Admission already checked the sums; this only fails for a vGPU whose
-                // worker just went away.
-                tracing::warn!(vgpu = id, "the scheduler did not take the new shares: {e}");
+            match server.set_shares(id, share(new.compute), share(new.copy)) {
+                Ok(()) => done.push(server),
+                Err(GrantError::NotAttached(_)) if gpu != rec.gpu => {}
+                Err(e) => {
+                    let old = rec.shares();
+                    for s in done {
+                        let _ = s.set_shares(id, share(old.compute), share(old.copy));
+                    }
+                    tracing::error!(vgpu = id, gpu, "the scheduler refused the new shares: {e}");
+                    return Err(ApiError::internal(format!(
+                        "GPU {gpu}'s scheduler refused vGPU {id}'s new shares ({e}); they stay as they were"
+                    )));
+                }
             }
+        }
+        (rec.compute, rec.copy, rec.priority) = (new.compute, new.copy, new.priority);
+        if rec.oversubscribe {
+            self.pool_join(rec.gpu, id, new.priority);
+        }
+        self.mark_dirty();
+        Ok(())
+    }
+
+    /// The worker did not take vGPU `id`'s change (`why`): the pending shares are
+    /// dropped. The answer says why, or that the vGPU went away meanwhile.
+    fn drop_pending(&self, id: u32, why: &str) -> ApiError {
+        let gone = self.state.with(|inner| {
+            let rec = inner.vgpus.get_mut(&id)?;
+            rec.pending = None;
+            live_for_change(rec).err()
+        });
+        self.state.notify();
+        match self.state.with(|i| i.vgpus.contains_key(&id)) {
+            false => no_vgpu(id),
+            true => gone.unwrap_or_else(|| {
+                ApiError::worker(format!(
+                    "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
+                ))
+            }),
         }
     }
 
@@ -183,6 +229,9 @@ impl Daemon {
     pub async fn delete_vgpu(&self, id: u32) -> Result<(), ApiError> {
         let worker = self.state.with(|inner| {
             let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            if rec.state == VgpuState::Releasing {
+                return Err(being_released(id));
+            }
             if let Some(vm) = rec.vm {
                 if inner.vms.get(&vm).is_some_and(|v| v.state.is_live()) {
                     return Err(ApiError::conflict(
@@ -195,11 +244,17 @@ impl Daemon {
             }
             let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
             rec.stopping = true;
+            // From now on it takes no change and no VM; it holds its resources until its
+            // worker is gone.
+            if rec.holds_resources() {
+                rec.state = VgpuState::Releasing;
+            }
             Ok(rec
                 .worker
                 .as_ref()
                 .map(|w| (w.proc.clone(), w.link.clone())))
         })?;
+        self.state.notify();
         if let Some((p, link)) = worker {
             self.stop_worker(id, &p, &link).await;
         }
@@ -214,5 +269,174 @@ impl Daemon {
         self.save()
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was deleted"), &e))
+    }
+}
+
+/// The answer to a change of a vGPU that a DELETE is removing.
+fn being_released(id: u32) -> ApiError {
+    ApiError::conflict(
+        "id",
+        format!("vGPU {id} is being released (it was deleted); create a new vGPU"),
+    )
+}
+
+/// Whether vGPU `rec` can take a change now.
+fn live_for_change(rec: &VgpuRec) -> Result<(), ApiError> {
+    let id = rec.id;
+    // Asked to stop: its worker may already be gone, its record not yet.
+    if rec.state == VgpuState::Releasing || rec.stopping {
+        return Err(being_released(id));
+    }
+    if !rec.holds_resources() {
+        return Err(ApiError::conflict(
+            "id",
+            format!("vGPU {id} is no longer live (its worker is gone); create a new vGPU"),
+        ));
+    }
+    Ok(())
+}
+
+/// Tells a worker its new shares.
+async fn tell_shares(link: &Link, new: Shares) -> Result<(), String> {
+    let cmd = Ctl::SetShares {
+        compute_share: new.compute,
+        copy_share: new.copy,
+        priority: new.priority,
+    };
+    match link.call(cmd, CONTROL_TIMEOUT).await {
+        Ok(ReplyBody::SharesSet { .. }) => Ok(()),
+        Ok(ReplyBody::Error { message }) => Err(message),
+        Ok(other) => Err(format!("unexpected reply {other:?}")),
+        Err(e) => Err(e),
+    }
+}
+
+/// A change of a vGPU's name or labels, validated.
+struct Meta {
+    /// `Some(None)`: remove the name.
+    name: Option<Option<String>>,
+    labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl Meta {
+    fn of(patch: &VgpuPatch) -> Result<Self, ApiError> {
+        let name = match patch.name.as_deref() {
+            None => None,
+            Some("") => Some(None),
+            Some(n) => {
+                validate_name(n)?;
+                Some(Some(n.to_owned()))
+            }
+        };
+        if let Some(l) = &patch.labels {
+            validate_labels(l)?;
+        }
+        Ok(Self {
+            name,
+            labels: patch.labels.clone(),
+        })
+    }
+
+    /// Its new name is free. Caller holds the state lock.
+    fn check(&self, inner: &Inner, id: u32) -> Result<(), ApiError> {
+        match &self.name {
+            Some(Some(n)) => name_free(inner, n, Some(id)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records it on vGPU `id`; returns what it replaced. Caller holds the state lock.
+    fn apply(&self, inner: &mut Inner, id: u32) -> Result<Meta, ApiError> {
+        self.check(inner, id)?;
+        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+        let old = Meta {
+            name: self.name.as_ref().map(|_| rec.name.clone()),
+            labels: self.labels.as_ref().map(|_| rec.labels.clone()),
+        };
+        if let Some(n) = &self.name {
+            rec.name.clone_from(n);
+        }
+        if let Some(l) = &self.labels {
+            rec.labels.clone_from(l);
+        }
+        Ok(old)
+    }
+
+    /// Puts back what [`Meta::apply`] replaced. Caller holds the state lock.
+    fn restore(self, inner: &mut Inner, id: u32) {
+        if let Some(rec) = inner.vgpus.get_mut(&id) {
+            if let Some(n) = self.name {
+                rec.name = n;
+            }
+            if let Some(l) = self.labels {
+                rec.labels = l;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    #[test]
+    fn a_share_change_is_checked_on_the_migration_target_too() {
+        let d = daemon(2);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
+        admit(&d, spec(Some(1), 1 << 30, 0.6)).expect("b on the target");
+        d.state.with(|i| {
+            if let Some(r) = i.vgpus.get_mut(&a) {
+                r.migrating_to = Some(1);
+            }
+        });
+        let e = d
+            .state
+            .with(|i| d.reserve_shares(i, a, Some(700), None, None))
+            .expect_err("GPU 1 has 0.1 left");
+        assert_eq!(e.field.as_deref(), Some("compute_share"), "{e}");
+        assert!(e.error.contains("GPU 1"), "{e}");
+        let held = d.state.with(|i| i.vgpus[&a].pending);
+        assert_eq!(held, None, "a refused change holds nothing");
+    }
+
+    #[test]
+    fn a_vgpu_being_released_takes_no_change() {
+        let d = daemon(1);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
+        d.state.with(|i| {
+            if let Some(r) = i.vgpus.get_mut(&a) {
+                r.state = VgpuState::Releasing;
+            }
+        });
+        let e = d
+            .state
+            .with(|i| d.reserve_shares(i, a, Some(100), None, None))
+            .expect_err("releasing");
+        assert_eq!(e.status, axum::http::StatusCode::CONFLICT);
+        assert!(e.error.contains("being released"), "{e}");
+        assert_eq!(
+            d.gpus()[0].compute_committed,
+            0.3,
+            "it holds its shares until its worker is gone"
+        );
+        let e = d
+            .state
+            .with(|i| d.reserve_shares(i, 99, Some(100), None, None))
+            .expect_err("unknown");
+        assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_vgpu_without_a_worker_yet_takes_no_change() {
+        let d = daemon(1);
+        let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
+        let e = d
+            .state
+            .with(|i| d.reserve_shares(i, a, Some(100), None, None))
+            .expect_err("starting");
+        assert!(e.error.contains("starting"), "{e}");
+        assert_eq!(d.state.with(|i| i.vgpus[&a].pending), None);
     }
 }

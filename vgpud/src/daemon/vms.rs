@@ -1,13 +1,14 @@
 //! VMs: launching one (payload resolution, its vGPU bound or created inline, its vmm),
 //! its console, its end (however it ends) and its removal.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use super::admission::VgpuAsk;
+use super::admission::{validate_vm_meta, vm_name_free, VgpuAsk};
 use super::core::{no_vm, Daemon};
 use super::error::ApiError;
 use super::procs;
@@ -36,6 +37,8 @@ struct VmAsk {
     vgpu_id: Option<u32>,
     /// A new vGPU created with the VM (inline).
     vgpu: Option<VgpuAsk>,
+    name: Option<String>,
+    labels: BTreeMap<String, String>,
 }
 
 impl Daemon {
@@ -172,6 +175,7 @@ impl Daemon {
                 format!("{} vCPUs: give 1 to {MAX_VCPUS}", req.vcpus),
             ));
         }
+        validate_vm_meta(req.name.as_deref(), &req.labels)?;
         if req.vgpu_id.is_some() && req.vgpu.is_some() {
             return Err(ApiError::bad(
                 "vgpu",
@@ -190,6 +194,8 @@ impl Daemon {
             vcpus: req.vcpus,
             vgpu_id: req.vgpu_id,
             vgpu,
+            name: req.name.clone(),
+            labels: req.labels.clone(),
         })
     }
 
@@ -229,6 +235,7 @@ impl Daemon {
     /// Binds (or admits) the VM's vGPU and inserts its record (state `starting`): the
     /// VM's id and its vGPU's. Caller holds the state lock.
     fn admit_vm(&self, inner: &mut Inner, ask: VmAsk) -> Result<(u32, Option<u32>), ApiError> {
+        vm_name_free(inner, ask.name.as_deref())?;
         let vm_id = inner.next_vm;
         let vgpu_id = match (ask.vgpu_id, ask.vgpu) {
             (Some(g), _) => {
@@ -259,6 +266,8 @@ impl Daemon {
                 ended: None,
                 launched: SystemTime::now(),
                 restored_uptime: None,
+                name: ask.name,
+                labels: ask.labels,
             },
         );
         Ok((vm_id, vgpu_id))

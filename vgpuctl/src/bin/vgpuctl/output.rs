@@ -42,6 +42,7 @@ pub fn vgpu_state(s: &VgpuState) -> String {
         VgpuState::Starting => "starting".into(),
         VgpuState::Ready => "ready".into(),
         VgpuState::Attached => "attached".into(),
+        VgpuState::Releasing => "releasing".into(),
         VgpuState::Released => "released".into(),
         VgpuState::Failed { reason } => format!("failed: {reason}"),
     }

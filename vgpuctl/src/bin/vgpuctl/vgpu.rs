@@ -56,6 +56,8 @@ impl VgpuSpecArgs {
             share_group: self.share_group.clone(),
             queues: self.queues,
             storage: self.storage.clone(),
+            name: None,
+            labels: Default::default(),
         }
     }
 }
@@ -120,6 +122,8 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
                 compute_share: compute,
                 copy_share: copy,
                 priority,
+                name: None,
+                labels: None,
             };
             let v = c
                 .patch_vgpu(id, &patch)

@@ -179,6 +179,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     share_group,
                     queues,
                     storage,
+                    name: None,
+                    labels: Default::default(),
                 }),
                 (None, None) => {
                     let given = [
@@ -218,6 +220,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     vcpus,
                     vgpu_id: vgpu,
                     vgpu: spec,
+                    name: None,
+                    labels: Default::default(),
                 })
                 .map_err(Failure::within(Context::VmLaunch))?;
             if wait {
