@@ -2,6 +2,7 @@
 
 use crate::bench::{median, Figure};
 
+use super::super::shared::fig;
 use super::measure::Run;
 use super::{label, ms, GIB, MIB};
 
@@ -49,17 +50,6 @@ const VMOTION_BYTES: f64 = 8e9;
 pub(super) const GMIG_MS: f64 = 119.0;
 /// The goal: precopy downtime at 4 GiB.
 pub(super) const GOAL_MS: f64 = 50.0;
-
-fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
-    Figure {
-        name,
-        value,
-        unit: unit.into(),
-        anchor_name: anchor_name.into(),
-        anchor,
-        anchor_unit: unit.into(),
-    }
-}
 
 /// Prints the table of every point and whether the goal is met.
 pub(super) fn table(points: &[Point]) {
@@ -129,27 +119,22 @@ pub(super) fn figures(points: &[Point]) -> Vec<Figure> {
             "vMotion V100 vGPU stun, scaled from 12 s for 8 GB",
             VMOTION_STUN_MS * pt.total_bytes as f64 / VMOTION_BYTES,
         ));
-        out.push(fig(
-            format!("precopy total time, {l} resident"),
-            pre.elapsed,
-            "ms",
-            "plain alloc_at + copy of the same bytes",
-            pt.plain,
-        ));
-        out.push(fig(
-            format!("stop_copy total time, {l} resident"),
-            stop.elapsed,
-            "ms",
-            "plain alloc_at + copy of the same bytes",
-            pt.plain,
-        ));
-        out.push(fig(
-            format!("plain copy alone (copy_to_peer, placed beforehand), {l} resident"),
-            pt.plain_copy,
-            "ms",
-            "plain alloc_at + copy of the same bytes",
-            pt.plain,
-        ));
+        for (what, value) in [
+            ("precopy total time", pre.elapsed),
+            ("stop_copy total time", stop.elapsed),
+            (
+                "plain copy alone (copy_to_peer, placed beforehand)",
+                pt.plain_copy,
+            ),
+        ] {
+            out.push(fig(
+                format!("{what}, {l} resident"),
+                value,
+                "ms",
+                "plain alloc_at + copy of the same bytes",
+                pt.plain,
+            ));
+        }
         out.push(fig(
             format!("precopy bytes copied, {l} resident"),
             pre.precopy_mib + pre.stop_mib,

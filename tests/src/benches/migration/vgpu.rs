@@ -4,10 +4,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vgpu_backend::{Access, ArgValue, Backend, LaunchConfig, ModuleImage};
+use vgpu_backend::{Access, ArgValue, Backend, ModuleImage};
 use vgpu_migration::Migratable;
 use vm_memory::VolatileSlice;
 
+use super::super::shared::{ptr, ONE_THREAD};
 use super::tap::Tap;
 use super::{Params, CHUNK, HOT_N, MIB, PIECES, WINDOW};
 
@@ -191,16 +192,6 @@ impl Vgpu {
     }
 }
 
-const CFG: LaunchConfig = LaunchConfig {
-    grid: [1, 1, 1],
-    block: [1, 1, 1],
-    shared_bytes: 0,
-};
-
-fn ptr(addr: u64, access: Access) -> ArgValue {
-    ArgValue::Ptr { addr, access }
-}
-
 /// The guest: saxpy on the hot buffers, then a checksum of a window of a big buffer
 /// (checked), until `stop`. Returns the saxpy launches and when each iteration ended.
 pub(super) fn guest(
@@ -217,7 +208,7 @@ pub(super) fn guest(
     while !stop.load(Ordering::Relaxed) {
         m.launch(
             hot.saxpy,
-            &CFG,
+            &ONE_THREAD,
             &[
                 ArgValue::F32(1.0),
                 ptr(hot.x, Access::Read),
@@ -231,7 +222,7 @@ pub(super) fn guest(
         let off = it.wrapping_mul(7919).wrapping_mul(WINDOW) % (b.size - WINDOW) / 8 * 8;
         m.launch(
             hot.checksum,
-            &CFG,
+            &ONE_THREAD,
             &[
                 ptr(b.addr + off, Access::Read),
                 ArgValue::U64(WINDOW),

@@ -26,6 +26,8 @@ use vgpu_scheduler::clock::{Nanos, MS};
 
 use crate::bench::Figure;
 
+use super::shared::fig;
+
 use scenario::Scenario;
 use sim::{simulate, Policy};
 use workload::trace;
@@ -224,17 +226,5 @@ fn pct_less(ours: f64, base: f64) -> f64 {
         100.0 * (base - ours) / base
     } else {
         0.0
-    }
-}
-
-/// A figure in the unit of its anchor.
-fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
-    Figure {
-        name,
-        value,
-        unit: unit.into(),
-        anchor_name: anchor_name.into(),
-        anchor,
-        anchor_unit: unit.into(),
     }
 }

@@ -3,9 +3,10 @@
 
 use crate::bench::Figure;
 
+use super::super::shared::fig;
 use super::sim::{simulate, Outcome, Policy};
 use super::workload::{trace, KINDS};
-use super::{fig, pct_less, Profile, CONSERVATIVE, DCUDA_COMPLETION, DCUDA_OVERLOAD, H200, SEEDS};
+use super::{pct_less, Profile, CONSERVATIVE, DCUDA_COMPLETION, DCUDA_OVERLOAD, H200, SEEDS};
 
 /// The short names of the runs in figures, in [`runs`] order.
 const SHORT: [&str; 5] = [
