@@ -146,7 +146,7 @@ fn unavoidable_share(gpus: u32, n: usize, gap: f64) -> f64 {
 /// (seed 003) give neither its arrival rate nor its trace, so this picks the heaviest load (the
 /// shortest mean gap between arrivals, same mix, same VMs, same seeds) whose unavoidable
 /// share under *static placement* is at most 21.7 %. Only the static runs choose it, so
-/// it favours no policy; all three policies then run the same traces.
+/// it favours no policy; every policy then runs the same traces.
 fn dcuda_like_gap(gpus: u32, n: usize, heavy_gap: f64) -> (f64, f64) {
     let limit = 1.0 - DCUDA_OVERLOAD / 100.0;
     let mut last = (heavy_gap, unavoidable_share(gpus, n, heavy_gap));

@@ -92,16 +92,12 @@ fn tick_step(span: f64) -> f64 {
         .unwrap_or(10.0 * p)
 }
 
-/// One log-y panel of ms vs size (x = log2 MiB).
-#[allow(clippy::type_complexity)]
-fn panel(
-    root: &Area<'_>,
-    area: &Area<'_>,
-    title: &str,
-    lines: &[(&str, RGBColor, Vec<(f64, f64)>)],
-    refs: &[(&str, f64)],
-    sizes: &[u64],
-) -> Result<(), String> {
+/// A line of a panel: its name, colour and points.
+type Line<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+
+/// The log axis that holds every y of `lines` and `refs`: its ends (powers of ten) and the
+/// decades from one end to the other.
+fn log_axis(lines: &[Line<'_>], refs: &[(&str, f64)]) -> (f64, f64, Vec<f64>) {
     let ys = lines
         .iter()
         .flat_map(|l| l.2.iter().map(|p| p.1))
@@ -109,6 +105,25 @@ fn panel(
     let (lo, hi) = ys.fold((f64::MAX, f64::MIN), |(a, b), y| (a.min(y), b.max(y)));
     let lo = 10f64.powf(lo.max(1e-3).log10().floor());
     let hi = 10f64.powf(hi.max(lo * 10.0).log10().ceil());
+    let mut decades = Vec::new();
+    let mut d = lo;
+    while d <= hi * 1.001 {
+        decades.push(d);
+        d *= 10.0;
+    }
+    (lo, hi, decades)
+}
+
+/// One log-y panel of ms vs size (x = log2 MiB).
+fn panel(
+    root: &Area<'_>,
+    area: &Area<'_>,
+    title: &str,
+    lines: &[Line<'_>],
+    refs: &[(&str, f64)],
+    sizes: &[u64],
+) -> Result<(), String> {
+    let (lo, hi, decades) = log_axis(lines, refs);
     let x_lo = (sizes.first().copied().unwrap_or(MIB) / MIB) as f64;
     let x_hi = (sizes.last().copied().unwrap_or(MIB) / MIB) as f64;
     let (x_lo, x_hi) = (x_lo.log2() - 0.5, x_hi.log2().max(x_lo.log2() + 1.0) + 0.5);
@@ -119,12 +134,6 @@ fn panel(
         .margin_bottom(50)
         .build_cartesian_2d(x_lo..x_hi, (lo..hi).log_scale())
         .map_err(|e| err(&e))?;
-    let mut decades = Vec::new();
-    let mut d = lo;
-    while d <= hi * 1.001 {
-        decades.push(d);
-        d *= 10.0;
-    }
     for &y in &decades {
         chart
             .draw_series(std::iter::once(PathElement::new(
@@ -153,13 +162,35 @@ fn panel(
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
             .map_err(|e| err(&e))?;
     }
-    let (x0, y0) = chart.backend_coord(&(x_lo, lo));
-    let (x1, y1) = chart.backend_coord(&(x_hi, hi));
+    let ys: Vec<(f64, i32)> = decades
+        .iter()
+        .map(|&y| (y, chart.backend_coord(&(x_lo, y)).1))
+        .collect();
+    let xs: Vec<(u64, i32)> = sizes
+        .iter()
+        .map(|&s| (s, chart.backend_coord(&(((s / MIB) as f64).log2(), lo)).0))
+        .collect();
+    let frame = (
+        chart.backend_coord(&(x_lo, lo)),
+        chart.backend_coord(&(x_hi, hi)),
+    );
+    panel_text(root, title, frame, &ys, &xs, lines)
+}
+
+/// A panel's frame (bottom left and top right, in pixels), title, tick labels at `ys`
+/// (value, pixel row) and `xs` (size, pixel column), axis names and legend.
+fn panel_text(
+    root: &Area<'_>,
+    title: &str,
+    ((x0, y0), (x1, y1)): ((i32, i32), (i32, i32)),
+    ys: &[(f64, i32)],
+    xs: &[(u64, i32)],
+    lines: &[Line<'_>],
+) -> Result<(), String> {
     root.draw(&Rectangle::new([(x0, y1), (x1, y0)], BLACK.stroke_width(1)))
         .map_err(|e| err(&e))?;
     text(root, title, x0, 28, true, BLACK);
-    for &y in &decades {
-        let (_, py) = chart.backend_coord(&(x_lo, y));
+    for &(y, py) in ys {
         let s = if y >= 1.0 {
             format!("{y:>6.0}")
         } else {
@@ -168,8 +199,7 @@ fn panel(
         text(root, &s, x0 - 44, py - 5, false, BLACK);
     }
     text(root, "ms", x0 - 60, (y0 + y1) / 2, false, BLACK);
-    for &s in sizes {
-        let (px, _) = chart.backend_coord(&(((s / MIB) as f64).log2(), lo));
+    for &(s, px) in xs {
         let l = label(s);
         text(root, &l, px - 3 * l.len() as i32, y0 + 6, false, BLACK);
     }
