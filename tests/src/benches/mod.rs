@@ -5,4 +5,5 @@ pub mod device;
 pub mod memory;
 pub mod migration;
 pub mod rebalance;
+mod shared;
 pub mod vmm;
