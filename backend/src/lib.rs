@@ -33,7 +33,7 @@ pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue};
-pub use vgpu_storage::sync;
+pub use vgpu_sync as sync;
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
 #[doc(hidden)]

@@ -186,11 +186,7 @@ impl SwitchGate {
     /// queues drain and the worker can exit instead of waiting for grants that never come.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        let c = self
-            .current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let c = vgpu_sync::read(&self.current).clone();
         c.retired.store(true, Ordering::Release);
         for r in [Resource::Compute, Resource::Copy] {
             futex::wake_all(c.page.granted(r));
@@ -201,10 +197,7 @@ impl SwitchGate {
     /// on the old channel move over (its scheduler is about to let the vGPU go).
     pub fn switch(&self, client: GrantClient) {
         let old = std::mem::replace(
-            &mut *self
-                .current
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            &mut *vgpu_sync::write(&self.current),
             std::sync::Arc::new(client),
         );
         old.retired.store(true, Ordering::Release);
@@ -226,11 +219,7 @@ impl Gate for SwitchGate {
             if self.closed.load(Ordering::Acquire) {
                 return Permit::ungated(resource);
             }
-            let c = self
-                .current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
+            let c = vgpu_sync::read(&self.current).clone();
             if let Some(started) = c.begin(resource) {
                 return Permit {
                     client: Some(Holder::Shared(c)),

@@ -15,7 +15,7 @@ pub mod memory;
 pub mod namespace;
 pub mod nvme;
 pub mod queue;
-pub mod sync;
+pub use vgpu_sync as sync;
 
 pub use array::{Element, StorageArray};
 pub use cache::{CacheStats, PageCache};

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vgpu_api::control::{self, Command, ReplyBody, Request, WorkerMessage, WorkerStats};
@@ -55,7 +55,7 @@ impl ControlState {
     pub fn stats(&self) -> WorkerStats {
         let s = self.vgpu.stats();
         let m = self.vgpu.backend().memory_usage();
-        let sh = *self.shares.lock().unwrap_or_else(PoisonError::into_inner);
+        let sh = *vgpu_sync::lock(&self.shares);
         WorkerStats {
             uptime_ns: u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX),
             requests: s.requests,
@@ -130,7 +130,7 @@ impl ControlState {
             );
             return ReplyBody::Error { message };
         }
-        *self.shares.lock().unwrap_or_else(PoisonError::into_inner) = Shares {
+        *vgpu_sync::lock(&self.shares) = Shares {
             compute: compute_share,
             copy: copy_share,
             priority,

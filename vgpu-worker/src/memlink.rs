@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use vgpu_backend::pager::{Broker, MemState};
@@ -32,13 +32,13 @@ impl ControlOut {
 
     /// Writes to `stream` from now on (vgpud reconnected).
     pub fn replace(&self, stream: UnixStream) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = stream;
+        *vgpu_sync::lock(&self.0) = stream;
     }
 
     /// Sends one message as a line.
     pub fn send(&self, msg: &WorkerMessage) {
         let line = control::encode(msg);
-        let mut out = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = vgpu_sync::lock(&self.0);
         if let Err(e) = out.write_all(&line) {
             tracing::warn!(error = %e, "cannot write to the control channel");
         }
@@ -51,18 +51,12 @@ pub struct FdQueue(Mutex<VecDeque<OwnedFd>>);
 
 impl FdQueue {
     fn push(&self, fd: OwnedFd) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push_back(fd);
+        vgpu_sync::lock(&self.0).push_back(fd);
     }
 
     /// The oldest descriptor not yet taken.
     pub fn pop(&self) -> Option<OwnedFd> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop_front()
+        vgpu_sync::lock(&self.0).pop_front()
     }
 }
 
@@ -129,10 +123,7 @@ impl Asker {
     pub fn ask(&self, ask: Ask) -> Result<(Answer, Option<OwnedFd>), String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, tx);
+        vgpu_sync::lock(&self.waiters).insert(id, tx);
         self.out.send(&WorkerMessage::Ask { id, ask });
         let r = rx.recv_timeout(ASK_TIMEOUT).map_err(|e| match e {
             mpsc::RecvTimeoutError::Timeout => {
@@ -142,10 +133,7 @@ impl Asker {
                 "the control channel to vgpud closed".to_string()
             }
         });
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+        vgpu_sync::lock(&self.waiters).remove(&id);
         r
     }
 
@@ -154,11 +142,7 @@ impl Asker {
         let fd = matches!(answer, Answer::Attach { .. })
             .then(|| self.fds.pop())
             .flatten();
-        let waiter = self
-            .waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&to);
+        let waiter = vgpu_sync::lock(&self.waiters).remove(&to);
         match waiter {
             Some(w) => {
                 let _ = w.send((answer, fd));
@@ -169,10 +153,7 @@ impl Asker {
 
     /// Fails every waiting question (the channel closed).
     pub fn close(&self) {
-        self.waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+        vgpu_sync::lock(&self.waiters).clear();
     }
 
     /// Reports the pager's state.
@@ -254,10 +235,7 @@ impl ShmHost for WorkerShm {
         };
         match self.backend.import_shared(fd, size, read_only) {
             Ok(addr) => {
-                self.maps
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(addr, shmid);
+                vgpu_sync::lock(&self.maps).insert(addr, shmid);
                 Ok(addr)
             }
             Err(e) => {
@@ -269,16 +247,11 @@ impl ShmHost for WorkerShm {
     }
 
     fn detach(&self, addr: u64) -> Result<(), ShmError> {
-        let shmid = self
-            .maps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&addr)
-            .ok_or_else(|| {
-                ShmError::NotFound(format!(
-                    "mapping at {addr:#x}; pass an address SHM_AT returned"
-                ))
-            })?;
+        let shmid = vgpu_sync::lock(&self.maps).remove(&addr).ok_or_else(|| {
+            ShmError::NotFound(format!(
+                "mapping at {addr:#x}; pass an address SHM_AT returned"
+            ))
+        })?;
         if let Err(e) = self.backend.free(addr) {
             tracing::warn!(addr, error = %e, "unmapping a shared object failed");
         }

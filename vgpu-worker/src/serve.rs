@@ -4,7 +4,7 @@
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vgpu_device::{Vgpu, VgpuVhostBackend};
@@ -107,11 +107,7 @@ pub fn stop(shutdown: &Shutdown, socket: &Path, gate: Option<&vgpu_grant::Switch
     if let Some(g) = gate {
         g.close();
     }
-    match shutdown
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-    {
+    match vgpu_sync::lock(shutdown).as_ref() {
         Some(handle) => {
             tracing::info!(why, "stopping: closing the frontend connection");
             handle.shutdown();
@@ -141,7 +137,7 @@ pub fn serve(
     daemon
         .start(listener)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
-    *shutdown.lock().unwrap_or_else(PoisonError::into_inner) = daemon.shutdown_handle();
+    *vgpu_sync::lock(shutdown) = daemon.shutdown_handle();
     tracing::info!(vgpu = id, "frontend connected");
     on_connected();
     let result = daemon.wait();

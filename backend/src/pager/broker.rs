@@ -1,7 +1,7 @@
 //! How a pager asks for device memory: the [`Broker`] that decides (vgpud across worker
 //! processes; [`LocalBroker`] inside one process), and the state a pager reports to it.
 
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::Pager;
 use super::{MemState, Planner, Step, Tried};
@@ -69,7 +69,7 @@ impl LocalBroker {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Local> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        vgpu_sync::lock(&self.inner)
     }
 
     fn pager(&self, id: u32) -> Option<Arc<Pager>> {
@@ -85,11 +85,7 @@ impl Broker for LocalMember {
     fn reserve(&self, bytes: u64) -> Result<(), String> {
         // Evictions run without the planner's lock held: the victim reports back through
         // it. One reservation at a time per pool keeps the plan consistent.
-        let _one = self
-            .broker
-            .serial
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _one = vgpu_sync::lock(&self.broker.serial);
         let mut tried = Tried::default();
         loop {
             let step = self.broker.lock().planner.next_step(self.id, bytes, &tried);

@@ -20,7 +20,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -109,7 +109,7 @@ impl Gate {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        vgpu_sync::lock(&self.state)
     }
 
     /// Waits until `amount` is free and no one of higher priority (or equal priority and
@@ -120,7 +120,7 @@ impl Gate {
         s.ticket += 1;
         s.waiting.insert(me);
         while s.free < amount || s.waiting.first() != Some(&me) {
-            s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s = vgpu_sync::wait(&self.cv, s);
         }
         s.waiting.remove(&me);
         s.free -= amount;

@@ -5,7 +5,7 @@
 //! `rebalancing` and `startup`. Lock order: see `state`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -146,13 +146,11 @@ impl Daemon {
     }
 
     pub(super) fn shm_lock(&self) -> MutexGuard<'_, shm::Registry> {
-        self.shm.lock().unwrap_or_else(PoisonError::into_inner)
+        vgpu_sync::lock(&self.shm)
     }
 
     pub(super) fn rb(&self) -> MutexGuard<'_, rebalancing::State> {
-        self.rebalance
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        vgpu_sync::lock(&self.rebalance)
     }
 
     /// Every physical GPU with its commitments.

@@ -4,7 +4,7 @@
 //! memory planner.
 
 use std::os::fd::OwnedFd;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::core::Daemon;
@@ -22,7 +22,7 @@ const BUSY_RETRIES: u32 = 500;
 const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn lock_planner(p: &Mutex<Planner>) -> MutexGuard<'_, Planner> {
-    p.lock().unwrap_or_else(PoisonError::into_inner)
+    vgpu_sync::lock(p)
 }
 
 /// One GPU's oversubscribed memory: the pool's plan, and one reservation at a time.

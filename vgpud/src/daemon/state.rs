@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::Notify;
@@ -281,7 +281,7 @@ impl State {
 
     /// Runs `f` on the records under the state lock.
     pub(super) fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = vgpu_sync::lock(&self.inner);
         f(&mut inner)
     }
 

@@ -1,7 +1,8 @@
 //! Poison-tolerant locking. A thread that panicked while holding a lock leaves data that
 //! every user here keeps consistent step by step (counters, tables, queues), so the
-//! other threads carry on with it instead of panicking in turn. Every crate above this
-//! one (the backends, the migration, the device) locks through these.
+//! other threads carry on with it instead of panicking in turn. Every vgpu crate that
+//! locks (storage, grant, the backends, the device, the daemon and the worker) locks
+//! through these.
 
 use std::sync::{
     Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
