@@ -9,6 +9,9 @@
 pub enum Opcode {
     /// Device information ([`crate::DeviceInfo`] into one writable data descriptor).
     GetInfo = 0x0001,
+    /// The physical GPU's attributes ([`crate::DeviceAttributes`] into one writable data
+    /// descriptor). Since 1.1 (`features::ATTRIBUTES`).
+    GetAttributes = 0x0002,
     /// Allocate device memory.
     Alloc = 0x0100,
     /// Free device memory.
@@ -55,8 +58,9 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 22] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::GetInfo,
+        Opcode::GetAttributes,
         Opcode::Alloc,
         Opcode::Free,
         Opcode::MemcpyHtoD,
@@ -89,6 +93,7 @@ impl Opcode {
     pub fn name(self) -> &'static str {
         match self {
             Opcode::GetInfo => "GET_INFO",
+            Opcode::GetAttributes => "GET_ATTRIBUTES",
             Opcode::Alloc => "ALLOC",
             Opcode::Free => "FREE",
             Opcode::MemcpyHtoD => "MEMCPY_HTOD",
@@ -116,7 +121,7 @@ impl Opcode {
     /// Which data descriptors (between the header and the response) this opcode takes.
     pub fn data_shape(self) -> DataShape {
         match self {
-            Opcode::GetInfo => DataShape::WritableInfo,
+            Opcode::GetInfo | Opcode::GetAttributes => DataShape::WritableInfo,
             Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction => DataShape::Readable,
             Opcode::MemcpyDtoH => DataShape::Writable,
             _ => DataShape::None,
@@ -133,6 +138,7 @@ pub enum DataShape {
     Readable,
     /// Device-writable descriptors whose lengths add up to the size the args name.
     Writable,
-    /// Exactly one device-writable descriptor of at least `DeviceInfo::SIZE` bytes.
+    /// Exactly one device-writable descriptor of at least the answer's size
+    /// (`DeviceInfo::SIZE`, `DeviceAttributes::SIZE`).
     WritableInfo,
 }

@@ -24,6 +24,8 @@ pub struct LaunchRequest<'a> {
 pub enum Request<'a> {
     /// `GET_INFO`.
     GetInfo,
+    /// `GET_ATTRIBUTES`.
+    GetAttributes,
     /// `ALLOC`.
     Alloc(AllocArgs),
     /// `FREE`.
@@ -197,6 +199,7 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
     }
     Ok(match op {
         Opcode::GetInfo => Request::GetInfo,
+        Opcode::GetAttributes => Request::GetAttributes,
         Opcode::Alloc => fixed!(op, body, AllocArgs, Request::Alloc),
         Opcode::Free => fixed!(op, body, FreeArgs, Request::Free),
         Opcode::MemcpyHtoD => fixed!(op, body, MemcpyHtoDArgs, Request::MemcpyHtoD),
@@ -255,6 +258,7 @@ impl Request<'_> {
     pub fn opcode(&self) -> Opcode {
         match self {
             Request::GetInfo => Opcode::GetInfo,
+            Request::GetAttributes => Opcode::GetAttributes,
             Request::Alloc(_) => Opcode::Alloc,
             Request::Free(_) => Opcode::Free,
             Request::MemcpyHtoD(_) => Opcode::MemcpyHtoD,
@@ -284,6 +288,7 @@ impl Request<'_> {
     pub fn data_len(&self) -> u64 {
         match self {
             Request::GetInfo => DeviceInfo::SIZE as u64,
+            Request::GetAttributes => crate::DeviceAttributes::SIZE as u64,
             Request::MemcpyHtoD(a) => a.size,
             Request::MemcpyDtoH(a) => a.size,
             Request::ModuleLoad(a) => a.size,
@@ -324,7 +329,11 @@ impl Request<'_> {
         let mut w = Writer::new(out);
         w.bytes(&header.to_bytes())?;
         match self {
-            Request::GetInfo | Request::StreamSync | Request::Fence | Request::Launch(_) => {}
+            Request::GetInfo
+            | Request::GetAttributes
+            | Request::StreamSync
+            | Request::Fence
+            | Request::Launch(_) => {}
             Request::Alloc(a) => w.bytes(&a.to_bytes())?,
             Request::Free(a) => w.bytes(&a.to_bytes())?,
             Request::MemcpyHtoD(a) => w.bytes(&a.to_bytes())?,

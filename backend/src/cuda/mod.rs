@@ -20,6 +20,7 @@
 //!   launch answers `KERNEL_FAULT`, every later request `DEVICE_ERROR` saying so; other
 //!   vGPUs (other processes) do not notice.
 
+mod attributes;
 mod builtin;
 mod driver;
 mod lanes;
@@ -271,7 +272,11 @@ impl CudaGpu {
             alloc_granularity: mem.granularity(),
             va_base: cfg.va_base,
             va_size: cfg.va_size,
-            features: features::BUILTIN_KERNELS | features::PTX,
+            features: features::BUILTIN_KERNELS
+                | features::PTX
+                | features::BINARY_MODULES
+                | features::ATTRIBUTES,
+            attributes: attributes::read(dev),
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
             sms = props.sm_count, device_memory = props.total_memory, capacity,
@@ -537,7 +542,7 @@ impl Drop for CudaGpu {
                 unpin(&r);
             }
         }
-        self.modules.clear();
+        self.modules.clear(&self.mem);
         self.mem.clear();
         tracing::debug!("CUDA GPU closed");
     }
@@ -701,12 +706,12 @@ impl Backend for CudaGpu {
 
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
         self.enter()?;
-        self.modules.load(&self.ctx, image)
+        self.modules.load(&self.ctx, &self.mem, image)
     }
 
     fn module_unload(&self, module: u64) -> Result<()> {
         self.enter()?;
-        self.modules.unload(module)
+        self.modules.unload(&self.mem, module)
     }
 
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {

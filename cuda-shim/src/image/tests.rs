@@ -147,3 +147,29 @@ fn short_text_images_are_read_up_to_their_nul() {
     let null = unsafe { read_image(std::ptr::null()) };
     assert_eq!(null, Err(res::INVALID_VALUE));
 }
+
+#[test]
+fn binary_images_go_to_a_device_that_loads_them() {
+    // A minimal ELF64 header whose section table ends at byte 0x80 + 2 * 0x40.
+    let mut elf = vec![0u8; 0x100];
+    elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+    elf[0x28..0x30].copy_from_slice(&0x80u64.to_le_bytes());
+    elf[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
+    elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+    assert_eq!(classify(&elf), Err(res::NO_BINARY_FOR_GPU));
+    assert_eq!(classify_native(&elf), Ok(Image::Binary(elf.clone())));
+    // SAFETY: a complete ELF image in memory.
+    let read = unsafe { read_image_native(elf.as_ptr()) };
+    assert_eq!(read, Ok(Image::Binary(elf.clone())));
+    // A header whose tables lie past the image it came with.
+    assert_eq!(
+        classify_native(&elf[..0x90]),
+        Err(res::INVALID_IMAGE),
+        "truncated"
+    );
+    let only_sass = fatbin(&[(2, 0, b"sass")]);
+    assert_eq!(
+        classify_native(&only_sass),
+        Ok(Image::Binary(only_sass.clone()))
+    );
+}

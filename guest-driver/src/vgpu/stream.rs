@@ -59,7 +59,7 @@ pub(crate) enum SlotData<'a> {
     None,
     /// Readable bytes copied into the slot (module and function names).
     Readable(&'a [u8]),
-    /// The slot's writable `DeviceInfo` area (`GET_INFO`).
+    /// The slot's writable `DeviceInfo` area (`GET_INFO`, `GET_ATTRIBUTES`).
     Info,
 }
 
@@ -460,6 +460,20 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
 
     /// Waits for a `GET_INFO` ticket and decodes the `DeviceInfo` the device wrote into
     /// the slot (read before the slot can be reused: we hold `&mut self` throughout).
+    /// Waits for a `GET_ATTRIBUTES` and reads its answer from the slot's info area.
+    pub(crate) fn wait_attributes(&mut self, t: Ticket) -> Result<vgpu_proto::DeviceAttributes> {
+        // The info area holds either answer.
+        const _: () = assert!(vgpu_proto::DeviceAttributes::SIZE == DeviceInfo::SIZE);
+        let slot = t.slot;
+        self.wait(t)?;
+        let mut bytes = [0u8; DeviceInfo::SIZE];
+        self.slots.read(slot, INFO_OFF, &mut bytes)?;
+        vgpu_proto::DeviceAttributes::decode(&bytes).map_err(|_| Error::NoResponse {
+            opcode: Opcode::GetAttributes as u32,
+            used_len: 0,
+        })
+    }
+
     pub(crate) fn wait_info(&mut self, t: Ticket) -> Result<DeviceInfo> {
         let slot = t.slot;
         self.wait(t)?;
