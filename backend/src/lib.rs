@@ -35,7 +35,7 @@ pub use error::{BackendError, Result};
 pub use footprint::{module_footprint, ptx_globals_bytes, MODULE_PAGE};
 pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
-pub use vgpu_proto::{Access, ArgValue};
+pub use vgpu_proto::{Access, ArgValue, ParamLayout};
 pub use vgpu_storage::sync;
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
@@ -197,6 +197,15 @@ pub trait Backend: Send + Sync {
 
     /// Looks up a function of a loaded module.
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo>;
+
+    /// Where each parameter of a looked-up function lies in its parameter buffer (offsets
+    /// and sizes). Default: not supported.
+    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
+        let _ = function;
+        Err(BackendError::NotSupported(
+            "this backend does not report parameter layouts".into(),
+        ))
+    }
 
     /// Runs a kernel to completion. `args` are the typed kernel arguments; every pointer's
     /// extent is checked against the allocations before the kernel starts.

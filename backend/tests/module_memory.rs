@@ -1,15 +1,17 @@
 //! Module memory is device memory: each loaded module's footprint (image and declared
 //! globals, whole pages) is charged before it is compiled, shows in `memory_usage`, is
-//! refused at the capacity and the module limits, and comes back at unload. Runs on sim and,
-//! where a CUDA GPU is present, on cuda.
+//! refused at the capacity and the module limits, and comes back at unload. And what
+//! unmodified programs need of modules: parameter layouts and raw-bytes arguments. Runs on
+//! sim and, where a CUDA GPU is present, on cuda (with `VGPU_REQUIRE_CUDA=1` a missing GPU
+//! fails the suite).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_backend::{
-    module_footprint, Backend, CudaConfig, CudaGpu, ModuleImage, SimConfig, SimGpu,
-    DEFAULT_VA_BASE, MAX_MODULE_MEMORY, MODULE_PAGE,
+    module_footprint, Access, ArgValue, Backend, CudaConfig, CudaGpu, LaunchConfig, ModuleImage,
+    SimConfig, SimGpu, DEFAULT_VA_BASE, MAX_MODULE_MEMORY, MODULE_PAGE,
 };
-use vgpu_proto::{features, Status};
+use vgpu_proto::{features, KernelArg, Status};
 
 const MIB: u64 = 1 << 20;
 
@@ -37,7 +39,13 @@ fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
             .expect("cuda backend");
             f("cuda", &cuda);
         }
-        Err(why) => eprintln!("SKIPPED (cuda): {why}"),
+        Err(why) => {
+            assert!(
+                std::env::var_os("VGPU_REQUIRE_CUDA").is_none(),
+                "VGPU_REQUIRE_CUDA is set but the cuda backend cannot run: {why}"
+            );
+            eprintln!("SKIPPED (cuda): {why}")
+        }
     }
 }
 
@@ -135,5 +143,116 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
         } else {
             assert_eq!(e.status(), Status::InvalidArgument, "{name}: {e}");
         }
+    });
+}
+
+/// `pack(out, h, s)`: writes the 16-bit `h` and the 8-byte struct `s` (a u32 and two u16)
+/// to `out` as bytes 0..2 and 4..12.
+const PACK_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry pack(.param .u64 out, .param .b16 h, .param .align 4 .b8 s[8])
+{
+    .reg .b16 %h<3>;
+    .reg .b32 %r<1>;
+    .reg .b64 %d<2>;
+    ld.param.u64 %d0, [out];
+    cvta.to.global.u64 %d1, %d0;
+    ld.param.b16 %h0, [h];
+    st.global.b16 [%d1], %h0;
+    ld.param.b32 %r0, [s];
+    st.global.b32 [%d1+4], %r0;
+    ld.param.b16 %h1, [s+4];
+    st.global.b16 [%d1+8], %h1;
+    ld.param.b16 %h2, [s+6];
+    st.global.b16 [%d1+10], %h2;
+    ret;
+}
+"#;
+
+#[test]
+fn parameter_layouts_and_raw_bytes_arguments() {
+    each(16 * MIB, |name, b| {
+        assert_ne!(b.info().features & features::PARAM_LAYOUT, 0, "{name}");
+        // Built-ins: the layout the CUDA library passes (8-byte pointers and counts).
+        let m = b
+            .module_load(ModuleImage::Builtin(b"builtin"))
+            .expect("builtin");
+        let f = b.get_function(m, b"saxpy").expect("saxpy");
+        let l = b.param_layout(f.handle).expect("layout");
+        let got: Vec<_> = (0..4).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 4), (8, 8), (16, 8), (24, 8)], "{name}");
+        assert_eq!(l.get(4), Some((0, 0)), "{name}");
+        // Raw bytes are no built-in's parameter.
+        let a = b.alloc(4096).expect("alloc");
+        let raw = KernelArg::bytes(&[1, 2])
+            .expect("bytes")
+            .typed()
+            .expect("typed");
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        };
+        let fill = b.get_function(m, b"fill").expect("fill");
+        let e = b
+            .launch(
+                fill.handle,
+                &cfg,
+                &[
+                    ArgValue::Ptr {
+                        addr: a.addr,
+                        access: Access::Write,
+                    },
+                    raw,
+                    ArgValue::U64(1),
+                ],
+            )
+            .expect_err("raw bytes to a built-in");
+        assert_eq!(e.status(), Status::BadArgType, "{name}: {e}");
+        assert_eq!(
+            b.param_layout(0xdead).expect_err("unknown").status(),
+            Status::UnknownFunction
+        );
+        if b.info().features & features::PTX == 0 {
+            return;
+        }
+        // PTX: the driver's layout, and 16-bit and struct parameters as raw bytes.
+        let pm = b
+            .module_load(ModuleImage::Ptx(PACK_PTX.as_bytes()))
+            .expect("pack");
+        let pf = b.get_function(pm, b"pack").expect("pack");
+        let l = b.param_layout(pf.handle).expect("layout");
+        let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 8), (8, 2), (12, 8)], "{name}");
+        let h = KernelArg::bytes(&0xbeefu16.to_le_bytes()).expect("h");
+        let st: Vec<u8> = [0x0102_0304u32.to_le_bytes().as_slice(), &[5, 6, 7, 8]].concat();
+        let s = KernelArg::bytes(&st).expect("s");
+        let args = [
+            ArgValue::Ptr {
+                addr: a.addr,
+                access: Access::Write,
+            },
+            h.typed().expect("h"),
+            s.typed().expect("s"),
+        ];
+        b.launch(pf.handle, &cfg, &args).expect("pack launch");
+        let mut out = [0u8; 12];
+        let slice = vm_memory::VolatileSlice::from(&mut out[..]);
+        b.copy_dtoh(a.addr, &slice).expect("dtoh");
+        assert_eq!(&out[0..2], &0xbeefu16.to_le_bytes(), "{name}");
+        assert_eq!(&out[4..12], st.as_slice(), "{name}");
+        // A raw argument of the wrong size is refused before the launch.
+        let short = KernelArg::bytes(&[1])
+            .expect("1 byte")
+            .typed()
+            .expect("typed");
+        assert_eq!(
+            b.launch(pf.handle, &cfg, &[args[0], short, args[2]])
+                .expect_err("size")
+                .status(),
+            Status::BadArgType
+        );
     });
 }

@@ -48,8 +48,11 @@ pub enum ParamKind {
     U32,
     F32,
     F64,
-    /// Bytes the wire cannot carry (structs, arrays, 16-bit floats).
+    /// Bytes the wire cannot carry (structs, arrays, 16-bit floats) to this device.
     Bytes,
+    /// Bytes sent as they are (`ArgKind::Bytes`, 1 to 8 of them) to a device that takes
+    /// them (`features::PARAM_LAYOUT`).
+    Raw,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -361,6 +364,51 @@ pub fn builtin_signature(name: &str) -> Option<Signature> {
     )
 }
 
+/// For a device that takes raw bytes: by-value parameters of up to 8 bytes the protocol
+/// has no kind for (8 and 16-bit values, small structs) go as raw bytes.
+pub fn with_raw_bytes(sig: Signature) -> Signature {
+    sig.into_iter()
+        .map(|p| match p.kind {
+            // Aggregates and 16-bit floats, and 8 and 16-bit integers (a U32 argument would
+            // not match their size).
+            ParamKind::Bytes | ParamKind::U32
+                if (1..=vgpu_proto::MAX_ARG_BYTES as usize).contains(&p.size) && p.size != 4 =>
+            {
+                ParamSpec {
+                    kind: ParamKind::Raw,
+                    ..p
+                }
+            }
+            _ => p,
+        })
+        .collect()
+}
+
+/// The signature of a kernel the library has no PTX for (a cubin's), from the device's
+/// parameter layout: 8-byte parameters as 64-bit words (pointers when they point into a
+/// live allocation), 4-byte ones as 32-bit words, other sizes as bytes.
+pub fn signature_from_layout(layout: &vgpu_proto::ParamLayout, count: u64) -> Signature {
+    let count = count.min(u64::from(vgpu_proto::MAX_KERNEL_ARGS)) as usize;
+    (0..count)
+        .filter_map(|i| layout.get(i))
+        .map(|(off, size)| {
+            let size = size as usize;
+            let kind = match size {
+                8 => ParamKind::Word64,
+                4 => ParamKind::U32,
+                _ => ParamKind::Bytes,
+            };
+            // The alignment that puts the parameter where the device says it lies.
+            let align = if off == 0 {
+                size.next_power_of_two().clamp(1, 8)
+            } else {
+                1usize << off.trailing_zeros().min(4)
+            };
+            ParamSpec { kind, size, align }
+        })
+        .collect()
+}
+
 /// Bytes a parameter buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`) must hold, and each
 /// parameter's offset in it.
 pub fn buffer_layout(sig: &Signature) -> (usize, Vec<usize>) {
@@ -392,8 +440,11 @@ pub fn kernel_arg(
         ParamKind::U32 => KernelArg::u32(v as u32),
         ParamKind::F32 => KernelArg::f32(f32::from_bits(v as u32)),
         ParamKind::F64 => KernelArg::f64(f64::from_bits(v)),
+        ParamKind::Raw => KernelArg::bytes(bytes).ok_or(res::NOT_SUPPORTED)?,
         ParamKind::Bytes => {
-            crate::api::stubs::log_once("kernel parameters that are aggregates or 16-bit floats");
+            crate::api::stubs::log_once(
+                "kernel parameters that are aggregates over 8 bytes (or, on a protocol 1.0 device, any aggregate or 16-bit float)",
+            );
             return Err(res::NOT_SUPPORTED);
         }
     })

@@ -323,6 +323,7 @@ impl Vgpu {
                 let f = b.get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
                 Ok([f.handle, u64::from(f.param_count), 0, 0])
             }
+            Request::GetFunctionLayout(a) => self.get_function_layout(mem, chain, layout, a),
             Request::Launch(l) => self.launch(l),
             Request::StreamSync => Ok([0; 4]),
             Request::Fence => {
@@ -537,6 +538,48 @@ impl Vgpu {
         Ok([handle, footprint, 0, 0])
     }
 
+    /// `GET_FUNCTION_LAYOUT`: `GET_FUNCTION` plus the parameter layout, written into the
+    /// chain's last data descriptor (check_shape made sure it is the one writable one).
+    fn get_function_layout<'m>(
+        &self,
+        mem: &'m GuestMem,
+        chain: &Chain<'m>,
+        layout: &Layout,
+        a: &vgpu_proto::GetFunctionArgs,
+    ) -> Outcome {
+        let op = Opcode::GetFunctionLayout;
+        if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
+            return Err(RequestError::invalid(
+                op,
+                format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
+            ));
+        }
+        let names = Layout {
+            data_count: layout.data_count.saturating_sub(1),
+            ..Layout::default()
+        };
+        let mut name = [0u8; MAX_NAME_LEN as usize];
+        gather(mem, chain, &names, name_of(op), a.name_len, &mut name)?;
+        let name = name.get(..a.name_len as usize).unwrap_or(&[]);
+        let f = self.backend.get_function(a.module, name)?;
+        let params = self.backend.param_layout(f.handle)?;
+        let d = chain
+            .clone()
+            .nth(layout.data_count)
+            .ok_or(RequestError::TooFewDescriptors(layout.count))?;
+        mem.write_slice(&params.to_bytes(), d.addr())
+            .map_err(|e| RequestError::GuestMemory {
+                addr: d.addr().0,
+                reason: e.to_string(),
+            })?;
+        let buffer = (0..f.param_count as usize)
+            .filter_map(|i| params.get(i))
+            .map(|(o, s)| u64::from(o) + u64::from(s))
+            .max()
+            .unwrap_or(0);
+        Ok([f.handle, u64::from(f.param_count), buffer, 0])
+    }
+
     fn launch(&self, l: &LaunchRequest<'_>) -> Outcome {
         let op = Opcode::Launch;
         let la = &l.launch;
@@ -646,6 +689,33 @@ fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
                     opcode,
                     expected,
                     got: l.data_len,
+                });
+            }
+            Ok(())
+        }
+        DataShape::ReadableThenAnswer => {
+            // Readable descriptors, then one writable one: the first writable is the last.
+            if l.data_count < 2 || l.first_writable != Some(l.data_count) {
+                return Err(RequestError::DataDirection {
+                    opcode,
+                    index: l.first_writable.unwrap_or(l.data_count),
+                    writable: l.first_writable.is_none(),
+                });
+            }
+            let readable = l.data_len - l.data_writable_len;
+            if readable != expected {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected,
+                    got: readable,
+                });
+            }
+            let answer = vgpu_proto::ParamLayout::SIZE as u64;
+            if l.data_writable_len < answer {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected: answer,
+                    got: l.data_writable_len,
                 });
             }
             Ok(())

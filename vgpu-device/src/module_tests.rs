@@ -87,3 +87,54 @@ fn get_attributes_answers_the_sim_values() {
     );
     h.still_works();
 }
+
+#[test]
+fn get_function_layout_answers_the_handle_and_the_layout() {
+    let mem = ram();
+    let mut h = Harness::new(&mem, 32 * MIB);
+    assert_ne!(h.vgpu.config_space().features & features::PARAM_LAYOUT, 0);
+    let m = h.builtin();
+    let name = h.put(b"saxpy");
+    let out = h.space(ParamLayout::SIZE);
+    let req = Request::GetFunctionLayout(GetFunctionArgs {
+        module: m,
+        name_len: 5,
+    });
+    let res = h.ok(req, &[r(name, 5), w(out, ParamLayout::SIZE)]);
+    assert_eq!(res[0], h.get_function(m, "saxpy")[0], "the same handle");
+    assert_eq!((res[1], res[2]), (4, 32), "count and buffer size");
+    let l = ParamLayout::decode(&h.read(out, ParamLayout::SIZE)).expect("layout");
+    let got: Vec<_> = (0..4).filter_map(|i| l.get(i)).collect();
+    assert_eq!(got, [(0, 4), (8, 8), (16, 8), (24, 8)]);
+    // Shapes: the layout descriptor missing, too small, or before the name.
+    assert_eq!(h.status(req, &[r(name, 5)]), Status::BadDescriptor);
+    assert_eq!(h.status(req, &[r(name, 5), w(out, 64)]), Status::BadLength);
+    assert_eq!(
+        h.status(req, &[w(out, ParamLayout::SIZE), r(name, 5)]),
+        Status::BadDescriptor
+    );
+    assert_eq!(
+        h.status(req, &[r(name, 4), w(out, ParamLayout::SIZE)]),
+        Status::BadLength
+    );
+    // Raw bytes reach the backend, which refuses them for a built-in.
+    let f = h.get_function(m, "fill")[0];
+    let dst = h.alloc(4096);
+    let raw = KernelArg::bytes(&[1, 2]).expect("raw");
+    let resp = h.launch(
+        f,
+        &[KernelArg::ptr(dst, Access::Write), raw, KernelArg::u64(1)],
+    );
+    assert_eq!(resp.status(), Some(Status::BadArgType));
+    let bad = KernelArg {
+        kind: ArgKind::Bytes as u32,
+        access: 9,
+        value: 0,
+    };
+    let resp = h.launch(
+        f,
+        &[KernelArg::ptr(dst, Access::Write), bad, KernelArg::u64(1)],
+    );
+    assert_eq!(resp.status(), Some(Status::BadArgType));
+    h.still_works();
+}

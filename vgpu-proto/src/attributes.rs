@@ -1,5 +1,6 @@
 //! `GET_ATTRIBUTES`' answer: the physical GPU's attributes, as CUDA programs query them
-//! with `cuDeviceGetAttribute`. Since 1.1 (`features::ATTRIBUTES`).
+//! with `cuDeviceGetAttribute`. Since 1.1 (`features::ATTRIBUTES`). And
+//! `GET_FUNCTION_LAYOUT`'s: where each kernel parameter lies in the parameter buffer.
 
 use crate::launch::{MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 use crate::wire::wire_struct;
@@ -95,4 +96,58 @@ impl DeviceAttributes {
         pci_device_id: 0,
         reserved: [0; 3],
     };
+}
+
+/// Written by `GET_FUNCTION_LAYOUT` into its writable data descriptor (256 bytes): 32
+/// little-endian u32 byte offsets, then 32 u32 sizes. Parameter *i* lies at byte
+/// `offset(i)` of the kernel's parameter buffer and is `size(i)` bytes, for *i* below the
+/// count in result[1]; the rest is 0. Since 1.1 (`features::PARAM_LAYOUT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ParamLayout {
+    offsets: [u32; 32],
+    sizes: [u32; 32],
+}
+
+impl ParamLayout {
+    /// Encoded size in bytes.
+    pub const SIZE: usize = 256;
+
+    /// Parameter `i`'s (offset, size), if `i` < 32.
+    pub fn get(&self, i: usize) -> Option<(u32, u32)> {
+        Some((*self.offsets.get(i)?, *self.sizes.get(i)?))
+    }
+
+    /// Sets parameter `i` (ignored past 32).
+    pub fn set(&mut self, i: usize, offset: u32, size: u32) {
+        if let (Some(o), Some(s)) = (self.offsets.get_mut(i), self.sizes.get_mut(i)) {
+            *o = offset;
+            *s = size;
+        }
+    }
+
+    /// The wire bytes.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut out = [0u8; Self::SIZE];
+        let words = self.offsets.iter().chain(self.sizes.iter());
+        for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+
+    /// Reads a layout from the first `SIZE` bytes of `buf`.
+    pub fn decode(buf: &[u8]) -> Result<Self, crate::WireError> {
+        let bytes = buf.get(..Self::SIZE).ok_or(crate::WireError::Short {
+            needed: Self::SIZE,
+            available: buf.len(),
+        })?;
+        let mut out = Self::default();
+        let words = out.offsets.iter_mut().chain(out.sizes.iter_mut());
+        for (w, chunk) in words.zip(bytes.chunks_exact(4)) {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(chunk);
+            *w = u32::from_le_bytes(b);
+        }
+        Ok(out)
+    }
 }

@@ -21,13 +21,14 @@ mod status;
 pub mod wire;
 
 pub use args::*;
-pub use attributes::DeviceAttributes;
+pub use attributes::{DeviceAttributes, ParamLayout};
 pub use config::{features, VgpuConfig, SHARE_SCALE, VIRTIO_ID_VGPU};
 pub use header::{RequestHeader, Response};
 pub use info::{backend_kind, DeviceInfo};
 pub use launch::{
     encode_launch, launch_request_len, Access, ArgError, ArgKind, ArgValue, Deps, KernelArg,
-    KernelArgs, LaunchArgs, MAX_DEPS, MAX_KERNEL_ARGS, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+    KernelArgs, LaunchArgs, MAX_ARG_BYTES, MAX_DEPS, MAX_KERNEL_ARGS, MAX_SHARED_BYTES,
+    MAX_THREADS_PER_BLOCK,
 };
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};

@@ -30,6 +30,10 @@ pub enum Opcode {
     ModuleUnload = 0x0301,
     /// Look up a function of a loaded module by name (readable data descriptors).
     GetFunction = 0x0302,
+    /// `GET_FUNCTION` that also writes the function's parameter layout
+    /// ([`crate::ParamLayout`]) into a writable descriptor after the name. Since 1.1
+    /// (`features::PARAM_LAYOUT`).
+    GetFunctionLayout = 0x0303,
     /// Launch a kernel.
     Launch = 0x0400,
     /// Complete after every earlier request on this queue has completed.
@@ -58,7 +62,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -70,6 +74,7 @@ impl Opcode {
         Opcode::ModuleLoad,
         Opcode::ModuleUnload,
         Opcode::GetFunction,
+        Opcode::GetFunctionLayout,
         Opcode::Launch,
         Opcode::StreamSync,
         Opcode::Fence,
@@ -103,6 +108,7 @@ impl Opcode {
             Opcode::ModuleLoad => "MODULE_LOAD",
             Opcode::ModuleUnload => "MODULE_UNLOAD",
             Opcode::GetFunction => "GET_FUNCTION",
+            Opcode::GetFunctionLayout => "GET_FUNCTION_LAYOUT",
             Opcode::Launch => "LAUNCH",
             Opcode::StreamSync => "STREAM_SYNC",
             Opcode::Fence => "FENCE",
@@ -124,6 +130,7 @@ impl Opcode {
             Opcode::GetInfo | Opcode::GetAttributes => DataShape::WritableInfo,
             Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction => DataShape::Readable,
             Opcode::MemcpyDtoH => DataShape::Writable,
+            Opcode::GetFunctionLayout => DataShape::ReadableThenAnswer,
             _ => DataShape::None,
         }
     }
@@ -141,4 +148,8 @@ pub enum DataShape {
     /// Exactly one device-writable descriptor of at least the answer's size
     /// (`DeviceInfo::SIZE`, `DeviceAttributes::SIZE`).
     WritableInfo,
+    /// Device-readable descriptors whose lengths add up to the size the args name, then
+    /// exactly one device-writable descriptor of at least the answer's size
+    /// (`ParamLayout::SIZE`).
+    ReadableThenAnswer,
 }

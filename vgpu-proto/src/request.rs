@@ -44,6 +44,8 @@ pub enum Request<'a> {
     ModuleUnload(ModuleUnloadArgs),
     /// `GET_FUNCTION`.
     GetFunction(GetFunctionArgs),
+    /// `GET_FUNCTION_LAYOUT`.
+    GetFunctionLayout(GetFunctionArgs),
     /// `LAUNCH`.
     Launch(LaunchRequest<'a>),
     /// `STREAM_SYNC`.
@@ -209,6 +211,9 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::ModuleLoad => fixed!(op, body, ModuleLoadArgs, Request::ModuleLoad),
         Opcode::ModuleUnload => fixed!(op, body, ModuleUnloadArgs, Request::ModuleUnload),
         Opcode::GetFunction => fixed!(op, body, GetFunctionArgs, Request::GetFunction),
+        Opcode::GetFunctionLayout => {
+            fixed!(op, body, GetFunctionArgs, Request::GetFunctionLayout)
+        }
         Opcode::Launch => Request::Launch(parse_launch(body)?),
         Opcode::StreamSync => Request::StreamSync,
         Opcode::Fence => Request::Fence,
@@ -268,6 +273,7 @@ impl Request<'_> {
             Request::ModuleLoad(_) => Opcode::ModuleLoad,
             Request::ModuleUnload(_) => Opcode::ModuleUnload,
             Request::GetFunction(_) => Opcode::GetFunction,
+            Request::GetFunctionLayout(_) => Opcode::GetFunctionLayout,
             Request::Launch(_) => Opcode::Launch,
             Request::StreamSync => Opcode::StreamSync,
             Request::Fence => Opcode::Fence,
@@ -284,7 +290,8 @@ impl Request<'_> {
     }
 
     /// Bytes the data descriptors must add up to: exactly this many for `Readable` and
-    /// `Writable` shapes, at least this many for `WritableInfo`, 0 otherwise.
+    /// `Writable` shapes and the readable part of `ReadableThenAnswer`, at least this many
+    /// for `WritableInfo`, 0 otherwise.
     pub fn data_len(&self) -> u64 {
         match self {
             Request::GetInfo => DeviceInfo::SIZE as u64,
@@ -292,7 +299,7 @@ impl Request<'_> {
             Request::MemcpyHtoD(a) => a.size,
             Request::MemcpyDtoH(a) => a.size,
             Request::ModuleLoad(a) => a.size,
-            Request::GetFunction(a) => a.name_len,
+            Request::GetFunction(a) | Request::GetFunctionLayout(a) => a.name_len,
             _ => 0,
         }
     }
@@ -342,7 +349,7 @@ impl Request<'_> {
             Request::Memset(a) => w.bytes(&a.to_bytes())?,
             Request::ModuleLoad(a) => w.bytes(&a.to_bytes())?,
             Request::ModuleUnload(a) => w.bytes(&a.to_bytes())?,
-            Request::GetFunction(a) => w.bytes(&a.to_bytes())?,
+            Request::GetFunction(a) | Request::GetFunctionLayout(a) => w.bytes(&a.to_bytes())?,
             Request::EventRecord(a) | Request::EventQuery(a) | Request::EventDestroy(a) => {
                 w.bytes(&a.to_bytes())?
             }

@@ -275,7 +275,8 @@ impl CudaGpu {
             features: features::BUILTIN_KERNELS
                 | features::PTX
                 | features::BINARY_MODULES
-                | features::ATTRIBUTES,
+                | features::ATTRIBUTES
+                | features::PARAM_LAYOUT,
             attributes: attributes::read(dev),
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
@@ -392,6 +393,7 @@ impl CudaGpu {
         {
             let want = match arg {
                 ArgValue::U32(_) | ArgValue::F32(_) => 4,
+                ArgValue::Bytes { len, .. } => u32::from(*len),
                 _ => 8,
             };
             if *size != want {
@@ -411,6 +413,8 @@ impl CudaGpu {
                 ArgValue::F32(v) => u64::from(v.to_bits()),
                 ArgValue::U64(v) => v,
                 ArgValue::F64(v) => v.to_bits(),
+                // Little end first: the parameter's bytes start at the value's address.
+                ArgValue::Bytes { bits, .. } => bits,
                 ArgValue::Ptr { addr, .. } => {
                     // The extent a PTX kernel touches is unknown: the pointer itself must lie
                     // inside a live allocation, and the GPU isolates the rest.
@@ -717,6 +721,19 @@ impl Backend for CudaGpu {
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.enter()?;
         self.modules.function(module, name)
+    }
+
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        Ok(match self.modules.kernel(function)? {
+            Kernel::Builtin(sig, _) | Kernel::Storage(sig) => vgpu_proto::builtin::layout(sig),
+            Kernel::Ptx(_, f) => {
+                let mut out = crate::ParamLayout::default();
+                for (i, (off, size)) in f.layout.iter().enumerate() {
+                    out.set(i, *off, *size);
+                }
+                out
+            }
+        })
     }
 
     fn launch(

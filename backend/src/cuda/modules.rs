@@ -132,15 +132,18 @@ impl Drop for LoadedModule {
     }
 }
 
-/// The parameter sizes of a function, from `cuFuncGetParamInfo`.
-fn param_sizes(f: Func) -> std::result::Result<Vec<u32>, CuError> {
+/// The parameter offsets and sizes of a function, from `cuFuncGetParamInfo`.
+fn param_info(f: Func) -> std::result::Result<Vec<(u32, u32)>, CuError> {
     let mut sizes = Vec::new();
     for i in 0..=vgpu_proto::MAX_KERNEL_ARGS as usize {
         let (mut off, mut size) = (0usize, 0usize);
         // SAFETY: `f` is a live function; writes two usizes.
         let rc = unsafe { sys::cuFuncGetParamInfo(f.0, i, &mut off, &mut size) };
         match rc {
-            CUresult::CUDA_SUCCESS => sizes.push(u32::try_from(size).unwrap_or(u32::MAX)),
+            CUresult::CUDA_SUCCESS => sizes.push((
+                u32::try_from(off).unwrap_or(u32::MAX),
+                u32::try_from(size).unwrap_or(u32::MAX),
+            )),
             // Past the last parameter.
             CUresult::CUDA_ERROR_INVALID_VALUE => break,
             other => {
@@ -263,6 +266,8 @@ pub struct PtxFunc {
     pub func: Func,
     /// Size in bytes of each parameter.
     pub params: Arc<[u32]>,
+    /// Offset and size of each parameter in the parameter buffer.
+    pub layout: Arc<[(u32, u32)]>,
     /// Dynamic shared memory the function may use now (raised on demand).
     pub shared_limit: Arc<std::sync::atomic::AtomicU32>,
 }
@@ -413,14 +418,16 @@ impl Modules {
                     .function(name)
                     .map_err(|e| BackendError::Device(e.to_string()))?
                     .ok_or_else(unknown)?;
-                let params: Arc<[u32]> = param_sizes(func)
+                let layout: Arc<[(u32, u32)]> = param_info(func)
                     .map_err(|e| BackendError::Device(e.to_string()))?
                     .into();
+                let params: Arc<[u32]> = layout.iter().map(|(_, size)| *size).collect();
                 let count = params.len() as u32;
                 funcs.push(PtxFunc {
                     name: String::from_utf8_lossy(name).into(),
                     func,
                     params,
+                    layout,
                     shared_limit: Arc::new(std::sync::atomic::AtomicU32::new(48 << 10)),
                 });
                 Ok(FunctionInfo {

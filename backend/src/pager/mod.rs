@@ -620,7 +620,7 @@ impl Backend for Pager {
     }
 
     crate::forward_backend!(inner:
-        info, module_load, module_unload, get_function, synchronize, register_host_memory,
-        unregister_host_memory
+        info, module_load, module_unload, get_function, param_layout, synchronize,
+        register_host_memory, unregister_host_memory
     );
 }

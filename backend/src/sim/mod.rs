@@ -109,7 +109,7 @@ impl SimGpu {
             alloc_granularity: memory::PAGE,
             va_base: cfg.va_base,
             va_size: cfg.va_size,
-            features: features::BUILTIN_KERNELS | features::ATTRIBUTES,
+            features: features::BUILTIN_KERNELS | features::ATTRIBUTES | features::PARAM_LAYOUT,
             attributes: vgpu_proto::DeviceAttributes {
                 sm_count: u32::try_from(threads).unwrap_or(u32::MAX),
                 ..vgpu_proto::DeviceAttributes::SIM
@@ -267,6 +267,12 @@ impl Backend for SimGpu {
 
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.modules.function(module, name)
+    }
+
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        self.modules
+            .kernel(function)
+            .map(vgpu_proto::builtin::layout)
     }
 
     fn launch(

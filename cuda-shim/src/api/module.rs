@@ -190,19 +190,35 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             };
             let device_module = m.device;
             let t = d.t.clone();
-            let f = d
-                .queue(0)?
-                .call(&t, |s| s.get_function(device_module, name))?;
-            let sig = match sig {
-                Some(sig) => sig,
-                None if f.params == 0 => Vec::new(),
-                None => {
-                    // Without PTX the library cannot tell the parameters' sizes.
+            // A device that reports parameter layouts also takes raw bytes.
+            let layouts = d.info.features & vgpu_proto::features::PARAM_LAYOUT != 0;
+            let (f, layout) = if layouts {
+                let (f, layout, _) = d
+                    .queue(0)?
+                    .call(&t, |s| s.get_function_layout(device_module, name))?;
+                (f, Some(layout))
+            } else {
+                let f = d
+                    .queue(0)?
+                    .call(&t, |s| s.get_function(device_module, name))?;
+                (f, None)
+            };
+            let sig = match (sig, layout) {
+                (Some(sig), _) => sig,
+                (None, Some(layout)) => image::signature_from_layout(&layout, f.params),
+                (None, None) if f.params == 0 => Vec::new(),
+                (None, None) => {
+                    // Without PTX or the device's layout the parameters' sizes are unknown.
                     crate::api::stubs::log_once(
-                        "kernels with parameters in cubin/fatbin modules without PTX",
+                        "kernels with parameters in cubin/fatbin modules on a protocol 1.0 device",
                     );
                     return Err(res::NOT_SUPPORTED);
                 }
+            };
+            let sig = if layouts {
+                image::with_raw_bytes(sig)
+            } else {
+                sig
             };
             if f.params != sig.len() as u64 {
                 tracing::warn!(

@@ -173,3 +173,47 @@ fn binary_images_go_to_a_device_that_loads_them() {
         Ok(Image::Binary(only_sass.clone()))
     );
 }
+
+#[test]
+fn signatures_from_a_device_layout_and_raw_bytes() {
+    let mut l = vgpu_proto::ParamLayout::default();
+    for (i, (o, s)) in [(0, 8), (8, 4), (12, 2), (16, 16)].into_iter().enumerate() {
+        l.set(i, o, s);
+    }
+    let sig = signature_from_layout(&l, 4);
+    let kinds: Vec<_> = sig.iter().map(|p| p.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            ParamKind::Word64,
+            ParamKind::U32,
+            ParamKind::Bytes,
+            ParamKind::Bytes
+        ]
+    );
+    assert_eq!(
+        buffer_layout(&sig),
+        (32, vec![0, 8, 12, 16]),
+        "the device's offsets"
+    );
+    let raw = with_raw_bytes(sig);
+    assert_eq!(raw[2].kind, ParamKind::Raw);
+    assert_eq!(
+        raw[3].kind,
+        ParamKind::Bytes,
+        "over 8 bytes stays unsupported"
+    );
+    let live = |_: u64| false;
+    let a = kernel_arg(&raw[2], &[0xef, 0xbe], live).expect("raw");
+    assert_eq!(
+        (a.kind, a.access, a.value),
+        (vgpu_proto::ArgKind::Bytes as u32, 2, 0xbeef)
+    );
+    assert_eq!(kernel_arg(&raw[3], &[0; 16], live), Err(res::NOT_SUPPORTED));
+    // A PTX 16-bit parameter becomes raw bytes too; 4 and 8-byte ones keep their kinds.
+    let e = ptx_entries(PTX);
+    let pack = with_raw_bytes(e["pack"].clone());
+    assert_eq!(pack[2].kind, ParamKind::Raw);
+    assert_eq!(pack[1].kind, ParamKind::F64);
+    assert_eq!(pack[0].kind, ParamKind::Bytes, "16 bytes");
+}

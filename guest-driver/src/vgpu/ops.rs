@@ -7,8 +7,8 @@ use vgpu_proto::args::{module_kind, BUILTIN_MODULE};
 use vgpu_proto::{
     encode_launch, AllocArgs, DeviceAttributes, DeviceInfo, EventArgs, EventElapsedArgs, FreeArgs,
     GetFunctionArgs, KernelArg, LaunchArgs, MemcpyDtoDArgs, MemcpyDtoHArgs, MemcpyHtoDArgs,
-    MemsetArgs, ModuleLoadArgs, ModuleUnloadArgs, Opcode, Request, ShmAtArgs, ShmCtlArgs,
-    ShmDtArgs, ShmGetArgs, Status, StorageAttachArgs, MAX_NAME_LEN,
+    MemsetArgs, ModuleLoadArgs, ModuleUnloadArgs, Opcode, ParamLayout, Request, ShmAtArgs,
+    ShmCtlArgs, ShmDtArgs, ShmGetArgs, Status, StorageAttachArgs, MAX_NAME_LEN,
 };
 
 use super::stream::{SlotData, Stream, Ticket, MAX_DATA_BUFFERS};
@@ -247,6 +247,33 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
             handle: r[0],
             params: r[1],
         })
+    }
+
+    /// Looks up a function and its parameter layout (devices with
+    /// `features::PARAM_LAYOUT`); also returns the parameter buffer's size.
+    pub fn get_function_layout(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(Function, ParamLayout, u64)> {
+        if name.len() as u64 > MAX_NAME_LEN {
+            return Err(Error::RequestTooLarge);
+        }
+        let req = Request::GetFunctionLayout(GetFunctionArgs {
+            module,
+            name_len: name.len() as u64,
+        });
+        let t = self.enqueue_slot_data(&req, SlotData::NameThenLayout(name.as_bytes()))?;
+        self.submit();
+        let (r, layout) = self.wait_layout(t)?;
+        Ok((
+            Function {
+                handle: r[0],
+                params: r[1],
+            },
+            layout,
+            r[2],
+        ))
     }
 
     /// Enqueues a kernel launch. `launch.arg_count`/`dep_count` are set from the slices.
