@@ -256,3 +256,52 @@ fn parameter_layouts_and_raw_bytes_arguments() {
         );
     });
 }
+
+/// A broker that grants everything (module memory never asks it).
+struct Unlimited;
+
+impl vgpu_backend::pager::Broker for Unlimited {
+    fn reserve(&self, _bytes: u64) -> Result<(), String> {
+        Ok(())
+    }
+    fn report(&self, _state: vgpu_backend::pager::MemState) {}
+}
+
+#[test]
+fn the_pager_counts_module_memory_against_the_share() {
+    let share = 2 * MIB + 4 * MODULE_PAGE;
+    let sim: std::sync::Arc<dyn Backend> = std::sync::Arc::new(
+        SimGpu::new(SimConfig {
+            memory: share,
+            va_size: 16 << 30,
+            threads: 1,
+            ..SimConfig::default()
+        })
+        .expect("sim"),
+    );
+    let p = vgpu_backend::pager::Pager::new(sim, std::sync::Arc::new(Unlimited), share);
+    p.alloc(2 * MIB).expect("alloc");
+    let mut loaded = Vec::new();
+    for _ in 0..4 {
+        loaded.push(
+            p.module_load(ModuleImage::Builtin(b"builtin"))
+                .expect("module"),
+        );
+    }
+    assert_eq!(
+        p.memory_usage().used,
+        share,
+        "modules count in memory_usage"
+    );
+    let e = p
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect_err("over the share");
+    assert_eq!(e.status(), Status::OutOfMemory, "{e}");
+    assert_eq!(
+        p.alloc(MODULE_PAGE).expect_err("full").status(),
+        Status::OutOfMemory
+    );
+    p.module_unload(loaded.pop().expect("one")).expect("unload");
+    assert_eq!(p.memory_usage().used, share - MODULE_PAGE);
+    p.alloc(MODULE_PAGE).expect("room again");
+}

@@ -35,7 +35,7 @@ migration|check|300|live migration through vgpud on cuda, 20 moves while a guest
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
-cuda-programs|check|300|unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
+cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
@@ -134,6 +134,8 @@ export -f on_vgpu
 step_cuda-programs() {
     local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs prog where t0 rc=0
     mkdir -p "$d/lib"
+    echo "== backend: module memory, parameter layouts, raw-bytes arguments"
+    "$(tb module_memory)" --test-threads 1 || rc=1
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
     home=$(cd "$(dirname "$nvcc")/.." && pwd)
