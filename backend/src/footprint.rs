@@ -1,6 +1,7 @@
 //! How much device memory a module holds once loaded, measured before it is compiled: its
-//! image, plus for PTX the `.global` and `.const` variables it declares (which the driver
-//! allocates in device memory at load time), rounded up to whole pages.
+//! image, plus for PTX the `.global` and `.const` variables it declares and for a cubin its
+//! `.nv.global` sections (which the driver allocates in device memory at load time),
+//! rounded up to whole pages.
 //!
 //! The PTX scan reads only module-scope declarations (outside every `{}` body and `()`
 //! parameter list, comments skipped) and never fails: what it cannot size counts as its
@@ -17,7 +18,9 @@ pub fn module_footprint(image: &ModuleImage<'_>) -> u64 {
     let raw = match image {
         ModuleImage::Builtin(_) => 0,
         ModuleImage::Ptx(text) => (text.len() as u64).saturating_add(ptx_globals_bytes(text)),
-        ModuleImage::Binary(bytes) => bytes.len() as u64,
+        ModuleImage::Binary(bytes) => {
+            (bytes.len() as u64).saturating_add(cubin_globals_bytes(bytes))
+        }
     };
     raw.max(1).div_ceil(MODULE_PAGE).saturating_mul(MODULE_PAGE)
 }
@@ -165,6 +168,54 @@ fn type_size(tok: &str) -> Option<u64> {
     })
 }
 
+/// Bytes of the `.nv.global` sections (the module's `__device__` variables, allocated in
+/// device memory when it loads) of a cubin (64-bit little-endian ELF); 0 for anything else
+/// or a section table that does not lie inside `image`.
+pub fn cubin_globals_bytes(image: &[u8]) -> u64 {
+    elf_globals(image).unwrap_or(0)
+}
+
+fn elf_globals(b: &[u8]) -> Option<u64> {
+    if !b.starts_with(b"\x7fELF") || b.get(4) != Some(&2) || b.get(5) != Some(&1) {
+        return None;
+    }
+    let u16_at = |o: usize| {
+        b.get(o..o.checked_add(2)?)
+            .and_then(|w| w.try_into().ok())
+            .map(u16::from_le_bytes)
+    };
+    let u32_at = |o: usize| {
+        b.get(o..o.checked_add(4)?)
+            .and_then(|w| w.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let u64_at = |o: usize| {
+        b.get(o..o.checked_add(8)?)
+            .and_then(|w| w.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let shoff = usize::try_from(u64_at(0x28)?).ok()?;
+    let shentsize = usize::from(u16_at(0x3a)?);
+    let shnum = usize::from(u16_at(0x3c)?);
+    let shstrndx = usize::from(u16_at(0x3e)?);
+    if shentsize < 0x40 {
+        return None;
+    }
+    let section = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
+    let names = usize::try_from(u64_at(section(shstrndx)?.checked_add(0x18)?)?).ok()?;
+    let mut total = 0u64;
+    for i in 0..shnum {
+        let sh = section(i)?;
+        let name_off = usize::try_from(u32_at(sh)?).ok()?;
+        let name = b.get(names.checked_add(name_off)?..)?;
+        let name = name.get(..name.iter().position(|c| *c == 0)?)?;
+        if name.starts_with(b".nv.global") {
+            total = total.saturating_add(u64_at(sh.checked_add(0x20)?)?);
+        }
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,5 +273,62 @@ mod tests {
             2 * MODULE_PAGE
         );
         assert_eq!(ptx_globals_bytes(b"}}}))) ;;; { ( .global"), 0);
+    }
+
+    /// A 64-bit ELF with a section-name table and sections (name, size).
+    fn elf(sections: &[(&str, u64)]) -> Vec<u8> {
+        let mut names = vec![0u8];
+        let mut name_offs = Vec::new();
+        for (n, _) in sections.iter().chain([(".shstrtab", 0)].iter()) {
+            name_offs.push(names.len() as u32);
+            names.extend_from_slice(n.as_bytes());
+            names.push(0);
+        }
+        let shoff = 0x40 + names.len().next_multiple_of(8);
+        let count = sections.len() + 2;
+        let mut b = vec![0u8; shoff + count * 0x40];
+        b[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        b[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        b[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
+        b[0x3c..0x3e].copy_from_slice(&(count as u16).to_le_bytes());
+        b[0x3e..0x40].copy_from_slice(&((count - 1) as u16).to_le_bytes());
+        b[0x40..0x40 + names.len()].copy_from_slice(&names);
+        let mut put = |i: usize, name: u32, off: u64, size: u64| {
+            let sh = shoff + i * 0x40;
+            b[sh..sh + 4].copy_from_slice(&name.to_le_bytes());
+            b[sh + 0x18..sh + 0x20].copy_from_slice(&off.to_le_bytes());
+            b[sh + 0x20..sh + 0x28].copy_from_slice(&size.to_le_bytes());
+        };
+        for (i, (_, size)) in sections.iter().enumerate() {
+            put(i + 1, name_offs[i], 0, *size);
+        }
+        put(
+            count - 1,
+            name_offs[sections.len()],
+            0x40,
+            names.len() as u64,
+        );
+        b
+    }
+
+    #[test]
+    fn a_cubins_device_variables_are_charged() {
+        let image = elf(&[
+            (".text.k", 50),
+            (".nv.global", 1 << 20),
+            (".nv.global.init", 100),
+        ]);
+        assert_eq!(cubin_globals_bytes(&image), (1 << 20) + 100);
+        let fp = module_footprint(&ModuleImage::Binary(&image));
+        assert_eq!(
+            fp,
+            ((image.len() as u64 + (1 << 20) + 100).div_ceil(MODULE_PAGE)) * MODULE_PAGE
+        );
+        assert_eq!(
+            cubin_globals_bytes(&image[..100]),
+            0,
+            "truncated section table"
+        );
+        assert_eq!(cubin_globals_bytes(b"not an elf"), 0);
     }
 }

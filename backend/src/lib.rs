@@ -32,7 +32,7 @@ pub mod storage;
 
 pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
-pub use footprint::{module_footprint, ptx_globals_bytes, MODULE_PAGE};
+pub use footprint::{cubin_globals_bytes, module_footprint, ptx_globals_bytes, MODULE_PAGE};
 pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue, ParamLayout};
