@@ -139,7 +139,11 @@ step_cuda-programs() {
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
     home=$(cd "$(dirname "$nvcc")/.." && pwd)
-    stubs=$(dirname "$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)")
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    # No stub in this toolkit: link against the driver's own library.
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
     cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
     ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
     "$nvcc" -ptx -o "$d/vecadd.ptx" "$src/vecadd.cu" || return 1
