@@ -147,6 +147,9 @@ impl<M: Clone> ModuleTable<M> {
         let mut t = lock(&self.table);
         // Handles are never reused; 2^48 loads would be needed to run out.
         if t.next >= MAX_LOADS {
+            // The reservation gives itself back, which takes the table's lock.
+            drop(t);
+            drop(reservation);
             return Err(BackendError::TooMany {
                 what: "module loads over the vGPU's life",
                 limit: MAX_LOADS as usize,
@@ -255,4 +258,65 @@ pub(crate) fn check_builtin(name: &[u8]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// Device memory of `cap` bytes.
+    struct Counter {
+        used: AtomicU64,
+        cap: u64,
+    }
+
+    impl ModuleCharge for Counter {
+        fn charge_module(&self, bytes: u64) -> Result<()> {
+            crate::space::charge(&self.used, self.cap, bytes)
+        }
+        fn uncharge_module(&self, bytes: u64) {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
+
+    #[test]
+    fn reservations_charge_before_and_give_back_on_failure_and_unload() {
+        let mem = Counter {
+            used: AtomicU64::new(0),
+            cap: 3 * 4096,
+        };
+        let t: ModuleTable<u32> = ModuleTable::default();
+        // A compile that fails: the reservation is dropped, the charge comes back.
+        drop(t.reserve(&mem, 4096).expect("reserve"));
+        assert_eq!(mem.used.load(Ordering::Acquire), 0);
+        let a = t
+            .insert(1, t.reserve(&mem, 8192).expect("a"))
+            .expect("insert a");
+        assert_eq!(mem.used.load(Ordering::Acquire), 8192);
+        let e = t
+            .reserve(&mem, 8192)
+            .map(drop)
+            .expect_err("over the memory");
+        assert!(matches!(e, BackendError::ModuleLimit { .. }), "{e}");
+        assert_eq!(
+            mem.used.load(Ordering::Acquire),
+            8192,
+            "a refusal charges nothing"
+        );
+        let e = t
+            .reserve(&mem, MAX_MODULE_MEMORY)
+            .map(drop)
+            .expect_err("over the module cap");
+        assert!(e.to_string().contains("at most"), "{e}");
+        assert_eq!(t.remove(a, &mem).expect("remove"), 1);
+        assert_eq!(mem.used.load(Ordering::Acquire), 0);
+        let b = t
+            .insert(2, t.reserve(&mem, 4096).expect("b"))
+            .expect("insert b");
+        t.clear(&mem);
+        assert_eq!(mem.used.load(Ordering::Acquire), 0);
+        assert!(t.get(b).is_err());
+    }
 }
