@@ -26,6 +26,16 @@ pub enum BackendError {
         /// The broker's reason.
         why: String,
     },
+    /// A module load would pass the vGPU's module limits (count or bytes).
+    #[error(
+        "loading this module needs {requested} bytes of module memory: {why}; unload modules first"
+    )]
+    ModuleLimit {
+        /// Bytes the module would be charged (whole pages).
+        requested: u64,
+        /// Which limit, and where it stands.
+        why: String,
+    },
     /// The host has no memory left to back device memory.
     #[error("the host has no memory left to back {requested} bytes of device memory; free memory on the host or lower the vGPU's memory share")]
     HostOutOfMemory {
@@ -133,6 +143,7 @@ impl BackendError {
             BackendError::OutOfMemory { .. }
             | BackendError::HostOutOfMemory { .. }
             | BackendError::MemoryPressure { .. }
+            | BackendError::ModuleLimit { .. }
             | BackendError::AddressSpaceFull { .. } => Status::OutOfMemory,
             BackendError::BadPointer { .. }
             | BackendError::ReadOnly { .. }

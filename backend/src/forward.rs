@@ -85,6 +85,11 @@ macro_rules! forward_backend {
             self.$f.get_function(module, name)
         }
     };
+    (@one $f:tt param_layout) => {
+        fn param_layout(&self, function: u64) -> $crate::Result<$crate::ParamLayout> {
+            self.$f.param_layout(function)
+        }
+    };
     (@one $f:tt launch) => {
         fn launch(
             &self,

@@ -22,6 +22,7 @@ pub mod cuda;
 mod drain;
 mod error;
 pub mod faults;
+mod footprint;
 mod forward;
 mod module_table;
 pub mod pager;
@@ -31,8 +32,10 @@ pub mod storage;
 
 pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
+pub use footprint::{cubin_globals_bytes, module_footprint, ptx_globals_bytes, MODULE_PAGE};
+pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
-pub use vgpu_proto::{Access, ArgValue};
+pub use vgpu_proto::{Access, ArgValue, ParamLayout};
 pub use vgpu_sync as sync;
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
@@ -73,6 +76,8 @@ pub struct BackendInfo {
     pub va_size: u64,
     /// `vgpu_proto::features` bits the backend provides (`BUILTIN_KERNELS`, `PTX`, ...).
     pub features: u64,
+    /// The physical GPU's attributes (`GET_ATTRIBUTES`).
+    pub attributes: vgpu_proto::DeviceAttributes,
 }
 
 /// A fresh allocation.
@@ -91,6 +96,8 @@ pub enum ModuleImage<'a> {
     Builtin(&'a [u8]),
     /// PTX text.
     Ptx(&'a [u8]),
+    /// A cubin or fatbin image (ELF or fatbin container), loaded natively by the driver.
+    Binary(&'a [u8]),
 }
 
 /// A looked-up function.
@@ -180,7 +187,9 @@ pub trait Backend: Send + Sync {
     /// `value`. Returns the bytes written.
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64>;
 
-    /// Loads a module; returns its handle (never 0).
+    /// Loads a module; returns its handle (never 0). The module's memory
+    /// ([`module_footprint`]) is charged to the device memory before it is compiled and
+    /// counts in [`Backend::memory_usage`] until it is unloaded.
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64>;
 
     /// Unloads a module; its functions become unknown.
@@ -188,6 +197,15 @@ pub trait Backend: Send + Sync {
 
     /// Looks up a function of a loaded module.
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo>;
+
+    /// Where each parameter of a looked-up function lies in its parameter buffer (offsets
+    /// and sizes). Default: not supported.
+    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
+        let _ = function;
+        Err(BackendError::NotSupported(
+            "this backend does not report parameter layouts".into(),
+        ))
+    }
 
     /// Runs a kernel to completion. `args` are the typed kernel arguments; every pointer's
     /// extent is checked against the allocations before the kernel starts.

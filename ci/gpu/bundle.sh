@@ -8,6 +8,9 @@
 #                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests)
 #   gpu-bundle/payloads/            the payload guests (VGPU_PAYLOAD_DIR)
 #   gpu-bundle/kernels/             the CUDA C sources, committed PTX and build-ptx.sh
+#   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the cuda-programs step installs it
+#                                   as libcuda.so.1)
+#   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources
 #   gpu-bundle/fuzz/                the fuzz targets, when they were built (see below)
 #   gpu-bundle/MANIFEST             what is in it, from which commit, sizes
 #
@@ -28,7 +31,8 @@ max_mib="${BUNDLE_MAX_MIB:-64}"
 programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
-tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration)
+tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
+    cuda_programs module_memory)
 
 log() { echo "bundle: $*" >&2; }
 
@@ -38,6 +42,9 @@ export CARGO_PROFILE_RELEASE_DEBUG=false
 log "building the programs (release)"
 cargo build --release --locked --workspace --bins
 
+log "building the vGPU CUDA library (release)"
+cargo build --release --locked -p vgpu-cuda --lib
+
 log "building the test binaries (release)"
 test_args=()
 for t in "${tests[@]}"; do test_args+=(--test "$t"); done
@@ -46,7 +53,7 @@ trap 'rm -f "$json"' EXIT
 cargo test --release --locked --workspace --no-run --message-format=json "${test_args[@]}" >"$json"
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/tests" "$out/payloads" "$out/kernels"
+mkdir -p "$out/bin" "$out/tests" "$out/payloads" "$out/kernels" "$out/lib" "$out/cuda-programs"
 
 for p in "${programs[@]}"; do
     if [[ ! -x "$target/release/$p" ]]; then
@@ -99,6 +106,9 @@ log "building the payloads"
 cargo run --release --locked -q -p payload-build -- --out "$out/payloads" >/dev/null
 
 cp backend/kernels/*.cu backend/kernels/*.ptx backend/kernels/build-ptx.sh "$out/kernels/"
+cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
+cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
+    "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"
 for f in request_parser rest_bodies elf_loader bzimage_loader; do
@@ -110,6 +120,7 @@ done
 
 log "stripping"
 strip --strip-all "$out"/bin/* "$out"/tests/*
+strip --strip-unneeded "$out"/lib/*.so
 [[ -d "$out/fuzz" ]] && strip --strip-debug "$out"/fuzz/*
 
 {

@@ -35,6 +35,7 @@ migration|check|300|live migration through vgpud on cuda, 20 moves while a guest
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
+cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
@@ -105,6 +106,77 @@ step_daemon() {
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     echo "vgpud log:"; tail -20 "$LOGS/daemon-vgpud.log"
+    return "$rc"
+}
+# Runs `$@` on a vGPU: a fresh cuda vgpu-worker (it serves one frontend), the vGPU
+# library as libcuda.so.1 first on the library path, the process transport to the worker.
+on_vgpu() {
+    local d=$LOGS/cuda-programs tag=$1 sock wpid rc
+    shift
+    sock=$d/$tag.sock
+    rm -f "$sock"
+    "$B/bin/vgpu-worker" --backend cuda --socket "$sock" --vgpu-id 0 --memory 8G \
+        --queues 4 >"$d/worker-$tag.log" 2>&1 &
+    wpid=$!
+    for _ in $(seq 150); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    if [[ ! -S "$sock" ]]; then
+        echo "== $tag: the cuda worker did not start:"; tail -5 "$d/worker-$tag.log"
+        kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null
+        return 1
+    fi
+    LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$sock "$@"
+    rc=$?
+    kill "$wpid" 2>/dev/null
+    wait "$wpid" 2>/dev/null
+    return "$rc"
+}
+export -f on_vgpu
+step_cuda-programs() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs prog where t0 rc=0
+    mkdir -p "$d/lib"
+    echo "== backend: module memory, parameter layouts, raw-bytes arguments"
+    "$(tb module_memory)" --test-threads 1 || rc=1
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    # No stub in this toolkit: link against the driver's own library.
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$nvcc" -ptx -o "$d/vecadd.ptx" "$src/vecadd.cu" || return 1
+    "$nvcc" -cubin -arch=sm_90 -o "$d/vecadd.cubin" "$src/vecadd.cu" || return 1
+    # Linked against the toolkit's stub (soname libcuda.so.1): the loader then picks the
+    # driver's libcuda natively and the vGPU library when it comes first on the path.
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecadd.c" -o "$d/vecadd" \
+        -L "$stubs" -lcuda || return 1
+    for prog in c-ptx c-cubin python cudarc; do
+        for where in native vgpu; do
+            local cmd=()
+            case $prog in
+                c-ptx) cmd=("$d/vecadd" "$d/vecadd.ptx") ;;
+                c-cubin) cmd=("$d/vecadd" "$d/vecadd.cubin") ;;
+                python) cmd=(python3 "$src/vecadd.py") ;;
+                cudarc) cmd=("$(tb cuda_programs)" --ignored --exact cudarc_vecadd_from_ptx --nocapture) ;;
+            esac
+            t0=$(date +%s.%N)
+            if [[ $where == native ]]; then
+                "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+            else
+                on_vgpu "$prog" "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+            fi
+            local r=$? secs
+            secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+            if [[ $r == 0 ]] && grep -q 'VECADD OK' "$d/$prog-$where.log"; then
+                echo "== $prog $where: pass in ${secs}s"
+            else
+                echo "== $prog $where: FAIL ($r) in ${secs}s"; tail -5 "$d/$prog-$where.log"
+                rc=1
+            fi
+        done
+    done
     return "$rc"
 }
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }

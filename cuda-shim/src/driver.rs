@@ -106,6 +106,9 @@ pub struct Driver {
     /// queue does not hold the driver: see [`wait_outside`].
     queues: Vec<SharedQueue>,
     pub info: DeviceInfo,
+    /// The physical GPU's attributes (`GET_ATTRIBUTES`), or the library's fixed values on a
+    /// device that cannot report them.
+    pub attributes: vgpu_proto::DeviceAttributes,
     pub primary: u64,
     pub primary_refs: u32,
     pub contexts: HashMap<u64, Context>,
@@ -183,6 +186,14 @@ impl Driver {
             .first()
             .ok_or(OpenError::Device(guest_driver::Error::NoSuchQueue(0)))?;
         let info = lock(first).stream().get_info().map_err(OpenError::Device)?;
+        let attributes = if info.features & vgpu_proto::features::ATTRIBUTES != 0 {
+            lock(first)
+                .stream()
+                .get_attributes()
+                .map_err(OpenError::Device)?
+        } else {
+            crate::api::device::fixed_attributes(&info)
+        };
         tracing::info!(
             name = info.name_str(),
             queues = queues.len(),
@@ -194,6 +205,7 @@ impl Driver {
             _gpu: gpu,
             queues,
             info,
+            attributes,
             primary: 0,
             primary_refs: 0,
             contexts: HashMap::new(),

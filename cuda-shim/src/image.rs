@@ -29,6 +29,9 @@ const MAX_IMAGE: usize = vgpu_proto::MAX_MODULE_BYTES as usize;
 pub enum Image {
     Builtin,
     Ptx(Vec<u8>),
+    /// A cubin, or a fat binary without PTX the library can read: loaded natively where
+    /// the device has `features::BINARY_MODULES`.
+    Binary(Vec<u8>),
 }
 
 /// How one kernel parameter is passed: its size and alignment in the C parameter buffer,
@@ -45,8 +48,11 @@ pub enum ParamKind {
     U32,
     F32,
     F64,
-    /// Bytes the wire cannot carry (structs, arrays, 16-bit floats).
+    /// Bytes the wire cannot carry (structs, arrays, 16-bit floats) to this device.
     Bytes,
+    /// Bytes sent as they are (`ArgKind::Bytes`, 1 to 8 of them) to a device that takes
+    /// them (`features::PARAM_LAYOUT`).
+    Raw,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +82,27 @@ fn read_u64(b: &[u8], at: usize) -> Option<u64> {
 /// # Safety
 /// `image` must point to a readable image: a fat binary (its header says how long it
 /// is), a fatbin wrapper, an ELF, or NUL-terminated text.
+///
+/// A binary image (cubin, or a fat binary without readable PTX) answers
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU`, as on a device that cannot load one;
+/// [`read_image_native`] returns it for a device that can.
 pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
+    // SAFETY: the caller's contract.
+    no_native(unsafe { read_image_with(image, false) })
+}
+
+/// [`read_image`] for a device that loads binary images (`features::BINARY_MODULES`).
+///
+/// # Safety
+/// As [`read_image`].
+pub unsafe fn read_image_native(image: *const u8) -> Result<Image, CUresult> {
+    // SAFETY: the caller's contract.
+    unsafe { read_image_with(image, true) }
+}
+
+/// # Safety
+/// As [`read_image`].
+unsafe fn read_image_with(image: *const u8, native: bool) -> Result<Image, CUresult> {
     if image.is_null() {
         return Err(res::INVALID_VALUE);
     }
@@ -89,7 +115,7 @@ pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
         if *b == 0 {
             // SAFETY: NUL-terminated text, as just seen.
             let text = unsafe { std::ffi::CStr::from_ptr(image.cast()) };
-            return classify(text.to_bytes());
+            return classify_with(text.to_bytes(), native);
         }
     }
     let magic = u32::from_le_bytes(head);
@@ -98,7 +124,7 @@ pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
         // SAFETY: a wrapper is 24 bytes; its data field points to a fat binary.
         let data = unsafe { image.add(8).cast::<*const u8>().read_unaligned() };
         // SAFETY: the wrapper's data pointer is a fat binary (caller's contract).
-        return unsafe { read_image(data) };
+        return unsafe { read_image_with(data, native) };
     }
     if magic == FATBIN_MAGIC {
         // SAFETY: the fat binary header is 16 bytes: magic, version, header size, size.
@@ -108,36 +134,77 @@ pub unsafe fn read_image(image: *const u8) -> Result<Image, CUresult> {
         let total = hsize.saturating_add(body).min(MAX_IMAGE);
         // SAFETY: the header says the binary is this long.
         let bytes = unsafe { std::slice::from_raw_parts(image, total) };
-        return ptx_from_fatbin(bytes).map(Image::Ptx);
+        return Ok(from_fatbin(bytes));
     }
     if &head == b"\x7fELF" {
-        // A cubin: machine code for a real GPU, which a vGPU cannot run.
-        return Err(res::NO_BINARY_FOR_GPU);
+        if !native {
+            return Err(res::NO_BINARY_FOR_GPU);
+        }
+        // A cubin: its ELF header (64 bytes) says how long it is.
+        // SAFETY: an ELF image starts with its 64-byte header (caller's contract).
+        let header = unsafe { std::slice::from_raw_parts(image, 64) };
+        let len = vgpu_proto::binary_image_declared_len(header)
+            .filter(|l| (64..=MAX_IMAGE).contains(l))
+            .ok_or(res::INVALID_IMAGE)?;
+        // SAFETY: the header says the image is this long.
+        let bytes = unsafe { std::slice::from_raw_parts(image, len) };
+        return Ok(Image::Binary(bytes.to_vec()));
     }
     // SAFETY: otherwise the image is NUL-terminated text (caller's contract).
     let text = unsafe { std::ffi::CStr::from_ptr(image.cast()) };
-    classify(text.to_bytes())
+    classify_with(text.to_bytes(), native)
 }
 
-/// Classifies an image whose bytes are known (a file, or text).
+/// A binary image refused as a device without native binaries refuses it.
+fn no_native(img: Result<Image, CUresult>) -> Result<Image, CUresult> {
+    match img {
+        Ok(Image::Binary(_)) => Err(res::NO_BINARY_FOR_GPU),
+        other => other,
+    }
+}
+
+/// Classifies an image whose bytes are known (a file, or text); binary images answer
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU` (see [`read_image`]).
 pub fn classify(bytes: &[u8]) -> Result<Image, CUresult> {
+    no_native(classify_with(bytes, false))
+}
+
+/// [`classify`] for a device that loads binary images.
+pub fn classify_native(bytes: &[u8]) -> Result<Image, CUresult> {
+    classify_with(bytes, true)
+}
+
+fn classify_with(bytes: &[u8], native: bool) -> Result<Image, CUresult> {
     let trimmed = bytes.strip_suffix(b"\0").unwrap_or(bytes);
     if trimmed == BUILTIN_IMAGE.as_bytes() {
         return Ok(Image::Builtin);
     }
     match read_u32(bytes, 0) {
-        Some(FATBIN_MAGIC) => return ptx_from_fatbin(bytes).map(Image::Ptx),
+        Some(FATBIN_MAGIC) => return Ok(from_fatbin(bytes)),
         Some(FATBIN_WRAPPER_MAGIC) => return Err(res::INVALID_IMAGE),
         _ => {}
     }
     if bytes.starts_with(b"\x7fELF") {
-        return Err(res::NO_BINARY_FOR_GPU);
+        if !native {
+            return Err(res::NO_BINARY_FOR_GPU);
+        }
+        let len = vgpu_proto::binary_image_len(bytes).ok_or(res::INVALID_IMAGE)?;
+        return Ok(Image::Binary(bytes.get(..len).unwrap_or(bytes).to_vec()));
     }
     let text = std::str::from_utf8(trimmed).map_err(|_| res::INVALID_IMAGE)?;
     if !text.contains(".version") && !text.contains(".entry") {
         return Err(res::INVALID_IMAGE);
     }
     Ok(Image::Ptx(trimmed.to_vec()))
+}
+
+/// A fat binary's first uncompressed PTX entry, else the whole fat binary (for a device
+/// that loads binaries natively).
+fn from_fatbin(bytes: &[u8]) -> Image {
+    match ptx_from_fatbin(bytes) {
+        Ok(ptx) => Image::Ptx(ptx),
+        Err(_) => Image::Binary(bytes.to_vec()),
+    }
 }
 
 /// The first uncompressed PTX entry of a fat binary.
@@ -297,6 +364,51 @@ pub fn builtin_signature(name: &str) -> Option<Signature> {
     )
 }
 
+/// For a device that takes raw bytes: by-value parameters of up to 8 bytes the protocol
+/// has no kind for (8 and 16-bit values, small structs) go as raw bytes.
+pub fn with_raw_bytes(sig: Signature) -> Signature {
+    sig.into_iter()
+        .map(|p| match p.kind {
+            // Aggregates and 16-bit floats, and 8 and 16-bit integers (a U32 argument would
+            // not match their size).
+            ParamKind::Bytes | ParamKind::U32
+                if (1..=vgpu_proto::MAX_ARG_BYTES as usize).contains(&p.size) && p.size != 4 =>
+            {
+                ParamSpec {
+                    kind: ParamKind::Raw,
+                    ..p
+                }
+            }
+            _ => p,
+        })
+        .collect()
+}
+
+/// The signature of a kernel the library has no PTX for (a cubin's), from the device's
+/// parameter layout: 8-byte parameters as 64-bit words (pointers when they point into a
+/// live allocation), 4-byte ones as 32-bit words, other sizes as bytes.
+pub fn signature_from_layout(layout: &vgpu_proto::ParamLayout, count: u64) -> Signature {
+    let count = count.min(u64::from(vgpu_proto::MAX_KERNEL_ARGS)) as usize;
+    (0..count)
+        .filter_map(|i| layout.get(i))
+        .map(|(off, size)| {
+            let size = size as usize;
+            let kind = match size {
+                8 => ParamKind::Word64,
+                4 => ParamKind::U32,
+                _ => ParamKind::Bytes,
+            };
+            // The alignment that puts the parameter where the device says it lies.
+            let align = if off == 0 {
+                size.next_power_of_two().clamp(1, 8)
+            } else {
+                1usize << off.trailing_zeros().min(4)
+            };
+            ParamSpec { kind, size, align }
+        })
+        .collect()
+}
+
 /// Bytes a parameter buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`) must hold, and each
 /// parameter's offset in it.
 pub fn buffer_layout(sig: &Signature) -> (usize, Vec<usize>) {
@@ -328,8 +440,11 @@ pub fn kernel_arg(
         ParamKind::U32 => KernelArg::u32(v as u32),
         ParamKind::F32 => KernelArg::f32(f32::from_bits(v as u32)),
         ParamKind::F64 => KernelArg::f64(f64::from_bits(v)),
+        ParamKind::Raw => KernelArg::bytes(bytes).ok_or(res::NOT_SUPPORTED)?,
         ParamKind::Bytes => {
-            crate::api::stubs::log_once("kernel parameters that are aggregates or 16-bit floats");
+            crate::api::stubs::log_once(
+                "kernel parameters that are aggregates over 8 bytes (or, on a protocol 1.0 device, any aggregate or 16-bit float)",
+            );
             return Err(res::NOT_SUPPORTED);
         }
     })

@@ -72,6 +72,7 @@ pub mod attr {
     pub const GPU_OVERLAP: i32 = 15;
     pub const MULTIPROCESSOR_COUNT: i32 = 16;
     pub const CONCURRENT_KERNELS: i32 = 31;
+    pub const ECC_ENABLED: i32 = 32;
     pub const PCI_BUS_ID: i32 = 33;
     pub const PCI_DEVICE_ID: i32 = 34;
     pub const MEMORY_CLOCK_RATE: i32 = 36;

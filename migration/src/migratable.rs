@@ -32,6 +32,7 @@ struct Alloc {
 enum Image {
     Builtin(Vec<u8>),
     Ptx(Vec<u8>),
+    Binary(Vec<u8>),
 }
 
 impl Image {
@@ -39,6 +40,7 @@ impl Image {
         match self {
             Image::Builtin(b) => ModuleImage::Builtin(b),
             Image::Ptx(b) => ModuleImage::Ptx(b),
+            Image::Binary(b) => ModuleImage::Binary(b),
         }
     }
 }
@@ -232,6 +234,7 @@ impl Backend for Migratable {
         let image = match image {
             ModuleImage::Builtin(n) => Image::Builtin(n.to_vec()),
             ModuleImage::Ptx(p) => Image::Ptx(p.to_vec()),
+            ModuleImage::Binary(p) => Image::Binary(p.to_vec()),
         };
         let h = self.handle();
         lock(&self.modules).insert(h, Module { image, real });
@@ -270,6 +273,15 @@ impl Backend for Migratable {
             handle: h,
             param_count: f.param_count,
         })
+    }
+
+    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
+        b.param_layout(real)
     }
 
     fn launch(

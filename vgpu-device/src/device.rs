@@ -20,6 +20,28 @@ use crate::events::Events;
 use crate::stats::{Stats, StatsSnapshot};
 use vgpu_backend::sync::lock;
 
+/// Writes a `WritableInfo` answer into the chain's one data descriptor (check_shape made
+/// sure it is one writable descriptor of at least the answer's size).
+fn write_answer<'m>(mem: &'m GuestMem, chain: &Chain<'m>, op: Opcode, answer: &[u8]) -> Outcome {
+    let d = chain
+        .clone()
+        .nth(1)
+        .ok_or(RequestError::TooFewDescriptors(1))?;
+    if !d.is_write_only() || (d.len() as usize) < answer.len() {
+        return Err(RequestError::DataDirection {
+            opcode: name_of(op),
+            index: 1,
+            writable: true,
+        });
+    }
+    mem.write_slice(answer, d.addr())
+        .map_err(|e| RequestError::GuestMemory {
+            addr: d.addr().0,
+            reason: e.to_string(),
+        })?;
+    Ok([answer.len() as u64, 0, 0, 0])
+}
+
 /// Largest header descriptor read: a launch with every argument and dependency.
 const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize);
 
@@ -222,6 +244,10 @@ impl Vgpu {
         let name = op.name();
         match req {
             Request::GetInfo => self.get_info(mem, chain),
+            Request::GetAttributes => {
+                let attributes = self.backend.info().attributes.to_bytes();
+                write_answer(mem, chain, op, &attributes)
+            }
             Request::Alloc(a) => {
                 if a.flags != 0 {
                     return Err(RequestError::invalid(
@@ -297,6 +323,7 @@ impl Vgpu {
                 let f = b.get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
                 Ok([f.handle, u64::from(f.param_count), 0, 0])
             }
+            Request::GetFunctionLayout(a) => self.get_function_layout(mem, chain, layout, a),
             Request::Launch(l) => self.launch(l),
             Request::StreamSync => Ok([0; 4]),
             Request::Fence => {
@@ -408,24 +435,7 @@ impl Vgpu {
             device_memory: info.device_memory,
             name: DeviceInfo::pad_name(&info.name),
         };
-        // check_shape made sure descriptor 1 is one writable descriptor of >= 128 bytes.
-        let d = chain
-            .clone()
-            .nth(1)
-            .ok_or(RequestError::TooFewDescriptors(1))?;
-        if !d.is_write_only() || (d.len() as usize) < DeviceInfo::SIZE {
-            return Err(RequestError::DataDirection {
-                opcode: name_of(Opcode::GetInfo),
-                index: 1,
-                writable: true,
-            });
-        }
-        mem.write_slice(&di.to_bytes(), d.addr())
-            .map_err(|e| RequestError::GuestMemory {
-                addr: d.addr().0,
-                reason: e.to_string(),
-            })?;
-        Ok([DeviceInfo::SIZE as u64, 0, 0, 0])
+        write_answer(mem, chain, Opcode::GetInfo, &di.to_bytes())
     }
 
     fn alloc(&self, size: u64) -> Outcome {
@@ -463,7 +473,27 @@ impl Vgpu {
                 format!("flags {:#x} must be 0", a.flags),
             ));
         }
-        let handle = match a.kind {
+        let code_kind = |feature: u64, what: &str| -> Result<(), RequestError> {
+            if self.backend.info().features & feature == 0 {
+                return Err(RequestError::NotSupported {
+                    opcode: name_of(op),
+                    why: if feature == features::PTX {
+                        "this device runs only the built-in kernels (sim backend); load module \"builtin\", or use a cuda vGPU for PTX"
+                    } else {
+                        "this device has no GPU code to run a cubin or fatbin on (sim backend); load module \"builtin\", or use a cuda vGPU"
+                    },
+                });
+            }
+            if a.size == 0 || a.size > MAX_MODULE_BYTES {
+                return Err(RequestError::invalid(
+                    op,
+                    format!("{what} size {} must be 1..={MAX_MODULE_BYTES}", a.size),
+                ));
+            }
+            Ok(())
+        };
+        let mut bytes = vec![0u8; MAX_NAME_LEN as usize];
+        match a.kind {
             module_kind::BUILTIN => {
                 if a.size == 0 || a.size > MAX_NAME_LEN {
                     return Err(RequestError::invalid(
@@ -471,37 +501,83 @@ impl Vgpu {
                         format!("module name length {} must be 1..={MAX_NAME_LEN}", a.size),
                     ));
                 }
-                let mut name = [0u8; MAX_NAME_LEN as usize];
-                gather(mem, chain, layout, name_of(op), a.size, &mut name)?;
-                self.backend.module_load(ModuleImage::Builtin(
-                    name.get(..a.size as usize).unwrap_or(&[]),
-                ))?
             }
-            module_kind::PTX => {
-                if self.backend.info().features & features::PTX == 0 {
-                    return Err(RequestError::NotSupported {
-                        opcode: name_of(op),
-                        why: "this device runs only the built-in kernels (sim backend); load module \"builtin\", or use a cuda vGPU for PTX",
-                    });
-                }
-                if a.size == 0 || a.size > MAX_MODULE_BYTES {
-                    return Err(RequestError::invalid(
-                        op,
-                        format!("PTX size {} must be 1..={MAX_MODULE_BYTES}", a.size),
-                    ));
-                }
-                let mut text = vec![0u8; a.size as usize];
-                gather(mem, chain, layout, name_of(op), a.size, &mut text)?;
-                self.backend.module_load(ModuleImage::Ptx(&text))?
-            }
+            module_kind::PTX => code_kind(features::PTX, "PTX")?,
+            module_kind::BINARY => code_kind(features::BINARY_MODULES, "cubin/fatbin")?,
             k => {
                 return Err(RequestError::invalid(
                     op,
-                    format!("module kind {k} is unknown; use 0 (built-in) or 1 (PTX)"),
+                    format!(
+                        "module kind {k} is unknown; use 0 (built-in), 1 (PTX) or 2 (cubin/fatbin)"
+                    ),
                 ))
             }
+        }
+        // Bounded above: at most MAX_MODULE_BYTES.
+        bytes.resize(a.size as usize, 0);
+        gather(mem, chain, layout, name_of(op), a.size, &mut bytes)?;
+        let image = match a.kind {
+            module_kind::BUILTIN => ModuleImage::Builtin(&bytes),
+            module_kind::PTX => ModuleImage::Ptx(&bytes),
+            _ => ModuleImage::Binary(&bytes),
         };
-        Ok([handle, 0, 0, 0])
+        // The module's memory counts against the share like an allocation: checked and
+        // charged under the allocation lock, before the backend compiles anything.
+        let _g = lock(&self.alloc_lock);
+        let footprint = vgpu_backend::module_footprint(&image);
+        let used = self.backend.memory_usage().used;
+        let share = self.config.memory_share;
+        if used.checked_add(footprint).is_none_or(|t| t > share) {
+            return Err(RequestError::ShareExhausted {
+                requested: footprint,
+                used,
+                share,
+            });
+        }
+        let handle = self.backend.module_load(image)?;
+        Ok([handle, footprint, 0, 0])
+    }
+
+    /// `GET_FUNCTION_LAYOUT`: `GET_FUNCTION` plus the parameter layout, written into the
+    /// chain's last data descriptor (check_shape made sure it is the one writable one).
+    fn get_function_layout<'m>(
+        &self,
+        mem: &'m GuestMem,
+        chain: &Chain<'m>,
+        layout: &Layout,
+        a: &vgpu_proto::GetFunctionArgs,
+    ) -> Outcome {
+        let op = Opcode::GetFunctionLayout;
+        if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
+            return Err(RequestError::invalid(
+                op,
+                format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
+            ));
+        }
+        let names = Layout {
+            data_count: layout.data_count.saturating_sub(1),
+            ..Layout::default()
+        };
+        let mut name = [0u8; MAX_NAME_LEN as usize];
+        gather(mem, chain, &names, name_of(op), a.name_len, &mut name)?;
+        let name = name.get(..a.name_len as usize).unwrap_or(&[]);
+        let f = self.backend.get_function(a.module, name)?;
+        let params = self.backend.param_layout(f.handle)?;
+        let d = chain
+            .clone()
+            .nth(layout.data_count)
+            .ok_or(RequestError::TooFewDescriptors(layout.count))?;
+        mem.write_slice(&params.to_bytes(), d.addr())
+            .map_err(|e| RequestError::GuestMemory {
+                addr: d.addr().0,
+                reason: e.to_string(),
+            })?;
+        let buffer = (0..f.param_count as usize)
+            .filter_map(|i| params.get(i))
+            .map(|(o, s)| u64::from(o) + u64::from(s))
+            .max()
+            .unwrap_or(0);
+        Ok([f.handle, u64::from(f.param_count), buffer, 0])
     }
 
     fn launch(&self, l: &LaunchRequest<'_>) -> Outcome {
@@ -613,6 +689,33 @@ fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
                     opcode,
                     expected,
                     got: l.data_len,
+                });
+            }
+            Ok(())
+        }
+        DataShape::ReadableThenAnswer => {
+            // Readable descriptors, then one writable one: the first writable is the last.
+            if l.data_count < 2 || l.first_writable != Some(l.data_count) {
+                return Err(RequestError::DataDirection {
+                    opcode,
+                    index: l.first_writable.unwrap_or(l.data_count),
+                    writable: l.first_writable.is_none(),
+                });
+            }
+            let readable = l.data_len - l.data_writable_len;
+            if readable != expected {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected,
+                    got: readable,
+                });
+            }
+            let answer = vgpu_proto::ParamLayout::SIZE as u64;
+            if l.data_writable_len < answer {
+                return Err(RequestError::DataLength {
+                    opcode,
+                    expected: answer,
+                    got: l.data_writable_len,
                 });
             }
             Ok(())

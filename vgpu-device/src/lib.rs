@@ -6,13 +6,15 @@
 //!   [`vgpu_backend::Backend`] and writes the response. Copies go straight between the
 //!   guest's buffers and device memory.
 //! - [`VgpuVhostBackend`] serves a `Vgpu` over vhost-user: N queues, one thread each,
-//!   in-order completion per queue, EVENT_IDX, config space via GET_CONFIG.
+//!   in-order completion per queue, EVENT_IDX, config space via GET_CONFIG. It maps only
+//!   guest memory in memfds sealed against shrinking ([`check_memory_table`]).
 
 mod chain;
 mod config;
 mod device;
 mod error;
 mod events;
+mod memtable;
 mod shm;
 mod slots;
 mod stats;
@@ -29,6 +31,7 @@ pub use config::{DeviceConfig, DEFAULT_QUEUE_SIZE, MAX_QUEUES};
 pub use device::Vgpu;
 pub use error::{ConfigError, RequestError};
 pub use events::MAX_EVENTS;
+pub use memtable::{check_memory_table, MemTableError};
 pub use shm::{ShmError, ShmHost};
 pub use slots::{HwSlots, SlotPolicy};
 pub use stats::StatsSnapshot;

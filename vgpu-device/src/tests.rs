@@ -1118,3 +1118,6 @@ fn storage_attach_through_a_storage_host() {
     h.still_works();
     let _ = std::fs::remove_file(file);
 }
+
+#[path = "module_tests.rs"]
+mod modules;

@@ -25,6 +25,7 @@ use vmm_sys_util::event::{
 
 use crate::chain::GuestMem;
 use crate::device::Vgpu;
+use crate::memtable::check_memory_table;
 use vgpu_backend::sync::{lock, read, write};
 
 /// Guest memory as vhost-user-backend hands it over.
@@ -40,6 +41,9 @@ pub struct VgpuVhostBackend {
     config: Vec<u8>,
     /// Guest RAM regions registered with the backend (for direct copies).
     registered: Mutex<Vec<HostRegion>>,
+    /// The last memory table that passed [`check_memory_table`], put back when a frontend
+    /// offers one that does not.
+    accepted: Mutex<GuestMem>,
     /// How long a queue thread keeps polling its ring after the last request before it
     /// sleeps on the kick eventfd (0: never polls). See [`VgpuVhostBackend::with_poll`].
     poll: Duration,
@@ -57,12 +61,14 @@ impl VgpuVhostBackend {
     /// A backend for `vgpu`; `mem` is the same `GuestMemoryAtomic` given to the daemon.
     pub fn new(vgpu: Arc<Vgpu>, mem: Memory) -> Self {
         let config = vgpu.config_space().to_bytes().to_vec();
+        let accepted = Mutex::new((*mem.memory()).clone());
         Self {
             vgpu,
             mem: RwLock::new(mem),
             event_idx: AtomicBool::new(false),
             config,
             registered: Mutex::new(Vec::new()),
+            accepted,
             poll: Duration::ZERO,
         }
     }
@@ -204,6 +210,23 @@ impl VhostUserBackend for VgpuVhostBackend {
     }
 
     fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        let offered = (*mem.memory()).clone();
+        if let Err(e) = check_memory_table(&offered) {
+            // vhost-user-backend has already swapped the table in; put the accepted one
+            // back before a queue thread touches the refused one, and fail the message.
+            let previous = lock(&self.accepted).clone();
+            match mem.lock() {
+                Ok(guard) => guard.replace(previous),
+                Err(poisoned) => poisoned.into_inner().replace(previous),
+            }
+            tracing::warn!(
+                vgpu = self.vgpu.config().vgpu_id,
+                error = %e,
+                "refused the frontend's memory table"
+            );
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, e));
+        }
+        *lock(&self.accepted) = offered;
         let regions = host_regions(&mem);
         let backend = self.vgpu.backend();
         let mut registered = lock(&self.registered);

@@ -219,3 +219,114 @@ fn a_polling_queue_serves_a_request_that_arrives_without_a_kick() {
         }
     }
 }
+
+/// A memfd of `len` bytes with `seals` added, as one guest RAM region at 0.
+fn memfd_ram(len: u64, seals: i32) -> GuestMem {
+    // SAFETY: a valid NUL-terminated name and valid flags.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"vhost-test".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a fresh descriptor nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len).expect("size");
+    if seals != 0 {
+        // SAFETY: F_ADD_SEALS on our own memfd with valid bits.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
+    }
+    GuestMem::from_ranges_with_files([(
+        GuestAddress(0),
+        len as usize,
+        Some(vm_memory::FileOffset::new(file, 0)),
+    )])
+    .expect("map")
+}
+
+#[test]
+fn a_memory_table_of_unsealed_memfds_or_plain_files_is_refused_and_the_queue_keeps_serving() {
+    use std::os::fd::AsRawFd;
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+    let sealed = memfd_ram(4 << 20, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW);
+    let mem = GuestMemoryAtomic::new(GuestMem::new());
+    let be = backend(&mem, 1);
+    // What vhost-user-backend does on SET_MEM_TABLE: swap the table in, then tell us.
+    mem.lock().expect("lock").replace(sealed);
+    be.update_memory(mem.clone())
+        .expect("a sealed memfd is accepted");
+
+    let path = std::env::temp_dir().join(format!("vgpu-vhost-plain-{}", std::process::id()));
+    let plain = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("plain file");
+    std::fs::remove_file(&path).ok();
+    plain.set_len(4 << 20).expect("size");
+    let plain = GuestMem::from_ranges_with_files([(
+        GuestAddress(0),
+        4 << 20,
+        Some(vm_memory::FileOffset::new(plain, 0)),
+    )])
+    .expect("map");
+    for (offered, want) in [
+        (memfd_ram(4 << 20, 0), "F_SEAL_SHRINK"),
+        (plain, "not a sealable memfd"),
+    ] {
+        mem.lock().expect("lock").replace(offered);
+        let e = be.update_memory(mem.clone()).expect_err("refused");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains(want), "{e}");
+        // The accepted table is back in place.
+        let guard = mem.memory();
+        let region = GuestMemoryBackend::iter(&*guard).next().expect("a region");
+        let fd = region.file_offset().expect("file").file().as_raw_fd();
+        // SAFETY: F_GET_SEALS on an open descriptor; no memory is passed.
+        let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+        assert_ne!(seals & libc::F_SEAL_SHRINK, 0, "the sealed table is back");
+    }
+
+    // The queue still serves requests from the accepted memory.
+    be.set_event_idx(true);
+    let guard = mem.memory();
+    let vq = MockSplitQueue::new(&*guard, 256);
+    let vring = ready_vring(&mem, &vq);
+    let base = 1u64 << 20;
+    let h = RequestHeader {
+        opcode: Opcode::GetInfo as u32,
+        flags: 0,
+        id: 9,
+    }
+    .to_bytes();
+    guard.write_slice(&h, GuestAddress(base)).expect("w");
+    let d = |addr: u64, len: u32, flags: u32, next: u16| {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    };
+    let chain = [
+        d(base, 16, VRING_DESC_F_NEXT, 1),
+        d(
+            base + 0x1000,
+            128,
+            VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+            2,
+        ),
+        d(base + 0x2000, 48, VRING_DESC_F_WRITE, 0),
+    ];
+    vq.add_desc_chains(&chain, 0).expect("chain");
+    be.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 0)
+        .expect("handle");
+    assert_eq!(vq.used().idx().load(), 1);
+    let mut b = [0u8; 48];
+    guard
+        .read_slice(&mut b, GuestAddress(base + 0x2000))
+        .expect("r");
+    assert_eq!(
+        Response::decode(&b).expect("resp").status(),
+        Some(Status::Ok)
+    );
+}

@@ -77,6 +77,64 @@ pub mod module_kind {
     pub const BUILTIN: u32 = 0;
     /// The data descriptors hold PTX text (NUL terminator optional).
     pub const PTX: u32 = 1;
+    /// The data descriptors hold a cubin (ELF) or fatbin image, loaded natively by the
+    /// GPU's driver. Needs `features::BINARY_MODULES` (since 1.1); elsewhere the device
+    /// answers `NOT_SUPPORTED`.
+    pub const BINARY: u32 = 2;
+}
+
+/// The length a cubin (64-bit ELF) or fatbin image (`module_kind::BINARY`) says it has,
+/// if it is one and `bytes` holds all of it: the driver reads a binary image's length from
+/// its own header, so a device checks it before handing the image over.
+pub fn binary_image_len(bytes: &[u8]) -> Option<usize> {
+    let len = binary_image_declared_len(bytes)?;
+    (len > 0 && len <= bytes.len()).then_some(len)
+}
+
+/// The length the header at the start of `bytes` (64 bytes are enough) gives a cubin (64-bit
+/// little-endian ELF: the end of its section or program header table, whichever is later)
+/// or a fatbin (header size plus payload size); `None` if it is neither.
+pub fn binary_image_declared_len(bytes: &[u8]) -> Option<usize> {
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .and_then(|b| b.try_into().ok())
+            .map(u16::from_le_bytes)
+    };
+    let u32_at = |o: usize| {
+        bytes
+            .get(o..o + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let len = if bytes.starts_with(b"\x7fELF") {
+        // The sections lie before the section header table in what nvcc writes.
+        if bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
+            return None;
+        }
+        let shoff = u64_at(0x28)?;
+        let shentsize = u64::from(u16_at(0x3a)?);
+        let shnum = u64::from(u16_at(0x3c)?);
+        let phoff = u64_at(0x20)?;
+        let phentsize = u64::from(u16_at(0x36)?);
+        let phnum = u64::from(u16_at(0x38)?);
+        let sh_end = shoff.checked_add(shentsize.checked_mul(shnum)?)?;
+        let ph_end = phoff.checked_add(phentsize.checked_mul(phnum)?)?;
+        sh_end.max(ph_end)
+    } else if u32_at(0)? == 0xba55_ed50 {
+        // Fatbin header: magic, version (u16), header size (u16), payload size (u64).
+        let header = u64::from(u16_at(6)?);
+        header.checked_add(u64_at(8)?)?
+    } else {
+        return None;
+    };
+    usize::try_from(len).ok()
 }
 
 /// The name of the built-in module every device offers.
@@ -84,7 +142,9 @@ pub const BUILTIN_MODULE: &str = "builtin";
 
 wire_struct! {
     /// `MODULE_LOAD`: readable data descriptors adding up to `size` bytes hold the module
-    /// name or PTX text. result[0] = module handle (never 0).
+    /// name, PTX text or binary image. result[0] = module handle (never 0), result[1] =
+    /// bytes of device memory the module is charged against the share (since 1.1): its
+    /// image and declared `.global`/`.const` variables in whole pages, until it is unloaded.
     pub struct ModuleLoadArgs, size 16 {
         /// A [`module_kind`] value.
         pub kind: u32,

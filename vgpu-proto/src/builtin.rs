@@ -213,3 +213,20 @@ pub fn fnv1a64(mut h: u64, bytes: &[u8]) -> u64 {
     }
     h
 }
+
+/// A built-in kernel's parameter layout as the CUDA library passes it (docs/cuda-api.md):
+/// pointers and counts 8 bytes, `f32` and 32-bit words 4, each at its natural alignment.
+pub fn layout(sig: &KernelSig) -> crate::ParamLayout {
+    let mut out = crate::ParamLayout::default();
+    let mut at = 0u32;
+    for (i, (_, p)) in sig.params.iter().enumerate() {
+        let size = match p {
+            Param::Ptr(_) | Param::Int => 8,
+            Param::F32 | Param::Word32 => 4,
+        };
+        at = at.next_multiple_of(size);
+        out.set(i, at, size);
+        at += size;
+    }
+    out
+}

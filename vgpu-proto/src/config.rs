@@ -28,6 +28,13 @@ pub mod features {
     pub const TASK_GRAPH: u64 = 1 << 5;
     /// The device may oversubscribe memory (swap); addresses never change.
     pub const OVERSUBSCRIBE: u64 = 1 << 6;
+    /// `MODULE_LOAD` accepts cubin and fatbin images (`module_kind::BINARY`). Since 1.1.
+    pub const BINARY_MODULES: u64 = 1 << 7;
+    /// `GET_ATTRIBUTES` answers the physical GPU's attributes. Since 1.1.
+    pub const ATTRIBUTES: u64 = 1 << 8;
+    /// `GET_FUNCTION_LAYOUT` answers a function's parameter layout and `LAUNCH` takes
+    /// `ArgKind::Bytes` arguments. Since 1.1.
+    pub const PARAM_LAYOUT: u64 = 1 << 9;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

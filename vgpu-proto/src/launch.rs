@@ -55,7 +55,14 @@ pub enum ArgKind {
     F64 = 4,
     /// A device address; `access` says what the kernel may do through it.
     Ptr = 5,
+    /// Raw bytes of a by-value parameter of 1 to 8 bytes (a 16-bit value, a small
+    /// struct): `access` holds the byte count, `value` the bytes in order (little end
+    /// first), the bits above them 0. Since 1.1 (`features::PARAM_LAYOUT`).
+    Bytes = 6,
 }
+
+/// Most bytes one [`ArgKind::Bytes`] argument carries.
+pub const MAX_ARG_BYTES: u32 = 8;
 
 impl ArgKind {
     /// The kind with this wire value, if any.
@@ -66,6 +73,7 @@ impl ArgKind {
             ArgKind::F32,
             ArgKind::F64,
             ArgKind::Ptr,
+            ArgKind::Bytes,
         ]
         .into_iter()
         .find(|k| *k as u32 == v)
@@ -166,10 +174,25 @@ impl KernelArg {
         }
     }
 
+    /// Raw bytes of a by-value parameter (1..=`MAX_ARG_BYTES` of them), or None.
+    pub fn bytes(b: &[u8]) -> Option<Self> {
+        if b.is_empty() || b.len() > MAX_ARG_BYTES as usize {
+            return None;
+        }
+        let mut w = [0u8; 8];
+        w.get_mut(..b.len())?.copy_from_slice(b);
+        Some(Self {
+            kind: ArgKind::Bytes as u32,
+            access: b.len() as u32,
+            value: u64::from_le_bytes(w),
+        })
+    }
+
     /// The checked, typed form of this argument.
     pub fn typed(&self) -> Result<ArgValue, ArgError> {
         let kind = ArgKind::from_u32(self.kind).ok_or(ArgError::UnknownKind(self.kind))?;
-        if kind != ArgKind::Ptr && self.access != 0 {
+        // `access` is the access mode of a pointer and the byte count of raw bytes.
+        if !matches!(kind, ArgKind::Ptr | ArgKind::Bytes) && self.access != 0 {
             return Err(ArgError::AccessOnValue);
         }
         let low = u32::try_from(self.value);
@@ -183,6 +206,19 @@ impl KernelArg {
                 access: Access::from_u32(self.access)
                     .ok_or(ArgError::UnknownAccess(self.access))?,
             },
+            ArgKind::Bytes => {
+                let len = u8::try_from(self.access)
+                    .ok()
+                    .filter(|n| (1..=MAX_ARG_BYTES as u8).contains(n))
+                    .ok_or(ArgError::BadByteCount(self.access))?;
+                if len < 8 && self.value >> (u32::from(len) * 8) != 0 {
+                    return Err(ArgError::HighBitsSet);
+                }
+                ArgValue::Bytes {
+                    len,
+                    bits: self.value,
+                }
+            }
         })
     }
 }
@@ -205,6 +241,13 @@ pub enum ArgValue {
         /// Declared access.
         access: Access,
     },
+    /// Raw bytes of a by-value parameter.
+    Bytes {
+        /// Byte count, 1..=`MAX_ARG_BYTES`.
+        len: u8,
+        /// The bytes, little end first; the bits above them are 0.
+        bits: u64,
+    },
 }
 
 impl ArgValue {
@@ -216,6 +259,7 @@ impl ArgValue {
             ArgValue::F32(_) => ArgKind::F32,
             ArgValue::F64(_) => ArgKind::F64,
             ArgValue::Ptr { .. } => ArgKind::Ptr,
+            ArgValue::Bytes { .. } => ArgKind::Bytes,
         }
     }
 }
@@ -229,8 +273,10 @@ pub enum ArgError {
     UnknownAccess(u32),
     /// A value argument has a non-zero `access`.
     AccessOnValue,
-    /// A 32-bit value has bits set above bit 31.
+    /// A 32-bit value (or a `Bytes` argument) has bits set above its size.
     HighBitsSet,
+    /// A `Bytes` argument's byte count is not 1..=`MAX_ARG_BYTES`.
+    BadByteCount(u32),
 }
 
 impl core::fmt::Display for ArgError {
@@ -238,7 +284,7 @@ impl core::fmt::Display for ArgError {
         match self {
             ArgError::UnknownKind(k) => write!(
                 f,
-                "argument kind {k} is unknown; use 1..=5 (U32, U64, F32, F64, PTR)"
+                "argument kind {k} is unknown; use 1..=6 (U32, U64, F32, F64, PTR, BYTES)"
             ),
             ArgError::UnknownAccess(a) => write!(
                 f,
@@ -247,9 +293,13 @@ impl core::fmt::Display for ArgError {
             ArgError::AccessOnValue => {
                 f.write_str("a value argument carries an access mode; set access to 0")
             }
-            ArgError::HighBitsSet => {
-                f.write_str("a 32-bit argument has bits above 31 set; zero them")
-            }
+            ArgError::HighBitsSet => f.write_str(
+                "an argument has bits set above its size (32 bits, or a BYTES argument's count); zero them",
+            ),
+            ArgError::BadByteCount(n) => write!(
+                f,
+                "a BYTES argument carries {n} bytes; use 1..={MAX_ARG_BYTES}"
+            ),
         }
     }
 }

@@ -9,6 +9,9 @@
 pub enum Opcode {
     /// Device information ([`crate::DeviceInfo`] into one writable data descriptor).
     GetInfo = 0x0001,
+    /// The physical GPU's attributes ([`crate::DeviceAttributes`] into one writable data
+    /// descriptor). Since 1.1 (`features::ATTRIBUTES`).
+    GetAttributes = 0x0002,
     /// Allocate device memory.
     Alloc = 0x0100,
     /// Free device memory.
@@ -27,6 +30,10 @@ pub enum Opcode {
     ModuleUnload = 0x0301,
     /// Look up a function of a loaded module by name (readable data descriptors).
     GetFunction = 0x0302,
+    /// `GET_FUNCTION` that also writes the function's parameter layout
+    /// ([`crate::ParamLayout`]) into a writable descriptor after the name. Since 1.1
+    /// (`features::PARAM_LAYOUT`).
+    GetFunctionLayout = 0x0303,
     /// Launch a kernel.
     Launch = 0x0400,
     /// Complete after every earlier request on this queue has completed.
@@ -55,8 +62,9 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 22] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::GetInfo,
+        Opcode::GetAttributes,
         Opcode::Alloc,
         Opcode::Free,
         Opcode::MemcpyHtoD,
@@ -66,6 +74,7 @@ impl Opcode {
         Opcode::ModuleLoad,
         Opcode::ModuleUnload,
         Opcode::GetFunction,
+        Opcode::GetFunctionLayout,
         Opcode::Launch,
         Opcode::StreamSync,
         Opcode::Fence,
@@ -89,6 +98,7 @@ impl Opcode {
     pub fn name(self) -> &'static str {
         match self {
             Opcode::GetInfo => "GET_INFO",
+            Opcode::GetAttributes => "GET_ATTRIBUTES",
             Opcode::Alloc => "ALLOC",
             Opcode::Free => "FREE",
             Opcode::MemcpyHtoD => "MEMCPY_HTOD",
@@ -98,6 +108,7 @@ impl Opcode {
             Opcode::ModuleLoad => "MODULE_LOAD",
             Opcode::ModuleUnload => "MODULE_UNLOAD",
             Opcode::GetFunction => "GET_FUNCTION",
+            Opcode::GetFunctionLayout => "GET_FUNCTION_LAYOUT",
             Opcode::Launch => "LAUNCH",
             Opcode::StreamSync => "STREAM_SYNC",
             Opcode::Fence => "FENCE",
@@ -116,9 +127,10 @@ impl Opcode {
     /// Which data descriptors (between the header and the response) this opcode takes.
     pub fn data_shape(self) -> DataShape {
         match self {
-            Opcode::GetInfo => DataShape::WritableInfo,
+            Opcode::GetInfo | Opcode::GetAttributes => DataShape::WritableInfo,
             Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction => DataShape::Readable,
             Opcode::MemcpyDtoH => DataShape::Writable,
+            Opcode::GetFunctionLayout => DataShape::ReadableThenAnswer,
             _ => DataShape::None,
         }
     }
@@ -133,6 +145,11 @@ pub enum DataShape {
     Readable,
     /// Device-writable descriptors whose lengths add up to the size the args name.
     Writable,
-    /// Exactly one device-writable descriptor of at least `DeviceInfo::SIZE` bytes.
+    /// Exactly one device-writable descriptor of at least the answer's size
+    /// (`DeviceInfo::SIZE`, `DeviceAttributes::SIZE`).
     WritableInfo,
+    /// Device-readable descriptors whose lengths add up to the size the args name, then
+    /// exactly one device-writable descriptor of at least the answer's size
+    /// (`ParamLayout::SIZE`).
+    ReadableThenAnswer,
 }

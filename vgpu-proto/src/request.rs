@@ -24,6 +24,8 @@ pub struct LaunchRequest<'a> {
 pub enum Request<'a> {
     /// `GET_INFO`.
     GetInfo,
+    /// `GET_ATTRIBUTES`.
+    GetAttributes,
     /// `ALLOC`.
     Alloc(AllocArgs),
     /// `FREE`.
@@ -42,6 +44,8 @@ pub enum Request<'a> {
     ModuleUnload(ModuleUnloadArgs),
     /// `GET_FUNCTION`.
     GetFunction(GetFunctionArgs),
+    /// `GET_FUNCTION_LAYOUT`.
+    GetFunctionLayout(GetFunctionArgs),
     /// `LAUNCH`.
     Launch(LaunchRequest<'a>),
     /// `STREAM_SYNC`.
@@ -197,6 +201,7 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
     }
     Ok(match op {
         Opcode::GetInfo => Request::GetInfo,
+        Opcode::GetAttributes => Request::GetAttributes,
         Opcode::Alloc => fixed!(op, body, AllocArgs, Request::Alloc),
         Opcode::Free => fixed!(op, body, FreeArgs, Request::Free),
         Opcode::MemcpyHtoD => fixed!(op, body, MemcpyHtoDArgs, Request::MemcpyHtoD),
@@ -206,6 +211,9 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::ModuleLoad => fixed!(op, body, ModuleLoadArgs, Request::ModuleLoad),
         Opcode::ModuleUnload => fixed!(op, body, ModuleUnloadArgs, Request::ModuleUnload),
         Opcode::GetFunction => fixed!(op, body, GetFunctionArgs, Request::GetFunction),
+        Opcode::GetFunctionLayout => {
+            fixed!(op, body, GetFunctionArgs, Request::GetFunctionLayout)
+        }
         Opcode::Launch => Request::Launch(parse_launch(body)?),
         Opcode::StreamSync => Request::StreamSync,
         Opcode::Fence => Request::Fence,
@@ -255,6 +263,7 @@ impl Request<'_> {
     pub fn opcode(&self) -> Opcode {
         match self {
             Request::GetInfo => Opcode::GetInfo,
+            Request::GetAttributes => Opcode::GetAttributes,
             Request::Alloc(_) => Opcode::Alloc,
             Request::Free(_) => Opcode::Free,
             Request::MemcpyHtoD(_) => Opcode::MemcpyHtoD,
@@ -264,6 +273,7 @@ impl Request<'_> {
             Request::ModuleLoad(_) => Opcode::ModuleLoad,
             Request::ModuleUnload(_) => Opcode::ModuleUnload,
             Request::GetFunction(_) => Opcode::GetFunction,
+            Request::GetFunctionLayout(_) => Opcode::GetFunctionLayout,
             Request::Launch(_) => Opcode::Launch,
             Request::StreamSync => Opcode::StreamSync,
             Request::Fence => Opcode::Fence,
@@ -280,14 +290,16 @@ impl Request<'_> {
     }
 
     /// Bytes the data descriptors must add up to: exactly this many for `Readable` and
-    /// `Writable` shapes, at least this many for `WritableInfo`, 0 otherwise.
+    /// `Writable` shapes and the readable part of `ReadableThenAnswer`, at least this many
+    /// for `WritableInfo`, 0 otherwise.
     pub fn data_len(&self) -> u64 {
         match self {
             Request::GetInfo => DeviceInfo::SIZE as u64,
+            Request::GetAttributes => crate::DeviceAttributes::SIZE as u64,
             Request::MemcpyHtoD(a) => a.size,
             Request::MemcpyDtoH(a) => a.size,
             Request::ModuleLoad(a) => a.size,
-            Request::GetFunction(a) => a.name_len,
+            Request::GetFunction(a) | Request::GetFunctionLayout(a) => a.name_len,
             _ => 0,
         }
     }
@@ -324,7 +336,11 @@ impl Request<'_> {
         let mut w = Writer::new(out);
         w.bytes(&header.to_bytes())?;
         match self {
-            Request::GetInfo | Request::StreamSync | Request::Fence | Request::Launch(_) => {}
+            Request::GetInfo
+            | Request::GetAttributes
+            | Request::StreamSync
+            | Request::Fence
+            | Request::Launch(_) => {}
             Request::Alloc(a) => w.bytes(&a.to_bytes())?,
             Request::Free(a) => w.bytes(&a.to_bytes())?,
             Request::MemcpyHtoD(a) => w.bytes(&a.to_bytes())?,
@@ -333,7 +349,7 @@ impl Request<'_> {
             Request::Memset(a) => w.bytes(&a.to_bytes())?,
             Request::ModuleLoad(a) => w.bytes(&a.to_bytes())?,
             Request::ModuleUnload(a) => w.bytes(&a.to_bytes())?,
-            Request::GetFunction(a) => w.bytes(&a.to_bytes())?,
+            Request::GetFunction(a) | Request::GetFunctionLayout(a) => w.bytes(&a.to_bytes())?,
             Request::EventRecord(a) | Request::EventQuery(a) | Request::EventDestroy(a) => {
                 w.bytes(&a.to_bytes())?
             }

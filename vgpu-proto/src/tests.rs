@@ -347,3 +347,51 @@ fn short_buffers_error_instead_of_panicking() {
         .is_err());
     assert!(encode_launch(&mut small, 1, &LaunchArgs::default(), &[], &[]).is_err());
 }
+
+#[test]
+fn raw_bytes_arguments_and_parameter_layouts() {
+    let a = KernelArg::bytes(&[0xef, 0xbe]).expect("two bytes");
+    assert_eq!(
+        (a.kind, a.access, a.value),
+        (ArgKind::Bytes as u32, 2, 0xbeef)
+    );
+    assert_eq!(
+        a.typed(),
+        Ok(ArgValue::Bytes {
+            len: 2,
+            bits: 0xbeef
+        })
+    );
+    assert_eq!(a.typed().map(|v| v.kind()), Ok(ArgKind::Bytes));
+    assert!(KernelArg::bytes(&[]).is_none());
+    assert!(KernelArg::bytes(&[0; 9]).is_none());
+    let eight = KernelArg::bytes(&[0xff; 8]).expect("eight");
+    assert_eq!(
+        eight.typed(),
+        Ok(ArgValue::Bytes {
+            len: 8,
+            bits: u64::MAX
+        })
+    );
+    let high = KernelArg {
+        value: 0x1_0000,
+        ..a
+    };
+    assert_eq!(high.typed(), Err(ArgError::HighBitsSet));
+    for n in [0, 9, 256] {
+        let bad = KernelArg { access: n, ..a };
+        assert_eq!(bad.typed(), Err(ArgError::BadByteCount(n)));
+    }
+    let mut l = ParamLayout::default();
+    l.set(0, 0, 8);
+    l.set(31, 500, 4);
+    l.set(32, 1, 1);
+    let back = ParamLayout::decode(&l.to_bytes()).expect("decode");
+    assert_eq!(back, l);
+    assert_eq!(back.get(0), Some((0, 8)));
+    assert_eq!(back.get(31), Some((500, 4)));
+    assert_eq!(back.get(32), None);
+    assert!(ParamLayout::decode(&[0; 10]).is_err());
+    assert_eq!(Opcode::from_u32(0x0303), Some(Opcode::GetFunctionLayout));
+    assert_eq!(Opcode::from_u32(0x0002), Some(Opcode::GetAttributes));
+}

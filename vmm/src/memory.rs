@@ -1,5 +1,7 @@
 //! Guest RAM: one memfd, mapped as one or two regions around the MMIO hole, so a vhost-user
-//! backend can map exactly the same pages.
+//! backend can map exactly the same pages. The memfd is sealed against shrinking and
+//! growing (the vGPU worker maps only sealed memfds: a file that could shrink under its
+//! mapping would crash it with SIGBUS).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -24,6 +26,9 @@ pub enum MemoryError {
     /// ftruncate failed.
     #[error("cannot size the guest memory file to {size} bytes: {source}")]
     Truncate { size: u64, source: std::io::Error },
+    /// F_ADD_SEALS failed.
+    #[error("cannot seal the guest memory file against resizing (F_ADD_SEALS): {0}")]
+    Seal(std::io::Error),
     /// mmap of the regions failed.
     #[error("cannot map guest memory: {0}")]
     Map(vm_memory::mmap::FromRangesError),
@@ -53,6 +58,7 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     let file = memfd("vgpu-guest-ram")?;
     file.set_len(size)
         .map_err(|source| MemoryError::Truncate { size, source })?;
+    seal_size(&file)?;
     let mut offset = 0u64;
     let mut ranges = Vec::new();
     for (base, len) in layout::ram_regions(size) {
@@ -70,12 +76,24 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
 fn memfd(name: &str) -> Result<File, MemoryError> {
     let cname = CString::new(name).map_err(|e| MemoryError::Memfd(std::io::Error::other(e)))?;
     // SAFETY: cname is a valid NUL-terminated string; the flags are valid for memfd_create.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
     }
     // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Seals the memfd's size: it can neither shrink nor grow from now on.
+fn seal_size(file: &File) -> Result<(), MemoryError> {
+    use std::os::fd::AsRawFd;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    // SAFETY: F_ADD_SEALS on our own open memfd with valid seal bits; no memory is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(MemoryError::Seal(std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -101,7 +119,12 @@ mod tests {
         let mem = create_guest_memory(16 << 20).unwrap();
         assert_eq!(mem.num_regions(), 1);
         let region = mem.iter().next().unwrap();
-        assert!(region.file_offset().is_some());
+        let file = region.file_offset().unwrap().file();
+        // SAFETY: F_GET_SEALS on an open descriptor; no memory is passed.
+        let seals =
+            unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(file), libc::F_GET_SEALS) };
+        let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        assert_eq!(seals & want, want, "guest RAM memfd seals {seals:#x}");
         mem.write_obj(0xdead_beef_u32, GuestAddress(0x1000))
             .unwrap();
         assert_eq!(

@@ -379,6 +379,17 @@ impl DeviceMemory {
         self.space.ledger.usage()
     }
 
+    /// Charges `bytes` of device memory that is no allocation (a loaded module's) against
+    /// the capacity.
+    pub fn charge_other(&self, bytes: u64) -> Result<()> {
+        self.space.ledger.charge(bytes)
+    }
+
+    /// Returns a [`DeviceMemory::charge_other`] charge.
+    pub fn uncharge_other(&self, bytes: u64) {
+        self.space.ledger.uncharge(bytes)
+    }
+
     /// Whether the memory is at the vGPU's own addresses (not a migration target still
     /// staging, nor a source that gave its addresses up): guest work may run only then.
     pub fn at_home(&self) -> bool {

@@ -20,6 +20,7 @@
 //!   launch answers `KERNEL_FAULT`, every later request `DEVICE_ERROR` saying so; other
 //!   vGPUs (other processes) do not notice.
 
+mod attributes;
 mod builtin;
 mod driver;
 mod hard_limit;
@@ -277,7 +278,12 @@ impl CudaGpu {
             alloc_granularity: mem.granularity(),
             va_base: cfg.va_base,
             va_size: cfg.va_size,
-            features: features::BUILTIN_KERNELS | features::PTX,
+            features: features::BUILTIN_KERNELS
+                | features::PTX
+                | features::BINARY_MODULES
+                | features::ATTRIBUTES
+                | features::PARAM_LAYOUT,
+            attributes: attributes::read(dev),
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
             sms = props.sm_count, device_memory = props.total_memory, capacity,
@@ -394,6 +400,7 @@ impl CudaGpu {
         {
             let want = match arg {
                 ArgValue::U32(_) | ArgValue::F32(_) => 4,
+                ArgValue::Bytes { len, .. } => u32::from(*len),
                 _ => 8,
             };
             if *size != want {
@@ -413,6 +420,8 @@ impl CudaGpu {
                 ArgValue::F32(v) => u64::from(v.to_bits()),
                 ArgValue::U64(v) => v,
                 ArgValue::F64(v) => v.to_bits(),
+                // Little end first: the parameter's bytes start at the value's address.
+                ArgValue::Bytes { bits, .. } => bits,
                 ArgValue::Ptr { addr, .. } => {
                     // The extent a PTX kernel touches is unknown: the pointer itself must lie
                     // inside a live allocation, and the GPU isolates the rest.
@@ -542,7 +551,7 @@ impl Drop for CudaGpu {
                 unpin(&r);
             }
         }
-        self.modules.clear();
+        self.modules.clear(&self.mem);
         self.mem.clear();
         tracing::debug!("CUDA GPU closed");
     }
@@ -706,17 +715,30 @@ impl Backend for CudaGpu {
 
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
         self.enter()?;
-        self.modules.load(&self.ctx, image)
+        self.modules.load(&self.ctx, &self.mem, image)
     }
 
     fn module_unload(&self, module: u64) -> Result<()> {
         self.enter()?;
-        self.modules.unload(module)
+        self.modules.unload(&self.mem, module)
     }
 
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.enter()?;
         self.modules.function(module, name)
+    }
+
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        Ok(match self.modules.kernel(function)? {
+            Kernel::Builtin(sig, _) | Kernel::Storage(sig) => vgpu_proto::builtin::layout(sig),
+            Kernel::Ptx(_, f) => {
+                let mut out = crate::ParamLayout::default();
+                for (i, (off, size)) in f.layout.iter().enumerate() {
+                    out.set(i, *off, *size);
+                }
+                out
+            }
+        })
     }
 
     fn launch(

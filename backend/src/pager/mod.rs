@@ -64,6 +64,10 @@ pub struct Pager {
     entries: RwLock<BTreeMap<u64, Arc<Entry>>>,
     tick: AtomicU64,
     counters: Counters,
+    /// Loaded modules and the bytes each holds (their footprint), which count against the
+    /// share beside the allocations: module memory is never swapped.
+    modules: std::sync::Mutex<BTreeMap<u64, u64>>,
+    module_bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Pager {
@@ -93,6 +97,8 @@ impl Pager {
             entries: RwLock::new(BTreeMap::new()),
             tick: AtomicU64::new(0),
             counters: Counters::default(),
+            modules: std::sync::Mutex::new(BTreeMap::new()),
+            module_bytes: AtomicU64::new(0),
         }
     }
 
@@ -436,7 +442,9 @@ impl Backend for Pager {
         let s = self.state();
         let allocations = read(&self.entries).len() as u64;
         MemoryUsage {
-            used: s.used,
+            used: s
+                .used
+                .saturating_add(self.module_bytes.load(Ordering::Acquire)),
             capacity: self.share,
             allocations,
         }
@@ -455,7 +463,10 @@ impl Backend for Pager {
                     available: 0,
                     capacity: self.share,
                 })?;
-        let used = self.state().used;
+        let used = self
+            .state()
+            .used
+            .saturating_add(self.module_bytes.load(Ordering::Acquire));
         if used.saturating_add(charge) > self.share {
             return Err(BackendError::OutOfMemory {
                 requested: charge,
@@ -619,8 +630,38 @@ impl Backend for Pager {
         Ok(addr)
     }
 
+    fn module_load(&self, image: crate::ModuleImage<'_>) -> Result<u64> {
+        let footprint = crate::module_footprint(&image);
+        let used = self
+            .state()
+            .used
+            .saturating_add(self.module_bytes.load(Ordering::Acquire));
+        if used.saturating_add(footprint) > self.share {
+            return Err(BackendError::ModuleLimit {
+                requested: footprint,
+                why: format!(
+                    "the vGPU's memory share has {} of {} bytes free",
+                    self.share.saturating_sub(used),
+                    self.share
+                ),
+            });
+        }
+        let handle = self.inner.module_load(image)?;
+        self.module_bytes.fetch_add(footprint, Ordering::AcqRel);
+        crate::sync::lock(&self.modules).insert(handle, footprint);
+        Ok(handle)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        self.inner.module_unload(module)?;
+        if let Some(bytes) = crate::sync::lock(&self.modules).remove(&module) {
+            self.module_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
     crate::forward_backend!(inner:
-        info, module_load, module_unload, get_function, synchronize, register_host_memory,
+        info, get_function, param_layout, synchronize, register_host_memory,
         unregister_host_memory
     );
 }

@@ -235,6 +235,17 @@ impl DeviceMemory {
         self.space.ledger.usage()
     }
 
+    /// Charges `bytes` of device memory that is no allocation (a loaded module's) against
+    /// the capacity.
+    pub fn charge_other(&self, bytes: u64) -> Result<()> {
+        self.space.ledger.charge(bytes)
+    }
+
+    /// Returns a [`DeviceMemory::charge_other`] charge.
+    pub fn uncharge_other(&self, bytes: u64) {
+        self.space.ledger.uncharge(bytes)
+    }
+
     /// Allocates `size` zero-filled bytes; returns (address, bytes charged).
     pub fn alloc(&self, size: u64) -> Result<(u64, u64)> {
         self.alloc_where(size, None)

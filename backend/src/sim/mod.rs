@@ -109,7 +109,11 @@ impl SimGpu {
             alloc_granularity: memory::PAGE,
             va_base: cfg.va_base,
             va_size: cfg.va_size,
-            features: features::BUILTIN_KERNELS,
+            features: features::BUILTIN_KERNELS | features::ATTRIBUTES | features::PARAM_LAYOUT,
+            attributes: vgpu_proto::DeviceAttributes {
+                sm_count: u32::try_from(threads).unwrap_or(u32::MAX),
+                ..vgpu_proto::DeviceAttributes::SIM
+            },
         };
         tracing::info!(name = %cfg.name, memory = cfg.memory, copy_bandwidth = cfg.copy_bandwidth,
             speed = cfg.speed, threads, va_base = format_args!("{:#x}", cfg.va_base), "sim GPU ready");
@@ -254,15 +258,21 @@ impl Backend for SimGpu {
     }
 
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        self.modules.load(image)
+        self.modules.load(&self.mem, image)
     }
 
     fn module_unload(&self, module: u64) -> Result<()> {
-        self.modules.unload(module)
+        self.modules.unload(&self.mem, module)
     }
 
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.modules.function(module, name)
+    }
+
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        self.modules
+            .kernel(function)
+            .map(vgpu_proto::builtin::layout)
     }
 
     fn launch(

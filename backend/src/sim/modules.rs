@@ -5,9 +5,21 @@
 
 use vgpu_proto::builtin::{self, KernelSig};
 
+use super::memory::DeviceMemory;
 use crate::error::{BackendError, Result};
-use crate::module_table::{check_builtin, function_handle, printable, unterminated, ModuleTable};
-use crate::{FunctionInfo, ModuleImage};
+use crate::module_table::{
+    check_builtin, function_handle, printable, unterminated, ModuleCharge, ModuleTable,
+};
+use crate::{module_footprint, FunctionInfo, ModuleImage};
+
+impl ModuleCharge for DeviceMemory {
+    fn charge_module(&self, bytes: u64) -> Result<()> {
+        self.charge_other(bytes)
+    }
+    fn uncharge_module(&self, bytes: u64) {
+        self.uncharge_other(bytes)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Module {
@@ -21,8 +33,8 @@ pub struct Modules {
 }
 
 impl Modules {
-    /// Loads a module.
-    pub fn load(&self, image: ModuleImage<'_>) -> Result<u64> {
+    /// Loads a module, charging its footprint to `mem`.
+    pub fn load(&self, mem: &DeviceMemory, image: ModuleImage<'_>) -> Result<u64> {
         let module = match image {
             ModuleImage::Builtin(name) => {
                 check_builtin(name)?;
@@ -34,13 +46,20 @@ impl Modules {
                         .into(),
                 ))
             }
+            ModuleImage::Binary(_) => {
+                return Err(BackendError::NotSupported(
+                    "the sim backend has no GPU to run a cubin or fatbin; load module \"builtin\", or run on a cuda backend"
+                        .into(),
+                ))
+            }
         };
-        self.table.insert(module)
+        let reservation = self.table.reserve(mem, module_footprint(&image))?;
+        self.table.insert(module, reservation)
     }
 
-    /// Unloads a module.
-    pub fn unload(&self, module: u64) -> Result<()> {
-        self.table.remove(module).map(|_| ())
+    /// Unloads a module, returning its charge to `mem`.
+    pub fn unload(&self, mem: &DeviceMemory, module: u64) -> Result<()> {
+        self.table.remove(module, mem).map(|_| ())
     }
 
     /// Looks a function up by name.

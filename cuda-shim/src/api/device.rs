@@ -6,9 +6,18 @@ use crate::driver::{self, Driver};
 use crate::types::{attr, c_str_ptr, error_text, res, CUdevice, CUresult, CUuuid, DRIVER_VERSION};
 use crate::{guard, out};
 
-/// The compute capability the vGPU presents (the H200's).
-pub const CC_MAJOR: c_int = 9;
-pub const CC_MINOR: c_int = 0;
+/// What the library answers on a device that cannot report the physical GPU's attributes
+/// (protocol 1.0): an H200's values, with the vGPU's compute units as its SM count.
+pub fn fixed_attributes(info: &vgpu_proto::DeviceInfo) -> vgpu_proto::DeviceAttributes {
+    vgpu_proto::DeviceAttributes {
+        sm_count: info.compute_units.max(1),
+        clock_khz: 1_980_000,
+        memory_clock_khz: 2_619_000,
+        memory_bus_width: 6144,
+        async_engine_count: 1,
+        ..vgpu_proto::DeviceAttributes::SIM
+    }
+}
 
 pub(crate) fn check_dev(dev: CUdevice) -> Result<(), CUresult> {
     if dev == 0 {
@@ -124,53 +133,71 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(
     dev: CUdevice,
 ) -> CUresult {
     guard("cuDeviceComputeCapability", || {
-        driver::with(|_| Ok(()))?;
         check_dev(dev)?;
         if major.is_null() || minor.is_null() {
             return Err(res::INVALID_VALUE);
         }
+        let (ma, mi) = driver::with(|d| {
+            Ok((
+                attribute(d, attr::COMPUTE_CAPABILITY_MAJOR)?,
+                attribute(d, attr::COMPUTE_CAPABILITY_MINOR)?,
+            ))
+        })?;
         // SAFETY: both checked non-null; writable ints from the caller.
         unsafe {
-            out(major, CC_MAJOR)?;
-            out(minor, CC_MINOR)
+            out(major, ma)?;
+            out(minor, mi)
         }
     })
 }
 
-/// The value of a device attribute: from `GET_INFO` where the device reports it, else the
-/// fixed value docs/cuda-api.md lists; 0 (absent) for every other attribute CUDA 13.0
-/// defines.
+/// The value of a device attribute: from the physical GPU's attributes (`GET_ATTRIBUTES`)
+/// or `GET_INFO` where the device reports it, else the fixed value docs/cuda-api.md lists;
+/// 0 (absent) for every other attribute CUDA 13.0 defines.
 pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
     let clamp = |v: u64| v.min(c_int::MAX as u64) as c_int;
+    let v = |x: u32| clamp(u64::from(x));
+    let g = &d.attributes;
     Ok(match a {
-        attr::MAX_THREADS_PER_BLOCK | attr::MAX_BLOCK_DIM_X | attr::MAX_BLOCK_DIM_Y => 1024,
-        attr::MAX_BLOCK_DIM_Z => 64,
-        attr::MAX_GRID_DIM_X => c_int::MAX,
-        attr::MAX_GRID_DIM_Y | attr::MAX_GRID_DIM_Z => 65535,
-        attr::MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
-        attr::TOTAL_CONSTANT_MEMORY => 64 << 10,
-        attr::WARP_SIZE => 32,
+        attr::MAX_THREADS_PER_BLOCK => v(g.max_threads_per_block),
+        attr::MAX_BLOCK_DIM_X => v(g.max_block_dim[0]),
+        attr::MAX_BLOCK_DIM_Y => v(g.max_block_dim[1]),
+        attr::MAX_BLOCK_DIM_Z => v(g.max_block_dim[2]),
+        attr::MAX_GRID_DIM_X => v(g.max_grid_dim[0]),
+        attr::MAX_GRID_DIM_Y => v(g.max_grid_dim[1]),
+        attr::MAX_GRID_DIM_Z => v(g.max_grid_dim[2]),
+        attr::MAX_SHARED_MEMORY_PER_BLOCK => v(g.max_shared_per_block),
+        attr::TOTAL_CONSTANT_MEMORY => v(g.total_const_memory),
+        attr::WARP_SIZE => v(g.warp_size),
         attr::MAX_PITCH => c_int::MAX,
-        attr::MAX_REGISTERS_PER_BLOCK | attr::MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
-        attr::CLOCK_RATE => 1_980_000,
+        attr::MAX_REGISTERS_PER_BLOCK => v(g.max_registers_per_block),
+        attr::MAX_REGISTERS_PER_MULTIPROCESSOR => v(g.max_registers_per_sm),
+        attr::CLOCK_RATE => v(g.clock_khz),
         attr::TEXTURE_ALIGNMENT => 512,
-        attr::GPU_OVERLAP | attr::CONCURRENT_KERNELS | attr::UNIFIED_ADDRESSING => 1,
-        attr::MULTIPROCESSOR_COUNT => clamp(u64::from(d.info.compute_units.max(1))),
-        attr::PCI_BUS_ID | attr::PCI_DOMAIN_ID => 0,
-        attr::PCI_DEVICE_ID => clamp(u64::from(d.info.vgpu_id)),
-        attr::MEMORY_CLOCK_RATE => 2_619_000,
-        attr::GLOBAL_MEMORY_BUS_WIDTH => 6144,
-        attr::L2_CACHE_SIZE => 50 << 20,
-        attr::MAX_THREADS_PER_MULTIPROCESSOR => 2048,
-        attr::ASYNC_ENGINE_COUNT => 1,
-        attr::COMPUTE_CAPABILITY_MAJOR => CC_MAJOR,
-        attr::COMPUTE_CAPABILITY_MINOR => CC_MINOR,
+        attr::GPU_OVERLAP | attr::UNIFIED_ADDRESSING => 1,
+        attr::CONCURRENT_KERNELS => v(g.concurrent_kernels),
+        attr::ECC_ENABLED => v(g.ecc_enabled),
+        attr::MULTIPROCESSOR_COUNT => v(g.sm_count.max(1)),
+        attr::PCI_BUS_ID => v(g.pci_bus_id),
+        attr::PCI_DOMAIN_ID => v(g.pci_domain_id),
+        // The vGPU, not the physical GPU behind it, is the device a program sees.
+        attr::PCI_DEVICE_ID => v(d.info.vgpu_id),
+        attr::MEMORY_CLOCK_RATE => v(g.memory_clock_khz),
+        attr::GLOBAL_MEMORY_BUS_WIDTH => v(g.memory_bus_width),
+        attr::L2_CACHE_SIZE => v(g.l2_cache_bytes),
+        attr::MAX_THREADS_PER_MULTIPROCESSOR => v(g.max_threads_per_sm),
+        attr::ASYNC_ENGINE_COUNT => v(g.async_engine_count),
+        attr::COMPUTE_CAPABILITY_MAJOR => v(g.cc_major),
+        attr::COMPUTE_CAPABILITY_MINOR => v(g.cc_minor),
         attr::GLOBAL_L1_CACHE_SUPPORTED | attr::LOCAL_L1_CACHE_SUPPORTED => 1,
-        attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
+        attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => v(g.max_shared_per_sm),
         attr::SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
         attr::COMPUTE_PREEMPTION_SUPPORTED | attr::HOST_REGISTER_SUPPORTED => 1,
-        attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => vgpu_proto::MAX_SHARED_BYTES as c_int,
-        attr::MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
+        // A launch may ask for no more than the device accepts.
+        attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => v(g
+            .max_shared_per_block_optin
+            .min(vgpu_proto::MAX_SHARED_BYTES)),
+        attr::MAX_BLOCKS_PER_MULTIPROCESSOR => v(g.max_blocks_per_sm),
         attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(res::INVALID_VALUE),

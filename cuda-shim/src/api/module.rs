@@ -49,10 +49,38 @@ fn load(d: &mut Driver, img: Image) -> Res<u64> {
                 ptx: Some(text),
             }
         }
+        Image::Binary(bytes) => {
+            if !native_binaries(d) {
+                return Err(res::NO_BINARY_FOR_GPU);
+            }
+            let mut region = t
+                .dma_alloc(bytes.len().max(1), 64)
+                .map_err(|_| res::OUT_OF_MEMORY)?;
+            region.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+            let len = bytes.len();
+            let loaded = d
+                .queue(0)?
+                .call(&t, |s| s.load_module_binary(&region.as_slice()[..len]));
+            // SAFETY: the load completed (or the device was reset): nothing reads the region.
+            unsafe { t.dma_free(region) };
+            // The image carries no PTX to read parameter lists from: launches lay out
+            // parameters from the device's answer (see `entry_signature`).
+            Module {
+                device: loaded?,
+                builtin: false,
+                entries: HashMap::new(),
+                ptx: None,
+            }
+        }
     };
     let h = d.handle();
     d.modules.insert(h, module);
     Ok(h)
+}
+
+/// Whether the device loads cubin and fatbin images itself.
+fn native_binaries(d: &Driver) -> bool {
+    d.info.features & vgpu_proto::features::BINARY_MODULES != 0
 }
 
 fn finish(pmod: *mut CUmodule, img: Res<Image>) -> Res<()> {
@@ -67,9 +95,15 @@ fn finish(pmod: *mut CUmodule, img: Res<Image>) -> Res<()> {
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(pmod: *mut CUmodule, image: *const c_void) -> CUresult {
     guard("cuModuleLoadData", || {
-        driver::with(|d| d.current_ctx().map(drop))?;
+        let native = driver::with(|d| d.current_ctx().map(|_| native_binaries(d)))?;
         // SAFETY: the image is readable as the API documents (fatbin, cubin or text).
-        let img = unsafe { image::read_image(image.cast()) };
+        let img = unsafe {
+            if native {
+                image::read_image_native(image.cast())
+            } else {
+                image::read_image(image.cast())
+            }
+        };
         finish(pmod, img)
     })
 }
@@ -90,7 +124,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char) -> CUresult {
     guard("cuModuleLoad", || {
-        driver::with(|d| d.current_ctx().map(drop))?;
+        let native = driver::with(|d| d.current_ctx().map(|_| native_binaries(d)))?;
         if fname.is_null() {
             return Err(res::INVALID_VALUE);
         }
@@ -102,6 +136,7 @@ pub unsafe extern "C" fn cuModuleLoad(pmod: *mut CUmodule, fname: *const c_char)
             Ok(Image::Builtin)
         } else {
             match std::fs::read(&name) {
+                Ok(bytes) if native => image::classify_native(&bytes),
                 Ok(bytes) => image::classify(&bytes),
                 Err(_) => Err(res::FILE_NOT_FOUND),
             }
@@ -146,15 +181,45 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             let mh = hmod as u64;
             let m = d.modules.get(&mh).ok_or(res::INVALID_HANDLE)?;
             let sig = if m.builtin {
-                image::builtin_signature(name).ok_or(res::NOT_FOUND)?
+                Some(image::builtin_signature(name).ok_or(res::NOT_FOUND)?)
+            } else if m.ptx.is_some() {
+                Some(m.entries.get(name).cloned().ok_or(res::NOT_FOUND)?)
             } else {
-                m.entries.get(name).cloned().ok_or(res::NOT_FOUND)?
+                // A binary module: the device knows its entry points.
+                None
             };
             let device_module = m.device;
             let t = d.t.clone();
-            let f = d
-                .queue(0)?
-                .call(&t, |s| s.get_function(device_module, name))?;
+            // A device that reports parameter layouts also takes raw bytes.
+            let layouts = d.info.features & vgpu_proto::features::PARAM_LAYOUT != 0;
+            let (f, layout) = if layouts {
+                let (f, layout, _) = d
+                    .queue(0)?
+                    .call(&t, |s| s.get_function_layout(device_module, name))?;
+                (f, Some(layout))
+            } else {
+                let f = d
+                    .queue(0)?
+                    .call(&t, |s| s.get_function(device_module, name))?;
+                (f, None)
+            };
+            let sig = match (sig, layout) {
+                (Some(sig), _) => sig,
+                (None, Some(layout)) => image::signature_from_layout(&layout, f.params),
+                (None, None) if f.params == 0 => Vec::new(),
+                (None, None) => {
+                    // Without PTX or the device's layout the parameters' sizes are unknown.
+                    crate::api::stubs::log_once(
+                        "kernels with parameters in cubin/fatbin modules on a protocol 1.0 device",
+                    );
+                    return Err(res::NOT_SUPPORTED);
+                }
+            };
+            let sig = if layouts {
+                image::with_raw_bytes(sig)
+            } else {
+                sig
+            };
             if f.params != sig.len() as u64 {
                 tracing::warn!(
                     name,

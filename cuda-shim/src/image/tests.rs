@@ -147,3 +147,73 @@ fn short_text_images_are_read_up_to_their_nul() {
     let null = unsafe { read_image(std::ptr::null()) };
     assert_eq!(null, Err(res::INVALID_VALUE));
 }
+
+#[test]
+fn binary_images_go_to_a_device_that_loads_them() {
+    // A minimal ELF64 header whose section table ends at byte 0x80 + 2 * 0x40.
+    let mut elf = vec![0u8; 0x100];
+    elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+    elf[0x28..0x30].copy_from_slice(&0x80u64.to_le_bytes());
+    elf[0x3a..0x3c].copy_from_slice(&0x40u16.to_le_bytes());
+    elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+    assert_eq!(classify(&elf), Err(res::NO_BINARY_FOR_GPU));
+    assert_eq!(classify_native(&elf), Ok(Image::Binary(elf.clone())));
+    // SAFETY: a complete ELF image in memory.
+    let read = unsafe { read_image_native(elf.as_ptr()) };
+    assert_eq!(read, Ok(Image::Binary(elf.clone())));
+    // A header whose tables lie past the image it came with.
+    assert_eq!(
+        classify_native(&elf[..0x90]),
+        Err(res::INVALID_IMAGE),
+        "truncated"
+    );
+    let only_sass = fatbin(&[(2, 0, b"sass")]);
+    assert_eq!(
+        classify_native(&only_sass),
+        Ok(Image::Binary(only_sass.clone()))
+    );
+}
+
+#[test]
+fn signatures_from_a_device_layout_and_raw_bytes() {
+    let mut l = vgpu_proto::ParamLayout::default();
+    for (i, (o, s)) in [(0, 8), (8, 4), (12, 2), (16, 16)].into_iter().enumerate() {
+        l.set(i, o, s);
+    }
+    let sig = signature_from_layout(&l, 4);
+    let kinds: Vec<_> = sig.iter().map(|p| p.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            ParamKind::Word64,
+            ParamKind::U32,
+            ParamKind::Bytes,
+            ParamKind::Bytes
+        ]
+    );
+    assert_eq!(
+        buffer_layout(&sig),
+        (32, vec![0, 8, 12, 16]),
+        "the device's offsets"
+    );
+    let raw = with_raw_bytes(sig);
+    assert_eq!(raw[2].kind, ParamKind::Raw);
+    assert_eq!(
+        raw[3].kind,
+        ParamKind::Bytes,
+        "over 8 bytes stays unsupported"
+    );
+    let live = |_: u64| false;
+    let a = kernel_arg(&raw[2], &[0xef, 0xbe], live).expect("raw");
+    assert_eq!(
+        (a.kind, a.access, a.value),
+        (vgpu_proto::ArgKind::Bytes as u32, 2, 0xbeef)
+    );
+    assert_eq!(kernel_arg(&raw[3], &[0; 16], live), Err(res::NOT_SUPPORTED));
+    // A PTX 16-bit parameter becomes raw bytes too; 4 and 8-byte ones keep their kinds.
+    let e = ptx_entries(PTX);
+    let pack = with_raw_bytes(e["pack"].clone());
+    assert_eq!(pack[2].kind, ParamKind::Raw);
+    assert_eq!(pack[1].kind, ParamKind::F64);
+    assert_eq!(pack[0].kind, ParamKind::Bytes, "16 bytes");
+}

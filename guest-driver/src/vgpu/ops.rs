@@ -5,10 +5,10 @@
 
 use vgpu_proto::args::{module_kind, BUILTIN_MODULE};
 use vgpu_proto::{
-    encode_launch, AllocArgs, DeviceInfo, EventArgs, EventElapsedArgs, FreeArgs, GetFunctionArgs,
-    KernelArg, LaunchArgs, MemcpyDtoDArgs, MemcpyDtoHArgs, MemcpyHtoDArgs, MemsetArgs,
-    ModuleLoadArgs, ModuleUnloadArgs, Opcode, Request, ShmAtArgs, ShmCtlArgs, ShmDtArgs,
-    ShmGetArgs, Status, StorageAttachArgs, MAX_NAME_LEN,
+    encode_launch, AllocArgs, DeviceAttributes, DeviceInfo, EventArgs, EventElapsedArgs, FreeArgs,
+    GetFunctionArgs, KernelArg, LaunchArgs, MemcpyDtoDArgs, MemcpyDtoHArgs, MemcpyHtoDArgs,
+    MemsetArgs, ModuleLoadArgs, ModuleUnloadArgs, Opcode, ParamLayout, Request, ShmAtArgs,
+    ShmCtlArgs, ShmDtArgs, ShmGetArgs, Status, StorageAttachArgs, MAX_NAME_LEN,
 };
 
 use super::stream::{SlotData, Stream, Ticket, MAX_DATA_BUFFERS};
@@ -77,6 +77,14 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         let t = self.enqueue_slot_data(&Request::GetInfo, SlotData::Info)?;
         self.submit();
         self.wait_info(t)
+    }
+
+    /// `GET_ATTRIBUTES`: the physical GPU's attributes (devices with
+    /// `features::ATTRIBUTES`; others answer `UNKNOWN_OPCODE` or `NOT_SUPPORTED`).
+    pub fn get_attributes(&mut self) -> Result<DeviceAttributes> {
+        let t = self.enqueue_slot_data(&Request::GetAttributes, SlotData::Info)?;
+        self.submit();
+        self.wait_attributes(t)
     }
 
     pub fn enqueue_alloc(&mut self, size: u64) -> Result<Ticket> {
@@ -194,10 +202,20 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
 
     /// Loads a PTX module from `ptx` (devices with the PTX capability only).
     pub fn load_module_ptx(&mut self, ptx: &[u8]) -> Result<u64> {
+        self.load_module_image(module_kind::PTX, ptx)
+    }
+
+    /// Loads a cubin or fatbin image (devices with `features::BINARY_MODULES` only;
+    /// others answer `NOT_SUPPORTED`).
+    pub fn load_module_binary(&mut self, image: &[u8]) -> Result<u64> {
+        self.load_module_image(module_kind::BINARY, image)
+    }
+
+    fn load_module_image(&mut self, kind: u32, ptx: &[u8]) -> Result<u64> {
         let phys = self.transport().virt_to_phys(ptx.as_ptr())?;
         let (bufs, n) = chunks(phys, ptx.len() as u64, false)?;
         let req = Request::ModuleLoad(ModuleLoadArgs {
-            kind: module_kind::PTX,
+            kind,
             flags: 0,
             size: ptx.len() as u64,
         });
@@ -229,6 +247,33 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
             handle: r[0],
             params: r[1],
         })
+    }
+
+    /// Looks up a function and its parameter layout (devices with
+    /// `features::PARAM_LAYOUT`); also returns the parameter buffer's size.
+    pub fn get_function_layout(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(Function, ParamLayout, u64)> {
+        if name.len() as u64 > MAX_NAME_LEN {
+            return Err(Error::RequestTooLarge);
+        }
+        let req = Request::GetFunctionLayout(GetFunctionArgs {
+            module,
+            name_len: name.len() as u64,
+        });
+        let t = self.enqueue_slot_data(&req, SlotData::NameThenLayout(name.as_bytes()))?;
+        self.submit();
+        let (r, layout) = self.wait_layout(t)?;
+        Ok((
+            Function {
+                handle: r[0],
+                params: r[1],
+            },
+            layout,
+            r[2],
+        ))
     }
 
     /// Enqueues a kernel launch. `launch.arg_count`/`dep_count` are set from the slices.

@@ -59,9 +59,15 @@ pub(crate) enum SlotData<'a> {
     None,
     /// Readable bytes copied into the slot (module and function names).
     Readable(&'a [u8]),
-    /// The slot's writable `DeviceInfo` area (`GET_INFO`).
+    /// The slot's writable `DeviceInfo` area (`GET_INFO`, `GET_ATTRIBUTES`).
     Info,
+    /// Readable bytes (a function name), then the slot's writable `ParamLayout` area
+    /// (`GET_FUNCTION_LAYOUT`).
+    NameThenLayout(&'a [u8]),
 }
+
+/// Where a `ParamLayout` answer lands in a slot: past the longest name in the scratch area.
+const LAYOUT_OFF: usize = SCRATCH_OFF + 512;
 
 #[derive(Clone, Copy, Debug)]
 enum Slot {
@@ -215,6 +221,25 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
                     .copy_from_slice(bytes);
                 chain[n] =
                     Buffer::readable(self.slots.phys(slot, SCRATCH_OFF)?, bytes.len() as u32);
+                n += 1;
+            }
+            SlotData::NameThenLayout(bytes) => {
+                if bytes.len() > LAYOUT_OFF - SCRATCH_OFF {
+                    return Err(Error::RequestTooLarge);
+                }
+                let area = self.slots.scratch_mut(slot)?;
+                area.get_mut(..bytes.len())
+                    .ok_or(Error::RequestTooLarge)?
+                    .copy_from_slice(bytes);
+                chain[n] =
+                    Buffer::readable(self.slots.phys(slot, SCRATCH_OFF)?, bytes.len() as u32);
+                n += 1;
+                self.slots
+                    .clear(slot, LAYOUT_OFF, vgpu_proto::ParamLayout::SIZE)?;
+                chain[n] = Buffer::writable(
+                    self.slots.phys(slot, LAYOUT_OFF)?,
+                    vgpu_proto::ParamLayout::SIZE as u32,
+                );
                 n += 1;
             }
             SlotData::Info => {
@@ -460,6 +485,33 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
 
     /// Waits for a `GET_INFO` ticket and decodes the `DeviceInfo` the device wrote into
     /// the slot (read before the slot can be reused: we hold `&mut self` throughout).
+    /// Waits for a `GET_ATTRIBUTES` and reads its answer from the slot's info area.
+    pub(crate) fn wait_attributes(&mut self, t: Ticket) -> Result<vgpu_proto::DeviceAttributes> {
+        // The info area holds either answer.
+        const _: () = assert!(vgpu_proto::DeviceAttributes::SIZE == DeviceInfo::SIZE);
+        let slot = t.slot;
+        self.wait(t)?;
+        let mut bytes = [0u8; DeviceInfo::SIZE];
+        self.slots.read(slot, INFO_OFF, &mut bytes)?;
+        vgpu_proto::DeviceAttributes::decode(&bytes).map_err(|_| Error::NoResponse {
+            opcode: Opcode::GetAttributes as u32,
+            used_len: 0,
+        })
+    }
+
+    /// Waits for a `GET_FUNCTION_LAYOUT`: its result words and the layout it wrote.
+    pub(crate) fn wait_layout(&mut self, t: Ticket) -> Result<([u64; 4], vgpu_proto::ParamLayout)> {
+        let slot = t.slot;
+        let r = self.wait(t)?;
+        let mut bytes = [0u8; vgpu_proto::ParamLayout::SIZE];
+        self.slots.read(slot, LAYOUT_OFF, &mut bytes)?;
+        let layout = vgpu_proto::ParamLayout::decode(&bytes).map_err(|_| Error::NoResponse {
+            opcode: Opcode::GetFunctionLayout as u32,
+            used_len: 0,
+        })?;
+        Ok((r, layout))
+    }
+
     pub(crate) fn wait_info(&mut self, t: Ticket) -> Result<DeviceInfo> {
         let slot = t.slot;
         self.wait(t)?;

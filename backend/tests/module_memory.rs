@@ -1,0 +1,307 @@
+//! Module memory is device memory: each loaded module's footprint (image and declared
+//! globals, whole pages) is charged before it is compiled, shows in `memory_usage`, is
+//! refused at the capacity and the module limits, and comes back at unload. And what
+//! unmodified programs need of modules: parameter layouts and raw-bytes arguments. Runs on
+//! sim and, where a CUDA GPU is present, on cuda (with `VGPU_REQUIRE_CUDA=1` a missing GPU
+//! fails the suite).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vgpu_backend::{
+    module_footprint, Access, ArgValue, Backend, CudaConfig, CudaGpu, LaunchConfig, ModuleImage,
+    SimConfig, SimGpu, DEFAULT_VA_BASE, MAX_MODULE_MEMORY, MODULE_PAGE,
+};
+use vgpu_proto::{features, KernelArg, Status};
+
+const MIB: u64 = 1 << 20;
+
+fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
+    let sim = SimGpu::new(SimConfig {
+        memory,
+        va_size: 16 << 30,
+        threads: 1,
+        ..SimConfig::default()
+    })
+    .expect("sim backend");
+    f("sim", &sim);
+    match CudaGpu::probe() {
+        Ok(_) => {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let k = NEXT.fetch_add(1, Ordering::Relaxed);
+            let cuda = CudaGpu::new(CudaConfig {
+                ordinal: 0,
+                memory,
+                // Clear of conformance.rs's ranges.
+                va_base: DEFAULT_VA_BASE + (k + 40) * (64 << 30),
+                va_size: 16 << 30,
+                ..CudaConfig::default()
+            })
+            .expect("cuda backend");
+            f("cuda", &cuda);
+        }
+        Err(why) => {
+            assert!(
+                std::env::var_os("VGPU_REQUIRE_CUDA").is_none(),
+                "VGPU_REQUIRE_CUDA is set but the cuda backend cannot run: {why}"
+            );
+            eprintln!("SKIPPED (cuda): {why}")
+        }
+    }
+}
+
+#[test]
+fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
+    // 2 MiB for an allocation and ten pages for modules.
+    let capacity = 2 * MIB + 10 * MODULE_PAGE;
+    each(capacity, |name, b| {
+        let page = module_footprint(&ModuleImage::Builtin(b"builtin"));
+        assert_eq!(page, MODULE_PAGE);
+        let a = b.alloc(2 * MIB).expect("alloc");
+        assert_eq!(b.memory_usage().used, 2 * MIB, "{name}");
+        let mut loaded = Vec::new();
+        for i in 0..10 {
+            loaded.push(
+                b.module_load(ModuleImage::Builtin(b"builtin"))
+                    .unwrap_or_else(|e| panic!("{name}: module {i}: {e}")),
+            );
+        }
+        let u = b.memory_usage();
+        assert_eq!(u.used, capacity, "{name}: modules count in memory_usage");
+        let e = b
+            .module_load(ModuleImage::Builtin(b"builtin"))
+            .expect_err("over the capacity");
+        assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
+        assert!(e.to_string().contains("module memory"), "{name}: {e}");
+        // A refused load charged nothing; allocations see the modules too.
+        assert_eq!(b.memory_usage().used, capacity, "{name}");
+        assert_eq!(
+            b.alloc(MODULE_PAGE).expect_err("full").status(),
+            Status::OutOfMemory
+        );
+        // Unloading gives the pages back.
+        b.module_unload(loaded.pop().expect("one")).expect("unload");
+        assert_eq!(b.memory_usage().used, capacity - page, "{name}");
+        loaded.push(
+            b.module_load(ModuleImage::Builtin(b"builtin"))
+                .expect("room again"),
+        );
+        for m in loaded {
+            b.module_unload(m).expect("unload");
+        }
+        b.free(a.addr).expect("free");
+        assert_eq!(b.memory_usage().used, 0, "{name}");
+    });
+}
+
+#[test]
+fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
+    // More declared global memory than any vGPU may hold in modules: refused before the
+    // driver sees the PTX, on every backend that takes PTX.
+    let huge = format!(
+        ".version 7.8\n.target sm_90\n.address_size 64\n.global .align 8 .b8 hog[{}];\n",
+        MAX_MODULE_MEMORY
+    );
+    let fp = module_footprint(&ModuleImage::Ptx(huge.as_bytes()));
+    assert!(fp > MAX_MODULE_MEMORY);
+    each(64 * MIB, |name, b| {
+        let e = b
+            .module_load(ModuleImage::Ptx(huge.as_bytes()))
+            .expect_err("refused");
+        if b.info().features & features::PTX == 0 {
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+        } else {
+            assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
+            assert!(e.to_string().contains("module memory"), "{name}: {e}");
+        }
+        // 32 MiB of globals in a 64 MiB share loads once (where PTX runs) and is charged;
+        // a second copy does not fit.
+        let half =
+            ".version 7.8\n.target sm_90\n.address_size 64\n.global .align 8 .b8 hog[33554432];\n";
+        if b.info().features & features::PTX != 0 {
+            let m = b
+                .module_load(ModuleImage::Ptx(half.as_bytes()))
+                .expect("fits");
+            assert!(b.memory_usage().used >= 32 * MIB, "{name}");
+            b.alloc(30 * MIB).expect("alloc beside it");
+            assert_eq!(
+                b.module_load(ModuleImage::Ptx(half.as_bytes()))
+                    .expect_err("share")
+                    .status(),
+                Status::OutOfMemory,
+                "{name}"
+            );
+            b.module_unload(m).expect("unload");
+        }
+        // Cubin and fatbin images: loaded natively where the device has a GPU, a clear
+        // NOT_SUPPORTED elsewhere.
+        let e = b
+            .module_load(ModuleImage::Binary(b"\x7fELF not really"))
+            .expect_err("no image");
+        if b.info().features & features::BINARY_MODULES == 0 {
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            assert!(e.to_string().contains("cubin"), "{name}: {e}");
+        } else {
+            assert_eq!(e.status(), Status::InvalidArgument, "{name}: {e}");
+        }
+    });
+}
+
+/// `pack(out, h, s)`: writes the 16-bit `h` and the 8-byte struct `s` (a u32 and two u16)
+/// to `out` as bytes 0..2 and 4..12.
+const PACK_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry pack(.param .u64 out, .param .b16 h, .param .align 4 .b8 s[8])
+{
+    .reg .b16 %h<3>;
+    .reg .b32 %r<1>;
+    .reg .b64 %d<2>;
+    ld.param.u64 %d0, [out];
+    cvta.to.global.u64 %d1, %d0;
+    ld.param.b16 %h0, [h];
+    st.global.b16 [%d1], %h0;
+    ld.param.b32 %r0, [s];
+    st.global.b32 [%d1+4], %r0;
+    ld.param.b16 %h1, [s+4];
+    st.global.b16 [%d1+8], %h1;
+    ld.param.b16 %h2, [s+6];
+    st.global.b16 [%d1+10], %h2;
+    ret;
+}
+"#;
+
+#[test]
+fn parameter_layouts_and_raw_bytes_arguments() {
+    each(16 * MIB, |name, b| {
+        assert_ne!(b.info().features & features::PARAM_LAYOUT, 0, "{name}");
+        // Built-ins: the layout the CUDA library passes (8-byte pointers and counts).
+        let m = b
+            .module_load(ModuleImage::Builtin(b"builtin"))
+            .expect("builtin");
+        let f = b.get_function(m, b"saxpy").expect("saxpy");
+        let l = b.param_layout(f.handle).expect("layout");
+        let got: Vec<_> = (0..4).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 4), (8, 8), (16, 8), (24, 8)], "{name}");
+        assert_eq!(l.get(4), Some((0, 0)), "{name}");
+        // Raw bytes are no built-in's parameter.
+        let a = b.alloc(4096).expect("alloc");
+        let raw = KernelArg::bytes(&[1, 2])
+            .expect("bytes")
+            .typed()
+            .expect("typed");
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        };
+        let fill = b.get_function(m, b"fill").expect("fill");
+        let e = b
+            .launch(
+                fill.handle,
+                &cfg,
+                &[
+                    ArgValue::Ptr {
+                        addr: a.addr,
+                        access: Access::Write,
+                    },
+                    raw,
+                    ArgValue::U64(1),
+                ],
+            )
+            .expect_err("raw bytes to a built-in");
+        assert_eq!(e.status(), Status::BadArgType, "{name}: {e}");
+        assert_eq!(
+            b.param_layout(0xdead).expect_err("unknown").status(),
+            Status::UnknownFunction
+        );
+        if b.info().features & features::PTX == 0 {
+            return;
+        }
+        // PTX: the driver's layout, and 16-bit and struct parameters as raw bytes.
+        let pm = b
+            .module_load(ModuleImage::Ptx(PACK_PTX.as_bytes()))
+            .expect("pack");
+        let pf = b.get_function(pm, b"pack").expect("pack");
+        let l = b.param_layout(pf.handle).expect("layout");
+        let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 8), (8, 2), (12, 8)], "{name}");
+        let h = KernelArg::bytes(&0xbeefu16.to_le_bytes()).expect("h");
+        let st: Vec<u8> = [0x0102_0304u32.to_le_bytes().as_slice(), &[5, 6, 7, 8]].concat();
+        let s = KernelArg::bytes(&st).expect("s");
+        let args = [
+            ArgValue::Ptr {
+                addr: a.addr,
+                access: Access::Write,
+            },
+            h.typed().expect("h"),
+            s.typed().expect("s"),
+        ];
+        b.launch(pf.handle, &cfg, &args).expect("pack launch");
+        let mut out = [0u8; 12];
+        let slice = vm_memory::VolatileSlice::from(&mut out[..]);
+        b.copy_dtoh(a.addr, &slice).expect("dtoh");
+        assert_eq!(&out[0..2], &0xbeefu16.to_le_bytes(), "{name}");
+        assert_eq!(&out[4..12], st.as_slice(), "{name}");
+        // A raw argument of the wrong size is refused before the launch.
+        let short = KernelArg::bytes(&[1])
+            .expect("1 byte")
+            .typed()
+            .expect("typed");
+        assert_eq!(
+            b.launch(pf.handle, &cfg, &[args[0], short, args[2]])
+                .expect_err("size")
+                .status(),
+            Status::BadArgType
+        );
+    });
+}
+
+/// A broker that grants everything (module memory never asks it).
+struct Unlimited;
+
+impl vgpu_backend::pager::Broker for Unlimited {
+    fn reserve(&self, _bytes: u64) -> Result<(), String> {
+        Ok(())
+    }
+    fn report(&self, _state: vgpu_backend::pager::MemState) {}
+}
+
+#[test]
+fn the_pager_counts_module_memory_against_the_share() {
+    let share = 2 * MIB + 4 * MODULE_PAGE;
+    let sim: std::sync::Arc<dyn Backend> = std::sync::Arc::new(
+        SimGpu::new(SimConfig {
+            memory: share,
+            va_size: 16 << 30,
+            threads: 1,
+            ..SimConfig::default()
+        })
+        .expect("sim"),
+    );
+    let p = vgpu_backend::pager::Pager::new(sim, std::sync::Arc::new(Unlimited), share);
+    p.alloc(2 * MIB).expect("alloc");
+    let mut loaded = Vec::new();
+    for _ in 0..4 {
+        loaded.push(
+            p.module_load(ModuleImage::Builtin(b"builtin"))
+                .expect("module"),
+        );
+    }
+    assert_eq!(
+        p.memory_usage().used,
+        share,
+        "modules count in memory_usage"
+    );
+    let e = p
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect_err("over the share");
+    assert_eq!(e.status(), Status::OutOfMemory, "{e}");
+    assert_eq!(
+        p.alloc(MODULE_PAGE).expect_err("full").status(),
+        Status::OutOfMemory
+    );
+    p.module_unload(loaded.pop().expect("one")).expect("unload");
+    assert_eq!(p.memory_usage().used, share - MODULE_PAGE);
+    p.alloc(MODULE_PAGE).expect("room again");
+}
