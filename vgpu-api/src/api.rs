@@ -322,6 +322,10 @@ pub struct VmCreate {
 /// Default guest RAM.
 pub const DEFAULT_VM_MEMORY: u64 = 256 << 20;
 
+/// The start of the reason a VM is `failed` with when it was running as vgpud went away and
+/// its vmm was gone when vgpud came back (a restart itself leaves running VMs alone).
+pub const VM_LOST_IN_RESTART: &str = "stopped: its vmm was gone when vgpud restarted";
+
 fn default_vm_memory() -> u64 {
     DEFAULT_VM_MEMORY
 }

@@ -40,8 +40,12 @@ use crate::api::{self, VgpuCreate, VgpuState, VmState};
 use crate::units::permille_to_fraction;
 
 /// A restored VM that was running when vgpud went away and whose vmm is gone.
-const RESTART_REASON: &str =
-    "stopped: its vmm was gone when vgpud restarted (exit status unknown; see its console); launch it again";
+fn restart_reason() -> String {
+    format!(
+        "{} (exit status unknown; see its console); launch it again",
+        api::VM_LOST_IN_RESTART
+    )
+}
 
 /// How long a restore waits for a worker of the previous vgpud to let go of a socket.
 const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
@@ -609,7 +613,7 @@ fn restored_vm(
         (SavedVmState::Live, Some(_)) => (VmState::Running, None),
         (SavedVmState::Live, None) => (
             VmState::Failed {
-                reason: lost.unwrap_or_else(|| RESTART_REASON.into()),
+                reason: lost.unwrap_or_else(restart_reason),
             },
             Some(
                 v.uptime_ms

@@ -29,7 +29,7 @@ use crate::vm::VmCmd;
 /// Exit codes: 0 done; 1 refused or failed (the message names the flag at fault); 2 bad
 /// command line; 3 vgpud not running; 4 a migration completed with a longer pause than
 /// --max-downtime-ms. `vm wait` and `vm launch --wait` exit with the guest's exit code,
-/// 123 if a vgpud restart stopped the VM, 124 if it still runs at the timeout, 125 if it
+/// 123 if its vmm was gone when vgpud restarted, 124 if it still runs at the timeout, 125 if it
 /// failed (its vmm killed or crashed, or its vGPU's worker died).
 #[derive(Parser, Debug)]
 #[command(name = "vgpuctl", version)]

@@ -76,7 +76,7 @@ pub enum VmCmd {
         #[arg(long, short)]
         follow: bool,
     },
-    /// Wait until a VM ends; exit with its exit code (123: stopped by a vgpud restart,
+    /// Wait until a VM ends; exit with its exit code (123: its vmm was gone when vgpud restarted,
     /// 124: still running at the timeout, 125: failed).
     Wait {
         id: u32,
@@ -92,9 +92,6 @@ pub enum VmCmd {
     },
 }
 
-/// The reason vgpud gives a VM that its restart stopped.
-const STOPPED_BY_RESTART: &str = "stopped: vgpud restarted";
-
 /// Exit code of a finished VM for `wait` and `launch --wait`, with a line on stderr when
 /// it did not exit by itself.
 fn vm_exit(vm: &Vm) -> ExitCode {
@@ -102,9 +99,9 @@ fn vm_exit(vm: &Vm) -> ExitCode {
         VmState::Exited { code } => {
             ExitCode::from(u8::try_from((*code).clamp(0, 255)).unwrap_or(1))
         }
-        VmState::Failed { reason } if reason.starts_with(STOPPED_BY_RESTART) => {
+        VmState::Failed { reason } if reason.starts_with(vgpu_api::api::VM_LOST_IN_RESTART) => {
             eprintln!(
-                "vgpuctl: VM {} was stopped by a vgpud restart (it did not crash); launch it again (exit code {})",
+                "vgpuctl: VM {} was stopped: its vmm was gone when vgpud restarted (it did not crash); launch it again (exit code {})",
                 vm.id,
                 code::STOPPED_BY_RESTART
             );
