@@ -18,12 +18,14 @@
 //! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
+use super::shm;
 use super::vmm::{access_desc, alloc_prop, can_access_peer, granularity, mem_info};
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
@@ -193,11 +195,19 @@ pub struct Allocation {
     mapped: u64,
     slot: Mutex<Slot>,
     space: Arc<Space>,
+    /// A mapping of a shared object (not charged here, never swapped).
+    imported: bool,
+    /// Mapped without write access for our GPU (a read-only shared object attachment).
+    read_only: bool,
 }
 
 impl Extent for Allocation {
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -255,7 +265,8 @@ impl Drop for Allocation {
             None => true,
         };
         let hole = reusable.then(|| (self.addr - self.space.home.base, self.mapped));
-        self.space.ledger.released(hole, self.mapped);
+        let charged = if self.imported { 0 } else { self.mapped };
+        self.space.ledger.released(hole, charged);
         tracing::trace!(addr = self.addr, size = self.size, "device memory released");
     }
 }
@@ -482,7 +493,65 @@ impl DeviceMemory {
                 at: Some(va),
             }),
             space: sp.clone(),
+            imported: false,
+            read_only: false,
         })
+    }
+
+    /// Maps a shared object (its exported descriptor `fd`, `size` bytes) at a fresh address
+    /// of the vGPU's range, read-only for our GPU when `read_only`; nothing is charged to
+    /// this address space. [`DeviceMemory::free`] unmaps it and releases the import.
+    pub fn import(&self, fd: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let sp = &self.space;
+        let len = self.checked_len(size)?;
+        let place = sp.place();
+        if *place != Place::Home {
+            return Err(moving());
+        }
+        let off = sp
+            .ledger
+            .take_hole(len)
+            .ok_or(BackendError::AddressSpaceFull { requested: size })?;
+        let addr = sp.home.base + off;
+        let mapped = shm::import(&fd).and_then(|handle| {
+            shm::map(addr, len, handle, sp.ordinal, read_only)
+                .inspect_err(|_| {
+                    unmap_release(&sp.ctx, None, len, handle);
+                })
+                .map(|()| handle)
+        });
+        drop(fd);
+        let handle = match mapped {
+            Ok(h) => h,
+            Err(e) => {
+                sp.ledger.give_hole(off, len);
+                return Err(BackendError::Device(format!(
+                    "{e}: cannot map the shared object of {size} bytes"
+                )));
+            }
+        };
+        drop(place);
+        sp.ledger.added();
+        self.table.insert(
+            addr,
+            Arc::new(Allocation {
+                addr,
+                size,
+                mapped: len,
+                slot: Mutex::new(Slot {
+                    handle: Some(handle),
+                    at: Some(addr),
+                }),
+                space: sp.clone(),
+                imported: true,
+                read_only,
+            }),
+        );
+        tracing::debug!(addr, size, read_only, "shared object mapped");
+        Ok(addr)
     }
 
     /// Puts a created (and cleared) allocation in the table; returns its address.
@@ -512,10 +581,33 @@ impl DeviceMemory {
         self.table.resolve(addr, len)
     }
 
+    /// Creates a zeroed, exported shared object of `size` bytes on our GPU.
+    pub fn export(&self, size: u64) -> Result<OwnedFd> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        self.checked_len(size)?;
+        shm::export(self.space.ordinal, size).map_err(|e| {
+            BackendError::Device(format!(
+                "{e}: cannot create a shared object of {size} bytes"
+            ))
+        })
+    }
+
+    /// Like [`DeviceMemory::resolve`] for a write: a read-only mapping is refused.
+    pub fn resolve_write(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
+        self.table.resolve_write(addr, len)
+    }
+
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
         let a = self.table.exact(addr)?;
+        if a.imported {
+            return Err(BackendError::NotSupported(
+                "shared objects stay resident; only owned allocations are swapped".into(),
+            ));
+        }
         if off != 0 || len != a.mapped {
             return Err(BackendError::InvalidArgument(format!(
                 "the cuda backend swaps whole allocations: {addr:#x} is {} bytes, asked {off:#x}+{len:#x}",
