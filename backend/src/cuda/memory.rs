@@ -18,19 +18,20 @@
 //! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
 
 use super::driver::{check, Context, CuError};
-use super::shm;
 use super::vmm::{access_desc, alloc_prop, can_access_peer, granularity, mem_info};
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
 use crate::sync::{get_mut, lock, read, write};
 use crate::MemoryUsage;
+
+#[path = "shm.rs"]
+mod shm;
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
@@ -498,62 +499,6 @@ impl DeviceMemory {
         })
     }
 
-    /// Maps a shared object (its exported descriptor `fd`, `size` bytes) at a fresh address
-    /// of the vGPU's range, read-only for our GPU when `read_only`; nothing is charged to
-    /// this address space. [`DeviceMemory::free`] unmaps it and releases the import.
-    pub fn import(&self, fd: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        if size == 0 {
-            return Err(BackendError::ZeroSize);
-        }
-        let sp = &self.space;
-        let len = self.checked_len(size)?;
-        let place = sp.place();
-        if *place != Place::Home {
-            return Err(moving());
-        }
-        let off = sp
-            .ledger
-            .take_hole(len)
-            .ok_or(BackendError::AddressSpaceFull { requested: size })?;
-        let addr = sp.home.base + off;
-        let mapped = shm::import(&fd).and_then(|handle| {
-            shm::map(addr, len, handle, sp.ordinal, read_only)
-                .inspect_err(|_| {
-                    unmap_release(&sp.ctx, None, len, handle);
-                })
-                .map(|()| handle)
-        });
-        drop(fd);
-        let handle = match mapped {
-            Ok(h) => h,
-            Err(e) => {
-                sp.ledger.give_hole(off, len);
-                return Err(BackendError::Device(format!(
-                    "{e}: cannot map the shared object of {size} bytes"
-                )));
-            }
-        };
-        drop(place);
-        sp.ledger.added();
-        self.table.insert(
-            addr,
-            Arc::new(Allocation {
-                addr,
-                size,
-                mapped: len,
-                slot: Mutex::new(Slot {
-                    handle: Some(handle),
-                    at: Some(addr),
-                }),
-                space: sp.clone(),
-                imported: true,
-                read_only,
-            }),
-        );
-        tracing::debug!(addr, size, read_only, "shared object mapped");
-        Ok(addr)
-    }
-
     /// Puts a created (and cleared) allocation in the table; returns its address.
     pub fn publish(&self, a: Allocation) -> u64 {
         let addr = a.addr;
@@ -579,19 +524,6 @@ impl DeviceMemory {
     /// A zero-length range must still start inside an allocation.
     pub fn resolve(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
         self.table.resolve(addr, len)
-    }
-
-    /// Creates a zeroed, exported shared object of `size` bytes on our GPU.
-    pub fn export(&self, size: u64) -> Result<OwnedFd> {
-        if size == 0 {
-            return Err(BackendError::ZeroSize);
-        }
-        self.checked_len(size)?;
-        shm::export(self.space.ordinal, size).map_err(|e| {
-            BackendError::Device(format!(
-                "{e}: cannot create a shared object of {size} bytes"
-            ))
-        })
     }
 
     /// Like [`DeviceMemory::resolve`] for a write: a read-only mapping is refused.

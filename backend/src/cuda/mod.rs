@@ -30,7 +30,6 @@ mod lanes;
 mod memory;
 mod modules;
 mod relocation;
-mod shm;
 mod storage;
 mod vmm;
 

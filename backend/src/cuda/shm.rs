@@ -9,19 +9,92 @@
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 
-use super::driver::{check, CuError};
-use super::memory::{round_up, VA_ALIGN};
-use super::vmm::{alloc_prop, granularity};
+use super::super::driver::{check, CuError};
+use super::super::vmm::{alloc_prop, granularity};
+use super::{moving, round_up, unmap_release, Allocation, DeviceMemory, Place, Slot, VA_ALIGN};
+use crate::error::{BackendError, Result};
+
+impl DeviceMemory {
+    /// Maps a shared object (its exported descriptor `fd`, `size` bytes) at a fresh address
+    /// of the vGPU's range, read-only for our GPU when `read_only`; nothing is charged to
+    /// this address space. [`DeviceMemory::free`] unmaps it and releases the import.
+    pub fn import(&self, fd: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        let sp = &self.space;
+        let len = self.checked_len(size)?;
+        let place = sp.place();
+        if *place != Place::Home {
+            return Err(moving());
+        }
+        let off = sp
+            .ledger
+            .take_hole(len)
+            .ok_or(BackendError::AddressSpaceFull { requested: size })?;
+        let addr = sp.home.base + off;
+        let mapped = import(&fd).and_then(|handle| {
+            map(addr, len, handle, sp.ordinal, read_only)
+                .inspect_err(|_| {
+                    unmap_release(&sp.ctx, None, len, handle);
+                })
+                .map(|()| handle)
+        });
+        drop(fd);
+        let handle = match mapped {
+            Ok(h) => h,
+            Err(e) => {
+                sp.ledger.give_hole(off, len);
+                return Err(BackendError::Device(format!(
+                    "{e}: cannot map the shared object of {size} bytes"
+                )));
+            }
+        };
+        drop(place);
+        sp.ledger.added();
+        self.table.insert(
+            addr,
+            Arc::new(Allocation {
+                addr,
+                size,
+                mapped: len,
+                slot: Mutex::new(Slot {
+                    handle: Some(handle),
+                    at: Some(addr),
+                }),
+                space: sp.clone(),
+                imported: true,
+                read_only,
+            }),
+        );
+        tracing::debug!(addr, size, read_only, "shared object mapped");
+        Ok(addr)
+    }
+
+    /// Creates a zeroed, exported shared object of `size` bytes on our GPU.
+    pub fn export(&self, size: u64) -> Result<OwnedFd> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        self.checked_len(size)?;
+        export(self.space.ordinal, size).map_err(|e| {
+            BackendError::Device(format!(
+                "{e}: cannot create a shared object of {size} bytes"
+            ))
+        })
+    }
+}
 
 const POSIX_FD: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
 /// Bytes of physical memory behind an object of `size` bytes on GPU `ordinal`: `size`
 /// rounded up to the allocation granularity (every mapper maps exactly this much).
-pub(super) fn object_len(ordinal: i32, size: u64) -> Result<u64, CuError> {
+fn object_len(ordinal: i32, size: u64) -> std::result::Result<u64, CuError> {
     let g = granularity(ordinal)?;
     round_up(size, g).ok_or(CuError {
         code: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
@@ -31,7 +104,7 @@ pub(super) fn object_len(ordinal: i32, size: u64) -> Result<u64, CuError> {
 
 /// Creates a zeroed shared object of `size` bytes on GPU `ordinal` and exports it as a
 /// file descriptor. The caller's context (of that GPU) is bound.
-pub(super) fn export(ordinal: i32, size: u64) -> Result<OwnedFd, CuError> {
+fn export(ordinal: i32, size: u64) -> std::result::Result<OwnedFd, CuError> {
     let len = object_len(ordinal, size)?;
     let mut prop = alloc_prop(ordinal);
     prop.requestedHandleTypes = POSIX_FD;
@@ -69,7 +142,11 @@ pub(super) fn export(ordinal: i32, size: u64) -> Result<OwnedFd, CuError> {
 
 /// Clears `len` bytes of `handle` through a temporary mapping: fresh physical memory may
 /// hold an earlier tenant's bytes.
-fn zero(ordinal: i32, handle: sys::CUmemGenericAllocationHandle, len: u64) -> Result<(), CuError> {
+fn zero(
+    ordinal: i32,
+    handle: sys::CUmemGenericAllocationHandle,
+    len: u64,
+) -> std::result::Result<(), CuError> {
     let mut va: sys::CUdeviceptr = 0;
     check(
         // SAFETY: writes one device address into `va`; reserves address space only.
@@ -97,7 +174,7 @@ fn zero(ordinal: i32, handle: sys::CUmemGenericAllocationHandle, len: u64) -> Re
 
 /// Imports an exported object's descriptor as an allocation handle of this process. The
 /// caller releases it (`cuMemRelease`) when its mapping is gone; `fd` may close now.
-pub(super) fn import(fd: &OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, CuError> {
+fn import(fd: &OwnedFd) -> std::result::Result<sys::CUmemGenericAllocationHandle, CuError> {
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // For a POSIX descriptor the driver takes the descriptor's value in the pointer.
     let os_handle = fd.as_raw_fd() as usize as *mut c_void;
@@ -112,13 +189,13 @@ pub(super) fn import(fd: &OwnedFd) -> Result<sys::CUmemGenericAllocationHandle, 
 
 /// Maps `handle` over `[va, va + len)` (a free range of ours) with access for GPU
 /// `ordinal` only: read-only when `read_only`.
-pub(super) fn map(
+fn map(
     va: u64,
     len: u64,
     handle: sys::CUmemGenericAllocationHandle,
     ordinal: i32,
     read_only: bool,
-) -> Result<(), CuError> {
+) -> std::result::Result<(), CuError> {
     let len_us = len as usize;
     check(
         // SAFETY: maps a live handle over a range of one of our reservations that the
