@@ -925,3 +925,64 @@ fn pager_keeps_every_byte_through_swapping() {
         eprintln!("{name}: pager {s:?}");
     }
 }
+
+/// A shared object (`export` makes one of `size` bytes) mapped read-write by one vGPU and
+/// read-only by another: the bytes are the same memory, the read-only mapping refuses
+/// writes before they reach the device, nothing is charged to the mappers, and the
+/// mappings go with `free`.
+fn shared_object_case(
+    name: &str,
+    export: &dyn Fn(u64) -> std::os::fd::OwnedFd,
+    a: &dyn Backend,
+    b: &dyn Backend,
+) {
+    const SIZE: u64 = 3 * MIB + 4096;
+    let fd = export(SIZE);
+    let dup = fd.try_clone().expect("dup");
+    let (used_a, used_b) = (a.memory_usage().used, b.memory_usage().used);
+    let wa = a.import_shared(fd, SIZE, false).expect("import read-write");
+    let rb = b.import_shared(dup, SIZE, true).expect("import read-only");
+    assert_eq!(
+        get(b, rb, 4096).expect("fresh"),
+        vec![0; 4096],
+        "{name}: zeroed"
+    );
+    let bytes = pattern(SIZE as usize, 7);
+    put(a, wa, &bytes).expect("write through the read-write mapping");
+    a.synchronize();
+    assert_eq!(get(b, rb, SIZE as usize).expect("read"), bytes, "{name}");
+    assert_eq!(status(put(b, rb, &[1])), Status::BadDevicePointer, "{name}");
+    assert_eq!(
+        status(b.memset(rb, 0, 1, 1)),
+        Status::BadDevicePointer,
+        "{name}"
+    );
+    assert_eq!(
+        status(b.copy_dtod(rb, rb + 4096, 16)),
+        Status::BadDevicePointer
+    );
+    assert_eq!(
+        status(a.check_range(wa, SIZE + 1)),
+        Status::BadDevicePointer,
+        "{name}"
+    );
+    assert_eq!(a.memory_usage().used, used_a, "{name}: not charged");
+    assert_eq!(b.memory_usage().used, used_b, "{name}: not charged");
+    b.free(rb).expect("detach read-only");
+    a.free(wa).expect("detach read-write");
+    assert!(get(a, wa, 1).is_err(), "{name}: unmapped");
+}
+
+#[test]
+fn shared_objects_map_read_write_and_read_only() {
+    let export = |size| vgpu_backend::sim::shared_object(size).expect("memfd");
+    shared_object_case("sim", &export, &sim(64 * MIB), &sim(64 * MIB));
+    match cuda_skip() {
+        None => {
+            let (a, b) = (cuda(64 * MIB), cuda(64 * MIB));
+            let export = |size| a.export_shared(size).expect("export");
+            shared_object_case("cuda", &export, &a, &b);
+        }
+        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
+    }
+}

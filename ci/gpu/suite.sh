@@ -32,6 +32,7 @@ storage|check|180|the storage kernels as GPU threads, backend level, sim and cud
 storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cuda backend
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
+shm|check|120|shared device memory on cuda: an exported object mapped read-write and read-only, writes to the read-only mapping refused
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
@@ -92,6 +93,7 @@ step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
 step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_runs --nocapture; }
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
+step_shm() { "$(tb conformance)" shared_objects --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {

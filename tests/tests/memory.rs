@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use vgpu_api::api::{VgpuCreate, VmCreate, VmState};
-use vgpu_api::client::Client;
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpu_api::client::{Client, ClientError};
 use vgpu_tests::daemon::TestDaemon;
 use vgpu_tests::require_kvm;
 
@@ -42,6 +42,16 @@ fn vm(
         }),
         name: None,
         labels: Default::default(),
+    }
+}
+
+/// vgpud's GPU arguments: `gpus` simulated GPUs of 256 MiB, or with
+/// `VGPU_TEST_BACKEND=cuda` the real GPUs of the GPU machine (ci/gpu/suite.sh, step shm).
+fn gpu_args(gpus: &'static str) -> Vec<&'static str> {
+    if std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda") {
+        vec!["--backend", "cuda"]
+    } else {
+        vec!["--sim-gpus", gpus, "--sim-memory", "256M"]
     }
 }
 
@@ -151,7 +161,7 @@ fn a_hard_share_is_a_hard_limit() {
 #[test]
 fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
     require_kvm!();
-    let d = TestDaemon::start("memory-shm", &["--sim-gpus", "1", "--sim-memory", "256M"]);
+    let d = TestDaemon::start("memory-shm", &gpu_args("1"));
     let c = &d.client;
     let arg = |role: &str| format!("role={role} key=0x5eed size_mib=4 items=12");
     let producer = c
@@ -214,10 +224,7 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
 #[test]
 fn a_dying_vm_leaves_the_shared_object_to_the_others() {
     require_kvm!();
-    let d = TestDaemon::start(
-        "memory-shm-kill",
-        &["--sim-gpus", "1", "--sim-memory", "256M"],
-    );
+    let d = TestDaemon::start("memory-shm-kill", &gpu_args("2"));
     let c = &d.client;
     let arg = |role: &str| format!("role={role} key=0x77 size_mib=2 items=100000");
     let producer = c
@@ -252,6 +259,24 @@ fn a_dying_vm_leaves_the_shared_object_to_the_others() {
             "never attached: {o:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // A mapper is pinned to the object's GPU: the move is refused, naming the object.
+    let shmid = c.shm().expect("shm")[0].id;
+    let vgpu = c.vm(consumer.id).expect("vm").vgpu.expect("vgpu");
+    let req = MigrateRequest {
+        target_gpu: None,
+        mode: None,
+        max_downtime_ms: None,
+    };
+    match c.migrate_vgpu(vgpu, &req) {
+        Err(ClientError::Api {
+            status: 409, body, ..
+        }) => assert!(
+            body.error.contains("shared device memory")
+                && body.error.contains(&format!("objects {shmid}")),
+            "{body:?}"
+        ),
+        other => panic!("expected 409, got {other:?}"),
     }
     let pid = c.vm(producer.id).expect("vm").pid.expect("pid");
     // SAFETY: kill(2) on a process this test's daemon started.

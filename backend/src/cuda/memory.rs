@@ -30,6 +30,9 @@ use crate::space::{AllocTable, Extent, Ledger};
 use crate::sync::{get_mut, lock, read, write};
 use crate::MemoryUsage;
 
+#[path = "shm.rs"]
+mod shm;
+
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
 
@@ -193,11 +196,19 @@ pub struct Allocation {
     mapped: u64,
     slot: Mutex<Slot>,
     space: Arc<Space>,
+    /// A mapping of a shared object (not charged here, never swapped).
+    imported: bool,
+    /// Mapped without write access for our GPU (a read-only shared object attachment).
+    read_only: bool,
 }
 
 impl Extent for Allocation {
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -255,7 +266,8 @@ impl Drop for Allocation {
             None => true,
         };
         let hole = reusable.then(|| (self.addr - self.space.home.base, self.mapped));
-        self.space.ledger.released(hole, self.mapped);
+        let charged = if self.imported { 0 } else { self.mapped };
+        self.space.ledger.released(hole, charged);
         tracing::trace!(addr = self.addr, size = self.size, "device memory released");
     }
 }
@@ -482,6 +494,8 @@ impl DeviceMemory {
                 at: Some(va),
             }),
             space: sp.clone(),
+            imported: false,
+            read_only: false,
         })
     }
 
@@ -512,10 +526,20 @@ impl DeviceMemory {
         self.table.resolve(addr, len)
     }
 
+    /// Like [`DeviceMemory::resolve`] for a write: a read-only mapping is refused.
+    pub fn resolve_write(&self, addr: u64, len: u64) -> Result<(Arc<Allocation>, u64)> {
+        self.table.resolve_write(addr, len)
+    }
+
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
         let a = self.table.exact(addr)?;
+        if a.imported {
+            return Err(BackendError::NotSupported(
+                "shared objects stay resident; only owned allocations are swapped".into(),
+            ));
+        }
         if off != 0 || len != a.mapped {
             return Err(BackendError::InvalidArgument(format!(
                 "the cuda backend swaps whole allocations: {addr:#x} is {} bytes, asked {off:#x}+{len:#x}",

@@ -34,6 +34,7 @@ mod storage;
 mod vmm;
 
 use std::ffi::c_void;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -557,6 +558,16 @@ impl Drop for CudaGpu {
     }
 }
 
+impl CudaGpu {
+    /// Creates a zeroed shared device memory object of `size` bytes on this GPU and
+    /// exports it: the descriptor is the object (vgpud's registry holds it; every mapper
+    /// imports it with [`Backend::import_shared`]).
+    pub fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        self.enter()?;
+        self.mem.export(size)
+    }
+}
+
 impl Backend for CudaGpu {
     fn info(&self) -> &BackendInfo {
         &self.info
@@ -586,7 +597,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let len = src.len();
-        let (_alloc, _) = self.mem.resolve(dst, len as u64)?;
+        let (_alloc, _) = self.mem.resolve_write(dst, len as u64)?;
         let host = src.ptr_guard().as_ptr() as usize;
         // Held for the copy: unregistering waits for it.
         let pinned = read(&self.pinned.regions);
@@ -643,7 +654,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let (_sa, _) = self.mem.resolve(src, len)?;
-        let (_da, _) = self.mem.resolve(dst, len)?;
+        let (_da, _) = self.mem.resolve_write(dst, len)?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
         let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr: src, len })?;
@@ -693,7 +704,7 @@ impl Backend for CudaGpu {
         let len = crate::space::memset_len(dst, elem_size, count)?;
         self.enter()?;
         self.guest_ready()?;
-        let (_a, _) = self.mem.resolve(dst, len)?;
+        let (_a, _) = self.mem.resolve_write(dst, len)?;
         let n = usize::try_from(count).map_err(|_| BackendError::BadPointer { addr: dst, len })?;
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let s = lane.stream.raw();
@@ -814,6 +825,11 @@ impl Backend for CudaGpu {
                 unpin(r);
             }
         }
+    }
+
+    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        self.enter()?;
+        self.mem.import(handle, size, read_only)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

@@ -95,6 +95,7 @@ impl Daemon {
     ) -> Result<Started, ApiError> {
         let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
         let link = movable(rec)?;
+        self.check_no_shm(id)?;
         let source = rec.gpu;
         let target = self.pick_target(inner, rec, cmd.target_gpu)?;
         self.check_target_pool(rec, target)?;
@@ -143,6 +144,24 @@ impl Daemon {
             link,
             target_gpu,
         })
+    }
+
+    /// Refuses to move a vGPU that maps shared device memory: the object lives on its GPU
+    /// (cuda: an allocation of that device; sim: the same rule, so both backends behave
+    /// alike) and every other mapper maps it there. Caller holds the state lock.
+    fn check_no_shm(&self, id: u32) -> Result<(), ApiError> {
+        let mapped = self.shm_lock().mapped_by(id);
+        if mapped.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = mapped.iter().map(u64::to_string).collect();
+        Err(ApiError::conflict(
+            "id",
+            format!(
+                "vGPU {id} maps shared device memory (objects {}) that lives on its GPU; it cannot migrate until the guest detaches them (SHM_DT)",
+                ids.join(", ")
+            ),
+        ))
     }
 
     /// The GPU vGPU `rec` moves to: the one asked for if it fits there, else the least

@@ -491,6 +491,15 @@ impl Registry {
     pub fn objects(&self) -> impl Iterator<Item = &Object> {
         self.objects.values()
     }
+
+    /// The objects `vgpu` has attached (ids, ascending): what pins it to its GPU.
+    pub fn mapped_by(&self, vgpu: u32) -> Vec<u64> {
+        self.objects
+            .values()
+            .filter(|o| o.attached.contains_key(&vgpu))
+            .map(|o| o.id)
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -529,7 +538,10 @@ mod tests {
         r.ctl(&a, id, shm_cmd::RMID).expect("rmid while attached");
         assert!(r.objects().any(|o| o.id == id), "kept while attached");
         assert!(r.attach(&a, id).is_err(), "no new attachments after RMID");
+        assert_eq!(r.mapped_by(1), vec![id]);
+        assert_eq!(r.mapped_by(3), Vec::<u64>::new());
         r.detach(1, id).expect("detach a");
+        assert!(r.mapped_by(1).is_empty(), "a detached vGPU maps nothing");
         assert!(r.objects().any(|o| o.id == id));
         r.detach(2, id).expect("detach b");
         assert!(r.objects().next().is_none(), "freed on the last detach");
