@@ -85,7 +85,8 @@ fn runs_on(c: &Client, vgpu: u32) {
 /// first one's shares and priority PATCHed.
 fn create_definitions(d: &TestDaemon) -> Vec<Vgpu> {
     let c = &d.client;
-    let ns = d.dir.join("ns.bin");
+    // Outside the state directory (0700, vgpud's): the worker opens it as its own user.
+    let ns = vgpu_tests::daemon::temp_dir("restart-files").join("ns.bin");
     std::fs::write(&ns, vec![7u8; 4096]).expect("namespace file");
     let a = c
         .create_vgpu(&VgpuCreate {
@@ -486,7 +487,8 @@ fn what_cannot_come_back_is_listed_with_the_reason() {
         &["--sim-gpus", "2", "--sim-memory", "1G"],
     );
     let c = &d.client;
-    let ns = d.dir.join("ns.bin");
+    let files = vgpu_tests::daemon::temp_dir("restart-unusable-files");
+    let ns = files.join("ns.bin");
     std::fs::write(&ns, vec![1u8; 4096]).expect("namespace file");
     let on_gpu1 = c
         .create_vgpu(&vgpu_spec(Some(1), 64 * MIB, 0.2))
@@ -507,7 +509,7 @@ fn what_cannot_come_back_is_listed_with_the_reason() {
     assert!(d.stop());
 
     // One GPU fewer, the storage file gone: both stay listed as failed with why.
-    std::fs::rename(&ns, d.dir.join("ns.moved")).expect("move the file away");
+    std::fs::rename(&ns, files.join("ns.moved")).expect("move the file away");
     d.restart(Some(&["--sim-gpus", "1", "--sim-memory", "1G"]));
     let c = &d.client;
     let failed = |id: u32| match c.vgpu(id).expect("still listed").state {
@@ -534,7 +536,7 @@ fn what_cannot_come_back_is_listed_with_the_reason() {
 
     // Fixed (the GPU and the file are back): the next start brings them back.
     assert!(d.stop());
-    std::fs::rename(d.dir.join("ns.moved"), &ns).expect("move the file back");
+    std::fs::rename(files.join("ns.moved"), &ns).expect("move the file back");
     d.restart(Some(&["--sim-gpus", "2", "--sim-memory", "1G"]));
     let c = &d.client;
     for v in [&on_gpu1, &with_file, &plain] {

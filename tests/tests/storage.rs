@@ -101,9 +101,12 @@ fn a_guest_runs_storage_kernels_on_an_attached_namespace() {
     let d = TestDaemon::start("storage", args);
     let c = &d.client;
     let (seed, words, vertices) = (7u64, 1u64 << 18, 20_000u64);
-    let data = d.dir.join("ns1.bin");
+    // Namespace files live outside vgpud's state directory (0700, vgpud's own): the worker
+    // opens them as its own user.
+    let files = vgpu_tests::daemon::temp_dir("storage-files");
+    let data = files.join("ns1.bin");
     let size = write_namespace(&data, seed, words, vertices);
-    let gone = d.dir.join("ns2.bin");
+    let gone = files.join("ns2.bin");
     std::fs::write(&gone, vec![1u8; 8192]).expect("write");
 
     // The vGPU with two namespaces; shown as given.
@@ -152,9 +155,10 @@ fn a_guest_runs_storage_kernels_on_an_attached_namespace() {
 fn bad_storage_specs_name_their_field() {
     let d = TestDaemon::start("storage-bad", &["--sim-gpus", "1", "--sim-memory", "256M"]);
     let c = &d.client;
-    let good = d.dir.join("good.bin");
+    let files = vgpu_tests::daemon::temp_dir("storage-files");
+    let good = files.join("good.bin");
     std::fs::write(&good, vec![0u8; 4096]).expect("write");
-    let empty = d.dir.join("empty.bin");
+    let empty = files.join("empty.bin");
     std::fs::write(&empty, b"").expect("write");
     let missing = d.dir.join("missing.bin");
     for (storage, field, says) in [

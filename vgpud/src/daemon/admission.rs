@@ -197,7 +197,11 @@ impl Daemon {
         if let Some(g) = &spec.share_group {
             validate_share_group(g)?;
         }
-        storage::validate(&spec.storage, self.cfg.storage_root.as_deref())?;
+        storage::validate(
+            &spec.storage,
+            self.cfg.storage_root.as_deref(),
+            &self.cfg.state_dir,
+        )?;
         if let Some(n) = &spec.name {
             validate_name(n)?;
         }

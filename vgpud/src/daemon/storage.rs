@@ -32,7 +32,11 @@ pub(super) fn under_root(path: &Path, root: &Path, option: &str) -> Result<PathB
 
 /// Checks `list` (the `storage` field of a vGPU spec); with a `root` (`--storage-root`),
 /// every backing file must lie under it.
-pub(super) fn validate(list: &[StorageAttachment], root: Option<&Path>) -> Result<(), ApiError> {
+pub(super) fn validate(
+    list: &[StorageAttachment],
+    root: Option<&Path>,
+    state_dir: &Path,
+) -> Result<(), ApiError> {
     if list.len() > MAX_NAMESPACES {
         return Err(ApiError::bad(
             "storage",
@@ -64,6 +68,25 @@ pub(super) fn validate(list: &[StorageAttachment], root: Option<&Path>) -> Resul
             under_root(Path::new(&s.path), root, "--storage-root")
                 .map_err(|why| ApiError::bad(&field("path"), why))?;
         }
+        outside_state_dir(Path::new(&s.path), state_dir)
+            .map_err(|why| ApiError::bad(&field("path"), why))?;
+    }
+    Ok(())
+}
+
+/// A storage file is opened by the vGPU's worker, which runs as its own user and cannot
+/// enter vgpud's state directory (0700): refuse one inside it now, not with a
+/// `DEVICE_ERROR` in the guest later.
+fn outside_state_dir(path: &Path, state_dir: &Path) -> Result<(), String> {
+    let (Ok(file), Ok(state)) = (path.canonicalize(), state_dir.canonicalize()) else {
+        return Ok(());
+    };
+    if file.starts_with(&state) {
+        return Err(format!(
+            "{} is inside vgpud's state directory {}, which only vgpud may enter; workers open storage files as their own users, so keep them elsewhere (e.g. under --storage-root)",
+            path.display(),
+            state.display()
+        ));
     }
     Ok(())
 }
@@ -141,7 +164,15 @@ mod tests {
         std::fs::write(&empty, b"").expect("write");
         let g = good.display().to_string();
         let e = empty.display().to_string();
-        assert!(validate(&[att(1, &g), att(2, &g)], None).is_ok());
+        let state = dir.join(format!("vgpud-storage-state-{}", std::process::id()));
+        std::fs::create_dir_all(&state).expect("mkdir");
+        let in_state = state.join("ns.bin");
+        std::fs::write(&in_state, vec![1u8; 4096]).expect("write");
+        let err = validate(&[att(1, &in_state.display().to_string())], None, &state)
+            .expect_err("inside the state directory");
+        assert_eq!(err.field.as_deref(), Some("storage[0].path"), "{err:?}");
+        assert!(err.error.contains("state directory"), "{err:?}");
+        assert!(validate(&[att(1, &g), att(2, &g)], None, &state).is_ok());
         for (list, field, says) in [
             (vec![att(0, &g)], "storage[0].namespace", "1..=65535"),
             (
@@ -158,7 +189,7 @@ mod tests {
             (vec![att(1, &g), att(2, &e)], "storage[1].path", "512-byte"),
             (vec![att(1, "/")], "storage[0].path", "regular file"),
         ] {
-            let err = validate(&list, None).expect_err("invalid");
+            let err = validate(&list, None, &state).expect_err("invalid");
             assert_eq!(err.field.as_deref(), Some(field), "{err:?}");
             assert!(err.error.contains(says), "{err:?}");
         }
@@ -172,7 +203,7 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&good, &link).expect("symlink");
         let inside_s = inside.display().to_string();
-        assert!(validate(&[att(1, &inside_s)], Some(&root)).is_ok());
+        assert!(validate(&[att(1, &inside_s)], Some(&root), &state).is_ok());
         for p in [
             g.clone(),
             format!(
@@ -182,11 +213,12 @@ mod tests {
             ),
             link.display().to_string(),
         ] {
-            let err = validate(&[att(1, &p)], Some(&root)).expect_err("outside");
+            let err = validate(&[att(1, &p)], Some(&root), &state).expect_err("outside");
             assert_eq!(err.field.as_deref(), Some("storage[0].path"), "{err:?}");
             assert!(err.error.contains("outside --storage-root"), "{err:?}");
         }
         let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&state);
         let _ = std::fs::remove_file(good);
         let _ = std::fs::remove_file(empty);
     }
