@@ -65,6 +65,13 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
+    /// Where the time between two kernels goes, from per-request timelines (workers run
+    /// with `VGPU_TIMELINE=DIR`): medians and p99 of each stage and gap.
+    Timeline {
+        /// Timeline CSV files, or directories holding `timeline-*.csv`.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 fn main() {
@@ -98,6 +105,13 @@ fn main() {
             }),
             "migration",
         ),
+        Bench::Timeline { paths } => {
+            if let Err(e) = benches::timeline::run(&paths) {
+                eprintln!("vgpu-bench: cannot read the timeline: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");
