@@ -1,6 +1,7 @@
 //! A per-request timeline, for finding where the time between two kernels goes.
 //!
-//! Off unless the worker's environment sets `VGPU_TIMELINE` to a directory: then every
+//! Off unless the worker's environment sets `VGPU_TIMELINE` to an existing directory the
+//! worker may write to (vgpud passes its environment on to workers): then every
 //! request served by a queue thread leaves one record (CSV, one line per request) in
 //! `$VGPU_TIMELINE/timeline-<pid>.csv`. Times are CLOCK_MONOTONIC nanoseconds, the clock
 //! vgpud and every worker share, so files of several workers line up. Columns:
@@ -135,8 +136,9 @@ thread_local! {
 pub fn init() {
     SINK.get_or_init(|| {
         let dir = std::env::var_os(ENV).map(PathBuf::from)?;
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the timeline directory; timeline off");
+        // The directory must exist: the worker's sandbox does not let it create one.
+        if !dir.is_dir() {
+            tracing::warn!(dir = %dir.display(), "the timeline directory does not exist; timeline off");
             return None;
         }
         ON.store(true, Ordering::Release);
