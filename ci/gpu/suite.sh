@@ -44,6 +44,7 @@ storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 b
 storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (its ceiling)
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
+timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
 
@@ -214,13 +215,25 @@ step_memory-bench() {
     cp "$dir"/out/bench-memory.* "$LOGS/" 2>/dev/null
     return 0
 }
+step_timeline() {
+    local dir files rc=0
+    dir=$(mktemp -d) && chmod 1777 "$dir"
+    VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
+    # One worker per VM, BAND's two first, then FIFO's (worker pids rise).
+    mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
+    [[ ${#files[@]} -ge 4 ]] || { echo "BENCH timeline: ${#files[@]} timeline files, wanted 4"; return 1; }
+    echo "BENCH timeline BAND"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
+    echo "BENCH timeline FIFO"; "$B/bin/vgpu-bench" timeline "${files[@]:2:2}" || rc=1
+    tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
+    return "$rc"
+}
 step_fuzz() {
     [[ -d "$B/fuzz" ]] || { echo "no fuzz targets in the bundle (ci/gpu/bundle.sh says how)"; return 1; }
     FUZZ_BIN=$B/fuzz FUZZ_WORK=$LOGS/fuzz ci/fuzz-campaign.sh "$(nproc)" "" "${SECS:-120}"
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 

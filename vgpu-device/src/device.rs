@@ -260,7 +260,7 @@ impl Vgpu {
             Request::Free(a) => b.free(a.addr).map(|()| [0; 4]).map_err(Into::into),
             Request::MemcpyHtoD(a) => {
                 b.check_range(a.dst, a.size)?;
-                let _permit = self.gate.acquire(Resource::Copy);
+                let _permit = crate::timeline::acquire(&*self.gate, Resource::Copy);
                 for_each_data(mem, chain, layout, name, false, a.size, |off, s| {
                     let dst =
                         a.dst
@@ -277,7 +277,7 @@ impl Vgpu {
             }
             Request::MemcpyDtoH(a) => {
                 b.check_range(a.src, a.size)?;
-                let _permit = self.gate.acquire(Resource::Copy);
+                let _permit = crate::timeline::acquire(&*self.gate, Resource::Copy);
                 for_each_data(mem, chain, layout, name, true, a.size, |off, s| {
                     let src =
                         a.src
@@ -295,13 +295,13 @@ impl Vgpu {
             Request::MemcpyDtoD(a) => {
                 b.check_range(a.dst, a.size)?;
                 b.check_range(a.src, a.size)?;
-                let _permit = self.gate.acquire(Resource::Copy);
+                let _permit = crate::timeline::acquire(&*self.gate, Resource::Copy);
                 let n = b.copy_dtod(a.dst, a.src, a.size)?;
                 self.stats.dtod(n);
                 Ok([n, 0, 0, 0])
             }
             Request::Memset(a) => {
-                let _permit = self.gate.acquire(Resource::Copy);
+                let _permit = crate::timeline::acquire(&*self.gate, Resource::Copy);
                 let n = b.memset(a.dst, a.value, a.elem_size, a.count)?;
                 self.stats.dtod(n);
                 Ok([n, 0, 0, 0])
@@ -642,7 +642,7 @@ impl Vgpu {
         // A hardware queue first (ranked by the guest's HEFT rank), then the GPU's
         // scheduler.
         let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
-        let _permit = self.gate.acquire(Resource::Compute);
+        let _permit = crate::timeline::acquire(&*self.gate, Resource::Compute);
         let stats = self
             .backend
             .launch(la.function, &cfg, vals.get(..n).unwrap_or(&[]))?;

@@ -19,6 +19,7 @@ mod shm;
 mod slots;
 mod stats;
 mod storage;
+pub mod timeline;
 mod vhost;
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use vmm_sys_util::event::{
 use crate::chain::GuestMem;
 use crate::device::Vgpu;
 use crate::memtable::check_memory_table;
+use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
 
 /// Guest memory as vhost-user-backend hands it over.
@@ -62,6 +63,7 @@ impl VgpuVhostBackend {
     pub fn new(vgpu: Arc<Vgpu>, mem: Memory) -> Self {
         let config = vgpu.config_space().to_bytes().to_vec();
         let accepted = Mutex::new((*mem.memory()).clone());
+        timeline::init();
         Self {
             vgpu,
             mem: RwLock::new(mem),
@@ -108,6 +110,7 @@ impl VgpuVhostBackend {
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
                 deadline = None;
+                timeline::begin(self.vgpu.config().vgpu_id, queue);
                 let used = self.vgpu.process_chain(queue, mem, chain);
                 if let Err(e) = vring.add_used(head, used) {
                     // The guest broke its own used ring; nothing more can be completed.
@@ -121,6 +124,7 @@ impl VgpuVhostBackend {
                         tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
                     }
                 }
+                timeline::end();
             }
             if !event_idx {
                 return Ok(());
@@ -141,6 +145,12 @@ impl VgpuVhostBackend {
                 }
             }
         }
+    }
+}
+
+impl Drop for VgpuVhostBackend {
+    fn drop(&mut self) {
+        timeline::flush();
     }
 }
 

@@ -6,4 +6,6 @@ pub mod memory;
 pub mod migration;
 pub mod rebalance;
 mod shared;
+pub mod sharing;
+pub mod timeline;
 pub mod vmm;

@@ -65,6 +65,20 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
+    /// N VMs sharing one sim GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
+    /// native threads running the same kernels.
+    Sharing {
+        /// VM counts to measure.
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 8])]
+        vms: Vec<usize>,
+    },
+    /// Where the time between two kernels goes, from per-request timelines (workers run
+    /// with `VGPU_TIMELINE=DIR`): medians and p99 of each stage and gap.
+    Timeline {
+        /// Timeline CSV files, or directories holding `timeline-*.csv`.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 fn main() {
@@ -98,6 +112,14 @@ fn main() {
             }),
             "migration",
         ),
+        Bench::Sharing { vms } => (benches::sharing::run(&vms), "sharing"),
+        Bench::Timeline { paths } => {
+            if let Err(e) = benches::timeline::run(&paths) {
+                eprintln!("vgpu-bench: cannot read the timeline: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");
