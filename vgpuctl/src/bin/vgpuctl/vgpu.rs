@@ -42,6 +42,24 @@ pub struct VgpuSpecArgs {
     /// for more.
     #[arg(long, value_parser = StorageAttachment::parse)]
     storage: Vec<StorageAttachment>,
+    /// A name (a DNS label, unique among live vGPUs).
+    #[arg(long)]
+    name: Option<String>,
+    /// A label, `KEY=VALUE`; repeat for more.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// How long one request of the vGPU may hold the GPU before the scheduler gives
+    /// it to the neighbours, ms (10 to 60000) [default: vgpud's --kernel-deadline-ms].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+    kernel_deadline_ms: Option<u32>,
+}
+
+/// A label given as `KEY=VALUE`.
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not a label: give KEY=VALUE")),
+    }
 }
 
 impl VgpuSpecArgs {
@@ -56,8 +74,9 @@ impl VgpuSpecArgs {
             share_group: self.share_group.clone(),
             queues: self.queues,
             storage: self.storage.clone(),
-            name: None,
-            labels: Default::default(),
+            name: self.name.clone(),
+            labels: self.labels.iter().cloned().collect(),
+            kernel_deadline_ms: self.kernel_deadline_ms,
         }
     }
 }
@@ -70,8 +89,9 @@ pub enum VgpuCmd {
     Show { id: u32 },
     /// Create a vGPU (starts its worker).
     Create(VgpuSpecArgs),
-    /// Change shares or priority at run time. Each share changes only when given:
-    /// `--compute` alone leaves the copy share where it is (vgpuctl says so).
+    /// Change shares, priority, name, labels or kernel deadline at run time. Each share
+    /// changes only when given: `--compute` alone leaves the copy share where it is
+    /// (vgpuctl says so).
     Set {
         id: u32,
         /// New compute share: a fraction (0.3) or percentage (30%).
@@ -83,6 +103,18 @@ pub enum VgpuCmd {
         /// New priority.
         #[arg(long, allow_negative_numbers = true)]
         priority: Option<i32>,
+        /// New name ("" removes it).
+        #[arg(long)]
+        name: Option<String>,
+        /// New labels, `KEY=VALUE`, replacing all of them; repeat for more.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Remove every label.
+        #[arg(long, conflicts_with = "labels")]
+        clear_labels: bool,
+        /// New kernel deadline, ms (10 to 60000).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+        kernel_deadline_ms: Option<u32>,
     },
     /// Delete a vGPU.
     Delete { id: u32 },
@@ -112,18 +144,34 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
             compute,
             copy,
             priority,
+            name,
+            labels,
+            clear_labels,
+            kernel_deadline_ms,
         } => {
-            if compute.is_none() && copy.is_none() && priority.is_none() {
+            let labels = (clear_labels || !labels.is_empty()).then(|| {
+                labels
+                    .into_iter()
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            });
+            if compute.is_none()
+                && copy.is_none()
+                && priority.is_none()
+                && name.is_none()
+                && labels.is_none()
+                && kernel_deadline_ms.is_none()
+            {
                 return Err(Failure::usage(
-                    "nothing to change: give --compute, --copy or --priority",
+                    "nothing to change: give --compute, --copy, --priority, --name, --label, --clear-labels or --kernel-deadline-ms",
                 ));
             }
             let patch = VgpuPatch {
                 compute_share: compute,
                 copy_share: copy,
                 priority,
-                name: None,
-                labels: None,
+                name,
+                labels,
+                kernel_deadline_ms,
             };
             let v = c
                 .patch_vgpu(id, &patch)

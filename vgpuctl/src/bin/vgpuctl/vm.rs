@@ -34,7 +34,7 @@ pub enum VmCmd {
         #[arg(long, default_value_t = 1)]
         vcpus: u8,
         /// Use this existing vGPU.
-        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage"])]
+        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage", "kernel_deadline_ms"])]
         vgpu: Option<u32>,
         /// Physical GPU of the new vGPU.
         #[arg(long)]
@@ -63,6 +63,15 @@ pub enum VmCmd {
         /// Attach a storage namespace to the new vGPU, `ID=PATH[:ro|:rw]`; repeat for more.
         #[arg(long, value_parser = StorageAttachment::parse)]
         storage: Vec<StorageAttachment>,
+        /// Kernel deadline of the new vGPU, ms (10 to 60000) [default: vgpud's].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+        kernel_deadline_ms: Option<u32>,
+        /// The VM's name (a DNS label, unique among live VMs).
+        #[arg(long)]
+        name: Option<String>,
+        /// A label of the VM, `KEY=VALUE`; repeat for more.
+        #[arg(long = "label", value_parser = crate::vgpu::parse_label)]
+        labels: Vec<(String, String)>,
         /// Wait until the VM ends; exit with its exit code.
         #[arg(long)]
         wait: bool,
@@ -166,6 +175,9 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             share_group,
             oversubscribe,
             storage,
+            kernel_deadline_ms,
+            name,
+            labels,
             wait,
         } => {
             let spec = match (memory, compute) {
@@ -181,6 +193,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     storage,
                     name: None,
                     labels: Default::default(),
+                    kernel_deadline_ms,
                 }),
                 (None, None) => {
                     let given = [
@@ -189,6 +202,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                         ("--share-group", share_group.is_some()),
                         ("--oversubscribe", oversubscribe),
                         ("--storage", !storage.is_empty()),
+                        ("--kernel-deadline-ms", kernel_deadline_ms.is_some()),
                     ];
                     if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
                         return Err(Failure::usage(format!(
@@ -220,8 +234,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     vcpus,
                     vgpu_id: vgpu,
                     vgpu: spec,
-                    name: None,
-                    labels: Default::default(),
+                    name,
+                    labels: labels.into_iter().collect(),
                 })
                 .map_err(Failure::within(Context::VmLaunch))?;
             if wait {
