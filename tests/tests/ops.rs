@@ -139,3 +139,80 @@ fn second_vgpud_on_the_same_state_dir_names_the_first() {
     assert!(!other.exists(), "the second daemon bound its socket");
     assert!(d.client.gpus().is_ok(), "the first daemon stopped serving");
 }
+
+/// Runs vgpuctl on `socket`: exit code, stdout, stderr.
+fn ctl(socket: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("VGPUD_URL")
+        .env_remove("VGPUD_TOKEN_FILE")
+        .output()
+        .expect("vgpuctl");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn vgpuctl_names_labels_and_kernel_deadlines() {
+    let d = TestDaemon::start("ctlnames", &["--sim-gpus", "1"]);
+    let ctl = |args: &[&str]| ctl(&d.socket, args);
+    let (code, out, err) = ctl(&[
+        "--json",
+        "vgpu",
+        "create",
+        "--memory",
+        "16M",
+        "--compute",
+        "10%",
+        "--name",
+        "train-a",
+        "--label",
+        "team=vision",
+        "--label",
+        "tier=gold",
+        "--kernel-deadline-ms",
+        "250",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["name"], "train-a");
+    assert_eq!(v["labels"]["tier"], "gold");
+    assert_eq!(v["kernel_deadline_ms"], 250);
+
+    // Listed with its name; addressed by it.
+    let (code, out, _) = ctl(&["vgpu", "list"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("NAME") && out.contains("train-a"), "{out}");
+    let (code, out, err) = ctl(&[
+        "--json",
+        "vgpu",
+        "set",
+        "train-a",
+        "--kernel-deadline-ms",
+        "900",
+        "--label",
+        "team=audio",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["kernel_deadline_ms"], 900);
+    assert_eq!(v["labels"], serde_json::json!({"team": "audio"}));
+    let (code, out, err) = ctl(&["vgpu", "stats", "train-a"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("OVERRUNS") && out.contains("VIOLATIONS"),
+        "{out}"
+    );
+    let (code, _, err) = ctl(&["vgpu", "show", "nobody"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no vGPU is named"), "{err}");
+    let (code, _, err) = ctl(&["vgpu", "set", "train-a", "--kernel-deadline-ms", "5"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = ctl(&["vgpu", "delete", "train-a"]);
+    assert_eq!(code, Some(0), "{err}");
+}
