@@ -379,6 +379,7 @@ pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }),
         name: None,
         labels: Default::default(),

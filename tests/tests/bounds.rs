@@ -32,6 +32,7 @@ fn vm(arg: &str, group: Option<&str>) -> VmCreate {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }),
         name: None,
         labels: Default::default(),

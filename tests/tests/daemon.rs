@@ -508,6 +508,7 @@ fn rest_contract_bad_input_and_concurrency() {
                     storage: Vec::new(),
                     name: None,
                     labels: Default::default(),
+                    kernel_deadline_ms: None,
                 })
             })
         })
@@ -671,6 +672,7 @@ fn vm_lifecycle_with_a_vgpu_workload() {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -916,6 +918,7 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");

@@ -36,6 +36,7 @@ fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
         storage: Vec::new(),
         name: None,
         labels: Default::default(),
+        kernel_deadline_ms: None,
     }
 }
 

@@ -39,6 +39,7 @@ fn vm(
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }),
         name: None,
         labels: Default::default(),

@@ -119,6 +119,7 @@ fn swapped_out_memory_migrates_intact() {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }),
         name: None,
         labels: Default::default(),
@@ -177,6 +178,7 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
         storage: Vec::new(),
         name: None,
         labels: Default::default(),
+        kernel_deadline_ms: None,
     })
     .expect("filler");
     let req = |target: Option<u32>, mode: Option<&str>| MigrateRequest {

@@ -24,6 +24,7 @@ fn named(name: &str, labels: &[(&str, &str)]) -> VgpuCreate {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
+        kernel_deadline_ms: None,
     }
 }
 

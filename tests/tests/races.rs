@@ -28,6 +28,7 @@ fn spec(gpu: u32, compute: f64) -> VgpuCreate {
         storage: Vec::new(),
         name: None,
         labels: Default::default(),
+        kernel_deadline_ms: None,
     }
 }
 
@@ -38,6 +39,7 @@ fn compute(c: f64) -> VgpuPatch {
         priority: None,
         name: None,
         labels: None,
+        kernel_deadline_ms: None,
     }
 }
 

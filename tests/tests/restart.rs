@@ -27,6 +27,7 @@ fn vgpu_spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {
         storage: Vec::new(),
         name: None,
         labels: Default::default(),
+        kernel_deadline_ms: None,
     }
 }
 
@@ -120,6 +121,7 @@ fn create_definitions(d: &TestDaemon) -> Vec<Vgpu> {
                 priority: Some(3),
                 name: None,
                 labels: None,
+                kernel_deadline_ms: None,
             },
         )
         .expect("patch");
@@ -632,6 +634,7 @@ fn a_change_that_cannot_be_saved_is_answered_with_an_error_and_saved_later() {
                 priority: None,
                 name: None,
                 labels: None,
+                kernel_deadline_ms: None,
             },
         )
         .expect("patch saves");

@@ -73,6 +73,7 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
         storage,
         name: None,
         labels: Default::default(),
+        kernel_deadline_ms: None,
     }
 }
 

@@ -103,6 +103,12 @@ pub struct VgpuCreate {
     /// 256 printable characters.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// How long one request (a kernel, a copy) of this vGPU may hold the GPU before the
+    /// scheduler gives the GPU to its neighbours and charges the overrun to it, ms,
+    /// 10..=60000; omitted = vgpud's `--kernel-deadline-ms`.
+    #[serde(default)]
+    #[schema(minimum = 10, maximum = 60000)]
+    pub kernel_deadline_ms: Option<u32>,
 }
 
 /// `gpu`: an index, `"auto"` or null.
@@ -216,6 +222,11 @@ pub struct VgpuPatch {
     /// New labels, replacing all of them (`{}` removes them).
     #[serde(default)]
     pub labels: Option<BTreeMap<String, String>>,
+    /// New kernel deadline, ms, 10..=60000 (the rules of `VgpuCreate.kernel_deadline_ms`);
+    /// applied to the running vGPU at once.
+    #[serde(default)]
+    #[schema(minimum = 10, maximum = 60000)]
+    pub kernel_deadline_ms: Option<u32>,
 }
 
 /// Where a vGPU is in its life.
@@ -274,6 +285,9 @@ pub struct Vgpu {
     /// Its labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Its own kernel deadline, ms; null: vgpud's `--kernel-deadline-ms`.
+    #[serde(default)]
+    pub kernel_deadline_ms: Option<u32>,
 }
 
 /// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`
@@ -441,6 +455,17 @@ pub struct VgpuStats {
     pub compute_share: f64,
     pub copy_share: f64,
     pub priority: i32,
+    /// Requests of it that held the GPU past its kernel deadline and lost it to the
+    /// neighbours (compute engine), since its worker attached to the GPU's scheduler.
+    #[serde(default)]
+    pub compute_overruns: u64,
+    /// The same on the copy engine.
+    #[serde(default)]
+    pub copy_overruns: u64,
+    /// Implausible values its worker wrote on its grant page (each one ignored; too many
+    /// and the worker is detached from the GPU and the vGPU fails).
+    #[serde(default)]
+    pub violations: u32,
 }
 
 /// A shared device memory object.

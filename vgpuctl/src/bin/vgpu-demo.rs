@@ -295,6 +295,7 @@ fn run(args: Args) -> Result<(), DemoError> {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         })?;
         println!(
             "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",

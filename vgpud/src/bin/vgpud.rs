@@ -125,6 +125,11 @@ struct Args {
     /// forgotten (0: at once).
     #[arg(long, default_value_t = 300)]
     released_retention_s: u64,
+    /// Seconds a client may take to send a request's headers before vgpud closes the
+    /// connection (a client stalled half-way through cannot hold it). 1 to 3600.
+    #[arg(long, env = "VGPUD_HEADER_READ_TIMEOUT_S", default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_read_timeout_s: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -380,6 +385,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         },
         workers: args.sandbox.config(),
         released_retention: Duration::from_secs(args.released_retention_s),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_s),
     })
 }
 

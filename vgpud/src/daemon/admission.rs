@@ -29,6 +29,7 @@ pub(super) struct VgpuAsk {
     pub(super) storage: Vec<api::StorageAttachment>,
     pub(super) name: Option<String>,
     pub(super) labels: BTreeMap<String, String>,
+    pub(super) kernel_deadline_ms: Option<u32>,
 }
 
 impl VgpuAsk {
@@ -48,7 +49,27 @@ impl VgpuAsk {
             storage: Vec::new(),
             name: None,
             labels: BTreeMap::new(),
+            kernel_deadline_ms: rec.kernel_deadline_ms,
         }
+    }
+}
+
+/// The kernel deadlines a vGPU may ask for, ms.
+pub(super) const KERNEL_DEADLINE_MS: std::ops::RangeInclusive<u32> = 10..=60_000;
+
+/// A vGPU's own kernel deadline, ms.
+pub(super) fn validate_kernel_deadline(ms: u32) -> Result<(), ApiError> {
+    if KERNEL_DEADLINE_MS.contains(&ms) {
+        Ok(())
+    } else {
+        Err(ApiError::bad(
+            "kernel_deadline_ms",
+            format!(
+                "{ms} ms is not a kernel deadline: give {} to {} ms",
+                KERNEL_DEADLINE_MS.start(),
+                KERNEL_DEADLINE_MS.end()
+            ),
+        ))
     }
 }
 
@@ -206,6 +227,9 @@ impl Daemon {
             validate_name(n)?;
         }
         validate_labels(&spec.labels)?;
+        if let Some(ms) = spec.kernel_deadline_ms {
+            validate_kernel_deadline(ms)?;
+        }
         self.validate_memory(spec.gpu, spec.memory_bytes)?;
         Ok(VgpuAsk {
             gpu: spec.gpu,
@@ -219,6 +243,7 @@ impl Daemon {
             storage: spec.storage.clone(),
             name: spec.name.clone(),
             labels: spec.labels.clone(),
+            kernel_deadline_ms: spec.kernel_deadline_ms,
         })
     }
 
@@ -371,7 +396,9 @@ impl Daemon {
             released_at: None,
             name: ask.name,
             labels: ask.labels,
+            kernel_deadline_ms: ask.kernel_deadline_ms,
         };
+        self.set_kernel_deadline_of(id, ask.kernel_deadline_ms);
         tracing::info!(
             vgpu = id,
             gpu,

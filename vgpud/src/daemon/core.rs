@@ -4,6 +4,7 @@
 //! `admission`, `vgpus`, `workers`, `vms`, `memory`, `migration`, `stats`, `persistence`,
 //! `rebalancing` and `startup`. Lock order: see `state`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,6 +47,9 @@ pub struct Daemon {
     pub(super) saver: tokio::sync::Mutex<Saver>,
     /// Wakes the background saver.
     pub(super) save_kick: Notify,
+    /// The vGPUs with their own kernel deadline (the records hold it too; this copy is
+    /// read where the state lock is held already). A leaf lock: nothing is taken under it.
+    kernel_deadlines: Mutex<BTreeMap<u32, Duration>>,
 }
 
 impl Daemon {
@@ -70,6 +74,7 @@ impl Daemon {
             rebalance,
             saver: tokio::sync::Mutex::new(Saver::default()),
             save_kick: Notify::new(),
+            kernel_deadlines: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -94,11 +99,50 @@ impl Daemon {
             .attach(id, share(compute), share(copy))
             .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
         server
-            .set_kernel_deadline(id, self.config().kernel_deadline)
+            .set_kernel_deadline(id, self.kernel_deadline(id))
             .map_err(|e| {
                 ApiError::internal(format!("cannot set vGPU {id}'s kernel deadline: {e}"))
             })?;
         Ok(fds)
+    }
+
+    /// The kernel deadline vGPU `id`'s requests run under: its own, or the daemon's.
+    pub(super) fn kernel_deadline(&self, id: u32) -> Duration {
+        vgpu_sync::lock(&self.kernel_deadlines)
+            .get(&id)
+            .copied()
+            .unwrap_or(self.cfg.kernel_deadline)
+    }
+
+    /// Records vGPU `id`'s own kernel deadline (none: the daemon's) for its next attach.
+    pub(super) fn set_kernel_deadline_of(&self, id: u32, ms: Option<u32>) {
+        let mut map = vgpu_sync::lock(&self.kernel_deadlines);
+        match ms {
+            Some(ms) => map.insert(id, Duration::from_millis(u64::from(ms))),
+            None => map.remove(&id),
+        };
+    }
+
+    /// Applies vGPU `id`'s kernel deadline to the schedulers of `gpus` it is attached to
+    /// now (one it is not attached to takes it when it attaches).
+    pub(super) fn apply_kernel_deadline(&self, id: u32, gpus: &[u32]) {
+        let deadline = self.kernel_deadline(id);
+        for gpu in gpus {
+            let Some(server) = self.grants.get(*gpu as usize) else {
+                continue;
+            };
+            match server.set_kernel_deadline(id, deadline) {
+                Ok(()) => tracing::info!(
+                    vgpu = id,
+                    gpu,
+                    deadline_ms = deadline.as_millis() as u64,
+                    "kernel deadline set"
+                ),
+                Err(e) => {
+                    tracing::debug!(vgpu = id, gpu, error = %e, "kernel deadline kept for the next attach")
+                }
+            }
+        }
     }
 
     /// vGPU `id` leaves its GPU's scheduler (its worker is gone): whatever it held passes on.
@@ -249,6 +293,7 @@ pub(super) mod testing {
             kernel_deadline: Duration::from_secs(2),
             discard_state: false,
             released_retention: Duration::from_secs(300),
+            header_read_timeout: Duration::from_secs(10),
             storage_root: None,
             shm_limits: ShmLimits::default(),
             workers: Default::default(),
@@ -269,6 +314,7 @@ pub(super) mod testing {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }
     }
 }

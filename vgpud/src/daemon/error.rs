@@ -149,8 +149,14 @@ impl IntoResponse for ApiError {
 /// Why vgpud could not start or serve. Each message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    #[error("another vgpud is already running on {socket} (pid {pid}); stop it first, or give this one its own --socket and --state-dir")]
-    AlreadyRunning { socket: PathBuf, pid: String },
+    #[error("another vgpud is already running on the state directory {state_dir} (pid {pid}, serving {socket}); stop it first, or give this one its own --state-dir and --socket")]
+    AlreadyRunning {
+        state_dir: PathBuf,
+        socket: String,
+        pid: String,
+    },
+    #[error("another vgpud is already running on {socket}; stop it first, or give this one its own --socket and --state-dir")]
+    SocketInUse { socket: PathBuf },
     #[error("{path}: exists and is not a socket; remove it or pick another --socket")]
     NotASocket { path: PathBuf },
     #[error("cannot create the state directory {path}: {source}; pick a writable --state-dir")]

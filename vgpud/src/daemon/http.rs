@@ -26,6 +26,7 @@ use crate::control::MigrationMode;
 use vgpu_api::payloads::{Payload, PayloadArg};
 
 mod body;
+pub(super) mod serve;
 
 pub use body::{parse_json, parse_object, ApiJson};
 use body::{RawBody, MAX_BODY};

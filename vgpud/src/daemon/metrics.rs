@@ -160,6 +160,21 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
     );
     let htod = vcounter(reg, "vgpu_htod_bytes", "Bytes copied host to device");
     let dtoh = vcounter(reg, "vgpu_dtoh_bytes", "Bytes copied device to host");
+    let comp_over = vcounter(
+        reg,
+        "vgpu_compute_overruns",
+        "Requests that held the compute engine past the vGPU's kernel deadline",
+    );
+    let copy_over = vcounter(
+        reg,
+        "vgpu_copy_overruns",
+        "Requests that held the copy engine past the vGPU's kernel deadline",
+    );
+    let violations = vcounter(
+        reg,
+        "vgpu_grant_violations",
+        "Implausible values the vGPU's worker wrote on its grant page",
+    );
     let names = vgpu_names(d);
     for s in d.all_stats() {
         let l = vgpu_labels(s.vgpu, s.gpu, &names);
@@ -184,6 +199,9 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
         kernel_ns.get_or_create(&l).inc_by(s.kernel_ns);
         htod.get_or_create(&l).inc_by(s.bytes_htod);
         dtoh.get_or_create(&l).inc_by(s.bytes_dtoh);
+        comp_over.get_or_create(&l).inc_by(s.compute_overruns);
+        copy_over.get_or_create(&l).inc_by(s.copy_overruns);
+        violations.get_or_create(&l).inc_by(u64::from(s.violations));
     }
 }
 
@@ -292,6 +310,18 @@ mod tests {
         );
         assert!(
             text.contains(&format!("vgpud_vgpu_live{{vgpu=\"{b}\",gpu=\"0\"}}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "vgpud_vgpu_compute_overruns_total{{vgpu=\"{b}\",gpu=\"0\"}} 0"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "vgpud_vgpu_grant_violations_total{{vgpu=\"{b}\",gpu=\"0\"}} 0"
+            )),
             "{text}"
         );
         d.state.with(|i| i.vgpus.remove(&a));

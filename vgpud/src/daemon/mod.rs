@@ -109,6 +109,9 @@ pub struct Config {
     /// How long a released vGPU stays listed (and in the metrics) before it is
     /// forgotten (zero: at once).
     pub released_retention: Duration,
+    /// How long a client may take to send a request's headers before vgpud closes the
+    /// connection (`--header-read-timeout-s`).
+    pub header_read_timeout: Duration,
 }
 
 /// What a violation of a worker's seccomp filter does (`--worker-seccomp`).

@@ -149,9 +149,13 @@ impl Daemon {
     /// Brings back what `saved` holds (see the module comment). Runs before the API
     /// serves; never fails: what cannot come back is listed with the reason.
     pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
-        let plan = self
-            .state
-            .with(|inner| restore_records(&self.cfg, inner, saved));
+        let plan = self.state.with(|inner| {
+            let plan = restore_records(&self.cfg, inner, saved);
+            for rec in inner.vgpus.values() {
+                self.set_kernel_deadline_of(rec.id, rec.kernel_deadline_ms);
+            }
+            plan
+        });
         let (mut adopted, mut lost) = (0usize, 0usize);
         for (id, proc) in plan.workers {
             // A free vGPU (no VM) is checked like any restored definition; one that serves
@@ -267,6 +271,7 @@ impl Daemon {
             storage: rec.storage.clone(),
             name: rec.name.clone(),
             labels: rec.labels.clone(),
+            kernel_deadline_ms: rec.kernel_deadline_ms,
         };
         let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
         // Exactly the shares it had (no round trip through fractions).
@@ -377,6 +382,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                     reason: reason.clone(),
                 },
             },
+            kernel_deadline_ms: r.kernel_deadline_ms,
         })
         .collect();
     let vms = inner
@@ -594,6 +600,7 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         released_at: None,
         name: v.name,
         labels: v.labels,
+        kernel_deadline_ms: v.kernel_deadline_ms,
     };
     (rec, bring_back)
 }

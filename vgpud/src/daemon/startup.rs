@@ -67,7 +67,25 @@ struct LockFile {
     _file: File,
 }
 
-fn take_lock(path: &Path, socket: &Path) -> Result<LockFile, DaemonError> {
+/// What a running vgpud writes into its lock file: its pid and the address it serves.
+fn lock_contents(pid: u32, serves: &str) -> String {
+    format!("{pid}\n{serves}\n")
+}
+
+/// The pid and the served address read back from a lock file (either may be missing
+/// when the holder is still writing it, or is an older vgpud that wrote only its pid).
+fn parse_lock(text: &str) -> (String, String) {
+    let mut lines = text.lines().map(str::trim);
+    let field = |v: Option<&str>| match v {
+        Some(v) if !v.is_empty() => v.to_owned(),
+        _ => "unknown".to_owned(),
+    };
+    let pid = field(lines.next());
+    let serves = field(lines.next());
+    (pid, serves)
+}
+
+fn take_lock(path: &Path, state_dir: &Path, serves: &str) -> Result<LockFile, DaemonError> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -87,22 +105,16 @@ fn take_lock(path: &Path, socket: &Path) -> Result<LockFile, DaemonError> {
         )
     };
     if rc != 0 {
-        let pid = std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
+        let (pid, socket) = parse_lock(&std::fs::read_to_string(path).unwrap_or_default());
         return Err(DaemonError::AlreadyRunning {
-            socket: socket.to_owned(),
-            pid: if pid.is_empty() {
-                "unknown".into()
-            } else {
-                pid
-            },
+            state_dir: state_dir.to_owned(),
+            socket,
+            pid,
         });
     }
     let mut f = &file;
     let _ = file.set_len(0);
-    let _ = writeln!(f, "{}", std::process::id());
+    let _ = f.write_all(lock_contents(std::process::id(), serves).as_bytes());
     Ok(LockFile { _file: file })
 }
 
@@ -147,12 +159,12 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         })?;
     // One daemon per state directory (worker sockets, logs and consoles live there); a
     // second one is refused before it touches anything.
-    let sock_for_msg = match &cfg.listen {
-        Listen::Unix(p) => p.clone(),
-        Listen::Tcp(a) => PathBuf::from(a.to_string()),
+    let serves = match &cfg.listen {
+        Listen::Unix(p) => p.display().to_string(),
+        Listen::Tcp(a) => a.to_string(),
     };
     let lock_path = cfg.state_dir.join("vgpud.lock");
-    let _lock = take_lock(&lock_path, &sock_for_msg)?;
+    let _lock = take_lock(&lock_path, &cfg.state_dir, &serves)?;
 
     let state_path = statefile::path_in(&cfg.state_dir);
     let saved = load_saved(&cfg, &state_path)?;
@@ -184,19 +196,14 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
     on_listening();
+    let timeout = cfg.header_read_timeout;
     let served = match listener {
         Bound::Unix(listener, path) => {
-            let r = axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await;
+            let r = super::http::serve::serve(listener, app, timeout, shutdown).await;
             let _ = std::fs::remove_file(path);
             r
         }
-        Bound::Tcp(listener) => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
+        Bound::Tcp(listener) => super::http::serve::serve(listener, app, timeout, shutdown).await,
     };
     sampler.abort();
     rebalancer.abort();
@@ -238,9 +245,8 @@ async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
                     return Err(DaemonError::NotASocket { path: path.clone() });
                 }
                 if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                    return Err(DaemonError::AlreadyRunning {
+                    return Err(DaemonError::SocketInUse {
                         socket: path.clone(),
-                        pid: "unknown".into(),
                     });
                 }
                 let _ = std::fs::remove_file(path);
@@ -270,5 +276,35 @@ async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
             tracing::info!(%addr, gpus = cfg.gpus.len(), "vgpud listening (TCP, bearer token required)");
             Ok(Bound::Tcp(listener))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_file_names_the_holder() {
+        let dir = std::env::temp_dir().join(format!("vgpud-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("vgpud.lock");
+        let first = take_lock(&path, &dir, "/run/a.sock").expect("first lock");
+        let err = take_lock(&path, &dir, "/run/b.sock")
+            .err()
+            .expect("second lock refused")
+            .to_string();
+        assert!(err.contains("already running"), "{err}");
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+        assert!(err.contains("/run/a.sock"), "{err}");
+        assert!(err.contains(&std::process::id().to_string()), "{err}");
+        drop(first);
+        let _again = take_lock(&path, &dir, "/run/b.sock").expect("lock after release");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn lock_file_of_an_older_vgpud() {
+        assert_eq!(parse_lock("42\n"), ("42".into(), "unknown".into()));
+        assert_eq!(parse_lock(""), ("unknown".into(), "unknown".into()));
     }
 }

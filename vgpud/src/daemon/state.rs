@@ -11,7 +11,9 @@
 //! 3. the state lock (this module);
 //! 4. the rebalancer's state (`rebalancing::State`);
 //! 5. the shared-memory registry (`shm::Registry`);
-//! 6. one GPU's memory planner (`memory::GpuMemory::planner`).
+//! 6. one GPU's memory planner (`memory::GpuMemory::planner`);
+//! 7. the vGPUs' own kernel deadlines (`core::Daemon::kernel_deadlines`) and each GPU's
+//!    grant server (`vgpu_grant::GrantServer`), leaves.
 //!
 //! A closure passed to [`State::with`] never awaits and never takes the state lock again.
 
@@ -72,6 +74,8 @@ pub(super) struct VgpuRec {
     /// Its name, unique among live vGPUs.
     pub(super) name: Option<String>,
     pub(super) labels: BTreeMap<String, String>,
+    /// Its own kernel deadline, ms (none: the daemon's).
+    pub(super) kernel_deadline_ms: Option<u32>,
 }
 
 /// A vGPU's shares and priority (compute per-mille, copy per-mille, priority).
@@ -143,6 +147,7 @@ impl VgpuRec {
             worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
             name: self.name.clone(),
             labels: self.labels.clone(),
+            kernel_deadline_ms: self.kernel_deadline_ms,
         }
     }
 }

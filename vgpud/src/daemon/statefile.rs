@@ -145,6 +145,9 @@ pub struct SavedVgpu {
     /// Its labels (from version 2).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Its own kernel deadline, ms (absent: the daemon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_deadline_ms: Option<u32>,
 }
 
 /// Where a saved VM was in its life.
@@ -338,6 +341,7 @@ mod tests {
                     }),
                     name: Some("train-a".into()),
                     labels: BTreeMap::from([("team".into(), "vision".into())]),
+                    kernel_deadline_ms: None,
                 },
                 SavedVgpu {
                     id: 5,
@@ -358,6 +362,7 @@ mod tests {
                     worker: None,
                     name: None,
                     labels: BTreeMap::new(),
+                    kernel_deadline_ms: None,
                 },
             ],
             vms: vec![

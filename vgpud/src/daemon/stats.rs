@@ -83,6 +83,12 @@ impl Daemon {
             (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
         };
         let live = rec.worker.is_some() && !rec.samples.is_empty();
+        // The grant path's counters (its own lock, a leaf).
+        let usage = self
+            .grants
+            .get(rec.gpu as usize)
+            .and_then(|g| g.usage(rec.id))
+            .unwrap_or_default();
         api::VgpuStats {
             vgpu: rec.id,
             gpu: rec.gpu,
@@ -125,6 +131,9 @@ impl Daemon {
             } else {
                 last.priority
             },
+            compute_overruns: usage.compute_overruns,
+            copy_overruns: usage.copy_overruns,
+            violations: usage.violations,
         }
     }
 
@@ -141,6 +150,7 @@ impl Daemon {
         loop {
             tick.tick().await;
             self.collect_released(Instant::now());
+            self.stop_expelled();
             let links: Vec<(u32, Link)> = self.state.with(|inner| {
                 inner
                     .vgpus
@@ -155,6 +165,34 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Stops the workers their GPU's grant path detached for writing values that cannot be
+    /// true: such a worker gets no grant any more, so its vGPU fails (with that reason, when
+    /// the worker's exit is seen) and lets go of what it held.
+    fn stop_expelled(&self) {
+        let running: Vec<(u32, u32, super::procs::Proc)> = self.state.with(|inner| {
+            inner
+                .vgpus
+                .values()
+                .filter_map(|r| r.worker_proc().map(|p| (r.id, r.gpu, p)))
+                .collect()
+        });
+        for (id, gpu, proc) in running {
+            if let Some(why) = self.expelled(id, gpu) {
+                tracing::warn!(vgpu = id, gpu, pid = proc.pid, reason = %why,
+                    "the GPU's scheduler detached this vGPU's worker; stopping it");
+                proc.signal(libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Why vGPU `id`'s worker was detached from GPU `gpu`'s grant path, if it was.
+    pub(super) fn expelled(&self, id: u32, gpu: u32) -> Option<String> {
+        self.grants
+            .get(gpu as usize)
+            .and_then(|g| g.expelled(id))
+            .map(|why| format!("its worker was detached from GPU {gpu}'s scheduler: {why}"))
     }
 
     /// Forgets the vGPUs released for at least the retention time (`--released-retention-s`):

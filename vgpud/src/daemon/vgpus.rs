@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::admission::{name_free, share, validate_labels, validate_name, VgpuAsk};
+use super::admission::{
+    name_free, share, validate_kernel_deadline, validate_labels, validate_name, VgpuAsk,
+};
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
@@ -32,6 +34,7 @@ impl Daemon {
 
     /// Removes a vGPU record and its files (after its worker is gone).
     pub(super) fn forget_vgpu(&self, id: u32) {
+        self.set_kernel_deadline_of(id, None);
         if let Some(rec) = self.state.with(|i| i.vgpus.remove(&id)) {
             let _ = std::fs::remove_file(&rec.log);
             let _ = std::fs::remove_file(&rec.socket);
@@ -71,12 +74,13 @@ impl Daemon {
             .transpose()?;
         let meta = Meta::of(&patch)?;
         if compute.is_none() && copy.is_none() && patch.priority.is_none() {
-            // Only its name or labels: nothing to enforce.
+            // Only its name, labels or kernel deadline: no share to enforce.
             self.state.with(|inner| {
                 let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
                 live_for_change(rec)?;
                 meta.apply(inner, id).map(drop)
             })?;
+            self.deadline_changed(id, patch.kernel_deadline_ms);
             self.mark_dirty();
             self.save()
                 .await
@@ -102,6 +106,7 @@ impl Daemon {
         });
         self.state.notify();
         committed?;
+        self.deadline_changed(id, patch.kernel_deadline_ms);
         tracing::info!(
             vgpu = id,
             compute = new.compute,
@@ -114,6 +119,19 @@ impl Daemon {
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
         self.vgpu(id)
+    }
+
+    /// vGPU `id`'s kernel deadline became `ms` (when given): its schedulers apply it now.
+    fn deadline_changed(&self, id: u32, ms: Option<u32>) {
+        if ms.is_none() {
+            return;
+        }
+        self.set_kernel_deadline_of(id, ms);
+        let gpus = self
+            .state
+            .with(|inner| inner.vgpus.get(&id).map(VgpuRec::pools))
+            .unwrap_or_default();
+        self.apply_kernel_deadline(id, &gpus);
     }
 
     /// Checks vGPU `id`'s new shares against its GPU (and a migration's target) and
@@ -311,11 +329,13 @@ async fn tell_shares(link: &Link, new: Shares) -> Result<(), String> {
     }
 }
 
-/// A change of a vGPU's name or labels, validated.
+/// A change of a vGPU's name, labels or kernel deadline, validated.
 struct Meta {
     /// `Some(None)`: remove the name.
     name: Option<Option<String>>,
     labels: Option<std::collections::BTreeMap<String, String>>,
+    /// `Some(None)`: the daemon's deadline (only when putting back a replaced value).
+    kernel_deadline_ms: Option<Option<u32>>,
 }
 
 impl Meta {
@@ -331,9 +351,13 @@ impl Meta {
         if let Some(l) = &patch.labels {
             validate_labels(l)?;
         }
+        if let Some(ms) = patch.kernel_deadline_ms {
+            validate_kernel_deadline(ms)?;
+        }
         Ok(Self {
             name,
             labels: patch.labels.clone(),
+            kernel_deadline_ms: patch.kernel_deadline_ms.map(Some),
         })
     }
 
@@ -352,12 +376,16 @@ impl Meta {
         let old = Meta {
             name: self.name.as_ref().map(|_| rec.name.clone()),
             labels: self.labels.as_ref().map(|_| rec.labels.clone()),
+            kernel_deadline_ms: self.kernel_deadline_ms.map(|_| rec.kernel_deadline_ms),
         };
         if let Some(n) = &self.name {
             rec.name.clone_from(n);
         }
         if let Some(l) = &self.labels {
             rec.labels.clone_from(l);
+        }
+        if let Some(ms) = self.kernel_deadline_ms {
+            rec.kernel_deadline_ms = ms;
         }
         Ok(old)
     }
@@ -370,6 +398,9 @@ impl Meta {
             }
             if let Some(l) = self.labels {
                 rec.labels = l;
+            }
+            if let Some(ms) = self.kernel_deadline_ms {
+                rec.kernel_deadline_ms = ms;
             }
         }
     }

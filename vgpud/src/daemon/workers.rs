@@ -448,7 +448,10 @@ impl Daemon {
         }
         let gpu = rec.gpu;
         let vm = rec.vm;
-        let new_state = exit_state(rec, status, vm_running);
+        let new_state = match self.expelled(id, rec.gpu) {
+            Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
+            _ => exit_state(rec, status, vm_running),
+        };
         if let VgpuState::Failed { reason } = &new_state {
             tracing::warn!(vgpu = id, pid, %reason, "vGPU failed");
         } else {

@@ -60,7 +60,7 @@ pub fn vm_state(s: &VmState) -> String {
 pub fn vgpu_rows(v: &[Vgpu]) -> String {
     table(
         &[
-            "ID", "GPU", "MEMORY", "COMPUTE", "COPY", "PRIO", "QUEUES", "VM", "STATE",
+            "ID", "GPU", "MEMORY", "COMPUTE", "COPY", "PRIO", "QUEUES", "VM", "STATE", "NAME",
         ],
         v.iter()
             .map(|v| {
@@ -74,6 +74,7 @@ pub fn vgpu_rows(v: &[Vgpu]) -> String {
                     v.queues.to_string(),
                     v.vm.map_or("-".into(), |x| x.to_string()),
                     vgpu_state(&v.state),
+                    v.name.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect(),
@@ -82,7 +83,9 @@ pub fn vgpu_rows(v: &[Vgpu]) -> String {
 
 pub fn vm_rows(v: &[Vm]) -> String {
     table(
-        &["ID", "VGPU", "VCPUS", "RAM", "UPTIME", "PAYLOAD", "STATE"],
+        &[
+            "ID", "VGPU", "VCPUS", "RAM", "UPTIME", "PAYLOAD", "STATE", "NAME",
+        ],
         v.iter()
             .map(|v| {
                 vec![
@@ -95,6 +98,7 @@ pub fn vm_rows(v: &[Vm]) -> String {
                         .file_name()
                         .map_or(v.payload.clone(), |f| f.to_string_lossy().into_owned()),
                     vm_state(&v.state),
+                    v.name.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect(),
@@ -116,6 +120,8 @@ pub fn stats_rows(s: &[VgpuStats]) -> String {
             "KERNELS",
             "REQUESTS",
             "ERRORS",
+            "OVERRUNS",
+            "VIOLATIONS",
         ],
         s.iter()
             .map(|s| {
@@ -132,6 +138,8 @@ pub fn stats_rows(s: &[VgpuStats]) -> String {
                     s.kernels.to_string(),
                     s.requests.to_string(),
                     s.errors.to_string(),
+                    format!("{}/{}", s.compute_overruns, s.copy_overruns),
+                    s.violations.to_string(),
                 ]
             })
             .collect(),

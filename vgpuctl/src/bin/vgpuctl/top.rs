@@ -146,6 +146,7 @@ fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientErr
             "RESIDENT",
             "SWAPPED",
             "KERNELS",
+            "NAME",
         ],
         stats
             .iter()
@@ -163,6 +164,11 @@ fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientErr
                     human_bytes(s.memory_resident_bytes),
                     human_bytes(s.memory_swapped_bytes),
                     s.kernels.to_string(),
+                    vgpus
+                        .iter()
+                        .find(|v| v.id == s.vgpu)
+                        .and_then(|v| v.name.clone())
+                        .unwrap_or_else(|| "-".into()),
                 ]
             })
             .collect(),

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuPatch};
+use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuPatch, VgpuState};
 use vgpu_api::client::Client;
 use vgpu_api::units::{parse_share_fraction, parse_size};
 
@@ -42,6 +42,39 @@ pub struct VgpuSpecArgs {
     /// for more.
     #[arg(long, value_parser = StorageAttachment::parse)]
     storage: Vec<StorageAttachment>,
+    /// A name (a DNS label, unique among live vGPUs).
+    #[arg(long)]
+    name: Option<String>,
+    /// A label, `KEY=VALUE`; repeat for more.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// How long one request of the vGPU may hold the GPU before the scheduler gives
+    /// it to the neighbours, ms (10 to 60000) [default: vgpud's --kernel-deadline-ms].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+    kernel_deadline_ms: Option<u32>,
+}
+
+/// The vGPU given as `ID` or `NAME` (a number is an id): a name is looked up in the
+/// list, the live vGPU of that name first (a released or failed one gives its name back).
+pub fn vgpu_id(c: &Client, given: &str) -> Result<u32, Failure> {
+    if let Ok(id) = given.parse() {
+        return Ok(id);
+    }
+    let all = c.vgpus()?;
+    let named = || all.iter().filter(|v| v.name.as_deref() == Some(given));
+    named()
+        .find(|v| !matches!(v.state, VgpuState::Released | VgpuState::Failed { .. }))
+        .or_else(|| named().max_by_key(|v| v.id))
+        .map(|v| v.id)
+        .ok_or_else(|| Failure::usage(format!("no vGPU is named {given:?} (vgpuctl vgpu list)")))
+}
+
+/// A label given as `KEY=VALUE`.
+pub fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not a label: give KEY=VALUE")),
+    }
 }
 
 impl VgpuSpecArgs {
@@ -56,8 +89,9 @@ impl VgpuSpecArgs {
             share_group: self.share_group.clone(),
             queues: self.queues,
             storage: self.storage.clone(),
-            name: None,
-            labels: Default::default(),
+            name: self.name.clone(),
+            labels: self.labels.iter().cloned().collect(),
+            kernel_deadline_ms: self.kernel_deadline_ms,
         }
     }
 }
@@ -67,13 +101,18 @@ pub enum VgpuCmd {
     /// List vGPUs.
     List,
     /// Show one vGPU.
-    Show { id: u32 },
+    Show {
+        /// The vGPU's id or name.
+        id: String,
+    },
     /// Create a vGPU (starts its worker).
     Create(VgpuSpecArgs),
-    /// Change shares or priority at run time. Each share changes only when given:
-    /// `--compute` alone leaves the copy share where it is (vgpuctl says so).
+    /// Change shares, priority, name, labels or kernel deadline at run time. Each share
+    /// changes only when given: `--compute` alone leaves the copy share where it is
+    /// (vgpuctl says so).
     Set {
-        id: u32,
+        /// The vGPU's id or name.
+        id: String,
         /// New compute share: a fraction (0.3) or percentage (30%).
         #[arg(long, value_parser = parse_share_fraction)]
         compute: Option<f64>,
@@ -83,14 +122,33 @@ pub enum VgpuCmd {
         /// New priority.
         #[arg(long, allow_negative_numbers = true)]
         priority: Option<i32>,
+        /// New name ("" removes it).
+        #[arg(long)]
+        name: Option<String>,
+        /// New labels, `KEY=VALUE`, replacing all of them; repeat for more.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Remove every label.
+        #[arg(long, conflicts_with = "labels")]
+        clear_labels: bool,
+        /// New kernel deadline, ms (10 to 60000).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+        kernel_deadline_ms: Option<u32>,
     },
     /// Delete a vGPU.
-    Delete { id: u32 },
+    Delete {
+        /// The vGPU's id or name.
+        id: String,
+    },
     /// Utilization, memory and counters.
-    Stats { id: u32 },
+    Stats {
+        /// The vGPU's id or name.
+        id: String,
+    },
     /// Live-migrate to another GPU (the VM keeps running; it sees a pause).
     Migrate {
-        id: u32,
+        /// The vGPU's id or name.
+        id: String,
         #[command(flatten)]
         args: MigrateArgs,
     },
@@ -100,7 +158,10 @@ pub enum VgpuCmd {
 pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
     match cmd {
         VgpuCmd::List => emit(json, &c.vgpus()?, |v| vgpu_rows(v)),
-        VgpuCmd::Show { id } => emit(json, &c.vgpu(id)?, |v| vgpu_rows(std::slice::from_ref(v))),
+        VgpuCmd::Show { id } => {
+            let id = vgpu_id(c, &id)?;
+            emit(json, &c.vgpu(id)?, |v| vgpu_rows(std::slice::from_ref(v)))
+        }
         VgpuCmd::Create(a) => emit(
             json,
             &c.create_vgpu(&a.spec())
@@ -112,18 +173,35 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
             compute,
             copy,
             priority,
+            name,
+            labels,
+            clear_labels,
+            kernel_deadline_ms,
         } => {
-            if compute.is_none() && copy.is_none() && priority.is_none() {
+            let id = vgpu_id(c, &id)?;
+            let labels = (clear_labels || !labels.is_empty()).then(|| {
+                labels
+                    .into_iter()
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            });
+            if compute.is_none()
+                && copy.is_none()
+                && priority.is_none()
+                && name.is_none()
+                && labels.is_none()
+                && kernel_deadline_ms.is_none()
+            {
                 return Err(Failure::usage(
-                    "nothing to change: give --compute, --copy or --priority",
+                    "nothing to change: give --compute, --copy, --priority, --name, --label, --clear-labels or --kernel-deadline-ms",
                 ));
             }
             let patch = VgpuPatch {
                 compute_share: compute,
                 copy_share: copy,
                 priority,
-                name: None,
-                labels: None,
+                name,
+                labels,
+                kernel_deadline_ms,
             };
             let v = c
                 .patch_vgpu(id, &patch)
@@ -137,15 +215,20 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
             }
         }
         VgpuCmd::Delete { id } => {
+            let id = vgpu_id(c, &id)?;
             c.delete_vgpu(id)?;
             if !json {
                 println!("vGPU {id} deleted");
             }
         }
-        VgpuCmd::Stats { id } => emit(json, &c.vgpu_stats(id)?, |s| {
-            stats_rows(std::slice::from_ref(s))
-        }),
+        VgpuCmd::Stats { id } => {
+            let id = vgpu_id(c, &id)?;
+            emit(json, &c.vgpu_stats(id)?, |s| {
+                stats_rows(std::slice::from_ref(s))
+            })
+        }
         VgpuCmd::Migrate { id, args } => {
+            let id = vgpu_id(c, &id)?;
             let m = c
                 .migrate_vgpu(id, &args.req())
                 .map_err(Failure::within(Context::Migrate))?;

@@ -18,7 +18,10 @@ pub enum VmCmd {
     /// List VMs.
     List,
     /// Show one VM.
-    Show { id: u32 },
+    Show {
+        /// The VM's id or name.
+        id: String,
+    },
     /// Launch a VM with an existing vGPU (--vgpu ID) or a new one (--memory/--compute ...).
     Launch {
         /// Payload ELF: a name in vgpud's --payload-dir (`vgpuctl payload list`) or a path.
@@ -33,9 +36,9 @@ pub enum VmCmd {
         /// vCPUs.
         #[arg(long, default_value_t = 1)]
         vcpus: u8,
-        /// Use this existing vGPU.
-        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage"])]
-        vgpu: Option<u32>,
+        /// Use this existing vGPU (its id or name).
+        #[arg(long, conflicts_with_all = ["memory", "compute", "copy", "gpu", "share_group", "oversubscribe", "storage", "kernel_deadline_ms"])]
+        vgpu: Option<String>,
         /// Physical GPU of the new vGPU.
         #[arg(long)]
         gpu: Option<u32>,
@@ -63,15 +66,28 @@ pub enum VmCmd {
         /// Attach a storage namespace to the new vGPU, `ID=PATH[:ro|:rw]`; repeat for more.
         #[arg(long, value_parser = StorageAttachment::parse)]
         storage: Vec<StorageAttachment>,
+        /// Kernel deadline of the new vGPU, ms (10 to 60000) [default: vgpud's].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(10..=60_000))]
+        kernel_deadline_ms: Option<u32>,
+        /// The VM's name (a DNS label, unique among live VMs).
+        #[arg(long)]
+        name: Option<String>,
+        /// A label of the VM, `KEY=VALUE`; repeat for more.
+        #[arg(long = "label", value_parser = crate::vgpu::parse_label)]
+        labels: Vec<(String, String)>,
         /// Wait until the VM ends; exit with its exit code.
         #[arg(long)]
         wait: bool,
     },
     /// Stop and remove a VM.
-    Delete { id: u32 },
+    Delete {
+        /// The VM's id or name.
+        id: String,
+    },
     /// Print the VM's console.
     Console {
-        id: u32,
+        /// The VM's id or name.
+        id: String,
         /// Keep printing until the VM ends.
         #[arg(long, short)]
         follow: bool,
@@ -79,14 +95,16 @@ pub enum VmCmd {
     /// Wait until a VM ends; exit with its exit code (123: its vmm was gone when vgpud restarted,
     /// 124: still running at the timeout, 125: failed).
     Wait {
-        id: u32,
+        /// The VM's id or name.
+        id: String,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 3600)]
         timeout_s: u64,
     },
     /// Live-migrate a VM's vGPU to another GPU.
     Migrate {
-        id: u32,
+        /// The VM's id or name.
+        id: String,
         #[command(flatten)]
         args: MigrateArgs,
     },
@@ -143,11 +161,29 @@ fn wait_vm(c: &Client, id: u32, timeout: Duration) -> Result<Vm, ClientError> {
     }
 }
 
+/// The VM given as `ID` or `NAME` (a number is an id): a name is looked up in the list,
+/// the live VM of that name first.
+fn vm_id(c: &Client, given: &str) -> Result<u32, Failure> {
+    if let Ok(id) = given.parse() {
+        return Ok(id);
+    }
+    let all = c.vms()?;
+    let named = || all.iter().filter(|v| v.name.as_deref() == Some(given));
+    named()
+        .find(|v| v.state.is_live())
+        .or_else(|| named().max_by_key(|v| v.id))
+        .map(|v| v.id)
+        .ok_or_else(|| Failure::usage(format!("no VM is named {given:?} (vgpuctl vm list)")))
+}
+
 /// Runs one `vm` subcommand.
 pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
     match cmd {
         VmCmd::List => emit(json, &c.vms()?, |v| vm_rows(v)),
-        VmCmd::Show { id } => emit(json, &c.vm(id)?, |v| vm_rows(std::slice::from_ref(v))),
+        VmCmd::Show { id } => {
+            let id = vm_id(c, &id)?;
+            emit(json, &c.vm(id)?, |v| vm_rows(std::slice::from_ref(v)))
+        }
         VmCmd::Launch {
             payload,
             payload_arg,
@@ -163,6 +199,9 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             share_group,
             oversubscribe,
             storage,
+            kernel_deadline_ms,
+            name,
+            labels,
             wait,
         } => {
             let spec = match (memory, compute) {
@@ -178,6 +217,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     storage,
                     name: None,
                     labels: Default::default(),
+                    kernel_deadline_ms,
                 }),
                 (None, None) => {
                     let given = [
@@ -186,6 +226,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                         ("--share-group", share_group.is_some()),
                         ("--oversubscribe", oversubscribe),
                         ("--storage", !storage.is_empty()),
+                        ("--kernel-deadline-ms", kernel_deadline_ms.is_some()),
                     ];
                     if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
                         return Err(Failure::usage(format!(
@@ -200,6 +241,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     ))
                 }
             };
+            let vgpu = vgpu.map(|v| crate::vgpu::vgpu_id(c, &v)).transpose()?;
             let payload = match std::path::Path::new(&payload) {
                 p if p.is_relative() && payload.contains('/') => std::env::current_dir()
                     .map(|d| d.join(p).display().to_string())
@@ -217,8 +259,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     vcpus,
                     vgpu_id: vgpu,
                     vgpu: spec,
-                    name: None,
-                    labels: Default::default(),
+                    name,
+                    labels: labels.into_iter().collect(),
                 })
                 .map_err(Failure::within(Context::VmLaunch))?;
             if wait {
@@ -229,12 +271,14 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
         }
         VmCmd::Delete { id } => {
+            let id = vm_id(c, &id)?;
             c.delete_vm(id)?;
             if !json {
                 println!("VM {id} deleted");
             }
         }
         VmCmd::Console { id, follow } => {
+            let id = vm_id(c, &id)?;
             let mut offset = 0u64;
             let mut out = std::io::stdout();
             loop {
@@ -253,11 +297,13 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             }
         }
         VmCmd::Wait { id, timeout_s } => {
+            let id = vm_id(c, &id)?;
             let vm = wait_vm(c, id, Duration::from_secs(timeout_s))?;
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
             return Ok(vm_exit(&vm));
         }
         VmCmd::Migrate { id, args } => {
+            let id = vm_id(c, &id)?;
             let m = c
                 .migrate_vm(id, &args.req())
                 .map_err(Failure::within(Context::Migrate))?;
