@@ -6,4 +6,5 @@ pub mod memory;
 pub mod migration;
 pub mod rebalance;
 mod shared;
+pub mod start;
 pub mod vmm;

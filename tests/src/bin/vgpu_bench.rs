@@ -65,6 +65,19 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
+    /// Starting VMs with a vGPU through vgpud (REST call to the payload's main), one at a
+    /// time and many at once, vs the same VMs started by hand (vgpu-worker + vmm).
+    Start {
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
+        /// Single starts timed (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// VMs launched at once.
+        #[arg(long, default_value_t = 16)]
+        concurrent: usize,
+    },
 }
 
 fn main() {
@@ -97,6 +110,18 @@ fn main() {
                 max_size: max_mib << 20,
             }),
             "migration",
+        ),
+        Bench::Start {
+            backend,
+            runs,
+            concurrent,
+        } => (
+            benches::start::run(&benches::start::Params {
+                backend,
+                runs: runs.max(1),
+                concurrent: concurrent.max(1),
+            }),
+            "start",
         ),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
