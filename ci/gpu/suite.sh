@@ -43,6 +43,7 @@ storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 b
 storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (its ceiling)
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
+start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
 
@@ -210,6 +211,13 @@ step_memory-bench() {
     dir=$(mktemp -d)
     (cd "$dir" && "$B/bin/vgpu-bench" memory) || return 1
     cp "$dir"/out/bench-memory.* "$LOGS/" 2>/dev/null
+    return 0
+}
+step_start() {
+    local dir
+    dir=$(mktemp -d)
+    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64) || return 1
+    cp "$dir"/out/bench-start.* "$LOGS/" 2>/dev/null
     return 0
 }
 step_fuzz() {
