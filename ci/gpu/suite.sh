@@ -45,6 +45,7 @@ storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
+start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
 
@@ -226,6 +227,14 @@ step_timeline() {
     echo "BENCH timeline FIFO"; "$B/bin/vgpu-bench" timeline "${files[@]:2:2}" || rc=1
     tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
     return "$rc"
+}
+
+step_start() {
+    local dir
+    dir=$(mktemp -d)
+    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64) || return 1
+    cp "$dir"/out/bench-start.* "$LOGS/" 2>/dev/null
+    return 0
 }
 step_fuzz() {
     [[ -d "$B/fuzz" ]] || { echo "no fuzz targets in the bundle (ci/gpu/bundle.sh says how)"; return 1; }

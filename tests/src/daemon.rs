@@ -237,14 +237,25 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
-/// Direct children of `pid`.
+/// Direct children of `pid`, whichever of its threads forked them (vgpud forks on its
+/// blocking pool).
 pub fn children(pid: u32) -> Vec<u32> {
-    let path = format!("/proc/{pid}/task/{pid}/children");
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|s| s.parse().ok())
-        .collect()
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut kids: Vec<u32> = tasks
+        .flatten()
+        .flat_map(|t| {
+            std::fs::read_to_string(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|s| s.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    kids.sort_unstable();
+    kids.dedup();
+    kids
 }
 
 /// Files left in `dir` (names).

@@ -8,4 +8,5 @@ pub mod rebalance;
 mod shared;
 pub mod sharing;
 pub mod timeline;
+pub mod start;
 pub mod vmm;

@@ -79,6 +79,19 @@ enum Bench {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Starting VMs with a vGPU through vgpud (REST call to the payload's main), one at a
+    /// time and many at once, vs the same VMs started by hand (vgpu-worker + vmm).
+    Start {
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
+        /// Single starts timed (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// VMs launched at once.
+        #[arg(long, default_value_t = 16)]
+        concurrent: usize,
+    },
 }
 
 fn main() {
@@ -120,6 +133,18 @@ fn main() {
             }
             return;
         }
+        Bench::Start {
+            backend,
+            runs,
+            concurrent,
+        } => (
+            benches::start::run(&benches::start::Params {
+                backend,
+                runs: runs.max(1),
+                concurrent: concurrent.max(1),
+            }),
+            "start",
+        ),
     };
     if let Err(e) = report(&figures, &PathBuf::from(format!("out/bench-{name}.json"))) {
         eprintln!("vgpu-bench: cannot write results: {e}");

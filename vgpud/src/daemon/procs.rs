@@ -151,14 +151,9 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
 /// Spawns `cmd` in a session of its own and without a parent-death signal: it outlives
 /// vgpud (a restart or an upgrade of vgpud leaves VMs and workers running; the next vgpud
 /// adopts them). When `control` is given, the child gets that descriptor as
-/// [`CONTROL_FD`].
-pub fn spawn(cmd: &mut Command, control: Option<&OwnedFd>) -> io::Result<(Child, Proc)> {
-    spawn_with_fds(cmd, control, &[], None)
-}
-
-/// Like [`spawn`], and also hands the child each `(descriptor, number)` of `extra` at that
-/// number (the grant page and doorbell, say), and runs it as `identity` (no supplementary
-/// groups) when given.
+/// [`CONTROL_FD`]; each `(descriptor, number)` of `extra` it gets at that number (the
+/// grant page and doorbell, say); it runs as `identity` (no supplementary groups) when
+/// given.
 pub fn spawn_with_fds(
     cmd: &mut Command,
     control: Option<&OwnedFd>,
@@ -237,6 +232,23 @@ pub fn spawn_with_fds(
         pidfd: Arc::new(pidfd),
     };
     Ok((child, proc))
+}
+
+/// [`spawn_with_fds`] on the blocking pool, taking its descriptors by value: fork and exec
+/// never stall the runtime, so launches of different VMs proceed side by side. The
+/// descriptors are closed here once the child has its copies.
+pub async fn spawn_off_runtime(
+    mut cmd: Command,
+    control: Option<OwnedFd>,
+    extra: Vec<(OwnedFd, RawFd)>,
+    identity: Option<Identity>,
+) -> io::Result<(Child, Proc)> {
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(&OwnedFd, RawFd)> = extra.iter().map(|(fd, n)| (fd, *n)).collect();
+        spawn_with_fds(&mut cmd, control.as_ref(), &refs, identity)
+    })
+    .await
+    .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
 }
 
 /// Waits until `child` exits and reaps it. Wakes as soon as the kernel reports the exit

@@ -220,7 +220,7 @@ impl Daemon {
                 }
             });
         }
-        if let Err(e) = self.spawn_vmm(vm_id) {
+        if let Err(e) = self.spawn_vmm(vm_id).await {
             self.undo_vm(vm_id, vgpu_id, inline).await;
             return Err(e);
         }
@@ -303,25 +303,61 @@ impl Daemon {
         }
     }
 
-    /// Starts VM `vm_id`'s vmm and its reaper.
-    fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
-        let (child, proc) = self
-            .state
-            .with(|inner| self.spawn_vmm_locked(inner, vm_id))?;
+    /// Starts VM `vm_id`'s vmm and its reaper. The command line is read under the state
+    /// lock; the console is opened and the vmm forked off the runtime with no lock held,
+    /// so launches of different VMs proceed side by side.
+    async fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
+        let (mut cmd, console_path, payload) =
+            self.state.with(|inner| self.vmm_command(inner, vm_id))?;
+        let console_for_open = console_path.clone();
+        let console = tokio::task::spawn_blocking(move || open_console(&console_for_open))
+            .await
+            .map_err(|e| ApiError::internal(format!("the console task failed: {e}")))??;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(console.0))
+            .stderr(Stdio::from(console.1));
+        let (child, proc) = procs::spawn_off_runtime(cmd, None, Vec::new(), None)
+            .await
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot start {}: {e}; check vgpud's --vmm-bin",
+                    self.cfg.vmm_bin.display()
+                ))
+            })?;
+        tracing::info!(vm = vm_id, pid = proc.pid, payload = %payload.display(), "vmm started");
+        let recorded = self.state.with(|inner| {
+            let has_vgpu = inner.vms.get(&vm_id).map(|vm| vm.vgpu.is_some());
+            let vm = inner.vms.get_mut(&vm_id)?;
+            vm.proc = Some(proc.clone());
+            if has_vgpu == Some(false) {
+                vm.state = VmState::Running;
+            }
+            Some(())
+        });
+        if recorded.is_none() {
+            // The VM was removed while its vmm started: nobody owns this one.
+            proc.signal(libc::SIGKILL);
+        }
         let d = self.clone();
         tokio::spawn(async move {
             let status = procs::reap(child, &proc).await;
             d.on_vmm_exit(vm_id, proc.pid, status);
         });
-        Ok(())
+        match recorded {
+            Some(()) => Ok(()),
+            None => Err(ApiError::internal(format!(
+                "VM {vm_id} vanished while starting"
+            ))),
+        }
     }
 
-    /// [`Daemon::spawn_vmm`] under the state lock: the vmm runs and its record says so.
-    fn spawn_vmm_locked(
+    /// VM `vm_id`'s vmm command line (without its standard streams), its console log and
+    /// its payload. Caller holds the state lock.
+    fn vmm_command(
         &self,
-        inner: &mut Inner,
+        inner: &Inner,
         vm_id: u32,
-    ) -> Result<(std::process::Child, procs::Proc), ApiError> {
+    ) -> Result<(Command, PathBuf, PathBuf), ApiError> {
         let vm = inner
             .vms
             .get(&vm_id)
@@ -342,42 +378,7 @@ impl Daemon {
             spec.push(s.as_os_str());
             cmd.arg("--vgpu").arg(spec);
         }
-        // Owner only: a guest's console is no other tenant's (nor its worker's) business.
-        let console = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true),
-            0o600,
-        )
-        .open(&vm.console)
-        .map_err(|e| {
-            ApiError::internal(format!(
-                "cannot create the console log {}: {e}",
-                vm.console.display()
-            ))
-        })?;
-        let console2 = console
-            .try_clone()
-            .map_err(|e| ApiError::internal(format!("console log: {e}")))?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(console))
-            .stderr(Stdio::from(console2));
-        let (child, proc) = procs::spawn(&mut cmd, None).map_err(|e| {
-            ApiError::internal(format!(
-                "cannot start {}: {e}; check vgpud's --vmm-bin",
-                self.cfg.vmm_bin.display()
-            ))
-        })?;
-        tracing::info!(vm = vm_id, pid = proc.pid, payload = %vm.payload.display(), "vmm started");
-        let has_vgpu = vm.vgpu.is_some();
-        if let Some(vm) = inner.vms.get_mut(&vm_id) {
-            vm.proc = Some(proc.clone());
-            if !has_vgpu {
-                vm.state = VmState::Running;
-            }
-        }
-        Ok((child, proc))
+        Ok((cmd, vm.console.clone(), vm.payload.clone()))
     }
 
     /// VM `vm_id`'s vmm `pid` exited: the VM ended, and its vGPU's worker goes too.
@@ -485,6 +486,29 @@ impl Daemon {
             .await
             .map_err(|e| ApiError::unsaved(&format!("VM {id} was deleted"), &e))
     }
+}
+
+/// Creates VM console log `path` (owner only: a guest's console is no other tenant's, nor
+/// its worker's, business): two handles, for the vmm's stdout and stderr.
+fn open_console(path: &std::path::Path) -> Result<(File, File), ApiError> {
+    let console = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        0o600,
+    )
+    .open(path)
+    .map_err(|e| {
+        ApiError::internal(format!(
+            "cannot create the console log {}: {e}",
+            path.display()
+        ))
+    })?;
+    let console2 = console
+        .try_clone()
+        .map_err(|e| ApiError::internal(format!("console log: {e}")))?;
+    Ok((console, console2))
 }
 
 /// Attaches existing vGPU `g` to new VM `vm_id`, if it is ready and free.

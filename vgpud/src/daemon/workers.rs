@@ -139,26 +139,32 @@ impl Daemon {
         self.refresh_pool(gpu);
         let identity = self.worker_identity(id);
         let dir = worker_dir(&self.cfg.state_dir, id);
-        if let Err(e) = prepare_dir(&self.cfg.state_dir, id, identity) {
-            self.detach_grants(id, gpu);
-            return Err(ApiError::internal(format!(
-                "cannot prepare the worker's directory {}: {e}",
-                dir.display()
-            )));
-        }
+        // The directory, the log and the fork run off the runtime: vgpud serves other
+        // requests (other launches) meanwhile, and holds no lock across any of it.
+        let state_dir = self.cfg.state_dir.clone();
+        let setup = tokio::task::spawn_blocking(move || {
+            prepare_dir(&state_dir, id, identity)
+                .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
+            let log_file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&log)
+                .map_err(|e| format!("cannot create the worker log {}: {e}", log.display()))?;
+            Ok::<_, String>((log_file, log))
+        })
+        .await
+        .map_err(|e| format!("the worker's set-up task failed: {e}"))
+        .and_then(|r| r);
+        let (log_file, log) = match setup {
+            Ok(v) => v,
+            Err(why) => {
+                self.detach_grants(id, gpu);
+                return Err(ApiError::internal(format!("{why} ({})", dir.display())));
+            }
+        };
         cmd.current_dir(&dir);
-        let log_file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&log)
-            .map_err(|e| {
-                ApiError::internal(format!(
-                    "cannot create the worker log {}: {e}",
-                    log.display()
-                ))
-            })?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file))
@@ -166,13 +172,21 @@ impl Daemon {
             // The CUDA driver's JIT cache would write files after the worker's seccomp
             // filter is on (and a worker's uid has no home of its own).
             .env("CUDA_CACHE_DISABLE", "1");
-        let (ours, theirs) = procs::socketpair()
-            .map_err(|e| ApiError::internal(format!("cannot create a control socket: {e}")))?;
-        let extra = [
-            (&fds.page, procs::GRANT_PAGE_FD),
-            (&fds.doorbell, procs::GRANT_DOORBELL_FD),
+        let (ours, theirs) = match procs::socketpair() {
+            Ok(v) => v,
+            Err(e) => {
+                self.detach_grants(id, gpu);
+                return Err(ApiError::internal(format!(
+                    "cannot create a control socket: {e}"
+                )));
+            }
+        };
+        let extra = vec![
+            (fds.page, procs::GRANT_PAGE_FD),
+            (fds.doorbell, procs::GRANT_DOORBELL_FD),
         ];
-        let (child, proc) = procs::spawn_with_fds(&mut cmd, Some(&theirs), &extra, identity)
+        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), extra, identity)
+            .await
             .map_err(|e| {
                 self.detach_grants(id, gpu);
                 ApiError::internal(format!(
@@ -180,8 +194,6 @@ impl Daemon {
                     self.cfg.worker_bin.display()
                 ))
             })?;
-        drop(theirs);
-        drop(fds);
         let (link, ready) = match link::start(
             std::os::unix::net::UnixStream::from(ours),
             self.worker_events(id),

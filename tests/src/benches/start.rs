@@ -1,0 +1,189 @@
+//! Starting VMs with a vGPU: from the REST call (`POST /v1/vms` with an inline vGPU) to
+//! the payload's `main` (the `hello` payload's first console line), one at a time (median)
+//! and many launched concurrently (all at `main`), each beside its anchor from the same
+//! run: the same VMs started by hand (`vgpu-worker` on a socket, then `vmm` on it).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_api::api::{VgpuCreate, VmCreate};
+use vgpu_api::client::Client;
+
+use crate::bench::{median, Figure};
+use crate::bins::{binary, payload};
+use crate::daemon::TestDaemon;
+use crate::worker::Worker;
+
+/// What the `hello` payload prints first, at its `main`.
+const HELLO: &str = "hello from vgpu payload";
+/// Longest a single start may take before the bench gives up.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// Each vGPU's memory share.
+const VGPU_MEMORY: u64 = 64 << 20;
+
+/// What `vgpu-bench start` measures.
+pub struct Params {
+    /// `sim` or `cuda`.
+    pub backend: String,
+    /// Single starts timed (the median is reported).
+    pub runs: usize,
+    /// VMs launched at once.
+    pub concurrent: usize,
+}
+
+/// Runs the start figures.
+pub fn run(p: &Params) -> Vec<Figure> {
+    if !crate::bins::have_kvm() {
+        eprintln!("vgpu-bench start: /dev/kvm is not available; nothing to measure");
+        std::process::exit(2);
+    }
+    let backend_args: Vec<&str> = match p.backend.as_str() {
+        "cuda" => vec!["--backend", "cuda"],
+        _ => vec!["--sim-gpus", "1", "--sim-memory", "16G"],
+    };
+    let d = TestDaemon::start("bench-start", &backend_args);
+    let c = &d.client;
+    // The first launch warms the page cache for the programs and the payload.
+    let _ = start_via_vgpud(c);
+    let single: Vec<f64> = (0..p.runs).map(|_| start_via_vgpud(c)).collect();
+    let by_hand: Vec<f64> = (0..p.runs).map(|_| start_by_hand(&p.backend)).collect();
+    let all = time_concurrent(p.concurrent, || start_via_vgpud(c));
+    let all_by_hand = time_concurrent(p.concurrent, || start_by_hand(&p.backend));
+    drop(d);
+    let k = p.concurrent;
+    vec![
+        Figure {
+            name: format!(
+                "VM start to main through vgpud, {} (median of {})",
+                p.backend, p.runs
+            ),
+            value: median(single),
+            unit: "ms".into(),
+            anchor_name: "vgpu-worker + vmm started by hand".into(),
+            anchor: median(by_hand),
+            anchor_unit: "ms".into(),
+        },
+        Figure {
+            name: format!("{k} VMs launched concurrently through vgpud, all at main"),
+            value: all,
+            unit: "ms".into(),
+            anchor_name: format!("{k} started by hand concurrently"),
+            anchor: all_by_hand,
+            anchor_unit: "ms".into(),
+        },
+    ]
+}
+
+/// Runs `start` on `k` threads at once: ms until the last is at `main`.
+fn time_concurrent(k: usize, start: impl Fn() -> f64 + Sync) -> f64 {
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..k).map(|_| s.spawn(&start)).collect();
+        for h in handles {
+            if h.join().is_err() {
+                fail("a concurrent start panicked");
+            }
+        }
+    });
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// One VM with an inline vGPU through vgpud: ms from the REST call to `main`. The VM is
+/// removed afterwards.
+fn start_via_vgpud(c: &Client) -> f64 {
+    let req = VmCreate {
+        payload: Some(payload("hello").display().to_string()),
+        payload_arg: String::new(),
+        kernel: None,
+        initrd: None,
+        cmdline: None,
+        memory_bytes: 64 << 20,
+        vcpus: 1,
+        vgpu_id: None,
+        vgpu: Some(VgpuCreate {
+            gpu: None,
+            memory_bytes: VGPU_MEMORY,
+            compute_share: 0.01,
+            copy_share: None,
+            priority: 0,
+            oversubscribe: false,
+            share_group: None,
+            queues: 1,
+            storage: Vec::new(),
+            name: None,
+            labels: Default::default(),
+        }),
+        name: None,
+        labels: Default::default(),
+    };
+    let t = Instant::now();
+    let vm = c
+        .create_vm(&req)
+        .unwrap_or_else(|e| fail(&format!("POST /v1/vms: {e}")));
+    loop {
+        let out = c.console(vm.id, 0).unwrap_or_default();
+        if String::from_utf8_lossy(&out).contains(HELLO) {
+            break;
+        }
+        if t.elapsed() > START_DEADLINE {
+            fail(&format!("VM {} did not reach main", vm.id));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let _ = c.wait_vm(vm.id, START_DEADLINE);
+    let _ = c.delete_vm(vm.id);
+    ms
+}
+
+/// One VM with a vGPU started by hand: ms from starting `vgpu-worker` to `main`.
+fn start_by_hand(backend: &str) -> f64 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let extra: &[&str] = if backend == "cuda" {
+        &["--gpu", "0"]
+    } else {
+        &[]
+    };
+    let t = Instant::now();
+    let worker = Worker::start(backend, &format!("bench-start-{n}"), "64M", 1, extra)
+        .unwrap_or_else(|e| fail(&e));
+    let mut spec = std::ffi::OsString::from("socket=");
+    spec.push(worker.socket.as_os_str());
+    let mut vmm = Command::new(binary("vmm"))
+        .arg("--payload")
+        .arg(payload("hello"))
+        .args(["--memory", &(64u64 << 20).to_string(), "--vcpus", "1"])
+        .arg("--vgpu")
+        .arg(spec)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("cannot start vmm: {e}")));
+    let Some(stdout) = vmm.stdout.take() else {
+        fail("the vmm has no stdout");
+    };
+    let mut reached = false;
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        if line.contains(HELLO) {
+            reached = true;
+            break;
+        }
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let _ = vmm.kill();
+    let _ = vmm.wait();
+    drop(worker);
+    if !reached {
+        fail("a VM started by hand did not reach main");
+    }
+    ms
+}
+
+fn fail(why: &str) -> ! {
+    eprintln!("vgpu-bench start: {why}");
+    std::process::exit(1);
+}
