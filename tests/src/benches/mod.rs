@@ -7,6 +7,6 @@ pub mod migration;
 pub mod rebalance;
 mod shared;
 pub mod sharing;
-pub mod timeline;
 pub mod start;
+pub mod timeline;
 pub mod vmm;

@@ -113,6 +113,7 @@ fn start_via_vgpud(c: &Client) -> f64 {
             storage: Vec::new(),
             name: None,
             labels: Default::default(),
+            kernel_deadline_ms: None,
         }),
         name: None,
         labels: Default::default(),
