@@ -32,7 +32,7 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory)
+    cuda_programs module_memory vgpu_backend)
 
 log() { echo "bundle: $*" >&2; }
 
@@ -51,6 +51,8 @@ for t in "${tests[@]}"; do test_args+=(--test "$t"); done
 json="$(mktemp)"
 trap 'rm -f "$json"' EXIT
 cargo test --release --locked --workspace --no-run --message-format=json "${test_args[@]}" >"$json"
+# The backend's unit tests too: the cuda hard-limit test lives beside its code.
+cargo test --release --locked -p vgpu-backend --lib --no-run --message-format=json >>"$json"
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/payloads" "$out/kernels" "$out/lib" "$out/cuda-programs"
@@ -75,7 +77,8 @@ for line in open(path):
     if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
         continue
     t = msg["target"]
-    if "test" not in t["kind"] or t["name"] not in wanted:
+    is_test = "test" in t["kind"] or msg.get("profile", {}).get("test")
+    if not is_test or t["name"] not in wanted:
         continue
     # package_id: "path+file:///.../backend#vgpu-backend@0.1.0" (or "...#0.1.0" when the
     # package is named after its folder).

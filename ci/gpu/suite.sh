@@ -33,6 +33,7 @@ storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cud
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
 shm|check|120|shared device memory on cuda: an exported object mapped read-write and read-only, writes to the read-only mapping refused
+hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
@@ -96,6 +97,7 @@ step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_r
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
 step_shm() { "$(tb conformance)" shared_objects --nocapture; }
+step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {
