@@ -43,6 +43,15 @@ pub(crate) trait ModuleCharge {
     fn uncharge_module(&self, bytes: u64);
 }
 
+impl ModuleCharge for crate::space::Ledger {
+    fn charge_module(&self, bytes: u64) -> Result<()> {
+        self.charge(bytes)
+    }
+    fn uncharge_module(&self, bytes: u64) {
+        self.uncharge(bytes)
+    }
+}
+
 /// A module's place and memory, reserved and charged before it is compiled. Dropped
 /// without [`ModuleTable::insert`], it gives both back.
 pub(crate) struct Reservation<'a, M> {

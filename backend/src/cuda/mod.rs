@@ -29,6 +29,7 @@ mod hard_limit_tests;
 mod lanes;
 mod memory;
 mod modules;
+mod pinned;
 mod relocation;
 mod storage;
 mod vmm;
@@ -36,7 +37,7 @@ mod vmm;
 use std::ffi::c_void;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
@@ -54,6 +55,7 @@ pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
 use lanes::Lanes;
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
+use pinned::Pinned;
 
 use crate::sync::{lock, read, write};
 pub use modules::BUILTIN_PTX;
@@ -112,73 +114,6 @@ pub struct Probe {
     pub devices: i32,
     /// Name of device 0.
     pub name: String,
-}
-
-/// Guest RAM regions pinned with `cuMemHostRegister`.
-#[derive(Debug, Default)]
-struct Pinned {
-    regions: RwLock<Vec<HostRegion>>,
-}
-
-/// Host ranges registered in this process, with how many backends use each. A range is
-/// registered once (portable: every context of the process sees it pinned), so a
-/// migration target in the same worker shares the source's registration, and the source
-/// letting go after the switch does not unpin what the target copies from.
-static PINS: Mutex<std::collections::BTreeMap<(usize, usize), usize>> =
-    Mutex::new(std::collections::BTreeMap::new());
-
-/// Takes a reference on `r`'s registration, registering it with `flags` (and
-/// `CU_MEMHOSTREGISTER_PORTABLE`) if it is the first.
-fn pin(r: &HostRegion, flags: u32) -> std::result::Result<bool, CuError> {
-    let mut pins = lock(&PINS);
-    if let Some(n) = pins.get_mut(&(r.addr, r.len)) {
-        *n += 1;
-        return Ok(false);
-    }
-    // SAFETY: the caller keeps [addr, addr + len) mapped until it unregisters it (trait
-    // contract); the driver pins those pages and only DMA's to them when a copy names them.
-    let rc = unsafe {
-        sys::cuMemHostRegister_v2(
-            r.addr as *mut c_void,
-            r.len,
-            sys::CU_MEMHOSTREGISTER_PORTABLE | flags,
-        )
-    };
-    check(rc, "cuMemHostRegister")?;
-    pins.insert((r.addr, r.len), 1);
-    Ok(true)
-}
-
-/// Drops a reference on `r`'s registration, unregistering it with the last.
-fn unpin(r: &HostRegion) {
-    let mut pins = lock(&PINS);
-    let Some(n) = pins.get_mut(&(r.addr, r.len)) else {
-        return;
-    };
-    *n -= 1;
-    if *n > 0 {
-        return;
-    }
-    pins.remove(&(r.addr, r.len));
-    // SAFETY: unregisters a range registered in `pin` that no backend uses any more.
-    let rc = unsafe { sys::cuMemHostUnregister(r.addr as *mut c_void) };
-    if let Err(e) = check(rc, "cuMemHostUnregister") {
-        tracing::warn!(addr = format_args!("{:#x}", r.addr), error = %e, "unpinning guest memory failed");
-    } else {
-        tracing::debug!(
-            addr = format_args!("{:#x}", r.addr),
-            len = r.len,
-            "guest memory unpinned"
-        );
-    }
-}
-
-impl Pinned {
-    fn covers(regions: &[HostRegion], addr: usize, len: usize) -> bool {
-        regions
-            .iter()
-            .any(|r| addr >= r.addr && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len))
-    }
 }
 
 /// A CUDA GPU as one worker sees it.
@@ -549,7 +484,7 @@ impl Drop for CudaGpu {
         if self.ctx.bind().is_ok() {
             let regions = std::mem::take(&mut *write(&self.pinned.regions));
             for r in regions {
-                unpin(&r);
+                pinned::unpin(&r);
             }
         }
         self.modules.clear(&self.mem);
@@ -779,52 +714,14 @@ impl Backend for CudaGpu {
 
     fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
-        let mut pinned = write(&self.pinned.regions);
-        let mut first_err = None;
-        for r in regions {
-            if r.len == 0 || pinned.contains(r) {
-                continue;
-            }
-            let t = Instant::now();
-            match pin(r, 0) {
-                Ok(fresh) => {
-                    tracing::info!(
-                        addr = format_args!("{:#x}", r.addr),
-                        len = r.len,
-                        ms = t.elapsed().as_secs_f64() * 1e3,
-                        shared = !fresh,
-                        "guest memory pinned for direct copies"
-                    );
-                    pinned.push(*r);
-                }
-                Err(e) => {
-                    tracing::warn!(addr = format_args!("{:#x}", r.addr), len = r.len, error = %e,
-                        "cannot pin guest memory; copies from it go through the driver's staging (slower)");
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match first_err {
-            None => Ok(()),
-            Some(e) => Err(BackendError::Device(format!(
-                "{e}; copies still work, at pageable-memory speed"
-            ))),
-        }
+        self.pinned.register(regions)
     }
 
     fn unregister_host_memory(&self, regions: &[HostRegion]) {
         if self.ctx.bind().is_err() {
             return;
         }
-        // Taking the write lock waits for copies that use the regions.
-        let mut pinned = write(&self.pinned.regions);
-        for r in regions {
-            if let Some(i) = pinned.iter().position(|p| p == r) {
-                pinned.swap_remove(i);
-                // No copy of ours uses it (write lock).
-                unpin(r);
-            }
-        }
+        self.pinned.unregister(regions);
     }
 
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {

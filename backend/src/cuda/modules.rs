@@ -20,20 +20,9 @@ use vgpu_proto::builtin::{KernelSig, KERNELS};
 use super::driver::{check, Context, CuError};
 use super::memory::DeviceMemory;
 use crate::error::{BackendError, Result};
-use crate::module_table::{
-    check_builtin, function_handle, printable, unterminated, ModuleCharge, ModuleTable,
-};
+use crate::module_table::{check_builtin, function_handle, printable, unterminated, ModuleTable};
 use crate::sync::lock;
 use crate::{module_footprint, FunctionInfo, ModuleImage};
-
-impl ModuleCharge for DeviceMemory {
-    fn charge_module(&self, bytes: u64) -> Result<()> {
-        self.charge_other(bytes)
-    }
-    fn uncharge_module(&self, bytes: u64) {
-        self.uncharge_other(bytes)
-    }
-}
 
 /// Most functions looked up in one PTX module.
 const MAX_FUNCTIONS: usize = 0xffff;
@@ -321,9 +310,9 @@ impl Modules {
         let reservation = match image {
             ModuleImage::Builtin(name) => {
                 check_builtin(name)?;
-                self.table.reserve(mem, module_footprint(&image))?
+                self.table.reserve(mem.ledger(), module_footprint(&image))?
             }
-            _ => self.table.reserve(mem, module_footprint(&image))?,
+            _ => self.table.reserve(mem.ledger(), module_footprint(&image))?,
         };
         let entry = match image {
             ModuleImage::Builtin(_) => Entry::Builtin,
@@ -363,7 +352,7 @@ impl Modules {
     /// Unloads a module, returning its charge to `mem`; running launches keep its code
     /// until they finish.
     pub fn unload(&self, mem: &DeviceMemory, module: u64) -> Result<()> {
-        self.table.remove(module, mem).map(|_| ())
+        self.table.remove(module, mem.ledger()).map(|_| ())
     }
 
     /// Looks a function up by name (the context is bound by the caller).
@@ -460,6 +449,6 @@ impl Modules {
 
     /// Drops every module (the backend is going away).
     pub fn clear(&self, mem: &DeviceMemory) {
-        self.table.clear(mem);
+        self.table.clear(mem.ledger());
     }
 }

@@ -234,14 +234,14 @@ impl GpuNamespace {
             len: page.len(),
         };
         // Registered (mapped) host memory, unregistered again if anything below fails.
-        super::pin(&host, sys::CU_MEMHOSTREGISTER_DEVICEMAP).map_err(cuda)?;
-        if let Err(e) = super::pin(&doorbells, sys::CU_MEMHOSTREGISTER_DEVICEMAP) {
-            super::unpin(&host);
+        super::pinned::pin(&host, sys::CU_MEMHOSTREGISTER_DEVICEMAP).map_err(cuda)?;
+        if let Err(e) = super::pinned::pin(&doorbells, sys::CU_MEMHOSTREGISTER_DEVICEMAP) {
+            super::pinned::unpin(&host);
             return Err(cuda(e));
         }
         let undo = |e: BackendError| {
-            super::unpin(&host);
-            super::unpin(&doorbells);
+            super::pinned::unpin(&host);
+            super::pinned::unpin(&doorbells);
             e
         };
         let host_dev = device_pointer(host.addr).map_err(|e| undo(cuda(e)))?;
@@ -376,11 +376,11 @@ impl Drop for GpuNamespace {
         // The controller forgets the queue first: nothing fetches SQEs from the region after.
         drop(self.queue.take());
         if self.ctx.bind().is_ok() {
-            super::unpin(&HostRegion {
+            super::pinned::unpin(&HostRegion {
                 addr: self.region.as_ptr() as usize,
                 len: self.region.len(),
             });
-            super::unpin(&self.doorbells);
+            super::pinned::unpin(&self.doorbells);
         }
         if self.poisoned {
             // A timed-out read may still land in the lines: the controller keeps the region

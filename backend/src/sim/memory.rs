@@ -235,15 +235,9 @@ impl DeviceMemory {
         self.space.ledger.usage()
     }
 
-    /// Charges `bytes` of device memory that is no allocation (a loaded module's) against
-    /// the capacity.
-    pub fn charge_other(&self, bytes: u64) -> Result<()> {
-        self.space.ledger.charge(bytes)
-    }
-
-    /// Returns a [`DeviceMemory::charge_other`] charge.
-    pub fn uncharge_other(&self, bytes: u64) {
-        self.space.ledger.uncharge(bytes)
+    /// The address space's accounts, which loaded modules are charged to as well.
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.space.ledger
     }
 
     /// Allocates `size` zero-filled bytes; returns (address, bytes charged).

@@ -7,19 +7,8 @@ use vgpu_proto::builtin::{self, KernelSig};
 
 use super::memory::DeviceMemory;
 use crate::error::{BackendError, Result};
-use crate::module_table::{
-    check_builtin, function_handle, printable, unterminated, ModuleCharge, ModuleTable,
-};
+use crate::module_table::{check_builtin, function_handle, printable, unterminated, ModuleTable};
 use crate::{module_footprint, FunctionInfo, ModuleImage};
-
-impl ModuleCharge for DeviceMemory {
-    fn charge_module(&self, bytes: u64) -> Result<()> {
-        self.charge_other(bytes)
-    }
-    fn uncharge_module(&self, bytes: u64) {
-        self.uncharge_other(bytes)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Module {
@@ -53,13 +42,13 @@ impl Modules {
                 ))
             }
         };
-        let reservation = self.table.reserve(mem, module_footprint(&image))?;
+        let reservation = self.table.reserve(mem.ledger(), module_footprint(&image))?;
         self.table.insert(module, reservation)
     }
 
     /// Unloads a module, returning its charge to `mem`.
     pub fn unload(&self, mem: &DeviceMemory, module: u64) -> Result<()> {
-        self.table.remove(module, mem).map(|_| ())
+        self.table.remove(module, mem.ledger()).map(|_| ())
     }
 
     /// Looks a function up by name.

@@ -116,9 +116,9 @@ fn churn(args: &Args) -> u8 {
             println!("churn: pass {}", pass + 1);
         }
     }
-    let sum = buf
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, &w| (h ^ w).wrapping_mul(0x0000_0100_0000_01b3));
+    let sum = buf.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &w| {
+        (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
+    });
     println!("churn: mib={mib} passes={passes} checksum={sum:#018x}");
     0
 }
