@@ -360,9 +360,11 @@ fn kill_mid_migration(tag: &str, which: &str) {
         ],
     );
     let c = &d.client;
+    // The neighbour computes for about 3 s, so it still holds its share on GPU 1 when the
+    // victim's worker or vmm is killed.
     let neighbour = c
         .create_vm(&gpu_load(
-            "rounds=200 spin_us=2000 check=5",
+            "rounds=1500 spin_us=2000 check=5",
             1,
             0.3,
             64 * MIB,
@@ -410,7 +412,7 @@ fn kill_mid_migration(tag: &str, which: &str) {
         freed.as_millis(),
         m.error
     );
-    neighbour_ok(c, neighbour.id, 200);
+    neighbour_ok(c, neighbour.id, 1500);
     let log = d.log_text();
     assert!(!log.contains("panicked"), "{log}");
 }

@@ -28,8 +28,10 @@ use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
 use vgpu_grant::WorkerFds;
 
-/// How long a worker may take to bind its socket.
-pub(super) const WORKER_START: Duration = Duration::from_secs(5);
+/// How long a worker may take to bind its socket. A cuda worker creates its GPU context
+/// first, and the driver creates the contexts of one GPU one after another: a burst of 16
+/// launches on an H200 took more than 5 s.
+pub(super) const WORKER_START: Duration = Duration::from_secs(30);
 
 /// The vhost-user socket's name in a worker's directory.
 const VHOST_SOCKET: &str = "vgpu.sock";
