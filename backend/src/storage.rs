@@ -38,47 +38,6 @@ pub struct NamespaceSpec {
     pub read_only: bool,
 }
 
-impl NamespaceSpec {
-    /// Parses the worker's `--storage` value: `ID=PATH`, `ID=PATH:ro` or `ID=PATH:rw`
-    /// (read-only unless `:rw`).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (id, rest) = s
-            .split_once('=')
-            .ok_or_else(|| format!("{s:?}: give ID=PATH[:ro|:rw], e.g. 1=/data/graph.bin:ro"))?;
-        let id: u32 = id
-            .trim()
-            .parse()
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| format!("{s:?}: the namespace id {id:?} must be a number >= 1"))?;
-        let (path, read_only) = if let Some(p) = rest.strip_suffix(":ro") {
-            (p, true)
-        } else if let Some(p) = rest.strip_suffix(":rw") {
-            (p, false)
-        } else {
-            (rest, true)
-        };
-        if path.is_empty() {
-            return Err(format!("{s:?}: the path is empty"));
-        }
-        Ok(Self {
-            id,
-            path: PathBuf::from(path),
-            read_only,
-        })
-    }
-
-    /// The worker's `--storage` value for this spec (what [`NamespaceSpec::parse`] reads).
-    pub fn to_arg(&self) -> String {
-        format!(
-            "{}={}:{}",
-            self.id,
-            self.path.display(),
-            if self.read_only { "ro" } else { "rw" }
-        )
-    }
-}
-
 /// What `STORAGE_ATTACH` tells the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attached {
@@ -303,22 +262,6 @@ pub(crate) fn error(kernel: &str, e: vgpu_storage::Error) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn storage_args_parse_and_print() {
-        let s = NamespaceSpec::parse("1=/tmp/a:b.bin").expect("plain");
-        assert_eq!((s.id, s.read_only), (1, true));
-        assert_eq!(s.path, PathBuf::from("/tmp/a:b.bin"));
-        let s = NamespaceSpec::parse("7=/x:rw").expect("rw");
-        assert_eq!(
-            (s.id, s.read_only, s.to_arg().as_str()),
-            (7, false, "7=/x:rw")
-        );
-        assert_eq!(NamespaceSpec::parse(&s.to_arg()), Ok(s));
-        for bad in ["", "x=/a", "0=/a", "1=", "1=:ro", "/a"] {
-            assert!(NamespaceSpec::parse(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn unknown_duplicate_and_missing_namespaces_are_errors() {

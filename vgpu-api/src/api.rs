@@ -197,6 +197,40 @@ impl StorageAttachment {
             read_only,
         })
     }
+
+    /// The `--storage` value for this attachment, as vgpud hands it to the worker (what
+    /// [`StorageAttachment::parse`] reads back).
+    pub fn to_arg(&self) -> String {
+        format!(
+            "{}={}:{}",
+            self.namespace,
+            self.path,
+            if self.read_only { "ro" } else { "rw" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod storage_arg_tests {
+    use super::StorageAttachment;
+
+    #[test]
+    fn storage_args_parse_and_print() {
+        let s = StorageAttachment::parse("1=/tmp/a:b.bin").expect("plain");
+        assert_eq!(
+            (s.namespace, s.read_only, s.path.as_str()),
+            (1, true, "/tmp/a:b.bin")
+        );
+        let s = StorageAttachment::parse("7=/x:rw").expect("rw");
+        assert_eq!(
+            (s.namespace, s.read_only, s.to_arg().as_str()),
+            (7, false, "7=/x:rw")
+        );
+        assert_eq!(StorageAttachment::parse(&s.to_arg()), Ok(s));
+        for bad in ["", "1", "x=/a", "0=/a", "1=", "1=:ro", "/a"] {
+            assert!(StorageAttachment::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -177,23 +177,4 @@ mod tests {
             vgpu_api::control::EXIT_KERNEL_HARD_LIMIT
         );
     }
-    use vgpu_api::api::StorageAttachment;
-    use vgpu_backend::storage::NamespaceSpec;
-
-    #[test]
-    fn vgpuctl_and_the_worker_read_storage_specs_alike() {
-        for s in ["1=/d/a.bin", "2=/d/b.bin:ro", "3=/d/c:rw", "7=x:y:rw"] {
-            let n = NamespaceSpec::parse(s).expect("worker");
-            let a = StorageAttachment::parse(s).expect("vgpuctl");
-            assert_eq!(
-                (a.namespace, a.path.as_str(), a.read_only),
-                (n.id, n.path.to_str().unwrap_or_default(), n.read_only),
-                "{s}"
-            );
-        }
-        for s in ["", "1", "0=/x", "a=/x", "1=", "1=:ro"] {
-            assert!(NamespaceSpec::parse(s).is_err(), "{s}");
-            assert!(StorageAttachment::parse(s).is_err(), "{s}");
-        }
-    }
 }

@@ -123,8 +123,8 @@ struct Args {
     /// Attach a storage namespace for GPU-initiated reads, `ID=PATH[:ro|:rw]`
     /// (read-only unless `:rw`); repeat for more. The guest attaches it with
     /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
-    #[arg(long, value_parser = vgpu_backend::storage::NamespaceSpec::parse)]
-    storage: Vec<vgpu_backend::storage::NamespaceSpec>,
+    #[arg(long, value_parser = vgpu_api::api::StorageAttachment::parse)]
+    storage: Vec<vgpu_api::api::StorageAttachment>,
     /// The system call filter installed once start-up is done: `kill` (a call outside it
     /// kills the worker with SIGSYS), `log` (the kernel logs it and lets it through: for
     /// finding what the filter misses) or `off`. vgpud passes its `--worker-seccomp`.
@@ -189,7 +189,15 @@ impl Args {
             oversubscribe: self.oversubscribe,
             shm: self.shm,
             poll: Duration::from_micros(self.poll_us),
-            storage: self.storage,
+            storage: self
+                .storage
+                .into_iter()
+                .map(|a| vgpu_backend::storage::NamespaceSpec {
+                    id: a.namespace,
+                    path: a.path.into(),
+                    read_only: a.read_only,
+                })
+                .collect(),
             seccomp: self.seccomp,
             control_listen: self.control_listen,
             secret_file: self.secret_file,

@@ -133,16 +133,6 @@ fn check_path(s: &StorageAttachment) -> Result<(), String> {
     Ok(())
 }
 
-/// The worker's `--storage` value for `s` (`vgpu_backend::storage::NamespaceSpec::parse`).
-pub(super) fn worker_arg(s: &StorageAttachment) -> String {
-    format!(
-        "{}={}:{}",
-        s.namespace,
-        s.path,
-        if s.read_only { "ro" } else { "rw" }
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,7 +183,7 @@ mod tests {
             assert_eq!(err.field.as_deref(), Some(field), "{err:?}");
             assert!(err.error.contains(says), "{err:?}");
         }
-        assert_eq!(worker_arg(&att(3, "/a:b")), "3=/a:b:ro");
+        assert_eq!(att(3, "/a:b").to_arg(), "3=/a:b:ro");
         // Under a root: a file inside passes; outside, `..` and a symlink out are refused.
         let root = dir.join(format!("vgpud-storage-root-{}", std::process::id()));
         std::fs::create_dir_all(&root).expect("mkdir");

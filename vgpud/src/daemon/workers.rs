@@ -21,7 +21,6 @@ use super::error::ApiError;
 use super::link::{self, Link};
 use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
-use super::storage;
 use super::GpuConfig;
 use crate::api::{VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody};
@@ -288,7 +287,7 @@ impl Daemon {
         }
         cmd.arg("--shm");
         for s in &rec.storage {
-            cmd.arg("--storage").arg(storage::worker_arg(s));
+            cmd.arg("--storage").arg(s.to_arg());
         }
         let sandbox = &self.cfg.workers;
         cmd.args(["--seccomp", sandbox.seccomp.as_str()])
