@@ -93,6 +93,28 @@ fn text(canvas: &mut Canvas<'_, '_>, s: &str, x: i32, y: i32, bold: bool, color:
     .draw(canvas);
 }
 
+/// Writes `s` at pixel (`x`, `y`) of `area` (its top-left corner) in the bitmap font
+/// (bold: 9x15, else 6x10): text without system fonts, for every plot of the project.
+pub fn draw_text(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    s: &str,
+    x: i32,
+    y: i32,
+    bold: bool,
+    color: RGBColor,
+) {
+    let (w, h) = area.dim_in_pixel();
+    let mut canvas = Canvas { area, size: (w, h) };
+    text(
+        &mut canvas,
+        s,
+        x,
+        y,
+        bold,
+        Rgb888::new(color.0, color.1, color.2),
+    );
+}
+
 /// Draws `lines` (time in seconds against a fraction, shown as %) into a 960x540 PNG.
 pub fn utilization_png(
     path: &Path,

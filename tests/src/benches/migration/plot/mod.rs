@@ -2,12 +2,6 @@
 
 use std::path::Path;
 
-use embedded_graphics::mono_font::ascii::{FONT_6X10, FONT_9X15_BOLD};
-use embedded_graphics::mono_font::MonoTextStyle;
-use embedded_graphics::pixelcolor::{Rgb888, RgbColor as _};
-use embedded_graphics::prelude::{DrawTarget, OriginDimensions, Point as EgPoint, Size};
-use embedded_graphics::text::{Baseline, Text};
-use embedded_graphics::Drawable;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -26,45 +20,8 @@ const GRID: RGBColor = RGBColor(225, 225, 225);
 
 type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
-struct Canvas<'a, 'b> {
-    area: &'a Area<'b>,
-    size: (u32, u32),
-}
-
-impl OriginDimensions for Canvas<'_, '_> {
-    fn size(&self) -> Size {
-        Size::new(self.size.0, self.size.1)
-    }
-}
-
-impl DrawTarget for Canvas<'_, '_> {
-    type Color = Rgb888;
-    type Error = std::convert::Infallible;
-
-    fn draw_iter<I>(&mut self, pixels: I) -> Result<(), Self::Error>
-    where
-        I: IntoIterator<Item = embedded_graphics::Pixel<Self::Color>>,
-    {
-        for embedded_graphics::Pixel(p, c) in pixels {
-            let _ = self
-                .area
-                .draw_pixel((p.x, p.y), &RGBColor(c.r(), c.g(), c.b()));
-        }
-        Ok(())
-    }
-}
-
 fn text(area: &Area<'_>, s: &str, x: i32, y: i32, bold: bool, c: RGBColor) {
-    let (w, h) = area.dim_in_pixel();
-    let mut canvas = Canvas { area, size: (w, h) };
-    let font = if bold { &FONT_9X15_BOLD } else { &FONT_6X10 };
-    let _ = Text::with_baseline(
-        s,
-        EgPoint::new(x, y),
-        MonoTextStyle::new(font, Rgb888::new(c.0, c.1, c.2)),
-        Baseline::Top,
-    )
-    .draw(&mut canvas);
+    vgpuctl::plot::draw_text(area, s, x, y, bold, c);
 }
 
 fn err(e: &dyn std::fmt::Display) -> String {
