@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use vgpu_backend::cuda::ContextLimits;
 use vgpu_backend::{
     Backend, BackendError, CudaConfig, CudaGpu, HostRegion, LaunchConfig, ModuleImage, SimConfig,
     SimGpu, DEFAULT_VA_BASE,
@@ -39,19 +40,42 @@ fn cuda_skip() -> Option<&'static str> {
     .as_deref()
 }
 
+/// What GPU 0's context reserves at the default limits: charged to every cuda share at
+/// start, before anything is allocated.
+fn cuda_reserve() -> u64 {
+    static RESERVE: OnceLock<u64> = OnceLock::new();
+    *RESERVE.get_or_init(|| {
+        CudaGpu::context_reserve_of(0, &ContextLimits::default())
+            .expect("context reserve")
+            .total()
+            .expect("reserve fits u64")
+    })
+}
+
 /// A fresh cuda backend with its own address range (tests run in parallel in one process,
-/// all in the device's primary context).
+/// all in the device's primary context) and `memory` bytes to allocate beside its context
+/// reserve.
 fn cuda(memory: u64) -> CudaGpu {
+    cuda_with(memory + cuda_reserve(), ContextLimits::default())
+}
+
+/// A fresh cuda backend whose share is `memory` (the context reserve included) and whose
+/// context has `limits`.
+fn cuda_with(memory: u64, limits: ContextLimits) -> CudaGpu {
+    try_cuda(memory, limits).expect("cuda backend")
+}
+
+fn try_cuda(memory: u64, limits: ContextLimits) -> Result<CudaGpu, BackendError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let k = NEXT.fetch_add(1, Ordering::Relaxed);
     CudaGpu::new(CudaConfig {
         ordinal: 0,
         memory,
+        limits,
         va_base: DEFAULT_VA_BASE + (k + 1) * (64 << 30),
         va_size: 16 << 30,
         ..CudaConfig::default()
     })
-    .expect("cuda backend")
 }
 
 fn sim(memory: u64) -> SimGpu {
@@ -163,6 +187,8 @@ fn status<T: std::fmt::Debug>(r: Result<T, BackendError>) -> Status {
 #[test]
 fn alloc_free_accounting_and_zeroed_reuse() {
     each(256 * MIB, |name, b| {
+        // The context reserve (cuda; 0 on sim) is charged from the start.
+        let base = b.memory_usage().used;
         let info = b.info().clone();
         let g = info.alloc_granularity;
         assert!(g >= 4096 && g.is_power_of_two(), "{name}: granularity {g}");
@@ -178,7 +204,7 @@ fn alloc_free_accounting_and_zeroed_reuse() {
         let charged = (3 * MIB + 5).div_ceil(g) * g;
         assert_eq!(big.charged, charged, "{name}");
         let u = b.memory_usage();
-        assert_eq!((u.used, u.allocations), (g + charged, 2), "{name}");
+        assert_eq!((u.used, u.allocations), (base + g + charged, 2), "{name}");
         assert!(
             get(b, big.addr, (3 * MIB + 5) as usize)
                 .expect("read")
@@ -199,7 +225,7 @@ fn alloc_free_accounting_and_zeroed_reuse() {
             "{name}: double free"
         );
         assert_eq!(status(b.free(0)), Status::BadDevicePointer, "{name}");
-        assert_eq!(b.memory_usage().used, g, "{name}");
+        assert_eq!(b.memory_usage().used, base + g, "{name}");
         let again = b.alloc(3 * MIB + 5).expect("alloc");
         assert!(
             get(b, again.addr, (3 * MIB) as usize)

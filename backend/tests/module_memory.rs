@@ -28,9 +28,14 @@ fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
         Ok(_) => {
             static NEXT: AtomicU64 = AtomicU64::new(0);
             let k = NEXT.fetch_add(1, Ordering::Relaxed);
+            // `memory` beside the context's reserve, which the share holds too.
+            let reserve = CudaGpu::context_reserve_of(0, &Default::default())
+                .expect("context reserve")
+                .total()
+                .expect("reserve fits u64");
             let cuda = CudaGpu::new(CudaConfig {
                 ordinal: 0,
-                memory,
+                memory: memory + reserve,
                 // Clear of conformance.rs's ranges.
                 va_base: DEFAULT_VA_BASE + (k + 40) * (64 << 30),
                 va_size: 16 << 30,
@@ -54,10 +59,12 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
     // 2 MiB for an allocation and ten pages for modules.
     let capacity = 2 * MIB + 10 * MODULE_PAGE;
     each(capacity, |name, b| {
+        // The context reserve (cuda; 0 on sim) is charged from the start.
+        let base = b.memory_usage().used;
         let page = module_footprint(&ModuleImage::Builtin(b"builtin"));
         assert_eq!(page, MODULE_PAGE);
         let a = b.alloc(2 * MIB).expect("alloc");
-        assert_eq!(b.memory_usage().used, 2 * MIB, "{name}");
+        assert_eq!(b.memory_usage().used, base + 2 * MIB, "{name}");
         let mut loaded = Vec::new();
         for i in 0..10 {
             loaded.push(
@@ -66,21 +73,25 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             );
         }
         let u = b.memory_usage();
-        assert_eq!(u.used, capacity, "{name}: modules count in memory_usage");
+        assert_eq!(
+            u.used,
+            base + capacity,
+            "{name}: modules count in memory_usage"
+        );
         let e = b
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect_err("over the capacity");
         assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
         assert!(e.to_string().contains("module memory"), "{name}: {e}");
         // A refused load charged nothing; allocations see the modules too.
-        assert_eq!(b.memory_usage().used, capacity, "{name}");
+        assert_eq!(b.memory_usage().used, base + capacity, "{name}");
         assert_eq!(
             b.alloc(MODULE_PAGE).expect_err("full").status(),
             Status::OutOfMemory
         );
         // Unloading gives the pages back.
         b.module_unload(loaded.pop().expect("one")).expect("unload");
-        assert_eq!(b.memory_usage().used, capacity - page, "{name}");
+        assert_eq!(b.memory_usage().used, base + capacity - page, "{name}");
         loaded.push(
             b.module_load(ModuleImage::Builtin(b"builtin"))
                 .expect("room again"),
@@ -89,7 +100,7 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             b.module_unload(m).expect("unload");
         }
         b.free(a.addr).expect("free");
-        assert_eq!(b.memory_usage().used, 0, "{name}");
+        assert_eq!(b.memory_usage().used, base, "{name}");
     });
 }
 
@@ -104,6 +115,7 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
     let fp = module_footprint(&ModuleImage::Ptx(huge.as_bytes()));
     assert!(fp > MAX_MODULE_MEMORY);
     each(64 * MIB, |name, b| {
+        let base = b.memory_usage().used;
         let e = b
             .module_load(ModuleImage::Ptx(huge.as_bytes()))
             .expect_err("refused");
@@ -121,7 +133,7 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
             let m = b
                 .module_load(ModuleImage::Ptx(half.as_bytes()))
                 .expect("fits");
-            assert!(b.memory_usage().used >= 32 * MIB, "{name}");
+            assert!(b.memory_usage().used >= base + 32 * MIB, "{name}");
             b.alloc(30 * MIB).expect("alloc beside it");
             assert_eq!(
                 b.module_load(ModuleImage::Ptx(half.as_bytes()))

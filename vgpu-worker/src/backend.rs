@@ -31,6 +31,9 @@ pub struct GpuSpec {
     pub ordinal: i32,
     /// The vGPU's memory share: the pager's limit, and a cuda GPU's allocation limit.
     pub memory: u64,
+    /// The CUDA context's stack, heap and printf FIFO (cuda): what they reserve is charged
+    /// to `memory`.
+    pub cuda_limits: vgpu_backend::cuda::ContextLimits,
     /// Memory of the simulated GPU; None: `memory`.
     pub sim_memory: Option<u64>,
     pub sim_copy_bw: u64,
@@ -108,6 +111,7 @@ pub fn build(
             CudaConfig {
                 ordinal: spec.ordinal,
                 memory: spec.memory,
+                limits: spec.cuda_limits,
                 ..CudaConfig::default()
             },
             storage,

@@ -79,6 +79,20 @@ struct Args {
     /// CUDA device ordinal of the GPU to use (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     gpu: i32,
+    /// Stack (local memory) per GPU thread on a CUDA GPU. The driver reserves it for every
+    /// thread the GPU can hold at once (132 SMs x 2048 threads on the H200: 264 MiB at
+    /// 1K), and that reserve is charged to --memory; a kernel needing more local memory
+    /// per thread is refused.
+    #[arg(long, value_parser = parse_size, default_value = "1K")]
+    cuda_stack: u64,
+    /// Device `malloc` heap of the CUDA context (charged to --memory; the driver takes at
+    /// least 4M).
+    #[arg(long, value_parser = parse_size, default_value = "8M")]
+    cuda_heap: u64,
+    /// printf FIFO of the CUDA context (charged to --memory; the driver takes at least
+    /// 512K).
+    #[arg(long, value_parser = parse_size, default_value = "1M")]
+    cuda_printf_fifo: u64,
     /// Memory of the simulated GPU [default: the --memory value].
     #[arg(long, value_parser = parse_size)]
     sim_memory: Option<u64>,
@@ -175,6 +189,11 @@ impl Args {
                 kind: self.backend,
                 ordinal: self.gpu,
                 memory,
+                cuda_limits: vgpu_backend::cuda::ContextLimits {
+                    stack_bytes: self.cuda_stack,
+                    heap_bytes: self.cuda_heap,
+                    printf_fifo_bytes: self.cuda_printf_fifo,
+                },
                 sim_memory: self.sim_memory,
                 sim_copy_bw: self.sim_copy_bw,
                 sim_speed: self.sim_speed,

@@ -27,6 +27,7 @@ mod hard_limit;
 #[cfg(test)]
 mod hard_limit_tests;
 mod lanes;
+mod limits;
 mod memory;
 mod modules;
 mod pinned;
@@ -53,10 +54,12 @@ use crate::{
 use driver::{check, Context, CuError};
 pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
 use lanes::Lanes;
+pub use limits::{ContextLimits, ContextReserve, DEFAULT_HEAP, DEFAULT_PRINTF_FIFO, DEFAULT_STACK};
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
 use pinned::Pinned;
 
+use crate::space::Reserve;
 use crate::sync::{lock, read, write};
 pub use modules::BUILTIN_PTX;
 pub use storage::STORAGE_PTX;
@@ -84,6 +87,9 @@ pub struct CudaConfig {
     /// memory is staged at other addresses until the switch
     /// ([`Relocatable::occupy_addresses`]), since the source holds the vGPU's range.
     pub migration_target: bool,
+    /// Stack, heap and printf FIFO limits set on the context; what they reserve is charged
+    /// to `memory` (docs/cuda.md, "Context reserve").
+    pub limits: ContextLimits,
 }
 
 impl Default for CudaConfig {
@@ -94,6 +100,7 @@ impl Default for CudaConfig {
             va_base: DEFAULT_VA_BASE,
             va_size: DEFAULT_VA_SIZE,
             migration_target: false,
+            limits: ContextLimits::default(),
         }
     }
 }
@@ -134,6 +141,9 @@ pub struct CudaGpu {
     attr_lock: Mutex<()>,
     /// Storage namespaces and what the GPU's storage kernels use of them.
     storage: storage::GpuStorage,
+    /// What the context's limits reserve (charged to the ledger at start); a launch needing
+    /// more local memory per thread than its stack is refused.
+    reserve: ContextReserve,
     ctx: Arc<Context>,
 }
 
@@ -195,6 +205,14 @@ impl CudaGpu {
         }
         let ctx = Context::primary(dev).map_err(memory::dev_err)?;
         let capacity = cfg.memory.min(props.total_memory);
+        let reserve = limits::apply(dev, &cfg.limits).map_err(memory::dev_err)?;
+        let reserve_bytes = reserve.total().filter(|r| *r <= capacity).ok_or_else(|| {
+            BackendError::ContextReserve {
+                share: capacity,
+                reserve: reserve.total().unwrap_or(u64::MAX),
+                detail: reserve.detail(),
+            }
+        })?;
         let mem = DeviceMemory::new(
             &ctx,
             cfg.ordinal,
@@ -203,6 +221,13 @@ impl CudaGpu {
             capacity,
             cfg.migration_target,
         )?;
+        mem.ledger()
+            .charge_reserve(Reserve::Context, reserve_bytes)
+            .map_err(|_| BackendError::ContextReserve {
+                share: capacity,
+                reserve: reserve_bytes,
+                detail: reserve.detail(),
+            })?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
         let info = BackendInfo {
@@ -225,6 +250,17 @@ impl CudaGpu {
             sms = props.sm_count, device_memory = props.total_memory, capacity,
             va_base = format_args!("{:#x}", cfg.va_base), granularity = mem.granularity(),
             builtin_jit_ms = t.elapsed().as_millis() as u64, "CUDA GPU ready");
+        tracing::info!(
+            gpu = cfg.ordinal,
+            context_reserve = reserve_bytes,
+            stack = reserve.stack_bytes,
+            heap = reserve.heap_bytes,
+            printf_fifo = reserve.printf_fifo_bytes,
+            sms = reserve.sms,
+            threads_per_sm = reserve.threads_per_sm,
+            share = capacity,
+            "CUDA context reserve charged to the vGPU's memory share"
+        );
         Ok(Self {
             info,
             mem,
@@ -238,8 +274,23 @@ impl CudaGpu {
             kernel_limit: DEFAULT_KERNEL_LIMIT,
             attr_lock: Mutex::new(()),
             storage: storage::GpuStorage::new(None),
+            reserve,
             ctx,
         })
+    }
+
+    /// What GPU `ordinal`'s context reserves under `limits` (the bytes a vGPU's share
+    /// must hold before it allocates anything), as [`CudaGpu::new`] charges it.
+    pub fn context_reserve_of(ordinal: i32, limits: &ContextLimits) -> Result<ContextReserve> {
+        driver::init().map_err(BackendError::Device)?;
+        let (dev, _) = driver::device(ordinal).map_err(memory::dev_err)?;
+        let _ctx = Context::primary(dev).map_err(memory::dev_err)?;
+        limits::apply(dev, limits).map_err(memory::dev_err)
+    }
+
+    /// What this vGPU's context reserves (charged to its memory share since it started).
+    pub fn context_reserve(&self) -> ContextReserve {
+        self.reserve
     }
 
     /// Lets the built-in storage kernels read the namespaces of `set` (the same set the
@@ -316,6 +367,8 @@ impl CudaGpu {
         args: &[ArgValue],
     ) -> Result<u64> {
         const KERNEL: &str = "PTX function";
+        // The driver would grow every thread's stack to the function's need, uncharged.
+        limits::check_local(f.name(), f.local_bytes, self.reserve.stack_bytes)?;
         if args.len() != f.params.len() {
             return Err(BackendError::BadArgCount {
                 kernel: KERNEL,

@@ -146,6 +146,23 @@ fn param_info(f: Func) -> std::result::Result<Vec<(u32, u32)>, CuError> {
     Ok(sizes)
 }
 
+/// Local memory per thread `f` needs (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
+fn local_bytes(f: Func) -> std::result::Result<u64, CuError> {
+    let mut v: std::ffi::c_int = 0;
+    check(
+        // SAFETY: `f` is a live function; writes one int into `v`, which lives on this frame.
+        unsafe {
+            sys::cuFuncGetAttribute(
+                &mut v,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                f.0,
+            )
+        },
+        "cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)",
+    )?;
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
 /// The built-in kernels, loaded once per backend.
 #[derive(Debug)]
 pub struct Builtins {
@@ -259,6 +276,9 @@ pub struct PtxFunc {
     pub layout: Arc<[(u32, u32)]>,
     /// Dynamic shared memory the function may use now (raised on demand).
     pub shared_limit: Arc<std::sync::atomic::AtomicU32>,
+    /// Local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`), checked against the
+    /// context's stack limit at launch.
+    pub local_bytes: u64,
 }
 
 impl PtxFunc {
@@ -412,12 +432,15 @@ impl Modules {
                     .into();
                 let params: Arc<[u32]> = layout.iter().map(|(_, size)| *size).collect();
                 let count = params.len() as u32;
+                let local_bytes =
+                    local_bytes(func).map_err(|e| BackendError::Device(e.to_string()))?;
                 funcs.push(PtxFunc {
                     name: String::from_utf8_lossy(name).into(),
                     func,
                     params,
                     layout,
                     shared_limit: Arc::new(std::sync::atomic::AtomicU32::new(48 << 10)),
+                    local_bytes,
                 });
                 Ok(FunctionInfo {
                     handle: function_handle(module, funcs.len() - 1),

@@ -67,6 +67,8 @@ pub struct Pager {
     /// Loaded modules and the bytes each holds (their footprint), which count against the
     /// share beside the allocations: module memory is never swapped.
     modules: std::sync::Mutex<BTreeMap<u64, u64>>,
+    /// Bytes charged beside the allocations and never swapped: the modules' footprints, and
+    /// what the wrapped backend charged before the pager took over (its context reserve).
     module_bytes: AtomicU64,
 }
 
@@ -89,6 +91,7 @@ impl Pager {
     /// plus its swap-area buffers.
     pub fn new(inner: Arc<dyn Backend>, broker: Arc<dyn Broker>, share: u64) -> Self {
         let granule = inner.paging().map_or(0, |p| p.commit_granule());
+        let fixed = inner.memory_usage().used;
         Self {
             inner,
             broker,
@@ -98,7 +101,7 @@ impl Pager {
             tick: AtomicU64::new(0),
             counters: Counters::default(),
             modules: std::sync::Mutex::new(BTreeMap::new()),
-            module_bytes: AtomicU64::new(0),
+            module_bytes: AtomicU64::new(fixed),
         }
     }
 
