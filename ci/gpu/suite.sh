@@ -26,6 +26,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEP_TABLE="
 ptx|check|120|nvcc regenerates the committed PTX of the cuda kernels (diff of the bodies)
 conformance|check|180|the Backend conformance suite on sim and cuda, pager swapping on cuda
+charge|check|180|every byte a vGPU causes is charged: the context reserve from the start, a share below it refused, a kernel needing more local memory than the stack refused (and run with a larger stack), the storage setup charged once and refused when it does not fit
 isolation|check|120|a CUDA context is no isolation, a process is: a foreign address faults alone
 gpu-guests|check|300|payload guests (vecadd, streams, hostile) under KVM through vgpu-worker --backend cuda
 storage|check|180|the storage kernels as GPU threads, backend level, sim and cuda
@@ -90,6 +91,9 @@ step_ptx() {
     return "$rc"
 }
 step_conformance() { "$(tb conformance)" --test-threads 8; }
+step_charge() {
+    "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
+}
 step_isolation() { "$(tb isolation)" --nocapture --test-threads 2; }
 step_gpu-guests() { "$(tb gpu)" --nocapture --test-threads 1; }
 step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
@@ -244,7 +248,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror|context reserve|setup charged'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
