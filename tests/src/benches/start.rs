@@ -19,8 +19,15 @@ use crate::worker::Worker;
 const HELLO: &str = "hello from vgpu payload";
 /// Longest a single start may take before the bench gives up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
-/// Each vGPU's memory share.
-const VGPU_MEMORY: u64 = 64 << 20;
+/// Each vGPU's memory share on `backend`: a cuda share holds the context's reserve
+/// (stacks of every resident thread: 273 MiB on the H200 at the default limits).
+fn vgpu_memory(backend: &str) -> u64 {
+    if backend == "cuda" {
+        512 << 20
+    } else {
+        64 << 20
+    }
+}
 
 /// What `vgpu-bench start` measures.
 pub struct Params {
@@ -45,10 +52,12 @@ pub fn run(p: &Params) -> Vec<Figure> {
     let d = TestDaemon::start("bench-start", &backend_args);
     let c = &d.client;
     // The first launch warms the page cache for the programs and the payload.
-    let _ = start_via_vgpud(c);
-    let single: Vec<f64> = (0..p.runs).map(|_| start_via_vgpud(c)).collect();
+    let _ = start_via_vgpud(c, vgpu_memory(&p.backend));
+    let single: Vec<f64> = (0..p.runs)
+        .map(|_| start_via_vgpud(c, vgpu_memory(&p.backend)))
+        .collect();
     let by_hand: Vec<f64> = (0..p.runs).map(|_| start_by_hand(&p.backend)).collect();
-    let all = time_concurrent(p.concurrent, || start_via_vgpud(c));
+    let all = time_concurrent(p.concurrent, || start_via_vgpud(c, vgpu_memory(&p.backend)));
     let all_by_hand = time_concurrent(p.concurrent, || start_by_hand(&p.backend));
     drop(d);
     let k = p.concurrent;
@@ -91,7 +100,7 @@ fn time_concurrent(k: usize, start: impl Fn() -> f64 + Sync) -> f64 {
 
 /// One VM with an inline vGPU through vgpud: ms from the REST call to `main`. The VM is
 /// removed afterwards.
-fn start_via_vgpud(c: &Client) -> f64 {
+fn start_via_vgpud(c: &Client, share: u64) -> f64 {
     let req = VmCreate {
         payload: Some(payload("hello").display().to_string()),
         payload_arg: String::new(),
@@ -103,7 +112,7 @@ fn start_via_vgpud(c: &Client) -> f64 {
         vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: None,
-            memory_bytes: VGPU_MEMORY,
+            memory_bytes: share,
             compute_share: 0.01,
             copy_share: None,
             priority: 0,
@@ -148,7 +157,8 @@ fn start_by_hand(backend: &str) -> f64 {
         &[]
     };
     let t = Instant::now();
-    let worker = Worker::start(backend, &format!("bench-start-{n}"), "64M", 1, extra)
+    let share = vgpu_memory(backend).to_string();
+    let worker = Worker::start(backend, &format!("bench-start-{n}"), &share, 1, extra)
         .unwrap_or_else(|e| fail(&e));
     let mut spec = std::ffi::OsString::from("socket=");
     spec.push(worker.socket.as_os_str());
