@@ -904,7 +904,9 @@ fn pager_keeps_every_byte_through_swapping() {
     }
     for (name, inner) in backends {
         let broker = LocalBroker::new(16 * MIB, 0);
-        let p = Arc::new(Pager::new(inner, broker.member(1, 0), 128 * MIB));
+        // 128 MiB beside what the backend charged at start (cuda: its context reserve).
+        let share = 128 * MIB + inner.memory_usage().used;
+        let p = Arc::new(Pager::new(inner, broker.member(1, 0), share));
         broker.attach(1, &p);
         let bufs: Vec<u64> = (0..4)
             .map(|_| p.alloc(8 * MIB).expect("alloc").addr)

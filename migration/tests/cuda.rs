@@ -225,7 +225,9 @@ fn swapped_out_memory_moves_swapped_and_comes_back_intact() {
     let base = va_base();
     let broker = LocalBroker::new(16 * MIB, 0);
     let mig = Arc::new(Migratable::new(gpu(0, base, false)));
-    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), 32 * MIB));
+    // 32 MiB beside the context reserve the GPU charged at start.
+    let share = 32 * MIB + mig.memory_usage().used;
+    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), share));
     broker.attach(1, &pager);
     let bufs: Vec<u64> = (0..4)
         .map(|_| pager.alloc(8 * MIB).expect("alloc").addr)
