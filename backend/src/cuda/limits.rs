@@ -156,6 +156,26 @@ pub(super) fn apply(dev: sys::CUdevice, limits: &ContextLimits) -> Result<Contex
     })
 }
 
+impl super::CudaGpu {
+    /// What GPU `ordinal`'s context reserves under `limits` (the bytes a vGPU's share
+    /// must hold before it allocates anything), as [`CudaGpu::new`](super::CudaGpu::new)
+    /// charges it.
+    pub fn context_reserve_of(
+        ordinal: i32,
+        limits: &ContextLimits,
+    ) -> crate::Result<ContextReserve> {
+        super::driver::init().map_err(crate::BackendError::Device)?;
+        let (dev, _) = super::driver::device(ordinal).map_err(super::memory::dev_err)?;
+        let _ctx = super::driver::Context::primary(dev).map_err(super::memory::dev_err)?;
+        apply(dev, limits).map_err(super::memory::dev_err)
+    }
+
+    /// What this vGPU's context reserves (charged to its memory share since it started).
+    pub fn context_reserve(&self) -> ContextReserve {
+        self.reserve
+    }
+}
+
 /// Refuses a function needing `need` bytes of local memory per thread when the context's
 /// stack limit is `limit`.
 pub(super) fn check_local(function: &str, need: u64, limit: u64) -> crate::Result<()> {

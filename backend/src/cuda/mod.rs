@@ -279,20 +279,6 @@ impl CudaGpu {
         })
     }
 
-    /// What GPU `ordinal`'s context reserves under `limits` (the bytes a vGPU's share
-    /// must hold before it allocates anything), as [`CudaGpu::new`] charges it.
-    pub fn context_reserve_of(ordinal: i32, limits: &ContextLimits) -> Result<ContextReserve> {
-        driver::init().map_err(BackendError::Device)?;
-        let (dev, _) = driver::device(ordinal).map_err(memory::dev_err)?;
-        let _ctx = Context::primary(dev).map_err(memory::dev_err)?;
-        limits::apply(dev, limits).map_err(memory::dev_err)
-    }
-
-    /// What this vGPU's context reserves (charged to its memory share since it started).
-    pub fn context_reserve(&self) -> ContextReserve {
-        self.reserve
-    }
-
     /// Lets the built-in storage kernels read the namespaces of `set` (the same set the
     /// device layer answers `STORAGE_ATTACH` from); GPU threads enqueue the reads.
     pub fn with_storage(mut self, set: Arc<crate::storage::StorageSet>) -> Self {
