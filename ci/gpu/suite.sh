@@ -39,7 +39,7 @@ device|check|180|the sim device end to end under this machine's KVM (comparison 
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
-cuda-api-bench|bench|300|the vGPU library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
+cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
 storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 blocks, beside io_uring
@@ -186,7 +186,8 @@ step_cuda-programs() {
     done
     return "$rc"
 }
-# The driver-API figures of apibench.c, natively and on the vGPU library over the process
+# globals.c (cuModuleGetGlobal, structs by value) natively and on the vGPU library; then the
+# driver-API figures of apibench.c, natively and on the vGPU library over the process
 # transport to a cuda worker, as a table with the ratio and each goal.
 step_cuda-api-bench() {
     local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs rc=0
@@ -200,6 +201,19 @@ step_cuda-api-bench() {
     stubs=$(dirname "$stubs")
     cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
     ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/globals.c" -o "$d/globals" \
+        -L "$stubs" -lcuda || { echo "== globals: FAIL (does not build)"; rc=1; }
+    if "$d/globals" >"$d/globals-native.log" 2>&1 && grep -q 'GLOBALS OK' "$d/globals-native.log"; then
+        echo "== globals native: pass"
+    else
+        echo "== globals native: FAIL"; tail -5 "$d/globals-native.log"; rc=1
+    fi
+    if on_vgpu globals "$d/globals" >"$d/globals-vgpu.log" 2>&1 \
+        && grep -q 'GLOBALS OK' "$d/globals-vgpu.log"; then
+        echo "== globals vgpu: pass"
+    else
+        echo "== globals vgpu: FAIL"; tail -5 "$d/globals-vgpu.log"; rc=1
+    fi
     gcc -std=c11 -Wall -O2 -I "$home/include" "$src/apibench.c" -o "$d/apibench" \
         -L "$stubs" -lcuda || { echo "== apibench: FAIL (does not build)"; return 1; }
     if "$d/apibench" >"$d/apibench-native.log" 2>&1 && grep -q 'APIBENCH OK' "$d/apibench-native.log"; then
