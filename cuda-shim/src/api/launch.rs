@@ -166,6 +166,14 @@ fn launch(
             _ => Params::Pointers(kernel_params),
         };
         let packed = args(d, &func.sig, params)?;
+        let request = vgpu_proto::launch_request_len(packed.args.len(), 0) + packed.blob.len();
+        if !packed.blob.is_empty() && request > guest_driver::vgpu::HEADER_MAX {
+            // The launch travels in its request slot's header area.
+            crate::api::stubs::log_once(
+                "by-value kernel parameters over the room of a request slot (about 600 bytes in all)",
+            );
+            return Err(res::NOT_SUPPORTED);
+        }
         let launch = LaunchArgs {
             function: func.device,
             grid,
@@ -222,4 +230,58 @@ pub unsafe extern "C" fn cuLaunchKernel(
             extra,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_proto::{ArgKind, ArgValue};
+
+    fn bytes_param(size: usize) -> ParamSpec {
+        ParamSpec {
+            kind: ParamKind::Bytes,
+            size,
+            align: 8,
+        }
+    }
+
+    #[test]
+    fn structs_over_eight_bytes_go_into_the_blob() {
+        let mut blob = Vec::new();
+        let s24 = [3u8; 24];
+        let v64 = [4u8; 64];
+        let a = pack_one(&bytes_param(24), &s24, true, &mut blob, |_| false).expect("24");
+        let b = pack_one(&bytes_param(64), &v64, true, &mut blob, |_| false).expect("64");
+        assert_eq!(a.typed(), Ok(ArgValue::Blob { offset: 0, len: 24 }));
+        assert_eq!(
+            b.typed(),
+            Ok(ArgValue::Blob {
+                offset: 24,
+                len: 64
+            })
+        );
+        assert_eq!(blob.len(), 88);
+        assert_eq!(&blob[24..], &v64);
+        // A device without blobs: not supported, as before.
+        let mut none = Vec::new();
+        assert_eq!(
+            pack_one(&bytes_param(24), &s24, false, &mut none, |_| false),
+            Err(res::NOT_SUPPORTED)
+        );
+        // Past 4 KiB in all.
+        let big = vec![0u8; 4096];
+        assert_eq!(
+            pack_one(&bytes_param(4096), &big, true, &mut blob, |_| false),
+            Err(res::NOT_SUPPORTED)
+        );
+        // Other kinds are untouched.
+        let word = ParamSpec {
+            kind: ParamKind::U64,
+            size: 8,
+            align: 8,
+        };
+        let w = pack_one(&word, &7u64.to_le_bytes(), true, &mut blob, |_| false).expect("u64");
+        assert_eq!(w.kind, ArgKind::U64 as u32);
+        assert_eq!(blob.len(), 88);
+    }
 }
