@@ -10,6 +10,8 @@ use vgpu_proto::{
     KernelArg, LaunchArgs, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
 };
 
+use guest_driver::Transport;
+
 use crate::driver::{self, Driver, Res};
 use crate::guard;
 use crate::image::{buffer_layout, kernel_arg, ParamKind, ParamSpec, Signature};
@@ -166,14 +168,6 @@ fn launch(
             _ => Params::Pointers(kernel_params),
         };
         let packed = args(d, &func.sig, params)?;
-        let request = vgpu_proto::launch_request_len(packed.args.len(), 0) + packed.blob.len();
-        if !packed.blob.is_empty() && request > guest_driver::vgpu::HEADER_MAX {
-            // The launch travels in its request slot's header area.
-            crate::api::stubs::log_once(
-                "by-value kernel parameters over the room of a request slot (about 600 bytes in all)",
-            );
-            return Err(res::NOT_SUPPORTED);
-        }
         let launch = LaunchArgs {
             function: func.device,
             grid,
@@ -190,7 +184,27 @@ fn launch(
         d.order_for(q, legacy, blocking);
         let t = d.t.clone();
         let mut queue = d.queue(q)?;
-        if packed.blob.is_empty() {
+        let request = vgpu_proto::launch_request_len(packed.args.len(), 0) + packed.blob.len();
+        // A launch too large for its slot's header area travels in DMA memory of its own,
+        // freed when it completes.
+        let own_header = if request > guest_driver::vgpu::HEADER_MAX {
+            Some(t.dma_alloc(request, 64).map_err(|_| res::OUT_OF_MEMORY)?)
+        } else {
+            None
+        };
+        if own_header.is_some() {
+            queue.enqueue_keeping(
+                &t,
+                |s, header| match header {
+                    // SAFETY: the queue keeps the region until the request completed.
+                    Some(h) => unsafe {
+                        s.enqueue_launch_in(h, &launch, &packed.args, &[], &packed.blob)
+                    },
+                    None => Err(guest_driver::Error::RequestTooLarge),
+                },
+                own_header,
+            )?;
+        } else if packed.blob.is_empty() {
             queue.enqueue(&t, |s| s.enqueue_launch(&launch, &packed.args, &[]), None)?;
         } else {
             queue.enqueue(

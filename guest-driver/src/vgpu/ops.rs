@@ -314,6 +314,28 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         }
     }
 
+    /// [`Self::enqueue_launch_with_blob`] for a launch of any size: the request is written
+    /// into the caller's DMA memory `header` (at least
+    /// `launch_request_len(args.len(), deps.len()) + blob.len()` bytes).
+    ///
+    /// # Safety
+    /// `header` must stay allocated, and unwritten by the CPU, until the request completes.
+    pub unsafe fn enqueue_launch_in(
+        &mut self,
+        header: &mut crate::DmaRegion,
+        launch: &LaunchArgs,
+        args: &[KernelArg],
+        deps: &[u32],
+        blob: &[u8],
+    ) -> Result<Ticket> {
+        // SAFETY: the caller keeps `header` until the request completes.
+        unsafe {
+            self.enqueue_with_header(Opcode::Launch as u32, header, |id, out| {
+                vgpu_proto::encode_launch_with_blob(out, id, launch, args, deps, blob).ok()
+            })
+        }
+    }
+
     /// Enqueues a kernel launch. `launch.arg_count`/`dep_count` are set from the slices.
     pub fn enqueue_launch(
         &mut self,
