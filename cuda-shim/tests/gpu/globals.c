@@ -1,7 +1,7 @@
 /* An unmodified driver-API program using a module variable and structs passed by value:
  * cuModuleGetGlobal, cuMemcpyHtoD into the variable, a kernel reading it and two by-value
  * structs (24 bytes, and 64 bytes of floats), through kernelParams and through extra's
- * parameter buffer; cuMemFree of the variable is refused. Built with gcc against the
+ * parameter buffer; a 2 KiB struct by value; cuMemFree of the variable is refused. Built with gcc against the
  * toolkit's cuda.h and -lcuda, like vecadd.c; prints GLOBALS OK on success.
  */
 #include <cuda.h>
@@ -40,6 +40,18 @@ static const char PTX[] =
     "    st.global.b64 [%d1+4], %d2;\n"
     "    ld.param.b32 %r2, [v+60];\n"
     "    st.global.b32 [%d1+12], %r2;\n"
+    "    ret;\n"
+    "}\n"
+    ".visible .entry big(.param .u64 out, .param .align 4 .b8 blk[2048])\n"
+    "{\n"
+    "    .reg .b32 %r<2>;\n"
+    "    .reg .b64 %d<2>;\n"
+    "    ld.param.u64 %d0, [out];\n"
+    "    cvta.to.global.u64 %d1, %d0;\n"
+    "    ld.param.b32 %r0, [blk];\n"
+    "    st.global.b32 [%d1], %r0;\n"
+    "    ld.param.b32 %r1, [blk+2044];\n"
+    "    st.global.b32 [%d1+4], %r1;\n"
     "    ret;\n"
     "}\n";
 
@@ -123,6 +135,21 @@ int main(void)
     CHECK(cuMemcpyDtoH(res, out, sizeof res));
     if (res[0] != 2023) {
         fprintf(stderr, "globals: extra launch wrote %u, want 2023\n", res[0]);
+        return 1;
+    }
+
+    /* a 2 KiB struct by value */
+    CUfunction big;
+    CHECK(cuModuleGetFunction(&big, mod, "big"));
+    static uint32_t blk[512];
+    for (int i = 0; i < 512; i++)
+        blk[i] = 0xabc00000u + (uint32_t)i;
+    void *bparams[] = {&out, blk};
+    CHECK(cuLaunchKernel(big, 1, 1, 1, 1, 1, 1, 0, NULL, bparams, NULL));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuMemcpyDtoH(res, out, 8));
+    if (res[0] != blk[0] || res[1] != blk[511]) {
+        fprintf(stderr, "globals: the 2 KiB struct arrived as %x..%x\n", res[0], res[1]);
         return 1;
     }
     CHECK(cuMemFree(out));
