@@ -20,7 +20,7 @@
         }                                                                            \
     } while (0)
 
-/* out[0] = scale[0] + s.b, out[1..2] = s.c, out[3] = v.x[15] (bits). */
+/* out bytes 0..4 = scale[0] + s.b, 8..16 = s.c, 16..20 = v.x[15]. */
 static const char PTX[] =
     ".version 7.8\n"
     ".target sm_90\n"
@@ -37,9 +37,9 @@ static const char PTX[] =
     "    add.u32 %r3, %r0, %r1;\n"
     "    st.global.u32 [%d1], %r3;\n"
     "    ld.param.b64 %d2, [s+16];\n"
-    "    st.global.b64 [%d1+4], %d2;\n"
+    "    st.global.b64 [%d1+8], %d2;\n"
     "    ld.param.b32 %r2, [v+60];\n"
-    "    st.global.b32 [%d1+12], %r2;\n"
+    "    st.global.b32 [%d1+16], %r2;\n"
     "    ret;\n"
     "}\n"
     ".visible .entry big(.param .u64 out, .param .align 4 .b8 blk[2048])\n"
@@ -108,12 +108,12 @@ int main(void)
     void *params[] = {&out, &s, &v};
     CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
     CHECK(cuCtxSynchronize());
-    uint32_t res[4];
+    uint32_t res[6];
     CHECK(cuMemcpyDtoH(res, out, sizeof res));
     uint64_t c;
-    memcpy(&c, &res[1], sizeof c);
+    memcpy(&c, &res[2], sizeof c);
     float last;
-    memcpy(&last, &res[3], sizeof last);
+    memcpy(&last, &res[4], sizeof last);
     if (res[0] != 1023 || c != s.c || last != 7.5f) {
         fprintf(stderr, "globals: kernelParams launch wrote %u %llx %f\n", res[0],
                 (unsigned long long)c, last);
