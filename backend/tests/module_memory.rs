@@ -263,7 +263,7 @@ const GLOBALS_PTX: &str = r#"
 .version 7.8
 .target sm_90
 .address_size 64
-.visible .global .align 4 .u32 scale[8];
+.visible .global .align 8 .u32 scale[8];
 .visible .entry apply(.param .u64 out, .param .align 8 .b8 s[24], .param .align 4 .b8 v[64])
 {
     .reg .b32 %r<3>;
