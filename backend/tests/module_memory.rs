@@ -269,6 +269,141 @@ fn parameter_layouts_and_raw_bytes_arguments() {
     });
 }
 
+/// A module variable read by a kernel that also takes a 24-byte struct and a 64-byte
+/// array of floats by value: `out` gets scale[0], s[4..8], s[16..24] and v[15].
+const GLOBALS_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .global .align 8 .u32 scale[8];
+.visible .entry apply(.param .u64 out, .param .align 8 .b8 s[24], .param .align 4 .b8 v[64])
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %d<3>;
+    ld.param.u64 %d0, [out];
+    cvta.to.global.u64 %d1, %d0;
+    ld.global.u32 %r0, [scale];
+    st.global.u32 [%d1], %r0;
+    ld.param.b32 %r1, [s+4];
+    st.global.b32 [%d1+4], %r1;
+    ld.param.b64 %d2, [s+16];
+    st.global.b64 [%d1+8], %d2;
+    ld.param.b32 %r2, [v+60];
+    st.global.b32 [%d1+16], %r2;
+    ret;
+}
+"#;
+
+#[test]
+fn module_variables_and_by_value_structs() {
+    each(16 * MIB, |name, b| {
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        };
+        let blob_args = [
+            ArgValue::Blob { offset: 0, len: 24 },
+            ArgValue::Blob {
+                offset: 24,
+                len: 64,
+            },
+        ];
+        if b.info().features & features::GLOBALS == 0 {
+            // No guest code: no variables, no by-value structs.
+            let m = b
+                .module_load(ModuleImage::Builtin(b"builtin"))
+                .expect("builtin");
+            let e = b.module_global(m, b"scale").expect_err("no variables");
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            let spin = b.get_function(m, b"spin").expect("spin");
+            let e = b
+                .launch_with_params(spin.handle, &cfg, &blob_args, &[0; 88])
+                .expect_err("no structs");
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            return;
+        }
+        assert_ne!(b.info().features & features::PARAM_BLOBS, 0, "{name}");
+        let m = b
+            .module_load(ModuleImage::Ptx(GLOBALS_PTX.as_bytes()))
+            .expect("globals module");
+        let (addr, size) = b.module_global(m, b"scale").expect("scale");
+        assert_eq!(size, 32, "{name}");
+        assert_eq!(
+            b.module_global(m, b"nothing")
+                .expect_err("unknown")
+                .status(),
+            Status::UnknownFunction
+        );
+        // The variable is a copy and memset target, within its size only.
+        b.check_range(addr, 32).expect("inside");
+        b.check_range(addr, 33).expect_err("past its end");
+        b.memset(addr, 0, 4, 8).expect("memset");
+        let mut four = 41u32.to_le_bytes();
+        b.copy_htod(addr, &vm_memory::VolatileSlice::from(&mut four[..]))
+            .expect("htod to the variable");
+        let mut back = [0u8; 32];
+        b.copy_dtoh(addr, &vm_memory::VolatileSlice::from(&mut back[..]))
+            .expect("dtoh from the variable");
+        assert_eq!(&back[..4], &41u32.to_le_bytes(), "{name}");
+        // The module owns it: not an allocation to free.
+        b.free(addr).expect_err("free of a module variable");
+        // A kernel reads it and two structs passed by value.
+        let out = b.alloc(4096).expect("alloc");
+        let f = b.get_function(m, b"apply").expect("apply");
+        let l = b.param_layout(f.handle).expect("layout");
+        let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 8), (8, 24), (32, 64)], "{name}");
+        let mut blob = [0u8; 88];
+        blob[4..8].copy_from_slice(&0x0a0b_0c0du32.to_le_bytes());
+        blob[16..24].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        blob[84..88].copy_from_slice(&2.5f32.to_le_bytes());
+        let ptr = ArgValue::Ptr {
+            addr: out.addr,
+            access: Access::Write,
+        };
+        let args = [ptr, blob_args[0], blob_args[1]];
+        b.launch_with_params(f.handle, &cfg, &args, &blob)
+            .expect("launch with structs");
+        let mut res = [0u8; 20];
+        b.copy_dtoh(out.addr, &vm_memory::VolatileSlice::from(&mut res[..]))
+            .expect("dtoh");
+        assert_eq!(&res[0..4], &41u32.to_le_bytes(), "{name}: the variable");
+        assert_eq!(&res[4..8], &blob[4..8], "{name}: the struct");
+        assert_eq!(&res[8..16], &blob[16..24], "{name}: the struct");
+        assert_eq!(&res[16..20], &2.5f32.to_le_bytes(), "{name}: the floats");
+        // A blob whose size differs from the parameter's, or outside the blob: refused.
+        let short = [ptr, ArgValue::Blob { offset: 0, len: 16 }, blob_args[1]];
+        assert_eq!(
+            b.launch_with_params(f.handle, &cfg, &short, &blob)
+                .expect_err("size mismatch")
+                .status(),
+            Status::BadArgType
+        );
+        assert_eq!(
+            b.launch_with_params(f.handle, &cfg, &args, &blob[..80])
+                .expect_err("outside the blob")
+                .status(),
+            Status::BadArgType
+        );
+        // The variable's pointer is a valid kernel pointer too (the kernel writes 20 of
+        // its 32 bytes).
+        let onto = [
+            ArgValue::Ptr {
+                addr,
+                access: Access::Write,
+            },
+            blob_args[0],
+            blob_args[1],
+        ];
+        b.launch_with_params(f.handle, &cfg, &onto, &blob)
+            .expect("kernel writing the variable");
+        b.module_unload(m).expect("unload");
+        b.check_range(addr, 4).expect_err("gone with its module");
+        b.free(out.addr).expect("free");
+    });
+}
+
 /// A broker that grants everything (module memory never asks it).
 struct Unlimited;
 

@@ -40,6 +40,7 @@ device|check|180|the sim device end to end under this machine's KVM (comparison 
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
+cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
 storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 blocks, beside io_uring
@@ -187,6 +188,68 @@ step_cuda-programs() {
             fi
         done
     done
+    return "$rc"
+}
+# globals.c (cuModuleGetGlobal, structs by value) natively and on the vGPU library; then the
+# driver-API figures of apibench.c, natively and on the vGPU library over the process
+# transport to a cuda worker, as a table with the ratio and each goal.
+step_cuda-api-bench() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs rc=0
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/globals.c" -o "$d/globals" \
+        -L "$stubs" -lcuda || { echo "== globals: FAIL (does not build)"; rc=1; }
+    if "$d/globals" >"$d/globals-native.log" 2>&1 && grep -q 'GLOBALS OK' "$d/globals-native.log"; then
+        echo "== globals native: pass"
+    else
+        echo "== globals native: FAIL"; tail -5 "$d/globals-native.log"; rc=1
+    fi
+    if on_vgpu globals "$d/globals" >"$d/globals-vgpu.log" 2>&1 \
+        && grep -q 'GLOBALS OK' "$d/globals-vgpu.log"; then
+        echo "== globals vgpu: pass"
+    else
+        echo "== globals vgpu: FAIL"; tail -5 "$d/globals-vgpu.log"; rc=1
+    fi
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/apibench.c" -o "$d/apibench" \
+        -L "$stubs" -lcuda || { echo "== apibench: FAIL (does not build)"; return 1; }
+    if "$d/apibench" >"$d/apibench-native.log" 2>&1 && grep -q 'APIBENCH OK' "$d/apibench-native.log"; then
+        echo "== apibench native: pass"
+    else
+        echo "== apibench native: FAIL"; tail -5 "$d/apibench-native.log"; rc=1
+    fi
+    if VGPU_DMA_POOL_MB=1280 on_vgpu apibench "$d/apibench" >"$d/apibench-vgpu.log" 2>&1 \
+        && grep -q 'APIBENCH OK' "$d/apibench-vgpu.log"; then
+        echo "== apibench vgpu: pass"
+    else
+        echo "== apibench vgpu: FAIL"; tail -5 "$d/apibench-vgpu.log"; rc=1
+    fi
+    # name | native | vGPU | ratio | goal (copies: >= 0.95 from 64 MiB; round trip: <= 1.5;
+    # async: >= 0.8), and the design's one line per figure.
+    awk '
+        FNR == 1 { file++ }
+        $1 == "FIG" { v[file, $2] = $3; unit[$2] = $4; if (file == 1) order[++n] = $2 }
+        END {
+            printf "| %-18s %23s %23s %7s  %s\n", "figure", "native", "vgpu", "ratio", "goal"
+            for (i = 1; i <= n; i++) {
+                k = order[i]; a = v[1, k]; b = v[2, k]; u = unit[k]
+                if (b == "" || a == 0) { printf "| %-18s %23s %23s %7s  FAIL (no figure)\n", k, a, b, "-"; continue }
+                r = b / a; goal = "-"
+                if (k ~ /^(htod|dtoh)_(64MiB|256MiB|1GiB)$/) goal = (r >= 0.95 ? "PASS" : "FAIL") " (>= 0.95)"
+                else if (k == "launch_sync_rtt") goal = (r <= 1.5 ? "PASS" : "FAIL") " (<= 1.5)"
+                else if (k == "async_launches") goal = (r >= 0.8 ? "PASS" : "FAIL") " (>= 0.8)"
+                printf "| %-18s %12.3f %-10s %12.3f %-10s %7.3f  %s\n", k, a, u, b, u, r, goal
+                lines = lines sprintf("%s: %s %s | anchor: %s %s | ratio: %.3f\n", k, b, u, a, u, r)
+            }
+            printf "%s", lines
+        }' "$d/apibench-native.log" "$d/apibench-vgpu.log" | tee "$LOGS/cuda-api-bench.txt"
     return "$rc"
 }
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }
