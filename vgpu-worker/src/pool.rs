@@ -20,6 +20,10 @@ use crate::error::WorkerError;
 use crate::memlink::{ControlOut, FdQueue, FdReader};
 use crate::run::Config;
 
+/// Set in a pool worker's environment (tests only), it takes its assignment and never
+/// answers: how vgpud copes with a hostile pool worker.
+const STALL_ENV: &str = "VGPU_WORKER_POOL_STALL";
+
 /// What the pool worker was assigned: the request to answer and the vGPU's grant page
 /// and doorbell (when vgpud sent them).
 pub struct Assignment {
@@ -113,6 +117,14 @@ fn wait(
                 copy_share,
                 priority,
             } => {
+                if std::env::var_os(STALL_ENV).is_some() {
+                    // A hostile pool worker for the tests: it never answers, and vgpud
+                    // must give the vGPU a fresh worker.
+                    tracing::warn!("{STALL_ENV} is set: never answering the assignment");
+                    loop {
+                        std::thread::park();
+                    }
+                }
                 let grant = match (fds.pop(), fds.pop()) {
                     (Some(page), Some(doorbell)) => Some((page, doorbell)),
                     _ => None,
