@@ -41,6 +41,9 @@ pub(super) const POOL_UID_OFFSET: u32 = 1_000_000;
 /// The first and the longest wait before starting a pool worker again after failures.
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Pool workers one GPU starts at a time: the driver creates one GPU's contexts one after
+/// another anyway, and a refill must not take the cores a burst of launches needs.
+const MAX_STARTING: usize = 4;
 
 /// What a pool worker's events and exit go to.
 enum Owner {
@@ -82,6 +85,18 @@ struct GpuPool {
     retry_at: Option<Instant>,
     /// A refill is scheduled for `retry_at`.
     timer: bool,
+}
+
+impl GpuPool {
+    /// One more failure: the next start waits (doubling from [`BACKOFF_MIN`] up to
+    /// [`BACKOFF_MAX`]); how long.
+    fn back_off(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let exp = self.failures.saturating_sub(1).min(8);
+        let wait = (BACKOFF_MIN * 2u32.pow(exp)).min(BACKOFF_MAX);
+        self.retry_at = Some(Instant::now() + wait);
+        wait
+    }
 }
 
 #[derive(Default)]
@@ -178,7 +193,9 @@ impl Daemon {
                     (0, Some(t - now))
                 }
                 None => {
-                    let n = target.saturating_sub(q.idle.len() + q.starting);
+                    let n = target
+                        .saturating_sub(q.idle.len() + q.starting)
+                        .min(MAX_STARTING.saturating_sub(q.starting));
                     q.starting += n;
                     (n, None)
                 }
@@ -203,6 +220,17 @@ impl Daemon {
     /// Starts one pool worker for GPU `gpu` (counted in its pool's `starting`).
     async fn start_spare(self: &Arc<Self>, gpu: u32) {
         let started = self.spawn_spare(gpu).await;
+        let ok = started.is_ok();
+        self.add_spare(gpu, started);
+        if ok {
+            // The next ones, if the pool is not full yet.
+            self.refill(gpu);
+        }
+    }
+
+    /// Counts a finished start of a pool worker for GPU `gpu`: idle in its pool, or a
+    /// failure that backs the next start off.
+    fn add_spare(self: &Arc<Self>, gpu: u32, started: Result<Spare, String>) {
         let mut p = self.spares.lock();
         let q = p.gpus.entry(gpu).or_default();
         q.starting = q.starting.saturating_sub(1);
@@ -220,10 +248,7 @@ impl Daemon {
             }
             Ok(spare) => spare.proc.signal(libc::SIGKILL),
             Err(why) => {
-                q.failures = q.failures.saturating_add(1);
-                let exp = q.failures.saturating_sub(1).min(8);
-                let backoff = (BACKOFF_MIN * 2u32.pow(exp)).min(BACKOFF_MAX);
-                q.retry_at = Some(Instant::now() + backoff);
+                let backoff = q.back_off();
                 tracing::warn!(gpu, %why, failures = q.failures,
                     retry_ms = backoff.as_millis() as u64, "cannot start a pool worker");
                 drop(p);
@@ -423,11 +448,7 @@ impl Daemon {
                         "an idle pool worker exited; replacing it"
                     );
                     let mut p = self.spares.lock();
-                    let q = p.gpus.entry(gpu).or_default();
-                    q.failures = q.failures.saturating_add(1);
-                    let exp = q.failures.saturating_sub(1).min(8);
-                    q.retry_at =
-                        Some(Instant::now() + (BACKOFF_MIN * 2u32.pow(exp)).min(BACKOFF_MAX));
+                    p.gpus.entry(gpu).or_default().back_off();
                     drop(p);
                     self.refill(gpu);
                 }
