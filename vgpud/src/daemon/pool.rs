@@ -643,3 +643,28 @@ fn remove_slot_files(state_dir: &Path, slot: u32) {
     let _ = std::fs::remove_dir_all(slot_dir(state_dir, slot));
     let _ = std::fs::remove_file(slot_log(state_dir, slot));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_starts_back_off_doubling_up_to_the_ceiling() {
+        let mut q = GpuPool::default();
+        assert_eq!(q.back_off(), BACKOFF_MIN);
+        assert_eq!(q.back_off(), BACKOFF_MIN * 2);
+        assert_eq!(q.back_off(), BACKOFF_MIN * 4);
+        for _ in 0..20 {
+            q.back_off();
+        }
+        assert_eq!(q.back_off(), BACKOFF_MAX);
+        assert!(q.retry_at.is_some_and(|t| t > Instant::now()));
+    }
+
+    #[test]
+    fn slots_live_beside_the_vgpus_directories() {
+        let s = Path::new("/run/vgpud");
+        assert_eq!(slot_dir(s, 3), Path::new("/run/vgpud/workers/pool-3"));
+        assert_eq!(slot_log(s, 3), Path::new("/run/vgpud/pool-3.log"));
+    }
+}
