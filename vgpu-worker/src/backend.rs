@@ -51,6 +51,11 @@ pub struct Stack {
     pub pager: Option<Arc<Pager>>,
 }
 
+/// The CUDA context limits of this worker's vGPU (`--cuda-stack`, `--cuda-heap`,
+/// `--cuda-printf-fifo`), set once by [`build`]: a migration target on cuda takes the same.
+static CUDA_LIMITS: std::sync::OnceLock<vgpu_backend::cuda::ContextLimits> =
+    std::sync::OnceLock::new();
+
 /// The vGPU's storage namespaces from `--storage`, or None when there are none.
 pub fn storage_set(specs: &[NamespaceSpec]) -> Result<Option<Arc<StorageSet>>, WorkerError> {
     if specs.is_empty() {
@@ -96,6 +101,7 @@ pub fn build(
     broker: Option<Arc<Asker>>,
     vgpu_id: u32,
 ) -> Result<Stack, WorkerError> {
+    let limits = *CUDA_LIMITS.get_or_init(|| spec.cuda_limits);
     let gpu = match spec.kind {
         BackendKind::Sim => sim_gpu(
             SimConfig {
@@ -111,7 +117,7 @@ pub fn build(
             CudaConfig {
                 ordinal: spec.ordinal,
                 memory: spec.memory,
-                limits: spec.cuda_limits,
+                limits,
                 ..CudaConfig::default()
             },
             storage,
@@ -140,7 +146,7 @@ pub fn build(
 }
 
 /// Builds a migration target's GPU: a cuda target is sized by the vGPU's memory share
-/// `memory`; both serve the vGPU's `storage` too.
+/// `memory` and takes the vGPU's context limits; both serve the vGPU's `storage` too.
 pub fn target(
     t: &TargetGpu,
     memory: u64,
@@ -162,6 +168,7 @@ pub fn target(
                 ordinal,
                 memory,
                 migration_target: true,
+                limits: CUDA_LIMITS.get().copied().unwrap_or_default(),
                 ..CudaConfig::default()
             },
             storage,
