@@ -118,7 +118,7 @@ fn set(limit: CUlimit, bytes: u64, call: &'static str) -> Result<u64, CuError> {
                 && limit != CUlimit::CU_LIMIT_STACK_SIZE =>
         {
             tracing::warn!(error = %e, wanted = bytes,
-                "the context's limit is fixed by an earlier kernel; charging what it holds");
+                "the driver kept the context's limit (fixed once a kernel used it, or the value is out of range); charging what it holds");
         }
         Err(e) => return Err(e),
     }
