@@ -51,6 +51,11 @@ pub struct Stack {
     pub pager: Option<Arc<Pager>>,
 }
 
+/// The CUDA context limits of this worker's vGPU (`--cuda-stack`, `--cuda-heap`,
+/// `--cuda-printf-fifo`), set once by [`gpu`]: a migration target on cuda takes the same.
+static CUDA_LIMITS: std::sync::OnceLock<vgpu_backend::cuda::ContextLimits> =
+    std::sync::OnceLock::new();
+
 /// The vGPU's storage namespaces from `--storage`, or None when there are none.
 pub fn storage_set(specs: &[NamespaceSpec]) -> Result<Option<Arc<StorageSet>>, WorkerError> {
     if specs.is_empty() {
@@ -94,6 +99,7 @@ pub fn gpu(
     spec: &GpuSpec,
     storage: Option<&Arc<StorageSet>>,
 ) -> Result<Arc<dyn Backend>, WorkerError> {
+    let limits = *CUDA_LIMITS.get_or_init(|| spec.cuda_limits);
     Ok(match spec.kind {
         BackendKind::Sim => sim_gpu(
             SimConfig {
@@ -109,7 +115,7 @@ pub fn gpu(
             CudaConfig {
                 ordinal: spec.ordinal,
                 memory: spec.memory,
-                limits: spec.cuda_limits,
+                limits,
                 ..CudaConfig::default()
             },
             storage,
@@ -148,7 +154,7 @@ pub fn assemble(
 }
 
 /// Builds a migration target's GPU: a cuda target is sized by the vGPU's memory share
-/// `memory`; both serve the vGPU's `storage` too.
+/// `memory` and takes the vGPU's context limits; both serve the vGPU's `storage` too.
 pub fn target(
     t: &TargetGpu,
     memory: u64,
@@ -170,6 +176,7 @@ pub fn target(
                 ordinal,
                 memory,
                 migration_target: true,
+                limits: CUDA_LIMITS.get().copied().unwrap_or_default(),
                 ..CudaConfig::default()
             },
             storage,

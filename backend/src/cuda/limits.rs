@@ -118,7 +118,7 @@ fn set(limit: CUlimit, bytes: u64, call: &'static str) -> Result<u64, CuError> {
                 && limit != CUlimit::CU_LIMIT_STACK_SIZE =>
         {
             tracing::warn!(error = %e, wanted = bytes,
-                "the context's limit is fixed by an earlier kernel; charging what it holds");
+                "the driver kept the context's limit (fixed once a kernel used it, or the value is out of range); charging what it holds");
         }
         Err(e) => return Err(e),
     }
@@ -135,6 +135,10 @@ fn set(limit: CUlimit, bytes: u64, call: &'static str) -> Result<u64, CuError> {
 /// they reserve.
 pub(super) fn apply(dev: sys::CUdevice, limits: &ContextLimits) -> Result<ContextReserve, CuError> {
     use CUdevice_attribute::*;
+    // Backends of one process share the primary context (tests; a migration target):
+    // each sets and reads back its limits without another's settings in between.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = crate::sync::lock(&ONE_AT_A_TIME);
     Ok(ContextReserve {
         stack_bytes: set(
             CUlimit::CU_LIMIT_STACK_SIZE,
