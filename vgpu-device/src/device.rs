@@ -683,6 +683,23 @@ impl Vgpu {
         }
         let vals = vals.get(..n).unwrap_or(&[]);
         let blobs = last_blob.is_some();
+        if blobs {
+            // Each blob must be exactly its parameter's bytes (where the backend reports the
+            // layout; it checks again when it packs the parameters).
+            if let Ok(params) = self.backend.param_layout(la.function) {
+                for (index, v) in vals.iter().enumerate() {
+                    if let ArgValue::Blob { len, .. } = *v {
+                        let param = params.get(index).map_or(0, |(_, size)| size);
+                        if param != len {
+                            return Err(RequestError::KernelArg {
+                                index,
+                                err: ArgError::BlobSizeMismatch { len, param },
+                            });
+                        }
+                    }
+                }
+            }
+        }
         let cfg = LaunchConfig {
             grid: la.grid,
             block: la.block,

@@ -8,8 +8,8 @@ use vgpu_backend::{Backend, BackendInfo, LaunchConfig, LaunchStats};
 use super::*;
 
 /// The sim backend claiming module variables and parameter blobs: `module_global`
-/// answers `counter` at a fixed range, `launch_with_params` records the blob bytes of each
-/// `Blob` argument.
+/// answers `counter` at a fixed range, every function has the layout of [`LAYOUT`], and
+/// `launch_with_params` records the blob bytes of each `Blob` argument.
 struct Claims {
     sim: SimGpu,
     info: BackendInfo,
@@ -17,6 +17,8 @@ struct Claims {
 }
 
 const COUNTER: (u64, u64) = (0x7f00_0000_1000, 16);
+/// (offset, size) of each parameter: a 24-byte struct, a u32, 64 bytes of floats.
+const LAYOUT: [(u32, u32); 3] = [(0, 24), (24, 4), (32, 64)];
 
 impl Backend for Claims {
     fn info(&self) -> &BackendInfo {
@@ -31,6 +33,13 @@ impl Backend for Claims {
                 "no such variable".into(),
             ))
         }
+    }
+    fn param_layout(&self, _function: u64) -> vgpu_backend::Result<ParamLayout> {
+        let mut l = ParamLayout::default();
+        for (i, (off, size)) in LAYOUT.iter().enumerate() {
+            l.set(i, *off, *size);
+        }
+        Ok(l)
     }
     fn launch_with_params(
         &self,
@@ -50,7 +59,7 @@ impl Backend for Claims {
     }
     vgpu_backend::forward_backend!(sim:
         memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, param_layout, launch, synchronize
+        module_load, module_unload, get_function, launch, synchronize
     );
 }
 
@@ -195,6 +204,13 @@ fn blob_arguments_reach_the_backend_and_hostile_ones_are_refused() {
         let resp = h.launch_blob(f, args, blob);
         assert_eq!(resp.status(), Some(Status::BadArgType), "{args:?}");
     };
+    // A blob whose length differs from its parameter's size in the layout.
+    let mismatch = [
+        KernelArg::blob(0, 16).expect("16"),
+        KernelArg::u32(3),
+        KernelArg::blob(24, 64).expect("64"),
+    ];
+    refused(&mut h, &mismatch, &blob);
     // Offset past the end, offset + length past the end, offset beyond 32 bits.
     refused(&mut h, &[KernelArg::blob(88, 8).expect("ok")], &blob);
     refused(&mut h, &[KernelArg::blob(80, 16).expect("ok")], &blob);

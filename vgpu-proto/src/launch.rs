@@ -334,6 +334,13 @@ pub enum ArgError {
     },
     /// The `Blob` arguments of one launch add up to more than `MAX_PARAM_BLOB_BYTES`.
     BlobsTooLarge(u64),
+    /// A `Blob` argument's byte count differs from its parameter's size.
+    BlobSizeMismatch {
+        /// The argument's byte count.
+        len: u32,
+        /// The parameter's size in the function's layout.
+        param: u32,
+    },
 }
 
 impl core::fmt::Display for ArgError {
@@ -368,6 +375,10 @@ impl core::fmt::Display for ArgError {
             ArgError::BlobsTooLarge(n) => write!(
                 f,
                 "the BLOB arguments add up to {n} bytes; at most {MAX_PARAM_BLOB_BYTES}"
+            ),
+            ArgError::BlobSizeMismatch { len, param } => write!(
+                f,
+                "a BLOB argument carries {len} bytes for a parameter of {param} bytes; pass exactly the parameter's bytes"
             ),
         }
     }
