@@ -15,9 +15,9 @@ use vgpu_api::client::Client;
 use vgpu_tests::daemon::{alive, gpu_load, wait_running, TestDaemon};
 
 const MIB: u64 = 1 << 20;
-/// vgpud's default `--worker-uid-base` and the pool's offset above it.
+/// vgpud's default `--worker-uid-base`: vGPU N's worker runs as BASE + N, pool slot S as
+/// BASE - 1 - S.
 const UID_BASE: u32 = 2_000_000_000;
-const POOL_UID_OFFSET: u32 = 1_000_000;
 
 fn spec(memory: u64, compute: f64) -> VgpuCreate {
     VgpuCreate {
@@ -135,7 +135,7 @@ fn a_vgpu_takes_a_pool_worker_and_the_pool_refills_with_its_own_identities() {
                 .and_then(|n| n.strip_prefix("pool-"))
                 .and_then(|n| n.parse().ok())
                 .expect("pool-N");
-            assert_eq!(uid_of(*pid), UID_BASE + POOL_UID_OFFSET + slot);
+            assert_eq!(uid_of(*pid), UID_BASE - 1 - slot);
             assert_eq!(meta.uid(), uid_of(*pid), "its directory is its own");
         }
     }
@@ -157,7 +157,7 @@ fn a_vgpu_takes_a_pool_worker_and_the_pool_refills_with_its_own_identities() {
     );
     if root() {
         assert_eq!(meta.uid(), uid_of(pid));
-        assert!(uid_of(pid) >= UID_BASE + POOL_UID_OFFSET);
+        assert!(uid_of(pid) < UID_BASE, "a pool slot's uid");
     }
     assert!(d.dir.join(format!("vgpu-{}.log", v.id)).exists());
     // The pool refills: two idle workers again, one of them new, no uid shared.

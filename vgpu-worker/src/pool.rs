@@ -154,3 +154,142 @@ fn wait(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use vgpu_device::{DeviceConfig, SlotPolicy};
+
+    use super::*;
+    use crate::backend::{BackendKind, GpuSpec};
+    use crate::sandbox::SeccompMode;
+
+    fn pool_config() -> Config {
+        Config {
+            socket: PathBuf::from("vgpu.sock"),
+            device: DeviceConfig {
+                vgpu_id: 0,
+                num_queues: 1,
+                queue_size: 256,
+                memory_share: u64::MAX,
+                compute_share: 1000,
+                copy_share: 1000,
+            },
+            gpu: GpuSpec {
+                kind: BackendKind::Sim,
+                ordinal: 0,
+                memory: u64::MAX,
+                sim_memory: Some(64 << 20),
+                sim_copy_bw: 0,
+                sim_speed: 1.0,
+                sim_threads: 1,
+            },
+            priority: 0,
+            control_fd: Some(-1),
+            grant_fds: None,
+            hw_slots: 0,
+            slot_policy: SlotPolicy::Priority,
+            oversubscribe: false,
+            shm: true,
+            poll: Duration::ZERO,
+            storage: Vec::new(),
+            seccomp: SeccompMode::Off,
+            control_listen: None,
+            secret_file: None,
+            reconnect: Duration::ZERO,
+            pool: true,
+        }
+    }
+
+    fn line(req: &Request) -> Vec<u8> {
+        control::encode(req)
+    }
+
+    #[test]
+    fn an_assignment_configures_the_vgpu_and_leaves_the_next_command_unread() {
+        let (vgpud, worker) = UnixStream::pair().expect("pair");
+        let fds = Arc::new(FdQueue::default());
+        let mut input = FdReader::new(worker.try_clone().expect("clone"), fds.clone());
+        let out = ControlOut::new(worker);
+        let mut cfg = pool_config();
+        let mut sent = line(&Request {
+            id: 1,
+            command: Command::Stats,
+        });
+        sent.extend(line(&Request {
+            id: 2,
+            command: Command::Assign {
+                vgpu_id: 7,
+                memory: 32 << 20,
+                queues: 2,
+                compute_share: 300,
+                copy_share: 200,
+                priority: 3,
+            },
+        }));
+        sent.extend(line(&Request {
+            id: 3,
+            command: Command::Stats,
+        }));
+        (&vgpud).write_all(&sent).expect("send");
+        let a = wait(&mut cfg, &mut input, &fds, &out).expect("assigned");
+        assert_eq!(a.request, 2);
+        assert!(a.grant.is_none(), "no descriptors rode with it");
+        assert_eq!(
+            (
+                cfg.device.vgpu_id,
+                cfg.device.memory_share,
+                cfg.device.num_queues
+            ),
+            (7, 32 << 20, 2)
+        );
+        assert_eq!(
+            (cfg.device.compute_share, cfg.device.copy_share),
+            (300, 200)
+        );
+        assert_eq!((cfg.gpu.memory, cfg.priority), (32 << 20, 3));
+        // The idle worker answered the first `stats` with an error.
+        let mut replies = BufReader::new(vgpud.try_clone().expect("clone"));
+        let mut text = String::new();
+        replies.read_line(&mut text).expect("reply");
+        let msg: WorkerMessage = serde_json::from_str(&text).expect("json");
+        assert!(
+            matches!(
+                msg,
+                WorkerMessage::Reply {
+                    id: 1,
+                    body: ReplyBody::Error { .. }
+                }
+            ),
+            "{msg:?}"
+        );
+        // The command after the assignment is still there for the control loop.
+        let mut rest = String::new();
+        BufReader::new(input).read_line(&mut rest).expect("rest");
+        let next: Request = serde_json::from_str(&rest).expect("json");
+        assert_eq!(next.id, 3);
+    }
+
+    #[test]
+    fn a_closed_channel_or_shutdown_ends_an_idle_pool_worker() {
+        let (vgpud, worker) = UnixStream::pair().expect("pair");
+        let fds = Arc::new(FdQueue::default());
+        let mut input = FdReader::new(worker.try_clone().expect("clone"), fds.clone());
+        let out = ControlOut::new(worker);
+        let mut cfg = pool_config();
+        (&vgpud)
+            .write_all(&line(&Request {
+                id: 1,
+                command: Command::Shutdown,
+            }))
+            .expect("send");
+        assert!(wait(&mut cfg, &mut input, &fds, &out).is_none());
+        drop(vgpud);
+        assert!(wait(&mut cfg, &mut input, &fds, &out).is_none());
+    }
+}

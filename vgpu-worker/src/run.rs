@@ -236,6 +236,16 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     let (grant, assigned) = match (&mut channel, cfg.pool) {
         (Some(c), true) => {
             match pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, &signals)? {
+                // A pool worker serves only scheduled: vgpud always sends the grant page
+                // and doorbell with the assignment.
+                Some(a) if a.grant.is_none() => {
+                    let e = WorkerError::Grant(
+                        "the vGPU's grant page and doorbell did not come with the assignment"
+                            .into(),
+                    );
+                    answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
+                    return Err(e);
+                }
                 Some(a) => (a.grant, Some((a.request, c.out.clone()))),
                 None => return Ok(()),
             }

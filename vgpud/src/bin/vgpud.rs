@@ -146,7 +146,8 @@ struct Args {
 #[derive(clap::Args, Debug)]
 struct SandboxArgs {
     /// When vgpud runs as root, vGPU N's worker runs as uid and gid BASE+N (no other
-    /// group); 0 = as vgpud's own user. Pick a range no account uses.
+    /// group), and worker pool slot S's as BASE-1-S; 0 = as vgpud's own user. Pick a
+    /// range no account uses.
     #[arg(long, default_value_t = daemon::DEFAULT_WORKER_UID_BASE)]
     worker_uid_base: u32,
     /// What a system call outside a worker's seccomp filter does: kill (SIGSYS; vgpud

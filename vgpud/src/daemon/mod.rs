@@ -147,7 +147,7 @@ pub const DEFAULT_WORKER_UID_BASE: u32 = 2_000_000_000;
 #[derive(Clone, Debug)]
 pub struct WorkerSandbox {
     /// When vgpud runs as root, vGPU N's worker runs as uid and gid `base + N` (no other
-    /// group). `None`: as vgpud's own user (a warning is logged at start).
+    /// group), pool slot S's worker as `base - 1 - S`. `None`: as vgpud's own user (a warning is logged at start).
     pub uid_base: Option<u32>,
     /// The worker's system call filter.
     pub seccomp: SeccompMode,

@@ -11,7 +11,7 @@
 //! does not answer within [`ASSIGN_TIMEOUT`] is killed and the vGPU gets a fresh worker.
 //!
 //! Identity (docs/hostile.md, "Worker pool"): a pool worker's uid and directory are fixed
-//! when it starts: slot S runs as `--worker-uid-base + POOL_UID_OFFSET + S` in
+//! when it starts: slot S runs as `--worker-uid-base - 1 - S` (below the vGPUs' range) in
 //! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited and no
 //! directory under `workers/` is owned by its uid (a worker adopted after a restart keeps
 //! the uid it started with). Pool workers hold no tenant: they are killed when vgpud
@@ -35,9 +35,9 @@ use crate::control::{Command as Ctl, ReplyBody};
 /// How long a pool worker may take to bind its socket once assigned; past it the vGPU
 /// gets a fresh worker.
 pub(super) const ASSIGN_TIMEOUT: Duration = Duration::from_secs(3);
-/// Pool slot S runs as `--worker-uid-base + POOL_UID_OFFSET + S`: above every vGPU id's
-/// uid (vGPU N runs as base + N).
-pub(super) const POOL_UID_OFFSET: u32 = 1_000_000;
+/// Most pool slots: pool slot S runs as `--worker-uid-base - 1 - S`, below the uids of
+/// vGPUs' own workers (vGPU N runs as base + N), so the two ranges never meet.
+pub(super) const MAX_SLOTS: u32 = 1_000_000;
 /// The first and the longest wait before starting a pool worker again after failures.
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -156,12 +156,15 @@ impl Daemon {
     fn slot_identity(&self, slot: u32) -> Option<Identity> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
+        if slot >= MAX_SLOTS {
+            return None;
+        }
         let uid = self
             .cfg
             .workers
             .uid_base?
-            .checked_add(POOL_UID_OFFSET)?
-            .checked_add(slot)?;
+            .checked_sub(1)?
+            .checked_sub(slot)?;
         root.then_some(Identity { uid, gid: uid })
     }
 
@@ -273,14 +276,15 @@ impl Daemon {
         };
         let slot = {
             let mut p = self.spares.lock();
-            let free = (0u32..)
-                .find(|s| {
-                    !p.slots.contains(s)
-                        && self
-                            .slot_identity(*s)
-                            .is_none_or(|i| !owners.contains(&i.uid))
-                })
-                .unwrap_or(u32::MAX);
+            let free = (0..MAX_SLOTS).find(|s| {
+                !p.slots.contains(s)
+                    && self
+                        .slot_identity(*s)
+                        .is_none_or(|i| !owners.contains(&i.uid))
+            });
+            let Some(free) = free else {
+                return Err(format!("all {MAX_SLOTS} pool slots are taken"));
+            };
             p.slots.insert(free);
             free
         };

@@ -49,7 +49,7 @@ impl Daemon {
             (true, Some(base)) => tracing::info!(
                 uid_base = base,
                 seccomp,
-                "worker isolation: each worker runs as its own uid and gid (base + vGPU id), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
+                "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
             ),
             (true, None) => tracing::warn!(
                 seccomp,
