@@ -184,6 +184,7 @@ mod tests {
                 kind: BackendKind::Sim,
                 ordinal: 0,
                 memory: u64::MAX,
+                cuda_limits: Default::default(),
                 sim_memory: Some(64 << 20),
                 sim_copy_bw: 0,
                 sim_speed: 1.0,

@@ -246,7 +246,23 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
                     answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
                     return Err(e);
                 }
-                Some(a) => (a.grant, Some((a.request, c.out.clone()))),
+                Some(a) => {
+                    // The pool worker opened its GPU before it knew the share: a share
+                    // that cannot hold what the backend charged at start (the CUDA
+                    // context's reserve) is refused as a fresh worker would refuse it.
+                    let reserve = gpu.memory_usage().used;
+                    let share = cfg.device.memory_share;
+                    if reserve > share {
+                        let e = WorkerError::Backend(vgpu_backend::BackendError::ContextReserve {
+                            share,
+                            reserve,
+                            detail: "charged when the pool worker opened its GPU".into(),
+                        });
+                        answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
+                        return Err(e);
+                    }
+                    (a.grant, Some((a.request, c.out.clone())))
+                }
                 None => return Ok(()),
             }
         }
