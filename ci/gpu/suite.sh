@@ -32,7 +32,7 @@ storage|check|180|the storage kernels as GPU threads, backend level, sim and cud
 storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cuda backend
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
-shm|check|120|shared device memory on cuda: an exported object mapped read-write and read-only, writes to the read-only mapping refused
+shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
 hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
@@ -96,7 +96,24 @@ step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
 step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_runs --nocapture; }
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
-step_shm() { "$(tb conformance)" shared_objects --nocapture; }
+step_shm() {
+    local rc=0
+    echo "== backend: an exported object mapped read-write and read-only"
+    if "$(tb conformance)" shared_objects --nocapture; then echo "SHM PASS backend"; else echo "SHM FAIL backend"; rc=1; fi
+    echo "== vgpud: producer/consumer pipeline, intruders refused; kill -9 of a mapper"
+    if VGPU_TEST_BACKEND=cuda "$(tb memory)" shm_pipeline a_dying_vm --nocapture --test-threads 1; then
+        echo "SHM PASS vgpud pipeline, intruders, kill -9"
+    else
+        echo "SHM FAIL vgpud pipeline, intruders, kill -9"; rc=1
+    fi
+    echo "== vgpud: writes into a read-only mapping refused"
+    if VGPU_TEST_BACKEND=cuda "$(tb bounds)" writes_into_a_read_only --nocapture; then
+        echo "SHM PASS vgpud read-only mapping"
+    else
+        echo "SHM FAIL vgpud read-only mapping"; rc=1
+    fi
+    return "$rc"
+}
 step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
@@ -244,7 +261,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 

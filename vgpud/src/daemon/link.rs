@@ -1,12 +1,15 @@
 //! vgpud's end of one worker's control channel (see [`crate::control`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,14 +19,19 @@ use crate::control::{
 };
 
 /// What a worker reports without being asked (besides `ready`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Event {
     /// Its vmm connected.
     Connected,
     /// Its counters at the end; it exits next.
     Final(WorkerStats),
-    /// A question to answer with [`Link::tell`] (`Command::Answer { to: id }`).
-    Ask { id: u64, ask: Ask },
+    /// A question to answer with [`Link::tell`] (`Command::Answer { to: id }`), with the
+    /// descriptor that rode on its line when the ask carries one (`shm_create`).
+    Ask {
+        id: u64,
+        ask: Ask,
+        fd: Option<OwnedFd>,
+    },
     /// Its pager's state changed.
     Memory(MemReport),
     /// A migration of it moved on.
@@ -115,7 +123,11 @@ async fn serve(
 ) {
     let (rd, mut wr) = stream.into_split();
     let limit = u64::try_from(control::MAX_LINE).unwrap_or(u64::MAX) + 1;
-    let mut rd = BufReader::new(rd);
+    let fds = Arc::new(Mutex::new(VecDeque::new()));
+    let mut rd = BufReader::new(FdRead {
+        half: rd,
+        fds: fds.clone(),
+    });
     let mut ready = Some(ready);
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     let mut next_id = 1u64;
@@ -168,7 +180,14 @@ async fn serve(
                     }
                     Ok(WorkerMessage::Connected) => on_event(Event::Connected),
                     Ok(WorkerMessage::Final { stats }) => on_event(Event::Final(stats)),
-                    Ok(WorkerMessage::Ask { id, ask }) => on_event(Event::Ask { id, ask }),
+                    Ok(WorkerMessage::Ask { id, ask }) => {
+                        // Only a create carries a descriptor (on its line's first byte, so
+                        // it arrived with this line or before it).
+                        let fd = matches!(ask, Ask::ShmCreate { .. })
+                            .then(|| vgpu_sync::lock(&fds).pop_front())
+                            .flatten();
+                        on_event(Event::Ask { id, ask, fd })
+                    }
                     Ok(WorkerMessage::Memory { memory }) => on_event(Event::Memory(memory)),
                     Ok(WorkerMessage::Migration { progress }) => on_event(Event::Migration(progress)),
                     Ok(WorkerMessage::Reply { id, body }) => match pending.remove(&id) {
@@ -220,4 +239,73 @@ async fn write_with_fds(
         wr.write_all(&bytes[sent..]).await?;
     }
     Ok(())
+}
+
+/// Most descriptors waiting for the line that claims them; a worker that sends more than
+/// its lines claim gets the extra ones closed (they cannot pile up in vgpud).
+const MAX_WAITING_FDS: usize = 4;
+
+/// The channel's read half, keeping the descriptors that ride on the worker's bytes in
+/// arrival order. A worker sends one with the first byte of the line that claims it, and
+/// writes one line at a time, so the queue order is the claiming lines' order.
+struct FdRead {
+    half: tokio::net::unix::OwnedReadHalf,
+    fds: Arc<Mutex<VecDeque<OwnedFd>>>,
+}
+
+impl FdRead {
+    fn keep(&self, fd: OwnedFd) {
+        let mut q = vgpu_sync::lock(&self.fds);
+        if q.len() < MAX_WAITING_FDS {
+            q.push_back(fd);
+        } else {
+            tracing::warn!("worker sent descriptors no line claims; closing the extra one");
+        }
+    }
+}
+
+impl AsyncRead for FdRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let stream: &UnixStream = this.half.as_ref();
+        loop {
+            if let Err(e) = std::task::ready!(stream.poll_read_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            let room = buf.initialize_unfilled();
+            let mut raw = [-1i32; MAX_WAITING_FDS];
+            let r = stream.try_io(tokio::io::Interest::READABLE, || {
+                // SAFETY: the descriptor is the tokio stream's own, open for this whole
+                // call; ManuallyDrop keeps the temporary std view from closing it.
+                let s = std::mem::ManuallyDrop::new(unsafe {
+                    std::os::unix::net::UnixStream::from_raw_fd(stream.as_raw_fd())
+                });
+                let mut iov = [libc::iovec {
+                    iov_base: room.as_mut_ptr().cast(),
+                    iov_len: room.len(),
+                }];
+                // SAFETY: the iovec points at `room`, valid for writes of its length for
+                // this whole call; `raw` has room for MAX_WAITING_FDS descriptors.
+                unsafe { s.recv_with_fds(&mut iov, &mut raw) }
+                    .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+            });
+            match r {
+                Ok((n, nfds)) => {
+                    for fd in raw.iter().take(nfds).filter(|fd| **fd >= 0) {
+                        // SAFETY: recvmsg installed this descriptor in our table just now;
+                        // nothing else owns it.
+                        this.keep(unsafe { OwnedFd::from_raw_fd(*fd) });
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
 }
