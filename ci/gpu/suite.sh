@@ -45,6 +45,7 @@ storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 b
 storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (its ceiling)
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
+shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
@@ -233,6 +234,17 @@ step_memory-bench() {
     dir=$(mktemp -d)
     (cd "$dir" && "$B/bin/vgpu-bench" memory) || return 1
     cp "$dir"/out/bench-memory.* "$LOGS/" 2>/dev/null
+    return 0
+}
+step_shm-bench() {
+    local dir
+    dir=$(mktemp -d)
+    if ! (cd "$dir" && "$B/bin/vgpu-bench" memory --backend cuda); then
+        echo "BENCH shm FAIL"
+        return 1
+    fi
+    cp "$dir"/out/bench-memory-cuda.* "$LOGS/" 2>/dev/null
+    echo "BENCH shm PASS"
     return 0
 }
 step_timeline() {
