@@ -277,29 +277,15 @@ impl AsyncRead for FdRead {
                 return Poll::Ready(Err(e));
             }
             let room = buf.initialize_unfilled();
-            let mut raw = [-1i32; MAX_WAITING_FDS];
+            let mut got = Vec::new();
             let r = stream.try_io(tokio::io::Interest::READABLE, || {
-                // SAFETY: the descriptor is the tokio stream's own, open for this whole
-                // call; ManuallyDrop keeps the temporary std view from closing it.
-                let s = std::mem::ManuallyDrop::new(unsafe {
-                    std::os::unix::net::UnixStream::from_raw_fd(stream.as_raw_fd())
-                });
-                let mut iov = [libc::iovec {
-                    iov_base: room.as_mut_ptr().cast(),
-                    iov_len: room.len(),
-                }];
-                // SAFETY: the iovec points at `room`, valid for writes of its length for
-                // this whole call; `raw` has room for MAX_WAITING_FDS descriptors.
-                unsafe { s.recv_with_fds(&mut iov, &mut raw) }
-                    .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+                recv_cloexec(stream.as_raw_fd(), room, &mut got)
             });
+            for fd in got {
+                this.keep(fd);
+            }
             match r {
-                Ok((n, nfds)) => {
-                    for fd in raw.iter().take(nfds).filter(|fd| **fd >= 0) {
-                        // SAFETY: recvmsg installed this descriptor in our table just now;
-                        // nothing else owns it.
-                        this.keep(unsafe { OwnedFd::from_raw_fd(*fd) });
-                    }
+                Ok(n) => {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -307,5 +293,92 @@ impl AsyncRead for FdRead {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
+    }
+}
+
+/// One `recvmsg` on the socket `fd` into `buf`; the descriptors that came with the bytes (at
+/// most [`MAX_WAITING_FDS`]; the kernel closes any beyond) go to `fds`, close-on-exec from
+/// the start (`MSG_CMSG_CLOEXEC`), so no process vgpud spawns meanwhile inherits one.
+fn recv_cloexec(
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<usize> {
+    const FD_BYTES: usize = std::mem::size_of::<std::os::fd::RawFd>();
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: pure arithmetic on a small constant.
+    let space = unsafe { libc::CMSG_SPACE((MAX_WAITING_FDS * FD_BYTES) as u32) } as usize;
+    // u64 words: aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    // SAFETY: an all-zero msghdr is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` points at `iov` (over `buf`) and `control`, both live and writable for
+    // their stated lengths for this whole call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `msg` was filled by recvmsg; its control buffer is `control`, alive here.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !c.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return headers inside `control` or null.
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: the data of a header inside `control`.
+            let data = unsafe { libc::CMSG_DATA(c) };
+            let head = data as usize - c as usize;
+            let count = (h.cmsg_len as usize).saturating_sub(head) / FD_BYTES;
+            for i in 0..count {
+                // SAFETY: `count` descriptors lie at `data` inside the header's length.
+                let raw = unsafe { std::ptr::read_unaligned(data.cast::<i32>().add(i)) };
+                // SAFETY: the kernel installed this descriptor in our table for this
+                // message; nothing else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: `c` is a header of `msg`'s control buffer.
+        c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+    }
+    usize::try_from(n).map_err(|_| std::io::Error::other("recvmsg returned a negative length"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A descriptor that rides on a worker's line arrives close-on-exec (no process vgpud
+    /// spawns inherits it) and with the line's bytes; extra ones beyond the bound are not
+    /// kept.
+    #[test]
+    fn descriptors_from_a_worker_arrive_close_on_exec() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let devnull = OwnedFd::from(std::fs::File::open("/dev/null").expect("open"));
+        let raw = [devnull.as_raw_fd()];
+        a.send_with_fds(&[b"line\n".as_slice()], &raw)
+            .expect("send");
+        let mut buf = [0u8; 16];
+        let mut fds = Vec::new();
+        let n = recv_cloexec(b.as_raw_fd(), &mut buf, &mut fds).expect("recv");
+        assert_eq!(&buf[..n], b"line\n");
+        assert_eq!(fds.len(), 1);
+        // SAFETY: fcntl on a descriptor we own.
+        let flags = unsafe { libc::fcntl(fds[0].as_raw_fd(), libc::F_GETFD) };
+        assert!(
+            flags >= 0 && flags & libc::FD_CLOEXEC != 0,
+            "flags {flags:#x}"
+        );
+        // More descriptors than the bound: the kernel closes those past it.
+        let many: Vec<i32> = (0..MAX_WAITING_FDS + 2).map(|_| raw[0]).collect();
+        a.send_with_fds(&[b"x".as_slice()], &many).expect("send");
+        let mut more = Vec::new();
+        recv_cloexec(b.as_raw_fd(), &mut buf, &mut more).expect("recv");
+        assert_eq!(more.len(), MAX_WAITING_FDS);
     }
 }
