@@ -100,6 +100,22 @@ macro_rules! forward_backend {
             self.$f.launch(function, config, args)
         }
     };
+    (@one $f:tt launch_with_params) => {
+        fn launch_with_params(
+            &self,
+            function: u64,
+            config: &$crate::LaunchConfig,
+            args: &[$crate::ArgValue],
+            blob: &[u8],
+        ) -> $crate::Result<$crate::LaunchStats> {
+            self.$f.launch_with_params(function, config, args, blob)
+        }
+    };
+    (@one $f:tt module_global) => {
+        fn module_global(&self, module: u64, name: &[u8]) -> $crate::Result<(u64, u64)> {
+            self.$f.module_global(module, name)
+        }
+    };
     (@one $f:tt synchronize) => {
         fn synchronize(&self) {
             self.$f.synchronize()

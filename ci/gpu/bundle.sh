@@ -111,6 +111,7 @@ cargo run --release --locked -q -p payload-build -- --out "$out/payloads" >/dev/
 cp backend/kernels/*.cu backend/kernels/*.ptx backend/kernels/build-ptx.sh "$out/kernels/"
 cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
+    cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
     "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"

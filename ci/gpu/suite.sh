@@ -26,6 +26,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEP_TABLE="
 ptx|check|120|nvcc regenerates the committed PTX of the cuda kernels (diff of the bodies)
 conformance|check|180|the Backend conformance suite on sim and cuda, pager swapping on cuda
+charge|check|180|every byte a vGPU causes is charged: the context reserve from the start, a share below it refused, a kernel needing more local memory than the stack refused (and run with a larger stack), the storage setup charged once and refused when it does not fit
 isolation|check|120|a CUDA context is no isolation, a process is: a foreign address faults alone
 gpu-guests|check|300|payload guests (vecadd, streams, hostile) under KVM through vgpu-worker --backend cuda
 storage|check|180|the storage kernels as GPU threads, backend level, sim and cuda
@@ -39,6 +40,7 @@ device|check|180|the sim device end to end under this machine's KVM (comparison 
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
+cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
 storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 blocks, beside io_uring
@@ -47,7 +49,7 @@ migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
 shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
-start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
+start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
 
@@ -91,6 +93,9 @@ step_ptx() {
     return "$rc"
 }
 step_conformance() { "$(tb conformance)" --test-threads 8; }
+step_charge() {
+    "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
+}
 step_isolation() { "$(tb isolation)" --nocapture --test-threads 2; }
 step_gpu-guests() { "$(tb gpu)" --nocapture --test-threads 1; }
 step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
@@ -203,6 +208,68 @@ step_cuda-programs() {
     done
     return "$rc"
 }
+# globals.c (cuModuleGetGlobal, structs by value) natively and on the vGPU library; then the
+# driver-API figures of apibench.c, natively and on the vGPU library over the process
+# transport to a cuda worker, as a table with the ratio and each goal.
+step_cuda-api-bench() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs rc=0
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/globals.c" -o "$d/globals" \
+        -L "$stubs" -lcuda || { echo "== globals: FAIL (does not build)"; rc=1; }
+    if "$d/globals" >"$d/globals-native.log" 2>&1 && grep -q 'GLOBALS OK' "$d/globals-native.log"; then
+        echo "== globals native: pass"
+    else
+        echo "== globals native: FAIL"; tail -5 "$d/globals-native.log"; rc=1
+    fi
+    if on_vgpu globals "$d/globals" >"$d/globals-vgpu.log" 2>&1 \
+        && grep -q 'GLOBALS OK' "$d/globals-vgpu.log"; then
+        echo "== globals vgpu: pass"
+    else
+        echo "== globals vgpu: FAIL"; tail -5 "$d/globals-vgpu.log"; rc=1
+    fi
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/apibench.c" -o "$d/apibench" \
+        -L "$stubs" -lcuda || { echo "== apibench: FAIL (does not build)"; return 1; }
+    if "$d/apibench" >"$d/apibench-native.log" 2>&1 && grep -q 'APIBENCH OK' "$d/apibench-native.log"; then
+        echo "== apibench native: pass"
+    else
+        echo "== apibench native: FAIL"; tail -5 "$d/apibench-native.log"; rc=1
+    fi
+    if VGPU_DMA_POOL_MB=1280 on_vgpu apibench "$d/apibench" >"$d/apibench-vgpu.log" 2>&1 \
+        && grep -q 'APIBENCH OK' "$d/apibench-vgpu.log"; then
+        echo "== apibench vgpu: pass"
+    else
+        echo "== apibench vgpu: FAIL"; tail -5 "$d/apibench-vgpu.log"; rc=1
+    fi
+    # name | native | vGPU | ratio | goal (copies: >= 0.95 from 64 MiB; round trip: <= 1.5;
+    # async: >= 0.8), and the design's one line per figure.
+    awk '
+        FNR == 1 { file++ }
+        $1 == "FIG" { v[file, $2] = $3; unit[$2] = $4; if (file == 1) order[++n] = $2 }
+        END {
+            printf "| %-18s %23s %23s %7s  %s\n", "figure", "native", "vgpu", "ratio", "goal"
+            for (i = 1; i <= n; i++) {
+                k = order[i]; a = v[1, k]; b = v[2, k]; u = unit[k]
+                if (b == "" || a == 0) { printf "| %-18s %23s %23s %7s  FAIL (no figure)\n", k, a, b, "-"; continue }
+                r = b / a; goal = "-"
+                if (k ~ /^(htod|dtoh)_(64MiB|256MiB|1GiB)$/) goal = (r >= 0.95 ? "PASS" : "FAIL") " (>= 0.95)"
+                else if (k == "launch_sync_rtt") goal = (r <= 1.5 ? "PASS" : "FAIL") " (<= 1.5)"
+                else if (k == "async_launches") goal = (r >= 0.8 ? "PASS" : "FAIL") " (>= 0.8)"
+                printf "| %-18s %12.3f %-10s %12.3f %-10s %7.3f  %s\n", k, a, u, b, u, r, goal
+                lines = lines sprintf("%s: %s %s | anchor: %s %s | ratio: %.3f\n", k, b, u, a, u, r)
+            }
+            printf "%s", lines
+        }' "$d/apibench-native.log" "$d/apibench-vgpu.log" | tee "$LOGS/cuda-api-bench.txt"
+    return "$rc"
+}
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }
 step_copy-sweep() { "$(tb gpu)" --ignored --nocapture gpu_copy_sweep; }
 step_round-trips() { "$(tb gpu)" --ignored --nocapture gpu_round_trips; }
@@ -261,11 +328,26 @@ step_timeline() {
 }
 
 step_start() {
-    local dir
+    local dir rc=0 single all
     dir=$(mktemp -d)
-    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64) || return 1
+    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64 --pool 64) | tee "$dir/start.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || return 1
     cp "$dir"/out/bench-start.* "$LOGS/" 2>/dev/null
-    return 0
+    # "NAME: VALUE UNIT | anchor: ..." lines; the pool's figures against the goals.
+    single=$(awk -F': ' '/^VM start to main through vgpud with a pool of/ { split($2, v, " "); print v[1]; exit }' "$dir/start.txt")
+    all=$(awk -F': ' '/VMs launched concurrently through vgpud with a pool of/ { split($2, v, " "); print v[1]; exit }' "$dir/start.txt")
+    if [[ -n $single ]] && awk -v x="$single" 'BEGIN { exit !(x <= 50) }'; then
+        echo "PASS start: median VM start to main with the pool ${single} ms (goal 50 ms)"
+    else
+        echo "FAIL start: median VM start to main with the pool ${single:-missing} ms (goal 50 ms)"; rc=1
+    fi
+    if [[ -n $all ]] && awk -v x="$all" 'BEGIN { exit !(x <= 3000) }'; then
+        echo "PASS start: 64 VMs at main with the pool in ${all} ms (goal 3000 ms)"
+    else
+        echo "FAIL start: 64 VMs at main with the pool in ${all:-missing} ms (goal 3000 ms)"; rc=1
+    fi
+    grep -h '^pool hits' "$dir/start.txt"
+    return "$rc"
 }
 step_fuzz() {
     [[ -d "$B/fuzz" ]] || { echo "no fuzz targets in the bundle (ci/gpu/bundle.sh says how)"; return 1; }
@@ -273,7 +355,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror|context reserve|setup charged'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 

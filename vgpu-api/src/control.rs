@@ -60,6 +60,20 @@ pub enum Command {
     /// not reply to it. An `Attach` answer carries the shared object's file descriptor
     /// (SCM_RIGHTS) with the first byte of its line.
     Answer { to: u64, answer: Answer },
+    /// A pool worker (started with `--pool`, its GPU backend built, idle) is to serve
+    /// vGPU `vgpu_id`: the vGPU's grant page and doorbell ride with this line
+    /// (SCM_RIGHTS). The worker binds its vhost-user socket and answers
+    /// [`ReplyBody::Assigned`]; from then on it is that vGPU's worker like any other.
+    Assign {
+        vgpu_id: u32,
+        /// The vGPU's memory share, bytes.
+        memory: u64,
+        queues: u16,
+        /// Per-mille.
+        compute_share: u32,
+        copy_share: u32,
+        priority: i32,
+    },
 }
 
 /// The GPU a migration moves to, as the worker builds its backend.
@@ -259,6 +273,10 @@ pub enum ReplyBody {
     },
     Error {
         message: String,
+    },
+    /// A pool worker took its vGPU ([`Command::Assign`]): its socket is bound.
+    Assigned {
+        pid: u32,
     },
 }
 

@@ -31,6 +31,9 @@ pub struct GpuSpec {
     pub ordinal: i32,
     /// The vGPU's memory share: the pager's limit, and a cuda GPU's allocation limit.
     pub memory: u64,
+    /// The CUDA context's stack, heap and printf FIFO (cuda): what they reserve is charged
+    /// to `memory`.
+    pub cuda_limits: vgpu_backend::cuda::ContextLimits,
     /// Memory of the simulated GPU; None: `memory`.
     pub sim_memory: Option<u64>,
     pub sim_copy_bw: u64,
@@ -85,15 +88,13 @@ fn cuda_gpu(
     }))
 }
 
-/// Builds the stack. `broker` is given for an oversubscribed vGPU: its pager asks vgpud
-/// through it.
-pub fn build(
+/// The GPU at the bottom of the stack (what a pool worker builds before it has a vGPU:
+/// the context, the reserved address space, the built-in kernels).
+pub fn gpu(
     spec: &GpuSpec,
     storage: Option<&Arc<StorageSet>>,
-    broker: Option<Arc<Asker>>,
-    vgpu_id: u32,
-) -> Result<Stack, WorkerError> {
-    let gpu = match spec.kind {
+) -> Result<Arc<dyn Backend>, WorkerError> {
+    Ok(match spec.kind {
         BackendKind::Sim => sim_gpu(
             SimConfig {
                 memory: spec.sim_memory.unwrap_or(spec.memory),
@@ -108,11 +109,22 @@ pub fn build(
             CudaConfig {
                 ordinal: spec.ordinal,
                 memory: spec.memory,
+                limits: spec.cuda_limits,
                 ..CudaConfig::default()
             },
             storage,
         )?,
-    };
+    })
+}
+
+/// The stack over `gpu`: the migratable layer, the pager of an oversubscribed vGPU
+/// (`broker`), fault injection when the environment asks for it.
+pub fn assemble(
+    gpu: Arc<dyn Backend>,
+    spec: &GpuSpec,
+    broker: Option<Arc<Asker>>,
+    vgpu_id: u32,
+) -> Stack {
     let migratable = Arc::new(Migratable::new(gpu));
     let inner: Arc<dyn Backend> = migratable.clone();
     let pager = broker.map(|a| {
@@ -128,11 +140,11 @@ pub fn build(
     };
     // Fault injection (tests, soak): only when VGPU_FAULTS_DIR is set.
     let backend = vgpu_backend::faults::from_env(backend, vgpu_id);
-    Ok(Stack {
+    Stack {
         backend,
         migratable,
         pager,
-    })
+    }
 }
 
 /// Builds a migration target's GPU: a cuda target is sized by the vGPU's memory share

@@ -119,6 +119,12 @@ impl ControlState {
                 },
                 false,
             ),
+            Command::Assign { .. } => (
+                ReplyBody::Error {
+                    message: "this worker serves a vGPU already; only an idle pool worker takes an assignment".into(),
+                },
+                false,
+            ),
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vgpu_api::control::WorkerMessage;
+use vgpu_api::control::{ReplyBody, WorkerMessage};
 use vgpu_backend::storage::{NamespaceSpec, StorageSet};
 use vgpu_device::{DeviceConfig, SlotPolicy, Vgpu};
 
@@ -15,6 +15,7 @@ use crate::backend::{self, GpuSpec, Stack};
 use crate::control::{control_socket, ControlLoop, ControlState, Reconnect, Shares};
 use crate::error::WorkerError;
 use crate::memlink::{Asker, ControlOut, FdQueue, FdReader, WorkerShm};
+use crate::pool;
 use crate::sandbox::{self, probe, SeccompMode};
 use crate::serve::{self, Shutdown};
 
@@ -52,6 +53,9 @@ pub struct Config {
     pub secret_file: Option<PathBuf>,
     /// How long to wait for vgpud to reconnect.
     pub reconnect: Duration,
+    /// A pool worker: build the GPU, then wait for vgpud to assign a vGPU (`pool.rs`);
+    /// `device`, `gpu.memory` and `priority` come with the assignment.
+    pub pool: bool,
 }
 
 /// The control channel's parts: lines (with descriptors) in, lines out, questions to vgpud.
@@ -83,8 +87,8 @@ fn open_channel(fd: Option<i32>) -> Result<Option<Channel>, WorkerError> {
     }))
 }
 
-/// Opens the grant channel from inherited descriptors.
-fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, WorkerError> {
+/// Takes the inherited grant page and doorbell (`--grant-fds`).
+fn inherited_grant(page: i32, doorbell: i32) -> Result<(OwnedFd, OwnedFd), WorkerError> {
     for fd in [page, doorbell] {
         // SAFETY: F_GETFD only inspects the descriptor table.
         if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -95,8 +99,7 @@ fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, Worke
     }
     // SAFETY: both descriptors are open (checked above) and were handed to this process
     // for the grant channel alone; nothing else in the worker owns them.
-    let (page, doorbell) = unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) };
-    vgpu_grant::GrantClient::from_fds(page, doorbell).map_err(|e| WorkerError::Grant(e.to_string()))
+    Ok(unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) })
 }
 
 /// The device over the stack, with what the configuration adds (shared memory, storage,
@@ -106,6 +109,7 @@ fn device(
     stack: &Stack,
     asker: Option<&Arc<Asker>>,
     storage: Option<&Arc<StorageSet>>,
+    grant: Option<(OwnedFd, OwnedFd)>,
 ) -> Result<(Vgpu, Option<Arc<vgpu_grant::SwitchGate>>), WorkerError> {
     let mut vgpu = Vgpu::new(cfg.device.clone(), stack.backend.clone())?;
     if let (Some(a), true) = (asker, cfg.shm) {
@@ -115,8 +119,10 @@ fn device(
         vgpu = vgpu.with_storage(set.clone());
     }
     let mut gate = None;
-    if let Some((page, doorbell)) = cfg.grant_fds {
-        let g = Arc::new(vgpu_grant::SwitchGate::new(grant_gate(page, doorbell)?));
+    if let Some((page, doorbell)) = grant {
+        let client = vgpu_grant::GrantClient::from_fds(page, doorbell)
+            .map_err(|e| WorkerError::Grant(e.to_string()))?;
+        let g = Arc::new(vgpu_grant::SwitchGate::new(client));
         vgpu = vgpu.with_gate(g.clone());
         gate = Some(g);
         tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
@@ -173,6 +179,20 @@ fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
     }))
 }
 
+/// Answers a pool worker's assignment: `assigned` once its socket is bound, else why not.
+fn answer_assignment(assigned: Option<&(u64, Arc<ControlOut>)>, result: Result<(), &WorkerError>) {
+    let Some((id, out)) = assigned else { return };
+    let body = match result {
+        Ok(()) => ReplyBody::Assigned {
+            pid: std::process::id(),
+        },
+        Err(e) => ReplyBody::Error {
+            message: e.to_string(),
+        },
+    };
+    out.send(&WorkerMessage::Reply { id: *id, body });
+}
+
 /// Says `ready` and starts the control thread; the channel's writing end for the rest.
 fn start_control(
     channel: Channel,
@@ -199,26 +219,55 @@ fn start_control(
     Ok(out)
 }
 
-/// Serves the vGPU until its frontend disconnects or the worker is stopped.
-pub fn run(cfg: Config) -> Result<(), WorkerError> {
+/// Serves the vGPU until its frontend disconnects or the worker is stopped. A pool
+/// worker first waits for its vGPU (`pool.rs`).
+pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     sandbox::harden()?;
     let signals = serve::block_signals()?;
-    if (cfg.oversubscribe || cfg.shm) && cfg.control_fd.is_none() {
+    if (cfg.oversubscribe || cfg.shm || cfg.pool) && cfg.control_fd.is_none() {
         return Err(WorkerError::Control {
             fd: -1,
-            why: "--oversubscribe and --shm need vgpud (the control channel)".into(),
+            why: "--oversubscribe, --shm and --pool need vgpud (the control channel)".into(),
         });
     }
-    let channel = open_channel(cfg.control_fd)?;
-    let asker = channel.as_ref().map(|c| c.asker.clone());
+    let mut channel = open_channel(cfg.control_fd)?;
     let storage = backend::storage_set(&cfg.storage)?;
+    let gpu = backend::gpu(&cfg.gpu, storage.as_ref())?;
+    let (grant, assigned) = match (&mut channel, cfg.pool) {
+        (Some(c), true) => {
+            match pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, &signals)? {
+                Some(a) => (a.grant, Some((a.request, c.out.clone()))),
+                None => return Ok(()),
+            }
+        }
+        _ => (
+            cfg.grant_fds
+                .map(|(page, doorbell)| inherited_grant(page, doorbell))
+                .transpose()?,
+            None,
+        ),
+    };
+    let asker = channel.as_ref().map(|c| c.asker.clone());
     let broker = asker.clone().filter(|_| cfg.oversubscribe);
     let vgpu_id = cfg.device.vgpu_id;
-    let stack = backend::build(&cfg.gpu, storage.as_ref(), broker, vgpu_id)?;
-    let (vgpu, gate) = device(&cfg, &stack, asker.as_ref(), storage.as_ref())?;
+    let stack = backend::assemble(gpu, &cfg.gpu, broker, vgpu_id);
+    let (vgpu, gate) = match device(&cfg, &stack, asker.as_ref(), storage.as_ref(), grant) {
+        Ok(v) => v,
+        Err(e) => {
+            answer_assignment(assigned.as_ref(), Err(&e));
+            return Err(e);
+        }
+    };
     let vgpu = Arc::new(vgpu);
-    let mut listener = serve::bind(&cfg.socket)?;
-    let reconnect = reconnect_socket(&cfg)?;
+    let bound = serve::bind(&cfg.socket).and_then(|l| Ok((l, reconnect_socket(&cfg)?)));
+    let (mut listener, reconnect) = match bound {
+        Ok(v) => v,
+        Err(e) => {
+            answer_assignment(assigned.as_ref(), Err(&e));
+            return Err(e);
+        }
+    };
+    answer_assignment(assigned.as_ref(), Ok(()));
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));
     serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;

@@ -77,6 +77,9 @@ pub struct SimGpu {
     inflight: InFlight,
     /// Storage namespaces the storage kernels read; `None`: they answer NOT_SUPPORTED.
     storage: Option<Arc<StorageSet>>,
+    /// Namespaces whose cache is charged to the ledger (on first use by a storage kernel),
+    /// and the bytes each is.
+    storage_charged: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 impl SimGpu {
@@ -126,6 +129,7 @@ impl SimGpu {
             modules: Modules::default(),
             inflight: InFlight::default(),
             storage: None,
+            storage_charged: Default::default(),
         })
     }
 
@@ -297,6 +301,7 @@ impl Backend for SimGpu {
             threads: self.threads,
             speed: self.speed,
             storage: self.storage.as_deref(),
+            storage_charged: &self.storage_charged,
         };
         let t = kernels::run(&ctx, sig, args)?;
         tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");

@@ -95,6 +95,10 @@ enum Bench {
         /// VMs launched at once.
         #[arg(long, default_value_t = 16)]
         concurrent: usize,
+        /// Also measure through a vgpud with this many pool workers per GPU
+        /// (`--worker-pool`), each start with the pool full; 0: only without a pool.
+        #[arg(long, default_value_t = 0)]
+        pool: usize,
     },
 }
 
@@ -150,11 +154,13 @@ fn main() {
             backend,
             runs,
             concurrent,
+            pool,
         } => (
             benches::start::run(&benches::start::Params {
                 backend,
                 runs: runs.max(1),
                 concurrent: concurrent.max(1),
+                pool,
             }),
             "start",
         ),

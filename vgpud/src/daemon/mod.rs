@@ -18,6 +18,7 @@ mod memory;
 mod metrics;
 mod migration;
 mod persistence;
+mod pool;
 mod procs;
 mod rebalancing;
 mod shm;
@@ -154,6 +155,10 @@ pub struct WorkerSandbox {
     /// upgraded) keeps serving its guest while it waits for vgpud to reconnect, before it
     /// stops.
     pub control_reconnect: Duration,
+    /// Idle workers kept started per GPU (`--worker-pool`), their GPU backend built, so a
+    /// new vGPU takes one instead of starting a worker. `None`: 2 per cuda GPU, 0 per sim
+    /// GPU.
+    pub pool: Option<usize>,
 }
 
 impl Default for WorkerSandbox {
@@ -162,6 +167,7 @@ impl Default for WorkerSandbox {
             uid_base: Some(DEFAULT_WORKER_UID_BASE),
             seccomp: SeccompMode::Kill,
             control_reconnect: Duration::from_secs(60),
+            pool: None,
         }
     }
 }

@@ -1,0 +1,156 @@
+//! A pool worker's wait for its vGPU (`--pool`). vgpud keeps a few workers per GPU
+//! started ahead of need: each has built its GPU backend (a cuda worker: its context, its
+//! reserved address space and the built-in kernels; a sim worker: its simulated GPU), said
+//! `ready`, and waits here on the control channel. vgpud's `assign` command names the
+//! vGPU (id, memory share, queues, shares) and carries its grant page and doorbell; the
+//! worker then binds its vhost-user socket and answers `assigned`, and is that vGPU's
+//! worker like one started for it.
+//!
+//! An idle pool worker holds no tenant: it exits when vgpud's end of the channel closes
+//! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (its default action: there is
+//! nothing to clean up). Its seccomp filter goes on once it is assigned and set up, as a
+//! worker started for its vGPU puts it on once start-up is done.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+
+use vgpu_api::control::{self, Command, ReplyBody, Request, WorkerMessage};
+
+use crate::error::WorkerError;
+use crate::memlink::{ControlOut, FdQueue, FdReader};
+use crate::run::Config;
+
+/// Set in a pool worker's environment (tests only), it takes its assignment and never
+/// answers: how vgpud copes with a hostile pool worker.
+const STALL_ENV: &str = "VGPU_WORKER_POOL_STALL";
+
+/// What the pool worker was assigned: the request to answer and the vGPU's grant page
+/// and doorbell (when vgpud sent them).
+pub struct Assignment {
+    pub request: u64,
+    pub grant: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// Reads one line, a byte at a time: nothing past the line is taken off the socket, so
+/// the control loop that reads on after the assignment misses nothing. `None` when the
+/// channel closed (or the line is too long).
+fn read_line(input: &mut FdReader) -> Option<Vec<u8>> {
+    let mut line = Vec::with_capacity(256);
+    let mut b = [0u8; 1];
+    loop {
+        match input.read(&mut b) {
+            Ok(0) => return None,
+            Ok(_) => {
+                if b[0] == b'\n' {
+                    return Some(line);
+                }
+                if line.len() >= control::MAX_LINE {
+                    tracing::warn!("control message too long; closing");
+                    return None;
+                }
+                line.push(b[0]);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "control channel read failed");
+                return None;
+            }
+        }
+    }
+}
+
+/// Changes this thread's mask of SIGTERM and SIGINT (`how`: block or unblock).
+fn mask(signals: &libc::sigset_t, how: libc::c_int) -> Result<(), WorkerError> {
+    // SAFETY: `signals` is an initialised signal set; the call changes only this thread's
+    // signal mask.
+    let rc = unsafe { libc::pthread_sigmask(how, signals, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(WorkerError::Signals(std::io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
+/// Waits for vgpud's `assign` and applies it to `cfg` (the vGPU's device configuration,
+/// memory share and priority). `None`: the worker is to exit (the channel closed, or
+/// vgpud said `shutdown`). `signals` (SIGTERM, SIGINT) are deliverable while it waits.
+pub fn await_assignment(
+    cfg: &mut Config,
+    input: &mut FdReader,
+    fds: &FdQueue,
+    out: &ControlOut,
+    signals: &libc::sigset_t,
+) -> Result<Option<Assignment>, WorkerError> {
+    out.send(&WorkerMessage::Ready {
+        pid: std::process::id(),
+    });
+    tracing::info!("pool worker ready; waiting for a vGPU");
+    mask(signals, libc::SIG_UNBLOCK)?;
+    let got = wait(cfg, input, fds, out);
+    mask(signals, libc::SIG_BLOCK)?;
+    Ok(got)
+}
+
+fn wait(
+    cfg: &mut Config,
+    input: &mut FdReader,
+    fds: &FdQueue,
+    out: &ControlOut,
+) -> Option<Assignment> {
+    loop {
+        let line = read_line(input)?;
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring a malformed control message");
+                continue;
+            }
+        };
+        let reply = |body| {
+            out.send(&WorkerMessage::Reply { id: req.id, body });
+        };
+        match req.command {
+            Command::Assign {
+                vgpu_id,
+                memory,
+                queues,
+                compute_share,
+                copy_share,
+                priority,
+            } => {
+                if std::env::var_os(STALL_ENV).is_some() {
+                    // A hostile pool worker for the tests: it never answers, and vgpud
+                    // must give the vGPU a fresh worker.
+                    tracing::warn!("{STALL_ENV} is set: never answering the assignment");
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                let grant = match (fds.pop(), fds.pop()) {
+                    (Some(page), Some(doorbell)) => Some((page, doorbell)),
+                    _ => None,
+                };
+                let d = &mut cfg.device;
+                d.vgpu_id = vgpu_id;
+                d.memory_share = memory;
+                d.num_queues = queues;
+                d.compute_share = compute_share;
+                d.copy_share = copy_share;
+                cfg.gpu.memory = memory;
+                cfg.priority = priority;
+                tracing::info!(vgpu = vgpu_id, memory, queues, "pool worker assigned");
+                return Some(Assignment {
+                    request: req.id,
+                    grant,
+                });
+            }
+            Command::Shutdown => {
+                reply(ReplyBody::ShuttingDown);
+                tracing::info!("vgpud stopped this idle pool worker");
+                return None;
+            }
+            _ => reply(ReplyBody::Error {
+                message: "this pool worker serves no vGPU yet".into(),
+            }),
+        }
+    }
+}
