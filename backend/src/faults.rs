@@ -184,8 +184,8 @@ impl Backend for Faulty {
 
     crate::forward_backend!(inner:
         info, memory_usage, free, check_range, module_load, module_unload, get_function,
-        param_layout, module_global, synchronize, register_host_memory, import_shared, unregister_host_memory,
-        paging, relocation
+        param_layout, module_global, synchronize, register_host_memory, import_shared,
+        export_shared, unregister_host_memory, paging, relocation
     );
 }
 
@@ -263,7 +263,7 @@ impl Backend for FailingTarget {
         info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
         module_load, module_unload, get_function, param_layout, launch, launch_with_params,
         module_global, synchronize,
-        register_host_memory, import_shared, unregister_host_memory, paging
+        register_host_memory, import_shared, export_shared, unregister_host_memory, paging
     );
 }
 

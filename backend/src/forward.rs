@@ -141,6 +141,11 @@ macro_rules! forward_backend {
             self.$f.import_shared(handle, size, read_only)
         }
     };
+    (@one $f:tt export_shared) => {
+        fn export_shared(&self, size: u64) -> $crate::Result<$crate::__private::OwnedFd> {
+            self.$f.export_shared(size)
+        }
+    };
     (@one $f:tt paging) => {
         fn paging(&self) -> Option<&dyn $crate::Paging> {
             self.$f.paging()

@@ -274,6 +274,18 @@ pub trait Backend: Send + Sync {
         ))
     }
 
+    /// Creates a zeroed shared device memory object of `size` bytes on this vGPU's GPU and
+    /// exports it as a file descriptor (sim: a sealed memfd; cuda: an exportable physical
+    /// allocation, `cuMemCreate` + `cuMemExportToShareableHandle`). The descriptor is the
+    /// object: nothing is charged to this vGPU, and any process maps it with
+    /// [`Backend::import_shared`]. Default: not supported.
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        let _ = size;
+        Err(BackendError::NotSupported(
+            "this backend cannot create shared device memory".into(),
+        ))
+    }
+
     /// Undoes [`Backend::register_host_memory`] for `regions` (each exactly as
     /// registered); waits for copies still using them. Unknown regions are ignored.
     fn unregister_host_memory(&self, regions: &[HostRegion]) {

@@ -1003,13 +1003,33 @@ fn shared_object_case(
 
 #[test]
 fn shared_objects_map_read_write_and_read_only() {
-    let export = |size| vgpu_backend::sim::shared_object(size).expect("memfd");
-    shared_object_case("sim", &export, &sim(64 * MIB), &sim(64 * MIB));
+    let (a, b) = (sim(64 * MIB), sim(64 * MIB));
+    let export = |size| a.export_shared(size).expect("export");
+    shared_object_case("sim", &export, &a, &b);
+    // The sim's object is sealed: nobody can shrink it under a mapper.
+    let fd = a.export_shared(MIB).expect("export");
+    // SAFETY: plain fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_GET_SEALS) };
+    assert_eq!(seals, vgpu_backend::sim::SHARED_SEALS, "sim: sealed");
+    assert!(
+        a.export_shared(0).is_err(),
+        "sim: an empty object is refused"
+    );
     match cuda_skip() {
         None => {
             let (a, b) = (cuda(64 * MIB), cuda(64 * MIB));
             let export = |size| a.export_shared(size).expect("export");
             shared_object_case("cuda", &export, &a, &b);
+            let fd = a.export_shared(MIB).expect("export");
+            let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+            // SAFETY: fstat writes one stat into `st` (zeroed, so valid either way).
+            let rc = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd), st.as_mut_ptr()) };
+            // SAFETY: zero-initialised and written by fstat.
+            let st = unsafe { st.assume_init() };
+            eprintln!(
+                "cuda: exported object fstat rc {rc} mode {:o} size {} rdev {:#x}",
+                st.st_mode, st.st_size, st.st_rdev
+            );
         }
         Some(why) => eprintln!("SKIPPED (cuda): {why}"),
     }

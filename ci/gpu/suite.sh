@@ -33,7 +33,7 @@ storage|check|180|the storage kernels as GPU threads, backend level, sim and cud
 storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cuda backend
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
-shm|check|120|shared device memory on cuda: an exported object mapped read-write and read-only, writes to the read-only mapping refused
+shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
 hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
@@ -47,6 +47,7 @@ storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 b
 storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (its ceiling)
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
+shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
@@ -101,7 +102,24 @@ step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
 step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_runs --nocapture; }
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
-step_shm() { "$(tb conformance)" shared_objects --nocapture; }
+step_shm() {
+    local rc=0
+    echo "== backend: an exported object mapped read-write and read-only"
+    if "$(tb conformance)" shared_objects --nocapture; then echo "SHM PASS backend"; else echo "SHM FAIL backend"; rc=1; fi
+    echo "== vgpud: producer/consumer pipeline, intruders refused; kill -9 of a mapper"
+    if VGPU_TEST_BACKEND=cuda "$(tb memory)" shm_pipeline a_dying_vm --nocapture --test-threads 1; then
+        echo "SHM PASS vgpud pipeline, intruders, kill -9"
+    else
+        echo "SHM FAIL vgpud pipeline, intruders, kill -9"; rc=1
+    fi
+    echo "== vgpud: writes into a read-only mapping refused"
+    if VGPU_TEST_BACKEND=cuda "$(tb bounds)" writes_into_a_read_only --nocapture; then
+        echo "SHM PASS vgpud read-only mapping"
+    else
+        echo "SHM FAIL vgpud read-only mapping"; rc=1
+    fi
+    return "$rc"
+}
 step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
@@ -285,6 +303,17 @@ step_memory-bench() {
     cp "$dir"/out/bench-memory.* "$LOGS/" 2>/dev/null
     return 0
 }
+step_shm-bench() {
+    local dir
+    dir=$(mktemp -d)
+    if ! (cd "$dir" && "$B/bin/vgpu-bench" memory --backend cuda); then
+        echo "BENCH shm FAIL"
+        return 1
+    fi
+    cp "$dir"/out/bench-memory-cuda.* "$LOGS/" 2>/dev/null
+    echo "BENCH shm PASS"
+    return 0
+}
 step_timeline() {
     local dir files rc=0
     dir=$(mktemp -d) && chmod 1777 "$dir"
@@ -326,7 +355,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror|context reserve|setup charged'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror|context reserve|setup charged'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -344,6 +344,11 @@ impl Backend for Migratable {
         Ok(addr)
     }
 
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        let (_g, b) = self.enter();
+        b.export_shared(size)
+    }
+
     fn paging(&self) -> Option<&dyn Paging> {
         Some(self)
     }

@@ -540,16 +540,6 @@ impl Drop for CudaGpu {
     }
 }
 
-impl CudaGpu {
-    /// Creates a zeroed shared device memory object of `size` bytes on this GPU and
-    /// exports it: the descriptor is the object (vgpud's registry holds it; every mapper
-    /// imports it with [`Backend::import_shared`]).
-    pub fn export_shared(&self, size: u64) -> Result<OwnedFd> {
-        self.enter()?;
-        self.mem.export(size)
-    }
-}
-
 impl Backend for CudaGpu {
     fn info(&self) -> &BackendInfo {
         &self.info
@@ -789,6 +779,11 @@ impl Backend for CudaGpu {
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.enter()?;
         self.mem.import(handle, size, read_only)
+    }
+
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        self.enter()?;
+        self.mem.export(size)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

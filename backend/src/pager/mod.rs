@@ -719,6 +719,6 @@ impl Backend for Pager {
 
     crate::forward_backend!(inner:
         info, get_function, param_layout, synchronize, register_host_memory,
-        unregister_host_memory
+        unregister_host_memory, export_shared
     );
 }

@@ -28,7 +28,7 @@ use memory::DeviceMemory;
 use modules::Modules;
 use pacing::CopyEngine;
 
-pub use memory::shared_object;
+pub use memory::{shared_object, SHARED_SEALS};
 pub use pacing::{SPLIT_CHUNK, UNITS_PER_SEC};
 
 /// How to simulate the GPU.
@@ -316,6 +316,19 @@ impl Backend for SimGpu {
 
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.mem.import(handle, size, read_only)
+    }
+
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        if size > self.info.device_memory {
+            return Err(BackendError::InvalidArgument(format!(
+                "a shared object of {size} bytes is larger than the GPU's {} bytes",
+                self.info.device_memory
+            )));
+        }
+        memory::shared_object(size)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

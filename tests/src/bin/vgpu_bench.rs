@@ -35,8 +35,12 @@ enum Bench {
         real_seconds: u64,
     },
     /// Oversubscription (Gdev's overload case, scaled), swap throughput of both tiers,
-    /// shm dataflow vs copies through the host, on the sim backend.
+    /// shm dataflow vs copies through the host, on the sim backend; with `--backend cuda`
+    /// the shm dataflow on GPU 0 of this machine.
     Memory {
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
         /// Sim host-device copy bandwidth, GB/s.
         #[arg(long, default_value_t = 2.0)]
         copy_gbps: f64,
@@ -107,7 +111,16 @@ fn main() {
             seconds,
             real_seconds,
         } => (benches::band::run(seconds, real_seconds), "band"),
-        Bench::Memory { copy_gbps, speed } => (
+        Bench::Memory { backend, .. } if backend != "sim" && backend != "cuda" => {
+            eprintln!("vgpu-bench memory: --backend is sim or cuda, not {backend:?}");
+            std::process::exit(2);
+        }
+        Bench::Memory { backend, .. } if backend == "cuda" => {
+            (benches::memory::run_cuda(), "memory-cuda")
+        }
+        Bench::Memory {
+            copy_gbps, speed, ..
+        } => (
             benches::memory::run(benches::memory::Params {
                 copy_bandwidth: (copy_gbps * 1e9) as u64,
                 speed,

@@ -364,9 +364,13 @@ impl Daemon {
                 link::Event::Final(stats) => d.record_sample(id, stats),
                 link::Event::Memory(m) => d.on_memory(id, m),
                 link::Event::Migration(p) => d.on_migration_progress(id, p),
-                link::Event::Ask { id: ask_id, ask } => {
+                link::Event::Ask {
+                    id: ask_id,
+                    ask,
+                    fd: ask_fd,
+                } => {
                     tokio::spawn(async move {
-                        let (answer, fd) = d.answer(id, ask).await;
+                        let (answer, fd) = d.answer(id, ask, ask_fd).await;
                         if let Some(link) = d.state.link_of(id) {
                             if let Err(e) = link.tell(Ctl::Answer { to: ask_id, answer }, fd).await
                             {
