@@ -16,7 +16,8 @@
 #
 # Environment: BUNDLE (default gpu-bundle), TIMEOUT_SCALE (multiplies every limit, default
 # 1), PTX_STRICT=1 (the ptx step fails when the regenerated PTX differs from the committed
-# one), MAXMIB (largest size of the migration bench, default 16384).
+# one), MAXMIB (largest size of the migration bench, default 16384), SHARING_VMS (the VM
+# counts of the sharing step, default 1,2,8,64).
 # The step_* functions run through `bash -c`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -46,6 +47,7 @@ storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
+sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
 start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
@@ -230,6 +232,16 @@ step_timeline() {
     tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
     return "$rc"
 }
+step_sharing() {
+    local dir rc=0
+    dir=$(mktemp -d)
+    (cd "$dir" && "$B/bin/vgpu-bench" sharing --backend cuda --vms "${SHARING_VMS:-1,2,8,64}") || rc=1
+    cp "$dir"/out/bench-sharing.json "$dir"/out/bench-sharing-busy.png "$LOGS/" 2>/dev/null
+    if [[ -n "${OUT:-}" && -f "$dir/out/bench-sharing-busy.png" ]]; then
+        cp "$dir/out/bench-sharing-busy.png" "$OUT/sharing-busy.png"
+    fi
+    return "$rc"
+}
 
 step_start() {
     local dir
@@ -244,9 +256,9 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|SHARING|GOAL|^sharing:|rror'
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 quick=0 list=0 wanted=()
 for a in "$@"; do

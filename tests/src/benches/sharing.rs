@@ -5,8 +5,10 @@
 //! through vgpud with BAND, shares summing to 100 %; GPU busy is the sum of the vGPUs'
 //! compute utilization (kernel device time over wall time) sampled while all run. The
 //! anchor is N host threads launching the same `spin` kernel on one sim GPU directly, one
-//! kernel at a time (no VM, no worker, no grant): kernel time over wall time. Sim backend only here; on
-//! the H200 `ci/gpu/suite.sh timeline` shows where the gap goes.
+//! kernel at a time (no VM, no worker, no grant): kernel time over wall time.
+//!
+//! `--backend cuda` (the GPU machine, `ci/gpu/suite.sh sharing`) runs the VMs on a real
+//! GPU beside N native processes and counts fixed-work rounds instead ([`cuda`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +19,8 @@ use vgpu_backend::{ArgValue, Backend, ModuleImage, SimConfig, SimGpu};
 use super::shared::{fig, ONE_THREAD};
 use crate::bench::Figure;
 use crate::daemon::{gpu_load, wait_running, TestDaemon};
+
+mod cuda;
 
 /// Seconds of sampling per point.
 const SAMPLE: Duration = Duration::from_secs(3);
@@ -120,10 +124,67 @@ fn native(n: usize, spin_us: u64) -> f64 {
     kernel_ns.load(Ordering::Relaxed) as f64 / wall
 }
 
-/// Every point: `counts` VMs, 1 ms and 10 ms kernels.
-pub fn run(counts: &[usize]) -> Vec<Figure> {
+/// One line of the busy-against-N plot.
+struct Series {
+    label: String,
+    /// (N, GPU busy).
+    points: Vec<(usize, f64)>,
+    /// Thick for VMs, thin for the anchor.
+    thick: bool,
+}
+
+/// GPU busy against log2 N, one line per series, as a PNG at `path`.
+fn plot(series: &[Series], title: &str, subtitle: &str, path: &std::path::Path) {
+    use vgpuctl::plot::{Line, Style};
+    let lines: Vec<Line> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Line {
+            label: Some(s.label.clone()),
+            points: s
+                .points
+                .iter()
+                .map(|(n, b)| ((*n as f64).log2(), *b))
+                .collect(),
+            color: i / 2,
+            style: if s.thick { Style::Thick } else { Style::Thin },
+        })
+        .collect();
+    match vgpuctl::plot::xy_png(
+        path,
+        title,
+        subtitle,
+        &vgpuctl::plot::Axes {
+            x_label: "log2 N (VMs; native: processes or threads)",
+            y_label: "busy",
+            percent: true,
+        },
+        &lines,
+    ) {
+        Ok(()) => println!("(plot of GPU busy against N: {})", path.display()),
+        Err(e) => eprintln!("vgpu-bench sharing: cannot draw {}: {e}", path.display()),
+    }
+}
+
+/// Every point on `backend` (`sim` or `cuda`).
+pub fn run(counts: &[usize], backend: &str) -> Vec<Figure> {
+    let counts: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
+    match backend {
+        "cuda" => cuda::run(&counts),
+        "sim" => run_sim(&counts),
+        other => {
+            eprintln!("vgpu-bench sharing: unknown backend {other} (sim or cuda)");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Every point on a sim GPU: `counts` VMs, 1 ms and 10 ms kernels.
+fn run_sim(counts: &[usize]) -> Vec<Figure> {
     let mut out = Vec::new();
+    let mut series = Vec::new();
     for spin_us in [1000u64, 10_000] {
+        let (mut vm_line, mut native_line) = (Vec::new(), Vec::new());
         for &n in counts {
             let vm = through_vgpud(n, spin_us);
             let anchor = native(n, spin_us);
@@ -139,7 +200,26 @@ pub fn run(counts: &[usize]) -> Vec<Figure> {
             );
             eprintln!("{}", f.line());
             out.push(f);
+            vm_line.push((n, vm));
+            native_line.push((n, anchor));
         }
+        let ms = spin_us / 1000;
+        series.push(Series {
+            label: format!("VMs, {ms} ms kernels"),
+            points: vm_line,
+            thick: true,
+        });
+        series.push(Series {
+            label: format!("native threads, {ms} ms kernels"),
+            points: native_line,
+            thick: false,
+        });
     }
+    plot(
+        &series,
+        "GPU busy with N VMs (BAND, sim GPU) and N native threads",
+        "busy = kernel time / wall time, summed over the VMs",
+        std::path::Path::new("out/bench-sharing-busy.png"),
+    );
     out
 }
