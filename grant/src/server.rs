@@ -20,6 +20,18 @@ use crate::{futex, time, GrantError};
 const CONTROL: u64 = u64::MAX;
 const TIMER: u64 = u64::MAX - 1;
 
+/// A hand-over between vGPUs costs two wake-ups after the holder's work ends (the
+/// completion wakes this thread, the grant wakes the next vGPU's waiter). When the
+/// holder's worker said when its request should end (`Page::ends_at`) and another vGPU
+/// waits, this thread wakes `HANDOVER_EARLY` before that, wakes the next waiter (which
+/// then spins for its grant) and polls the holder's ring until the completion comes, at
+/// most `HANDOVER_LATE` past the estimate: the CPU time of one short spin per hand-over
+/// for the two wake-ups.
+const HANDOVER_EARLY: Nanos = 40_000;
+const HANDOVER_LATE: Nanos = 100_000;
+/// Estimates further ahead than this are not believed (a kernel deadline is shorter).
+const HANDOVER_AHEAD: Nanos = 120_000_000_000;
+
 /// Which policy and parameters a GPU runs.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerConfig {
@@ -81,6 +93,9 @@ struct Worker {
     books: [Books; 2],
     /// Completions not believed so far.
     violations: u32,
+    /// The end estimate (`Page::ends_at`) already polled for, per resource: one poll per
+    /// estimate.
+    polled: [Nanos; 2],
 }
 
 impl Worker {
@@ -226,6 +241,7 @@ impl GrantServer {
                 settled: time::now(),
                 books: [Books::new(time::now()), Books::new(time::now())],
                 violations: 0,
+                polled: [0, 0],
             },
         );
         Ok(fds)
@@ -475,8 +491,84 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     Ok(())
 }
 
-fn arm_timer(shared: &Shared, st: &State, now: Nanos) {
-    if let Some(deadline) = st.sched.next_deadline() {
+/// The hand-over to be ready for: the worker whose running request on a resource is
+/// expected to end first while another vGPU waits for that resource, with the estimate.
+fn next_handover(st: &State, now: Nanos) -> Option<(VgpuId, Resource, Nanos)> {
+    let mut waiting = [0usize; 2];
+    for w in st.workers.values() {
+        for (n, p) in waiting.iter_mut().zip(&w.pending) {
+            *n += usize::from(*p > 0);
+        }
+    }
+    let mut best: Option<(VgpuId, Resource, Nanos)> = None;
+    for (&vgpu, w) in &st.workers {
+        for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+            let others_wait = waiting[i] > usize::from(w.pending[i] > 0);
+            if !others_wait || w.books[i].open() == 0 {
+                continue;
+            }
+            let ends = w.page.ends_at(r).load(Ordering::Relaxed);
+            if ends == 0
+                || ends == w.polled[i]
+                || ends.saturating_add(HANDOVER_LATE) < now
+                || ends > now.saturating_add(HANDOVER_AHEAD)
+            {
+                continue;
+            }
+            if best.is_none_or(|(_, _, b)| ends < b) {
+                best = Some((vgpu, r, ends));
+            }
+        }
+    }
+    best
+}
+
+/// When the hand-over ahead is due, wakes the vGPU next in line and polls the holder's
+/// ring until its completion comes (or the estimate is `HANDOVER_LATE` past), then
+/// serves it at once. Returns when to come back for the next one.
+fn handover(shared: &Shared, st: &mut State) -> Option<Nanos> {
+    let now = time::now();
+    let (vgpu, r, ends) = next_handover(st, now)?;
+    let due = ends.saturating_sub(HANDOVER_EARLY);
+    if due > now {
+        return Some(due);
+    }
+    let i = resource_index(r);
+    let w = st.workers.get_mut(&vgpu)?;
+    w.polled[i] = ends;
+    if let Some(next) = st.sched.next_in_line(r, now) {
+        if let Some(n) = st.workers.get(&next) {
+            // No grant moves: it wakes, finds none, and spins for the one about to come.
+            futex::wake_all(n.page.granted(r));
+        }
+    }
+    let w = st.workers.get(&vgpu)?;
+    let until = ends.saturating_add(HANDOVER_LATE);
+    while !w.page.has_completions() && time::now() < until {
+        std::hint::spin_loop();
+    }
+    if w.page.has_completions() {
+        let now = time::now();
+        if let Err(e) = service(st, vgpu, now) {
+            tracing::error!(
+                vgpu,
+                "worker's grant page cannot be trusted ({e}); detaching it"
+            );
+            detach_locked(shared, st, vgpu);
+            st.expelled.insert(vgpu, e.to_string());
+        }
+        close_leases(st, now);
+    }
+    // The next hand-over may already be due.
+    None
+}
+
+fn arm_timer(shared: &Shared, st: &State, now: Nanos, handover: Option<Nanos>) {
+    let next = match (st.sched.next_deadline(), handover) {
+        (Some(d), Some(h)) => Some(d.min(h)),
+        (d, h) => d.or(h),
+    };
+    if let Some(deadline) = next {
         let d = Duration::from_nanos(deadline.saturating_sub(now).max(1_000));
         let mut t = shared.timer.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = t.reset(d, None) {
@@ -534,6 +626,10 @@ fn run(shared: &Shared) {
         // anyone else is granted.
         close_leases(&mut st, now);
         apply(&mut st, grants);
-        arm_timer(shared, &st, now);
+        let mut ahead = handover(shared, &mut st);
+        if ahead.is_none() {
+            ahead = handover(shared, &mut st);
+        }
+        arm_timer(shared, &st, time::now(), ahead);
     }
 }

@@ -435,3 +435,29 @@ fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resourc
         "the engine went back to vGPU 1 although nothing of it runs"
     );
 }
+
+#[test]
+fn the_next_in_line_is_the_waiter_the_holder_hands_to() {
+    let mut s = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, Config::default());
+    for v in [1, 2, 3] {
+        s.add(v, Share::new(0.3), Share::new(0.3), 0).unwrap();
+    }
+    let r = Resource::Compute;
+    assert_eq!(
+        s.submit(1, r, 0).unwrap().len(),
+        1,
+        "vGPU 1 takes the free engine"
+    );
+    assert_eq!(s.next_in_line(r, 10 * US), None, "nobody waits");
+    assert!(s.submit(2, r, 20 * US).unwrap().is_empty());
+    assert_eq!(s.next_in_line(r, 30 * US), Some(2));
+    // The hint decides nothing: the holder's completion hands the engine to that waiter.
+    let g = s.complete(1, r, 0, MS).unwrap();
+    assert_eq!(g.first().map(|g| g.grant.vgpu), Some(2));
+    assert_eq!(s.next_in_line(r, MS), None, "vGPU 2 holds it, nobody waits");
+    // FIFO grants on arrival: nobody is ever next in line.
+    let mut f = GpuScheduler::new(PolicyKind::Fifo, QueueMode::Mrq, Config::default());
+    f.add(1, Share::new(0.5), Share::new(0.5), 0).unwrap();
+    f.submit(1, r, 0).unwrap();
+    assert_eq!(f.next_in_line(r, 0), None);
+}
