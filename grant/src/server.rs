@@ -38,6 +38,12 @@ pub struct ServerConfig {
     pub policy: PolicyKind,
     pub mode: QueueMode,
     pub sched: Config,
+    /// Poll for a holder's completion around its announced end while others wait (see
+    /// `HANDOVER_EARLY`). It spins the GPU's thread and the next waiter for up to a few
+    /// hundred µs per hand-over, which pays only where a core is free for them: on by
+    /// default with 4 or more CPUs; `VGPU_HANDOVER_POLL=1` or `0` in vgpud's environment
+    /// overrides.
+    pub handover_poll: bool,
 }
 
 impl Default for ServerConfig {
@@ -46,7 +52,16 @@ impl Default for ServerConfig {
             policy: PolicyKind::Band,
             mode: QueueMode::Mrq,
             sched: Config::default(),
+            handover_poll: default_handover_poll(),
         }
+    }
+}
+
+fn default_handover_poll() -> bool {
+    match std::env::var("VGPU_HANDOVER_POLL").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
     }
 }
 
@@ -93,9 +108,11 @@ struct Worker {
     books: [Books; 2],
     /// Completions not believed so far.
     violations: u32,
-    /// The end estimate (`Page::ends_at`) already polled for, per resource: one poll per
-    /// estimate.
-    polled: [Nanos; 2],
+    /// Requests granted or started under a lease so far, per resource.
+    starts: [u64; 2],
+    /// `starts` at the last poll for a hand-over (see `handover`): one poll per request
+    /// started, whatever the worker writes as its end estimate.
+    polled: [u64; 2],
 }
 
 impl Worker {
@@ -135,6 +152,7 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    handover_poll: bool,
     epoll: Epoll,
     control: EventFd,
     timer: Mutex<TimerFd>,
@@ -184,6 +202,7 @@ impl GrantServer {
             control,
             timer: Mutex::new(timer),
             stop: AtomicBool::new(false),
+            handover_poll: config.handover_poll,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -241,6 +260,7 @@ impl GrantServer {
                 settled: time::now(),
                 books: [Books::new(time::now()), Books::new(time::now())],
                 violations: 0,
+                starts: [0, 0],
                 polled: [0, 0],
             },
         );
@@ -347,6 +367,7 @@ fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
             let i = resource_index(g.resource);
             // Recorded before the word moves: the worker cannot start before `now`.
             w.books[i].granted(u64::from(g.grant.count), now);
+            w.starts[i] = w.starts[i].wrapping_add(u64::from(g.grant.count));
             let word = w.page.granted(g.resource);
             word.fetch_add(g.grant.count, Ordering::Release);
             futex::wake_all(word);
@@ -380,6 +401,7 @@ fn close_leases(st: &mut State, now: Nanos) {
             let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_IN_FLIGHT);
             w.seen_leased[i] = count;
             w.books[i].leased(delta, now);
+            w.starts[i] = w.starts[i].wrapping_add(delta);
             if delta > 0 {
                 if let Err(e) = sched.start_leased(vgpu, r, delta as u32, now) {
                     tracing::debug!(vgpu, "lease close: {e}");
@@ -436,6 +458,7 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         }
         w.seen_leased[i] = count;
         w.books[i].leased(delta, now);
+        w.starts[i] = w.starts[i].wrapping_add(delta);
         leased[i] = delta;
     }
     // Each completion must match a request granted or leased, inside its window.
@@ -509,7 +532,7 @@ fn next_handover(st: &State, now: Nanos) -> Option<(VgpuId, Resource, Nanos)> {
             }
             let ends = w.page.ends_at(r).load(Ordering::Relaxed);
             if ends == 0
-                || ends == w.polled[i]
+                || w.starts[i] == w.polled[i]
                 || ends.saturating_add(HANDOVER_LATE) < now
                 || ends > now.saturating_add(HANDOVER_AHEAD)
             {
@@ -527,6 +550,9 @@ fn next_handover(st: &State, now: Nanos) -> Option<(VgpuId, Resource, Nanos)> {
 /// ring until its completion comes (or the estimate is `HANDOVER_LATE` past), then
 /// serves it at once. Returns when to come back for the next one.
 fn handover(shared: &Shared, st: &mut State) -> Option<Nanos> {
+    if !shared.handover_poll {
+        return None;
+    }
     let now = time::now();
     let (vgpu, r, ends) = next_handover(st, now)?;
     let due = ends.saturating_sub(HANDOVER_EARLY);
@@ -535,7 +561,7 @@ fn handover(shared: &Shared, st: &mut State) -> Option<Nanos> {
     }
     let i = resource_index(r);
     let w = st.workers.get_mut(&vgpu)?;
-    w.polled[i] = ends;
+    w.polled[i] = w.starts[i];
     if let Some(next) = st.sched.next_in_line(r, now) {
         if let Some(n) = st.workers.get(&next) {
             // No grant moves: it wakes, finds none, and spins for the one about to come.

@@ -187,7 +187,11 @@ fn hand_over(
 
 #[test]
 fn a_hand_over_announced_by_its_end_estimate_comes_without_waking_twice() {
-    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let config = ServerConfig {
+        handover_poll: true,
+        ..ServerConfig::default()
+    };
+    let server = GrantServer::start(config, "test").unwrap();
     let a = Arc::new(client(&server, 1, 0.5));
     let b = Arc::new(client(&server, 2, 0.5));
     let plain = hand_over(&server, &a, &b, Duration::ZERO);

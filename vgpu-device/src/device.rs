@@ -58,7 +58,7 @@ pub struct Vgpu {
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
     gate: Arc<dyn Gate>,
-    /// Each kernel's usual device time: the estimate its grant request carries.
+    /// Each kernel's usual backend-call time: the estimate its grant request carries.
     kernel_times: crate::kernel_times::KernelTimes,
     /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
     slots: Option<Arc<crate::slots::HwSlots>>,
@@ -647,10 +647,11 @@ impl Vgpu {
         let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
         let expect = self.kernel_times.expect(la.function);
         let _permit = crate::timeline::acquire_for(&*self.gate, Resource::Compute, expect);
+        let call = Instant::now();
         let stats = self
             .backend
             .launch(la.function, &cfg, vals.get(..n).unwrap_or(&[]))?;
-        self.kernel_times.record(la.function, stats.device_ns);
+        self.kernel_times.record(la.function, elapsed_ns(call));
         self.stats.kernel(stats.device_ns);
         Ok([stats.device_ns, 0, 0, 0])
     }

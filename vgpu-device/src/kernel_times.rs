@@ -1,5 +1,6 @@
-//! How long each kernel of this vGPU usually runs: the estimate a launch hands its grant
-//! request, so vgpud can be ready for the completion (its thread polling and the next
+//! How long each kernel of this vGPU usually runs (its backend call, from the grant to the
+//! completion noticed: the launch, the device time and the host's notice of the end): the
+//! estimate a launch hands its grant request, so vgpud can be ready for the completion (its thread polling and the next
 //! vGPU's worker awake) instead of waking twice after it. A hint only: nothing is
 //! accounted or decided by it, and a wrong estimate costs a short spin.
 
@@ -9,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// (the newest wins).
 const SLOTS: usize = 64;
 
-/// Device time per kernel function: a running average over its launches.
+/// Backend-call time per kernel function: a running average over its launches.
 pub struct KernelTimes {
-    /// (function handle + 1, 0 when empty; average device time, ns).
+    /// (function handle + 1, 0 when empty; average time, ns).
     slots: [(AtomicU64, AtomicU64); SLOTS],
 }
 
@@ -29,7 +30,7 @@ fn slot(function: u64) -> usize {
 }
 
 impl KernelTimes {
-    /// The usual device time of `function`, ns (0: not seen yet).
+    /// The usual time of `function`, ns (0: not seen yet).
     pub fn expect(&self, function: u64) -> u64 {
         let (key, ns) = &self.slots[slot(function)];
         if key.load(Ordering::Relaxed) == function.wrapping_add(1) {
@@ -39,7 +40,7 @@ impl KernelTimes {
         }
     }
 
-    /// A launch of `function` ran `ns` of device time.
+    /// A launch of `function` took `ns`.
     pub fn record(&self, function: u64, ns: u64) {
         let (key, avg) = &self.slots[slot(function)];
         let k = function.wrapping_add(1);
