@@ -306,6 +306,11 @@ impl Load {
 
 impl Drop for Load {
     fn drop(&mut self) {
+        for p in [self.dx, self.dy, self.a, self.b, self.c] {
+            // SAFETY: frees this process's own device allocation once (nothing runs: every
+            // round synchronised before returning).
+            let _ = unsafe { sys::cuMemFree_v2(p) };
+        }
         // SAFETY: frees this process's own pinned buffer once; the context goes with the
         // process.
         let _ = unsafe { sys::cuMemFreeHost(self.host) };
@@ -321,7 +326,8 @@ fn calibrate(device: i32, target_us: u64) -> Result<(u64, f64), Error> {
         let t = load.median_us(7)?;
         drop(load);
         let scale = (target_us as f64 / t.max(1.0)).cbrt();
-        let next = (((dim as f64 * scale) / 32.0).round() as u64 * 32).clamp(32, 16384);
+        // gpu-load takes matmul=<d> up to 8192.
+        let next = (((dim as f64 * scale) / 32.0).round() as u64 * 32).clamp(32, 8192);
         if next == dim {
             return Ok((dim, t));
         }

@@ -2,9 +2,10 @@
 //!
 //! The VM side: vgpud with the cuda backend and BAND, N VMs running `gpu-load` under KVM
 //! with `spin_us=0 matmul=<d>` (copy 64 KiB in, `saxpy`, `matmul` d x d x d, one request
-//! at a time), shares 1/N each. The anchor, in the same run: N `vgpu-native-load`
-//! processes running the same loop with the same built-in kernels and geometry on the
-//! same GPU (one CUDA context each, time-sliced by the driver), and one alone.
+//! at a time), shares 1/N each (to the per mille). The anchor, in the same run: N
+//! `vgpu-native-load` processes running the same loop with the same built-in kernels and
+//! geometry on the same GPU (one CUDA context each, time-sliced by the driver), and one
+//! alone.
 //!
 //! Work is counted, not device time: a round is a fixed amount of work, so the figure is
 //! rounds per second, and "GPU busy (work)" is rounds/s times the kernel time of one round
@@ -146,13 +147,13 @@ fn through_vgpud(n: usize, c: &Calibrated) -> Result<Point, String> {
         &["--policy", "band", "--backend", "cuda"],
     );
     let client = &d.client;
-    let share = 1.0 / n as f64;
+    // The matrices, x, y and what the worker charges for its context and module.
     let matrices = 3 * c.dim * c.dim * 4;
-    let memory = (matrices + (16 << 20)).next_multiple_of(64 << 20);
+    let memory = (matrices + (256 << 20)).next_multiple_of(64 << 20);
     let arg = format!("rounds={ROUNDS} spin_us=0 matmul={} check={ROUNDS}", c.dim);
     let mut vms = Vec::new();
     let mut result = Ok(());
-    for _ in 0..n {
+    for share in super::shares(n) {
         match client.create_vm(&gpu_load(&arg, 0, share, memory)) {
             Ok(vm) => vms.push(vm),
             Err(e) => {
