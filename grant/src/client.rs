@@ -152,24 +152,39 @@ impl GrantClient {
     /// `expect_ns` (0: unknown) is how long the request should run: its end goes on the
     /// page for the daemon (`Page::ends_at`).
     fn begin(&self, resource: Resource, expect_ns: Nanos) -> Option<Nanos> {
-        let started = if self.start_leased(resource) {
+        if self.start_leased(resource) {
+            let started = time::now();
+            self.page
+                .ends_at(resource)
+                .store(ends_at(started, expect_ns), Ordering::Relaxed);
             self.ring();
-            time::now()
-        } else {
-            self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
+            return Some(started);
+        }
+        self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
+        self.ring();
+        if !self.wait_grant(resource) {
+            return None;
+        }
+        let started = time::now();
+        self.page
+            .ends_at(resource)
+            .store(ends_at(started, expect_ns), Ordering::Release);
+        if expect_ns > 0 {
+            // It was granted, so others may wait: the daemon learns the end now, not at
+            // the next event, and can be ready for it.
             self.ring();
-            if !self.wait_grant(resource) {
-                return None;
-            }
-            time::now()
-        };
-        let ends = if expect_ns == 0 {
-            0
-        } else {
-            started.saturating_add(expect_ns)
-        };
-        self.page.ends_at(resource).store(ends, Ordering::Relaxed);
+        }
         Some(started)
+    }
+}
+
+/// The end estimate of a request started at `started` expected to run `expect_ns` (0:
+/// none).
+fn ends_at(started: Nanos, expect_ns: Nanos) -> Nanos {
+    if expect_ns == 0 {
+        0
+    } else {
+        started.saturating_add(expect_ns)
     }
 }
 
