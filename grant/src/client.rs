@@ -169,9 +169,9 @@ impl GrantClient {
         self.page
             .ends_at(resource)
             .store(ends_at(started, expect_ns), Ordering::Release);
-        if expect_ns > 0 {
-            // It was granted, so others may wait: the daemon learns the end now, not at
-            // the next event, and can be ready for it.
+        if expect_ns > 0 && self.page.polls().load(Ordering::Relaxed) != 0 {
+            // It was granted, so others may wait: a daemon that polls around end
+            // estimates learns this one now, not at the next event, and can be ready.
             self.ring();
         }
         Some(started)

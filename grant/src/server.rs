@@ -224,6 +224,8 @@ impl GrantServer {
         copy: Share,
     ) -> Result<WorkerFds, GrantError> {
         let page = Page::create()?;
+        page.polls()
+            .store(u32::from(self.shared.handover_poll), Ordering::Release);
         let doorbell = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
             .map_err(GrantError::os("eventfd"))?;
         let fds = WorkerFds {

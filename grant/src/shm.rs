@@ -60,6 +60,16 @@ struct Asks {
     ends_at: [AtomicU64; 2],
 }
 
+/// The daemon's line: grants, and whether it polls for completions around their ends.
+#[repr(C)]
+struct Grants {
+    /// Requests the daemon allowed, per resource (futex words).
+    granted: [AtomicU32; 2],
+    /// Non-zero when the daemon polls for a holder's completion around its end estimate:
+    /// only then is a granted worker's estimate worth a doorbell. In the line's padding.
+    polls: AtomicU32,
+}
+
 #[repr(C)]
 struct Layout {
     magic: u64,
@@ -67,8 +77,8 @@ struct Layout {
     _pad: u32,
     /// Worker writes.
     submitted: Line<Asks>,
-    /// Requests the daemon allowed, per resource (daemon writes; futex words).
-    granted: Line<[AtomicU32; 2]>,
+    /// Daemon writes.
+    granted: Line<Grants>,
     /// Lease words: bit 63 set while the worker holds the resource and may start requests
     /// without a grant; the low bits count every request so started (the worker adds one
     /// with a compare-and-swap that only succeeds while the bit is set). The daemon closes
@@ -188,7 +198,12 @@ impl Page {
     }
 
     pub fn granted(&self, r: Resource) -> &AtomicU32 {
-        &self.layout().granted.0[index(r)]
+        &self.layout().granted.0.granted[index(r)]
+    }
+
+    /// Whether the daemon polls around end estimates (it sets this at attach).
+    pub fn polls(&self) -> &AtomicU32 {
+        &self.layout().granted.0.polls
     }
 
     pub fn lease(&self, r: Resource) -> &AtomicU64 {
@@ -285,7 +300,9 @@ mod tests {
         // The estimate lives in the submitted line's padding: every other field keeps its
         // offset, so a daemon and a worker of different builds still agree on the page.
         assert_eq!(std::mem::size_of::<Line<Asks>>(), 64);
+        assert_eq!(std::mem::size_of::<Line<Grants>>(), 64);
         assert_eq!(std::mem::offset_of!(Layout, granted), 128);
+        assert_eq!(std::mem::offset_of!(Layout, lease), 192);
         let a = Page::create().unwrap();
         let fd: OwnedFd = a.file().try_clone().unwrap().into();
         let b = Page::open(fd).unwrap();
