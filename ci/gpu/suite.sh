@@ -47,6 +47,7 @@ storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
+handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
 sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
 start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
@@ -232,6 +233,22 @@ step_timeline() {
     tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
     return "$rc"
 }
+step_handover() {
+    local p dir files rc=0
+    for p in 0 1; do
+        dir=$(mktemp -d) && chmod 1777 "$dir"
+        VGPU_HANDOVER_POLL=$p VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
+        # BAND's two workers come first (worker pids rise).
+        mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
+        if [[ ${#files[@]} -lt 2 ]]; then
+            echo "BENCH handover poll=$p: ${#files[@]} timeline files, wanted 4"; rc=1; continue
+        fi
+        echo "BENCH handover poll=$p (BAND)"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
+        tar -czf "$LOGS/handover-$p-csv.tar.gz" -C "$dir" . 2>/dev/null
+    done
+    return "$rc"
+}
+
 step_sharing() {
     local dir rc=0
     dir=$(mktemp -d)
