@@ -4,14 +4,16 @@
 //! Each round uploads `x` (a host-to-device copy), runs `saxpy` (`y = x + y`), a `spin`
 //! burst of `spin_us` µs (compute time) and, with `matmul=<d>`, the built-in `matmul` of
 //! two d x d matrices (a fixed amount of work: d^3 multiply-adds; `vgpu-bench sharing
-//! --backend cuda` counts these rounds beside native processes running the same loop). Every `check=<k>` rounds the device computes the
-//! FNV-1a checksum of `y` (built-in `checksum`), the guest compares it with the checksum of
-//! the `y` it expects after that many rounds, and prints a progress line:
-//! `gpu-load: round r/R ok checksum=0x...`. Integer-valued f32 keep every sum exact, so any
-//! lost or corrupted byte changes the checksum.
+//! --backend cuda` counts these rounds beside native processes running the same loop).
+//! Every `check=<k>` rounds the device computes the FNV-1a checksum of `y` (built-in
+//! `checksum`), the guest compares it with the checksum of the `y` it expects after that
+//! many rounds, and prints a progress line: `gpu-load: round r/R ok checksum=0x...`.
+//! Integer-valued f32 keep every sum exact, so any lost or corrupted byte changes the
+//! checksum.
 //!
 //! Arguments: `rounds=<n>` (default 100), `n=<elements>` (default 16384), `spin_us=<µs>`
-//! (default 10000; 0: no spin), `matmul=<d>` (default 0: none; at most 8192), `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
+//! (default 10000; 0: no spin), `matmul=<d>` (default 0: none; at most 8192),
+//! `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
 //! ends the run; k > 0: a request answered `DEVICE_ERROR` or `OUT_OF_MEMORY` is sent again,
 //! up to k times each, which is exact because a failed request changed nothing. The fault
 //! injection tests use it; the end line then counts the retries), `max_latency_ms=<ms>`
