@@ -2,7 +2,8 @@
 # Builds what a run on the GPU machine needs (it has no cargo) and lays it out in one
 # git-ignored folder, stripped, with stable names:
 #
-#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-bench, vgpu-storage-bench
+#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-bench, vgpu-storage-bench,
+#                                   vgpu-native-load (the sharing step's native anchor)
 #   gpu-bundle/tests/<test target>  the release test binaries the suite runs, named by their
 #                                   cargo target name; a name two packages share gets
 #                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests)
@@ -28,7 +29,7 @@ out="${1:-$root/gpu-bundle}"
 target="${CARGO_TARGET_DIR:-$root/target}"
 max_mib="${BUNDLE_MAX_MIB:-64}"
 
-programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench)
+programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench vgpu-native-load)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration

@@ -16,7 +16,8 @@
 #
 # Environment: BUNDLE (default gpu-bundle), TIMEOUT_SCALE (multiplies every limit, default
 # 1), PTX_STRICT=1 (the ptx step fails when the regenerated PTX differs from the committed
-# one), MAXMIB (largest size of the migration bench, default 16384).
+# one), MAXMIB (largest size of the migration bench, default 16384), SHARING_VMS (the VM
+# counts of the sharing step, default 1,2,8,64).
 # The step_* functions run through `bash -c`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -49,6 +50,8 @@ migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
 shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
+handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
+sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
 start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
@@ -326,6 +329,32 @@ step_timeline() {
     tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
     return "$rc"
 }
+step_handover() {
+    local p dir files rc=0
+    for p in 0 1; do
+        dir=$(mktemp -d) && chmod 1777 "$dir"
+        VGPU_HANDOVER_POLL=$p VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
+        # BAND's two workers come first (worker pids rise).
+        mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
+        if [[ ${#files[@]} -lt 2 ]]; then
+            echo "BENCH handover poll=$p: ${#files[@]} timeline files, wanted 4"; rc=1; continue
+        fi
+        echo "BENCH handover poll=$p (BAND)"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
+        tar -czf "$LOGS/handover-$p-csv.tar.gz" -C "$dir" . 2>/dev/null
+    done
+    return "$rc"
+}
+
+step_sharing() {
+    local dir rc=0
+    dir=$(mktemp -d)
+    (cd "$dir" && "$B/bin/vgpu-bench" sharing --backend cuda --vms "${SHARING_VMS:-1,2,8,64}") || rc=1
+    cp "$dir"/out/bench-sharing.json "$dir"/out/bench-sharing-busy.png "$LOGS/" 2>/dev/null
+    if [[ -n "${OUT:-}" && -f "$dir/out/bench-sharing-busy.png" ]]; then
+        cp "$dir/out/bench-sharing-busy.png" "$OUT/sharing-busy.png"
+    fi
+    return "$rc"
+}
 
 step_start() {
     local dir rc=0 single all
@@ -355,9 +384,9 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror|context reserve|setup charged'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 quick=0 list=0 wanted=()
 for a in "$@"; do

@@ -59,6 +59,8 @@ pub struct Vgpu {
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
     gate: Arc<dyn Gate>,
+    /// Each kernel's usual backend-call time: the estimate its grant request carries.
+    kernel_times: crate::kernel_times::KernelTimes,
     /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
     slots: Option<Arc<crate::slots::HwSlots>>,
     /// The shared device memory registry; `None`: SHM_* requests are not supported.
@@ -90,6 +92,7 @@ impl Vgpu {
             stats: Stats::default(),
             alloc_lock: Mutex::new(()),
             gate: Arc::new(Ungated),
+            kernel_times: Default::default(),
             slots: None,
             shm: None,
             storage: None,
@@ -708,13 +711,16 @@ impl Vgpu {
         // A hardware queue first (ranked by the guest's HEFT rank), then the GPU's
         // scheduler.
         let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
-        let _permit = crate::timeline::acquire(&*self.gate, Resource::Compute);
+        let expect = self.kernel_times.expect(la.function);
+        let _permit = crate::timeline::acquire_for(&*self.gate, Resource::Compute, expect);
+        let call = Instant::now();
         let stats = if blobs {
             self.backend
                 .launch_with_params(la.function, &cfg, vals, l.blob)?
         } else {
             self.backend.launch(la.function, &cfg, vals)?
         };
+        self.kernel_times.record(la.function, elapsed_ns(call));
         self.stats.kernel(stats.device_ns);
         Ok([stats.device_ns, 0, 0, 0])
     }

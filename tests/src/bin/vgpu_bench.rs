@@ -69,12 +69,16 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
-    /// N VMs sharing one sim GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
-    /// native threads running the same kernels.
+    /// N VMs sharing one GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
+    /// native threads (sim) or N native processes counting the same fixed-work rounds
+    /// (cuda).
     Sharing {
         /// VM counts to measure.
         #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 8])]
         vms: Vec<usize>,
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
     },
     /// Where the time between two kernels goes, from per-request timelines (workers run
     /// with `VGPU_TIMELINE=DIR`): medians and p99 of each stage and gap.
@@ -142,7 +146,7 @@ fn main() {
             }),
             "migration",
         ),
-        Bench::Sharing { vms } => (benches::sharing::run(&vms), "sharing"),
+        Bench::Sharing { vms, backend } => (benches::sharing::run(&vms, &backend), "sharing"),
         Bench::Timeline { paths } => {
             if let Err(e) = benches::timeline::run(&paths) {
                 eprintln!("vgpu-bench: cannot read the timeline: {e}");
