@@ -18,6 +18,7 @@ mod memory;
 mod metrics;
 mod migration;
 mod persistence;
+mod process;
 mod procs;
 mod rebalancing;
 mod shm;

@@ -92,6 +92,9 @@ impl VgpuSpecArgs {
             name: self.name.clone(),
             labels: self.labels.iter().cloned().collect(),
             kernel_deadline_ms: self.kernel_deadline_ms,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }
     }
 }
