@@ -1,0 +1,292 @@
+//! Process vGPUs end to end (`"attach": "process"`): vgpud with two sim GPUs serves two
+//! vGPUs at 70/30 compute shares to two CUDA driver-API programs (`vgpu-cuda-loop`, the
+//! library over the process transport); BAND holds the long-kernel one to its share; one
+//! moves to the other GPU mid-run with its results right; the next process gets a fresh
+//! worker on the same socket; a delete under a running program answers it CUDA errors,
+//! never a crash; the socket belongs to the owner given; malformed requests get 400s.
+
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use vgpu_api::api::{Attach, MigrateRequest, Vgpu, VgpuCreate, VgpuState};
+use vgpu_api::client::Client;
+use vgpu_tests::bins::profile_dir;
+use vgpu_tests::daemon::TestDaemon;
+
+/// The built CUDA library (`libvgpu_cuda.so`), built when missing.
+fn library() -> PathBuf {
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    let path = profile_dir().join("libvgpu_cuda.so");
+    if !path.exists() {
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--quiet", "--manifest-path", manifest])
+            .args(["-p", "vgpu-cuda", "--lib"]);
+        if profile_dir().ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status();
+        assert!(
+            matches!(status, Ok(s) if s.success()),
+            "cannot build vgpu-cuda: {status:?}"
+        );
+    }
+    path
+}
+
+/// vgpud's (this test's) uid and gid.
+fn own_ids() -> (u32, u32) {
+    // SAFETY: getuid and getgid have no preconditions and cannot fail.
+    unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// A process vGPU on `gpu` with `compute`, owned by this test's user.
+fn process_vgpu(gpu: u32, compute: f64) -> VgpuCreate {
+    let (uid, gid) = own_ids();
+    VgpuCreate {
+        gpu: Some(gpu),
+        memory_bytes: 256 << 20,
+        compute_share: compute,
+        copy_share: None,
+        priority: 0,
+        oversubscribe: false,
+        share_group: None,
+        queues: 1,
+        storage: Vec::new(),
+        name: None,
+        labels: Default::default(),
+        kernel_deadline_ms: None,
+        attach: Attach::Process,
+        owner_uid: Some(uid),
+        owner_gid: Some(gid),
+    }
+}
+
+/// A CUDA program looping on vGPU socket `socket` with `args`.
+fn run_loop(socket: &str, args: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_vgpu-cuda-loop"))
+        .arg(library())
+        .args(args.split_whitespace())
+        .env("VGPU_SOCKET", socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start vgpu-cuda-loop")
+}
+
+/// Waits (at most `limit`) for `child` to exit: its status and what it printed.
+fn finish(mut child: Child, limit: Duration) -> (ExitStatus, String) {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut out = String::new();
+            if let Some(mut s) = child.stdout.take() {
+                let _ = s.read_to_string(&mut out);
+            }
+            return (status, out);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("vgpu-cuda-loop still runs after {} s", limit.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until vGPU `id` is in a state `ok` accepts.
+fn wait_state(c: &Client, id: u32, what: &str, ok: impl Fn(&VgpuState) -> bool) -> Vgpu {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = c.vgpu(id).expect("vgpu");
+        if ok(&v.state) {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "vGPU {id} is {:?}, not {what}",
+            v.state
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Mean compute utilization of each vGPU over `secs` seconds of stats.
+fn sample(c: &Client, a: u32, b: u32, secs: u64) -> (f64, f64) {
+    let (mut ua, mut ub, mut n) = (0.0, 0.0, 0.0);
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(250));
+        let sa = c.vgpu_stats(a).expect("stats a");
+        let sb = c.vgpu_stats(b).expect("stats b");
+        if sa.window_ms > 0 && sb.window_ms > 0 {
+            ua += sa.compute_utilization;
+            ub += sb.compute_utilization;
+            n += 1.0;
+        }
+    }
+    assert!(n > 0.0, "no stats samples");
+    (ua / n, ub / n)
+}
+
+/// The socket and its directory belong to the owner given, and only the owner.
+fn check_socket(v: &Vgpu) {
+    let (uid, gid) = own_ids();
+    let sock = Path::new(&v.socket);
+    let m = std::fs::metadata(sock).expect("the vGPU's socket");
+    assert_eq!(
+        (m.mode() & 0o777, m.uid(), m.gid()),
+        (0o660, uid, gid),
+        "socket {}",
+        v.socket
+    );
+    let dir = sock.parent().expect("its directory");
+    let d = std::fs::metadata(dir).expect("its directory");
+    assert_eq!(
+        (d.mode() & 0o777, d.gid()),
+        (0o710, gid),
+        "{}",
+        dir.display()
+    );
+    let names: Vec<_> = std::fs::read_dir(dir)
+        .expect("list")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["vgpu.sock"], "the directory holds the socket alone");
+}
+
+#[test]
+fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
+    let d = TestDaemon::start("process", &["--sim-gpus", "2", "--sim-memory", "2G"]);
+    let c = &d.client;
+    let a = c.create_vgpu(&process_vgpu(0, 0.7)).expect("vGPU a");
+    let b = c.create_vgpu(&process_vgpu(0, 0.3)).expect("vGPU b");
+    for v in [&a, &b] {
+        assert_eq!(v.attach, Attach::Process);
+        assert_eq!(v.state, VgpuState::Ready);
+        assert_eq!(v.vm, None);
+        check_socket(v);
+    }
+    // a: short kernels at 70%; b: long kernels at 30%, which BAND holds to its share.
+    let pa = run_loop(&a.socket, "--secs 14 --spins 32 --spin-us 200 --n 4096");
+    let pb = run_loop(&b.socket, "--secs 14 --spins 4 --spin-us 5000 --n 4096");
+    for v in [a.id, b.id] {
+        wait_state(c, v, "attached", |s| *s == VgpuState::Attached);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (ua, ub) = sample(c, a.id, b.id, 4);
+    eprintln!(
+        "process vGPUs on one GPU: compute utilization a {ua:.3} (share 0.70), b {ub:.3} (share 0.30)"
+    );
+    assert!(ub < 0.38, "vGPU b took {ub:.3} of the GPU, share 0.30");
+    assert!(
+        ua > ub,
+        "vGPU a (0.70) got {ua:.3}, less than b (0.30) {ub:.3}"
+    );
+    assert!(ua + ub > 0.4, "the GPU idled: {ua:.3} + {ub:.3}");
+
+    // b moves to GPU 1 while its program runs.
+    let m = c
+        .migrate_vgpu(
+            b.id,
+            &MigrateRequest {
+                target_gpu: Some(1),
+                ..MigrateRequest::default()
+            },
+        )
+        .expect("migrate");
+    let m = c
+        .wait_migration(m.id, Duration::from_secs(30), |_| {})
+        .expect("migration");
+    assert_eq!(m.state, "completed", "{m:?}");
+    assert_eq!(c.vgpu(b.id).expect("b").gpu, 1);
+    for (name, p) in [("a", pa), ("b", pb)] {
+        let (status, out) = finish(p, Duration::from_secs(60));
+        assert!(status.success(), "program {name}: {status:?}: {out}");
+        assert!(out.contains("every result right"), "program {name}: {out}");
+    }
+
+    // The next process on the same socket gets a fresh worker.
+    let b2 = wait_state(c, b.id, "ready", |s| *s == VgpuState::Ready);
+    assert_eq!(b2.socket, b.socket, "the socket's path stays");
+    check_socket(&b2);
+    let (status, out) = finish(
+        run_loop(&b.socket, "--secs 1 --spins 1 --spin-us 100"),
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "the next program: {status:?}: {out}");
+
+    // A delete under a running program: CUDA errors, no crash.
+    wait_state(c, a.id, "ready", |s| *s == VgpuState::Ready);
+    let p = run_loop(&a.socket, "--secs 120 --spins 4 --spin-us 1000");
+    wait_state(c, a.id, "attached", |s| *s == VgpuState::Attached);
+    std::thread::sleep(Duration::from_millis(500));
+    c.delete_vgpu(a.id).expect("delete a");
+    let (status, out) = finish(p, Duration::from_secs(20));
+    assert_eq!(
+        (status.code(), status.signal()),
+        (Some(3), None),
+        "the program ends on a CUDA error: {out}"
+    );
+    assert!(out.contains("CUDA error"), "{out}");
+    assert!(
+        !Path::new(&a.socket).exists(),
+        "the deleted vGPU's socket is gone"
+    );
+    assert_eq!(c.vgpu(a.id).expect_err("deleted").status(), Some(404));
+    c.delete_vgpu(b.id).expect("delete b");
+}
+
+#[test]
+fn malformed_process_requests_get_clear_errors() {
+    let d = TestDaemon::start("process-bad", &["--sim-gpus", "1"]);
+    let c = &d.client;
+    let post = |path: &str, body: &str| {
+        let r = c.raw("POST", path, Some(body.as_bytes())).expect("request");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        (r.status, v["field"].as_str().unwrap_or("").to_owned(), v)
+    };
+    let base = r#""memory_bytes": 67108864, "compute_share": 0.1"#;
+    let (s, f, v) = post(
+        "/v1/vgpus",
+        &format!(r#"{{{base}, "attach": "container"}}"#),
+    );
+    assert_eq!((s, f.as_str()), (400, "attach"), "{v}");
+    let (s, f, v) = post("/v1/vgpus", &format!(r#"{{{base}, "owner_uid": 1000}}"#));
+    assert_eq!((s, f.as_str()), (400, "owner_uid"), "{v}");
+    let (s, f, v) = post(
+        "/v1/vgpus",
+        &format!(r#"{{{base}, "attach": "vm", "owner_gid": 1000}}"#),
+    );
+    assert_eq!((s, f.as_str()), (400, "owner_gid"), "{v}");
+    let (s, f, v) = post(
+        "/v1/vgpus",
+        &format!(r#"{{{base}, "attach": "process", "owner_uid": "root"}}"#),
+    );
+    assert_eq!((s, f.as_str()), (400, "owner_uid"), "{v}");
+    let (s, f, v) = post(
+        "/v1/vms",
+        &format!(r#"{{"payload": "hello", "vgpu": {{{base}, "attach": "process"}}}}"#),
+    );
+    assert_eq!((s, f.as_str()), (400, "vgpu.attach"), "{v}");
+    // A process vGPU serves no VM.
+    let p = c.create_vgpu(&process_vgpu(0, 0.1)).expect("process vGPU");
+    let (s, f, v) = post(
+        "/v1/vms",
+        &format!(r#"{{"payload": "hello", "vgpu_id": {}}}"#, p.id),
+    );
+    assert_eq!((s, f.as_str()), (409, "vgpu_id"), "{v}");
+    assert!(v["error"].as_str().unwrap_or("").contains("process"), "{v}");
+    assert!(
+        c.vgpus().expect("list").len() == 1,
+        "nothing was created by the refused requests"
+    );
+    c.delete_vgpu(p.id).expect("delete");
+}
