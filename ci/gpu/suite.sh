@@ -38,6 +38,7 @@ cuda-migration|check|180|in-process migration tour across GPUs (onto the same GP
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
+cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
@@ -185,6 +186,84 @@ step_cuda-programs() {
     done
     return "$rc"
 }
+# Two process vGPUs at 70/30 on GPU 0 through vgpud, each running vecloop (an unmodified
+# C driver-API program, through the vGPU library as libcuda.so.1) for SECS seconds; the
+# compute shares measured from vgpud's stats beside 70/30; the 30% one migrated (onto the
+# same GPU with one) mid-run; every program's results checked.
+step_cuda-shares() {
+    local d=$LOGS/cuda-shares src=$B/cuda-programs nvcc home stubs dir sock pid rc=0 secs=24
+    local ctl i share stats
+    local -a ids=() socks=() pids=() u=()
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== FAIL: no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== FAIL: no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$nvcc" -ptx -o "$d/vecloop.ptx" "$src/vecloop.cu" || { echo "== FAIL: nvcc"; return 1; }
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecloop.c" -o "$d/vecloop" \
+        -L "$stubs" -lcuda || { echo "== FAIL: gcc"; return 1; }
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    ctl=("$B/bin/vgpuctl" --socket "$sock")
+    for share in 70% 30%; do
+        local v
+        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 4G --compute "$share") \
+            || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
+        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
+        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+        echo "== vGPU ${ids[-1]} at $share for a process: VGPU_SOCKET=${socks[-1]}"
+    done
+    if [[ $rc == 0 ]]; then
+        for i in 0 1; do
+            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=${socks[$i]} \
+                "$d/vecloop" "$d/vecloop.ptx" "$secs" 8 1000 >"$d/vecloop-$i.log" 2>&1 &
+            pids+=($!)
+        done
+        sleep 5
+        # Mean compute utilization of each over 6 s of vgpud's stats.
+        stats=$(for _ in $(seq 12); do
+            for i in 0 1; do
+                "${ctl[@]}" --json vgpu stats "${ids[$i]}" |
+                    python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["vgpu"], s["compute_utilization"], s["window_ms"])'
+            done
+            sleep 0.5
+        done)
+        for i in 0 1; do
+            u[i]=$(awk -v id="${ids[$i]}" '$1 == id && $3 > 0 { s += $2; n++ } END { printf "%.3f", n ? s / n : 0 }' <<<"$stats")
+        done
+        echo "== shares: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
+        if awk -v a="${u[0]}" -v b="${u[1]}" 'BEGIN { exit !((a - 0.7)^2 <= 0.01 && (b - 0.3)^2 <= 0.01) }'; then
+            echo "== PASS shares within 10 pp of 70/30"
+        else
+            echo "== FAIL shares: ${u[0]}/${u[1]}, wanted 0.70/0.30 within 10 pp"; rc=1
+        fi
+        if "${ctl[@]}" vgpu migrate "${ids[1]}" --target-gpu 0 >"$d/migrate.log" 2>&1; then
+            echo "== PASS live migration of vGPU ${ids[1]} mid-run: $(head -1 "$d/migrate.log")"
+        else
+            echo "== FAIL live migration of vGPU ${ids[1]}:"; tail -3 "$d/migrate.log"; rc=1
+        fi
+        for i in 0 1; do
+            if wait "${pids[$i]}" && grep -q 'VECLOOP OK' "$d/vecloop-$i.log"; then
+                echo "== PASS program on vGPU ${ids[$i]}: $(grep 'VECLOOP OK' "$d/vecloop-$i.log")"
+            else
+                echo "== FAIL program on vGPU ${ids[$i]}:"; tail -3 "$d/vecloop-$i.log"; rc=1
+            fi
+        done
+    fi
+    for i in "${ids[@]}"; do "${ctl[@]}" vgpu delete "$i" >/dev/null 2>&1; done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    echo "vgpud log (last lines):"; tail -5 "$d/vgpud.log"
+    return "$rc"
+}
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }
 step_copy-sweep() { "$(tb gpu)" --ignored --nocapture gpu_copy_sweep; }
 step_round-trips() { "$(tb gpu)" --ignored --nocapture gpu_round_trips; }
@@ -244,7 +323,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
+KEY='PASS|^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
 
 usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 
