@@ -290,3 +290,41 @@ fn malformed_process_requests_get_clear_errors() {
     );
     c.delete_vgpu(p.id).expect("delete");
 }
+
+#[test]
+fn a_process_computes_on_across_a_vgpud_restart_and_the_next_one_is_served() {
+    let mut d = TestDaemon::start(
+        "process-restart",
+        &["--sim-gpus", "1", "--sim-memory", "1G"],
+    );
+    let v = d
+        .client
+        .create_vgpu(&process_vgpu(0, 0.5))
+        .expect("process vGPU");
+    let p = run_loop(&v.socket, "--secs 6 --spins 4 --spin-us 500");
+    wait_state(&d.client, v.id, "attached", |s| *s == VgpuState::Attached);
+    let worker = d.client.vgpu(v.id).expect("vgpu").worker_pid;
+    assert!(d.stop(), "vgpud did not stop on SIGTERM");
+    d.restart(None);
+    // The running worker is adopted; the program computes on.
+    let back = wait_state(&d.client, v.id, "attached", |s| *s == VgpuState::Attached);
+    assert_eq!(back.worker_pid, worker, "the same worker, adopted");
+    assert_eq!(back.attach, Attach::Process);
+    assert_eq!(back.socket, v.socket);
+    let (status, out) = finish(p, Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "the program across the restart: {status:?}: {out}"
+    );
+    assert!(out.contains("every result right"), "{out}");
+    // Its exit is seen by the new vgpud: a fresh worker for the next process.
+    let next = wait_state(&d.client, v.id, "ready", |s| *s == VgpuState::Ready);
+    assert_ne!(next.worker_pid, worker, "a fresh worker");
+    check_socket(&next);
+    let (status, out) = finish(
+        run_loop(&v.socket, "--secs 1 --spins 1 --spin-us 100"),
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "the next program: {status:?}: {out}");
+    d.client.delete_vgpu(v.id).expect("delete");
+}

@@ -409,7 +409,11 @@ impl Daemon {
     fn on_connected(&self, vgpu: u32) {
         self.state.with(|inner| {
             if let Some(rec) = inner.vgpus.get_mut(&vgpu) {
-                if rec.process.is_some() && rec.state == VgpuState::Ready {
+                // Starting too: an adopted worker says `connected` right after `ready`,
+                // which may still be on its way through `await_ready`.
+                if rec.process.is_some()
+                    && matches!(rec.state, VgpuState::Ready | VgpuState::Starting)
+                {
                     rec.state = VgpuState::Attached;
                     tracing::info!(vgpu, "a process connected to the vGPU");
                 }
