@@ -175,7 +175,7 @@ fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
         check_socket(v);
     }
     // a: short kernels at 70%; b: long kernels at 30%, which BAND holds to its share.
-    let pa = run_loop(&a.socket, "--secs 14 --spins 128 --spin-us 200 --n 4096");
+    let pa = run_loop(&a.socket, "--secs 14 --spins 32 --spin-us 1000 --n 4096");
     let pb = run_loop(&b.socket, "--secs 14 --spins 8 --spin-us 5000 --n 4096");
     for v in [a.id, b.id] {
         wait_state(c, v, "attached", |s| *s == VgpuState::Attached);
