@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_api::api::{Attach, MigrateRequest, Vgpu, VgpuCreate, VgpuState};
+use vgpu_api::api::{Attach, MigrateRequest, Vgpu, VgpuCreate, VgpuPatch, VgpuState};
 use vgpu_api::client::Client;
-use vgpu_tests::bins::profile_dir;
+use vgpu_tests::bins::{binary, profile_dir};
 use vgpu_tests::daemon::TestDaemon;
 
 /// The built CUDA library (`libvgpu_cuda.so`), built when missing.
@@ -207,6 +207,18 @@ fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
         .expect("migration");
     assert_eq!(m.state, "completed", "{m:?}");
     assert_eq!(c.vgpu(b.id).expect("b").gpu, 1);
+    // Its share changes while its program runs.
+    let patched = c
+        .patch_vgpu(
+            b.id,
+            &VgpuPatch {
+                compute_share: Some(0.25),
+                ..VgpuPatch::default()
+            },
+        )
+        .expect("patch b");
+    assert_eq!(patched.compute_share, 0.25);
+    assert_eq!(c.vgpu_stats(b.id).expect("stats b").compute_share, 0.25);
     for (name, p) in [("a", pa), ("b", pb)] {
         let (status, out) = finish(p, Duration::from_secs(60));
         assert!(status.success(), "program {name}: {status:?}: {out}");
@@ -289,6 +301,43 @@ fn malformed_process_requests_get_clear_errors() {
         "nothing was created by the refused requests"
     );
     c.delete_vgpu(p.id).expect("delete");
+
+    // vgpuctl: the socket for the process, and errors that name the flag.
+    let ctl = |args: &str| {
+        let out = Command::new(binary("vgpuctl"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(args.split_whitespace())
+            .output()
+            .expect("vgpuctl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, out) = ctl("vgpu create --attach process --memory 64M --compute 10%");
+    assert_eq!(code, Some(0), "{out}");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("VGPU_SOCKET="))
+        .unwrap_or_else(|| panic!("no VGPU_SOCKET line: {out}"));
+    let made = c
+        .vgpus()
+        .expect("list")
+        .into_iter()
+        .find(|v| v.socket == line)
+        .unwrap_or_else(|| panic!("no vGPU has socket {line}"));
+    assert_eq!(made.attach, Attach::Process);
+    let (code, out) = ctl(&format!("vgpu show {}", made.id));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("VGPU_SOCKET={line}")), "{out}");
+    let (code, out) = ctl("vgpu create --attach container --memory 64M --compute 10%");
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("--attach"), "{out}");
+    let (code, out) = ctl("vgpu create --memory 64M --compute 10% --owner-uid 1000");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("--owner-uid"), "{out}");
+    let (code, out) = ctl(&format!("vgpu delete {}", made.id));
+    assert_eq!(code, Some(0), "{out}");
 }
 
 #[test]
