@@ -375,5 +375,26 @@ fn a_process_computes_on_across_a_vgpud_restart_and_the_next_one_is_served() {
         Duration::from_secs(60),
     );
     assert!(status.success(), "the next program: {status:?}: {out}");
+
+    // A program killed mid-run (a crashed container): its device memory goes with its
+    // worker, and the next process finds a fresh one holding nothing.
+    wait_state(&d.client, v.id, "ready", |s| *s == VgpuState::Ready);
+    let mut p = run_loop(&v.socket, "--secs 60 --spins 2 --spin-us 500 --n 65536");
+    wait_state(&d.client, v.id, "attached", |s| *s == VgpuState::Attached);
+    let end = Instant::now() + Duration::from_secs(10);
+    while d.client.vgpu_stats(v.id).expect("stats").memory_used_bytes == 0 {
+        assert!(Instant::now() < end, "the program allocated nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p.kill().expect("kill -9 the program");
+    let _ = p.wait();
+    wait_state(&d.client, v.id, "ready again", |s| *s == VgpuState::Ready);
+    let s = d.client.vgpu_stats(v.id).expect("stats");
+    assert!(s.live, "the fresh worker's counters: {s:?}");
+    assert_eq!(
+        (s.memory_used_bytes, s.allocations),
+        (0, 0),
+        "the fresh worker holds nothing of the killed program's"
+    );
     d.client.delete_vgpu(v.id).expect("delete");
 }

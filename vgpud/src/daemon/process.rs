@@ -196,7 +196,21 @@ impl Daemon {
             vgpu = id,
             "its process hung up; starting a fresh worker for the next one"
         );
+        // The fresh worker's counters and clock start at zero: the last one's samples go
+        // (again once it is ready: the last one's final counters may come in meanwhile).
+        let forget_samples = || {
+            self.state.with(|i| {
+                if let Some(rec) = i.vgpus.get_mut(&id) {
+                    rec.samples.clear();
+                    rec.memory_report = None;
+                }
+            })
+        };
+        forget_samples();
         let result = self.start_worker(id).await;
+        if result.is_ok() {
+            forget_samples();
+        }
         if let Err(e) = result {
             self.state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&id) {
