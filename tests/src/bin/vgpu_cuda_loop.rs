@@ -2,14 +2,14 @@
 //! vGPU. It loads the vGPU library (`libcuda.so.1`, here the built `libvgpu_cuda.so`)
 //! with `dlopen`, resolves every entry point through `cuGetProcAddress_v2` (as cuda-python
 //! does), and runs a closed loop of built-in kernels for a while: per round `--spins`
-//! `spin` kernels and a `vector_add` of two vectors uploaded once, whose result it reads
+//! `spin` kernels (round-robin on `--streams` streams) and a `vector_add` of two vectors uploaded once, whose result it reads
 //! back and checks element by element (so the inputs must survive migrations too).
 //!
 //! It prints one line at the end and exits 0 when every result was right, 1 on a wrong
 //! element, 3 when a CUDA call failed (the vGPU went away: the call's error name is
 //! printed), 2 on bad usage.
 //!
-//! Usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--n N]
+//! Usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--streams S] [--n N]
 //! (`VGPU_SOCKET` names the vGPU's socket.)
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
@@ -116,19 +116,21 @@ struct Opts {
     secs: f64,
     spin_us: u64,
     spins: u32,
+    streams: u32,
     n: usize,
 }
 
 fn opts() -> Result<Opts, String> {
     let mut args = std::env::args().skip(1);
-    let library = args
-        .next()
-        .ok_or("usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--n N]")?;
+    let library = args.next().ok_or(
+        "usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--streams S] [--n N]",
+    )?;
     let mut o = Opts {
         library,
         secs: 5.0,
         spin_us: 2000,
         spins: 4,
+        streams: 1,
         n: 1 << 16,
     };
     while let Some(flag) = args.next() {
@@ -138,6 +140,7 @@ fn opts() -> Result<Opts, String> {
             "--secs" => o.secs = v.parse().map_err(|_| bad())?,
             "--spin-us" => o.spin_us = v.parse().map_err(|_| bad())?,
             "--spins" => o.spins = v.parse().map_err(|_| bad())?,
+            "--streams" => o.streams = v.parse().map_err(|_| bad())?,
             "--n" => o.n = v.parse().map_err(|_| bad())?,
             _ => return Err(format!("unknown option {flag}")),
         }
@@ -215,9 +218,17 @@ fn run(cuda: &Cuda, o: &Opts, rounds: &mut u64) -> Result<(), Stop> {
         // SAFETY: cuLaunchKernel's C signature.
         unsafe { std::mem::transmute::<Ptr, Launch>(p) }
     };
-    let go = |f: Ptr, grid: c_uint, params: *mut Ptr| -> Result<(), Stop> {
+    // The spins go round-robin on `--streams` streams (the vGPU's queues), so that some
+    // are always waiting for the GPU.
+    let mut streams: Vec<Ptr> = Vec::new();
+    for _ in 0..o.streams {
+        let mut s: Ptr = null_mut();
+        cu!(cuda, c"cuStreamCreate", fn(*mut Ptr, c_uint), &mut s, 0);
+        streams.push(s);
+    }
+    let go = |f: Ptr, grid: c_uint, stream: Ptr, params: *mut Ptr| -> Result<(), Stop> {
         // SAFETY: `params` points at the kernel's arguments, alive for the call.
-        let r = unsafe { launch(f, grid, 1, 1, 256, 1, 1, 0, null_mut(), params, null_mut()) };
+        let r = unsafe { launch(f, grid, 1, 1, 256, 1, 1, 0, stream, params, null_mut()) };
         match r {
             0 => Ok(()),
             r => Err(Stop::Cuda(format!(
@@ -229,11 +240,13 @@ fn run(cuda: &Cuda, o: &Opts, rounds: &mut u64) -> Result<(), Stop> {
     let mut hc = vec![0f32; n];
     let end = Instant::now() + Duration::from_secs_f64(o.secs);
     while Instant::now() < end {
-        for _ in 0..o.spins {
-            let mut us = o.spin_us;
+        let mut us = o.spin_us;
+        for k in 0..o.spins as usize {
             let mut p: [Ptr; 1] = [(&mut us as *mut u64).cast()];
-            go(spin, 1, p.as_mut_ptr())?;
+            let stream = streams.get(k % streams.len().max(1)).copied();
+            go(spin, 1, stream.unwrap_or(null_mut()), p.as_mut_ptr())?;
         }
+        cu!(cuda, c"cuCtxSynchronize", fn());
         cu!(cuda, c"cuMemsetD32", fn(u64, c_uint, usize), c, 0, n);
         let mut n64 = n as u64;
         let mut p: [Ptr; 4] = [
@@ -243,7 +256,7 @@ fn run(cuda: &Cuda, o: &Opts, rounds: &mut u64) -> Result<(), Stop> {
             (&mut n64 as *mut u64).cast(),
         ];
         let grid = c_uint::try_from(n.div_ceil(256)).unwrap_or(c_uint::MAX);
-        go(vadd, grid, p.as_mut_ptr())?;
+        go(vadd, grid, null_mut(), p.as_mut_ptr())?;
         cu!(cuda, c"cuCtxSynchronize", fn());
         cu!(
             cuda,
