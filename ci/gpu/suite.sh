@@ -193,7 +193,7 @@ step_cuda-programs() {
 # same GPU with one) mid-run; every program's results checked.
 step_cuda-shares() {
     local d=$LOGS/cuda-shares src=$B/cuda-programs nvcc home stubs dir sock pid rc=0 secs=24
-    local ctl i share stats
+    local ctl i share
     local -a ids=() socks=() pids=() u=()
     mkdir -p "$d/lib"
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -229,18 +229,15 @@ step_cuda-shares() {
             pids+=($!)
         done
         sleep 5
-        # Mean compute utilization of each over 6 s of vgpud's stats.
-        stats=$(for _ in $(seq 12); do
-            for i in 0 1; do
-                "${ctl[@]}" --json vgpu stats "${ids[$i]}" |
-                    python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["vgpu"], s["compute_utilization"], s["window_ms"])'
-            done
-            sleep 0.5
-        done)
-        for i in 0 1; do
-            u[i]=$(awk -v id="${ids[$i]}" '$1 == id && $3 > 0 { s += $2; n++ } END { printf "%.3f", n ? s / n : 0 }' <<<"$stats")
-        done
-        echo "== shares: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
+        # The device time each got over 8 s (kernel_ns from vgpud's stats) over the wall time.
+        kns() { "${ctl[@]}" --json vgpu stats "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["kernel_ns"])'; }
+        local t0 t1 a0 b0 a1 b1
+        t0=$(date +%s%N) a0=$(kns "${ids[0]}") b0=$(kns "${ids[1]}")
+        sleep 8
+        t1=$(date +%s%N) a1=$(kns "${ids[0]}") b1=$(kns "${ids[1]}")
+        u[0]=$(awk -v x="$a0" -v y="$a1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        u[1]=$(awk -v x="$b0" -v y="$b1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        echo "== shares: device time of the wall time: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
         if awk -v a="${u[0]}" -v b="${u[1]}" 'BEGIN { exit !((a - 0.7)^2 <= 0.01 && (b - 0.3)^2 <= 0.01) }'; then
             echo "== PASS shares within 10 pp of 70/30"
         else

@@ -253,7 +253,7 @@ fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
     assert_eq!(patched.compute_share, 0.25);
     assert_eq!(c.vgpu_stats(b.id).expect("stats b").compute_share, 0.25);
     for (name, p) in [("a", pa), ("b", pb)] {
-        let (status, out) = finish(p, Duration::from_secs(60));
+        let (status, out) = finish(p, Duration::from_secs(120));
         assert!(status.success(), "program {name}: {status:?}: {out}");
         assert!(out.contains("every result right"), "program {name}: {out}");
     }
@@ -393,7 +393,7 @@ fn a_process_computes_on_across_a_vgpud_restart_and_the_next_one_is_served() {
     assert_eq!(back.worker_pid, worker, "the same worker, adopted");
     assert_eq!(back.attach, Attach::Process);
     assert_eq!(back.socket, v.socket);
-    let (status, out) = finish(p, Duration::from_secs(60));
+    let (status, out) = finish(p, Duration::from_secs(120));
     assert!(
         status.success(),
         "the program across the restart: {status:?}: {out}"
