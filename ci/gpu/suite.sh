@@ -40,6 +40,7 @@ cuda-migration|check|180|in-process migration tour across GPUs (onto the same GP
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
+cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
@@ -283,6 +284,82 @@ step_cuda-api-bench() {
     done
     return "$rc"
 }
+# Two process vGPUs at 70/30 on GPU 0 through vgpud, each running vecloop (an unmodified
+# C driver-API program, through the vGPU library as libcuda.so.1; rounds of 32 kernels of
+# 1 ms and a checked vector sum) for 24 seconds; the
+# compute shares measured from vgpud's stats beside 70/30; the 30% one migrated (onto the
+# same GPU with one) mid-run; every program's results checked.
+step_cuda-shares() {
+    local d=$LOGS/cuda-shares src=$B/cuda-programs nvcc home stubs dir sock pid rc=0 secs=24
+    local ctl i share
+    local -a ids=() socks=() pids=() u=()
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== FAIL: no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== FAIL: no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$nvcc" -ptx -o "$d/vecloop.ptx" "$src/vecloop.cu" || { echo "== FAIL: nvcc"; return 1; }
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecloop.c" -o "$d/vecloop" \
+        -L "$stubs" -lcuda || { echo "== FAIL: gcc"; return 1; }
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    ctl=("$B/bin/vgpuctl" --socket "$sock")
+    for share in 70% 30%; do
+        local v
+        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 4G --compute "$share") \
+            || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
+        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
+        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+        echo "== vGPU ${ids[-1]} at $share for a process: VGPU_SOCKET=${socks[-1]}"
+    done
+    if [[ $rc == 0 ]]; then
+        for i in 0 1; do
+            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=${socks[$i]} \
+                "$d/vecloop" "$d/vecloop.ptx" "$secs" 32 1000 >"$d/vecloop-$i.log" 2>&1 &
+            pids+=($!)
+        done
+        sleep 5
+        # The device time each got over 8 s (kernel_ns from vgpud's stats) over the wall time.
+        kns() { "${ctl[@]}" --json vgpu stats "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["kernel_ns"])'; }
+        local t0 t1 a0 b0 a1 b1
+        t0=$(date +%s%N) a0=$(kns "${ids[0]}") b0=$(kns "${ids[1]}")
+        sleep 8
+        t1=$(date +%s%N) a1=$(kns "${ids[0]}") b1=$(kns "${ids[1]}")
+        u[0]=$(awk -v x="$a0" -v y="$a1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        u[1]=$(awk -v x="$b0" -v y="$b1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        echo "== shares: device time of the wall time: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
+        if awk -v a="${u[0]}" -v b="${u[1]}" 'BEGIN { exit !((a - 0.7)^2 <= 0.01 && (b - 0.3)^2 <= 0.01) }'; then
+            echo "== PASS shares within 10 pp of 70/30"
+        else
+            echo "== FAIL shares: ${u[0]}/${u[1]}, wanted 0.70/0.30 within 10 pp"; rc=1
+        fi
+        if "${ctl[@]}" vgpu migrate "${ids[1]}" --target-gpu 0 >"$d/migrate.log" 2>&1; then
+            echo "== PASS live migration of vGPU ${ids[1]} mid-run: $(grep -m1 'moved' "$d/migrate.log" || tail -1 "$d/migrate.log")"
+        else
+            echo "== FAIL live migration of vGPU ${ids[1]}:"; tail -3 "$d/migrate.log"; rc=1
+        fi
+        for i in 0 1; do
+            if wait "${pids[$i]}" && grep -q 'VECLOOP OK' "$d/vecloop-$i.log"; then
+                echo "== PASS program on vGPU ${ids[$i]}: $(grep 'VECLOOP OK' "$d/vecloop-$i.log")"
+            else
+                echo "== FAIL program on vGPU ${ids[$i]}:"; tail -3 "$d/vecloop-$i.log"; rc=1
+            fi
+        done
+    fi
+    for i in "${ids[@]}"; do "${ctl[@]}" vgpu delete "$i" >/dev/null 2>&1; done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    echo "vgpud log (last lines):"; tail -5 "$d/vgpud.log"
+    return "$rc"
+}
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }
 step_copy-sweep() { "$(tb gpu)" --ignored --nocapture gpu_copy_sweep; }
 step_round-trips() { "$(tb gpu)" --ignored --nocapture gpu_round_trips; }
@@ -395,6 +472,7 @@ step_fuzz() {
 
 # The lines of a step's log worth echoing.
 KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
+KEY='PASS|^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 

@@ -122,6 +122,9 @@ fn swapped_out_memory_migrates_intact() {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }),
         name: None,
         labels: Default::default(),
@@ -181,6 +184,9 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     })
     .expect("filler");
     let req = |target: Option<u32>, mode: Option<&str>| MigrateRequest {

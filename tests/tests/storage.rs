@@ -77,6 +77,9 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

@@ -318,6 +318,9 @@ pub(super) mod testing {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }
     }
 }

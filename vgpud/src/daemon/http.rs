@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::metrics;
 use super::migration::{MigrateCommand, DEFAULT_MAX_DOWNTIME_MS};
 use crate::api::{
-    ErrorBody, Gpu, GpuDemand, MigrateRequest, Migration, MigrationSpan, RebalanceEvent,
+    Attach, ErrorBody, Gpu, GpuDemand, MigrateRequest, Migration, MigrationSpan, RebalanceEvent,
     RebalancerStatus, ShmObject, StorageAttachment, Vgpu, VgpuCreate, VgpuDemand, VgpuPatch,
     VgpuState, VgpuStats, Vm, VmCreate, VmState,
 };
@@ -81,7 +81,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         get_metrics
     ),
     components(schemas(
-        ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
+        Attach, ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
         VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
         RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg
     )),

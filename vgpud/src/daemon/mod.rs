@@ -19,6 +19,7 @@ mod metrics;
 mod migration;
 mod persistence;
 mod pool;
+mod process;
 mod procs;
 mod rebalancing;
 mod shm;

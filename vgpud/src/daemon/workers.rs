@@ -242,7 +242,10 @@ impl Daemon {
             let status = procs::reap(child, &p).await;
             d.on_worker_exit(id, p.pid, Some(status));
         });
-        self.await_ready(id, &proc, &log, ready).await
+        self.await_ready(id, &proc, &log, ready).await?;
+        // A process vGPU: its socket at the path its processes know.
+        self.hand_over(id)
+            .inspect_err(|_| proc.signal(libc::SIGKILL))
     }
 
     /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
@@ -429,9 +432,19 @@ impl Daemon {
         }
     }
 
-    /// A VM's frontend connected to vGPU `vgpu`: the VM runs.
+    /// A VM's frontend connected to vGPU `vgpu`: the VM runs (a process vGPU is attached).
     fn on_connected(&self, vgpu: u32) {
         self.state.with(|inner| {
+            if let Some(rec) = inner.vgpus.get_mut(&vgpu) {
+                // Starting too: an adopted worker says `connected` right after `ready`,
+                // which may still be on its way through `await_ready`.
+                if rec.process.is_some()
+                    && matches!(rec.state, VgpuState::Ready | VgpuState::Starting)
+                {
+                    rec.state = VgpuState::Attached;
+                    tracing::info!(vgpu, "a process connected to the vGPU");
+                }
+            }
             let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
             if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
                 if vm.state == VmState::Starting {
@@ -445,7 +458,7 @@ impl Daemon {
 
     /// Worker `pid` of vGPU `id` exited (with `status`, when it was our child): the vGPU
     /// lets go of everything it held.
-    pub(super) fn on_worker_exit(&self, id: u32, pid: u32, status: Option<ExitStatus>) {
+    pub(super) fn on_worker_exit(self: &Arc<Self>, id: u32, pid: u32, status: Option<ExitStatus>) {
         let Some((gpu, alive)) = self
             .state
             .with(|inner| self.worker_exited(inner, id, pid, status.as_ref()))
@@ -459,6 +472,15 @@ impl Daemon {
         self.refresh_pool(gpu);
         self.mark_dirty();
         self.state.notify();
+        let next = self.state.with(|i| {
+            i.vgpus.get(&id).is_some_and(|r| {
+                r.process.is_some() && r.state == VgpuState::Starting && r.worker.is_none()
+            })
+        });
+        if next {
+            let d = self.clone();
+            tokio::spawn(async move { d.next_worker(id).await });
+        }
     }
 
     /// [`Daemon::on_worker_exit`] under the state lock: the record's new state, its VM
@@ -490,6 +512,14 @@ impl Daemon {
         let vm = rec.vm;
         let new_state = match self.expelled(id, rec.gpu) {
             Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
+            // Its process hung up: it holds its resources for the next one.
+            _ if super::process::next_process(
+                rec,
+                status.map_or(!vm_running, ExitStatus::success),
+            ) =>
+            {
+                VgpuState::Starting
+            }
             _ => exit_state(rec, status, vm_running),
         };
         if let VgpuState::Failed { reason } = &new_state {
