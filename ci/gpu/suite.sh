@@ -472,7 +472,6 @@ step_fuzz() {
 
 # The lines of a step's log worth echoing.
 KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
-KEY='PASS|^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|rror'
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
