@@ -29,3 +29,14 @@ pub fn daemon_args(sim: &[&'static str]) -> Option<Vec<&'static str>> {
         }
     }
 }
+
+/// A vGPU memory share that leaves `bytes` for the guest: on cuda the share also holds
+/// the CUDA context's reserve (the stacks of every resident thread, heap and printf FIFO:
+/// 273 MiB on the H200 at the default limits), so 512 MiB more; on sim `bytes` itself.
+pub fn share(bytes: u64) -> u64 {
+    if on_cuda() {
+        bytes + (512 << 20)
+    } else {
+        bytes
+    }
+}

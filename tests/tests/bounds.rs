@@ -22,7 +22,7 @@ fn vm(arg: &str, group: Option<&str>) -> VmCreate {
         vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: Some(0),
-            memory_bytes: 32 * MIB,
+            memory_bytes: vgpu_tests::gpus::share(32 * MIB),
             compute_share: 0.2,
             copy_share: None,
             priority: 0,

@@ -169,7 +169,7 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
         .create_vm(&vm(
             "shm-pipe",
             &arg("producer"),
-            32 * MIB,
+            vgpu_tests::gpus::share(32 * MIB),
             false,
             Some("pipe"),
             0,
@@ -179,7 +179,7 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
         .create_vm(&vm(
             "shm-pipe",
             &arg("consumer"),
-            32 * MIB,
+            vgpu_tests::gpus::share(32 * MIB),
             false,
             Some("pipe"),
             0,
@@ -189,14 +189,21 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
         .create_vm(&vm(
             "shm-pipe",
             &arg("intruder"),
-            32 * MIB,
+            vgpu_tests::gpus::share(32 * MIB),
             false,
             Some("other"),
             0,
         ))
         .expect("intruder");
     let loner = c
-        .create_vm(&vm("shm-pipe", &arg("intruder"), 32 * MIB, false, None, 0))
+        .create_vm(&vm(
+            "shm-pipe",
+            &arg("intruder"),
+            vgpu_tests::gpus::share(32 * MIB),
+            false,
+            None,
+            0,
+        ))
         .expect("no group");
     finish(c, intruder.id, "SHM-PIPE OK role=intruder refused");
     finish(c, loner.id, "SHM-PIPE OK role=intruder refused");
@@ -233,7 +240,7 @@ fn a_dying_vm_leaves_the_shared_object_to_the_others() {
         .create_vm(&vm(
             "shm-pipe",
             &arg("producer"),
-            32 * MIB,
+            vgpu_tests::gpus::share(32 * MIB),
             false,
             Some("g"),
             0,
@@ -243,7 +250,7 @@ fn a_dying_vm_leaves_the_shared_object_to_the_others() {
         .create_vm(&vm(
             "shm-pipe",
             &arg("consumer"),
-            32 * MIB,
+            vgpu_tests::gpus::share(32 * MIB),
             false,
             Some("g"),
             0,

@@ -431,3 +431,45 @@ fn a_process_computes_on_across_a_vgpud_restart_and_the_next_one_is_served() {
     );
     d.client.delete_vgpu(v.id).expect("delete");
 }
+
+#[test]
+fn a_process_vgpu_served_by_a_pool_worker_has_its_socket_handed_over() {
+    let d = TestDaemon::start(
+        "process-pool",
+        &[
+            "--sim-gpus",
+            "1",
+            "--sim-memory",
+            "1G",
+            "--worker-pool",
+            "1",
+        ],
+    );
+    // The pool is full before the vGPU asks for a worker.
+    let end = Instant::now() + Duration::from_secs(60);
+    while !d.log_text().contains("pool worker ready") {
+        assert!(
+            Instant::now() < end,
+            "the pool did not fill: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = d
+        .client
+        .create_vgpu(&process_vgpu(0, 0.5))
+        .expect("process vGPU");
+    let ready = wait_state(&d.client, v.id, "ready", |s| *s == VgpuState::Ready);
+    assert!(
+        d.log_text().contains("worker ready (from the pool)"),
+        "the vGPU did not take the pool worker: {}",
+        d.log_text()
+    );
+    check_socket(&ready);
+    let (status, out) = finish(
+        run_loop(&v.socket, "--secs 1 --spins 1 --spin-us 100"),
+        Duration::from_secs(60),
+    );
+    assert!(status.success(), "the program: {status:?}: {out}");
+    assert!(out.contains("every result right"), "{out}");
+}

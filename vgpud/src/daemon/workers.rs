@@ -145,7 +145,20 @@ impl Daemon {
     pub(super) async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
         if let Some(spare) = self.take_spare(id) {
             match self.assign_spare(id, spare).await {
-                Ok(()) => return Ok(()),
+                // A process vGPU: its socket at the path its processes know.
+                Ok(()) => {
+                    return self.hand_over(id).inspect_err(|_| {
+                        let proc = self.state.with(|i| {
+                            i.vgpus
+                                .get(&id)
+                                .and_then(|r| r.worker.as_ref())
+                                .map(|w| w.proc.clone())
+                        });
+                        if let Some(p) = proc {
+                            p.signal(libc::SIGKILL);
+                        }
+                    })
+                }
                 Err(why) => tracing::warn!(vgpu = id, %why,
                     "the pool worker did not take the vGPU; starting a fresh worker"),
             }
