@@ -55,8 +55,8 @@ impl Drop for Listener {
 
 /// Binds `addr` (`unix:PATH` or `tcp:HOST:PORT`).
 pub fn bind(addr: &str) -> Result<Listener, WorkerError> {
-    let err = |why: String| WorkerError::Bind {
-        path: PathBuf::from(addr),
+    let err = |why: String| WorkerError::MigrateIn {
+        at: addr.to_owned(),
         why,
     };
     if let Some(path) = addr.strip_prefix("unix:") {
@@ -77,8 +77,8 @@ pub fn bind(addr: &str) -> Result<Listener, WorkerError> {
 
 /// Reads the one-time token.
 pub fn token(path: &std::path::Path) -> Result<String, WorkerError> {
-    let err = |why: String| WorkerError::Bind {
-        path: path.to_path_buf(),
+    let err = |why: String| WorkerError::MigrateIn {
+        at: path.display().to_string(),
         why,
     };
     let t = std::fs::read_to_string(path)

@@ -13,6 +13,8 @@ use crate::daemon::error::ApiError;
 use crate::daemon::workers::{worker_dir, SECRET_FILE};
 use crate::daemon::Listen;
 
+/// The socket a receiving worker listens on, in its private directory.
+const MIGRATE_IN_SOCKET: &str = "migrate-in.sock";
 /// Longest console a source may hand over.
 pub(super) const MAX_CONSOLE: usize = 128 << 10;
 /// How long a destination whose vmm ended waits for the source's commit before it gives
@@ -25,6 +27,40 @@ fn free_port(ip: IpAddr) -> Result<u16, ApiError> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| ApiError::internal(format!("cannot find a free port for the streams: {e}")))
+}
+
+/// Whether something listens on stream address `addr` (a unix socket's path exists; a
+/// TCP port is in the kernel's listening table).
+fn listening(addr: &str) -> bool {
+    if let Some(p) = addr.strip_prefix("unix:") {
+        return Path::new(p).exists();
+    }
+    let Some(port) = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) else {
+        return false;
+    };
+    let want = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|t| {
+        std::fs::read_to_string(t).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && format!("{} ", f[1]).ends_with(&want) && f[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Waits until `addr` listens (the vmm binds it as it starts).
+async fn wait_listening(addr: &str) -> Result<(), ApiError> {
+    let start = tokio::time::Instant::now();
+    while !listening(addr) {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(ApiError::internal(format!(
+                "the vmm did not listen on {addr} within 10 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 impl Daemon {
@@ -116,6 +152,12 @@ impl Daemon {
             self.undo_vm(vm_id, vgpu, true).await;
             return Err(e);
         }
+        if let Err(e) = wait_listening(&vmm_address).await {
+            vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+            self.settle_failed(mid, &e.error);
+            self.drop_incoming(vm_id).await;
+            return Err(e);
+        }
         tracing::info!(vm = vm_id, migration = mid, source = %req.source, "waiting for an incoming VM");
         let d = self.clone();
         tokio::spawn(async move { d.watch_incoming(mid, vm_id, vgpu).await });
@@ -135,13 +177,13 @@ impl Daemon {
         g: u32,
     ) -> Result<(String, String), ApiError> {
         let dir = worker_dir(&self.cfg.state_dir, g);
-        let address = self.stream_address(&dir.join("migrate-in.sock"))?;
-        vgpu_sync::lock(&self.host.workers).insert(
-            g,
-            IncomingWorker {
-                address: address.clone(),
-            },
-        );
+        let address = self.stream_address(&dir.join(MIGRATE_IN_SOCKET))?;
+        // The worker binds it relative to its private directory (its working directory).
+        let local = match address.strip_prefix("unix:") {
+            Some(_) => format!("unix:{MIGRATE_IN_SOCKET}"),
+            None => address.clone(),
+        };
+        vgpu_sync::lock(&self.host.workers).insert(g, IncomingWorker { address: local });
         let started = self.start_worker(g).await;
         vgpu_sync::lock(&self.host.workers).remove(&g);
         started?;

@@ -44,7 +44,6 @@ struct Plan {
     create: VmCreate,
     vgpu: Option<(u32, u32, Link)>,
     api_socket: PathBuf,
-    console: PathBuf,
 }
 
 /// The destination daemon's client and its name.
@@ -95,6 +94,22 @@ fn reachable(addr: &str, host: Option<&str>) -> String {
         },
         _ => addr.to_owned(),
     }
+}
+
+/// The figures of the vmm's last line once the VM moved
+/// (`vmm: the VM moved to ADDR: downtime_ms=… bytes=… …`).
+fn moved_line(console: &[u8]) -> std::collections::BTreeMap<String, f64> {
+    let text = String::from_utf8_lossy(console);
+    text.lines()
+        .rev()
+        .find_map(|l| l.split_once("vmm: the VM moved to ").map(|(_, r)| r))
+        .map(|r| {
+            r.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| v.parse::<f64>().ok().map(|v| (k.to_owned(), v)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Connects to a stream address, as a descriptor for the worker.
@@ -212,7 +227,6 @@ impl Daemon {
             },
             vgpu,
             api_socket: vmm_api_socket(&self.cfg.state_dir, vm_id),
-            console: vm.console.clone(),
         })
     }
 
@@ -457,7 +471,9 @@ impl Daemon {
         let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok(()) => {
-                let console = std::fs::read(&plan.console).unwrap_or_default();
+                // Everything it printed, here and wherever it ran before.
+                let console = self.console(vm_id, 0).unwrap_or_default();
+                let figures = moved_line(&console);
                 let tail = &console[console.len().saturating_sub(MAX_CONSOLE)..];
                 let mut text = String::from_utf8_lossy(tail).into_owned();
                 while text.len() > MAX_CONSOLE {
@@ -482,6 +498,16 @@ impl Daemon {
                         m.state = "completed".into();
                         m.phase = "done".into();
                         m.elapsed_ms = elapsed_ms;
+                        let f = |k: &str| figures.get(k).copied();
+                        m.downtime_ms = f("downtime_ms").or(m.downtime_ms);
+                        if let Some(h) = &mut m.host {
+                            h.vmm_bytes = f("bytes").map_or(h.vmm_bytes, |v| v as u64);
+                            h.stop_ram_bytes =
+                                f("stop_ram_bytes").map_or(h.stop_ram_bytes, |v| v as u64);
+                            h.vmm_rounds = f("rounds").map_or(h.vmm_rounds, |v| v as u32);
+                            m.rounds = h.vmm_rounds;
+                            m.bytes = h.vmm_bytes + h.vgpu_bytes;
+                        }
                     })
                 });
                 tracing::info!(
