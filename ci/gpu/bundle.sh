@@ -32,7 +32,7 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend)
+    cuda_programs module_memory vgpu_backend host_migration)
 
 log() { echo "bundle: $*" >&2; }
 

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use vgpu_api::api::{Migration, MigrationDestination, VgpuState, VmMigrateRequest, VmState};
-use vgpu_api::client::Client;
+use vgpu_api::client::{Client, Endpoint};
 use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
 
@@ -102,7 +102,7 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
         let (remote, m) = move_vm(&from.client, id, &to_socket(to));
         let host = m.host.expect("host");
         eprintln!(
-            "move {i}: downtime {:?} ms, vmm {} B in {} rounds, vGPU {} B (its stop {:?} ms)",
+            "HOSTMIG move {i}: downtime {:?} ms, vmm {} B in {} rounds, vGPU {} B (its stop {:?} ms)",
             m.downtime_ms, host.vmm_bytes, host.vmm_rounds, host.vgpu_bytes, host.vgpu_downtime_ms
         );
         assert!(host.vgpu_bytes > 0, "the vGPU's memory moved: {host:?}");
@@ -166,4 +166,224 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
         last_checksum(&expected),
         "moved vs unmoved"
     );
+}
+
+/// The reference run's checksum beside the moved VM's, both finished.
+fn assert_same_result(c: &Client, id: u32, reference: &Client, reference_id: u32, rounds: &str) {
+    let vm = c.wait_vm(id, Duration::from_secs(240)).expect("wait");
+    let out = console(c, id);
+    assert_eq!(vm.state, VmState::Exited { code: 0 }, "{out}");
+    let r = reference
+        .wait_vm(reference_id, Duration::from_secs(240))
+        .expect("wait");
+    assert_eq!(r.state, VmState::Exited { code: 0 });
+    assert!(
+        out.contains(&format!("GPU-LOAD OK rounds={rounds}")),
+        "{out}"
+    );
+    assert_eq!(
+        last_checksum(&out),
+        last_checksum(&console(reference, reference_id)),
+        "moved vs unmoved"
+    );
+}
+
+/// Whether daemon `c` holds no VM and no vGPU that holds resources.
+fn holds_nothing(c: &Client) -> bool {
+    c.vms().expect("vms").iter().all(|v| !v.state.is_live())
+        && c.vgpus()
+            .expect("vgpus")
+            .iter()
+            .all(|v| matches!(v.state, VgpuState::Released | VgpuState::Failed { .. }))
+}
+
+#[test]
+fn a_full_destination_refuses_and_nothing_moves() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-full-a", &gpus());
+    let b = TestDaemon::start("hostmig-full-b", &gpus());
+    // Most of the destination's GPU is taken: the VM's 20% compute share does not fit.
+    let mut hog = gpu_load("", 0, 0.9, 16 * MIB).vgpu.expect("vgpu");
+    hog.compute_share = 0.9;
+    b.client.create_vgpu(&hog).expect("hog");
+    let vgpus_b = b.client.vgpus().expect("vgpus");
+    let before_b = b.client.vms().expect("vms").len();
+    let vm = a
+        .client
+        .create_vm(&gpu_load("rounds=300 spin_us=1000", 0, 0.2, 32 * MIB))
+        .expect("vm");
+    wait_running(&a.client, vm.id);
+    let e = a
+        .client
+        .migrate_vm_to(vm.id, &to_socket(&b))
+        .expect_err("does not fit");
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("destination"), "{e}");
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert_eq!(
+        b.client.vms().expect("vms").len(),
+        before_b,
+        "nothing arrived"
+    );
+    assert_eq!(
+        b.client.vgpus().expect("vgpus"),
+        vgpus_b,
+        "nothing reserved"
+    );
+    let done = a
+        .client
+        .wait_vm(vm.id, Duration::from_secs(120))
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        VmState::Exited { code: 0 },
+        "{}",
+        console(&a.client, vm.id)
+    );
+}
+
+#[test]
+fn a_destination_killed_mid_move_leaves_the_vm_running_at_its_source() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-kill-a", &gpus());
+    let mut b = TestDaemon::start("hostmig-kill-b", &gpus());
+    let arg = "rounds=1500 n=65536 spin_us=2000 check=100";
+    let vm = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("vm");
+    let reference = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("ref");
+    wait_running(&a.client, vm.id);
+    wait_running(&a.client, reference.id);
+    let m = a
+        .client
+        .migrate_vm_to(vm.id, &to_socket(&b))
+        .expect("admitted");
+    // The destination daemon and everything it started go at once.
+    for pid in b.kill9() {
+        // SAFETY: kill takes integers; the pid is the dead daemon's child.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let done = a
+        .client
+        .wait_migration(m.id, Duration::from_secs(120), |_| {})
+        .expect("wait");
+    assert_eq!(done.state, "failed", "{done:?}");
+    eprintln!("HOSTMIG killed destination: {:?}", done.error);
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert_same_result(&a.client, vm.id, &a.client, reference.id, "1500");
+}
+
+/// A vgpud on a loopback TCP port with a bearer token.
+struct TcpDaemon {
+    child: std::process::Child,
+    url: String,
+    client: Client,
+    token: String,
+}
+
+impl Drop for TcpDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tcp_daemon(tag: &str) -> TcpDaemon {
+    let dir = vgpu_tests::daemon::temp_dir(tag);
+    let token = format!("{tag}-token-0123456789abcdef");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).expect("token");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let payloads = vgpu_tests::bins::payload("hello");
+    let pdir = payloads
+        .parent()
+        .expect("payload dir")
+        .display()
+        .to_string();
+    let mut args = vec![
+        "--listen".to_string(),
+        addr.clone(),
+        "--token-file".into(),
+        token_file.display().to_string(),
+        "--state-dir".into(),
+        dir.join("state").display().to_string(),
+        "--payload-dir".into(),
+        pdir,
+    ];
+    args.extend(gpus().iter().map(|s| (*s).to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = std::fs::File::create(dir.join("vgpud.log")).expect("log");
+    let child = vgpu_tests::daemon::vgpud_command(&refs)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("vgpud");
+    let client = Client::new(Endpoint::Tcp(addr.clone()), Some(token.clone()));
+    let start = Instant::now();
+    while client.gpus().is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "vgpud on {addr} did not serve"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TcpDaemon {
+        child,
+        url: format!("http://{addr}"),
+        client,
+        token,
+    }
+}
+
+#[test]
+fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-tcp-a", &gpus());
+    let b = tcp_daemon("hostmig-tcp-b");
+    let arg = "rounds=1000 n=65536 spin_us=2000 check=100";
+    let vm = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("vm");
+    let reference = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("ref");
+    wait_running(&a.client, vm.id);
+    wait_running(&a.client, reference.id);
+    let mut req = VmMigrateRequest {
+        destination: MigrationDestination {
+            socket: None,
+            url: Some(b.url.clone()),
+            token: Some("not-the-token".into()),
+        },
+        downtime_ms: Some(100),
+    };
+    let e = a
+        .client
+        .migrate_vm_to(vm.id, &req)
+        .expect_err("wrong token");
+    assert_eq!(e.status(), Some(401), "{e}");
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert!(holds_nothing(&b.client));
+    req.destination.token = Some(b.token.clone());
+    let (remote, m) = move_vm(&a.client, vm.id, &req);
+    eprintln!(
+        "HOSTMIG over TCP: downtime {:?} ms, {} B",
+        m.downtime_ms, m.bytes
+    );
+    assert_same_result(&b.client, remote, &a.client, reference.id, "1000");
 }

@@ -334,7 +334,19 @@ impl Daemon {
         let ask =
             json!({"command": "migrate", "destination": destination, "downtime_ms": downtime_ms});
         let s = sock.clone();
-        let answer = blocking(move || vmm_call(&s, &ask)).await;
+        // A vmm that received its VM moments ago may not serve its API yet.
+        let answer = blocking(move || {
+            let start = Instant::now();
+            loop {
+                match vmm_call(&s, &ask) {
+                    Err(_) if start.elapsed() < Duration::from_secs(5) => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    r => return r,
+                }
+            }
+        })
+        .await;
         let answer = match answer {
             Ok(a) => a,
             Err(e) => {
