@@ -387,3 +387,45 @@ fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
     );
     assert_same_result(&b.client, remote, &a.client, reference.id, "1000");
 }
+
+#[test]
+fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-cli-a", &gpus());
+    let b = TestDaemon::start("hostmig-cli-b", &gpus());
+    let vm = a
+        .client
+        .create_vm(&gpu_load("rounds=800 spin_us=2000", 0, 0.2, 32 * MIB))
+        .expect("vm");
+    wait_running(&a.client, vm.id);
+    let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
+        .arg("--socket")
+        .arg(&a.socket)
+        .args(["vm", "migrate", &vm.id.to_string(), "--to"])
+        .arg(format!("unix:{}", b.socket.display()))
+        .output()
+        .expect("vgpuctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("moved VM") && text.contains("downtime"),
+        "{text}"
+    );
+    wait_gone(&a.client, vm.id);
+    let there = b.client.vms().expect("vms");
+    assert_eq!(there.len(), 1, "{there:?}");
+    let done = b
+        .client
+        .wait_vm(there[0].id, Duration::from_secs(120))
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        VmState::Exited { code: 0 },
+        "{}",
+        console(&b.client, there[0].id)
+    );
+}
