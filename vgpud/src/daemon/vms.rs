@@ -500,6 +500,12 @@ impl Daemon {
             let _ = std::fs::remove_file(&vm.console);
         }
         self.host.forget_vm(id);
+        // The vmm's API socket, and the socket a VM that moved here arrived on.
+        let _ = std::fs::remove_file(super::host_migration::vmm_api_socket(
+            &self.cfg.state_dir,
+            id,
+        ));
+        let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.in.sock")));
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }
