@@ -726,6 +726,9 @@ pub struct IncomingAccepted {
     pub vmm_address: String,
     pub vgpu_address: Option<String>,
     pub token: Option<String>,
+    /// The VM stream's one-time token.
+    #[serde(default)]
+    pub vmm_token: Option<String>,
 }
 
 /// The source's last word on a finished move (`POST /v1/migrations/{id}/commit`): the

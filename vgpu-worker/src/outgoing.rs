@@ -27,6 +27,10 @@ use crate::memlink::ControlOut;
 
 /// How long the source waits on one write or read of the stream.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Queue threads count as idle once no request completed for this long.
+const SETTLED: Duration = Duration::from_millis(50);
+/// How long the VM's stop waits for the requests in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between pre-copy rounds once the rest fits the downtime budget.
 const IDLE_ROUND: Duration = Duration::from_millis(20);
 
@@ -40,6 +44,11 @@ struct State {
     cancelled: bool,
     /// How the last move ended (for the rings stopped after the first).
     result: Option<Result<(), String>>,
+    /// Queue threads serving the guest right now.
+    in_flight: usize,
+    /// The guest's requests wait: the vGPU's state is on its way or went to the
+    /// destination (until the move is given up).
+    frozen: bool,
 }
 
 /// The outgoing move as the ring-stop hook and the sending thread share it.
@@ -55,10 +64,10 @@ impl Outgoing {
         if s.armed {
             return false;
         }
-        *s = State {
-            armed: true,
-            ..State::default()
-        };
+        s.armed = true;
+        s.stop = false;
+        s.cancelled = false;
+        s.result = None;
         true
     }
 
@@ -67,8 +76,16 @@ impl Outgoing {
         let mut s = vgpu_sync::lock(&self.state);
         let was = s.armed;
         s.cancelled = true;
+        // The VM runs on here: its requests go on.
+        s.frozen = false;
         self.changed.notify_all();
         was
+    }
+
+    /// The frontend is gone: nothing is held back any more (the worker ends).
+    pub fn release(&self) {
+        vgpu_sync::lock(&self.state).frozen = false;
+        self.changed.notify_all();
     }
 
     /// Waits up to `wait` for the stop; whether to finish now, or Err when cancelled.
@@ -93,7 +110,14 @@ impl Outgoing {
 
     /// A ring stops (the vmm's `GET_VRING_BASE`). During a move, the first one finishes
     /// it and waits for the outcome; an error fails the ring's stop (the vmm rolls back).
-    fn ring_stopped(&self, ring: u32) -> io::Result<()> {
+    ///
+    /// Before that, the requests the guest sent before it stopped complete (their used
+    /// entries land in guest RAM before the vmm sends it) and no new ones start: queue
+    /// threads wait at their entry, and the stop waits until every thread inside has left,
+    /// or `served` (the device's count of completed requests) has stood still for
+    /// [`SETTLED`] (a thread whose ring stopped with requests still in it spins without
+    /// serving them; they go to the destination with the ring).
+    fn ring_stopped(&self, ring: u32, served: impl Fn() -> u64) -> io::Result<()> {
         let mut s = vgpu_sync::lock(&self.state);
         if !s.armed {
             return match s.result.take() {
@@ -101,17 +125,69 @@ impl Outgoing {
                 Some(Ok(())) | None => Ok(()),
             };
         }
+        // Requests the guest sent before it stopped complete here first (their used
+        // entries land in guest RAM before the vmm sends it); none start after.
+        s.frozen = true;
+        let start = Instant::now();
+        let mut last = (served(), Instant::now());
+        let mut drained = true;
+        while s.in_flight > 0 {
+            s = self
+                .changed
+                .wait_timeout(s, Duration::from_millis(5))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+            let now = served();
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() >= SETTLED {
+                break;
+            }
+            if start.elapsed() > DRAIN_TIMEOUT {
+                drained = false;
+                break;
+            }
+        }
+        if !drained {
+            s.cancelled = true;
+            s.frozen = false;
+            self.changed.notify_all();
+            return Err(io::Error::other(
+                "the vGPU's queues did not drain; the VM stays here",
+            ));
+        }
         tracing::info!(ring, "the VM stopped: sending the rest of the vGPU's state");
         s.stop = true;
         self.changed.notify_all();
-        let s = self
+        let mut s = self
             .changed
             .wait_while(s, |s| s.armed)
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &s.result {
-            Some(Err(e)) => Err(io::Error::other(e.clone())),
+            Some(Err(e)) => {
+                let e = io::Error::other(e.clone());
+                s.frozen = false;
+                self.changed.notify_all();
+                Err(e)
+            }
             Some(Ok(())) | None => Ok(()),
         }
+    }
+
+    /// A queue thread starts serving: it waits while the guest's requests are held.
+    fn enter(&self) {
+        let s = vgpu_sync::lock(&self.state);
+        let mut s = self
+            .changed
+            .wait_while(s, |s| s.frozen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.in_flight += 1;
+    }
+
+    fn leave(&self) {
+        let mut s = vgpu_sync::lock(&self.state);
+        s.in_flight = s.in_flight.saturating_sub(1);
+        self.changed.notify_all();
     }
 }
 
@@ -291,7 +367,9 @@ impl VhostUserBackend for Hooked {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         self.inner.stop_vring(queue_index)?;
-        self.outgoing.ring_stopped(queue_index)
+        let vgpu = self.inner.vgpu().clone();
+        self.outgoing
+            .ring_stopped(queue_index, move || vgpu.stats().requests)
     }
 
     fn handle_event(
@@ -301,8 +379,12 @@ impl VhostUserBackend for Hooked {
         vrings: &[Self::Vring],
         thread_id: usize,
     ) -> io::Result<()> {
-        self.inner
-            .handle_event(device_event, evset, vrings, thread_id)
+        self.outgoing.enter();
+        let r = self
+            .inner
+            .handle_event(device_event, evset, vrings, thread_id);
+        self.outgoing.leave();
+        r
     }
 
     fn set_device_state_fd(
@@ -327,7 +409,7 @@ mod tests {
     fn the_first_ring_stop_waits_for_the_move_and_carries_its_outcome() {
         let o = Arc::new(Outgoing::default());
         // No move: rings stop at once.
-        assert!(o.ring_stopped(0).is_ok());
+        assert!(o.ring_stopped(0, || 0).is_ok());
         for outcome in [Ok(()), Err("no room".to_string())] {
             assert!(o.arm());
             assert!(!o.arm(), "one move at a time");
@@ -341,12 +423,12 @@ mod tests {
                     o.done(outcome);
                 })
             };
-            let r = o.ring_stopped(0);
+            let r = o.ring_stopped(0, || 0);
             sender.join().expect("sender");
             assert_eq!(r.is_ok(), outcome.is_ok());
             // The next ring of the same stop hears the same outcome; a ring after that, none.
-            assert_eq!(o.ring_stopped(1).is_ok(), outcome.is_ok());
-            assert!(o.ring_stopped(1).is_ok());
+            assert_eq!(o.ring_stopped(1, || 0).is_ok(), outcome.is_ok());
+            assert!(o.ring_stopped(1, || 0).is_ok());
         }
         // A cancelled move ends its sender.
         assert!(o.arm());

@@ -134,7 +134,7 @@ pub fn serve(
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let backend = crate::outgoing::Hooked {
         inner: Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll)),
-        outgoing,
+        outgoing: outgoing.clone(),
     };
     let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
@@ -145,6 +145,7 @@ pub fn serve(
     tracing::info!(vgpu = id, "frontend connected");
     on_connected();
     let result = daemon.wait();
+    outgoing.release();
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
     }

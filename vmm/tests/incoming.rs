@@ -19,6 +19,7 @@ fn description(memory: u64, vcpus: u8) -> VmDescription {
         vgpus: 0,
         linux: false,
         cpu_profile: "host".into(),
+        token: None,
     }
 }
 

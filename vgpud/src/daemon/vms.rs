@@ -374,7 +374,10 @@ impl Daemon {
         match self.host.vmm(vm_id) {
             // A VM moving here from another vgpud: its shape comes with it.
             Some(incoming) => {
-                cmd.arg("--migrate-from").arg(&incoming.address);
+                cmd.arg("--migrate-from")
+                    .arg(&incoming.address)
+                    .arg("--migrate-token-file")
+                    .arg(&incoming.token_file);
             }
             None => {
                 cmd.arg("--payload")
@@ -506,6 +509,7 @@ impl Daemon {
             id,
         ));
         let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.in.sock")));
+        let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.token")));
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }

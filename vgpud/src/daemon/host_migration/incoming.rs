@@ -29,6 +29,29 @@ fn free_port(ip: IpAddr) -> Result<u16, ApiError> {
         .map_err(|e| ApiError::internal(format!("cannot find a free port for the streams: {e}")))
 }
 
+/// A fresh one-time token (32 random bytes, hex) in `path` (owner only).
+fn write_token(path: &Path) -> Result<String, ApiError> {
+    let err = |e: std::io::Error| ApiError::internal(format!("cannot make a migration token: {e}"));
+    let mut b = [0u8; 32];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").map_err(err)?,
+        &mut b,
+    )
+    .map_err(err)?;
+    let token: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let mut f = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        0o600,
+    )
+    .open(path)
+    .map_err(err)?;
+    std::io::Write::write_all(&mut f, token.as_bytes()).map_err(err)?;
+    Ok(token)
+}
+
 /// Whether something listens on stream address `addr` (a unix socket's path exists; a
 /// TCP port is in the kernel's listening table).
 fn listening(addr: &str) -> bool {
@@ -95,10 +118,19 @@ impl Daemon {
                     return Err(e);
                 }
             };
+        let token_file = self.cfg.state_dir.join(format!("vm-{vm_id}.token"));
+        let vmm_token = match write_token(&token_file) {
+            Ok(t) => t,
+            Err(e) => {
+                self.undo_vm(vm_id, vgpu, true).await;
+                return Err(e);
+            }
+        };
         vgpu_sync::lock(&self.host.vmms).insert(
             vm_id,
             IncomingVmm {
                 address: vmm_address.clone(),
+                token_file,
             },
         );
         let mut vgpu_address = None;
@@ -167,6 +199,7 @@ impl Daemon {
             vmm_address,
             vgpu_address,
             token,
+            vmm_token: Some(vmm_token),
         })
     }
 

@@ -39,6 +39,8 @@ pub(super) struct IncomingWorker {
 pub(super) struct IncomingVmm {
     /// Its `--migrate-from` address.
     pub(super) address: String,
+    /// Its `--migrate-token-file`.
+    pub(super) token_file: PathBuf,
 }
 
 /// The daemon's whole-VM moves in flight.

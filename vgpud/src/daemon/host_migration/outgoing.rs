@@ -331,8 +331,11 @@ impl Daemon {
         }
         let sock = plan.api_socket.clone();
         let destination = reachable(&accepted.vmm_address, host);
-        let ask =
+        let mut ask =
             json!({"command": "migrate", "destination": destination, "downtime_ms": downtime_ms});
+        if let Some(t) = &accepted.vmm_token {
+            ask["token"] = json!(t);
+        }
         let s = sock.clone();
         // A vmm that received its VM moments ago may not serve its API yet.
         let answer = blocking(move || {
