@@ -36,6 +36,28 @@ pub enum BackendError {
         /// Which limit, and where it stands.
         why: String,
     },
+    /// The vGPU's memory share cannot hold its GPU context's reserve (cuda: per-thread
+    /// stacks of every resident thread, device heap, printf FIFO).
+    #[error("the vGPU's memory share of {share} bytes cannot hold its CUDA context reserve of {reserve} bytes ({detail}); give the vGPU a share of at least {reserve} bytes plus what it allocates, or lower the context limits (vgpu-worker --cuda-stack, --cuda-heap, --cuda-printf-fifo)")]
+    ContextReserve {
+        /// The vGPU's memory share in bytes.
+        share: u64,
+        /// The context's reserve in bytes.
+        reserve: u64,
+        /// How the reserve is made up.
+        detail: String,
+    },
+    /// A kernel needs more local memory per thread than the context's stack limit, which
+    /// the driver would otherwise grow (uncharged) at launch.
+    #[error("{function} needs {need} bytes of local memory per thread, more than this vGPU's stack limit of {limit} bytes (charged to its memory share for every resident thread); use less local memory (smaller local arrays, shallower calls) or ask the operator for a larger stack (vgpu-worker --cuda-stack)")]
+    LocalMemory {
+        /// The function's name.
+        function: String,
+        /// Its local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
+        need: u64,
+        /// The context's stack limit per thread.
+        limit: u64,
+    },
     /// The host has no memory left to back device memory.
     #[error("the host has no memory left to back {requested} bytes of device memory; free memory on the host or lower the vGPU's memory share")]
     HostOutOfMemory {
@@ -144,6 +166,8 @@ impl BackendError {
             | BackendError::HostOutOfMemory { .. }
             | BackendError::MemoryPressure { .. }
             | BackendError::ModuleLimit { .. }
+            | BackendError::ContextReserve { .. }
+            | BackendError::LocalMemory { .. }
             | BackendError::AddressSpaceFull { .. } => Status::OutOfMemory,
             BackendError::BadPointer { .. }
             | BackendError::ReadOnly { .. }

@@ -171,11 +171,21 @@ impl Backend for Faulty {
         self.faults.op("LAUNCH")?;
         self.inner.launch(function, config, args)
     }
+    fn launch_with_params(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+        blob: &[u8],
+    ) -> Result<LaunchStats> {
+        self.faults.op("LAUNCH")?;
+        self.inner.launch_with_params(function, config, args, blob)
+    }
 
     crate::forward_backend!(inner:
         info, memory_usage, free, check_range, module_load, module_unload, get_function,
-        param_layout, synchronize, register_host_memory, import_shared, unregister_host_memory,
-        paging, relocation
+        param_layout, module_global, synchronize, register_host_memory, import_shared,
+        export_shared, unregister_host_memory, paging, relocation
     );
 }
 
@@ -251,8 +261,9 @@ impl Backend for FailingTarget {
 
     crate::forward_backend!(0:
         info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, param_layout, launch, synchronize,
-        register_host_memory, import_shared, unregister_host_memory, paging
+        module_load, module_unload, get_function, param_layout, launch, launch_with_params,
+        module_global, synchronize,
+        register_host_memory, import_shared, export_shared, unregister_host_memory, paging
     );
 }
 

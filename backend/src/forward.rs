@@ -100,6 +100,22 @@ macro_rules! forward_backend {
             self.$f.launch(function, config, args)
         }
     };
+    (@one $f:tt launch_with_params) => {
+        fn launch_with_params(
+            &self,
+            function: u64,
+            config: &$crate::LaunchConfig,
+            args: &[$crate::ArgValue],
+            blob: &[u8],
+        ) -> $crate::Result<$crate::LaunchStats> {
+            self.$f.launch_with_params(function, config, args, blob)
+        }
+    };
+    (@one $f:tt module_global) => {
+        fn module_global(&self, module: u64, name: &[u8]) -> $crate::Result<(u64, u64)> {
+            self.$f.module_global(module, name)
+        }
+    };
     (@one $f:tt synchronize) => {
         fn synchronize(&self) {
             self.$f.synchronize()
@@ -123,6 +139,11 @@ macro_rules! forward_backend {
             read_only: bool,
         ) -> $crate::Result<u64> {
             self.$f.import_shared(handle, size, read_only)
+        }
+    };
+    (@one $f:tt export_shared) => {
+        fn export_shared(&self, size: u64) -> $crate::Result<$crate::__private::OwnedFd> {
+            self.$f.export_shared(size)
         }
     };
     (@one $f:tt paging) => {

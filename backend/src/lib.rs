@@ -216,6 +216,39 @@ pub trait Backend: Send + Sync {
         args: &[ArgValue],
     ) -> Result<LaunchStats>;
 
+    /// [`Backend::launch`] with by-value parameters larger than a `KernelArg` holds:
+    /// each [`ArgValue::Blob`] names its bytes in `blob` (offsets and lengths checked by
+    /// the caller against `blob`; the backend checks them against the function's
+    /// parameter sizes). Default: the plain launch when no argument is a blob, else not
+    /// supported (a backend without guest code has no function taking one).
+    fn launch_with_params(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+        blob: &[u8],
+    ) -> Result<LaunchStats> {
+        if args.iter().any(|a| matches!(a, ArgValue::Blob { .. })) {
+            return Err(BackendError::NotSupported(
+                "this backend runs no guest code, so no function takes a by-value parameter over 8 bytes; use a cuda vGPU".into(),
+            ));
+        }
+        let _ = blob;
+        self.launch(function, config, args)
+    }
+
+    /// The device address and size of module-scope variable `name` (`__device__`,
+    /// `__constant__`) of a loaded module. From then on the range is a valid target of
+    /// copies, memsets and kernel pointers until the module is unloaded; it is the
+    /// module's memory (charged with its footprint), so [`Backend::free`] refuses it.
+    /// Default: not supported (modules without variables).
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let _ = (module, name);
+        Err(BackendError::NotSupported(
+            "this backend's modules declare no variables (built-in kernels only)".into(),
+        ))
+    }
+
     /// Waits until every operation that started before this call has finished.
     fn synchronize(&self);
 
@@ -238,6 +271,18 @@ pub trait Backend: Send + Sync {
         let _ = (handle, size, read_only);
         Err(BackendError::NotSupported(
             "this backend cannot map shared device memory".into(),
+        ))
+    }
+
+    /// Creates a zeroed shared device memory object of `size` bytes on this vGPU's GPU and
+    /// exports it as a file descriptor (sim: a sealed memfd; cuda: an exportable physical
+    /// allocation, `cuMemCreate` + `cuMemExportToShareableHandle`). The descriptor is the
+    /// object: nothing is charged to this vGPU, and any process maps it with
+    /// [`Backend::import_shared`]. Default: not supported.
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        let _ = size;
+        Err(BackendError::NotSupported(
+            "this backend cannot create shared device memory".into(),
         ))
     }
 

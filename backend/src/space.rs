@@ -88,8 +88,41 @@ pub(crate) fn charge(used: &AtomicU64, capacity: u64, bytes: u64) -> Result<()> 
     })
 }
 
+/// Device memory a vGPU causes outside its allocations and modules, charged to its ledger
+/// as an entry of its own (docs/memory.md, "What is charged").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reserve {
+    /// The GPU context's per-thread stacks, device `malloc` heap and printf FIFO (cuda; 0 on
+    /// sim), charged when the backend starts.
+    Context,
+    /// What the storage kernels set up for an attached namespace: its cache lines, queue
+    /// pair and doorbells (and on cuda the device block of the queue's and cache's state),
+    /// charged on the namespace's first use by a storage kernel.
+    Storage,
+}
+
+impl Reserve {
+    const ALL: [Reserve; 2] = [Reserve::Context, Reserve::Storage];
+
+    fn index(self) -> usize {
+        match self {
+            Reserve::Context => 0,
+            Reserve::Storage => 1,
+        }
+    }
+
+    /// The entry's name in logs and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reserve::Context => "context",
+            Reserve::Storage => "storage",
+        }
+    }
+}
+
 /// A vGPU address space's accounts: free holes of its reserved range (offsets from the
-/// range's start), bytes charged against its capacity, and live allocations (counting freed
+/// range's start), bytes charged against its capacity (allocations, modules and the
+/// [`Reserve`] entries, which are also kept apart), and live allocations (counting freed
 /// ones that running work still holds).
 #[derive(Debug)]
 pub(crate) struct Ledger {
@@ -97,6 +130,7 @@ pub(crate) struct Ledger {
     capacity: u64,
     used: AtomicU64,
     count: AtomicU64,
+    reserved: [AtomicU64; Reserve::ALL.len()],
 }
 
 impl Ledger {
@@ -107,7 +141,33 @@ impl Ledger {
             capacity,
             used: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            reserved: Default::default(),
         }
+    }
+
+    /// Charges `bytes` to entry `what` if they fit the capacity (allocations see them).
+    pub fn charge_reserve(&self, what: Reserve, bytes: u64) -> Result<()> {
+        self.charge(bytes)?;
+        self.reserved[what.index()].fetch_add(bytes, Ordering::AcqRel);
+        tracing::debug!(entry = what.name(), bytes, used = self.used(), "charged");
+        Ok(())
+    }
+
+    /// Returns `bytes` of entry `what` (at most what it holds).
+    pub fn uncharge_reserve(&self, what: Reserve, bytes: u64) {
+        let slot = &self.reserved[what.index()];
+        let held = slot
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                Some(h.saturating_sub(bytes))
+            })
+            .unwrap_or(0);
+        self.uncharge(bytes.min(held));
+    }
+
+    /// Bytes entry `what` holds now.
+    #[cfg(test)]
+    pub fn reserved(&self, what: Reserve) -> u64 {
+        self.reserved[what.index()].load(Ordering::Acquire)
     }
 
     /// Takes the first free range of `len` bytes; its offset.
@@ -339,5 +399,33 @@ mod tests {
             Err(BackendError::OutOfMemory { available: 40, .. })
         ));
         charge(&used, 100, 40).unwrap();
+    }
+
+    #[test]
+    fn reserve_entries_count_in_used_and_come_back() {
+        let l = Ledger::new(1 << 30, 100);
+        l.charge_reserve(Reserve::Context, 30).unwrap();
+        l.charge_reserve(Reserve::Storage, 20).unwrap();
+        l.charge(40).unwrap();
+        assert_eq!(l.used(), 90, "entries count in used");
+        assert_eq!(l.reserved(Reserve::Context), 30);
+        assert_eq!(l.reserved(Reserve::Storage), 20);
+        assert!(
+            matches!(
+                l.charge_reserve(Reserve::Storage, 11),
+                Err(BackendError::OutOfMemory { available: 10, .. })
+            ),
+            "an entry that does not fit is refused"
+        );
+        assert_eq!(
+            l.reserved(Reserve::Storage),
+            20,
+            "a refused charge holds nothing"
+        );
+        l.uncharge_reserve(Reserve::Storage, 20);
+        assert_eq!((l.used(), l.reserved(Reserve::Storage)), (70, 0));
+        l.uncharge_reserve(Reserve::Storage, 5);
+        assert_eq!(l.used(), 70, "an entry never returns more than it holds");
+        assert_eq!(l.usage().used, 70);
     }
 }

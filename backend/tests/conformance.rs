@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use vgpu_backend::cuda::ContextLimits;
 use vgpu_backend::{
     Backend, BackendError, CudaConfig, CudaGpu, HostRegion, LaunchConfig, ModuleImage, SimConfig,
     SimGpu, DEFAULT_VA_BASE,
@@ -39,19 +40,42 @@ fn cuda_skip() -> Option<&'static str> {
     .as_deref()
 }
 
+/// What GPU 0's context reserves at the default limits: charged to every cuda share at
+/// start, before anything is allocated.
+fn cuda_reserve() -> u64 {
+    static RESERVE: OnceLock<u64> = OnceLock::new();
+    *RESERVE.get_or_init(|| {
+        CudaGpu::context_reserve_of(0, &ContextLimits::default())
+            .expect("context reserve")
+            .total()
+            .expect("reserve fits u64")
+    })
+}
+
 /// A fresh cuda backend with its own address range (tests run in parallel in one process,
-/// all in the device's primary context).
+/// all in the device's primary context) and `memory` bytes to allocate beside its context
+/// reserve.
 fn cuda(memory: u64) -> CudaGpu {
+    cuda_with(memory + cuda_reserve(), ContextLimits::default())
+}
+
+/// A fresh cuda backend whose share is `memory` (the context reserve included) and whose
+/// context has `limits`.
+fn cuda_with(memory: u64, limits: ContextLimits) -> CudaGpu {
+    try_cuda(memory, limits).expect("cuda backend")
+}
+
+fn try_cuda(memory: u64, limits: ContextLimits) -> Result<CudaGpu, BackendError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let k = NEXT.fetch_add(1, Ordering::Relaxed);
     CudaGpu::new(CudaConfig {
         ordinal: 0,
         memory,
+        limits,
         va_base: DEFAULT_VA_BASE + (k + 1) * (64 << 30),
         va_size: 16 << 30,
         ..CudaConfig::default()
     })
-    .expect("cuda backend")
 }
 
 fn sim(memory: u64) -> SimGpu {
@@ -163,6 +187,8 @@ fn status<T: std::fmt::Debug>(r: Result<T, BackendError>) -> Status {
 #[test]
 fn alloc_free_accounting_and_zeroed_reuse() {
     each(256 * MIB, |name, b| {
+        // The context reserve (cuda; 0 on sim) is charged from the start.
+        let base = b.memory_usage().used;
         let info = b.info().clone();
         let g = info.alloc_granularity;
         assert!(g >= 4096 && g.is_power_of_two(), "{name}: granularity {g}");
@@ -178,7 +204,7 @@ fn alloc_free_accounting_and_zeroed_reuse() {
         let charged = (3 * MIB + 5).div_ceil(g) * g;
         assert_eq!(big.charged, charged, "{name}");
         let u = b.memory_usage();
-        assert_eq!((u.used, u.allocations), (g + charged, 2), "{name}");
+        assert_eq!((u.used, u.allocations), (base + g + charged, 2), "{name}");
         assert!(
             get(b, big.addr, (3 * MIB + 5) as usize)
                 .expect("read")
@@ -199,7 +225,7 @@ fn alloc_free_accounting_and_zeroed_reuse() {
             "{name}: double free"
         );
         assert_eq!(status(b.free(0)), Status::BadDevicePointer, "{name}");
-        assert_eq!(b.memory_usage().used, g, "{name}");
+        assert_eq!(b.memory_usage().used, base + g, "{name}");
         let again = b.alloc(3 * MIB + 5).expect("alloc");
         assert!(
             get(b, again.addr, (3 * MIB) as usize)
@@ -878,7 +904,9 @@ fn pager_keeps_every_byte_through_swapping() {
     }
     for (name, inner) in backends {
         let broker = LocalBroker::new(16 * MIB, 0);
-        let p = Arc::new(Pager::new(inner, broker.member(1, 0), 128 * MIB));
+        // 128 MiB beside what the backend charged at start (cuda: its context reserve).
+        let share = 128 * MIB + inner.memory_usage().used;
+        let p = Arc::new(Pager::new(inner, broker.member(1, 0), share));
         broker.attach(1, &p);
         let bufs: Vec<u64> = (0..4)
             .map(|_| p.alloc(8 * MIB).expect("alloc").addr)
@@ -975,14 +1003,262 @@ fn shared_object_case(
 
 #[test]
 fn shared_objects_map_read_write_and_read_only() {
-    let export = |size| vgpu_backend::sim::shared_object(size).expect("memfd");
-    shared_object_case("sim", &export, &sim(64 * MIB), &sim(64 * MIB));
+    let (a, b) = (sim(64 * MIB), sim(64 * MIB));
+    let export = |size| a.export_shared(size).expect("export");
+    shared_object_case("sim", &export, &a, &b);
+    // The sim's object is sealed: nobody can shrink it under a mapper.
+    let fd = a.export_shared(MIB).expect("export");
+    // SAFETY: plain fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_GET_SEALS) };
+    assert_eq!(seals, vgpu_backend::sim::SHARED_SEALS, "sim: sealed");
+    assert!(
+        a.export_shared(0).is_err(),
+        "sim: an empty object is refused"
+    );
     match cuda_skip() {
         None => {
             let (a, b) = (cuda(64 * MIB), cuda(64 * MIB));
             let export = |size| a.export_shared(size).expect("export");
             shared_object_case("cuda", &export, &a, &b);
+            let fd = a.export_shared(MIB).expect("export");
+            let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+            // SAFETY: fstat writes one stat into `st` (zeroed, so valid either way).
+            let rc = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd), st.as_mut_ptr()) };
+            // SAFETY: zero-initialised and written by fstat.
+            let st = unsafe { st.assume_init() };
+            eprintln!(
+                "cuda: exported object fstat rc {rc} mode {:o} size {} rdev {:#x}",
+                st.st_mode, st.st_size, st.st_rdev
+            );
         }
         Some(why) => eprintln!("SKIPPED (cuda): {why}"),
     }
+}
+
+#[test]
+fn the_context_reserve_is_charged_from_the_start() {
+    // Nothing to reserve on sim; the driver's stacks, heap and printf FIFO on cuda.
+    let s = sim(8 * MIB);
+    assert_eq!(s.memory_usage().used, 0, "sim: no context reserve");
+    match cuda_skip() {
+        None => {
+            let reserve = cuda_reserve();
+            let b = cuda_with(reserve + 4 * MIB, ContextLimits::default());
+            let r = b.context_reserve();
+            assert_eq!(r.total(), Some(reserve));
+            assert_eq!(r.stack_bytes, vgpu_backend::cuda::DEFAULT_STACK);
+            assert!(r.sms > 0 && r.threads_per_sm > 0, "{r:?}");
+            let u = b.memory_usage();
+            assert_eq!((u.used, u.allocations), (reserve, 0), "cuda: {r:?}");
+            // Allocations see it: the share holds 4 MiB beside the reserve, no more.
+            b.alloc(4 * MIB).expect("room beside the reserve");
+            assert_eq!(status(b.alloc(1)), Status::OutOfMemory);
+            eprintln!(
+                "cuda: context reserve {} MiB ({})",
+                reserve >> 20,
+                r.detail()
+            );
+        }
+        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
+    }
+}
+
+#[test]
+fn a_share_below_the_context_reserve_is_refused_at_start() {
+    match cuda_skip() {
+        None => {
+            let reserve = cuda_reserve();
+            let e = try_cuda(reserve - 1, ContextLimits::default()).expect_err("too small");
+            assert!(
+                matches!(e, BackendError::ContextReserve { share, reserve: r, .. }
+                    if share == reserve - 1 && r == reserve),
+                "{e}"
+            );
+            assert_eq!(e.status(), Status::OutOfMemory);
+            let m = e.to_string();
+            for part in [reserve.to_string(), (reserve - 1).to_string()] {
+                assert!(
+                    m.contains(&part),
+                    "the message names share and reserve: {m}"
+                );
+            }
+            assert!(m.contains("--cuda-stack"), "{m}");
+            // Exactly the reserve starts (with nothing left to allocate).
+            let b = cuda_with(reserve, ContextLimits::default());
+            assert_eq!(b.memory_usage().used, reserve);
+        }
+        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
+    }
+}
+
+/// PTX whose `big_local` keeps `words` u32s in a local array (16 KiB for 4096): it writes
+/// buf[i] = i for i < n, then out[t] = buf[(t * 7) % n] for each thread t.
+fn big_local_ptx(words: u32) -> String {
+    format!(
+        ".version 8.0\n.target sm_90\n.address_size 64\n\
+         .visible .entry big_local(.param .u64 o, .param .u32 n)\n{{\n\
+         .local .align 4 .b8 buf[{}];\n\
+         .reg .u64 %d<8>;\n.reg .u32 %r<10>;\n.reg .pred %p;\n\
+         ld.param.u64 %d1, [o];\nld.param.u32 %r1, [n];\n\
+         mov.u64 %d3, buf;\nmov.u32 %r2, 0;\n\
+         L:\nsetp.ge.u32 %p, %r2, %r1;\n@%p bra E;\n\
+         mul.wide.u32 %d2, %r2, 4;\nadd.u64 %d4, %d3, %d2;\nst.local.u32 [%d4], %r2;\n\
+         add.u32 %r2, %r2, 1;\nbra L;\n\
+         E:\nmov.u32 %r6, %tid.x;\nmul.lo.u32 %r7, %r6, 7;\nrem.u32 %r8, %r7, %r1;\n\
+         mul.wide.u32 %d2, %r8, 4;\nadd.u64 %d4, %d3, %d2;\nld.local.u32 %r9, [%d4];\n\
+         cvta.to.global.u64 %d7, %d1;\n\
+         mul.wide.u32 %d5, %r6, 4;\nadd.u64 %d6, %d7, %d5;\nst.global.u32 [%d6], %r9;\n\
+         ret;\n}}\n",
+        words * 4
+    )
+}
+
+#[test]
+fn a_kernel_needing_more_local_memory_than_the_stack_is_refused_and_runs_within_it() {
+    const WORDS: u32 = 4096;
+    const THREADS: u32 = 128;
+    let ptx = big_local_ptx(WORDS);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [THREADS, 1, 1],
+        shared_bytes: 0,
+    };
+    let run = |b: &dyn Backend| -> Result<Vec<u32>, BackendError> {
+        let m = b.module_load(ModuleImage::Ptx(ptx.as_bytes()))?;
+        let f = b.get_function(m, b"big_local")?.handle;
+        let out = b.alloc(u64::from(THREADS) * 4)?.addr;
+        b.launch(f, &cfg, &[w(out), ArgValue::U32(WORDS)])?;
+        Ok(get_u32(b, out, THREADS as usize))
+    };
+    match cuda_skip() {
+        None => {
+            // The default 1 KiB stack: refused before the driver would grow every
+            // thread's stack to 16 KiB behind the ledger's back.
+            let b = cuda(64 * MIB);
+            let e = run(&b).expect_err("over the stack");
+            assert!(
+                matches!(e, BackendError::LocalMemory { need, limit: 1024, .. } if need >= 16384),
+                "{e}"
+            );
+            assert_eq!(e.status(), Status::OutOfMemory);
+            let m = e.to_string();
+            for part in ["big_local", "1024", "--cuda-stack"] {
+                assert!(m.contains(part), "{m}");
+            }
+            let used = b.memory_usage().used;
+            assert_eq!(
+                run(&b).map(|_| ()).map_err(|e| e.status()),
+                Err(Status::OutOfMemory)
+            );
+            assert!(b.memory_usage().used >= used, "the vGPU still serves");
+            drop(b);
+            // A stack that holds it: the reserve grows with it, and the kernel runs.
+            let limits = ContextLimits {
+                stack_bytes: 20 << 10,
+                ..ContextLimits::default()
+            };
+            let reserve = CudaGpu::context_reserve_of(0, &limits)
+                .expect("reserve")
+                .total()
+                .expect("fits");
+            assert!(reserve > cuda_reserve(), "a larger stack reserves more");
+            let b = cuda_with(reserve + 64 * MIB, limits);
+            assert_eq!(b.memory_usage().used, reserve);
+            let got = run(&b).expect("within the stack");
+            let want: Vec<u32> = (0..THREADS).map(|t| (t * 7) % WORDS).collect();
+            assert_eq!(got, want, "the local array kept every word");
+        }
+        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
+    }
+}
+
+/// A namespace file of `words` u64s (word i = i) for the storage charging case.
+fn storage_file(tag: &str, words: u64) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!(
+        "vgpu-conformance-storage-{}-{tag}",
+        std::process::id()
+    ));
+    let b: Vec<u8> = (0..words).flat_map(|i| i.to_le_bytes()).collect();
+    std::fs::write(&p, b).expect("write namespace file");
+    p
+}
+
+/// The storage kernels' setup of a namespace is charged once, on first use; refused (and
+/// nothing left charged) when it does not fit the share.
+fn storage_case(name: &str, b: &dyn Backend, small: &dyn Backend) {
+    let scan = builtin(b, "storage_scan_sum");
+    let out = b.alloc(8).expect("alloc").addr;
+    let args = |out| {
+        vec![
+            ArgValue::U64(1),
+            ArgValue::U64(0),
+            ArgValue::U64(1024),
+            ArgValue::U32(8),
+            w(out),
+        ]
+    };
+    let before = b.memory_usage().used;
+    b.launch(scan, &CFG, &args(out)).expect("scan");
+    let charged = b.memory_usage().used - before;
+    if name == "sim" {
+        let cache = (vgpu_backend::storage::CACHE_LINE * vgpu_backend::storage::CACHE_LINES) as u64;
+        assert_eq!(charged, cache, "sim: the cache lines");
+    } else {
+        assert!(
+            charged >= 64 * MIB,
+            "cuda: region, block and doorbells: {charged}"
+        );
+    }
+    b.launch(scan, &CFG, &args(out)).expect("scan again");
+    assert_eq!(
+        b.memory_usage().used,
+        before + charged,
+        "{name}: charged once"
+    );
+    eprintln!("{name}: storage setup charged {charged} bytes");
+
+    let scan = builtin(small, "storage_scan_sum");
+    let out = small.alloc(8).expect("alloc").addr;
+    let before = small.memory_usage().used;
+    let e = small
+        .launch(scan, &CFG, &args(out))
+        .expect_err("does not fit");
+    assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
+    assert_eq!(
+        small.memory_usage().used,
+        before,
+        "{name}: nothing stays charged"
+    );
+    small.alloc(1).expect("the share still serves allocations");
+}
+
+#[test]
+fn the_storage_setup_is_charged_once_and_refused_when_it_does_not_fit() {
+    use std::sync::Arc;
+    use vgpu_backend::storage::{NamespaceSpec, StorageSet};
+    let path = storage_file("charge", 1 << 16);
+    let set = || {
+        let s = StorageSet::new(vec![NamespaceSpec {
+            id: 1,
+            path: path.clone(),
+            read_only: true,
+        }])
+        .expect("set");
+        s.attach(1).expect("attach");
+        Arc::new(s)
+    };
+    storage_case(
+        "sim",
+        &sim(64 * MIB).with_storage(set()),
+        &sim(2 * MIB).with_storage(set()),
+    );
+    match cuda_skip() {
+        None => storage_case(
+            "cuda",
+            &cuda(256 * MIB).with_storage(set()),
+            &cuda(8 * MIB).with_storage(set()),
+        ),
+        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
+    }
+    let _ = std::fs::remove_file(&path);
 }

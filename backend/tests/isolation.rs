@@ -285,7 +285,8 @@ fn a_kernel_in_another_process_faults_alone() {
     }
     // The first vGPU: its second allocation holds the secret.
     let gpu = CudaGpu::new(CudaConfig {
-        memory: 64 << 20,
+        // Room for the context reserve (stacks of every resident thread) too.
+        memory: 1 << 30,
         va_size: 1 << 30,
         ..CudaConfig::default()
     })
@@ -401,7 +402,8 @@ fn isolation_child() {
         "backend" => {
             // A second vGPU with the same address layout as the first.
             let gpu = CudaGpu::new(CudaConfig {
-                memory: 64 << 20,
+                // Room for the context reserve too.
+                memory: 1 << 30,
                 va_size: 1 << 30,
                 ..CudaConfig::default()
             })

@@ -28,9 +28,14 @@ fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
         Ok(_) => {
             static NEXT: AtomicU64 = AtomicU64::new(0);
             let k = NEXT.fetch_add(1, Ordering::Relaxed);
+            // `memory` beside the context's reserve, which the share holds too.
+            let reserve = CudaGpu::context_reserve_of(0, &Default::default())
+                .expect("context reserve")
+                .total()
+                .expect("reserve fits u64");
             let cuda = CudaGpu::new(CudaConfig {
                 ordinal: 0,
-                memory,
+                memory: memory + reserve,
                 // Clear of conformance.rs's ranges.
                 va_base: DEFAULT_VA_BASE + (k + 40) * (64 << 30),
                 va_size: 16 << 30,
@@ -54,10 +59,12 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
     // 2 MiB for an allocation and ten pages for modules.
     let capacity = 2 * MIB + 10 * MODULE_PAGE;
     each(capacity, |name, b| {
+        // The context reserve (cuda; 0 on sim) is charged from the start.
+        let base = b.memory_usage().used;
         let page = module_footprint(&ModuleImage::Builtin(b"builtin"));
         assert_eq!(page, MODULE_PAGE);
         let a = b.alloc(2 * MIB).expect("alloc");
-        assert_eq!(b.memory_usage().used, 2 * MIB, "{name}");
+        assert_eq!(b.memory_usage().used, base + 2 * MIB, "{name}");
         let mut loaded = Vec::new();
         for i in 0..10 {
             loaded.push(
@@ -66,21 +73,25 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             );
         }
         let u = b.memory_usage();
-        assert_eq!(u.used, capacity, "{name}: modules count in memory_usage");
+        assert_eq!(
+            u.used,
+            base + capacity,
+            "{name}: modules count in memory_usage"
+        );
         let e = b
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect_err("over the capacity");
         assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
         assert!(e.to_string().contains("module memory"), "{name}: {e}");
         // A refused load charged nothing; allocations see the modules too.
-        assert_eq!(b.memory_usage().used, capacity, "{name}");
+        assert_eq!(b.memory_usage().used, base + capacity, "{name}");
         assert_eq!(
             b.alloc(MODULE_PAGE).expect_err("full").status(),
             Status::OutOfMemory
         );
         // Unloading gives the pages back.
         b.module_unload(loaded.pop().expect("one")).expect("unload");
-        assert_eq!(b.memory_usage().used, capacity - page, "{name}");
+        assert_eq!(b.memory_usage().used, base + capacity - page, "{name}");
         loaded.push(
             b.module_load(ModuleImage::Builtin(b"builtin"))
                 .expect("room again"),
@@ -89,7 +100,7 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             b.module_unload(m).expect("unload");
         }
         b.free(a.addr).expect("free");
-        assert_eq!(b.memory_usage().used, 0, "{name}");
+        assert_eq!(b.memory_usage().used, base, "{name}");
     });
 }
 
@@ -104,6 +115,7 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
     let fp = module_footprint(&ModuleImage::Ptx(huge.as_bytes()));
     assert!(fp > MAX_MODULE_MEMORY);
     each(64 * MIB, |name, b| {
+        let base = b.memory_usage().used;
         let e = b
             .module_load(ModuleImage::Ptx(huge.as_bytes()))
             .expect_err("refused");
@@ -121,7 +133,7 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
             let m = b
                 .module_load(ModuleImage::Ptx(half.as_bytes()))
                 .expect("fits");
-            assert!(b.memory_usage().used >= 32 * MIB, "{name}");
+            assert!(b.memory_usage().used >= base + 32 * MIB, "{name}");
             b.alloc(30 * MIB).expect("alloc beside it");
             assert_eq!(
                 b.module_load(ModuleImage::Ptx(half.as_bytes()))
@@ -254,6 +266,141 @@ fn parameter_layouts_and_raw_bytes_arguments() {
                 .status(),
             Status::BadArgType
         );
+    });
+}
+
+/// A module variable read by a kernel that also takes a 24-byte struct and a 64-byte
+/// array of floats by value: `out` gets scale[0], s[4..8], s[16..24] and v[15].
+const GLOBALS_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .global .align 8 .u32 scale[8];
+.visible .entry apply(.param .u64 out, .param .align 8 .b8 s[24], .param .align 4 .b8 v[64])
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %d<3>;
+    ld.param.u64 %d0, [out];
+    cvta.to.global.u64 %d1, %d0;
+    ld.global.u32 %r0, [scale];
+    st.global.u32 [%d1], %r0;
+    ld.param.b32 %r1, [s+4];
+    st.global.b32 [%d1+4], %r1;
+    ld.param.b64 %d2, [s+16];
+    st.global.b64 [%d1+8], %d2;
+    ld.param.b32 %r2, [v+60];
+    st.global.b32 [%d1+16], %r2;
+    ret;
+}
+"#;
+
+#[test]
+fn module_variables_and_by_value_structs() {
+    each(16 * MIB, |name, b| {
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        };
+        let blob_args = [
+            ArgValue::Blob { offset: 0, len: 24 },
+            ArgValue::Blob {
+                offset: 24,
+                len: 64,
+            },
+        ];
+        if b.info().features & features::GLOBALS == 0 {
+            // No guest code: no variables, no by-value structs.
+            let m = b
+                .module_load(ModuleImage::Builtin(b"builtin"))
+                .expect("builtin");
+            let e = b.module_global(m, b"scale").expect_err("no variables");
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            let spin = b.get_function(m, b"spin").expect("spin");
+            let e = b
+                .launch_with_params(spin.handle, &cfg, &blob_args, &[0; 88])
+                .expect_err("no structs");
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            return;
+        }
+        assert_ne!(b.info().features & features::PARAM_BLOBS, 0, "{name}");
+        let m = b
+            .module_load(ModuleImage::Ptx(GLOBALS_PTX.as_bytes()))
+            .expect("globals module");
+        let (addr, size) = b.module_global(m, b"scale").expect("scale");
+        assert_eq!(size, 32, "{name}");
+        assert_eq!(
+            b.module_global(m, b"nothing")
+                .expect_err("unknown")
+                .status(),
+            Status::UnknownFunction
+        );
+        // The variable is a copy and memset target, within its size only.
+        b.check_range(addr, 32).expect("inside");
+        b.check_range(addr, 33).expect_err("past its end");
+        b.memset(addr, 0, 4, 8).expect("memset");
+        let mut four = 41u32.to_le_bytes();
+        b.copy_htod(addr, &vm_memory::VolatileSlice::from(&mut four[..]))
+            .expect("htod to the variable");
+        let mut back = [0u8; 32];
+        b.copy_dtoh(addr, &vm_memory::VolatileSlice::from(&mut back[..]))
+            .expect("dtoh from the variable");
+        assert_eq!(&back[..4], &41u32.to_le_bytes(), "{name}");
+        // The module owns it: not an allocation to free.
+        b.free(addr).expect_err("free of a module variable");
+        // A kernel reads it and two structs passed by value.
+        let out = b.alloc(4096).expect("alloc");
+        let f = b.get_function(m, b"apply").expect("apply");
+        let l = b.param_layout(f.handle).expect("layout");
+        let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
+        assert_eq!(got, [(0, 8), (8, 24), (32, 64)], "{name}");
+        let mut blob = [0u8; 88];
+        blob[4..8].copy_from_slice(&0x0a0b_0c0du32.to_le_bytes());
+        blob[16..24].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        blob[84..88].copy_from_slice(&2.5f32.to_le_bytes());
+        let ptr = ArgValue::Ptr {
+            addr: out.addr,
+            access: Access::Write,
+        };
+        let args = [ptr, blob_args[0], blob_args[1]];
+        b.launch_with_params(f.handle, &cfg, &args, &blob)
+            .expect("launch with structs");
+        let mut res = [0u8; 20];
+        b.copy_dtoh(out.addr, &vm_memory::VolatileSlice::from(&mut res[..]))
+            .expect("dtoh");
+        assert_eq!(&res[0..4], &41u32.to_le_bytes(), "{name}: the variable");
+        assert_eq!(&res[4..8], &blob[4..8], "{name}: the struct");
+        assert_eq!(&res[8..16], &blob[16..24], "{name}: the struct");
+        assert_eq!(&res[16..20], &2.5f32.to_le_bytes(), "{name}: the floats");
+        // A blob whose size differs from the parameter's, or outside the blob: refused.
+        let short = [ptr, ArgValue::Blob { offset: 0, len: 16 }, blob_args[1]];
+        assert_eq!(
+            b.launch_with_params(f.handle, &cfg, &short, &blob)
+                .expect_err("size mismatch")
+                .status(),
+            Status::BadArgType
+        );
+        assert_eq!(
+            b.launch_with_params(f.handle, &cfg, &args, &blob[..80])
+                .expect_err("outside the blob")
+                .status(),
+            Status::BadArgType
+        );
+        // The variable's pointer is a valid kernel pointer too (the kernel writes 20 of
+        // its 32 bytes).
+        let onto = [
+            ArgValue::Ptr {
+                addr,
+                access: Access::Write,
+            },
+            blob_args[0],
+            blob_args[1],
+        ];
+        b.launch_with_params(f.handle, &cfg, &onto, &blob)
+            .expect("kernel writing the variable");
+        b.module_unload(m).expect("unload");
+        b.check_range(addr, 4).expect_err("gone with its module");
+        b.free(out.addr).expect("free");
     });
 }
 

@@ -82,9 +82,10 @@ fn each(path: &Path, f: impl Fn(&str, &dyn Backend, &StorageSet)) {
             let k = NEXT.fetch_add(1, Ordering::Relaxed);
             let set = set_for(path);
             set.attach(1).expect("attach");
+            // Room for the context reserve and the GPU storage setup too.
             let gpu = CudaGpu::new(CudaConfig {
                 ordinal: 0,
-                memory: 256 * MIB,
+                memory: 1 << 30,
                 va_base: DEFAULT_VA_BASE + (k + 1) * (64 << 30),
                 va_size: 16 << 30,
                 ..CudaConfig::default()

@@ -2,7 +2,8 @@
 # Builds what a run on the GPU machine needs (it has no cargo) and lays it out in one
 # git-ignored folder, stripped, with stable names:
 #
-#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-bench, vgpu-storage-bench
+#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-bench, vgpu-storage-bench,
+#                                   vgpu-native-load (the sharing step's native anchor)
 #   gpu-bundle/tests/<test target>  the release test binaries the suite runs, named by their
 #                                   cargo target name; a name two packages share gets
 #                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests)
@@ -10,7 +11,8 @@
 #   gpu-bundle/kernels/             the CUDA C sources, committed PTX and build-ptx.sh
 #   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the cuda-programs step installs it
 #                                   as libcuda.so.1)
-#   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources
+#   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources, and the
+#                                   cuda-shares step's (vecloop)
 #   gpu-bundle/fuzz/                the fuzz targets, when they were built (see below)
 #   gpu-bundle/MANIFEST             what is in it, from which commit, sizes
 #
@@ -28,11 +30,11 @@ out="${1:-$root/gpu-bundle}"
 target="${CARGO_TARGET_DIR:-$root/target}"
 max_mib="${BUNDLE_MAX_MIB:-64}"
 
-programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench)
+programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench vgpu-native-load)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend host_migration)
+    cuda_programs module_memory vgpu_backend host_migration memory bounds)
 
 log() { echo "bundle: $*" >&2; }
 
@@ -111,7 +113,8 @@ cargo run --release --locked -q -p payload-build -- --out "$out/payloads" >/dev/
 cp backend/kernels/*.cu backend/kernels/*.ptx backend/kernels/build-ptx.sh "$out/kernels/"
 cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
-    "$out/cuda-programs/"
+    cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
+    cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"
 for f in request_parser rest_bodies elf_loader bzimage_loader; do

@@ -16,7 +16,8 @@
 #
 # Environment: BUNDLE (default gpu-bundle), TIMEOUT_SCALE (multiplies every limit, default
 # 1), PTX_STRICT=1 (the ptx step fails when the regenerated PTX differs from the committed
-# one), MAXMIB (largest size of the migration bench, default 16384).
+# one), MAXMIB (largest size of the migration bench, default 16384), SHARING_VMS (the VM
+# counts of the sharing step, default 1,2,8,64).
 # The step_* functions run through `bash -c`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -26,6 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEP_TABLE="
 ptx|check|120|nvcc regenerates the committed PTX of the cuda kernels (diff of the bodies)
 conformance|check|180|the Backend conformance suite on sim and cuda, pager swapping on cuda
+charge|check|180|every byte a vGPU causes is charged: the context reserve from the start, a share below it refused, a kernel needing more local memory than the stack refused (and run with a larger stack), the storage setup charged once and refused when it does not fit
 isolation|check|120|a CUDA context is no isolation, a process is: a foreign address faults alone
 gpu-guests|check|300|payload guests (vecadd, streams, hostile) under KVM through vgpu-worker --backend cuda
 storage|check|180|the storage kernels as GPU threads, backend level, sim and cuda
@@ -33,21 +35,26 @@ storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cud
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
 host-migration|check|420|whole-VM migration between two vgpud daemons sharing the GPU: a computing VM moves back and forth (checksum equal to an unmoved VM's), a full destination refuses, a killed destination leaves the VM at its source, a wrong token is refused
-shm|check|120|shared device memory on cuda: an exported object mapped read-write and read-only, writes to the read-only mapping refused
+shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
 hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
+cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
+cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
 storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 blocks, beside io_uring
 storage-ceiling|bench|300|the emulated controller fed by 8 and 14 host threads (its ceiling)
 migration-bench|bench|480|cuda live migration downtime and total time, 64 MiB to MAXMIB, beside native peer copies
 memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, on this machine's cores)
+shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
-start|bench|300|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, beside vgpu-worker + vmm by hand
+handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
+sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
+start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
 "
 
@@ -91,6 +98,9 @@ step_ptx() {
     return "$rc"
 }
 step_conformance() { "$(tb conformance)" --test-threads 8; }
+step_charge() {
+    "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
+}
 step_isolation() { "$(tb isolation)" --nocapture --test-threads 2; }
 step_gpu-guests() { "$(tb gpu)" --nocapture --test-threads 1; }
 step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
@@ -98,7 +108,24 @@ step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_r
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
 step_host-migration() { VGPU_TEST_BACKEND=cuda "$(tb host_migration)" --nocapture --test-threads 1; }
-step_shm() { "$(tb conformance)" shared_objects --nocapture; }
+step_shm() {
+    local rc=0
+    echo "== backend: an exported object mapped read-write and read-only"
+    if "$(tb conformance)" shared_objects --nocapture; then echo "SHM PASS backend"; else echo "SHM FAIL backend"; rc=1; fi
+    echo "== vgpud: producer/consumer pipeline, intruders refused; kill -9 of a mapper"
+    if VGPU_TEST_BACKEND=cuda "$(tb memory)" shm_pipeline a_dying_vm --nocapture --test-threads 1; then
+        echo "SHM PASS vgpud pipeline, intruders, kill -9"
+    else
+        echo "SHM FAIL vgpud pipeline, intruders, kill -9"; rc=1
+    fi
+    echo "== vgpud: writes into a read-only mapping refused"
+    if VGPU_TEST_BACKEND=cuda "$(tb bounds)" writes_into_a_read_only --nocapture; then
+        echo "SHM PASS vgpud read-only mapping"
+    else
+        echo "SHM FAIL vgpud read-only mapping"; rc=1
+    fi
+    return "$rc"
+}
 step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
@@ -123,8 +150,9 @@ on_vgpu() {
     shift
     sock=$d/$tag.sock
     rm -f "$sock"
+    # shellcheck disable=SC2086 # WORKER_ARGS: extra worker flags, split on spaces
     "$B/bin/vgpu-worker" --backend cuda --socket "$sock" --vgpu-id 0 --memory 8G \
-        --queues 4 >"$d/worker-$tag.log" 2>&1 &
+        --queues 4 ${WORKER_ARGS:-} >"$d/worker-$tag.log" 2>&1 &
     wpid=$!
     for _ in $(seq 150); do [[ -S "$sock" ]] && break; sleep 0.2; done
     if [[ ! -S "$sock" ]]; then
@@ -187,6 +215,153 @@ step_cuda-programs() {
     done
     return "$rc"
 }
+# globals.c (cuModuleGetGlobal, structs by value) natively and on the vGPU library; then the
+# driver-API figures of apibench.c, natively and on the vGPU library over the process
+# transport to a cuda worker, as a table with the ratio and each goal.
+step_cuda-api-bench() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs rc=0
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/globals.c" -o "$d/globals" \
+        -L "$stubs" -lcuda || { echo "== globals: FAIL (does not build)"; rc=1; }
+    if "$d/globals" >"$d/globals-native.log" 2>&1 && grep -q 'GLOBALS OK' "$d/globals-native.log"; then
+        echo "== globals native: pass"
+    else
+        echo "== globals native: FAIL"; tail -5 "$d/globals-native.log"; rc=1
+    fi
+    if on_vgpu globals "$d/globals" >"$d/globals-vgpu.log" 2>&1 \
+        && grep -q 'GLOBALS OK' "$d/globals-vgpu.log"; then
+        echo "== globals vgpu: pass"
+    else
+        echo "== globals vgpu: FAIL"; tail -5 "$d/globals-vgpu.log"; rc=1
+    fi
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/apibench.c" -o "$d/apibench" \
+        -L "$stubs" -lcuda || { echo "== apibench: FAIL (does not build)"; return 1; }
+    if "$d/apibench" >"$d/apibench-native.log" 2>&1 && grep -q 'APIBENCH OK' "$d/apibench-native.log"; then
+        echo "== apibench native: pass"
+    else
+        echo "== apibench native: FAIL"; tail -5 "$d/apibench-native.log"; rc=1
+    fi
+    # The library over the worker as vgpud starts it, then with the worker's queue polling
+    # on (--poll-us 50: no wake-up on the kick while requests keep coming).
+    local mode
+    for mode in vgpu vgpu-poll; do
+        if VGPU_DMA_POOL_MB=1280 WORKER_ARGS=$([[ $mode == vgpu-poll ]] && echo "--poll-us 50") \
+            on_vgpu "apibench-$mode" "$d/apibench" >"$d/apibench-$mode.log" 2>&1 \
+            && grep -q 'APIBENCH OK' "$d/apibench-$mode.log"; then
+            echo "== apibench $mode: pass"
+        else
+            echo "== apibench $mode: FAIL"; tail -5 "$d/apibench-$mode.log"; rc=1
+        fi
+    done
+    for mode in vgpu vgpu-poll; do
+        echo "== the library ($mode) beside native libcuda"
+        # name | native | vGPU | ratio | goal (copies: >= 0.95 from 64 MiB; round trip: <= 1.5;
+        # async: >= 0.8), and the design's one line per figure.
+        awk -v mode="$mode" '
+            FNR == 1 { file++ }
+            $1 == "FIG" { v[file, $2] = $3; unit[$2] = $4; if (file == 1) order[++n] = $2 }
+            END {
+                printf "| %-18s %23s %23s %7s  %s\n", "figure", "native", mode, "ratio", "goal"
+                for (i = 1; i <= n; i++) {
+                    k = order[i]; a = v[1, k]; b = v[2, k]; u = unit[k]
+                    if (b == "" || a == 0) { printf "| %-18s %23s %23s %7s  FAIL (no figure)\n", k, a, b, "-"; continue }
+                    r = b / a; goal = "-"
+                    if (k ~ /^(htod|dtoh)_(64MiB|256MiB|1GiB)$/) goal = (r >= 0.95 ? "PASS" : "FAIL") " (>= 0.95)"
+                    else if (k == "launch_sync_rtt") goal = (r <= 1.5 ? "PASS" : "FAIL") " (<= 1.5)"
+                    else if (k == "async_launches") goal = (r >= 0.8 ? "PASS" : "FAIL") " (>= 0.8)"
+                    printf "| %-18s %12.3f %-10s %12.3f %-10s %7.3f  %s\n", k, a, u, b, u, r, goal
+                    lines = lines sprintf("%s: %s %s | anchor: %s %s | ratio: %.3f\n", k, b, u, a, u, r)
+                }
+                printf "%s", lines
+            }' "$d/apibench-native.log" "$d/apibench-$mode.log" | tee -a "$LOGS/cuda-api-bench.txt"
+    done
+    return "$rc"
+}
+# Two process vGPUs at 70/30 on GPU 0 through vgpud, each running vecloop (an unmodified
+# C driver-API program, through the vGPU library as libcuda.so.1; rounds of 32 kernels of
+# 1 ms and a checked vector sum) for 24 seconds; the
+# compute shares measured from vgpud's stats beside 70/30; the 30% one migrated (onto the
+# same GPU with one) mid-run; every program's results checked.
+step_cuda-shares() {
+    local d=$LOGS/cuda-shares src=$B/cuda-programs nvcc home stubs dir sock pid rc=0 secs=24
+    local ctl i share
+    local -a ids=() socks=() pids=() u=()
+    mkdir -p "$d/lib"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== FAIL: no nvcc on this machine"; return 1; }
+    home=$(cd "$(dirname "$nvcc")/.." && pwd)
+    stubs=$(find -L "$home" -path '*stubs*' -name libcuda.so 2>/dev/null | head -1)
+    [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
+    [[ -n "$stubs" ]] || { echo "== FAIL: no libcuda to link against"; return 1; }
+    stubs=$(dirname "$stubs")
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$nvcc" -ptx -o "$d/vecloop.ptx" "$src/vecloop.cu" || { echo "== FAIL: nvcc"; return 1; }
+    gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecloop.c" -o "$d/vecloop" \
+        -L "$stubs" -lcuda || { echo "== FAIL: gcc"; return 1; }
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    ctl=("$B/bin/vgpuctl" --socket "$sock")
+    for share in 70% 30%; do
+        local v
+        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 4G --compute "$share") \
+            || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
+        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
+        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+        echo "== vGPU ${ids[-1]} at $share for a process: VGPU_SOCKET=${socks[-1]}"
+    done
+    if [[ $rc == 0 ]]; then
+        for i in 0 1; do
+            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=${socks[$i]} \
+                "$d/vecloop" "$d/vecloop.ptx" "$secs" 32 1000 >"$d/vecloop-$i.log" 2>&1 &
+            pids+=($!)
+        done
+        sleep 5
+        # The device time each got over 8 s (kernel_ns from vgpud's stats) over the wall time.
+        kns() { "${ctl[@]}" --json vgpu stats "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["kernel_ns"])'; }
+        local t0 t1 a0 b0 a1 b1
+        t0=$(date +%s%N) a0=$(kns "${ids[0]}") b0=$(kns "${ids[1]}")
+        sleep 8
+        t1=$(date +%s%N) a1=$(kns "${ids[0]}") b1=$(kns "${ids[1]}")
+        u[0]=$(awk -v x="$a0" -v y="$a1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        u[1]=$(awk -v x="$b0" -v y="$b1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        echo "== shares: device time of the wall time: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
+        if awk -v a="${u[0]}" -v b="${u[1]}" 'BEGIN { exit !((a - 0.7)^2 <= 0.01 && (b - 0.3)^2 <= 0.01) }'; then
+            echo "== PASS shares within 10 pp of 70/30"
+        else
+            echo "== FAIL shares: ${u[0]}/${u[1]}, wanted 0.70/0.30 within 10 pp"; rc=1
+        fi
+        if "${ctl[@]}" vgpu migrate "${ids[1]}" --target-gpu 0 >"$d/migrate.log" 2>&1; then
+            echo "== PASS live migration of vGPU ${ids[1]} mid-run: $(grep -m1 'moved' "$d/migrate.log" || tail -1 "$d/migrate.log")"
+        else
+            echo "== FAIL live migration of vGPU ${ids[1]}:"; tail -3 "$d/migrate.log"; rc=1
+        fi
+        for i in 0 1; do
+            if wait "${pids[$i]}" && grep -q 'VECLOOP OK' "$d/vecloop-$i.log"; then
+                echo "== PASS program on vGPU ${ids[$i]}: $(grep 'VECLOOP OK' "$d/vecloop-$i.log")"
+            else
+                echo "== FAIL program on vGPU ${ids[$i]}:"; tail -3 "$d/vecloop-$i.log"; rc=1
+            fi
+        done
+    fi
+    for i in "${ids[@]}"; do "${ctl[@]}" vgpu delete "$i" >/dev/null 2>&1; done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    echo "vgpud log (last lines):"; tail -5 "$d/vgpud.log"
+    return "$rc"
+}
 step_cuda-bench() { VGPU_BENCH_JSON=$LOGS/bench-cuda.json "$(tb cuda_bench)" --ignored --nocapture; }
 step_copy-sweep() { "$(tb gpu)" --ignored --nocapture gpu_copy_sweep; }
 step_round-trips() { "$(tb gpu)" --ignored --nocapture gpu_round_trips; }
@@ -220,6 +395,17 @@ step_memory-bench() {
     cp "$dir"/out/bench-memory.* "$LOGS/" 2>/dev/null
     return 0
 }
+step_shm-bench() {
+    local dir
+    dir=$(mktemp -d)
+    if ! (cd "$dir" && "$B/bin/vgpu-bench" memory --backend cuda); then
+        echo "BENCH shm FAIL"
+        return 1
+    fi
+    cp "$dir"/out/bench-memory-cuda.* "$LOGS/" 2>/dev/null
+    echo "BENCH shm PASS"
+    return 0
+}
 step_timeline() {
     local dir files rc=0
     dir=$(mktemp -d) && chmod 1777 "$dir"
@@ -232,13 +418,54 @@ step_timeline() {
     tar -czf "$LOGS/timeline-csv.tar.gz" -C "$dir" . 2>/dev/null
     return "$rc"
 }
+step_handover() {
+    local p dir files rc=0
+    for p in 0 1; do
+        dir=$(mktemp -d) && chmod 1777 "$dir"
+        VGPU_HANDOVER_POLL=$p VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
+        # BAND's two workers come first (worker pids rise).
+        mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
+        if [[ ${#files[@]} -lt 2 ]]; then
+            echo "BENCH handover poll=$p: ${#files[@]} timeline files, wanted 4"; rc=1; continue
+        fi
+        echo "BENCH handover poll=$p (BAND)"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
+        tar -czf "$LOGS/handover-$p-csv.tar.gz" -C "$dir" . 2>/dev/null
+    done
+    return "$rc"
+}
+
+step_sharing() {
+    local dir rc=0
+    dir=$(mktemp -d)
+    (cd "$dir" && "$B/bin/vgpu-bench" sharing --backend cuda --vms "${SHARING_VMS:-1,2,8,64}") || rc=1
+    cp "$dir"/out/bench-sharing.json "$dir"/out/bench-sharing-busy.png "$LOGS/" 2>/dev/null
+    if [[ -n "${OUT:-}" && -f "$dir/out/bench-sharing-busy.png" ]]; then
+        cp "$dir/out/bench-sharing-busy.png" "$OUT/sharing-busy.png"
+    fi
+    return "$rc"
+}
 
 step_start() {
-    local dir
+    local dir rc=0 single all
     dir=$(mktemp -d)
-    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64) || return 1
+    (cd "$dir" && "$B/bin/vgpu-bench" start --backend cuda --runs 20 --concurrent 64 --pool 64) | tee "$dir/start.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || return 1
     cp "$dir"/out/bench-start.* "$LOGS/" 2>/dev/null
-    return 0
+    # "NAME: VALUE UNIT | anchor: ..." lines; the pool's figures against the goals.
+    single=$(awk -F': ' '/^VM start to main through vgpud with a pool of/ { split($2, v, " "); print v[1]; exit }' "$dir/start.txt")
+    all=$(awk -F': ' '/VMs launched concurrently through vgpud with a pool of/ { split($2, v, " "); print v[1]; exit }' "$dir/start.txt")
+    if [[ -n $single ]] && awk -v x="$single" 'BEGIN { exit !(x <= 50) }'; then
+        echo "PASS start: median VM start to main with the pool ${single} ms (goal 50 ms)"
+    else
+        echo "FAIL start: median VM start to main with the pool ${single:-missing} ms (goal 50 ms)"; rc=1
+    fi
+    if [[ -n $all ]] && awk -v x="$all" 'BEGIN { exit !(x <= 3000) }'; then
+        echo "PASS start: 64 VMs at main with the pool in ${all} ms (goal 3000 ms)"
+    else
+        echo "FAIL start: 64 VMs at main with the pool in ${all:-missing} ms (goal 3000 ms)"; rc=1
+    fi
+    grep -h '^pool hits' "$dir/start.txt"
+    return "$rc"
 }
 step_fuzz() {
     [[ -d "$B/fuzz" ]] || { echo "no fuzz targets in the bundle (ci/gpu/bundle.sh says how)"; return 1; }
@@ -246,9 +473,9 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|HOSTMIG|POLL|FUZZ|rror'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|HOSTMIG|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 quick=0 list=0 wanted=()
 for a in "$@"; do

@@ -65,6 +65,9 @@ pub struct Alloc {
     pub size: u64,
     pub ctx: u64,
     pub id: u64,
+    /// The module owning the range (a module variable from `cuModuleGetGlobal`), 0 for an
+    /// allocation: `cuMemFree` refuses a module's range, unloading the module drops it.
+    pub module: u64,
 }
 
 pub struct HostAlloc {

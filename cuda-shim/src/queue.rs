@@ -115,9 +115,23 @@ impl Queue {
         mut f: impl FnMut(&mut Stream<AnyTransport>) -> guest_driver::Result<Ticket>,
         keep: Option<DmaRegion>,
     ) -> Result<u64, CUresult> {
+        self.enqueue_keeping(t, |s, _| f(s), keep)
+    }
+
+    /// [`Self::enqueue`] where the request also writes into `keep` (a header in the
+    /// caller's DMA memory).
+    pub fn enqueue_keeping(
+        &mut self,
+        t: &AnyTransport,
+        mut f: impl FnMut(
+            &mut Stream<AnyTransport>,
+            Option<&mut DmaRegion>,
+        ) -> guest_driver::Result<Ticket>,
+        mut keep: Option<DmaRegion>,
+    ) -> Result<u64, CUresult> {
         self.room(t);
         let outcome = loop {
-            match f(&mut self.stream) {
+            match f(&mut self.stream, keep.as_mut()) {
                 Err(guest_driver::Error::QueueFull) if !self.pending.is_empty() => {
                     self.stream.submit();
                     self.wait_oldest(t);

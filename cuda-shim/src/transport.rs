@@ -14,6 +14,15 @@ pub const ENV_SOCKET: &str = "VGPU_SOCKET";
 pub const ENV_POOL_MB: &str = "VGPU_DMA_POOL_MB";
 /// Environment variable: 2 MiB hugepages of DMA memory (Linux transport; default 16).
 pub const ENV_HUGEPAGES: &str = "VGPU_HUGEPAGES";
+/// Environment variable: DMA memory kept from the kernel instead of hugepages (Linux
+/// transport), `LEN@PHYS` in bytes as the kernel's `memmap=LEN$PHYS` reserved it (decimal
+/// or 0x-hex; LEN may end in K, M or G).
+pub const ENV_DMA_RESERVED: &str = "VGPU_DMA_RESERVED";
+/// Environment variable: the physical address of the device's registers (Linux transport;
+/// default: the first `virtio_mmio.device=` of the kernel command line).
+pub const ENV_MMIO_BASE: &str = "VGPU_MMIO_BASE";
+/// Environment variable: the physical memory device (Linux transport; default `/dev/mem`).
+pub const ENV_DEV_MEM: &str = "VGPU_DEV_MEM";
 
 /// Why no vGPU could be reached.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +33,12 @@ pub enum OpenError {
     Linux(#[from] guest_driver::linux::LinuxError),
     #[error("the vGPU did not initialise: {0}")]
     Device(guest_driver::Error),
+    #[error("{name}={value:?} is not {form}")]
+    Setting {
+        name: &'static str,
+        value: String,
+        form: &'static str,
+    },
 }
 
 /// Either transport; clones share the underlying one.
@@ -35,6 +50,61 @@ pub enum AnyTransport {
 
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// A number in decimal or 0x-hex, optionally with a K, M or G suffix.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let v = match digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+        None => digits.parse().ok()?,
+    };
+    v.checked_mul(1u64 << shift)
+}
+
+/// Where the Linux transport finds the device and its DMA memory: `/dev/mem`, the first
+/// device of the kernel command line and hugepages, unless the environment says otherwise.
+fn linux_setup() -> Result<(Paths, u64, DmaSource), OpenError> {
+    let mut paths = Paths::default();
+    if let Some(mem) = std::env::var_os(ENV_DEV_MEM) {
+        paths.mem = PathBuf::from(mem);
+    }
+    let base = match std::env::var(ENV_MMIO_BASE) {
+        Ok(v) => parse_size(&v).ok_or(OpenError::Setting {
+            name: ENV_MMIO_BASE,
+            value: v,
+            form: "an address (decimal or 0x-hex)",
+        })?,
+        Err(_) => LinuxTransport::first_device(&paths)?.base,
+    };
+    let dma = match std::env::var(ENV_DMA_RESERVED) {
+        Ok(v) => {
+            let bad = || OpenError::Setting {
+                name: ENV_DMA_RESERVED,
+                value: v.clone(),
+                form: "LEN@PHYS (e.g. 16M@0x100000)",
+            };
+            let (len, phys) = v.split_once('@').ok_or_else(bad)?;
+            let len = parse_size(len)
+                .and_then(|l| usize::try_from(l).ok())
+                .ok_or_else(bad)?;
+            let phys = parse_size(phys).ok_or_else(bad)?;
+            DmaSource::Reserved { phys, len }
+        }
+        Err(_) => DmaSource::Hugepages {
+            count: env_usize(ENV_HUGEPAGES).unwrap_or(16).max(1),
+        },
+    };
+    Ok((paths, base, dma))
 }
 
 impl AnyTransport {
@@ -50,13 +120,11 @@ impl AnyTransport {
                 &path, opts,
             )?));
         }
-        let paths = Paths::default();
-        let base = LinuxTransport::first_device(&paths)?.base;
-        let count = env_usize(ENV_HUGEPAGES).unwrap_or(16).max(1);
+        let (paths, base, dma) = linux_setup()?;
         Ok(AnyTransport::Linux(LinuxTransport::open(
             &paths,
             &Registers::DevMem { base },
-            &DmaSource::Hugepages { count },
+            &dma,
         )?))
     }
 

@@ -559,6 +559,32 @@ fn modules_launches_streams_and_events() {
         ),
         FILE_NOT_FOUND
     );
+    // The built-in module declares no variables; either output may be NULL.
+    let (mut gaddr, mut gsize) = (0u64, 0usize);
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleGetGlobal",
+            fn(*mut u64, *mut usize, Ptr, *const c_char),
+            &mut gaddr,
+            &mut gsize,
+            module,
+            c"scale".as_ptr()
+        ),
+        NOT_FOUND
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleGetGlobal",
+            fn(*mut u64, *mut usize, Ptr, *const c_char),
+            null_mut(),
+            null_mut(),
+            module,
+            null_mut()
+        ),
+        INVALID_VALUE
+    );
     assert_eq!(call!(cu, "cuModuleUnload", fn(Ptr), module), OK);
     assert_eq!(call!(cu, "cuModuleUnload", fn(Ptr), module), INVALID_HANDLE);
     assert_eq!(

@@ -56,6 +56,32 @@ fn alloc_copy_launch_free_over_the_process_transport() {
     s1.launch(&launch_1d(f.handle, n as u64, 256), &args)
         .expect("launch");
 
+    // The same launch with its header in DMA memory of its own, followed by a parameter
+    // blob larger than a slot's header area (no argument names its bytes): the device
+    // reads the whole descriptor.
+    let blob = vec![0x5au8; 3000];
+    let mut header = t
+        .dma_alloc(
+            vgpu_proto::launch_request_len(args.len(), 0) + blob.len(),
+            64,
+        )
+        .expect("header");
+    // SAFETY: `header` stays allocated until the request completed (waited for below).
+    let tk = unsafe {
+        s1.enqueue_launch_in(
+            &mut header,
+            &launch_1d(f.handle, n as u64, 256),
+            &args,
+            &[],
+            &blob,
+        )
+    }
+    .expect("enqueue launch in own memory");
+    s1.submit();
+    s1.wait(tk).expect("launch with a large header");
+    // SAFETY: the request completed.
+    unsafe { t.dma_free(header) };
+
     // The pool grows past its first region (a second memfd, the table sent again) and the
     // result lands in the new region.
     let big = t.dma_alloc(96 << 20, 4096).expect("grow");

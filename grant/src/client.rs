@@ -15,6 +15,10 @@ use crate::{futex, time, Gate, GrantError};
 /// comes back within the daemon's wake-up time, and spinning that long saves a second
 /// wake-up on our side.
 const SPIN: Duration = Duration::from_micros(30);
+/// How long an acquirer woken without a grant spins before sleeping again: the daemon
+/// wakes the next vGPU's waiter just before the holder's work is expected to end
+/// (`server::handover`), and the grant then follows within about this long.
+const HANDOVER_SPIN: Duration = Duration::from_micros(200);
 /// A grant slower than this is worth a log line (the daemon is stuck or gone).
 const SLOW: Duration = Duration::from_secs(10);
 
@@ -97,6 +101,7 @@ impl GrantClient {
     /// Waits for a grant; false if the channel was retired first.
     fn wait_grant(&self, r: Resource) -> bool {
         let asked = Instant::now();
+        let mut spin_until = asked + SPIN;
         let mut warned = false;
         loop {
             if self.try_take(r) {
@@ -105,7 +110,7 @@ impl GrantClient {
             if self.retired.load(Ordering::Acquire) {
                 return false;
             }
-            if asked.elapsed() < SPIN {
+            if Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
             }
@@ -113,7 +118,10 @@ impl GrantClient {
             if self.try_take(r) {
                 return true;
             }
-            futex::wait(self.page.granted(r), g, Duration::from_millis(100));
+            if futex::wait(self.page.granted(r), g, Duration::from_millis(100)) {
+                // Woken: a grant, or the daemon saying one is about to come.
+                spin_until = Instant::now() + HANDOVER_SPIN;
+            }
             if !warned && asked.elapsed() > SLOW {
                 tracing::warn!(?r, "no grant from the scheduler for 10 s; is vgpud alive?");
                 warned = true;
@@ -122,6 +130,7 @@ impl GrantClient {
     }
 
     fn complete(&self, r: Resource, started: Nanos) {
+        self.page.ends_at(r).store(0, Ordering::Relaxed);
         let c = Completion {
             resource: index(r) as u32,
             _pad: 0,
@@ -140,21 +149,53 @@ impl GrantClient {
 impl GrantClient {
     /// Waits for leave to start a request on `resource` (under the open lease, or by a
     /// grant); the start time, or None if the channel was retired meanwhile.
-    fn begin(&self, resource: Resource) -> Option<Nanos> {
+    /// `expect_ns` (0: unknown) is how long the request should run: its end goes on the
+    /// page for the daemon (`Page::ends_at`).
+    fn begin(&self, resource: Resource, expect_ns: Nanos) -> Option<Nanos> {
         if self.start_leased(resource) {
+            let started = time::now();
+            self.page
+                .ends_at(resource)
+                .store(ends_at(started, expect_ns), Ordering::Relaxed);
             self.ring();
-            return Some(time::now());
+            return Some(started);
         }
         self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);
         self.ring();
-        self.wait_grant(resource).then(time::now)
+        if !self.wait_grant(resource) {
+            return None;
+        }
+        let started = time::now();
+        self.page
+            .ends_at(resource)
+            .store(ends_at(started, expect_ns), Ordering::Release);
+        if expect_ns > 0 && self.page.polls().load(Ordering::Relaxed) != 0 {
+            // It was granted, so others may wait: a daemon that polls around end
+            // estimates learns this one now, not at the next event, and can be ready.
+            self.ring();
+        }
+        Some(started)
+    }
+}
+
+/// The end estimate of a request started at `started` expected to run `expect_ns` (0:
+/// none).
+fn ends_at(started: Nanos, expect_ns: Nanos) -> Nanos {
+    if expect_ns == 0 {
+        0
+    } else {
+        started.saturating_add(expect_ns)
     }
 }
 
 impl Gate for GrantClient {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
+        self.acquire_for(resource, 0)
+    }
+
+    fn acquire_for(&self, resource: Resource, expect_ns: Nanos) -> Permit<'_> {
         // A plain client is never retired (only a SwitchGate retires its old ones).
-        let started = self.begin(resource).unwrap_or_else(time::now);
+        let started = self.begin(resource, expect_ns).unwrap_or_else(time::now);
         Permit {
             client: Some(Holder::Ref(self)),
             resource,
@@ -215,12 +256,16 @@ impl SwitchGate {
 
 impl Gate for SwitchGate {
     fn acquire(&self, resource: Resource) -> Permit<'_> {
+        self.acquire_for(resource, 0)
+    }
+
+    fn acquire_for(&self, resource: Resource, expect_ns: Nanos) -> Permit<'_> {
         loop {
             if self.closed.load(Ordering::Acquire) {
                 return Permit::ungated(resource);
             }
             let c = vgpu_sync::read(&self.current).clone();
-            if let Some(started) = c.begin(resource) {
+            if let Some(started) = c.begin(resource, expect_ns) {
                 return Permit {
                     client: Some(Holder::Shared(c)),
                     resource,

@@ -4,8 +4,9 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// Sleeps while `*word == expected`, at most `timeout`. Spurious wake-ups are fine: the
-/// caller re-checks.
-pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+/// caller re-checks. True when it was woken (or the word had changed), false when the
+/// timeout passed.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) -> bool {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -13,7 +14,7 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     // SAFETY: `word` is a live, aligned 32-bit atomic (in a shared mapping that outlives the
     // call); FUTEX_WAIT only reads it. `ts` is a valid relative timeout. Not FUTEX_PRIVATE:
     // the waker is another process.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
@@ -22,8 +23,9 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
             &ts as *const libc::timespec,
             0usize,
             0u32,
-        );
-    }
+        )
+    };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ETIMEDOUT)
 }
 
 /// Wakes every waiter on `word`.

@@ -65,6 +65,14 @@ impl GrantError {
 pub trait Gate: Send + Sync {
     /// Blocks until a request on `resource` may start.
     fn acquire(&self, resource: Resource) -> Permit<'_>;
+
+    /// As [`Gate::acquire`], for a request expected to run about `expect_ns` once started
+    /// (0: unknown). The grant path publishes when it should end, so the scheduler can be
+    /// ready to hand the resource on at that moment; the estimate decides nothing.
+    fn acquire_for(&self, resource: Resource, expect_ns: vgpu_scheduler::Nanos) -> Permit<'_> {
+        let _ = expect_ns;
+        self.acquire(resource)
+    }
 }
 
 /// A gate that lets everything through at once (a worker started by hand, or tests).

@@ -20,12 +20,30 @@ use crate::{futex, time, GrantError};
 const CONTROL: u64 = u64::MAX;
 const TIMER: u64 = u64::MAX - 1;
 
+/// A hand-over between vGPUs costs two wake-ups after the holder's work ends (the
+/// completion wakes this thread, the grant wakes the next vGPU's waiter). When the
+/// holder's worker said when its request should end (`Page::ends_at`) and another vGPU
+/// waits, this thread wakes `HANDOVER_EARLY` before that, wakes the next waiter (which
+/// then spins for its grant) and polls the holder's ring until the completion comes, at
+/// most `HANDOVER_LATE` past the estimate: the CPU time of one short spin per hand-over
+/// for the two wake-ups.
+const HANDOVER_EARLY: Nanos = 40_000;
+const HANDOVER_LATE: Nanos = 100_000;
+/// Estimates further ahead than this are not believed (a kernel deadline is shorter).
+const HANDOVER_AHEAD: Nanos = 120_000_000_000;
+
 /// Which policy and parameters a GPU runs.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerConfig {
     pub policy: PolicyKind,
     pub mode: QueueMode,
     pub sched: Config,
+    /// Poll for a holder's completion around its announced end while others wait (see
+    /// `HANDOVER_EARLY`). It spins the GPU's thread and the next waiter for up to a few
+    /// hundred µs per hand-over, which pays only where a core is free for them: on by
+    /// default with 4 or more CPUs; `VGPU_HANDOVER_POLL=1` or `0` in vgpud's environment
+    /// overrides.
+    pub handover_poll: bool,
 }
 
 impl Default for ServerConfig {
@@ -34,7 +52,16 @@ impl Default for ServerConfig {
             policy: PolicyKind::Band,
             mode: QueueMode::Mrq,
             sched: Config::default(),
+            handover_poll: default_handover_poll(),
         }
+    }
+}
+
+fn default_handover_poll() -> bool {
+    match std::env::var("VGPU_HANDOVER_POLL").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4),
     }
 }
 
@@ -81,6 +108,11 @@ struct Worker {
     books: [Books; 2],
     /// Completions not believed so far.
     violations: u32,
+    /// Requests granted or started under a lease so far, per resource.
+    starts: [u64; 2],
+    /// `starts` at the last poll for a hand-over (see `handover`): one poll per request
+    /// started, whatever the worker writes as its end estimate.
+    polled: [u64; 2],
 }
 
 impl Worker {
@@ -120,6 +152,7 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    handover_poll: bool,
     epoll: Epoll,
     control: EventFd,
     timer: Mutex<TimerFd>,
@@ -169,6 +202,7 @@ impl GrantServer {
             control,
             timer: Mutex::new(timer),
             stop: AtomicBool::new(false),
+            handover_poll: config.handover_poll,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -190,6 +224,8 @@ impl GrantServer {
         copy: Share,
     ) -> Result<WorkerFds, GrantError> {
         let page = Page::create()?;
+        page.polls()
+            .store(u32::from(self.shared.handover_poll), Ordering::Release);
         let doorbell = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
             .map_err(GrantError::os("eventfd"))?;
         let fds = WorkerFds {
@@ -226,6 +262,8 @@ impl GrantServer {
                 settled: time::now(),
                 books: [Books::new(time::now()), Books::new(time::now())],
                 violations: 0,
+                starts: [0, 0],
+                polled: [0, 0],
             },
         );
         Ok(fds)
@@ -331,6 +369,7 @@ fn apply(st: &mut State, grants: Vec<ResourceGrant>) {
             let i = resource_index(g.resource);
             // Recorded before the word moves: the worker cannot start before `now`.
             w.books[i].granted(u64::from(g.grant.count), now);
+            w.starts[i] = w.starts[i].wrapping_add(u64::from(g.grant.count));
             let word = w.page.granted(g.resource);
             word.fetch_add(g.grant.count, Ordering::Release);
             futex::wake_all(word);
@@ -364,6 +403,7 @@ fn close_leases(st: &mut State, now: Nanos) {
             let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_IN_FLIGHT);
             w.seen_leased[i] = count;
             w.books[i].leased(delta, now);
+            w.starts[i] = w.starts[i].wrapping_add(delta);
             if delta > 0 {
                 if let Err(e) = sched.start_leased(vgpu, r, delta as u32, now) {
                     tracing::debug!(vgpu, "lease close: {e}");
@@ -420,6 +460,7 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         }
         w.seen_leased[i] = count;
         w.books[i].leased(delta, now);
+        w.starts[i] = w.starts[i].wrapping_add(delta);
         leased[i] = delta;
     }
     // Each completion must match a request granted or leased, inside its window.
@@ -475,8 +516,87 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     Ok(())
 }
 
-fn arm_timer(shared: &Shared, st: &State, now: Nanos) {
-    if let Some(deadline) = st.sched.next_deadline() {
+/// The hand-over to be ready for: the worker whose running request on a resource is
+/// expected to end first while another vGPU waits for that resource, with the estimate.
+fn next_handover(st: &State, now: Nanos) -> Option<(VgpuId, Resource, Nanos)> {
+    let mut waiting = [0usize; 2];
+    for w in st.workers.values() {
+        for (n, p) in waiting.iter_mut().zip(&w.pending) {
+            *n += usize::from(*p > 0);
+        }
+    }
+    let mut best: Option<(VgpuId, Resource, Nanos)> = None;
+    for (&vgpu, w) in &st.workers {
+        for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+            let others_wait = waiting[i] > usize::from(w.pending[i] > 0);
+            if !others_wait || w.books[i].open() == 0 {
+                continue;
+            }
+            let ends = w.page.ends_at(r).load(Ordering::Relaxed);
+            if ends == 0
+                || w.starts[i] == w.polled[i]
+                || ends.saturating_add(HANDOVER_LATE) < now
+                || ends > now.saturating_add(HANDOVER_AHEAD)
+            {
+                continue;
+            }
+            if best.is_none_or(|(_, _, b)| ends < b) {
+                best = Some((vgpu, r, ends));
+            }
+        }
+    }
+    best
+}
+
+/// When the hand-over ahead is due, wakes the vGPU next in line and polls the holder's
+/// ring until its completion comes (or the estimate is `HANDOVER_LATE` past), then
+/// serves it at once. Returns when to come back for the next one.
+fn handover(shared: &Shared, st: &mut State) -> Option<Nanos> {
+    if !shared.handover_poll {
+        return None;
+    }
+    let now = time::now();
+    let (vgpu, r, ends) = next_handover(st, now)?;
+    let due = ends.saturating_sub(HANDOVER_EARLY);
+    if due > now {
+        return Some(due);
+    }
+    let i = resource_index(r);
+    let w = st.workers.get_mut(&vgpu)?;
+    w.polled[i] = w.starts[i];
+    if let Some(next) = st.sched.next_in_line(r, now) {
+        if let Some(n) = st.workers.get(&next) {
+            // No grant moves: it wakes, finds none, and spins for the one about to come.
+            futex::wake_all(n.page.granted(r));
+        }
+    }
+    let w = st.workers.get(&vgpu)?;
+    let until = ends.saturating_add(HANDOVER_LATE);
+    while !w.page.has_completions() && time::now() < until {
+        std::hint::spin_loop();
+    }
+    if w.page.has_completions() {
+        let now = time::now();
+        if let Err(e) = service(st, vgpu, now) {
+            tracing::error!(
+                vgpu,
+                "worker's grant page cannot be trusted ({e}); detaching it"
+            );
+            detach_locked(shared, st, vgpu);
+            st.expelled.insert(vgpu, e.to_string());
+        }
+        close_leases(st, now);
+    }
+    // The next hand-over may already be due.
+    None
+}
+
+fn arm_timer(shared: &Shared, st: &State, now: Nanos, handover: Option<Nanos>) {
+    let next = match (st.sched.next_deadline(), handover) {
+        (Some(d), Some(h)) => Some(d.min(h)),
+        (d, h) => d.or(h),
+    };
+    if let Some(deadline) = next {
         let d = Duration::from_nanos(deadline.saturating_sub(now).max(1_000));
         let mut t = shared.timer.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = t.reset(d, None) {
@@ -534,6 +654,10 @@ fn run(shared: &Shared) {
         // anyone else is granted.
         close_leases(&mut st, now);
         apply(&mut st, grants);
-        arm_timer(shared, &st, now);
+        let mut ahead = handover(shared, &mut st);
+        if ahead.is_none() {
+            ahead = handover(shared, &mut st);
+        }
+        arm_timer(shared, &st, time::now(), ahead);
     }
 }

@@ -48,15 +48,37 @@ pub struct Completion {
 #[repr(C, align(64))]
 struct Line<T>(T);
 
+/// The worker's line: what it asks for, and when its running work should end.
+#[repr(C)]
+struct Asks {
+    /// Requests the worker wants to start, per resource.
+    submitted: [AtomicU64; 2],
+    /// When the request it runs on each resource is expected to end (CLOCK_MONOTONIC ns
+    /// of [`crate::time::now`]; 0: no estimate). A hint only: the daemon times its own
+    /// polling for the completion with it (a hand-over without two wake-ups) and
+    /// accounts nothing by it. It fits the line's padding, so the page keeps its layout.
+    ends_at: [AtomicU64; 2],
+}
+
+/// The daemon's line: grants, and whether it polls for completions around their ends.
+#[repr(C)]
+struct Grants {
+    /// Requests the daemon allowed, per resource (futex words).
+    granted: [AtomicU32; 2],
+    /// Non-zero when the daemon polls for a holder's completion around its end estimate:
+    /// only then is a granted worker's estimate worth a doorbell. In the line's padding.
+    polls: AtomicU32,
+}
+
 #[repr(C)]
 struct Layout {
     magic: u64,
     version: u32,
     _pad: u32,
-    /// Requests the worker wants to start, per resource (worker writes).
-    submitted: Line<[AtomicU64; 2]>,
-    /// Requests the daemon allowed, per resource (daemon writes; futex words).
-    granted: Line<[AtomicU32; 2]>,
+    /// Worker writes.
+    submitted: Line<Asks>,
+    /// Daemon writes.
+    granted: Line<Grants>,
     /// Lease words: bit 63 set while the worker holds the resource and may start requests
     /// without a grant; the low bits count every request so started (the worker adds one
     /// with a compare-and-swap that only succeeds while the bit is set). The daemon closes
@@ -160,11 +182,28 @@ impl Page {
     }
 
     pub fn submitted(&self, r: Resource) -> &AtomicU64 {
-        &self.layout().submitted.0[index(r)]
+        &self.layout().submitted.0.submitted[index(r)]
+    }
+
+    /// The worker's estimate of when its running request on `r` ends (0: none).
+    pub fn ends_at(&self, r: Resource) -> &AtomicU64 {
+        &self.layout().submitted.0.ends_at[index(r)]
+    }
+
+    /// Daemon: whether the worker has pushed a completion not taken yet (the daemon's
+    /// poll while a hand-over is due; `pop` checks what it finds).
+    pub fn has_completions(&self) -> bool {
+        let l = self.layout();
+        l.tail.0.load(Ordering::Acquire) != l.head.0.load(Ordering::Relaxed)
     }
 
     pub fn granted(&self, r: Resource) -> &AtomicU32 {
-        &self.layout().granted.0[index(r)]
+        &self.layout().granted.0.granted[index(r)]
+    }
+
+    /// Whether the daemon polls around end estimates (it sets this at attach).
+    pub fn polls(&self) -> &AtomicU32 {
+        &self.layout().granted.0.polls
     }
 
     pub fn lease(&self, r: Resource) -> &AtomicU64 {
@@ -254,6 +293,24 @@ mod tests {
             finished: 2
         }));
         assert_eq!(a.pop().unwrap().unwrap().finished, 2);
+    }
+
+    #[test]
+    fn the_end_estimate_fits_the_worker_line() {
+        // The estimate lives in the submitted line's padding: every other field keeps its
+        // offset, so a daemon and a worker of different builds still agree on the page.
+        assert_eq!(std::mem::size_of::<Line<Asks>>(), 64);
+        assert_eq!(std::mem::size_of::<Line<Grants>>(), 64);
+        assert_eq!(std::mem::offset_of!(Layout, granted), 128);
+        assert_eq!(std::mem::offset_of!(Layout, lease), 192);
+        let a = Page::create().unwrap();
+        let fd: OwnedFd = a.file().try_clone().unwrap().into();
+        let b = Page::open(fd).unwrap();
+        b.ends_at(Resource::Compute).store(42, Ordering::SeqCst);
+        assert_eq!(a.ends_at(Resource::Compute).load(Ordering::SeqCst), 42);
+        assert!(!a.has_completions());
+        assert!(b.push(Completion::default()));
+        assert!(a.has_completions());
     }
 
     #[test]

@@ -151,3 +151,54 @@ fn a_closed_gate_lets_its_waiters_go_when_nobody_grants_any_more() {
     t.join().unwrap();
     drop(gate.acquire(Resource::Copy));
 }
+
+/// Median time from vGPU 1's release to vGPU 2's grant over `n` hand-overs, vGPU 1's
+/// kernels announced as taking `expect` (zero: not announced).
+fn hand_over(
+    server: &GrantServer,
+    a: &Arc<GrantClient>,
+    b: &Arc<GrantClient>,
+    expect: Duration,
+) -> Duration {
+    let kernel = Duration::from_millis(3);
+    let mut gaps = Vec::new();
+    for _ in 0..20 {
+        // vGPU 1 runs a kernel; vGPU 2 asks meanwhile.
+        let held = a.acquire_for(Resource::Compute, expect.as_nanos() as u64);
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let p = b.acquire(Resource::Compute);
+                let at = Instant::now();
+                drop(p);
+                at
+            })
+        };
+        std::thread::sleep(kernel);
+        let released = Instant::now();
+        drop(held);
+        let granted = waiter.join().unwrap();
+        gaps.push(granted.saturating_duration_since(released));
+    }
+    let _ = server;
+    gaps.sort();
+    gaps[gaps.len() / 2]
+}
+
+#[test]
+fn a_hand_over_announced_by_its_end_estimate_comes_without_waking_twice() {
+    let config = ServerConfig {
+        handover_poll: true,
+        ..ServerConfig::default()
+    };
+    let server = GrantServer::start(config, "test").unwrap();
+    let a = Arc::new(client(&server, 1, 0.5));
+    let b = Arc::new(client(&server, 2, 0.5));
+    let plain = hand_over(&server, &a, &b, Duration::ZERO);
+    let announced = hand_over(&server, &a, &b, Duration::from_millis(3));
+    eprintln!("hand-over, release to grant, median: {plain:?} unannounced, {announced:?} with the end estimate");
+    // Correctness only here (the timeline bench measures the gain on a real worker): the
+    // waiter is granted once the holder released, every time, either way.
+    assert!(plain < Duration::from_millis(50), "{plain:?}");
+    assert!(announced < Duration::from_millis(50), "{announced:?}");
+}

@@ -290,15 +290,34 @@ impl Backend for Migratable {
         config: &LaunchConfig,
         args: &[ArgValue],
     ) -> Result<LaunchStats> {
+        self.launch_with_params(function, config, args, &[])
+    }
+
+    fn launch_with_params(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+        blob: &[u8],
+    ) -> Result<LaunchStats> {
         let (_g, b) = self.enter();
         let real = lock(&self.functions)
             .get(&function)
             .map(|f| f.real)
             .ok_or_else(|| BackendError::UnknownFunction(format!("{function}")))?;
         self.mark_launch(args);
-        let r = b.launch(real, config, args);
+        let r = b.launch_with_params(real, config, args, blob);
         self.mark_launch(args);
         r
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        b.module_global(real, name)
     }
 
     fn synchronize(&self) {
@@ -323,6 +342,11 @@ impl Backend for Migratable {
         let addr = b.import_shared(handle, size, read_only)?;
         lock(&self.imported).insert(addr);
         Ok(addr)
+    }
+
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        let (_g, b) = self.enter();
+        b.export_shared(size)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

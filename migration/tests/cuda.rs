@@ -47,6 +47,14 @@ fn va_base() -> u64 {
     DEFAULT_VA_BASE + (NEXT.fetch_add(1, Ordering::Relaxed) + 1) * (64 << 30)
 }
 
+/// What GPU `ordinal`'s context reserves at the default limits (charged to every share).
+fn context_reserve(ordinal: i32) -> u64 {
+    CudaGpu::context_reserve_of(ordinal, &vgpu_backend::cuda::ContextLimits::default())
+        .expect("context reserve")
+        .total()
+        .expect("reserve fits u64")
+}
+
 fn gpu(ordinal: i32, va_base: u64, target: bool) -> Arc<dyn Backend> {
     Arc::new(
         CudaGpu::new(CudaConfig {
@@ -55,6 +63,7 @@ fn gpu(ordinal: i32, va_base: u64, target: bool) -> Arc<dyn Backend> {
             va_base,
             va_size: VA_SIZE,
             migration_target: target,
+            ..CudaConfig::default()
         })
         .expect("cuda backend"),
     )
@@ -216,7 +225,9 @@ fn swapped_out_memory_moves_swapped_and_comes_back_intact() {
     let base = va_base();
     let broker = LocalBroker::new(16 * MIB, 0);
     let mig = Arc::new(Migratable::new(gpu(0, base, false)));
-    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), 32 * MIB));
+    // 32 MiB beside the context reserve the GPU charged at start.
+    let share = 32 * MIB + mig.memory_usage().used;
+    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), share));
     broker.attach(1, &pager);
     let bufs: Vec<u64> = (0..4)
         .map(|_| pager.alloc(8 * MIB).expect("alloc").addr)
@@ -259,10 +270,12 @@ fn a_target_too_small_rolls_back_and_the_vgpu_stays_whole() {
     let small: Arc<dyn Backend> = Arc::new(
         CudaGpu::new(CudaConfig {
             ordinal: n - 1,
-            memory: 32 * MIB,
+            // 32 MiB beside the context's reserve, which the share holds too.
+            memory: 32 * MIB + context_reserve(n - 1),
             va_base: base,
             va_size: VA_SIZE,
             migration_target: true,
+            ..CudaConfig::default()
         })
         .expect("small target"),
     );

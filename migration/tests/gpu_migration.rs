@@ -37,10 +37,16 @@ fn gpu(ordinal: i32, memory: u64, target: bool) -> Arc<dyn Backend> {
     Arc::new(
         CudaGpu::new(CudaConfig {
             ordinal,
-            memory,
+            // `memory` for the moved bytes, beside the context's reserve.
+            memory: memory
+                + CudaGpu::context_reserve_of(ordinal, &Default::default())
+                    .expect("context reserve")
+                    .total()
+                    .expect("reserve fits u64"),
             va_base: DEFAULT_VA_BASE,
             va_size: VA_SIZE,
             migration_target: target,
+            ..CudaConfig::default()
         })
         .expect("cuda backend"),
     )

@@ -335,6 +335,11 @@ impl<R: Rule> Exclusive<R> {
         Ok(())
     }
 
+    /// The waiting vGPU that would be granted next if the holder released now.
+    pub fn next_in_line(&self, now: Nanos) -> Option<VgpuId> {
+        self.select(now).filter(|v| Some(*v) != self.current)
+    }
+
     /// Until when `vgpu` may start requests without asking (it holds a lease).
     pub fn lease(&self, vgpu: VgpuId, now: Nanos) -> Option<Nanos> {
         // A holder past its deadline has no lease: it is closed before `tick` hands the
@@ -432,6 +437,9 @@ macro_rules! exclusive_policy {
             }
             fn overruns(&self, v: $crate::VgpuId) -> Option<u64> {
                 self.0.overruns(v)
+            }
+            fn next_in_line(&self, now: $crate::Nanos) -> Option<$crate::VgpuId> {
+                self.0.next_in_line(now)
             }
         }
     };

@@ -222,6 +222,15 @@ impl GpuScheduler {
         }
     }
 
+    /// The waiting vGPU that would get `r` next if its holder released it now (a hint
+    /// for waking its worker early; see `Policy::next_in_line`).
+    pub fn next_in_line(&self, r: Resource, now: Nanos) -> Option<VgpuId> {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.copy.next_in_line(now),
+            _ => self.compute.next_in_line(now),
+        }
+    }
+
     pub fn policy_name(&self) -> &'static str {
         self.compute.name()
     }

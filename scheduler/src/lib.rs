@@ -117,4 +117,11 @@ pub trait Policy: Send {
     fn set_deadline(&mut self, vgpu: VgpuId, deadline: Nanos) -> Result<(), SchedError>;
     /// How many times `vgpu` overran its deadline and lost the resource.
     fn overruns(&self, vgpu: VgpuId) -> Option<u64>;
+    /// The waiting vGPU that would get the resource if its holder released it now (`None`:
+    /// nobody waits, or the policy grants on arrival). A hint for the grant path, which
+    /// wakes that vGPU's worker just before the holder's work is expected to end; it
+    /// decides nothing.
+    fn next_in_line(&self, _now: Nanos) -> Option<VgpuId> {
+        None
+    }
 }

@@ -115,6 +115,10 @@ impl PageCache {
     pub fn lines(&self) -> usize {
         self.nlines
     }
+    /// Bytes of DMA memory the cache lines take (what a vGPU is charged for them).
+    pub fn memory_bytes(&self) -> usize {
+        self.mem.len()
+    }
     pub fn namespace(&self) -> &Arc<Namespace> {
         &self.ns
     }

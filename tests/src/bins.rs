@@ -19,7 +19,7 @@ fn package_of(name: &str) -> &'static str {
     match name {
         "vmm" => "vmm",
         "payload-build" => "payload-build",
-        "vgpu-bench" => "vgpu-tests",
+        "vgpu-bench" | "vgpu-native-load" => "vgpu-tests",
         "vgpu-worker" => "vgpu-worker",
         "vgpuctl" | "vgpu-demo" => "vgpuctl",
         _ => "vgpud",

@@ -9,5 +9,6 @@ pub mod benches;
 pub mod bins;
 pub mod daemon;
 pub mod echo;
+pub mod gpus;
 pub mod run;
 pub mod worker;

@@ -33,6 +33,9 @@ fn vm(arg: &str, group: Option<&str>) -> VmCreate {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }),
         name: None,
         labels: Default::default(),
@@ -132,10 +135,12 @@ fn a_shm_flood_is_bounded_and_the_neighbour_and_rest_carry_on() {
 #[test]
 fn writes_into_a_read_only_mapping_are_refused_and_the_worker_lives() {
     require_kvm!();
-    let d = TestDaemon::start(
-        "bounds-readonly",
-        &["--sim-gpus", "1", "--sim-memory", "256M"],
-    );
+    // VGPU_TEST_BACKEND=cuda: on the real GPU (ci/gpu/suite.sh, step shm).
+    let Some(args) = vgpu_tests::gpus::daemon_args(&["--sim-gpus", "1", "--sim-memory", "256M"])
+    else {
+        return;
+    };
+    let d = TestDaemon::start("bounds-readonly", &args);
     let c = &d.client;
     let v = c
         .create_vm(&vm("mode=readonly key=0x0dd", Some("ro")))

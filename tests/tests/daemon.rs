@@ -509,6 +509,9 @@ fn rest_contract_bad_input_and_concurrency() {
                     name: None,
                     labels: Default::default(),
                     kernel_deadline_ms: None,
+                    attach: Default::default(),
+                    owner_uid: None,
+                    owner_gid: None,
                 })
             })
         })
@@ -673,6 +676,9 @@ fn vm_lifecycle_with_a_vgpu_workload() {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -919,6 +925,9 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");

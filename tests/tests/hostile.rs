@@ -37,6 +37,9 @@ fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

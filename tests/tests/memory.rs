@@ -40,20 +40,19 @@ fn vm(
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }),
         name: None,
         labels: Default::default(),
     }
 }
 
-/// vgpud's GPU arguments: `gpus` simulated GPUs of 256 MiB, or with
-/// `VGPU_TEST_BACKEND=cuda` the real GPUs of the GPU machine (ci/gpu/suite.sh, step shm).
-fn gpu_args(gpus: &'static str) -> Vec<&'static str> {
-    if std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda") {
-        vec!["--backend", "cuda"]
-    } else {
-        vec!["--sim-gpus", gpus, "--sim-memory", "256M"]
-    }
+/// vgpud's GPU arguments: simulated GPUs of 256 MiB, or with `VGPU_TEST_BACKEND=cuda`
+/// the real GPUs of the GPU machine (ci/gpu/suite.sh, step shm). `None`: skip the test.
+fn gpu_args(gpus: &'static str) -> Option<Vec<&'static str>> {
+    vgpu_tests::gpus::daemon_args(&["--sim-gpus", gpus, "--sim-memory", "256M"])
 }
 
 fn console(c: &Client, id: u32) -> String {
@@ -162,7 +161,8 @@ fn a_hard_share_is_a_hard_limit() {
 #[test]
 fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
     require_kvm!();
-    let d = TestDaemon::start("memory-shm", &gpu_args("1"));
+    let Some(args) = gpu_args("1") else { return };
+    let d = TestDaemon::start("memory-shm", &args);
     let c = &d.client;
     let arg = |role: &str| format!("role={role} key=0x5eed size_mib=4 items=12");
     let producer = c
@@ -225,7 +225,8 @@ fn shm_pipeline_between_two_vms_and_an_intruder_is_refused() {
 #[test]
 fn a_dying_vm_leaves_the_shared_object_to_the_others() {
     require_kvm!();
-    let d = TestDaemon::start("memory-shm-kill", &gpu_args("2"));
+    let Some(args) = gpu_args("2") else { return };
+    let d = TestDaemon::start("memory-shm-kill", &args);
     let c = &d.client;
     let arg = |role: &str| format!("role={role} key=0x77 size_mib=2 items=100000");
     let producer = c

@@ -25,6 +25,9 @@ fn named(name: &str, labels: &[(&str, &str)]) -> VgpuCreate {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

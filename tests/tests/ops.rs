@@ -22,6 +22,9 @@ fn spec(kernel_deadline_ms: Option<u32>) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

@@ -28,6 +28,9 @@ fn vgpu_spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

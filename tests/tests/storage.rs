@@ -61,9 +61,12 @@ fn write_namespace(path: &Path, seed: u64, words: u64, vertices: u64) -> u64 {
 }
 
 fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
+    // A cuda share holds the context's reserve (273 MiB on the H200) and the GPU storage
+    // setup (64 MiB of cache lines per namespace) beside the guest's allocations.
+    let cuda = std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda");
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: 64 * MIB,
+        memory_bytes: if cuda { 1 << 30 } else { 64 * MIB },
         compute_share: 0.5,
         copy_share: None,
         priority: 0,
@@ -74,6 +77,9 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 

@@ -109,6 +109,56 @@ pub struct VgpuCreate {
     #[serde(default)]
     #[schema(minimum = 10, maximum = 60000)]
     pub kernel_deadline_ms: Option<u32>,
+    /// Who the vGPU's frontend is: `vm` (default: a VM launched with it) or `process` (a
+    /// host or container process using `libcuda.so.1` with `VGPU_SOCKET` set to the
+    /// answer's `socket`; docs/cuda-api.md).
+    #[serde(default)]
+    pub attach: Attach,
+    /// `process` attach only: the uid that may connect to the socket (it owns the socket
+    /// file); omitted = vgpud's own.
+    #[serde(default)]
+    pub owner_uid: Option<u32>,
+    /// `process` attach only: the gid that may connect to the socket (the socket file's
+    /// and its directory's group); omitted = vgpud's own.
+    #[serde(default)]
+    pub owner_gid: Option<u32>,
+}
+
+/// Who a vGPU's frontend (the holder of its vhost-user socket) is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Attach {
+    /// A VM's vmm, launched by vgpud with it (`POST /v1/vms`).
+    #[default]
+    Vm,
+    /// A host or container process that is its own frontend (the CUDA library's process
+    /// transport). The vGPU outlives the process: when it exits, vgpud starts a fresh
+    /// worker on the same socket for the next one, until the vGPU is deleted.
+    Process,
+}
+
+impl Attach {
+    /// Its name in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attach::Vm => "vm",
+            Attach::Process => "process",
+        }
+    }
+}
+
+impl std::str::FromStr for Attach {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vm" => Ok(Attach::Vm),
+            "process" => Ok(Attach::Process),
+            other => Err(format!(
+                "{other:?} is not an attach kind: give vm or process"
+            )),
+        }
+    }
 }
 
 /// `gpu`: an index, `"auto"` or null.
@@ -309,7 +359,9 @@ pub struct Vgpu {
     /// Created together with that VM (deleted with it; after a vgpud restart it stays
     /// `released` with that VM's record).
     pub owned_by_vm: bool,
-    /// Its vhost-user socket.
+    /// Its vhost-user socket. For `process` attach a path that stays the same for the
+    /// vGPU's life (the socket of whichever worker serves it now): what `VGPU_SOCKET`
+    /// takes, or what a container runtime bind-mounts (its directory) into a container.
     pub socket: String,
     /// Its worker process while it runs.
     pub worker_pid: Option<u32>,
@@ -322,6 +374,15 @@ pub struct Vgpu {
     /// Its own kernel deadline, ms; null: vgpud's `--kernel-deadline-ms`.
     #[serde(default)]
     pub kernel_deadline_ms: Option<u32>,
+    /// Who its frontend is (`vm` or `process`).
+    #[serde(default)]
+    pub attach: Attach,
+    /// `process` attach: the uid the socket file belongs to.
+    #[serde(default)]
+    pub owner_uid: Option<u32>,
+    /// `process` attach: the group of the socket file and its directory.
+    #[serde(default)]
+    pub owner_gid: Option<u32>,
 }
 
 /// A VM to launch. Give `payload` (a no_std payload ELF); `kernel`/`initrd`/`cmdline`

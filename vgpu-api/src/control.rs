@@ -16,8 +16,10 @@
 //! - worker → daemon: [`WorkerMessage::Ask`] (a memory reservation of an oversubscribed
 //!   vGPU, or a shared memory request) with an id; the daemon answers with
 //!   [`Command::Answer`] carrying it, and for a shared object attach passes the object's
-//!   file descriptor with that line (SCM_RIGHTS). [`WorkerMessage::Memory`] reports a
-//!   pager's state after it changed.
+//!   file descriptor with that line (SCM_RIGHTS). A shared object is created by the
+//!   worker that asks for it ([`Answer::Export`], then [`Ask::ShmCreate`] with the
+//!   object's descriptor riding on the ask's line), so vgpud never loads a GPU driver.
+//!   [`WorkerMessage::Memory`] reports a pager's state after it changed.
 //!
 //! The fast path for BAND grants is shared memory + eventfd (`vgpu-grant`), not this socket.
 
@@ -66,6 +68,20 @@ pub enum Command {
     MigrateOut { token: String, max_downtime_ms: u64 },
     /// Give up a [`Command::MigrateOut`] whose VM did not stop (its move failed).
     CancelMigrateOut,
+    /// A pool worker (started with `--pool`, its GPU backend built, idle) is to serve
+    /// vGPU `vgpu_id`: the vGPU's grant page and doorbell ride with this line
+    /// (SCM_RIGHTS). The worker binds its vhost-user socket and answers
+    /// [`ReplyBody::Assigned`]; from then on it is that vGPU's worker like any other.
+    Assign {
+        vgpu_id: u32,
+        /// The vGPU's memory share, bytes.
+        memory: u64,
+        queues: u16,
+        /// Per-mille.
+        compute_share: u32,
+        copy_share: u32,
+        priority: i32,
+    },
 }
 
 /// The GPU a migration moves to, as the worker builds its backend.
@@ -134,8 +150,15 @@ pub enum SwapTier {
 pub enum Ask {
     /// `bytes` more resident device memory (an oversubscribed vGPU).
     Reserve { bytes: u64 },
-    /// `shmget`.
+    /// `shmget`. When a new object is to be made, vgpud answers [`Answer::Export`]: the
+    /// worker creates it on its own GPU and asks [`Ask::ShmCreate`].
     ShmGet { key: u64, size: u64, flags: u64 },
+    /// `shmget` once more, with the object the worker created and exported on its GPU
+    /// (`Backend::export_shared`) after an [`Answer::Export`]: its file descriptor rides
+    /// with the first byte of this line (SCM_RIGHTS). vgpud checks the descriptor and
+    /// keeps it as the object, or closes it when the key exists by now or the ask is
+    /// refused.
+    ShmCreate { key: u64, size: u64, flags: u64 },
     /// `shmat`: the object's descriptor and size.
     ShmAttach { shmid: u64 },
     /// `shmdt` done: one attachment of `shmid` fewer.
@@ -172,6 +195,9 @@ pub enum Answer {
     },
     /// The object to map: its descriptor rides with this line.
     Attach { size: u64 },
+    /// `shmget` makes a new object: create it on your GPU and ask [`Ask::ShmCreate`] with
+    /// its descriptor.
+    Export,
 }
 
 /// A pager's state (see `vgpu_scheduler::memory::MemState`; the `pager` feature converts).
@@ -260,6 +286,10 @@ pub enum ReplyBody {
     Cancelled {
         running: bool,
     },
+    /// A pool worker took its vGPU ([`Command::Assign`]): its socket is bound.
+    Assigned {
+        pid: u32,
+    },
 }
 
 /// A message from the worker.
@@ -322,6 +352,25 @@ mod tests {
         };
         let back: WorkerMessage = serde_json::from_slice(&encode(&m)).expect("parse");
         assert_eq!(back, m);
+        let ask = WorkerMessage::Ask {
+            id: 3,
+            ask: Ask::ShmCreate {
+                key: 9,
+                size: 4096,
+                flags: 1,
+            },
+        };
+        let back: WorkerMessage = serde_json::from_slice(&encode(&ask)).expect("parse");
+        assert_eq!(back, ask);
+        let export = Command::Answer {
+            to: 3,
+            answer: Answer::Export,
+        };
+        let line = encode(&export);
+        assert_eq!(
+            std::str::from_utf8(&line).expect("utf-8"),
+            "{\"op\":\"answer\",\"to\":3,\"answer\":{\"kind\":\"export\"}}\n"
+        );
         assert!(serde_json::from_str::<Request>(r#"{"id":1,"command":{"op":"reboot"}}"#).is_err());
         assert!(
             serde_json::from_str::<Request>(r#"{"id":1,"command":{"op":"stats"},"x":1}"#).is_err()

@@ -7,8 +7,8 @@ use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
 use vgpu_grant::{Gate, Resource, Ungated};
 use vgpu_proto::args::{module_kind, shm_flags};
 use vgpu_proto::{
-    features, launch_request_len, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode, Request,
-    Response, VgpuConfig, MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN,
+    features, launch_request_len, ArgError, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode,
+    Request, Response, VgpuConfig, MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN,
     MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK, PROTOCOL_VERSION,
 };
 use vm_memory::Bytes;
@@ -43,7 +43,8 @@ fn write_answer<'m>(mem: &'m GuestMem, chain: &Chain<'m>, op: Opcode, answer: &[
 }
 
 /// Largest header descriptor read: a launch with every argument and dependency.
-const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize);
+const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize)
+    + vgpu_proto::MAX_PARAM_BLOB_BYTES as usize;
 
 type Outcome = Result<[u64; 4], RequestError>;
 
@@ -58,6 +59,8 @@ pub struct Vgpu {
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
     gate: Arc<dyn Gate>,
+    /// Each kernel's usual backend-call time: the estimate its grant request carries.
+    kernel_times: crate::kernel_times::KernelTimes,
     /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
     slots: Option<Arc<crate::slots::HwSlots>>,
     /// The shared device memory registry; `None`: SHM_* requests are not supported.
@@ -89,6 +92,7 @@ impl Vgpu {
             stats: Stats::default(),
             alloc_lock: Mutex::new(()),
             gate: Arc::new(Ungated),
+            kernel_times: Default::default(),
             slots: None,
             shm: None,
             storage: None,
@@ -324,6 +328,25 @@ impl Vgpu {
                 Ok([f.handle, u64::from(f.param_count), 0, 0])
             }
             Request::GetFunctionLayout(a) => self.get_function_layout(mem, chain, layout, a),
+            Request::GetGlobal(a) => {
+                if self.space.features & features::GLOBALS == 0 {
+                    return Err(RequestError::NotSupported {
+                        opcode: name,
+                        why: "this device's modules declare no variables (capability bit GLOBALS is clear: built-in kernels only)",
+                    });
+                }
+                if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
+                    return Err(RequestError::invalid(
+                        op,
+                        format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
+                    ));
+                }
+                let mut name = [0u8; MAX_NAME_LEN as usize];
+                gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
+                let name = name.get(..a.name_len as usize).unwrap_or(&[]);
+                let (addr, size) = b.module_global(a.module, name)?;
+                Ok([addr, size, 0, 0])
+            }
             Request::Launch(l) => self.launch(l),
             Request::StreamSync => Ok([0; 4]),
             Request::Fence => {
@@ -628,11 +651,57 @@ impl Vgpu {
         }
         let mut vals = [ArgValue::U32(0); MAX_KERNEL_ARGS as usize];
         let mut n = 0;
+        // Bytes of the BLOB arguments together, and the last one's index.
+        let (mut blob_total, mut last_blob) = (0u64, None);
         for (slot, (index, arg)) in vals.iter_mut().zip(l.args.iter().enumerate()) {
             *slot = arg
                 .typed()
                 .map_err(|err| RequestError::KernelArg { index, err })?;
+            if let ArgValue::Blob { offset, len } = *slot {
+                if self.space.features & features::PARAM_BLOBS == 0 {
+                    return Err(RequestError::NotSupported {
+                        opcode: op.name(),
+                        why: "this device runs no guest code, so no function takes a by-value parameter over 8 bytes (capability bit PARAM_BLOBS is clear); use a cuda vGPU",
+                    });
+                }
+                l.blob_bytes(offset, len).ok_or(RequestError::KernelArg {
+                    index,
+                    err: ArgError::BlobOutside {
+                        offset: u64::from(offset),
+                        len,
+                    },
+                })?;
+                blob_total += u64::from(len);
+                last_blob = Some(index);
+            }
             n += 1;
+        }
+        if let Some(index) = last_blob {
+            if blob_total > u64::from(vgpu_proto::MAX_PARAM_BLOB_BYTES) {
+                return Err(RequestError::KernelArg {
+                    index,
+                    err: ArgError::BlobsTooLarge(blob_total),
+                });
+            }
+        }
+        let vals = vals.get(..n).unwrap_or(&[]);
+        let blobs = last_blob.is_some();
+        if blobs {
+            // Each blob must be exactly its parameter's bytes (where the backend reports the
+            // layout; it checks again when it packs the parameters).
+            if let Ok(params) = self.backend.param_layout(la.function) {
+                for (index, v) in vals.iter().enumerate() {
+                    if let ArgValue::Blob { len, .. } = *v {
+                        let param = params.get(index).map_or(0, |(_, size)| size);
+                        if param != len {
+                            return Err(RequestError::KernelArg {
+                                index,
+                                err: ArgError::BlobSizeMismatch { len, param },
+                            });
+                        }
+                    }
+                }
+            }
         }
         let cfg = LaunchConfig {
             grid: la.grid,
@@ -642,10 +711,16 @@ impl Vgpu {
         // A hardware queue first (ranked by the guest's HEFT rank), then the GPU's
         // scheduler.
         let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
-        let _permit = crate::timeline::acquire(&*self.gate, Resource::Compute);
-        let stats = self
-            .backend
-            .launch(la.function, &cfg, vals.get(..n).unwrap_or(&[]))?;
+        let expect = self.kernel_times.expect(la.function);
+        let _permit = crate::timeline::acquire_for(&*self.gate, Resource::Compute, expect);
+        let call = Instant::now();
+        let stats = if blobs {
+            self.backend
+                .launch_with_params(la.function, &cfg, vals, l.blob)?
+        } else {
+            self.backend.launch(la.function, &cfg, vals)?
+        };
+        self.kernel_times.record(la.function, elapsed_ns(call));
         self.stats.kernel(stats.device_ns);
         Ok([stats.device_ns, 0, 0, 0])
     }

@@ -14,6 +14,7 @@ mod config;
 mod device;
 mod error;
 mod events;
+mod kernel_times;
 mod memtable;
 mod shm;
 mod slots;

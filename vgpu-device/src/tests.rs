@@ -60,13 +60,17 @@ struct Harness<'a> {
 
 impl<'a> Harness<'a> {
     fn new(mem: &'a GuestMem, share: u64) -> Self {
+        Self::with_vgpu(mem, new_vgpu(share))
+    }
+
+    fn with_vgpu(mem: &'a GuestMem, vgpu: Vgpu) -> Self {
         let vq = MockSplitQueue::new(mem, 64);
         let q: Queue = vq.create_queue().expect("queue");
         Self {
             mem,
             vq,
             q,
-            vgpu: new_vgpu(share),
+            vgpu,
             bump: BUF_BASE,
             next_id: 1,
             completed: 0,
@@ -1121,3 +1125,6 @@ fn storage_attach_through_a_storage_host() {
 
 #[path = "module_tests.rs"]
 mod modules;
+
+#[path = "param_tests.rs"]
+mod params;

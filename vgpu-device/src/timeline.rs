@@ -219,11 +219,17 @@ pub fn end() {
 /// Asks `gate` for `resource`, noting when it was asked and granted; the permit notes the
 /// end of the backend call and the release when dropped.
 pub fn acquire(gate: &dyn Gate, resource: Resource) -> Timed<'_> {
+    acquire_for(gate, resource, 0)
+}
+
+/// As [`acquire`], for a request expected to run `expect_ns` (0: unknown; see
+/// [`Gate::acquire_for`]).
+pub fn acquire_for(gate: &dyn Gate, resource: Resource, expect_ns: u64) -> Timed<'_> {
     if !enabled() {
-        return Timed(Some(gate.acquire(resource)));
+        return Timed(Some(gate.acquire_for(resource, expect_ns)));
     }
     let asked = now();
-    let permit = gate.acquire(resource);
+    let permit = gate.acquire_for(resource, expect_ns);
     let granted = now();
     update(|r| {
         r.resource = match resource {

@@ -175,6 +175,19 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// `GET_GLOBAL` (since 1.2): readable data descriptors adding up to `name_len` bytes
+    /// hold the variable's name. result[0] = its device address, result[1] = its size in
+    /// bytes. The range belongs to the module: it is freed when the module is unloaded and
+    /// `FREE` refuses it.
+    pub struct GetGlobalArgs, size 16 {
+        /// Module handle.
+        pub module: u64,
+        /// Bytes of the name, 1..=`MAX_NAME_LEN`.
+        pub name_len: u64,
+    }
+}
+
+wire_struct! {
     /// `EVENT_RECORD`, `EVENT_QUERY`, `EVENT_DESTROY`. Event ids are chosen by the guest
     /// (any u64); `EVENT_RECORD` creates the event or re-records it.
     /// `EVENT_QUERY`: result[0] = 1 once recorded, result[1] = timestamp (ns, device clock).

@@ -35,6 +35,13 @@ pub mod features {
     /// `GET_FUNCTION_LAYOUT` answers a function's parameter layout and `LAUNCH` takes
     /// `ArgKind::Bytes` arguments. Since 1.1.
     pub const PARAM_LAYOUT: u64 = 1 << 9;
+    /// `GET_GLOBAL` answers a module variable's device address and size, and that range
+    /// is a valid target of copies, memsets and kernel pointers until the module is
+    /// unloaded. Since 1.2.
+    pub const GLOBALS: u64 = 1 << 10;
+    /// `LAUNCH` takes `ArgKind::Blob` arguments: by-value parameters of 9 bytes up to
+    /// `MAX_PARAM_BLOB_BYTES`, carried after the dependency ids. Since 1.2.
+    pub const PARAM_BLOBS: u64 = 1 << 11;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

@@ -1,5 +1,6 @@
 //! `LAUNCH`: fixed arguments, then `arg_count` kernel arguments, then `dep_count`
-//! dependency task ids, all in the header descriptor.
+//! dependency task ids, then (since 1.2) the parameter blob holding the bytes of the
+//! `BLOB` arguments, all in the header descriptor.
 
 use crate::wire::{wire_struct, WireError, Writer};
 use crate::{Opcode, RequestHeader};
@@ -59,10 +60,19 @@ pub enum ArgKind {
     /// struct): `access` holds the byte count, `value` the bytes in order (little end
     /// first), the bits above them 0. Since 1.1 (`features::PARAM_LAYOUT`).
     Bytes = 6,
+    /// A by-value parameter of any size up to [`MAX_PARAM_BLOB_BYTES`] (a struct, an
+    /// array of floats): `access` holds the byte count, `value` the offset of its bytes in
+    /// the parameter blob that follows the dependency ids. Since 1.2
+    /// (`features::PARAM_BLOBS`).
+    Blob = 7,
 }
 
 /// Most bytes one [`ArgKind::Bytes`] argument carries.
 pub const MAX_ARG_BYTES: u32 = 8;
+
+/// Most bytes of a launch's parameter blob, all [`ArgKind::Blob`] arguments together (the
+/// classic CUDA limit of a kernel's parameters).
+pub const MAX_PARAM_BLOB_BYTES: u32 = 4096;
 
 impl ArgKind {
     /// The kind with this wire value, if any.
@@ -74,6 +84,7 @@ impl ArgKind {
             ArgKind::F64,
             ArgKind::Ptr,
             ArgKind::Bytes,
+            ArgKind::Blob,
         ]
         .into_iter()
         .find(|k| *k as u32 == v)
@@ -188,11 +199,22 @@ impl KernelArg {
         })
     }
 
-    /// The checked, typed form of this argument.
+    /// A by-value parameter of `len` bytes (1..=`MAX_PARAM_BLOB_BYTES`) at `offset` of
+    /// the launch's parameter blob, or None.
+    pub fn blob(offset: u32, len: u32) -> Option<Self> {
+        (1..=MAX_PARAM_BLOB_BYTES).contains(&len).then_some(Self {
+            kind: ArgKind::Blob as u32,
+            access: len,
+            value: u64::from(offset),
+        })
+    }
+
+    /// The checked, typed form of this argument. A `Blob` argument is checked against
+    /// the request's parameter blob by [`LaunchRequest::check_blobs`](crate::LaunchRequest::check_blobs).
     pub fn typed(&self) -> Result<ArgValue, ArgError> {
         let kind = ArgKind::from_u32(self.kind).ok_or(ArgError::UnknownKind(self.kind))?;
         // `access` is the access mode of a pointer and the byte count of raw bytes.
-        if !matches!(kind, ArgKind::Ptr | ArgKind::Bytes) && self.access != 0 {
+        if !matches!(kind, ArgKind::Ptr | ArgKind::Bytes | ArgKind::Blob) && self.access != 0 {
             return Err(ArgError::AccessOnValue);
         }
         let low = u32::try_from(self.value);
@@ -217,6 +239,22 @@ impl KernelArg {
                 ArgValue::Bytes {
                     len,
                     bits: self.value,
+                }
+            }
+            ArgKind::Blob => {
+                if !(1..=MAX_PARAM_BLOB_BYTES).contains(&self.access) {
+                    return Err(ArgError::BadBlobLength(self.access));
+                }
+                let offset = u32::try_from(self.value)
+                    .ok()
+                    .filter(|o| *o < MAX_PARAM_BLOB_BYTES)
+                    .ok_or(ArgError::BlobOutside {
+                        offset: self.value,
+                        len: self.access,
+                    })?;
+                ArgValue::Blob {
+                    offset,
+                    len: self.access,
                 }
             }
         })
@@ -248,6 +286,13 @@ pub enum ArgValue {
         /// The bytes, little end first; the bits above them are 0.
         bits: u64,
     },
+    /// A by-value parameter whose bytes lie in the launch's parameter blob.
+    Blob {
+        /// Offset of the bytes in the parameter blob.
+        offset: u32,
+        /// Byte count, 1..=`MAX_PARAM_BLOB_BYTES`.
+        len: u32,
+    },
 }
 
 impl ArgValue {
@@ -260,6 +305,7 @@ impl ArgValue {
             ArgValue::F64(_) => ArgKind::F64,
             ArgValue::Ptr { .. } => ArgKind::Ptr,
             ArgValue::Bytes { .. } => ArgKind::Bytes,
+            ArgValue::Blob { .. } => ArgKind::Blob,
         }
     }
 }
@@ -277,6 +323,24 @@ pub enum ArgError {
     HighBitsSet,
     /// A `Bytes` argument's byte count is not 1..=`MAX_ARG_BYTES`.
     BadByteCount(u32),
+    /// A `Blob` argument's byte count is not 1..=`MAX_PARAM_BLOB_BYTES`.
+    BadBlobLength(u32),
+    /// A `Blob` argument's bytes do not lie inside the request's parameter blob.
+    BlobOutside {
+        /// The offset it names.
+        offset: u64,
+        /// Its byte count.
+        len: u32,
+    },
+    /// The `Blob` arguments of one launch add up to more than `MAX_PARAM_BLOB_BYTES`.
+    BlobsTooLarge(u64),
+    /// A `Blob` argument's byte count differs from its parameter's size.
+    BlobSizeMismatch {
+        /// The argument's byte count.
+        len: u32,
+        /// The parameter's size in the function's layout.
+        param: u32,
+    },
 }
 
 impl core::fmt::Display for ArgError {
@@ -284,7 +348,7 @@ impl core::fmt::Display for ArgError {
         match self {
             ArgError::UnknownKind(k) => write!(
                 f,
-                "argument kind {k} is unknown; use 1..=6 (U32, U64, F32, F64, PTR, BYTES)"
+                "argument kind {k} is unknown; use 1..=7 (U32, U64, F32, F64, PTR, BYTES, BLOB)"
             ),
             ArgError::UnknownAccess(a) => write!(
                 f,
@@ -299,6 +363,22 @@ impl core::fmt::Display for ArgError {
             ArgError::BadByteCount(n) => write!(
                 f,
                 "a BYTES argument carries {n} bytes; use 1..={MAX_ARG_BYTES}"
+            ),
+            ArgError::BadBlobLength(n) => write!(
+                f,
+                "a BLOB argument carries {n} bytes; use 1..={MAX_PARAM_BLOB_BYTES}"
+            ),
+            ArgError::BlobOutside { offset, len } => write!(
+                f,
+                "a BLOB argument's {len} bytes at offset {offset} lie outside the parameter blob after the dependency ids"
+            ),
+            ArgError::BlobsTooLarge(n) => write!(
+                f,
+                "the BLOB arguments add up to {n} bytes; at most {MAX_PARAM_BLOB_BYTES}"
+            ),
+            ArgError::BlobSizeMismatch { len, param } => write!(
+                f,
+                "a BLOB argument carries {len} bytes for a parameter of {param} bytes; pass exactly the parameter's bytes"
             ),
         }
     }
@@ -386,10 +466,24 @@ pub fn encode_launch(
     args: &[KernelArg],
     deps: &[u32],
 ) -> Result<usize, WireError> {
+    encode_launch_with_blob(out, id, launch, args, deps, &[])
+}
+
+/// [`encode_launch`] followed by the parameter blob the `Blob` arguments point into (at
+/// most `MAX_PARAM_BLOB_BYTES`; empty when there are none). Since 1.2.
+pub fn encode_launch_with_blob(
+    out: &mut [u8],
+    id: u64,
+    launch: &LaunchArgs,
+    args: &[KernelArg],
+    deps: &[u32],
+    blob: &[u8],
+) -> Result<usize, WireError> {
     let needed = RequestHeader::SIZE
         .saturating_add(LaunchArgs::SIZE)
         .saturating_add(args.len().saturating_mul(KernelArg::SIZE))
-        .saturating_add(deps.len().saturating_mul(4));
+        .saturating_add(deps.len().saturating_mul(4))
+        .saturating_add(blob.len());
     if out.len() < needed {
         return Err(WireError::Short {
             needed,
@@ -415,5 +509,6 @@ pub fn encode_launch(
     for d in deps {
         w.bytes(&d.to_le_bytes())?;
     }
+    w.bytes(blob)?;
     Ok(w.pos())
 }

@@ -34,6 +34,10 @@ pub enum Opcode {
     /// ([`crate::ParamLayout`]) into a writable descriptor after the name. Since 1.1
     /// (`features::PARAM_LAYOUT`).
     GetFunctionLayout = 0x0303,
+    /// Look up a module-scope variable (`__device__`, `__constant__`) of a loaded module by
+    /// name (readable data descriptors): its device address and size. Since 1.2
+    /// (`features::GLOBALS`).
+    GetGlobal = 0x0304,
     /// Launch a kernel.
     Launch = 0x0400,
     /// Complete after every earlier request on this queue has completed.
@@ -62,7 +66,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -75,6 +79,7 @@ impl Opcode {
         Opcode::ModuleUnload,
         Opcode::GetFunction,
         Opcode::GetFunctionLayout,
+        Opcode::GetGlobal,
         Opcode::Launch,
         Opcode::StreamSync,
         Opcode::Fence,
@@ -109,6 +114,7 @@ impl Opcode {
             Opcode::ModuleUnload => "MODULE_UNLOAD",
             Opcode::GetFunction => "GET_FUNCTION",
             Opcode::GetFunctionLayout => "GET_FUNCTION_LAYOUT",
+            Opcode::GetGlobal => "GET_GLOBAL",
             Opcode::Launch => "LAUNCH",
             Opcode::StreamSync => "STREAM_SYNC",
             Opcode::Fence => "FENCE",
@@ -128,7 +134,9 @@ impl Opcode {
     pub fn data_shape(self) -> DataShape {
         match self {
             Opcode::GetInfo | Opcode::GetAttributes => DataShape::WritableInfo,
-            Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction => DataShape::Readable,
+            Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction | Opcode::GetGlobal => {
+                DataShape::Readable
+            }
             Opcode::MemcpyDtoH => DataShape::Writable,
             Opcode::GetFunctionLayout => DataShape::ReadableThenAnswer,
             _ => DataShape::None,

@@ -17,6 +17,39 @@ pub struct LaunchRequest<'a> {
     pub args: KernelArgs<'a>,
     /// `launch.dep_count` dependency task ids.
     pub deps: Deps<'a>,
+    /// The parameter blob: the descriptor's bytes after the dependency ids, at most
+    /// `MAX_PARAM_BLOB_BYTES` of them (since 1.2; empty when the descriptor ends there).
+    pub blob: &'a [u8],
+}
+
+impl<'a> LaunchRequest<'a> {
+    /// Checks every `Blob` argument against the parameter blob: its bytes inside it and
+    /// all of them together at most `MAX_PARAM_BLOB_BYTES`. Other arguments are not
+    /// looked at (their own check is [`KernelArg::typed`]).
+    pub fn check_blobs(&self) -> Result<(), crate::ArgError> {
+        let mut total = 0u64;
+        for a in self.args.iter() {
+            if let Ok(crate::ArgValue::Blob { offset, len }) = a.typed() {
+                self.blob_bytes(offset, len)
+                    .ok_or(crate::ArgError::BlobOutside {
+                        offset: u64::from(offset),
+                        len,
+                    })?;
+                total = total.saturating_add(u64::from(len));
+            }
+        }
+        if total > u64::from(crate::MAX_PARAM_BLOB_BYTES) {
+            return Err(crate::ArgError::BlobsTooLarge(total));
+        }
+        Ok(())
+    }
+
+    /// The `len` bytes at `offset` of the parameter blob, if they lie inside it.
+    pub fn blob_bytes(&self, offset: u32, len: u32) -> Option<&'a [u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        self.blob.get(start..end)
+    }
 }
 
 /// A decoded request (header descriptor only; data descriptors are the device's business).
@@ -46,6 +79,8 @@ pub enum Request<'a> {
     GetFunction(GetFunctionArgs),
     /// `GET_FUNCTION_LAYOUT`.
     GetFunctionLayout(GetFunctionArgs),
+    /// `GET_GLOBAL`.
+    GetGlobal(GetGlobalArgs),
     /// `LAUNCH`.
     Launch(LaunchRequest<'a>),
     /// `STREAM_SYNC`.
@@ -214,6 +249,7 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::GetFunctionLayout => {
             fixed!(op, body, GetFunctionArgs, Request::GetFunctionLayout)
         }
+        Opcode::GetGlobal => fixed!(op, body, GetGlobalArgs, Request::GetGlobal),
         Opcode::Launch => Request::Launch(parse_launch(body)?),
         Opcode::StreamSync => Request::StreamSync,
         Opcode::Fence => Request::Fence,
@@ -251,10 +287,15 @@ fn parse_launch(body: &[u8]) -> Result<LaunchRequest<'_>, ParseError> {
     };
     let args = body.get(LaunchArgs::SIZE..args_end).ok_or(short)?;
     let deps = body.get(args_end..total).ok_or(short)?;
+    let rest = body.get(total..).unwrap_or(&[]);
+    let blob = rest
+        .get(..crate::MAX_PARAM_BLOB_BYTES as usize)
+        .unwrap_or(rest);
     Ok(LaunchRequest {
         launch,
         args: KernelArgs::new(args),
         deps: Deps::new(deps),
+        blob,
     })
 }
 
@@ -274,6 +315,7 @@ impl Request<'_> {
             Request::ModuleUnload(_) => Opcode::ModuleUnload,
             Request::GetFunction(_) => Opcode::GetFunction,
             Request::GetFunctionLayout(_) => Opcode::GetFunctionLayout,
+            Request::GetGlobal(_) => Opcode::GetGlobal,
             Request::Launch(_) => Opcode::Launch,
             Request::StreamSync => Opcode::StreamSync,
             Request::Fence => Opcode::Fence,
@@ -300,6 +342,7 @@ impl Request<'_> {
             Request::MemcpyDtoH(a) => a.size,
             Request::ModuleLoad(a) => a.size,
             Request::GetFunction(a) | Request::GetFunctionLayout(a) => a.name_len,
+            Request::GetGlobal(a) => a.name_len,
             _ => 0,
         }
     }
@@ -320,12 +363,13 @@ impl Request<'_> {
                 *slot = t;
                 d += 1;
             }
-            return crate::launch::encode_launch(
+            return crate::launch::encode_launch_with_blob(
                 out,
                 id,
                 &l.launch,
                 args.get(..n).unwrap_or(&[]),
                 deps.get(..d).unwrap_or(&[]),
+                l.blob,
             );
         }
         let header = RequestHeader {
@@ -350,6 +394,7 @@ impl Request<'_> {
             Request::ModuleLoad(a) => w.bytes(&a.to_bytes())?,
             Request::ModuleUnload(a) => w.bytes(&a.to_bytes())?,
             Request::GetFunction(a) | Request::GetFunctionLayout(a) => w.bytes(&a.to_bytes())?,
+            Request::GetGlobal(a) => w.bytes(&a.to_bytes())?,
             Request::EventRecord(a) | Request::EventQuery(a) | Request::EventDestroy(a) => {
                 w.bytes(&a.to_bytes())?
             }

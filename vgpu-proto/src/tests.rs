@@ -395,3 +395,132 @@ fn raw_bytes_arguments_and_parameter_layouts() {
     assert_eq!(Opcode::from_u32(0x0303), Some(Opcode::GetFunctionLayout));
     assert_eq!(Opcode::from_u32(0x0002), Some(Opcode::GetAttributes));
 }
+
+#[test]
+fn get_global_round_trips() {
+    let req = Request::GetGlobal(GetGlobalArgs {
+        module: 7,
+        name_len: 5,
+    });
+    let (buf, n) = encode(&req, 9);
+    assert_eq!(n, 16 + 16);
+    let (h, back) = parse_request(&buf[..n]).expect("parses");
+    assert_eq!(h.id, 9);
+    assert_eq!(back.opcode(), Opcode::GetGlobal);
+    assert_eq!(back.data_len(), 5);
+    assert_eq!(Opcode::GetGlobal.data_shape(), DataShape::Readable);
+    assert_eq!(Opcode::from_u32(0x0304), Some(Opcode::GetGlobal));
+    assert!(matches!(
+        parse_request(&buf[..n - 1]),
+        Err((Some(_), ParseError::ShortArgs { .. }))
+    ));
+    assert_eq!(PROTOCOL_VERSION, 0x0001_0002);
+}
+
+/// A `LAUNCH` with `args` and the blob `blob` after one dependency id, parsed back.
+fn launch_with_blob(args: &[KernelArg], blob: &[u8], buf: &mut [u8]) -> usize {
+    let launch = LaunchArgs {
+        function: 1,
+        grid: [1; 3],
+        block: [1; 3],
+        task_id: 2,
+        ..LaunchArgs::default()
+    };
+    encode_launch_with_blob(buf, 3, &launch, args, &[1], blob).expect("fits")
+}
+
+#[test]
+fn blob_arguments_point_into_the_parameter_blob() {
+    let mut blob = [0u8; 88];
+    for (i, b) in blob.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let args = [
+        KernelArg::u32(5),
+        KernelArg::blob(0, 24).expect("24 bytes"),
+        KernelArg::blob(24, 64).expect("64 bytes"),
+    ];
+    let mut buf = [0u8; 512];
+    let n = launch_with_blob(&args, &blob, &mut buf);
+    assert_eq!(n, launch_request_len(3, 1) + 88);
+    let (_, req) = parse_request(&buf[..n]).expect("parses");
+    let Request::Launch(l) = req else {
+        panic!("not a launch")
+    };
+    assert_eq!(l.blob.len(), 88);
+    assert_eq!(l.check_blobs(), Ok(()));
+    let second = l.args.get(1).expect("three arguments").typed();
+    assert_eq!(second, Ok(ArgValue::Blob { offset: 0, len: 24 }));
+    assert_eq!(second.map(|v| v.kind()), Ok(ArgKind::Blob));
+    assert_eq!(l.blob_bytes(24, 64), Some(&blob[24..88]));
+    // Re-encoding keeps the blob.
+    let (again, m) = encode(&req, 3);
+    assert_eq!(&again[..m], &buf[..n]);
+}
+
+#[test]
+fn hostile_blob_arguments_are_refused() {
+    // Byte counts out of range.
+    for len in [0, MAX_PARAM_BLOB_BYTES + 1, u32::MAX] {
+        let a = KernelArg {
+            kind: ArgKind::Blob as u32,
+            access: len,
+            value: 0,
+        };
+        assert_eq!(a.typed(), Err(ArgError::BadBlobLength(len)));
+    }
+    assert!(KernelArg::blob(0, 0).is_none());
+    assert!(KernelArg::blob(0, MAX_PARAM_BLOB_BYTES + 1).is_none());
+    // An offset that does not fit in 32 bits or past the largest blob.
+    let far = KernelArg {
+        kind: ArgKind::Blob as u32,
+        access: 16,
+        value: u64::MAX,
+    };
+    assert!(matches!(far.typed(), Err(ArgError::BlobOutside { .. })));
+    let mut buf = [0u8; 9000];
+    // Offset past the end of the blob, and offset + length overflowing it.
+    for arg in [
+        KernelArg::blob(40, 16).expect("ok"),
+        KernelArg::blob(30, 16).expect("ok"),
+        KernelArg::blob(MAX_PARAM_BLOB_BYTES - 1, 16).expect("ok"),
+    ] {
+        let n = launch_with_blob(&[arg], &[0u8; 40], &mut buf);
+        let Ok((_, Request::Launch(l))) = parse_request(&buf[..n]) else {
+            panic!("parses")
+        };
+        assert!(
+            matches!(l.check_blobs(), Err(ArgError::BlobOutside { .. })),
+            "{arg:?}"
+        );
+    }
+    // Two arguments each inside a blob that the request makes longer than allowed: only
+    // the first MAX_PARAM_BLOB_BYTES bytes count as the blob.
+    let big = [7u8; 5000];
+    let n = launch_with_blob(
+        &[
+            KernelArg::blob(0, 4096).expect("ok"),
+            KernelArg::blob(4000, 900).expect("ok"),
+        ],
+        &big,
+        &mut buf,
+    );
+    let Ok((_, Request::Launch(l))) = parse_request(&buf[..n]) else {
+        panic!("parses")
+    };
+    assert_eq!(l.blob.len(), MAX_PARAM_BLOB_BYTES as usize);
+    assert!(matches!(l.check_blobs(), Err(ArgError::BlobOutside { .. })));
+    // Overlapping arguments that add up to more than the limit.
+    let n = launch_with_blob(
+        &[
+            KernelArg::blob(0, 4096).expect("ok"),
+            KernelArg::blob(0, 16).expect("ok"),
+        ],
+        &big[..4096],
+        &mut buf,
+    );
+    let Ok((_, Request::Launch(l))) = parse_request(&buf[..n]) else {
+        panic!("parses")
+    };
+    assert_eq!(l.check_blobs(), Err(ArgError::BlobsTooLarge(4112)));
+}

@@ -31,6 +31,9 @@ pub struct GpuSpec {
     pub ordinal: i32,
     /// The vGPU's memory share: the pager's limit, and a cuda GPU's allocation limit.
     pub memory: u64,
+    /// The CUDA context's stack, heap and printf FIFO (cuda): what they reserve is charged
+    /// to `memory`.
+    pub cuda_limits: vgpu_backend::cuda::ContextLimits,
     /// Memory of the simulated GPU; None: `memory`.
     pub sim_memory: Option<u64>,
     pub sim_copy_bw: u64,
@@ -47,6 +50,11 @@ pub struct Stack {
     /// The pager, for an oversubscribed vGPU.
     pub pager: Option<Arc<Pager>>,
 }
+
+/// The CUDA context limits of this worker's vGPU (`--cuda-stack`, `--cuda-heap`,
+/// `--cuda-printf-fifo`), set once by [`gpu`]: a migration target on cuda takes the same.
+static CUDA_LIMITS: std::sync::OnceLock<vgpu_backend::cuda::ContextLimits> =
+    std::sync::OnceLock::new();
 
 /// The vGPU's storage namespaces from `--storage`, or None when there are none.
 pub fn storage_set(specs: &[NamespaceSpec]) -> Result<Option<Arc<StorageSet>>, WorkerError> {
@@ -85,15 +93,14 @@ fn cuda_gpu(
     }))
 }
 
-/// Builds the stack. `broker` is given for an oversubscribed vGPU: its pager asks vgpud
-/// through it.
-pub fn build(
+/// The GPU at the bottom of the stack (what a pool worker builds before it has a vGPU:
+/// the context, the reserved address space, the built-in kernels).
+pub fn gpu(
     spec: &GpuSpec,
     storage: Option<&Arc<StorageSet>>,
-    broker: Option<Arc<Asker>>,
-    vgpu_id: u32,
-) -> Result<Stack, WorkerError> {
-    let gpu = match spec.kind {
+) -> Result<Arc<dyn Backend>, WorkerError> {
+    let limits = *CUDA_LIMITS.get_or_init(|| spec.cuda_limits);
+    Ok(match spec.kind {
         BackendKind::Sim => sim_gpu(
             SimConfig {
                 memory: spec.sim_memory.unwrap_or(spec.memory),
@@ -108,11 +115,22 @@ pub fn build(
             CudaConfig {
                 ordinal: spec.ordinal,
                 memory: spec.memory,
+                limits,
                 ..CudaConfig::default()
             },
             storage,
         )?,
-    };
+    })
+}
+
+/// The stack over `gpu`: the migratable layer, the pager of an oversubscribed vGPU
+/// (`broker`), fault injection when the environment asks for it.
+pub fn assemble(
+    gpu: Arc<dyn Backend>,
+    spec: &GpuSpec,
+    broker: Option<Arc<Asker>>,
+    vgpu_id: u32,
+) -> Stack {
     let migratable = Arc::new(Migratable::new(gpu));
     let inner: Arc<dyn Backend> = migratable.clone();
     let pager = broker.map(|a| {
@@ -128,15 +146,15 @@ pub fn build(
     };
     // Fault injection (tests, soak): only when VGPU_FAULTS_DIR is set.
     let backend = vgpu_backend::faults::from_env(backend, vgpu_id);
-    Ok(Stack {
+    Stack {
         backend,
         migratable,
         pager,
-    })
+    }
 }
 
 /// Builds a migration target's GPU: a cuda target is sized by the vGPU's memory share
-/// `memory`; both serve the vGPU's `storage` too.
+/// `memory` and takes the vGPU's context limits; both serve the vGPU's `storage` too.
 pub fn target(
     t: &TargetGpu,
     memory: u64,
@@ -158,6 +176,7 @@ pub fn target(
                 ordinal,
                 memory,
                 migration_target: true,
+                limits: CUDA_LIMITS.get().copied().unwrap_or_default(),
                 ..CudaConfig::default()
             },
             storage,

@@ -131,6 +131,12 @@ impl ControlState {
                 let was = self.outgoing.cancel();
                 (ReplyBody::Cancelled { running: was }, false)
             }
+            Command::Assign { .. } => (
+                ReplyBody::Error {
+                    message: "this worker serves a vGPU already; only an idle pool worker takes an assignment".into(),
+                },
+                false,
+            ),
         }
     }
 

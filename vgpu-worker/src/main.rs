@@ -25,6 +25,7 @@ mod incoming;
 mod memlink;
 mod migrate;
 mod outgoing;
+mod pool;
 mod run;
 mod sandbox;
 mod serve;
@@ -51,13 +52,13 @@ use crate::run::Config;
 #[command(name = "vgpu-worker", version)]
 struct Args {
     /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
-    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    #[arg(long, required_unless_present_any = ["list_cuda_gpus", "pool"])]
     socket: Option<PathBuf>,
     /// Host-wide id of the vGPU (shown to the guest in the config space).
-    #[arg(long, required_unless_present = "list_cuda_gpus")]
+    #[arg(long, required_unless_present_any = ["list_cuda_gpus", "pool"])]
     vgpu_id: Option<u32>,
     /// Device memory the vGPU may allocate (its memory share).
-    #[arg(long, value_parser = parse_size, required_unless_present = "list_cuda_gpus")]
+    #[arg(long, value_parser = parse_size, required_unless_present_any = ["list_cuda_gpus", "pool"])]
     memory: Option<u64>,
     /// Print the machine's NVIDIA GPUs as one JSON array (ordinal, name, memory) and exit;
     /// vgpud asks this way so that it never loads the GPU driver itself.
@@ -81,6 +82,20 @@ struct Args {
     /// CUDA device ordinal of the GPU to use (with --backend cuda).
     #[arg(long, default_value_t = 0)]
     gpu: i32,
+    /// Stack (local memory) per GPU thread on a CUDA GPU. The driver reserves it for every
+    /// thread the GPU can hold at once (132 SMs x 2048 threads on the H200: 264 MiB at
+    /// 1K), and that reserve is charged to --memory; a kernel needing more local memory
+    /// per thread is refused.
+    #[arg(long, value_parser = parse_size, default_value = "1K")]
+    cuda_stack: u64,
+    /// Device `malloc` heap of the CUDA context (charged to --memory; the driver takes at
+    /// least 4M).
+    #[arg(long, value_parser = parse_size, default_value = "8M")]
+    cuda_heap: u64,
+    /// printf FIFO of the CUDA context (charged to --memory; the driver takes at least
+    /// 512K).
+    #[arg(long, value_parser = parse_size, default_value = "1M")]
+    cuda_printf_fifo: u64,
     /// Memory of the simulated GPU [default: the --memory value].
     #[arg(long, value_parser = parse_size)]
     sim_memory: Option<u64>,
@@ -151,6 +166,13 @@ struct Args {
     /// The file holding the one-time token the source worker must present.
     #[arg(long)]
     migrate_token_file: Option<PathBuf>,
+    /// Start as a pool worker (vgpud's `--worker-pool`): build the GPU backend (a cuda
+    /// GPU is opened with its whole memory as the ceiling; the vGPU's share is enforced
+    /// per vGPU), say ready and wait for vgpud to assign a vGPU on the control channel.
+    /// Needs --control-fd; --socket defaults to `vgpu.sock`, --vgpu-id and --memory come
+    /// with the assignment; a sim GPU needs --sim-memory.
+    #[arg(long, conflicts_with_all = ["vgpu_id", "memory", "grant_fds", "oversubscribe", "storage"])]
+    pool: bool,
 }
 
 fn parse_fd_pair(s: &str) -> Result<(i32, i32), String> {
@@ -171,7 +193,17 @@ impl Args {
     /// The worker's configuration; `None` without the vGPU's arguments (clap requires them
     /// unless `--list-cuda-gpus` is given).
     fn into_config(self) -> Option<Config> {
-        let (socket, vgpu_id, memory) = (self.socket?, self.vgpu_id?, self.memory?);
+        let (socket, vgpu_id, memory) = if self.pool {
+            if self.backend == BackendKind::Sim && self.sim_memory.is_none() {
+                return None;
+            }
+            let socket = self.socket.unwrap_or_else(|| PathBuf::from("vgpu.sock"));
+            // Placeholders until vgpud assigns a vGPU; a cuda GPU is opened with its whole
+            // memory as the ceiling (capped at the GPU's by the backend).
+            (socket, 0, u64::MAX)
+        } else {
+            (self.socket?, self.vgpu_id?, self.memory?)
+        };
         Some(Config {
             device: DeviceConfig {
                 vgpu_id,
@@ -185,6 +217,11 @@ impl Args {
                 kind: self.backend,
                 ordinal: self.gpu,
                 memory,
+                cuda_limits: vgpu_backend::cuda::ContextLimits {
+                    stack_bytes: self.cuda_stack,
+                    heap_bytes: self.cuda_heap,
+                    printf_fifo_bytes: self.cuda_printf_fifo,
+                },
                 sim_memory: self.sim_memory,
                 sim_copy_bw: self.sim_copy_bw,
                 sim_speed: self.sim_speed,
@@ -214,6 +251,7 @@ impl Args {
             reconnect: Duration::from_secs(self.control_reconnect_s),
             migrate_in: self.migrate_in,
             migrate_token_file: self.migrate_token_file,
+            pool: self.pool,
         })
     }
 }
@@ -261,7 +299,9 @@ fn main() -> ExitCode {
         return list_cuda_gpus();
     }
     let Some(config) = args.into_config() else {
-        eprintln!("vgpu-worker: error: give --socket, --vgpu-id and --memory (see --help)");
+        eprintln!(
+            "vgpu-worker: error: give --socket, --vgpu-id and --memory, or --pool (with --sim-memory for a sim GPU) (see --help)"
+        );
         return ExitCode::from(2);
     };
     match run::run(config) {

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -41,6 +41,24 @@ impl ControlOut {
         let mut out = vgpu_sync::lock(&self.0);
         if let Err(e) = out.write_all(&line) {
             tracing::warn!(error = %e, "cannot write to the control channel");
+        }
+    }
+
+    /// Sends one message as a line with `fd` riding on its first byte (SCM_RIGHTS).
+    pub fn send_with_fd(&self, msg: &WorkerMessage, fd: &OwnedFd) {
+        let line = control::encode(msg);
+        let mut out = vgpu_sync::lock(&self.0);
+        let sent = match out.send_with_fds(&[&line[..]], &[fd.as_raw_fd()]) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write to the control channel");
+                return;
+            }
+        };
+        if let Some(rest) = line.get(sent..).filter(|r| !r.is_empty()) {
+            if let Err(e) = out.write_all(rest) {
+                tracing::warn!(error = %e, "cannot write to the control channel");
+            }
         }
     }
 }
@@ -121,10 +139,24 @@ impl Asker {
 
     /// Asks and waits for the answer (and the descriptor that came with it).
     pub fn ask(&self, ask: Ask) -> Result<(Answer, Option<OwnedFd>), String> {
+        self.ask_with(ask, None)
+    }
+
+    /// [`Asker::ask`] with `fd` riding on the ask's line; it is closed here once sent
+    /// (vgpud holds its own copy).
+    pub fn ask_with_fd(&self, ask: Ask, fd: OwnedFd) -> Result<(Answer, Option<OwnedFd>), String> {
+        self.ask_with(ask, Some(fd))
+    }
+
+    fn ask_with(&self, ask: Ask, fd: Option<OwnedFd>) -> Result<(Answer, Option<OwnedFd>), String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         vgpu_sync::lock(&self.waiters).insert(id, tx);
-        self.out.send(&WorkerMessage::Ask { id, ask });
+        let msg = WorkerMessage::Ask { id, ask };
+        match fd {
+            Some(fd) => self.out.send_with_fd(&msg, &fd),
+            None => self.out.send(&msg),
+        }
         let r = rx.recv_timeout(ASK_TIMEOUT).map_err(|e| match e {
             mpsc::RecvTimeoutError::Timeout => {
                 format!("vgpud did not answer within {} s", ASK_TIMEOUT.as_secs())
@@ -219,8 +251,23 @@ impl WorkerShm {
 }
 
 impl ShmHost for WorkerShm {
+    /// Looks the key up in vgpud's registry; when vgpud says the object is new, creates it
+    /// on this vGPU's GPU (`export_shared`) and hands vgpud its descriptor. The ask that
+    /// makes vgpud wait for us never waits on us: vgpud answers `Export` at once, and this
+    /// thread creates the object with no question open.
     fn get(&self, key: u64, size: u64, flags: u64) -> Result<u64, ShmError> {
-        values(self.asker.ask(Ask::ShmGet { key, size, flags })).map(|v| v[0])
+        match self.asker.ask(Ask::ShmGet { key, size, flags }) {
+            Ok((Answer::Export, _)) => {
+                let fd = self.backend.export_shared(size).map_err(|e| {
+                    ShmError::NoMemory(format!("creating the shared object on the GPU: {e}"))
+                })?;
+                let created = self
+                    .asker
+                    .ask_with_fd(Ask::ShmCreate { key, size, flags }, fd);
+                values(created).map(|v| v[0])
+            }
+            other => values(other).map(|v| v[0]),
+        }
     }
 
     fn attach(&self, shmid: u64, read_only: bool) -> Result<u64, ShmError> {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vgpu_api::control::WorkerMessage;
+use vgpu_api::control::{ReplyBody, WorkerMessage};
 use vgpu_backend::storage::{NamespaceSpec, StorageSet};
 use vgpu_device::{DeviceConfig, SlotPolicy, Vgpu};
 
@@ -15,6 +15,7 @@ use crate::backend::{self, GpuSpec, Stack};
 use crate::control::{control_socket, ControlLoop, ControlState, Reconnect, Shares};
 use crate::error::WorkerError;
 use crate::memlink::{Asker, ControlOut, FdQueue, FdReader, WorkerShm};
+use crate::pool;
 use crate::sandbox::{self, probe, SeccompMode};
 use crate::serve::{self, Shutdown};
 
@@ -56,6 +57,9 @@ pub struct Config {
     pub migrate_in: Option<String>,
     /// Its one-time token.
     pub migrate_token_file: Option<PathBuf>,
+    /// A pool worker: build the GPU, then wait for vgpud to assign a vGPU (`pool.rs`);
+    /// `device`, `gpu.memory` and `priority` come with the assignment.
+    pub pool: bool,
 }
 
 /// The control channel's parts: lines (with descriptors) in, lines out, questions to vgpud.
@@ -87,8 +91,8 @@ fn open_channel(fd: Option<i32>) -> Result<Option<Channel>, WorkerError> {
     }))
 }
 
-/// Opens the grant channel from inherited descriptors.
-fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, WorkerError> {
+/// Takes the inherited grant page and doorbell (`--grant-fds`).
+fn inherited_grant(page: i32, doorbell: i32) -> Result<(OwnedFd, OwnedFd), WorkerError> {
     for fd in [page, doorbell] {
         // SAFETY: F_GETFD only inspects the descriptor table.
         if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -99,8 +103,7 @@ fn grant_gate(page: i32, doorbell: i32) -> Result<vgpu_grant::GrantClient, Worke
     }
     // SAFETY: both descriptors are open (checked above) and were handed to this process
     // for the grant channel alone; nothing else in the worker owns them.
-    let (page, doorbell) = unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) };
-    vgpu_grant::GrantClient::from_fds(page, doorbell).map_err(|e| WorkerError::Grant(e.to_string()))
+    Ok(unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) })
 }
 
 /// The device over the stack, with what the configuration adds (shared memory, storage,
@@ -110,6 +113,7 @@ fn device(
     stack: &Stack,
     asker: Option<&Arc<Asker>>,
     storage: Option<&Arc<StorageSet>>,
+    grant: Option<(OwnedFd, OwnedFd)>,
 ) -> Result<(Vgpu, Option<Arc<vgpu_grant::SwitchGate>>), WorkerError> {
     let mut vgpu = Vgpu::new(cfg.device.clone(), stack.backend.clone())?;
     if let (Some(a), true) = (asker, cfg.shm) {
@@ -119,8 +123,10 @@ fn device(
         vgpu = vgpu.with_storage(set.clone());
     }
     let mut gate = None;
-    if let Some((page, doorbell)) = cfg.grant_fds {
-        let g = Arc::new(vgpu_grant::SwitchGate::new(grant_gate(page, doorbell)?));
+    if let Some((page, doorbell)) = grant {
+        let client = vgpu_grant::GrantClient::from_fds(page, doorbell)
+            .map_err(|e| WorkerError::Grant(e.to_string()))?;
+        let g = Arc::new(vgpu_grant::SwitchGate::new(client));
         vgpu = vgpu.with_gate(g.clone());
         gate = Some(g);
         tracing::info!("copies and kernels are scheduled by vgpud (grant path)");
@@ -177,6 +183,20 @@ fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
     }))
 }
 
+/// Answers a pool worker's assignment: `assigned` once its socket is bound, else why not.
+fn answer_assignment(assigned: Option<&(u64, Arc<ControlOut>)>, result: Result<(), &WorkerError>) {
+    let Some((id, out)) = assigned else { return };
+    let body = match result {
+        Ok(()) => ReplyBody::Assigned {
+            pid: std::process::id(),
+        },
+        Err(e) => ReplyBody::Error {
+            message: e.to_string(),
+        },
+    };
+    out.send(&WorkerMessage::Reply { id: *id, body });
+}
+
 /// Says `ready` and starts the control thread; the channel's writing end for the rest.
 fn start_control(
     channel: Channel,
@@ -203,26 +223,81 @@ fn start_control(
     Ok(out)
 }
 
-/// Serves the vGPU until its frontend disconnects or the worker is stopped.
-pub fn run(cfg: Config) -> Result<(), WorkerError> {
+/// Serves the vGPU until its frontend disconnects or the worker is stopped. A pool
+/// worker first waits for its vGPU (`pool.rs`).
+pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     sandbox::harden()?;
     let signals = serve::block_signals()?;
-    if (cfg.oversubscribe || cfg.shm) && cfg.control_fd.is_none() {
+    if (cfg.oversubscribe || cfg.shm || cfg.pool) && cfg.control_fd.is_none() {
         return Err(WorkerError::Control {
             fd: -1,
-            why: "--oversubscribe and --shm need vgpud (the control channel)".into(),
+            why: "--oversubscribe, --shm and --pool need vgpud (the control channel)".into(),
         });
     }
-    let channel = open_channel(cfg.control_fd)?;
-    let asker = channel.as_ref().map(|c| c.asker.clone());
+    let mut channel = open_channel(cfg.control_fd)?;
     let storage = backend::storage_set(&cfg.storage)?;
+    let gpu = backend::gpu(&cfg.gpu, storage.as_ref())?;
+    let (grant, assigned) = match (&mut channel, cfg.pool) {
+        (Some(c), true) => {
+            match pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, &signals)? {
+                // A pool worker serves only scheduled: vgpud always sends the grant page
+                // and doorbell with the assignment.
+                Some(a) if a.grant.is_none() => {
+                    let e = WorkerError::Grant(
+                        "the vGPU's grant page and doorbell did not come with the assignment"
+                            .into(),
+                    );
+                    answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
+                    return Err(e);
+                }
+                Some(a) => {
+                    // The pool worker opened its GPU before it knew the share: a share
+                    // that cannot hold what the backend charged at start (the CUDA
+                    // context's reserve) is refused as a fresh worker would refuse it.
+                    let reserve = gpu.memory_usage().used;
+                    let share = cfg.device.memory_share;
+                    if reserve > share {
+                        let e = WorkerError::Backend(vgpu_backend::BackendError::ContextReserve {
+                            share,
+                            reserve,
+                            detail: "charged when the pool worker opened its GPU".into(),
+                        });
+                        answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
+                        return Err(e);
+                    }
+                    (a.grant, Some((a.request, c.out.clone())))
+                }
+                None => return Ok(()),
+            }
+        }
+        _ => (
+            cfg.grant_fds
+                .map(|(page, doorbell)| inherited_grant(page, doorbell))
+                .transpose()?,
+            None,
+        ),
+    };
+    let asker = channel.as_ref().map(|c| c.asker.clone());
     let broker = asker.clone().filter(|_| cfg.oversubscribe);
     let vgpu_id = cfg.device.vgpu_id;
-    let stack = backend::build(&cfg.gpu, storage.as_ref(), broker, vgpu_id)?;
-    let (vgpu, gate) = device(&cfg, &stack, asker.as_ref(), storage.as_ref())?;
+    let stack = backend::assemble(gpu, &cfg.gpu, broker, vgpu_id);
+    let (vgpu, gate) = match device(&cfg, &stack, asker.as_ref(), storage.as_ref(), grant) {
+        Ok(v) => v,
+        Err(e) => {
+            answer_assignment(assigned.as_ref(), Err(&e));
+            return Err(e);
+        }
+    };
     let vgpu = Arc::new(vgpu);
-    let mut listener = serve::bind(&cfg.socket)?;
-    let reconnect = reconnect_socket(&cfg)?;
+    let bound = serve::bind(&cfg.socket).and_then(|l| Ok((l, reconnect_socket(&cfg)?)));
+    let (mut listener, reconnect) = match bound {
+        Ok(v) => v,
+        Err(e) => {
+            answer_assignment(assigned.as_ref(), Err(&e));
+            return Err(e);
+        }
+    };
+    answer_assignment(assigned.as_ref(), Ok(()));
     let incoming = match (&cfg.migrate_in, &cfg.migrate_token_file) {
         (Some(addr), Some(t)) => Some((crate::incoming::bind(addr)?, crate::incoming::token(t)?)),
         _ => None,

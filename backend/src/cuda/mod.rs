@@ -27,6 +27,7 @@ mod hard_limit;
 #[cfg(test)]
 mod hard_limit_tests;
 mod lanes;
+mod limits;
 mod memory;
 mod modules;
 mod pinned;
@@ -53,10 +54,12 @@ use crate::{
 use driver::{check, Context, CuError};
 pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
 use lanes::Lanes;
+pub use limits::{ContextLimits, ContextReserve, DEFAULT_HEAP, DEFAULT_PRINTF_FIFO, DEFAULT_STACK};
 use memory::DeviceMemory;
 use modules::{Builtins, Kernel, Modules};
 use pinned::Pinned;
 
+use crate::space::Reserve;
 use crate::sync::{lock, read, write};
 pub use modules::BUILTIN_PTX;
 pub use storage::STORAGE_PTX;
@@ -84,6 +87,9 @@ pub struct CudaConfig {
     /// memory is staged at other addresses until the switch
     /// ([`Relocatable::occupy_addresses`]), since the source holds the vGPU's range.
     pub migration_target: bool,
+    /// Stack, heap and printf FIFO limits set on the context; what they reserve is charged
+    /// to `memory` (docs/cuda.md, "Context reserve").
+    pub limits: ContextLimits,
 }
 
 impl Default for CudaConfig {
@@ -94,6 +100,7 @@ impl Default for CudaConfig {
             va_base: DEFAULT_VA_BASE,
             va_size: DEFAULT_VA_SIZE,
             migration_target: false,
+            limits: ContextLimits::default(),
         }
     }
 }
@@ -134,6 +141,9 @@ pub struct CudaGpu {
     attr_lock: Mutex<()>,
     /// Storage namespaces and what the GPU's storage kernels use of them.
     storage: storage::GpuStorage,
+    /// What the context's limits reserve (charged to the ledger at start); a launch needing
+    /// more local memory per thread than its stack is refused.
+    reserve: ContextReserve,
     ctx: Arc<Context>,
 }
 
@@ -195,6 +205,14 @@ impl CudaGpu {
         }
         let ctx = Context::primary(dev).map_err(memory::dev_err)?;
         let capacity = cfg.memory.min(props.total_memory);
+        let reserve = limits::apply(dev, &cfg.limits).map_err(memory::dev_err)?;
+        let reserve_bytes = reserve.total().filter(|r| *r <= capacity).ok_or_else(|| {
+            BackendError::ContextReserve {
+                share: capacity,
+                reserve: reserve.total().unwrap_or(u64::MAX),
+                detail: reserve.detail(),
+            }
+        })?;
         let mem = DeviceMemory::new(
             &ctx,
             cfg.ordinal,
@@ -203,6 +221,13 @@ impl CudaGpu {
             capacity,
             cfg.migration_target,
         )?;
+        mem.ledger()
+            .charge_reserve(Reserve::Context, reserve_bytes)
+            .map_err(|_| BackendError::ContextReserve {
+                share: capacity,
+                reserve: reserve_bytes,
+                detail: reserve.detail(),
+            })?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
         let info = BackendInfo {
@@ -218,13 +243,26 @@ impl CudaGpu {
                 | features::PTX
                 | features::BINARY_MODULES
                 | features::ATTRIBUTES
-                | features::PARAM_LAYOUT,
+                | features::PARAM_LAYOUT
+                | features::GLOBALS
+                | features::PARAM_BLOBS,
             attributes: attributes::read(dev),
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
             sms = props.sm_count, device_memory = props.total_memory, capacity,
             va_base = format_args!("{:#x}", cfg.va_base), granularity = mem.granularity(),
             builtin_jit_ms = t.elapsed().as_millis() as u64, "CUDA GPU ready");
+        tracing::info!(
+            gpu = cfg.ordinal,
+            context_reserve = reserve_bytes,
+            stack = reserve.stack_bytes,
+            heap = reserve.heap_bytes,
+            printf_fifo = reserve.printf_fifo_bytes,
+            sms = reserve.sms,
+            threads_per_sm = reserve.threads_per_sm,
+            share = capacity,
+            "CUDA context reserve charged to the vGPU's memory share"
+        );
         Ok(Self {
             info,
             mem,
@@ -238,6 +276,7 @@ impl CudaGpu {
             kernel_limit: DEFAULT_KERNEL_LIMIT,
             attr_lock: Mutex::new(()),
             storage: storage::GpuStorage::new(None),
+            reserve,
             ctx,
         })
     }
@@ -314,8 +353,11 @@ impl CudaGpu {
         f: &modules::PtxFunc,
         config: &LaunchConfig,
         args: &[ArgValue],
+        blob: &[u8],
     ) -> Result<u64> {
         const KERNEL: &str = "PTX function";
+        // The driver would grow every thread's stack to the function's need, uncharged.
+        limits::check_local(f.name(), f.local_bytes, self.reserve.stack_bytes)?;
         if args.len() != f.params.len() {
             return Err(BackendError::BadArgCount {
                 kernel: KERNEL,
@@ -325,7 +367,7 @@ impl CudaGpu {
         }
         let mut vals = [0u64; vgpu_proto::MAX_KERNEL_ARGS as usize];
         let mut ptrs = [std::ptr::null_mut::<c_void>(); vgpu_proto::MAX_KERNEL_ARGS as usize];
-        let mut keep: [Option<Arc<memory::Allocation>>; vgpu_proto::MAX_KERNEL_ARGS as usize] =
+        let mut keep: [Option<modules::Held>; vgpu_proto::MAX_KERNEL_ARGS as usize] =
             std::array::from_fn(|_| None);
         for (index, (((arg, size), val), kept)) in args
             .iter()
@@ -337,6 +379,7 @@ impl CudaGpu {
             let want = match arg {
                 ArgValue::U32(_) | ArgValue::F32(_) => 4,
                 ArgValue::Bytes { len, .. } => u32::from(*len),
+                ArgValue::Blob { len, .. } => *len,
                 _ => 8,
             };
             if *size != want {
@@ -358,11 +401,13 @@ impl CudaGpu {
                 ArgValue::F64(v) => v.to_bits(),
                 // Little end first: the parameter's bytes start at the value's address.
                 ArgValue::Bytes { bits, .. } => bits,
+                // Its bytes are in `blob`: pointed at below.
+                ArgValue::Blob { .. } => 0,
                 ArgValue::Ptr { addr, .. } => {
                     // The extent a PTX kernel touches is unknown: the pointer itself must lie
-                    // inside a live allocation, and the GPU isolates the rest.
-                    let (a, _) = self.mem.resolve(addr, 0)?;
-                    *kept = Some(a);
+                    // inside a live allocation (or a module variable), and the GPU isolates
+                    // the rest.
+                    *kept = Some(modules::resolve(&self.mem, &self.modules, addr, 0, false)?);
                     addr
                 }
             };
@@ -370,6 +415,7 @@ impl CudaGpu {
         for (p, v) in ptrs.iter_mut().zip(vals.iter_mut()) {
             *p = (v as *mut u64).cast();
         }
+        modules::blob_pointers(args, blob, &mut ptrs)?;
         if config.shared_bytes > DEFAULT_SHARED
             && f.shared_limit.load(Ordering::Acquire) < config.shared_bytes
         {
@@ -396,7 +442,8 @@ impl CudaGpu {
         check(
             // SAFETY: `f.func` is a live function of a module kept loaded by the caller's Arc;
             // `ptrs` holds one pointer per kernel parameter (count and sizes checked against
-            // cuFuncGetParamInfo above) to values that outlive the call; pointer arguments lie
+            // cuFuncGetParamInfo above) to values that outlive the call (blob arguments into
+            // `blob`, borrowed for the call); pointer arguments lie
             // in live allocations kept by `keep` until the kernel finished.
             unsafe {
                 sys::cuLaunchKernel(
@@ -493,16 +540,6 @@ impl Drop for CudaGpu {
     }
 }
 
-impl CudaGpu {
-    /// Creates a zeroed shared device memory object of `size` bytes on this GPU and
-    /// exports it: the descriptor is the object (vgpud's registry holds it; every mapper
-    /// imports it with [`Backend::import_shared`]).
-    pub fn export_shared(&self, size: u64) -> Result<OwnedFd> {
-        self.enter()?;
-        self.mem.export(size)
-    }
-}
-
 impl Backend for CudaGpu {
     fn info(&self) -> &BackendInfo {
         &self.info
@@ -524,7 +561,7 @@ impl Backend for CudaGpu {
     }
 
     fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.mem.resolve(addr, len).map(|_| ())
+        modules::resolve(&self.mem, &self.modules, addr, len, false).map(|_| ())
     }
 
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
@@ -532,7 +569,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let len = src.len();
-        let (_alloc, _) = self.mem.resolve_write(dst, len as u64)?;
+        let _alloc = modules::resolve(&self.mem, &self.modules, dst, len as u64, true)?;
         let host = src.ptr_guard().as_ptr() as usize;
         // Held for the copy: unregistering waits for it.
         let pinned = read(&self.pinned.regions);
@@ -561,7 +598,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let len = dst.len();
-        let (_alloc, _) = self.mem.resolve(src, len as u64)?;
+        let _alloc = modules::resolve(&self.mem, &self.modules, src, len as u64, false)?;
         let host = dst.ptr_guard_mut().as_ptr() as usize;
         let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
@@ -588,8 +625,8 @@ impl Backend for CudaGpu {
         let _op = self.inflight.begin();
         self.enter()?;
         self.guest_ready()?;
-        let (_sa, _) = self.mem.resolve(src, len)?;
-        let (_da, _) = self.mem.resolve_write(dst, len)?;
+        let _sa = modules::resolve(&self.mem, &self.modules, src, len, false)?;
+        let _da = modules::resolve(&self.mem, &self.modules, dst, len, true)?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
         let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr: src, len })?;
@@ -639,7 +676,7 @@ impl Backend for CudaGpu {
         let len = crate::space::memset_len(dst, elem_size, count)?;
         self.enter()?;
         self.guest_ready()?;
-        let (_a, _) = self.mem.resolve_write(dst, len)?;
+        let _a = modules::resolve(&self.mem, &self.modules, dst, len, true)?;
         let n = usize::try_from(count).map_err(|_| BackendError::BadPointer { addr: dst, len })?;
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let s = lane.stream.raw();
@@ -693,6 +730,21 @@ impl Backend for CudaGpu {
         config: &LaunchConfig,
         args: &[ArgValue],
     ) -> Result<LaunchStats> {
+        self.launch_with_params(function, config, args, &[])
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        self.enter()?;
+        self.modules.global(module, name)
+    }
+
+    fn launch_with_params(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+        blob: &[u8],
+    ) -> Result<LaunchStats> {
         let _op = self.inflight.begin();
         let kernel = self.modules.kernel(function)?;
         self.enter()?;
@@ -700,7 +752,7 @@ impl Backend for CudaGpu {
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&lane, f, config, args)?,
+            Kernel::Ptx(_module, f) => self.run_ptx(&lane, f, config, args, blob)?,
             Kernel::Storage(sig) => self.run_storage(&mut lane, sig, args)?,
         };
         drop(kernel);
@@ -727,6 +779,11 @@ impl Backend for CudaGpu {
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.enter()?;
         self.mem.import(handle, size, read_only)
+    }
+
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        self.enter()?;
+        self.mem.export(size)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

@@ -10,7 +10,12 @@
 //! A function handle is `(module << 16) | (index + 1)`: for the built-in module the index
 //! is the kernel's position in `vgpu_proto::builtin::KERNELS`, for a PTX module the
 //! position in that module's list of looked-up functions.
+//!
+//! A module variable the guest looked up (`GET_GLOBAL`) becomes a module-owned range of
+//! the vGPU: copies, memsets and kernel pointers may target it (see [`resolve`]) until
+//! the module is unloaded.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
 
@@ -18,7 +23,7 @@ use cudarc::driver::sys::{self, CUresult};
 use vgpu_proto::builtin::{KernelSig, KERNELS};
 
 use super::driver::{check, Context, CuError};
-use super::memory::DeviceMemory;
+use super::memory::{Allocation, DeviceMemory};
 use crate::error::{BackendError, Result};
 use crate::module_table::{check_builtin, function_handle, printable, unterminated, ModuleTable};
 use crate::sync::lock;
@@ -109,6 +114,29 @@ impl LoadedModule {
     }
 }
 
+impl LoadedModule {
+    /// The device address and size of module variable `name`, or None if the module
+    /// declares none of that name.
+    fn global(&self, name: &[u8]) -> std::result::Result<Option<(u64, u64)>, CuError> {
+        let Ok(cname) = CString::new(name) else {
+            return Ok(None);
+        };
+        let (mut addr, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: `cname` is NUL-terminated and outlives the call; writes one address and
+        // one size.
+        let rc =
+            unsafe { sys::cuModuleGetGlobal_v2(&mut addr, &mut size, self.raw, cname.as_ptr()) };
+        match rc {
+            CUresult::CUDA_SUCCESS => Ok(Some((addr, size as u64))),
+            CUresult::CUDA_ERROR_NOT_FOUND => Ok(None),
+            other => Err(CuError {
+                code: other,
+                call: "cuModuleGetGlobal",
+            }),
+        }
+    }
+}
+
 impl Drop for LoadedModule {
     fn drop(&mut self) {
         if self.ctx.bind().is_err() {
@@ -144,6 +172,23 @@ fn param_info(f: Func) -> std::result::Result<Vec<(u32, u32)>, CuError> {
         }
     }
     Ok(sizes)
+}
+
+/// Local memory per thread `f` needs (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
+fn local_bytes(f: Func) -> std::result::Result<u64, CuError> {
+    let mut v: std::ffi::c_int = 0;
+    check(
+        // SAFETY: `f` is a live function; writes one int into `v`, which lives on this frame.
+        unsafe {
+            sys::cuFuncGetAttribute(
+                &mut v,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                f.0,
+            )
+        },
+        "cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)",
+    )?;
+    Ok(u64::try_from(v).unwrap_or(0))
 }
 
 /// The built-in kernels, loaded once per backend.
@@ -259,6 +304,9 @@ pub struct PtxFunc {
     pub layout: Arc<[(u32, u32)]>,
     /// Dynamic shared memory the function may use now (raised on demand).
     pub shared_limit: Arc<std::sync::atomic::AtomicU32>,
+    /// Local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`), checked against the
+    /// context's stack limit at launch.
+    pub local_bytes: u64,
 }
 
 impl PtxFunc {
@@ -296,6 +344,76 @@ pub enum Kernel {
 #[derive(Debug, Default)]
 pub struct Modules {
     table: ModuleTable<Entry>,
+    /// Module variables looked up so far, by address: size, module handle, and the
+    /// module (kept loaded while a copy or kernel uses the range).
+    globals: Mutex<BTreeMap<u64, Global>>,
+}
+
+#[derive(Debug, Clone)]
+struct Global {
+    size: u64,
+    module: u64,
+    owner: Arc<PtxModule>,
+}
+
+/// What keeps a checked device range alive while a copy or kernel uses it (held, never
+/// read).
+#[derive(Debug)]
+#[allow(dead_code)]
+pub enum Held {
+    /// An allocation.
+    Alloc(Arc<Allocation>),
+    /// A module variable: its module stays loaded.
+    Global(Arc<PtxModule>),
+}
+
+/// Checks that `[addr, addr + len)` lies inside one live allocation (writable when
+/// `write`) or one module variable the guest looked up; returns what keeps it alive.
+pub fn resolve(
+    mem: &DeviceMemory,
+    modules: &Modules,
+    addr: u64,
+    len: u64,
+    write: bool,
+) -> Result<Held> {
+    let found = if write {
+        mem.resolve_write(addr, len)
+    } else {
+        mem.resolve(addr, len)
+    };
+    match found {
+        Ok((a, _)) => Ok(Held::Alloc(a)),
+        Err(e) => modules.global_range(addr, len).map(Held::Global).ok_or(e),
+    }
+}
+
+/// Points the `kernelParams` entry of each [`vgpu_proto::ArgValue::Blob`] argument at its
+/// bytes in `blob` (the caller keeps `blob` alive until the launch call returned; the
+/// driver copies parameters at launch).
+pub fn blob_pointers(
+    args: &[vgpu_proto::ArgValue],
+    blob: &[u8],
+    ptrs: &mut [*mut c_void],
+) -> Result<()> {
+    for (index, (arg, p)) in args.iter().zip(ptrs.iter_mut()).enumerate() {
+        if let vgpu_proto::ArgValue::Blob { offset, len } = *arg {
+            let start = offset as usize;
+            let bytes = start
+                .checked_add(len as usize)
+                .and_then(|end| blob.get(start..end))
+                .ok_or_else(|| BackendError::BadArgType {
+                    kernel: "PTX function",
+                    index,
+                    param: "parameter",
+                    reason: format!(
+                        "its {len} bytes at offset {offset} lie outside the {}-byte parameter blob",
+                        blob.len()
+                    ),
+                })?;
+            *p = bytes.as_ptr().cast_mut().cast();
+        }
+    }
+    Ok(())
 }
 
 impl Modules {
@@ -352,7 +470,50 @@ impl Modules {
     /// Unloads a module, returning its charge to `mem`; running launches keep its code
     /// until they finish.
     pub fn unload(&self, mem: &DeviceMemory, module: u64) -> Result<()> {
-        self.table.remove(module, mem.ledger()).map(|_| ())
+        self.table.remove(module, mem.ledger())?;
+        lock(&self.globals).retain(|_, g| g.module != module);
+        Ok(())
+    }
+
+    /// Looks a module variable up by name (the context is bound by the caller) and
+    /// enters its range as the module's: `(address, size)`.
+    pub fn global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let entry = self.table.get(module)?;
+        let name = unterminated(name);
+        let unknown = || {
+            BackendError::UnknownFunction(format!(
+                "variable \"{}\" in module {module}",
+                printable(name)
+            ))
+        };
+        let Entry::Ptx(m) = entry else {
+            return Err(unknown());
+        };
+        let (addr, size) = m
+            .module
+            .global(name)
+            .map_err(|e| BackendError::Device(e.to_string()))?
+            .ok_or_else(unknown)?;
+        if size > 0 {
+            lock(&self.globals).insert(
+                addr,
+                Global {
+                    size,
+                    module,
+                    owner: m,
+                },
+            );
+        }
+        Ok((addr, size))
+    }
+
+    /// The module of the looked-up variable holding `[addr, addr + len)`, if any.
+    pub fn global_range(&self, addr: u64, len: u64) -> Option<Arc<PtxModule>> {
+        let globals = lock(&self.globals);
+        let (start, g) = globals.range(..=addr).next_back()?;
+        let end = addr.checked_add(len)?;
+        (end <= start.saturating_add(g.size) && addr < start.saturating_add(g.size))
+            .then(|| g.owner.clone())
     }
 
     /// Looks a function up by name (the context is bound by the caller).
@@ -412,12 +573,15 @@ impl Modules {
                     .into();
                 let params: Arc<[u32]> = layout.iter().map(|(_, size)| *size).collect();
                 let count = params.len() as u32;
+                let local_bytes =
+                    local_bytes(func).map_err(|e| BackendError::Device(e.to_string()))?;
                 funcs.push(PtxFunc {
                     name: String::from_utf8_lossy(name).into(),
                     func,
                     params,
                     layout,
                     shared_limit: Arc::new(std::sync::atomic::AtomicU32::new(48 << 10)),
+                    local_bytes,
                 });
                 Ok(FunctionInfo {
                     handle: function_handle(module, funcs.len() - 1),
@@ -449,6 +613,7 @@ impl Modules {
 
     /// Drops every module (the backend is going away).
     pub fn clear(&self, mem: &DeviceMemory) {
+        lock(&self.globals).clear();
         self.table.clear(mem.ledger());
     }
 }

@@ -17,8 +17,10 @@
 //! launches; the kernel reports the first error in the block (index out of range, malformed
 //! graph, NVMe error status, timeout) and the host turns it into the guest's status. A
 //! timeout poisons the queue: later launches on that namespace fail at once, as on the sim.
-//! The block and the region are backend overhead outside the vGPU's memory quota
-//! (docs/storage.md).
+//! The block, the region and the doorbell page are charged to the vGPU's ledger (entry
+//! "storage") before they are set up, and returned when the setup goes (docs/memory.md,
+//! "What is charged"); a namespace whose setup does not fit the share is refused with
+//! `OUT_OF_MEMORY`.
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -38,6 +40,7 @@ use super::modules::{Func, LoadedModule};
 use super::CudaGpu;
 use crate::args::{check_args, int, ptr};
 use crate::error::{BackendError, Result};
+use crate::space::Reserve;
 use crate::storage::{array, check_bfs, check_elems, Opened, StorageSet, IO_TIMEOUT};
 use crate::sync::lock;
 use crate::HostRegion;
@@ -203,23 +206,70 @@ struct GpuNamespace {
     ctx: Arc<Context>,
 }
 
-impl GpuNamespace {
-    fn new(ctx: &Arc<Context>, opened: Arc<Opened>) -> Result<Self> {
-        let ns = &opened.ns;
-        let unsupported = |why: String| BackendError::NotSupported(why);
-        let page = ns.doorbell_page().ok_or_else(|| {
-            unsupported("storage kernels on a CUDA GPU need the emulated controller (a VFIO controller's doorbells would have to be mapped to the GPU, which is not built); attach a file-backed namespace".into())
-        })?;
-        let line = line_bytes(ns.block_size());
-        let npages = ns.bytes().div_ceil(line as u64);
+/// The memory one namespace's setup takes: host region (queue entries, then the cache
+/// lines), device block, doorbell page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sizes {
+    /// Bytes per cache line.
+    line: usize,
+    /// Namespace lines the device tracks.
+    npages: u64,
+    /// Queue entries at the start of the region.
+    qbytes: usize,
+    /// The host region, whole pages.
+    region: usize,
+    /// The device block.
+    block: u64,
+    /// The doorbell page.
+    doorbells: usize,
+}
+
+impl Sizes {
+    /// For a namespace of `bytes` bytes in `block_size`-byte blocks, with a `doorbells`-byte
+    /// doorbell page.
+    fn of(bytes: u64, block_size: u32, doorbells: usize) -> Result<Self> {
+        let line = line_bytes(block_size);
+        let npages = bytes.div_ceil(line as u64);
         if npages > MAX_PAGES {
-            return Err(unsupported(format!(
-                "a {}-byte namespace is larger than the {} GiB the GPU cache tracks; attach a smaller namespace",
-                ns.bytes(),
+            return Err(BackendError::NotSupported(format!(
+                "a {bytes}-byte namespace is larger than the {} GiB the GPU cache tracks; attach a smaller namespace",
                 (MAX_PAGES * line as u64) >> 30
             )));
         }
         let qbytes = queue_memory_bytes(DEPTH);
+        let page = vgpu_storage::nvme::PAGE_SIZE;
+        let (d, lines) = (u64::from(DEPTH), LINES as u64);
+        let head = std::mem::size_of::<StorageBlock>() as u64;
+        Ok(Self {
+            line,
+            npages,
+            qbytes,
+            region: (qbytes + line * LINES).div_ceil(page) * page,
+            block: head + 4 * d * 8 + npages * 8 + 3 * lines * 8,
+            doorbells,
+        })
+    }
+
+    /// What the setup is charged: the block in whole pages, the region, the doorbells.
+    fn charge(&self) -> u64 {
+        let page = vgpu_storage::nvme::PAGE_SIZE as u64;
+        self.block.div_ceil(page) * page + self.region as u64 + self.doorbells as u64
+    }
+}
+
+/// The doorbell page of `ns`, which storage kernels on a CUDA GPU need.
+fn doorbell_page(ns: &vgpu_storage::Namespace) -> Result<Arc<DmaRegion>> {
+    ns.doorbell_page().ok_or_else(|| {
+        BackendError::NotSupported("storage kernels on a CUDA GPU need the emulated controller (a VFIO controller's doorbells would have to be mapped to the GPU, which is not built); attach a file-backed namespace".into())
+    })
+}
+
+impl GpuNamespace {
+    fn new(ctx: &Arc<Context>, opened: Arc<Opened>) -> Result<Self> {
+        let ns = &opened.ns;
+        let page = doorbell_page(ns)?;
+        let sizes = Sizes::of(ns.bytes(), ns.block_size(), page.len())?;
+        let (line, npages, qbytes) = (sizes.line, sizes.npages, sizes.qbytes);
         let device_err = |what: &str, e: vgpu_storage::Error| {
             BackendError::Device(format!("setting up GPU storage access ({what}): {e}"))
         };
@@ -262,7 +312,7 @@ impl GpuNamespace {
         let d = u64::from(DEPTH);
         let lines = LINES as u64;
         let head = std::mem::size_of::<StorageBlock>() as u64;
-        let bytes = head + 4 * d * 8 + npages * 8 + 3 * lines * 8;
+        let bytes = sizes.block;
         let fail = |e: BackendError| {
             let _ = ns.unmap_dma(&region);
             undo(e)
@@ -421,7 +471,9 @@ fn blocks(work: u64) -> u64 {
     work.div_ceil(u64::from(BLOCK))
 }
 
-type NamespaceEntry = (Arc<Opened>, Arc<Mutex<GpuNamespace>>);
+/// A namespace's setup: the opened namespace it is for, the setup, and the bytes it is
+/// charged.
+type NamespaceEntry = (Arc<Opened>, Arc<Mutex<GpuNamespace>>, u64);
 
 /// The storage state of one CUDA backend: the module, loaded on first use, and one
 /// [`GpuNamespace`] per namespace used (each behind its own lock: one storage kernel at a
@@ -476,13 +528,39 @@ impl CudaGpu {
     /// does not hold up another's first launch).
     fn gpu_namespace(&self, ns: u64, opened: &Arc<Opened>) -> Result<Arc<Mutex<GpuNamespace>>> {
         let mut map = lock(&self.storage.namespaces);
-        if let Some((o, g)) = map.get(&ns) {
+        if let Some((o, g, _)) = map.get(&ns) {
             if Arc::ptr_eq(o, opened) {
                 return Ok(g.clone());
             }
         }
-        let g = Arc::new(Mutex::new(GpuNamespace::new(&self.ctx, opened.clone())?));
-        map.insert(ns, (opened.clone(), g.clone()));
+        let sizes = Sizes::of(
+            opened.ns.bytes(),
+            opened.ns.block_size(),
+            doorbell_page(&opened.ns)?.len(),
+        )?;
+        let charge = sizes.charge();
+        let ledger = self.mem.ledger();
+        ledger
+            .charge_reserve(Reserve::Storage, charge)
+            .inspect_err(|e| {
+                tracing::info!(namespace = ns, charge, error = %e,
+                    "GPU storage setup refused: it does not fit the vGPU's memory share");
+            })?;
+        let g = match GpuNamespace::new(&self.ctx, opened.clone()) {
+            Ok(g) => Arc::new(Mutex::new(g)),
+            Err(e) => {
+                ledger.uncharge_reserve(Reserve::Storage, charge);
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            namespace = ns,
+            charge,
+            "GPU storage setup charged to the vGPU"
+        );
+        if let Some((_, _, old)) = map.insert(ns, (opened.clone(), g.clone(), charge)) {
+            ledger.uncharge_reserve(Reserve::Storage, old);
+        }
         Ok(g)
     }
 
@@ -658,5 +736,26 @@ impl CudaGpu {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_setup_is_charged_its_region_block_and_doorbells() {
+        let s = Sizes::of(1 << 30, 512, 4096).expect("sizes");
+        assert_eq!(s.line, LINE);
+        assert_eq!(s.npages, (1 << 30) / LINE as u64);
+        // 64 MiB of cache lines after the queue entries, whole pages.
+        assert_eq!(s.region, queue_memory_bytes(DEPTH) + LINES * LINE);
+        let block_pages = s.block.div_ceil(4096) * 4096;
+        assert_eq!(s.charge(), block_pages + s.region as u64 + 4096);
+        assert!(s.charge() > 64 << 20, "{}", s.charge());
+        assert!(
+            Sizes::of(u64::MAX, 512, 4096).is_err(),
+            "too large to track"
+        );
     }
 }

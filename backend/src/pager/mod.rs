@@ -67,6 +67,11 @@ pub struct Pager {
     /// Loaded modules and the bytes each holds (their footprint), which count against the
     /// share beside the allocations: module memory is never swapped.
     modules: std::sync::Mutex<BTreeMap<u64, u64>>,
+    /// Module variables the guest looked up, by address: (size, module). Module memory
+    /// is never swapped: copies to them go straight to the inner backend.
+    globals: std::sync::Mutex<BTreeMap<u64, (u64, u64)>>,
+    /// Bytes charged beside the allocations and never swapped: the modules' footprints, and
+    /// what the wrapped backend charged before the pager took over (its context reserve).
     module_bytes: AtomicU64,
 }
 
@@ -89,6 +94,7 @@ impl Pager {
     /// plus its swap-area buffers.
     pub fn new(inner: Arc<dyn Backend>, broker: Arc<dyn Broker>, share: u64) -> Self {
         let granule = inner.paging().map_or(0, |p| p.commit_granule());
+        let fixed = inner.memory_usage().used;
         Self {
             inner,
             broker,
@@ -98,7 +104,8 @@ impl Pager {
             tick: AtomicU64::new(0),
             counters: Counters::default(),
             modules: std::sync::Mutex::new(BTreeMap::new()),
-            module_bytes: AtomicU64::new(0),
+            globals: std::sync::Mutex::new(BTreeMap::new()),
+            module_bytes: AtomicU64::new(fixed),
         }
     }
 
@@ -437,6 +444,18 @@ impl Pager {
     }
 }
 
+impl Pager {
+    /// True if `[addr, addr + len)` lies inside one module variable the guest looked up.
+    fn in_global(&self, addr: u64, len: u64) -> bool {
+        let globals = crate::sync::lock(&self.globals);
+        let Some((start, (size, _))) = globals.range(..=addr).next_back() else {
+            return false;
+        };
+        let end = start.saturating_add(*size);
+        addr < end && addr.checked_add(len).is_some_and(|e| e <= end)
+    }
+}
+
 impl Backend for Pager {
     fn memory_usage(&self) -> MemoryUsage {
         let s = self.state();
@@ -522,11 +541,17 @@ impl Backend for Pager {
     }
 
     fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        if self.in_global(addr, len) {
+            return self.inner.check_range(addr, len);
+        }
         self.pin(addr, len).map(|_| ())
     }
 
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let len = src.len() as u64;
+        if self.in_global(dst, len) {
+            return self.inner.copy_htod(dst, src);
+        }
         let (pin, off) = self.pin(dst, len)?;
         self.make_resident(&pin.0, off, len, Some((off, len)))?;
         self.inner.copy_htod(dst, src)
@@ -534,6 +559,9 @@ impl Backend for Pager {
 
     fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
         let len = dst.len() as u64;
+        if self.in_global(src, len) {
+            return self.inner.copy_dtoh(src, dst);
+        }
         let (pin, off) = self.pin(src, len)?;
         let e = &pin.0;
         if e.shared {
@@ -578,15 +606,25 @@ impl Backend for Pager {
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
-        let (sp, so) = self.pin(src, len)?;
-        let (dp, doff) = self.pin(dst, len)?;
-        self.make_resident(&sp.0, so, len, None)?;
-        self.make_resident(&dp.0, doff, len, Some((doff, len)))?;
+        let mut pins = Vec::with_capacity(2);
+        if !self.in_global(src, len) {
+            let (sp, so) = self.pin(src, len)?;
+            self.make_resident(&sp.0, so, len, None)?;
+            pins.push(sp);
+        }
+        if !self.in_global(dst, len) {
+            let (dp, doff) = self.pin(dst, len)?;
+            self.make_resident(&dp.0, doff, len, Some((doff, len)))?;
+            pins.push(dp);
+        }
         self.inner.copy_dtod(dst, src, len)
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let len = count.saturating_mul(u64::from(elem_size));
+        if self.in_global(dst, len) {
+            return self.inner.memset(dst, value, elem_size, count);
+        }
         let (pin, off) = self.pin(dst, len)?;
         self.make_resident(&pin.0, off, len, Some((off, len)))?;
         self.inner.memset(dst, value, elem_size, count)
@@ -597,6 +635,16 @@ impl Backend for Pager {
         function: u64,
         config: &LaunchConfig,
         args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        self.launch_with_params(function, config, args, &[])
+    }
+
+    fn launch_with_params(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+        blob: &[u8],
     ) -> Result<LaunchStats> {
         let info = self.inner.info();
         let va = info.va_base..info.va_base.saturating_add(info.va_size);
@@ -621,7 +669,15 @@ impl Backend for Pager {
             }
             pins
         };
-        self.inner.launch(function, config, args)
+        self.inner.launch_with_params(function, config, args, blob)
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let (addr, size) = self.inner.module_global(module, name)?;
+        if size > 0 {
+            crate::sync::lock(&self.globals).insert(addr, (size, module));
+        }
+        Ok((addr, size))
     }
 
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
@@ -654,6 +710,7 @@ impl Backend for Pager {
 
     fn module_unload(&self, module: u64) -> Result<()> {
         self.inner.module_unload(module)?;
+        crate::sync::lock(&self.globals).retain(|_, (_, m)| *m != module);
         if let Some(bytes) = crate::sync::lock(&self.modules).remove(&module) {
             self.module_bytes.fetch_sub(bytes, Ordering::AcqRel);
         }
@@ -662,6 +719,6 @@ impl Backend for Pager {
 
     crate::forward_backend!(inner:
         info, get_function, param_layout, synchronize, register_host_memory,
-        unregister_host_memory
+        unregister_host_memory, export_shared
     );
 }

@@ -32,6 +32,8 @@ pub struct Ctx<'a> {
     pub speed: f64,
     /// The vGPU's storage namespaces, for the storage kernels.
     pub storage: Option<&'a crate::storage::StorageSet>,
+    /// Namespaces whose cache is charged to the vGPU's ledger, and the bytes each is.
+    pub storage_charged: &'a std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 /// An element count as usize.

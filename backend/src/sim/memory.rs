@@ -509,9 +509,14 @@ fn map_memfd(
 
 /// A memfd of `len` bytes with its memory committed.
 fn make_memfd(len: usize) -> Result<OwnedFd> {
+    make_memfd_flags(len, libc::MFD_CLOEXEC)
+}
+
+/// [`make_memfd`] with these `memfd_create` flags.
+fn make_memfd_flags(len: usize, flags: libc::c_uint) -> Result<OwnedFd> {
     let name = c"vgpu-sim-mem";
     // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if fd < 0 {
         return Err(BackendError::os(
             "memfd_create for device memory",
@@ -601,12 +606,24 @@ fn fd_len(fd: &OwnedFd) -> Result<u64> {
     Ok(u64::try_from(st.st_size).unwrap_or(0))
 }
 
-/// A memfd of `size` bytes (page-rounded) with its memory committed: a shared device
-/// memory object as vgpud creates it for the sim backend.
+/// The seals of a shared object's memfd: its size is fixed for good, so no holder of the
+/// descriptor can shrink it under another mapper (a SIGBUS there).
+pub const SHARED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// A sealed memfd of `size` bytes (page-rounded) with its memory committed: a shared device
+/// memory object of the sim backend ([`Backend::export_shared`](crate::Backend)).
 pub fn shared_object(size: u64) -> Result<OwnedFd> {
     let len = round_up(size, PAGE)
         .and_then(|l| usize::try_from(l).ok())
         .filter(|l| *l > 0)
         .ok_or_else(|| BackendError::InvalidArgument(format!("shared object of {size} bytes")))?;
-    make_memfd(len)
+    let memfd = make_memfd_flags(len, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)?;
+    // SAFETY: plain fcntl on our own descriptor.
+    if unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, SHARED_SEALS) } != 0 {
+        return Err(BackendError::os(
+            "sealing a shared object (F_ADD_SEALS)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(memfd)
 }

@@ -28,7 +28,7 @@ use memory::DeviceMemory;
 use modules::Modules;
 use pacing::CopyEngine;
 
-pub use memory::shared_object;
+pub use memory::{shared_object, SHARED_SEALS};
 pub use pacing::{SPLIT_CHUNK, UNITS_PER_SEC};
 
 /// How to simulate the GPU.
@@ -77,6 +77,9 @@ pub struct SimGpu {
     inflight: InFlight,
     /// Storage namespaces the storage kernels read; `None`: they answer NOT_SUPPORTED.
     storage: Option<Arc<StorageSet>>,
+    /// Namespaces whose cache is charged to the ledger (on first use by a storage kernel),
+    /// and the bytes each is.
+    storage_charged: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
 }
 
 impl SimGpu {
@@ -126,6 +129,7 @@ impl SimGpu {
             modules: Modules::default(),
             inflight: InFlight::default(),
             storage: None,
+            storage_charged: Default::default(),
         })
     }
 
@@ -297,6 +301,7 @@ impl Backend for SimGpu {
             threads: self.threads,
             speed: self.speed,
             storage: self.storage.as_deref(),
+            storage_charged: &self.storage_charged,
         };
         let t = kernels::run(&ctx, sig, args)?;
         tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");
@@ -311,6 +316,19 @@ impl Backend for SimGpu {
 
     fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
         self.mem.import(handle, size, read_only)
+    }
+
+    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+        if size == 0 {
+            return Err(BackendError::ZeroSize);
+        }
+        if size > self.info.device_memory {
+            return Err(BackendError::InvalidArgument(format!(
+                "a shared object of {size} bytes is larger than the GPU's {} bytes",
+                self.info.device_memory
+            )));
+        }
+        memory::shared_object(size)
     }
 
     fn paging(&self) -> Option<&dyn Paging> {

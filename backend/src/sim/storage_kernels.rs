@@ -26,7 +26,9 @@ pub(super) fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> 
         )));
     };
     let start = Instant::now();
-    let o = set.get(int(args, 0))?;
+    let ns = int(args, 0);
+    let o = set.get(ns)?;
+    charge(ctx, ns, &o)?;
     match sig.name {
         n if n == builtin::STORAGE_GATHER.name => gather(ctx, &o, args)?,
         n if n == builtin::STORAGE_SCAN_SUM.name => scan_sum(ctx, &o, args)?,
@@ -34,6 +36,26 @@ pub(super) fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> 
         other => return Err(BackendError::UnknownFunction(other.to_string())),
     }
     Ok(start.elapsed())
+}
+
+/// Charges namespace `ns`'s cache lines to the vGPU's ledger on its first use (entry
+/// "storage", as the cuda backend charges its GPU setup); refused when they do not fit.
+fn charge(ctx: &Ctx<'_>, ns: u64, o: &Opened) -> Result<()> {
+    let mut charged = crate::sync::lock(ctx.storage_charged);
+    if charged.contains_key(&ns) {
+        return Ok(());
+    }
+    let bytes = o.cache.memory_bytes() as u64;
+    ctx.mem
+        .ledger()
+        .charge_reserve(crate::space::Reserve::Storage, bytes)
+        .inspect_err(|e| {
+            tracing::info!(namespace = ns, bytes, error = %e,
+                "storage cache refused: it does not fit the vGPU's memory share");
+        })?;
+    charged.insert(ns, bytes);
+    tracing::debug!(namespace = ns, bytes, "storage cache charged to the vGPU");
+    Ok(())
 }
 
 fn usize_of(kernel: &str, what: &str, v: u64) -> Result<usize> {

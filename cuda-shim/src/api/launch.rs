@@ -1,15 +1,20 @@
 //! `cuLaunchKernel`: grid and block checked as the real driver checks them, parameters
 //! laid out from the function's signature (the PTX `.entry` list, or the built-in's),
 //! from `kernelParams` or from `extra`'s parameter buffer; the launch is enqueued and the
-//! call returns.
+//! call returns. By-value parameters over 8 bytes (structs) travel in the launch's
+//! parameter blob on a device with `features::PARAM_BLOBS`.
 
 use std::ffi::{c_uint, c_void};
 
-use vgpu_proto::{KernelArg, LaunchArgs, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+use vgpu_proto::{
+    KernelArg, LaunchArgs, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+};
+
+use guest_driver::Transport;
 
 use crate::driver::{self, Driver, Res};
 use crate::guard;
-use crate::image::{buffer_layout, kernel_arg, Signature};
+use crate::image::{buffer_layout, kernel_arg, ParamKind, ParamSpec, Signature};
 use crate::types::{
     res, CUfunction, CUresult, CUstream, CU_LAUNCH_PARAM_BUFFER_POINTER,
     CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CU_STREAM_NON_BLOCKING,
@@ -61,9 +66,39 @@ unsafe fn parse_extra(extra: *mut *mut c_void) -> Res<Params> {
     }
 }
 
-fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Vec<KernelArg>> {
+/// The kernel arguments and the parameter blob their `Blob` ones point into.
+struct Packed {
+    args: Vec<KernelArg>,
+    blob: Vec<u8>,
+}
+
+/// The wire argument for parameter `p` (its bytes `bytes`): a struct over 8 bytes goes
+/// into `blob` when the device takes blobs.
+fn pack_one(
+    p: &ParamSpec,
+    bytes: &[u8],
+    blobs: bool,
+    blob: &mut Vec<u8>,
+    is_ptr: impl Fn(u64) -> bool,
+) -> Res<KernelArg> {
+    if blobs && p.kind == ParamKind::Bytes {
+        let offset = u32::try_from(blob.len()).map_err(|_| res::INVALID_VALUE)?;
+        let len = u32::try_from(bytes.len()).map_err(|_| res::INVALID_VALUE)?;
+        if offset.saturating_add(len) > MAX_PARAM_BLOB_BYTES {
+            crate::api::stubs::log_once("by-value kernel parameters over 4 KiB in all");
+            return Err(res::NOT_SUPPORTED);
+        }
+        blob.extend_from_slice(bytes);
+        return KernelArg::blob(offset, len).ok_or(res::INVALID_VALUE);
+    }
+    kernel_arg(p, bytes, is_ptr)
+}
+
+fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Packed> {
     let is_ptr = |v: u64| d.alloc_of(v).is_some();
-    match params {
+    let blobs = d.info.features & vgpu_proto::features::PARAM_BLOBS != 0;
+    let mut blob = Vec::new();
+    let args = match params {
         Params::Pointers(pp) => {
             if pp.is_null() && !sig.is_empty() {
                 return Err(res::INVALID_VALUE);
@@ -78,9 +113,9 @@ fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Vec<KernelArg>> {
                     }
                     // SAFETY: each parameter pointer addresses a value of the parameter's size.
                     let bytes = unsafe { std::slice::from_raw_parts(at, p.size) };
-                    kernel_arg(p, bytes, is_ptr)
+                    pack_one(p, bytes, blobs, &mut blob, is_ptr)
                 })
-                .collect()
+                .collect::<Res<Vec<_>>>()?
         }
         Params::Buffer(buf, size) => {
             let (need, offs) = buffer_layout(sig);
@@ -91,10 +126,11 @@ fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Vec<KernelArg>> {
             let bytes = unsafe { std::slice::from_raw_parts(buf, need) };
             sig.iter()
                 .zip(offs)
-                .map(|(p, o)| kernel_arg(p, &bytes[o..o + p.size], is_ptr))
-                .collect()
+                .map(|(p, o)| pack_one(p, &bytes[o..o + p.size], blobs, &mut blob, is_ptr))
+                .collect::<Res<Vec<_>>>()?
         }
-    }
+    };
+    Ok(Packed { args, blob })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -131,7 +167,7 @@ fn launch(
             }
             _ => Params::Pointers(kernel_params),
         };
-        let kargs = args(d, &func.sig, params)?;
+        let packed = args(d, &func.sig, params)?;
         let launch = LaunchArgs {
             function: func.device,
             grid,
@@ -148,7 +184,35 @@ fn launch(
         d.order_for(q, legacy, blocking);
         let t = d.t.clone();
         let mut queue = d.queue(q)?;
-        queue.enqueue(&t, |s| s.enqueue_launch(&launch, &kargs, &[]), None)?;
+        let request = vgpu_proto::launch_request_len(packed.args.len(), 0) + packed.blob.len();
+        // A launch too large for its slot's header area travels in DMA memory of its own,
+        // freed when it completes.
+        let own_header = if request > guest_driver::vgpu::HEADER_MAX {
+            Some(t.dma_alloc(request, 64).map_err(|_| res::OUT_OF_MEMORY)?)
+        } else {
+            None
+        };
+        if own_header.is_some() {
+            queue.enqueue_keeping(
+                &t,
+                |s, header| match header {
+                    // SAFETY: the queue keeps the region until the request completed.
+                    Some(h) => unsafe {
+                        s.enqueue_launch_in(h, &launch, &packed.args, &[], &packed.blob)
+                    },
+                    None => Err(guest_driver::Error::RequestTooLarge),
+                },
+                own_header,
+            )?;
+        } else if packed.blob.is_empty() {
+            queue.enqueue(&t, |s| s.enqueue_launch(&launch, &packed.args, &[]), None)?;
+        } else {
+            queue.enqueue(
+                &t,
+                |s| s.enqueue_launch_with_blob(&launch, &packed.args, &[], &packed.blob),
+                None,
+            )?;
+        }
         queue.submit();
         Ok(())
     })
@@ -180,4 +244,58 @@ pub unsafe extern "C" fn cuLaunchKernel(
             extra,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_proto::{ArgKind, ArgValue};
+
+    fn bytes_param(size: usize) -> ParamSpec {
+        ParamSpec {
+            kind: ParamKind::Bytes,
+            size,
+            align: 8,
+        }
+    }
+
+    #[test]
+    fn structs_over_eight_bytes_go_into_the_blob() {
+        let mut blob = Vec::new();
+        let s24 = [3u8; 24];
+        let v64 = [4u8; 64];
+        let a = pack_one(&bytes_param(24), &s24, true, &mut blob, |_| false).expect("24");
+        let b = pack_one(&bytes_param(64), &v64, true, &mut blob, |_| false).expect("64");
+        assert_eq!(a.typed(), Ok(ArgValue::Blob { offset: 0, len: 24 }));
+        assert_eq!(
+            b.typed(),
+            Ok(ArgValue::Blob {
+                offset: 24,
+                len: 64
+            })
+        );
+        assert_eq!(blob.len(), 88);
+        assert_eq!(&blob[24..], &v64);
+        // A device without blobs: not supported, as before.
+        let mut none = Vec::new();
+        assert_eq!(
+            pack_one(&bytes_param(24), &s24, false, &mut none, |_| false),
+            Err(res::NOT_SUPPORTED)
+        );
+        // Past 4 KiB in all.
+        let big = vec![0u8; 4096];
+        assert_eq!(
+            pack_one(&bytes_param(4096), &big, true, &mut blob, |_| false),
+            Err(res::NOT_SUPPORTED)
+        );
+        // Other kinds are untouched.
+        let word = ParamSpec {
+            kind: ParamKind::U64,
+            size: 8,
+            align: 8,
+        };
+        let w = pack_one(&word, &7u64.to_le_bytes(), true, &mut blob, |_| false).expect("u64");
+        assert_eq!(w.kind, ArgKind::U64 as u32);
+        assert_eq!(blob.len(), 88);
+    }
 }

@@ -54,6 +54,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
                     size: size as u64,
                     ctx,
                     id,
+                    module: 0,
                 },
             );
             Ok(p)
@@ -71,7 +72,8 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             if dptr == 0 {
                 return Ok(());
             }
-            if !d.allocs.contains_key(&dptr) {
+            // A module variable is the module's memory, not an allocation.
+            if d.allocs.get(&dptr).is_none_or(|a| a.module != 0) {
                 return Err(res::INVALID_VALUE);
             }
             // Freeing synchronises: work still using the allocation completes first.

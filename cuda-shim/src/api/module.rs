@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use guest_driver::Transport;
 
-use crate::driver::{self, Driver, Function, Module, Res};
+use crate::driver::{self, Alloc, Driver, Function, Module, Res};
 use crate::image::{self, Image};
 use crate::types::{
     res, CUdeviceptr, CUfunction, CUmodule, CUresult, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
@@ -157,6 +157,7 @@ pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
             d.drain_all();
             d.modules.remove(&h);
             d.functions.retain(|_, f| f.module != h);
+            d.allocs.retain(|_, a| a.module != h);
             d.queue(0)?.call(&t, |s| s.unload_module(device))
         })
     })
@@ -244,10 +245,48 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     })
 }
 
+/// `GET_GLOBAL` on a device with `features::GLOBALS`: the variable's address and size,
+/// entered as a range of its module (a valid copy target; `cuMemFree` refuses it).
+fn get_global(d: &mut Driver, hmod: u64, name: &str) -> Res<(u64, u64)> {
+    let ctx = d.current_ctx()?;
+    let m = d.modules.get(&hmod).ok_or(res::INVALID_HANDLE)?;
+    if d.info.features & vgpu_proto::features::GLOBALS == 0 {
+        // A device without module variables (sim, or protocol 1.1).
+        let declared = m.ptx.as_deref().is_some_and(|p| {
+            p.lines()
+                .any(|l| l.contains(".global") && l.contains(name) && !l.contains(".entry"))
+        });
+        if declared {
+            crate::api::stubs::log_once("cuModuleGetGlobal on a device without module variables");
+            return Err(res::NOT_SUPPORTED);
+        }
+        return Err(res::NOT_FOUND);
+    }
+    if m.builtin {
+        return Err(res::NOT_FOUND);
+    }
+    let device = m.device;
+    let t = d.t.clone();
+    let (addr, size) = d.queue(0)?.call(&t, |s| s.get_global(device, name))?;
+    if size > 0 && !d.allocs.contains_key(&addr) {
+        let id = d.handle();
+        d.allocs.insert(
+            addr,
+            Alloc {
+                size,
+                ctx,
+                id,
+                module: hmod,
+            },
+        );
+    }
+    Ok((addr, size))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetGlobal_v2(
-    _dptr: *mut CUdeviceptr,
-    _bytes: *mut usize,
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
@@ -257,23 +296,19 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
         }
         // SAFETY: a NUL-terminated name from the caller.
         let name = unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned();
-        driver::with(|d| {
-            d.current_ctx()?;
-            let m = d.modules.get(&(hmod as u64)).ok_or(res::INVALID_HANDLE)?;
-            let declared = m.ptx.as_deref().is_some_and(|p| {
-                p.lines()
-                    .any(|l| l.contains(".global") && l.contains(&*name) && !l.contains(".entry"))
-            });
-            if declared {
-                // The protocol has no request for a module's globals.
-                crate::api::stubs::log_once("cuModuleGetGlobal (module globals)");
-                Err(res::NOT_SUPPORTED)
-            } else {
-                Err(res::NOT_FOUND)
-            }
-        })
+            .to_str()
+            .map_err(|_| res::NOT_FOUND)?;
+        let (addr, size) = driver::with(|d| get_global(d, hmod as u64, name))?;
+        // Either output may be NULL, as with the driver.
+        if !dptr.is_null() {
+            // SAFETY: non-null, a writable CUdeviceptr from the caller.
+            unsafe { out(dptr, addr)? };
+        }
+        if !bytes.is_null() {
+            // SAFETY: non-null, a writable size_t from the caller.
+            unsafe { out(bytes, size as usize)? };
+        }
+        Ok(())
     })
 }
 

@@ -14,7 +14,7 @@ mod slots;
 mod stream;
 
 pub use ops::{launch_1d, Function, StorageInfo};
-pub use slots::SLOT_SIZE;
+pub use slots::{HEADER_MAX, SLOT_SIZE};
 pub use stream::{
     spin_relax, Stream, StreamOptions, Ticket, DEFAULT_STREAM_CAPACITY, MAX_DATA_BUFFERS,
 };

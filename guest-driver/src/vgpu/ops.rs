@@ -276,6 +276,66 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         ))
     }
 
+    /// Looks up a module variable by name (devices with `features::GLOBALS`): its device
+    /// address and size.
+    pub fn get_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {
+        if name.len() as u64 > MAX_NAME_LEN {
+            return Err(Error::RequestTooLarge);
+        }
+        let req = Request::GetGlobal(vgpu_proto::GetGlobalArgs {
+            module,
+            name_len: name.len() as u64,
+        });
+        let t = self.enqueue_slot_data(&req, SlotData::Readable(name.as_bytes()))?;
+        self.submit();
+        let r = self.wait(t)?;
+        Ok((r[0], r[1]))
+    }
+
+    /// Enqueues a kernel launch whose `Blob` arguments point into `blob` (devices with
+    /// `features::PARAM_BLOBS`). The whole request lives in the slot's header area:
+    /// `Error::RequestTooLarge` when the arguments and the blob do not fit it.
+    pub fn enqueue_launch_with_blob(
+        &mut self,
+        launch: &LaunchArgs,
+        args: &[KernelArg],
+        deps: &[u32],
+        blob: &[u8],
+    ) -> Result<Ticket> {
+        // SAFETY: no data descriptors: the launch and its blob live entirely in the slot.
+        unsafe {
+            self.enqueue_encoded(
+                Opcode::Launch as u32,
+                |id, out| {
+                    vgpu_proto::encode_launch_with_blob(out, id, launch, args, deps, blob).ok()
+                },
+                &[],
+            )
+        }
+    }
+
+    /// [`Self::enqueue_launch_with_blob`] for a launch of any size: the request is written
+    /// into the caller's DMA memory `header` (at least
+    /// `launch_request_len(args.len(), deps.len()) + blob.len()` bytes).
+    ///
+    /// # Safety
+    /// `header` must stay allocated, and unwritten by the CPU, until the request completes.
+    pub unsafe fn enqueue_launch_in(
+        &mut self,
+        header: &mut crate::DmaRegion,
+        launch: &LaunchArgs,
+        args: &[KernelArg],
+        deps: &[u32],
+        blob: &[u8],
+    ) -> Result<Ticket> {
+        // SAFETY: the caller keeps `header` until the request completes.
+        unsafe {
+            self.enqueue_with_header(Opcode::Launch as u32, header, |id, out| {
+                vgpu_proto::encode_launch_with_blob(out, id, launch, args, deps, blob).ok()
+            })
+        }
+    }
+
     /// Enqueues a kernel launch. `launch.arg_count`/`dep_count` are set from the slices.
     pub fn enqueue_launch(
         &mut self,

@@ -8,7 +8,7 @@ use vgpu_proto::{DeviceInfo, Opcode, Request, Response, Status};
 use crate::error::{Error, Result};
 use crate::queue::{Buffer, SplitQueue};
 use crate::spec::reg;
-use crate::transport::Transport;
+use crate::transport::{DmaRegion, Transport};
 
 use super::slots::{Slots, HEADER_MAX, INFO_OFF, RESPONSE_OFF, SCRATCH_OFF};
 
@@ -305,6 +305,51 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         data: &[Buffer],
     ) -> Result<Ticket> {
         self.push(opcode, encode, data, SlotData::None)
+    }
+
+    /// Enqueues a request whose header descriptor lies in the caller's DMA memory `header`
+    /// instead of the slot (a launch whose parameter blob does not fit the slot's header
+    /// area): `encode(id, bytes)` writes it there; the response lands in the slot.
+    ///
+    /// # Safety
+    /// `header` must stay allocated, and unwritten by the CPU, until the request
+    /// completes: the device reads it asynchronously.
+    pub unsafe fn enqueue_with_header(
+        &mut self,
+        opcode: u32,
+        header: &mut DmaRegion,
+        encode: impl FnOnce(u64, &mut [u8]) -> Option<usize>,
+    ) -> Result<Ticket> {
+        let slot = self.take_slot()?;
+        let id = self.next_id;
+        let added = (|| {
+            let len = encode(id, header.as_mut_slice())
+                .filter(|&n| n <= header.len())
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or(Error::RequestTooLarge)?;
+            self.slots.clear(slot, RESPONSE_OFF, Response::SIZE)?;
+            let chain = [
+                Buffer::readable(header.phys(), len),
+                Buffer::writable(self.slots.phys(slot, RESPONSE_OFF)?, Response::SIZE as u32),
+            ];
+            Ok(self.queue.add(&chain)?.index())
+        })();
+        match added {
+            Ok(head) => {
+                self.next_id = self.next_id.wrapping_add(1).max(1);
+                self.slot_of_head[usize::from(head)] = slot;
+                self.state[usize::from(slot)] = Slot::Pending {
+                    id,
+                    opcode,
+                    raw: false,
+                };
+                Ok(Ticket { slot, id })
+            }
+            Err(e) => {
+                self.release_slot(slot);
+                Err(e)
+            }
+        }
     }
 
     /// Puts a caller-built chain on the queue as is (no header, no response added): for

@@ -9,8 +9,10 @@
 //!    until they fit: what a GPU without swapping does).
 //! 2. Swap-in and swap-out throughput of both tiers beside plain HtoD/DtoH copies of the
 //!    same bytes.
-//! 3. A producer/consumer dataflow through shared device memory (one memfd mapped by both
-//!    GPUs' address spaces) vs through host memory (DtoH then HtoD), several sizes.
+//! 3. A producer/consumer dataflow through shared device memory (one object the
+//!    producer's backend exports, mapped by both GPUs' address spaces) vs through host
+//!    memory (DtoH then HtoD), several sizes; [`run_cuda`] measures the same on GPU 0 of
+//!    this machine (`vgpu-bench memory --backend cuda`).
 //!
 //! The GPU model: one [`SimGpu`] per physical GPU, so one copy engine (its bandwidth is
 //! shared by every copy, swaps included) and one compute engine (a kernel at a time, the
@@ -25,13 +27,15 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use vgpu_backend::pager::{LocalBroker, MemState, Pager, GRANULE};
-use vgpu_backend::sim::shared_object;
 use vgpu_backend::{
     Access, ArgValue, Backend, BackendError, LaunchConfig, ModuleImage, SimConfig, SimGpu,
 };
 use vm_memory::VolatileSlice;
 
 use crate::bench::{median, Figure};
+
+mod dataflow;
+pub use dataflow::run_cuda;
 
 const MIB: u64 = 1 << 20;
 /// The scaled GPU (Gdev's case / 4).
@@ -489,82 +493,6 @@ fn swap_run(p: Params, bytes: u64, device: bool, seed: u64) -> Result<SwapRun, S
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. Dataflow through shared device memory vs through the host.
-
-/// One producer -> consumer pass of `bytes`; its makespan. The producer fills the buffer
-/// with the f32 `value`; the consumer sums it on the device; both results are checked, and
-/// every byte the consumer saw.
-fn dataflow(p: Params, bytes: u64, shm: bool, value: f32) -> Result<Duration, String> {
-    let e = |e: BackendError| e.to_string();
-    let n = bytes / 4;
-    let producer = sim(p, 2 * bytes + 64 * MIB);
-    let consumer = sim(p, 2 * bytes + 64 * MIB);
-    let fill = function(&*producer, b"fill");
-    let reduce = function(&*consumer, b"reduce_sum");
-    let sum = consumer.alloc(4).map_err(e)?.addr;
-    let mut host = vec![0xa5u8; bytes as usize];
-    let (src, dst) = if shm {
-        let fd = shared_object(bytes).map_err(e)?;
-        let dup = fd
-            .try_clone()
-            .map_err(|err| format!("duplicating a memfd: {err}"))?;
-        (
-            producer.import_shared(dup, bytes, false).map_err(e)?,
-            consumer.import_shared(fd, bytes, true).map_err(e)?,
-        )
-    } else {
-        (
-            producer.alloc(bytes).map_err(e)?.addr,
-            consumer.alloc(bytes).map_err(e)?.addr,
-        )
-    };
-    let start = Instant::now();
-    producer
-        .launch(
-            fill,
-            &CFG,
-            &[
-                ptr(src, Access::Write),
-                ArgValue::U32(value.to_bits()),
-                ArgValue::U64(n),
-            ],
-        )
-        .map_err(e)?;
-    if !shm {
-        get(&*producer, src, &mut host).map_err(e)?;
-        put(&*consumer, dst, &mut host).map_err(e)?;
-    }
-    consumer
-        .launch(
-            reduce,
-            &CFG,
-            &[
-                ptr(dst, Access::Read),
-                ptr(sum, Access::Write),
-                ArgValue::U64(n),
-            ],
-        )
-        .map_err(e)?;
-    let makespan = start.elapsed();
-    let mut s = [0u8; 4];
-    get(&*consumer, sum, &mut s).map_err(e)?;
-    let got = f32::from_le_bytes(s);
-    let want = (n as f64 * f64::from(value)) as f32;
-    if got != want {
-        return Err(format!("dataflow {bytes} bytes: sum {got}, want {want}"));
-    }
-    get(&*consumer, dst, &mut host).map_err(e)?;
-    let bits = value.to_bits().to_le_bytes();
-    if let Some(i) = host.chunks_exact(4).position(|w| w != bits.as_slice()) {
-        return Err(format!(
-            "dataflow {bytes} bytes: word {i} is {:?}, want {bits:?}",
-            &host[i * 4..i * 4 + 4]
-        ));
-    }
-    Ok(makespan)
-}
-
-// ---------------------------------------------------------------------------------------
 
 fn fig(name: String, value: f64, unit: &str, anchor_name: &str, anchor: f64) -> Figure {
     Figure {
@@ -752,40 +680,10 @@ pub fn run(p: Params) -> Vec<Figure> {
     }
 
     // 3. Dataflow.
-    for bytes in shm_sizes {
-        let one = |shm: bool| -> f64 {
-            let v: Vec<f64> = (0..reps)
-                .map(|i| {
-                    bar.set_message(format!(
-                        "dataflow {} MiB, {}",
-                        bytes / MIB,
-                        if shm { "shm" } else { "through host" }
-                    ));
-                    let d = dataflow(p, bytes, shm, (i + 1) as f32).unwrap_or_else(|e| fail(e));
-                    bar.inc(1);
-                    ms(d)
-                })
-                .collect();
-            median(v)
-        };
-        let (via_shm, via_host) = (one(true), one(false));
-        let label = format!("{} MiB", bytes / MIB);
-        out.push(fig(
-            format!("dataflow makespan, {label}: producer fill -> consumer reduce via shm"),
-            via_shm,
-            "ms",
-            "through host memory (DtoH + HtoD)",
-            via_host,
-        ));
-        out.push(Figure {
-            name: format!("dataflow makespan improvement with shm, {label}"),
-            value: (1.0 - via_shm / via_host) * 100.0,
-            unit: "%".into(),
-            anchor_name: "Gdev's best case".into(),
-            anchor: 49.0,
-            anchor_unit: "%".into(),
-        });
-    }
+    let pair = |bytes: u64| -> (Arc<dyn Backend>, Arc<dyn Backend>) {
+        (sim(p, 2 * bytes + 64 * MIB), sim(p, 2 * bytes + 64 * MIB))
+    };
+    out.extend(dataflow::figures(&pair, &shm_sizes, reps, &bar));
     bar.finish_and_clear();
     out
 }

@@ -5,8 +5,10 @@
 //! through vgpud with BAND, shares summing to 100 %; GPU busy is the sum of the vGPUs'
 //! compute utilization (kernel device time over wall time) sampled while all run. The
 //! anchor is N host threads launching the same `spin` kernel on one sim GPU directly, one
-//! kernel at a time (no VM, no worker, no grant): kernel time over wall time. Sim backend only here; on
-//! the H200 `ci/gpu/suite.sh timeline` shows where the gap goes.
+//! kernel at a time (no VM, no worker, no grant): kernel time over wall time.
+//!
+//! `--backend cuda` (the GPU machine, `ci/gpu/suite.sh sharing`) runs the VMs on a real
+//! GPU beside N native processes and counts fixed-work rounds instead ([`cuda`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +20,8 @@ use super::shared::{fig, ONE_THREAD};
 use crate::bench::Figure;
 use crate::daemon::{gpu_load, wait_running, TestDaemon};
 
+mod cuda;
+
 /// Seconds of sampling per point.
 const SAMPLE: Duration = Duration::from_secs(3);
 
@@ -28,10 +32,9 @@ fn through_vgpud(n: usize, spin_us: u64) -> f64 {
         &["--policy", "band", "--sim-gpus", "1", "--sim-memory", "4G"],
     );
     let c = &d.client;
-    let share = 1.0 / n as f64;
     let arg = format!("rounds=1000000 spin_us={spin_us} check=1000");
     let mut vms = Vec::new();
-    for _ in 0..n {
+    for share in shares(n) {
         match c.create_vm(&gpu_load(&arg, 0, share, 64 << 20)) {
             Ok(vm) => vms.push(vm),
             Err(e) => panic!("sharing: cannot create a VM: {e}"),
@@ -120,10 +123,77 @@ fn native(n: usize, spin_us: u64) -> f64 {
     kernel_ns.load(Ordering::Relaxed) as f64 / wall
 }
 
-/// Every point: `counts` VMs, 1 ms and 10 ms kernels.
-pub fn run(counts: &[usize]) -> Vec<Figure> {
+/// `n` compute shares summing to the whole GPU in vgpud's unit (per mille): 1/n each,
+/// the remainder spread one per mille at a time (64 VMs: 40 of 16 ‰ and 24 of 15 ‰).
+fn shares(n: usize) -> Vec<f64> {
+    let n = n.max(1) as u32;
+    let (base, rest) = (1000 / n, 1000 % n);
+    (0..n)
+        .map(|i| f64::from(base + u32::from(i < rest)) / 1000.0)
+        .collect()
+}
+
+/// One line of the busy-against-N plot.
+struct Series {
+    label: String,
+    /// (N, GPU busy).
+    points: Vec<(usize, f64)>,
+    /// Thick for VMs, thin for the anchor.
+    thick: bool,
+}
+
+/// GPU busy against log2 N, one line per series, as a PNG at `path`.
+fn plot(series: &[Series], title: &str, subtitle: &str, path: &std::path::Path) {
+    use vgpuctl::plot::{Line, Style};
+    let lines: Vec<Line> = series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Line {
+            label: Some(s.label.clone()),
+            points: s
+                .points
+                .iter()
+                .map(|(n, b)| ((*n as f64).log2(), *b))
+                .collect(),
+            color: i / 2,
+            style: if s.thick { Style::Thick } else { Style::Thin },
+        })
+        .collect();
+    match vgpuctl::plot::xy_png(
+        path,
+        title,
+        subtitle,
+        &vgpuctl::plot::Axes {
+            x_label: "log2 N (VMs; native: processes or threads)",
+            y_label: "busy",
+            percent: true,
+        },
+        &lines,
+    ) {
+        Ok(()) => println!("(plot of GPU busy against N: {})", path.display()),
+        Err(e) => eprintln!("vgpu-bench sharing: cannot draw {}: {e}", path.display()),
+    }
+}
+
+/// Every point on `backend` (`sim` or `cuda`).
+pub fn run(counts: &[usize], backend: &str) -> Vec<Figure> {
+    let counts: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
+    match backend {
+        "cuda" => cuda::run(&counts),
+        "sim" => run_sim(&counts),
+        other => {
+            eprintln!("vgpu-bench sharing: unknown backend {other} (sim or cuda)");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Every point on a sim GPU: `counts` VMs, 1 ms and 10 ms kernels.
+fn run_sim(counts: &[usize]) -> Vec<Figure> {
     let mut out = Vec::new();
+    let mut series = Vec::new();
     for spin_us in [1000u64, 10_000] {
+        let (mut vm_line, mut native_line) = (Vec::new(), Vec::new());
         for &n in counts {
             let vm = through_vgpud(n, spin_us);
             let anchor = native(n, spin_us);
@@ -139,7 +209,39 @@ pub fn run(counts: &[usize]) -> Vec<Figure> {
             );
             eprintln!("{}", f.line());
             out.push(f);
+            vm_line.push((n, vm));
+            native_line.push((n, anchor));
+        }
+        let ms = spin_us / 1000;
+        series.push(Series {
+            label: format!("VMs, {ms} ms kernels"),
+            points: vm_line,
+            thick: true,
+        });
+        series.push(Series {
+            label: format!("native threads, {ms} ms kernels"),
+            points: native_line,
+            thick: false,
+        });
+    }
+    plot(
+        &series,
+        "GPU busy with N VMs (BAND, sim GPU) and N native threads",
+        "busy = kernel time / wall time, summed over the VMs",
+        std::path::Path::new("out/bench-sharing-busy.png"),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shares_sum_to_the_whole_gpu_in_per_mille() {
+        for n in [1usize, 2, 3, 8, 64, 1000] {
+            let s = super::shares(n);
+            assert_eq!(s.len(), n);
+            let permille: u32 = s.iter().map(|f| (f * 1000.0).round() as u32).sum();
+            assert_eq!(permille, 1000, "{n} VMs");
         }
     }
-    out
 }

@@ -2,6 +2,9 @@
 //! the payload's `main` (the `hello` payload's first console line), one at a time (median)
 //! and many launched concurrently (all at `main`), each beside its anchor from the same
 //! run: the same VMs started by hand (`vgpu-worker` on a socket, then `vmm` on it).
+//! Through vgpud without a worker pool (`--worker-pool 0`), and with `--pool N` also
+//! through a vgpud with N pool workers per GPU, each measurement started with the pool
+//! full (the figures say how many starts took a pool worker).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -19,8 +22,17 @@ use crate::worker::Worker;
 const HELLO: &str = "hello from vgpu payload";
 /// Longest a single start may take before the bench gives up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
-/// Each vGPU's memory share.
-const VGPU_MEMORY: u64 = 64 << 20;
+/// Each vGPU's memory share on `backend`: a cuda share holds the context's reserve
+/// (stacks of every resident thread: 273 MiB on the H200 at the default limits).
+fn vgpu_memory(backend: &str) -> u64 {
+    if backend == "cuda" {
+        512 << 20
+    } else {
+        64 << 20
+    }
+}
+/// Longest the worker pool may take to fill (a cuda GPU creates contexts one at a time).
+const POOL_DEADLINE: Duration = Duration::from_secs(180);
 
 /// What `vgpu-bench start` measures.
 pub struct Params {
@@ -30,6 +42,8 @@ pub struct Params {
     pub runs: usize,
     /// VMs launched at once.
     pub concurrent: usize,
+    /// Pool workers per GPU for the pool figures; 0: none measured.
+    pub pool: usize,
 }
 
 /// Runs the start figures.
@@ -42,17 +56,22 @@ pub fn run(p: &Params) -> Vec<Figure> {
         "cuda" => vec!["--backend", "cuda"],
         _ => vec!["--sim-gpus", "1", "--sim-memory", "16G"],
     };
-    let d = TestDaemon::start("bench-start", &backend_args);
+    let mut no_pool = backend_args.clone();
+    no_pool.extend(["--worker-pool", "0"]);
+    let d = TestDaemon::start("bench-start", &no_pool);
     let c = &d.client;
     // The first launch warms the page cache for the programs and the payload.
-    let _ = start_via_vgpud(c);
-    let single: Vec<f64> = (0..p.runs).map(|_| start_via_vgpud(c)).collect();
+    let _ = start_via_vgpud(c, vgpu_memory(&p.backend));
+    let single: Vec<f64> = (0..p.runs)
+        .map(|_| start_via_vgpud(c, vgpu_memory(&p.backend)))
+        .collect();
     let by_hand: Vec<f64> = (0..p.runs).map(|_| start_by_hand(&p.backend)).collect();
-    let all = time_concurrent(p.concurrent, || start_via_vgpud(c));
+    let all = time_concurrent(p.concurrent, || start_via_vgpud(c, vgpu_memory(&p.backend)));
     let all_by_hand = time_concurrent(p.concurrent, || start_by_hand(&p.backend));
     drop(d);
     let k = p.concurrent;
-    vec![
+    let (hand, all_hand) = (median(by_hand), all_by_hand);
+    let mut figures = vec![
         Figure {
             name: format!(
                 "VM start to main through vgpud, {} (median of {})",
@@ -61,7 +80,7 @@ pub fn run(p: &Params) -> Vec<Figure> {
             value: median(single),
             unit: "ms".into(),
             anchor_name: "vgpu-worker + vmm started by hand".into(),
-            anchor: median(by_hand),
+            anchor: hand,
             anchor_unit: "ms".into(),
         },
         Figure {
@@ -69,10 +88,85 @@ pub fn run(p: &Params) -> Vec<Figure> {
             value: all,
             unit: "ms".into(),
             anchor_name: format!("{k} started by hand concurrently"),
-            anchor: all_by_hand,
+            anchor: all_hand,
+            anchor_unit: "ms".into(),
+        },
+    ];
+    if p.pool > 0 {
+        figures.extend(with_pool(p, &backend_args, hand, all_hand));
+    }
+    figures
+}
+
+/// The same starts through a vgpud with `p.pool` pool workers per GPU, each measurement
+/// begun with the pool full.
+fn with_pool(p: &Params, backend_args: &[&str], hand: f64, all_hand: f64) -> Vec<Figure> {
+    let n = p.pool.to_string();
+    let mut args = backend_args.to_vec();
+    args.extend(["--worker-pool", n.as_str()]);
+    let d = TestDaemon::start("bench-start-pool", &args);
+    let c = &d.client;
+    wait_pool_full(c, p.pool);
+    let _ = start_via_vgpud(c, vgpu_memory(&p.backend));
+    let single: Vec<f64> = (0..p.runs)
+        .map(|_| {
+            wait_pool_full(c, p.pool);
+            start_via_vgpud(c, vgpu_memory(&p.backend))
+        })
+        .collect();
+    wait_pool_full(c, p.pool);
+    let k = p.concurrent;
+    let all = time_concurrent(k, || start_via_vgpud(c, vgpu_memory(&p.backend)));
+    let hits = d.log_text().matches("worker ready (from the pool)").count();
+    let starts = 1 + p.runs + k;
+    println!("pool hits: {hits} of {starts} starts took a pool worker");
+    let pool = p.pool;
+    vec![
+        Figure {
+            name: format!(
+                "VM start to main through vgpud with a pool of {pool}, {} (median of {}, pool full)",
+                p.backend, p.runs
+            ),
+            value: median(single),
+            unit: "ms".into(),
+            anchor_name: "vgpu-worker + vmm started by hand".into(),
+            anchor: hand,
+            anchor_unit: "ms".into(),
+        },
+        Figure {
+            name: format!("{k} VMs launched concurrently through vgpud with a pool of {pool}, all at main"),
+            value: all,
+            unit: "ms".into(),
+            anchor_name: format!("{k} started by hand concurrently"),
+            anchor: all_hand,
             anchor_unit: "ms".into(),
         },
     ]
+}
+
+/// Idle pool workers of every GPU (`vgpud_gpu_worker_pool_idle` in `/metrics`).
+fn pool_idle(c: &Client) -> usize {
+    let text = c.metrics().unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("vgpud_gpu_worker_pool_idle{"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .map(|v| v as usize)
+        .sum()
+}
+
+/// Waits until the pool holds `n` idle workers.
+fn wait_pool_full(c: &Client, n: usize) {
+    let t = Instant::now();
+    while pool_idle(c) < n {
+        if t.elapsed() > POOL_DEADLINE {
+            fail(&format!(
+                "the worker pool did not reach {n} idle workers within {} s (it has {})",
+                POOL_DEADLINE.as_secs(),
+                pool_idle(c)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Runs `start` on `k` threads at once: ms until the last is at `main`.
@@ -91,7 +185,7 @@ fn time_concurrent(k: usize, start: impl Fn() -> f64 + Sync) -> f64 {
 
 /// One VM with an inline vGPU through vgpud: ms from the REST call to `main`. The VM is
 /// removed afterwards.
-fn start_via_vgpud(c: &Client) -> f64 {
+fn start_via_vgpud(c: &Client, share: u64) -> f64 {
     let req = VmCreate {
         payload: Some(payload("hello").display().to_string()),
         payload_arg: String::new(),
@@ -103,7 +197,7 @@ fn start_via_vgpud(c: &Client) -> f64 {
         vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: None,
-            memory_bytes: VGPU_MEMORY,
+            memory_bytes: share,
             compute_share: 0.01,
             copy_share: None,
             priority: 0,
@@ -114,6 +208,9 @@ fn start_via_vgpud(c: &Client) -> f64 {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }),
         name: None,
         labels: Default::default(),
@@ -148,7 +245,8 @@ fn start_by_hand(backend: &str) -> f64 {
         &[]
     };
     let t = Instant::now();
-    let worker = Worker::start(backend, &format!("bench-start-{n}"), "64M", 1, extra)
+    let share = vgpu_memory(backend).to_string();
+    let worker = Worker::start(backend, &format!("bench-start-{n}"), &share, 1, extra)
         .unwrap_or_else(|e| fail(&e));
     let mut spec = std::ffi::OsString::from("socket=");
     spec.push(worker.socket.as_os_str());

@@ -35,8 +35,12 @@ enum Bench {
         real_seconds: u64,
     },
     /// Oversubscription (Gdev's overload case, scaled), swap throughput of both tiers,
-    /// shm dataflow vs copies through the host, on the sim backend.
+    /// shm dataflow vs copies through the host, on the sim backend; with `--backend cuda`
+    /// the shm dataflow on GPU 0 of this machine.
     Memory {
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
         /// Sim host-device copy bandwidth, GB/s.
         #[arg(long, default_value_t = 2.0)]
         copy_gbps: f64,
@@ -65,12 +69,16 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
-    /// N VMs sharing one sim GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
-    /// native threads running the same kernels.
+    /// N VMs sharing one GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
+    /// native threads (sim) or N native processes counting the same fixed-work rounds
+    /// (cuda).
     Sharing {
         /// VM counts to measure.
         #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 8])]
         vms: Vec<usize>,
+        /// `sim` or `cuda`.
+        #[arg(long, default_value = "sim")]
+        backend: String,
     },
     /// Where the time between two kernels goes, from per-request timelines (workers run
     /// with `VGPU_TIMELINE=DIR`): medians and p99 of each stage and gap.
@@ -91,6 +99,10 @@ enum Bench {
         /// VMs launched at once.
         #[arg(long, default_value_t = 16)]
         concurrent: usize,
+        /// Also measure through a vgpud with this many pool workers per GPU
+        /// (`--worker-pool`), each start with the pool full; 0: only without a pool.
+        #[arg(long, default_value_t = 0)]
+        pool: usize,
     },
 }
 
@@ -103,7 +115,16 @@ fn main() {
             seconds,
             real_seconds,
         } => (benches::band::run(seconds, real_seconds), "band"),
-        Bench::Memory { copy_gbps, speed } => (
+        Bench::Memory { backend, .. } if backend != "sim" && backend != "cuda" => {
+            eprintln!("vgpu-bench memory: --backend is sim or cuda, not {backend:?}");
+            std::process::exit(2);
+        }
+        Bench::Memory { backend, .. } if backend == "cuda" => {
+            (benches::memory::run_cuda(), "memory-cuda")
+        }
+        Bench::Memory {
+            copy_gbps, speed, ..
+        } => (
             benches::memory::run(benches::memory::Params {
                 copy_bandwidth: (copy_gbps * 1e9) as u64,
                 speed,
@@ -125,7 +146,7 @@ fn main() {
             }),
             "migration",
         ),
-        Bench::Sharing { vms } => (benches::sharing::run(&vms), "sharing"),
+        Bench::Sharing { vms, backend } => (benches::sharing::run(&vms, &backend), "sharing"),
         Bench::Timeline { paths } => {
             if let Err(e) = benches::timeline::run(&paths) {
                 eprintln!("vgpu-bench: cannot read the timeline: {e}");
@@ -137,11 +158,13 @@ fn main() {
             backend,
             runs,
             concurrent,
+            pool,
         } => (
             benches::start::run(&benches::start::Params {
                 backend,
                 runs: runs.max(1),
                 concurrent: concurrent.max(1),
+                pool,
             }),
             "start",
         ),

@@ -296,6 +296,9 @@ fn run(args: Args) -> Result<(), DemoError> {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         })?;
         println!(
             "created vGPU {} ({name}) on GPU 0: {} memory, compute/copy share {:.0}%",

@@ -146,7 +146,8 @@ struct Args {
 #[derive(clap::Args, Debug)]
 struct SandboxArgs {
     /// When vgpud runs as root, vGPU N's worker runs as uid and gid BASE+N (no other
-    /// group); 0 = as vgpud's own user. Pick a range no account uses.
+    /// group), and worker pool slot S's as BASE-1-S; 0 = as vgpud's own user. Pick a
+    /// range no account uses.
     #[arg(long, default_value_t = daemon::DEFAULT_WORKER_UID_BASE)]
     worker_uid_base: u32,
     /// What a system call outside a worker's seccomp filter does: kill (SIGSYS; vgpud
@@ -158,6 +159,11 @@ struct SandboxArgs {
     /// upgraded, killed), waiting for vgpud to come back, before it stops.
     #[arg(long, default_value_t = 60)]
     control_reconnect_s: u64,
+    /// Idle workers kept started per GPU, their GPU backend built (a cuda worker's
+    /// context and built-in kernels), so a new vGPU starts in milliseconds; each costs a
+    /// GPU context and its memory while idle [default: 2 per cuda GPU, 0 per sim GPU].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=64))]
+    worker_pool: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -177,6 +183,9 @@ impl SandboxArgs {
                 SeccompArg::Kill => daemon::SeccompMode::Kill,
             },
             control_reconnect: Duration::from_secs(self.control_reconnect_s),
+            pool: self
+                .worker_pool
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         }
     }
 }

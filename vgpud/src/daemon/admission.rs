@@ -227,6 +227,7 @@ impl Daemon {
             validate_name(n)?;
         }
         validate_labels(&spec.labels)?;
+        super::process::validate(spec)?;
         if let Some(ms) = spec.kernel_deadline_ms {
             validate_kernel_deadline(ms)?;
         }
@@ -397,6 +398,7 @@ impl Daemon {
             name: ask.name,
             labels: ask.labels,
             kernel_deadline_ms: ask.kernel_deadline_ms,
+            process: None,
         };
         self.set_kernel_deadline_of(id, ask.kernel_deadline_ms);
         tracing::info!(

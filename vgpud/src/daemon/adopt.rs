@@ -132,7 +132,7 @@ impl Daemon {
 
     /// An adopted worker exited: its status is its parent's, so a worker whose VM is still
     /// running once the grace is over crashed; one whose VM ended went with it.
-    async fn on_adopted_worker_exit(&self, id: u32, pid: u32) {
+    async fn on_adopted_worker_exit(self: &Arc<Self>, id: u32, pid: u32) {
         let vm_running = |i: &super::state::Inner| {
             i.vgpus
                 .get(&id)

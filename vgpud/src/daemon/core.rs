@@ -52,6 +52,8 @@ pub struct Daemon {
     kernel_deadlines: Mutex<BTreeMap<u32, Duration>>,
     /// Whole-VM moves to and from other vgpud daemons.
     pub(super) host: super::host_migration::Registry,
+    /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
+    pub(super) spares: super::pool::Spares,
 }
 
 impl Daemon {
@@ -78,6 +80,7 @@ impl Daemon {
             save_kick: Notify::new(),
             kernel_deadlines: Mutex::new(BTreeMap::new()),
             host: Default::default(),
+            spares: super::pool::Spares::default(),
         })
     }
 
@@ -318,6 +321,9 @@ pub(super) mod testing {
             name: None,
             labels: Default::default(),
             kernel_deadline_ms: None,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }
     }
 }

@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::metrics;
 use super::migration::{MigrateCommand, DEFAULT_MAX_DOWNTIME_MS};
 use crate::api::{
-    ErrorBody, Gpu, GpuDemand, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm,
+    Attach, ErrorBody, Gpu, GpuDemand, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm,
     MigrateRequest, Migration, MigrationDestination, MigrationSpan, RebalanceEvent,
     RebalancerStatus, ShmObject, StorageAttachment, Vgpu, VgpuCreate, VgpuDemand, VgpuPatch,
     VgpuState, VgpuStats, Vm, VmCreate, VmMigrateRequest, VmState,
@@ -87,7 +87,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         incoming_migration, commit_migration, abort_migration, get_metrics
     ),
     components(schemas(
-        ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
+        Attach, ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
         VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
         RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg,
         MigrationDestination, VmMigrateRequest, IncomingVm, IncomingAccepted, IncomingCommit,

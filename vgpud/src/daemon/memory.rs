@@ -119,8 +119,13 @@ impl Daemon {
         }
     }
 
-    /// Answers a worker's question.
-    pub(super) async fn answer(&self, id: u32, ask: Ask) -> (Answer, Option<OwnedFd>) {
+    /// Answers a worker's question; `fd` rode on its line (a created shared object).
+    pub(super) async fn answer(
+        &self,
+        id: u32,
+        ask: Ask,
+        fd: Option<OwnedFd>,
+    ) -> (Answer, Option<OwnedFd>) {
         let found = self
             .state
             .with(|i| i.vgpus.get(&id).map(|r| (r.gpu, r.share_group.clone())));
@@ -143,16 +148,18 @@ impl Daemon {
         };
         match ask {
             Ask::Reserve { bytes } => (self.reserve(id, bytes).await, None),
+            // A new object is made by the asking worker on its GPU (vgpud loads no GPU
+            // driver): it is told to export one and ask again with it.
             Ask::ShmGet { key, size, flags } => {
                 let free = self.shm_free(gpu);
-                let sim = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_none());
-                let r = self.shm_lock().get(&who, key, size, flags, free, |size| {
-                    if sim {
-                        shm::sim_object(size)
-                    } else {
-                        Err("shared device memory is not supported on CUDA GPUs; put the share group's vGPUs on a sim GPU".into())
-                    }
-                });
+                match self.shm_lock().prepare(&who, key, size, flags, free) {
+                    Ok(Some(shmid)) => (shm_answer(Ok([shmid, 0, 0, 0])), None),
+                    Ok(None) => (Answer::Export, None),
+                    Err(e) => (shm_answer(Err(e)), None),
+                }
+            }
+            Ask::ShmCreate { key, size, flags } => {
+                let r = self.shm_create(&who, key, size, flags, fd);
                 self.refresh_pool(gpu);
                 (shm_answer(r.map(|id| [id, 0, 0, 0])), None)
             }
@@ -171,6 +178,36 @@ impl Daemon {
                 (shm_answer(r), None)
             }
         }
+    }
+
+    /// `shmget` with the object the asker's worker created (`fd`): registered when the
+    /// checks still pass and the descriptor is what was asked for; closed when the key
+    /// exists by now (another mapper created it first) or the ask is refused.
+    fn shm_create(
+        &self,
+        who: &shm::Asker<'_>,
+        key: u64,
+        size: u64,
+        flags: u64,
+        fd: Option<OwnedFd>,
+    ) -> Result<u64, (ShmFailure, String)> {
+        let fd = fd.ok_or_else(|| {
+            (
+                ShmFailure::Invalid,
+                "a shared object's creation came without its descriptor".to_string(),
+            )
+        })?;
+        let sim = self.gpu(who.gpu).is_some_and(|g| g.cuda_ordinal.is_none());
+        let free = self.shm_free(who.gpu);
+        let mut reg = self.shm_lock();
+        if let Some(id) = reg.prepare(who, key, size, flags, free)? {
+            return Ok(id);
+        }
+        shm::check_object(&fd, size, sim).map_err(|why| {
+            tracing::warn!(vgpu = who.vgpu, key, size, %why, "shared object refused");
+            (ShmFailure::Invalid, why)
+        })?;
+        reg.insert(who, key, size, fd)
     }
 
     /// Device memory GPU `gpu` has left for a new shared object.

@@ -113,6 +113,17 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         gpu_comp_c.get_or_create(&l).set(g.compute_committed);
         gpu_copy_c.get_or_create(&l).set(g.copy_committed);
     }
+    let pool = fgauge(
+        reg,
+        "gpu_worker_pool_idle",
+        "Idle pool workers (GPU backend built, waiting for a vGPU) of each physical GPU",
+    );
+    for (gpu, idle) in d.pool_sizes() {
+        let l = GpuLabels {
+            gpu: gpu.to_string(),
+        };
+        pool.get_or_create(&l).set(idle as f64);
+    }
 }
 
 /// Each vGPU's utilization, shares, memory and counters.

@@ -19,6 +19,8 @@ mod memory;
 mod metrics;
 mod migration;
 mod persistence;
+mod pool;
+mod process;
 mod procs;
 mod rebalancing;
 mod shm;
@@ -147,7 +149,7 @@ pub const DEFAULT_WORKER_UID_BASE: u32 = 2_000_000_000;
 #[derive(Clone, Debug)]
 pub struct WorkerSandbox {
     /// When vgpud runs as root, vGPU N's worker runs as uid and gid `base + N` (no other
-    /// group). `None`: as vgpud's own user (a warning is logged at start).
+    /// group), pool slot S's worker as `base - 1 - S`. `None`: as vgpud's own user (a warning is logged at start).
     pub uid_base: Option<u32>,
     /// The worker's system call filter.
     pub seccomp: SeccompMode,
@@ -155,6 +157,10 @@ pub struct WorkerSandbox {
     /// upgraded) keeps serving its guest while it waits for vgpud to reconnect, before it
     /// stops.
     pub control_reconnect: Duration,
+    /// Idle workers kept started per GPU (`--worker-pool`), their GPU backend built, so a
+    /// new vGPU takes one instead of starting a worker. `None`: 2 per cuda GPU, 0 per sim
+    /// GPU.
+    pub pool: Option<usize>,
 }
 
 impl Default for WorkerSandbox {
@@ -163,6 +169,7 @@ impl Default for WorkerSandbox {
             uid_base: Some(DEFAULT_WORKER_UID_BASE),
             seccomp: SeccompMode::Kill,
             control_reconnect: Duration::from_secs(60),
+            pool: None,
         }
     }
 }

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::core::Daemon;
+use super::process::ProcessAttach;
 use super::procs::{self, Proc};
 use super::state::{Inner, VgpuRec, VmRec};
 use super::statefile::{
@@ -272,6 +273,13 @@ impl Daemon {
             name: rec.name.clone(),
             labels: rec.labels.clone(),
             kernel_deadline_ms: rec.kernel_deadline_ms,
+            attach: if rec.process.is_some() {
+                api::Attach::Process
+            } else {
+                api::Attach::Vm
+            },
+            owner_uid: rec.process.as_ref().and_then(|p| p.owner_uid),
+            owner_gid: rec.process.as_ref().and_then(|p| p.owner_gid),
         };
         let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
         // Exactly the shares it had (no round trip through fractions).
@@ -383,6 +391,13 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 },
             },
             kernel_deadline_ms: r.kernel_deadline_ms,
+            attach: if r.process.is_some() {
+                api::Attach::Process
+            } else {
+                api::Attach::Vm
+            },
+            owner_uid: r.process.as_ref().and_then(|p| p.owner_uid),
+            owner_gid: r.process.as_ref().and_then(|p| p.owner_gid),
         })
         .collect();
     let vms = inner
@@ -601,6 +616,8 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
         name: v.name,
         labels: v.labels,
         kernel_deadline_ms: v.kernel_deadline_ms,
+        process: (v.attach == api::Attach::Process)
+            .then(|| ProcessAttach::new(&cfg.state_dir, id, v.owner_uid, v.owner_gid)),
     };
     (rec, bring_back)
 }

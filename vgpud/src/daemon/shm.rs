@@ -1,51 +1,60 @@
 //! The shared device memory registry (Gdev §4's shm, across worker processes): objects
 //! keyed per GPU and share group, reference counted by attachment, each backed by a file
-//! descriptor vgpud holds and hands to every mapper (sim: a memfd).
+//! descriptor vgpud holds and hands to every mapper. The worker of the vGPU that creates
+//! an object makes it on its GPU and hands vgpud the descriptor (sim: a sealed memfd;
+//! cuda: an exported allocation), so vgpud never loads a GPU driver.
 //!
 //! Invariant 4 of DESIGN.md lives here: only vGPUs of the object's share group on the
 //! object's GPU can look it up or attach it, and an object is freed only when it was
 //! removed (RMID) and its last attachment is gone, or when no vGPU of its group is left.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use vgpu_proto::args::{shm_cmd, shm_flags};
 
 use crate::control::ShmFailure;
 
-/// A shared object for a sim GPU: a memfd of `size` bytes (page-rounded) with its memory
-/// committed, so running out of host memory is an error here and never a SIGBUS in a
-/// mapper later. The sim backend maps it as device memory (`Backend::import_shared`).
-pub fn sim_object(size: u64) -> Result<OwnedFd, String> {
-    const PAGE: u64 = 4096;
-    let len = size
-        .checked_add(PAGE - 1)
-        .map(|l| l & !(PAGE - 1))
-        .filter(|l| *l > 0)
-        .and_then(|l| libc::off_t::try_from(l).ok())
-        .ok_or_else(|| format!("a shared object of {size} bytes cannot be created"))?;
-    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"vgpu-shm".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` is a fresh descriptor we own and nothing else refers to.
-    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain syscalls on our own descriptor.
-    if unsafe { libc::ftruncate(memfd.as_raw_fd(), len) } != 0 {
+/// Checks a descriptor a worker handed in as a new object of `size` bytes (it created
+/// and exported it on its GPU, `Backend::export_shared`). On a sim GPU it must be a memfd
+/// of at least the object's whole pages, sealed against shrinking (so no holder can cut
+/// it under another mapper). On a cuda GPU the descriptor is the driver's (only the
+/// driver can tell what it holds): a socket, directory or pipe is refused, and anything
+/// else that is no exported allocation of that size fails the mappers' import
+/// (`cuMemImportFromShareableHandle`, `cuMemMap`). Either way a wrong descriptor reaches
+/// only the vGPUs of the worker's own share group on its own GPU.
+pub fn check_object(fd: &OwnedFd, size: u64, sim: bool) -> Result<(), String> {
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat only writes to `st`; the descriptor is ours and open.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(format!(
-            "sizing the object: {}",
+            "the worker's shared object descriptor cannot be inspected: {}",
             std::io::Error::last_os_error()
         ));
     }
-    // SAFETY: as above.
-    if unsafe { libc::fallocate(memfd.as_raw_fd(), 0, 0, len) } != 0 {
+    let kind = st.st_mode & libc::S_IFMT;
+    if matches!(kind, libc::S_IFSOCK | libc::S_IFDIR | libc::S_IFIFO) {
         return Err(format!(
-            "committing {len} bytes of host memory for the object: {}",
-            std::io::Error::last_os_error()
+            "the worker handed a socket, directory or pipe (mode {:o}) as a shared object",
+            st.st_mode
         ));
     }
-    Ok(memfd)
+    if !sim {
+        return Ok(());
+    }
+    let len = u64::try_from(st.st_size).unwrap_or(0);
+    // SAFETY: plain fcntl on our own descriptor; it reads nothing from us.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let sealed = seals >= 0 && seals & libc::F_SEAL_SHRINK != 0;
+    if kind != libc::S_IFREG || len < charged_bytes(size) || !sealed {
+        return Err(format!(
+            "the worker's shared object is not a memfd of {} bytes sealed against shrinking (mode {:o}, {len} bytes, seals {seals:#x})",
+            charged_bytes(size),
+            st.st_mode
+        ));
+    }
+    Ok(())
 }
 
 /// Bounds on what guests make through the registry. Every object holds a descriptor in
@@ -283,17 +292,17 @@ impl Registry {
         Ok(o)
     }
 
-    /// `shmget`. `free` is the device memory the GPU has left for a new object;
-    /// `create` makes the object's backing (sim: a memfd).
-    pub fn get(
-        &mut self,
+    /// `shmget` up to the creation: `Ok(Some(id))` when the key names an object the asker
+    /// may use, `Ok(None)` when a new object of `size` bytes is to be made (every check
+    /// passed: flags, size, `free` device memory on the GPU, bounds), else why not.
+    pub fn prepare(
+        &self,
         who: &Asker<'_>,
         key: u64,
         size: u64,
         flags: u64,
         free: u64,
-        create: impl FnOnce(u64) -> Result<OwnedFd, String>,
-    ) -> Result<u64, Fail> {
+    ) -> Result<Option<u64>, Fail> {
         let group = Self::group(who)?;
         let existing = (key != 0)
             .then(|| {
@@ -318,7 +327,7 @@ impl Registry {
                     ),
                 ));
             }
-            return Ok(o.id);
+            return Ok(Some(o.id));
         }
         if flags & shm_flags::CREATE == 0 {
             return Err((
@@ -343,7 +352,38 @@ impl Registry {
             ));
         }
         self.check_object_bounds(who, group)?;
+        Ok(None)
+    }
+
+    /// `shmget` with the new object's backing made by `create` (a test's memfd): what
+    /// [`Registry::prepare`] then [`Registry::insert`] do for a worker's object.
+    #[cfg(test)]
+    pub fn get(
+        &mut self,
+        who: &Asker<'_>,
+        key: u64,
+        size: u64,
+        flags: u64,
+        free: u64,
+        create: impl FnOnce(u64) -> Result<OwnedFd, String>,
+    ) -> Result<u64, Fail> {
+        if let Some(id) = self.prepare(who, key, size, flags, free)? {
+            return Ok(id);
+        }
         let fd = create(size).map_err(|e| (ShmFailure::NoMemory, e))?;
+        self.insert(who, key, size, fd)
+    }
+
+    /// Registers a new object (`fd`, `size` bytes) after [`Registry::prepare`] said to make
+    /// it; the caller held the registry since.
+    pub fn insert(
+        &mut self,
+        who: &Asker<'_>,
+        key: u64,
+        size: u64,
+        fd: OwnedFd,
+    ) -> Result<u64, Fail> {
+        let group = Self::group(who)?;
         self.next += 1;
         let id = self.next;
         self.objects.insert(
@@ -503,234 +543,4 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn memfd(size: u64) -> Result<OwnedFd, String> {
-        sim_object(size)
-    }
-
-    fn who(vgpu: u32, group: Option<&str>) -> Asker<'_> {
-        Asker {
-            vgpu,
-            gpu: 0,
-            group,
-        }
-    }
-
-    #[test]
-    fn create_lookup_attach_and_free_on_last_detach() {
-        let mut r = Registry::default();
-        let a = who(1, Some("g"));
-        let b = who(2, Some("g"));
-        let c = CREATE_FLAGS;
-        let id = r.get(&a, 7, 4096, c, 1 << 20, memfd).expect("create");
-        assert_eq!(r.get(&b, 7, 0, 0, 1 << 20, memfd), Ok(id), "lookup by key");
-        assert_eq!(
-            r.get(&b, 7, 4096, c | shm_flags::EXCLUSIVE, 1 << 20, memfd)
-                .map_err(|e| e.0),
-            Err(ShmFailure::Exists)
-        );
-        let (_fd, size) = r.attach(&a, id).expect("attach a");
-        assert_eq!(size, 4096);
-        r.attach(&b, id).expect("attach b");
-        assert_eq!(r.ctl(&a, id, shm_cmd::STAT), Ok([4096, 2, 7, 0]));
-        r.ctl(&a, id, shm_cmd::RMID).expect("rmid while attached");
-        assert!(r.objects().any(|o| o.id == id), "kept while attached");
-        assert!(r.attach(&a, id).is_err(), "no new attachments after RMID");
-        assert_eq!(r.mapped_by(1), vec![id]);
-        assert_eq!(r.mapped_by(3), Vec::<u64>::new());
-        r.detach(1, id).expect("detach a");
-        assert!(r.mapped_by(1).is_empty(), "a detached vGPU maps nothing");
-        assert!(r.objects().any(|o| o.id == id));
-        r.detach(2, id).expect("detach b");
-        assert!(r.objects().next().is_none(), "freed on the last detach");
-    }
-
-    const CREATE_FLAGS: u64 = shm_flags::CREATE;
-
-    #[test]
-    fn other_groups_and_groupless_vgpus_are_denied() {
-        let mut r = Registry::default();
-        let id = r
-            .get(&who(1, Some("g")), 7, 4096, CREATE_FLAGS, 1 << 20, memfd)
-            .expect("create");
-        let other = who(2, Some("h"));
-        assert_eq!(
-            r.attach(&other, id).map(|_| ()).map_err(|e| e.0),
-            Err(ShmFailure::Denied)
-        );
-        assert_eq!(
-            r.ctl(&other, id, shm_cmd::RMID).map_err(|e| e.0),
-            Err(ShmFailure::Denied)
-        );
-        assert_eq!(
-            r.get(&other, 7, 0, 0, 1 << 20, memfd).map_err(|e| e.0),
-            Err(ShmFailure::NotFound),
-            "keys are scoped by share group"
-        );
-        assert_eq!(
-            r.get(&who(3, None), 7, 0, 0, 1 << 20, memfd)
-                .map_err(|e| e.0),
-            Err(ShmFailure::Denied)
-        );
-        let mut other_gpu = who(4, Some("g"));
-        other_gpu.gpu = 1;
-        assert_eq!(
-            r.attach(&other_gpu, id).map(|_| ()).map_err(|e| e.0),
-            Err(ShmFailure::Denied)
-        );
-    }
-
-    #[test]
-    fn bad_sizes_and_commands_fail() {
-        let mut r = Registry::default();
-        let a = who(1, Some("g"));
-        for size in [0, MAX_SIZE + 1] {
-            assert_eq!(
-                r.get(&a, 1, size, CREATE_FLAGS, u64::MAX, memfd)
-                    .map_err(|e| e.0),
-                Err(ShmFailure::Invalid)
-            );
-        }
-        assert_eq!(
-            r.get(&a, 1, 1 << 30, CREATE_FLAGS, 1 << 20, memfd)
-                .map_err(|e| e.0),
-            Err(ShmFailure::NoMemory)
-        );
-        let id = r
-            .get(&a, 1, 4096, CREATE_FLAGS, 1 << 20, memfd)
-            .expect("create");
-        assert_eq!(
-            r.get(&a, 1, 8192, 0, 1 << 20, memfd).map_err(|e| e.0),
-            Err(ShmFailure::Invalid)
-        );
-        assert_eq!(r.ctl(&a, id, 9).map_err(|e| e.0), Err(ShmFailure::Invalid));
-        assert_eq!(r.detach(1, id).map_err(|e| e.0), Err(ShmFailure::NotFound));
-        assert_eq!(r.detach(1, 999).map_err(|e| e.0), Err(ShmFailure::NotFound));
-    }
-
-    #[test]
-    fn objects_and_attachments_are_bounded_per_vgpu_and_per_group() {
-        let limits = Limits {
-            objects_per_vgpu: 3,
-            objects_per_group: 5,
-            attachments_per_vgpu: 4,
-            fd_reserve: 0,
-        };
-        let mut r = Registry::new(limits);
-        let a = who(1, Some("g"));
-        let b = who(2, Some("g"));
-        let other = who(3, Some("h"));
-        let mut mine = Vec::new();
-        for _ in 0..3 {
-            mine.push(
-                r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
-                    .expect("create"),
-            );
-        }
-        let past = r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd);
-        match past {
-            Err((ShmFailure::NoMemory, why)) => {
-                assert!(why.contains("the most one vGPU may hold"), "{why}")
-            }
-            other => panic!("the 4th object of a vGPU: {other:?}"),
-        }
-        // An existing key still answers: lookups create nothing.
-        let keyed = r.get(&b, 9, 1, CREATE_FLAGS, 1 << 30, memfd).expect("b");
-        r.get(&b, 0, 1, CREATE_FLAGS, 1 << 30, memfd).expect("b");
-        match r.get(&b, 0, 1, CREATE_FLAGS, 1 << 30, memfd) {
-            Err((ShmFailure::NoMemory, why)) => {
-                assert!(why.contains("the most a group may hold"), "{why}")
-            }
-            other => panic!("the 6th object of a group: {other:?}"),
-        }
-        assert_eq!(r.get(&a, 9, 0, 0, 1 << 30, memfd), Ok(keyed));
-        r.get(&other, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
-            .expect("another group has its own bound");
-        // Removing one makes room again.
-        let first = mine[0];
-        r.ctl(&a, first, shm_cmd::RMID).expect("rmid");
-        r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd)
-            .expect("room after RMID");
-        // Attachments per vGPU.
-        let mut fds = Vec::new();
-        for _ in 0..4 {
-            fds.push(r.attach(&b, keyed).expect("attach"));
-        }
-        assert_eq!(
-            r.attach(&b, keyed).map(|_| ()).map_err(|e| e.0),
-            Err(ShmFailure::NoMemory)
-        );
-        r.detach(2, keyed).expect("detach");
-        r.attach(&b, keyed).expect("room after a detach");
-        // Whole pages: a 1-byte object takes a page.
-        assert_eq!(charged_bytes(1), 4096);
-        assert_eq!(charged_bytes(4096), 4096);
-        assert_eq!(charged_bytes(4097), 8192);
-        assert_eq!(r.bytes_on(0), 6 * 4096, "six live objects on GPU 0");
-    }
-
-    #[test]
-    fn objects_are_refused_when_descriptors_run_short() {
-        let mut r = Registry::new(Limits {
-            fd_reserve: 100,
-            ..Limits::default()
-        });
-        let a = who(1, Some("g"));
-        let id = r
-            .get(&a, 7, 1, CREATE_FLAGS, 1 << 30, memfd)
-            .expect("create");
-        r.headroom = || Some(100);
-        match r.get(&a, 0, 1, CREATE_FLAGS, 1 << 30, memfd) {
-            Err((ShmFailure::NoMemory, why)) => {
-                assert!(why.contains("file descriptors left"), "{why}")
-            }
-            other => panic!("short of descriptors: {other:?}"),
-        }
-        assert_eq!(
-            r.attach(&a, id).map(|_| ()).map_err(|e| e.0),
-            Err(ShmFailure::NoMemory)
-        );
-        assert_eq!(
-            r.get(&a, 7, 0, 0, 1 << 30, memfd),
-            Ok(id),
-            "lookups still work"
-        );
-        r.headroom = || Some(101);
-        r.attach(&a, id).expect("attach with headroom");
-    }
-
-    #[test]
-    fn the_fd_limit_is_raised_to_the_hard_limit() {
-        let soft = raise_fd_limit();
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit only writes into `lim`.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-        assert_eq!(soft, lim.rlim_cur);
-        assert_eq!(lim.rlim_cur, lim.rlim_max);
-        assert!(fd_headroom().is_some_and(|h| h > 0));
-    }
-
-    #[test]
-    fn a_dying_vgpu_leaves_the_object_to_the_others() {
-        let mut r = Registry::default();
-        let a = who(1, Some("g"));
-        let b = who(2, Some("g"));
-        let id = r
-            .get(&a, 7, 4096, CREATE_FLAGS, 1 << 20, memfd)
-            .expect("create");
-        r.attach(&a, id).expect("a");
-        r.attach(&b, id).expect("b");
-        r.vgpu_gone(1, |_, _| true);
-        assert_eq!(r.ctl(&b, id, shm_cmd::STAT), Ok([4096, 1, 7, 0]));
-        r.vgpu_gone(2, |_, _| false);
-        assert!(
-            r.objects().next().is_none(),
-            "no vGPU of the group left: freed"
-        );
-    }
-}
+mod tests;

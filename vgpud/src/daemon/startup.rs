@@ -22,6 +22,7 @@ impl Daemon {
     /// vgpud on its control socket (the channel closes when this process exits).
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.stop_pools();
         self.save_final().await;
         let (vms, workers) = self.state.with(|inner| {
             (
@@ -48,7 +49,7 @@ impl Daemon {
             (true, Some(base)) => tracing::info!(
                 uid_base = base,
                 seccomp,
-                "worker isolation: each worker runs as its own uid and gid (base + vGPU id), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
+                "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
             ),
             (true, None) => tracing::warn!(
                 seccomp,
@@ -188,6 +189,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
     daemon.sweep_worker_dirs();
+    daemon.fill_pools();
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
     let _ = daemon.save().await;

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Notify;
 
 use super::link::Link;
+use super::process::ProcessAttach;
 use super::procs::Proc;
 use crate::api::{self, VgpuState, VmState};
 use crate::control::{MemReport, WorkerStats};
@@ -76,6 +77,8 @@ pub(super) struct VgpuRec {
     pub(super) labels: BTreeMap<String, String>,
     /// Its own kernel deadline, ms (none: the daemon's).
     pub(super) kernel_deadline_ms: Option<u32>,
+    /// A process vGPU's hand-over (None: a VM's vGPU).
+    pub(super) process: Option<ProcessAttach>,
 }
 
 /// A vGPU's shares and priority (compute per-mille, copy per-mille, priority).
@@ -143,11 +146,23 @@ impl VgpuRec {
             state: self.state.clone(),
             vm: self.vm,
             owned_by_vm: self.owned,
-            socket: self.socket.display().to_string(),
+            socket: self
+                .process
+                .as_ref()
+                .map_or(&self.socket, |p| &p.socket)
+                .display()
+                .to_string(),
             worker_pid: self.worker.as_ref().map(|w| w.proc.pid),
             name: self.name.clone(),
             labels: self.labels.clone(),
             kernel_deadline_ms: self.kernel_deadline_ms,
+            attach: if self.process.is_some() {
+                api::Attach::Process
+            } else {
+                api::Attach::Vm
+            },
+            owner_uid: self.process.as_ref().and_then(|p| p.owner_uid),
+            owner_gid: self.process.as_ref().and_then(|p| p.owner_gid),
         }
     }
 }

@@ -15,6 +15,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use vgpu_api::api::Attach;
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "vgpud-state.json";
@@ -148,6 +149,19 @@ pub struct SavedVgpu {
     /// Its own kernel deadline, ms (absent: the daemon's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_deadline_ms: Option<u32>,
+    /// Who its frontend is (absent: a VM).
+    #[serde(default, skip_serializing_if = "is_vm")]
+    pub attach: Attach,
+    /// A process vGPU's socket owner uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+    /// A process vGPU's socket owner gid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_gid: Option<u32>,
+}
+
+fn is_vm(a: &Attach) -> bool {
+    *a == Attach::Vm
 }
 
 /// Where a saved VM was in its life.
@@ -342,6 +356,9 @@ mod tests {
                     name: Some("train-a".into()),
                     labels: BTreeMap::from([("team".into(), "vision".into())]),
                     kernel_deadline_ms: None,
+                    attach: Attach::Process,
+                    owner_uid: Some(1000),
+                    owner_gid: None,
                 },
                 SavedVgpu {
                     id: 5,
@@ -363,6 +380,9 @@ mod tests {
                     name: None,
                     labels: BTreeMap::new(),
                     kernel_deadline_ms: None,
+                    attach: Attach::Vm,
+                    owner_uid: None,
+                    owner_gid: None,
                 },
             ],
             vms: vec![

@@ -40,8 +40,9 @@ impl Daemon {
             let Some(rec) = inner.vgpus.get_mut(&id) else {
                 return;
             };
-            // A vGPU has one worker for its life, so its clock only moves forward; a sample
-            // older than the newest one lost a race with a concurrent query: drop it.
+            // A worker's clock only moves forward (a process vGPU's fresh worker starts
+            // with no samples); a sample older than the newest one lost a race with a
+            // concurrent query: drop it.
             if rec
                 .samples
                 .back()

@@ -8,6 +8,7 @@ use super::admission::{
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
+use super::process::{remove_attach_dir, ProcessAttach};
 use super::state::{Inner, Shares, VgpuRec};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
@@ -20,7 +21,15 @@ impl Daemon {
     pub async fn create_vgpu(self: &Arc<Self>, spec: VgpuCreate) -> Result<api::Vgpu, ApiError> {
         self.check_running()?;
         let ask = self.validate_vgpu(&spec)?;
-        let id = self.state.with(|inner| self.admit(inner, ask, None))?;
+        let process =
+            (spec.attach == api::Attach::Process).then_some((spec.owner_uid, spec.owner_gid));
+        let id = self.state.with(|inner| {
+            let id = self.admit(inner, ask, None)?;
+            if let (Some((uid, gid)), Some(rec)) = (process, inner.vgpus.get_mut(&id)) {
+                rec.process = Some(ProcessAttach::new(&self.cfg.state_dir, id, uid, gid));
+            }
+            Ok::<_, ApiError>(id)
+        })?;
         if let Err(e) = self.start_worker(id).await {
             self.forget_vgpu(id);
             return Err(e);
@@ -38,6 +47,9 @@ impl Daemon {
         if let Some(rec) = self.state.with(|i| i.vgpus.remove(&id)) {
             let _ = std::fs::remove_file(&rec.log);
             let _ = std::fs::remove_file(&rec.socket);
+            if rec.process.is_some() {
+                remove_attach_dir(&self.cfg.state_dir, id);
+            }
         }
         self.mark_dirty();
         self.state.notify();
@@ -245,6 +257,8 @@ impl Daemon {
 
     /// Stops a vGPU's worker (if any) and removes the vGPU.
     pub async fn delete_vgpu(&self, id: u32) -> Result<(), ApiError> {
+        // A process vGPU between two workers: its fresh one is the one to stop.
+        self.await_next_worker(id).await;
         let worker = self.state.with(|inner| {
             let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
             if rec.state == VgpuState::Releasing {

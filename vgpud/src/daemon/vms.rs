@@ -185,7 +185,11 @@ impl Daemon {
         let vgpu = req
             .vgpu
             .as_ref()
-            .map(|s| self.validate_vgpu(s).map_err(|e| e.within("vgpu")))
+            .map(|s| {
+                super::process::refuse_inline(s)
+                    .and_then(|()| self.validate_vgpu(s))
+                    .map_err(|e| e.within("vgpu"))
+            })
             .transpose()?;
         Ok(VmAsk {
             payload,
@@ -552,6 +556,12 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
             format!("there is no vGPU {g} (GET /v1/vgpus lists them)"),
         ));
     };
+    if rec.process.is_some() {
+        return Err(ApiError::conflict(
+            "vgpu_id",
+            format!("vGPU {g} is for processes (attach \"process\"); create a vGPU for the VM"),
+        ));
+    }
     let vm_live = |v: u32| inner.vms.get(&v).is_some_and(|v| v.state.is_live());
     match (&rec.state, rec.vm) {
         (VgpuState::Ready, None) => {}

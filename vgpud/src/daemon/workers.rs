@@ -56,15 +56,19 @@ fn new_secret() -> std::io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// Makes vGPU `id`'s private directory anew (0700, owned by `identity`) with its secret.
-fn prepare_dir(state_dir: &Path, id: u32, identity: Option<Identity>) -> std::io::Result<()> {
+/// Makes a worker's private directory `dir` (under `<state dir>/workers/`) anew (0700,
+/// owned by `identity`) with its secret.
+pub(super) fn prepare_dir(
+    state_dir: &Path,
+    dir: &Path,
+    identity: Option<Identity>,
+) -> std::io::Result<()> {
     let parent = state_dir.join("workers");
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&parent)?;
-    let dir = worker_dir(state_dir, id);
-    match std::fs::remove_dir_all(&dir) {
+    match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
@@ -72,7 +76,7 @@ fn prepare_dir(state_dir: &Path, id: u32, identity: Option<Identity>) -> std::io
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&dir)?;
+        .create(dir)?;
     let secret = dir.join(SECRET_FILE);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -81,7 +85,7 @@ fn prepare_dir(state_dir: &Path, id: u32, identity: Option<Identity>) -> std::io
         .open(&secret)?;
     f.write_all(new_secret()?.as_bytes())?;
     if let Some(who) = identity {
-        for p in [&dir, &secret] {
+        for p in [dir, secret.as_path()] {
             std::os::unix::fs::chown(p, Some(who.uid), Some(who.gid))?;
         }
     }
@@ -92,6 +96,14 @@ fn prepare_dir(state_dir: &Path, id: u32, identity: Option<Identity>) -> std::io
 pub(super) fn remove_dir(state_dir: &Path, id: u32) {
     let _ = std::fs::remove_dir_all(worker_dir(state_dir, id));
     let _ = std::fs::remove_dir(state_dir.join("workers"));
+}
+
+/// The environment every worker gets on top of vgpud's.
+pub(super) fn worker_env(cmd: &mut Command) {
+    // The CUDA driver's JIT cache would write files after the worker's seccomp filter is
+    // on (and a worker's uid has no home of its own). Pool workers JIT the built-in
+    // kernels while idle, off any VM's start (docs/hostile.md, "Worker pool").
+    cmd.env("NO_COLOR", "1").env("CUDA_CACHE_DISABLE", "1");
 }
 
 /// The worker's last words, for failure reasons: its last error line (or last line),
@@ -131,6 +143,13 @@ struct WorkerLaunch {
 impl Daemon {
     /// Spawns vGPU `id`'s worker and waits until its socket is bound.
     pub(super) async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
+        if let Some(spare) = self.take_spare(id) {
+            match self.assign_spare(id, spare).await {
+                Ok(()) => return Ok(()),
+                Err(why) => tracing::warn!(vgpu = id, %why,
+                    "the pool worker did not take the vGPU; starting a fresh worker"),
+            }
+        }
         let WorkerLaunch {
             mut cmd,
             log,
@@ -143,8 +162,9 @@ impl Daemon {
         // The directory, the log and the fork run off the runtime: vgpud serves other
         // requests (other launches) meanwhile, and holds no lock across any of it.
         let state_dir = self.cfg.state_dir.clone();
+        let at = dir.clone();
         let setup = tokio::task::spawn_blocking(move || {
-            prepare_dir(&state_dir, id, identity)
+            prepare_dir(&state_dir, &at, identity)
                 .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
             let log_file = std::fs::OpenOptions::new()
                 .write(true)
@@ -168,11 +188,8 @@ impl Daemon {
         cmd.current_dir(&dir);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file))
-            .env("NO_COLOR", "1")
-            // The CUDA driver's JIT cache would write files after the worker's seccomp
-            // filter is on (and a worker's uid has no home of its own).
-            .env("CUDA_CACHE_DISABLE", "1");
+            .stderr(Stdio::from(log_file));
+        worker_env(&mut cmd);
         let (ours, theirs) = match procs::socketpair() {
             Ok(v) => v,
             Err(e) => {
@@ -225,7 +242,10 @@ impl Daemon {
             let status = procs::reap(child, &p).await;
             d.on_worker_exit(id, p.pid, Some(status));
         });
-        self.await_ready(id, &proc, &log, ready).await
+        self.await_ready(id, &proc, &log, ready).await?;
+        // A process vGPU: its socket at the path its processes know.
+        self.hand_over(id)
+            .inspect_err(|_| proc.signal(libc::SIGKILL))
     }
 
     /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
@@ -296,6 +316,17 @@ impl Daemon {
         for s in &rec.storage {
             cmd.arg("--storage").arg(s.to_arg());
         }
+        cmd.args([
+            "--grant-fds",
+            &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
+        ]);
+        self.sandbox_args(&mut cmd);
+        cmd
+    }
+
+    /// The sandbox, control channel and grant arguments every worker gets (the grant
+    /// descriptors of a pool worker come with its assignment instead).
+    pub(super) fn sandbox_args(&self, cmd: &mut Command) {
         let sandbox = &self.cfg.workers;
         cmd.args(["--seccomp", sandbox.seccomp.as_str()])
             .args([
@@ -308,12 +339,7 @@ impl Daemon {
                 "--control-reconnect-s",
                 &sandbox.control_reconnect.as_secs().to_string(),
             ]);
-        cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()])
-            .args([
-                "--grant-fds",
-                &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
-            ]);
-        cmd
+        cmd.args(["--control-fd", &procs::CONTROL_FD.to_string()]);
     }
 
     /// The identity vGPU `id`'s worker runs under: its own uid and gid when vgpud runs as
@@ -348,9 +374,13 @@ impl Daemon {
                 link::Event::Final(stats) => d.record_sample(id, stats),
                 link::Event::Memory(m) => d.on_memory(id, m),
                 link::Event::Migration(p) => d.on_migration_progress(id, p),
-                link::Event::Ask { id: ask_id, ask } => {
+                link::Event::Ask {
+                    id: ask_id,
+                    ask,
+                    fd: ask_fd,
+                } => {
                     tokio::spawn(async move {
-                        let (answer, fd) = d.answer(id, ask).await;
+                        let (answer, fd) = d.answer(id, ask, ask_fd).await;
                         if let Some(link) = d.state.link_of(id) {
                             if let Err(e) = link.tell(Ctl::Answer { to: ask_id, answer }, fd).await
                             {
@@ -409,9 +439,19 @@ impl Daemon {
         }
     }
 
-    /// A VM's frontend connected to vGPU `vgpu`: the VM runs.
+    /// A VM's frontend connected to vGPU `vgpu`: the VM runs (a process vGPU is attached).
     fn on_connected(&self, vgpu: u32) {
         self.state.with(|inner| {
+            if let Some(rec) = inner.vgpus.get_mut(&vgpu) {
+                // Starting too: an adopted worker says `connected` right after `ready`,
+                // which may still be on its way through `await_ready`.
+                if rec.process.is_some()
+                    && matches!(rec.state, VgpuState::Ready | VgpuState::Starting)
+                {
+                    rec.state = VgpuState::Attached;
+                    tracing::info!(vgpu, "a process connected to the vGPU");
+                }
+            }
             let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
             if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
                 if vm.state == VmState::Starting {
@@ -425,7 +465,7 @@ impl Daemon {
 
     /// Worker `pid` of vGPU `id` exited (with `status`, when it was our child): the vGPU
     /// lets go of everything it held.
-    pub(super) fn on_worker_exit(&self, id: u32, pid: u32, status: Option<ExitStatus>) {
+    pub(super) fn on_worker_exit(self: &Arc<Self>, id: u32, pid: u32, status: Option<ExitStatus>) {
         let Some((gpu, alive)) = self
             .state
             .with(|inner| self.worker_exited(inner, id, pid, status.as_ref()))
@@ -439,6 +479,15 @@ impl Daemon {
         self.refresh_pool(gpu);
         self.mark_dirty();
         self.state.notify();
+        let next = self.state.with(|i| {
+            i.vgpus.get(&id).is_some_and(|r| {
+                r.process.is_some() && r.state == VgpuState::Starting && r.worker.is_none()
+            })
+        });
+        if next {
+            let d = self.clone();
+            tokio::spawn(async move { d.next_worker(id).await });
+        }
     }
 
     /// [`Daemon::on_worker_exit`] under the state lock: the record's new state, its VM
@@ -470,6 +519,14 @@ impl Daemon {
         let vm = rec.vm;
         let new_state = match self.expelled(id, rec.gpu) {
             Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
+            // Its process hung up: it holds its resources for the next one.
+            _ if super::process::next_process(
+                rec,
+                status.map_or(!vm_running, ExitStatus::success),
+            ) =>
+            {
+                VgpuState::Starting
+            }
             _ => exit_state(rec, status, vm_running),
         };
         if let VgpuState::Failed { reason } = &new_state {

@@ -1,15 +1,19 @@
 //! A long-running vGPU workload that checks its own results: the demo's and the daemon
 //! tests' guest.
 //!
-//! Each round uploads `x` (a host-to-device copy), runs `saxpy` (`y = x + y`) and a `spin`
-//! burst of `spin_us` µs (compute time). Every `check=<k>` rounds the device computes the
-//! FNV-1a checksum of `y` (built-in `checksum`), the guest compares it with the checksum of
-//! the `y` it expects after that many rounds, and prints a progress line:
-//! `gpu-load: round r/R ok checksum=0x...`. Integer-valued f32 keep every sum exact, so any
-//! lost or corrupted byte changes the checksum.
+//! Each round uploads `x` (a host-to-device copy), runs `saxpy` (`y = x + y`), a `spin`
+//! burst of `spin_us` µs (compute time) and, with `matmul=<d>`, the built-in `matmul` of
+//! two d x d matrices (a fixed amount of work: d^3 multiply-adds; `vgpu-bench sharing
+//! --backend cuda` counts these rounds beside native processes running the same loop).
+//! Every `check=<k>` rounds the device computes the FNV-1a checksum of `y` (built-in
+//! `checksum`), the guest compares it with the checksum of the `y` it expects after that
+//! many rounds, and prints a progress line: `gpu-load: round r/R ok checksum=0x...`.
+//! Integer-valued f32 keep every sum exact, so any lost or corrupted byte changes the
+//! checksum.
 //!
 //! Arguments: `rounds=<n>` (default 100), `n=<elements>` (default 16384), `spin_us=<µs>`
-//! (default 10000), `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
+//! (default 10000; 0: no spin), `matmul=<d>` (default 0: none; at most 8192),
+//! `check=<k>` (default 10), `retry=<k>` (default 0: a failed request
 //! ends the run; k > 0: a request answered `DEVICE_ERROR` or `OUT_OF_MEMORY` is sent again,
 //! up to k times each, which is exact because a failed request changed nothing. The fault
 //! injection tests use it; the end line then counts the retries), `max_latency_ms=<ms>`
@@ -156,8 +160,12 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let check = num("check", 10)?.max(1);
     let retry = num("retry", 0)?;
     let max_ms = num("max_latency_ms", 0)?;
+    let dim = num("matmul", 0)?;
     let mut worst = 0u64;
     let mut retried = 0u64;
+    if dim > 8192 {
+        return Err(fail(EXIT_BAD_ARGS, format_args!("matmul must be 0..=8192")));
+    }
     if n == 0 || n > 1 << 22 {
         return Err(fail(EXIT_BAD_ARGS, format_args!("n must be 1..=4194304")));
     }
@@ -199,6 +207,41 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let checksum = s
         .get_function(module, "checksum")
         .map_err(driver("GET_FUNCTION checksum"))?;
+    // The matmul operands: zeroed once, then only read (a, b) and overwritten (c).
+    let mut matrices = Vec::new();
+    let mut mm_args = Vec::new();
+    let mut mm_launch = None;
+    if dim > 0 {
+        let elems = dim * dim;
+        for _ in 0..3 {
+            matrices.push(s.alloc(4 * elems).map_err(driver("ALLOC matmul"))?);
+        }
+        let fill = s
+            .get_function(module, "fill")
+            .map_err(driver("GET_FUNCTION fill"))?;
+        for &m in &matrices {
+            let args = [
+                KernelArg::ptr(m, Access::Write),
+                KernelArg::u32(0),
+                KernelArg::u64(elems),
+            ];
+            again(retry, &mut retried, "LAUNCH fill", || {
+                s.launch(&launch_1d(fill.handle, elems, 256), &args)
+            })?;
+        }
+        let mm = s
+            .get_function(module, "matmul")
+            .map_err(driver("GET_FUNCTION matmul"))?;
+        mm_launch = Some(launch_1d(mm.handle, elems, 256));
+        mm_args = vec![
+            KernelArg::ptr(matrices[0], Access::Read),
+            KernelArg::ptr(matrices[1], Access::Read),
+            KernelArg::ptr(matrices[2], Access::Write),
+            KernelArg::u64(dim),
+            KernelArg::u64(dim),
+            KernelArg::u64(dim),
+        ];
+    }
     let saxpy_launch = launch_1d(saxpy.handle, n as u64, 256);
     let saxpy_args = [
         KernelArg::f32(1.0),
@@ -235,6 +278,11 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
                 })
             })?;
         }
+        if let Some(mm) = &mm_launch {
+            timed(max_ms, w, "LAUNCH matmul", || {
+                again(retry, rt, "LAUNCH matmul", || s.launch(mm, &mm_args))
+            })?;
+        }
         if r % check == 0 || r == rounds {
             timed(max_ms, w, "LAUNCH checksum", || {
                 again(retry, rt, "LAUNCH checksum", || {
@@ -264,7 +312,7 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
         }
     }
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
-    for d in [dx, dy, dsum] {
+    for d in [dx, dy, dsum].into_iter().chain(matrices) {
         s.free(d).map_err(driver("FREE"))?;
     }
     if retry > 0 {

@@ -1,7 +1,7 @@
 //! How answers look to people: plain text tables (and JSON with `--json`).
 
 use serde::Serialize;
-use vgpu_api::api::{Gpu, Vgpu, VgpuState, VgpuStats, Vm, VmState};
+use vgpu_api::api::{Attach, Gpu, Vgpu, VgpuState, VgpuStats, Vm, VmState};
 use vgpu_api::units::human_bytes;
 
 /// A plain text table.
@@ -72,7 +72,11 @@ pub fn vgpu_rows(v: &[Vgpu]) -> String {
                     pct(v.copy_share),
                     v.priority.to_string(),
                     v.queues.to_string(),
-                    v.vm.map_or("-".into(), |x| x.to_string()),
+                    match (v.vm, v.attach) {
+                        (Some(x), _) => x.to_string(),
+                        (None, Attach::Process) => "process".into(),
+                        (None, Attach::Vm) => "-".into(),
+                    },
                     vgpu_state(&v.state),
                     v.name.clone().unwrap_or_else(|| "-".into()),
                 ]

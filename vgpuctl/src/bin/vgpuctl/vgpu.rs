@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use vgpu_api::api::{StorageAttachment, VgpuCreate, VgpuPatch, VgpuState};
+use vgpu_api::api::{Attach, StorageAttachment, Vgpu, VgpuCreate, VgpuPatch, VgpuState};
 use vgpu_api::client::Client;
 use vgpu_api::units::{parse_share_fraction, parse_size};
 
@@ -77,6 +77,48 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `vgpu create`: the vGPU, and who its frontend is.
+#[derive(Args, Debug, Clone)]
+pub struct VgpuCreateArgs {
+    #[command(flatten)]
+    spec: VgpuSpecArgs,
+    /// Who uses the vGPU: `vm` (a VM launched with `vm launch --vgpu ID`) or `process`
+    /// (a host or container process through libcuda.so.1: vgpuctl prints its
+    /// `VGPU_SOCKET=...`).
+    #[arg(long, default_value = "vm")]
+    attach: Attach,
+    /// With `--attach process`: the uid that may connect to the socket.
+    #[arg(long)]
+    owner_uid: Option<u32>,
+    /// With `--attach process`: the gid that may connect to the socket.
+    #[arg(long)]
+    owner_gid: Option<u32>,
+}
+
+impl VgpuCreateArgs {
+    fn spec(&self) -> VgpuCreate {
+        VgpuCreate {
+            attach: self.attach,
+            owner_uid: self.owner_uid,
+            owner_gid: self.owner_gid,
+            ..self.spec.spec()
+        }
+    }
+}
+
+/// What `vgpu create` prints: the table, and for a process vGPU the environment its
+/// process needs.
+fn created_rows(v: &Vgpu) -> String {
+    let mut out = vgpu_rows(std::slice::from_ref(v));
+    if v.attach == Attach::Process {
+        out.push_str(&format!(
+            "vGPU {} serves a process (attach process); run it with:\nVGPU_SOCKET={}\n",
+            v.id, v.socket
+        ));
+    }
+    out
+}
+
 impl VgpuSpecArgs {
     pub fn spec(&self) -> VgpuCreate {
         VgpuCreate {
@@ -92,6 +134,9 @@ impl VgpuSpecArgs {
             name: self.name.clone(),
             labels: self.labels.iter().cloned().collect(),
             kernel_deadline_ms: self.kernel_deadline_ms,
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
         }
     }
 }
@@ -106,7 +151,7 @@ pub enum VgpuCmd {
         id: String,
     },
     /// Create a vGPU (starts its worker).
-    Create(VgpuSpecArgs),
+    Create(VgpuCreateArgs),
     /// Change shares, priority, name, labels or kernel deadline at run time. Each share
     /// changes only when given: `--compute` alone leaves the copy share where it is
     /// (vgpuctl says so).
@@ -160,13 +205,13 @@ pub fn run(c: &Client, json: bool, cmd: VgpuCmd) -> Result<ExitCode, Failure> {
         VgpuCmd::List => emit(json, &c.vgpus()?, |v| vgpu_rows(v)),
         VgpuCmd::Show { id } => {
             let id = vgpu_id(c, &id)?;
-            emit(json, &c.vgpu(id)?, |v| vgpu_rows(std::slice::from_ref(v)))
+            emit(json, &c.vgpu(id)?, created_rows)
         }
         VgpuCmd::Create(a) => emit(
             json,
             &c.create_vgpu(&a.spec())
                 .map_err(Failure::within(Context::VgpuCreate))?,
-            |v| vgpu_rows(std::slice::from_ref(v)),
+            created_rows,
         ),
         VgpuCmd::Set {
             id,

@@ -230,6 +230,9 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
                     name: None,
                     labels: Default::default(),
                     kernel_deadline_ms,
+                    attach: Default::default(),
+                    owner_uid: None,
+                    owner_gid: None,
                 }),
                 (None, None) => {
                     let given = [

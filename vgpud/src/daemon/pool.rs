@@ -1,0 +1,674 @@
+//! The worker pool: a few workers per GPU started ahead of need (`--worker-pool`, 2 per
+//! cuda GPU and 0 per sim GPU by default). A pool worker (`vgpu-worker --pool`) has built
+//! its GPU backend (a cuda worker: its context, its reserved address space and the
+//! built-in kernels, JIT-compiled while it idles) and waits on its control channel. A new
+//! vGPU without storage namespaces and without memory oversubscription takes one: vgpud
+//! renames the pool worker's private directory to the vGPU's (`workers/<id>/`, the worker's
+//! working directory, so its relative socket paths follow) and sends `assign` with the
+//! vGPU's id, memory share, queues and shares, its grant page and doorbell riding on the
+//! line; the worker binds its vhost-user socket and answers `assigned`. vgpud then starts
+//! a replacement in the background (never under the state lock). A pool worker that
+//! does not answer within [`ASSIGN_TIMEOUT`] is killed and the vGPU gets a fresh worker.
+//!
+//! Identity (docs/hostile.md, "Worker pool"): a pool worker's uid and directory are fixed
+//! when it starts: slot S runs as `--worker-uid-base - 1 - S` (below the vGPUs' range) in
+//! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited and no
+//! directory under `workers/` is owned by its uid (a worker adopted after a restart keeps
+//! the uid it started with). Pool workers hold no tenant: they are killed when vgpud
+//! stops and never adopted; one that dies idle is replaced, with a backoff after failures.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::core::Daemon;
+use super::link::{self, Link};
+use super::procs::{self, Identity, Proc};
+use super::state::WorkerHandle;
+use super::workers::{self, log_tail, WORKER_START};
+use crate::api::VgpuState;
+use crate::control::{Command as Ctl, ReplyBody};
+
+/// How long a pool worker may take to bind its socket once assigned; past it the vGPU
+/// gets a fresh worker.
+pub(super) const ASSIGN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most pool slots: pool slot S runs as `--worker-uid-base - 1 - S`, below the uids of
+/// vGPUs' own workers (vGPU N runs as base + N), so the two ranges never meet.
+pub(super) const MAX_SLOTS: u32 = 1_000_000;
+/// The first and the longest wait before starting a pool worker again after failures.
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Pool workers one GPU starts at a time: the driver creates one GPU's contexts one after
+/// another anyway, and a refill must not take the cores a burst of launches needs.
+const MAX_STARTING: usize = 4;
+
+/// What a pool worker's events and exit go to.
+enum Owner {
+    /// Idle in its GPU's pool.
+    Idle,
+    /// Being assigned: its exit is noted for the assigner.
+    Assigning,
+    /// vGPU `id`'s worker now.
+    Vgpu(u32),
+    /// It exited while being assigned.
+    Exited(ExitStatus),
+    /// Killed after a failed assignment; its exit means nothing.
+    Discarded,
+}
+
+type Events = Box<dyn Fn(link::Event) + Send>;
+
+/// A pool worker's routing: who its exit and events go to.
+struct Route {
+    owner: Mutex<Owner>,
+    events: Mutex<Option<Events>>,
+}
+
+/// One idle pool worker.
+pub(super) struct Spare {
+    slot: u32,
+    gpu: u32,
+    proc: Proc,
+    link: Link,
+    route: Arc<Route>,
+}
+
+/// One GPU's pool.
+#[derive(Default)]
+struct GpuPool {
+    idle: VecDeque<Spare>,
+    starting: usize,
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// A refill is scheduled for `retry_at`.
+    timer: bool,
+}
+
+impl GpuPool {
+    /// One more failure: the next start waits (doubling from [`BACKOFF_MIN`] up to
+    /// [`BACKOFF_MAX`]); how long.
+    fn back_off(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let exp = self.failures.saturating_sub(1).min(8);
+        let wait = (BACKOFF_MIN * 2u32.pow(exp)).min(BACKOFF_MAX);
+        self.retry_at = Some(Instant::now() + wait);
+        wait
+    }
+}
+
+#[derive(Default)]
+struct Pools {
+    gpus: BTreeMap<u32, GpuPool>,
+    /// Slots whose worker (idle or assigned) has not exited yet.
+    slots: BTreeSet<u32>,
+}
+
+/// The pools of every GPU. A leaf lock: nothing else is locked under it.
+#[derive(Default)]
+pub(super) struct Spares(Mutex<Pools>);
+
+impl Spares {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pools> {
+        vgpu_sync::lock(&self.0)
+    }
+}
+
+/// Pool slot `slot`'s private directory and log.
+fn slot_dir(state_dir: &Path, slot: u32) -> PathBuf {
+    state_dir.join("workers").join(format!("pool-{slot}"))
+}
+
+fn slot_log(state_dir: &Path, slot: u32) -> PathBuf {
+    state_dir.join(format!("pool-{slot}.log"))
+}
+
+/// The uids owning a directory under `<state dir>/workers/` now.
+fn dir_owners(state_dir: &Path) -> BTreeSet<u32> {
+    std::fs::read_dir(state_dir.join("workers"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.uid())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Daemon {
+    /// How many idle workers GPU `gpu` keeps.
+    pub(super) fn pool_target(&self, gpu: u32) -> usize {
+        let cuda = self.gpu(gpu).is_some_and(|g| g.cuda_ordinal.is_some());
+        self.cfg.workers.pool.unwrap_or(if cuda { 2 } else { 0 })
+    }
+
+    /// Idle pool workers per GPU now (for the metrics).
+    pub(super) fn pool_sizes(&self) -> Vec<(u32, usize)> {
+        let p = self.spares.lock();
+        (0..u32::try_from(self.cfg.gpus.len()).unwrap_or(u32::MAX))
+            .map(|g| (g, p.gpus.get(&g).map_or(0, |q| q.idle.len())))
+            .collect()
+    }
+
+    /// The identity pool slot `slot` runs under (when vgpud is root).
+    fn slot_identity(&self, slot: u32) -> Option<Identity> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        if slot >= MAX_SLOTS {
+            return None;
+        }
+        let uid = self
+            .cfg
+            .workers
+            .uid_base?
+            .checked_sub(1)?
+            .checked_sub(slot)?;
+        root.then_some(Identity { uid, gid: uid })
+    }
+
+    /// Starts pool workers until every GPU's pool is full (at start-up).
+    pub(super) fn fill_pools(self: &Arc<Self>) {
+        for gpu in 0..u32::try_from(self.cfg.gpus.len()).unwrap_or(0) {
+            if self.pool_target(gpu) > 0 {
+                tracing::info!(gpu, size = self.pool_target(gpu), "worker pool");
+            }
+            self.refill(gpu);
+        }
+    }
+
+    /// Starts pool workers for GPU `gpu` until its pool is full, unless a backoff is on
+    /// (then once it is over).
+    pub(super) fn refill(self: &Arc<Self>, gpu: u32) {
+        if self.is_shutting_down() {
+            return;
+        }
+        let target = self.pool_target(gpu);
+        let (start, wait) = {
+            let mut p = self.spares.lock();
+            let q = p.gpus.entry(gpu).or_default();
+            let now = Instant::now();
+            match q.retry_at.filter(|t| *t > now) {
+                Some(_) if q.timer => (0, None),
+                Some(t) => {
+                    q.timer = true;
+                    (0, Some(t - now))
+                }
+                None => {
+                    let n = target
+                        .saturating_sub(q.idle.len() + q.starting)
+                        .min(MAX_STARTING.saturating_sub(q.starting));
+                    q.starting += n;
+                    (n, None)
+                }
+            }
+        };
+        for _ in 0..start {
+            let d = self.clone();
+            tokio::spawn(async move { d.start_spare(gpu).await });
+        }
+        if let Some(wait) = wait {
+            let d = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if let Some(q) = d.spares.lock().gpus.get_mut(&gpu) {
+                    q.timer = false;
+                }
+                d.refill(gpu);
+            });
+        }
+    }
+
+    /// Starts one pool worker for GPU `gpu` (counted in its pool's `starting`).
+    async fn start_spare(self: &Arc<Self>, gpu: u32) {
+        let started = self.spawn_spare(gpu).await;
+        let ok = started.is_ok();
+        self.add_spare(gpu, started);
+        if ok {
+            // The next ones, if the pool is not full yet.
+            self.refill(gpu);
+        }
+    }
+
+    /// Counts a finished start of a pool worker for GPU `gpu`: idle in its pool, or a
+    /// failure that backs the next start off.
+    fn add_spare(self: &Arc<Self>, gpu: u32, started: Result<Spare, String>) {
+        let mut p = self.spares.lock();
+        let q = p.gpus.entry(gpu).or_default();
+        q.starting = q.starting.saturating_sub(1);
+        match started {
+            Ok(spare) if !self.is_shutting_down() => {
+                q.failures = 0;
+                q.retry_at = None;
+                tracing::debug!(
+                    gpu,
+                    slot = spare.slot,
+                    pid = spare.proc.pid,
+                    "pool worker ready"
+                );
+                q.idle.push_back(spare);
+            }
+            Ok(spare) => spare.proc.signal(libc::SIGKILL),
+            Err(why) => {
+                let backoff = q.back_off();
+                tracing::warn!(gpu, %why, failures = q.failures,
+                    retry_ms = backoff.as_millis() as u64, "cannot start a pool worker");
+                drop(p);
+                self.refill(gpu);
+            }
+        }
+    }
+
+    /// Picks a free slot, prepares its directory and log, spawns the pool worker and
+    /// waits until it has built its GPU backend.
+    async fn spawn_spare(self: &Arc<Self>, gpu_index: u32) -> Result<Spare, String> {
+        let gpu = self
+            .gpu(gpu_index)
+            .ok_or_else(|| format!("GPU {gpu_index} is unknown"))?
+            .clone();
+        let state_dir = self.cfg.state_dir.clone();
+        let owners = {
+            let s = state_dir.clone();
+            tokio::task::spawn_blocking(move || dir_owners(&s))
+                .await
+                .map_err(|e| e.to_string())?
+        };
+        let slot = {
+            let mut p = self.spares.lock();
+            let free = (0..MAX_SLOTS).find(|s| {
+                !p.slots.contains(s)
+                    && self
+                        .slot_identity(*s)
+                        .is_none_or(|i| !owners.contains(&i.uid))
+            });
+            let Some(free) = free else {
+                return Err(format!("all {MAX_SLOTS} pool slots are taken"));
+            };
+            p.slots.insert(free);
+            free
+        };
+        let identity = self.slot_identity(slot);
+        self.spawn_in_slot(gpu_index, &gpu, slot, identity, &state_dir)
+            .await
+            .map_err(|(why, spawned)| {
+                // A process that was spawned frees its slot when its reaper sees it gone.
+                if !spawned {
+                    self.spares.lock().slots.remove(&slot);
+                    remove_slot_files(&state_dir, slot);
+                }
+                why
+            })
+    }
+
+    async fn spawn_in_slot(
+        self: &Arc<Self>,
+        gpu_index: u32,
+        gpu: &super::GpuConfig,
+        slot: u32,
+        identity: Option<Identity>,
+        state_dir: &Path,
+    ) -> Result<Spare, (String, bool)> {
+        let not_spawned = |why: String| (why, false);
+        let dir = slot_dir(state_dir, slot);
+        let log = slot_log(state_dir, slot);
+        let (s, d, l) = (state_dir.to_owned(), dir.clone(), log.clone());
+        let log_file = tokio::task::spawn_blocking(move || {
+            workers::prepare_dir(&s, &d, identity)
+                .map_err(|e| format!("cannot prepare {}: {e}", d.display()))?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&l)
+                .map_err(|e| format!("cannot create {}: {e}", l.display()))
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(not_spawned)?;
+        let mut cmd = Command::new(&self.cfg.worker_bin);
+        cmd.arg("--pool");
+        if self.cfg.queue_poll_us > 0 {
+            cmd.args(["--poll-us", &self.cfg.queue_poll_us.to_string()]);
+        }
+        match gpu.cuda_ordinal {
+            Some(ordinal) => {
+                cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
+            }
+            None => {
+                cmd.args(["--sim-memory", &self.sim_memory(gpu, false).to_string()])
+                    .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
+                    .args(["--sim-speed", &gpu.speed.to_string()])
+                    .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
+            }
+        }
+        cmd.arg("--shm");
+        self.sandbox_args(&mut cmd);
+        cmd.current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file));
+        workers::worker_env(&mut cmd);
+        let (ours, theirs) = procs::socketpair()
+            .map_err(|e| not_spawned(format!("cannot create a control socket: {e}")))?;
+        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), Vec::new(), identity)
+            .await
+            .map_err(|e| {
+                not_spawned(format!(
+                    "cannot start {}: {e}; check vgpud's --worker-bin",
+                    self.cfg.worker_bin.display()
+                ))
+            })?;
+        let route = Arc::new(Route {
+            owner: Mutex::new(Owner::Idle),
+            events: Mutex::new(None),
+        });
+        let r = route.clone();
+        let on_event = move |e: link::Event| {
+            if let Some(f) = vgpu_sync::lock(&r.events).as_ref() {
+                f(e);
+            }
+        };
+        let d = self.clone();
+        let (r, p) = (route.clone(), proc.clone());
+        tokio::spawn(async move {
+            let status = procs::reap(child, &p).await;
+            d.on_spare_exit(gpu_index, slot, &p, &r, status);
+        });
+        let (link, ready) = link::start(std::os::unix::net::UnixStream::from(ours), on_event)
+            .map_err(|e| {
+                proc.signal(libc::SIGKILL);
+                (format!("control channel: {e}"), true)
+            })?;
+        match tokio::time::timeout(WORKER_START, ready).await {
+            Ok(Ok(_)) => Ok(Spare {
+                slot,
+                gpu: gpu_index,
+                proc,
+                link,
+                route,
+            }),
+            Ok(Err(_)) => Err((
+                format!("the pool worker exited while starting{}", log_tail(&log)),
+                true,
+            )),
+            Err(_) => {
+                proc.signal(libc::SIGKILL);
+                Err((
+                    format!(
+                        "the pool worker was not ready within {} s{}",
+                        WORKER_START.as_secs(),
+                        log_tail(&log)
+                    ),
+                    true,
+                ))
+            }
+        }
+    }
+
+    /// Pool worker `proc` of slot `slot` exited with `status`.
+    fn on_spare_exit(
+        self: &Arc<Self>,
+        gpu: u32,
+        slot: u32,
+        proc: &Proc,
+        route: &Route,
+        status: ExitStatus,
+    ) {
+        let owner = {
+            let mut o = vgpu_sync::lock(&route.owner);
+            match &*o {
+                Owner::Assigning => {
+                    *o = Owner::Exited(status);
+                    None
+                }
+                Owner::Idle => Some(None),
+                Owner::Vgpu(id) => Some(Some(*id)),
+                Owner::Exited(_) | Owner::Discarded => Some(None),
+            }
+        };
+        // Assigning: the assigner sees the exit and releases the slot.
+        let Some(vgpu) = owner else { return };
+        let idle = {
+            let mut p = self.spares.lock();
+            p.slots.remove(&slot);
+            let q = p.gpus.entry(gpu).or_default();
+            let before = q.idle.len();
+            q.idle.retain(|s| s.proc.pid != proc.pid);
+            before != q.idle.len()
+        };
+        match vgpu {
+            Some(id) => self.on_worker_exit(id, proc.pid, Some(status)),
+            None => {
+                remove_slot_files(&self.cfg.state_dir, slot);
+                if idle && !self.is_shutting_down() {
+                    tracing::warn!(
+                        gpu,
+                        slot,
+                        pid = proc.pid,
+                        how = procs::describe(&status),
+                        "an idle pool worker exited; replacing it"
+                    );
+                    let mut p = self.spares.lock();
+                    p.gpus.entry(gpu).or_default().back_off();
+                    drop(p);
+                    self.refill(gpu);
+                }
+            }
+        }
+    }
+
+    /// An idle pool worker for vGPU `id`, when its GPU has one and the vGPU can use it
+    /// (no storage namespaces, no memory oversubscription: those are fixed when a
+    /// worker's GPU backend is built).
+    pub(super) fn take_spare(&self, id: u32) -> Option<Spare> {
+        let gpu = self.state.with(|i| {
+            i.vgpus
+                .get(&id)
+                .filter(|r| r.storage.is_empty() && !r.oversubscribe)
+                .map(|r| r.gpu)
+        })?;
+        self.spares.lock().gpus.get_mut(&gpu)?.idle.pop_front()
+    }
+
+    /// Hands vGPU `id` to pool worker `spare`: its directory becomes the vGPU's, it gets
+    /// the vGPU's configuration and grant channel, and answers once its socket is bound.
+    /// On any failure the pool worker is killed and the vGPU holds nothing of it.
+    pub(super) async fn assign_spare(
+        self: &Arc<Self>,
+        id: u32,
+        spare: Spare,
+    ) -> Result<(), String> {
+        let gpu = spare.gpu;
+        self.refill(gpu);
+        let t = Instant::now();
+        let got = self.state.with(|inner| {
+            let rec = inner
+                .vgpus
+                .get(&id)
+                .ok_or_else(|| format!("vGPU {id} vanished while starting"))?;
+            let fds = self
+                .attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)
+                .map_err(|e| e.error)?;
+            let cmd = Ctl::Assign {
+                vgpu_id: id,
+                memory: rec.memory,
+                queues: rec.queues,
+                compute_share: rec.compute,
+                copy_share: rec.copy,
+                priority: rec.priority,
+            };
+            Ok::<_, String>((fds, cmd, rec.log.clone()))
+        });
+        let (fds, cmd, log) = match got {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.discard(&spare);
+                return Err(e);
+            }
+        };
+        self.refresh_pool(gpu);
+        {
+            let mut o = vgpu_sync::lock(&spare.route.owner);
+            if !matches!(*o, Owner::Idle) {
+                drop(o);
+                self.detach_grants(id, gpu);
+                let _ = self.discard(&spare);
+                return Err("the pool worker exited".into());
+            }
+            *o = Owner::Assigning;
+        }
+        let state_dir = self.cfg.state_dir.clone();
+        let (from, to) = (
+            slot_dir(&state_dir, spare.slot),
+            workers::worker_dir(&state_dir, id),
+        );
+        let moved = tokio::task::spawn_blocking(move || {
+            match std::fs::remove_dir_all(&to) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            std::fs::rename(&from, &to)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| format!("cannot move the pool worker's directory: {e}")));
+        if let Err(e) = moved {
+            self.detach_grants(id, gpu);
+            let _ = self.discard(&spare);
+            return Err(e);
+        }
+        *vgpu_sync::lock(&spare.route.events) = Some(Box::new(self.worker_events(id)));
+        self.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&id) {
+                rec.worker = Some(WorkerHandle {
+                    proc: spare.proc.clone(),
+                    link: spare.link.clone(),
+                });
+            }
+        });
+        let reply = spare
+            .link
+            .call_with_fds(cmd, vec![fds.page, fds.doorbell], ASSIGN_TIMEOUT)
+            .await;
+        let why = match reply {
+            Ok(ReplyBody::Assigned { .. }) => {
+                let mut o = vgpu_sync::lock(&spare.route.owner);
+                if matches!(*o, Owner::Assigning) {
+                    *o = Owner::Vgpu(id);
+                    drop(o);
+                    let _ = std::fs::rename(slot_log(&state_dir, spare.slot), &log);
+                    self.pool_ready(id, spare.proc.pid, t);
+                    return Ok(());
+                }
+                "the pool worker exited right after it took the vGPU".to_string()
+            }
+            Ok(ReplyBody::Error { message }) => message,
+            Ok(other) => format!("unexpected answer {other:?}"),
+            Err(e) => e,
+        };
+        // Take it back: the record, the grants, the process.
+        self.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&id) {
+                if rec.worker.as_ref().map(|w| w.proc.pid) == Some(spare.proc.pid) {
+                    rec.worker = None;
+                }
+            }
+        });
+        self.detach_grants(id, gpu);
+        *vgpu_sync::lock(&spare.route.events) = None;
+        let tail = log_tail(&slot_log(&state_dir, spare.slot));
+        let how = self
+            .discard(&spare)
+            .map(|s| format!(" (it exited: {})", procs::describe(&s)))
+            .unwrap_or_default();
+        Err(format!("{why}{how}{tail}"))
+    }
+
+    /// vGPU `id`'s pool worker `pid` answered `assigned`: the vGPU is ready.
+    fn pool_ready(&self, id: u32, pid: u32, since: Instant) {
+        self.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&id) {
+                if rec.state == VgpuState::Starting {
+                    rec.state = VgpuState::Ready;
+                }
+            }
+        });
+        self.state.notify();
+        tracing::info!(
+            vgpu = id,
+            pid,
+            assign_ms = since.elapsed().as_secs_f64() * 1e3,
+            "worker ready (from the pool)"
+        );
+    }
+
+    /// Kills pool worker `spare` for good (a failed assignment) and frees its slot once
+    /// it is gone.
+    /// Returns how it exited when it had exited already.
+    fn discard(&self, spare: &Spare) -> Option<ExitStatus> {
+        let exited = {
+            let mut o = vgpu_sync::lock(&spare.route.owner);
+            match std::mem::replace(&mut *o, Owner::Discarded) {
+                Owner::Exited(status) => Some(status),
+                _ => None,
+            }
+        };
+        spare.proc.signal(libc::SIGKILL);
+        if exited.is_some() {
+            // Its reaper ran already and left the slot to us.
+            self.spares.lock().slots.remove(&spare.slot);
+            remove_slot_files(&self.cfg.state_dir, spare.slot);
+        }
+        exited
+    }
+
+    /// Kills every idle pool worker (vgpud stops: they hold no tenant and are never
+    /// adopted) and removes their directories.
+    pub(super) fn stop_pools(&self) {
+        let idle: Vec<Spare> = {
+            let mut p = self.spares.lock();
+            p.gpus.values_mut().flat_map(|q| q.idle.drain(..)).collect()
+        };
+        for s in &idle {
+            s.proc.signal(libc::SIGKILL);
+            remove_slot_files(&self.cfg.state_dir, s.slot);
+        }
+        if !idle.is_empty() {
+            tracing::info!(workers = idle.len(), "idle pool workers stopped");
+        }
+    }
+}
+
+/// Removes pool slot `slot`'s directory and log.
+fn remove_slot_files(state_dir: &Path, slot: u32) {
+    let _ = std::fs::remove_dir_all(slot_dir(state_dir, slot));
+    let _ = std::fs::remove_file(slot_log(state_dir, slot));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_starts_back_off_doubling_up_to_the_ceiling() {
+        let mut q = GpuPool::default();
+        assert_eq!(q.back_off(), BACKOFF_MIN);
+        assert_eq!(q.back_off(), BACKOFF_MIN * 2);
+        assert_eq!(q.back_off(), BACKOFF_MIN * 4);
+        for _ in 0..20 {
+            q.back_off();
+        }
+        assert_eq!(q.back_off(), BACKOFF_MAX);
+        assert!(q.retry_at.is_some_and(|t| t > Instant::now()));
+    }
+
+    #[test]
+    fn slots_live_beside_the_vgpus_directories() {
+        let s = Path::new("/run/vgpud");
+        assert_eq!(slot_dir(s, 3), Path::new("/run/vgpud/workers/pool-3"));
+        assert_eq!(slot_log(s, 3), Path::new("/run/vgpud/pool-3.log"));
+    }
+}
