@@ -207,6 +207,9 @@ impl Daemon {
                 name: rec.name.clone(),
                 labels: rec.labels.clone(),
                 kernel_deadline_ms: rec.kernel_deadline_ms,
+                attach: Default::default(),
+                owner_uid: None,
+                owner_gid: None,
             });
             vgpu = Some((g, rec.gpu, link));
         }
