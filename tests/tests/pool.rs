@@ -33,6 +33,9 @@ fn spec(memory: u64, compute: f64) -> VgpuCreate {
         name: None,
         labels: Default::default(),
         kernel_deadline_ms: None,
+        attach: Default::default(),
+        owner_uid: None,
+        owner_gid: None,
     }
 }
 
