@@ -106,6 +106,18 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
             m.downtime_ms, host.vmm_bytes, host.vmm_rounds, host.vgpu_bytes, host.vgpu_downtime_ms
         );
         assert!(host.vgpu_bytes > 0, "the vGPU's memory moved: {host:?}");
+        // The destination's record of the same move.
+        let theirs = to
+            .client
+            .migration(host.remote_migration.expect("remote record"))
+            .expect("remote migration");
+        let their_host = theirs.host.expect("host");
+        assert_eq!(
+            (theirs.state.as_str(), their_host.direction.as_str()),
+            ("completed", "incoming")
+        );
+        assert_eq!(theirs.downtime_ms, m.downtime_ms);
+        assert_eq!(their_host.vgpu_bytes, host.vgpu_bytes);
         wait_gone(&from.client, id);
         let there = to.client.vm(remote).expect("moved VM");
         assert_eq!(there.name.as_deref(), Some("mover"));

@@ -738,6 +738,14 @@ pub struct IncomingAccepted {
 pub struct IncomingCommit {
     #[serde(default)]
     pub console: String,
+    /// The move's figures as the source measured them (the destination's record shows
+    /// them too).
+    #[serde(default)]
+    pub downtime_ms: Option<f64>,
+    #[serde(default)]
+    pub elapsed_ms: Option<f64>,
+    #[serde(default)]
+    pub figures: Option<HostMigration>,
 }
 
 /// A whole-VM move between two vgpud daemons, as one side sees it.
