@@ -214,10 +214,12 @@ fn a_full_destination_refuses_and_nothing_moves() {
     require_kvm!();
     let a = TestDaemon::start("hostmig-full-a", &gpus());
     let b = TestDaemon::start("hostmig-full-b", &gpus());
-    // Most of the destination's GPU is taken: the VM's 20% compute share does not fit.
-    let mut hog = gpu_load("", 0, 0.9, 16 * MIB).vgpu.expect("vgpu");
-    hog.compute_share = 0.9;
-    b.client.create_vgpu(&hog).expect("hog");
+    // Most of every destination GPU is taken: the VM's 20% compute share does not fit.
+    for g in 0..b.client.gpus().expect("gpus").len() {
+        let gpu = u32::try_from(g).expect("gpu index");
+        let hog = gpu_load("", gpu, 0.9, 16 * MIB).vgpu.expect("vgpu");
+        b.client.create_vgpu(&hog).expect("hog");
+    }
     let vgpus_b = b.client.vgpus().expect("vgpus");
     let before_b = b.client.vms().expect("vms").len();
     let vm = a
