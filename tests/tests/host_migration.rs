@@ -98,7 +98,8 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
     for i in 0..4 {
         let (from, to) = (daemons[at], daemons[1 - at]);
         let before = console(&from.client, id);
-        let vgpu_here = from.client.vm(id).expect("vm").vgpu.expect("vgpu");
+        let here = from.client.vm(id).expect("vm");
+        let (vgpu_here, uptime) = (here.vgpu.expect("vgpu"), here.uptime_ms);
         let (remote, m) = move_vm(&from.client, id, &to_socket(to));
         let host = m.host.expect("host");
         eprintln!(
@@ -120,6 +121,7 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
         assert_eq!(their_host.vgpu_bytes, host.vgpu_bytes);
         wait_gone(&from.client, id);
         let there = to.client.vm(remote).expect("moved VM");
+        assert!(there.uptime_ms >= uptime, "its uptime continues");
         assert_eq!(there.name.as_deref(), Some("mover"));
         assert_eq!(there.labels.get("team").map(String::as_str), Some("gpu"));
         // The console continues the one it had.

@@ -746,6 +746,9 @@ pub struct IncomingCommit {
     pub elapsed_ms: Option<f64>,
     #[serde(default)]
     pub figures: Option<HostMigration>,
+    /// How long the VM has run, ms (its uptime continues at the destination).
+    #[serde(default)]
+    pub uptime_ms: Option<u64>,
 }
 
 /// A whole-VM move between two vgpud daemons, as one side sees it.

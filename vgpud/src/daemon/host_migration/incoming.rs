@@ -337,6 +337,12 @@ impl Daemon {
         }
         vgpu_sync::lock(&self.host.settled).insert(mid, true);
         self.state.with(|inner| {
+            // Its uptime continues the one it had.
+            if let (Some(vm), Some(ms)) = (inner.vms.get_mut(&vm_id), c.uptime_ms) {
+                if let Some(t) = std::time::Instant::now().checked_sub(Duration::from_millis(ms)) {
+                    vm.started = t;
+                }
+            }
             update(inner, mid, |m| {
                 m.state = "completed".into();
                 m.phase = "done".into();

@@ -515,6 +515,7 @@ impl Daemon {
                     downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
                     elapsed_ms: Some(elapsed_ms),
                     figures: record.and_then(|m| m.host),
+                    uptime_ms: self.get_vm(vm_id).ok().map(|v| v.uptime_ms),
                 })
                 .unwrap_or_default();
                 let c = client.clone();
