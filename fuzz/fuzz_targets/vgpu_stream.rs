@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use vgpu_backend::{Backend, SimConfig, SimGpu};
+use vgpu_backend::{SimConfig, SimGpu};
 use vgpu_migration::wire::{read_message, MAX_PAYLOAD};
 use vgpu_migration::Migratable;
 

@@ -98,7 +98,8 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
     for i in 0..4 {
         let (from, to) = (daemons[at], daemons[1 - at]);
         let before = console(&from.client, id);
-        let vgpu_here = from.client.vm(id).expect("vm").vgpu.expect("vgpu");
+        let here = from.client.vm(id).expect("vm");
+        let (vgpu_here, uptime) = (here.vgpu.expect("vgpu"), here.uptime_ms);
         let (remote, m) = move_vm(&from.client, id, &to_socket(to));
         let host = m.host.expect("host");
         eprintln!(
@@ -106,8 +107,21 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
             m.downtime_ms, host.vmm_bytes, host.vmm_rounds, host.vgpu_bytes, host.vgpu_downtime_ms
         );
         assert!(host.vgpu_bytes > 0, "the vGPU's memory moved: {host:?}");
+        // The destination's record of the same move.
+        let theirs = to
+            .client
+            .migration(host.remote_migration.expect("remote record"))
+            .expect("remote migration");
+        let their_host = theirs.host.expect("host");
+        assert_eq!(
+            (theirs.state.as_str(), their_host.direction.as_str()),
+            ("completed", "incoming")
+        );
+        assert_eq!(theirs.downtime_ms, m.downtime_ms);
+        assert_eq!(their_host.vgpu_bytes, host.vgpu_bytes);
         wait_gone(&from.client, id);
         let there = to.client.vm(remote).expect("moved VM");
+        assert!(there.uptime_ms >= uptime, "its uptime continues");
         assert_eq!(there.name.as_deref(), Some("mover"));
         assert_eq!(there.labels.get("team").map(String::as_str), Some("gpu"));
         // The console continues the one it had.
@@ -202,10 +216,12 @@ fn a_full_destination_refuses_and_nothing_moves() {
     require_kvm!();
     let a = TestDaemon::start("hostmig-full-a", &gpus());
     let b = TestDaemon::start("hostmig-full-b", &gpus());
-    // Most of the destination's GPU is taken: the VM's 20% compute share does not fit.
-    let mut hog = gpu_load("", 0, 0.9, 16 * MIB).vgpu.expect("vgpu");
-    hog.compute_share = 0.9;
-    b.client.create_vgpu(&hog).expect("hog");
+    // Most of every destination GPU is taken: the VM's 20% compute share does not fit.
+    for g in 0..b.client.gpus().expect("gpus").len() {
+        let gpu = u32::try_from(g).expect("gpu index");
+        let hog = gpu_load("", gpu, 0.9, 16 * MIB).vgpu.expect("vgpu");
+        b.client.create_vgpu(&hog).expect("hog");
+    }
     let vgpus_b = b.client.vgpus().expect("vgpus");
     let before_b = b.client.vms().expect("vms").len();
     let vm = a

@@ -799,6 +799,17 @@ pub struct IncomingAccepted {
 pub struct IncomingCommit {
     #[serde(default)]
     pub console: String,
+    /// The move's figures as the source measured them (the destination's record shows
+    /// them too).
+    #[serde(default)]
+    pub downtime_ms: Option<f64>,
+    #[serde(default)]
+    pub elapsed_ms: Option<f64>,
+    #[serde(default)]
+    pub figures: Option<HostMigration>,
+    /// How long the VM has run, ms (its uptime continues at the destination).
+    #[serde(default)]
+    pub uptime_ms: Option<u64>,
 }
 
 /// A whole-VM move between two vgpud daemons, as one side sees it.

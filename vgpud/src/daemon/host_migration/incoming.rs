@@ -337,9 +337,28 @@ impl Daemon {
         }
         vgpu_sync::lock(&self.host.settled).insert(mid, true);
         self.state.with(|inner| {
+            // Its uptime continues the one it had.
+            if let (Some(vm), Some(ms)) = (inner.vms.get_mut(&vm_id), c.uptime_ms) {
+                if let Some(t) = std::time::Instant::now().checked_sub(Duration::from_millis(ms)) {
+                    vm.started = t;
+                }
+            }
             update(inner, mid, |m| {
                 m.state = "completed".into();
                 m.phase = "done".into();
+                m.downtime_ms = c.downtime_ms;
+                m.elapsed_ms = c.elapsed_ms.unwrap_or(m.elapsed_ms);
+                if let (Some(h), Some(f)) = (&mut m.host, &c.figures) {
+                    h.remote_vm = Some(f.vm);
+                    h.vmm_rounds = f.vmm_rounds;
+                    h.vmm_bytes = f.vmm_bytes;
+                    h.stop_ram_bytes = f.stop_ram_bytes;
+                    h.vgpu_rounds = f.vgpu_rounds;
+                    h.vgpu_bytes = f.vgpu_bytes;
+                    h.vgpu_downtime_ms = f.vgpu_downtime_ms;
+                    m.rounds = f.vmm_rounds;
+                    m.bytes = f.vmm_bytes + f.vgpu_bytes;
+                }
             })
         });
         self.mark_dirty();

@@ -497,8 +497,30 @@ impl Daemon {
                 while text.len() > MAX_CONSOLE {
                     text.remove(0);
                 }
-                let body =
-                    serde_json::to_vec(&IncomingCommit { console: text }).unwrap_or_default();
+                self.state.with(|inner| {
+                    update(inner, mid, |m| {
+                        m.elapsed_ms = elapsed_ms;
+                        let f = |k: &str| figures.get(k).copied();
+                        m.downtime_ms = f("downtime_ms").or(m.downtime_ms);
+                        if let Some(h) = &mut m.host {
+                            h.vmm_bytes = f("bytes").map_or(h.vmm_bytes, |v| v as u64);
+                            h.stop_ram_bytes =
+                                f("stop_ram_bytes").map_or(h.stop_ram_bytes, |v| v as u64);
+                            h.vmm_rounds = f("rounds").map_or(h.vmm_rounds, |v| v as u32);
+                            m.rounds = h.vmm_rounds;
+                            m.bytes = h.vmm_bytes + h.vgpu_bytes;
+                        }
+                    })
+                });
+                let record = self.migration(mid).ok();
+                let body = serde_json::to_vec(&IncomingCommit {
+                    console: text,
+                    downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
+                    elapsed_ms: Some(elapsed_ms),
+                    figures: record.and_then(|m| m.host),
+                    uptime_ms: self.get_vm(vm_id).ok().map(|v| v.uptime_ms),
+                })
+                .unwrap_or_default();
                 let c = client.clone();
                 let path = format!("/v1/migrations/{remote}/commit");
                 let committed = tokio::task::spawn_blocking(move || {
@@ -515,17 +537,6 @@ impl Daemon {
                     update(inner, mid, |m| {
                         m.state = "completed".into();
                         m.phase = "done".into();
-                        m.elapsed_ms = elapsed_ms;
-                        let f = |k: &str| figures.get(k).copied();
-                        m.downtime_ms = f("downtime_ms").or(m.downtime_ms);
-                        if let Some(h) = &mut m.host {
-                            h.vmm_bytes = f("bytes").map_or(h.vmm_bytes, |v| v as u64);
-                            h.stop_ram_bytes =
-                                f("stop_ram_bytes").map_or(h.stop_ram_bytes, |v| v as u64);
-                            h.vmm_rounds = f("rounds").map_or(h.vmm_rounds, |v| v as u32);
-                            m.rounds = h.vmm_rounds;
-                            m.bytes = h.vmm_bytes + h.vgpu_bytes;
-                        }
                     })
                 });
                 tracing::info!(
