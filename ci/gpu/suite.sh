@@ -34,6 +34,7 @@ storage|check|180|the storage kernels as GPU threads, backend level, sim and cud
 storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cuda backend
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
+host-migration|check|420|whole-VM migration between two vgpud daemons sharing the GPU: a computing VM moves back and forth (checksum equal to an unmoved VM's), a full destination refuses, a killed destination leaves the VM at its source, a wrong token is refused
 shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
 hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
@@ -106,6 +107,7 @@ step_storage() { "$(tb storage vgpu-backend)" --nocapture --test-threads 1; }
 step_storage-e2e() { VGPU_TEST_BACKEND=cuda "$(tb storage vgpu-tests)" a_guest_runs --nocapture; }
 step_band() { VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture; }
 step_migration() { VGPU_TEST_BACKEND=cuda "$(tb migration)" back_and_forth --nocapture; }
+step_host-migration() { VGPU_TEST_BACKEND=cuda "$(tb host_migration)" --nocapture --test-threads 1; }
 step_shm() {
     local rc=0
     echo "== backend: an exported object mapped read-write and read-only"
@@ -471,7 +473,7 @@ step_fuzz() {
 }
 
 # The lines of a step's log worth echoing.
-KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
+KEY='^test |test result|SHM |median|kernel time|SKIPPED|panicked|FAILED|PTX_|: .* \| anchor|^\||^== |GUEST|BENCH|STORAGE OK|utilization|downtimes|HOSTMIG|POLL|FUZZ|SHARING|GOAL|^sharing:|rror|context reserve|setup charged|PASS|FAIL'
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 

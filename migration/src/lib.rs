@@ -19,11 +19,16 @@
 //!    source, working (rollback).
 
 mod migratable;
+mod remote;
+#[cfg(test)]
+mod remote_tests;
 mod report;
 #[cfg(test)]
 mod tests;
+pub mod wire;
 
 pub use migratable::Migratable;
+pub use remote::{Received, RemoteSender, Round, MAX_ALLOCS, MAX_FUNCTIONS, MAX_MODULES};
 pub use report::{MigrateOptions, Mode, Phase, Progress, Report};
 
 /// Why a migration did not happen. The vGPU stays on its source GPU, working.
@@ -46,4 +51,10 @@ pub enum MigrationError {
     /// Another migration of this vGPU is running.
     #[error("a migration of this vGPU is already running; wait for it to finish")]
     Busy,
+    /// The stream to or from another host's worker broke or carried something invalid.
+    #[error("the vGPU state stream failed: {0}")]
+    Stream(String),
+    /// The other end refused (its reason).
+    #[error("the other worker refused the vGPU's state: {0}")]
+    Refused(String),
 }

@@ -19,24 +19,24 @@ use vgpu_backend::sync::{lock, read, write};
 
 /// One allocation as the migration sees it.
 #[derive(Debug)]
-struct Alloc {
-    size: u64,
+pub(crate) struct Alloc {
+    pub(crate) size: u64,
     /// Epoch of the last operation that may have written it.
-    written: Arc<AtomicU64>,
+    pub(crate) written: Arc<AtomicU64>,
     /// Swapped-out ranges (offset -> length): no bytes to copy, and the target must not
     /// hold memory for them either.
-    decommitted: Arc<Mutex<BTreeMap<u64, u64>>>,
+    pub(crate) decommitted: Arc<Mutex<BTreeMap<u64, u64>>>,
 }
 
 #[derive(Debug, Clone)]
-enum Image {
+pub(crate) enum Image {
     Builtin(Vec<u8>),
     Ptx(Vec<u8>),
     Binary(Vec<u8>),
 }
 
 impl Image {
-    fn as_module(&self) -> ModuleImage<'_> {
+    pub(crate) fn as_module(&self) -> ModuleImage<'_> {
         match self {
             Image::Builtin(b) => ModuleImage::Builtin(b),
             Image::Ptx(b) => ModuleImage::Ptx(b),
@@ -46,34 +46,34 @@ impl Image {
 }
 
 #[derive(Debug)]
-struct Module {
-    image: Image,
-    real: u64,
+pub(crate) struct Module {
+    pub(crate) image: Image,
+    pub(crate) real: u64,
 }
 
 #[derive(Debug)]
-struct Func {
-    module: u64,
-    name: Vec<u8>,
-    real: u64,
+pub(crate) struct Func {
+    pub(crate) module: u64,
+    pub(crate) name: Vec<u8>,
+    pub(crate) real: u64,
 }
 
 /// A vGPU's backend that can move to another GPU under the guest's feet.
 pub struct Migratable {
-    current: RwLock<Arc<dyn Backend>>,
+    pub(crate) current: RwLock<Arc<dyn Backend>>,
     /// What the guest saw first (a moved vGPU keeps its identity).
-    info: BackendInfo,
+    pub(crate) info: BackendInfo,
     /// Every operation holds it shared; a migration's stop phase holds it exclusively.
-    dispatch: RwLock<()>,
-    allocs: Mutex<BTreeMap<u64, Alloc>>,
+    pub(crate) dispatch: RwLock<()>,
+    pub(crate) allocs: Mutex<BTreeMap<u64, Alloc>>,
     /// Shared objects mapped (they stay on their GPU).
-    imported: Mutex<BTreeSet<u64>>,
-    modules: Mutex<BTreeMap<u64, Module>>,
-    functions: Mutex<BTreeMap<u64, Func>>,
-    regions: Mutex<Vec<HostRegion>>,
-    next_handle: AtomicU64,
-    epoch: AtomicU64,
-    migrating: AtomicBool,
+    pub(crate) imported: Mutex<BTreeSet<u64>>,
+    pub(crate) modules: Mutex<BTreeMap<u64, Module>>,
+    pub(crate) functions: Mutex<BTreeMap<u64, Func>>,
+    pub(crate) regions: Mutex<Vec<HostRegion>>,
+    pub(crate) next_handle: AtomicU64,
+    pub(crate) epoch: AtomicU64,
+    pub(crate) migrating: AtomicBool,
 }
 
 impl std::fmt::Debug for Migratable {
@@ -107,7 +107,7 @@ impl Migratable {
         read(&self.current).clone()
     }
 
-    fn enter(&self) -> (RwLockReadGuard<'_, ()>, Arc<dyn Backend>) {
+    pub(crate) fn enter(&self) -> (RwLockReadGuard<'_, ()>, Arc<dyn Backend>) {
         let g = read(&self.dispatch);
         (g, self.current())
     }

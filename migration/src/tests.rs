@@ -11,9 +11,9 @@ use vm_memory::VolatileSlice;
 
 use super::*;
 
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
-fn sim(memory: u64) -> Arc<dyn Backend> {
+pub(crate) fn sim(memory: u64) -> Arc<dyn Backend> {
     Arc::new(
         SimGpu::new(SimConfig {
             memory,
@@ -25,26 +25,26 @@ fn sim(memory: u64) -> Arc<dyn Backend> {
     )
 }
 
-fn put(b: &dyn Backend, addr: u64, bytes: &[u8]) {
+pub(crate) fn put(b: &dyn Backend, addr: u64, bytes: &[u8]) {
     let mut v = bytes.to_vec();
     b.copy_htod(addr, &VolatileSlice::from(&mut v[..]))
         .expect("htod");
 }
 
-fn get(b: &dyn Backend, addr: u64, len: usize) -> Vec<u8> {
+pub(crate) fn get(b: &dyn Backend, addr: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     b.copy_dtoh(addr, &VolatileSlice::from(&mut v[..]))
         .expect("dtoh");
     v
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
 }
 
-fn one_d() -> LaunchConfig {
+pub(crate) fn one_d() -> LaunchConfig {
     LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],

@@ -293,6 +293,17 @@ impl Client {
         self.call("GET", &format!("/v1/migrations/{id}"), None)
     }
 
+    /// `POST /v1/vms/{id}/migrate` with a destination: the whole VM moves to another
+    /// vgpud (follow it with [`Client::wait_migration`]).
+    pub fn migrate_vm_to(
+        &self,
+        id: u32,
+        req: &crate::api::VmMigrateRequest,
+    ) -> Result<crate::api::Migration, ClientError> {
+        let body = serde_json::to_vec(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call("POST", &format!("/v1/vms/{id}/migrate"), Some(&body))
+    }
+
     /// `GET /v1/migrations`
     pub fn migrations(&self) -> Result<Vec<crate::api::Migration>, ClientError> {
         self.call("GET", "/v1/migrations", None)

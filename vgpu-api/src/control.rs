@@ -60,6 +60,14 @@ pub enum Command {
     /// not reply to it. An `Attach` answer carries the shared object's file descriptor
     /// (SCM_RIGHTS) with the first byte of its line.
     Answer { to: u64, answer: Answer },
+    /// Send the vGPU's state to a worker on another host (whole-VM migration): the
+    /// connected stream to it rides with this line (SCM_RIGHTS); `token` is the one-time
+    /// secret the destination generated. Device memory is pre-copied while the VM runs;
+    /// the rest goes at the VM's stop (its vmm stopping the rings). The reply
+    /// ([`ReplyBody::Migrated`]) comes once the destination holds the state, or an error.
+    MigrateOut { token: String, max_downtime_ms: u64 },
+    /// Give up a [`Command::MigrateOut`] whose VM did not stop (its move failed).
+    CancelMigrateOut,
     /// A pool worker (started with `--pool`, its GPU backend built, idle) is to serve
     /// vGPU `vgpu_id`: the vGPU's grant page and doorbell ride with this line
     /// (SCM_RIGHTS). The worker binds its vhost-user socket and answers
@@ -273,6 +281,10 @@ pub enum ReplyBody {
     },
     Error {
         message: String,
+    },
+    /// A [`Command::CancelMigrateOut`] was taken; whether a move was running.
+    Cancelled {
+        running: bool,
     },
     /// A pool worker took its vGPU ([`Command::Assign`]): its socket is bound.
     Assigned {

@@ -48,6 +48,8 @@ pub struct ControlState {
     pub memory: u64,
     /// Storage namespaces the target GPU's backend must serve too.
     pub storage: Option<Arc<StorageSet>>,
+    /// A move of the vGPU to another host's worker.
+    pub outgoing: Arc<crate::outgoing::Outgoing>,
 }
 
 impl ControlState {
@@ -119,6 +121,16 @@ impl ControlState {
                 },
                 false,
             ),
+            Command::MigrateOut { .. } => (
+                ReplyBody::Error {
+                    message: "moves to another host are started before commands are handled".into(),
+                },
+                false,
+            ),
+            Command::CancelMigrateOut => {
+                let was = self.outgoing.cancel();
+                (ReplyBody::Cancelled { running: was }, false)
+            }
             Command::Assign { .. } => (
                 ReplyBody::Error {
                     message: "this worker serves a vGPU already; only an idle pool worker takes an assignment".into(),
@@ -330,6 +342,20 @@ fn serve_channel(
                 Err(message) => out.send(&WorkerMessage::Reply {
                     id: req.id,
                     body: ReplyBody::Error { message },
+                }),
+            },
+            Command::MigrateOut {
+                token,
+                max_downtime_ms,
+            } => match fds.pop() {
+                Some(stream) => {
+                    state.start_migrate_out(out.clone(), req.id, stream, token, max_downtime_ms)
+                }
+                None => out.send(&WorkerMessage::Reply {
+                    id: req.id,
+                    body: ReplyBody::Error {
+                        message: "the stream to the destination did not arrive".into(),
+                    },
                 }),
             },
             command => {

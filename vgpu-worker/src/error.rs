@@ -22,6 +22,8 @@ pub enum WorkerError {
     Signals(std::io::Error),
     #[error("sandbox: {0}")]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("receiving the vGPU's state ({at}): {why}")]
+    MigrateIn { at: String, why: String },
     #[error("control channel (fd {fd}): {why}; start the worker from vgpud or drop --control-fd")]
     Control { fd: i32, why: String },
 }

@@ -21,8 +21,10 @@
 mod backend;
 mod control;
 mod error;
+mod incoming;
 mod memlink;
 mod migrate;
+mod outgoing;
 mod pool;
 mod run;
 mod sandbox;
@@ -156,6 +158,14 @@ struct Args {
     /// Seconds to wait for vgpud on --control-listen before stopping (0 = stop at once).
     #[arg(long, default_value_t = 60)]
     control_reconnect_s: u64,
+    /// Receive the vGPU's state from a worker on another host before serving the guest
+    /// (whole-VM migration): listen on `unix:PATH` or `tcp:HOST:PORT` for one connection.
+    /// Needs --migrate-token-file.
+    #[arg(long, requires = "migrate_token_file")]
+    migrate_in: Option<String>,
+    /// The file holding the one-time token the source worker must present.
+    #[arg(long)]
+    migrate_token_file: Option<PathBuf>,
     /// Start as a pool worker (vgpud's `--worker-pool`): build the GPU backend (a cuda
     /// GPU is opened with its whole memory as the ceiling; the vGPU's share is enforced
     /// per vGPU), say ready and wait for vgpud to assign a vGPU on the control channel.
@@ -239,6 +249,8 @@ impl Args {
             control_listen: self.control_listen,
             secret_file: self.secret_file,
             reconnect: Duration::from_secs(self.control_reconnect_s),
+            migrate_in: self.migrate_in,
+            migrate_token_file: self.migrate_token_file,
             pool: self.pool,
         })
     }

@@ -203,6 +203,8 @@ mod tests {
             control_listen: None,
             secret_file: None,
             reconnect: Duration::ZERO,
+            migrate_in: None,
+            migrate_token_file: None,
             pool: true,
         }
     }

@@ -53,6 +53,10 @@ pub struct Config {
     pub secret_file: Option<PathBuf>,
     /// How long to wait for vgpud to reconnect.
     pub reconnect: Duration,
+    /// Receive the vGPU's state from another host's worker first (`--migrate-in`).
+    pub migrate_in: Option<String>,
+    /// Its one-time token.
+    pub migrate_token_file: Option<PathBuf>,
     /// A pool worker: build the GPU, then wait for vgpud to assign a vGPU (`pool.rs`);
     /// `device`, `gpu.memory` and `priority` come with the assignment.
     pub pool: bool,
@@ -294,6 +298,10 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
         }
     };
     answer_assignment(assigned.as_ref(), Ok(()));
+    let incoming = match (&cfg.migrate_in, &cfg.migrate_token_file) {
+        (Some(addr), Some(t)) => Some((crate::incoming::bind(addr)?, crate::incoming::token(t)?)),
+        _ => None,
+    };
 
     let shutdown: Shutdown = Arc::new(Mutex::new(None));
     serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;
@@ -319,7 +327,19 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
         gate,
         memory: d.memory_share,
         storage,
+        outgoing: Arc::default(),
     });
+    if let Some((listener, token)) = incoming {
+        let (shutdown, socket, gate) = (shutdown.clone(), cfg.socket.clone(), state.gate.clone());
+        crate::incoming::start(listener, token, state.migratable.clone(), move |_| {
+            serve::stop(
+                &shutdown,
+                &socket,
+                gate.as_deref(),
+                "the vGPU's state did not arrive",
+            );
+        })?;
+    }
     let out = channel
         .map(|c| start_control(c, &state, reconnect))
         .transpose()?;
@@ -332,12 +352,19 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     if probing.is_some() {
         probe::after_filter();
     }
-    let served = serve::serve(&mut listener, vgpu, &shutdown, cfg.poll, || {
-        state.connected.store(true, Ordering::Relaxed);
-        if let Some(out) = &out {
-            out.send(&WorkerMessage::Connected);
-        }
-    });
+    let served = serve::serve(
+        &mut listener,
+        vgpu,
+        &shutdown,
+        cfg.poll,
+        state.outgoing.clone(),
+        || {
+            state.connected.store(true, Ordering::Relaxed);
+            if let Some(out) = &out {
+                out.send(&WorkerMessage::Connected);
+            }
+        },
+    );
     if let Some(out) = &out {
         state.connected.store(false, Ordering::Relaxed);
         out.send(&WorkerMessage::Final {

@@ -127,11 +127,15 @@ pub fn serve(
     vgpu: Arc<Vgpu>,
     shutdown: &Shutdown,
     poll: Duration,
+    outgoing: Arc<crate::outgoing::Outgoing>,
     on_connected: impl FnOnce(),
 ) -> Result<(), WorkerError> {
     let id = vgpu.config().vgpu_id;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll));
+    let backend = crate::outgoing::Hooked {
+        inner: Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll)),
+        outgoing: outgoing.clone(),
+    };
     let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
     daemon
@@ -141,6 +145,7 @@ pub fn serve(
     tracing::info!(vgpu = id, "frontend connected");
     on_connected();
     let result = daemon.wait();
+    outgoing.release();
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
     }
@@ -228,8 +233,16 @@ mod tests {
         let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
         let shutdown: Shutdown = Arc::new(Mutex::new(None));
         let sd = shutdown.clone();
-        let worker =
-            std::thread::spawn(move || serve(&mut listener, vgpu, &sd, Duration::ZERO, || {}));
+        let worker = std::thread::spawn(move || {
+            serve(
+                &mut listener,
+                vgpu,
+                &sd,
+                Duration::ZERO,
+                Arc::default(),
+                || {},
+            )
+        });
 
         let mut fe = Frontend::connect(&path, 3).expect("connect");
         fe.set_owner().expect("owner");

@@ -36,6 +36,9 @@ pub enum Request {
         downtime_ms: Option<u64>,
         precopy: Option<bool>,
         max_rounds: Option<u32>,
+        /// The destination's one-time token.
+        #[serde(default)]
+        token: Option<String>,
     },
 }
 
@@ -156,6 +159,7 @@ fn handle(state: &Arc<State>, req: Request) -> Result<(), String> {
             downtime_ms,
             precopy,
             max_rounds,
+            token,
         } => {
             let destination: Address = destination.parse().map_err(|e| format!("{e}"))?;
             if state.paused.load(Ordering::SeqCst) {
@@ -169,6 +173,7 @@ fn handle(state: &Arc<State>, req: Request) -> Result<(), String> {
                 downtime: Duration::from_millis(downtime_ms.unwrap_or(DEFAULT_DOWNTIME_MS)),
                 precopy: precopy.unwrap_or(true),
                 max_rounds: max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS),
+                token,
             };
             {
                 let mut s = state.status.lock().unwrap_or_else(|p| p.into_inner());

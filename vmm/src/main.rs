@@ -55,6 +55,9 @@ struct Args {
     /// the VM has.
     #[arg(long)]
     migrate_from: Option<Address>,
+    /// With --migrate-from: a file holding the one-time token the source must present.
+    #[arg(long, requires = "migrate_from")]
+    migrate_token_file: Option<PathBuf>,
 }
 
 /// Receives a VM on `addr` and runs it.
@@ -62,10 +65,20 @@ fn run_incoming(
     addr: &Address,
     vgpus: Vec<VgpuSpec>,
     api_socket: Option<PathBuf>,
+    token_file: Option<PathBuf>,
     started: Instant,
     timing: bool,
 ) -> Result<i32, String> {
-    let (mut stream, desc) = dest::accept(addr).map_err(|e| e.to_string())?;
+    let token = match &token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| format!("cannot read the migration token {}: {e}", f.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let (mut stream, desc) = dest::accept(addr, token.as_deref()).map_err(|e| e.to_string())?;
     let cpu_profile = CpuProfile::from_name(&desc.cpu_profile).ok_or_else(|| {
         dest::fail(
             &mut stream,
@@ -119,7 +132,14 @@ fn main() -> ExitCode {
         .init();
     let args = Args::parse();
     if let Some(addr) = &args.migrate_from {
-        return match run_incoming(addr, args.vgpus, args.api_socket, started, args.timing) {
+        return match run_incoming(
+            addr,
+            args.vgpus,
+            args.api_socket,
+            args.migrate_token_file,
+            started,
+            args.timing,
+        ) {
             Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
             Err(e) => {
                 eprintln!("vmm: {e}");

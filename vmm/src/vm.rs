@@ -422,6 +422,7 @@ impl Vm {
             vgpus: config.vgpus.len(),
             linux: linux_guest,
             cpu_profile: config.cpu_profile.name().into(),
+            token: None,
         };
         Ok(Self {
             start_parked: vec![false; vcpu_fds.len()],

@@ -19,6 +19,7 @@ fn description(memory: u64, vcpus: u8) -> VmDescription {
         vgpus: 0,
         linux: false,
         cpu_profile: "host".into(),
+        token: None,
     }
 }
 
@@ -139,4 +140,36 @@ fn a_state_that_does_not_fit_is_refused() {
     });
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("2 vCPU states for a VM of 1"), "{err}");
+}
+
+#[test]
+fn a_destination_with_a_token_refuses_a_source_without_it() {
+    require_kvm!();
+    let dir = common::tmpdir("token");
+    let listen = dir.join("m.sock");
+    let token = dir.join("token");
+    std::fs::write(&token, "one-time-secret\n").unwrap();
+    let token_arg = token.display().to_string();
+    let dest = common::spawn_dest_at(
+        &format!("unix:{}", listen.display()),
+        &dir.join("api.sock"),
+        &["--migrate-token-file", &token_arg],
+    );
+    common::wait_for(&listen, Duration::from_secs(10));
+    let mut s = common::connect(&listen);
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut d = description(64 << 20, 1);
+    d.token = Some("another-secret".into());
+    wire::write_json(&mut s, Kind::Describe, &d).unwrap();
+    let mut buf = Vec::new();
+    let back = match wire::read_message(&mut s, &mut buf) {
+        Ok(Message::Error(e)) => Some(e),
+        _ => None,
+    };
+    let out = common::finish(dest, Duration::from_secs(30));
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("wrong token"), "{err}");
+    assert!(back.is_some_and(|b| b.contains("wrong token")));
 }

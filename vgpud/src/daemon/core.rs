@@ -50,6 +50,8 @@ pub struct Daemon {
     /// The vGPUs with their own kernel deadline (the records hold it too; this copy is
     /// read where the state lock is held already). A leaf lock: nothing is taken under it.
     kernel_deadlines: Mutex<BTreeMap<u32, Duration>>,
+    /// Whole-VM moves to and from other vgpud daemons.
+    pub(super) host: super::host_migration::Registry,
     /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
     pub(super) spares: super::pool::Spares,
 }
@@ -77,6 +79,7 @@ impl Daemon {
             saver: tokio::sync::Mutex::new(Saver::default()),
             save_kick: Notify::new(),
             kernel_deadlines: Mutex::new(BTreeMap::new()),
+            host: Default::default(),
             spares: super::pool::Spares::default(),
         })
     }

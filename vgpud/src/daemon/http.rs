@@ -18,9 +18,10 @@ use super::error::ApiError;
 use super::metrics;
 use super::migration::{MigrateCommand, DEFAULT_MAX_DOWNTIME_MS};
 use crate::api::{
-    Attach, ErrorBody, Gpu, GpuDemand, MigrateRequest, Migration, MigrationSpan, RebalanceEvent,
+    Attach, ErrorBody, Gpu, GpuDemand, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm,
+    MigrateRequest, Migration, MigrationDestination, MigrationSpan, RebalanceEvent,
     RebalancerStatus, ShmObject, StorageAttachment, Vgpu, VgpuCreate, VgpuDemand, VgpuPatch,
-    VgpuState, VgpuStats, Vm, VmCreate, VmState,
+    VgpuState, VgpuStats, Vm, VmCreate, VmMigrateRequest, VmState,
 };
 use crate::control::MigrationMode;
 use vgpu_api::payloads::{Payload, PayloadArg};
@@ -46,7 +47,12 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/vgpus/{id}/migrate", post(migrate_vgpu))
         .route("/v1/shm", get(list_shm))
         .route("/v1/migrations", get(list_migrations))
-        .route("/v1/migrations/{id}", get(get_migration))
+        .route("/v1/migrations/incoming", post(incoming_migration))
+        .route(
+            "/v1/migrations/{id}",
+            get(get_migration).delete(abort_migration),
+        )
+        .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/rebalancer", get(get_rebalancer))
         .route("/v1/rebalancer/events", get(rebalancer_events))
         .route("/v1/payloads", get(list_payloads))
@@ -78,12 +84,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     paths(
         list_gpus, list_vgpus, create_vgpu, get_vgpu, patch_vgpu, delete_vgpu, vgpu_stats,
         migrate_vgpu, list_migrations, get_migration, get_rebalancer, rebalancer_events, list_shm, list_payloads, list_vms, create_vm, get_vm, delete_vm, vm_console, migrate_vm,
-        get_metrics
+        incoming_migration, commit_migration, abort_migration, get_metrics
     ),
     components(schemas(
         Attach, ErrorBody, Gpu, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VgpuStats, Vm, VmCreate,
         VmState, MigrateRequest, ShmObject, Migration, MigrationSpan, StorageAttachment,
-        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg
+        RebalancerStatus, GpuDemand, VgpuDemand, RebalanceEvent, Payload, PayloadArg,
+        MigrationDestination, VmMigrateRequest, IncomingVm, IncomingAccepted, IncomingCommit,
+        HostMigration
     )),
     modifiers(&BearerAuth),
     tags((name = "vgpud"))
@@ -402,16 +410,28 @@ async fn vm_console(
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], data).into_response())
 }
 
-/// Live-migrate a VM's vGPU (see `POST /v1/vgpus/{id}/migrate`).
+/// Live-migrate a VM's vGPU to another GPU (a `MigrateRequest`, see
+/// `POST /v1/vgpus/{id}/migrate`), or, with `destination` (a `VmMigrateRequest`), the
+/// whole VM with its vGPU to another vgpud: that daemon admits it first (its 409 or 401
+/// comes back as it is, nothing moved), then the move runs on.
 #[utoipa::path(post, path = "/v1/vms/{id}/migrate", params(("id" = u32, Path)), request_body = MigrateRequest, responses(
     (status = 202, body = Migration), (status = 404, body = ErrorBody),
-    (status = 409, body = ErrorBody), (status = 400, body = ErrorBody)))]
+    (status = 409, body = ErrorBody), (status = 400, body = ErrorBody),
+    (status = 401, body = ErrorBody, description = "The destination vgpud refused the token"),
+    (status = 502, body = ErrorBody, description = "The destination vgpud could not be reached")))]
 async fn migrate_vm(
     State(d): State<AppState>,
     Path(id): Path<String>,
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let vm = d.get_vm(id_of(&id)?)?;
+    let to_host = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .is_some_and(|v| v.get("destination").is_some());
+    if to_host {
+        let req = parse_object::<VmMigrateRequest>(&body)?;
+        return d.migrate_vm_to_host(vm.id, req).await.map(accepted);
+    }
     let req = migrate_request(&body)?;
     let vgpu = vm
         .vgpu
@@ -420,6 +440,41 @@ async fn migrate_vm(
     d.migrate_vgpu(vgpu, migrate_command(req)?)
         .await
         .map(accepted)
+}
+
+/// Another vgpud asks to move a VM here: admitted with this daemon's admission rule (409
+/// with the reason when it does not fit), its vGPU's worker and its vmm then wait for the
+/// streams at the addresses answered.
+#[utoipa::path(post, path = "/v1/migrations/incoming", request_body = IncomingVm, responses(
+    (status = 201, body = IncomingAccepted), (status = 400, body = ErrorBody),
+    (status = 409, body = ErrorBody, description = "Does not fit (memory, shares)")))]
+async fn incoming_migration(
+    State(d): State<AppState>,
+    ApiJson(req): ApiJson<IncomingVm>,
+) -> Result<Response, ApiError> {
+    d.incoming_vm(req).await.map(created)
+}
+
+/// The source of an incoming VM says it moved: the VM is this daemon's now, its console
+/// continuing the one it had.
+#[utoipa::path(post, path = "/v1/migrations/{id}/commit", params(("id" = u32, Path)), request_body = IncomingCommit, responses(
+    (status = 200, body = Migration), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn commit_migration(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(c): ApiJson<IncomingCommit>,
+) -> Result<Json<Migration>, ApiError> {
+    d.commit_incoming(id_of(&id)?, c).await.map(Json)
+}
+
+/// The source of an incoming VM gives the move up: the VM and its vGPU reserved here go.
+#[utoipa::path(delete, path = "/v1/migrations/{id}", params(("id" = u32, Path)), responses(
+    (status = 200, body = Migration), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn abort_migration(
+    State(d): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Migration>, ApiError> {
+    d.abort_incoming(id_of(&id)?).await.map(Json)
 }
 
 /// Prometheus metrics (text exposition format).

@@ -135,6 +135,7 @@ impl Daemon {
                 elapsed_ms: 0.0,
                 error: None,
                 timeline: Vec::new(),
+                host: None,
             },
         );
         Ok(Started {
@@ -149,7 +150,7 @@ impl Daemon {
     /// Refuses to move a vGPU that maps shared device memory: the object lives on its GPU
     /// (cuda: an allocation of that device; sim: the same rule, so both backends behave
     /// alike) and every other mapper maps it there. Caller holds the state lock.
-    fn check_no_shm(&self, id: u32) -> Result<(), ApiError> {
+    pub(super) fn check_no_shm(&self, id: u32) -> Result<(), ApiError> {
         let mapped = self.shm_lock().mapped_by(id);
         if mapped.is_empty() {
             return Ok(());
@@ -370,6 +371,13 @@ impl Daemon {
                 .rev()
                 .find(|m| m.vgpu == id && m.state == "running")
             {
+                if let Some(h) = &mut m.host {
+                    // A whole-VM move: the vGPU's part of it.
+                    h.vgpu_rounds = p.rounds;
+                    h.vgpu_bytes = p.bytes;
+                    m.bytes = h.vmm_bytes + p.bytes;
+                    return;
+                }
                 m.phase = p.phase;
                 m.rounds = p.rounds;
                 m.bytes = p.bytes;

@@ -12,6 +12,7 @@ mod admission;
 mod adopt;
 mod core;
 mod error;
+mod host_migration;
 pub mod http;
 mod link;
 mod memory;

@@ -28,7 +28,7 @@ const MAX_PAYLOAD_ARG: usize = 4096;
 const MAX_VCPUS: u8 = 16;
 
 /// A validated VM request.
-struct VmAsk {
+pub(super) struct VmAsk {
     payload: PathBuf,
     payload_arg: String,
     memory: u64,
@@ -130,7 +130,7 @@ impl Daemon {
     }
 
     /// Checks a VM request field by field (nothing is admitted yet).
-    fn validate_vm(&self, req: &VmCreate) -> Result<VmAsk, ApiError> {
+    pub(super) fn validate_vm(&self, req: &VmCreate) -> Result<VmAsk, ApiError> {
         for (field, v) in [
             ("kernel", &req.kernel),
             ("initrd", &req.initrd),
@@ -238,7 +238,11 @@ impl Daemon {
 
     /// Binds (or admits) the VM's vGPU and inserts its record (state `starting`): the
     /// VM's id and its vGPU's. Caller holds the state lock.
-    fn admit_vm(&self, inner: &mut Inner, ask: VmAsk) -> Result<(u32, Option<u32>), ApiError> {
+    pub(super) fn admit_vm(
+        &self,
+        inner: &mut Inner,
+        ask: VmAsk,
+    ) -> Result<(u32, Option<u32>), ApiError> {
         vm_name_free(inner, ask.name.as_deref())?;
         let vm_id = inner.next_vm;
         let vgpu_id = match (ask.vgpu_id, ask.vgpu) {
@@ -278,7 +282,7 @@ impl Daemon {
     }
 
     /// Rolls back a VM whose vmm could not start.
-    async fn undo_vm(&self, vm_id: u32, vgpu: Option<u32>, inline: bool) {
+    pub(super) async fn undo_vm(&self, vm_id: u32, vgpu: Option<u32>, inline: bool) {
         if let Some(vm) = self.state.with(|i| i.vms.remove(&vm_id)) {
             let _ = std::fs::remove_file(&vm.console);
         }
@@ -310,7 +314,7 @@ impl Daemon {
     /// Starts VM `vm_id`'s vmm and its reaper. The command line is read under the state
     /// lock; the console is opened and the vmm forked off the runtime with no lock held,
     /// so launches of different VMs proceed side by side.
-    async fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
+    pub(super) async fn spawn_vmm(self: &Arc<Self>, vm_id: u32) -> Result<(), ApiError> {
         let (mut cmd, console_path, payload) =
             self.state.with(|inner| self.vmm_command(inner, vm_id))?;
         let console_for_open = console_path.clone();
@@ -371,12 +375,28 @@ impl Daemon {
             .and_then(|g| inner.vgpus.get(&g))
             .map(|r| r.socket.clone());
         let mut cmd = Command::new(&self.cfg.vmm_bin);
-        cmd.arg("--payload")
-            .arg(&vm.payload)
-            .args(["--memory", &vm.memory.to_string()])
-            .args(["--vcpus", &vm.vcpus.to_string()])
-            .arg("--payload-arg")
-            .arg(&vm.payload_arg);
+        match self.host.vmm(vm_id) {
+            // A VM moving here from another vgpud: its shape comes with it.
+            Some(incoming) => {
+                cmd.arg("--migrate-from")
+                    .arg(&incoming.address)
+                    .arg("--migrate-token-file")
+                    .arg(&incoming.token_file);
+            }
+            None => {
+                cmd.arg("--payload")
+                    .arg(&vm.payload)
+                    .args(["--memory", &vm.memory.to_string()])
+                    .args(["--vcpus", &vm.vcpus.to_string()])
+                    .arg("--payload-arg")
+                    .arg(&vm.payload_arg);
+            }
+        }
+        cmd.arg("--api-socket")
+            .arg(super::host_migration::vmm_api_socket(
+                &self.cfg.state_dir,
+                vm_id,
+            ));
         if let Some(s) = socket {
             let mut spec = std::ffi::OsString::from("socket=");
             spec.push(s.as_os_str());
@@ -438,7 +458,12 @@ impl Daemon {
             .state
             .with(|i| i.vms.get(&id).map(|v| v.console.clone()))
             .ok_or_else(|| no_vm(id))?;
-        let data = std::fs::read(&path).unwrap_or_default();
+        let mut data = self
+            .host
+            .console_before(id)
+            .and_then(|p| std::fs::read(p).ok())
+            .unwrap_or_default();
+        data.extend(std::fs::read(&path).unwrap_or_default());
         let start = usize::try_from(offset)
             .unwrap_or(usize::MAX)
             .min(data.len());
@@ -481,6 +506,14 @@ impl Daemon {
         if let Some(vm) = vm {
             let _ = std::fs::remove_file(&vm.console);
         }
+        self.host.forget_vm(id);
+        // The vmm's API socket, and the socket a VM that moved here arrived on.
+        let _ = std::fs::remove_file(super::host_migration::vmm_api_socket(
+            &self.cfg.state_dir,
+            id,
+        ));
+        let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.in.sock")));
+        let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.token")));
         if let Some(g) = owned {
             self.forget_vgpu(g);
         }

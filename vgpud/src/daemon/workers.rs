@@ -319,6 +319,13 @@ impl Daemon {
             cmd.arg("--oversubscribe");
         }
         cmd.arg("--shm");
+        if let Some(incoming) = self.host.worker(rec.id) {
+            // It receives the vGPU's state from another host's worker first; its fresh
+            // secret is the stream's one-time token.
+            cmd.arg("--migrate-in")
+                .arg(&incoming.address)
+                .args(["--migrate-token-file", SECRET_FILE]);
+        }
         for s in &rec.storage {
             cmd.arg("--storage").arg(s.to_arg());
         }

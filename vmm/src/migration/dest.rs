@@ -14,7 +14,10 @@ use crate::vm::Vm;
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Waits on `addr` for a source and reads the VM's description.
-pub fn accept(addr: &Address) -> Result<(Stream, VmDescription), MigrationError> {
+pub fn accept(
+    addr: &Address,
+    token: Option<&str>,
+) -> Result<(Stream, VmDescription), MigrationError> {
     let listener = Listener::bind(addr).map_err(|source| MigrationError::Listen {
         addr: addr.to_string(),
         source,
@@ -42,6 +45,19 @@ pub fn accept(addr: &Address) -> Result<(Stream, VmDescription), MigrationError>
         }
         Err(e) => return Err(fail(&mut stream, e.into())),
     };
+    if let Some(want) = token {
+        let given = d.token.as_deref().unwrap_or("").as_bytes();
+        let same = given.len() == want.len()
+            && given
+                .iter()
+                .zip(want.as_bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if !same {
+            let e = MigrationError::Incompatible("the source presented a wrong token".into());
+            return Err(fail(&mut stream, e));
+        }
+    }
     if d.snapshot_version != SNAPSHOT_VERSION {
         let e = MigrationError::Incompatible(format!(
             "snapshot version {} (this vmm reads {SNAPSHOT_VERSION})",

@@ -21,6 +21,9 @@ pub struct VmDescription {
     pub linux: bool,
     /// The CPU profile's name (`host` or `restricted`).
     pub cpu_profile: String,
+    /// The one-time token a destination started with `--migrate-token-file` demands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// One vCPU. Blobs are the kernel's structs of the same name (x86-64 layout).

@@ -32,6 +32,8 @@ pub struct MigrateRequest {
     pub precopy: bool,
     /// Most dirty-page rounds before the VM is paused whatever is left.
     pub max_rounds: u32,
+    /// The destination's one-time token, when it demands one.
+    pub token: Option<String>,
 }
 
 /// Where a migration stands.
@@ -179,7 +181,11 @@ impl Run<'_> {
             inner: stream,
             bytes: 0,
         };
-        write_json(&mut w, Kind::Describe, &h.description)?;
+        let description = super::snapshot::VmDescription {
+            token: req.token.clone(),
+            ..h.description.clone()
+        };
+        write_json(&mut w, Kind::Describe, &description)?;
         // Pages a vhost-user backend writes are not in KVM's dirty log: with an active
         // device the stopped phase re-sends all of RAM.
         let device_active = h.transports.iter().any(|t| lock(t).snapshot().active);

@@ -108,14 +108,14 @@ pub fn follow_migration(
     };
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} vGPU {prefix} {msg:28} [{bar:30}] {bytes}/{total_bytes}",
+            "{spinner} {prefix} {msg:28} [{bar:30}] {bytes}/{total_bytes}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar.set_prefix(format!(
-        "{}: GPU {} -> {}",
-        m.vgpu, m.source_gpu, m.target_gpu
-    ));
+    bar.set_prefix(match &m.host {
+        Some(h) => format!("VM {} -> {}", h.vm, h.peer),
+        None => format!("vGPU {}: GPU {} -> {}", m.vgpu, m.source_gpu, m.target_gpu),
+    });
     let mut last = (String::new(), u32::MAX);
     let done = c.wait_migration(m.id, Duration::from_secs(600), |m| {
         bar.set_length(m.total_bytes);
@@ -139,6 +139,7 @@ pub fn follow_migration(
     // Where the vGPU runs now, as vgpud places it (a migration watched after its end
     // may have been followed by others).
     match c.vgpu(done.vgpu) {
+        _ if done.host.is_some() => {}
         Ok(v) if !json && was_running => {
             if v.gpu == done.target_gpu {
                 println!("vGPU {} now runs on GPU {}", v.id, v.gpu);
@@ -175,6 +176,36 @@ fn phases(m: &Migration) -> String {
 }
 
 fn migration_line(m: &Migration) -> String {
+    if let Some(h) = &m.host {
+        let whither = match h.direction.as_str() {
+            "incoming" => format!("VM {} from {}", h.vm, h.peer),
+            _ => format!(
+                "VM {} to {} (VM {} there)",
+                h.vm,
+                h.peer,
+                h.remote_vm.unwrap_or(0)
+            ),
+        };
+        return match m.state.as_str() {
+            "completed" => format!(
+                "migration {}: moved {whither} in {:.1} ms: guest RAM {} in {} rounds ({} while stopped), vGPU {} in {} rounds, downtime {:.2} ms\n",
+                m.id,
+                m.elapsed_ms,
+                human_bytes(h.vmm_bytes),
+                h.vmm_rounds,
+                human_bytes(h.stop_ram_bytes),
+                human_bytes(h.vgpu_bytes),
+                h.vgpu_rounds,
+                m.downtime_ms.unwrap_or(0.0)
+            ),
+            "failed" => format!(
+                "migration {}: {whither} did not move, it runs where it was: {}\n",
+                m.id,
+                m.error.as_deref().unwrap_or("failed")
+            ),
+            _ => format!("migration {}: {whither}: {}\n", m.id, progress_text(m)),
+        };
+    }
     match m.state.as_str() {
         "completed" => {
             let mut s = format!(

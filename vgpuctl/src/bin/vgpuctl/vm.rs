@@ -101,10 +101,22 @@ pub enum VmCmd {
         #[arg(long, default_value_t = 3600)]
         timeout_s: u64,
     },
-    /// Live-migrate a VM's vGPU to another GPU.
+    /// Live-migrate a VM's vGPU to another GPU, or with --to the whole VM, vGPU included,
+    /// to another vgpud (on this host: unix:/path/of/its/socket; on another:
+    /// http://HOST:PORT with --to-token-file).
     Migrate {
         /// The VM's id or name.
         id: String,
+        /// Move the whole VM to the vgpud at unix:PATH or http://HOST:PORT.
+        #[arg(long, conflicts_with_all = ["target_gpu", "mode"])]
+        to: Option<String>,
+        /// The destination vgpud's bearer token (a file holding it), for http://
+        /// (`--token-file` is this vgpud's own).
+        #[arg(long, requires = "to")]
+        to_token_file: Option<std::path::PathBuf>,
+        /// With --to: the pause the move aims for, ms [default: 300].
+        #[arg(long, requires = "to")]
+        downtime_ms: Option<u64>,
         #[command(flatten)]
         args: MigrateArgs,
     },
@@ -305,13 +317,59 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
             return Ok(vm_exit(&vm));
         }
-        VmCmd::Migrate { id, args } => {
+        VmCmd::Migrate {
+            id,
+            to,
+            to_token_file,
+            downtime_ms,
+            args,
+        } => {
             let id = vm_id(c, &id)?;
-            let m = c
-                .migrate_vm(id, &args.req())
-                .map_err(Failure::within(Context::Migrate))?;
+            let m = match to {
+                Some(to) => {
+                    let req = host_request(&to, to_token_file.as_deref(), downtime_ms)?;
+                    c.migrate_vm_to(id, &req)
+                }
+                None => c.migrate_vm(id, &args.req()),
+            }
+            .map_err(Failure::within(Context::Migrate))?;
             return follow_migration(c, json, m, args.no_wait, args.max_downtime_ms());
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `vm migrate --to`: the destination as the API takes it.
+fn host_request(
+    to: &str,
+    token_file: Option<&std::path::Path>,
+    downtime_ms: Option<u64>,
+) -> Result<vgpu_api::api::VmMigrateRequest, Failure> {
+    let token = match token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .map_err(|e| {
+                    Failure::from(vgpu_api::client::ClientError::Usage(format!(
+                        "cannot read the token file {}: {e}",
+                        f.display()
+                    )))
+                })?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let (socket, url) = if let Some(p) = to.strip_prefix("unix:") {
+        (Some(p.to_owned()), None)
+    } else if to.starts_with("http://") {
+        (None, Some(to.to_owned()))
+    } else {
+        return Err(Failure::from(vgpu_api::client::ClientError::Usage(
+            format!("--to {to:?}: give unix:/path/of/the/vgpud.sock or http://HOST:PORT"),
+        )));
+    };
+    Ok(vgpu_api::api::VmMigrateRequest {
+        destination: vgpu_api::api::MigrationDestination { socket, url, token },
+        downtime_ms,
+    })
 }

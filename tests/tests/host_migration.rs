@@ -1,0 +1,447 @@
+//! Whole-VM migration between two vgpud daemons on one machine (each with its own GPUs,
+//! state directory and socket): a gpu-load VM computing through its vGPU moves from one
+//! daemon to the other and back, several times, and ends with the checksum of a VM that
+//! never moved; a full destination refuses (409, nothing moved); a destination killed
+//! mid-move leaves the VM running at the source; a wrong token is refused (401).
+//!
+//! `VGPU_TEST_BACKEND=cuda` runs it on the GPU machine (both daemons share GPU 0 with
+//! small shares).
+
+use std::time::{Duration, Instant};
+
+use vgpu_api::api::{Migration, MigrationDestination, VgpuState, VmMigrateRequest, VmState};
+use vgpu_api::client::{Client, Endpoint};
+use vgpu_tests::daemon::{gpu_load, wait_running, TestDaemon};
+use vgpu_tests::require_kvm;
+
+const MIB: u64 = 1 << 20;
+
+fn on_cuda() -> bool {
+    std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda")
+}
+
+fn gpus() -> Vec<&'static str> {
+    if on_cuda() {
+        vec!["--backend", "cuda"]
+    } else {
+        vec!["--sim-gpus", "1", "--sim-memory", "512M"]
+    }
+}
+
+fn console(c: &Client, id: u32) -> String {
+    String::from_utf8_lossy(&c.console(id, 0).unwrap_or_default()).into_owned()
+}
+
+fn last_checksum(out: &str) -> String {
+    out.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("GPU-LOAD OK "))
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn to_socket(d: &TestDaemon) -> VmMigrateRequest {
+    VmMigrateRequest {
+        destination: MigrationDestination {
+            socket: Some(d.socket.display().to_string()),
+            url: None,
+            token: None,
+        },
+        downtime_ms: Some(100),
+    }
+}
+
+/// Moves VM `id` from `from` as `req` says; the VM's id at the destination.
+fn move_vm(from: &Client, id: u32, req: &VmMigrateRequest) -> (u32, Migration) {
+    let m = from.migrate_vm_to(id, req).expect("migrate");
+    let host = m.host.clone().expect("a whole-VM move");
+    let remote = host.remote_vm.expect("the destination's VM");
+    let done = from
+        .wait_migration(m.id, Duration::from_secs(120), |_| {})
+        .expect("wait");
+    assert_eq!(done.state, "completed", "{done:?}");
+    (remote, done)
+}
+
+/// Waits until VM `id` is gone from `c` (the source frees a moved VM).
+fn wait_gone(c: &Client, id: u32) {
+    let start = Instant::now();
+    while c.vm(id).is_ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "VM {id} is still listed at its source"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-a", &gpus());
+    let b = TestDaemon::start("hostmig-b", &gpus());
+    let arg = "rounds=2500 n=65536 spin_us=2000 check=100";
+    let mut vm = gpu_load(arg, 0, 0.2, 32 * MIB);
+    vm.name = Some("mover".into());
+    vm.labels.insert("team".into(), "gpu".into());
+    let moved = a.client.create_vm(&vm).expect("vm");
+    let still = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("reference vm");
+    wait_running(&a.client, moved.id);
+    wait_running(&a.client, still.id);
+    std::thread::sleep(Duration::from_millis(300));
+    let daemons = [&a, &b];
+    let mut at = 0;
+    let mut id = moved.id;
+    for i in 0..4 {
+        let (from, to) = (daemons[at], daemons[1 - at]);
+        let before = console(&from.client, id);
+        let here = from.client.vm(id).expect("vm");
+        let (vgpu_here, uptime) = (here.vgpu.expect("vgpu"), here.uptime_ms);
+        let (remote, m) = move_vm(&from.client, id, &to_socket(to));
+        let host = m.host.expect("host");
+        eprintln!(
+            "HOSTMIG move {i}: downtime {:?} ms, vmm {} B in {} rounds, vGPU {} B (its stop {:?} ms)",
+            m.downtime_ms, host.vmm_bytes, host.vmm_rounds, host.vgpu_bytes, host.vgpu_downtime_ms
+        );
+        assert!(host.vgpu_bytes > 0, "the vGPU's memory moved: {host:?}");
+        // The destination's record of the same move.
+        let theirs = to
+            .client
+            .migration(host.remote_migration.expect("remote record"))
+            .expect("remote migration");
+        let their_host = theirs.host.expect("host");
+        assert_eq!(
+            (theirs.state.as_str(), their_host.direction.as_str()),
+            ("completed", "incoming")
+        );
+        assert_eq!(theirs.downtime_ms, m.downtime_ms);
+        assert_eq!(their_host.vgpu_bytes, host.vgpu_bytes);
+        wait_gone(&from.client, id);
+        let there = to.client.vm(remote).expect("moved VM");
+        assert!(there.uptime_ms >= uptime, "its uptime continues");
+        assert_eq!(there.name.as_deref(), Some("mover"));
+        assert_eq!(there.labels.get("team").map(String::as_str), Some("gpu"));
+        // The console continues the one it had.
+        let after = console(&to.client, remote);
+        assert!(
+            after.starts_with(before.trim_end()),
+            "console:\n{before}\n---\n{after}"
+        );
+        assert!(
+            to.client
+                .vgpus()
+                .expect("vgpus")
+                .iter()
+                .any(|v| Some(v.id) == there.vgpu),
+            "its vGPU is there"
+        );
+        let start = Instant::now();
+        loop {
+            let left: Vec<_> = from
+                .client
+                .vgpus()
+                .expect("vgpus")
+                .into_iter()
+                .filter(|v| v.id == vgpu_here)
+                .filter(|v| !matches!(v.state, VgpuState::Released | VgpuState::Failed { .. }))
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the source still holds {left:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        id = remote;
+        at = 1 - at;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let end = daemons[at];
+    let vm = end
+        .client
+        .wait_vm(id, Duration::from_secs(240))
+        .expect("wait");
+    let out = console(&end.client, id);
+    assert_eq!(vm.state, VmState::Exited { code: 0 }, "{out}");
+    let reference = a
+        .client
+        .wait_vm(still.id, Duration::from_secs(240))
+        .expect("wait");
+    assert_eq!(reference.state, VmState::Exited { code: 0 });
+    let expected = console(&a.client, still.id);
+    assert!(out.contains("GPU-LOAD OK rounds=2500"), "{out}");
+    assert_eq!(
+        last_checksum(&out),
+        last_checksum(&expected),
+        "moved vs unmoved"
+    );
+}
+
+/// The reference run's checksum beside the moved VM's, both finished.
+fn assert_same_result(c: &Client, id: u32, reference: &Client, reference_id: u32, rounds: &str) {
+    let vm = c.wait_vm(id, Duration::from_secs(240)).expect("wait");
+    let out = console(c, id);
+    assert_eq!(vm.state, VmState::Exited { code: 0 }, "{out}");
+    let r = reference
+        .wait_vm(reference_id, Duration::from_secs(240))
+        .expect("wait");
+    assert_eq!(r.state, VmState::Exited { code: 0 });
+    assert!(
+        out.contains(&format!("GPU-LOAD OK rounds={rounds}")),
+        "{out}"
+    );
+    assert_eq!(
+        last_checksum(&out),
+        last_checksum(&console(reference, reference_id)),
+        "moved vs unmoved"
+    );
+}
+
+/// Whether daemon `c` holds no VM and no vGPU that holds resources.
+fn holds_nothing(c: &Client) -> bool {
+    c.vms().expect("vms").iter().all(|v| !v.state.is_live())
+        && c.vgpus()
+            .expect("vgpus")
+            .iter()
+            .all(|v| matches!(v.state, VgpuState::Released | VgpuState::Failed { .. }))
+}
+
+#[test]
+fn a_full_destination_refuses_and_nothing_moves() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-full-a", &gpus());
+    let b = TestDaemon::start("hostmig-full-b", &gpus());
+    // Most of every destination GPU is taken: the VM's 20% compute share does not fit.
+    for g in 0..b.client.gpus().expect("gpus").len() {
+        let gpu = u32::try_from(g).expect("gpu index");
+        let hog = gpu_load("", gpu, 0.9, 16 * MIB).vgpu.expect("vgpu");
+        b.client.create_vgpu(&hog).expect("hog");
+    }
+    let vgpus_b = b.client.vgpus().expect("vgpus");
+    let before_b = b.client.vms().expect("vms").len();
+    let vm = a
+        .client
+        .create_vm(&gpu_load("rounds=300 spin_us=1000", 0, 0.2, 32 * MIB))
+        .expect("vm");
+    wait_running(&a.client, vm.id);
+    let e = a
+        .client
+        .migrate_vm_to(vm.id, &to_socket(&b))
+        .expect_err("does not fit");
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("destination"), "{e}");
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert_eq!(
+        b.client.vms().expect("vms").len(),
+        before_b,
+        "nothing arrived"
+    );
+    assert_eq!(
+        b.client.vgpus().expect("vgpus"),
+        vgpus_b,
+        "nothing reserved"
+    );
+    let done = a
+        .client
+        .wait_vm(vm.id, Duration::from_secs(120))
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        VmState::Exited { code: 0 },
+        "{}",
+        console(&a.client, vm.id)
+    );
+}
+
+#[test]
+fn a_destination_killed_mid_move_leaves_the_vm_running_at_its_source() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-kill-a", &gpus());
+    let mut b = TestDaemon::start("hostmig-kill-b", &gpus());
+    let arg = "rounds=1500 n=65536 spin_us=2000 check=100";
+    let vm = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("vm");
+    let reference = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("ref");
+    wait_running(&a.client, vm.id);
+    wait_running(&a.client, reference.id);
+    let m = a
+        .client
+        .migrate_vm_to(vm.id, &to_socket(&b))
+        .expect("admitted");
+    // The destination daemon and everything it started go at once.
+    for pid in b.kill9() {
+        // SAFETY: kill takes integers; the pid is the dead daemon's child.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let done = a
+        .client
+        .wait_migration(m.id, Duration::from_secs(120), |_| {})
+        .expect("wait");
+    assert_eq!(done.state, "failed", "{done:?}");
+    eprintln!("HOSTMIG killed destination: {:?}", done.error);
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert_same_result(&a.client, vm.id, &a.client, reference.id, "1500");
+}
+
+/// A vgpud on a loopback TCP port with a bearer token.
+struct TcpDaemon {
+    child: std::process::Child,
+    url: String,
+    client: Client,
+    token: String,
+}
+
+impl Drop for TcpDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tcp_daemon(tag: &str) -> TcpDaemon {
+    let dir = vgpu_tests::daemon::temp_dir(tag);
+    let token = format!("{tag}-token-0123456789abcdef");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, &token).expect("token");
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let payloads = vgpu_tests::bins::payload("hello");
+    let pdir = payloads
+        .parent()
+        .expect("payload dir")
+        .display()
+        .to_string();
+    let mut args = vec![
+        "--listen".to_string(),
+        addr.clone(),
+        "--token-file".into(),
+        token_file.display().to_string(),
+        "--state-dir".into(),
+        dir.join("state").display().to_string(),
+        "--payload-dir".into(),
+        pdir,
+    ];
+    args.extend(gpus().iter().map(|s| (*s).to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = std::fs::File::create(dir.join("vgpud.log")).expect("log");
+    let child = vgpu_tests::daemon::vgpud_command(&refs)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("vgpud");
+    let client = Client::new(Endpoint::Tcp(addr.clone()), Some(token.clone()));
+    let start = Instant::now();
+    while client.gpus().is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "vgpud on {addr} did not serve"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    TcpDaemon {
+        child,
+        url: format!("http://{addr}"),
+        client,
+        token,
+    }
+}
+
+#[test]
+fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-tcp-a", &gpus());
+    let b = tcp_daemon("hostmig-tcp-b");
+    let arg = "rounds=1000 n=65536 spin_us=2000 check=100";
+    let vm = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("vm");
+    let reference = a
+        .client
+        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .expect("ref");
+    wait_running(&a.client, vm.id);
+    wait_running(&a.client, reference.id);
+    let mut req = VmMigrateRequest {
+        destination: MigrationDestination {
+            socket: None,
+            url: Some(b.url.clone()),
+            token: Some("not-the-token".into()),
+        },
+        downtime_ms: Some(100),
+    };
+    let e = a
+        .client
+        .migrate_vm_to(vm.id, &req)
+        .expect_err("wrong token");
+    assert_eq!(e.status(), Some(401), "{e}");
+    assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
+    assert!(holds_nothing(&b.client));
+    req.destination.token = Some(b.token.clone());
+    let (remote, m) = move_vm(&a.client, vm.id, &req);
+    eprintln!(
+        "HOSTMIG over TCP: downtime {:?} ms, {} B",
+        m.downtime_ms, m.bytes
+    );
+    assert_same_result(&b.client, remote, &a.client, reference.id, "1000");
+}
+
+#[test]
+fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
+    require_kvm!();
+    let a = TestDaemon::start("hostmig-cli-a", &gpus());
+    let b = TestDaemon::start("hostmig-cli-b", &gpus());
+    let vm = a
+        .client
+        .create_vm(&gpu_load("rounds=800 spin_us=2000", 0, 0.2, 32 * MIB))
+        .expect("vm");
+    wait_running(&a.client, vm.id);
+    let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
+        .arg("--socket")
+        .arg(&a.socket)
+        .args(["vm", "migrate", &vm.id.to_string(), "--to"])
+        .arg(format!("unix:{}", b.socket.display()))
+        .output()
+        .expect("vgpuctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("moved VM") && text.contains("downtime"),
+        "{text}"
+    );
+    wait_gone(&a.client, vm.id);
+    let there = b.client.vms().expect("vms");
+    assert_eq!(there.len(), 1, "{there:?}");
+    let done = b
+        .client
+        .wait_vm(there[0].id, Duration::from_secs(120))
+        .expect("wait");
+    assert_eq!(
+        done.state,
+        VmState::Exited { code: 0 },
+        "{}",
+        console(&b.client, there[0].id)
+    );
+}

@@ -1,0 +1,168 @@
+//! Whole-VM migration, the destination worker's half (`--migrate-in ADDR`): the worker
+//! listens on ADDR (bound at start-up, before the sandbox closes), takes one connection
+//! from the source worker and receives the vGPU's state into its fresh backend
+//! (`Migratable::receive_from`: the one-time token from `--migrate-token-file`, every
+//! message checked). The guest's requests wait until the state is in place. If it never
+//! arrives whole, the worker stops: its VM cannot run here, and the source keeps it.
+
+use std::io::{self, Read, Write};
+use std::net::TcpListener;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vgpu_migration::Migratable;
+
+use crate::error::WorkerError;
+
+/// How long the destination waits on one read or write of the stream.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the source connects.
+pub enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<UnixStream> {
+        // Either kind of stream socket reads and writes the same; the unix type is only
+        // the carrier of the descriptor.
+        let fd: OwnedFd = match self {
+            Listener::Unix(l, _) => l.accept()?.0.into(),
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                s.into()
+            }
+        };
+        let s = UnixStream::from(fd);
+        s.set_read_timeout(Some(STREAM_TIMEOUT))?;
+        s.set_write_timeout(Some(STREAM_TIMEOUT))?;
+        Ok(s)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Binds `addr` (`unix:PATH` or `tcp:HOST:PORT`).
+pub fn bind(addr: &str) -> Result<Listener, WorkerError> {
+    let err = |why: String| WorkerError::MigrateIn {
+        at: addr.to_owned(),
+        why,
+    };
+    if let Some(path) = addr.strip_prefix("unix:") {
+        let path = PathBuf::from(path);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            std::fs::remove_file(&path)
+                .map_err(|e| err(format!("cannot remove the old socket: {e}")))?;
+        }
+        let l = UnixListener::bind(&path).map_err(|e| err(e.to_string()))?;
+        return Ok(Listener::Unix(l, path));
+    }
+    if let Some(hp) = addr.strip_prefix("tcp:") {
+        let l = TcpListener::bind(hp).map_err(|e| err(e.to_string()))?;
+        return Ok(Listener::Tcp(l));
+    }
+    Err(err("give unix:PATH or tcp:HOST:PORT".into()))
+}
+
+/// Reads the one-time token.
+pub fn token(path: &std::path::Path) -> Result<String, WorkerError> {
+    let err = |why: String| WorkerError::MigrateIn {
+        at: path.display().to_string(),
+        why,
+    };
+    let t = std::fs::read_to_string(path)
+        .map_err(|e| err(format!("cannot read the migration token: {e}")))?
+        .trim()
+        .to_owned();
+    if t.is_empty() {
+        return Err(err("the migration token is empty".into()));
+    }
+    Ok(t)
+}
+
+/// The connection, accepted on first use (so that the dispatch lock is held while the
+/// worker waits for its source).
+struct Lazy {
+    listener: Listener,
+    conn: Option<UnixStream>,
+}
+
+impl Lazy {
+    fn conn(&mut self) -> io::Result<&mut UnixStream> {
+        if self.conn.is_none() {
+            let s = self.listener.accept()?;
+            tracing::info!("the source worker connected; receiving the vGPU's state");
+            self.conn = Some(s);
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no connection"))
+    }
+}
+
+impl Read for Lazy {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.conn()?.read(buf)
+    }
+}
+
+impl Write for Lazy {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.conn()?.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.conn()?.flush()
+    }
+}
+
+/// Receives the state on its own thread; returns once the guest's requests are held
+/// back. `failed` runs when the state did not arrive whole.
+pub fn start(
+    listener: Listener,
+    token: String,
+    migratable: Arc<Migratable>,
+    failed: impl FnOnce(String) + Send + 'static,
+) -> Result<(), WorkerError> {
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("migrate-in".into())
+        .spawn(move || {
+            let conn = Lazy {
+                listener,
+                conn: None,
+            };
+            let r = migratable.receive_from(conn, token.as_bytes(), move || {
+                let _ = locked_tx.send(());
+            });
+            match r {
+                Ok(got) => tracing::info!(
+                    allocations = got.allocations,
+                    bytes = got.bytes,
+                    modules = got.modules,
+                    functions = got.functions,
+                    "the vGPU's state arrived; serving the guest"
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, "the vGPU's state did not arrive; stopping");
+                    failed(e.to_string());
+                }
+            }
+        })
+        .map_err(WorkerError::Signals)?;
+    locked_rx.recv().map_err(|_| WorkerError::Control {
+        fd: -1,
+        why: "the receiving thread ended before it started".into(),
+    })
+}

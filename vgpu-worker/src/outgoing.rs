@@ -1,0 +1,438 @@
+//! Whole-VM migration, the source worker's half: on vgpud's `migrate_out` the vGPU's
+//! state streams to the destination worker (`vgpu_migration::RemoteSender`): device
+//! memory pre-copied while the VM runs, the rest at the VM's stop. The stop is the vmm
+//! stopping the rings (vhost-user `GET_VRING_BASE`): the first ring's stop waits here
+//! until the destination holds the state, so the VM and its vGPU stop once, together.
+//! When the state does not get there, that ring's stop fails, and the vmm rolls the VM
+//! back (it runs on here, its vGPU whole).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use vgpu_api::control::{MigrationDone, MigrationProgress, ReplyBody, WorkerMessage};
+use vgpu_device::{Memory, VgpuVhostBackend};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+};
+use vhost_user_backend::VhostUserBackend;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
+
+use crate::control::ControlState;
+use crate::memlink::ControlOut;
+
+/// How long the source waits on one write or read of the stream.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Queue threads count as idle once no request completed for this long.
+const SETTLED: Duration = Duration::from_millis(50);
+/// How long the VM's stop waits for the requests in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between pre-copy rounds once the rest fits the downtime budget.
+const IDLE_ROUND: Duration = Duration::from_millis(20);
+
+#[derive(Default)]
+struct State {
+    /// A move is under way.
+    armed: bool,
+    /// The VM stopped: finish now.
+    stop: bool,
+    /// vgpud gave the move up.
+    cancelled: bool,
+    /// How the last move ended (for the rings stopped after the first).
+    result: Option<Result<(), String>>,
+    /// Queue threads serving the guest right now.
+    in_flight: usize,
+    /// The guest's requests wait: the vGPU's state is on its way or went to the
+    /// destination (until the move is given up).
+    frozen: bool,
+}
+
+/// The outgoing move as the ring-stop hook and the sending thread share it.
+#[derive(Default)]
+pub struct Outgoing {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Outgoing {
+    fn arm(&self) -> bool {
+        let mut s = vgpu_sync::lock(&self.state);
+        if s.armed {
+            return false;
+        }
+        s.armed = true;
+        s.stop = false;
+        s.cancelled = false;
+        s.result = None;
+        true
+    }
+
+    /// Gives up the move under way (its thread ends at its next step).
+    pub fn cancel(&self) -> bool {
+        let mut s = vgpu_sync::lock(&self.state);
+        let was = s.armed;
+        s.cancelled = true;
+        // The VM runs on here: its requests go on.
+        s.frozen = false;
+        self.changed.notify_all();
+        was
+    }
+
+    /// The frontend is gone: nothing is held back any more (the worker ends).
+    pub fn release(&self) {
+        vgpu_sync::lock(&self.state).frozen = false;
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `wait` for the stop; whether to finish now, or Err when cancelled.
+    fn stop_wanted(&self, wait: Duration) -> Result<bool, String> {
+        let s = vgpu_sync::lock(&self.state);
+        let (s, _) = self
+            .changed
+            .wait_timeout_while(s, wait, |s| !s.stop && !s.cancelled)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.cancelled {
+            return Err("vgpud gave the move up".into());
+        }
+        Ok(s.stop)
+    }
+
+    fn done(&self, result: Result<(), String>) {
+        let mut s = vgpu_sync::lock(&self.state);
+        s.armed = false;
+        s.result = Some(result);
+        self.changed.notify_all();
+    }
+
+    /// A ring stops (the vmm's `GET_VRING_BASE`). During a move, the first one finishes
+    /// it and waits for the outcome; an error fails the ring's stop (the vmm rolls back).
+    ///
+    /// Before that, the requests the guest sent before it stopped complete (their used
+    /// entries land in guest RAM before the vmm sends it) and no new ones start: queue
+    /// threads wait at their entry, and the stop waits until every thread inside has left,
+    /// or `served` (the device's count of completed requests) has stood still for
+    /// [`SETTLED`] (a thread whose ring stopped with requests still in it spins without
+    /// serving them; they go to the destination with the ring).
+    fn ring_stopped(&self, ring: u32, served: impl Fn() -> u64) -> io::Result<()> {
+        let mut s = vgpu_sync::lock(&self.state);
+        if !s.armed {
+            return match s.result.take() {
+                Some(Err(e)) => Err(io::Error::other(e)),
+                Some(Ok(())) | None => Ok(()),
+            };
+        }
+        // Requests the guest sent before it stopped complete here first (their used
+        // entries land in guest RAM before the vmm sends it); none start after.
+        s.frozen = true;
+        let start = Instant::now();
+        let mut last = (served(), Instant::now());
+        let mut drained = true;
+        while s.in_flight > 0 {
+            s = self
+                .changed
+                .wait_timeout(s, Duration::from_millis(5))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+            let now = served();
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() >= SETTLED {
+                break;
+            }
+            if start.elapsed() > DRAIN_TIMEOUT {
+                drained = false;
+                break;
+            }
+        }
+        if !drained {
+            s.cancelled = true;
+            s.frozen = false;
+            self.changed.notify_all();
+            return Err(io::Error::other(
+                "the vGPU's queues did not drain; the VM stays here",
+            ));
+        }
+        tracing::info!(ring, "the VM stopped: sending the rest of the vGPU's state");
+        s.stop = true;
+        self.changed.notify_all();
+        let mut s = self
+            .changed
+            .wait_while(s, |s| s.armed)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &s.result {
+            Some(Err(e)) => {
+                let e = io::Error::other(e.clone());
+                s.frozen = false;
+                self.changed.notify_all();
+                Err(e)
+            }
+            Some(Ok(())) | None => Ok(()),
+        }
+    }
+
+    /// A queue thread starts serving: it waits while the guest's requests are held.
+    fn enter(&self) {
+        let s = vgpu_sync::lock(&self.state);
+        let mut s = self
+            .changed
+            .wait_while(s, |s| s.frozen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.in_flight += 1;
+    }
+
+    fn leave(&self) {
+        let mut s = vgpu_sync::lock(&self.state);
+        s.in_flight = s.in_flight.saturating_sub(1);
+        self.changed.notify_all();
+    }
+}
+
+impl ControlState {
+    /// Starts sending the vGPU's state over `stream`; the reply goes out when it ends.
+    pub fn start_migrate_out(
+        self: &Arc<Self>,
+        out: Arc<ControlOut>,
+        id: u64,
+        stream: OwnedFd,
+        token: String,
+        max_downtime_ms: u64,
+    ) {
+        let reply = move |body| WorkerMessage::Reply { id, body };
+        if self.pager.is_some() {
+            out.send(&reply(ReplyBody::Error {
+                message: "an oversubscribed vGPU cannot move to another host; give it its whole memory share first".into(),
+            }));
+            return;
+        }
+        if !self.outgoing.arm() {
+            out.send(&reply(ReplyBody::Error {
+                message: "a move of this vGPU to another host is already running".into(),
+            }));
+            return;
+        }
+        let st = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("migrate-out".into())
+            .spawn(move || {
+                let r = st.migrate_out(&out, stream, &token, max_downtime_ms);
+                st.outgoing
+                    .done(r.as_ref().map(|_| ()).map_err(Clone::clone));
+                let body = match r {
+                    Ok(report) => ReplyBody::Migrated { report },
+                    Err(message) => ReplyBody::Error { message },
+                };
+                out.send(&reply(body));
+            });
+        if let Err(e) = spawned {
+            self.outgoing
+                .done(Err(format!("cannot start the sending thread: {e}")));
+            tracing::error!(error = %e, "cannot start the migration thread");
+        }
+    }
+
+    fn migrate_out(
+        &self,
+        out: &ControlOut,
+        stream: OwnedFd,
+        token: &str,
+        max_downtime_ms: u64,
+    ) -> Result<MigrationDone, String> {
+        let stream = UnixStream::from(stream);
+        for set in [
+            stream.set_read_timeout(Some(STREAM_TIMEOUT)),
+            stream.set_write_timeout(Some(STREAM_TIMEOUT)),
+        ] {
+            set.map_err(|e| format!("the stream to the destination: {e}"))?;
+        }
+        let budget = Duration::from_millis(max_downtime_ms);
+        let started = Instant::now();
+        let mut tx = self
+            .migratable
+            .send_to(stream, token.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut last = Instant::now();
+        loop {
+            let round = tx.precopy_round().map_err(|e| e.to_string())?;
+            if last.elapsed() >= Duration::from_millis(100) {
+                last = Instant::now();
+                out.send(&WorkerMessage::Migration {
+                    progress: MigrationProgress {
+                        phase: "precopy".into(),
+                        rounds: tx.rounds(),
+                        bytes: tx.bytes(),
+                        total: tx.total(),
+                        dirty: round.dirty,
+                        elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+                    },
+                });
+            }
+            let converged = round.dirty == 0 || round.expect <= budget;
+            let wait = if converged {
+                IDLE_ROUND
+            } else {
+                Duration::ZERO
+            };
+            if self.outgoing.stop_wanted(wait)? {
+                break;
+            }
+        }
+        let r = tx.finish().map_err(|e| e.to_string())?;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        Ok(MigrationDone {
+            rounds: r.rounds,
+            precopy_bytes: r.precopy_bytes,
+            stop_bytes: r.stop_bytes,
+            total: r.total,
+            downtime_ms: ms(r.downtime),
+            drain_ms: ms(r.drain),
+            elapsed_ms: ms(r.elapsed),
+            timeline: r
+                .timeline
+                .iter()
+                .map(|(p, a, b)| (p.name().to_string(), ms(*a), ms(*b)))
+                .collect(),
+        })
+    }
+}
+
+/// The device's vhost-user backend with the ring-stop hook of an outgoing move.
+#[derive(Clone)]
+pub struct Hooked {
+    pub inner: Arc<VgpuVhostBackend>,
+    pub outgoing: Arc<Outgoing>,
+}
+
+type Bitmap = <VgpuVhostBackend as VhostUserBackend>::Bitmap;
+type Vring = <VgpuVhostBackend as VhostUserBackend>::Vring;
+
+impl VhostUserBackend for Hooked {
+    type Bitmap = Bitmap;
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        self.inner.num_queues()
+    }
+
+    fn max_queue_size(&self) -> usize {
+        self.inner.max_queue_size()
+    }
+
+    fn features(&self) -> u64 {
+        self.inner.features()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.inner.acked_features(features)
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        self.inner.protocol_features()
+    }
+
+    fn reset_device(&self) {
+        self.inner.reset_device()
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.inner.set_event_idx(enabled)
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        self.inner.get_config(offset, size)
+    }
+
+    fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
+        self.inner.set_config(offset, buf)
+    }
+
+    fn update_memory(&self, mem: Memory) -> io::Result<()> {
+        self.inner.update_memory(mem)
+    }
+
+    fn set_backend_req_fd(&self, backend: vhost::vhost_user::Backend) {
+        self.inner.set_backend_req_fd(backend)
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        self.inner.queues_per_thread()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        self.inner.exit_event(thread_index)
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        self.inner.stop_vring(queue_index)?;
+        let vgpu = self.inner.vgpu().clone();
+        self.outgoing
+            .ring_stopped(queue_index, move || vgpu.stats().requests)
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        self.outgoing.enter();
+        let r = self
+            .inner
+            .handle_event(device_event, evset, vrings, thread_id);
+        self.outgoing.leave();
+        r
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        self.inner.set_device_state_fd(direction, phase, file)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.inner.check_device_state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_ring_stop_waits_for_the_move_and_carries_its_outcome() {
+        let o = Arc::new(Outgoing::default());
+        // No move: rings stop at once.
+        assert!(o.ring_stopped(0, || 0).is_ok());
+        for outcome in [Ok(()), Err("no room".to_string())] {
+            assert!(o.arm());
+            assert!(!o.arm(), "one move at a time");
+            let sender = {
+                let (o, outcome) = (o.clone(), outcome.clone());
+                std::thread::spawn(move || {
+                    while !o
+                        .stop_wanted(Duration::from_millis(5))
+                        .expect("not cancelled")
+                    {}
+                    o.done(outcome);
+                })
+            };
+            let r = o.ring_stopped(0, || 0);
+            sender.join().expect("sender");
+            assert_eq!(r.is_ok(), outcome.is_ok());
+            // The next ring of the same stop hears the same outcome; a ring after that, none.
+            assert_eq!(o.ring_stopped(1, || 0).is_ok(), outcome.is_ok());
+            assert!(o.ring_stopped(1, || 0).is_ok());
+        }
+        // A cancelled move ends its sender.
+        assert!(o.arm());
+        assert!(o.cancel());
+        assert!(o.stop_wanted(Duration::ZERO).is_err());
+    }
+}

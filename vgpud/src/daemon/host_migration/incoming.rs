@@ -1,0 +1,378 @@
+//! The destination's half of a whole-VM move: admit, start the receiving worker and vmm,
+//! and settle (commit: the VM is ours; abort or a vmm that ended first: free it all).
+
+use std::net::{IpAddr, TcpListener};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{record, update, IncomingVmm, IncomingWorker};
+use crate::api::{self, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm, VgpuState};
+use crate::daemon::core::Daemon;
+use crate::daemon::error::ApiError;
+use crate::daemon::workers::{worker_dir, SECRET_FILE};
+use crate::daemon::Listen;
+
+/// The socket a receiving worker listens on, in its private directory.
+const MIGRATE_IN_SOCKET: &str = "migrate-in.sock";
+/// Longest console a source may hand over.
+pub(super) const MAX_CONSOLE: usize = 128 << 10;
+/// How long a destination whose vmm ended waits for the source's commit before it gives
+/// the VM up.
+const SETTLE_GRACE: Duration = Duration::from_secs(10);
+
+/// A free TCP port on `ip` (the child binds it a moment later).
+fn free_port(ip: IpAddr) -> Result<u16, ApiError> {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| ApiError::internal(format!("cannot find a free port for the streams: {e}")))
+}
+
+/// A fresh one-time token (32 random bytes, hex) in `path` (owner only).
+fn write_token(path: &Path) -> Result<String, ApiError> {
+    let err = |e: std::io::Error| ApiError::internal(format!("cannot make a migration token: {e}"));
+    let mut b = [0u8; 32];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").map_err(err)?,
+        &mut b,
+    )
+    .map_err(err)?;
+    let token: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let mut f = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        0o600,
+    )
+    .open(path)
+    .map_err(err)?;
+    std::io::Write::write_all(&mut f, token.as_bytes()).map_err(err)?;
+    Ok(token)
+}
+
+/// Whether something listens on stream address `addr` (a unix socket's path exists; a
+/// TCP port is in the kernel's listening table).
+fn listening(addr: &str) -> bool {
+    if let Some(p) = addr.strip_prefix("unix:") {
+        return Path::new(p).exists();
+    }
+    let Some(port) = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) else {
+        return false;
+    };
+    let want = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|t| {
+        std::fs::read_to_string(t).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && format!("{} ", f[1]).ends_with(&want) && f[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Waits until `addr` listens (the vmm binds it as it starts).
+async fn wait_listening(addr: &str) -> Result<(), ApiError> {
+    let start = tokio::time::Instant::now();
+    while !listening(addr) {
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(ApiError::internal(format!(
+                "the vmm did not listen on {addr} within 10 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// Where a stream to this daemon goes: a unix socket at `unix` when vgpud listens on
+    /// one, else a fresh TCP port on its API address.
+    fn stream_address(&self, unix: &Path) -> Result<String, ApiError> {
+        match &self.cfg.listen {
+            Listen::Unix(_) => Ok(format!("unix:{}", unix.display())),
+            Listen::Tcp(a) => Ok(format!("tcp:{}:{}", a.ip(), free_port(a.ip())?)),
+        }
+    }
+
+    /// Admits a VM another vgpud moves here and starts what receives it.
+    pub async fn incoming_vm(
+        self: &Arc<Self>,
+        req: IncomingVm,
+    ) -> Result<IncomingAccepted, ApiError> {
+        self.check_running()?;
+        if req.vm.vgpu_id.is_some() {
+            return Err(ApiError::bad(
+                "vm.vgpu_id",
+                "an incoming VM brings its vGPU inline (vm.vgpu)",
+            ));
+        }
+        let ask = self.validate_vm(&req.vm).map_err(|e| e.within("vm"))?;
+        let (vm_id, vgpu) = self.state.with(|inner| self.admit_vm(inner, ask))?;
+        let vmm_address =
+            match self.stream_address(&self.cfg.state_dir.join(format!("vm-{vm_id}.in.sock"))) {
+                Ok(a) => a,
+                Err(e) => {
+                    self.undo_vm(vm_id, vgpu, true).await;
+                    return Err(e);
+                }
+            };
+        let token_file = self.cfg.state_dir.join(format!("vm-{vm_id}.token"));
+        let vmm_token = match write_token(&token_file) {
+            Ok(t) => t,
+            Err(e) => {
+                self.undo_vm(vm_id, vgpu, true).await;
+                return Err(e);
+            }
+        };
+        vgpu_sync::lock(&self.host.vmms).insert(
+            vm_id,
+            IncomingVmm {
+                address: vmm_address.clone(),
+                token_file,
+            },
+        );
+        let mut vgpu_address = None;
+        let mut token = None;
+        if let Some(g) = vgpu {
+            match self.start_receiving_worker(g).await {
+                Ok((a, t)) => {
+                    vgpu_address = Some(a);
+                    token = Some(t);
+                }
+                Err(e) => {
+                    vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+                    self.forget_vgpu(g);
+                    self.state.with(|i| i.vms.remove(&vm_id));
+                    self.mark_dirty();
+                    return Err(e);
+                }
+            }
+        }
+        let gpu = vgpu
+            .and_then(|g| self.state.with(|i| i.vgpus.get(&g).map(|r| r.gpu)))
+            .unwrap_or(0);
+        let mid = self.state.with(|inner| {
+            let mid = inner.next_migration;
+            inner.next_migration += 1;
+            let mut m = record(
+                mid,
+                vgpu.unwrap_or(0),
+                gpu,
+                HostMigration {
+                    direction: "incoming".into(),
+                    vm: vm_id,
+                    peer: req.source.clone(),
+                    remote_vm: None,
+                    remote_migration: None,
+                    vmm_rounds: 0,
+                    vmm_bytes: 0,
+                    stop_ram_bytes: 0,
+                    vgpu_rounds: 0,
+                    vgpu_bytes: 0,
+                    vgpu_downtime_ms: None,
+                },
+            );
+            m.phase = "incoming".into();
+            inner.migrations.insert(mid, m);
+            mid
+        });
+        if let Err(e) = self.spawn_vmm(vm_id).await {
+            vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+            self.settle_failed(mid, &e.error);
+            self.undo_vm(vm_id, vgpu, true).await;
+            return Err(e);
+        }
+        if let Err(e) = wait_listening(&vmm_address).await {
+            vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+            self.settle_failed(mid, &e.error);
+            self.drop_incoming(vm_id).await;
+            return Err(e);
+        }
+        tracing::info!(vm = vm_id, migration = mid, source = %req.source, "waiting for an incoming VM");
+        let d = self.clone();
+        tokio::spawn(async move { d.watch_incoming(mid, vm_id, vgpu).await });
+        Ok(IncomingAccepted {
+            migration: mid,
+            vm: vm_id,
+            vmm_address,
+            vgpu_address,
+            token,
+            vmm_token: Some(vmm_token),
+        })
+    }
+
+    /// Starts vGPU `g`'s worker receiving its state: the stream's address and its
+    /// one-time token (the worker's fresh secret).
+    async fn start_receiving_worker(
+        self: &Arc<Self>,
+        g: u32,
+    ) -> Result<(String, String), ApiError> {
+        let dir = worker_dir(&self.cfg.state_dir, g);
+        let address = self.stream_address(&dir.join(MIGRATE_IN_SOCKET))?;
+        // The worker binds it relative to its private directory (its working directory).
+        let local = match address.strip_prefix("unix:") {
+            Some(_) => format!("unix:{MIGRATE_IN_SOCKET}"),
+            None => address.clone(),
+        };
+        vgpu_sync::lock(&self.host.workers).insert(g, IncomingWorker { address: local });
+        let started = self.start_worker(g).await;
+        vgpu_sync::lock(&self.host.workers).remove(&g);
+        started?;
+        self.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&g) {
+                if rec.state == VgpuState::Ready {
+                    rec.state = VgpuState::Attached;
+                }
+            }
+        });
+        let token = std::fs::read_to_string(dir.join(SECRET_FILE))
+            .map_err(|e| ApiError::internal(format!("cannot read the worker's secret: {e}")))?
+            .trim()
+            .to_owned();
+        Ok((address, token))
+    }
+
+    fn settle_failed(&self, mid: u32, why: &str) {
+        self.state.with(|inner| {
+            update(inner, mid, |m| {
+                m.state = "failed".into();
+                m.error = Some(why.to_owned());
+            })
+        });
+        vgpu_sync::lock(&self.host.settled).insert(mid, false);
+    }
+
+    /// Until the source settles incoming move `mid`: a vmm that ends first (the source
+    /// gave up, or the stream broke) takes the VM and its vGPU with it.
+    async fn watch_incoming(self: Arc<Self>, mid: u32, vm_id: u32, vgpu: Option<u32>) {
+        let mut ended_at = None;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // An abort frees the VM itself.
+            if vgpu_sync::lock(&self.host.settled).contains_key(&mid) {
+                break;
+            }
+            let live = self
+                .state
+                .with(|i| i.vms.get(&vm_id).map(|v| v.state.is_live()));
+            match (live, ended_at) {
+                (Some(true), _) => {}
+                (None, _) => break,
+                (Some(false), None) => ended_at = Some(tokio::time::Instant::now()),
+                (Some(false), Some(t)) if t.elapsed() >= SETTLE_GRACE => {
+                    tracing::warn!(
+                        vm = vm_id,
+                        migration = mid,
+                        "the incoming VM ended before its source committed the move; freeing it"
+                    );
+                    self.settle_failed(mid, "the VM did not arrive (its vmm here ended before the source committed the move)");
+                    self.drop_incoming(vm_id).await;
+                    break;
+                }
+                (Some(false), Some(_)) => {}
+            }
+        }
+        vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+        if let Some(g) = vgpu {
+            vgpu_sync::lock(&self.host.workers).remove(&g);
+        }
+    }
+
+    async fn drop_incoming(&self, vm_id: u32) {
+        if let Err(e) = self.delete_vm(vm_id).await {
+            tracing::warn!(vm = vm_id, error = %e, "cannot remove the VM that did not arrive");
+        }
+    }
+
+    fn incoming_record(&self, mid: u32) -> Result<(u32, String), ApiError> {
+        let m = self.migration(mid)?;
+        match m.host {
+            Some(h) if h.direction == "incoming" => Ok((h.vm, m.state)),
+            _ => Err(ApiError::conflict(
+                "id",
+                format!("migration {mid} is not a VM moving here from another vgpud"),
+            )),
+        }
+    }
+
+    /// The source committed incoming move `mid`: the VM is ours, its console continues
+    /// the one it had.
+    pub async fn commit_incoming(
+        &self,
+        mid: u32,
+        c: IncomingCommit,
+    ) -> Result<api::Migration, ApiError> {
+        let (vm_id, state) = self.incoming_record(mid)?;
+        if state != "running" {
+            return Err(ApiError::conflict(
+                "id",
+                format!("migration {mid} is {state}, not running"),
+            ));
+        }
+        if c.console.len() > MAX_CONSOLE {
+            return Err(ApiError::bad(
+                "console",
+                format!("at most {MAX_CONSOLE} bytes of console"),
+            ));
+        }
+        let path = self.cfg.state_dir.join(format!("vm-{vm_id}.before.log"));
+        let written = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true),
+            0o600,
+        )
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
+        match written {
+            Ok(()) => {
+                vgpu_sync::lock(&self.host.consoles).insert(vm_id, path);
+            }
+            Err(e) => {
+                tracing::warn!(vm = vm_id, error = %e, "cannot keep the VM's earlier console")
+            }
+        }
+        vgpu_sync::lock(&self.host.settled).insert(mid, true);
+        self.state.with(|inner| {
+            // Its uptime continues the one it had.
+            if let (Some(vm), Some(ms)) = (inner.vms.get_mut(&vm_id), c.uptime_ms) {
+                if let Some(t) = std::time::Instant::now().checked_sub(Duration::from_millis(ms)) {
+                    vm.started = t;
+                }
+            }
+            update(inner, mid, |m| {
+                m.state = "completed".into();
+                m.phase = "done".into();
+                m.downtime_ms = c.downtime_ms;
+                m.elapsed_ms = c.elapsed_ms.unwrap_or(m.elapsed_ms);
+                if let (Some(h), Some(f)) = (&mut m.host, &c.figures) {
+                    h.remote_vm = Some(f.vm);
+                    h.vmm_rounds = f.vmm_rounds;
+                    h.vmm_bytes = f.vmm_bytes;
+                    h.stop_ram_bytes = f.stop_ram_bytes;
+                    h.vgpu_rounds = f.vgpu_rounds;
+                    h.vgpu_bytes = f.vgpu_bytes;
+                    h.vgpu_downtime_ms = f.vgpu_downtime_ms;
+                    m.rounds = f.vmm_rounds;
+                    m.bytes = f.vmm_bytes + f.vgpu_bytes;
+                }
+            })
+        });
+        self.mark_dirty();
+        tracing::info!(vm = vm_id, migration = mid, "the VM moved here");
+        self.migration(mid)
+    }
+
+    /// The source gave incoming move `mid` up: the VM and its vGPU go.
+    pub async fn abort_incoming(&self, mid: u32) -> Result<api::Migration, ApiError> {
+        let (vm_id, state) = self.incoming_record(mid)?;
+        if state == "running" {
+            self.settle_failed(mid, "the source gave the move up");
+            self.drop_incoming(vm_id).await;
+        }
+        self.migration(mid)
+    }
+}
