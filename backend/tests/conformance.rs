@@ -996,6 +996,16 @@ fn shared_object_case(
     );
     assert_eq!(a.memory_usage().used, used_a, "{name}: not charged");
     assert_eq!(b.memory_usage().used, used_b, "{name}: not charged");
+    // A kernel's WRITE pointer into the read-only mapping is refused before it runs (on a
+    // GPU the write would fault and lose the context); the bytes stay, the backend serves.
+    let fill = builtin(b, "fill");
+    let fill_args = [w(rb), ArgValue::U32(0xdead_beef), ArgValue::U64(16)];
+    assert_eq!(
+        status(b.launch(fill, &CFG, &fill_args)),
+        Status::BadDevicePointer,
+        "{name}: kernel write into a read-only mapping"
+    );
+    assert_eq!(get(b, rb, 64).expect("read"), bytes[..64], "{name}: intact");
     b.free(rb).expect("detach read-only");
     a.free(wa).expect("detach read-write");
     assert!(get(a, wa, 1).is_err(), "{name}: unmapped");

@@ -81,13 +81,13 @@ fn a_computing_vm_moves_between_daemons_and_back_and_its_result_is_exact() {
     let a = TestDaemon::start("hostmig-a", &gpus());
     let b = TestDaemon::start("hostmig-b", &gpus());
     let arg = "rounds=2500 n=65536 spin_us=2000 check=100";
-    let mut vm = gpu_load(arg, 0, 0.2, 32 * MIB);
+    let mut vm = gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB));
     vm.name = Some("mover".into());
     vm.labels.insert("team".into(), "gpu".into());
     let moved = a.client.create_vm(&vm).expect("vm");
     let still = a
         .client
-        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
         .expect("reference vm");
     wait_running(&a.client, moved.id);
     wait_running(&a.client, still.id);
@@ -219,14 +219,21 @@ fn a_full_destination_refuses_and_nothing_moves() {
     // Most of every destination GPU is taken: the VM's 20% compute share does not fit.
     for g in 0..b.client.gpus().expect("gpus").len() {
         let gpu = u32::try_from(g).expect("gpu index");
-        let hog = gpu_load("", gpu, 0.9, 16 * MIB).vgpu.expect("vgpu");
+        let hog = gpu_load("", gpu, 0.9, vgpu_tests::gpus::share(16 * MIB))
+            .vgpu
+            .expect("vgpu");
         b.client.create_vgpu(&hog).expect("hog");
     }
     let vgpus_b = b.client.vgpus().expect("vgpus");
     let before_b = b.client.vms().expect("vms").len();
     let vm = a
         .client
-        .create_vm(&gpu_load("rounds=300 spin_us=1000", 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(
+            "rounds=300 spin_us=1000",
+            0,
+            0.2,
+            vgpu_tests::gpus::share(32 * MIB),
+        ))
         .expect("vm");
     wait_running(&a.client, vm.id);
     let e = a
@@ -266,11 +273,11 @@ fn a_destination_killed_mid_move_leaves_the_vm_running_at_its_source() {
     let arg = "rounds=1500 n=65536 spin_us=2000 check=100";
     let vm = a
         .client
-        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
         .expect("vm");
     let reference = a
         .client
-        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
         .expect("ref");
     wait_running(&a.client, vm.id);
     wait_running(&a.client, reference.id);
@@ -372,11 +379,11 @@ fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
     let arg = "rounds=1000 n=65536 spin_us=2000 check=100";
     let vm = a
         .client
-        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
         .expect("vm");
     let reference = a
         .client
-        .create_vm(&gpu_load(arg, 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
         .expect("ref");
     wait_running(&a.client, vm.id);
     wait_running(&a.client, reference.id);
@@ -411,7 +418,12 @@ fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
     let b = TestDaemon::start("hostmig-cli-b", &gpus());
     let vm = a
         .client
-        .create_vm(&gpu_load("rounds=800 spin_us=2000", 0, 0.2, 32 * MIB))
+        .create_vm(&gpu_load(
+            "rounds=800 spin_us=2000",
+            0,
+            0.2,
+            vgpu_tests::gpus::share(32 * MIB),
+        ))
         .expect("vm");
     wait_running(&a.client, vm.id);
     let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))

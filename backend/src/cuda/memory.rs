@@ -525,6 +525,13 @@ impl DeviceMemory {
         self.table.resolve_write(addr, len)
     }
 
+    /// Refuses a kernel pointer argument the kernel may write through when it points
+    /// into a read-only mapping (before the GPU would fault on it and lose the context).
+    /// A pointer inside no allocation passes here: the launch's own checks answer it.
+    pub fn check_kernel_write(&self, addr: u64) -> Result<()> {
+        self.table.check_kernel_write(addr)
+    }
+
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
