@@ -112,19 +112,44 @@ fn moved_line(console: &[u8]) -> std::collections::BTreeMap<String, f64> {
         .unwrap_or_default()
 }
 
-/// Connects to a stream address, as a descriptor for the worker.
+/// How long the destination's receiving worker may take to listen: on a GPU it creates
+/// its CUDA context first (a few hundred ms, more while the driver is busy).
+const STREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Connects to a stream address, as a descriptor for the worker. The destination answers
+/// once its vmm listens; its receiving worker may still be building its GPU backend, so a
+/// missing or refusing listener is retried until [`STREAM_WAIT`]. Runs on a blocking
+/// thread.
 fn connect(addr: &str) -> Result<OwnedFd, String> {
-    let r = if let Some(p) = addr.strip_prefix("unix:") {
-        UnixStream::connect(p).map(OwnedFd::from)
-    } else if let Some(hp) = addr.strip_prefix("tcp:") {
-        TcpStream::connect(hp).and_then(|s| {
-            s.set_nodelay(true)?;
-            Ok(OwnedFd::from(s))
-        })
-    } else {
-        return Err(format!("{addr:?} is not a stream address"));
-    };
-    r.map_err(|e| format!("cannot reach the destination's vGPU stream {addr}: {e}"))
+    let end = std::time::Instant::now() + STREAM_WAIT;
+    loop {
+        let r = if let Some(p) = addr.strip_prefix("unix:") {
+            UnixStream::connect(p).map(OwnedFd::from)
+        } else if let Some(hp) = addr.strip_prefix("tcp:") {
+            TcpStream::connect(hp).and_then(|s| {
+                s.set_nodelay(true)?;
+                Ok(OwnedFd::from(s))
+            })
+        } else {
+            return Err(format!("{addr:?} is not a stream address"));
+        };
+        match r {
+            Ok(fd) => return Ok(fd),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) && std::time::Instant::now() < end =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot reach the destination's vGPU stream {addr}: {e}"
+                ))
+            }
+        }
+    }
 }
 
 /// One request to a vmm's control API.
