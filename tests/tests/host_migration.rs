@@ -24,7 +24,16 @@ fn gpus() -> Vec<&'static str> {
     if on_cuda() {
         vec!["--backend", "cuda"]
     } else {
-        vec!["--sim-gpus", "1", "--sim-memory", "512M"]
+        // A worker pool as on cuda (where it is on by default): a vGPU arriving from
+        // another daemon must get a receiving worker, not a pool worker.
+        vec![
+            "--sim-gpus",
+            "1",
+            "--sim-memory",
+            "512M",
+            "--worker-pool",
+            "1",
+        ]
     }
 }
 

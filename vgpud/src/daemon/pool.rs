@@ -464,6 +464,11 @@ impl Daemon {
     /// (no storage namespaces, no memory oversubscription: those are fixed when a
     /// worker's GPU backend is built).
     pub(super) fn take_spare(&self, id: u32) -> Option<Spare> {
+        // A vGPU arriving from another host needs a worker started to receive its state
+        // (`--migrate-in`), which a pool worker is not.
+        if self.host.worker(id).is_some() {
+            return None;
+        }
         let gpu = self.state.with(|i| {
             i.vgpus
                 .get(&id)
