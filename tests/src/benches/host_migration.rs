@@ -467,7 +467,7 @@ fn plot(points: &[Point], path: &Path) {
         })
         .collect();
     let anchor = devs.first().map(|&dev| Line {
-        label: Some("plain transfer of the RAM sent stopped (unix socket pair)".into()),
+        label: Some("plain transfer of the stopped RAM".into()),
         points: points
             .iter()
             .filter(|pt| pt.dev_mib == dev)
