@@ -2,6 +2,7 @@
 
 pub mod band;
 pub mod device;
+pub mod host_migration;
 pub mod memory;
 pub mod migration;
 pub mod rebalance;

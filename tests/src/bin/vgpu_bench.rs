@@ -69,6 +69,21 @@ enum Bench {
         #[arg(long, default_value_t = 4096)]
         max_mib: u64,
     },
+    /// Whole-VM migration between two sim vgpud daemons on this machine (unix sockets): a
+    /// VM computing through its vGPU moves pre-copy; downtime, total time and bytes sent
+    /// vs guest RAM and resident device memory, beside the plain transfer of the same
+    /// bytes through a unix socket pair.
+    HostMigration {
+        /// Guest RAM sizes, MiB.
+        #[arg(long, value_delimiter = ',', default_values_t = [256, 512, 1024, 2048])]
+        ram_mib: Vec<u64>,
+        /// Resident device memory of the vGPU, MiB.
+        #[arg(long, value_delimiter = ',', default_values_t = [64, 256, 1024])]
+        dev_mib: Vec<u64>,
+        /// The downtime budget each move asks for, ms.
+        #[arg(long, default_value_t = 50)]
+        downtime_ms: u64,
+    },
     /// N VMs sharing one GPU through vgpud (1 ms and 10 ms kernels): GPU busy beside N
     /// native threads (sim) or N native processes counting the same fixed-work rounds
     /// (cuda).
@@ -145,6 +160,18 @@ fn main() {
                 max_size: max_mib << 20,
             }),
             "migration",
+        ),
+        Bench::HostMigration {
+            ram_mib,
+            dev_mib,
+            downtime_ms,
+        } => (
+            benches::host_migration::run(&benches::host_migration::Params {
+                ram_mib,
+                dev_mib,
+                downtime_ms: downtime_ms.max(1),
+            }),
+            "host-migration",
         ),
         Bench::Sharing { vms, backend } => (benches::sharing::run(&vms, &backend), "sharing"),
         Bench::Timeline { paths } => {

@@ -19,7 +19,10 @@
 //! injection tests use it; the end line then counts the retries), `max_latency_ms=<ms>`
 //! (default 0: off; else every request of a round must come back within it, and each
 //! progress line is followed by `gpu-load: worst request so far <µs> us`: the kernel
-//! deadline tests' neighbour).
+//! deadline tests' neighbour), `hold=<MiB>` (default 0; at most 65536: that much more device
+//! memory, allocated in pieces of at most 64 MiB and filled once with the built-in `fill`
+//! before the first round, kept resident until the end: the whole-VM migration
+//! benchmark's resident memory).
 //! Prints `GPU-LOAD OK rounds=<n> checksum=0x...` and exits 0; otherwise a diagnostic and
 //! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch, 7 a request
 //! slower than `max_latency_ms`.
@@ -34,7 +37,7 @@ use alloc::vec::Vec;
 use guest_driver::vgpu::launch_1d;
 use guest_driver::vgpu::vgpu_proto::{Access, KernelArg, Status};
 use guest_driver::Error;
-use payload_rt::vgpu::open_single;
+use payload_rt::vgpu::{open_single, GpuStream};
 use payload_rt::{println, Args, BootInfo};
 
 payload_rt::entry!(main);
@@ -47,6 +50,10 @@ const EXIT_LATENCY: u8 = 7;
 
 /// `y` stays below this, so every value is an exact f32 integer.
 const EXACT_LIMIT: u64 = 1 << 24;
+
+/// Largest `hold=`, MiB, and the piece it is allocated in.
+const HOLD_MAX_MIB: u64 = 65536;
+const HOLD_PIECE: u64 = 64 << 20;
 
 struct Failure(u8);
 
@@ -145,6 +152,41 @@ fn timed<T>(
     Ok(v)
 }
 
+/// Allocates `mib` MiB in pieces of at most [`HOLD_PIECE`] and fills each once (a pattern,
+/// so every page is resident); returns the pieces.
+fn hold(
+    s: &mut GpuStream,
+    module: u64,
+    mib: u64,
+    retry: u64,
+    retried: &mut u64,
+) -> Result<Vec<u64>, Failure> {
+    let mut pieces = Vec::new();
+    if mib == 0 {
+        return Ok(pieces);
+    }
+    let fill = s
+        .get_function(module, "fill")
+        .map_err(driver("GET_FUNCTION fill"))?;
+    let mut left = mib << 20;
+    while left > 0 {
+        let size = left.min(HOLD_PIECE);
+        let d = s.alloc(size).map_err(driver("ALLOC hold"))?;
+        let words = size / 4;
+        let args = [
+            KernelArg::ptr(d, Access::Write),
+            KernelArg::u32(0x5a5a_5a5a),
+            KernelArg::u64(words),
+        ];
+        again(retry, retried, "LAUNCH fill hold", || {
+            s.launch(&launch_1d(fill.handle, words, 256), &args)
+        })?;
+        pieces.push(d);
+        left -= size;
+    }
+    Ok(pieces)
+}
+
 fn as_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -161,10 +203,17 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let retry = num("retry", 0)?;
     let max_ms = num("max_latency_ms", 0)?;
     let dim = num("matmul", 0)?;
+    let hold_mib = num("hold", 0)?;
     let mut worst = 0u64;
     let mut retried = 0u64;
     if dim > 8192 {
         return Err(fail(EXIT_BAD_ARGS, format_args!("matmul must be 0..=8192")));
+    }
+    if hold_mib > HOLD_MAX_MIB {
+        return Err(fail(
+            EXIT_BAD_ARGS,
+            format_args!("hold must be 0..={HOLD_MAX_MIB} (MiB)"),
+        ));
     }
     if n == 0 || n > 1 << 22 {
         return Err(fail(EXIT_BAD_ARGS, format_args!("n must be 1..=4194304")));
@@ -242,6 +291,10 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
             KernelArg::u64(dim),
         ];
     }
+    let held = hold(&mut s, module, hold_mib, retry, &mut retried)?;
+    if hold_mib > 0 {
+        println!("gpu-load: holding {hold_mib} MiB resident");
+    }
     let saxpy_launch = launch_1d(saxpy.handle, n as u64, 256);
     let saxpy_args = [
         KernelArg::f32(1.0),
@@ -312,7 +365,7 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
         }
     }
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
-    for d in [dx, dy, dsum].into_iter().chain(matrices) {
+    for d in [dx, dy, dsum].into_iter().chain(matrices).chain(held) {
         s.free(d).map_err(driver("FREE"))?;
     }
     if retry > 0 {
