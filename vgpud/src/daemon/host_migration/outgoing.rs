@@ -32,6 +32,9 @@ const DEFAULT_DOWNTIME_MS: u64 = 300;
 const MOVE_TIMEOUT: Duration = Duration::from_secs(600);
 /// How often the vmm's progress is read.
 const POLL: Duration = Duration::from_millis(100);
+/// Longest the vmm's move waits for the vGPU's first pre-copy round (all of its device
+/// memory) to reach the destination.
+const FIRST_ROUND_WAIT: Duration = Duration::from_secs(300);
 
 /// VM `id`'s vmm API socket.
 pub(in crate::daemon) fn vmm_api_socket(state_dir: &Path, id: u32) -> PathBuf {
@@ -356,6 +359,26 @@ impl Daemon {
                 )
                 .await
             }));
+        }
+        if let Some(task) = &vgpu_task {
+            // The vmm stops the VM as soon as its own dirty RAM fits the budget, and the
+            // stop waits for the vGPU's round in progress: started together, the vGPU's
+            // first round (all of its device memory) would run inside the stop. So guest
+            // RAM starts moving once the vGPU has sent its first round (it keeps sending
+            // what the guest dirties meanwhile).
+            let until = Instant::now() + FIRST_ROUND_WAIT;
+            loop {
+                let rounds = self.state.with(|i| {
+                    i.migrations
+                        .get(&mid)
+                        .and_then(|m| m.host.as_ref())
+                        .map_or(0, |h| h.vgpu_rounds)
+                });
+                if rounds >= 1 || task.is_finished() || Instant::now() > until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         let sock = plan.api_socket.clone();
         let destination = reachable(&accepted.vmm_address, host);
