@@ -318,6 +318,19 @@ impl<A: Extent> AllocTable<A> {
         }
     }
 
+    /// [`check_kernel_write`](Self::check_kernel_write) for every pointer argument of a
+    /// launch that the kernel may write through.
+    pub fn check_kernel_writes(&self, args: &[vgpu_proto::ArgValue]) -> Result<()> {
+        for arg in args {
+            if let vgpu_proto::ArgValue::Ptr { addr, access } = *arg {
+                if access.writes() {
+                    self.check_kernel_write(addr)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The table, read-locked (walks over every allocation).
     pub fn read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<A>>> {
         read(&self.0)

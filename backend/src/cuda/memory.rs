@@ -525,11 +525,11 @@ impl DeviceMemory {
         self.table.resolve_write(addr, len)
     }
 
-    /// Refuses a kernel pointer argument the kernel may write through when it points
-    /// into a read-only mapping (before the GPU would fault on it and lose the context).
-    /// A pointer inside no allocation passes here: the launch's own checks answer it.
-    pub fn check_kernel_write(&self, addr: u64) -> Result<()> {
-        self.table.check_kernel_write(addr)
+    /// Refuses the launch of a kernel with a pointer argument it may write through into a
+    /// read-only mapping (before the GPU would fault on it and lose the context). A
+    /// pointer inside no allocation passes here: the launch's own checks answer it.
+    pub fn check_kernel_writes(&self, args: &[vgpu_proto::ArgValue]) -> Result<()> {
+        self.table.check_kernel_writes(args)
     }
 
     /// The allocation starting at `addr`, checked to be swapped as a whole (`off` 0,

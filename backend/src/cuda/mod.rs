@@ -749,13 +749,7 @@ impl Backend for CudaGpu {
         let kernel = self.modules.kernel(function)?;
         // A pointer the kernel may write through must not point into a read-only shared
         // mapping: the GPU would fault on the write and the context would be lost.
-        for arg in args {
-            if let ArgValue::Ptr { addr, access } = arg {
-                if access.writes() {
-                    self.mem.check_kernel_write(*addr)?;
-                }
-            }
-        }
+        self.mem.check_kernel_writes(args)?;
         self.enter()?;
         self.guest_ready()?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;

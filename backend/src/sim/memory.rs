@@ -467,10 +467,10 @@ impl DeviceMemory {
         self.table.resolve_write(addr, len)
     }
 
-    /// Refuses the launch of a kernel that may write through `addr` (a `WRITE` or
-    /// `READ_WRITE` pointer argument) when it points into a read-only mapping.
-    pub fn check_kernel_write(&self, addr: u64) -> Result<()> {
-        self.table.check_kernel_write(addr)
+    /// Refuses the launch of a kernel with a pointer argument it may write through (`WRITE`
+    /// or `READ_WRITE`) into a read-only mapping.
+    pub fn check_kernel_writes(&self, args: &[vgpu_proto::ArgValue]) -> Result<()> {
+        self.table.check_kernel_writes(args)
     }
 }
 

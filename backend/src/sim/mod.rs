@@ -289,13 +289,7 @@ impl Backend for SimGpu {
         // geometry (validated by the device layer) matters to PTX kernels only.
         let _op = self.inflight.begin();
         let sig = self.modules.kernel(function)?;
-        for arg in args {
-            if let ArgValue::Ptr { addr, access } = arg {
-                if access.writes() {
-                    self.mem.check_kernel_write(*addr)?;
-                }
-            }
-        }
+        self.mem.check_kernel_writes(args)?;
         let ctx = kernels::Ctx {
             mem: &self.mem,
             threads: self.threads,
