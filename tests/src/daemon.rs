@@ -417,3 +417,21 @@ pub fn wait_running(c: &Client, id: u32) {
         }
     }
 }
+
+/// The idle pool workers vgpud reports in `/metrics` (`vgpud_gpu_worker_pool_idle`): of
+/// GPU `gpu`, or of every GPU summed when `None`. `None` when `/metrics` cannot be read
+/// or has no such line.
+pub fn pool_idle(c: &Client, gpu: Option<u32>) -> Option<u64> {
+    let text = c.metrics().ok()?;
+    let prefix = match gpu {
+        Some(g) => format!("vgpud_gpu_worker_pool_idle{{gpu=\"{g}\"}}"),
+        None => "vgpud_gpu_worker_pool_idle{".to_string(),
+    };
+    let values: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}

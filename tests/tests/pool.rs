@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vgpu_api::api::{VgpuCreate, VgpuState, VmState};
-use vgpu_api::client::Client;
 use vgpu_tests::daemon::{alive, gpu_load, wait_running, TestDaemon};
 
 const MIB: u64 = 1 << 20;
@@ -70,16 +69,6 @@ fn pool_workers(dir: &Path) -> BTreeSet<u32> {
         .unwrap_or_default()
 }
 
-/// The idle pool size vgpud reports for GPU 0 (`/metrics`).
-fn pool_metric(c: &Client) -> Option<u64> {
-    let text = c.metrics().ok()?;
-    text.lines()
-        .find(|l| l.starts_with("vgpud_gpu_worker_pool_idle{gpu=\"0\"}"))
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-}
-
 /// Waits until GPU 0's pool holds `n` idle workers (reported and running); returns them.
 fn full_pool(d: &TestDaemon, n: usize) -> BTreeSet<u32> {
     let mut seen = BTreeSet::new();
@@ -88,7 +77,7 @@ fn full_pool(d: &TestDaemon, n: usize) -> BTreeSet<u32> {
         Duration::from_secs(60),
         || {
             seen = pool_workers(&d.dir);
-            seen.len() == n && pool_metric(&d.client) == Some(n as u64)
+            seen.len() == n && vgpu_tests::daemon::pool_idle(&d.client, Some(0)) == Some(n as u64)
         },
     );
     seen

@@ -447,15 +447,7 @@ fn a_process_vgpu_served_by_a_pool_worker_has_its_socket_handed_over() {
     );
     // The pool is full before the vGPU asks for a worker.
     let end = Instant::now() + Duration::from_secs(60);
-    let idle = |c: &Client| {
-        c.metrics().ok().and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("vgpud_gpu_worker_pool_idle{gpu=\"0\"}"))
-                .and_then(|l| l.split_whitespace().last())
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-    };
-    while idle(&d.client) != Some(1.0) {
+    while vgpu_tests::daemon::pool_idle(&d.client, Some(0)) != Some(1) {
         assert!(
             Instant::now() < end,
             "the pool did not fill: {}",

@@ -144,25 +144,15 @@ fn with_pool(p: &Params, backend_args: &[&str], hand: f64, all_hand: f64) -> Vec
     ]
 }
 
-/// Idle pool workers of every GPU (`vgpud_gpu_worker_pool_idle` in `/metrics`).
-fn pool_idle(c: &Client) -> usize {
-    let text = c.metrics().unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with("vgpud_gpu_worker_pool_idle{"))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .map(|v| v as usize)
-        .sum()
-}
-
 /// Waits until the pool holds `n` idle workers.
 fn wait_pool_full(c: &Client, n: usize) {
     let t = Instant::now();
-    while pool_idle(c) < n {
+    while crate::daemon::pool_idle(c, None).unwrap_or(0) < n as u64 {
         if t.elapsed() > POOL_DEADLINE {
             fail(&format!(
                 "the worker pool did not reach {n} idle workers within {} s (it has {})",
                 POOL_DEADLINE.as_secs(),
-                pool_idle(c)
+                crate::daemon::pool_idle(c, None).unwrap_or(0)
             ));
         }
         std::thread::sleep(Duration::from_millis(5));
