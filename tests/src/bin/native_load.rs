@@ -9,6 +9,9 @@
 //! measured with events). `--dim d --from-ms A --until-ms B` (unix time, ms) runs rounds
 //! until B and prints `NATIVE rounds=<rounds completed inside [A, B]> ready_late_ms=<ms>`
 //! (how far past A the process became ready; 0 when it was ready in time).
+//! `--dim d --window-from-stdin` prints `NATIVE ready` once its context, module and first
+//! round are done, then reads `A B` (the window, unix ms) from one line of stdin: a bench
+//! starting many processes opens the window only when every one of them is ready.
 //!
 //! Matmul does a fixed amount of work per round (d^3 multiply-adds), so N of these
 //! processes time-sliced on one GPU count rounds, not device time: a spin kernel would
@@ -36,6 +39,9 @@ struct Args {
     /// End of the counting window (and of the run), unix time in ms.
     #[arg(long, default_value_t = 0)]
     until_ms: u64,
+    /// Print `NATIVE ready` when set up, then read the window `FROM_MS UNTIL_MS` from stdin.
+    #[arg(long)]
+    window_from_stdin: bool,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     device: i32,
@@ -346,20 +352,48 @@ fn run(args: &Args) -> Result<(), Error> {
     }
     let load = Load::new(args.device, args.dim.max(1))?;
     load.round(false)?;
-    let late = now_ms().saturating_sub(args.from_ms);
+    let (from_ms, until_ms) = if args.window_from_stdin {
+        window_from_stdin()?
+    } else {
+        (args.from_ms, args.until_ms)
+    };
+    let late = now_ms().saturating_sub(from_ms);
     let mut rounds = 0u64;
     loop {
         load.round(false)?;
         let t = now_ms();
-        if t > args.until_ms {
+        if t > until_ms {
             break;
         }
-        if t >= args.from_ms {
+        if t >= from_ms {
             rounds += 1;
         }
     }
     println!("NATIVE rounds={rounds} ready_late_ms={late}");
     Ok(())
+}
+
+/// Says it is ready and reads `FROM_MS UNTIL_MS` from one line of stdin.
+fn window_from_stdin() -> Result<(u64, u64), Error> {
+    use std::io::{BufRead, Write};
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "NATIVE ready")
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::Setup(format!("cannot write to stdout: {e}")))?;
+    drop(out);
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Error::Setup(format!("cannot read the window from stdin: {e}")))?;
+    let mut it = line.split_whitespace().map(str::parse::<u64>);
+    match (it.next(), it.next()) {
+        (Some(Ok(from)), Some(Ok(until))) if from <= until => Ok((from, until)),
+        _ => Err(Error::Setup(format!(
+            "stdin must give the window as two unix times in ms, FROM_MS UNTIL_MS; got {:?}",
+            line.trim()
+        ))),
+    }
 }
 
 fn main() -> ExitCode {

@@ -89,41 +89,108 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `n` native processes running the loop at once: their rounds per second together.
+/// `n` native processes running the loop at once: their rounds per second together. The
+/// counting window opens once every process has its context, module and first round done
+/// (the driver creates one GPU's contexts one after another: with 64 processes that takes
+/// seconds), so every process counts the whole window.
 fn native(n: usize, c: &Calibrated) -> Result<Point, String> {
+    use std::io::{BufRead, BufReader, Write};
     let sample = sample_for(c.target_us);
-    // Time for every process to create its context and load the module first.
-    let from = unix_ms() + 2000 + 100 * n as u64;
-    let until = from + sample.as_millis() as u64;
     let mut children = Vec::new();
-    for _ in 0..n {
-        let child = Command::new(native_bin())
-            .args([
-                "--dim",
-                &c.dim.to_string(),
-                "--from-ms",
-                &from.to_string(),
-                "--until-ms",
-                &until.to_string(),
-            ])
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut readers = Vec::new();
+    let mut result = Ok(());
+    for i in 0..n {
+        let spawned = Command::new(native_bin())
+            .args(["--dim", &c.dim.to_string(), "--window-from-stdin"])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start vgpu-native-load: {e}"))?;
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                result = Err(format!("cannot start vgpu-native-load: {e}"));
+                break;
+            }
+        };
+        let Some(stdout) = child.stdout.take() else {
+            result = Err("vgpu-native-load has no stdout pipe".into());
+            children.push(child);
+            break;
+        };
+        let tx = tx.clone();
+        // Each process's lines, tagged with its index, to one channel.
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((i, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((i, None));
+        }));
         children.push(child);
     }
-    let (mut rounds, mut late, mut failed) = (0.0, 0.0f64, Vec::new());
+    drop(tx);
+    let mut lines: Vec<Vec<String>> = vec![Vec::new(); n];
+    if result.is_ok() {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut ready = 0;
+        while ready < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((i, None)) => {
+                    result = Err(format!(
+                        "native process {i} ended before it was ready (its error is above)"
+                    ));
+                    break;
+                }
+                Ok((i, Some(line))) => {
+                    if line.trim() == "NATIVE ready" {
+                        ready += 1;
+                    }
+                    if let Some(l) = lines.get_mut(i) {
+                        l.push(line);
+                    }
+                }
+                Err(_) => {
+                    result = Err(format!(
+                        "only {ready} of {n} native processes were ready after 120 s"
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    let from = unix_ms() + 100;
+    let until = from + sample.as_millis() as u64;
+    for child in &mut children {
+        // Without a window (after a failure) the process exits on the closed stdin.
+        if let Some(mut stdin) = child.stdin.take() {
+            if result.is_ok() {
+                if let Err(e) = writeln!(stdin, "{from} {until}") {
+                    result = Err(format!("cannot give a native process its window: {e}"));
+                }
+            }
+        }
+    }
+    let mut failed = Vec::new();
     for child in children {
         match child.wait_with_output() {
-            Ok(out) if out.status.success() => {
-                let text = String::from_utf8_lossy(&out.stdout);
-                rounds += field(&text, "rounds").unwrap_or(0.0);
-                late = late.max(field(&text, "ready_late_ms").unwrap_or(0.0));
-            }
+            Ok(out) if out.status.success() => {}
             Ok(out) => failed.push(out.status.to_string()),
             Err(e) => failed.push(e.to_string()),
         }
     }
+    for r in readers {
+        let _ = r.join();
+    }
+    for (i, line) in rx.try_iter() {
+        if let (Some(l), Some(line)) = (lines.get_mut(i), line) {
+            l.push(line);
+        }
+    }
+    result?;
     if !failed.is_empty() {
         return Err(format!(
             "{} of {n} native processes failed: {}",
@@ -131,8 +198,14 @@ fn native(n: usize, c: &Calibrated) -> Result<Point, String> {
             failed.join(", ")
         ));
     }
+    let (mut rounds, mut late) = (0.0, 0.0f64);
+    for l in &lines {
+        let text = l.join("\n");
+        rounds += field(&text, "rounds").unwrap_or(0.0);
+        late = late.max(field(&text, "ready_late_ms").unwrap_or(0.0));
+    }
     if late > 0.0 {
-        eprintln!("sharing: a native process was ready {late:.0} ms into the window");
+        eprintln!("sharing: a native process started counting {late:.0} ms into the window");
     }
     Ok(Point {
         rounds_per_s: rounds / sample.as_secs_f64(),
