@@ -47,6 +47,8 @@ pub struct Daemon {
     pub(super) saver: tokio::sync::Mutex<Saver>,
     /// Wakes the background saver.
     pub(super) save_kick: Notify,
+    /// Save tickets handed out (group commit: see `Daemon::save`).
+    pub(super) save_tickets: std::sync::atomic::AtomicU64,
     /// The vGPUs with their own kernel deadline (the records hold it too; this copy is
     /// read where the state lock is held already). A leaf lock: nothing is taken under it.
     kernel_deadlines: Mutex<BTreeMap<u32, Duration>>,
@@ -78,6 +80,7 @@ impl Daemon {
             rebalance,
             saver: tokio::sync::Mutex::new(Saver::default()),
             save_kick: Notify::new(),
+            save_tickets: std::sync::atomic::AtomicU64::new(0),
             kernel_deadlines: Mutex::new(BTreeMap::new()),
             host: Default::default(),
             spares: super::pool::Spares::default(),
