@@ -60,14 +60,21 @@ pub fn run(p: &Params) -> Vec<Figure> {
     no_pool.extend(["--worker-pool", "0"]);
     let d = TestDaemon::start("bench-start", &no_pool);
     let c = &d.client;
+    let share = vgpu_memory(&p.backend);
+    let one = |c: &Client| {
+        let (ms, id) = start_via_vgpud(c, share, poll_every(1));
+        remove_vms(c, vec![id]);
+        ms
+    };
     // The first launch warms the page cache for the programs and the payload.
-    let _ = start_via_vgpud(c, vgpu_memory(&p.backend));
-    let single: Vec<f64> = (0..p.runs)
-        .map(|_| start_via_vgpud(c, vgpu_memory(&p.backend)))
-        .collect();
-    let by_hand: Vec<f64> = (0..p.runs).map(|_| start_by_hand(&p.backend)).collect();
-    let all = time_concurrent(p.concurrent, || start_via_vgpud(c, vgpu_memory(&p.backend)));
-    let all_by_hand = time_concurrent(p.concurrent, || start_by_hand(&p.backend));
+    let _ = one(c);
+    let single: Vec<f64> = (0..p.runs).map(|_| one(c)).collect();
+    let by_hand: Vec<f64> = (0..p.runs).map(|_| start_by_hand(&p.backend).0).collect();
+    let poll = poll_every(p.concurrent);
+    let (all, ids) = time_concurrent(p.concurrent, || start_via_vgpud(c, share, poll));
+    remove_vms(c, ids);
+    let (all_by_hand, kept) = time_concurrent(p.concurrent, || start_by_hand(&p.backend));
+    drop(kept);
     drop(d);
     let k = p.concurrent;
     let (hand, all_hand) = (median(by_hand), all_by_hand);
@@ -106,17 +113,24 @@ fn with_pool(p: &Params, backend_args: &[&str], hand: f64, all_hand: f64) -> Vec
     args.extend(["--worker-pool", n.as_str()]);
     let d = TestDaemon::start("bench-start-pool", &args);
     let c = &d.client;
+    let share = vgpu_memory(&p.backend);
+    let one = |c: &Client| {
+        let (ms, id) = start_via_vgpud(c, share, poll_every(1));
+        remove_vms(c, vec![id]);
+        ms
+    };
     wait_pool_full(c, p.pool);
-    let _ = start_via_vgpud(c, vgpu_memory(&p.backend));
+    let _ = one(c);
     let single: Vec<f64> = (0..p.runs)
         .map(|_| {
             wait_pool_full(c, p.pool);
-            start_via_vgpud(c, vgpu_memory(&p.backend))
+            one(c)
         })
         .collect();
     wait_pool_full(c, p.pool);
     let k = p.concurrent;
-    let all = time_concurrent(k, || start_via_vgpud(c, vgpu_memory(&p.backend)));
+    let (all, ids) = time_concurrent(k, || start_via_vgpud(c, share, poll_every(k)));
+    remove_vms(c, ids);
     let hits = d.log_text().matches("worker ready (from the pool)").count();
     let starts = 1 + p.runs + k;
     println!("pool hits: {hits} of {starts} starts took a pool worker");
@@ -159,23 +173,51 @@ fn wait_pool_full(c: &Client, n: usize) {
     }
 }
 
-/// Runs `start` on `k` threads at once: ms until the last is at `main`.
-fn time_concurrent(k: usize, start: impl Fn() -> f64 + Sync) -> f64 {
+/// Runs `start` on `k` threads at once: ms until the last is at `main`, and what each
+/// start left to clean up. Nothing is cleaned up before the last is at `main`, so the
+/// figure is the starts alone.
+fn time_concurrent<T: Send>(k: usize, start: impl Fn() -> (f64, T) + Sync) -> (f64, Vec<T>) {
     let t = Instant::now();
+    let mut last = t;
+    let mut kept = Vec::with_capacity(k);
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..k).map(|_| s.spawn(&start)).collect();
+        let handles: Vec<_> = (0..k)
+            .map(|_| {
+                s.spawn(|| {
+                    let (_, keep) = start();
+                    (Instant::now(), keep)
+                })
+            })
+            .collect();
         for h in handles {
-            if h.join().is_err() {
-                fail("a concurrent start panicked");
+            match h.join() {
+                Ok((at, keep)) => {
+                    last = last.max(at);
+                    kept.push(keep);
+                }
+                Err(_) => fail("a concurrent start panicked"),
             }
         }
     });
-    t.elapsed().as_secs_f64() * 1e3
+    (last.duration_since(t).as_secs_f64() * 1e3, kept)
 }
 
-/// One VM with an inline vGPU through vgpud: ms from the REST call to `main`. The VM is
-/// removed afterwards.
-fn start_via_vgpud(c: &Client, share: u64) -> f64 {
+/// How often a start polls its VM's console for `main`: every 0.5 ms for one start; with
+/// `k` at once, 0.5 ms x k (at most 20 ms), so the polling itself does not load vgpud.
+fn poll_every(k: usize) -> Duration {
+    Duration::from_micros(500 * k.max(1) as u64).min(Duration::from_millis(20))
+}
+
+/// Stops and removes VMs left by starts through vgpud.
+fn remove_vms(c: &Client, ids: Vec<u32>) {
+    for id in ids {
+        let _ = c.delete_vm(id);
+    }
+}
+
+/// One VM with an inline vGPU through vgpud: ms from the REST call to `main`, and the VM's
+/// id (the caller removes it).
+fn start_via_vgpud(c: &Client, share: u64, poll: Duration) -> (f64, u32) {
     let req = VmCreate {
         payload: Some(payload("hello").display().to_string()),
         payload_arg: String::new(),
@@ -217,16 +259,27 @@ fn start_via_vgpud(c: &Client, share: u64) -> f64 {
         if t.elapsed() > START_DEADLINE {
             fail(&format!("VM {} did not reach main", vm.id));
         }
-        std::thread::sleep(Duration::from_micros(500));
+        std::thread::sleep(poll);
     }
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    let _ = c.wait_vm(vm.id, START_DEADLINE);
-    let _ = c.delete_vm(vm.id);
-    ms
+    (t.elapsed().as_secs_f64() * 1e3, vm.id)
 }
 
-/// One VM with a vGPU started by hand: ms from starting `vgpu-worker` to `main`.
-fn start_by_hand(backend: &str) -> f64 {
+/// A VM started by hand: its vmm and worker, stopped when dropped.
+struct ByHand {
+    vmm: std::process::Child,
+    _worker: Worker,
+}
+
+impl Drop for ByHand {
+    fn drop(&mut self) {
+        let _ = self.vmm.kill();
+        let _ = self.vmm.wait();
+    }
+}
+
+/// One VM with a vGPU started by hand: ms from starting `vgpu-worker` to `main`, and the
+/// processes (stopped when dropped).
+fn start_by_hand(backend: &str) -> (f64, ByHand) {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let extra: &[&str] = if backend == "cuda" {
@@ -263,13 +316,15 @@ fn start_by_hand(backend: &str) -> f64 {
         }
     }
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let _ = vmm.kill();
-    let _ = vmm.wait();
-    drop(worker);
+    let started = ByHand {
+        vmm,
+        _worker: worker,
+    };
     if !reached {
+        drop(started);
         fail("a VM started by hand did not reach main");
     }
-    ms
+    (ms, started)
 }
 
 fn fail(why: &str) -> ! {
