@@ -60,9 +60,10 @@ struct Args {
     sim_threads: usize,
     /// Microseconds each worker queue thread keeps polling its ring after a request before
     /// it sleeps (adaptive polling: saves the guest's kick and a wake-up per request, at
-    /// the cost of a core spinning that long after each burst). 0 = off.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
-    queue_poll_us: u64,
+    /// the cost of a core spinning that long after each burst). 0 = off [default: 50 on
+    /// cuda GPUs when the machine has 4 or more CPUs, else 0].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    queue_poll_us: Option<u64>,
     /// Fraction of each GPU's memory kept as the device-side swap area of oversubscribed
     /// vGPUs ("0.1" or "10%").
     #[arg(long, value_parser = parse_fraction, default_value = "10%")]
@@ -335,6 +336,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             .unwrap_or_else(daemon::default_state_dir),
         (None, Listen::Tcp(_)) => daemon::default_state_dir(),
     };
+    let cuda_gpus = cuda.is_some();
     let gpus = match cuda {
         Some(devices) => devices
             .into_iter()
@@ -366,7 +368,9 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             .vmm_bin
             .unwrap_or_else(|| daemon::sibling_binary("vmm")),
         sim_threads: args.sim_threads,
-        queue_poll_us: args.queue_poll_us,
+        queue_poll_us: args
+            .queue_poll_us
+            .unwrap_or_else(|| default_queue_poll_us(cuda_gpus)),
         payload_dir: args.payload_dir,
         storage_root: args.storage_root,
         stats_interval: Duration::from_millis(args.stats_interval_ms),
@@ -558,6 +562,18 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{s:?}: give a fraction from 0 to 0.5 (50%)"))
+    }
+}
+
+/// Queue polling unless `--queue-poll-us` says otherwise: on for cuda GPUs where the
+/// machine has cores to spare (each poll spins a core for at most 50 µs after a burst, and
+/// saves the guest's kick and a wake-up per request), off for sim and on small machines.
+fn default_queue_poll_us(cuda: bool) -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if cuda && cpus >= 4 {
+        50
+    } else {
+        0
     }
 }
 
