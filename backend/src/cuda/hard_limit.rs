@@ -38,13 +38,24 @@ impl CudaGpu {
     /// that the wait can end: a short kernel closely, a long one about every 1 % of its run
     /// time (the poll adds at most about 1 % to its latency).
     pub(super) fn wait_kernel(&self, end: &driver::Event, kernel: &str) -> Result<()> {
-        let t = Instant::now();
+        self.wait_kernel_until(end, kernel, Instant::now(), self.kernel_limit)
+    }
+
+    /// [`CudaGpu::wait_kernel`] for a wait that began at `t` and may last `limit` (a batch:
+    /// the sum of its kernels' limits, counted from the batch's start).
+    pub(super) fn wait_kernel_until(
+        &self,
+        end: &driver::Event,
+        kernel: &str,
+        t: Instant,
+        limit: Duration,
+    ) -> Result<()> {
         loop {
             if end.query().map_err(|e| self.kernel_err(e, kernel))? {
                 return Ok(());
             }
             let ran = t.elapsed();
-            if ran >= self.kernel_limit {
+            if ran >= limit {
                 return Err(self.past_hard_limit(kernel, ran));
             }
             if ran < Duration::from_micros(50) {
