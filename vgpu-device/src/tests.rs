@@ -44,6 +44,7 @@ fn new_vgpu(share: u64) -> Vgpu {
         memory_share: share,
         compute_share: 600,
         copy_share: 400,
+        batch: crate::BatchLimits::default(),
     };
     Vgpu::new(cfg, Arc::new(sim)).expect("vgpu")
 }
