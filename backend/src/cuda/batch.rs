@@ -5,8 +5,9 @@
 //! arguments against its parameters, write pointers against read-only mappings, local
 //! memory against the stack limit), a start event, `cuLaunchKernel` and an end event, all
 //! on the lane's stream without waiting; then one polling wait that walks the end events in
-//! order, under a deadline that is the sum of the queued kernels' hard limits, counted from
-//! the first launch. Each item's device time comes from its own event pair. The
+//! order. Each kernel keeps its own hard limit, counted from when the one before it was seen
+//! finished (on one stream it cannot start earlier), so the whole wait is bounded by the sum
+//! of the queued kernels' limits. Each item's device time comes from its own event pair. The
 //! allocations the kernels point into stay held until the whole batch has finished.
 //!
 //! An item that fails its checks gets its error and is not queued; its neighbours run. A
@@ -269,8 +270,8 @@ impl CudaGpu {
         taken
     }
 
-    /// Waits for the queued kernels in order under one deadline (the sum of their limits)
-    /// and writes each one's device time, or its error, into `out`.
+    /// Waits for the queued kernels in order, each under its own hard limit from the end of
+    /// the one before, and writes each one's device time, or its error, into `out`.
     fn wait_batch(
         &self,
         lane: &Lane,
@@ -278,9 +279,7 @@ impl CudaGpu {
         queued: &[(usize, Kernel)],
         out: &mut [Result<LaunchStats>],
     ) {
-        let t = Instant::now();
-        let count = u32::try_from(queued.len()).unwrap_or(u32::MAX);
-        let limit = self.kernel_limit.saturating_mul(count);
+        let mut t = Instant::now();
         for (slot, kernel) in queued {
             let name = match kernel {
                 Kernel::Ptx(_, f) => f.name(),
@@ -288,9 +287,10 @@ impl CudaGpu {
             };
             let result = self.enter().and_then(|()| {
                 let (start, end) = lane.pairs.get(slot - first).ok_or_else(missing_pair)?;
-                self.wait_kernel_until(end, name, t, limit)?;
+                self.wait_kernel_until(end, name, t, self.kernel_limit)?;
                 end.since_ns(start).map_err(|e| self.cuda_err(e))
             });
+            t = Instant::now();
             if let Some(o) = out.get_mut(*slot) {
                 *o = result.map(|device_ns| LaunchStats { device_ns });
             }

@@ -41,8 +41,8 @@ impl CudaGpu {
         self.wait_kernel_until(end, kernel, Instant::now(), self.kernel_limit)
     }
 
-    /// [`CudaGpu::wait_kernel`] for a wait that began at `t` and may last `limit` (a batch:
-    /// the sum of its kernels' limits, counted from the batch's start).
+    /// [`CudaGpu::wait_kernel`] for a kernel that cannot have started before `t` (in a
+    /// batch: when the kernel before it was seen finished), allowed `limit` from then.
     pub(super) fn wait_kernel_until(
         &self,
         end: &driver::Event,
