@@ -3,7 +3,7 @@
 //!
 //! A batch takes one lane: for each item the checks of a lone launch (the function, the
 //! arguments against its parameters, write pointers against read-only mappings, local
-//! memory against the stack limit), a start event, `cuLaunchKernel` and an end event, all
+//! memory against the stack limit, a built-in's pointer extents), a start event, `cuLaunchKernel` and an end event, all
 //! on the lane's stream without waiting; then one polling wait that walks the end events in
 //! order. Each kernel keeps its own hard limit, counted from when the one before it was seen
 //! finished (on one stream it cannot start earlier), so the whole wait is bounded by the sum
@@ -12,16 +12,18 @@
 //!
 //! An item that fails its checks gets its error and is not queued; its neighbours run. A
 //! kernel that faults fails itself and, the context being lost, every later item. Built-in
-//! and storage kernels do not join a batch (some use the lane's scratch memory, some wait
-//! on the host): each ends the batch so far and runs alone, as a lone launch.
+//! kernels join a batch like guest functions (waited for without a hard limit, as alone),
+//! except reduce_sum and gather, which use the lane's scratch memory and look at the device
+//! after they ran; those and the storage kernels end the batch so far and run alone.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vgpu_proto::ArgValue;
 
+use super::builtin;
 use super::driver::{check, Event, Stream};
 use super::lanes::Lane;
 use super::modules::{self, Kernel, PtxFunc};
@@ -222,6 +224,7 @@ impl CudaGpu {
         for item in items {
             let kernel = match self.modules.kernel(item.function) {
                 Ok(k @ Kernel::Ptx(..)) => k,
+                Ok(k @ Kernel::Builtin(sig, _)) if builtin::batchable(sig) => k,
                 Ok(_) => break,
                 Err(e) => {
                     out.push(Err(e));
@@ -229,7 +232,6 @@ impl CudaGpu {
                     continue;
                 }
             };
-            let Kernel::Ptx(_, f) = &kernel else { break };
             taken += 1;
             let index = out.len() - first;
             // `enter` fails once a kernel queued before this one lost the context.
@@ -238,25 +240,7 @@ impl CudaGpu {
                 .check_kernel_writes(item.args)
                 .and_then(|()| self.enter())
                 .and_then(|()| lane.pair(index).map_err(|e| self.cuda_err(e)))
-                .and_then(|()| {
-                    let Lane {
-                        stream,
-                        pairs,
-                        held,
-                        ..
-                    } = &mut *lane;
-                    let (start, end) = pairs.get(index).ok_or_else(missing_pair)?;
-                    self.queue_ptx(
-                        stream,
-                        start,
-                        end,
-                        held,
-                        f,
-                        &item.config,
-                        item.args,
-                        item.blob,
-                    )
-                });
+                .and_then(|()| self.queue_item(&mut lane, index, &kernel, item));
             match queue {
                 Ok(()) => {
                     queued.push((out.len(), kernel));
@@ -270,6 +254,46 @@ impl CudaGpu {
         taken
     }
 
+    /// Checks `item` (a guest function, or a built-in that can join a batch) and queues it
+    /// on `lane`'s stream between event pair `index`.
+    fn queue_item(
+        &self,
+        lane: &mut Lane,
+        index: usize,
+        kernel: &Kernel,
+        item: &BatchLaunch<'_>,
+    ) -> Result<()> {
+        let prepared = match kernel {
+            Kernel::Builtin(sig, i) => Some(self.prepare_builtin(lane, sig, *i, item.args)?),
+            _ => None,
+        };
+        let Lane {
+            stream,
+            pairs,
+            held,
+            ..
+        } = lane;
+        let (start, end) = pairs.get(index).ok_or_else(missing_pair)?;
+        match (kernel, prepared) {
+            (Kernel::Ptx(_, f), _) => self.queue_ptx(
+                stream,
+                start,
+                end,
+                held,
+                f,
+                &item.config,
+                item.args,
+                item.blob,
+            ),
+            (Kernel::Builtin(sig, _), Some(p)) => {
+                self.queue_builtin((stream, start, end), held, p, sig.name)
+            }
+            _ => Err(BackendError::Device(
+                "this kernel cannot run in a batch; launch it alone".into(),
+            )),
+        }
+    }
+
     /// Waits for the queued kernels in order, each under its own hard limit from the end of
     /// the one before, and writes each one's device time, or its error, into `out`.
     fn wait_batch(
@@ -281,13 +305,15 @@ impl CudaGpu {
     ) {
         let mut t = Instant::now();
         for (slot, kernel) in queued {
-            let name = match kernel {
-                Kernel::Ptx(_, f) => f.name(),
-                _ => KERNEL,
+            // A guest function has its hard limit; a built-in, bounded by its arguments,
+            // is waited for as long as it runs, as alone.
+            let (name, limit) = match kernel {
+                Kernel::Ptx(_, f) => (f.name(), self.kernel_limit),
+                Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
             };
             let result = self.enter().and_then(|()| {
                 let (start, end) = lane.pairs.get(slot - first).ok_or_else(missing_pair)?;
-                self.wait_kernel_until(end, name, t, self.kernel_limit)?;
+                self.wait_kernel_until(end, name, t, limit)?;
                 end.since_ns(start).map_err(|e| self.cuda_err(e))
             });
             t = Instant::now();
