@@ -477,11 +477,13 @@ impl Vgpu {
         batch.stages = [asked, granted, backend_end, timeline::stamp()];
         // Each kernel's usual time: its device time and an even part of what the call cost
         // beyond the kernels (launch, wait, wake-up), so that a batch's estimate is the sum.
-        let ok: Vec<u64> = results
+        let (ran, device_ns) = results
             .iter()
-            .filter_map(|r| r.as_ref().ok().map(|s| s.device_ns))
-            .collect();
-        let overhead = wall.saturating_sub(ok.iter().sum()) / (ok.len().max(1) as u64);
+            .filter_map(|r| r.as_ref().ok())
+            .fold((0u64, 0u64), |(n, t), s| {
+                (n + 1, t.saturating_add(s.device_ns))
+            });
+        let overhead = wall.saturating_sub(device_ns) / ran.max(1);
         let mut results = results.into_iter();
         for i in items.iter_mut().filter(|i| i.outcome.is_none()) {
             i.ran = true;
