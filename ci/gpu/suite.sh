@@ -27,6 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEP_TABLE="
 ptx|check|120|nvcc regenerates the committed PTX of the cuda kernels (diff of the bodies)
 conformance|check|180|the Backend conformance suite on sim and cuda, pager swapping on cuda
+batch|check|120|launches as one batch (Backend::launch_batch) on sim and cuda: results in order, a failing item failing alone, built-ins that cannot join running alone in their place, 32 guest functions in one batch and the time per launch beside lone launches, a kernel that loses the context failing the later items (child process)
 charge|check|180|every byte a vGPU causes is charged: the context reserve from the start, a share below it refused, a kernel needing more local memory than the stack refused (and run with a larger stack), the storage setup charged once and refused when it does not fit
 isolation|check|120|a CUDA context is no isolation, a process is: a foreign address faults alone
 gpu-guests|check|300|payload guests (vecadd, streams, hostile) under KVM through vgpu-worker --backend cuda
@@ -98,6 +99,7 @@ step_ptx() {
     return "$rc"
 }
 step_conformance() { "$(tb conformance)" --test-threads 8; }
+step_batch() { "$(tb batch)" --nocapture --test-threads 1; }
 step_charge() {
     "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
 }
