@@ -1,20 +1,24 @@
-//! Guest functions on the GPU: one launch alone ([`CudaGpu::run_ptx`]), or a batch of them
-//! back to back under one wait ([`CudaGpu::run_batch`]).
+//! Kernels on the GPU back to back: a guest function alone ([`CudaGpu::run_ptx`]), or a
+//! batch of kernels under one wait ([`CudaGpu::run_batch`]).
 //!
 //! A batch takes one lane: for each item the checks of a lone launch (the function, the
 //! arguments against its parameters, write pointers against read-only mappings, local
-//! memory against the stack limit, a built-in's pointer extents), a start event, `cuLaunchKernel` and an end event, all
-//! on the lane's stream without waiting; then one polling wait that walks the end events in
-//! order. Each kernel keeps its own hard limit, counted from when the one before it was seen
-//! finished (on one stream it cannot start earlier), so the whole wait is bounded by the sum
-//! of the queued kernels' limits. Each item's device time comes from its own event pair. The
-//! allocations the kernels point into stay held until the whole batch has finished.
+//! memory against the stack limit, a built-in's pointer extents), a start event,
+//! `cuLaunchKernel` and an end event, all on the lane's stream without waiting; then one
+//! polling wait that walks the end events in order. Each guest function keeps its own hard
+//! limit, counted from when the kernel before it was seen finished (on one stream it cannot
+//! start earlier), so the whole wait is bounded by the sum of the queued kernels' limits.
+//! Each item's device time comes from its own event pair. The allocations the kernels point
+//! into stay held until the whole batch has finished.
 //!
 //! An item that fails its checks gets its error and is not queued; its neighbours run. A
-//! kernel that faults fails itself and, the context being lost, every later item. Built-in
-//! kernels join a batch like guest functions (waited for without a hard limit, as alone),
-//! except reduce_sum and gather, which use the lane's scratch memory and look at the device
-//! after they ran; those and the storage kernels end the batch so far and run alone.
+//! kernel that faults loses the context: the first kernel not yet seen finished is
+//! answered with the fault and every later one with the lost context (once the context is
+//! lost, the driver cannot tell the faulting kernel from ones that finished unobserved just
+//! before it). Built-in kernels join a batch like guest functions (waited for without a
+//! hard limit, as alone), except reduce_sum and gather, which use the lane's scratch memory
+//! and look at the device after they ran; those and the storage kernels end the batch so
+//! far and run alone.
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -182,8 +186,8 @@ impl CudaGpu {
         end.record(stream).map_err(|e| self.cuda_err(e))
     }
 
-    /// [`crate::Backend::launch_batch`]: runs of guest functions as one batch each, every
-    /// other kernel alone; one result per item, in order.
+    /// [`crate::Backend::launch_batch`]: each run of kernels that can join a batch as one
+    /// batch, every other kernel alone; one result per item, in order.
     pub(super) fn run_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
         let mut out = Vec::with_capacity(items.len());
         let mut rest = items;
@@ -192,7 +196,8 @@ impl CudaGpu {
             let Some((alone, after)) = rest.get(n..).and_then(|r| r.split_first()) else {
                 break;
             };
-            // Not a guest function (or the batch could not start): on its own, as always.
+            // A kernel that cannot join a batch (or the batch could not start): on its own,
+            // as always.
             out.push(crate::Backend::launch_with_params(
                 self,
                 alone.function,
@@ -205,9 +210,9 @@ impl CudaGpu {
         out
     }
 
-    /// Queues the leading guest functions of `items` on one lane, waits for them and pushes
-    /// their results on `out`; returns how many items it answered (it stops before the
-    /// first kernel that is not a guest function, or answers none when the batch cannot
+    /// Queues the leading kernels of `items` that can join a batch on one lane, waits for
+    /// them and pushes their results on `out`; returns how many items it answered (it stops
+    /// before the first kernel that cannot join, or answers none when the batch cannot
     /// start: the caller then runs that item alone).
     fn run_segment(&self, items: &[BatchLaunch<'_>], out: &mut Vec<Result<LaunchStats>>) -> usize {
         let _op = self.inflight.begin();
