@@ -414,7 +414,15 @@ fn thirty_two_launches_posted_at_once_run_in_order_under_one_grant() {
     for i in 0..32u32 {
         ring.post_launch(la(fill), &fill_args(buf + u64::from(i) * 64, i, 16), &[]);
     }
+    let busy = ring.be.vgpu().stats().busy_ns;
+    let t = std::time::Instant::now();
     let out = ring.kick();
+    let wall = t.elapsed().as_nanos() as u64;
+    let busy = ring.be.vgpu().stats().busy_ns - busy;
+    assert!(
+        busy <= wall,
+        "the batch counts once in the busy time: {busy} ns in {wall} ns"
+    );
     assert_eq!(out.len(), 32);
     for r in &out {
         let r = r.expect("response");

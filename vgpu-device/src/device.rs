@@ -168,13 +168,14 @@ impl Vgpu {
             (&resp, layout.data_writable_len),
             (id, opcode),
             outcome,
-            start,
+            || elapsed_ns(start),
         )
     }
 
-    /// Writes the response of request `id` (`opcode`'s name) into `resp` and counts it;
-    /// returns the used length (the chain's `data_writable_len` bytes of writable data plus
-    /// the response), or 0 when the response could not be written.
+    /// Writes the response of request `id` (`opcode`'s name) into `resp` and counts it, with
+    /// `busy_ns()` of busy time; returns the used length (the chain's `data_writable_len`
+    /// bytes of writable data plus the response), or 0 when the response could not be
+    /// written.
     pub(crate) fn respond(
         &self,
         queue: u16,
@@ -182,7 +183,7 @@ impl Vgpu {
         (resp, data_writable_len): (&Descriptor, u64),
         (id, opcode): (u64, &'static str),
         outcome: Outcome,
-        start: Instant,
+        busy_ns: impl FnOnce() -> u64,
     ) -> u32 {
         let response = match &outcome {
             Ok(result) => Response::ok(id, *result),
@@ -194,10 +195,10 @@ impl Vgpu {
         let ok = outcome.is_ok();
         if let Err(e) = mem.write_slice(&response.to_bytes(), resp.addr()) {
             tracing::warn!(queue, id, error = %e, "could not write the response; returned with used length 0");
-            self.stats.request(false, elapsed_ns(start));
+            self.stats.request(false, busy_ns());
             return 0;
         }
-        self.stats.request(ok, elapsed_ns(start));
+        self.stats.request(ok, busy_ns());
         tracing::trace!(queue, id, opcode, ok, "request done");
         let used = data_writable_len.saturating_add(Response::SIZE as u64);
         u32::try_from(used).unwrap_or(u32::MAX)

@@ -415,25 +415,28 @@ impl Vgpu {
     /// Runs the batch's launches under one grant, then writes every response (in order);
     /// the caller puts the completions in the used ring.
     pub(crate) fn run_batch(&self, queue: u16, mem: &GuestMem, batch: &mut LaunchBatch) {
+        let first = batch.items.first().and_then(|i| i.start);
         if batch.launches > 0 {
             self.run_launches(batch);
         }
+        // The batch's time counts once in the busy time: each request gets an even share.
+        let share = first.map_or(0, elapsed_ns) / (batch.len.max(1) as u64);
         for i in batch.items.iter_mut().take(batch.len) {
             let outcome = i.outcome.take().unwrap_or_else(|| {
                 Err(RequestError::Backend(vgpu_backend::BackendError::Device(
                     "the launch was not run; retry it".into(),
                 )))
             });
-            i.used = match (&i.resp, i.start) {
-                (Some(resp), Some(start)) => self.respond(
+            i.used = match &i.resp {
+                Some(resp) => self.respond(
                     queue,
                     mem,
                     (resp, i.data_writable_len),
                     (i.id, Opcode::Launch.name()),
                     outcome,
-                    start,
+                    || share,
                 ),
-                _ => 0,
+                None => 0,
             };
         }
     }
