@@ -111,6 +111,14 @@ macro_rules! forward_backend {
             self.$f.launch_with_params(function, config, args, blob)
         }
     };
+    (@one $f:tt launch_batch) => {
+        fn launch_batch(
+            &self,
+            items: &[$crate::BatchLaunch<'_>],
+        ) -> Vec<$crate::Result<$crate::LaunchStats>> {
+            self.$f.launch_batch(items)
+        }
+    };
     (@one $f:tt module_global) => {
         fn module_global(&self, module: u64, name: &[u8]) -> $crate::Result<(u64, u64)> {
             self.$f.module_global(module, name)

@@ -127,6 +127,20 @@ pub struct LaunchStats {
     pub device_ns: u64,
 }
 
+/// One launch of a batch ([`Backend::launch_batch`]): what [`Backend::launch_with_params`]
+/// takes, by reference.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLaunch<'a> {
+    /// The function handle.
+    pub function: u64,
+    /// The geometry.
+    pub config: LaunchConfig,
+    /// The typed kernel arguments.
+    pub args: &'a [ArgValue],
+    /// The bytes the [`ArgValue::Blob`] arguments name (empty when there are none).
+    pub blob: &'a [u8],
+}
+
 /// Bytes of device memory in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryUsage {
@@ -235,6 +249,19 @@ pub trait Backend: Send + Sync {
         }
         let _ = blob;
         self.launch(function, config, args)
+    }
+
+    /// Runs `items` in order, as one unit of GPU time: the kernels go to the GPU back to
+    /// back and the call returns when the last has finished, with one result per item (in
+    /// order). An item that fails its checks gets its error and the others still run; a
+    /// kernel that faults fails itself and every later item of the batch (its context is
+    /// lost). Each item's device time is its own. Default: one
+    /// [`Backend::launch_with_params`] after the other, exactly as separate calls.
+    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
+        items
+            .iter()
+            .map(|i| self.launch_with_params(i.function, &i.config, i.args, i.blob))
+            .collect()
     }
 
     /// The device address and size of module-scope variable `name` (`__device__`,

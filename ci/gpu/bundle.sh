@@ -34,7 +34,7 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench vgpu-nativ
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend host_migration memory bounds)
+    cuda_programs module_memory vgpu_backend host_migration memory bounds batch)
 
 log() { echo "bundle: $*" >&2; }
 

@@ -27,6 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEP_TABLE="
 ptx|check|120|nvcc regenerates the committed PTX of the cuda kernels (diff of the bodies)
 conformance|check|180|the Backend conformance suite on sim and cuda, pager swapping on cuda
+batch|check|120|launches as one batch (Backend::launch_batch) on sim and cuda: results in order, a failing item failing alone, built-ins that cannot join running alone in their place, 32 guest functions in one batch and the time per launch beside lone launches, a kernel that loses the context failing the later items (child process)
 charge|check|180|every byte a vGPU causes is charged: the context reserve from the start, a share below it refused, a kernel needing more local memory than the stack refused (and run with a larger stack), the storage setup charged once and refused when it does not fit
 isolation|check|120|a CUDA context is no isolation, a process is: a foreign address faults alone
 gpu-guests|check|300|payload guests (vecadd, streams, hostile) under KVM through vgpu-worker --backend cuda
@@ -43,7 +44,7 @@ daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
-cuda-api-bench|bench|300|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second
+cuda-api-bench|bench|400|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second (batched, with queue polling, and one launch at a time)
 copy-sweep|bench|300|guest copies 4 KiB to 512 MiB through the full stack
 round-trips|bench|300|guest request and launch round trips with queue polling off and on
 storage-figures|bench|480|GPU-initiated reads, 512 B and 4 KiB lines, 8 and 16 blocks, beside io_uring
@@ -98,6 +99,7 @@ step_ptx() {
     return "$rc"
 }
 step_conformance() { "$(tb conformance)" --test-threads 8; }
+step_batch() { "$(tb batch)" --nocapture --test-threads 1; }
 step_charge() {
     "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
 }
@@ -250,11 +252,17 @@ step_cuda-api-bench() {
     else
         echo "== apibench native: FAIL"; tail -5 "$d/apibench-native.log"; rc=1
     fi
-    # The library over the worker as vgpud starts it, then with the worker's queue polling
-    # on (--poll-us 50: no wake-up on the kick while requests keep coming).
-    local mode
-    for mode in vgpu vgpu-poll; do
-        if VGPU_DMA_POOL_MB=1280 WORKER_ARGS=$([[ $mode == vgpu-poll ]] && echo "--poll-us 50") \
+    # The library over the worker as vgpud starts it (launches posted together run as one
+    # batch), then with the worker's queue polling on (--poll-us 50: no wake-up on the kick
+    # while requests keep coming), then with every launch alone (--max-batch 1).
+    local mode args
+    for mode in vgpu vgpu-poll vgpu-serial; do
+        case $mode in
+            vgpu-poll) args="--poll-us 50" ;;
+            vgpu-serial) args="--max-batch 1" ;;
+            *) args="" ;;
+        esac
+        if VGPU_DMA_POOL_MB=1280 WORKER_ARGS=$args \
             on_vgpu "apibench-$mode" "$d/apibench" >"$d/apibench-$mode.log" 2>&1 \
             && grep -q 'APIBENCH OK' "$d/apibench-$mode.log"; then
             echo "== apibench $mode: pass"
@@ -262,7 +270,7 @@ step_cuda-api-bench() {
             echo "== apibench $mode: FAIL"; tail -5 "$d/apibench-$mode.log"; rc=1
         fi
     done
-    for mode in vgpu vgpu-poll; do
+    for mode in vgpu vgpu-poll vgpu-serial; do
         echo "== the library ($mode) beside native libcuda"
         # name | native | vGPU | ratio | goal (copies: >= 0.95 from 64 MiB; round trip: <= 1.5;
         # async: >= 0.8), and the design's one line per figure.
@@ -284,6 +292,21 @@ step_cuda-api-bench() {
                 printf "%s", lines
             }' "$d/apibench-native.log" "$d/apibench-$mode.log" | tee -a "$LOGS/cuda-api-bench.txt"
     done
+    # Batching on its own: async launches batched beside the same worker with every launch
+    # alone, and beside native.
+    local native batched serial
+    async_fig() { awk '$1 == "FIG" && $2 == "async_launches" { print $3 }' "$1"; }
+    native=$(async_fig "$d/apibench-native.log")
+    batched=$(async_fig "$d/apibench-vgpu.log")
+    serial=$(async_fig "$d/apibench-vgpu-serial.log")
+    awk -v n="$native" -v b="$batched" -v s="$serial" 'BEGIN {
+        if (n == "" || b == "" || s == "" || s == 0 || n == 0) { print "== async launches batched: FAIL (no figure)"; exit 1 }
+        printf "== async launches: native %d/s, vGPU batched %d/s, vGPU one at a time %d/s\n", n, b, s
+        printf "async_launches_batched: %d launches/s | anchor: %d launches/s (--max-batch 1) | ratio: %.3f\n", b, s, b / s
+        printf "async_launches_batched_vs_native: %d launches/s | anchor: %d launches/s (native) | ratio: %.3f\n", b, n, b / n
+        printf "== async launches batched beside one at a time: %s (> 1.5x)\n", (b / s > 1.5 ? "PASS" : "FAIL")
+        exit (b / s > 1.5 ? 0 : 1)
+    }' | tee -a "$LOGS/cuda-api-bench.txt" || rc=1
     return "$rc"
 }
 # Two process vGPUs at 70/30 on GPU 0 through vgpud, each running vecloop (an unmodified

@@ -47,6 +47,7 @@ fn world() -> &'static World {
             memory_share: 8 << 20,
             compute_share: 500,
             copy_share: 500,
+            batch: vgpu_device::BatchLimits::default(),
         };
         World {
             mem: GuestMem::from_ranges(&[(GuestAddress(0), RAM as usize)]).expect("guest ram"),

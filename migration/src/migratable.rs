@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_backend::{
     copy_to_peer, require_paging, require_relocation, Allocated, ArgValue, Backend, BackendError,
-    BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats, MemoryUsage, ModuleImage,
-    Paging, Result,
+    BackendInfo, BatchLaunch, FunctionInfo, HostRegion, LaunchConfig, LaunchStats, MemoryUsage,
+    ModuleImage, Paging, Result,
 };
 use vm_memory::VolatileSlice;
 
@@ -309,6 +309,43 @@ impl Backend for Migratable {
         let r = b.launch_with_params(real, config, args, blob);
         self.mark_launch(args);
         r
+    }
+
+    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
+        let (_g, b) = self.enter();
+        // Each item's handle translated; an unknown one fails alone, the others run as one
+        // batch on the GPU behind.
+        let real: Vec<Option<u64>> = {
+            let functions = lock(&self.functions);
+            items
+                .iter()
+                .map(|i| functions.get(&i.function).map(|f| f.real))
+                .collect()
+        };
+        let known: Vec<BatchLaunch<'_>> = items
+            .iter()
+            .zip(&real)
+            .filter_map(|(i, r)| r.map(|function| BatchLaunch { function, ..*i }))
+            .collect();
+        for i in &known {
+            self.mark_launch(i.args);
+        }
+        let mut ran = b.launch_batch(&known).into_iter();
+        for i in &known {
+            self.mark_launch(i.args);
+        }
+        items
+            .iter()
+            .zip(real)
+            .map(|(i, r)| match r {
+                Some(_) => ran.next().unwrap_or_else(|| {
+                    Err(BackendError::Device(
+                        "the GPU's batch answered fewer launches than it was given".into(),
+                    ))
+                }),
+                None => Err(BackendError::UnknownFunction(format!("{}", i.function))),
+            })
+            .collect()
     }
 
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {

@@ -9,6 +9,36 @@ pub const MAX_QUEUES: u16 = 64;
 /// Default and largest virtqueue size offered to the guest.
 pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
 
+/// Launches one batch holds at most by default.
+pub const DEFAULT_MAX_BATCH: u16 = 32;
+/// Most expected kernel time one batch holds by default (2 ms).
+pub const DEFAULT_BATCH_NS: u64 = 2_000_000;
+/// Largest [`BatchLimits::max_launches`].
+pub const MAX_BATCH: u16 = 1024;
+
+/// How many launches a queue hands the GPU at once (docs/architecture.md, "Batched
+/// launches"). A batch is one grant of the GPU's scheduler: its kernels run back to back
+/// without the scheduler in between, so BAND cannot hand the GPU to another vGPU inside it.
+/// The limits bound that window: at most `max_launches` kernels, and at most
+/// `max_expected_ns` of their usual run times together (a kernel not timed yet counts as
+/// the whole window, so it runs alone or first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Most launches in one batch, 1..=[`MAX_BATCH`] (1: every launch alone).
+    pub max_launches: u16,
+    /// Most expected kernel time in one batch, ns.
+    pub max_expected_ns: u64,
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            max_launches: DEFAULT_MAX_BATCH,
+            max_expected_ns: DEFAULT_BATCH_NS,
+        }
+    }
+}
+
 /// One vGPU's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -24,6 +54,8 @@ pub struct DeviceConfig {
     pub compute_share: u32,
     /// Copy share, per-mille.
     pub copy_share: u32,
+    /// How launches posted together are batched.
+    pub batch: BatchLimits,
 }
 
 impl DeviceConfig {
@@ -37,6 +69,9 @@ impl DeviceConfig {
         }
         if self.memory_share == 0 {
             return Err(ConfigError::MemoryShare);
+        }
+        if self.batch.max_launches == 0 || self.batch.max_launches > MAX_BATCH {
+            return Err(ConfigError::Batch(self.batch.max_launches));
         }
         for (what, v) in [("compute", self.compute_share), ("copy", self.copy_share)] {
             if v > SHARE_SCALE {

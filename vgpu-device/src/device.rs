@@ -3,14 +3,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use vgpu_backend::{Backend, LaunchConfig, ModuleImage};
+use vgpu_backend::{Backend, ModuleImage};
 use vgpu_grant::{Gate, Resource, Ungated};
 use vgpu_proto::args::{module_kind, shm_flags};
 use vgpu_proto::{
-    features, launch_request_len, ArgError, ArgValue, DataShape, DeviceInfo, LaunchRequest, Opcode,
-    Request, Response, VgpuConfig, MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN,
-    MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK, PROTOCOL_VERSION,
+    features, launch_request_len, DataShape, DeviceInfo, Opcode, Request, Response, VgpuConfig,
+    MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN, PROTOCOL_VERSION,
 };
+use virtio_queue::desc::split::Descriptor;
 use vm_memory::Bytes;
 
 use crate::chain::{for_each_data, gather, Chain, GuestMem, Layout};
@@ -43,26 +43,27 @@ fn write_answer<'m>(mem: &'m GuestMem, chain: &Chain<'m>, op: Opcode, answer: &[
 }
 
 /// Largest header descriptor read: a launch with every argument and dependency.
-const HEADER_BUF: usize = launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize)
-    + vgpu_proto::MAX_PARAM_BLOB_BYTES as usize;
+pub(crate) const HEADER_BUF: usize =
+    launch_request_len(MAX_KERNEL_ARGS as usize, MAX_DEPS as usize)
+        + vgpu_proto::MAX_PARAM_BLOB_BYTES as usize;
 
-type Outcome = Result<[u64; 4], RequestError>;
+pub(crate) type Outcome = Result<[u64; 4], RequestError>;
 
 /// One vGPU's device: config, backend, events, stats.
 pub struct Vgpu {
-    config: DeviceConfig,
-    backend: Arc<dyn Backend>,
-    space: VgpuConfig,
+    pub(crate) config: DeviceConfig,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) space: VgpuConfig,
     events: Events,
-    stats: Stats,
+    pub(crate) stats: Stats,
     alloc_lock: Mutex<()>,
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
-    gate: Arc<dyn Gate>,
+    pub(crate) gate: Arc<dyn Gate>,
     /// Each kernel's usual backend-call time: the estimate its grant request carries.
-    kernel_times: crate::kernel_times::KernelTimes,
+    pub(crate) kernel_times: crate::kernel_times::KernelTimes,
     /// Hardware queue slots shared by this vGPU's streams; `None`: a slot per stream.
-    slots: Option<Arc<crate::slots::HwSlots>>,
+    pub(crate) slots: Option<Arc<crate::slots::HwSlots>>,
     /// The shared device memory registry; `None`: SHM_* requests are not supported.
     shm: Option<Arc<dyn crate::shm::ShmHost>>,
     /// The vGPU's storage namespaces; `None`: STORAGE_ATTACH is not supported.
@@ -161,6 +162,29 @@ impl Vgpu {
         };
         let mut buf = [0u8; HEADER_BUF];
         let (id, opcode, outcome) = self.execute(mem, &chain, &layout, &mut buf);
+        self.respond(
+            queue,
+            mem,
+            (&resp, layout.data_writable_len),
+            (id, opcode),
+            outcome,
+            || elapsed_ns(start),
+        )
+    }
+
+    /// Writes the response of request `id` (`opcode`'s name) into `resp` and counts it, with
+    /// `busy_ns()` of busy time; returns the used length (the chain's `data_writable_len`
+    /// bytes of writable data plus the response), or 0 when the response could not be
+    /// written.
+    pub(crate) fn respond(
+        &self,
+        queue: u16,
+        mem: &GuestMem,
+        (resp, data_writable_len): (&Descriptor, u64),
+        (id, opcode): (u64, &'static str),
+        outcome: Outcome,
+        busy_ns: impl FnOnce() -> u64,
+    ) -> u32 {
         let response = match &outcome {
             Ok(result) => Response::ok(id, *result),
             Err(e) => {
@@ -171,14 +195,12 @@ impl Vgpu {
         let ok = outcome.is_ok();
         if let Err(e) = mem.write_slice(&response.to_bytes(), resp.addr()) {
             tracing::warn!(queue, id, error = %e, "could not write the response; returned with used length 0");
-            self.stats.request(false, elapsed_ns(start));
+            self.stats.request(false, busy_ns());
             return 0;
         }
-        self.stats.request(ok, elapsed_ns(start));
+        self.stats.request(ok, busy_ns());
         tracing::trace!(queue, id, opcode, ok, "request done");
-        let used = layout
-            .data_writable_len
-            .saturating_add(Response::SIZE as u64);
+        let used = data_writable_len.saturating_add(Response::SIZE as u64);
         u32::try_from(used).unwrap_or(u32::MAX)
     }
 
@@ -189,51 +211,14 @@ impl Vgpu {
         layout: &Layout,
         buf: &mut [u8; HEADER_BUF],
     ) -> (u64, &'static str, Outcome) {
-        let Some(header) = layout.header.filter(|_| layout.count >= 2) else {
-            return (0, "?", Err(RequestError::TooFewDescriptors(layout.count)));
-        };
-        if header.is_write_only() {
-            return (0, "?", Err(RequestError::HeaderWritable));
+        match parse_request(mem, layout, buf) {
+            Err((id, opcode, e)) => (id, opcode, Err(e)),
+            Ok((id, req)) => {
+                let outcome = check_shape(&req, layout)
+                    .and_then(|()| self.dispatch(mem, chain, layout, &req));
+                (id, req.opcode().name(), outcome)
+            }
         }
-        if let Some((0, d)) = layout.outside {
-            return (
-                0,
-                "?",
-                Err(RequestError::OutsideGuestMemory {
-                    index: 0,
-                    addr: d.addr().0,
-                    len: d.len(),
-                }),
-            );
-        }
-        let n = (header.len() as usize).min(HEADER_BUF);
-        let bytes = &mut buf[..n];
-        if let Err(e) = mem.read_slice(bytes, header.addr()) {
-            let err = RequestError::GuestMemory {
-                addr: header.addr().0,
-                reason: e.to_string(),
-            };
-            return (0, "?", Err(err));
-        }
-        let (hdr, req) = match vgpu_proto::parse_request(bytes) {
-            Ok(v) => v,
-            Err((h, e)) => return (h.map_or(0, |h| h.id), "?", Err(RequestError::Parse(e))),
-        };
-        let opcode = req.opcode().name();
-        if let Some((index, d)) = layout.outside {
-            return (
-                hdr.id,
-                opcode,
-                Err(RequestError::OutsideGuestMemory {
-                    index,
-                    addr: d.addr().0,
-                    len: d.len(),
-                }),
-            );
-        }
-        let outcome =
-            check_shape(&req, layout).and_then(|()| self.dispatch(mem, chain, layout, &req));
-        (hdr.id, opcode, outcome)
     }
 
     fn dispatch<'m>(
@@ -602,140 +587,73 @@ impl Vgpu {
             .unwrap_or(0);
         Ok([f.handle, u64::from(f.param_count), buffer, 0])
     }
-
-    fn launch(&self, l: &LaunchRequest<'_>) -> Outcome {
-        let op = Opcode::Launch;
-        let la = &l.launch;
-        if la.flags != 0 {
-            return Err(RequestError::invalid(
-                op,
-                format!("flags {:#x} must be 0", la.flags),
-            ));
-        }
-        if la.grid.contains(&0) || la.block.contains(&0) {
-            return Err(RequestError::invalid(
-                op,
-                format!(
-                    "grid {:?} and block {:?} must be >= 1 in every dimension",
-                    la.grid, la.block
-                ),
-            ));
-        }
-        // Three u32 factors can overflow u64 (fuzzing found it: a plain product panics in
-        // debug builds and wraps in release, where a wrapped count could pass the check).
-        let threads = la
-            .block
-            .iter()
-            .try_fold(1u64, |n, v| n.checked_mul(u64::from(*v)))
-            .unwrap_or(u64::MAX);
-        if threads > MAX_THREADS_PER_BLOCK {
-            return Err(RequestError::invalid(
-                op,
-                format!("block of {threads} threads; at most {MAX_THREADS_PER_BLOCK}"),
-            ));
-        }
-        if la.shared_bytes > MAX_SHARED_BYTES {
-            return Err(RequestError::invalid(
-                op,
-                format!(
-                    "{} bytes of shared memory; at most {MAX_SHARED_BYTES}",
-                    la.shared_bytes
-                ),
-            ));
-        }
-        if l.deps.iter().any(|d| d == 0 || d == la.task_id) {
-            return Err(RequestError::invalid(
-                op,
-                "dependency task ids must be non-zero and not the launch's own task id",
-            ));
-        }
-        let mut vals = [ArgValue::U32(0); MAX_KERNEL_ARGS as usize];
-        let mut n = 0;
-        // Bytes of the BLOB arguments together, and the last one's index.
-        let (mut blob_total, mut last_blob) = (0u64, None);
-        for (slot, (index, arg)) in vals.iter_mut().zip(l.args.iter().enumerate()) {
-            *slot = arg
-                .typed()
-                .map_err(|err| RequestError::KernelArg { index, err })?;
-            if let ArgValue::Blob { offset, len } = *slot {
-                if self.space.features & features::PARAM_BLOBS == 0 {
-                    return Err(RequestError::NotSupported {
-                        opcode: op.name(),
-                        why: "this device runs no guest code, so no function takes a by-value parameter over 8 bytes (capability bit PARAM_BLOBS is clear); use a cuda vGPU",
-                    });
-                }
-                l.blob_bytes(offset, len).ok_or(RequestError::KernelArg {
-                    index,
-                    err: ArgError::BlobOutside {
-                        offset: u64::from(offset),
-                        len,
-                    },
-                })?;
-                blob_total += u64::from(len);
-                last_blob = Some(index);
-            }
-            n += 1;
-        }
-        if let Some(index) = last_blob {
-            if blob_total > u64::from(vgpu_proto::MAX_PARAM_BLOB_BYTES) {
-                return Err(RequestError::KernelArg {
-                    index,
-                    err: ArgError::BlobsTooLarge(blob_total),
-                });
-            }
-        }
-        let vals = vals.get(..n).unwrap_or(&[]);
-        let blobs = last_blob.is_some();
-        if blobs {
-            // Each blob must be exactly its parameter's bytes (where the backend reports the
-            // layout; it checks again when it packs the parameters).
-            if let Ok(params) = self.backend.param_layout(la.function) {
-                for (index, v) in vals.iter().enumerate() {
-                    if let ArgValue::Blob { len, .. } = *v {
-                        let param = params.get(index).map_or(0, |(_, size)| size);
-                        if param != len {
-                            return Err(RequestError::KernelArg {
-                                index,
-                                err: ArgError::BlobSizeMismatch { len, param },
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        let cfg = LaunchConfig {
-            grid: la.grid,
-            block: la.block,
-            shared_bytes: la.shared_bytes,
-        };
-        // A hardware queue first (ranked by the guest's HEFT rank), then the GPU's
-        // scheduler.
-        let _slot = self.slots.as_ref().map(|s| s.acquire(la.rank));
-        let expect = self.kernel_times.expect(la.function);
-        let _permit = crate::timeline::acquire_for(&*self.gate, Resource::Compute, expect);
-        let call = Instant::now();
-        let stats = if blobs {
-            self.backend
-                .launch_with_params(la.function, &cfg, vals, l.blob)?
-        } else {
-            self.backend.launch(la.function, &cfg, vals)?
-        };
-        self.kernel_times.record(la.function, elapsed_ns(call));
-        self.stats.kernel(stats.device_ns);
-        Ok([stats.device_ns, 0, 0, 0])
-    }
 }
 
 fn name_of(op: Opcode) -> &'static str {
     op.name()
 }
 
-fn elapsed_ns(start: Instant) -> u64 {
+pub(crate) fn elapsed_ns(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// A parse failure: the request id (0 when unknown), the opcode's name ("?" when unknown)
+/// and why.
+type ParseError = (u64, &'static str, RequestError);
+
+/// Reads and parses the header of a chain laid out as `layout` into `buf`: the request id
+/// and the request, once the chain's descriptors passed the checks every request needs.
+pub(crate) fn parse_request<'b>(
+    mem: &GuestMem,
+    layout: &Layout,
+    buf: &'b mut [u8; HEADER_BUF],
+) -> Result<(u64, Request<'b>), ParseError> {
+    let Some(header) = layout.header.filter(|_| layout.count >= 2) else {
+        return Err((0, "?", RequestError::TooFewDescriptors(layout.count)));
+    };
+    if header.is_write_only() {
+        return Err((0, "?", RequestError::HeaderWritable));
+    }
+    if let Some((0, d)) = layout.outside {
+        return Err((
+            0,
+            "?",
+            RequestError::OutsideGuestMemory {
+                index: 0,
+                addr: d.addr().0,
+                len: d.len(),
+            },
+        ));
+    }
+    let n = (header.len() as usize).min(HEADER_BUF);
+    let bytes = &mut buf[..n];
+    if let Err(e) = mem.read_slice(bytes, header.addr()) {
+        let err = RequestError::GuestMemory {
+            addr: header.addr().0,
+            reason: e.to_string(),
+        };
+        return Err((0, "?", err));
+    }
+    let (hdr, req) = match vgpu_proto::parse_request(bytes) {
+        Ok(v) => v,
+        Err((h, e)) => return Err((h.map_or(0, |h| h.id), "?", RequestError::Parse(e))),
+    };
+    if let Some((index, d)) = layout.outside {
+        return Err((
+            hdr.id,
+            req.opcode().name(),
+            RequestError::OutsideGuestMemory {
+                index,
+                addr: d.addr().0,
+                len: d.len(),
+            },
+        ));
+    }
+    Ok((hdr.id, req))
+}
+
 /// Checks the data descriptors against what the opcode takes.
-fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
+pub(crate) fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
     let opcode = req.opcode().name();
     let expected = req.data_len();
     match req.opcode().data_shape() {

@@ -158,6 +158,9 @@ pub enum ConfigError {
     /// Zero memory share.
     #[error("memory share must be at least 1 byte")]
     MemoryShare,
+    /// A batch size out of range.
+    #[error("batch size {0} is out of range; use 1..={max} (1: every launch alone)", max = crate::config::MAX_BATCH)]
+    Batch(u16),
     /// A share above 1000 per-mille.
     #[error("{what} share {value} is above 1000 per-mille (the whole GPU)")]
     Share {

@@ -15,6 +15,7 @@ mod device;
 mod error;
 mod events;
 mod kernel_times;
+mod launch;
 mod memtable;
 mod shm;
 mod slots;
@@ -24,12 +25,17 @@ pub mod timeline;
 mod vhost;
 
 #[cfg(test)]
+mod batch_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod vhost_tests;
 
 pub use chain::{Chain, GuestMem};
-pub use config::{DeviceConfig, DEFAULT_QUEUE_SIZE, MAX_QUEUES};
+pub use config::{
+    BatchLimits, DeviceConfig, DEFAULT_BATCH_NS, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_SIZE, MAX_BATCH,
+    MAX_QUEUES,
+};
 pub use device::Vgpu;
 pub use error::{ConfigError, RequestError};
 pub use events::MAX_EVENTS;

@@ -88,6 +88,7 @@ fn vgpu_on(backend: Arc<dyn Backend>) -> Vgpu {
         memory_share: 32 * MIB,
         compute_share: 600,
         copy_share: 400,
+        batch: crate::BatchLimits::default(),
     };
     Vgpu::new(cfg, backend).expect("vgpu")
 }

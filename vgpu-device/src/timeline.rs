@@ -206,6 +206,23 @@ pub fn end() {
         c.set(Record::default());
         r
     });
+    push(r);
+}
+
+/// The timeline's clock now, or 0 when no records are taken (a batch's stages).
+pub fn stamp() -> u64 {
+    if enabled() {
+        now()
+    } else {
+        0
+    }
+}
+
+/// Adds a finished record (a batched request's, whose stages its batch shares).
+pub fn push(r: Record) {
+    if !enabled() {
+        return;
+    }
     if let Some(Some(sink)) = SINK.get() {
         let mut buf = vgpu_backend::sync::lock(&sink.buf);
         if buf.len() < buf.capacity() {

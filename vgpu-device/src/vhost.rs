@@ -23,8 +23,9 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::chain::GuestMem;
+use crate::chain::{Chain, GuestMem};
 use crate::device::Vgpu;
+use crate::launch;
 use crate::memtable::check_memory_table;
 use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
@@ -97,8 +98,11 @@ impl VgpuVhostBackend {
         let guard = atomic.memory();
         let mem: &GuestMem = &guard;
         let event_idx = self.event_idx.load(Ordering::Acquire);
+        let batching = self.vgpu.config().batch.max_launches > 1;
         // End of the current polling window (set when the ring first runs dry).
         let mut deadline: Option<Instant> = None;
+        // A chain taken off the ring that ended a batch: served next.
+        let mut held = None;
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -106,10 +110,27 @@ impl VgpuVhostBackend {
             loop {
                 // Hold the vring lock only to pop: a long request must not block the
                 // frontend's vring messages.
-                let chain = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem);
-                let Some(chain) = chain else { break };
-                let head = chain.head_index();
+                let chain = match held.take() {
+                    Some(c) => c,
+                    None => match vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
+                        Some(c) => c,
+                        None => break,
+                    },
+                };
                 deadline = None;
+                let chain = if batching && launch::is_launch(mem, &chain) {
+                    match self.serve_launches(queue, vring, mem, chain)? {
+                        Batched::Alone(chain) => chain,
+                        Batched::Served(next) => {
+                            held = next;
+                            continue;
+                        }
+                        Batched::Stop => return Ok(()),
+                    }
+                } else {
+                    chain
+                };
+                let head = chain.head_index();
                 timeline::begin(self.vgpu.config().vgpu_id, queue);
                 let used = self.vgpu.process_chain(queue, mem, chain);
                 if let Err(e) = vring.add_used(head, used) {
@@ -145,6 +166,63 @@ impl VgpuVhostBackend {
                 }
             }
         }
+    }
+}
+
+/// What [`VgpuVhostBackend::serve_launches`] did.
+enum Batched<'m> {
+    /// The launch does not join a batch: serve it alone.
+    Alone(Chain<'m>),
+    /// A batch was served; the chain that ended it, taken off the ring, comes next.
+    Served(Option<Chain<'m>>),
+    /// The used ring is broken: stop serving the queue until the next kick.
+    Stop,
+}
+
+impl VgpuVhostBackend {
+    /// Serves the launch `first` with the launches posted right behind it as one batch
+    /// (`launch.rs`), then completes them in ring order and signals the guest once.
+    fn serve_launches<'m>(
+        &self,
+        queue: u16,
+        vring: &Vring,
+        mem: &'m GuestMem,
+        first: Chain<'m>,
+    ) -> io::Result<Batched<'m>> {
+        let vgpu = &self.vgpu;
+        launch::with_batch(|batch| {
+            if let Err(chain) = vgpu.stage(mem, first, timeline::stamp(), batch) {
+                return Ok(Batched::Alone(chain));
+            }
+            let mut next = None;
+            while let Some(chain) = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
+                if !launch::is_launch(mem, &chain) {
+                    next = Some(chain);
+                    break;
+                }
+                if let Err(chain) = vgpu.stage(mem, chain, timeline::stamp(), batch) {
+                    next = Some(chain);
+                    break;
+                }
+            }
+            vgpu.run_batch(queue, mem, batch);
+            for (head, used) in batch.completions() {
+                if let Err(e) = vring.add_used(head, used) {
+                    tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
+                    return Ok(Batched::Stop);
+                }
+            }
+            match vring.needs_notification() {
+                Ok(true) => vring.signal_used_queue()?,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
+                }
+            }
+            batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
+            tracing::trace!(queue, requests = batch.len(), "batch done");
+            Ok(Batched::Served(next))
+        })
     }
 }
 

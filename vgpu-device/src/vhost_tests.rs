@@ -33,6 +33,7 @@ fn backend(mem: &GuestMemoryAtomic<GuestMem>, queues: u16) -> VgpuVhostBackend {
         memory_share: 8 << 20,
         compute_share: 500,
         copy_share: 500,
+        batch: crate::BatchLimits::default(),
     };
     VgpuVhostBackend::new(
         Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu")),

@@ -137,6 +137,13 @@ struct Args {
     /// `VgpuVhostBackend::with_poll`.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     poll_us: u64,
+    /// Most launches a queue hands the GPU at once when the guest posts them together: one
+    /// grant of the GPU's scheduler for all of them, kernels back to back (1 = every launch
+    /// alone). A batch also stops at 2 ms of its kernels' usual run times, which bounds how
+    /// long the scheduler cannot hand the GPU to another vGPU.
+    #[arg(long, default_value_t = vgpu_device::DEFAULT_MAX_BATCH,
+        value_parser = clap::value_parser!(u16).range(1..=i64::from(vgpu_device::MAX_BATCH)))]
+    max_batch: u16,
     /// Attach a storage namespace for GPU-initiated reads, `ID=PATH[:ro|:rw]`
     /// (read-only unless `:rw`); repeat for more. The guest attaches it with
     /// STORAGE_ATTACH; it is opened (emulated NVMe controller over the file) then.
@@ -212,6 +219,10 @@ impl Args {
                 memory_share: memory,
                 compute_share: self.compute_share,
                 copy_share: self.copy_share,
+                batch: vgpu_device::BatchLimits {
+                    max_launches: self.max_batch,
+                    ..vgpu_device::BatchLimits::default()
+                },
             },
             gpu: GpuSpec {
                 kind: self.backend,

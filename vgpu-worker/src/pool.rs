@@ -179,6 +179,7 @@ mod tests {
                 memory_share: u64::MAX,
                 compute_share: 1000,
                 copy_share: 1000,
+                batch: vgpu_device::BatchLimits::default(),
             },
             gpu: GpuSpec {
                 kind: BackendKind::Sim,

@@ -229,6 +229,7 @@ mod tests {
             memory_share: 16 << 20,
             compute_share: 250,
             copy_share: 750,
+            batch: vgpu_device::BatchLimits::default(),
         };
         let vgpu = Arc::new(Vgpu::new(cfg, Arc::new(sim)).expect("vgpu"));
         let shutdown: Shutdown = Arc::new(Mutex::new(None));

@@ -10,10 +10,10 @@ use cudarc::driver::sys;
 use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::ArgValue;
 
-use super::driver::{check, CuError};
+use super::driver::{check, CuError, Event, Stream};
 use super::lanes::Lane;
 use super::memory::Allocation;
-use super::modules::Func;
+use super::modules::{Func, Held};
 use super::CudaGpu;
 use crate::args::{check_args, int, ptr, word};
 use crate::error::{BackendError, Result};
@@ -57,12 +57,12 @@ impl Step {
         }
     }
 
-    fn enqueue(&mut self, lane: &Lane) -> std::result::Result<(), CuError> {
-        launch_u64(
+    fn enqueue(&mut self, stream: &Stream) -> std::result::Result<(), CuError> {
+        launch_on(
             self.func,
             self.grid,
             self.block,
-            lane,
+            stream,
             &mut self.params[..self.count],
         )
     }
@@ -82,6 +82,17 @@ pub(super) fn launch_u64(
     grid: u32,
     block: u32,
     lane: &Lane,
+    params: &mut [u64],
+) -> std::result::Result<(), CuError> {
+    launch_on(func, grid, block, &lane.stream, params)
+}
+
+/// [`launch_u64`] on `stream` (same contract).
+fn launch_on(
+    func: Func,
+    grid: u32,
+    block: u32,
+    stream: &Stream,
     params: &mut [u64],
 ) -> std::result::Result<(), CuError> {
     // On the stack: this is on every launch's path.
@@ -109,13 +120,27 @@ pub(super) fn launch_u64(
                 1,
                 1,
                 0,
-                lane.stream.raw(),
+                stream.raw(),
                 ptrs.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         },
         "cuLaunchKernel",
     )
+}
+
+/// A checked built-in launch: its kernel launches, the allocations they touch (kept mapped
+/// until they have finished), and gather's fault word (scratch) with its index array.
+pub(super) struct Prepared {
+    steps: [Option<Step>; 2],
+    keep: [Option<Arc<Allocation>>; 3],
+    fault: Option<(u64, u64)>,
+}
+
+/// Whether built-in `sig` can run in a batch: it takes none of the lane's scratch memory
+/// and needs no look at the device after it ran (reduce_sum and gather do both).
+pub(super) fn batchable(sig: &KernelSig) -> bool {
+    sig.name != builtin::REDUCE_SUM.name && sig.name != builtin::GATHER.name
 }
 
 impl CudaGpu {
@@ -143,6 +168,74 @@ impl CudaGpu {
         index: usize,
         args: &[ArgValue],
     ) -> Result<u64> {
+        let name = sig.name;
+        let Prepared {
+            mut steps,
+            keep,
+            fault,
+        } = self.prepare_builtin(lane, sig, index, args)?;
+        lane.start
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        for step in steps.iter_mut().flatten() {
+            step.enqueue(&lane.stream)
+                .map_err(|e| self.launch_err(e, name))?;
+        }
+        lane.end
+            .record(&lane.stream)
+            .map_err(|e| self.cuda_err(e))?;
+        lane.end
+            .synchronize()
+            .map_err(|e| self.kernel_err(e, name))?;
+        let ns = lane
+            .end
+            .since_ns(&lane.start)
+            .map_err(|e| self.cuda_err(e))?;
+        drop(keep);
+        if let Some((fault, idx_addr)) = fault {
+            let at = self.read_u64(lane, fault)?;
+            if at != u64::MAX {
+                let (a, off) = self.mem.resolve(idx_addr.saturating_add(at * 4), 4)?;
+                let bad = self.read_u32(lane, a.addr() + off)?;
+                return Err(BackendError::KernelFault(format!(
+                    "gather: idx[{at}] = {bad} is past src_len = {}",
+                    int(args, 4)
+                )));
+            }
+        }
+        Ok(ns)
+    }
+
+    /// Queues a checked built-in launch on `stream` between `start` and `end`, without
+    /// waiting (a batch; only a [`batchable`] kernel); what it touches goes on `held`,
+    /// which the caller keeps until the kernel has finished.
+    pub(super) fn queue_builtin(
+        &self,
+        (stream, start, end): (&Stream, &Event, &Event),
+        held: &mut Vec<Held>,
+        prepared: Prepared,
+        name: &str,
+    ) -> Result<()> {
+        let Prepared {
+            mut steps, keep, ..
+        } = prepared;
+        held.extend(keep.into_iter().flatten().map(Held::Alloc));
+        start.record(stream).map_err(|e| self.cuda_err(e))?;
+        for step in steps.iter_mut().flatten() {
+            step.enqueue(stream).map_err(|e| self.launch_err(e, name))?;
+        }
+        end.record(stream).map_err(|e| self.cuda_err(e))
+    }
+
+    /// Checks a launch of built-in `sig` (index `index` of `KERNELS`) like the sim backend
+    /// and lays out its kernel launches (reduce_sum and gather take `lane`'s scratch).
+    pub(super) fn prepare_builtin(
+        &self,
+        lane: &mut Lane,
+        sig: &'static KernelSig,
+        index: usize,
+        args: &[ArgValue],
+    ) -> Result<Prepared> {
         check_args(sig, args)?;
         let f = self
             .builtins
@@ -271,36 +364,11 @@ impl CudaGpu {
         } else {
             return Err(BackendError::UnknownFunction(name.to_string()));
         }
-
-        lane.start
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
-        for step in steps.iter_mut().flatten() {
-            step.enqueue(lane).map_err(|e| self.launch_err(e, name))?;
-        }
-        lane.end
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
-        lane.end
-            .synchronize()
-            .map_err(|e| self.kernel_err(e, name))?;
-        let ns = lane
-            .end
-            .since_ns(&lane.start)
-            .map_err(|e| self.cuda_err(e))?;
-        drop(keep);
-        if let Some(fault) = fault_buf {
-            let at = self.read_u64(lane, fault)?;
-            if at != u64::MAX {
-                let (a, off) = self.mem.resolve(idx_addr.saturating_add(at * 4), 4)?;
-                let bad = self.read_u32(lane, a.addr() + off)?;
-                return Err(BackendError::KernelFault(format!(
-                    "gather: idx[{at}] = {bad} is past src_len = {}",
-                    int(args, 4)
-                )));
-            }
-        }
-        Ok(ns)
+        Ok(Prepared {
+            steps,
+            keep,
+            fault: fault_buf.map(|f| (f, idx_addr)),
+        })
     }
 
     /// Reads 8 bytes of device memory (synchronously, on `lane`).

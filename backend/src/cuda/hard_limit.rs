@@ -40,14 +40,25 @@ impl CudaGpu {
     /// completion is noticed within about 10 µs of a 1 ms kernel's end and 50 µs of a 10 ms
     /// one's (Linux's default 50 µs slack would add that much to every sleep).
     pub(super) fn wait_kernel(&self, end: &driver::Event, kernel: &str) -> Result<()> {
+        self.wait_kernel_until(end, kernel, Instant::now(), self.kernel_limit)
+    }
+
+    /// [`CudaGpu::wait_kernel`] for a kernel that cannot have started before `t` (in a
+    /// batch: when the kernel before it was seen finished), allowed `limit` from then.
+    pub(super) fn wait_kernel_until(
+        &self,
+        end: &driver::Event,
+        kernel: &str,
+        t: Instant,
+        limit: Duration,
+    ) -> Result<()> {
         fine_timer_slack();
-        let t = Instant::now();
         loop {
             if end.query().map_err(|e| self.kernel_err(e, kernel))? {
                 return Ok(());
             }
             let ran = t.elapsed();
-            if ran >= self.kernel_limit {
+            if ran >= limit {
                 return Err(self.past_hard_limit(kernel, ran));
             }
             if ran < Duration::from_micros(50) {

@@ -10,6 +10,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::driver::{Context, CuError, DevBuf, Event, Stream};
+use super::modules::Held;
 use crate::sync::lock;
 
 /// One stream and what an operation on it needs.
@@ -21,6 +22,11 @@ pub struct Lane {
     pub start: Event,
     /// Recorded after it.
     pub end: Event,
+    /// A batch's start and end event per kernel (grown to the largest batch, then kept).
+    pub pairs: Vec<(Event, Event)>,
+    /// What the kernels queued on the stream point into, held until they have finished
+    /// (emptied by whoever queued them; the capacity stays).
+    pub held: Vec<Held>,
     scratch: Option<DevBuf>,
     ctx: Arc<Context>,
 }
@@ -31,9 +37,20 @@ impl Lane {
             stream: Stream::new(ctx)?,
             start: Event::new(ctx)?,
             end: Event::new(ctx)?,
+            pairs: Vec::new(),
+            held: Vec::new(),
             scratch: None,
             ctx: ctx.clone(),
         })
+    }
+
+    /// Makes sure batch event pair `index` exists (created once, kept with the lane).
+    pub fn pair(&mut self, index: usize) -> Result<(), CuError> {
+        while self.pairs.len() <= index {
+            self.pairs
+                .push((Event::new(&self.ctx)?, Event::new(&self.ctx)?));
+        }
+        Ok(())
     }
 
     /// At least `len` bytes of device scratch memory owned by this lane (grown to the next

@@ -21,6 +21,7 @@
 //!   vGPUs (other processes) do not notice.
 
 mod attributes;
+mod batch;
 mod builtin;
 mod driver;
 mod hard_limit;
@@ -346,135 +347,6 @@ impl CudaGpu {
         }
     }
 
-    /// Launches a guest PTX function with the guest's geometry; returns its device time.
-    fn run_ptx(
-        &self,
-        lane: &lanes::Lane,
-        f: &modules::PtxFunc,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<u64> {
-        const KERNEL: &str = "PTX function";
-        // The driver would grow every thread's stack to the function's need, uncharged.
-        limits::check_local(f.name(), f.local_bytes, self.reserve.stack_bytes)?;
-        if args.len() != f.params.len() {
-            return Err(BackendError::BadArgCount {
-                kernel: KERNEL,
-                expected: f.params.len(),
-                got: args.len(),
-            });
-        }
-        let mut vals = [0u64; vgpu_proto::MAX_KERNEL_ARGS as usize];
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); vgpu_proto::MAX_KERNEL_ARGS as usize];
-        let mut keep: [Option<modules::Held>; vgpu_proto::MAX_KERNEL_ARGS as usize] =
-            std::array::from_fn(|_| None);
-        for (index, (((arg, size), val), kept)) in args
-            .iter()
-            .zip(f.params.iter())
-            .zip(vals.iter_mut())
-            .zip(keep.iter_mut())
-            .enumerate()
-        {
-            let want = match arg {
-                ArgValue::U32(_) | ArgValue::F32(_) => 4,
-                ArgValue::Bytes { len, .. } => u32::from(*len),
-                ArgValue::Blob { len, .. } => *len,
-                _ => 8,
-            };
-            if *size != want {
-                return Err(BackendError::BadArgType {
-                    kernel: KERNEL,
-                    index,
-                    param: "parameter",
-                    reason: format!(
-                        "{} takes {size} bytes here, the argument is a {:?} of {want} bytes",
-                        f.name(),
-                        arg.kind()
-                    ),
-                });
-            }
-            *val = match *arg {
-                ArgValue::U32(v) => u64::from(v),
-                ArgValue::F32(v) => u64::from(v.to_bits()),
-                ArgValue::U64(v) => v,
-                ArgValue::F64(v) => v.to_bits(),
-                // Little end first: the parameter's bytes start at the value's address.
-                ArgValue::Bytes { bits, .. } => bits,
-                // Its bytes are in `blob`: pointed at below.
-                ArgValue::Blob { .. } => 0,
-                ArgValue::Ptr { addr, .. } => {
-                    // The extent a PTX kernel touches is unknown: the pointer itself must lie
-                    // inside a live allocation (or a module variable), and the GPU isolates
-                    // the rest.
-                    *kept = Some(modules::resolve(&self.mem, &self.modules, addr, 0, false)?);
-                    addr
-                }
-            };
-        }
-        for (p, v) in ptrs.iter_mut().zip(vals.iter_mut()) {
-            *p = (v as *mut u64).cast();
-        }
-        modules::blob_pointers(args, blob, &mut ptrs)?;
-        if config.shared_bytes > DEFAULT_SHARED
-            && f.shared_limit.load(Ordering::Acquire) < config.shared_bytes
-        {
-            let _g = lock(&self.attr_lock);
-            check(
-                // SAFETY: sets an attribute of a live function of a loaded module.
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        f.func.0,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        config.shared_bytes as i32,
-                    )
-                },
-                "cuFuncSetAttribute",
-            )
-            .map_err(|e| self.launch_err(e, f.name()))?;
-            f.shared_limit.store(config.shared_bytes, Ordering::Release);
-        }
-        lane.start
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
-        let [gx, gy, gz] = config.grid;
-        let [bx, by, bz] = config.block;
-        check(
-            // SAFETY: `f.func` is a live function of a module kept loaded by the caller's Arc;
-            // `ptrs` holds one pointer per kernel parameter (count and sizes checked against
-            // cuFuncGetParamInfo above) to values that outlive the call (blob arguments into
-            // `blob`, borrowed for the call); pointer arguments lie
-            // in live allocations kept by `keep` until the kernel finished.
-            unsafe {
-                sys::cuLaunchKernel(
-                    f.func.0,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    config.shared_bytes,
-                    lane.stream.raw(),
-                    ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel",
-        )
-        .map_err(|e| self.launch_err(e, f.name()))?;
-        lane.end
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
-        self.wait_kernel(&lane.end, f.name())?;
-        let ns = lane
-            .end
-            .since_ns(&lane.start)
-            .map_err(|e| self.cuda_err(e))?;
-        drop(keep);
-        Ok(ns)
-    }
-
     /// Clears a fresh allocation (physical memory may hold an earlier user's bytes) before
     /// its address is known to anyone, then publishes it.
     fn clear_and_publish(&self, a: memory::Allocation, size: u64) -> Result<Allocated> {
@@ -755,12 +627,16 @@ impl Backend for CudaGpu {
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&lane, f, config, args, blob)?,
+            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, config, args, blob)?,
             Kernel::Storage(sig) => self.run_storage(&mut lane, sig, args)?,
         };
         drop(kernel);
         tracing::trace!(function, ns, "kernel done");
         Ok(LaunchStats { device_ns: ns })
+    }
+
+    fn launch_batch(&self, items: &[crate::BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
+        self.run_batch(items)
     }
 
     fn synchronize(&self) {

@@ -30,8 +30,8 @@ use vm_memory::VolatileSlice;
 
 use crate::sync::{read, write};
 use crate::{
-    require_paging, Allocated, Backend, BackendError, LaunchConfig, LaunchStats, MemoryUsage,
-    Result,
+    require_paging, Allocated, Backend, BackendError, BatchLaunch, LaunchConfig, LaunchStats,
+    MemoryUsage, Result,
 };
 pub use broker::{Broker, LocalBroker, LocalMember};
 use entry::{Entry, Piece, Pin};
@@ -426,6 +426,32 @@ impl Pager {
     }
 
     /// Makes every allocation resident (a launch whose arguments may reach any of them).
+    /// Makes what kernels with arguments `args` may touch resident and pins it: the
+    /// allocations their pointers point into, or every allocation when a 64-bit integer
+    /// inside the address space may be a raw device pointer (a PTX kernel's).
+    fn pin_launch<'a>(&self, args: impl Iterator<Item = &'a ArgValue> + Clone) -> Result<Vec<Pin>> {
+        let info = self.inner.info();
+        let va = info.va_base..info.va_base.saturating_add(info.va_size);
+        let raw = args
+            .clone()
+            .any(|a| matches!(a, ArgValue::U64(v) if va.contains(v)));
+        if raw {
+            return self.pin_all();
+        }
+        let mut pins = Vec::new();
+        for a in args {
+            if let ArgValue::Ptr { addr, .. } = a {
+                // An address outside every allocation is the inner backend's to reject,
+                // with its own message.
+                if let Ok((p, _)) = self.pin(*addr, 0) {
+                    self.make_resident(&p.0, 0, p.0.charged, None)?;
+                    pins.push(p);
+                }
+            }
+        }
+        Ok(pins)
+    }
+
     fn pin_all(&self) -> Result<Vec<Pin>> {
         let all: Vec<Arc<Entry>> = {
             let t = read(&self.entries);
@@ -646,30 +672,21 @@ impl Backend for Pager {
         args: &[ArgValue],
         blob: &[u8],
     ) -> Result<LaunchStats> {
-        let info = self.inner.info();
-        let va = info.va_base..info.va_base.saturating_add(info.va_size);
-        // A 64-bit integer argument inside the address space may be a raw device pointer
-        // (a PTX kernel's): every allocation may be touched.
-        let raw = args
-            .iter()
-            .any(|a| matches!(a, ArgValue::U64(v) if va.contains(v)));
-        let _pins = if raw {
-            self.pin_all()?
-        } else {
-            let mut pins = Vec::new();
-            for a in args {
-                if let ArgValue::Ptr { addr, .. } = a {
-                    // An address outside every allocation is the inner backend's to
-                    // reject, with its own message.
-                    if let Ok((p, _)) = self.pin(*addr, 0) {
-                        self.make_resident(&p.0, 0, p.0.charged, None)?;
-                        pins.push(p);
-                    }
-                }
-            }
-            pins
-        };
+        let _pins = self.pin_launch(args.iter())?;
         self.inner.launch_with_params(function, config, args, blob)
+    }
+
+    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
+        // Everything the batch's kernels may touch, resident and pinned for the whole
+        // batch; when that cannot be had at once, the launches run one by one, each with
+        // its own pins, as separate calls.
+        match self.pin_launch(items.iter().flat_map(|i| i.args.iter())) {
+            Ok(_pins) => self.inner.launch_batch(items),
+            Err(_) => items
+                .iter()
+                .map(|i| self.launch_with_params(i.function, &i.config, i.args, i.blob))
+                .collect(),
+        }
     }
 
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {

@@ -162,6 +162,49 @@ fn launches_restore_what_their_pointers_reach() {
 }
 
 #[test]
+fn a_batch_restores_what_it_reaches_and_runs_one_by_one_when_it_cannot_all_fit() {
+    let broker = LocalBroker::new(4 * MIB, 4 * MIB);
+    let p = pager(&broker, 1, 0, 16 * MIB);
+    let n = (3 << 20) / 4;
+    let a = p.alloc(4 * n).expect("a").addr;
+    let b = p.alloc(4 * n).expect("b").addr;
+    let m = p
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect("module");
+    let fill = p.get_function(m, b"fill").expect("fill").handle;
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+    };
+    let to = |addr| ArgValue::Ptr {
+        addr,
+        access: Access::Write,
+    };
+    let (fa, fb) = (
+        [to(a), ArgValue::U32(1), ArgValue::U64(n)],
+        [to(b), ArgValue::U32(2), ArgValue::U64(n)],
+    );
+    let item = |args| crate::BatchLaunch {
+        function: fill,
+        config: cfg,
+        args,
+        blob: &[],
+    };
+    // Both 3 MiB buffers cannot be resident at once on 4 MiB: one by one.
+    let r = p.launch_batch(&[item(&fa), item(&fb)]);
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    // One buffer twice: pinned once for the whole batch.
+    let fb2 = [to(b), ArgValue::U32(3), ArgValue::U64(n)];
+    let r = p.launch_batch(&[item(&fb), item(&fb2)]);
+    assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+    for (addr, want) in [(a, 1u8), (b, 3)] {
+        let v = get(&*p, addr, 4 * n as usize);
+        assert!(v.chunks_exact(4).all(|c| c == [want, 0, 0, 0]), "{addr:#x}");
+    }
+}
+
+#[test]
 fn three_vgpus_share_a_pool_and_priorities_choose_the_victim() {
     let broker = LocalBroker::new(8 * MIB, 2 * MIB);
     let low = pager(&broker, 1, 0, 8 * MIB);

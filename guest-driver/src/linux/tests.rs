@@ -348,6 +348,7 @@ fn serve(mem_file: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u6
             memory_share: 32 * MIB,
             compute_share: 500,
             copy_share: 500,
+            batch: vgpu_device::BatchLimits::default(),
         },
         Arc::new(sim),
     )
