@@ -3,12 +3,16 @@
 //!
 //! A batch takes one lane: for each item the checks of a lone launch (the function, the
 //! arguments against its parameters, write pointers against read-only mappings, local
-//! memory against the stack limit, a built-in's pointer extents), a start event,
-//! `cuLaunchKernel` and an end event, all on the lane's stream without waiting; then one
+//! memory against the stack limit, a built-in's pointer extents), `cuLaunchKernel` and an
+//! end event, all on the lane's stream without waiting (a kernel right after another uses
+//! that one's end event as its start; only the first, or one after a refused item, records
+//! its own start event: one event per kernel instead of two); then one
 //! polling wait that walks the end events in order. Each guest function keeps its own hard
 //! limit, counted from when the kernel before it was seen finished (on one stream it cannot
 //! start earlier), so the whole wait is bounded by the sum of the queued kernels' limits.
-//! Each item's device time comes from its own event pair. The allocations the kernels point
+//! Each item's device time comes from the events around it (back to back on one stream, a
+//! kernel's time includes any gap before it while the CPU was still queuing it: the vGPU
+//! held the GPU then anyway). The allocations the kernels point
 //! into stay held until the whole batch has finished.
 //!
 //! An item that fails its checks gets its error and is not queued; its neighbours run. A
@@ -57,7 +61,7 @@ impl CudaGpu {
             ..
         } = lane;
         let run = self
-            .queue_ptx(stream, start, end, held, f, config, args, blob)
+            .queue_ptx(stream, Some(start), end, held, f, config, args, blob)
             .and_then(|()| self.wait_kernel(end, f.name()))
             .and_then(|()| end.since_ns(start).map_err(|e| self.cuda_err(e)));
         // The kernel has finished (or can no longer touch them): the allocations may go.
@@ -65,14 +69,14 @@ impl CudaGpu {
         run
     }
 
-    /// Checks a launch of `f` and queues it on `stream` between `start` and `end`, without
-    /// waiting. What its pointer arguments point into is pushed on `held`, which the caller
+    /// Checks a launch of `f` and queues it on `stream` between `start` (`None`: the event
+    /// recorded last on the stream marks its start) and `end`, without waiting. What its pointer arguments point into is pushed on `held`, which the caller
     /// keeps until the kernel has finished.
     #[allow(clippy::too_many_arguments)]
     fn queue_ptx(
         &self,
         stream: &Stream,
-        start: &Event,
+        start: Option<&Event>,
         end: &Event,
         held: &mut Vec<modules::Held>,
         f: &PtxFunc,
@@ -155,7 +159,9 @@ impl CudaGpu {
             .map_err(|e| self.launch_err(e, f.name()))?;
             f.shared_limit.store(config.shared_bytes, Ordering::Release);
         }
-        start.record(stream).map_err(|e| self.cuda_err(e))?;
+        if let Some(start) = start {
+            start.record(stream).map_err(|e| self.cuda_err(e))?;
+        }
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
         check(
@@ -223,8 +229,9 @@ impl CudaGpu {
             return 0;
         };
         let first = out.len();
-        // (item index in `out`, its function) of every kernel on the stream.
-        let mut queued: Vec<(usize, Kernel)> = Vec::with_capacity(items.len());
+        // (item index in `out`, its function, whether its start is the end event of the
+        // item before it) of every kernel on the stream.
+        let mut queued: Vec<(usize, Kernel, bool)> = Vec::with_capacity(items.len());
         let mut taken = 0;
         for item in items {
             let kernel = match self.modules.kernel(item.function) {
@@ -239,16 +246,18 @@ impl CudaGpu {
             };
             taken += 1;
             let index = out.len() - first;
+            // Right after the kernel of the item before: its end event is this one's start.
+            let chained = index > 0 && queued.last().is_some_and(|q| q.0 + 1 == out.len());
             // `enter` fails once a kernel queued before this one lost the context.
             let queue = self
                 .mem
                 .check_kernel_writes(item.args)
                 .and_then(|()| self.enter())
                 .and_then(|()| lane.pair(index).map_err(|e| self.cuda_err(e)))
-                .and_then(|()| self.queue_item(&mut lane, index, &kernel, item));
+                .and_then(|()| self.queue_item(&mut lane, index, chained, &kernel, item));
             match queue {
                 Ok(()) => {
-                    queued.push((out.len(), kernel));
+                    queued.push((out.len(), kernel, chained));
                     out.push(Ok(LaunchStats { device_ns: 0 }));
                 }
                 Err(e) => out.push(Err(e)),
@@ -260,11 +269,13 @@ impl CudaGpu {
     }
 
     /// Checks `item` (a guest function, or a built-in that can join a batch) and queues it
-    /// on `lane`'s stream between event pair `index`.
+    /// on `lane`'s stream before the end event of pair `index`, after its start event, or
+    /// when `chained` after the end event of pair `index - 1` (the kernel before it).
     fn queue_item(
         &self,
         lane: &mut Lane,
         index: usize,
+        chained: bool,
         kernel: &Kernel,
         item: &BatchLaunch<'_>,
     ) -> Result<()> {
@@ -278,7 +289,8 @@ impl CudaGpu {
             held,
             ..
         } = lane;
-        let (start, end) = pairs.get(index).ok_or_else(missing_pair)?;
+        let (own_start, end) = pairs.get(index).ok_or_else(missing_pair)?;
+        let start = (!chained).then_some(own_start);
         match (kernel, prepared) {
             (Kernel::Ptx(_, f), _) => self.queue_ptx(
                 stream,
@@ -305,11 +317,11 @@ impl CudaGpu {
         &self,
         lane: &Lane,
         first: usize,
-        queued: &[(usize, Kernel)],
+        queued: &[(usize, Kernel, bool)],
         out: &mut [Result<LaunchStats>],
     ) {
         let mut t = Instant::now();
-        for (slot, kernel) in queued {
+        for (slot, kernel, chained) in queued {
             // A guest function has its hard limit; a built-in, bounded by its arguments,
             // is waited for as long as it runs, as alone.
             let (name, limit) = match kernel {
@@ -317,7 +329,14 @@ impl CudaGpu {
                 Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
             };
             let result = self.enter().and_then(|()| {
-                let (start, end) = lane.pairs.get(slot - first).ok_or_else(missing_pair)?;
+                let index = slot - first;
+                let (own_start, end) = lane.pairs.get(index).ok_or_else(missing_pair)?;
+                let start = if *chained {
+                    let before = index.checked_sub(1).and_then(|i| lane.pairs.get(i));
+                    &before.ok_or_else(missing_pair)?.1
+                } else {
+                    own_start
+                };
                 self.wait_kernel_until(end, name, t, limit)?;
                 end.since_ns(start).map_err(|e| self.cuda_err(e))
             });

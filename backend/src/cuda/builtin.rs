@@ -206,12 +206,13 @@ impl CudaGpu {
         Ok(ns)
     }
 
-    /// Queues a checked built-in launch on `stream` between `start` and `end`, without
-    /// waiting (a batch; only a [`batchable`] kernel); what it touches goes on `held`,
-    /// which the caller keeps until the kernel has finished.
+    /// Queues a checked built-in launch on `stream` between `start` (`None`: the event
+    /// recorded last on the stream marks its start) and `end`, without waiting (a batch;
+    /// only a [`batchable`] kernel); what it touches goes on `held`, which the caller keeps
+    /// until the kernel has finished.
     pub(super) fn queue_builtin(
         &self,
-        (stream, start, end): (&Stream, &Event, &Event),
+        (stream, start, end): (&Stream, Option<&Event>, &Event),
         held: &mut Vec<Held>,
         prepared: Prepared,
         name: &str,
@@ -220,7 +221,9 @@ impl CudaGpu {
             mut steps, keep, ..
         } = prepared;
         held.extend(keep.into_iter().flatten().map(Held::Alloc));
-        start.record(stream).map_err(|e| self.cuda_err(e))?;
+        if let Some(start) = start {
+            start.record(stream).map_err(|e| self.cuda_err(e))?;
+        }
         for step in steps.iter_mut().flatten() {
             step.enqueue(stream).map_err(|e| self.launch_err(e, name))?;
         }
