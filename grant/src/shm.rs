@@ -1,5 +1,5 @@
 //! The shared grant page: counters the worker and daemon each own half of, and a
-//! single-producer ring of completions.
+//! single-producer ring of completions (the worker's threads take turns producing).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -95,10 +95,22 @@ struct Layout {
 pub struct Page {
     ptr: NonNull<Layout>,
     file: File,
+    /// Serialises this process's producers. The ring has one producer as the daemon sees
+    /// it, the worker, but a worker completes requests from every queue's thread at once
+    /// (each stream runs on its own thread). `push` reads the tail, writes the slot and
+    /// stores the tail plus one: two threads in there together write the same slot and
+    /// lose a completion (the scheduler then counts that request as running for ever,
+    /// so the vGPU never goes idle and BAND never passes the GPU on: its neighbour
+    /// starves), or one preempted between its read and its store moves the tail back
+    /// over completions the daemon already took, which reads as a ring holding more
+    /// than it can, and the daemon expels the worker. Under this lock the ring stays
+    /// single-producer; an uncontended lock costs one compare-and-swap per completion.
+    push_lock: std::sync::Mutex<()>,
 }
 
 // SAFETY: the page is only accessed through atomics and volatile slot reads/writes whose
-// ownership the SPSC protocol gives to exactly one side at a time.
+// ownership the SPSC protocol gives to exactly one side at a time (this process's
+// producers take turns under `push_lock`).
 unsafe impl Send for Page {}
 // SAFETY: as above.
 unsafe impl Sync for Page {}
@@ -166,7 +178,11 @@ impl Page {
             });
         }
         let ptr = NonNull::new(p.cast::<Layout>()).ok_or(GrantError::BadPage)?;
-        Ok(Self { ptr, file })
+        Ok(Self {
+            ptr,
+            file,
+            push_lock: std::sync::Mutex::new(()),
+        })
     }
 
     fn layout(&self) -> &Layout {
@@ -210,8 +226,10 @@ impl Page {
         &self.layout().lease.0[index(r)]
     }
 
-    /// Worker: appends a completion; false when the ring is full.
+    /// Worker: appends a completion; false when the ring is full. Safe to call from
+    /// several threads at once (see `push_lock`).
     pub fn push(&self, c: Completion) -> bool {
+        let _one = vgpu_sync::lock(&self.push_lock);
         let l = self.layout();
         let tail = l.tail.0.load(Ordering::Relaxed);
         let head = l.head.0.load(Ordering::Acquire);
@@ -220,7 +238,7 @@ impl Page {
         }
         let slot = (tail % SLOTS) as usize;
         // SAFETY: slot < SLOTS; the slot between head and tail+1 belongs to the producer
-        // until the Release store below publishes it.
+        // (this thread, under `push_lock`) until the Release store below publishes it.
         unsafe {
             std::ptr::addr_of!(l.slots[slot])
                 .cast_mut()
@@ -333,5 +351,57 @@ mod tests {
         // SAFETY: as above.
         let f = unsafe { File::from_raw_fd(fd) };
         assert!(matches!(Page::open(f.into()), Err(GrantError::BadPage)));
+    }
+    #[test]
+    fn concurrent_producers_lose_no_completion() {
+        // A worker reports completions from every queue's thread at once: four streams
+        // finishing together push into the ring concurrently, and the daemon pops while
+        // they do. Every completion must arrive exactly once, and the ring must never look
+        // corrupt (a tail that moved back reads as more entries than the ring holds).
+        const THREADS: u64 = 4;
+        const EACH: u64 = 500_000;
+        let page = std::sync::Arc::new(Page::create().unwrap());
+        let producers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let page = page.clone();
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let c = Completion {
+                            resource: 0,
+                            _pad: 0,
+                            started: t,
+                            finished: i,
+                        };
+                        while !page.push(c) {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; THREADS as usize];
+        let mut popped = 0;
+        while popped < THREADS * EACH {
+            match page.pop() {
+                Ok(Some(c)) => {
+                    let t = c.started as usize;
+                    assert_eq!(
+                        c.finished, next[t],
+                        "producer {t}'s completions in order, each once"
+                    );
+                    next[t] += 1;
+                    popped += 1;
+                }
+                Ok(None) if producers.iter().all(|p| p.is_finished()) => {
+                    panic!("{popped} of {} completions arrived", THREADS * EACH)
+                }
+                Ok(None) => std::thread::yield_now(),
+                Err(e) => panic!("the ring looked corrupt after {popped} completions: {e}"),
+            }
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+        assert_eq!(page.pop().unwrap(), None, "nothing more than was pushed");
     }
 }

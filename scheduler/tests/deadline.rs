@@ -181,3 +181,91 @@ fn well_behaved_shares_hold_within_2_pp_with_deadlines_on() {
     assert!((got - 0.7).abs() < 0.02, "got {got}");
     assert!(r.max_window_error(1, Resource::Compute, 0.7) < 0.02);
 }
+
+/// Closed-loop streams of 5 ms kernels on two vGPUs, driven event by event; vGPU 1's
+/// first request never reports its completion. The share of the time from 3 s to 10 s
+/// that vGPU 2's kernels ran (its busy time: overlapping kernels count once).
+fn waiter_busy_beside_a_stuck_request(kind: PolicyKind) -> f64 {
+    const STREAMS: usize = 4;
+    let kernel = 5 * MS;
+    let config = Config::default();
+    let mut p = GpuScheduler::new(kind, QueueMode::Mrq, config);
+    p.add(1, Share::new(0.3), Share::new(0.3), 0)
+        .expect("add 1");
+    p.add(2, Share::new(0.7), Share::new(0.7), 0)
+        .expect("add 2");
+    // Per vGPU and stream: when its kernel ends (None: waiting for a grant, or stuck).
+    let mut ends: [[Option<u64>; STREAMS]; 3] = [[None; STREAMS]; 3];
+    let mut waiting: [std::collections::VecDeque<usize>; 3] = Default::default();
+    let mut stuck = true;
+    let mut busy_at_3s = None;
+    let mut t = 0u64;
+    let mut grants = Vec::new();
+    for v in [1u32, 2] {
+        for s in 0..STREAMS {
+            waiting[v as usize].push_back(s);
+            grants.extend(p.submit(v, Resource::Compute, t).expect("submit"));
+        }
+    }
+    let end = 10_000 * MS;
+    while t < end {
+        for g in std::mem::take(&mut grants) {
+            let v = g.grant.vgpu as usize;
+            for _ in 0..g.grant.count {
+                if let Some(s) = waiting[v].pop_front() {
+                    if v == 1 && stuck {
+                        // Started, and its completion never comes.
+                        stuck = false;
+                        ends[v][s] = Some(u64::MAX);
+                    } else {
+                        ends[v][s] = Some(t + kernel);
+                    }
+                }
+            }
+        }
+        // The next event: a kernel's end or the scheduler's deadline.
+        let next_end = ends
+            .iter()
+            .flatten()
+            .filter_map(|e| *e)
+            .filter(|e| *e != u64::MAX)
+            .min()
+            .unwrap_or(u64::MAX);
+        let next = next_end.min(p.next_deadline().unwrap_or(u64::MAX)).min(end);
+        t = next.max(t + 1);
+        for v in [1usize, 2] {
+            for (s, e) in ends[v].iter_mut().enumerate() {
+                if e.is_some_and(|e| e <= t) {
+                    *e = None;
+                    grants.extend(
+                        p.complete(v as u32, Resource::Compute, t - kernel, t)
+                            .expect("complete"),
+                    );
+                    // The stream asks again at once (its guest's think time is part of
+                    // the kernel's here).
+                    waiting[v].push_back(s);
+                    grants.extend(p.submit(v as u32, Resource::Compute, t).expect("submit"));
+                }
+            }
+        }
+        grants.extend(p.tick(t));
+        if t >= 3_000 * MS && busy_at_3s.is_none() {
+            busy_at_3s = p.busy_total(2, Resource::Compute);
+        }
+    }
+    let busy = p.busy_total(2, Resource::Compute).unwrap_or(0) - busy_at_3s.unwrap_or(0);
+    busy as f64 / (end - 3_000 * MS) as f64
+}
+
+#[test]
+fn a_request_that_never_completes_cannot_keep_its_neighbour_out() {
+    // A lost or withheld completion leaves one request of vGPU 1 running for ever, so
+    // it never goes idle. Its neighbour still gets the GPU, and most of it: vGPU 1 lost
+    // the resource at its deadline, its late work is charged to it, and it cannot take
+    // the GPU back for longer than a deadline at a time.
+    for kind in [PolicyKind::Band, PolicyKind::Credit] {
+        let f = waiter_busy_beside_a_stuck_request(kind);
+        eprintln!("{kind:?}: the neighbour's kernels ran {f:.2} of the time from 3 s to 10 s");
+        assert!(f > 0.5, "{kind:?}: the neighbour got {f:.2} of the GPU");
+    }
+}

@@ -177,10 +177,6 @@ fn check_socket(v: &Vgpu) {
 }
 
 #[test]
-#[ignore = "intermittent on a 2-core machine: after b's mid-run migration one of the two \
-            4-stream programs can stop getting device time and outlive its 120 s limit; \
-            run it with --ignored (the GPU suite's cuda-shares step covers 70/30 and a \
-            mid-run migration on real GPUs)"]
 fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
     let d = TestDaemon::start("process", &["--sim-gpus", "2", "--sim-memory", "2G"]);
     let c = &d.client;
