@@ -220,10 +220,12 @@ fn assert_same_result(c: &Client, id: u32, reference: &Client, reference_id: u32
     );
 }
 
-/// A memcheck VM whose every read-back lands in fresh guest pages only its vGPU writes,
-/// kept and checked again at the end: it moves pre-copy while reading back (a page the
-/// vGPU wrote and the move did not carry would fail the final check), then back
-/// stop-and-copy; a mode vgpud does not know is refused naming the field.
+/// A memcheck VM whose every read-back lands in its own guest pages, zeroed before the
+/// run and from then on written only by its vGPU, kept and checked again at the end: it
+/// moves pre-copy while reading back (a page the vGPU wrote after the pre-copy sent it,
+/// missing from the backend's dirty log, fails the final check: without the backend's
+/// marks this test fails), then back stop-and-copy; a mode vgpud does not know is refused
+/// naming the field.
 #[test]
 fn pages_only_the_vgpu_wrote_move_with_the_vm_in_both_modes() {
     require_kvm!();
@@ -231,8 +233,8 @@ fn pages_only_the_vgpu_wrote_move_with_the_vm_in_both_modes() {
     let b = TestDaemon::start("hostmig-dtoh-b", &gpus());
     let mut vm = gpu_load("", 0, 0.2, vgpu_tests::gpus::share(32 * MIB));
     vm.payload = Some(vgpu_tests::bins::payload("memcheck").display().to_string());
-    vm.payload_arg = "buffers=1 size_mib=1 rounds=150 pause_ms=40 keep=1".into();
-    vm.memory_bytes = 256 * MIB;
+    vm.payload_arg = "buffers=1 size_mib=1 rounds=300 pause_ms=20 keep=1".into();
+    vm.memory_bytes = 512 * MIB;
     let vm = a.client.create_vm(&vm).expect("vm");
     wait_running(&a.client, vm.id);
     let start = Instant::now();

@@ -12,9 +12,10 @@
 //!
 //! Arguments: `buffers=<k>` (default 4), `size_mib=<m>` (default 8), `rounds=<r>`
 //! (default 3), `seed=<s>` (default 1), `pause_ms=<ms>` between rounds (default 0),
-//! `keep=1` (default 0): every read-back lands in fresh guest pages that are kept and
-//! compared again after the last round (pages only the device wrote: a whole-VM move
-//! that lost one of them shows here; the last line then also says `kept=<bytes>`).
+//! `keep=1` (default 0): every read-back lands in its own guest pages, all allocated and
+//! zeroed before the first round, kept, and compared again after the last round (pages
+//! only the device writes once the run is going: a whole-VM move that lost one of them
+//! shows here; the last line then also says `kept=<bytes>`).
 #![no_std]
 #![no_main]
 
@@ -143,20 +144,25 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     }
     let mut checked = 0u64;
     let mut last = 0u64;
-    // With `keep`: (buffer, version, the bytes read back) of every read-back.
+    // With `keep`: (buffer, version, the bytes read back) of every read-back, allocated
+    // now so that from here on only the device's copies write them.
     let mut kept: Vec<(u64, u64, Vec<u8>)> = Vec::new();
-    for r in 0..rounds {
-        for (b, dbuf) in bufs.iter().enumerate() {
-            if keep {
-                // Fresh pages: once zeroed, only the device's copy writes them.
+    if keep {
+        for r in 0..rounds {
+            for b in 0..bufs.len() {
                 kept.push((b as u64, r, vec![0u8; size]));
             }
+        }
+    }
+    for r in 0..rounds {
+        for (b, dbuf) in bufs.iter().enumerate() {
+            let slot = usize::try_from(r).unwrap_or(usize::MAX) * bufs.len() + b;
             // Read back where the bytes are.
             let mut h = FNV_OFFSET;
             let mut off = 0;
             while off < size {
                 let n = CHUNK.min(size - off);
-                let got = match kept.last_mut().filter(|_| keep) {
+                let got = match kept.get_mut(slot) {
                     Some((_, _, k)) => &mut k[off..off + n],
                     None => &mut got[..n],
                 };
