@@ -5,6 +5,7 @@
 //! migration merges with KVM's, once; a page the vmm wrote itself does not.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,11 @@ type Mem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
 /// Where the backend writes when kicked.
 const BACKEND_PAGE: u64 = 0x30_0000;
 const MARK: &[u8] = b"written by the backend";
+/// Writes the backend has finished (bytes and their mark both done).
+static WRITES: AtomicU32 = AtomicU32::new(0);
+/// The backend writes only once the test has set the log (a ring's first event at its
+/// start writes nothing).
+static ARMED: AtomicBool = AtomicBool::new(false);
 
 /// A backend that, on each kick, writes `MARK` into guest RAM (as the vGPU writes a
 /// response or a device-to-guest copy), through its logged guest memory.
@@ -67,10 +73,14 @@ impl VhostUserBackend for Writer {
         _vrings: &[VringRwLock<Mem>],
         _thread_id: usize,
     ) -> std::io::Result<()> {
+        if !ARMED.load(Ordering::Acquire) {
+            return Ok(());
+        }
         if let Some(m) = &*self.mem.lock().expect("lock") {
             m.memory()
                 .write_slice(MARK, GuestAddress(BACKEND_PAGE + 100))
                 .map_err(std::io::Error::other)?;
+            WRITES.fetch_add(1, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -186,13 +196,16 @@ fn pages_only_the_backend_wrote_are_in_the_merged_log() {
     // backend writes another when kicked.
     mem.write_slice(b"vmm", GuestAddress(0x20_0000))
         .expect("vmm write");
+    let before = WRITES.load(Ordering::Acquire);
+    ARMED.store(true, Ordering::Release);
     t.device().kick_fds()[0].write(1).expect("kick");
+    // Once the request is done (as a ring's stop waits for it), its page is marked.
     let started = Instant::now();
     let mut got = [0u8; MARK.len()];
     loop {
         mem.read_slice(&mut got, GuestAddress(BACKEND_PAGE + 100))
             .expect("read");
-        if got == MARK {
+        if got == MARK && WRITES.load(Ordering::Acquire) > before {
             break;
         }
         assert!(
