@@ -521,13 +521,21 @@ fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
         ))
         .expect("vm");
     wait_running(&a.client, vm.id);
-    let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
-        .arg("--socket")
-        .arg(&a.socket)
-        .args(["vm", "migrate", &vm.id.to_string(), "--to"])
-        .arg(format!("unix:{}", b.socket.display()))
-        .output()
-        .expect("vgpuctl");
+    let vgpuctl = |mode: &str| {
+        std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
+            .arg("--socket")
+            .arg(&a.socket)
+            .args(["vm", "migrate", &vm.id.to_string(), "--to"])
+            .arg(format!("unix:{}", b.socket.display()))
+            .args(["--mode", mode])
+            .output()
+            .expect("vgpuctl")
+    };
+    // A mode the CLI does not know never reaches the daemon; the error names the flag.
+    let bad = vgpuctl("stop-copy");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--mode"));
+    let out = vgpuctl("stop_copy");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -537,6 +545,11 @@ fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
     assert!(
         text.contains("moved VM") && text.contains("downtime"),
         "{text}"
+    );
+    let moves = a.client.migrations().expect("migrations");
+    assert_eq!(
+        moves.iter().map(|m| m.mode.as_str()).collect::<Vec<_>>(),
+        ["stop_copy"]
     );
     wait_gone(&a.client, vm.id);
     let there = b.client.vms().expect("vms");
