@@ -63,9 +63,15 @@ pub enum Command {
     /// Send the vGPU's state to a worker on another host (whole-VM migration): the
     /// connected stream to it rides with this line (SCM_RIGHTS); `token` is the one-time
     /// secret the destination generated. Device memory is pre-copied while the VM runs;
-    /// the rest goes at the VM's stop (its vmm stopping the rings). The reply
-    /// ([`ReplyBody::Migrated`]) comes once the destination holds the state, or an error.
-    MigrateOut { token: String, max_downtime_ms: u64 },
+    /// the rest goes at the VM's stop (its vmm stopping the rings); with `stop_copy`
+    /// nothing moves before the stop. The reply ([`ReplyBody::Migrated`]) comes once the
+    /// destination holds the state, or an error.
+    MigrateOut {
+        token: String,
+        max_downtime_ms: u64,
+        #[serde(default)]
+        stop_copy: bool,
+    },
     /// Give up a [`Command::MigrateOut`] whose VM did not stop (its move failed).
     CancelMigrateOut,
     /// A pool worker (started with `--pool`, its GPU backend built, idle) is to serve

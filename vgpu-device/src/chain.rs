@@ -3,14 +3,20 @@
 //! written; data descriptors are walked a second time (re-checked, since the guest may
 //! rewrite its descriptor table meanwhile) to move the bytes.
 
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use crate::error::RequestError;
 
-/// The guest memory type the device serves (vhost-user memfd regions, no dirty bitmap).
-pub type GuestMem = GuestMemoryMmap<()>;
+/// The guest memory type the device serves: vhost-user memfd regions, each with the
+/// frontend's dirty log once it sends one (`SET_LOG_BASE`, during a whole-VM migration).
+/// Writes through vm-memory (responses, used rings) mark their pages in it by themselves;
+/// the backends write data descriptors through raw host pointers, so [`for_each_data`]
+/// marks those pages once the callback has written them.
+pub type GuestMem = GuestMemoryMmap<BitmapMmapRegion>;
 /// A descriptor chain over that memory.
 pub type Chain<'m> = DescriptorChain<&'m GuestMem>;
 
@@ -86,6 +92,10 @@ impl Layout {
 /// Calls `f(offset, slice)` for each guest memory slice of the data descriptors, in order,
 /// checking again that each is in RAM, has direction `writable`, and that they add up to
 /// exactly `expected` bytes. Returns the bytes visited.
+///
+/// The slices carry no dirty bitmap (the backends copy through their host addresses, which
+/// vm-memory cannot see); with `writable`, every slice's pages are marked in the dirty log
+/// after `f` returns, whether it succeeded or not (a failed copy may have written part).
 pub fn for_each_data<'m>(
     mem: &'m GuestMem,
     chain: &Chain<'m>,
@@ -119,7 +129,14 @@ pub fn for_each_data<'m>(
         };
         for s in GuestMemoryBackend::get_slices(mem, d.addr(), d.len() as usize) {
             let s = s.map_err(|_| outside())?;
-            f(off, &s)?;
+            let plain = without_bitmap(&s);
+            let r = f(off, &plain);
+            if writable {
+                // After the write: a log read between a mark and the write it covers would
+                // let the page go out before its new bytes.
+                s.bitmap().mark_dirty(0, s.len());
+            }
+            r?;
             off = off.checked_add(s.len() as u64).ok_or_else(outside)?;
         }
         if off != end {
@@ -134,6 +151,14 @@ pub fn for_each_data<'m>(
         });
     }
     Ok(off)
+}
+
+/// The same guest bytes as `s`, without its dirty bitmap (the type the backends take).
+fn without_bitmap<'m>(s: &VolatileSlice<'m, BitmapMmapRegion>) -> VolatileSlice<'m> {
+    // SAFETY: `s` covers `s.len()` bytes of a guest memory mapping that lives for 'm (it
+    // came from `mem.get_slices`, which borrows the mapping for 'm); the new slice is the
+    // same range and is only accessed with volatile operations, like `s`.
+    unsafe { VolatileSlice::new(s.ptr_guard_mut().as_ptr(), s.len()) }
 }
 
 /// Gathers the data descriptors (readable, `len` bytes in all) into `out[..len]`.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_backend::HostRegion;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -244,7 +245,7 @@ fn host_regions(mem: &Memory) -> Vec<HostRegion> {
 }
 
 impl VhostUserBackend for VgpuVhostBackend {
-    type Bitmap = ();
+    type Bitmap = BitmapMmapRegion;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -256,17 +257,27 @@ impl VhostUserBackend for VgpuVhostBackend {
     }
 
     fn features(&self) -> u64 {
+        // LOG_ALL: every page this backend writes in guest RAM is marked in the frontend's
+        // dirty log (`SET_LOG_BASE`, protocol feature LOG_SHMFD) while a migration runs.
         (1 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
     fn acked_features(&self, features: u64) {
-        tracing::debug!(features = format_args!("{features:#x}"), "features acked");
+        let logging = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        tracing::debug!(
+            features = format_args!("{features:#x}"),
+            logging,
+            "features acked"
+        );
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::MQ
+        VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     fn reset_device(&self) {

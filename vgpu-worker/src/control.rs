@@ -347,10 +347,16 @@ fn serve_channel(
             Command::MigrateOut {
                 token,
                 max_downtime_ms,
+                stop_copy,
             } => match fds.pop() {
-                Some(stream) => {
-                    state.start_migrate_out(out.clone(), req.id, stream, token, max_downtime_ms)
-                }
+                Some(stream) => state.start_migrate_out(
+                    out.clone(),
+                    req.id,
+                    stream,
+                    token,
+                    Duration::from_millis(max_downtime_ms),
+                    stop_copy,
+                ),
                 None => out.send(&WorkerMessage::Reply {
                     id: req.id,
                     body: ReplyBody::Error {

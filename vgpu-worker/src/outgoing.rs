@@ -199,7 +199,8 @@ impl ControlState {
         id: u64,
         stream: OwnedFd,
         token: String,
-        max_downtime_ms: u64,
+        budget: Duration,
+        stop_copy: bool,
     ) {
         let reply = move |body| WorkerMessage::Reply { id, body };
         if self.pager.is_some() {
@@ -218,7 +219,7 @@ impl ControlState {
         let spawned = std::thread::Builder::new()
             .name("migrate-out".into())
             .spawn(move || {
-                let r = st.migrate_out(&out, stream, &token, max_downtime_ms);
+                let r = st.migrate_out(&out, stream, &token, budget, stop_copy);
                 st.outgoing
                     .done(r.as_ref().map(|_| ()).map_err(Clone::clone));
                 let body = match r {
@@ -239,7 +240,8 @@ impl ControlState {
         out: &ControlOut,
         stream: OwnedFd,
         token: &str,
-        max_downtime_ms: u64,
+        budget: Duration,
+        stop_copy: bool,
     ) -> Result<MigrationDone, String> {
         let stream = UnixStream::from(stream);
         for set in [
@@ -248,14 +250,33 @@ impl ControlState {
         ] {
             set.map_err(|e| format!("the stream to the destination: {e}"))?;
         }
-        let budget = Duration::from_millis(max_downtime_ms);
         let started = Instant::now();
         let mut tx = self
             .migratable
             .send_to(stream, token.as_bytes())
             .map_err(|e| e.to_string())?;
         let mut last = Instant::now();
+        if stop_copy {
+            // The daemon stops the VM once it hears that this move is taken.
+            out.send(&WorkerMessage::Migration {
+                progress: MigrationProgress {
+                    phase: "stop_copy".into(),
+                    rounds: 0,
+                    bytes: 0,
+                    total: tx.total(),
+                    dirty: 0,
+                    elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+                },
+            });
+        }
         loop {
+            if stop_copy {
+                // Stop-and-copy: nothing moves until the VM stops; then everything does.
+                if self.outgoing.stop_wanted(IDLE_ROUND)? {
+                    break;
+                }
+                continue;
+            }
             let round = tx.precopy_round().map_err(|e| e.to_string())?;
             if last.elapsed() >= Duration::from_millis(100) {
                 last = Instant::now();

@@ -73,7 +73,7 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     GuestMemoryMmap::from_ranges_with_files(ranges).map_err(MemoryError::Map)
 }
 
-fn memfd(name: &str) -> Result<File, MemoryError> {
+pub(crate) fn memfd(name: &str) -> Result<File, MemoryError> {
     let cname = CString::new(name).map_err(|e| MemoryError::Memfd(std::io::Error::other(e)))?;
     // SAFETY: cname is a valid NUL-terminated string; the flags are valid for memfd_create.
     let fd =
@@ -86,7 +86,7 @@ fn memfd(name: &str) -> Result<File, MemoryError> {
 }
 
 /// Seals the memfd's size: it can neither shrink nor grow from now on.
-fn seal_size(file: &File) -> Result<(), MemoryError> {
+pub(crate) fn seal_size(file: &File) -> Result<(), MemoryError> {
     use std::os::fd::AsRawFd;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
     // SAFETY: F_ADD_SEALS on our own open memfd with valid seal bits; no memory is passed.

@@ -7,14 +7,16 @@
 //! device memory resident (`hold=<MiB>`, filled once), then keeps computing through its vGPU
 //! (an HtoD copy, `saxpy` and a 2 ms `spin` per round, every 50 rounds a checksum read back
 //! into guest RAM and checked by the guest). It moves to the second daemon with
-//! `POST /v1/vms/{id}/migrate` (pre-copy: vgpud's whole-VM move has no stop-and-copy mode);
-//! the figures come from `GET /v1/migrations/{id}` on both sides (`host`: RAM and vGPU
-//! bytes, rounds, the RAM sent while stopped, the vGPU's share of the stop). The guest must
-//! still be running and checking its results at the destination, else the benchmark fails.
+//! `POST /v1/vms/{id}/migrate`, once in each mode: `precopy` (RAM and device memory copied
+//! while the VM runs; the vGPU backend's writes to guest RAM in the vhost-user dirty log)
+//! and `stop_copy` (the VM stops first, everything moves while it is stopped); the figures
+//! come from `GET /v1/migrations/{id}` on both sides (`host`: RAM and vGPU bytes, rounds,
+//! the RAM sent while stopped, the vGPU's share of the stop). The guest must still be
+//! running and checking its results at the destination, else the benchmark fails.
 //!
 //! The anchor: the same number of bytes written through a unix socket pair between two
 //! threads (4 MiB writes) in the same run, once for everything the move sent and once for
-//! the RAM it sent while the VM was stopped (the median of three each).
+//! what it sent while the VM was stopped (the median of three each).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -52,10 +54,15 @@ pub struct Params {
     pub downtime_ms: u64,
 }
 
+/// The two ways a VM moves.
+const MODES: [&str; 2] = ["precopy", "stop_copy"];
+
 /// One move's figures.
 struct Point {
     ram_mib: u64,
     dev_mib: u64,
+    /// `precopy` or `stop_copy`.
+    mode: &'static str,
     downtime_ms: f64,
     total_ms: f64,
     /// The source's record.
@@ -64,7 +71,7 @@ struct Point {
     dst: HostMigration,
     /// Plain transfer of everything sent, ms.
     plain_all_ms: f64,
-    /// Plain transfer of the RAM sent while stopped, ms.
+    /// Plain transfer of what was sent while stopped, ms.
     plain_stop_ms: f64,
 }
 
@@ -73,8 +80,23 @@ impl Point {
         self.src.vmm_bytes + self.src.vgpu_bytes
     }
 
+    /// Bytes sent while the VM was stopped: its RAM, and with stop-and-copy the vGPU's
+    /// memory too.
+    fn stopped(&self) -> u64 {
+        if self.mode == "stop_copy" {
+            self.sent()
+        } else {
+            self.src.stop_ram_bytes
+        }
+    }
+
     fn label(&self) -> String {
-        format!("{} RAM + {} vGPU", size(self.ram_mib), size(self.dev_mib))
+        format!(
+            "{} RAM + {} vGPU, {}",
+            size(self.ram_mib),
+            size(self.dev_mib),
+            self.mode
+        )
     }
 }
 
@@ -86,8 +108,9 @@ pub fn run(p: &Params) -> Vec<Figure> {
     let b = TestDaemon::start("hmbench-b", &opts);
     println!(
         "two sim vgpud daemons on this machine (unix sockets, 1 sim GPU each, {sim_memory}); \
-         gpu-load guest computing through its vGPU during each move; pre-copy with a \
-         {} ms downtime budget; anchor: plain transfer through a unix socket pair",
+         gpu-load guest computing through its vGPU during each move; pre-copy (a \
+         {} ms downtime budget) and stop-and-copy; anchor: plain transfer through a unix \
+         socket pair",
         p.downtime_ms
     );
     let points = match measure(&a, &b, p) {
@@ -121,26 +144,35 @@ fn measure(a: &TestDaemon, b: &TestDaemon, p: &Params) -> Result<Vec<Point>, Str
                 );
                 continue;
             }
-            let pt = point(a, b, p, ram, dev)?;
-            println!(
-                "{}: downtime {:.1} ms (vGPU's stop {:.1} ms), total {:.0} ms, {} MiB sent, \
-                 {} MiB of RAM while stopped",
-                pt.label(),
-                pt.downtime_ms,
-                pt.src.vgpu_downtime_ms.unwrap_or(f64::NAN),
-                pt.total_ms,
-                pt.sent() / MIB,
-                pt.src.stop_ram_bytes / MIB
-            );
-            points.push(pt);
+            for mode in MODES {
+                let pt = point(a, b, p, ram, dev, mode)?;
+                println!(
+                    "{}: downtime {:.1} ms (vGPU's stop {:.1} ms), total {:.0} ms, {} MiB \
+                     sent, {} MiB of RAM while stopped",
+                    pt.label(),
+                    pt.downtime_ms,
+                    pt.src.vgpu_downtime_ms.unwrap_or(f64::NAN),
+                    pt.total_ms,
+                    pt.sent() / MIB,
+                    pt.src.stop_ram_bytes / MIB
+                );
+                points.push(pt);
+            }
         }
     }
     Ok(points)
 }
 
-/// Starts a VM of `ram` MiB whose vGPU holds `dev` MiB on `a`, moves it to `b`, checks that
-/// it runs on there, and removes it.
-fn point(a: &TestDaemon, b: &TestDaemon, p: &Params, ram: u64, dev: u64) -> Result<Point, String> {
+/// Starts a VM of `ram` MiB whose vGPU holds `dev` MiB on `a`, moves it to `b` in `mode`,
+/// checks that it runs on there, and removes it.
+fn point(
+    a: &TestDaemon,
+    b: &TestDaemon,
+    p: &Params,
+    ram: u64,
+    dev: u64,
+    mode: &'static str,
+) -> Result<Point, String> {
     let arg = format!("rounds=2000000 n=65536 spin_us=2000 check=50 hold={dev}");
     let mut vm = gpu_load(&arg, 0, 0.2, dev * MIB + DEV_SLACK);
     vm.memory_bytes = ram * MIB;
@@ -158,6 +190,7 @@ fn point(a: &TestDaemon, b: &TestDaemon, p: &Params, ram: u64, dev: u64) -> Resu
             token: None,
         },
         downtime_ms: Some(p.downtime_ms),
+        mode: Some(mode.into()),
     };
     let m = a
         .client
@@ -200,18 +233,20 @@ fn point(a: &TestDaemon, b: &TestDaemon, p: &Params, ram: u64, dev: u64) -> Resu
         .map_err(|e| format!("delete VM {remote_vm}: {e}"))?;
     wait_empty(a)?;
     wait_empty(b)?;
-    let plain_all_ms = plain_median(src.vmm_bytes + src.vgpu_bytes)?;
-    let plain_stop_ms = plain_median(src.stop_ram_bytes)?;
-    Ok(Point {
+    let mut pt = Point {
         ram_mib: ram,
         dev_mib: dev,
+        mode,
         downtime_ms: done.downtime_ms.unwrap_or(f64::NAN),
         total_ms: done.elapsed_ms,
         src,
         dst,
-        plain_all_ms,
-        plain_stop_ms,
-    })
+        plain_all_ms: 0.0,
+        plain_stop_ms: 0.0,
+    };
+    pt.plain_all_ms = plain_median(pt.sent())?;
+    pt.plain_stop_ms = plain_median(pt.stopped())?;
+    Ok(pt)
 }
 
 /// The destination's record of move `id` once it is settled.
@@ -324,17 +359,18 @@ fn plain_transfer(bytes: u64) -> Result<f64, String> {
 fn table(points: &[Point]) {
     println!();
     println!(
-        "| guest RAM | vGPU resident | downtime | of which the vGPU's stop | total time \
-         | RAM sent (rounds) | of which while stopped | vGPU sent (rounds) \
-         | plain transfer: stopped RAM | plain transfer: all bytes |"
+        "| guest RAM | vGPU resident | mode | downtime | of which the vGPU's stop \
+         | total time | RAM sent (rounds) | of which while stopped | vGPU sent (rounds) \
+         | plain transfer: bytes sent stopped | plain transfer: all bytes |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for pt in points {
         println!(
-            "| {} | {} | {:.0} ms | {:.1} ms | {:.0} ms | {} MiB ({}) | {} MiB | {} MiB ({}) \
-             | {:.0} ms | {:.0} ms |",
+            "| {} | {} | {} | {:.1} ms | {:.1} ms | {:.0} ms | {} MiB ({}) | {} MiB \
+             | {} MiB ({}) | {:.0} ms | {:.0} ms |",
             size(pt.ram_mib),
             size(pt.dev_mib),
+            pt.mode,
             pt.downtime_ms,
             pt.src.vgpu_downtime_ms.unwrap_or(f64::NAN),
             pt.total_ms,
@@ -347,12 +383,10 @@ fn table(points: &[Point]) {
             pt.plain_all_ms
         );
     }
-    match points
-        .iter()
-        .find(|pt| pt.ram_mib == GOAL_RAM_MIB && pt.dev_mib == GOAL_DEV_MIB)
-    {
+    match points.iter().find(|pt| goal_point(pt)) {
         Some(pt) => println!(
-            "\ngoal (downtime at 2 GiB RAM + 4 GiB vGPU <= {GOAL_MS:.0} ms): {:.1} ms: {}",
+            "\ngoal (pre-copy downtime at 2 GiB RAM + 4 GiB vGPU <= {GOAL_MS:.0} ms): \
+             {:.1} ms: {}",
             pt.downtime_ms,
             if pt.downtime_ms <= GOAL_MS {
                 "met"
@@ -361,22 +395,34 @@ fn table(points: &[Point]) {
             }
         ),
         None => println!(
-            "\ngoal (downtime at 2 GiB RAM + 4 GiB vGPU <= {GOAL_MS:.0} ms): not measured \
-             (--ram-mib 2048 --dev-mib 4096 measures it)"
+            "\ngoal (pre-copy downtime at 2 GiB RAM + 4 GiB vGPU <= {GOAL_MS:.0} ms): not \
+             measured (--ram-mib 2048 --dev-mib 4096 measures it)"
         ),
     }
-    if let Some(pt) = points.iter().max_by_key(|pt| (pt.ram_mib, pt.dev_mib)) {
+    if let Some(pt) = points
+        .iter()
+        .filter(|pt| pt.mode == "precopy")
+        .max_by_key(|pt| (pt.ram_mib, pt.dev_mib))
+    {
         println!(
-            "where the stop goes at {}: {} MiB of RAM re-sent stopped (the whole guest RAM: \
-             pages the vGPU's backend writes are not in KVM's dirty log), plain transfer of \
-             them {:.0} ms; the vGPU's own stop {:.1} ms",
+            "where the pre-copy stop goes at {}: {:.1} ms in all; {} KiB of RAM sent stopped \
+             (KVM's dirty pages and the vGPU backend's, since the last round; plain transfer \
+             {:.1} ms); the vGPU's own stop {:.1} ms (its writes since its last round, \
+             modules, functions, the destination's acknowledgement); the rest: pausing the \
+             vCPUs and rings, the vCPU and device state, the destination's restore",
             pt.label(),
-            pt.src.stop_ram_bytes / MIB,
+            pt.downtime_ms,
+            pt.src.stop_ram_bytes / 1024,
             pt.plain_stop_ms,
             pt.src.vgpu_downtime_ms.unwrap_or(f64::NAN)
         );
     }
     println!();
+}
+
+/// The goal's point: pre-copy at 2 GiB of RAM and 4 GiB of device memory.
+fn goal_point(pt: &Point) -> bool {
+    pt.ram_mib == GOAL_RAM_MIB && pt.dev_mib == GOAL_DEV_MIB && pt.mode == "precopy"
 }
 
 /// The figures of every point, each beside its anchor.
@@ -390,8 +436,8 @@ fn figures(points: &[Point]) -> Vec<Figure> {
             pt.downtime_ms,
             "ms",
             &format!(
-                "plain transfer of the {:.0} MiB of RAM sent stopped",
-                mib(pt.src.stop_ram_bytes)
+                "plain transfer of the {:.1} MiB sent stopped",
+                mib(pt.stopped())
             ),
             pt.plain_stop_ms,
         ));
@@ -431,12 +477,9 @@ fn figures(points: &[Point]) -> Vec<Figure> {
             pt.ram_mib as f64,
         ));
     }
-    if let Some(pt) = points
-        .iter()
-        .find(|pt| pt.ram_mib == GOAL_RAM_MIB && pt.dev_mib == GOAL_DEV_MIB)
-    {
+    if let Some(pt) = points.iter().find(|pt| goal_point(pt)) {
         out.push(fig(
-            "goal: downtime at 2 GiB RAM + 4 GiB vGPU".into(),
+            "goal: pre-copy downtime at 2 GiB RAM + 4 GiB vGPU".into(),
             pt.downtime_ms,
             "ms",
             "goal",
@@ -446,37 +489,44 @@ fn figures(points: &[Point]) -> Vec<Figure> {
     out
 }
 
-/// Downtime against guest RAM, one line per resident device memory size, beside the
-/// plain transfer of the RAM sent stopped and the goal.
+/// Downtime against guest RAM, one line per mode and resident device memory size, beside
+/// the plain transfer of what each mode sent stopped and the goal.
 fn plot(points: &[Point], path: &Path) {
     let mut devs: Vec<u64> = points.iter().map(|pt| pt.dev_mib).collect();
     devs.sort_unstable();
     devs.dedup();
-    let mut lines: Vec<Line> = devs
-        .iter()
-        .enumerate()
-        .map(|(i, &dev)| Line {
-            label: Some(format!("downtime, {} vGPU resident", size(dev))),
-            points: points
-                .iter()
-                .filter(|pt| pt.dev_mib == dev)
-                .map(|pt| (pt.ram_mib as f64, pt.downtime_ms))
-                .collect(),
-            color: i,
-            style: Style::Thick,
-        })
-        .collect();
-    let anchor = devs.first().map(|&dev| Line {
-        label: Some("plain transfer of the stopped RAM".into()),
-        points: points
-            .iter()
-            .filter(|pt| pt.dev_mib == dev)
-            .map(|pt| (pt.ram_mib as f64, pt.plain_stop_ms))
-            .collect(),
-        color: 4,
-        style: Style::Thin,
-    });
-    lines.extend(anchor);
+    let mut lines: Vec<Line> = Vec::new();
+    for (m, mode) in MODES.iter().enumerate() {
+        for (i, &dev) in devs.iter().enumerate() {
+            lines.push(Line {
+                label: Some(format!("{mode} downtime, {} vGPU resident", size(dev))),
+                points: points
+                    .iter()
+                    .filter(|pt| pt.dev_mib == dev && pt.mode == *mode)
+                    .map(|pt| (pt.ram_mib as f64, pt.downtime_ms))
+                    .collect(),
+                color: (m * devs.len() + i) % 4,
+                style: if m == 0 { Style::Thick } else { Style::Thin },
+            });
+        }
+    }
+    if let Some(&dev) = devs.last() {
+        for mode in MODES {
+            lines.push(Line {
+                label: Some(format!(
+                    "plain transfer of what {mode} sends stopped, {} vGPU",
+                    size(dev)
+                )),
+                points: points
+                    .iter()
+                    .filter(|pt| pt.dev_mib == dev && pt.mode == mode)
+                    .map(|pt| (pt.ram_mib as f64, pt.plain_stop_ms))
+                    .collect(),
+                color: 4,
+                style: Style::Thin,
+            });
+        }
+    }
     lines.push(Line {
         label: Some("goal 50 ms".into()),
         ..Line::level(GOAL_MS, 5)
@@ -488,8 +538,8 @@ fn plot(points: &[Point], path: &Path) {
     };
     match xy_png(
         path,
-        "Whole-VM migration between two sim vgpud daemons: downtime (pre-copy)",
-        "guest computing through its vGPU; the stop re-sends all of guest RAM",
+        "Whole-VM migration between two sim vgpud daemons: downtime",
+        "guest computing through its vGPU; pre-copy and stop-and-copy",
         &axes,
         &lines,
     ) {

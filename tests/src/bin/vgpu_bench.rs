@@ -70,9 +70,9 @@ enum Bench {
         max_mib: u64,
     },
     /// Whole-VM migration between two sim vgpud daemons on this machine (unix sockets): a
-    /// VM computing through its vGPU moves pre-copy; downtime, total time and bytes sent
-    /// vs guest RAM and resident device memory, beside the plain transfer of the same
-    /// bytes through a unix socket pair.
+    /// VM computing through its vGPU moves pre-copy and stop-and-copy; downtime, total time
+    /// and bytes sent vs guest RAM and resident device memory, beside the plain transfer of
+    /// the same bytes through a unix socket pair.
     HostMigration {
         /// Guest RAM sizes, MiB.
         #[arg(long, value_delimiter = ',', default_values_t = [256, 512, 1024, 2048])]

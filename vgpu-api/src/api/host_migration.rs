@@ -30,6 +30,11 @@ pub struct VmMigrateRequest {
     /// The pause the move aims for, ms (default 300).
     #[serde(default)]
     pub downtime_ms: Option<u64>,
+    /// `precopy` (default: guest RAM and the vGPU's memory copied while the VM runs, one
+    /// short stop for the rest) or `stop_copy` (the VM stops first; everything moves while
+    /// it is stopped).
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 /// A VM another vgpud wants to move here (`POST /v1/migrations/incoming`): what it is

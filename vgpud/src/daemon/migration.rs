@@ -373,6 +373,7 @@ impl Daemon {
             {
                 if let Some(h) = &mut m.host {
                     // A whole-VM move: the vGPU's part of it.
+                    self.host.vgpu_reported(id);
                     h.vgpu_rounds = p.rounds;
                     h.vgpu_bytes = p.bytes;
                     m.bytes = h.vmm_bytes + p.bytes;

@@ -6,6 +6,7 @@
 
 pub mod channel;
 pub mod dest;
+pub mod dirty_log;
 pub mod pod;
 pub mod ram;
 pub mod snapshot;

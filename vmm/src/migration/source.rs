@@ -8,6 +8,7 @@ use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
 use serde::Serialize;
 
 use super::channel::{Address, Stream};
+use super::dirty_log::DirtyLog;
 use super::ram::{count_dirty, fetch_dirty, merge, RamSender, PAGE};
 use super::snapshot::{DeviceSnapshot, VmSnapshot, VringSnapshot, SNAPSHOT_VERSION};
 use super::wire::{read_message, write_error, write_json, write_message, Kind, Message, WireError};
@@ -67,6 +68,8 @@ pub struct MigrationStatus {
     pub rate_bytes_per_s: u64,
     /// RAM dirty at the pause, sent while the VM was stopped.
     pub stop_ram_bytes: u64,
+    /// Pages the vhost-user backends wrote in guest RAM during the move (their dirty log).
+    pub backend_dirty_pages: u64,
     pub downtime_ms: Option<f64>,
     pub total_ms: Option<f64>,
     pub error: Option<String>,
@@ -130,6 +133,7 @@ pub fn migrate(
         sender: RamSender::default(),
         paused: false,
         logging: false,
+        log: None,
         bases: Vec::new(),
         pause_at: None,
     };
@@ -137,6 +141,7 @@ pub fn migrate(
     match result {
         Ok(()) => {
             let total = started.elapsed();
+            run.stop_backend_log();
             update(status, |s| {
                 s.phase = Phase::Completed;
                 s.total_ms = Some(total.as_secs_f64() * 1e3);
@@ -164,6 +169,8 @@ struct Run<'a> {
     sender: RamSender,
     paused: bool,
     logging: bool,
+    /// The vhost-user backends' dirty log, while they mark it.
+    log: Option<Arc<DirtyLog>>,
     /// Each device's ring bases, once its rings are stopped.
     bases: Vec<Vec<VringSnapshot>>,
     pause_at: Option<Instant>,
@@ -186,14 +193,12 @@ impl Run<'_> {
             ..h.description.clone()
         };
         write_json(&mut w, Kind::Describe, &description)?;
-        // Pages a vhost-user backend writes are not in KVM's dirty log: with an active
-        // device the stopped phase re-sends all of RAM.
-        let device_active = h.transports.iter().any(|t| lock(t).snapshot().active);
         let mut pending: Option<Vec<Vec<u64>>> = None;
         if req.precopy {
             h.set_slot_flags(KVM_MEM_LOG_DIRTY_PAGES)
                 .map_err(|e| MigrationError::Kvm("log dirty pages (KVM_MEM_LOG_DIRTY_PAGES)", e))?;
             self.logging = true;
+            self.start_backend_log()?;
             fetch_dirty(h).map_err(|e| MigrationError::Kvm("read the dirty log", e))?;
             let t = Instant::now();
             for s in &h.slots {
@@ -203,8 +208,7 @@ impl Run<'_> {
             self.report(&w, rate);
             let mut rounds = 0u32;
             loop {
-                let maps =
-                    fetch_dirty(h).map_err(|e| MigrationError::Kvm("read the dirty log", e))?;
+                let maps = self.fetch_all_dirty()?;
                 let bytes = count_dirty(&maps) * PAGE;
                 let fits = (bytes as f64) <= rate as f64 * req.downtime.as_secs_f64();
                 if fits || rounds >= req.max_rounds {
@@ -239,17 +243,23 @@ impl Run<'_> {
         let vcpus = h.control.pause_all(PAUSE_TIMEOUT)?;
         self.paused = true;
         let stop_before = self.sender.sent.bytes;
+        // A device whose backend writes guest RAM without logging it: its pages are
+        // unknown, so all of RAM goes again.
+        let unlogged = h.transports.iter().any(|t| {
+            let t = lock(t);
+            t.snapshot().active && !t.device().logs_dirty()
+        });
         match pending {
-            Some(mut maps) if !device_active => {
-                let last =
-                    fetch_dirty(h).map_err(|e| MigrationError::Kvm("read the dirty log", e))?;
+            Some(mut maps) if !unlogged => {
+                // After the rings stopped: the backends' last writes are in their log.
+                let last = self.fetch_all_dirty()?;
                 merge(&mut maps, &last);
                 for (s, m) in h.slots.iter().zip(&maps) {
                     self.sender.send_dirty(&mut w, &h.mem, s, m)?;
                 }
             }
             // Stop-and-copy into a fresh destination skips zero pages; after a pre-copy with
-            // an active device every page goes again.
+            // an active device that logs nothing every page goes again.
             p => {
                 for s in &h.slots {
                     self.sender
@@ -312,8 +322,61 @@ impl Run<'_> {
         });
     }
 
+    /// Gives every vhost-user backend that can log a fresh dirty log and turns logging
+    /// on. An active device whose backend cannot log is left as it is (the stop re-sends
+    /// all of RAM for it).
+    fn start_backend_log(&mut self) -> Result<(), MigrationError> {
+        let h = self.h;
+        if !h.transports.iter().any(|t| lock(t).device().logs_dirty()) {
+            return Ok(());
+        }
+        let end = h.slots.iter().map(|s| s.gpa + s.len).max().unwrap_or(0);
+        let log = Arc::new(
+            DirtyLog::new(end).map_err(|e| MigrationError::Device(format!("dirty log: {e}")))?,
+        );
+        self.log = Some(log.clone());
+        for t in &h.transports {
+            let mut t = lock(t);
+            if !t.device().logs_dirty() {
+                continue;
+            }
+            let path = t.device().path().display().to_string();
+            t.device_mut()
+                .start_dirty_log(log.clone())
+                .map_err(|e| MigrationError::Device(format!("{path}: SET_LOG_BASE: {e}")))?;
+        }
+        tracing::debug!(bytes = log.bytes(), "vhost-user dirty log on");
+        Ok(())
+    }
+
+    /// Turns the backends' logging off.
+    fn stop_backend_log(&mut self) {
+        if self.log.take().is_none() {
+            return;
+        }
+        for t in &self.h.transports {
+            lock(t).device_mut().stop_dirty_log();
+        }
+    }
+
+    /// KVM's dirty bitmaps of every slot merged with the backends' log, both read and
+    /// cleared.
+    fn fetch_all_dirty(&self) -> Result<Vec<Vec<u64>>, MigrationError> {
+        let mut maps =
+            fetch_dirty(self.h).map_err(|e| MigrationError::Kvm("read the dirty log", e))?;
+        if let Some(log) = &self.log {
+            let backend = log.take(&self.h.slots);
+            let n = count_dirty(&backend);
+            update(self.status, |s| s.backend_dirty_pages += n);
+            merge(&mut maps, &backend);
+        }
+        Ok(maps)
+    }
+
     /// Puts the source back as it was: rings restarted, dirty logging off, vCPUs running.
     fn roll_back(&mut self) {
+        // Before the rings restart: a restart would give the backends the log again.
+        self.stop_backend_log();
         for (t, b) in self.h.transports.iter().zip(&self.bases) {
             if let Err(e) = lock(t).resume_device(b) {
                 tracing::error!("cannot restart a device's rings after the failed migration: {e}");

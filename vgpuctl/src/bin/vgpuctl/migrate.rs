@@ -19,7 +19,7 @@ pub struct MigrateArgs {
     #[arg(long)]
     target_gpu: Option<u32>,
     /// precopy (copy while the guest runs, pause for the rest) or stop_copy (pause, copy
-    /// everything) [default: precopy].
+    /// everything) [default: precopy]; with --to, for the whole VM.
     #[arg(long, value_parser = ["precopy", "stop_copy"])]
     mode: Option<String>,
     /// Longest acceptable pause, ms: pre-copy aims for it; if the measured pause is
@@ -38,6 +38,11 @@ impl MigrateArgs {
             mode: self.mode.clone(),
             max_downtime_ms: self.max_downtime_ms,
         }
+    }
+
+    /// The mode asked for, if any.
+    pub fn mode(&self) -> Option<String> {
+        self.mode.clone()
     }
 
     /// The pause the user asked for at most.

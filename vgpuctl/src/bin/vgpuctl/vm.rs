@@ -108,7 +108,7 @@ pub enum VmCmd {
         /// The VM's id or name.
         id: String,
         /// Move the whole VM to the vgpud at unix:PATH or http://HOST:PORT.
-        #[arg(long, conflicts_with_all = ["target_gpu", "mode"])]
+        #[arg(long, conflicts_with_all = ["target_gpu"])]
         to: Option<String>,
         /// The destination vgpud's bearer token (a file holding it), for http://
         /// (`--token-file` is this vgpud's own).
@@ -327,7 +327,8 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             let id = vm_id(c, &id)?;
             let m = match to {
                 Some(to) => {
-                    let req = host_request(&to, to_token_file.as_deref(), downtime_ms)?;
+                    let mut req = host_request(&to, to_token_file.as_deref(), downtime_ms)?;
+                    req.mode = args.mode();
                     c.migrate_vm_to(id, &req)
                 }
                 None => c.migrate_vm(id, &args.req()),
@@ -371,5 +372,6 @@ fn host_request(
     Ok(vgpu_api::api::VmMigrateRequest {
         destination: vgpu_api::api::MigrationDestination { socket, url, token },
         downtime_ms,
+        mode: None,
     })
 }

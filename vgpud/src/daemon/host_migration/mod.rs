@@ -20,7 +20,7 @@ mod outgoing;
 
 pub(super) use outgoing::vmm_api_socket;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -54,6 +54,8 @@ pub(crate) struct Registry {
     consoles: Mutex<BTreeMap<u32, PathBuf>>,
     /// Incoming moves (migration id) the source committed or gave up.
     settled: Mutex<BTreeMap<u32, bool>>,
+    /// vGPUs whose worker reported on its outgoing move since it was asked for it.
+    reported: Mutex<BTreeSet<u32>>,
 }
 
 impl Registry {
@@ -70,6 +72,21 @@ impl Registry {
     /// The console VM `id` had at its source, if it moved here.
     pub(super) fn console_before(&self, id: u32) -> Option<PathBuf> {
         vgpu_sync::lock(&self.consoles).get(&id).cloned()
+    }
+
+    /// vGPU `id`'s worker reported on its outgoing move (it has taken it).
+    pub(in crate::daemon) fn vgpu_reported(&self, id: u32) {
+        vgpu_sync::lock(&self.reported).insert(id);
+    }
+
+    /// Whether vGPU `id`'s worker reported since [`Registry::forget_reported`].
+    pub(super) fn reported(&self, id: u32) -> bool {
+        vgpu_sync::lock(&self.reported).contains(&id)
+    }
+
+    /// Forgets vGPU `id`'s reports (a move of it starts).
+    pub(super) fn forget_reported(&self, id: u32) {
+        vgpu_sync::lock(&self.reported).remove(&id);
     }
 
     /// Forgets VM `id` (it is deleted).

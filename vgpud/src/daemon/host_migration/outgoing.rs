@@ -49,6 +49,25 @@ struct Plan {
     api_socket: PathBuf,
 }
 
+/// How the move runs: the pause it aims for, and whether anything moves before the stop.
+#[derive(Clone, Copy, Debug)]
+struct How {
+    downtime_ms: u64,
+    stop_copy: bool,
+}
+
+/// The request's `mode`: stop-and-copy or not.
+fn stop_copy(req: &VmMigrateRequest) -> Result<bool, ApiError> {
+    match req.mode.as_deref().unwrap_or("precopy") {
+        "precopy" => Ok(false),
+        "stop_copy" => Ok(true),
+        other => Err(ApiError::bad(
+            "mode",
+            format!("{other:?}: use \"precopy\" or \"stop_copy\""),
+        )),
+    }
+}
+
 /// The destination daemon's client and its name.
 fn destination(req: &VmMigrateRequest) -> Result<(Client, String, Option<String>), ApiError> {
     let d = &req.destination;
@@ -274,6 +293,10 @@ impl Daemon {
         if !(1..=60_000).contains(&downtime_ms) {
             return Err(ApiError::bad("downtime_ms", "give 1 to 60000 ms"));
         }
+        let how = How {
+            downtime_ms,
+            stop_copy: stop_copy(&req)?,
+        };
         let (client, peer, host) = destination(&req)?;
         let plan = self.state.with(|inner| self.plan(inner, vm_id))?;
         if let Some((g, _, _)) = &plan.vgpu {
@@ -314,6 +337,9 @@ impl Daemon {
                 },
             );
             m.phase = "starting".into();
+            if how.stop_copy {
+                m.mode = "stop_copy".into();
+            }
             inner.migrations.insert(mid, m);
             mid
         });
@@ -323,7 +349,7 @@ impl Daemon {
         tokio::spawn(async move {
             let started = Instant::now();
             let r = d
-                .drive(mid, vm_id, &plan, &accepted, host.as_deref(), downtime_ms)
+                .drive(mid, vm_id, &plan, &accepted, host.as_deref(), how)
                 .await;
             d.settle(mid, plan, accepted, client, r, started).await;
         });
@@ -338,12 +364,17 @@ impl Daemon {
         plan: &Plan,
         accepted: &IncomingAccepted,
         host: Option<&str>,
-        downtime_ms: u64,
+        how: How,
     ) -> Result<(), String> {
+        let How {
+            downtime_ms,
+            stop_copy,
+        } = how;
         let mut vgpu_task = None;
-        if let (Some((_, _, link)), Some(addr), Some(token)) =
+        if let (Some((vgpu, _, link)), Some(addr), Some(token)) =
             (&plan.vgpu, &accepted.vgpu_address, &accepted.token)
         {
+            self.host.forget_reported(*vgpu);
             let addr = reachable(addr, host);
             let fd = blocking(move || connect(&addr)).await?;
             let link = link.clone();
@@ -353,6 +384,7 @@ impl Daemon {
                     Ctl::MigrateOut {
                         token,
                         max_downtime_ms: downtime_ms,
+                        stop_copy,
                     },
                     vec![fd],
                     MOVE_TIMEOUT,
@@ -360,12 +392,14 @@ impl Daemon {
                 .await
             }));
         }
-        if let Some(task) = &vgpu_task {
+        if let (Some(task), Some((vgpu, _, _))) = (&vgpu_task, &plan.vgpu) {
             // The vmm stops the VM as soon as its own dirty RAM fits the budget, and the
             // stop waits for the vGPU's round in progress: started together, the vGPU's
             // first round (all of its device memory) would run inside the stop. So guest
             // RAM starts moving once the vGPU has sent its first round (it keeps sending
-            // what the guest dirties meanwhile).
+            // what the guest dirties meanwhile). Stop-and-copy sends no round: the VM
+            // stops once the worker has taken the move (it reports in at once), so that
+            // the rings' stop waits for the vGPU's state.
             let until = Instant::now() + FIRST_ROUND_WAIT;
             loop {
                 let rounds = self.state.with(|i| {
@@ -374,7 +408,12 @@ impl Daemon {
                         .and_then(|m| m.host.as_ref())
                         .map_or(0, |h| h.vgpu_rounds)
                 });
-                if rounds >= 1 || task.is_finished() || Instant::now() > until {
+                let ready = if stop_copy {
+                    self.host.reported(*vgpu)
+                } else {
+                    rounds >= 1
+                };
+                if ready || task.is_finished() || Instant::now() > until {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -382,8 +421,12 @@ impl Daemon {
         }
         let sock = plan.api_socket.clone();
         let destination = reachable(&accepted.vmm_address, host);
-        let mut ask =
-            json!({"command": "migrate", "destination": destination, "downtime_ms": downtime_ms});
+        let mut ask = json!({
+            "command": "migrate",
+            "destination": destination,
+            "downtime_ms": downtime_ms,
+            "precopy": !stop_copy,
+        });
         if let Some(t) = &accepted.vmm_token {
             ask["token"] = json!(t);
         }
@@ -616,5 +659,35 @@ impl Daemon {
             }
         }
         self.mark_dirty();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_api::api::MigrationDestination;
+
+    fn req(mode: Option<&str>) -> VmMigrateRequest {
+        VmMigrateRequest {
+            destination: MigrationDestination {
+                socket: Some("/run/b.sock".into()),
+                url: None,
+                token: None,
+            },
+            downtime_ms: None,
+            mode: mode.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_mode_is_precopy_or_stop_copy_and_anything_else_names_the_field() {
+        assert!(!stop_copy(&req(None)).expect("default"));
+        assert!(!stop_copy(&req(Some("precopy"))).expect("precopy"));
+        assert!(stop_copy(&req(Some("stop_copy"))).expect("stop_copy"));
+        for bad in ["stop-copy", "live", ""] {
+            let e = stop_copy(&req(Some(bad))).expect_err(bad);
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert_eq!(e.field.as_deref(), Some("mode"), "{bad}");
+        }
     }
 }

@@ -6,17 +6,25 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserProtocolFeatures};
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::migration::dirty_log::DirtyLog;
 use crate::migration::snapshot::VringSnapshot;
 use crate::virtio::{ActivateError, QueueConfig, VirtioDevice};
 
 /// Bit 30 of the backend's features: it speaks the protocol-features extension.
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Bit 26 of the backend's features: it marks the guest pages it writes in the dirty log
+/// the frontend gives it (`SET_LOG_BASE`).
+const VHOST_F_LOG_ALL: u64 = VhostUserVirtioFeatures::LOG_ALL.bits();
+/// Feature bits of the vhost-user protocol itself, never offered to the guest.
+const VHOST_USER_ONLY: u64 = VHOST_USER_F_PROTOCOL_FEATURES | VHOST_F_LOG_ALL;
 /// Largest queue the vmm offers the guest.
 pub const QUEUE_MAX_SIZE: u16 = 256;
 /// Most queues one device may have.
@@ -68,6 +76,10 @@ pub struct VhostUserDevice {
     call: Vec<EventFd>,
     active: Vec<u16>,
     shared: Arc<Shared>,
+    /// The features the guest accepted, once the device was started.
+    acked: Option<u64>,
+    /// The dirty log the backend marks while a migration runs.
+    log: Option<Arc<DirtyLog>>,
 }
 
 impl VhostUserDevice {
@@ -100,8 +112,10 @@ impl VhostUserDevice {
             let offered = frontend
                 .get_protocol_features()
                 .map_err(hs("GET_PROTOCOL_FEATURES"))?;
-            protocol =
-                offered & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::CONFIG);
+            protocol = offered
+                & (VhostUserProtocolFeatures::MQ
+                    | VhostUserProtocolFeatures::CONFIG
+                    | VhostUserProtocolFeatures::LOG_SHMFD);
             frontend
                 .set_protocol_features(protocol)
                 .map_err(hs("SET_PROTOCOL_FEATURES"))?;
@@ -140,6 +154,8 @@ impl VhostUserDevice {
                 gone: AtomicBool::new(false),
                 generation: AtomicU32::new(0),
             }),
+            acked: None,
+            log: None,
         })
     }
 
@@ -171,6 +187,58 @@ impl VhostUserDevice {
         self.shared.gone.load(Ordering::SeqCst)
     }
 
+    /// True when the backend marks the pages it writes in a dirty log the vmm gives it
+    /// (feature `LOG_ALL`, protocol feature `LOG_SHMFD`).
+    pub fn logs_dirty(&self) -> bool {
+        self.backend_features & VHOST_F_LOG_ALL != 0
+            && self.protocol.contains(VhostUserProtocolFeatures::LOG_SHMFD)
+    }
+
+    /// The features sent with `SET_FEATURES`: the guest's, the protocol extension, and
+    /// `LOG_ALL` while a dirty log is set.
+    fn backend_acked(&self, acked: u64) -> u64 {
+        let log = if self.log.is_some() {
+            VHOST_F_LOG_ALL
+        } else {
+            0
+        };
+        (acked & !VHOST_USER_ONLY) | (self.backend_features & VHOST_USER_F_PROTOCOL_FEATURES) | log
+    }
+
+    /// Gives the backend `log` (`SET_LOG_BASE`) and turns logging on (`LOG_ALL`); a device
+    /// started later gets it too. The backend's memory table must be in place, so a device
+    /// not started yet only keeps it for its start.
+    pub fn start_dirty_log(&mut self, log: Arc<DirtyLog>) -> Result<(), vhost::Error> {
+        if !self.logs_dirty() {
+            return Err(vhost::Error::InvalidOperation);
+        }
+        self.log = Some(log);
+        if let Some(acked) = self.acked {
+            self.send_log(acked)?;
+        }
+        Ok(())
+    }
+
+    fn send_log(&self, acked: u64) -> Result<(), vhost::Error> {
+        if let Some(log) = &self.log {
+            self.frontend.set_log_base(0, Some(log.region()))?;
+        }
+        self.frontend.set_features(self.backend_acked(acked))
+    }
+
+    /// Turns logging off (`SET_FEATURES` without `LOG_ALL`). The backend keeps its mapping
+    /// of the log until its next memory table.
+    pub fn stop_dirty_log(&mut self) {
+        if self.log.take().is_none() || self.gone() {
+            return;
+        }
+        if let Some(acked) = self.acked {
+            if let Err(e) = self.frontend.set_features(self.backend_acked(acked)) {
+                tracing::warn!(path = %self.path.display(), "cannot turn the backend's dirty logging off: {e}");
+            }
+        }
+    }
+
     fn start(
         &mut self,
         mem: &GuestMemoryMmap,
@@ -178,13 +246,17 @@ impl VhostUserDevice {
         queues: &[QueueConfig],
         bases: &[VringSnapshot],
     ) -> Result<(), vhost::Error> {
-        self.frontend
-            .set_features(acked | (self.backend_features & VHOST_USER_F_PROTOCOL_FEATURES))?;
+        self.frontend.set_features(self.backend_acked(acked))?;
         let regions = mem
             .iter()
             .map(VhostUserMemoryRegionInfo::from_guest_region)
             .collect::<Result<Vec<_>, _>>()?;
         self.frontend.set_mem_table(&regions)?;
+        self.acked = Some(acked);
+        // A new memory table comes without a log: give it the log again.
+        if self.log.is_some() {
+            self.send_log(acked)?;
+        }
         for q in queues {
             let i = usize::from(q.index);
             let hva = |gpa: u64| {
@@ -230,7 +302,7 @@ impl VirtioDevice for VhostUserDevice {
     }
 
     fn features(&self) -> u64 {
-        self.backend_features & !VHOST_USER_F_PROTOCOL_FEATURES
+        self.backend_features & !VHOST_USER_ONLY
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
