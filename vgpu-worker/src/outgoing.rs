@@ -511,4 +511,32 @@ mod tests {
         assert!(o.cancel());
         assert!(o.stop_wanted(Duration::ZERO).is_err());
     }
+
+    #[test]
+    fn a_thread_left_on_a_served_out_stopped_ring_is_not_waited_for() {
+        let o = Arc::new(Outgoing::default());
+        // A queue thread inside on queue 0 that never leaves, while requests keep
+        // completing elsewhere (the count never settles): only `done` lets the stop go on.
+        o.enter(0);
+        assert!(o.arm());
+        let sender = {
+            let o = o.clone();
+            std::thread::spawn(move || {
+                while !o
+                    .stop_wanted(Duration::from_millis(5))
+                    .expect("not cancelled")
+                {}
+                o.done(Ok(()));
+            })
+        };
+        let served = std::sync::atomic::AtomicU64::new(0);
+        let r = o.ring_stopped(
+            0,
+            || served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            |q| q == 0,
+        );
+        sender.join().expect("sender");
+        assert!(r.is_ok(), "{r:?}");
+        o.leave(0);
+    }
 }
