@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vgpu_api::control::{MigrationDone, MigrationProgress, ReplyBody, WorkerMessage};
@@ -18,7 +18,8 @@ use vgpu_device::{Memory, VgpuVhostBackend};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
 };
-use vhost_user_backend::VhostUserBackend;
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_queue::QueueT;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
@@ -46,6 +47,8 @@ struct State {
     result: Option<Result<(), String>>,
     /// Queue threads serving the guest right now.
     in_flight: usize,
+    /// The same, per queue.
+    inside: Vec<usize>,
     /// The guest's requests wait: the vGPU's state is on its way or went to the
     /// destination (until the move is given up).
     frozen: bool,
@@ -117,7 +120,16 @@ impl Outgoing {
     /// or `served` (the device's count of completed requests) has stood still for
     /// [`SETTLED`] (a thread whose ring stopped with requests still in it spins without
     /// serving them; they go to the destination with the ring).
-    fn ring_stopped(&self, ring: u32, served: impl Fn() -> u64) -> io::Result<()> {
+    ///
+    /// `done(q)` says that queue `q`'s ring is stopped with every request it handed out
+    /// completed: a thread still inside on it serves nothing more (it spins on the stopped
+    /// ring), so it is not waited for.
+    fn ring_stopped(
+        &self,
+        ring: u32,
+        served: impl Fn() -> u64,
+        done: impl Fn(usize) -> bool,
+    ) -> io::Result<()> {
         let mut s = vgpu_sync::lock(&self.state);
         if !s.armed {
             return match s.result.take() {
@@ -132,6 +144,9 @@ impl Outgoing {
         let mut last = (served(), Instant::now());
         let mut drained = true;
         while s.in_flight > 0 {
+            if s.inside.iter().enumerate().all(|(q, n)| *n == 0 || done(q)) {
+                break;
+            }
             s = self
                 .changed
                 .wait_timeout(s, Duration::from_millis(5))
@@ -174,19 +189,27 @@ impl Outgoing {
         }
     }
 
-    /// A queue thread starts serving: it waits while the guest's requests are held.
-    fn enter(&self) {
+    /// A queue thread starts serving queue `q`: it waits while the guest's requests are
+    /// held.
+    fn enter(&self, q: usize) {
         let s = vgpu_sync::lock(&self.state);
         let mut s = self
             .changed
             .wait_while(s, |s| s.frozen)
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         s.in_flight += 1;
+        if s.inside.len() <= q {
+            s.inside.resize(q + 1, 0);
+        }
+        s.inside[q] += 1;
     }
 
-    fn leave(&self) {
+    fn leave(&self, q: usize) {
         let mut s = vgpu_sync::lock(&self.state);
         s.in_flight = s.in_flight.saturating_sub(1);
+        if let Some(n) = s.inside.get_mut(q) {
+            *n = n.saturating_sub(1);
+        }
         self.changed.notify_all();
     }
 }
@@ -323,8 +346,30 @@ impl ControlState {
 /// The device's vhost-user backend with the ring-stop hook of an outgoing move.
 #[derive(Clone)]
 pub struct Hooked {
-    pub inner: Arc<VgpuVhostBackend>,
-    pub outgoing: Arc<Outgoing>,
+    inner: Arc<VgpuVhostBackend>,
+    outgoing: Arc<Outgoing>,
+    /// Each queue's vring, as its thread first serves it (one queue per thread).
+    vrings: Arc<Vec<OnceLock<Vring>>>,
+}
+
+impl Hooked {
+    pub fn new(inner: Arc<VgpuVhostBackend>, outgoing: Arc<Outgoing>) -> Self {
+        let queues = inner.num_queues();
+        Self {
+            inner,
+            outgoing,
+            vrings: Arc::new((0..queues).map(|_| OnceLock::new()).collect()),
+        }
+    }
+
+    /// Whether queue `q`'s ring is stopped with every request it handed out completed.
+    fn served_out(&self, q: usize) -> bool {
+        self.vrings.get(q).and_then(OnceLock::get).is_some_and(|v| {
+            let state = v.get_ref();
+            let queue = state.get_queue();
+            !queue.ready() && queue.next_avail() == queue.next_used()
+        })
+    }
 }
 
 type Bitmap = <VgpuVhostBackend as VhostUserBackend>::Bitmap;
@@ -389,8 +434,11 @@ impl VhostUserBackend for Hooked {
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         self.inner.stop_vring(queue_index)?;
         let vgpu = self.inner.vgpu().clone();
-        self.outgoing
-            .ring_stopped(queue_index, move || vgpu.stats().requests)
+        self.outgoing.ring_stopped(
+            queue_index,
+            move || vgpu.stats().requests,
+            |q| self.served_out(q),
+        )
     }
 
     fn handle_event(
@@ -400,11 +448,18 @@ impl VhostUserBackend for Hooked {
         vrings: &[Self::Vring],
         thread_id: usize,
     ) -> io::Result<()> {
-        self.outgoing.enter();
+        // One queue per thread: the thread index is the queue's.
+        if let (Some(slot), Some(v)) = (
+            self.vrings.get(thread_id),
+            vrings.get(usize::from(device_event)),
+        ) {
+            slot.get_or_init(|| v.clone());
+        }
+        self.outgoing.enter(thread_id);
         let r = self
             .inner
             .handle_event(device_event, evset, vrings, thread_id);
-        self.outgoing.leave();
+        self.outgoing.leave(thread_id);
         r
     }
 
@@ -430,7 +485,7 @@ mod tests {
     fn the_first_ring_stop_waits_for_the_move_and_carries_its_outcome() {
         let o = Arc::new(Outgoing::default());
         // No move: rings stop at once.
-        assert!(o.ring_stopped(0, || 0).is_ok());
+        assert!(o.ring_stopped(0, || 0, |_| false).is_ok());
         for outcome in [Ok(()), Err("no room".to_string())] {
             assert!(o.arm());
             assert!(!o.arm(), "one move at a time");
@@ -444,16 +499,44 @@ mod tests {
                     o.done(outcome);
                 })
             };
-            let r = o.ring_stopped(0, || 0);
+            let r = o.ring_stopped(0, || 0, |_| false);
             sender.join().expect("sender");
             assert_eq!(r.is_ok(), outcome.is_ok());
             // The next ring of the same stop hears the same outcome; a ring after that, none.
-            assert_eq!(o.ring_stopped(1, || 0).is_ok(), outcome.is_ok());
-            assert!(o.ring_stopped(1, || 0).is_ok());
+            assert_eq!(o.ring_stopped(1, || 0, |_| false).is_ok(), outcome.is_ok());
+            assert!(o.ring_stopped(1, || 0, |_| false).is_ok());
         }
         // A cancelled move ends its sender.
         assert!(o.arm());
         assert!(o.cancel());
         assert!(o.stop_wanted(Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn a_thread_left_on_a_served_out_stopped_ring_is_not_waited_for() {
+        let o = Arc::new(Outgoing::default());
+        // A queue thread inside on queue 0 that never leaves, while requests keep
+        // completing elsewhere (the count never settles): only `done` lets the stop go on.
+        o.enter(0);
+        assert!(o.arm());
+        let sender = {
+            let o = o.clone();
+            std::thread::spawn(move || {
+                while !o
+                    .stop_wanted(Duration::from_millis(5))
+                    .expect("not cancelled")
+                {}
+                o.done(Ok(()));
+            })
+        };
+        let served = std::sync::atomic::AtomicU64::new(0);
+        let r = o.ring_stopped(
+            0,
+            || served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            |q| q == 0,
+        );
+        sender.join().expect("sender");
+        assert!(r.is_ok(), "{r:?}");
+        o.leave(0);
     }
 }

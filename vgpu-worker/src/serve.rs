@@ -132,10 +132,10 @@ pub fn serve(
 ) -> Result<(), WorkerError> {
     let id = vgpu.config().vgpu_id;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = crate::outgoing::Hooked {
-        inner: Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll)),
-        outgoing: outgoing.clone(),
-    };
+    let backend = crate::outgoing::Hooked::new(
+        Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll)),
+        outgoing.clone(),
+    );
     let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
     daemon
