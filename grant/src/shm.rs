@@ -248,7 +248,8 @@ impl Page {
         true
     }
 
-    /// Daemon: takes the oldest completion. `Err` when the worker's tail is impossible.
+    /// Daemon: takes the oldest completion. `Err` when the worker's tail is impossible
+    /// (more entries than the ring holds).
     pub fn pop(&self) -> Result<Option<Completion>, GrantError> {
         let l = self.layout();
         let head = l.head.0.load(Ordering::Relaxed);
@@ -258,7 +259,9 @@ impl Page {
             return Ok(None);
         }
         if n > SLOTS {
-            return Err(GrantError::BadPage);
+            return Err(GrantError::Untrusted(format!(
+                "its completion ring claims {n} entries (head {head}, tail {tail}), more than the {SLOTS} it holds"
+            )));
         }
         let slot = (head % SLOTS) as usize;
         // SAFETY: slot < SLOTS and was published by the producer's Release store of tail.
@@ -335,7 +338,7 @@ mod tests {
     fn a_corrupt_tail_is_detected() {
         let page = Page::create().unwrap();
         page.layout().tail.0.store(SLOTS + 5, Ordering::SeqCst);
-        assert!(matches!(page.pop(), Err(GrantError::BadPage)));
+        assert!(matches!(page.pop(), Err(GrantError::Untrusted(_))));
     }
 
     #[test]
