@@ -213,6 +213,18 @@ impl Page {
         l.tail.0.load(Ordering::Acquire) != l.head.0.load(Ordering::Relaxed)
     }
 
+    /// Daemon: completions in the ring not taken yet (at most the ring's size; a tail
+    /// that claims more is `pop`'s to report).
+    pub fn queued(&self) -> u64 {
+        let l = self.layout();
+        let n = l
+            .tail
+            .0
+            .load(Ordering::Acquire)
+            .wrapping_sub(l.head.0.load(Ordering::Relaxed));
+        u64::from(n.min(SLOTS))
+    }
+
     pub fn granted(&self, r: Resource) -> &AtomicU32 {
         &self.layout().granted.0.granted[index(r)]
     }
