@@ -72,10 +72,12 @@ impl Books {
             return;
         }
         match self.open.back_mut() {
-            Some((t, n)) if *t == at => *n += count,
+            Some((t, n)) if *t == at => *n = n.saturating_add(count),
             _ => self.open.push_back((at, count)),
         }
-        self.open_total += count;
+        // Saturating: a worker's impossible count must not overflow the daemon's books
+        // (the in-flight check detaches it).
+        self.open_total = self.open_total.saturating_add(count);
     }
 
     /// The daemon granted `count` requests at `at` (read before the grant word moved).
@@ -102,13 +104,18 @@ impl Books {
     ) -> (Option<(Nanos, Nanos)>, Option<Violation>) {
         // Completions may come out of grant order (several streams): the request that
         // ended is taken to be the newest one that may have started by its claimed start,
-        // which leaves the older windows to the older requests. A claim no window admits
-        // takes the oldest.
+        // which leaves the older windows to the older requests. Newest by its window,
+        // not by its place in the books: lease starts go in with the previous read's
+        // time, after grants made since, so the books are not in window order, and the
+        // last admissible entry could be an older window a later completion needs. A
+        // claim no window admits takes the oldest.
         let at = self
             .open
             .iter()
-            .rposition(|(t, _)| *t <= c.started)
-            .unwrap_or(0);
+            .enumerate()
+            .filter(|(_, (t, _))| *t <= c.started)
+            .max_by_key(|(_, (t, _))| *t)
+            .map_or(0, |(i, _)| i);
         let Some((floor, n)) = self.open.get_mut(at) else {
             return (None, Some(Violation::NotGranted));
         };
@@ -187,6 +194,20 @@ mod tests {
         );
         b.granted(1, 400);
         assert_eq!(b.open(), 2);
+    }
+
+    #[test]
+    fn a_lease_window_booked_after_a_later_grant_is_kept_for_its_own_request() {
+        let mut b = Books::new(0);
+        b.leased(0, 100);
+        // Granted at 200; then the lease read at 300 finds one start, which began after
+        // the read at 100: the books hold the windows 200 and 100, in that order.
+        b.granted(1, 200);
+        b.leased(1, 300);
+        // The granted request ends first, then the one started under the lease at 150.
+        assert_eq!(b.complete(&c(210, 250), 400).1, None);
+        assert_eq!(b.complete(&c(150, 260), 400).1, None);
+        assert_eq!(b.open(), 0);
     }
 
     #[test]

@@ -242,6 +242,10 @@ impl SwitchGate {
             std::sync::Arc::new(client),
         );
         old.retired.store(true, Ordering::Release);
+        // Its waiters move over now, not at their next futex timeout.
+        for r in [Resource::Compute, Resource::Copy] {
+            futex::wake_all(old.page.granted(r));
+        }
     }
 }
 

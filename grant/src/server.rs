@@ -400,7 +400,12 @@ fn close_leases(st: &mut State, now: Nanos) {
                 continue;
             }
             let count = word.fetch_and(!LEASE_OPEN, Ordering::AcqRel) & !LEASE_OPEN;
-            let delta = count.wrapping_sub(w.seen_leased[i]).min(MAX_IN_FLIGHT);
+            // Not capped: a worker with short requests can start a whole ring's worth
+            // and then some between two reads, and every one of them will complete (one
+            // left out of the books reads as a completion nobody granted). An impossible
+            // count gets the worker expelled at its next service, where the counts are
+            // checked against what ended.
+            let delta = count.wrapping_sub(w.seen_leased[i]);
             w.seen_leased[i] = count;
             w.books[i].leased(delta, now);
             w.starts[i] = w.starts[i].wrapping_add(delta);
@@ -429,6 +434,19 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         completions.push(c);
     }
     let read_at = time::now();
+    // What the ring says ended, per resource: those requests are counted below (their
+    // starts are in the counters) but no longer in flight. A worker whose requests are
+    // short starts and completes thousands under one lease between two reads of its
+    // page; without this they would read as that many in flight at once and get a
+    // well-behaved worker expelled. Completions pushed since the ring was read are not
+    // in flight either: the checks below also leave out what the ring holds when the
+    // counters are read (at most its size, so a worker's claims stay bounded).
+    let mut ended = [0u64; 2];
+    for c in &completions {
+        if let Some(r) = resource(c.resource) {
+            ended[resource_index(r)] += 1;
+        }
+    }
     let mut submits = [0u64; 2];
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         let cur = w.page.submitted(r).load(Ordering::Acquire);
@@ -436,7 +454,9 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         // More than a guest can have in flight: the counter is not a real one.
         let in_flight = delta
             .saturating_add(w.pending[i])
-            .saturating_add(w.books[i].open());
+            .saturating_add(w.books[i].open())
+            .saturating_sub(ended[i])
+            .saturating_sub(w.page.queued());
         if in_flight > MAX_IN_FLIGHT {
             return Err(GrantError::Untrusted(format!(
                 "{in_flight} requests in flight on {r:?}, more than the {MAX_IN_FLIGHT} a guest can have"
@@ -453,7 +473,12 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         let count = w.page.lease(r).load(Ordering::Acquire) & !LEASE_OPEN;
         let delta = count.wrapping_sub(w.seen_leased[i]);
-        if delta.saturating_add(w.books[i].open()) > MAX_IN_FLIGHT {
+        if delta
+            .saturating_add(w.books[i].open())
+            .saturating_sub(ended[i])
+            .saturating_sub(w.page.queued())
+            > MAX_IN_FLIGHT
+        {
             return Err(GrantError::Untrusted(format!(
                 "{delta} requests started under its lease on {r:?}, more than the {MAX_IN_FLIGHT} a guest can have"
             )));

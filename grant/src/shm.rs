@@ -213,6 +213,18 @@ impl Page {
         l.tail.0.load(Ordering::Acquire) != l.head.0.load(Ordering::Relaxed)
     }
 
+    /// Daemon: completions in the ring not taken yet (at most the ring's size; a tail
+    /// that claims more is `pop`'s to report).
+    pub fn queued(&self) -> u64 {
+        let l = self.layout();
+        let n = l
+            .tail
+            .0
+            .load(Ordering::Acquire)
+            .wrapping_sub(l.head.0.load(Ordering::Relaxed));
+        u64::from(n.min(SLOTS))
+    }
+
     pub fn granted(&self, r: Resource) -> &AtomicU32 {
         &self.layout().granted.0.granted[index(r)]
     }
@@ -248,7 +260,8 @@ impl Page {
         true
     }
 
-    /// Daemon: takes the oldest completion. `Err` when the worker's tail is impossible.
+    /// Daemon: takes the oldest completion. `Err` when the worker's tail is impossible
+    /// (more entries than the ring holds).
     pub fn pop(&self) -> Result<Option<Completion>, GrantError> {
         let l = self.layout();
         let head = l.head.0.load(Ordering::Relaxed);
@@ -258,7 +271,9 @@ impl Page {
             return Ok(None);
         }
         if n > SLOTS {
-            return Err(GrantError::BadPage);
+            return Err(GrantError::Untrusted(format!(
+                "its completion ring claims {n} entries (head {head}, tail {tail}), more than the {SLOTS} it holds"
+            )));
         }
         let slot = (head % SLOTS) as usize;
         // SAFETY: slot < SLOTS and was published by the producer's Release store of tail.
@@ -335,7 +350,7 @@ mod tests {
     fn a_corrupt_tail_is_detected() {
         let page = Page::create().unwrap();
         page.layout().tail.0.store(SLOTS + 5, Ordering::SeqCst);
-        assert!(matches!(page.pop(), Err(GrantError::BadPage)));
+        assert!(matches!(page.pop(), Err(GrantError::Untrusted(_))));
     }
 
     #[test]

@@ -202,3 +202,55 @@ fn a_hand_over_announced_by_its_end_estimate_comes_without_waking_twice() {
     assert!(plain < Duration::from_millis(50), "{plain:?}");
     assert!(announced < Duration::from_millis(50), "{announced:?}");
 }
+
+#[test]
+fn every_queue_thread_completing_at_once_is_counted() {
+    // A worker runs each of its queues on its own thread, and their requests complete
+    // at the same moments. Two such workers share the engine: none is expelled, none
+    // reports what cannot be true, and when they are done neither is still counted as
+    // running (each gets the engine at once afterwards; a lost completion would hold it
+    // until the kernel deadline).
+    let server = Arc::new(GrantServer::start(ServerConfig::default(), "test").unwrap());
+    let clients = [
+        Arc::new(client(&server, 1, 0.7)),
+        Arc::new(client(&server, 2, 0.3)),
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let threads = clients
+        .iter()
+        .flat_map(|c| (0..4).map(move |_| c.clone()))
+        .map(|c| {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for _ in 0..1_500 {
+                    let p = c.acquire(Resource::Compute);
+                    std::hint::black_box(&p);
+                }
+                let _ = tx.send(());
+            })
+        })
+        .count();
+    for done in 0..threads {
+        // A worker the daemon expelled waits for grants that never come.
+        rx.recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{done} of {threads} queue threads finished; expelled: {:?}, {:?}",
+                    server.expelled(1),
+                    server.expelled(2)
+                )
+            });
+    }
+    for (v, c) in [1, 2].into_iter().zip(&clients) {
+        assert_eq!(server.expelled(v), None, "vGPU {v}");
+        let u = server.usage(v).expect("attached");
+        assert_eq!(u.violations, 0, "vGPU {v}: {u:?}");
+        let t = Instant::now();
+        drop(c.acquire(Resource::Compute));
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "vGPU {v} waited {:?} for the idle engine",
+            t.elapsed()
+        );
+    }
+}
