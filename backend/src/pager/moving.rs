@@ -1,0 +1,157 @@
+//! What a move of an oversubscribed vGPU to another host needs from its pager: the
+//! source reads every allocation's bytes where they are (swapped pieces included, nothing
+//! restored) and holds swapping still through its stop; the destination adopts the
+//! allocations it places so that they are the pager's own (charged, tracked, evictable).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::MutexGuard;
+
+use vm_memory::VolatileSlice;
+
+use super::entry::{Entry, Piece};
+use super::Pager;
+use crate::sync::{lock, read, write};
+use crate::{Backend, BackendError, Result};
+
+impl Pager {
+    /// Copies `dst.len()` bytes of `e` from offset `off` into `dst`, each piece read where
+    /// it is now through `via` (device memory and the swap area) or from host memory:
+    /// swapped bytes are not restored for a read.
+    pub(super) fn read_pieces(
+        &self,
+        via: &dyn Backend,
+        e: &Entry,
+        off: u64,
+        dst: &VolatileSlice<'_>,
+    ) -> Result<u64> {
+        let len = dst.len() as u64;
+        if e.shared {
+            return via.copy_dtoh(e.addr + off, dst);
+        }
+        let pieces = e.lock();
+        let range = e.pieces_of(off, len);
+        if range.clone().all(|i| matches!(pieces[i], Piece::Resident)) {
+            drop(pieces);
+            return via.copy_dtoh(e.addr + off, dst);
+        }
+        for i in range {
+            let (poff, _) = e.piece(i);
+            let from = off.max(poff);
+            let to = (off + len).min(poff + e.data_len(i));
+            if from >= to {
+                continue;
+            }
+            let n = (to - from) as usize;
+            let out = dst
+                .subslice((from - off) as usize, n)
+                .map_err(|err| BackendError::Device(format!("guest slice: {err}")))?;
+            match &pieces[i] {
+                Piece::Resident => {
+                    via.copy_dtoh(e.addr + from, &out)?;
+                }
+                Piece::Device(buf) => {
+                    via.copy_dtoh(buf + (from - poff), &out)?;
+                }
+                Piece::Host(bytes) => {
+                    let at = (from - poff) as usize;
+                    let part = bytes.get(at..at + n).ok_or(BackendError::BadPointer {
+                        addr: e.addr + from,
+                        len: n as u64,
+                    })?;
+                    out.copy_from(part);
+                }
+            }
+        }
+        Ok(len)
+    }
+
+    /// Reads `dst.len()` bytes of the allocation at `addr` from `src` on, swapped pieces
+    /// where they are, device memory through `gpu` (a backend below the pager that sees
+    /// the same addresses: the GPU itself, so that a move's stop, which holds every layer
+    /// between, can read).
+    pub fn read_for_move(
+        &self,
+        gpu: &dyn Backend,
+        src: u64,
+        dst: &VolatileSlice<'_>,
+    ) -> Result<u64> {
+        let (pin, off) = self.pin(src, dst.len() as u64)?;
+        self.read_pieces(gpu, &pin.0, off, dst)
+    }
+
+    /// True if `addr` is an allocation of the guest's that this pager tracks (its swap-area
+    /// buffers and shared mappings are not).
+    pub fn owns(&self, addr: u64) -> bool {
+        read(&self.entries).get(&addr).is_some_and(|e| !e.shared)
+    }
+
+    /// Keeps every piece where it is (no eviction or spill runs) until the guard drops.
+    /// Take it before any lock of the layers below.
+    pub fn hold_swapping(&self) -> MutexGuard<'_, ()> {
+        lock(&self.swapping)
+    }
+
+    /// Makes an allocation of `size` bytes already placed at `addr` below the pager (it
+    /// charged `charged`) the pager's own, resident: it counts against the share and the
+    /// broker's reservation, and can be evicted. Nothing is written below.
+    pub fn adopt(&self, addr: u64, size: u64, charged: u64) -> Result<()> {
+        if size == 0 || charged < size {
+            return Err(BackendError::InvalidArgument(format!(
+                "adopting {size} bytes charged as {charged}"
+            )));
+        }
+        if read(&self.entries).contains_key(&addr) {
+            return Err(BackendError::InvalidArgument(format!(
+                "{addr:#x} is tracked already"
+            )));
+        }
+        let used = self
+            .state()
+            .used
+            .saturating_add(self.module_bytes.load(Ordering::Acquire));
+        if used.saturating_add(charged) > self.share {
+            return Err(BackendError::OutOfMemory {
+                requested: charged,
+                available: self.share.saturating_sub(used),
+                capacity: self.share,
+            });
+        }
+        if let Err(why) = self.broker.reserve(charged) {
+            self.report();
+            return Err(BackendError::MemoryPressure {
+                requested: charged,
+                why,
+            });
+        }
+        let mut e = Entry::new(addr, size, charged, self.granule, false);
+        e.last_use = AtomicU64::new(self.next_tick());
+        self.counters.used.fetch_add(charged, Ordering::Relaxed);
+        self.counters.resident.fetch_add(charged, Ordering::Relaxed);
+        self.insert(e);
+        self.report();
+        Ok(())
+    }
+
+    /// Stops tracking an adopted allocation at `addr` without freeing it below (its
+    /// placer frees it); its swapped pieces' buffers are freed through `gpu`.
+    pub fn disown(&self, gpu: &dyn Backend, addr: u64) {
+        let Some(e) = write(&self.entries).remove(&addr) else {
+            return;
+        };
+        if e.shared {
+            return;
+        }
+        let mut pieces = e.lock();
+        for i in 0..pieces.len() {
+            if let Piece::Device(buf) = self.set_piece(&e, &mut pieces, i, Piece::Resident) {
+                let _ = gpu.free(buf);
+            }
+        }
+        self.counters.used.fetch_sub(e.charged, Ordering::Relaxed);
+        self.counters
+            .resident
+            .fetch_sub(e.charged, Ordering::Relaxed);
+        drop(pieces);
+        self.report();
+    }
+}
