@@ -575,7 +575,7 @@ impl Receiver<'_> {
                     }
                     self.placed.remove(&addr);
                     if let Some(p) = self.pager {
-                        p.disown(&*backend, addr);
+                        p.disown(addr);
                     }
                     let _ = backend.free(addr);
                 }
@@ -709,6 +709,10 @@ impl Receiver<'_> {
             modules.insert(h, Module { image, real });
         }
         self.placed.clear();
+        if let Some(p) = self.pager {
+            // In place and whole: the pager may evict from it as its broker asks.
+            p.settle();
+        }
     }
 
     /// Gives back everything placed or loaded.
@@ -719,7 +723,7 @@ impl Receiver<'_> {
         }
         for addr in std::mem::take(&mut self.placed) {
             if let Some(p) = self.pager {
-                p.disown(&*backend, addr);
+                p.disown(addr);
             }
             let _ = backend.free(addr);
         }

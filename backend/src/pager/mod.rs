@@ -77,6 +77,9 @@ pub struct Pager {
     /// Held by every eviction and spill; a move to another host holds it through its stop
     /// so that no piece changes place while it reads them.
     swapping: std::sync::Mutex<()>,
+    /// Allocations adopted from an incoming move and not settled yet: pinned (never
+    /// evicted) until the move's state is whole.
+    adopted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Pager {
@@ -111,6 +114,7 @@ impl Pager {
             globals: std::sync::Mutex::new(BTreeMap::new()),
             module_bytes: AtomicU64::new(fixed),
             swapping: std::sync::Mutex::new(()),
+            adopted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 

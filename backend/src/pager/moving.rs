@@ -3,12 +3,12 @@
 //! restored) and holds swapping still through its stop; the destination adopts the
 //! allocations it places so that they are the pager's own (charged, tracked, evictable).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::MutexGuard;
 
 use vm_memory::VolatileSlice;
 
-use super::entry::{Entry, Piece};
+use super::entry::{Entry, Piece, Pin};
 use super::Pager;
 use crate::sync::{lock, read, write};
 use crate::{Backend, BackendError, Result};
@@ -69,13 +69,26 @@ impl Pager {
     /// where they are, device memory through `gpu` (a backend below the pager that sees
     /// the same addresses: the GPU itself, so that a move's stop, which holds every layer
     /// between, can read).
+    /// The read keeps the allocation's place in the eviction order.
     pub fn read_for_move(
         &self,
         gpu: &dyn Backend,
         src: u64,
         dst: &VolatileSlice<'_>,
     ) -> Result<u64> {
-        let (pin, off) = self.pin(src, dst.len() as u64)?;
+        let len = dst.len() as u64;
+        let bad = BackendError::BadPointer { addr: src, len };
+        let e = {
+            let entries = read(&self.entries);
+            let (_, e) = entries.range(..=src).next_back().ok_or(bad)?;
+            e.clone()
+        };
+        let off = src - e.addr;
+        if off.checked_add(len).is_none_or(|end| end > e.size) {
+            return Err(BackendError::BadPointer { addr: src, len });
+        }
+        // Pinned so that no eviction takes a piece between the look and the read.
+        let pin = Pin::new(e.clone(), e.last_use.load(Ordering::Relaxed));
         self.read_pieces(gpu, &pin.0, off, dst)
     }
 
@@ -93,7 +106,9 @@ impl Pager {
 
     /// Makes an allocation of `size` bytes already placed at `addr` below the pager (it
     /// charged `charged`) the pager's own, resident: it counts against the share and the
-    /// broker's reservation, and can be evicted. Nothing is written below.
+    /// broker's reservation. Nothing is written below. It is not evicted until
+    /// [`Pager::settle`] (the move's state is whole: until then the layers below may hold
+    /// every operation back, an eviction's too).
     pub fn adopt(&self, addr: u64, size: u64, charged: u64) -> Result<()> {
         if size == 0 || charged < size {
             return Err(BackendError::InvalidArgument(format!(
@@ -125,6 +140,8 @@ impl Pager {
         }
         let mut e = Entry::new(addr, size, charged, self.granule, false);
         e.last_use = AtomicU64::new(self.next_tick());
+        e.pins = AtomicU32::new(1);
+        lock(&self.adopted).insert(addr);
         self.counters.used.fetch_add(charged, Ordering::Relaxed);
         self.counters.resident.fetch_add(charged, Ordering::Relaxed);
         self.insert(e);
@@ -132,26 +149,31 @@ impl Pager {
         Ok(())
     }
 
-    /// Stops tracking an adopted allocation at `addr` without freeing it below (its
-    /// placer frees it); its swapped pieces' buffers are freed through `gpu`.
-    pub fn disown(&self, gpu: &dyn Backend, addr: u64) {
+    /// Every adopted allocation not settled yet may be evicted from now on.
+    pub fn settle(&self) {
+        let addrs = std::mem::take(&mut *lock(&self.adopted));
+        let entries = read(&self.entries);
+        for addr in addrs {
+            if let Some(e) = entries.get(&addr) {
+                e.pins.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Stops tracking an allocation at `addr` adopted and not settled, without freeing it
+    /// below (its placer frees it). Anything else stays as it is.
+    pub fn disown(&self, addr: u64) {
+        if !lock(&self.adopted).remove(&addr) {
+            return;
+        }
         let Some(e) = write(&self.entries).remove(&addr) else {
             return;
         };
-        if e.shared {
-            return;
-        }
-        let mut pieces = e.lock();
-        for i in 0..pieces.len() {
-            if let Piece::Device(buf) = self.set_piece(&e, &mut pieces, i, Piece::Resident) {
-                let _ = gpu.free(buf);
-            }
-        }
+        // Never evicted (pinned since its adoption): every piece is resident.
         self.counters.used.fetch_sub(e.charged, Ordering::Relaxed);
         self.counters
             .resident
             .fetch_sub(e.charged, Ordering::Relaxed);
-        drop(pieces);
         self.report();
     }
 }
