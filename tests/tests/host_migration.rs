@@ -1,8 +1,9 @@
 //! Whole-VM migration between two vgpud daemons on one machine (each with its own GPUs,
 //! state directory and socket): a gpu-load VM computing through its vGPU moves from one
 //! daemon to the other and back, several times, and ends with the checksum of a VM that
-//! never moved; a full destination refuses (409, nothing moved); a destination killed
-//! mid-move leaves the VM running at the source; a wrong token is refused (401).
+//! never moved; an oversubscribed vGPU with pieces swapped out moves and back with every
+//! byte; a full destination refuses (409, nothing moved); a destination killed mid-move
+//! leaves the VM running at the source; a wrong token is refused (401).
 //!
 //! `VGPU_TEST_BACKEND=cuda` runs it on the GPU machine (both daemons share GPU 0 with
 //! small shares).
