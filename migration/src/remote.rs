@@ -32,6 +32,9 @@ pub const MAX_ALLOCS: usize = 1 << 16;
 pub const MAX_MODULES: usize = 4096;
 /// Most functions a destination accepts.
 pub const MAX_FUNCTIONS: usize = 1 << 16;
+/// How long the stop waits for an oversubscribed vGPU's piece table that an operation
+/// holds before the move fails (the VM then runs on at its source).
+const STOP_PATIENCE: Duration = Duration::from_secs(2);
 
 fn wire(e: WireError) -> MigrationError {
     MigrationError::Stream(e.to_string())
@@ -48,6 +51,8 @@ pub struct RemoteSender<'m, S: Read + Write> {
     /// The pager above `src` (an oversubscribed vGPU): the allocations are its own, and
     /// their bytes are read where it keeps them.
     pager: Option<&'m Pager>,
+    /// In the stop phase (the dispatch lock is held).
+    stopping: bool,
     conn: S,
     /// Allocations the destination holds.
     sent: BTreeSet<u64>,
@@ -98,6 +103,7 @@ impl Migratable {
         Ok(RemoteSender {
             src: self,
             pager: None,
+            stopping: false,
             conn,
             sent: BTreeSet::new(),
             since: 0,
@@ -252,7 +258,10 @@ impl<'m, S: Read + Write> RemoteSender<'m, S> {
             let n = (size - sent).min(MAX_DATA as u64) as usize;
             self.buf.resize(n, 0);
             let slice = VolatileSlice::from(&mut self.buf[..n]);
-            if let Err(e) = pager.read_for_move(source, addr + sent, &slice) {
+            // At the stop, a piece table an operation holds (it waits for the dispatch lock
+            // the stop holds) fails the move instead of waiting for ever.
+            let patience = self.stopping.then_some(STOP_PATIENCE);
+            if let Err(e) = pager.read_for_move(source, addr + sent, &slice, patience) {
                 if !pager.owns(addr) {
                     // Freed while we copied: the next reconcile frees it there too.
                     self.bytes += sent;
@@ -323,6 +332,7 @@ impl<'m, S: Read + Write> RemoteSender<'m, S> {
         // Swapping holds still first (an eviction takes it before the dispatch lock).
         let swapping = self.pager.map(Pager::hold_swapping);
         let held = write(&self.src.dispatch);
+        self.stopping = true;
         let source = self.src.current();
         source.synchronize();
         let drain = stop.elapsed();

@@ -600,7 +600,7 @@ impl Backend for Pager {
             return self.inner.copy_dtoh(src, dst);
         }
         let (pin, off) = self.pin(src, len)?;
-        self.read_pieces(&*self.inner, &pin.0, off, dst)
+        self.read_pieces(&*self.inner, &pin.0, off, dst, None)
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
 
 use vm_memory::VolatileSlice;
 
@@ -13,22 +14,44 @@ use super::Pager;
 use crate::sync::{lock, read, write};
 use crate::{Backend, BackendError, Result};
 
+/// `e`'s piece table, waiting at most `patience` for it.
+fn lock_within(e: &Entry, patience: Duration) -> Result<MutexGuard<'_, Vec<Piece>>> {
+    let start = Instant::now();
+    loop {
+        if let Some(g) = e.try_lock() {
+            return Ok(g);
+        }
+        if start.elapsed() >= patience {
+            return Err(BackendError::Device(format!(
+                "the pieces of allocation {:#x} stayed busy for {patience:?}",
+                e.addr
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 impl Pager {
     /// Copies `dst.len()` bytes of `e` from offset `off` into `dst`, each piece read where
     /// it is now through `via` (device memory and the swap area) or from host memory:
-    /// swapped bytes are not restored for a read.
+    /// swapped bytes are not restored for a read. With `patience`, a piece table busy for
+    /// longer is an error instead of a wait.
     pub(super) fn read_pieces(
         &self,
         via: &dyn Backend,
         e: &Entry,
         off: u64,
         dst: &VolatileSlice<'_>,
+        patience: Option<Duration>,
     ) -> Result<u64> {
         let len = dst.len() as u64;
         if e.shared {
             return via.copy_dtoh(e.addr + off, dst);
         }
-        let pieces = e.lock();
+        let pieces = match patience {
+            None => e.lock(),
+            Some(p) => lock_within(e, p)?,
+        };
         let range = e.pieces_of(off, len);
         if range.clone().all(|i| matches!(pieces[i], Piece::Resident)) {
             drop(pieces);
@@ -68,13 +91,16 @@ impl Pager {
     /// Reads `dst.len()` bytes of the allocation at `addr` from `src` on, swapped pieces
     /// where they are, device memory through `gpu` (a backend below the pager that sees
     /// the same addresses: the GPU itself, so that a move's stop, which holds every layer
-    /// between, can read).
+    /// between, can read). With `patience` (a move's stop: an operation holding a piece
+    /// table may wait for the layers the stop holds), a piece table busy for longer is an
+    /// error instead of a wait.
     /// The read keeps the allocation's place in the eviction order.
     pub fn read_for_move(
         &self,
         gpu: &dyn Backend,
         src: u64,
         dst: &VolatileSlice<'_>,
+        patience: Option<Duration>,
     ) -> Result<u64> {
         let len = dst.len() as u64;
         let bad = BackendError::BadPointer { addr: src, len };
@@ -89,7 +115,7 @@ impl Pager {
         }
         // Pinned so that no eviction takes a piece between the look and the read.
         let pin = Pin::new(e.clone(), e.last_use.load(Ordering::Relaxed));
-        self.read_pieces(gpu, &pin.0, off, dst)
+        self.read_pieces(gpu, &pin.0, off, dst, patience)
     }
 
     /// True if `addr` is an allocation of the guest's that this pager tracks (its swap-area
@@ -175,5 +201,22 @@ impl Pager {
             .resident
             .fetch_sub(e.charged, Ordering::Relaxed);
         self.report();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_piece_table_is_an_error_after_the_patience_and_free_one_is_had() {
+        let e = Entry::new(0x1000, 4096, 4096, 4096, false);
+        let held = e.lock();
+        let t = Instant::now();
+        let err = lock_within(&e, Duration::from_millis(20)).expect_err("busy");
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        assert!(err.to_string().contains("busy"), "{err}");
+        drop(held);
+        assert!(lock_within(&e, Duration::from_millis(20)).is_ok());
     }
 }
