@@ -17,6 +17,7 @@ use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use vgpu_backend::pager::Pager;
 use vgpu_backend::{require_relocation, Backend};
 use vm_memory::VolatileSlice;
 
@@ -31,6 +32,9 @@ pub const MAX_ALLOCS: usize = 1 << 16;
 pub const MAX_MODULES: usize = 4096;
 /// Most functions a destination accepts.
 pub const MAX_FUNCTIONS: usize = 1 << 16;
+/// How long the stop waits for an oversubscribed vGPU's piece table that an operation
+/// holds before the move fails (the VM then runs on at its source).
+const STOP_PATIENCE: Duration = Duration::from_secs(2);
 
 fn wire(e: WireError) -> MigrationError {
     MigrationError::Stream(e.to_string())
@@ -44,6 +48,11 @@ fn same_token(a: &[u8], b: &[u8]) -> bool {
 /// The source end of a move to another host. Drop it to give up (the vGPU stays).
 pub struct RemoteSender<'m, S: Read + Write> {
     src: &'m Migratable,
+    /// The pager above `src` (an oversubscribed vGPU): the allocations are its own, and
+    /// their bytes are read where it keeps them.
+    pager: Option<&'m Pager>,
+    /// In the stop phase (the dispatch lock is held).
+    stopping: bool,
     conn: S,
     /// Allocations the destination holds.
     sent: BTreeSet<u64>,
@@ -93,6 +102,8 @@ impl Migratable {
         std::mem::forget(sender_guard);
         Ok(RemoteSender {
             src: self,
+            pager: None,
+            stopping: false,
             conn,
             sent: BTreeSet::new(),
             since: 0,
@@ -125,7 +136,15 @@ pub struct Round {
     pub expect: Duration,
 }
 
-impl<S: Read + Write> RemoteSender<'_, S> {
+impl<'m, S: Read + Write> RemoteSender<'m, S> {
+    /// Sends an oversubscribed vGPU: `pager` is the pager above this vGPU's migratable
+    /// layer. Every byte of its allocations goes, swapped pieces read where they are
+    /// (nothing is restored); its swap-area buffers do not go as allocations of their own.
+    pub fn through(mut self, pager: &'m Pager) -> Self {
+        self.pager = Some(pager);
+        self
+    }
+
     /// Rounds so far.
     pub fn rounds(&self) -> u32 {
         self.rounds
@@ -138,12 +157,13 @@ impl<S: Read + Write> RemoteSender<'_, S> {
 
     /// Bytes the vGPU holds now.
     pub fn total(&self) -> u64 {
-        lock(&self.src.allocs).values().map(|a| a.size).sum()
+        self.live().iter().map(|l| l.1).sum()
     }
 
     fn live(&self) -> Vec<(u64, u64, u64)> {
         lock(&self.src.allocs)
             .iter()
+            .filter(|(a, _)| self.pager.is_none_or(|p| p.owns(**a)))
             .map(|(a, x)| (*a, x.size, x.written.load(Ordering::Acquire)))
             .collect()
     }
@@ -169,13 +189,17 @@ impl<S: Read + Write> RemoteSender<'_, S> {
         Ok(())
     }
 
-    /// Sends allocation `addr`'s bytes (its resident ones: swapped-out ranges are skipped).
+    /// Sends allocation `addr`'s bytes: all of them through the pager, else its resident
+    /// ones (without a pager nothing is swapped out).
     fn send_one(
         &mut self,
         source: &dyn Backend,
         addr: u64,
         size: u64,
     ) -> Result<u64, MigrationError> {
+        if let Some(p) = self.pager {
+            return self.send_paged(p, source, addr, size);
+        }
         let dec: BTreeMap<u64, u64> = match lock(&self.src.allocs).get(&addr) {
             Some(a) => lock(&a.decommitted).clone(),
             None => return Ok(0),
@@ -215,6 +239,44 @@ impl<S: Read + Write> RemoteSender<'_, S> {
                 off += n as u64;
                 sent += n as u64;
             }
+        }
+        self.bytes += sent;
+        Ok(sent)
+    }
+
+    /// Sends all `size` bytes of allocation `addr`, each piece read where `pager` keeps it
+    /// (device memory through `source`, the GPU under the migratable layer).
+    fn send_paged(
+        &mut self,
+        pager: &Pager,
+        source: &dyn Backend,
+        addr: u64,
+        size: u64,
+    ) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        while sent < size {
+            let n = (size - sent).min(MAX_DATA as u64) as usize;
+            self.buf.resize(n, 0);
+            let slice = VolatileSlice::from(&mut self.buf[..n]);
+            // At the stop, a piece table an operation holds (it waits for the dispatch lock
+            // the stop holds) fails the move instead of waiting for ever.
+            let patience = self.stopping.then_some(STOP_PATIENCE);
+            if let Err(e) = pager.read_for_move(source, addr + sent, &slice, patience) {
+                if !pager.owns(addr) {
+                    // Freed while we copied: the next reconcile frees it there too.
+                    self.bytes += sent;
+                    return Ok(sent);
+                }
+                return Err(MigrationError::Source(e));
+            }
+            Message::Data {
+                addr,
+                offset: sent,
+                bytes: &self.buf[..n],
+            }
+            .write(&mut self.conn)
+            .map_err(wire)?;
+            sent += n as u64;
         }
         self.bytes += sent;
         Ok(sent)
@@ -267,7 +329,10 @@ impl<S: Read + Write> RemoteSender<'_, S> {
         let precopy_bytes = self.bytes;
         let stop = Instant::now();
         let t_drain = self.started.elapsed();
+        // Swapping holds still first (an eviction takes it before the dispatch lock).
+        let swapping = self.pager.map(Pager::hold_swapping);
         let held = write(&self.src.dispatch);
+        self.stopping = true;
         let source = self.src.current();
         source.synchronize();
         let drain = stop.elapsed();
@@ -327,6 +392,7 @@ impl<S: Read + Write> RemoteSender<'_, S> {
         })();
         let downtime = stop.elapsed();
         drop(held);
+        drop(swapping);
         if let Err(e) = &r {
             tracing::warn!(error = %e, "the vGPU's state did not reach the destination; it stays here");
             let _ = Message::Error {
@@ -380,14 +446,29 @@ impl Migratable {
     /// in place. On any failure everything placed is freed again and the source hears why.
     pub fn receive_from<S: Read + Write>(
         &self,
+        conn: S,
+        token: &[u8],
+        on_locked: impl FnOnce(),
+    ) -> Result<Received, MigrationError> {
+        self.receive_into(conn, token, None, on_locked)
+    }
+
+    /// As [`Migratable::receive_from`], for an oversubscribed vGPU when `pager` is the
+    /// pager above this migratable layer: every allocation placed becomes the pager's own
+    /// (charged to its share and its broker's reservation, evictable once the state is
+    /// in place).
+    pub fn receive_into<S: Read + Write>(
+        &self,
         mut conn: S,
         token: &[u8],
+        pager: Option<&Pager>,
         on_locked: impl FnOnce(),
     ) -> Result<Received, MigrationError> {
         let held = write(&self.dispatch);
         on_locked();
         let mut rx = Receiver {
             m: self,
+            pager,
             got: Received::default(),
             placed: BTreeSet::new(),
             loaded: BTreeMap::new(),
@@ -418,6 +499,7 @@ impl Migratable {
 
 struct Receiver<'m> {
     m: &'m Migratable,
+    pager: Option<&'m Pager>,
     got: Received,
     /// Allocations placed on the backend (addr -> size).
     placed: BTreeSet<u64>,
@@ -479,12 +561,21 @@ impl Receiver<'_> {
                             "allocation {addr:#x} repeated or too many"
                         )));
                     }
-                    require_relocation(&*backend)
+                    let placed = require_relocation(&*backend)
                         .and_then(|r| r.alloc_at(addr, size))
                         .map_err(|source| MigrationError::Target {
                             what: format!("placing {size} bytes at {addr:#x}"),
                             source,
                         })?;
+                    if let Some(p) = self.pager {
+                        if let Err(source) = p.adopt(addr, size, placed.charged) {
+                            let _ = backend.free(addr);
+                            return Err(MigrationError::Target {
+                                what: format!("charging {size} bytes at {addr:#x}"),
+                                source,
+                            });
+                        }
+                    }
                     self.placed.insert(addr);
                     sizes.insert(addr, size);
                 }
@@ -493,6 +584,9 @@ impl Receiver<'_> {
                         return Err(Self::bad(format!("free of unknown allocation {addr:#x}")));
                     }
                     self.placed.remove(&addr);
+                    if let Some(p) = self.pager {
+                        p.disown(addr);
+                    }
                     let _ = backend.free(addr);
                 }
                 Message::Data {
@@ -625,6 +719,10 @@ impl Receiver<'_> {
             modules.insert(h, Module { image, real });
         }
         self.placed.clear();
+        if let Some(p) = self.pager {
+            // In place and whole: the pager may evict from it as its broker asks.
+            p.settle();
+        }
     }
 
     /// Gives back everything placed or loaded.
@@ -634,6 +732,9 @@ impl Receiver<'_> {
             let _ = backend.module_unload(real);
         }
         for addr in std::mem::take(&mut self.placed) {
+            if let Some(p) = self.pager {
+                p.disown(addr);
+            }
             let _ = backend.free(addr);
         }
         lock(&self.m.allocs).clear();

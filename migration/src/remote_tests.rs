@@ -238,3 +238,105 @@ fn hostile_streams_end_in_a_clear_error_with_everything_freed() {
     assert!(matches!(r, Err(MigrationError::Stream(_))), "{r:?}");
     assert_eq!(dst.current().memory_usage().used, 0);
 }
+
+/// A broker that grants every reservation (the test evicts by hand).
+struct Grants;
+
+impl vgpu_backend::pager::Broker for Grants {
+    fn reserve(&self, _bytes: u64) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn report(&self, _state: vgpu_backend::pager::MemState) {}
+}
+
+/// A sim GPU, its migratable layer and a pager over it.
+fn paged(share: u64) -> (Arc<Migratable>, Arc<vgpu_backend::pager::Pager>) {
+    let m = Arc::new(Migratable::new(sim(64 * MIB)));
+    let p = Arc::new(vgpu_backend::pager::Pager::new(
+        m.clone(),
+        Arc::new(Grants),
+        share,
+    ));
+    (m, p)
+}
+
+#[test]
+fn swapped_pieces_of_an_oversubscribed_vgpu_arrive_and_belong_to_the_pager_there() {
+    use vgpu_backend::pager::Tier;
+    let (src_m, src_p) = paged(32 * MIB);
+    let a_len = 6 * MIB as usize + 100;
+    let b_len = 4 * MIB as usize;
+    let a = src_p.alloc(a_len as u64).expect("a").addr;
+    let b = src_p.alloc(b_len as u64).expect("b").addr;
+    put(&*src_p, a, &pattern(1, a_len));
+    put(&*src_p, b, &pattern(2, b_len));
+    // Pieces of both go out: some to the swap area, some to host memory.
+    assert!(src_p.evict(4 * MIB, Tier::Device) > 0);
+    assert!(src_p.evict(4 * MIB, Tier::Host) > 0);
+    let before = src_p.state();
+    assert!(
+        before.device_swap + before.host_swap >= 8 * MIB,
+        "{before:?}"
+    );
+    let (dst_m, dst_p) = paged(32 * MIB);
+    let (s, d) = UnixStream::pair().expect("pair");
+    let rx = {
+        let (dst_m, dst_p) = (dst_m.clone(), dst_p.clone());
+        std::thread::spawn(move || dst_m.receive_into(d, b"k", Some(&*dst_p), || {}))
+    };
+    let mut tx = src_m.send_to(s, b"k").expect("hello").through(&src_p);
+    tx.precopy_round().expect("round 1");
+    // Nothing was restored for the read.
+    assert_eq!(src_p.state().resident, before.resident);
+    // Written between rounds: the swapped piece written comes back here and goes again;
+    // another piece is swapped out after it was sent (its bytes must not change there).
+    let mut head = pattern(9, 4096);
+    put(&*src_p, a, &head);
+    src_p.evict(2 * MIB, Tier::Host);
+    tx.precopy_round().expect("round 2");
+    let report = tx.finish().expect("finish");
+    assert_eq!(report.total, (a_len + b_len) as u64);
+    let got = rx.join().expect("thread").expect("received");
+    // Only the guest's allocations, not the swap area's buffers.
+    assert_eq!(got.allocations, 2);
+    let mut want_a = pattern(1, a_len);
+    want_a[..4096].copy_from_slice(&head);
+    assert_eq!(get(&*dst_p, a, a_len), want_a);
+    assert_eq!(get(&*dst_p, b, b_len), pattern(2, b_len));
+    // They are the pager's own there: charged, and evictable.
+    let there = dst_p.state();
+    assert_eq!(there.used, src_p.state().used, "{there:?}");
+    assert_eq!(there.resident, there.used, "{there:?}");
+    assert!(dst_p.evict(6 * MIB, Tier::Host) > 0);
+    assert_eq!(get(&*dst_p, a, a_len), want_a);
+    head = pattern(7, 4096);
+    put(&*dst_p, b, &head);
+    assert_eq!(get(&*dst_p, b, 4096), head);
+    dst_p.free(a).expect("free a");
+    dst_p.free(b).expect("free b");
+    assert_eq!(dst_p.state().used, 0);
+    // The source still holds its state.
+    assert_eq!(get(&*src_p, a, a_len), want_a);
+}
+
+#[test]
+fn a_refused_oversubscribed_move_leaves_the_pager_there_empty() {
+    let (src_m, src_p) = paged(32 * MIB);
+    src_p.alloc(8 * MIB).expect("a");
+    // The destination's share cannot hold it.
+    let (dst_m, dst_p) = paged(4 * MIB);
+    let (s, d) = UnixStream::pair().expect("pair");
+    let rx = {
+        let (dst_m, dst_p) = (dst_m.clone(), dst_p.clone());
+        std::thread::spawn(move || dst_m.receive_into(d, b"k", Some(&*dst_p), || {}))
+    };
+    src_m
+        .send_to(s, b"k")
+        .and_then(|tx| tx.through(&src_p).finish())
+        .expect_err("refused");
+    let e = rx.join().expect("thread").expect_err("refused");
+    assert!(e.to_string().contains("charging"), "{e}");
+    assert_eq!(dst_p.state().used, 0);
+    assert_eq!(dst_m.current().memory_usage().used, 0);
+}

@@ -1,8 +1,9 @@
 //! Whole-VM migration between two vgpud daemons on one machine (each with its own GPUs,
 //! state directory and socket): a gpu-load VM computing through its vGPU moves from one
 //! daemon to the other and back, several times, and ends with the checksum of a VM that
-//! never moved; a full destination refuses (409, nothing moved); a destination killed
-//! mid-move leaves the VM running at the source; a wrong token is refused (401).
+//! never moved; an oversubscribed vGPU with pieces swapped out moves and back with every
+//! byte; a full destination refuses (409, nothing moved); a destination killed mid-move
+//! leaves the VM running at the source; a wrong token is refused (401).
 //!
 //! `VGPU_TEST_BACKEND=cuda` runs it on the GPU machine (both daemons share GPU 0 with
 //! small shares).
@@ -563,5 +564,107 @@ fn vgpuctl_moves_a_vm_to_another_daemon_and_says_so() {
         VmState::Exited { code: 0 },
         "{}",
         console(&b.client, there[0].id)
+    );
+}
+
+/// The memcheck line's checksum.
+fn memcheck_checksum(out: &str) -> String {
+    out.lines()
+        .rev()
+        .find(|l| l.starts_with("MEMCHECK OK "))
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("checksum=")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Two oversubscribed memcheck VMs whose allocations (64 MiB each) exceed what the small
+/// GPU holds for both (pieces of them are swapped out); one moves to the other daemon
+/// and back while it checks its buffers, and ends with the checksum of the one that
+/// never moved, every byte intact (memcheck compares each against its pattern).
+#[test]
+fn an_oversubscribed_vgpu_with_swapped_pieces_moves_and_back_and_loses_no_byte() {
+    require_kvm!();
+    if on_cuda() {
+        eprintln!("sim only: the H200's pool is too large to force swapping here");
+        return;
+    }
+    let args = ["--sim-gpus", "1", "--sim-memory", "96M"];
+    let a = TestDaemon::start("hostmig-oversub-a", &args);
+    let b = TestDaemon::start("hostmig-oversub-b", &args);
+    let oversub = |name: &str| {
+        let mut vm = gpu_load("", 0, 0.2, 65 * MIB);
+        vm.payload = Some(vgpu_tests::bins::payload("memcheck").display().to_string());
+        vm.payload_arg = "buffers=4 size_mib=16 rounds=12 pause_ms=300 seed=5".into();
+        vm.name = Some(name.into());
+        if let Some(g) = vm.vgpu.as_mut() {
+            g.oversubscribe = true;
+        }
+        vm
+    };
+    let moved = a.client.create_vm(&oversub("mover")).expect("vm");
+    let still = a.client.create_vm(&oversub("still")).expect("reference vm");
+    wait_running(&a.client, moved.id);
+    wait_running(&a.client, still.id);
+    let vgpu = a.client.vm(moved.id).expect("vm").vgpu.expect("vgpu");
+    // Both fill their buffers: pieces of the mover's go out before it moves.
+    let start = Instant::now();
+    loop {
+        let s = a.client.vgpu_stats(vgpu).expect("stats");
+        if s.swap_out_bytes > 0 && console(&a.client, moved.id).contains("round 1/") {
+            eprintln!("HOSTMIG oversubscribed: {s:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "nothing of the mover was swapped out: {s:?}\n{}",
+            console(&a.client, moved.id)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (there, m) = move_vm(&a.client, moved.id, &to_socket(&b));
+    let host = m.host.expect("host");
+    eprintln!(
+        "HOSTMIG oversubscribed move out: vGPU {} B",
+        host.vgpu_bytes
+    );
+    assert!(
+        host.vgpu_bytes >= 64 * MIB,
+        "every byte, swapped ones included: {host:?}"
+    );
+    wait_gone(&a.client, moved.id);
+    let at_b = b.client.vm(there).expect("moved VM");
+    let rec = b
+        .client
+        .vgpus()
+        .expect("vgpus")
+        .into_iter()
+        .find(|v| Some(v.id) == at_b.vgpu)
+        .expect("its vGPU is there");
+    assert!(rec.oversubscribe, "oversubscribed there too: {rec:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (back, m) = move_vm(&b.client, there, &to_socket(&a));
+    eprintln!(
+        "HOSTMIG oversubscribed move back: vGPU {} B",
+        m.host.as_ref().map_or(0, |h| h.vgpu_bytes)
+    );
+    wait_gone(&b.client, there);
+    let done = a
+        .client
+        .wait_vm(back, Duration::from_secs(240))
+        .expect("wait");
+    let out = console(&a.client, back);
+    assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+    assert!(out.contains("MEMCHECK OK buffers=4 rounds=12"), "{out}");
+    let r = a
+        .client
+        .wait_vm(still.id, Duration::from_secs(240))
+        .expect("wait");
+    let expected = console(&a.client, still.id);
+    assert_eq!(r.state, VmState::Exited { code: 0 }, "{expected}");
+    assert!(!memcheck_checksum(&out).is_empty(), "{out}");
+    assert_eq!(
+        memcheck_checksum(&out),
+        memcheck_checksum(&expected),
+        "moved vs unmoved"
     );
 }

@@ -2,8 +2,11 @@
 //! listens on ADDR (bound at start-up, before the sandbox closes), takes one connection
 //! from the source worker and receives the vGPU's state into its fresh backend
 //! (`Migratable::receive_from`: the one-time token from `--migrate-token-file`, every
-//! message checked). The guest's requests wait until the state is in place. If it never
-//! arrives whole, the worker stops: its VM cannot run here, and the source keeps it.
+//! message checked). An oversubscribed vGPU's worker runs its own pager (`--oversubscribe`),
+//! and every allocation received becomes the pager's (charged to the vGPU's share and
+//! vgpud's reservation, evictable once the state is in place). The guest's requests wait
+//! until the state is in place. If it never arrives whole, the worker stops: its VM cannot
+//! run here, and the source keeps it.
 
 use std::io::{self, Read, Write};
 use std::net::TcpListener;
@@ -13,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vgpu_backend::pager::Pager;
 use vgpu_migration::Migratable;
 
 use crate::error::WorkerError;
@@ -128,11 +132,12 @@ impl Write for Lazy {
 }
 
 /// Receives the state on its own thread; returns once the guest's requests are held
-/// back. `failed` runs when the state did not arrive whole.
+/// back. `layers` are the vGPU's migratable layer and, for an oversubscribed vGPU, the
+/// pager above it. `failed` runs when the state did not arrive whole.
 pub fn start(
     listener: Listener,
     token: String,
-    migratable: Arc<Migratable>,
+    layers: (Arc<Migratable>, Option<Arc<Pager>>),
     failed: impl FnOnce(String) + Send + 'static,
 ) -> Result<(), WorkerError> {
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
@@ -143,7 +148,8 @@ pub fn start(
                 listener,
                 conn: None,
             };
-            let r = migratable.receive_from(conn, token.as_bytes(), move || {
+            let (migratable, pager) = layers;
+            let r = migratable.receive_into(conn, token.as_bytes(), pager.as_deref(), move || {
                 let _ = locked_tx.send(());
             });
             match r {

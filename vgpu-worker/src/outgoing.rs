@@ -226,12 +226,6 @@ impl ControlState {
         stop_copy: bool,
     ) {
         let reply = move |body| WorkerMessage::Reply { id, body };
-        if self.pager.is_some() {
-            out.send(&reply(ReplyBody::Error {
-                message: "an oversubscribed vGPU cannot move to another host; give it its whole memory share first".into(),
-            }));
-            return;
-        }
         if !self.outgoing.arm() {
             out.send(&reply(ReplyBody::Error {
                 message: "a move of this vGPU to another host is already running".into(),
@@ -278,6 +272,10 @@ impl ControlState {
             .migratable
             .send_to(stream, token.as_bytes())
             .map_err(|e| e.to_string())?;
+        if let Some(p) = &self.pager {
+            // Every byte of an oversubscribed vGPU goes, swapped pieces read where they are.
+            tx = tx.through(p);
+        }
         let mut last = Instant::now();
         if stop_copy {
             // The daemon stops the VM once it hears that this move is taken.

@@ -331,7 +331,8 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     });
     if let Some((listener, token)) = incoming {
         let (shutdown, socket, gate) = (shutdown.clone(), cfg.socket.clone(), state.gate.clone());
-        crate::incoming::start(listener, token, state.migratable.clone(), move |_| {
+        let layers = (state.migratable.clone(), state.pager.clone());
+        crate::incoming::start(listener, token, layers, move |_| {
             serve::stop(
                 &shutdown,
                 &socket,

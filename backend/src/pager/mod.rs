@@ -16,6 +16,7 @@
 
 mod broker;
 mod entry;
+mod moving;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +74,12 @@ pub struct Pager {
     /// Bytes charged beside the allocations and never swapped: the modules' footprints, and
     /// what the wrapped backend charged before the pager took over (its context reserve).
     module_bytes: AtomicU64,
+    /// Held by every eviction and spill; a move to another host holds it through its stop
+    /// so that no piece changes place while it reads them.
+    swapping: std::sync::Mutex<()>,
+    /// Allocations adopted from an incoming move and not settled yet: pinned (never
+    /// evicted) until the move's state is whole.
+    adopted: std::sync::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for Pager {
@@ -106,6 +113,8 @@ impl Pager {
             modules: std::sync::Mutex::new(BTreeMap::new()),
             globals: std::sync::Mutex::new(BTreeMap::new()),
             module_bytes: AtomicU64::new(fixed),
+            swapping: std::sync::Mutex::new(()),
+            adopted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -263,6 +272,7 @@ impl Pager {
     /// memory to `tier`; returns the bytes freed. Gdev's choice: the smallest idle
     /// allocation that covers `want` on its own, else the least recently used ones.
     pub fn evict(&self, want: u64, tier: Tier) -> u64 {
+        let _swapping = crate::sync::lock(&self.swapping);
         let candidates: Vec<Arc<Entry>> = {
             let entries = read(&self.entries);
             entries
@@ -386,6 +396,7 @@ impl Pager {
     /// Moves at least `want` bytes (as far as idle pieces allow) from the swap area to
     /// host memory; returns the bytes moved.
     pub fn spill(&self, want: u64) -> u64 {
+        let _swapping = crate::sync::lock(&self.swapping);
         let mut entries: Vec<Arc<Entry>> = {
             let t = read(&self.entries);
             t.values().filter(|e| !e.shared).cloned().collect()
@@ -589,46 +600,7 @@ impl Backend for Pager {
             return self.inner.copy_dtoh(src, dst);
         }
         let (pin, off) = self.pin(src, len)?;
-        let e = &pin.0;
-        if e.shared {
-            return self.inner.copy_dtoh(src, dst);
-        }
-        let pieces = e.lock();
-        let range = e.pieces_of(off, len);
-        if range.clone().all(|i| matches!(pieces[i], Piece::Resident)) {
-            drop(pieces);
-            return self.inner.copy_dtoh(src, dst);
-        }
-        // Read each piece where it is now: swapped bytes are not restored for a read.
-        for i in range {
-            let (poff, _) = e.piece(i);
-            let from = off.max(poff);
-            let to = (off + len).min(poff + e.data_len(i));
-            if from >= to {
-                continue;
-            }
-            let n = (to - from) as usize;
-            let out = dst
-                .subslice((from - off) as usize, n)
-                .map_err(|err| BackendError::Device(format!("guest slice: {err}")))?;
-            match &pieces[i] {
-                Piece::Resident => {
-                    self.inner.copy_dtoh(e.addr + from, &out)?;
-                }
-                Piece::Device(buf) => {
-                    self.inner.copy_dtoh(buf + (from - poff), &out)?;
-                }
-                Piece::Host(bytes) => {
-                    let at = (from - poff) as usize;
-                    let part = bytes.get(at..at + n).ok_or(BackendError::BadPointer {
-                        addr: e.addr + from,
-                        len: n as u64,
-                    })?;
-                    out.copy_from(part);
-                }
-            }
-        }
-        Ok(len)
+        self.read_pieces(&*self.inner, &pin.0, off, dst, None)
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {

@@ -232,10 +232,12 @@ impl Daemon {
                 .vgpus
                 .get(&g)
                 .ok_or_else(|| ApiError::internal(format!("VM {vm_id}'s vGPU {g} vanished")))?;
-            if rec.oversubscribe || !rec.storage.is_empty() || rec.migrating_to.is_some() {
+            // An oversubscribed vGPU moves with every byte, swapped pieces included; the
+            // destination runs it oversubscribed too, under its own admission rule.
+            if !rec.storage.is_empty() || rec.migrating_to.is_some() {
                 return Err(ApiError::conflict(
                     "id",
-                    format!("VM {vm_id}'s vGPU {g} oversubscribes memory, has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
+                    format!("VM {vm_id}'s vGPU {g} has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
                 ));
             }
             let link = rec
@@ -247,7 +249,7 @@ impl Daemon {
                 compute_share: permille_to_fraction(rec.compute),
                 copy_share: Some(permille_to_fraction(rec.copy)),
                 priority: rec.priority,
-                oversubscribe: false,
+                oversubscribe: rec.oversubscribe,
                 share_group: None,
                 queues: rec.queues,
                 storage: Vec::new(),
