@@ -98,7 +98,12 @@ step_ptx() {
     done
     return "$rc"
 }
-step_conformance() { "$(tb conformance)" --test-threads 8; }
+# The timing test (copies beside a 1 s kernel) runs alone: in one process, other tests'
+# context creation and teardown can hold its copies back behind the running kernel.
+step_conformance() {
+    "$(tb conformance)" --test-threads 8 --skip queues_run_concurrently &&
+        "$(tb conformance)" queues_run_concurrently --test-threads 1
+}
 step_batch() { "$(tb batch)" --nocapture --test-threads 1; }
 step_charge() {
     "$(tb conformance)" context_reserve local_memory storage_setup --nocapture --test-threads 1
