@@ -6,76 +6,14 @@
 //! failing the later items. The context loss runs in a child process (this test binary
 //! again): the tests of one process share the GPU's primary context.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Instant;
 
-use vgpu_backend::cuda::ContextLimits;
-use vgpu_backend::{
-    Backend, BackendError, BatchLaunch, CudaConfig, CudaGpu, LaunchConfig, LaunchStats,
-    ModuleImage, SimConfig, SimGpu, DEFAULT_VA_BASE,
-};
-use vgpu_proto::{Access, ArgValue, Status};
+use vgpu_backend::{Backend, BackendError, BatchLaunch, LaunchStats, ModuleImage};
+use vgpu_proto::{ArgValue, Status};
 use vm_memory::VolatileSlice;
 
-const MIB: u64 = 1 << 20;
-
-/// Why cuda is not tested here, or None when it is.
-fn cuda_skip() -> Option<&'static str> {
-    static WHY: OnceLock<Option<String>> = OnceLock::new();
-    WHY.get_or_init(|| match CudaGpu::probe() {
-        Ok(p) => {
-            eprintln!("cuda: testing on {} ({} device(s))", p.name, p.devices);
-            None
-        }
-        Err(why) => {
-            assert!(
-                std::env::var_os("VGPU_REQUIRE_CUDA").is_none(),
-                "VGPU_REQUIRE_CUDA is set but the cuda backend cannot run: {why}"
-            );
-            Some(why)
-        }
-    })
-    .as_deref()
-}
-
-/// A fresh cuda backend with its own address range and `memory` bytes beside its context
-/// reserve.
-fn cuda(memory: u64) -> CudaGpu {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let k = NEXT.fetch_add(1, Ordering::Relaxed);
-    let reserve = CudaGpu::context_reserve_of(0, &ContextLimits::default())
-        .expect("context reserve")
-        .total()
-        .expect("reserve fits u64");
-    CudaGpu::new(CudaConfig {
-        ordinal: 0,
-        memory: memory + reserve,
-        va_base: DEFAULT_VA_BASE + (k + 1) * (64 << 30),
-        va_size: 16 << 30,
-        ..CudaConfig::default()
-    })
-    .expect("cuda backend")
-}
-
-fn sim(memory: u64) -> SimGpu {
-    SimGpu::new(SimConfig {
-        memory,
-        va_size: 16 << 30,
-        threads: 2,
-        ..SimConfig::default()
-    })
-    .expect("sim backend")
-}
-
-/// Runs `f` on a sim backend and, where possible, on a cuda backend.
-fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
-    f("sim", &sim(memory));
-    match cuda_skip() {
-        None => f("cuda", &cuda(memory)),
-        Some(why) => eprintln!("SKIPPED (cuda): {why}"),
-    }
-}
+mod common;
+use common::*;
 
 fn put_words(b: &dyn Backend, addr: u64, v: &[u32]) {
     let mut buf: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -91,32 +29,6 @@ fn get_words(b: &dyn Backend, addr: u64, n: usize) -> Vec<u32> {
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
-
-fn builtin(b: &dyn Backend, name: &str) -> u64 {
-    let m = b
-        .module_load(ModuleImage::Builtin(b"builtin"))
-        .expect("builtin module");
-    b.get_function(m, name.as_bytes()).expect("function").handle
-}
-
-fn r(addr: u64) -> ArgValue {
-    ArgValue::Ptr {
-        addr,
-        access: Access::Read,
-    }
-}
-fn w(addr: u64) -> ArgValue {
-    ArgValue::Ptr {
-        addr,
-        access: Access::Write,
-    }
-}
-
-const CFG: LaunchConfig = LaunchConfig {
-    grid: [1; 3],
-    block: [1; 3],
-    shared_bytes: 0,
-};
 
 fn item(function: u64, args: &[ArgValue]) -> BatchLaunch<'_> {
     BatchLaunch {
