@@ -3,23 +3,24 @@
 //!
 //! A batch takes one lane: for each item the checks of a lone launch (the function, the
 //! arguments against its parameters, write pointers against read-only mappings, local
-//! memory against the stack limit, a built-in's pointer extents), `cuLaunchKernel` and an
-//! end event, all on the lane's stream without waiting (a kernel right after another uses
-//! that one's end event as its start; only the first, or one after a refused item, records
-//! its own start event: one event per kernel instead of two); then one
-//! polling wait that walks the end events in order. Each guest function keeps its own hard
-//! limit, counted from when the kernel before it was seen finished (on one stream it cannot
-//! start earlier), so the whole wait is bounded by the sum of the queued kernels' limits.
-//! Each item's device time comes from the events around it (back to back on one stream, a
-//! kernel's time includes any gap before it while the CPU was still queuing it: the vGPU
-//! held the GPU then anyway). The allocations the kernels point
-//! into stay held until the whole batch has finished.
+//! memory against the stack limit, a built-in's pointer extents) and `cuLaunchKernel`, all
+//! on the lane's stream without waiting; then one polling wait that walks the batch in
+//! order. Timing events go between runs of one function, not between every two kernels
+//! (recording an event costs about as much as queuing a null kernel): consecutive launches
+//! of the same function form a run with one end event, the next run starts at that event,
+//! and each kernel of a run gets the run's device time shared evenly. A run keeps the hard
+//! limit of its guest functions together (each one's limit, counted from when the run
+//! before was seen finished; on one stream nothing of it can start earlier), so the whole
+//! wait is bounded by the sum of the queued kernels' limits. The allocations the kernels
+//! point into stay held until the whole batch has finished. Back to back on one stream, a
+//! run's time includes any gap while the CPU was still queuing it: the vGPU held the GPU
+//! then anyway.
 //!
 //! An item that fails its checks gets its error and is not queued; its neighbours run. A
-//! kernel that faults loses the context: the first kernel not yet seen finished is
-//! answered with the fault and every later one with the lost context (once the context is
-//! lost, the driver cannot tell the faulting kernel from ones that finished unobserved just
-//! before it). Built-in kernels join a batch like guest functions (waited for without a
+//! kernel that faults loses the context: the first kernel of the first run not yet seen
+//! finished is answered with the fault and every later one with the lost context (once the
+//! context is lost, the driver cannot tell the faulting kernel from ones that finished
+//! unobserved just before it). Built-in kernels join a batch like guest functions (waited for without a
 //! hard limit, as alone), except reduce_sum and gather, which use the lane's scratch memory
 //! and look at the device after they ran; those and the storage kernels end the batch so
 //! far and run alone.
@@ -61,7 +62,7 @@ impl CudaGpu {
             ..
         } = lane;
         let run = self
-            .queue_ptx(stream, Some(start), end, held, f, config, args, blob)
+            .queue_ptx(stream, Some(start), Some(end), held, f, config, args, blob)
             .and_then(|()| self.wait_kernel(end, f.name()))
             .and_then(|()| end.since_ns(start).map_err(|e| self.cuda_err(e)));
         // The kernel has finished (or can no longer touch them): the allocations may go.
@@ -69,15 +70,15 @@ impl CudaGpu {
         run
     }
 
-    /// Checks a launch of `f` and queues it on `stream` between `start` (`None`: the event
-    /// recorded last on the stream marks its start) and `end`, without waiting. What its pointer arguments point into is pushed on `held`, which the caller
+    /// Checks a launch of `f` and queues it on `stream` between `start` and `end` (either
+    /// `None`: the caller records it), without waiting. What its pointer arguments point into is pushed on `held`, which the caller
     /// keeps until the kernel has finished.
     #[allow(clippy::too_many_arguments)]
     fn queue_ptx(
         &self,
         stream: &Stream,
         start: Option<&Event>,
-        end: &Event,
+        end: Option<&Event>,
         held: &mut Vec<modules::Held>,
         f: &PtxFunc,
         config: &LaunchConfig,
@@ -189,7 +190,10 @@ impl CudaGpu {
             "cuLaunchKernel",
         )
         .map_err(|e| self.launch_err(e, f.name()))?;
-        end.record(stream).map_err(|e| self.cuda_err(e))
+        match end {
+            Some(end) => end.record(stream).map_err(|e| self.cuda_err(e)),
+            None => Ok(()),
+        }
     }
 
     /// [`crate::Backend::launch_batch`]: each run of kernels that can join a batch as one
@@ -228,10 +232,7 @@ impl CudaGpu {
         let Ok(mut lane) = self.lanes.take() else {
             return 0;
         };
-        let first = out.len();
-        // (item index in `out`, its function, whether its start is the end event of the
-        // item before it) of every kernel on the stream.
-        let mut queued: Vec<(usize, Kernel, bool)> = Vec::with_capacity(items.len());
+        let mut q = Queue::default();
         let mut taken = 0;
         for item in items {
             let kernel = match self.modules.kernel(item.function) {
@@ -245,57 +246,113 @@ impl CudaGpu {
                 }
             };
             taken += 1;
-            let index = out.len() - first;
-            // Right after the kernel of the item before: its end event is this one's start.
-            let chained = index > 0 && queued.last().is_some_and(|q| q.0 + 1 == out.len());
+            if q.open.as_ref().is_some_and(|r| r.function != item.function) {
+                self.close_run(&mut lane, &mut q, out);
+            }
             // `enter` fails once a kernel queued before this one lost the context.
-            let queue = self
+            let queued = self
                 .mem
                 .check_kernel_writes(item.args)
                 .and_then(|()| self.enter())
-                .and_then(|()| lane.pair(index).map_err(|e| self.cuda_err(e)))
-                .and_then(|()| self.queue_item(&mut lane, index, chained, &kernel, item));
-            match queue {
+                .and_then(|()| self.open_run(&mut lane, &mut q, item.function))
+                .and_then(|()| self.queue_item(&mut lane, &kernel, item));
+            match queued {
                 Ok(()) => {
-                    queued.push((out.len(), kernel, chained));
+                    if let Some(run) = q.open.as_mut() {
+                        run.slots.push(out.len());
+                        run.kernels.push(kernel);
+                    }
                     out.push(Ok(LaunchStats { device_ns: 0 }));
                 }
                 Err(e) => out.push(Err(e)),
             }
         }
-        self.wait_batch(&lane, first, &queued, out);
+        self.close_run(&mut lane, &mut q, out);
+        self.wait_batch(&lane, &q.closed, out);
         lane.held.clear();
         taken
     }
 
+    /// Makes sure a run of `function` is open: its start is the event recorded last on the
+    /// stream when no kernel was queued after it, else a new one.
+    fn open_run(&self, lane: &mut Lane, q: &mut Queue, function: u64) -> Result<()> {
+        if q.open.is_some() {
+            return Ok(());
+        }
+        let start = match q.last {
+            Some(m) => m,
+            None => {
+                let m = q.next_mark(lane).map_err(|e| self.cuda_err(e))?;
+                let ev = lane.marks.get(m).ok_or_else(missing_mark)?;
+                ev.record(&lane.stream).map_err(|e| self.cuda_err(e))?;
+                m
+            }
+        };
+        q.last = Some(start);
+        q.open = Some(Run {
+            function,
+            start,
+            end: start,
+            slots: Vec::new(),
+            kernels: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Records the open run's end event and files it for the wait; a run whose end cannot
+    /// be recorded answers its kernels with that error.
+    fn close_run(&self, lane: &mut Lane, q: &mut Queue, out: &mut [Result<LaunchStats>]) {
+        let Some(mut run) = q.open.take() else {
+            return;
+        };
+        if run.slots.is_empty() {
+            // Nothing was queued after its start: that event still ends the stream.
+            return;
+        }
+        let recorded = q
+            .next_mark(lane)
+            .map_err(|e| self.cuda_err(e))
+            .and_then(|m| {
+                let ev = lane.marks.get(m).ok_or_else(missing_mark)?;
+                ev.record(&lane.stream).map_err(|e| self.cuda_err(e))?;
+                Ok(m)
+            });
+        match recorded {
+            Ok(m) => {
+                run.end = m;
+                q.last = Some(m);
+                q.closed.push(run);
+            }
+            Err(e) => {
+                // Nothing can time this run or tell when it ended: its kernels fail, and
+                // the next run records its own start.
+                q.last = None;
+                let why = e.to_string();
+                for slot in &run.slots {
+                    if let Some(o) = out.get_mut(*slot) {
+                        *o = Err(BackendError::Device(why.clone()));
+                    }
+                }
+                // The kernels may still be running: wait for the stream before their
+                // allocations go.
+                let _ = lane.stream.synchronize();
+            }
+        }
+    }
+
     /// Checks `item` (a guest function, or a built-in that can join a batch) and queues it
-    /// on `lane`'s stream before the end event of pair `index`, after its start event, or
-    /// when `chained` after the end event of pair `index - 1` (the kernel before it).
-    fn queue_item(
-        &self,
-        lane: &mut Lane,
-        index: usize,
-        chained: bool,
-        kernel: &Kernel,
-        item: &BatchLaunch<'_>,
-    ) -> Result<()> {
+    /// on `lane`'s stream (its timing events are the run's).
+    fn queue_item(&self, lane: &mut Lane, kernel: &Kernel, item: &BatchLaunch<'_>) -> Result<()> {
         let prepared = match kernel {
             Kernel::Builtin(sig, i) => Some(self.prepare_builtin(lane, sig, *i, item.args)?),
             _ => None,
         };
-        let Lane {
-            stream,
-            pairs,
-            held,
-            ..
-        } = lane;
-        let (own_start, end) = pairs.get(index).ok_or_else(missing_pair)?;
-        let start = (!chained).then_some(own_start);
+        let Lane { stream, held, .. } = lane;
         match (kernel, prepared) {
             (Kernel::Ptx(_, f), _) => self.queue_ptx(
                 stream,
-                start,
-                end,
+                None,
+                None,
                 held,
                 f,
                 &item.config,
@@ -303,7 +360,7 @@ impl CudaGpu {
                 item.blob,
             ),
             (Kernel::Builtin(sig, _), Some(p)) => {
-                self.queue_builtin((stream, start, end), held, p, sig.name)
+                self.queue_builtin((stream, None, None), held, p, sig.name)
             }
             _ => Err(BackendError::Device(
                 "this kernel cannot run in a batch; launch it alone".into(),
@@ -311,44 +368,95 @@ impl CudaGpu {
         }
     }
 
-    /// Waits for the queued kernels in order, each under its own hard limit from the end of
-    /// the one before, and writes each one's device time, or its error, into `out`.
-    fn wait_batch(
-        &self,
-        lane: &Lane,
-        first: usize,
-        queued: &[(usize, Kernel, bool)],
-        out: &mut [Result<LaunchStats>],
-    ) {
+    /// Waits for the runs in order, each under its kernels' hard limits together from the
+    /// end of the run before, and writes each kernel's share of its run's device time, or
+    /// its error, into `out`.
+    fn wait_batch(&self, lane: &Lane, runs: &[Run], out: &mut [Result<LaunchStats>]) {
         let mut t = Instant::now();
-        for (slot, kernel, chained) in queued {
+        for run in runs {
             // A guest function has its hard limit; a built-in, bounded by its arguments,
             // is waited for as long as it runs, as alone.
-            let (name, limit) = match kernel {
-                Kernel::Ptx(_, f) => (f.name(), self.kernel_limit),
-                Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
-            };
-            let result = self.enter().and_then(|()| {
-                let index = slot - first;
-                let (own_start, end) = lane.pairs.get(index).ok_or_else(missing_pair)?;
-                let start = if *chained {
-                    let before = index.checked_sub(1).and_then(|i| lane.pairs.get(i));
-                    &before.ok_or_else(missing_pair)?.1
-                } else {
-                    own_start
+            let (mut name, mut limit) = ("kernel", Duration::ZERO);
+            for kernel in &run.kernels {
+                let (n, l) = match kernel {
+                    Kernel::Ptx(_, f) => (f.name(), self.kernel_limit),
+                    Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
                 };
+                name = n;
+                limit = limit.saturating_add(l);
+            }
+            let result = self.enter().and_then(|()| {
+                let start = lane.marks.get(run.start).ok_or_else(missing_mark)?;
+                let end = lane.marks.get(run.end).ok_or_else(missing_mark)?;
                 self.wait_kernel_until(end, name, t, limit)?;
                 end.since_ns(start).map_err(|e| self.cuda_err(e))
             });
             t = Instant::now();
-            if let Some(o) = out.get_mut(*slot) {
-                *o = result.map(|device_ns| LaunchStats { device_ns });
+            match result {
+                Ok(ns) => {
+                    let n = run.slots.len().max(1) as u64;
+                    for (k, slot) in run.slots.iter().enumerate() {
+                        // The remainder to the first, so the run's time adds up.
+                        let share = ns / n + if k == 0 { ns % n } else { 0 };
+                        if let Some(o) = out.get_mut(*slot) {
+                            *o = Ok(LaunchStats { device_ns: share });
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The first kernel of the run gets the fault; the others what a call
+                    // gets now (the lost context), as a later run's would.
+                    let mut first = Some(e);
+                    for slot in &run.slots {
+                        let err = first.take().unwrap_or_else(|| {
+                            self.enter().err().unwrap_or_else(|| {
+                                BackendError::Device(format!(
+                                    "{name} did not finish: a kernel queued before it in the same batch failed"
+                                ))
+                            })
+                        });
+                        if let Some(o) = out.get_mut(*slot) {
+                            *o = Err(err);
+                        }
+                    }
+                }
             }
         }
-        tracing::trace!(kernels = queued.len(), "batch done");
+        tracing::trace!(runs = runs.len(), "batch done");
     }
 }
 
-fn missing_pair() -> BackendError {
+/// Consecutive launches of one function in a batch, timed together.
+struct Run {
+    function: u64,
+    /// Its start and end events (indexes into the lane's marks).
+    start: usize,
+    end: usize,
+    /// Its kernels' places in the results, and the kernels (held until they finished).
+    slots: Vec<usize>,
+    kernels: Vec<Kernel>,
+}
+
+/// A batch being queued: the runs closed so far, the open one, and the timing event
+/// recorded last on the stream with no kernel after it.
+#[derive(Default)]
+struct Queue {
+    closed: Vec<Run>,
+    open: Option<Run>,
+    last: Option<usize>,
+    used: usize,
+}
+
+impl Queue {
+    /// The index of a fresh timing event of `lane`.
+    fn next_mark(&mut self, lane: &mut Lane) -> std::result::Result<usize, super::driver::CuError> {
+        let m = self.used;
+        lane.mark(m)?;
+        self.used += 1;
+        Ok(m)
+    }
+}
+
+fn missing_mark() -> BackendError {
     BackendError::Device("a batch's timing events are missing; retry the launch".into())
 }

@@ -206,13 +206,13 @@ impl CudaGpu {
         Ok(ns)
     }
 
-    /// Queues a checked built-in launch on `stream` between `start` (`None`: the event
-    /// recorded last on the stream marks its start) and `end`, without waiting (a batch;
-    /// only a [`batchable`] kernel); what it touches goes on `held`, which the caller keeps
-    /// until the kernel has finished.
+    /// Queues a checked built-in launch on `stream` between `start` and `end` (either
+    /// `None`: the caller records it), without waiting (a batch; only a [`batchable`]
+    /// kernel); what it touches goes on `held`, which the caller keeps until the kernel has
+    /// finished.
     pub(super) fn queue_builtin(
         &self,
-        (stream, start, end): (&Stream, Option<&Event>, &Event),
+        (stream, start, end): (&Stream, Option<&Event>, Option<&Event>),
         held: &mut Vec<Held>,
         prepared: Prepared,
         name: &str,
@@ -227,7 +227,10 @@ impl CudaGpu {
         for step in steps.iter_mut().flatten() {
             step.enqueue(stream).map_err(|e| self.launch_err(e, name))?;
         }
-        end.record(stream).map_err(|e| self.cuda_err(e))
+        match end {
+            Some(end) => end.record(stream).map_err(|e| self.cuda_err(e)),
+            None => Ok(()),
+        }
     }
 
     /// Checks a launch of built-in `sig` (index `index` of `KERNELS`) like the sim backend

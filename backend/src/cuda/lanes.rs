@@ -22,8 +22,9 @@ pub struct Lane {
     pub start: Event,
     /// Recorded after it.
     pub end: Event,
-    /// A batch's start and end event per kernel (grown to the largest batch, then kept).
-    pub pairs: Vec<(Event, Event)>,
+    /// A batch's timing events, recorded in order on the stream (grown to the most a
+    /// batch used, then kept).
+    pub marks: Vec<Event>,
     /// What the kernels queued on the stream point into, held until they have finished
     /// (emptied by whoever queued them; the capacity stays).
     pub held: Vec<Held>,
@@ -37,18 +38,17 @@ impl Lane {
             stream: Stream::new(ctx)?,
             start: Event::new(ctx)?,
             end: Event::new(ctx)?,
-            pairs: Vec::new(),
+            marks: Vec::new(),
             held: Vec::new(),
             scratch: None,
             ctx: ctx.clone(),
         })
     }
 
-    /// Makes sure batch event pair `index` exists (created once, kept with the lane).
-    pub fn pair(&mut self, index: usize) -> Result<(), CuError> {
-        while self.pairs.len() <= index {
-            self.pairs
-                .push((Event::new(&self.ctx)?, Event::new(&self.ctx)?));
+    /// Makes sure batch timing event `index` exists (created once, kept with the lane).
+    pub fn mark(&mut self, index: usize) -> Result<(), CuError> {
+        while self.marks.len() <= index {
+            self.marks.push(Event::new(&self.ctx)?);
         }
         Ok(())
     }
