@@ -653,8 +653,10 @@ fn a_long_kernel_does_not_block_copies_and_sync_waits_for_it() {
 
 #[test]
 fn free_during_a_kernel_keeps_its_memory_until_it_ends() {
-    let g = gpu_with(64 * MIB, |c| c.speed = 0.02);
-    let n = 1_000_000u64; // fill: 1e6 units at 2e7/s = 50 ms
+    // fill: 1e6 units at 2e6/s = 500 ms, far longer than this thread can be kept off a
+    // loaded machine's cores between the kernel's write and the free below.
+    let g = gpu_with(64 * MIB, |c| c.speed = 0.002);
+    let n = 1_000_000u64;
     let a = g.alloc(n * 4).unwrap().addr;
     let fill = builtin_fn(&g, "fill");
     std::thread::scope(|s| {
