@@ -4,6 +4,9 @@
 //! (`SET_LOG_BASE`, `LOG_ALL`), and a page only the backend wrote shows up in the log the
 //! migration merges with KVM's, once; a page the vmm wrote itself does not.
 
+mod common;
+use common::vhost::{connect, serve, w};
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,13 +14,11 @@ use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::bitmap::BitmapMmapRegion;
-use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock};
+use vhost_user_backend::{VhostUserBackend, VringRwLock};
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
     GuestMemoryRegion,
 };
-use vmm::devices::bus::BusDevice;
-use vmm::devices::vhost_user::VhostUserDevice;
 use vmm::migration::dirty_log::DirtyLog;
 use vmm::migration::ram::{count_dirty, merge, PAGE};
 use vmm::virtio::mmio::{reg, MmioTransport};
@@ -87,44 +88,11 @@ impl VhostUserBackend for Writer {
 }
 
 fn backend(path: &Path) {
-    let p = path.to_owned();
-    std::thread::spawn(move || {
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let mut daemon =
-            VhostUserDaemon::new("test-writer".into(), Arc::new(Writer::default()), mem)
-                .expect("daemon");
-        let _ = daemon.serve(&p);
-    });
-    let t = Instant::now();
-    while !path.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "backend never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn connect(path: &Path) -> VhostUserDevice {
-    let t = Instant::now();
-    loop {
-        match VhostUserDevice::connect(path, vmm::VGPU_DEVICE_ID) {
-            Ok(d) => return d,
-            Err(e) if t.elapsed() > Duration::from_secs(10) => panic!("{e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-}
-
-fn w(t: &mut MmioTransport<VhostUserDevice>, r: u64, v: u32) {
-    t.write(r, &v.to_le_bytes());
+    serve(path, "test-writer", Arc::new(Writer::default()));
 }
 
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vmm-dirty-log-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    d
+    common::vhost::dir("dirty-log")
 }
 
 fn bit(maps: &[Vec<u64>], slots: &[Slot], gpa: u64) -> bool {

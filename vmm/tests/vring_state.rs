@@ -5,15 +5,15 @@
 //! from the snapshot: memory table, ring addresses, `SET_VRING_BASE`. The destination
 //! backend then reports the same bases.
 
+mod common;
+use common::vhost::{connect, serve, w};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock};
+use vhost_user_backend::{VhostUserBackend, VringRwLock};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
-use vmm::devices::bus::BusDevice;
-use vmm::devices::vhost_user::VhostUserDevice;
 use vmm::migration::snapshot::VringSnapshot;
 use vmm::virtio::mmio::{reg, MmioTransport};
 use vmm::virtio::{status, Interrupt, VIRTIO_F_VERSION_1};
@@ -56,43 +56,11 @@ impl VhostUserBackend for Idle {
 }
 
 fn backend(path: &Path) {
-    let p = path.to_owned();
-    std::thread::spawn(move || {
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let mut daemon =
-            VhostUserDaemon::new("test-backend".into(), Arc::new(Idle), mem).expect("daemon");
-        let _ = daemon.serve(&p);
-    });
-    let t = Instant::now();
-    while !path.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "backend never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn connect(path: &Path) -> VhostUserDevice {
-    let t = Instant::now();
-    loop {
-        match VhostUserDevice::connect(path, vmm::VGPU_DEVICE_ID) {
-            Ok(d) => return d,
-            Err(e) if t.elapsed() > Duration::from_secs(10) => panic!("{e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-}
-
-fn w(t: &mut MmioTransport<VhostUserDevice>, r: u64, v: u32) {
-    t.write(r, &v.to_le_bytes());
+    serve(path, "test-backend", Arc::new(Idle));
 }
 
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("vmm-vring-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("dir");
-    d
+    common::vhost::dir("vring")
 }
 
 #[test]

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod vhost;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
