@@ -360,22 +360,26 @@ fn a_full_destination_refuses_and_nothing_moves() {
     );
 }
 
+/// Two `gpu-load` VMs with `arg`, running: one to move and one that stays as the reference.
+fn vm_and_reference(c: &Client, arg: &str) -> (vgpu_api::api::Vm, vgpu_api::api::Vm) {
+    let vm = c
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
+        .expect("vm");
+    let reference = c
+        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
+        .expect("ref");
+    wait_running(c, vm.id);
+    wait_running(c, reference.id);
+    (vm, reference)
+}
+
 #[test]
 fn a_destination_killed_mid_move_leaves_the_vm_running_at_its_source() {
     require_kvm!();
     let a = TestDaemon::start("hostmig-kill-a", &gpus());
     let mut b = TestDaemon::start("hostmig-kill-b", &gpus());
     let arg = "rounds=1500 n=65536 spin_us=2000 check=100";
-    let vm = a
-        .client
-        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
-        .expect("vm");
-    let reference = a
-        .client
-        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
-        .expect("ref");
-    wait_running(&a.client, vm.id);
-    wait_running(&a.client, reference.id);
+    let (vm, reference) = vm_and_reference(&a.client, arg);
     let m = a
         .client
         .migrate_vm_to(vm.id, &to_socket(&b))
@@ -472,16 +476,7 @@ fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
     let a = TestDaemon::start("hostmig-tcp-a", &gpus());
     let b = tcp_daemon("hostmig-tcp-b");
     let arg = "rounds=1000 n=65536 spin_us=2000 check=100";
-    let vm = a
-        .client
-        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
-        .expect("vm");
-    let reference = a
-        .client
-        .create_vm(&gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB)))
-        .expect("ref");
-    wait_running(&a.client, vm.id);
-    wait_running(&a.client, reference.id);
+    let (vm, reference) = vm_and_reference(&a.client, arg);
     let mut req = VmMigrateRequest {
         destination: MigrationDestination {
             socket: None,
