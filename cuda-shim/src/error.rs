@@ -45,3 +45,42 @@ pub fn map_status(opcode: u32, status: Status) -> CUresult {
         _ => res::UNKNOWN,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::types::{error_text, res};
+
+    /// Every result the library returns, and every one include/cuda.h declares, has the
+    /// name cuda.h gives it in cuGetErrorName's table, and a description.
+    #[test]
+    fn every_result_has_its_cuda_h_name_and_a_description() {
+        let header = include_str!("../include/cuda.h");
+        let mut declared = 0;
+        for line in header.lines() {
+            let Some((name, value)) = line.trim().trim_end_matches(',').split_once(" = ") else {
+                continue;
+            };
+            if !(name == "CUDA_SUCCESS" || name.starts_with("CUDA_ERROR_")) {
+                continue;
+            }
+            let code: u32 = value.trim().parse().expect("a number");
+            let (n, d) = error_text(code).unwrap_or_else(|| panic!("{name} ({code}) has no name"));
+            assert_eq!(n.to_str().ok(), Some(name), "code {code}");
+            assert!(!d.is_empty(), "{name} has no description");
+            declared += 1;
+        }
+        assert!(declared >= 20, "cuda.h declares {declared} results");
+        for code in [
+            res::DEVICE_UNAVAILABLE,
+            res::NO_DEVICE,
+            res::NOT_INITIALIZED,
+            res::TIMEOUT,
+            res::UNKNOWN,
+        ] {
+            assert!(error_text(code).is_some(), "{code} has no name");
+        }
+        let (name, text) = error_text(46).expect("46");
+        assert_eq!(name.to_str().ok(), Some("CUDA_ERROR_DEVICE_UNAVAILABLE"));
+        assert!(text.to_string_lossy().contains("unavailable"));
+    }
+}

@@ -1,15 +1,28 @@
 //! Where the vGPU is: the process transport when `VGPU_SOCKET` names a worker's socket (a
 //! host or container process), the Linux transport otherwise (a program in a VM whose
 //! vGPU is a virtio-mmio device).
+//!
+//! A process vGPU's worker serves one process; when that process exits, vgpud starts a
+//! fresh worker behind the same socket. A process started meanwhile finds nothing
+//! listening for a moment: the connect waits for the fresh worker (up to
+//! `VGPU_CONNECT_TIMEOUT` seconds, default [`DEFAULT_CONNECT_TIMEOUT`]) instead of
+//! answering CUDA_ERROR_NO_DEVICE at once (docs/tenants.md).
 
-use std::path::PathBuf;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use guest_driver::linux::{DmaSource, LinuxTransport, Paths, Registers};
-use guest_driver::process::{Options, ProcessTransport};
+use guest_driver::process::{Options, ProcessError, ProcessTransport};
 use guest_driver::{DmaRegion, Transport};
 
 /// Environment variable naming the vgpu-worker socket (selects the process transport).
 pub const ENV_SOCKET: &str = "VGPU_SOCKET";
+/// Environment variable: seconds the process transport waits for the vGPU's worker to
+/// answer (a fresh worker is starting), decimal; 0 tries once.
+pub const ENV_CONNECT_TIMEOUT: &str = "VGPU_CONNECT_TIMEOUT";
+/// How long the process transport waits for the worker unless `VGPU_CONNECT_TIMEOUT` says.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Environment variable: MiB of the first DMA region (process transport).
 pub const ENV_POOL_MB: &str = "VGPU_DMA_POOL_MB";
 /// Environment variable: 2 MiB hugepages of DMA memory (Linux transport; default 16).
@@ -29,6 +42,31 @@ pub const ENV_DEV_MEM: &str = "VGPU_DEV_MEM";
 pub enum OpenError {
     #[error("{0}")]
     Process(#[from] guest_driver::process::ProcessError),
+    /// Nothing answered on the socket within the connect timeout.
+    #[error(
+        "no vGPU worker answers on {path} (waited {waited:.1} s, {ENV_CONNECT_TIMEOUT}): {why}"
+    )]
+    NoWorker {
+        path: PathBuf,
+        waited: f64,
+        why: String,
+    },
+    /// The socket is there but this process may not connect to it.
+    #[error(
+        "permission denied on the vGPU socket {path}: this process runs as uid {uid} gid {gid}, \
+         and the socket belongs to the vGPU's owner (its owner_uid and owner_gid, set by the \
+         operator when creating the vGPU): run the program as that user or group, or ask the \
+         operator to hand the vGPU to yours (docs/tenants.md)"
+    )]
+    Denied { path: PathBuf, uid: u32, gid: u32 },
+    /// VGPU_SOCKET is unset and this is not a VM with a vGPU.
+    #[error(
+        "{ENV_SOCKET} is not set. A container or host process sets it to the \
+         vgpu.sock of the directory the operator handed over (docs/tenants.md); a program in \
+         a VM needs the VM's vGPU on the kernel command line (virtio_mmio.device=), which \
+         this machine's lacks"
+    )]
+    NoSocketSet,
     #[error("{0}")]
     Linux(#[from] guest_driver::linux::LinuxError),
     #[error("the vGPU did not initialise: {0}")]
@@ -84,7 +122,11 @@ fn linux_setup() -> Result<(Paths, u64, DmaSource), OpenError> {
             value: v,
             form: "an address (decimal or 0x-hex)",
         })?,
-        Err(_) => LinuxTransport::first_device(&paths)?.base,
+        Err(_) => match LinuxTransport::first_device(&paths) {
+            Ok(d) => d.base,
+            Err(guest_driver::linux::LinuxError::NoDevice) => return Err(OpenError::NoSocketSet),
+            Err(e) => return Err(e.into()),
+        },
     };
     let dma = match std::env::var(ENV_DMA_RESERVED) {
         Ok(v) => {
@@ -107,6 +149,103 @@ fn linux_setup() -> Result<(Paths, u64, DmaSource), OpenError> {
     Ok((paths, base, dma))
 }
 
+/// `VGPU_CONNECT_TIMEOUT`, or the default.
+fn connect_timeout() -> Result<Duration, OpenError> {
+    match std::env::var(ENV_CONNECT_TIMEOUT) {
+        Err(_) => Ok(DEFAULT_CONNECT_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or(OpenError::Setting {
+                name: ENV_CONNECT_TIMEOUT,
+                value: v,
+                form: "a number of seconds (e.g. 5 or 0.5)",
+            }),
+    }
+}
+
+/// Whether a failed connect may succeed once a fresh worker listens: nothing listens yet,
+/// the link is being replaced, or the worker went away mid-handshake.
+fn worth_waiting(e: &ProcessError) -> bool {
+    match e {
+        ProcessError::Connect { source, .. } => matches!(
+            source.kind(),
+            ErrorKind::NotFound
+                | ErrorKind::ConnectionRefused
+                | ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+        ),
+        ProcessError::Handshake { .. } => true,
+        _ => false,
+    }
+}
+
+/// What a connect that kept failing means, in the tenant's terms.
+fn why_no_worker(e: &ProcessError) -> String {
+    match e {
+        ProcessError::Connect { source, .. } if source.kind() == ErrorKind::NotFound => {
+            "the socket does not exist: VGPU_SOCKET must name the vgpu.sock in the directory \
+             the operator handed over; when it did exist, the vGPU was deleted"
+                .into()
+        }
+        ProcessError::Connect { source, .. } => format!(
+            "{source}: the vGPU's worker is not running and no fresh one started; the vGPU \
+             may have failed or been deleted, or vgpud is not running: ask the operator \
+             (`vgpuctl vgpu get ID` shows its state)"
+        ),
+        other => format!("{other}: the vGPU's worker went away during the handshake"),
+    }
+}
+
+/// Connects to the worker at `path`, waiting up to `wait` for one to answer.
+fn connect_waiting(
+    path: &Path,
+    opts: Options,
+    wait: Duration,
+) -> Result<ProcessTransport, OpenError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    let mut logged = false;
+    loop {
+        let e = match ProcessTransport::connect_with(path, opts) {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        if let ProcessError::Connect { source, .. } = &e {
+            if source.kind() == ErrorKind::PermissionDenied {
+                // SAFETY: getuid and getgid have no preconditions and cannot fail.
+                let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+                return Err(OpenError::Denied {
+                    path: path.into(),
+                    uid,
+                    gid,
+                });
+            }
+        }
+        let waited = start.elapsed();
+        if !worth_waiting(&e) {
+            return Err(e.into());
+        }
+        if waited >= wait {
+            return Err(OpenError::NoWorker {
+                path: path.into(),
+                waited: waited.as_secs_f64(),
+                why: why_no_worker(&e),
+            });
+        }
+        if !logged {
+            tracing::info!(socket = %path.display(), error = %e,
+                "the vGPU's worker does not answer yet; waiting for it");
+            logged = true;
+        }
+        std::thread::sleep(pause.min(wait - waited));
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
 impl AnyTransport {
     /// Opens the transport the environment selects.
     pub fn open() -> Result<Self, OpenError> {
@@ -116,9 +255,8 @@ impl AnyTransport {
                 opts.pool_bytes = mb.max(1) << 20;
             }
             let path = PathBuf::from(socket);
-            return Ok(AnyTransport::Process(ProcessTransport::connect_with(
-                &path, opts,
-            )?));
+            let wait = connect_timeout()?;
+            return Ok(AnyTransport::Process(connect_waiting(&path, opts, wait)?));
         }
         let (paths, base, dma) = linux_setup()?;
         Ok(AnyTransport::Linux(LinuxTransport::open(

@@ -144,6 +144,11 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
     (3, c"CUDA_ERROR_NOT_INITIALIZED", c"initialization error"),
     (4, c"CUDA_ERROR_DEINITIALIZED", c"driver shutting down"),
     (
+        46,
+        c"CUDA_ERROR_DEVICE_UNAVAILABLE",
+        c"CUDA-capable device(s) is/are busy or unavailable",
+    ),
+    (
         100,
         c"CUDA_ERROR_NO_DEVICE",
         c"no CUDA-capable device is detected",

@@ -72,19 +72,42 @@ fn a_c_program_runs_on_the_installed_library() {
         "the C program failed: {stdout}{stderr}"
     );
     assert_eq!(stdout.trim(), "ok");
-    // Without a worker behind VGPU_SOCKET: no device, no abort.
+    // Without a worker behind VGPU_SOCKET: no device after the connect timeout, no abort,
+    // and the log says where it looked and for how long.
+    let started = std::time::Instant::now();
     let out = Command::new(&exe)
         .arg("nodevice")
         .env("VGPU_SOCKET", prefix.join("no-such.sock"))
+        .env("VGPU_CONNECT_TIMEOUT", "0.5")
         .env("LD_LIBRARY_PATH", &libdir)
         .output()
         .expect("run the C program");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(500),
+        "cuInit waited for a worker"
+    );
+    assert!(
+        stderr.contains("no vGPU worker answers on")
+            && stderr.contains("VGPU_CONNECT_TIMEOUT")
+            && stderr.contains("the socket does not exist"),
+        "{stderr}"
+    );
+    // Without VGPU_SOCKET, outside a VM: the message names the variable to set.
+    let out = Command::new(&exe)
+        .arg("nodevice")
+        .env_remove("VGPU_SOCKET")
+        .env("LD_LIBRARY_PATH", &libdir)
+        .output()
+        .expect("run the C program");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("VGPU_SOCKET is not set") && stderr.contains("docs/tenants.md"),
+        "{stderr}"
+    );
     // The program linked against the installed name.
     let ldd = Command::new("ldd")
         .arg(&exe)

@@ -54,6 +54,12 @@ int main(int argc, char **argv) {
         CHECK(cuInit(0), CUDA_ERROR_NO_DEVICE);
         CHECK(cuInit(0), CUDA_ERROR_NO_DEVICE);
         CHECK(cuDeviceGetCount(&v), CUDA_ERROR_NOT_INITIALIZED);
+        /* What every call answers once the vGPU is deleted has a name and a text. */
+        const char *text = NULL;
+        OK(cuGetErrorName(CUDA_ERROR_DEVICE_UNAVAILABLE, &text));
+        EXPECT(text && strcmp(text, "CUDA_ERROR_DEVICE_UNAVAILABLE") == 0);
+        OK(cuGetErrorString(CUDA_ERROR_DEVICE_UNAVAILABLE, &text));
+        EXPECT(text && strstr(text, "unavailable"));
         printf("ok\n");
         return 0;
     }
