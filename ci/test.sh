@@ -26,4 +26,6 @@ if command -v cargo-fuzz >/dev/null && rustup toolchain list 2>/dev/null | grep 
 else
     echo "skipped: cargo-fuzz or the nightly toolchain is missing (cargo install cargo-fuzz; rustup toolchain install nightly)"
 fi
+echo "== the Debian package: build, dpkg -i, vgpud from the installed unit's command line, a VM, a C program, dpkg -P"
+./ci/package-test.sh
 echo "== all tests passed"

@@ -2,15 +2,16 @@
 # Builds what a run on the GPU machine needs (it has no cargo) and lays it out in one
 # git-ignored folder, stripped, with stable names:
 #
-#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-bench, vgpu-storage-bench,
-#                                   vgpu-native-load (the sharing step's native anchor)
+#   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-cuda, vgpu-bench,
+#                                   vgpu-storage-bench, vgpu-native-load (the sharing step's
+#                                   native anchor)
 #   gpu-bundle/tests/<test target>  the release test binaries the suite runs, named by their
 #                                   cargo target name; a name two packages share gets
 #                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests)
 #   gpu-bundle/payloads/            the payload guests (VGPU_PAYLOAD_DIR)
 #   gpu-bundle/kernels/             the CUDA C sources, committed PTX and build-ptx.sh
-#   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the cuda-programs step installs it
-#                                   as libcuda.so.1)
+#   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the steps install it with
+#                                   `bin/vgpu-cuda install`, as libcuda.so.1 and libcuda.so)
 #   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources, and the
 #                                   cuda-shares step's (vecloop)
 #   gpu-bundle/fuzz/                the fuzz targets, when they were built (see below)
@@ -30,7 +31,7 @@ out="${1:-$root/gpu-bundle}"
 target="${CARGO_TARGET_DIR:-$root/target}"
 max_mib="${BUNDLE_MAX_MIB:-64}"
 
-programs=(vmm vgpud vgpu-worker vgpuctl vgpu-bench vgpu-storage-bench vgpu-native-load)
+programs=(vmm vgpud vgpu-worker vgpuctl vgpu-cuda vgpu-bench vgpu-storage-bench vgpu-native-load)
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration

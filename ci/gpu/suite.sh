@@ -187,8 +187,7 @@ step_cuda-programs() {
     [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
     [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
     stubs=$(dirname "$stubs")
-    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
-    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
     "$nvcc" -ptx -o "$d/vecadd.ptx" "$src/vecadd.cu" || return 1
     "$nvcc" -cubin -arch=sm_90 -o "$d/vecadd.cubin" "$src/vecadd.cu" || return 1
     # Linked against the toolkit's stub (soname libcuda.so.1): the loader then picks the
@@ -235,8 +234,7 @@ step_cuda-api-bench() {
     [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
     [[ -n "$stubs" ]] || { echo "== no libcuda to link against"; return 1; }
     stubs=$(dirname "$stubs")
-    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
-    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
     gcc -std=c11 -Wall -O2 -I "$home/include" "$src/globals.c" -o "$d/globals" \
         -L "$stubs" -lcuda || { echo "== globals: FAIL (does not build)"; rc=1; }
     if "$d/globals" >"$d/globals-native.log" 2>&1 && grep -q 'GLOBALS OK' "$d/globals-native.log"; then
@@ -331,8 +329,7 @@ step_cuda-shares() {
     [[ -n "$stubs" ]] || stubs=$(ldconfig -p | awk '/libcuda\.so(\.1)? / { print $NF; exit }')
     [[ -n "$stubs" ]] || { echo "== FAIL: no libcuda to link against"; return 1; }
     stubs=$(dirname "$stubs")
-    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
-    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
     "$nvcc" -ptx -o "$d/vecloop.ptx" "$src/vecloop.cu" || { echo "== FAIL: nvcc"; return 1; }
     gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecloop.c" -o "$d/vecloop" \
         -L "$stubs" -lcuda || { echo "== FAIL: gcc"; return 1; }

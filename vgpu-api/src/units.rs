@@ -1,8 +1,20 @@
 //! Sizes, bandwidths and shares as people write them on command lines.
 
 /// A size with an optional binary suffix: `4096`, `64K`, `512M`, `1G`, `2GiB`, `1T`.
+/// `8GB` is refused: it means 8e9 bytes to some and 8 GiB to others.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if let Some(num) = t
+        .strip_suffix("B")
+        .filter(|n| n.chars().last().is_some_and(|c| "kKmMgGtT".contains(c)))
+    {
+        let (n, unit) = num.split_at(num.len() - 1);
+        let unit = unit.to_ascii_uppercase();
+        return Err(format!(
+            "{s:?}: {unit}B is ambiguous (decimal or binary); sizes here are binary: write {n}{unit} or {n}{unit}iB for {n} {unit}iB ({n} x 2^{}), or the number of bytes",
+            match unit.as_str() { "K" => 10, "M" => 20, "G" => 30, _ => 40 }
+        ));
+    }
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix('B'))
@@ -128,6 +140,11 @@ mod tests {
         assert!(parse_size("99999999999T").is_err());
         assert_eq!(parse_bandwidth("12G"), Ok(12_000_000_000));
         assert_eq!(parse_bandwidth("1.5GB/s"), Ok(1_500_000_000));
+        let e = parse_size("8GB").expect_err("8GB is ambiguous");
+        assert!(e.contains("write 8G or 8GiB"), "{e}");
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("512B"), Ok(512));
         assert_eq!(parse_bandwidth("0"), Ok(0));
         assert!(parse_bandwidth("-1G").is_err());
         assert!(parse_bandwidth("fast").is_err());

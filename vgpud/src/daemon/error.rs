@@ -35,6 +35,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, None, error)
     }
 
+    /// 403: a peer this request needed (another vgpud) refused the credentials given for it.
+    pub fn forbidden(field: &str, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, Some(field), error)
+    }
+
     /// 404: no such object.
     pub fn not_found(field: &str, error: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, Some(field), error)
@@ -138,9 +143,9 @@ impl std::fmt::Display for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
-            tracing::warn!(status = self.status.as_u16(), field = ?self.field, error = %self.error, "request failed");
+            tracing::warn!(status = self.status.as_u16(), field = self.field.as_deref(), error = %self.error, "request failed");
         } else {
-            tracing::debug!(status = self.status.as_u16(), field = ?self.field, error = %self.error, "request rejected");
+            tracing::debug!(status = self.status.as_u16(), field = self.field.as_deref(), error = %self.error, "request rejected");
         }
         (self.status, Json(self.body())).into_response()
     }
@@ -180,7 +185,7 @@ pub enum DaemonError {
     TokenRequired { addr: String },
     #[error("cannot read the token file {path}: {why}")]
     Token { path: PathBuf, why: String },
-    #[error("{name} not found at {path}; build it (`cargo build -p {package} --bin {name}`) or point {flag} at it")]
+    #[error("{name} not found at {path}: vgpud starts it from beside its own program; install it there (the vgpu package installs both in /usr/bin; from source: `cargo build -p {package}`), or point {flag} at it")]
     MissingBinary {
         name: &'static str,
         package: &'static str,

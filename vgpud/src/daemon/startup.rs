@@ -131,7 +131,7 @@ fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
         if !path.is_file() {
             return Err(DaemonError::MissingBinary {
                 name,
-                package: if name == "vmm" { "vmm" } else { "vgpud" },
+                package: name,
                 path: path.clone(),
                 flag,
             });

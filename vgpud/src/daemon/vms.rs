@@ -83,9 +83,12 @@ impl Daemon {
                     format!("{} is not a regular file; give a payload ELF", path.display()),
                 ))
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !p.contains('/') => {
+                return Err(ApiError::bad("payload", self.no_such_payload(p)))
+            }
             Err(e) => return Err(ApiError::bad(
                 "payload",
-                format!("cannot read payload {}: {e}; check the path (build payloads with `cargo run -p payload-build -- --out DIR`)", path.display()),
+                format!("cannot read payload {}: {e}; check the path (list the payloads vgpud has with GET /v1/payloads)", path.display()),
             )),
         }
         let mut magic = [0u8; 4];
@@ -101,6 +104,28 @@ impl Daemon {
                 ),
             )),
         }
+    }
+
+    /// Why bare payload name `p` is not in `--payload-dir`: the names there, and the one
+    /// meant when `p` is close to one.
+    fn no_such_payload(&self, p: &str) -> String {
+        let dir = self
+            .cfg
+            .payload_dir
+            .as_deref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        let names: Vec<String> = self.payloads().into_iter().map(|x| x.name).collect();
+        if names.is_empty() {
+            return format!("no payload {p:?}: vgpud's --payload-dir {dir} holds no payload ELFs");
+        }
+        let meant = closest(p, &names)
+            .map(|n| format!("did you mean {n:?}? "))
+            .unwrap_or_default();
+        format!(
+            "no payload {p:?} in vgpud's --payload-dir {dir}; {meant}payloads there: {}",
+            names.join(", ")
+        )
     }
 
     /// The payload ELFs in `--payload-dir` (none without one), each described from the
@@ -585,4 +610,46 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
         rec.state = VgpuState::Attached;
     }
     Ok(())
+}
+
+/// The name in `names` closest to `given` when it is close enough to be a typo (an edit
+/// distance of at most a third of its length, at least 1), or one `given` starts or ends.
+fn closest<'a>(given: &str, names: &'a [String]) -> Option<&'a str> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut prev = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let here = row[j + 1];
+                row[j + 1] = (prev + usize::from(ca != *cb))
+                    .min(row[j] + 1)
+                    .min(here + 1);
+                prev = here;
+            }
+        }
+        row[b.len()]
+    };
+    let lower = given.to_ascii_lowercase();
+    names
+        .iter()
+        .map(|n| (distance(&lower, &n.to_ascii_lowercase()), n))
+        .filter(|(d, n)| {
+            *d <= (n.len() / 3).max(1) || n.starts_with(&lower) || lower.starts_with(n.as_str())
+        })
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, n)| n.as_str())
+}
+
+#[cfg(test)]
+mod payload_name_tests {
+    #[test]
+    fn a_mistyped_payload_name_finds_the_one_meant() {
+        let names: Vec<String> = ["hello", "vecadd", "gpu-load"].map(String::from).into();
+        assert_eq!(super::closest("vecad", &names), Some("vecadd"));
+        assert_eq!(super::closest("gpuload", &names), Some("gpu-load"));
+        assert_eq!(super::closest("Hello", &names), Some("hello"));
+        assert_eq!(super::closest("storage", &names), None);
+    }
 }

@@ -69,6 +69,16 @@ const FLAGS: &[(Context, &str, &str)] = &[
     (Context::Migrate, "max_downtime_ms", "--max-downtime-ms"),
 ];
 
+/// Requests on one object that vgpud's hints name with its id (`DELETE /v1/vms/3`) → the
+/// vgpuctl command that makes them (`ID` stands for the id).
+const ID_COMMANDS: &[(&str, &str)] = &[
+    ("DELETE /v1/vms/", "`vgpuctl vm delete ID`"),
+    ("DELETE /v1/vgpus/", "`vgpuctl vgpu delete ID`"),
+    ("GET /v1/vms/", "`vgpuctl vm show ID`"),
+    ("GET /v1/vgpus/", "`vgpuctl vgpu show ID`"),
+    ("GET /v1/migrations/", "`vgpuctl migration show ID`"),
+];
+
 /// Endpoints that vgpud's hints name → the vgpuctl command that reads them (longest
 /// first, so `/v1/migrations/{id}` wins over `/v1/migrations`).
 const COMMANDS: &[(&str, &str)] = &[
@@ -86,6 +96,23 @@ const COMMANDS: &[(&str, &str)] = &[
 /// `text` with the endpoints it names as the vgpuctl commands that read them.
 fn cli_commands(text: &str) -> String {
     let mut out = text.to_owned();
+    for (prefix, command) in ID_COMMANDS {
+        let mut done = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(i) = rest.find(prefix) {
+            let after = &rest[i + prefix.len()..];
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            done.push_str(&rest[..i]);
+            if digits > 0 {
+                done.push_str(&command.replace("ID", &after[..digits]));
+            } else {
+                done.push_str(prefix);
+            }
+            rest = &after[digits..];
+        }
+        done.push_str(rest);
+        out = done;
+    }
     for (endpoint, command) in COMMANDS {
         out = out.replace(endpoint, command);
     }
@@ -150,6 +177,16 @@ fn replace_word(text: &str, word: &str, by: &str) -> String {
 /// The message a CLI user sees for `e`, made by a `ctx` command.
 pub fn message(ctx: Context, e: &ClientError) -> String {
     match e {
+        ClientError::NotRunning { endpoint, why } if why.contains("ermission denied") => format!(
+            "vgpud's socket {endpoint} is not open to this user ({why}): the service's socket belongs to root; run vgpuctl as root (sudo vgpuctl ...)"
+        ),
+        ClientError::NotRunning { endpoint, why } => format!(
+            "vgpud is not running at {endpoint} ({why}): start it (`systemctl start vgpud` where the package is installed, `vgpud` otherwise), or point --socket/--url at it"
+        ),
+        ClientError::Api { body, .. } if body.field.as_deref() == Some("destination.token") => format!(
+            "--to-token-file: {}: pass --to-token-file FILE with the token the destination vgpud was started with (its --token-file; this vgpud's own is --token-file)",
+            body.error
+        ),
         ClientError::Api { status: 401, .. } => "vgpud refused the request (401): it needs its bearer token; pass --token-file FILE (or set VGPUD_TOKEN_FILE) with the token vgpud was started with".into(),
         ClientError::Api { status, body } => {
             let body = &vgpu_api::api::ErrorBody {
@@ -292,6 +329,44 @@ mod tests {
             m.ends_with("follow `vgpuctl migration list` (vgpud answered 409)"),
             "{m}"
         );
+        let m = message(
+            Context::Other,
+            &api(
+                409,
+                Some("id"),
+                "vGPU 5 is in use by running VM 3; DELETE /v1/vms/3 first",
+            ),
+        );
+        assert!(
+            m.contains("use by running VM 3; `vgpuctl vm delete 3` first"),
+            "{m}"
+        );
+        assert!(!m.contains("/v1/"), "{m}");
+        let m = message(
+            Context::Migrate,
+            &api(
+                403,
+                Some("destination.token"),
+                "the destination vgpud refused the VM: the destination's bearer token is missing or wrong",
+            ),
+        );
+        assert!(
+            m.starts_with("--to-token-file: the destination vgpud refused"),
+            "{m}"
+        );
+        assert!(m.contains("pass --to-token-file FILE"), "{m}");
+        let m = message(
+            Context::Other,
+            &ClientError::NotRunning {
+                endpoint: "/run/vgpud/vgpud.sock".into(),
+                why: "Permission denied (os error 13)".into(),
+            },
+        );
+        assert!(
+            m.contains("not open to this user") && m.contains("sudo"),
+            "{m}"
+        );
+        assert!(!m.contains("not running"), "{m}");
         assert_eq!(
             replace_word("a memory_bytes_x b", "memory_bytes", "--x"),
             "a memory_bytes_x b"

@@ -34,8 +34,10 @@ use crate::vm::VmCmd;
 #[derive(Parser, Debug)]
 #[command(name = "vgpuctl", version)]
 struct Cli {
-    /// vgpud's unix socket [default: $XDG_RUNTIME_DIR/vgpud/vgpud.sock or /tmp/vgpud-$UID/vgpud.sock].
-    #[arg(long, global = true, env = "VGPUD_SOCKET", conflicts_with = "url")]
+    /// vgpud's unix socket [default: $VGPUD_SOCKET, else the first that exists of
+    /// $XDG_RUNTIME_DIR/vgpud/vgpud.sock (or /tmp/vgpud-$UID/vgpud.sock) and the service's
+    /// /run/vgpud/vgpud.sock].
+    #[arg(long, global = true, conflicts_with = "url")]
     socket: Option<PathBuf>,
     /// vgpud over TCP, e.g. http://127.0.0.1:7070 (needs --token-file).
     #[arg(long, global = true, env = "VGPUD_URL")]
@@ -102,9 +104,29 @@ fn client(cli: &Cli) -> Result<Client, ClientError> {
     let endpoint = match (&cli.url, &cli.socket) {
         (Some(u), _) => Endpoint::from_url(u)?,
         (None, Some(s)) => Endpoint::Unix(s.clone()),
-        (None, None) => Endpoint::Unix(default_socket()),
+        (None, None) => Endpoint::Unix(implied_socket()),
     };
     Ok(Client::new(endpoint, token))
+}
+
+/// The service's socket (packaging/vgpud.service).
+const SERVICE_SOCKET: &str = "/run/vgpud/vgpud.sock";
+
+/// The socket when neither --socket nor --url is given: `VGPUD_SOCKET` (read here, not by
+/// clap, so that an exported variable never conflicts with --url), else the user's own
+/// vgpud, else the service's.
+fn implied_socket() -> PathBuf {
+    if let Some(s) = std::env::var_os("VGPUD_SOCKET").filter(|s| !s.is_empty()) {
+        return PathBuf::from(s);
+    }
+    let own = default_socket();
+    let service = std::path::Path::new(SERVICE_SOCKET);
+    // The service's directory is root's (0700): the socket may exist yet be invisible.
+    let service_there = service.parent().is_some_and(|d| d.exists());
+    if !own.exists() && service_there {
+        return service.to_path_buf();
+    }
+    own
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {

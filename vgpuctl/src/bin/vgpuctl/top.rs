@@ -3,7 +3,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use vgpu_api::api::{Gpu, Vgpu, VgpuStats};
+use vgpu_api::api::{Attach, Gpu, Vgpu, VgpuState, VgpuStats, Vm};
 use vgpu_api::client::{Client, ClientError};
 use vgpu_api::units::human_bytes;
 
@@ -106,9 +106,121 @@ fn gpu_line(g: &Gpu, vgpus: &[Vgpu], stats: &[VgpuStats]) -> String {
     )
 }
 
+/// The width to fit: the terminal's columns (or `$COLUMNS`), None for a pipe without
+/// `$COLUMNS`.
+fn width(tty: bool) -> Option<usize> {
+    if tty {
+        // SAFETY: an all-zero winsize is a valid value for the ioctl to overwrite.
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: TIOCGWINSZ writes one winsize to the valid pointer; fd 1 is open.
+        if unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
+            return Some(usize::from(ws.ws_col));
+        }
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse().ok())
+        .filter(|c| *c > 0)
+}
+
+/// `line` cut to `width` characters, its end replaced by `…` when cut.
+fn elide(line: &str, width: Option<usize>) -> String {
+    match width {
+        Some(w) if line.chars().count() > w => {
+            let mut out: String = line.chars().take(w.saturating_sub(1)).collect();
+            out.push('…');
+            out
+        }
+        _ => line.to_owned(),
+    }
+}
+
+/// Columns of the vGPU table, in the order shown; `drop` ranks which go first when the
+/// table is wider than the terminal (0: never).
+const COLUMNS: &[(&str, u8)] = &[
+    ("VGPU", 0),
+    ("VM", 0),
+    ("OWNER", 8),
+    ("STATE", 0),
+    ("GPU", 7),
+    ("UTIL", 0),
+    ("", 1),
+    ("SHARE", 9),
+    ("COPY", 3),
+    ("MEM SHARE", 6),
+    ("USED", 10),
+    ("RESIDENT", 4),
+    ("SWAPPED", 5),
+    ("KERNELS", 2),
+    ("NAME", 11),
+];
+
+/// Who uses vGPU `v`: its VM (id and name) or its process owner.
+fn user(v: &Vgpu, vms: &[Vm]) -> (String, String) {
+    match (v.attach, v.vm) {
+        (Attach::Process, _) => {
+            let id = |x: Option<u32>| x.map_or("-".into(), |i| i.to_string());
+            (
+                "process".into(),
+                format!("{}:{}", id(v.owner_uid), id(v.owner_gid)),
+            )
+        }
+        (Attach::Vm, Some(id)) => {
+            let name = vms.iter().find(|m| m.id == id).and_then(|m| m.name.clone());
+            let vm = match name {
+                Some(n) => format!("{id} {n}"),
+                None => id.to_string(),
+            };
+            (vm, "-".into())
+        }
+        (Attach::Vm, None) => ("-".into(), "-".into()),
+    }
+}
+
+/// The state of `v` in a few words.
+fn short_state(v: &Vgpu) -> String {
+    match &v.state {
+        VgpuState::Failed { .. } => "failed".into(),
+        other => crate::output::vgpu_state(other),
+    }
+}
+
+/// The vGPU table fitted to `width`: the lowest-ranked columns go until it fits, then
+/// each line is cut.
+fn fitted_table(rows: Vec<Vec<String>>, width: Option<usize>) -> String {
+    let mut keep: Vec<usize> = (0..COLUMNS.len()).collect();
+    let render = |keep: &[usize]| {
+        let headers: Vec<&str> = keep.iter().map(|&i| COLUMNS[i].0).collect();
+        let rows = rows
+            .iter()
+            .map(|r| keep.iter().map(|&i| r[i].clone()).collect())
+            .collect();
+        table(&headers, rows)
+    };
+    let mut out = render(&keep);
+    if let Some(w) = width {
+        let mut ranks: Vec<(u8, usize)> = COLUMNS
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, d))| *d > 0)
+            .map(|(i, (_, d))| (*d, i))
+            .collect();
+        ranks.sort();
+        for (_, i) in ranks {
+            if out.lines().all(|l| l.chars().count() <= w) {
+                break;
+            }
+            keep.retain(|k| *k != i);
+            out = render(&keep);
+        }
+    }
+    out.lines().map(|l| elide(l, width) + "\n").collect()
+}
+
 fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientError> {
     let vgpus = c.vgpus()?;
     let gpus = c.gpus()?;
+    let vms = c.vms()?;
     let mut stats = Vec::new();
     for v in vgpus.iter().filter(|v| v.worker_pid.is_some()) {
         match c.vgpu_stats(v.id) {
@@ -117,73 +229,93 @@ fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientErr
             Err(e) => return Err(e),
         }
     }
+    let w = width(tty);
     let mut out = String::new();
     if tty {
         out.push_str("\x1b[H\x1b[2J");
     }
-    out.push_str(&format!(
-        "vgpuctl top — {}  ({} GPUs, {} live vGPUs; every {} ms{})\n\n",
+    let shown: Vec<&Vgpu> = vgpus
+        .iter()
+        .filter(|v| v.state != VgpuState::Released)
+        .collect();
+    let running = vms.iter().filter(|v| v.state.is_live()).count();
+    let head = format!(
+        "vgpuctl top — {}  ({} GPUs, {} vGPUs, {} running VMs; every {} ms{})",
         c.endpoint(),
         gpus.len(),
-        stats.len(),
+        shown.len(),
+        running,
         interval.as_millis(),
         if tty { "; q quits" } else { "" }
-    ));
+    );
+    out.push_str(&elide(&head, w));
+    out.push_str("\n\n");
     for g in &gpus {
-        out.push_str(&gpu_line(g, &vgpus, &stats));
+        out.push_str(&elide(gpu_line(g, &vgpus, &stats).trim_end(), w));
+        out.push('\n');
     }
     out.push('\n');
-    out.push_str(&table(
-        &[
-            "VGPU",
-            "GPU",
-            "UTIL",
-            "",
-            "SHARE",
-            "COPY",
-            "MEM SHARE",
-            "USED",
-            "RESIDENT",
-            "SWAPPED",
-            "KERNELS",
-            "NAME",
-        ],
-        stats
-            .iter()
-            .map(|s| {
-                let filled = ((s.compute_utilization.clamp(0.0, 1.0)) * 20.0).round() as usize;
-                vec![
-                    s.vgpu.to_string(),
-                    s.gpu.to_string(),
-                    pct(s.compute_utilization),
-                    format!("[{}{}]", "#".repeat(filled), ".".repeat(20 - filled)),
-                    pct(s.compute_share),
-                    s.copy_utilization.map_or("-".into(), pct),
-                    human_bytes(s.memory_share_bytes),
-                    human_bytes(s.memory_used_bytes),
-                    human_bytes(s.memory_resident_bytes),
-                    human_bytes(s.memory_swapped_bytes),
-                    s.kernels.to_string(),
-                    vgpus
-                        .iter()
-                        .find(|v| v.id == s.vgpu)
-                        .and_then(|v| v.name.clone())
-                        .unwrap_or_else(|| "-".into()),
-                ]
-            })
-            .collect(),
-    ));
+    let rows = shown
+        .iter()
+        .map(|v| {
+            let (vm, owner) = user(v, &vms);
+            let s = stats.iter().find(|s| s.vgpu == v.id);
+            let num = |f: &dyn Fn(&VgpuStats) -> String| s.map_or("-".into(), f);
+            let filled = s.map_or(0, |s| {
+                (s.compute_utilization.clamp(0.0, 1.0) * 20.0).round() as usize
+            });
+            vec![
+                v.id.to_string(),
+                vm,
+                owner,
+                short_state(v),
+                v.gpu.to_string(),
+                num(&|s| pct(s.compute_utilization)),
+                format!("[{}{}]", "#".repeat(filled), ".".repeat(20 - filled)),
+                pct(v.compute_share),
+                num(&|s| s.copy_utilization.map_or("-".into(), pct)),
+                human_bytes(v.memory_bytes),
+                num(&|s| human_bytes(s.memory_used_bytes)),
+                num(&|s| human_bytes(s.memory_resident_bytes)),
+                num(&|s| human_bytes(s.memory_swapped_bytes)),
+                num(&|s| s.kernels.to_string()),
+                v.name.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    out.push_str(&fitted_table(rows, w));
     Ok(out)
 }
 
-/// Refreshes every `interval` until `q` or Ctrl-C, or `count` times (0 = no limit).
+/// Whether `e` means vgpud is away for now (stopped, restarting): `top` waits for it.
+fn away(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::NotRunning { .. } | ClientError::Io { .. } | ClientError::Protocol(_)
+    )
+}
+
+/// Refreshes every `interval` until `q` or Ctrl-C, or `count` times (0 = no limit). While
+/// vgpud is away (a restart) it says so and keeps trying.
 pub fn top(c: &Client, interval: Duration, count: u64) -> Result<(), ClientError> {
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let input = if tty { RawInput::new() } else { None };
     let mut n = 0;
     loop {
         let start = Instant::now();
-        let out = screen(c, interval, tty)?;
+        let out = match screen(c, interval, tty) {
+            Ok(out) => out,
+            Err(e) if away(&e) => {
+                let line = format!(
+                    "vgpuctl top — vgpud at {} does not answer ({e}); trying again every {} ms",
+                    c.endpoint(),
+                    interval.as_millis()
+                );
+                let clear = if tty { "\x1b[H\x1b[2J" } else { "" };
+                format!("{clear}{}\n", elide(&line, width(tty)))
+            }
+            Err(e) => return Err(e),
+        };
         print!("{out}");
         let _ = std::io::stdout().flush();
         n += 1;
@@ -199,5 +331,28 @@ pub fn top(c: &Client, interval: Duration, count: u64) -> Result<(), ClientError
             }
             None => std::thread::sleep(wait),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_narrow_terminal_gets_the_main_columns_and_no_line_wider_than_it() {
+        let row: Vec<String> = COLUMNS.iter().map(|(h, _)| format!("{h}-value")).collect();
+        let full = fitted_table(vec![row.clone()], None);
+        assert!(full.contains("KERNELS") && full.contains("NAME"), "{full}");
+        for w in [40, 60, 80, 120] {
+            let t = fitted_table(vec![row.clone()], Some(w));
+            assert!(t.lines().all(|l| l.chars().count() <= w), "{w}: {t}");
+            assert!(t.starts_with("VGPU"), "{w}: {t}");
+        }
+        let t = fitted_table(vec![row], Some(80));
+        for col in ["VM", "STATE", "UTIL"] {
+            assert!(t.contains(col), "{col} kept at 80 columns: {t}");
+        }
+        assert_eq!(elide("abcdef", Some(4)), "abc…");
+        assert_eq!(elide("abc", Some(4)), "abc");
     }
 }

@@ -62,11 +62,26 @@ pub fn vgpu_id(c: &Client, given: &str) -> Result<u32, Failure> {
     }
     let all = c.vgpus()?;
     let named = || all.iter().filter(|v| v.name.as_deref() == Some(given));
-    named()
+    if let Some(v) = named()
         .find(|v| !matches!(v.state, VgpuState::Released | VgpuState::Failed { .. }))
         .or_else(|| named().max_by_key(|v| v.id))
-        .map(|v| v.id)
-        .ok_or_else(|| Failure::usage(format!("no vGPU is named {given:?} (vgpuctl vgpu list)")))
+    {
+        return Ok(v.id);
+    }
+    // A VM's name stands for the VM's vGPU (a VM's own vGPU has no name of its own).
+    let vms = c.vms()?;
+    let vm = vms
+        .iter()
+        .filter(|v| v.name.as_deref() == Some(given))
+        .max_by_key(|v| (v.state.is_live(), v.id));
+    match vm {
+        Some(vm) => vm
+            .vgpu
+            .ok_or_else(|| Failure::usage(format!("VM {given:?} (VM {}) has no vGPU", vm.id))),
+        None => Err(Failure::usage(format!(
+            "no vGPU or VM is named {given:?} (vgpuctl vgpu list, vgpuctl vm list)"
+        ))),
+    }
 }
 
 /// A label given as `KEY=VALUE`.

@@ -11,7 +11,7 @@ use vgpu_api::units::{parse_share_fraction, parse_size};
 
 use crate::errors::{code, Context, Failure};
 use crate::migrate::{follow_migration, MigrateArgs};
-use crate::output::{emit, vm_rows};
+use crate::output::{emit, stats_rows, vm_rows};
 
 #[derive(Subcommand, Debug)]
 pub enum VmCmd {
@@ -79,6 +79,11 @@ pub enum VmCmd {
         #[arg(long)]
         wait: bool,
     },
+    /// Utilization and memory of a VM's vGPU (as `vgpu stats`).
+    Stats {
+        /// The VM's id or name.
+        id: String,
+    },
     /// Stop and remove a VM.
     Delete {
         /// The VM's id or name.
@@ -145,6 +150,42 @@ fn vm_exit(vm: &Vm) -> ExitCode {
             eprintln!("vgpuctl: VM {} still runs", vm.id);
             ExitCode::from(code::STILL_RUNNING)
         }
+    }
+}
+
+/// Lines of the console `wait` shows for a VM that did not exit 0.
+const TAIL_LINES: usize = 10;
+
+/// For a VM that ended other than with exit code 0: the end of its console on stderr,
+/// where the guest says why.
+fn console_tail(c: &Client, vm: &Vm) {
+    let ended_badly = match &vm.state {
+        VmState::Exited { code } => *code != 0,
+        VmState::Failed { .. } => true,
+        _ => false,
+    };
+    if !ended_badly {
+        return;
+    }
+    let Ok(bytes) = c.console(vm.id, 0) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return;
+    }
+    let from = lines.len().saturating_sub(TAIL_LINES);
+    let what = match &vm.state {
+        VmState::Exited { code } => format!("exited with code {code}"),
+        _ => "failed".into(),
+    };
+    eprintln!(
+        "vgpuctl: VM {} {what}; the end of its console (all of it: vgpuctl vm console {}):",
+        vm.id, vm.id
+    );
+    for l in &lines[from..] {
+        eprintln!("  | {l}");
     }
 }
 
@@ -281,9 +322,20 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             if wait {
                 let vm = wait_vm(c, vm.id, Duration::from_secs(u64::MAX / 4))?;
                 emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
+                console_tail(c, &vm);
                 return Ok(vm_exit(&vm));
             }
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
+        }
+        VmCmd::Stats { id } => {
+            let id = vm_id(c, &id)?;
+            let vm = c.vm(id)?;
+            let vgpu = vm
+                .vgpu
+                .ok_or_else(|| Failure::usage(format!("VM {id} has no vGPU")))?;
+            emit(json, &c.vgpu_stats(vgpu)?, |s| {
+                stats_rows(std::slice::from_ref(s))
+            })
         }
         VmCmd::Delete { id } => {
             let id = vm_id(c, &id)?;
@@ -315,6 +367,7 @@ pub fn run(c: &Client, json: bool, cmd: VmCmd) -> Result<ExitCode, Failure> {
             let id = vm_id(c, &id)?;
             let vm = wait_vm(c, id, Duration::from_secs(timeout_s))?;
             emit(json, &vm, |v| vm_rows(std::slice::from_ref(v)));
+            console_tail(c, &vm);
             return Ok(vm_exit(&vm));
         }
         VmCmd::Migrate {
@@ -363,6 +416,11 @@ fn host_request(
     let (socket, url) = if let Some(p) = to.strip_prefix("unix:") {
         (Some(p.to_owned()), None)
     } else if to.starts_with("http://") {
+        if token.is_none() {
+            return Err(Failure::usage(format!(
+                "--to {to}: a vgpud over TCP takes requests only with its token: pass --to-token-file FILE with the destination vgpud's token (--token-file is this vgpud's own)"
+            )));
+        }
         (None, Some(to.to_owned()))
     } else {
         return Err(Failure::from(vgpu_api::client::ClientError::Usage(

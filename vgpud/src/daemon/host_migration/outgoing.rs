@@ -96,6 +96,11 @@ fn destination(req: &VmMigrateRequest) -> Result<(Client, String, Option<String>
 /// The destination's refusal, as this daemon answers it.
 fn refused(e: ClientError) -> ApiError {
     match &e {
+        // Not this daemon's 401: the token the request carried for the destination.
+        ClientError::Api { status: 401, .. } => ApiError::forbidden(
+            "destination.token",
+            "the destination vgpud refused the VM: the destination's bearer token is missing or wrong",
+        ),
         ClientError::Api { status, body } => {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
             ApiError::status(
