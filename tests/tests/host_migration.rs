@@ -491,6 +491,12 @@ fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
         .migrate_vm_to(vm.id, &req)
         .expect_err("wrong token");
     assert_eq!(e.status(), Some(401), "{e}");
+    // The field names the destination's token, which vgpuctl calls --to-token-file.
+    assert_eq!(
+        e.body().and_then(|b| b.field.as_deref()),
+        Some("destination.token"),
+        "{e}"
+    );
     assert_eq!(a.client.vm(vm.id).expect("vm").state, VmState::Running);
     assert!(holds_nothing(&b.client));
     req.destination.token = Some(b.token.clone());

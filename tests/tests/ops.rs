@@ -213,7 +213,7 @@ fn vgpuctl_names_labels_and_kernel_deadlines() {
     );
     let (code, _, err) = ctl(&["vgpu", "show", "nobody"]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("no vGPU is named"), "{err}");
+    assert!(err.contains("no vGPU or VM is named"), "{err}");
     let (code, _, err) = ctl(&["vgpu", "set", "train-a", "--kernel-deadline-ms", "5"]);
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = ctl(&["vgpu", "delete", "train-a"]);

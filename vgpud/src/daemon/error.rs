@@ -35,9 +35,10 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, None, error)
     }
 
-    /// 403: a peer this request needed (another vgpud) refused the credentials given for it.
-    pub fn forbidden(field: &str, error: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, Some(field), error)
+    /// 401 for a credential the request carried for another vgpud (`field` names it),
+    /// which refused it.
+    pub fn peer_unauthorized(field: &str, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, Some(field), error)
     }
 
     /// 404: no such object.

@@ -61,6 +61,9 @@ impl Daemon {
             path
         } else {
             match &self.cfg.payload_dir {
+                Some(dir) if !dir.join(p).exists() => {
+                    return Err(ApiError::bad("payload", self.no_such_payload(p)))
+                }
                 Some(dir) => dir.join(p),
                 None => {
                     return Err(ApiError::bad(
@@ -82,9 +85,6 @@ impl Daemon {
                     "payload",
                     format!("{} is not a regular file; give a payload ELF", path.display()),
                 ))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !p.contains('/') => {
-                return Err(ApiError::bad("payload", self.no_such_payload(p)))
             }
             Err(e) => return Err(ApiError::bad(
                 "payload",

@@ -345,7 +345,7 @@ mod tests {
         let m = message(
             Context::Migrate,
             &api(
-                403,
+                401,
                 Some("destination.token"),
                 "the destination vgpud refused the VM: the destination's bearer token is missing or wrong",
             ),

@@ -240,13 +240,13 @@ fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientErr
         .collect();
     let running = vms.iter().filter(|v| v.state.is_live()).count();
     let head = format!(
-        "vgpuctl top — {}  ({} GPUs, {} vGPUs, {} running VMs; every {} ms{})",
-        c.endpoint(),
+        "vgpuctl top: {} GPUs, {} vGPUs, {} running VMs; every {} ms{} — {}",
         gpus.len(),
         shown.len(),
         running,
         interval.as_millis(),
-        if tty { "; q quits" } else { "" }
+        if tty { "; q quits" } else { "" },
+        c.endpoint(),
     );
     out.push_str(&elide(&head, w));
     out.push_str("\n\n");
@@ -307,8 +307,7 @@ pub fn top(c: &Client, interval: Duration, count: u64) -> Result<(), ClientError
             Ok(out) => out,
             Err(e) if away(&e) => {
                 let line = format!(
-                    "vgpuctl top — vgpud at {} does not answer ({e}); trying again every {} ms",
-                    c.endpoint(),
+                    "vgpuctl top: vgpud does not answer; trying again every {} ms — {e}",
                     interval.as_millis()
                 );
                 let clear = if tty { "\x1b[H\x1b[2J" } else { "" };

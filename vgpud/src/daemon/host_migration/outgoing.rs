@@ -97,7 +97,7 @@ fn destination(req: &VmMigrateRequest) -> Result<(Client, String, Option<String>
 fn refused(e: ClientError) -> ApiError {
     match &e {
         // Not this daemon's 401: the token the request carried for the destination.
-        ClientError::Api { status: 401, .. } => ApiError::forbidden(
+        ClientError::Api { status: 401, .. } => ApiError::peer_unauthorized(
             "destination.token",
             "the destination vgpud refused the VM: the destination's bearer token is missing or wrong",
         ),
