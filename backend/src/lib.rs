@@ -3,7 +3,7 @@
 //! threads) and **cuda** (NVIDIA GPUs through the driver API, libcuda loaded at run time).
 //!
 //! A worker process serves one vGPU, so one backend instance holds exactly one vGPU's
-//! device address space and allocations: invariant 3 of DESIGN.md (a guest reaches only
+//! device address space and allocations: invariant 3 of docs/architecture.md (a guest reaches only
 //! its own device memory) rests on every device range going through [`Backend`]'s checks.
 //!
 //! [`Backend`] is the data path only (memory, copies, modules, launches). What swapping and

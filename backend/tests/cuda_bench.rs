@@ -11,7 +11,7 @@
 //!   checks, events, wait) versus `cuLaunchKernel` of the same kernel + `cuStreamSynchronize`;
 //! - the time `register_host_memory` takes for 1 GiB.
 //!
-//! Prints `name: value unit | anchor: value unit | ratio: x` per figure (DESIGN.md) and, when
+//! Prints `name: value unit | anchor: value unit | ratio: x` per figure (docs/PERFORMANCE.md) and, when
 //! `VGPU_BENCH_JSON` names a file, writes the figures there as JSON.
 //! Run: `cargo test --release -p vgpu-backend --test cuda_bench -- --ignored --nocapture`.
 

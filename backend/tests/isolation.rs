@@ -213,7 +213,7 @@ fn contexts_in_one_process_read_each_others_memory() {
             rc,
             CUresult::CUDA_SUCCESS,
             "a kernel in context B could not read context A's {what} memory: contexts in one \
-             process now isolate on this driver; the premise of DESIGN.md changed, revisit it"
+             process now isolate on this driver; docs/architecture.md (\"Why a process per vGPU\") no longer holds: revisit it"
         );
         let got = read_u64(out);
         assert_eq!(got, want, "{what}: context B read other bytes than A wrote");

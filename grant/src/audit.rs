@@ -1,4 +1,4 @@
-//! What the daemon checks on a worker's grant page instead of trusting it (DESIGN.md
+//! What the daemon checks on a worker's grant page instead of trusting it (docs/architecture.md,
 //! invariant 9): every request the worker may have running is one the daemon granted or saw
 //! start under a lease, and every completion's times must lie inside that request's window
 //! on the daemon's own clock. A claim outside it is ignored (the daemon charges from its own

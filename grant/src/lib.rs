@@ -1,5 +1,6 @@
-//! The fast grant path (DESIGN.md: "workers ask it for grants over a cheap path (shared
-//! memory, eventfd), never a socket round trip per kernel").
+//! The fast grant path (docs/architecture.md, "Processes and the data path"): workers ask
+//! vgpud's schedulers for grants over a cheap path (shared memory, eventfd), never a socket
+//! round trip per kernel.
 //!
 //! vgpud runs one [`GrantServer`] per physical GPU: a thread that owns the GPU's
 //! [`GpuScheduler`](vgpu_scheduler::gpu::GpuScheduler). Each vGPU's worker holds a

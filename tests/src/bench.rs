@@ -1,5 +1,5 @@
 //! Benchmark figures: each printed as `name: value unit | anchor: value unit | ratio: x`
-//! and collected as JSON, the format DESIGN.md fixes for every benchmark.
+//! and collected as JSON, the format every benchmark uses (docs/PERFORMANCE.md).
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! `vgpu-worker`: serves exactly one vGPU's vhost-user socket from a GPU backend.
 //!
-//! One process per vGPU (DESIGN.md: GPU contexts in one process are not isolated). The
+//! One process per vGPU (GPU contexts in one process are not isolated: docs/architecture.md). The
 //! worker binds the socket, waits for the VM's vmm (the vhost-user frontend) to connect,
 //! serves the vGPU's queues until the frontend disconnects, then exits with status 0 and
 //! removes the socket. It does not accept a second connection: a vGPU's device memory dies

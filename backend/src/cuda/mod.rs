@@ -3,7 +3,7 @@
 //! other backends run where CUDA is absent).
 //!
 //! - **One context per worker process**: the device's primary context. A worker serves one
-//!   vGPU; contexts inside one process do not isolate (DESIGN.md; `tests/isolation.rs`
+//!   vGPU; contexts inside one process do not isolate (docs/architecture.md; `tests/isolation.rs`
 //!   keeps that fact measured), so tenants never share a process.
 //! - **Device memory** through the virtual memory management API at the vGPU's fixed
 //!   address range (`memory.rs`): stable addresses for swap and migration.

@@ -4,7 +4,7 @@
 //! an object makes it on its GPU and hands vgpud the descriptor (sim: a sealed memfd;
 //! cuda: an exported allocation), so vgpud never loads a GPU driver.
 //!
-//! Invariant 4 of DESIGN.md lives here: only vGPUs of the object's share group on the
+//! Invariant 4 of docs/architecture.md lives here: only vGPUs of the object's share group on the
 //! object's GPU can look it up or attach it, and an object is freed only when it was
 //! removed (RMID) and its last attachment is gone, or when no vGPU of its group is left.
 
