@@ -117,13 +117,15 @@ impl Daemon {
             .unwrap_or_default();
         let names: Vec<String> = self.payloads().into_iter().map(|x| x.name).collect();
         if names.is_empty() {
-            return format!("no payload {p:?}: vgpud's --payload-dir {dir} holds no payload ELFs");
+            return format!(
+                "{p:?} is not in vgpud's --payload-dir {dir}, which holds no payload ELFs"
+            );
         }
         let meant = closest(p, &names)
             .map(|n| format!("did you mean {n:?}? "))
             .unwrap_or_default();
         format!(
-            "no payload {p:?} in vgpud's --payload-dir {dir}; {meant}payloads there: {}",
+            "{p:?} is not in vgpud's --payload-dir {dir}; {meant}payloads there: {}",
             names.join(", ")
         )
     }
