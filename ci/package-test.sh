@@ -69,6 +69,11 @@ else
     say "skipped: systemd-analyze verify (no systemd-analyze on this machine)"
 fi
 grep -qx 'KillMode=process' "$unit" || fail "the unit would kill VMs and workers on a stop"
+# Settings that would close /dev/kvm and /dev/nvidia* to vgpud (ProtectClock= implies a
+# DeviceAllow= list).
+if grep -E '^(ProtectClock|PrivateDevices|DeviceAllow|DevicePolicy)=' "$unit"; then
+    fail "the unit restricts devices vgpud and its workers need"
+fi
 
 # The unit's own command line and directories (RuntimeDirectory=, StateDirectory=).
 exec_start=$(sed -n 's/^ExecStart=//p' "$unit")
