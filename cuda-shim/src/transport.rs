@@ -188,13 +188,13 @@ fn why_no_worker(e: &ProcessError) -> String {
     match e {
         ProcessError::Connect { source, .. } if source.kind() == ErrorKind::NotFound => {
             "the socket does not exist: VGPU_SOCKET must name the vgpu.sock in the directory \
-             the operator handed over; when it did exist, the vGPU was deleted"
+             the operator handed over; if it existed before, the vGPU was deleted"
                 .into()
         }
         ProcessError::Connect { source, .. } => format!(
             "{source}: the vGPU's worker is not running and no fresh one started; the vGPU \
              may have failed or been deleted, or vgpud is not running: ask the operator \
-             (`vgpuctl vgpu get ID` shows its state)"
+             (`vgpuctl vgpu show ID` shows its state)"
         ),
         other => format!("{other}: the vGPU's worker went away during the handshake"),
     }
