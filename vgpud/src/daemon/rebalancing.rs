@@ -84,10 +84,10 @@ impl State {
         self.next_event += 1;
         match e.kind.as_str() {
             "balance" | "consolidate" | "failed" | "stuck" => {
-                tracing::info!(kind = %e.kind, gpu = ?e.gpu, vgpu = ?e.vgpu, target = ?e.target_gpu, reason = %e.reason, "rebalancer")
+                tracing::info!(kind = %e.kind, gpu = e.gpu, vgpu = e.vgpu, target = e.target_gpu, reason = %e.reason, "rebalancer")
             }
             _ => {
-                tracing::debug!(kind = %e.kind, gpu = ?e.gpu, reason = %e.reason, "rebalancer")
+                tracing::debug!(kind = %e.kind, gpu = e.gpu, reason = %e.reason, "rebalancer")
             }
         }
         let id = e.id;
