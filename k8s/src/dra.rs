@@ -428,7 +428,8 @@ pub async fn run(agent: Arc<Agent>) {
     let mut published: Option<Vec<k8s_openapi::api::resource::v1::ResourceSlice>> = None;
     let mut generation = 0i64;
     loop {
-        if !drv.exists() || !regs.exists() {
+        // A socket file left by an agent that died is not ours: serve anew at the start.
+        if servers.is_empty() || !drv.exists() || !regs.exists() {
             for s in servers.drain(..) {
                 tokio::task::JoinHandle::abort(&s);
             }
