@@ -103,10 +103,7 @@ impl Agent {
     /// Reads vgpud's GPUs and vGPUs and publishes what they can give; while vgpud does not
     /// answer, every device is unhealthy.
     pub async fn refresh(&self) -> Result<Vec<Vgpu>, ClientError> {
-        let r = self
-            .vgpud
-            .run(|c| Ok((c.gpus()?, c.vgpus()?)))
-            .await;
+        let r = self.vgpud.run(|c| Ok((c.gpus()?, c.vgpus()?))).await;
         match r {
             Ok((gpus, vgpus)) => {
                 let s = inventory::snapshot(&self.opts.config, &gpus, &vgpus);

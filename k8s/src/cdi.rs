@@ -121,7 +121,9 @@ impl Edits {
 /// Why a spec could not be written or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
-    #[error("cannot write the CDI spec {path}: {source} (is the CDI directory writable by the agent?)")]
+    #[error(
+        "cannot write the CDI spec {path}: {source} (is the CDI directory writable by the agent?)"
+    )]
     Write {
         path: PathBuf,
         source: std::io::Error,
@@ -218,10 +220,7 @@ impl SpecDir {
 /// sees the old file or the new one, never a part.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("file");
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;

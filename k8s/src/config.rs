@@ -122,8 +122,7 @@ fn share(v: &serde_json::Value) -> Result<u32, String> {
 fn dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
@@ -149,9 +148,8 @@ impl Config {
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let f: ConfigFile =
             serde_json::from_str(text).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        let domain_ok = f.domain.contains('.')
-            && f.domain.split('.').all(dns_label)
-            && f.domain.len() <= 253;
+        let domain_ok =
+            f.domain.contains('.') && f.domain.split('.').all(dns_label) && f.domain.len() <= 253;
         if !domain_ok {
             return Err(ConfigError::Invalid(format!(
                 "domain {:?} is not a DNS domain (e.g. vgpu.dev)",
@@ -246,21 +244,50 @@ mod tests {
         assert_eq!(c.domain, "vgpu.dev");
         assert_eq!(c.resource_name(&c.profiles[0]), "vgpu.dev/h200-20g-25");
         assert_eq!(
-            (c.profiles[0].memory_bytes, c.profiles[0].compute_permille, c.profiles[0].copy_permille),
+            (
+                c.profiles[0].memory_bytes,
+                c.profiles[0].compute_permille,
+                c.profiles[0].copy_permille
+            ),
             (20 << 30, 250, 250)
         );
-        assert_eq!((c.profiles[1].compute_permille, c.profiles[1].copy_permille), (500, 300));
+        assert_eq!(
+            (c.profiles[1].compute_permille, c.profiles[1].copy_permille),
+            (500, 300)
+        );
         assert!(c.profiles[1].on_gpu(1) && !c.profiles[1].on_gpu(0));
-        assert_eq!(c.profile_of_resource("vgpu.dev/half").map(|p| p.memory_bytes), Some(64 << 30));
+        assert_eq!(
+            c.profile_of_resource("vgpu.dev/half")
+                .map(|p| p.memory_bytes),
+            Some(64 << 30)
+        );
         assert!(c.profile_of_resource("other.dev/half").is_none());
         for (text, needle) in [
             (r#"{"profiles": []}"#, "no profiles"),
-            (r#"{"profiles": [{"name": "A", "memory": "1G", "compute": 0.1}]}"#, "a-z"),
-            (r#"{"profiles": [{"name": "a", "memory": "1X", "compute": 0.1}]}"#, "memory"),
-            (r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 1.5}]}"#, "compute"),
-            (r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 0.1, "colour": 1}]}"#, "colour"),
-            (r#"{"domain": "nodots", "profiles": [{"name": "a", "memory": "1G", "compute": 0.1}]}"#, "domain"),
-            (r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 0.1}, {"name": "a", "memory": "1G", "compute": 0.1}]}"#, "twice"),
+            (
+                r#"{"profiles": [{"name": "A", "memory": "1G", "compute": 0.1}]}"#,
+                "a-z",
+            ),
+            (
+                r#"{"profiles": [{"name": "a", "memory": "1X", "compute": 0.1}]}"#,
+                "memory",
+            ),
+            (
+                r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 1.5}]}"#,
+                "compute",
+            ),
+            (
+                r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 0.1, "colour": 1}]}"#,
+                "colour",
+            ),
+            (
+                r#"{"domain": "nodots", "profiles": [{"name": "a", "memory": "1G", "compute": 0.1}]}"#,
+                "domain",
+            ),
+            (
+                r#"{"profiles": [{"name": "a", "memory": "1G", "compute": 0.1}, {"name": "a", "memory": "1G", "compute": 0.1}]}"#,
+                "twice",
+            ),
         ] {
             let e = Config::parse(text).expect_err(text).to_string();
             assert!(e.contains(needle), "{text}: {e}");

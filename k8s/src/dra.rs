@@ -160,7 +160,12 @@ impl Driver {
             params.copy.or(params.compute),
             profile.copy_permille,
         )?;
-        Ok((memory, compute, copy, params.priority.unwrap_or(profile.priority)))
+        Ok((
+            memory,
+            compute,
+            copy,
+            params.priority.unwrap_or(profile.priority),
+        ))
     }
 
     /// Prepares one claim; its devices.
@@ -172,7 +177,8 @@ impl Driver {
             for d in &done.devices {
                 let id = d.vgpu;
                 match agent.vgpud.run(move |c| c.vgpu(id)).await {
-                    Ok(v) if !matches!(v.state, VgpuState::Failed { .. } | VgpuState::Releasing) => {}
+                    Ok(v)
+                        if !matches!(v.state, VgpuState::Failed { .. } | VgpuState::Releasing) => {}
                     _ => all_there = false,
                 }
             }
@@ -208,7 +214,12 @@ impl Driver {
             .status
             .and_then(|s| s.allocation)
             .and_then(|a| a.devices)
-            .ok_or_else(|| format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name))?;
+            .ok_or_else(|| {
+                format!(
+                    "ResourceClaim {}/{} is not allocated",
+                    claim.namespace, claim.name
+                )
+            })?;
         let configs = alloc.config.unwrap_or_default();
         // vGPUs left by an attempt that did not reach the checkpoint.
         let uid = claim.uid.clone();
@@ -228,17 +239,27 @@ impl Driver {
                 if r.driver != cfg.domain || r.pool != agent.opts.node_name {
                     continue;
                 }
-                let (gpu, profile) = slices::parse_device_name(cfg, &r.device)
-                    .ok_or_else(|| format!("device {:?} is not one this driver publishes", r.device))?;
+                let (gpu, profile) =
+                    slices::parse_device_name(cfg, &r.device).ok_or_else(|| {
+                        format!("device {:?} is not one this driver publishes", r.device)
+                    })?;
                 let mut params = VgpuParameters::default();
                 for c in &configs {
                     let Some(o) = &c.opaque else { continue };
-                    let applies = c.requests.as_ref().is_none_or(|q| q.is_empty() || q.contains(&r.request));
+                    let applies = c
+                        .requests
+                        .as_ref()
+                        .is_none_or(|q| q.is_empty() || q.contains(&r.request));
                     if o.driver != cfg.domain || !applies {
                         continue;
                     }
                     let p: VgpuParameters = serde_json::from_value(o.parameters.0.clone())
-                        .map_err(|e| format!("the {} configuration of request {:?}: {e}", c.source, r.request))?;
+                        .map_err(|e| {
+                            format!(
+                                "the {} configuration of request {:?}: {e}",
+                                c.source, r.request
+                            )
+                        })?;
                     params = VgpuParameters {
                         api_version: p.api_version.or(params.api_version),
                         kind: p.kind.or(params.kind),
@@ -250,7 +271,11 @@ impl Driver {
                 }
                 let (memory, compute, copy, priority) = self.amounts(profile, &params)?;
                 let vgpu = match left.get(&r.device) {
-                    Some(&id) => agent.vgpud.run(move |c| c.vgpu(id)).await.map_err(|e| e.to_string())?,
+                    Some(&id) => agent
+                        .vgpud
+                        .run(move |c| c.vgpu(id))
+                        .await
+                        .map_err(|e| e.to_string())?,
                     None => {
                         let labels = vec![
                             (keys.claim.clone(), claim.uid.clone()),
@@ -317,7 +342,9 @@ impl Driver {
             }
         }
         if !failed.is_empty() {
-            return Err(format!("vGPUs {failed:?} could not be deleted yet (the kubelet retries)"));
+            return Err(format!(
+                "vGPUs {failed:?} could not be deleted yet (the kubelet retries)"
+            ));
         }
         if cp.claims.remove(&claim.uid).is_some() {
             save_checkpoint(agent, &cp)?;
@@ -350,8 +377,16 @@ impl pb::dra_plugin_server::DraPlugin for Driver {
                     error: String::new(),
                 },
                 Err(error) => {
-                    tracing::warn!("preparing claim {}/{} ({}) failed: {error}", c.namespace, c.name, c.uid);
-                    pb::NodePrepareResourceResponse { devices: Vec::new(), error }
+                    tracing::warn!(
+                        "preparing claim {}/{} ({}) failed: {error}",
+                        c.namespace,
+                        c.name,
+                        c.uid
+                    );
+                    pb::NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    }
                 }
             };
             claims.insert(c.uid.clone(), r);
@@ -383,7 +418,10 @@ pub struct Registrar {
 
 #[tonic::async_trait]
 impl reg::registration_server::Registration for Registrar {
-    async fn get_info(&self, _: Request<reg::InfoRequest>) -> Result<Response<reg::PluginInfo>, Status> {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
         Ok(Response::new(reg::PluginInfo {
             r#type: "DRAPlugin".into(),
             name: self.name.clone(),
@@ -400,7 +438,11 @@ impl reg::registration_server::Registration for Registrar {
         if s.plugin_registered {
             tracing::info!("the kubelet registered DRA driver {}", self.name);
         } else {
-            tracing::warn!("the kubelet did not register DRA driver {}: {}", self.name, s.error);
+            tracing::warn!(
+                "the kubelet did not register DRA driver {}: {}",
+                self.name,
+                s.error
+            );
         }
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
@@ -440,14 +482,25 @@ pub async fn run(agent: Arc<Agent>) {
             })();
             match started {
                 Ok((l1, l2)) => {
-                    let svc = pb::dra_plugin_server::DraPluginServer::new(Driver::new(agent.clone()));
-                    servers.push(grpc::serve(l1, tonic::transport::Server::builder().add_service(svc)));
+                    let svc =
+                        pb::dra_plugin_server::DraPluginServer::new(Driver::new(agent.clone()));
+                    servers.push(grpc::serve(
+                        l1,
+                        tonic::transport::Server::builder().add_service(svc),
+                    ));
                     let r = reg::registration_server::RegistrationServer::new(Registrar {
                         name: agent.opts.config.domain.clone(),
                         endpoint: drv.display().to_string(),
                     });
-                    servers.push(grpc::serve(l2, tonic::transport::Server::builder().add_service(r)));
-                    tracing::info!("DRA driver {} serves {}", agent.opts.config.domain, drv.display());
+                    servers.push(grpc::serve(
+                        l2,
+                        tonic::transport::Server::builder().add_service(r),
+                    ));
+                    tracing::info!(
+                        "DRA driver {} serves {}",
+                        agent.opts.config.domain,
+                        drv.display()
+                    );
                 }
                 Err(e) => tracing::warn!("the DRA driver cannot start (retrying): {e}"),
             }
@@ -475,12 +528,24 @@ async fn publish(
         .run(|c| Ok((c.gpus()?, c.vgpus()?)))
         .await
         .map_err(|e| e.to_string())?;
-    let now = slices::build(&agent.opts.config, &agent.opts.node_name, *generation, &gpus, &vgpus);
+    let now = slices::build(
+        &agent.opts.config,
+        &agent.opts.node_name,
+        *generation,
+        &gpus,
+        &vgpus,
+    );
     if published.as_ref() == Some(&now) {
         return Ok(());
     }
     *generation += 1;
-    let now = slices::build(&agent.opts.config, &agent.opts.node_name, *generation, &gpus, &vgpus);
+    let now = slices::build(
+        &agent.opts.config,
+        &agent.opts.node_name,
+        *generation,
+        &gpus,
+        &vgpus,
+    );
     let old = published.take().unwrap_or_default();
     let r = tokio::task::spawn_blocking(move || {
         const BASE: &str = "/apis/resource.k8s.io/v1/resourceslices";
@@ -494,14 +559,18 @@ async fn publish(
             match api.request("PUT", &format!("{BASE}/{name}"), Some(&body)) {
                 Ok(_) => {}
                 Err(e) if e.status() == Some(404) => {
-                    api.request("POST", BASE, Some(&body)).map_err(|e| e.to_string())?;
+                    api.request("POST", BASE, Some(&body))
+                        .map_err(|e| e.to_string())?;
                 }
                 Err(e) => return Err(e.to_string()),
             }
         }
         for s in &old {
             let name = s.metadata.name.clone().unwrap_or_default();
-            if !now.iter().any(|n| n.metadata.name.as_deref() == Some(name.as_str())) {
+            if !now
+                .iter()
+                .any(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+            {
                 match api.request("DELETE", &format!("{BASE}/{name}"), None) {
                     Ok(_) => {}
                     Err(e) if e.status() == Some(404) => {}

@@ -1,7 +1,6 @@
 //! gRPC over unix sockets, the way the kubelet speaks it: a server on a socket path (a
 //! stale file there is replaced) and a client channel to one.
 
-
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
@@ -13,7 +12,9 @@ use tonic::transport::{Channel, Endpoint};
 /// Why a socket could not be served or reached.
 #[derive(Debug, thiserror::Error)]
 pub enum GrpcError {
-    #[error("cannot listen on {path}: {source} (is the directory there and writable by the agent?)")]
+    #[error(
+        "cannot listen on {path}: {source} (is the directory there and writable by the agent?)"
+    )]
     Listen {
         path: PathBuf,
         source: std::io::Error,
@@ -70,6 +71,3 @@ pub async fn connect(path: &Path) -> Result<Channel, GrpcError> {
             source,
         })
 }
-
-
-

@@ -108,11 +108,8 @@ pub fn parse_device_id(id: &str) -> Option<(u32, u32)> {
 /// How many more slices of `p` fit what `gpu` has free.
 pub fn free_slots(p: &Profile, gpu: &Gpu) -> u32 {
     let by = |free: u64, each: u64| {
-        if each == 0 {
-            u64::from(MAX_SLOTS_PER_GPU)
-        } else {
-            free / each
-        }
+        free.checked_div(each)
+            .unwrap_or(u64::from(MAX_SLOTS_PER_GPU))
     };
     let compute_free = 1000u32.saturating_sub(fraction_to_permille(gpu.compute_committed));
     let copy_free = 1000u32.saturating_sub(fraction_to_permille(gpu.copy_committed));
@@ -280,8 +277,14 @@ mod tests {
         let s = snapshot(&c, &[gpu(0, 8 << 30, 0.0), gpu(1, 8 << 30, 0.7)], &[]);
         assert_eq!(
             ids(&s),
-            [("gpu0-0", true), ("gpu0-1", true), ("gpu0-2", true), ("gpu0-3", true), ("gpu1-0", true)]
-                .map(|(i, h)| (i.to_owned(), h))
+            [
+                ("gpu0-0", true),
+                ("gpu0-1", true),
+                ("gpu0-2", true),
+                ("gpu0-3", true),
+                ("gpu1-0", true)
+            ]
+            .map(|(i, h)| (i.to_owned(), h))
         );
         // gpu0-1 handed out (its vGPU now counts in GPU 0's committed shares): 3 free.
         let mut v: Vgpu = serde_json::from_value(serde_json::json!({
@@ -295,39 +298,60 @@ mod tests {
         let s = snapshot(&c, &[gpu(0, 6 << 30, 0.25)], std::slice::from_ref(&v));
         assert_eq!(
             ids(&s),
-            [("gpu0-1", true), ("gpu0-0", true), ("gpu0-2", true), ("gpu0-3", true)]
-                .map(|(i, h)| (i.to_owned(), h))
+            [
+                ("gpu0-1", true),
+                ("gpu0-0", true),
+                ("gpu0-2", true),
+                ("gpu0-3", true)
+            ]
+            .map(|(i, h)| (i.to_owned(), h))
         );
         // Its vGPU failed: that device is unhealthy; its GPU gone: too, the rest with it.
         v.state = VgpuState::Failed { reason: "x".into() };
         let s = snapshot(&c, &[gpu(0, 6 << 30, 0.25)], std::slice::from_ref(&v));
-        assert_eq!(s.devices["g2-25"][0], Device { id: "gpu0-1".into(), gpu: 0, healthy: false });
+        assert_eq!(
+            s.devices["g2-25"][0],
+            Device {
+                id: "gpu0-1".into(),
+                gpu: 0,
+                healthy: false
+            }
+        );
         v.state = VgpuState::Ready;
         let s = snapshot(&c, &[], std::slice::from_ref(&v));
         assert_eq!(ids(&s), [("gpu0-1".to_owned(), false)]);
         // Memory short: 1 slice.
         let s = snapshot(&c, &[gpu(0, 3 << 30, 0.0)], &[]);
         assert_eq!(ids(&s).len(), 1);
-        assert!(s.all_unhealthy().devices["g2-25"].iter().all(|d| !d.healthy));
+        assert!(s.all_unhealthy().devices["g2-25"]
+            .iter()
+            .all(|d| !d.healthy));
     }
 
     #[test]
     fn device_ids_round_trip_and_reject_lookalikes() {
         assert_eq!(parse_device_id(&device_id(3, 12)), Some((3, 12)));
-        for bad in ["gpu", "gpu1", "gpu-1", "gpux-1", "gpu01-1", "gpu1-01", "cpu1-1", "gpu1-1-1"] {
+        for bad in [
+            "gpu", "gpu1", "gpu-1", "gpux-1", "gpu01-1", "gpu1-01", "cpu1-1", "gpu1-1-1",
+        ] {
             assert_eq!(parse_device_id(bad), None, "{bad}");
         }
     }
 
     #[test]
     fn preferred_allocations_pack_onto_the_fewest_gpus() {
-        let avail: Vec<String> = ["gpu0-0", "gpu0-1", "gpu0-2", "gpu1-0", "gpu1-1", "gpu1-2", "gpu1-3"]
-            .map(String::from)
-            .to_vec();
+        let avail: Vec<String> = [
+            "gpu0-0", "gpu0-1", "gpu0-2", "gpu1-0", "gpu1-1", "gpu1-2", "gpu1-3",
+        ]
+        .map(String::from)
+        .to_vec();
         // 3 fit GPU 0 exactly: the tightest fit.
         assert_eq!(preferred(&avail, &[], 3), ["gpu0-0", "gpu0-1", "gpu0-2"]);
         // 4 fit GPU 1 only.
-        assert_eq!(preferred(&avail, &[], 4), ["gpu1-0", "gpu1-1", "gpu1-2", "gpu1-3"]);
+        assert_eq!(
+            preferred(&avail, &[], 4),
+            ["gpu1-0", "gpu1-1", "gpu1-2", "gpu1-3"]
+        );
         // A must-include device pulls its GPU first.
         assert_eq!(
             preferred(&avail, &["gpu1-2".into()], 2),

@@ -40,7 +40,10 @@ pub struct KubeApi {
 impl KubeApi {
     /// `http://127.0.0.1:8001` or `127.0.0.1:8001`.
     pub fn new(url: &str) -> Result<Self, String> {
-        let addr = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+        let addr = url
+            .strip_prefix("http://")
+            .unwrap_or(url)
+            .trim_end_matches('/');
         if addr.is_empty() || addr.contains('/') || !addr.contains(':') {
             return Err(format!(
                 "{url:?} is not an API server address; give http://HOST:PORT (e.g. kubectl proxy's http://127.0.0.1:8001)"
@@ -73,7 +76,9 @@ impl KubeApi {
         s.write_all(head.as_bytes()).map_err(unreachable)?;
         s.write_all(body).map_err(unreachable)?;
         let mut raw = Vec::new();
-        s.take(64 << 20).read_to_end(&mut raw).map_err(unreachable)?;
+        s.take(64 << 20)
+            .read_to_end(&mut raw)
+            .map_err(unreachable)?;
         let proto = |why: &str| KubeError::Protocol(format!("{method} {path}"), why.to_owned());
         let split = raw
             .windows(4)

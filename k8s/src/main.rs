@@ -8,10 +8,13 @@ use std::time::Duration;
 use clap::Parser;
 use vgpu_api::client::{Client, Endpoint};
 use vgpu_k8s::config::Config;
-use vgpu_k8s::{Options, vgpud::Vgpud};
+use vgpu_k8s::{vgpud::Vgpud, Options};
 
 #[derive(Parser, Debug)]
-#[command(name = "vgpu-k8s", about = "Hands the local vgpud's process vGPUs to Kubernetes pods: a kubelet device plugin and a DRA driver")]
+#[command(
+    name = "vgpu-k8s",
+    about = "Hands the local vgpud's process vGPUs to Kubernetes pods: a kubelet device plugin and a DRA driver"
+)]
 struct Args {
     /// The profiles file (JSON; docs/kubernetes.md, "Profiles").
     #[arg(long, default_value = "/etc/vgpu-k8s/config.json")]
@@ -64,7 +67,9 @@ fn main() -> ExitCode {
     let a = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if a.log_format == "json" {
         logs.json().init();
     } else {

@@ -74,8 +74,18 @@ fn qty(n: u64) -> Quantity {
 fn counters(memory: u64, compute: u32, copy: u32) -> BTreeMap<String, Counter> {
     BTreeMap::from([
         ("memory".to_owned(), Counter { value: qty(memory) }),
-        ("compute".to_owned(), Counter { value: qty(compute.into()) }),
-        ("copy".to_owned(), Counter { value: qty(copy.into()) }),
+        (
+            "compute".to_owned(),
+            Counter {
+                value: qty(compute.into()),
+            },
+        ),
+        (
+            "copy".to_owned(),
+            Counter {
+                value: qty(copy.into()),
+            },
+        ),
     ])
 }
 
@@ -98,22 +108,64 @@ pub fn build(
             let set = format!("gpu-{g}");
             let mut devices = Vec::new();
             for p in config.profiles.iter().filter(|p| p.on_gpu(g)) {
-                let by = |have: u64, each: u64| if each == 0 { u64::MAX } else { have / each };
+                let by = |have: u64, each: u64| have.checked_div(each).unwrap_or(u64::MAX);
                 let slots = by(cap.memory_bytes, p.memory_bytes)
                     .min(by(cap.compute_permille.into(), p.compute_permille.into()))
                     .min(by(cap.copy_permille.into(), p.copy_permille.into()))
                     .min((MAX_DEVICES_PER_SLICE / profiles_per_gpu) as u64);
                 for k in 0..u32::try_from(slots).unwrap_or(0) {
                     let attributes = BTreeMap::from([
-                        ("gpu".to_owned(), DeviceAttribute { int: Some(g.into()), ..Default::default() }),
-                        ("gpuName".to_owned(), DeviceAttribute { string: Some(gpu.name.clone()), ..Default::default() }),
-                        ("backend".to_owned(), DeviceAttribute { string: Some(gpu.backend.clone()), ..Default::default() }),
-                        ("profile".to_owned(), DeviceAttribute { string: Some(p.name.clone()), ..Default::default() }),
+                        (
+                            "gpu".to_owned(),
+                            DeviceAttribute {
+                                int: Some(g.into()),
+                                ..Default::default()
+                            },
+                        ),
+                        (
+                            "gpuName".to_owned(),
+                            DeviceAttribute {
+                                string: Some(gpu.name.clone()),
+                                ..Default::default()
+                            },
+                        ),
+                        (
+                            "backend".to_owned(),
+                            DeviceAttribute {
+                                string: Some(gpu.backend.clone()),
+                                ..Default::default()
+                            },
+                        ),
+                        (
+                            "profile".to_owned(),
+                            DeviceAttribute {
+                                string: Some(p.name.clone()),
+                                ..Default::default()
+                            },
+                        ),
                     ]);
                     let capacity = BTreeMap::from([
-                        ("memory".to_owned(), DeviceCapacity { value: qty(p.memory_bytes), ..Default::default() }),
-                        ("compute".to_owned(), DeviceCapacity { value: qty(p.compute_permille.into()), ..Default::default() }),
-                        ("copy".to_owned(), DeviceCapacity { value: qty(p.copy_permille.into()), ..Default::default() }),
+                        (
+                            "memory".to_owned(),
+                            DeviceCapacity {
+                                value: qty(p.memory_bytes),
+                                ..Default::default()
+                            },
+                        ),
+                        (
+                            "compute".to_owned(),
+                            DeviceCapacity {
+                                value: qty(p.compute_permille.into()),
+                                ..Default::default()
+                            },
+                        ),
+                        (
+                            "copy".to_owned(),
+                            DeviceCapacity {
+                                value: qty(p.copy_permille.into()),
+                                ..Default::default()
+                            },
+                        ),
                     ]);
                     devices.push(Device {
                         name: device_name(g, &p.name, k),
@@ -142,7 +194,11 @@ pub fn build(
                     },
                     shared_counters: Some(vec![CounterSet {
                         name: set,
-                        counters: counters(gpu.memory_bytes.min(cap.memory_bytes), cap.compute_permille, cap.copy_permille),
+                        counters: counters(
+                            gpu.memory_bytes.min(cap.memory_bytes),
+                            cap.compute_permille,
+                            cap.copy_permille,
+                        ),
                     }]),
                     devices: Some(devices),
                     ..Default::default()

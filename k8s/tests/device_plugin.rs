@@ -54,7 +54,11 @@ fn healthy(d: &[dp::Device]) -> usize {
 
 fn cdi_files(k: &FakeKubelet) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(&k.cdi_dir)
-        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -76,18 +80,37 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     // One registration per profile, each with its own endpoint in the plugin directory.
     let r = k.wait_registered(R25, 1).await;
     assert_eq!(r.version, "v1beta1");
-    assert!(r.options.as_ref().is_some_and(|o| o.get_preferred_allocation_available));
+    assert!(r
+        .options
+        .as_ref()
+        .is_some_and(|o| o.get_preferred_allocation_available));
     assert!(k.dp_dir.join(&r.endpoint).exists(), "{r:?}");
     let r10 = k.wait_registered(R10, 1).await;
     assert_ne!(r.endpoint, r10.endpoint);
 
     // 2 GPUs of 2 GiB: 4 slices of 512M/25% each; 10 of 128M/10% (compute bounds).
     let mut plugin = k.plugin(R25).await;
-    let mut watch = plugin.list_and_watch(dp::Empty {}).await.expect("ListAndWatch").into_inner();
+    let mut watch = plugin
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
     let devs = next(&mut watch).await;
-    assert_eq!((ids_on(&devs, 0).len(), ids_on(&devs, 1).len(), healthy(&devs)), (4, 4, 8), "{devs:?}");
+    assert_eq!(
+        (
+            ids_on(&devs, 0).len(),
+            ids_on(&devs, 1).len(),
+            healthy(&devs)
+        ),
+        (4, 4, 8),
+        "{devs:?}"
+    );
     let mut p10 = k.plugin(R10).await;
-    let mut w10 = p10.list_and_watch(dp::Empty {}).await.expect("ListAndWatch").into_inner();
+    let mut w10 = p10
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
     assert_eq!(next(&mut w10).await.len(), 20);
 
     // GPU 1's capacity changes under the agent: a VM's vGPU takes half of it.
@@ -111,7 +134,10 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
             owner_gid: None,
         })
         .expect("another vGPU");
-    let devs = until(&mut watch, "GPU 1 down to 2 slices", |d| ids_on(d, 1).len() == 2).await;
+    let devs = until(&mut watch, "GPU 1 down to 2 slices", |d| {
+        ids_on(d, 1).len() == 2
+    })
+    .await;
     assert_eq!(ids_on(&devs, 0).len(), 4);
 
     // The kubelet asks where 2 slices should go: one GPU, the one they fit most tightly.
@@ -131,37 +157,70 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     assert_eq!(chosen, ["gpu1-0", "gpu1-1"], "the tightest GPU: {avail:?}");
 
     // Slices on two GPUs, or a device that is not ours: refused, nothing made.
-    for bad in [vec!["gpu0-0".to_owned(), "gpu1-0".to_owned()], vec!["gpu9-x".to_owned()]] {
+    for bad in [
+        vec!["gpu0-0".to_owned(), "gpu1-0".to_owned()],
+        vec!["gpu9-x".to_owned()],
+    ] {
         let e = plugin
             .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest { devices_ids: bad.clone() }],
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: bad.clone(),
+                }],
             })
             .await
             .expect_err("refused");
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}: {e:?}");
     }
-    assert_eq!(d.client.vgpus().expect("vgpus").len(), 1, "only the VM's vGPU");
+    assert_eq!(
+        d.client.vgpus().expect("vgpus").len(),
+        1,
+        "only the VM's vGPU"
+    );
     assert!(cdi_files(&k).is_empty());
 
     // Allocate: one process vGPU with both slices, and what the container receives.
     k.set_pods(&[("pod-a", R25, chosen.clone())]);
     let a = plugin
         .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: chosen.clone() }],
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: chosen.clone(),
+            }],
         })
         .await
         .expect("Allocate")
         .into_inner();
     let c = &a.container_responses[0];
     let vgpus = d.client.vgpus().expect("vgpus");
-    let v = vgpus.iter().find(|v| v.attach == Attach::Process).expect("the pod's vGPU");
-    assert_eq!((v.gpu, v.memory_bytes, v.compute_share, v.copy_share), (1, 1 << 30, 0.5, 0.5));
-    assert_eq!(v.labels.get("vgpu.dev/devices").map(String::as_str), Some("gpu1-0,gpu1-1"));
+    let v = vgpus
+        .iter()
+        .find(|v| v.attach == Attach::Process)
+        .expect("the pod's vGPU");
+    assert_eq!(
+        (v.gpu, v.memory_bytes, v.compute_share, v.copy_share),
+        (1, 1 << 30, 0.5, 0.5)
+    );
+    assert_eq!(
+        v.labels.get("vgpu.dev/devices").map(String::as_str),
+        Some("gpu1-0,gpu1-1")
+    );
     assert_eq!(c.cdi_devices.len(), 1);
-    assert_eq!(c.cdi_devices[0].name, format!("vgpu.dev/vgpu=vgpu-{}", v.id));
-    assert_eq!(c.envs.get("VGPU_SOCKET").map(String::as_str), Some("/var/run/vgpu/vgpu.sock"));
-    assert_eq!(c.envs.get("LD_LIBRARY_PATH").map(String::as_str), Some("/usr/local/vgpu/lib"));
-    let socket_dir = std::path::Path::new(&v.socket).parent().expect("dir").display().to_string();
+    assert_eq!(
+        c.cdi_devices[0].name,
+        format!("vgpu.dev/vgpu=vgpu-{}", v.id)
+    );
+    assert_eq!(
+        c.envs.get("VGPU_SOCKET").map(String::as_str),
+        Some("/var/run/vgpu/vgpu.sock")
+    );
+    assert_eq!(
+        c.envs.get("LD_LIBRARY_PATH").map(String::as_str),
+        Some("/usr/local/vgpu/lib")
+    );
+    let socket_dir = std::path::Path::new(&v.socket)
+        .parent()
+        .expect("dir")
+        .display()
+        .to_string();
     let mounts: Vec<(String, String, bool)> = c
         .mounts
         .iter()
@@ -171,22 +230,28 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
         mounts,
         [
             (socket_dir, "/var/run/vgpu".to_owned(), false),
-            (dir.join("lib").display().to_string(), "/usr/local/vgpu/lib".to_owned(), true)
+            (
+                dir.join("lib").display().to_string(),
+                "/usr/local/vgpu/lib".to_owned(),
+                true
+            )
         ]
     );
     // The CDI spec says the same, and is valid.
     assert_eq!(cdi_files(&k), [format!("vgpu.dev-vgpu-{}.json", v.id)]);
     let spec = common::valid_cdi_spec(&k.cdi_dir.join(format!("vgpu.dev-vgpu-{}.json", v.id)));
     assert_eq!(spec["kind"], "vgpu.dev/vgpu");
-    let (cdi_mounts, cdi_env) = common::cdi_edits(&spec);
-    assert_eq!(cdi_mounts, mounts);
     let mut env: Vec<(String, String)> = c.envs.clone().into_iter().collect();
     env.sort();
-    let mut cdi_env = cdi_env;
-    cdi_env.sort();
-    assert_eq!(cdi_env, env);
+    assert_eq!(
+        common::cdi_edits(&spec),
+        vgpu_k8s::cdi::Edits { mounts, env }
+    );
     // GPU 1 still lists 2 devices (the 2 handed out), GPU 0 its 4; the 10% profile shrinks.
-    let devs = until(&mut w10, "GPU 1's 10% slices gone", |d| ids_on(d, 1).is_empty()).await;
+    let devs = until(&mut w10, "GPU 1's 10% slices gone", |d| {
+        ids_on(d, 1).is_empty()
+    })
+    .await;
     assert_eq!(ids_on(&devs, 0).len(), 10);
 
     // The pod is listed: its vGPU stays past the grace time. Gone: the vGPU goes.
@@ -195,9 +260,11 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     k.set_pods(&[]);
     let c2 = d.client.clone();
     let id = v.id;
-    eventually("the gone pod's vGPU deleted", Duration::from_secs(15), || {
-        (c2.vgpu(id).err()?.status() == Some(404)).then_some(())
-    })
+    eventually(
+        "the gone pod's vGPU deleted",
+        Duration::from_secs(15),
+        || (c2.vgpu(id).err()?.status() == Some(404)).then_some(()),
+    )
     .await;
     eventually("its CDI spec gone with it", Duration::from_secs(5), || {
         cdi_files(&k).is_empty().then_some(())
@@ -205,14 +272,21 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     .await;
     // The same two IDs on GPU 1 now are free slices (no update on this stream); the 10%
     // profile gets GPU 1's half back.
-    until(&mut w10, "GPU 1's 10% slices back", |d| ids_on(d, 1).len() == 5).await;
+    until(&mut w10, "GPU 1's 10% slices back", |d| {
+        ids_on(d, 1).len() == 5
+    })
+    .await;
 
     // A kubelet restart: the agent registers again on the new kubelet.sock.
     k.restart();
     k.wait_registered(R25, 2).await;
     k.wait_registered(R10, 2).await;
     let mut plugin = k.plugin(R25).await;
-    let mut watch = plugin.list_and_watch(dp::Empty {}).await.expect("ListAndWatch").into_inner();
+    let mut watch = plugin
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
     assert_eq!(healthy(&next(&mut watch).await), 6);
 
     // vgpud down: every device unhealthy; an Allocate fails and leaves nothing.
@@ -221,7 +295,9 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     assert_eq!(devs.len(), 6);
     let e = plugin
         .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: vec!["gpu0-0".into()] }],
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: vec!["gpu0-0".into()],
+            }],
         })
         .await
         .expect_err("no vgpud");
@@ -229,9 +305,17 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     assert!(cdi_files(&k).is_empty());
     d.restart(None);
     until(&mut watch, "healthy again", |d| healthy(d) == 6).await;
-    let left: Vec<_> = d.client.vgpus().expect("vgpus").into_iter().filter(|v| v.attach == Attach::Process).collect();
+    let left: Vec<_> = d
+        .client
+        .vgpus()
+        .expect("vgpus")
+        .into_iter()
+        .filter(|v| v.attach == Attach::Process)
+        .collect();
     assert!(left.is_empty(), "no vGPU leaked: {left:?}");
-    d.client.delete_vgpu(other.id).expect("delete the VM's vGPU");
+    d.client
+        .delete_vgpu(other.id)
+        .expect("delete the VM's vGPU");
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }

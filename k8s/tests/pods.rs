@@ -10,6 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{eventually, AgentProc, FakeKubelet};
+use vgpu_k8s::cdi::Edits;
 use vgpu_k8s::proto::deviceplugin as dp;
 use vgpu_tests::daemon::{temp_dir, TestDaemon};
 
@@ -25,7 +26,11 @@ async fn admit(
     n: i32,
 ) -> (Vec<String>, dp::ContainerAllocateResponse) {
     let mut plugin = k.plugin(R10).await;
-    let mut w = plugin.list_and_watch(dp::Empty {}).await.expect("ListAndWatch").into_inner();
+    let mut w = plugin
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
     let devs = tokio::time::timeout(Duration::from_secs(10), w.message())
         .await
         .expect("devices in time")
@@ -53,11 +58,16 @@ async fn admit(
         .device_i_ds
         .clone();
     listed.push((pod.to_owned(), ids.clone()));
-    let pods: Vec<(&str, &str, Vec<String>)> = listed.iter().map(|(p, i)| (p.as_str(), R10, i.clone())).collect();
+    let pods: Vec<(&str, &str, Vec<String>)> = listed
+        .iter()
+        .map(|(p, i)| (p.as_str(), R10, i.clone()))
+        .collect();
     k.set_pods(&pods);
     let mut a = plugin
         .allocate(dp::AllocateRequest {
-            container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids.clone() }],
+            container_requests: vec![dp::ContainerAllocateRequest {
+                devices_ids: ids.clone(),
+            }],
         })
         .await
         .expect("Allocate")
@@ -74,7 +84,7 @@ fn vgpu_of(c: &dp::ContainerAllocateResponse) -> u32 {
         .expect("a vGPU CDI device")
 }
 
-fn answer_edits(c: &dp::ContainerAllocateResponse) -> (Vec<(String, String, bool)>, Vec<(String, String)>) {
+fn answer_edits(c: &dp::ContainerAllocateResponse) -> Edits {
     let mounts = c
         .mounts
         .iter()
@@ -82,7 +92,7 @@ fn answer_edits(c: &dp::ContainerAllocateResponse) -> (Vec<(String, String, bool
         .collect();
     let mut env: Vec<(String, String)> = c.envs.clone().into_iter().collect();
     env.sort();
-    (mounts, env)
+    Edits { mounts, env }
 }
 
 struct Setup {
@@ -106,9 +116,18 @@ fn setup(tag: &str) -> Option<Setup> {
         eprintln!("SKIPPED: no C compiler on this machine");
         return None;
     };
-    let config = common::write_config(&dir, r#"[{"name": "sim-10", "memory": "128M", "compute": 0.1}]"#);
+    let config = common::write_config(
+        &dir,
+        r#"[{"name": "sim-10", "memory": "128M", "compute": 0.1}]"#,
+    );
     let agent = AgentProc::start(&k, &d.socket, &config, &["--no-dra"]);
-    Some(Setup { d, k, _agent: agent, program, dir })
+    Some(Setup {
+        d,
+        k,
+        _agent: agent,
+        program,
+        dir,
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -122,8 +141,12 @@ async fn a_pod_computes_on_its_vgpu_with_the_answers_mounts_and_env_and_its_vgpu
     assert_eq!((v.compute_share, v.memory_bytes), (0.2, 256 << 20));
 
     // The container with the device plugin's mounts and envs.
-    let (mounts, env) = answer_edits(&c);
-    let (ok, out, err) = common::finish(common::start_container(&s.program, &["0.5", "500", "4", "2"], &mounts, &env));
+    let edits = answer_edits(&c);
+    let (ok, out, err) = common::finish(common::start_container(
+        &s.program,
+        &["0.5", "500", "4", "2"],
+        &edits,
+    ));
     assert!(ok, "the pod's program failed: {out}{err}");
     let kernels: u64 = out
         .trim()
@@ -131,18 +154,40 @@ async fn a_pod_computes_on_its_vgpu_with_the_answers_mounts_and_env_and_its_vgpu
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{out}"));
     let stats = d.client.vgpu_stats(id).expect("stats");
-    assert!(stats.kernels >= kernels && kernels > 4, "stats {} kernels, the program {kernels}", stats.kernels);
+    assert!(
+        stats.kernels >= kernels && kernels > 4,
+        "stats {} kernels, the program {kernels}",
+        stats.kernels
+    );
     assert!(stats.kernel_ns > 0 && stats.bytes_htod >= 8192, "{stats:?}");
 
-    // The next container of the pod, as a CDI runtime makes it from the spec alone.
+    // The next container of the pod, as a CDI runtime makes it from the spec alone, once
+    // vgpud has the vGPU's next worker ready (docs/api.md, `attach`).
+    let c2 = d.client.clone();
+    eventually(
+        "the vGPU ready for the next process",
+        Duration::from_secs(20),
+        || (c2.vgpu(id).ok()?.state == vgpu_api::api::VgpuState::Ready).then_some(()),
+    )
+    .await;
     let spec = common::valid_cdi_spec(&k.cdi_dir.join(format!("vgpu.dev-vgpu-{id}.json")));
-    let (mounts, mut env_cdi) = common::cdi_edits(&spec);
-    env_cdi.sort();
-    assert_eq!((mounts.clone(), env_cdi.clone()), answer_edits(&c));
-    let (ok, out, err) = common::finish(common::start_container(&s.program, &["0.2", "500", "2", "1"], &mounts, &env_cdi));
+    let from_spec = common::cdi_edits(&spec);
+    assert_eq!(from_spec, edits);
+    let (ok, out, err) = common::finish(common::start_container(
+        &s.program,
+        &["0.2", "500", "2", "1"],
+        &from_spec,
+    ));
     assert!(ok && out.starts_with("ok"), "{out}{err}");
     // Without the mounts, the same program finds no vGPU: what it ran on came from them.
-    let (ok, _, err) = common::finish(common::start_container(&s.program, &["0.1", "100", "1", "1"], &[], &env_cdi));
+    let (ok, _, err) = common::finish(common::start_container(
+        &s.program,
+        &["0.1", "100", "1", "1"],
+        &Edits {
+            mounts: Vec::new(),
+            env: from_spec.env.clone(),
+        },
+    ));
     assert!(!ok, "the program ran without its mounts: {err}");
 
     // The pod is deleted: PodResources lists nothing; its vGPU and spec go.
@@ -154,7 +199,10 @@ async fn a_pod_computes_on_its_vgpu_with_the_answers_mounts_and_env_and_its_vgpu
     })
     .await;
     let spec_path = k.cdi_dir.join(format!("vgpu.dev-vgpu-{id}.json"));
-    eventually("its CDI spec removed", Duration::from_secs(5), || (!spec_path.exists()).then_some(())).await;
+    eventually("its CDI spec removed", Duration::from_secs(5), || {
+        (!spec_path.exists()).then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&s.dir);
 }
 
@@ -166,7 +214,11 @@ async fn a_70_30_pair_of_pods_on_one_gpu_gets_its_shares() {
     let (a_ids, a) = admit(k, &mut listed, "pod-70", 7).await;
     let (b_ids, b) = admit(k, &mut listed, "pod-30", 3).await;
     // Packed: 7 slices on one GPU, the 3 on the same GPU's remaining 3.
-    let gpu = |ids: &[String]| ids.iter().map(|i| i.split('-').next().unwrap_or("").to_owned()).collect::<std::collections::BTreeSet<_>>();
+    let gpu = |ids: &[String]| {
+        ids.iter()
+            .map(|i| i.split('-').next().unwrap_or("").to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
     assert_eq!(gpu(&a_ids).len(), 1, "{a_ids:?}");
     assert_eq!(gpu(&a_ids), gpu(&b_ids), "{a_ids:?} {b_ids:?}");
     let (va, vb) = (vgpu_of(&a), vgpu_of(&b));
@@ -175,10 +227,8 @@ async fn a_70_30_pair_of_pods_on_one_gpu_gets_its_shares() {
 
     // Both pods loop 5 ms kernels on 4 streams; the device time splits by their shares.
     let args = ["6", "5000", "8", "4"];
-    let (ma, ea) = answer_edits(&a);
-    let (mb, eb) = answer_edits(&b);
-    let pa = common::start_container(&s.program, &args, &ma, &ea);
-    let pb = common::start_container(&s.program, &args, &mb, &eb);
+    let pa = common::start_container(&s.program, &args, &answer_edits(&a));
+    let pb = common::start_container(&s.program, &args, &answer_edits(&b));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ns = |v: u32| d.client.vgpu_stats(v).expect("stats").kernel_ns;
     let t0 = Instant::now();
@@ -188,7 +238,9 @@ async fn a_70_30_pair_of_pods_on_one_gpu_gets_its_shares() {
     let wall = t0.elapsed().as_nanos() as f64;
     let (ua, ub) = ((a1 - a0) as f64 / wall, (b1 - b0) as f64 / wall);
     let split = ua / (ua + ub).max(f64::MIN_POSITIVE);
-    eprintln!("pods on one GPU: device time {ua:.3} / {ub:.3}; split {split:.3} (shares 0.70 / 0.30)");
+    eprintln!(
+        "pods on one GPU: device time {ua:.3} / {ub:.3}; split {split:.3} (shares 0.70 / 0.30)"
+    );
     for (name, p) in [("70", pa), ("30", pb)] {
         let (ok, out, err) = common::finish(p);
         assert!(ok && out.starts_with("ok"), "pod {name}: {out}{err}");
@@ -201,7 +253,10 @@ async fn a_70_30_pair_of_pods_on_one_gpu_gets_its_shares() {
     if load > 2.0 * cores || ua + ub < 0.5 {
         eprintln!("this machine is loaded past its cores (load {load:.1} on {cores} cores): the split is printed, not checked");
     } else {
-        assert!((0.55..=0.85).contains(&split), "the 70% pod got {split:.3} of the device time ({ua:.3} / {ub:.3})");
+        assert!(
+            (0.55..=0.85).contains(&split),
+            "the 70% pod got {split:.3} of the device time ({ua:.3} / {ub:.3})"
+        );
     }
     listed.clear();
     k.set_pods(&[]);

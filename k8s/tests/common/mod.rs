@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
+use vgpu_k8s::cdi::Edits;
 use vgpu_k8s::grpc;
 use vgpu_k8s::proto::deviceplugin as dp;
 use vgpu_k8s::proto::podresources as pr;
@@ -43,10 +44,16 @@ struct Registrar {
 
 #[tonic::async_trait]
 impl dp::registration_server::Registration for Registrar {
-    async fn register(&self, r: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
+    async fn register(
+        &self,
+        r: Request<dp::RegisterRequest>,
+    ) -> Result<Response<dp::Empty>, Status> {
         let r = r.into_inner();
         if r.version != "v1beta1" {
-            return Err(Status::invalid_argument(format!("version {} is not v1beta1", r.version)));
+            return Err(Status::invalid_argument(format!(
+                "version {} is not v1beta1",
+                r.version
+            )));
         }
         self.log.lock().unwrap_or_else(|p| p.into_inner()).push(r);
         Ok(Response::new(dp::Empty {}))
@@ -64,7 +71,9 @@ impl pr::pod_resources_lister_server::PodResourcesLister for Lister {
         _: Request<pr::ListPodResourcesRequest>,
     ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
         let pod_resources = self.pods.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        Ok(Response::new(pr::ListPodResourcesResponse { pod_resources }))
+        Ok(Response::new(pr::ListPodResourcesResponse {
+            pod_resources,
+        }))
     }
     async fn get_allocatable_resources(
         &self,
@@ -119,7 +128,10 @@ impl FakeKubelet {
         let svc = pr::pod_resources_lister_server::PodResourcesListerServer::new(Lister {
             pods: k.pods.clone(),
         });
-        k.pr_server = Some(grpc::serve(l, tonic::transport::Server::builder().add_service(svc)));
+        k.pr_server = Some(grpc::serve(
+            l,
+            tonic::transport::Server::builder().add_service(svc),
+        ));
         k.start_registration();
         k
     }
@@ -129,7 +141,10 @@ impl FakeKubelet {
         let svc = dp::registration_server::RegistrationServer::new(Registrar {
             log: self.registrations.clone(),
         });
-        self.reg_server = Some(grpc::serve(l, tonic::transport::Server::builder().add_service(svc)));
+        self.reg_server = Some(grpc::serve(
+            l,
+            tonic::transport::Server::builder().add_service(svc),
+        ));
     }
 
     /// What a kubelet restart does to the device plugin directory: its registration
@@ -158,22 +173,31 @@ impl FakeKubelet {
     /// Waits for registration number `n` of `resource`; its request.
     pub async fn wait_registered(&self, resource: &str, n: usize) -> dp::RegisterRequest {
         let log = self.registrations.clone();
-        eventually(&format!("registration {n} of {resource}"), Duration::from_secs(20), || {
-            log.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|r| r.resource_name == resource)
-                .nth(n - 1)
-                .cloned()
-        })
+        eventually(
+            &format!("registration {n} of {resource}"),
+            Duration::from_secs(20),
+            || {
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter(|r| r.resource_name == resource)
+                    .nth(n - 1)
+                    .cloned()
+            },
+        )
         .await
     }
 
     /// A client of the plugin registered last for `resource`.
-    pub async fn plugin(&self, resource: &str) -> dp::device_plugin_client::DevicePluginClient<Channel> {
+    pub async fn plugin(
+        &self,
+        resource: &str,
+    ) -> dp::device_plugin_client::DevicePluginClient<Channel> {
         let n = self.registered(resource);
         let r = self.wait_registered(resource, n.max(1)).await;
-        let ch = grpc::connect(&self.dp_dir.join(&r.endpoint)).await.expect("plugin socket");
+        let ch = grpc::connect(&self.dp_dir.join(&r.endpoint))
+            .await
+            .expect("plugin socket");
         dp::device_plugin_client::DevicePluginClient::new(ch)
     }
 
@@ -202,7 +226,10 @@ impl FakeKubelet {
 
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
-        for s in [self.reg_server.take(), self.pr_server.take()].into_iter().flatten() {
+        for s in [self.reg_server.take(), self.pr_server.take()]
+            .into_iter()
+            .flatten()
+        {
             s.abort();
         }
     }
@@ -314,9 +341,20 @@ pub fn install_library(dir: &Path) -> PathBuf {
         if !built.exists() {
             let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
             let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "--quiet", "--manifest-path", manifest, "-p", "vgpu-cuda", "--lib"])
+                .args([
+                    "build",
+                    "--quiet",
+                    "--manifest-path",
+                    manifest,
+                    "-p",
+                    "vgpu-cuda",
+                    "--lib",
+                ])
                 .status();
-            assert!(matches!(status, Ok(s) if s.success()), "cannot build vgpu-cuda: {status:?}");
+            assert!(
+                matches!(status, Ok(s) if s.success()),
+                "cannot build vgpu-cuda: {status:?}"
+            );
         }
     }
     let lib = dir.join("lib");
@@ -346,7 +384,11 @@ pub fn build_pod_program(dir: &Path, lib: &Path) -> Option<PathBuf> {
         .arg("-lcuda")
         .output()
         .expect("run cc");
-    assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Some(exe)
 }
 
@@ -362,16 +404,17 @@ pub fn can_make_containers() -> bool {
 /// Starts `program args` as a container would run it: in its own mount namespace with
 /// tmpfs over /run and /usr/local (where the container paths lie), exactly `mounts`
 /// bind-mounted (read-only where asked) and exactly `env` as its environment.
-pub fn start_container(
-    program: &Path,
-    args: &[&str],
-    mounts: &[(String, String, bool)],
-    env: &[(String, String)],
-) -> Child {
+pub fn start_container(program: &Path, args: &[&str], edits: &Edits) -> Child {
+    let (mounts, env) = (&edits.mounts, &edits.env);
     let q = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
-    let mut script = String::from("set -e; mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /usr/local; ");
+    let mut script =
+        String::from("set -e; mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /usr/local; ");
     for (host, ctr, ro) in mounts {
-        script += &format!("mkdir -p {c}; mount --bind {h} {c}; ", h = q(host), c = q(ctr));
+        script += &format!(
+            "mkdir -p {c}; mount --bind {h} {c}; ",
+            h = q(host),
+            c = q(ctr)
+        );
         if *ro {
             script += &format!("mount -o remount,bind,ro {}; ", q(ctr));
         }
@@ -424,7 +467,8 @@ impl FakeApi {
     pub fn start() -> Self {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let url = format!("http://{}", l.local_addr().expect("addr"));
-        let objects: Arc<Mutex<std::collections::BTreeMap<String, serde_json::Value>>> = Arc::default();
+        let objects: Arc<Mutex<std::collections::BTreeMap<String, serde_json::Value>>> =
+            Arc::default();
         let log: Arc<Mutex<Vec<ApiRequest>>> = Arc::default();
         let (o, lg) = (objects.clone(), log.clone());
         std::thread::spawn(move || {
@@ -464,7 +508,11 @@ fn serve_one(
     let path = words.next().unwrap_or("").to_owned();
     let len: usize = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let mut body = buf[head_end + 4..].to_vec();
@@ -475,11 +523,13 @@ fn serve_one(
         }
         body.extend_from_slice(&chunk[..n]);
     }
-    log.lock().unwrap_or_else(|p| p.into_inner()).push(ApiRequest {
-        method: method.clone(),
-        path: path.clone(),
-        body: body.clone(),
-    });
+    log.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(ApiRequest {
+            method: method.clone(),
+            path: path.clone(),
+            body: body.clone(),
+        });
     let mut objs = objects.lock().unwrap_or_else(|p| p.into_inner());
     let json = serde_json::from_slice::<serde_json::Value>(&body).ok();
     let (status, answer) = match method.as_str() {
@@ -515,7 +565,8 @@ fn serve_one(
 pub fn cdi_validator() -> jsonschema::Validator {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/cdi");
     let read = |f: &str| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).expect("schema file")).expect("schema JSON")
+        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).expect("schema file"))
+            .expect("schema JSON")
     };
     let mut schema = read("schema.json");
     schema["$id"] = serde_json::json!("https://cdi.invalid/schema.json");
@@ -534,14 +585,20 @@ pub fn cdi_validator() -> jsonschema::Validator {
 pub fn valid_cdi_spec(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let v: serde_json::Value = serde_json::from_str(&text).expect("spec JSON");
-    let errors: Vec<String> = cdi_validator().iter_errors(&v).map(|e| e.to_string()).collect();
-    assert!(errors.is_empty(), "{} is not a valid CDI spec: {errors:?}\n{text}", path.display());
+    let errors: Vec<String> = cdi_validator()
+        .iter_errors(&v)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{} is not a valid CDI spec: {errors:?}\n{text}",
+        path.display()
+    );
     v
 }
 
-/// The mounts and env of a CDI spec's first device, as (host, container, read-only) and
-/// (name, value).
-pub fn cdi_edits(spec: &serde_json::Value) -> (Vec<(String, String, bool)>, Vec<(String, String)>) {
+/// The mounts and env of a CDI spec's first device (env sorted).
+pub fn cdi_edits(spec: &serde_json::Value) -> Edits {
     let edits = &spec["devices"][0]["containerEdits"];
     let mounts = edits["mounts"]
         .as_array()
@@ -560,7 +617,7 @@ pub fn cdi_edits(spec: &serde_json::Value) -> (Vec<(String, String, bool)>, Vec<
                 .collect()
         })
         .unwrap_or_default();
-    let env = edits["env"]
+    let mut env: Vec<(String, String)> = edits["env"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -571,5 +628,6 @@ pub fn cdi_edits(spec: &serde_json::Value) -> (Vec<(String, String, bool)>, Vec<
                 .collect()
         })
         .unwrap_or_default();
-    (mounts, env)
+    env.sort();
+    Edits { mounts, env }
 }
