@@ -48,7 +48,7 @@ pub async fn pass(agent: &Arc<Agent>) -> Result<Vec<u32>, String> {
         let resource = format!("{}/{profile}", agent.opts.config.domain);
         if ids
             .iter()
-            .any(|id| held.contains(&(resource.clone(), (*id).to_owned())))
+            .any(|id| held.contains(&(resource.clone(), id.clone())))
         {
             continue;
         }

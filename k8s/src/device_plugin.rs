@@ -101,7 +101,11 @@ impl ProfilePlugin {
         let n = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let labels = vec![
             (keys.resource.clone(), p.name.clone()),
-            (keys.devices.clone(), ids.join(",")),
+            (
+                keys.devices.clone(),
+                inventory::encode_devices(ids)
+                    .ok_or_else(|| Status::invalid_argument("the slices lie on several GPUs"))?,
+            ),
         ];
         let handed = self
             .agent

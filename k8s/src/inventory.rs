@@ -49,17 +49,38 @@ impl LabelKeys {
     }
 
     /// The device plugin allocation `v` holds: its profile and device IDs.
-    pub fn allocation<'a>(&self, v: &'a Vgpu) -> Option<(&'a str, Vec<&'a str>)> {
+    pub fn allocation<'a>(&self, v: &'a Vgpu) -> Option<(&'a str, Vec<String>)> {
         if !self.ours(v) {
             return None;
         }
         let profile = v.labels.get(&self.resource)?;
-        let ids = v.labels.get(&self.devices)?;
-        Some((
-            profile.as_str(),
-            ids.split(',').filter(|s| !s.is_empty()).collect(),
-        ))
+        let ids = decode_devices(v.labels.get(&self.devices)?)?;
+        Some((profile.as_str(), ids))
     }
+}
+
+/// The label value naming the device IDs of one GPU's slices: `gpu<G>:<K>,<K>,...` (short
+/// enough for vgpud's 256-character label values at 64 slices).
+pub fn encode_devices(ids: &[String]) -> Option<String> {
+    let mut gpu = None;
+    let mut ks = Vec::new();
+    for id in ids {
+        let (g, k) = parse_device_id(id)?;
+        if *gpu.get_or_insert(g) != g {
+            return None;
+        }
+        ks.push(k.to_string());
+    }
+    Some(format!("gpu{}:{}", gpu?, ks.join(",")))
+}
+
+/// The device IDs of an [`encode_devices`] label value.
+pub fn decode_devices(s: &str) -> Option<Vec<String>> {
+    let (g, ks) = s.strip_prefix("gpu")?.split_once(':')?;
+    let g: u32 = g.parse().ok()?;
+    ks.split(',')
+        .map(|k| k.parse::<u32>().ok().map(|k| device_id(g, k)))
+        .collect()
 }
 
 /// One advertised device of a profile.
@@ -139,7 +160,7 @@ pub fn snapshot(config: &Config, gpus: &[Gpu], vgpus: &[Vgpu]) -> Snapshot {
             }
             let failed = matches!(v.state, VgpuState::Failed { .. });
             let gpu_listed = gpus.iter().any(|g| g.index == v.gpu);
-            for id in ids {
+            for id in &ids {
                 if let Some(gk) = parse_device_id(id) {
                     held.insert(gk, !failed && gpu_listed);
                 }
@@ -292,7 +313,7 @@ mod tests {
             "priority": 0, "oversubscribe": false, "share_group": null, "queues": 1,
             "state": {"kind": "ready"}, "vm": null, "owned_by_vm": false, "socket": "/s",
             "worker_pid": null,
-            "labels": {"vgpu.dev/agent": "vgpu-k8s", "vgpu.dev/resource": "g2-25", "vgpu.dev/devices": "gpu0-1"}
+            "labels": {"vgpu.dev/agent": "vgpu-k8s", "vgpu.dev/resource": "g2-25", "vgpu.dev/devices": "gpu0:1"}
         }))
         .expect("a Vgpu");
         let s = snapshot(&c, &[gpu(0, 6 << 30, 0.25)], std::slice::from_ref(&v));
@@ -326,6 +347,19 @@ mod tests {
         assert!(s.all_unhealthy().devices["g2-25"]
             .iter()
             .all(|d| !d.healthy));
+    }
+
+    #[test]
+    fn a_gpus_slices_fit_one_label_value() {
+        let ids: Vec<String> = (0..MAX_SLOTS_PER_GPU).map(|k| device_id(12, k)).collect();
+        let label = encode_devices(&ids).expect("one GPU");
+        assert!(label.len() <= 256, "{}", label.len());
+        assert_eq!(decode_devices(&label), Some(ids));
+        assert_eq!(encode_devices(&["gpu0-1".into(), "gpu1-1".into()]), None);
+        assert_eq!(encode_devices(&[]), None);
+        for bad in ["gpu1:", "gpu1:x", "gpux:1", "1:1"] {
+            assert_eq!(decode_devices(bad), None, "{bad}");
+        }
     }
 
     #[test]

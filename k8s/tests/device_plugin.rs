@@ -201,7 +201,7 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     );
     assert_eq!(
         v.labels.get("vgpu.dev/devices").map(String::as_str),
-        Some("gpu1-0,gpu1-1")
+        Some("gpu1:0,1")
     );
     assert_eq!(c.cdi_devices.len(), 1);
     assert_eq!(
