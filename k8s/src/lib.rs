@@ -15,8 +15,6 @@ pub mod proto;
 pub mod slices;
 pub mod vgpud;
 
-use std::sync::Arc;
-
 pub use agent::{Agent, Options};
 
 /// Runs the agent until the process is stopped.
@@ -34,5 +32,4 @@ pub async fn run(opts: Options, vgpud: vgpud::Vgpud) {
     for t in tasks {
         let _ = t.await;
     }
-    let _: Option<Arc<Agent>> = None;
 }

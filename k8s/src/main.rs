@@ -119,10 +119,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // SIGTERM (the DaemonSet's pod going) or SIGINT stop the agent; the vGPUs it handed
+    // out stay with their pods, and the next agent finds them by their labels.
     rt.block_on(async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!("cannot watch for SIGTERM: {e}");
+                    return;
+                }
+            };
         tokio::select! {
             () = vgpu_k8s::run(opts, vgpud) => {}
-            _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("stopping (SIGINT)"),
+            _ = term.recv() => tracing::info!("stopping (SIGTERM)"),
         }
     });
     ExitCode::SUCCESS
