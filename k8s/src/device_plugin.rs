@@ -317,13 +317,21 @@ async fn start_and_register(agent: &Arc<Agent>) -> Result<Vec<JoinHandle<()>>, S
 }
 
 /// Registers with the kubelet, and again whenever the kubelet restarted or our sockets
-/// went away (the kubelet removes them when it starts).
+/// went away (the kubelet removes them when it starts): the directory is watched, and
+/// looked at every poll.
 pub async fn run(agent: Arc<Agent>) {
     let dir: PathBuf = agent.opts.device_plugin_dir.clone();
     let kubelet = dir.join(KUBELET_SOCKET);
     let mut servers: Vec<JoinHandle<()>> = Vec::new();
     let mut registered_with = None;
     let mut last_error = String::new();
+    let wake = Arc::new(tokio::sync::Notify::new());
+    if let Err(e) = crate::dirwatch::watch(&dir, wake.clone()) {
+        tracing::warn!(
+            "cannot watch {} ({e}); a kubelet restart is seen at the next poll",
+            dir.display()
+        );
+    }
     loop {
         let now = identity(&kubelet);
         let ours_there = agent
@@ -350,6 +358,9 @@ pub async fn run(agent: Arc<Agent>) {
                 }
             }
         }
-        tokio::time::sleep(agent.opts.poll).await;
+        tokio::select! {
+            () = tokio::time::sleep(agent.opts.poll) => {}
+            () = wake.notified() => {}
+        }
     }
 }

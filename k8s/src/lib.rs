@@ -7,6 +7,7 @@ pub mod cdi;
 pub mod cleanup;
 pub mod config;
 pub mod device_plugin;
+pub mod dirwatch;
 pub mod dra;
 pub mod grpc;
 pub mod inventory;

@@ -13,6 +13,7 @@ use vgpu_k8s::{vgpud::Vgpud, Options};
 #[derive(Parser, Debug)]
 #[command(
     name = "vgpu-k8s",
+    args_override_self = true,
     about = "Hands the local vgpud's process vGPUs to Kubernetes pods: a kubelet device plugin and a DRA driver"
 )]
 struct Args {

@@ -319,3 +319,33 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_is_seen_at_once_not_at_the_next_poll() {
+    let d = TestDaemon::start("k8s-dp-watch", &["--sim-gpus", "1", "--sim-memory", "1G"]);
+    let dir = temp_dir("k8s-dp-watch-kubelet");
+    let mut k = FakeKubelet::start(&dir);
+    let config = common::write_config(
+        &dir,
+        r#"[{"name": "sim-512m-25", "memory": "512M", "compute": 0.25}]"#,
+    );
+    // A poll of a minute: only the directory watch can notice the restart in time.
+    let _agent = AgentProc::start(&k, &d.socket, &config, &["--no-dra", "--poll-ms", "60000"]);
+    k.wait_registered(R25, 1).await;
+    let t = std::time::Instant::now();
+    k.restart();
+    let r = k.wait_registered(R25, 2).await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "re-registered after {:?}",
+        t.elapsed()
+    );
+    let mut plugin = k.plugin(R25).await;
+    let mut watch = plugin
+        .list_and_watch(dp::Empty {})
+        .await
+        .expect("ListAndWatch on the new socket")
+        .into_inner();
+    assert_eq!(healthy(&next(&mut watch).await), 2, "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
