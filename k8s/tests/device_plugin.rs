@@ -2,7 +2,8 @@
 //! sockets in a temp dir, and a real vgpud on sim GPUs: registration per profile,
 //! ListAndWatch following vgpud's capacity, GetPreferredAllocation packing, Allocate's
 //! answer (CDI device, mounts, envs; the CDI spec valid against the CDI schema), refused
-//! allocations leaving nothing behind, the cleanup of a gone pod's vGPU, re-registration
+//! allocations leaving nothing behind, the cleanup of a gone pod's vGPU (none while
+//! PodResources does not answer), re-registration
 //! after a kubelet restart, and every device unhealthy while vgpud is down.
 
 mod common;
@@ -257,7 +258,15 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     // The pod is listed: its vGPU stays past the grace time. Gone: the vGPU goes.
     tokio::time::sleep(Duration::from_millis(1800)).await;
     assert!(d.client.vgpu(v.id).is_ok(), "a listed pod's vGPU stays");
+    // PodResources does not answer: nothing is deleted, whatever it said last.
+    k.pod_resources(false);
     k.set_pods(&[]);
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(
+        d.client.vgpu(v.id).is_ok(),
+        "deleted while PodResources did not answer"
+    );
+    k.pod_resources(true);
     let c2 = d.client.clone();
     let id = v.id;
     eventually(

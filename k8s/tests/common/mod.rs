@@ -136,6 +136,24 @@ impl FakeKubelet {
         k
     }
 
+    /// Stops answering PodResources (its socket stays, refusing connections) or starts
+    /// again.
+    pub fn pod_resources(&mut self, serve: bool) {
+        if let Some(s) = self.pr_server.take() {
+            s.abort();
+        }
+        if serve {
+            let l = grpc::bind(&self.pr_socket).expect("pod-resources socket");
+            let svc = pr::pod_resources_lister_server::PodResourcesListerServer::new(Lister {
+                pods: self.pods.clone(),
+            });
+            self.pr_server = Some(grpc::serve(
+                l,
+                tonic::transport::Server::builder().add_service(svc),
+            ));
+        }
+    }
+
     fn start_registration(&mut self) {
         let l = grpc::bind(&self.dp_dir.join("kubelet.sock")).expect("kubelet.sock");
         let svc = dp::registration_server::RegistrationServer::new(Registrar {
