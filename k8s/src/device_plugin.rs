@@ -60,6 +60,12 @@ impl ProfilePlugin {
             return Err(Status::invalid_argument("a container asked for no device"));
         }
         let mut gpus = BTreeSet::new();
+        let distinct: BTreeSet<&String> = ids.iter().collect();
+        if distinct.len() != ids.len() {
+            return Err(Status::invalid_argument(format!(
+                "the devices {ids:?} name a slice twice"
+            )));
+        }
         for id in ids {
             let (g, _) = parse_device_id(id).ok_or_else(|| {
                 Status::invalid_argument(format!(

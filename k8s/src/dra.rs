@@ -189,6 +189,18 @@ impl Driver {
                 agent.take_back(d.vgpu).await;
             }
         }
+        for (what, v) in [("namespace", &claim.namespace), ("name", &claim.name)] {
+            let ok = !v.is_empty()
+                && v.len() <= 253
+                && v.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                });
+            if !ok {
+                return Err(format!(
+                    "the claim's {what} {v:?} is not a Kubernetes object name"
+                ));
+            }
+        }
         let api = agent
             .opts
             .kube_api

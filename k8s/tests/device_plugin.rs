@@ -157,10 +157,11 @@ async fn the_device_plugin_follows_vgpud_allocates_and_survives_kubelet_and_vgpu
     let chosen = pref.container_responses[0].device_i_ds.clone();
     assert_eq!(chosen, ["gpu1-0", "gpu1-1"], "the tightest GPU: {avail:?}");
 
-    // Slices on two GPUs, or a device that is not ours: refused, nothing made.
+    // Slices on two GPUs, a device that is not ours, a slice twice: refused, nothing made.
     for bad in [
         vec!["gpu0-0".to_owned(), "gpu1-0".to_owned()],
         vec!["gpu9-x".to_owned()],
+        vec!["gpu0-0".to_owned(), "gpu0-0".to_owned()],
     ] {
         let e = plugin
             .allocate(dp::AllocateRequest {

@@ -292,6 +292,11 @@ async fn the_dra_driver_publishes_slices_prepares_claims_idempotently_and_unprep
         ("claim-d", "uid-d", "not one this driver publishes"),
         ("claim-e", "uid-e", "colour"),
         ("claim-x", "uid-x", "404"),
+        (
+            "../../nodes/node-a",
+            "uid-y",
+            "not a Kubernetes object name",
+        ),
     ] {
         let r = prepare(&mut drv, kubelet_claim(name, uid)).await;
         assert!(r.error.contains(needle), "{name}: {r:?}");
