@@ -20,6 +20,7 @@ mod metrics;
 mod migration;
 mod persistence;
 mod pool;
+mod private;
 mod process;
 mod procs;
 mod rebalancing;
@@ -174,21 +175,11 @@ impl Default for WorkerSandbox {
     }
 }
 
-/// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
-pub fn default_state_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(d) => PathBuf::from(d).join("vgpud"),
-        None => {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::getuid() };
-            PathBuf::from(format!("/tmp/vgpud-{uid}"))
-        }
-    }
-}
+pub use private::default_state_dir;
 
 /// The default API socket: `<default state dir>/vgpud.sock`.
-pub fn default_socket() -> PathBuf {
-    default_state_dir().join("vgpud.sock")
+pub fn default_socket() -> Result<PathBuf, DaemonError> {
+    Ok(default_state_dir()?.join("vgpud.sock"))
 }
 
 /// A sibling binary of the running executable (same target directory).

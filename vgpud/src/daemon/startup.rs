@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,6 +93,7 @@ fn take_lock(path: &Path, state_dir: &Path, serves: &str) -> Result<LockFile, Da
         .create(true)
         .truncate(false)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|source| DaemonError::Lock {
             path: path.to_owned(),
@@ -150,14 +151,14 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
             "no GPUs configured; give --sim-gpus 1 or more".into(),
         ));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&cfg.state_dir)
-        .map_err(|source| DaemonError::StateDir {
-            path: cfg.state_dir.clone(),
-            source,
-        })?;
+    // A directory another user made first, or may write in, is refused before vgpud
+    // creates anything in it.
+    super::private::prepare_dir(&cfg.state_dir, "state directory")?;
+    if let Listen::Unix(p) = &cfg.listen {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            super::private::prepare_dir(dir, "socket directory")?;
+        }
+    }
     // One daemon per state directory (worker sockets, logs and consoles live there); a
     // second one is refused before it touches anything.
     let serves = match &cfg.listen {
@@ -252,12 +253,6 @@ async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
                     });
                 }
                 let _ = std::fs::remove_file(path);
-            }
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                let _ = std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir);
             }
             let listener =
                 tokio::net::UnixListener::bind(path).map_err(|source| DaemonError::Bind {

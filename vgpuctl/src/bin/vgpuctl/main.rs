@@ -102,7 +102,7 @@ fn client(cli: &Cli) -> Result<Client, ClientError> {
     let endpoint = match (&cli.url, &cli.socket) {
         (Some(u), _) => Endpoint::from_url(u)?,
         (None, Some(s)) => Endpoint::Unix(s.clone()),
-        (None, None) => Endpoint::Unix(default_socket()),
+        (None, None) => Endpoint::Unix(default_socket()?),
     };
     Ok(Client::new(endpoint, token))
 }

@@ -39,15 +39,7 @@ fn write_token(path: &Path) -> Result<String, ApiError> {
     )
     .map_err(err)?;
     let token: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    let mut f = std::os::unix::fs::OpenOptionsExt::mode(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true),
-        0o600,
-    )
-    .open(path)
-    .map_err(err)?;
+    let mut f = crate::daemon::private::create_file(path).map_err(err)?;
     std::io::Write::write_all(&mut f, token.as_bytes()).map_err(err)?;
     Ok(token)
 }
@@ -318,15 +310,8 @@ impl Daemon {
             ));
         }
         let path = self.cfg.state_dir.join(format!("vm-{vm_id}.before.log"));
-        let written = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true),
-            0o600,
-        )
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
+        let written = crate::daemon::private::create_file(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
         match written {
             Ok(()) => {
                 vgpu_sync::lock(&self.host.consoles).insert(vm_id, path);
