@@ -131,6 +131,16 @@ struct Args {
     #[arg(long, env = "VGPUD_HEADER_READ_TIMEOUT_S", default_value_t = 10,
         value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_read_timeout_s: u64,
+    /// Seconds an API connection may sit without a request before vgpud closes it (idle
+    /// clients cannot pile up descriptors). 1 to 86400.
+    #[arg(long, env = "VGPUD_API_IDLE_TIMEOUT_S", default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=86400))]
+    api_idle_timeout_s: u64,
+    /// Most API connections (unix socket and TCP together) open at once; one more is
+    /// closed on arrival [default: a quarter of the open-file limit, at most 1024].
+    #[arg(long, env = "VGPUD_MAX_API_CONNECTIONS",
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_api_connections: Option<u64>,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -401,6 +411,10 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         workers: args.sandbox.config(),
         released_retention: Duration::from_secs(args.released_retention_s),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_s),
+        api_idle_timeout: Duration::from_secs(args.api_idle_timeout_s),
+        max_api_connections: args
+            .max_api_connections
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     })
 }
 

@@ -303,6 +303,8 @@ pub(super) mod testing {
             discard_state: false,
             released_retention: Duration::from_secs(300),
             header_read_timeout: Duration::from_secs(10),
+            api_idle_timeout: Duration::from_secs(60),
+            max_api_connections: None,
             storage_root: None,
             shm_limits: ShmLimits::default(),
             workers: Default::default(),

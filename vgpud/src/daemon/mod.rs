@@ -116,6 +116,12 @@ pub struct Config {
     /// How long a client may take to send a request's headers before vgpud closes the
     /// connection (`--header-read-timeout-s`).
     pub header_read_timeout: Duration,
+    /// How long an API connection may sit without a request before vgpud closes it
+    /// (`--api-idle-timeout-s`).
+    pub api_idle_timeout: Duration,
+    /// Most API connections (unix and TCP together) open at once (`--max-api-connections`);
+    /// `None`: a quarter of the open-file limit, at most 1024.
+    pub max_api_connections: Option<usize>,
 }
 
 /// What a violation of a worker's seccomp filter does (`--worker-seccomp`).

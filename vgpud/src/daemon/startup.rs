@@ -145,7 +145,7 @@ fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
 pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<(), DaemonError> {
     check_binaries(&cfg)?;
     // Every shared object, worker channel and REST connection is a descriptor.
-    super::shm::raise_fd_limit();
+    let nofile = super::shm::raise_fd_limit();
     if cfg.gpus.is_empty() {
         return Err(DaemonError::Option(
             "no GPUs configured; give --sim-gpus 1 or more".into(),
@@ -199,14 +199,26 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
     on_listening();
-    let timeout = cfg.header_read_timeout;
+    let limits = super::http::serve::Limits {
+        header_read_timeout: cfg.header_read_timeout,
+        idle_timeout: cfg.api_idle_timeout,
+        max_connections: cfg
+            .max_api_connections
+            .unwrap_or_else(|| super::http::serve::Limits::default_max_connections(nofile)),
+        reserve: super::http::serve::FD_RESERVE,
+    };
+    tracing::info!(
+        max = limits.max_connections,
+        idle_timeout_s = limits.idle_timeout.as_secs(),
+        "API connections bounded"
+    );
     let served = match listener {
         Bound::Unix(listener, path) => {
-            let r = super::http::serve::serve(listener, app, timeout, shutdown).await;
+            let r = super::http::serve::serve(listener, app, limits, shutdown).await;
             let _ = std::fs::remove_file(path);
             r
         }
-        Bound::Tcp(listener) => super::http::serve::serve(listener, app, timeout, shutdown).await,
+        Bound::Tcp(listener) => super::http::serve::serve(listener, app, limits, shutdown).await,
     };
     sampler.abort();
     rebalancer.abort();

@@ -34,7 +34,7 @@ use crate::vm::VmCmd;
 #[derive(Parser, Debug)]
 #[command(name = "vgpuctl", version)]
 struct Cli {
-    /// vgpud's unix socket [default: $XDG_RUNTIME_DIR/vgpud/vgpud.sock or /tmp/vgpud-$UID/vgpud.sock].
+    /// vgpud's unix socket [default: /run/vgpud/vgpud.sock for root, $XDG_RUNTIME_DIR/vgpud/vgpud.sock for others].
     #[arg(long, global = true, env = "VGPUD_SOCKET", conflicts_with = "url")]
     socket: Option<PathBuf>,
     /// vgpud over TCP, e.g. http://127.0.0.1:7070 (needs --token-file).
