@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vgpu_backend::pager::Pager;
+use vgpu_migration::screen::{self, Replayed};
 use vgpu_migration::Migratable;
 
 use crate::error::WorkerError;
@@ -96,18 +97,31 @@ pub fn token(path: &std::path::Path) -> Result<String, WorkerError> {
 }
 
 /// The connection, accepted on first use (so that the dispatch lock is held while the
-/// worker waits for its source).
+/// worker waits for its source). A connection that does not open with a hello carrying
+/// the move's token is told why and closed, and the next one awaited: only the source
+/// that was given the token starts the move (vgpud cancels one whose source never comes).
 struct Lazy {
     listener: Listener,
-    conn: Option<UnixStream>,
+    token: String,
+    conn: Option<Replayed<UnixStream>>,
 }
 
 impl Lazy {
-    fn conn(&mut self) -> io::Result<&mut UnixStream> {
-        if self.conn.is_none() {
-            let s = self.listener.accept()?;
-            tracing::info!("the source worker connected; receiving the vGPU's state");
-            self.conn = Some(s);
+    fn conn(&mut self) -> io::Result<&mut Replayed<UnixStream>> {
+        while self.conn.is_none() {
+            let mut s = self.listener.accept()?;
+            s.set_read_timeout(Some(screen::HELLO_WAIT))?;
+            match screen::screen_source(&mut s, self.token.as_bytes()) {
+                Ok(head) => {
+                    s.set_read_timeout(Some(STREAM_TIMEOUT))?;
+                    tracing::info!("the source worker connected; receiving the vGPU's state");
+                    self.conn = Some(Replayed::new(head, s));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "closed a connection that is not the source's; still waiting for it");
+                    screen::refuse(&mut s, &e);
+                }
+            }
         }
         self.conn
             .as_mut()
@@ -146,6 +160,7 @@ pub fn start(
         .spawn(move || {
             let conn = Lazy {
                 listener,
+                token: token.clone(),
                 conn: None,
             };
             let (migratable, pager) = layers;

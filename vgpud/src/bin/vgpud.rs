@@ -141,6 +141,11 @@ struct Args {
     #[arg(long, env = "VGPUD_MAX_API_CONNECTIONS",
         value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_api_connections: Option<u64>,
+    /// Seconds an admitted incoming VM waits for its source to connect its stream before
+    /// the move is cancelled and its vGPU's shares released. 1 to 3600.
+    #[arg(long, env = "VGPUD_MIGRATION_CONNECT_TIMEOUT_S", default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    migration_connect_timeout_s: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -415,6 +420,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         max_api_connections: args
             .max_api_connections
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        migration_connect_timeout: Duration::from_secs(args.migration_connect_timeout_s),
     })
 }
 

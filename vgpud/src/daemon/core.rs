@@ -305,6 +305,7 @@ pub(super) mod testing {
             header_read_timeout: Duration::from_secs(10),
             api_idle_timeout: Duration::from_secs(60),
             max_api_connections: None,
+            migration_connect_timeout: Duration::from_secs(30),
             storage_root: None,
             shm_limits: ShmLimits::default(),
             workers: Default::default(),

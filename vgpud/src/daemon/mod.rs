@@ -122,6 +122,9 @@ pub struct Config {
     /// Most API connections (unix and TCP together) open at once (`--max-api-connections`);
     /// `None`: a quarter of the open-file limit, at most 1024.
     pub max_api_connections: Option<usize>,
+    /// How long an admitted incoming VM waits for its source to connect before the move
+    /// is cancelled and what it reserved freed (`--migration-connect-timeout-s`).
+    pub migration_connect_timeout: Duration,
 }
 
 /// What a violation of a worker's seccomp filter does (`--worker-seccomp`).
