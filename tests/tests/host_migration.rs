@@ -414,7 +414,8 @@ impl Drop for TcpDaemon {
     }
 }
 
-fn tcp_daemon(tag: &str, extra: &[&str]) -> TcpDaemon {
+/// `env`: vgpud's environment beside the test's (its options' variables).
+fn tcp_daemon(tag: &str, env: &[(&str, &str)]) -> TcpDaemon {
     let dir = vgpu_tests::daemon::temp_dir(tag);
     let token = format!("{tag}-token-0123456789abcdef");
     let token_file = dir.join("token");
@@ -446,10 +447,10 @@ fn tcp_daemon(tag: &str, extra: &[&str]) -> TcpDaemon {
         pdir,
     ];
     args.extend(gpus().iter().map(|s| (*s).to_string()));
-    args.extend(extra.iter().map(|s| (*s).to_string()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let log = std::fs::File::create(dir.join("vgpud.log")).expect("log");
     let child = vgpu_tests::daemon::vgpud_command(&refs)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
@@ -519,7 +520,10 @@ fn tcp_target(address: &str) -> String {
 fn impostors_on_the_stream_ports_do_not_end_a_move_and_a_source_that_never_comes_is_cancelled() {
     require_kvm!();
     use std::io::Write;
-    let b = tcp_daemon("hostmig-impostor", &["--migration-connect-timeout-s", "4"]);
+    let b = tcp_daemon(
+        "hostmig-impostor",
+        &[("VGPUD_MIGRATION_CONNECT_TIMEOUT_S", "4")],
+    );
     let ask = vgpu_api::api::IncomingVm {
         vm: gpu_load("rounds=10", 0, 0.2, vgpu_tests::gpus::share(32 * MIB)),
         source: "a test posing as the source".into(),

@@ -120,7 +120,17 @@ fn fds_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
-fn worker(sock: &Path, log: &Path) -> Child {
+/// The worker, killed if the test fails before it exits.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn worker(sock: &Path, log: &Path) -> Worker {
     let w = Command::new(vgpu_tests::bins::binary("vgpu-worker"))
         .args(["--socket", &sock.display().to_string(), "--vgpu-id", "7"])
         .args(["--memory", "64M", "--queues", "2", "--seccomp", "kill"])
@@ -137,7 +147,7 @@ fn worker(sock: &Path, log: &Path) -> Child {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    w
+    Worker(w)
 }
 
 #[test]
@@ -146,7 +156,7 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
     let sock = dir.join("vgpu.sock");
     let log = dir.join("worker.log");
     let mut w = worker(&sock, &log);
-    let pid = w.id();
+    let pid = w.0.id();
     let mut fe = Raw::connect(&sock);
     let offered = fe.handshake();
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
@@ -207,7 +217,7 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
             assert_eq!(answer, None, "{what} accepted as the dirty log\n{}", text());
             std::thread::sleep(Duration::from_millis(100));
             assert!(
-                w.try_wait().expect("wait").is_none(),
+                w.0.try_wait().expect("wait").is_none(),
                 "the worker exited\n{}",
                 text()
             );
@@ -227,7 +237,7 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
     // The worker lives on and serves the next frontend.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
-        w.try_wait().expect("wait").is_none(),
+        w.0.try_wait().expect("wait").is_none(),
         "the worker exited after a refused request\n{}",
         text()
     );
@@ -244,7 +254,7 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
     // Its clean disconnect ends the worker, as a VM's does.
     let t0 = Instant::now();
     let status = loop {
-        if let Some(st) = w.try_wait().expect("wait") {
+        if let Some(st) = w.0.try_wait().expect("wait") {
             break st;
         }
         assert!(
