@@ -428,3 +428,152 @@ pub fn carry(frontend: UnixStream, daemon: UnixStream, gate: &mut Gate, vgpu: u3
     }
     ended
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(req: FrontendReq, body: &[u8], fds: Vec<OwnedFd>) -> Msg {
+        Msg {
+            req: req as u32,
+            flags: FLAG_VERSION,
+            body: body.to_vec(),
+            fds,
+        }
+    }
+
+    fn memfd(size: u64, seals: i32) -> OwnedFd {
+        // SAFETY: a fresh memfd with a constant name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"front-test".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is fresh and ours; ftruncate and fcntl only act on it.
+        unsafe {
+            let fd = OwnedFd::from_raw_fd(fd);
+            assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
+            if seals != 0 {
+                assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+            }
+            fd
+        }
+    }
+
+    fn words(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn gate() -> Gate {
+        let offered = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::LOG_SHMFD;
+        let mut g = Gate::new(offered, 2);
+        let acked = (offered | VhostUserProtocolFeatures::REPLY_ACK).bits();
+        let m = msg(
+            FrontendReq::SET_PROTOCOL_FEATURES,
+            &words(&[acked]),
+            Vec::new(),
+        );
+        assert!(g.check(&m).is_ok());
+        g
+    }
+
+    #[test]
+    fn only_offered_features_and_served_requests_pass() {
+        let mut g = gate();
+        let slots = VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits();
+        let m = msg(
+            FrontendReq::SET_PROTOCOL_FEATURES,
+            &words(&[slots]),
+            Vec::new(),
+        );
+        assert!(g
+            .check(&m)
+            .expect_err("never offered")
+            .contains("never offered"));
+        for req in [
+            FrontendReq::ADD_MEM_REG,
+            FrontendReq::REM_MEM_REG,
+            FrontendReq::GET_MAX_MEM_SLOTS,
+            FrontendReq::SET_INFLIGHT_FD,
+            FrontendReq::SET_BACKEND_REQ_FD,
+            FrontendReq::RESET_OWNER,
+            FrontendReq::SET_CONFIG,
+        ] {
+            assert!(g.check(&msg(req, &[0; 40], Vec::new())).is_err(), "{req:?}");
+        }
+        let unknown = Msg {
+            req: 999,
+            flags: FLAG_VERSION,
+            body: Vec::new(),
+            fds: Vec::new(),
+        };
+        assert!(g.check(&unknown).is_err());
+        assert!(answers(999) && answers(FrontendReq::GET_MAX_MEM_SLOTS as u32));
+        // Ring requests name an existing queue (2 here); KICK/CALL carry it in the low byte.
+        let ring = |req, index: u64| msg(req, &words(&[index]), Vec::new());
+        assert!(g.check(&ring(FrontendReq::SET_VRING_NUM, 1)).is_ok());
+        assert!(g.check(&ring(FrontendReq::SET_VRING_NUM, 2)).is_err());
+        assert!(g.check(&ring(FrontendReq::SET_VRING_KICK, 0x101)).is_ok());
+        assert!(g.check(&ring(FrontendReq::SET_VRING_CALL, 0x102)).is_err());
+        // A short body is refused, not read past.
+        assert!(g
+            .check(&msg(FrontendReq::SET_VRING_NUM, &[1], Vec::new()))
+            .is_err());
+        // Features not acked yet are refused.
+        let mut fresh = Gate::new(VhostUserProtocolFeatures::MQ, 1);
+        assert!(fresh
+            .check(&msg(FrontendReq::GET_QUEUE_NUM, &[], Vec::new()))
+            .is_err());
+    }
+
+    #[test]
+    fn memory_tables_are_bounded_and_logs_must_be_sealed_and_cover_them() {
+        let mut g = gate();
+        let table = |regions: &[(u64, u64)]| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+            b.extend_from_slice(&0u32.to_le_bytes());
+            for (gpa, size) in regions {
+                b.extend_from_slice(&words(&[*gpa, *size, 0x7f00_0000_0000, 0]));
+            }
+            let fds = regions.iter().map(|_| memfd(0, 0)).collect();
+            msg(FrontendReq::SET_MEM_TABLE, &b, fds)
+        };
+        let nine: Vec<(u64, u64)> = (0..9).map(|i| (i << 30, 1 << 30)).collect();
+        assert!(g.check(&table(&nine)).is_err(), "9 regions");
+        assert!(
+            g.check(&table(&[(0, MAX_GUEST_RAM + 4096)])).is_err(),
+            "too big"
+        );
+        assert!(g.check(&table(&[(0, 64 << 20)])).is_ok());
+        let area = (64u64 << 20) / LOG_BYTE_COVERS;
+        let log = |size: u64, fd| msg(FrontendReq::SET_LOG_BASE, &words(&[size, 0]), vec![fd]);
+        assert!(
+            g.check(&log(area, memfd(0, libc::F_SEAL_SHRINK))).is_err(),
+            "0 bytes"
+        );
+        assert!(g.check(&log(area, memfd(area, 0))).is_err(), "unsealed");
+        assert!(
+            g.check(&log(area / 2, memfd(area, libc::F_SEAL_SHRINK)))
+                .is_err(),
+            "short"
+        );
+        assert!(g
+            .check(&log(area, memfd(area, libc::F_SEAL_SHRINK)))
+            .is_ok());
+        let two = msg(
+            FrontendReq::SET_LOG_BASE,
+            &words(&[area, 0]),
+            vec![
+                memfd(area, libc::F_SEAL_SHRINK),
+                memfd(area, libc::F_SEAL_SHRINK),
+            ],
+        );
+        assert!(g.check(&two).is_err(), "two descriptors");
+        let overflow = msg(
+            FrontendReq::SET_LOG_BASE,
+            &words(&[area, u64::MAX]),
+            vec![memfd(area, libc::F_SEAL_SHRINK)],
+        );
+        assert!(g.check(&overflow).is_err(), "offset overflow");
+    }
+}
