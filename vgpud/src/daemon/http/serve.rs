@@ -65,6 +65,9 @@ impl Limits {
     }
 }
 
+/// How long an idle-closed connection may take to finish a request in flight.
+const FINISH_LIMIT: Duration = Duration::from_secs(600);
+
 /// Descriptors kept free for vgpud's own work (`Limits::reserve`).
 pub(in crate::daemon) const FD_RESERVE: u64 = 128;
 
@@ -219,9 +222,9 @@ pub(in crate::daemon) async fn serve<L: Accept + Sync>(
                 () = idled => {
                     tracing::debug!("closing an idle API connection");
                     // A request in flight is answered; a client that does not read its
-                    // answer gets no longer than another idle period.
+                    // answer holds the connection at most `FINISH_LIMIT` more.
                     conn.as_mut().graceful_shutdown();
-                    tokio::time::timeout(idle, conn).await.ok()
+                    tokio::time::timeout(idle.max(FINISH_LIMIT), conn).await.ok()
                 }
             };
             if let Some(Err(e)) = result {
