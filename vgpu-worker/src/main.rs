@@ -3,8 +3,10 @@
 //! One process per vGPU (GPU contexts in one process are not isolated: docs/architecture.md). The
 //! worker binds the socket, waits for the VM's vmm (the vhost-user frontend) to connect,
 //! serves the vGPU's queues until the frontend disconnects, then exits with status 0 and
-//! removes the socket. It does not accept a second connection: a vGPU's device memory dies
-//! with its VM (invariant 5), so the daemon starts a fresh worker for a fresh VM.
+//! removes the socket. After a clean disconnect it accepts no second connection: a vGPU's
+//! device memory dies with its VM (invariant 5), so the daemon starts a fresh worker for a
+//! fresh VM. A connection that ends on a refused request (docs/hostile.md) is the one
+//! exception: the vGPU keeps its state and the next connection is served.
 //! SIGTERM or SIGINT end it the same way, at any time.
 //!
 //! Control channel (`--control-fd N`, see `vgpu_api::control`): newline-delimited JSON on an

@@ -18,7 +18,7 @@
 //! stops and never adopted; one that dies idle is replaced, with a backoff after failures.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -316,12 +316,7 @@ impl Daemon {
         let log_file = tokio::task::spawn_blocking(move || {
             workers::prepare_dir(&s, &d, identity)
                 .map_err(|e| format!("cannot prepare {}: {e}", d.display()))?;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&l)
+            super::private::create_file(&l)
                 .map_err(|e| format!("cannot create {}: {e}", l.display()))
         })
         .await

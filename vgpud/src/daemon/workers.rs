@@ -179,12 +179,7 @@ impl Daemon {
         let setup = tokio::task::spawn_blocking(move || {
             prepare_dir(&state_dir, &at, identity)
                 .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
-            let log_file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&log)
+            let log_file = super::private::create_file(&log)
                 .map_err(|e| format!("cannot create the worker log {}: {e}", log.display()))?;
             Ok::<_, String>((log_file, log))
         })
