@@ -2,13 +2,13 @@
 //! has left ([`Daemon::misfit`], the one place the admission rule is applied), placed and
 //! recorded.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use super::core::Daemon;
 use super::error::ApiError;
-use super::state::{Inner, VgpuRec};
+use super::state::{Inner, VgpuDef, VgpuRec};
 use super::storage;
-use crate::api::{self, VgpuCreate, VgpuState};
+use crate::api::{self, VgpuCreate};
 use crate::units::{fraction_to_permille, human_bytes};
 use vgpu_scheduler::admission::{self, Engine, Misfit, WHOLE};
 
@@ -182,7 +182,7 @@ pub(super) fn vm_name_free(inner: &Inner, name: Option<&str>) -> Result<(), ApiE
     match inner
         .vms
         .values()
-        .find(|v| v.state.is_live() && v.name.as_deref() == Some(name))
+        .find(|v| v.state().is_live() && v.name.as_deref() == Some(name))
     {
         Some(other) => Err(ApiError::conflict(
             "name",
@@ -371,7 +371,7 @@ impl Daemon {
         let gpu = self.place(inner, &ask)?;
         let id = inner.next_vgpu;
         inner.next_vgpu += 1;
-        let rec = VgpuRec {
+        let rec = VgpuRec::admitted(VgpuDef {
             id,
             gpu,
             memory: ask.memory,
@@ -382,25 +382,16 @@ impl Daemon {
             share_group: ask.share_group,
             queues: ask.queues,
             storage: ask.storage,
-            state: VgpuState::Starting,
             vm,
             owned: vm.is_some(),
             socket: super::workers::worker_socket(&self.cfg.state_dir, id),
             log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
-            worker: None,
-            stopping: false,
-            samples: VecDeque::new(),
-            memory_report: None,
-            migrating_to: None,
             restore_failed: false,
-            pending: None,
-            released_at: None,
             name: ask.name,
             labels: ask.labels,
             kernel_deadline_ms: ask.kernel_deadline_ms,
             process: None,
-        };
-        self.set_kernel_deadline_of(id, ask.kernel_deadline_ms);
+        });
         tracing::info!(
             vgpu = id,
             gpu,
@@ -418,6 +409,7 @@ impl Daemon {
 pub(super) mod tests {
     use super::super::core::testing::{daemon, spec};
     use super::*;
+    use crate::api::VgpuState;
 
     pub(in crate::daemon) fn admit(d: &Daemon, s: VgpuCreate) -> Result<u32, ApiError> {
         let ask = d.validate_vgpu(&s)?;
@@ -442,7 +434,7 @@ pub(super) mod tests {
         // Released and failed vGPUs hold nothing.
         d.state.with(|i| {
             for r in i.vgpus.values_mut() {
-                r.state = VgpuState::Released;
+                r.end_worker(VgpuState::Released);
             }
         });
         assert_eq!(d.gpus()[0].memory_committed_bytes, 0);
@@ -540,7 +532,7 @@ pub(super) mod tests {
         // A released vGPU gives its name back.
         d.state.with(|i| {
             if let Some(r) = i.vgpus.get_mut(&a) {
-                r.state = VgpuState::Released;
+                r.end_worker(VgpuState::Released);
             }
         });
         admit(&d, named("train-a")).expect("free again");

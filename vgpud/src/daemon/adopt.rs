@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -22,7 +22,7 @@ use super::link;
 use super::procs::{self, Proc};
 use super::state::WorkerHandle;
 use super::workers::{self, terminate, CONTROL_SOCKET, SECRET_FILE};
-use crate::api::{VgpuState, VmState};
+use crate::api::VgpuState;
 
 /// The first line vgpud sends on a worker's control socket (the worker's
 /// `control::ATTACH`), followed by the worker's secret.
@@ -56,9 +56,7 @@ impl Daemon {
                 .vgpus
                 .get(&id)
                 .ok_or_else(|| "its record vanished".to_owned())?;
-            let fds = self
-                .attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)
-                .map_err(|e| e.error)?;
+            let fds = self.attach_grants(rec, rec.gpu).map_err(|e| e.error)?;
             Ok::<_, String>((fds, rec.gpu, rec.log.clone(), rec.oversubscribe))
         })?;
         if oversubscribe {
@@ -118,11 +116,11 @@ impl Daemon {
                 .vgpus
                 .get(&id)
                 .and_then(|r| r.vm)
-                .is_some_and(|v| i.vms.get(&v).is_some_and(|v| v.state.is_live()));
+                .is_some_and(|v| i.vms.get(&v).is_some_and(|v| v.state().is_live()));
             if let Some(rec) = i.vgpus.get_mut(&id) {
                 rec.restore_failed = false;
-                if live_vm && rec.state == VgpuState::Ready {
-                    rec.state = VgpuState::Attached;
+                if live_vm && *rec.state() == VgpuState::Ready {
+                    rec.mark_attached();
                 }
             }
         });
@@ -184,12 +182,9 @@ impl Daemon {
             if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
                 return None;
             }
-            vm.proc = None;
-            vm.ended = Some(Instant::now());
-            if vm.state.is_live() {
-                vm.state = VmState::Failed {
-                    reason: "the vmm exited; it was adopted after a vgpud restart, so its exit status is unknown (see its console)".into(),
-                };
+            vm.vmm_gone();
+            if vm.state().is_live() {
+                vm.fail("the vmm exited; it was adopted after a vgpud restart, so its exit status is unknown (see its console)".into());
             }
             tracing::info!(vm = vm_id, pid, "adopted vmm exited");
             self.mark_dirty();

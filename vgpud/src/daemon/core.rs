@@ -2,22 +2,23 @@
 //! registry, the rebalancer, the state file writer) and the few operations every other
 //! module needs. The operations themselves live in sibling modules, one per concern:
 //! `admission`, `vgpus`, `workers`, `vms`, `memory`, `migration`, `stats`, `persistence`,
-//! `rebalancing` and `startup`. Lock order: see `state`.
+//! `rebalancing` and `startup`. Lock order: see `locks`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::config::{Config, GpuConfig};
 use super::error::ApiError;
-use super::memory::GpuMemory;
-use super::persistence::Saver;
-use super::rebalancing;
+use super::gpu_memory::GpuMemory;
+use super::host_registry;
+use super::locks::{Guard, Rank, Ranked};
+use super::rebalancer;
+use super::saver::Saver;
 use super::shm;
-use super::state::State;
-use super::{Config, GpuConfig};
+use super::spares::Spares;
+use super::state::{State, VgpuRec};
 use crate::api;
 use crate::units::permille_to_fraction;
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
@@ -25,6 +26,10 @@ use vgpu_scheduler::Share;
 
 /// How long a worker or vmm may take to stop after SIGTERM before SIGKILL.
 pub(super) const STOP_GRACE: Duration = Duration::from_millis(500);
+/// How long a worker may take to bind its socket. A cuda worker creates its GPU context
+/// first, and the driver creates the contexts of one GPU one after another: a burst of 16
+/// launches on an H200 took more than 5 s.
+pub(super) const WORKER_START: Duration = Duration::from_secs(30);
 /// How long a control-channel command may take.
 pub(super) const CONTROL_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -40,22 +45,19 @@ pub struct Daemon {
     /// Per GPU: the memory pool oversubscribed vGPUs share.
     pub(super) memory: Vec<GpuMemory>,
     /// Shared device memory objects.
-    pub(super) shm: Mutex<shm::Registry>,
+    pub(super) shm: Ranked<shm::Registry>,
     /// Demand monitoring and the rebalancer.
-    pub(super) rebalance: Mutex<rebalancing::State>,
+    pub(super) rebalance: Ranked<rebalancer::State>,
     /// The state file's writer; taken before the state lock.
     pub(super) saver: tokio::sync::Mutex<Saver>,
     /// Wakes the background saver.
     pub(super) save_kick: Notify,
     /// Save tickets handed out (group commit: see `Daemon::save`).
     pub(super) save_tickets: std::sync::atomic::AtomicU64,
-    /// The vGPUs with their own kernel deadline (the records hold it too; this copy is
-    /// read where the state lock is held already). A leaf lock: nothing is taken under it.
-    kernel_deadlines: Mutex<BTreeMap<u32, Duration>>,
     /// Whole-VM moves to and from other vgpud daemons.
-    pub(super) host: super::host_migration::Registry,
+    pub(super) host: host_registry::Registry,
     /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
-    pub(super) spares: super::pool::Spares,
+    pub(super) spares: Spares,
 }
 
 impl Daemon {
@@ -68,8 +70,8 @@ impl Daemon {
             .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
             .collect::<Result<Vec<_>, _>>()?;
         let memory = GpuMemory::for_config(&cfg);
-        let rebalance = Mutex::new(rebalancing::State::new(&cfg));
-        let shm = Mutex::new(shm::Registry::new(cfg.shm_limits));
+        let rebalance = Ranked::new(Rank::Rebalance, rebalancer::State::new(&cfg));
+        let shm = Ranked::new(Rank::Shm, shm::Registry::new(cfg.shm_limits));
         Ok(Self {
             cfg,
             grants,
@@ -81,21 +83,15 @@ impl Daemon {
             saver: tokio::sync::Mutex::new(Saver::default()),
             save_kick: Notify::new(),
             save_tickets: std::sync::atomic::AtomicU64::new(0),
-            kernel_deadlines: Mutex::new(BTreeMap::new()),
             host: Default::default(),
-            spares: super::pool::Spares::default(),
+            spares: Spares::default(),
         })
     }
 
-    /// vGPU `id`'s shares joined its GPU's scheduler: the descriptors its worker needs.
-    pub(super) fn attach_grants(
-        &self,
-        id: u32,
-        gpu: u32,
-        compute: u32,
-        copy: u32,
-        priority: i32,
-    ) -> Result<WorkerFds, ApiError> {
+    /// vGPU `rec`'s shares joined GPU `gpu`'s scheduler (its own, or a migration's
+    /// target): the descriptors its worker needs.
+    pub(super) fn attach_grants(&self, rec: &VgpuRec, gpu: u32) -> Result<WorkerFds, ApiError> {
+        let (id, priority) = (rec.id, rec.priority);
         let server = self
             .grants
             .get(gpu as usize)
@@ -105,37 +101,27 @@ impl Daemon {
             priority,
         };
         let fds = server
-            .attach(id, share(compute), share(copy))
+            .attach(id, share(rec.compute), share(rec.copy))
             .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
         server
-            .set_kernel_deadline(id, self.kernel_deadline(id))
+            .set_kernel_deadline(id, self.kernel_deadline_of(rec))
             .map_err(|e| {
                 ApiError::internal(format!("cannot set vGPU {id}'s kernel deadline: {e}"))
             })?;
         Ok(fds)
     }
 
-    /// The kernel deadline vGPU `id`'s requests run under: its own, or the daemon's.
-    pub(super) fn kernel_deadline(&self, id: u32) -> Duration {
-        vgpu_sync::lock(&self.kernel_deadlines)
-            .get(&id)
-            .copied()
-            .unwrap_or(self.cfg.kernel_deadline)
-    }
-
-    /// Records vGPU `id`'s own kernel deadline (none: the daemon's) for its next attach.
-    pub(super) fn set_kernel_deadline_of(&self, id: u32, ms: Option<u32>) {
-        let mut map = vgpu_sync::lock(&self.kernel_deadlines);
-        match ms {
-            Some(ms) => map.insert(id, Duration::from_millis(u64::from(ms))),
-            None => map.remove(&id),
-        };
+    /// The kernel deadline vGPU `rec`'s requests run under: its own, or the daemon's.
+    pub(super) fn kernel_deadline_of(&self, rec: &VgpuRec) -> Duration {
+        rec.kernel_deadline_ms
+            .map_or(self.cfg.kernel_deadline, |ms| {
+                Duration::from_millis(u64::from(ms))
+            })
     }
 
     /// Applies vGPU `id`'s kernel deadline to the schedulers of `gpus` it is attached to
     /// now (one it is not attached to takes it when it attaches).
-    pub(super) fn apply_kernel_deadline(&self, id: u32, gpus: &[u32]) {
-        let deadline = self.kernel_deadline(id);
+    pub(super) fn apply_kernel_deadline(&self, id: u32, deadline: Duration, gpus: &[u32]) {
         for gpu in gpus {
             let Some(server) = self.grants.get(*gpu as usize) else {
                 continue;
@@ -198,12 +184,12 @@ impl Daemon {
         (0..self.cfg.gpus.len()).map(|i| u32::try_from(i).unwrap_or(u32::MAX))
     }
 
-    pub(super) fn shm_lock(&self) -> MutexGuard<'_, shm::Registry> {
-        vgpu_sync::lock(&self.shm)
+    pub(super) fn shm_lock(&self) -> Guard<'_, shm::Registry> {
+        self.shm.lock()
     }
 
-    pub(super) fn rb(&self) -> MutexGuard<'_, rebalancing::State> {
-        vgpu_sync::lock(&self.rebalance)
+    pub(super) fn rb(&self) -> Guard<'_, rebalancer::State> {
+        self.rebalance.lock()
     }
 
     /// Every physical GPU with its commitments.

@@ -203,7 +203,40 @@ pub enum DaemonError {
     Option(String),
     /// The state file cannot be read or set aside (the message says what to do).
     #[error(transparent)]
-    State(#[from] super::statefile::StateError),
+    State(#[from] StateError),
     #[error("runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+/// Why the state file could not be read or written. Each message names the file and
+/// says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read the state file {path}: {source}; make it readable by vgpud, or move it aside (mv {path} {path}.bad) to start without the saved vGPUs and VMs")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the state file {path} is damaged ({source}); vgpud will not guess what it held: move it aside (mv {path} {path}.bad) and start again, or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("the state file {path} has format version {found}, this vgpud reads versions 1 to {supported}; run the vgpud that wrote it, or move the file aside (mv {path} {path}.bad), or start once with --discard-state (it sets the file aside and starts without the saved vGPUs and VMs)")]
+    Version {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+    },
+    #[error("cannot write the state file {path}: {source}; changes since the last save would not survive a vgpud restart: check the state directory (free space, permissions)")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set the state file {path} aside as {to}: {source}; move it yourself and start again")]
+    Discard {
+        path: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
 }

@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
+use super::locks::{Rank, Ranked};
 use crate::control::{
     self, Ask, Command, MemReport, MigrationProgress, ReplyBody, Request, WorkerMessage,
     WorkerStats,
@@ -123,7 +124,7 @@ async fn serve(
 ) {
     let (rd, mut wr) = stream.into_split();
     let limit = u64::try_from(control::MAX_LINE).unwrap_or(u64::MAX) + 1;
-    let fds = Arc::new(Mutex::new(VecDeque::new()));
+    let fds = Arc::new(Ranked::new(Rank::LinkFds, VecDeque::new()));
     let mut rd = BufReader::new(FdRead {
         half: rd,
         fds: fds.clone(),
@@ -184,7 +185,7 @@ async fn serve(
                         // Only a create carries a descriptor (on its line's first byte, so
                         // it arrived with this line or before it).
                         let fd = matches!(ask, Ask::ShmCreate { .. })
-                            .then(|| vgpu_sync::lock(&fds).pop_front())
+                            .then(|| fds.lock().pop_front())
                             .flatten();
                         on_event(Event::Ask { id, ask, fd })
                     }
@@ -250,12 +251,12 @@ const MAX_WAITING_FDS: usize = 4;
 /// writes one line at a time, so the queue order is the claiming lines' order.
 struct FdRead {
     half: tokio::net::unix::OwnedReadHalf,
-    fds: Arc<Mutex<VecDeque<OwnedFd>>>,
+    fds: Arc<Ranked<VecDeque<OwnedFd>>>,
 }
 
 impl FdRead {
     fn keep(&self, fd: OwnedFd) {
-        let mut q = vgpu_sync::lock(&self.fds);
+        let mut q = self.fds.lock();
         if q.len() < MAX_WAITING_FDS {
             q.push_back(fd);
         } else {

@@ -4,48 +4,20 @@
 //! memory planner.
 
 use std::os::fd::OwnedFd;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::core::Daemon;
 use super::shm;
 use super::state::VgpuRec;
-use super::Config;
 use crate::api;
 use crate::control::{Answer, Ask, Command as Ctl, MemReport, ReplyBody, ShmFailure};
-use vgpu_scheduler::memory::{Planner, Step, Tried};
+use vgpu_scheduler::memory::{Step, Tried};
 
 /// How many times (20 ms apart, 10 s in all) a reservation waits for busy victims before it
 /// is refused (a victim's memory may be in a long copy on a loaded host).
 const BUSY_RETRIES: u32 = 500;
 /// How long one eviction may take (it may move gigabytes at host copy speed).
 const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn lock_planner(p: &Mutex<Planner>) -> MutexGuard<'_, Planner> {
-    vgpu_sync::lock(p)
-}
-
-/// One GPU's oversubscribed memory: the pool's plan, and one reservation at a time.
-pub(super) struct GpuMemory {
-    planner: Mutex<Planner>,
-    serial: tokio::sync::Mutex<()>,
-}
-
-impl GpuMemory {
-    /// One pool per configured GPU: what is left after the swap area.
-    pub(super) fn for_config(cfg: &Config) -> Vec<Self> {
-        cfg.gpus
-            .iter()
-            .map(|g| {
-                let swap = (g.memory as f64 * cfg.swap_area) as u64;
-                Self {
-                    planner: Mutex::new(Planner::new(g.memory - swap.min(g.memory), swap)),
-                    serial: tokio::sync::Mutex::new(()),
-                }
-            })
-            .collect()
-    }
-}
 
 /// How a reservation on one pool ended.
 enum Reserved {
@@ -71,7 +43,7 @@ impl Daemon {
         let shm = self.shm_lock().bytes_on(gpu);
         let left = g.memory.saturating_sub(hard).saturating_sub(shm);
         let swap = self.swap_area(g.memory).min(left);
-        lock_planner(&m.planner).resize(left - swap, swap);
+        m.planner().resize(left - swap, swap);
     }
 
     /// Oversubscribed vGPU `id` joins GPU `gpu`'s pool (or changes its priority there).
@@ -82,7 +54,7 @@ impl Daemon {
     /// [`Daemon::pool_join`], with the vGPU's latest memory report when there is one.
     fn pool_enter(&self, gpu: u32, id: u32, priority: i32, report: Option<MemReport>) {
         if let Some(m) = self.memory.get(gpu as usize) {
-            let mut p = lock_planner(&m.planner);
+            let mut p = m.planner();
             p.join(id, priority);
             if let Some(r) = report {
                 p.update(id, r.into());
@@ -93,7 +65,7 @@ impl Daemon {
     /// vGPU `id` leaves GPU `gpu`'s pool.
     pub(super) fn pool_leave(&self, gpu: u32, id: u32) {
         if let Some(m) = self.memory.get(gpu as usize) {
-            lock_planner(&m.planner).leave(id);
+            m.planner().leave(id);
         }
     }
 
@@ -114,7 +86,7 @@ impl Daemon {
         });
         for gpu in pools.unwrap_or_default() {
             if let Some(g) = self.memory.get(gpu as usize) {
-                lock_planner(&g.planner).update(id, m.into());
+                g.planner().update(id, m.into());
             }
         }
     }
@@ -218,7 +190,7 @@ impl Daemon {
         let resident = self
             .memory
             .get(gpu as usize)
-            .map_or(0, |m| lock_planner(&m.planner).resident());
+            .map_or(0, |m| m.planner().resident());
         g.memory
             .saturating_sub(hard)
             .saturating_sub(shm)
@@ -273,7 +245,7 @@ impl Daemon {
         let mut busy_retries = 0;
         loop {
             let step = {
-                let p = lock_planner(&m.planner);
+                let p = m.planner();
                 if p.member(id).is_none() {
                     return Reserved::NotMember;
                 }
@@ -281,7 +253,7 @@ impl Daemon {
             };
             match step {
                 Step::Grant => {
-                    lock_planner(&m.planner).grant(id, bytes);
+                    m.planner().grant(id, bytes);
                     return Reserved::Granted;
                 }
                 Step::Deny(why) => {
@@ -384,7 +356,7 @@ impl Daemon {
     /// swap in use).
     pub(super) fn pool_of(&self, gpu: u32) -> (u64, u64, u64, u64) {
         self.memory.get(gpu as usize).map_or((0, 0, 0, 0), |m| {
-            let p = lock_planner(&m.planner);
+            let p = m.planner();
             (p.capacity(), p.resident(), p.swap_area(), p.device_swap())
         })
     }
@@ -421,9 +393,9 @@ mod tests {
             )
             .expect("admitted");
             // As its worker starts, it joins GPU 0's pool.
-            lock_planner(&d.memory[0].planner).join(id, 0);
-            let resident = |g: usize| lock_planner(&d.memory[g].planner).resident();
-            let member = |g: usize| lock_planner(&d.memory[g].planner).member(id).is_some();
+            d.memory[0].planner().join(id, 0);
+            let resident = |g: usize| d.memory[g].planner().resident();
+            let member = |g: usize| d.memory[g].planner().member(id).is_some();
 
             // The migration to GPU 1 starts: the memory is in both pools until it ends,
             // and a reservation now (its worker may have switched already) counts in both.

@@ -254,7 +254,7 @@ impl Daemon {
             // Back to a GPU it left moments ago: its old channel there (kept for a grace
             // period) goes first.
             self.detach_grants(id, target);
-            self.attach_grants(id, target, r.compute, r.copy, r.priority)
+            self.attach_grants(r, target)
         });
         match attached {
             Ok(f) => Ok(vec![f.page, f.doorbell]),
@@ -308,7 +308,7 @@ impl Daemon {
         let Some(rec) = inner.vgpus.get_mut(&id) else {
             return;
         };
-        rec.migrating_to = Some(target);
+        rec.begin_migration(target);
         self.pool_follow(rec, target);
     }
 
@@ -411,12 +411,12 @@ impl Daemon {
 /// A live vGPU's worker channel, or why it cannot migrate now.
 fn movable(rec: &VgpuRec) -> Result<Link, ApiError> {
     let id = rec.id;
-    if !matches!(rec.state, VgpuState::Ready | VgpuState::Attached) || rec.worker.is_none() {
+    if !matches!(rec.state(), VgpuState::Ready | VgpuState::Attached) || rec.worker.is_none() {
         return Err(ApiError::conflict(
             "id",
             format!(
                 "vGPU {id} is not running (state {:?}); only a live vGPU migrates",
-                rec.state
+                rec.state()
             ),
         ));
     }
@@ -439,7 +439,7 @@ fn record_outcome(
     target: u32,
 ) {
     if let Some(rec) = inner.vgpus.get_mut(&id) {
-        rec.migrating_to = None;
+        rec.end_migration();
         if r.is_ok() {
             rec.gpu = target;
         }

@@ -23,21 +23,22 @@
 //! that change it answer only once the change is on disk; changes that come from process
 //! events are saved by a background task.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::attach::ProcessAttach;
+use super::config::Config;
 use super::core::Daemon;
-use super::process::ProcessAttach;
 use super::procs::{self, Proc};
-use super::state::{Inner, VgpuRec, VmRec};
+use super::saver::Saver;
+use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
 use super::statefile::{
     self, SavedProc, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
 };
 use super::workers::worker_socket;
-use super::Config;
 use crate::api::{self, VgpuCreate, VgpuState, VmState};
 use crate::units::permille_to_fraction;
 
@@ -51,19 +52,6 @@ fn restart_reason() -> String {
 
 /// How long a restore waits for a worker of the previous vgpud to let go of a socket.
 const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
-
-/// The writer's state: one save at a time, each of the state as it is then.
-#[derive(Debug, Default)]
-pub(super) struct Saver {
-    /// Set once a graceful stop wrote its final state: later changes are the stop's own.
-    frozen: bool,
-    /// The last save failed (logged once until one succeeds).
-    failing: bool,
-    /// Every save ticket up to this one is covered by a finished write.
-    saved_through: u64,
-    /// That write's error, if it failed.
-    last_error: Option<String>,
-}
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -166,13 +154,9 @@ impl Daemon {
     /// Brings back what `saved` holds (see the module comment). Runs before the API
     /// serves; never fails: what cannot come back is listed with the reason.
     pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
-        let plan = self.state.with(|inner| {
-            let plan = restore_records(&self.cfg, inner, saved);
-            for rec in inner.vgpus.values() {
-                self.set_kernel_deadline_of(rec.id, rec.kernel_deadline_ms);
-            }
-            plan
-        });
+        let plan = self
+            .state
+            .with(|inner| restore_records(&self.cfg, inner, saved));
         let (mut adopted, mut lost) = (0usize, 0usize);
         for (id, proc) in plan.workers {
             // A free vGPU (no VM) is checked like any restored definition; one that serves
@@ -214,11 +198,8 @@ impl Daemon {
                 proc.signal(libc::SIGKILL);
                 self.state.with(|inner| {
                     if let Some(v) = inner.vms.get_mut(&vm) {
-                        v.proc = None;
-                        v.ended = Some(Instant::now());
-                        v.state = VmState::Failed {
-                            reason: "its vGPU's worker could not be adopted after the vgpud restart; the vmm was stopped".into(),
-                        };
+                        v.vmm_gone();
+                        v.fail("its vGPU's worker could not be adopted after the vgpud restart; the vmm was stopped".into());
                     }
                 });
             }
@@ -307,7 +288,7 @@ impl Daemon {
             .vgpus
             .get_mut(&id)
             .ok_or_else(|| "its record vanished".to_owned())?;
-        rec.state = VgpuState::Starting;
+        rec.mark_starting();
         Ok(())
     }
 
@@ -344,7 +325,7 @@ impl Daemon {
     fn fail_restored(&self, id: u32, reason: String) {
         let gpu = self.state.with(|inner| {
             let rec = inner.vgpus.get_mut(&id)?;
-            rec.state = VgpuState::Failed { reason };
+            rec.fail(reason);
             rec.restore_failed = true;
             if rec.worker.is_some() {
                 // Its reaper lets go of the rest.
@@ -369,7 +350,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
         .vgpus
         .values()
         // A free vGPU whose create has not answered yet is not the user's yet.
-        .filter(|r| !(r.state == VgpuState::Starting && !r.owned && !r.restore_failed))
+        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned && !r.restore_failed))
         .map(|r| SavedVgpu {
             id: r.id,
             gpu: r.gpu,
@@ -394,7 +375,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
             worker: r.worker.as_ref().map(|w| saved_proc(&w.proc)),
             name: r.name.clone(),
             labels: r.labels.clone(),
-            state: match &r.state {
+            state: match r.state() {
                 // Not restored at the last start: still a definition to bring back.
                 _ if r.restore_failed => SavedVgpuState::Live,
                 VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
@@ -420,7 +401,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
         .vms
         .values()
         .map(|v| {
-            let live = v.state.is_live();
+            let live = v.state().is_live();
             SavedVm {
                 id: v.id,
                 payload: v.payload.display().to_string(),
@@ -428,7 +409,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 memory_bytes: v.memory,
                 vcpus: v.vcpus,
                 vgpu: v.vgpu,
-                state: match &v.state {
+                state: match v.state() {
                     VmState::Starting | VmState::Running => SavedVmState::Live,
                     VmState::Exited { code } => SavedVmState::Exited { code: *code },
                     VmState::Failed { reason } => SavedVmState::Failed {
@@ -550,18 +531,17 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
         let (mut rec, bring_back) = restored_vgpu(cfg, v);
         if let Some(p) = worker {
             // Held (starting) until its worker answers on the control socket.
-            rec.state = api::VgpuState::Starting;
+            rec.mark_starting();
             rec.vm = saved_vm.filter(|vm| vmms.contains_key(vm));
             rec.restore_failed = true;
             plan.workers.push((rec.id, p));
         } else {
             if let (Some(vm), true) = (lost, rec.owned) {
-                rec.state = VgpuState::Failed {
-                    reason: format!(
-                        "its worker exited while vgpud was down{}; VM {vm} was stopped",
-                        super::workers::log_tail(&rec.log)
-                    ),
-                };
+                let reason = format!(
+                    "its worker exited while vgpud was down{}; VM {vm} was stopped",
+                    super::workers::log_tail(&rec.log)
+                );
+                rec.fail(reason);
             }
             if bring_back {
                 plan.fresh.push(rec.id);
@@ -575,9 +555,11 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
         if let Some(p) = &proc {
             plan.vmms.push((v.id, p.clone()));
         }
+        let console = cfg.state_dir.join(format!("vm-{}.log", v.id));
+        let lost = lost.unwrap_or_else(restart_reason);
         inner
             .vms
-            .insert(v.id, restored_vm(cfg, v, now_unix, proc, lost));
+            .insert(v.id, VmRec::restored(v, console, now_unix, proc, lost));
     }
     plan
 }
@@ -587,16 +569,7 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
 fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
     let id = v.id;
     let bring_back = v.state == SavedVgpuState::Live && !v.owned_by_vm;
-    let state = match v.state {
-        // Held until `restore` validates and admits it.
-        SavedVgpuState::Live if bring_back => VgpuState::Failed {
-            reason: "being restored".into(),
-        },
-        // Its VM ended with the old daemon: released, as when a VM ends.
-        SavedVgpuState::Live | SavedVgpuState::Released => VgpuState::Released,
-        SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
-    };
-    let rec = VgpuRec {
+    let def = VgpuDef {
         id,
         gpu: v.gpu,
         memory: v.memory_bytes,
@@ -615,80 +588,19 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
                 read_only: s.read_only,
             })
             .collect(),
-        state,
         // A vGPU that comes back is free for a new VM.
         vm: if bring_back { None } else { v.vm },
         owned: v.owned_by_vm,
         socket: worker_socket(&cfg.state_dir, id),
         log: cfg.state_dir.join(format!("vgpu-{id}.log")),
-        worker: None,
-        stopping: false,
-        samples: VecDeque::new(),
-        memory_report: None,
-        migrating_to: None,
         restore_failed: bring_back,
-        pending: None,
-        released_at: None,
         name: v.name,
         labels: v.labels,
         kernel_deadline_ms: v.kernel_deadline_ms,
         process: (v.attach == api::Attach::Process)
             .then(|| ProcessAttach::new(&cfg.state_dir, id, v.owner_uid, v.owner_gid)),
     };
-    (rec, bring_back)
-}
-
-/// A saved VM's record: running with its adopted vmm `proc`, else as it ended (`lost`:
-/// why a VM that was running ended while no vgpud ran).
-fn restored_vm(
-    cfg: &Config,
-    v: SavedVm,
-    now_unix: u64,
-    proc: Option<Proc>,
-    lost: Option<String>,
-) -> VmRec {
-    let now = Instant::now();
-    let ran_for = Duration::from_millis(now_unix.saturating_sub(v.launched_unix_ms));
-    let (state, uptime) = match (v.state, &proc) {
-        (SavedVmState::Live, Some(_)) => (VmState::Running, None),
-        (SavedVmState::Live, None) => (
-            VmState::Failed {
-                reason: lost.unwrap_or_else(restart_reason),
-            },
-            Some(
-                v.uptime_ms
-                    .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
-            ),
-        ),
-        (SavedVmState::Exited { code }, _) => {
-            (VmState::Exited { code }, Some(v.uptime_ms.unwrap_or(0)))
-        }
-        (SavedVmState::Failed { reason }, _) => {
-            (VmState::Failed { reason }, Some(v.uptime_ms.unwrap_or(0)))
-        }
-    };
-    let running = proc.is_some() && uptime.is_none();
-    VmRec {
-        id: v.id,
-        payload: PathBuf::from(v.payload),
-        payload_arg: v.payload_arg,
-        memory: v.memory_bytes,
-        vcpus: v.vcpus,
-        vgpu: v.vgpu,
-        state,
-        proc: proc.filter(|_| running),
-        console: cfg.state_dir.join(format!("vm-{}.log", v.id)),
-        started: if running {
-            now.checked_sub(ran_for).unwrap_or(now)
-        } else {
-            now
-        },
-        ended: (!running).then_some(now),
-        launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
-        restored_uptime: uptime,
-        name: v.name,
-        labels: v.labels,
-    }
+    (VgpuRec::restored(def, v.state, bring_back), bring_back)
 }
 
 #[cfg(test)]
@@ -703,10 +615,11 @@ mod tests {
         let live = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("live");
         let gone = admit(&d, spec(Some(0), 1 << 20, 0.1)).expect("gone");
         d.state.with(|i| {
-            for (id, state) in [(live, VgpuState::Ready), (gone, VgpuState::Released)] {
-                if let Some(r) = i.vgpus.get_mut(&id) {
-                    r.state = state;
-                }
+            if let Some(r) = i.vgpus.get_mut(&live) {
+                r.mark_ready();
+            }
+            if let Some(r) = i.vgpus.get_mut(&gone) {
+                r.end_worker(VgpuState::Released);
             }
         });
         let file = d.state.with(|i| snapshot_of(i, false));
@@ -726,6 +639,6 @@ mod tests {
             r.restore_failed && !r.holds_resources(),
             "held until admitted"
         );
-        assert_eq!(back.vgpus[&gone].state, VgpuState::Released);
+        assert_eq!(*back.vgpus[&gone].state(), VgpuState::Released);
     }
 }

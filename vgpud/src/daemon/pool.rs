@@ -17,18 +17,21 @@
 //! the uid it started with). Pool workers hold no tenant: they are killed when vgpud
 //! stops and never adopted; one that dies idle is replaced, with a backoff after failures.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::core::Daemon;
-use super::link::{self, Link};
+use super::core::WORKER_START;
+use super::link;
+use super::locks::{Rank, Ranked};
 use super::procs::{self, Identity, Proc};
+use super::spares::{Owner, Route, Spare};
 use super::state::WorkerHandle;
-use super::workers::{self, log_tail, WORKER_START};
+use super::workers::{self, log_tail};
 use crate::api::VgpuState;
 use crate::control::{Command as Ctl, ReplyBody};
 
@@ -38,83 +41,9 @@ pub(super) const ASSIGN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Most pool slots: pool slot S runs as `--worker-uid-base - 1 - S`, below the uids of
 /// vGPUs' own workers (vGPU N runs as base + N), so the two ranges never meet.
 pub(super) const MAX_SLOTS: u32 = 1_000_000;
-/// The first and the longest wait before starting a pool worker again after failures.
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Pool workers one GPU starts at a time: the driver creates one GPU's contexts one after
 /// another anyway, and a refill must not take the cores a burst of launches needs.
 const MAX_STARTING: usize = 4;
-
-/// What a pool worker's events and exit go to.
-enum Owner {
-    /// Idle in its GPU's pool.
-    Idle,
-    /// Being assigned: its exit is noted for the assigner.
-    Assigning,
-    /// vGPU `id`'s worker now.
-    Vgpu(u32),
-    /// It exited while being assigned.
-    Exited(ExitStatus),
-    /// Killed after a failed assignment; its exit means nothing.
-    Discarded,
-}
-
-type Events = Box<dyn Fn(link::Event) + Send>;
-
-/// A pool worker's routing: who its exit and events go to.
-struct Route {
-    owner: Mutex<Owner>,
-    events: Mutex<Option<Events>>,
-}
-
-/// One idle pool worker.
-pub(super) struct Spare {
-    slot: u32,
-    gpu: u32,
-    proc: Proc,
-    link: Link,
-    route: Arc<Route>,
-}
-
-/// One GPU's pool.
-#[derive(Default)]
-struct GpuPool {
-    idle: VecDeque<Spare>,
-    starting: usize,
-    failures: u32,
-    retry_at: Option<Instant>,
-    /// A refill is scheduled for `retry_at`.
-    timer: bool,
-}
-
-impl GpuPool {
-    /// One more failure: the next start waits (doubling from [`BACKOFF_MIN`] up to
-    /// [`BACKOFF_MAX`]); how long.
-    fn back_off(&mut self) -> Duration {
-        self.failures = self.failures.saturating_add(1);
-        let exp = self.failures.saturating_sub(1).min(8);
-        let wait = (BACKOFF_MIN * 2u32.pow(exp)).min(BACKOFF_MAX);
-        self.retry_at = Some(Instant::now() + wait);
-        wait
-    }
-}
-
-#[derive(Default)]
-struct Pools {
-    gpus: BTreeMap<u32, GpuPool>,
-    /// Slots whose worker (idle or assigned) has not exited yet.
-    slots: BTreeSet<u32>,
-}
-
-/// The pools of every GPU. A leaf lock: nothing else is locked under it.
-#[derive(Default)]
-pub(super) struct Spares(Mutex<Pools>);
-
-impl Spares {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Pools> {
-        vgpu_sync::lock(&self.0)
-    }
-}
 
 /// Pool slot `slot`'s private directory and log.
 fn slot_dir(state_dir: &Path, slot: u32) -> PathBuf {
@@ -304,7 +233,7 @@ impl Daemon {
     async fn spawn_in_slot(
         self: &Arc<Self>,
         gpu_index: u32,
-        gpu: &super::GpuConfig,
+        gpu: &super::config::GpuConfig,
         slot: u32,
         identity: Option<Identity>,
         state_dir: &Path,
@@ -357,12 +286,12 @@ impl Daemon {
                 ))
             })?;
         let route = Arc::new(Route {
-            owner: Mutex::new(Owner::Idle),
-            events: Mutex::new(None),
+            owner: Ranked::new(Rank::PoolOwner, Owner::Idle),
+            events: Ranked::new(Rank::PoolEvents, None),
         });
         let r = route.clone();
         let on_event = move |e: link::Event| {
-            if let Some(f) = vgpu_sync::lock(&r.events).as_ref() {
+            if let Some(f) = r.events.lock().as_ref() {
                 f(e);
             }
         };
@@ -413,7 +342,7 @@ impl Daemon {
         status: ExitStatus,
     ) {
         let owner = {
-            let mut o = vgpu_sync::lock(&route.owner);
+            let mut o = route.owner.lock();
             match &*o {
                 Owner::Assigning => {
                     *o = Owner::Exited(status);
@@ -489,9 +418,7 @@ impl Daemon {
                 .vgpus
                 .get(&id)
                 .ok_or_else(|| format!("vGPU {id} vanished while starting"))?;
-            let fds = self
-                .attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)
-                .map_err(|e| e.error)?;
+            let fds = self.attach_grants(rec, rec.gpu).map_err(|e| e.error)?;
             let cmd = Ctl::Assign {
                 vgpu_id: id,
                 memory: rec.memory,
@@ -511,7 +438,7 @@ impl Daemon {
         };
         self.refresh_pool(gpu);
         {
-            let mut o = vgpu_sync::lock(&spare.route.owner);
+            let mut o = spare.route.owner.lock();
             if !matches!(*o, Owner::Idle) {
                 drop(o);
                 self.detach_grants(id, gpu);
@@ -540,7 +467,7 @@ impl Daemon {
             let _ = self.discard(&spare);
             return Err(e);
         }
-        *vgpu_sync::lock(&spare.route.events) = Some(Box::new(self.worker_events(id)));
+        *spare.route.events.lock() = Some(Box::new(self.worker_events(id)));
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
                 rec.worker = Some(WorkerHandle {
@@ -555,7 +482,7 @@ impl Daemon {
             .await;
         let why = match reply {
             Ok(ReplyBody::Assigned { .. }) => {
-                let mut o = vgpu_sync::lock(&spare.route.owner);
+                let mut o = spare.route.owner.lock();
                 if matches!(*o, Owner::Assigning) {
                     *o = Owner::Vgpu(id);
                     drop(o);
@@ -578,7 +505,7 @@ impl Daemon {
             }
         });
         self.detach_grants(id, gpu);
-        *vgpu_sync::lock(&spare.route.events) = None;
+        *spare.route.events.lock() = None;
         let tail = log_tail(&slot_log(&state_dir, spare.slot));
         let how = self
             .discard(&spare)
@@ -591,8 +518,8 @@ impl Daemon {
     fn pool_ready(&self, id: u32, pid: u32, since: Instant) {
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                if rec.state == VgpuState::Starting {
-                    rec.state = VgpuState::Ready;
+                if *rec.state() == VgpuState::Starting {
+                    rec.mark_ready();
                 }
             }
         });
@@ -610,7 +537,7 @@ impl Daemon {
     /// Returns how it exited when it had exited already.
     fn discard(&self, spare: &Spare) -> Option<ExitStatus> {
         let exited = {
-            let mut o = vgpu_sync::lock(&spare.route.owner);
+            let mut o = spare.route.owner.lock();
             match std::mem::replace(&mut *o, Owner::Discarded) {
                 Owner::Exited(status) => Some(status),
                 _ => None,
@@ -651,19 +578,6 @@ fn remove_slot_files(state_dir: &Path, slot: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn failed_starts_back_off_doubling_up_to_the_ceiling() {
-        let mut q = GpuPool::default();
-        assert_eq!(q.back_off(), BACKOFF_MIN);
-        assert_eq!(q.back_off(), BACKOFF_MIN * 2);
-        assert_eq!(q.back_off(), BACKOFF_MIN * 4);
-        for _ in 0..20 {
-            q.back_off();
-        }
-        assert_eq!(q.back_off(), BACKOFF_MAX);
-        assert!(q.retry_at.is_some_and(|t| t > Instant::now()));
-    }
 
     #[test]
     fn slots_live_beside_the_vgpus_directories() {

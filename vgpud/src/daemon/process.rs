@@ -12,58 +12,15 @@
 //! whose inode survives a worker's replacement) into the container (docs/hostile.md).
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::core::Daemon;
+use super::attach::ProcessAttach;
+use super::core::{Daemon, WORKER_START};
 use super::error::ApiError;
 use super::state::VgpuRec;
-use super::workers::WORKER_START;
 use crate::api::{Attach, VgpuCreate, VgpuState};
-
-/// The directory of the hand-over directories.
-const ATTACH_DIR: &str = "attach";
-/// The socket's name in a hand-over directory.
-const ATTACH_SOCKET: &str = "vgpu.sock";
-
-/// A process vGPU's hand-over: who may connect, and where.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct ProcessAttach {
-    /// The socket file's uid (None: vgpud's).
-    pub(super) owner_uid: Option<u32>,
-    /// The socket file's and its directory's gid (None: vgpud's).
-    pub(super) owner_gid: Option<u32>,
-    /// The stable path handed to the process (`attach/N/vgpu.sock`).
-    pub(super) socket: PathBuf,
-}
-
-impl ProcessAttach {
-    /// vGPU `id`'s hand-over under `state_dir`.
-    pub(super) fn new(
-        state_dir: &Path,
-        id: u32,
-        owner_uid: Option<u32>,
-        owner_gid: Option<u32>,
-    ) -> Self {
-        Self {
-            owner_uid,
-            owner_gid,
-            socket: attach_dir(state_dir, id).join(ATTACH_SOCKET),
-        }
-    }
-}
-
-/// vGPU `id`'s hand-over directory.
-pub(super) fn attach_dir(state_dir: &Path, id: u32) -> PathBuf {
-    state_dir.join(ATTACH_DIR).join(id.to_string())
-}
-
-/// Removes vGPU `id`'s hand-over directory (the vGPU is gone), and `attach/` once empty.
-pub(super) fn remove_attach_dir(state_dir: &Path, id: u32) {
-    let _ = std::fs::remove_dir_all(attach_dir(state_dir, id));
-    let _ = std::fs::remove_dir(state_dir.join(ATTACH_DIR));
-}
 
 /// vgpud's effective uid and gid.
 fn own_ids() -> (u32, u32) {
@@ -133,7 +90,7 @@ pub(super) fn next_process(rec: &VgpuRec, clean: bool) -> bool {
         && clean
         && !rec.stopping
         && rec.migrating_to.is_none()
-        && rec.state == VgpuState::Attached
+        && *rec.state() == VgpuState::Attached
 }
 
 /// Links `worker_socket` at `to.socket` with `to`'s owner and modes.
@@ -214,13 +171,11 @@ impl Daemon {
         if let Err(e) = result {
             self.state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&id) {
-                    if rec.state == VgpuState::Starting && rec.worker.is_none() {
-                        rec.state = VgpuState::Failed {
-                            reason: format!(
-                                "no fresh worker after its process hung up: {}",
-                                e.error
-                            ),
-                        };
+                    if *rec.state() == VgpuState::Starting && rec.worker.is_none() {
+                        rec.fail(format!(
+                            "no fresh worker after its process hung up: {}",
+                            e.error
+                        ));
                     }
                 }
             });
@@ -235,7 +190,7 @@ impl Daemon {
     pub(super) async fn await_next_worker(&self, id: u32) {
         let between = |i: &super::state::Inner| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && r.state == VgpuState::Starting && r.worker.is_none()
+                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker.is_none()
             })
         };
         if self.state.with(|i| between(i)) {
@@ -248,6 +203,7 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::attach::{attach_dir, remove_attach_dir, ATTACH_DIR};
 
     fn spec(attach: Attach, uid: Option<u32>, gid: Option<u32>) -> VgpuCreate {
         let mut s = super::super::core::testing::spec(Some(0), 1 << 20, 0.1);

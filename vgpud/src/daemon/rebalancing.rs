@@ -8,96 +8,21 @@
 //! round reads those counters (one lock per vGPU), so monitoring costs nothing per request
 //! beyond that accounting.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::admission::VgpuAsk;
 use super::core::Daemon;
 use super::migration::MigrateCommand;
+use super::rebalancer::{Baseline, Raw, State};
 use super::state::Inner;
-use super::Config;
 use crate::api::{self, VgpuState};
 use crate::units::permille_to_fraction;
 use vgpu_grant::VgpuUsage;
 use vgpu_scheduler::rebalance::{
-    place, Decision, Demand, GpuView, Mode, Note, PlaceCandidate, Rebalancer, VgpuView,
+    place, Decision, Demand, GpuView, Mode, Note, PlaceCandidate, VgpuView,
 };
-
-/// Events kept for `GET /v1/rebalancer/events`.
-const EVENTS_KEPT: usize = 1000;
-
-struct Baseline {
-    gpu: u32,
-    usage: VgpuUsage,
-    at: Instant,
-}
-
-/// One vGPU's raw fractions over the last interval.
-#[derive(Clone, Copy, Debug, Default)]
-struct Raw {
-    compute_busy: f64,
-    compute_wait: f64,
-    copy_busy: f64,
-    copy_wait: f64,
-}
-
-/// The rebalancer's state in the daemon.
-pub(super) struct State {
-    policy: Rebalancer,
-    started: Instant,
-    events: VecDeque<api::RebalanceEvent>,
-    next_event: u64,
-    baselines: BTreeMap<u32, Baseline>,
-    raw: BTreeMap<u32, Raw>,
-    last_round: Option<Instant>,
-    overload_ns: Vec<u64>,
-    idle_ns: Vec<u64>,
-    migrations: u64,
-    /// Migrations it started that have not finished: (migration, event).
-    following: Vec<(u32, u64)>,
-}
-
-impl State {
-    pub(super) fn new(cfg: &Config) -> Self {
-        Self {
-            policy: Rebalancer::new(cfg.rebalance),
-            started: Instant::now(),
-            events: VecDeque::new(),
-            next_event: 1,
-            baselines: BTreeMap::new(),
-            raw: BTreeMap::new(),
-            last_round: None,
-            overload_ns: vec![0; cfg.gpus.len()],
-            idle_ns: vec![0; cfg.gpus.len()],
-            migrations: 0,
-            following: Vec::new(),
-        }
-    }
-
-    fn ms(&self, at: Instant) -> u64 {
-        u64::try_from(at.duration_since(self.started).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn push(&mut self, mut e: api::RebalanceEvent) -> u64 {
-        e.id = self.next_event;
-        self.next_event += 1;
-        match e.kind.as_str() {
-            "balance" | "consolidate" | "failed" | "stuck" => {
-                tracing::info!(kind = %e.kind, gpu = e.gpu, vgpu = e.vgpu, target = e.target_gpu, reason = %e.reason, "rebalancer")
-            }
-            _ => {
-                tracing::debug!(kind = %e.kind, gpu = e.gpu, reason = %e.reason, "rebalancer")
-            }
-        }
-        let id = e.id;
-        self.events.push_back(e);
-        while self.events.len() > EVENTS_KEPT {
-            self.events.pop_front();
-        }
-        id
-    }
-}
 
 fn event(at_ms: u64, kind: &str, gpu: Option<u32>, reason: String) -> api::RebalanceEvent {
     api::RebalanceEvent {
@@ -244,7 +169,7 @@ impl Daemon {
                             oversubscribe: v.oversubscribe,
                             resident: v.memory_report.map_or(allocated, |m| m.resident),
                             demand: None,
-                            movable: matches!(v.state, VgpuState::Ready | VgpuState::Attached)
+                            movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
                                 && v.worker.is_some()
                                 && v.migrating_to.is_none()
                                 && v.share_group.is_none(),

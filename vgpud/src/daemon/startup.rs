@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
 use super::statefile::{self, StateFile};
-use super::{Config, Listen};
 
 impl Daemon {
     /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm

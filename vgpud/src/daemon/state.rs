@@ -4,29 +4,21 @@
 //! and change the records through [`State::with`] (a closure run under the lock) and wait
 //! for changes through [`State::wait_until`].
 //!
-//! Lock order (a thread holding one lock takes only locks further down the list):
-//! 1. the state file writer (`persistence::Saver`, an async mutex held across a save);
-//! 2. one GPU's reservation slot (`memory::GpuMemory::serial`, an async mutex held across
-//!    a whole reservation, which reads the state and replans the pool meanwhile);
-//! 3. the state lock (this module);
-//! 4. the rebalancer's state (`rebalancing::State`);
-//! 5. the shared-memory registry (`shm::Registry`);
-//! 6. one GPU's memory planner (`memory::GpuMemory::planner`);
-//! 7. the vGPUs' own kernel deadlines (`core::Daemon::kernel_deadlines`) and each GPU's
-//!    grant server (`vgpu_grant::GrantServer`), leaves.
+//! The state lock's place in the daemon's lock order: see `locks.rs`.
 //!
 //! A closure passed to [`State::with`] never awaits and never takes the state lock again.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Notify;
 
+use super::attach::ProcessAttach;
 use super::link::Link;
-use super::process::ProcessAttach;
+use super::locks::{Rank, Ranked};
 use super::procs::Proc;
+use super::statefile::{SavedVgpuState, SavedVm, SavedVmState};
 use crate::api::{self, VgpuState, VmState};
 use crate::control::{MemReport, WorkerStats};
 use crate::units::permille_to_fraction;
@@ -50,7 +42,8 @@ pub(super) struct VgpuRec {
     pub(super) queues: u16,
     /// Storage namespaces, passed to the worker.
     pub(super) storage: Vec<api::StorageAttachment>,
-    pub(super) state: VgpuState,
+    /// Where it is in its lifecycle: changed only by the transitions below.
+    state: VgpuState,
     pub(super) vm: Option<u32>,
     pub(super) owned: bool,
     pub(super) socket: PathBuf,
@@ -87,6 +80,171 @@ pub(super) struct Shares {
     pub(super) compute: u32,
     pub(super) copy: u32,
     pub(super) priority: i32,
+}
+
+/// What defines a vGPU when it is admitted or restored: everything but its lifecycle and
+/// its running worker.
+pub(super) struct VgpuDef {
+    pub(super) id: u32,
+    pub(super) gpu: u32,
+    pub(super) memory: u64,
+    pub(super) compute: u32,
+    pub(super) copy: u32,
+    pub(super) priority: i32,
+    pub(super) oversubscribe: bool,
+    pub(super) share_group: Option<String>,
+    pub(super) queues: u16,
+    pub(super) storage: Vec<api::StorageAttachment>,
+    pub(super) vm: Option<u32>,
+    pub(super) owned: bool,
+    pub(super) socket: PathBuf,
+    pub(super) log: PathBuf,
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) kernel_deadline_ms: Option<u32>,
+    pub(super) process: Option<ProcessAttach>,
+    pub(super) restore_failed: bool,
+}
+
+/// vGPU lifecycle transitions: the only places a vGPU's state changes
+/// (docs/architecture.md, "vgpud").
+impl VgpuRec {
+    fn from_def(d: VgpuDef, state: VgpuState) -> Self {
+        Self {
+            id: d.id,
+            gpu: d.gpu,
+            memory: d.memory,
+            compute: d.compute,
+            copy: d.copy,
+            priority: d.priority,
+            oversubscribe: d.oversubscribe,
+            share_group: d.share_group,
+            queues: d.queues,
+            storage: d.storage,
+            state,
+            vm: d.vm,
+            owned: d.owned,
+            socket: d.socket,
+            log: d.log,
+            worker: None,
+            stopping: false,
+            samples: VecDeque::new(),
+            memory_report: None,
+            migrating_to: None,
+            restore_failed: d.restore_failed,
+            pending: None,
+            released_at: None,
+            name: d.name,
+            labels: d.labels,
+            kernel_deadline_ms: d.kernel_deadline_ms,
+            process: d.process,
+        }
+    }
+
+    /// A newly admitted vGPU: starting until its worker is ready.
+    pub(super) fn admitted(d: VgpuDef) -> Self {
+        Self::from_def(d, VgpuState::Starting)
+    }
+
+    /// A vGPU read back from the state file. One to be brought back (`bring_back`) is
+    /// held as failed until it is validated and admitted; a live one that is not came
+    /// with a VM that ended with the old daemon, so it is released.
+    pub(super) fn restored(d: VgpuDef, saved: SavedVgpuState, bring_back: bool) -> Self {
+        let state = match saved {
+            SavedVgpuState::Live if bring_back => VgpuState::Failed {
+                reason: "being restored".into(),
+            },
+            SavedVgpuState::Live | SavedVgpuState::Released => VgpuState::Released,
+            SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
+        };
+        Self::from_def(d, state)
+    }
+
+    pub(super) fn state(&self) -> &VgpuState {
+        &self.state
+    }
+
+    /// Starting again: a worker (re)starts for it.
+    pub(super) fn mark_starting(&mut self) {
+        self.state = VgpuState::Starting;
+    }
+
+    /// Its worker answered: it takes a VM or a process.
+    pub(super) fn mark_ready(&mut self) {
+        self.state = VgpuState::Ready;
+    }
+
+    /// Its VM or process is connected.
+    pub(super) fn mark_attached(&mut self) {
+        self.state = VgpuState::Attached;
+    }
+
+    /// VM `vm` takes it.
+    pub(super) fn attach_to(&mut self, vm: u32) {
+        self.vm = Some(vm);
+        self.state = VgpuState::Attached;
+    }
+
+    /// Its VM let go of it: ready for another (a vGPU not attached stays as it is).
+    pub(super) fn detach(&mut self) {
+        self.vm = None;
+        if self.state == VgpuState::Attached {
+            self.state = VgpuState::Ready;
+        }
+    }
+
+    /// It is being deleted: from now on it takes no change and no VM, and holds its
+    /// resources until its worker is gone.
+    pub(super) fn begin_release(&mut self) {
+        self.stopping = true;
+        if self.holds_resources() {
+            self.state = VgpuState::Releasing;
+        }
+    }
+
+    /// It cannot run: failed with `reason`.
+    pub(super) fn fail(&mut self, reason: String) {
+        self.state = VgpuState::Failed { reason };
+    }
+
+    /// A migration to GPU `target` begins: its shares are committed there too.
+    pub(super) fn begin_migration(&mut self, target: u32) {
+        self.migrating_to = Some(target);
+    }
+
+    /// Its migration ended (moved or not): it counts on its own GPU only.
+    pub(super) fn end_migration(&mut self) {
+        self.migrating_to = None;
+    }
+
+    /// A share change is on its way to the worker and the schedulers: until both
+    /// applied it, it holds the larger of its current and its new shares.
+    pub(super) fn hold_pending(&mut self, new: Shares) {
+        self.pending = Some(new);
+    }
+
+    /// The change on its way was applied or given up.
+    pub(super) fn clear_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// Its VM is gone (the vGPU keeps its state until its worker is).
+    pub(super) fn forget_vm(&mut self) {
+        self.vm = None;
+    }
+
+    /// Its worker is gone: `next` is `Starting` (it waits for its next process),
+    /// `Released` or `Failed`.
+    pub(super) fn end_worker(&mut self, next: VgpuState) {
+        debug_assert!(
+            matches!(
+                next,
+                VgpuState::Starting | VgpuState::Released | VgpuState::Failed { .. }
+            ),
+            "a worker's end leaves a vGPU starting, released or failed, not {next:?}"
+        );
+        self.state = next;
+    }
 }
 
 impl VgpuRec {
@@ -175,7 +333,8 @@ pub(super) struct VmRec {
     pub(super) memory: u64,
     pub(super) vcpus: u8,
     pub(super) vgpu: Option<u32>,
-    pub(super) state: VmState,
+    /// Where it is in its lifecycle: changed only by the transitions below.
+    state: VmState,
     pub(super) proc: Option<Proc>,
     pub(super) console: PathBuf,
     pub(super) started: Instant,
@@ -187,6 +346,125 @@ pub(super) struct VmRec {
     /// Its name, unique among live VMs.
     pub(super) name: Option<String>,
     pub(super) labels: BTreeMap<String, String>,
+}
+
+/// What defines a VM when it is launched.
+pub(super) struct VmDef {
+    pub(super) id: u32,
+    pub(super) payload: PathBuf,
+    pub(super) payload_arg: String,
+    pub(super) memory: u64,
+    pub(super) vcpus: u8,
+    pub(super) vgpu: Option<u32>,
+    pub(super) console: PathBuf,
+    pub(super) name: Option<String>,
+    pub(super) labels: BTreeMap<String, String>,
+}
+
+/// VM lifecycle transitions: the only places a VM's state changes.
+impl VmRec {
+    /// A VM being launched: starting until its vmm runs (and its vGPU is connected).
+    pub(super) fn launched(d: VmDef) -> Self {
+        Self {
+            id: d.id,
+            payload: d.payload,
+            payload_arg: d.payload_arg,
+            memory: d.memory,
+            vcpus: d.vcpus,
+            vgpu: d.vgpu,
+            state: VmState::Starting,
+            proc: None,
+            console: d.console,
+            started: Instant::now(),
+            ended: None,
+            launched: SystemTime::now(),
+            restored_uptime: None,
+            name: d.name,
+            labels: d.labels,
+        }
+    }
+
+    /// A VM read back from the state file (`console`: where its console is written):
+    /// running with its adopted vmm `proc`, else as it ended (`lost`: why a VM that was
+    /// running ended while no vgpud ran). `now_unix`: ms since the epoch.
+    pub(super) fn restored(
+        v: SavedVm,
+        console: PathBuf,
+        now_unix: u64,
+        proc: Option<Proc>,
+        lost: String,
+    ) -> Self {
+        let now = Instant::now();
+        let ran_for = Duration::from_millis(now_unix.saturating_sub(v.launched_unix_ms));
+        let (state, uptime) = match (v.state, &proc) {
+            (SavedVmState::Live, Some(_)) => (VmState::Running, None),
+            (SavedVmState::Live, None) => (
+                VmState::Failed { reason: lost },
+                Some(
+                    v.uptime_ms
+                        .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
+                ),
+            ),
+            (SavedVmState::Exited { code }, _) => {
+                (VmState::Exited { code }, Some(v.uptime_ms.unwrap_or(0)))
+            }
+            (SavedVmState::Failed { reason }, _) => {
+                (VmState::Failed { reason }, Some(v.uptime_ms.unwrap_or(0)))
+            }
+        };
+        let running = proc.is_some() && uptime.is_none();
+        Self {
+            id: v.id,
+            payload: PathBuf::from(v.payload),
+            payload_arg: v.payload_arg,
+            memory: v.memory_bytes,
+            vcpus: v.vcpus,
+            vgpu: v.vgpu,
+            state,
+            proc: proc.filter(|_| running),
+            console,
+            started: if running {
+                now.checked_sub(ran_for).unwrap_or(now)
+            } else {
+                now
+            },
+            ended: (!running).then_some(now),
+            launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
+            restored_uptime: uptime,
+            name: v.name,
+            labels: v.labels,
+        }
+    }
+
+    pub(super) fn state(&self) -> &VmState {
+        &self.state
+    }
+
+    /// Its vmm `proc` started.
+    pub(super) fn vmm_started(&mut self, proc: Proc) {
+        self.proc = Some(proc);
+    }
+
+    /// Its vmm is gone: it ended now.
+    pub(super) fn vmm_gone(&mut self) {
+        self.proc = None;
+        self.ended = Some(Instant::now());
+    }
+
+    /// Its vmm runs and its vGPU (if any) is connected.
+    pub(super) fn mark_running(&mut self) {
+        self.state = VmState::Running;
+    }
+
+    /// Its vmm exited with `code`.
+    pub(super) fn mark_exited(&mut self, code: i32) {
+        self.state = VmState::Exited { code };
+    }
+
+    /// It failed with `reason`.
+    pub(super) fn fail(&mut self, reason: String) {
+        self.state = VmState::Failed { reason };
+    }
 }
 
 impl VmRec {
@@ -286,7 +564,7 @@ impl Inner {
 
 /// The records, their lock, and the wake-up for whoever waits on a change.
 pub(super) struct State {
-    inner: Mutex<Inner>,
+    inner: Ranked<Inner>,
     /// Woken whenever a child exits or a state changes.
     changed: Notify,
 }
@@ -294,14 +572,14 @@ pub(super) struct State {
 impl State {
     pub(super) fn new() -> Self {
         Self {
-            inner: Mutex::new(Inner::default()),
+            inner: Ranked::new(Rank::State, Inner::default()),
             changed: Notify::new(),
         }
     }
 
     /// Runs `f` on the records under the state lock.
     pub(super) fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let mut inner = vgpu_sync::lock(&self.inner);
+        let mut inner = self.inner.lock();
         f(&mut inner)
     }
 

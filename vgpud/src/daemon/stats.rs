@@ -203,7 +203,7 @@ impl Daemon {
         let gone: Vec<VgpuRec> = self.state.with(|inner| {
             let mut expired = Vec::new();
             for r in inner.vgpus.values_mut() {
-                if r.state == VgpuState::Released && r.worker.is_none() {
+                if *r.state() == VgpuState::Released && r.worker.is_none() {
                     let at = *r.released_at.get_or_insert(now);
                     if now.saturating_duration_since(at) >= retention {
                         expired.push(r.id);
@@ -237,7 +237,7 @@ impl Daemon {
         self.state.with(|inner| {
             let mut m = BTreeMap::new();
             for v in inner.vms.values() {
-                let k = match v.state {
+                let k = match v.state() {
                     VmState::Starting => "starting",
                     VmState::Running => "running",
                     VmState::Exited { .. } => "exited",
@@ -265,7 +265,7 @@ mod tests {
         let b = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("b");
         d.state.with(|i| {
             if let Some(r) = i.vgpus.get_mut(&a) {
-                r.state = VgpuState::Released;
+                r.end_worker(VgpuState::Released);
             }
         });
         let t0 = Instant::now();

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use super::admission::{
     name_free, share, validate_kernel_deadline, validate_labels, validate_name, VgpuAsk,
 };
+use super::attach::{remove_attach_dir, ProcessAttach};
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
-use super::process::{remove_attach_dir, ProcessAttach};
 use super::state::{Inner, Shares, VgpuRec};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
@@ -43,7 +43,6 @@ impl Daemon {
 
     /// Removes a vGPU record and its files (after its worker is gone).
     pub(super) fn forget_vgpu(&self, id: u32) {
-        self.set_kernel_deadline_of(id, None);
         if let Some(rec) = self.state.with(|i| i.vgpus.remove(&id)) {
             let _ = std::fs::remove_file(&rec.log);
             let _ = std::fs::remove_file(&rec.socket);
@@ -138,12 +137,13 @@ impl Daemon {
         if ms.is_none() {
             return;
         }
-        self.set_kernel_deadline_of(id, ms);
-        let gpus = self
-            .state
-            .with(|inner| inner.vgpus.get(&id).map(VgpuRec::pools))
-            .unwrap_or_default();
-        self.apply_kernel_deadline(id, &gpus);
+        let applied = self.state.with(|inner| {
+            let rec = inner.vgpus.get(&id)?;
+            Some((rec.pools(), self.kernel_deadline_of(rec)))
+        });
+        if let Some((gpus, deadline)) = applied {
+            self.apply_kernel_deadline(id, deadline, &gpus);
+        }
     }
 
     /// Checks vGPU `id`'s new shares against its GPU (and a migration's target) and
@@ -192,7 +192,7 @@ impl Daemon {
             ));
         };
         let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-        rec.pending = Some(new);
+        rec.hold_pending(new);
         Ok((new, link))
     }
 
@@ -200,7 +200,7 @@ impl Daemon {
     /// says so, in one step. Caller holds the state lock.
     fn commit_shares(&self, inner: &mut Inner, id: u32, new: Shares) -> Result<(), ApiError> {
         let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-        rec.pending = None;
+        rec.clear_pending();
         live_for_change(rec)?;
         let share = |permille: u32| Share {
             fraction: permille_to_fraction(permille),
@@ -241,7 +241,7 @@ impl Daemon {
     fn drop_pending(&self, id: u32, why: &str) -> ApiError {
         let gone = self.state.with(|inner| {
             let rec = inner.vgpus.get_mut(&id)?;
-            rec.pending = None;
+            rec.clear_pending();
             live_for_change(rec).err()
         });
         self.state.notify();
@@ -261,11 +261,11 @@ impl Daemon {
         self.await_next_worker(id).await;
         let worker = self.state.with(|inner| {
             let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-            if rec.state == VgpuState::Releasing {
+            if *rec.state() == VgpuState::Releasing {
                 return Err(being_released(id));
             }
             if let Some(vm) = rec.vm {
-                if inner.vms.get(&vm).is_some_and(|v| v.state.is_live()) {
+                if inner.vms.get(&vm).is_some_and(|v| v.state().is_live()) {
                     return Err(ApiError::conflict(
                         "id",
                         format!(
@@ -275,12 +275,7 @@ impl Daemon {
                 }
             }
             let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-            rec.stopping = true;
-            // From now on it takes no change and no VM; it holds its resources until its
-            // worker is gone.
-            if rec.holds_resources() {
-                rec.state = VgpuState::Releasing;
-            }
+            rec.begin_release();
             Ok(rec
                 .worker
                 .as_ref()
@@ -316,7 +311,7 @@ fn being_released(id: u32) -> ApiError {
 fn live_for_change(rec: &VgpuRec) -> Result<(), ApiError> {
     let id = rec.id;
     // Asked to stop: its worker may already be gone, its record not yet.
-    if rec.state == VgpuState::Releasing || rec.stopping {
+    if *rec.state() == VgpuState::Releasing || rec.stopping {
         return Err(being_released(id));
     }
     if !rec.holds_resources() {
@@ -424,7 +419,6 @@ impl Meta {
 mod tests {
     use super::super::admission::tests::admit;
     use super::super::core::testing::{daemon, spec};
-    use super::*;
 
     #[test]
     fn a_share_change_is_checked_on_the_migration_target_too() {
@@ -433,7 +427,7 @@ mod tests {
         admit(&d, spec(Some(1), 1 << 30, 0.6)).expect("b on the target");
         d.state.with(|i| {
             if let Some(r) = i.vgpus.get_mut(&a) {
-                r.migrating_to = Some(1);
+                r.begin_migration(1);
             }
         });
         let e = d
@@ -452,7 +446,7 @@ mod tests {
         let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
         d.state.with(|i| {
             if let Some(r) = i.vgpus.get_mut(&a) {
-                r.state = VgpuState::Releasing;
+                r.begin_release();
             }
         });
         let e = d

@@ -6,16 +6,15 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
 
 use super::admission::{validate_vm_meta, vm_name_free, VgpuAsk};
 use super::core::{no_vm, Daemon};
 use super::error::ApiError;
 use super::procs;
-use super::state::{Inner, VmRec};
+use super::state::{Inner, VmDef, VmRec};
 use super::storage;
 use super::workers::terminate;
-use crate::api::{self, VgpuState, VmCreate, VmState};
+use crate::api::{self, VgpuState, VmCreate};
 use crate::units::human_bytes;
 use vgpu_api::payloads::Payload;
 
@@ -245,8 +244,8 @@ impl Daemon {
             }
             self.state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&g) {
-                    if rec.state == VgpuState::Ready {
-                        rec.state = VgpuState::Attached;
+                    if *rec.state() == VgpuState::Ready {
+                        rec.mark_attached();
                     }
                 }
             });
@@ -287,23 +286,17 @@ impl Daemon {
         let console = self.cfg.state_dir.join(format!("vm-{vm_id}.log"));
         inner.vms.insert(
             vm_id,
-            VmRec {
+            VmRec::launched(VmDef {
                 id: vm_id,
                 payload: ask.payload,
                 payload_arg: ask.payload_arg,
                 memory: ask.memory,
                 vcpus: ask.vcpus,
                 vgpu: vgpu_id,
-                state: VmState::Starting,
-                proc: None,
                 console,
-                started: Instant::now(),
-                ended: None,
-                launched: SystemTime::now(),
-                restored_uptime: None,
                 name: ask.name,
                 labels: ask.labels,
-            },
+            }),
         );
         Ok((vm_id, vgpu_id))
     }
@@ -329,10 +322,7 @@ impl Daemon {
         } else {
             self.state.with(|inner| {
                 if let Some(rec) = inner.vgpus.get_mut(&g) {
-                    rec.vm = None;
-                    if rec.state == VgpuState::Attached {
-                        rec.state = VgpuState::Ready;
-                    }
+                    rec.detach();
                 }
             });
         }
@@ -363,9 +353,9 @@ impl Daemon {
         let recorded = self.state.with(|inner| {
             let has_vgpu = inner.vms.get(&vm_id).map(|vm| vm.vgpu.is_some());
             let vm = inner.vms.get_mut(&vm_id)?;
-            vm.proc = Some(proc.clone());
+            vm.vmm_started(proc.clone());
             if has_vgpu == Some(false) {
-                vm.state = VmState::Running;
+                vm.mark_running();
             }
             Some(())
         });
@@ -439,17 +429,14 @@ impl Daemon {
             if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
                 return None;
             }
-            vm.proc = None;
-            vm.ended = Some(Instant::now());
-            if vm.state.is_live() {
-                vm.state = match status.code() {
-                    Some(code) => VmState::Exited { code },
-                    None => VmState::Failed {
-                        reason: format!("the vmm was {}", procs::describe(&status)),
-                    },
-                };
+            vm.vmm_gone();
+            if vm.state().is_live() {
+                match status.code() {
+                    Some(code) => vm.mark_exited(code),
+                    None => vm.fail(format!("the vmm was {}", procs::describe(&status))),
+                }
             }
-            tracing::info!(vm = vm_id, pid, state = ?vm.state, "vmm exited");
+            tracing::info!(vm = vm_id, pid, state = ?vm.state(), "vmm exited");
             self.mark_dirty();
             let worker = vm
                 .vgpu
@@ -526,7 +513,7 @@ impl Daemon {
             let vm = inner.vms.remove(&id);
             let owned = vgpu.filter(|g| inner.vgpus.get(g).is_some_and(|r| r.owned));
             if let Some(rec) = vgpu.and_then(|g| inner.vgpus.get_mut(&g)) {
-                rec.vm = None;
+                rec.forget_vm();
             }
             (vm, owned)
         });
@@ -581,8 +568,8 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
             format!("vGPU {g} is for processes (attach \"process\"); create a vGPU for the VM"),
         ));
     }
-    let vm_live = |v: u32| inner.vms.get(&v).is_some_and(|v| v.state.is_live());
-    match (&rec.state, rec.vm) {
+    let vm_live = |v: u32| inner.vms.get(&v).is_some_and(|v| v.state().is_live());
+    match (rec.state(), rec.vm) {
         (VgpuState::Ready, None) => {}
         (_, Some(v)) if vm_live(v) => {
             return Err(ApiError::conflict(
@@ -600,8 +587,7 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
         }
     }
     if let Some(rec) = inner.vgpus.get_mut(&g) {
-        rec.vm = Some(vm_id);
-        rec.state = VgpuState::Attached;
+        rec.attach_to(vm_id);
     }
     Ok(())
 }

@@ -16,21 +16,16 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::core::{Daemon, STOP_GRACE};
+use super::config::GpuConfig;
+use super::core::{Daemon, STOP_GRACE, WORKER_START};
 use super::error::ApiError;
 use super::link::{self, Link};
 use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
-use super::GpuConfig;
 use crate::api::{VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
 use vgpu_grant::WorkerFds;
-
-/// How long a worker may take to bind its socket. A cuda worker creates its GPU context
-/// first, and the driver creates the contexts of one GPU one after another: a burst of 16
-/// launches on an H200 took more than 5 s.
-pub(super) const WORKER_START: Duration = Duration::from_secs(30);
 
 /// The vhost-user socket's name in a worker's directory.
 const VHOST_SOCKET: &str = "vgpu.sock";
@@ -266,7 +261,7 @@ impl Daemon {
         let gpu = self
             .gpu(rec.gpu)
             .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
-        let fds = self.attach_grants(id, rec.gpu, rec.compute, rec.copy, rec.priority)?;
+        let fds = self.attach_grants(rec, rec.gpu)?;
         let cmd = self.worker_command(rec, gpu);
         if rec.oversubscribe {
             self.pool_join(rec.gpu, id, rec.priority);
@@ -413,8 +408,8 @@ impl Daemon {
             Ok(Ok(_pid)) => {
                 self.state.with(|i| {
                     if let Some(rec) = i.vgpus.get_mut(&id) {
-                        if rec.state == VgpuState::Starting {
-                            rec.state = VgpuState::Ready;
+                        if *rec.state() == VgpuState::Starting {
+                            rec.mark_ready();
                         }
                     }
                 });
@@ -429,7 +424,7 @@ impl Daemon {
                     .await;
                 let why = match self
                     .state
-                    .with(|i| i.vgpus.get(&id).map(|r| r.state.clone()))
+                    .with(|i| i.vgpus.get(&id).map(|r| r.state().clone()))
                 {
                     Some(VgpuState::Failed { reason }) => reason,
                     _ => format!("the worker exited before it was ready{}", log_tail(log)),
@@ -454,16 +449,16 @@ impl Daemon {
                 // Starting too: an adopted worker says `connected` right after `ready`,
                 // which may still be on its way through `await_ready`.
                 if rec.process.is_some()
-                    && matches!(rec.state, VgpuState::Ready | VgpuState::Starting)
+                    && matches!(rec.state(), VgpuState::Ready | VgpuState::Starting)
                 {
-                    rec.state = VgpuState::Attached;
+                    rec.mark_attached();
                     tracing::info!(vgpu, "a process connected to the vGPU");
                 }
             }
             let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
             if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
-                if vm.state == VmState::Starting {
-                    vm.state = VmState::Running;
+                if *vm.state() == VmState::Starting {
+                    vm.mark_running();
                     tracing::info!(vm = vm.id, vgpu, "VM running (its vGPU is connected)");
                 }
             }
@@ -489,7 +484,7 @@ impl Daemon {
         self.state.notify();
         let next = self.state.with(|i| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && r.state == VgpuState::Starting && r.worker.is_none()
+                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker.is_none()
             })
         });
         if next {
@@ -526,7 +521,7 @@ impl Daemon {
         let gpu = rec.gpu;
         let vm = rec.vm;
         let new_state = match self.expelled(id, rec.gpu) {
-            Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
+            Some(reason) if *rec.state() != VgpuState::Released => VgpuState::Failed { reason },
             // Its process hung up: it holds its resources for the next one.
             _ if super::process::next_process(
                 rec,
@@ -543,7 +538,7 @@ impl Daemon {
             let how = status.map_or_else(|| "status unknown".into(), procs::describe);
             tracing::info!(vgpu = id, pid, how, "worker exited; vGPU released");
         }
-        rec.state = new_state.clone();
+        rec.end_worker(new_state.clone());
         if let (VgpuState::Failed { reason }, Some(vm_id)) = (&new_state, vm) {
             fail_vm(inner, vm_id, id, reason);
         }
@@ -590,7 +585,7 @@ impl Daemon {
 /// when its VM's vmm is gone too, see `adopt.rs`).
 fn exit_state(rec: &VgpuRec, status: Option<&ExitStatus>, vm_running: bool) -> VgpuState {
     use std::os::unix::process::ExitStatusExt;
-    let was = &rec.state;
+    let was = rec.state();
     let success = status.map_or(!vm_running, ExitStatus::success);
     // A worker exits 0 when its vmm disconnects (the VM ended; its exit may be reaped a
     // moment later) or when told to stop; anything else is a crash.
@@ -636,12 +631,10 @@ fn fail_vm(inner: &mut Inner, vm_id: u32, vgpu: u32, reason: &str) {
     let Some(v) = inner.vms.get_mut(&vm_id) else {
         return;
     };
-    if !v.state.is_live() {
+    if !v.state().is_live() {
         return;
     }
-    v.state = VmState::Failed {
-        reason: format!("its vGPU {vgpu} failed: {reason}"),
-    };
+    v.fail(format!("its vGPU {vgpu} failed: {reason}"));
     if let Some(p) = &v.proc {
         terminate(p.clone());
     }

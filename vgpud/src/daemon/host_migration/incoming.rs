@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use super::{record, update, IncomingVmm, IncomingWorker};
 use crate::api::{self, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm, VgpuState};
+use crate::daemon::config::Listen;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::workers::{worker_dir, SECRET_FILE};
-use crate::daemon::Listen;
 
 /// The socket a receiving worker listens on, in its private directory.
 const MIGRATE_IN_SOCKET: &str = "migrate-in.sock";
@@ -118,7 +118,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        vgpu_sync::lock(&self.host.vmms).insert(
+        self.host.receive_vmm(
             vm_id,
             IncomingVmm {
                 address: vmm_address.clone(),
@@ -134,7 +134,7 @@ impl Daemon {
                     token = Some(t);
                 }
                 Err(e) => {
-                    vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+                    self.host.vmm_gone(vm_id);
                     self.forget_vgpu(g);
                     self.state.with(|i| i.vms.remove(&vm_id));
                     self.mark_dirty();
@@ -171,13 +171,13 @@ impl Daemon {
             mid
         });
         if let Err(e) = self.spawn_vmm(vm_id).await {
-            vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+            self.host.vmm_gone(vm_id);
             self.settle_failed(mid, &e.error);
             self.undo_vm(vm_id, vgpu, true).await;
             return Err(e);
         }
         if let Err(e) = wait_listening(&vmm_address).await {
-            vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+            self.host.vmm_gone(vm_id);
             self.settle_failed(mid, &e.error);
             self.drop_incoming(vm_id).await;
             return Err(e);
@@ -208,14 +208,15 @@ impl Daemon {
             Some(_) => format!("unix:{MIGRATE_IN_SOCKET}"),
             None => address.clone(),
         };
-        vgpu_sync::lock(&self.host.workers).insert(g, IncomingWorker { address: local });
+        self.host
+            .receive_worker(g, IncomingWorker { address: local });
         let started = self.start_worker(g).await;
-        vgpu_sync::lock(&self.host.workers).remove(&g);
+        self.host.worker_gone(g);
         started?;
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&g) {
-                if rec.state == VgpuState::Ready {
-                    rec.state = VgpuState::Attached;
+                if *rec.state() == VgpuState::Ready {
+                    rec.mark_attached();
                 }
             }
         });
@@ -233,7 +234,7 @@ impl Daemon {
                 m.error = Some(why.to_owned());
             })
         });
-        vgpu_sync::lock(&self.host.settled).insert(mid, false);
+        self.host.settle(mid, false);
     }
 
     /// Until the source settles incoming move `mid`: a vmm that ends first (the source
@@ -248,7 +249,7 @@ impl Daemon {
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             // An abort frees the VM itself.
-            if vgpu_sync::lock(&self.host.settled).contains_key(&mid) {
+            if self.host.is_settled(mid) {
                 break;
             }
             if !connected {
@@ -275,7 +276,7 @@ impl Daemon {
             }
             let live = self
                 .state
-                .with(|i| i.vms.get(&vm_id).map(|v| v.state.is_live()));
+                .with(|i| i.vms.get(&vm_id).map(|v| v.state().is_live()));
             match (live, ended_at) {
                 (Some(true), _) => {}
                 (None, _) => break,
@@ -293,9 +294,9 @@ impl Daemon {
                 (Some(false), Some(_)) => {}
             }
         }
-        vgpu_sync::lock(&self.host.vmms).remove(&vm_id);
+        self.host.vmm_gone(vm_id);
         if let Some(g) = vgpu {
-            vgpu_sync::lock(&self.host.workers).remove(&g);
+            self.host.worker_gone(g);
         }
     }
 
@@ -341,13 +342,13 @@ impl Daemon {
             .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
         match written {
             Ok(()) => {
-                vgpu_sync::lock(&self.host.consoles).insert(vm_id, path);
+                self.host.console_moved_here(vm_id, path);
             }
             Err(e) => {
                 tracing::warn!(vm = vm_id, error = %e, "cannot keep the VM's earlier console")
             }
         }
-        vgpu_sync::lock(&self.host.settled).insert(mid, true);
+        self.host.settle(mid, true);
         self.state.with(|inner| {
             // Its uptime continues the one it had.
             if let (Some(vm), Some(ms)) = (inner.vms.get_mut(&vm_id), c.uptime_ms) {

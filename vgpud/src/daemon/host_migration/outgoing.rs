@@ -214,10 +214,10 @@ impl Daemon {
             .vms
             .get(&vm_id)
             .ok_or_else(|| super::super::core::no_vm(vm_id))?;
-        if vm.state != VmState::Running || vm.proc.is_none() {
+        if *vm.state() != VmState::Running || vm.proc.is_none() {
             return Err(ApiError::conflict(
                 "id",
-                format!("VM {vm_id} is {:?}; only a running VM moves", vm.state),
+                format!("VM {vm_id} is {:?}; only a running VM moves", vm.state()),
             ));
         }
         let payload = match &self.cfg.payload_dir {
@@ -482,7 +482,7 @@ impl Daemon {
                     // The vmm ends (status 0) once the destination has the VM.
                     let state = self
                         .state
-                        .with(|i| i.vms.get(&vm_id).map(|v| v.state.clone()));
+                        .with(|i| i.vms.get(&vm_id).map(|v| v.state().clone()));
                     match state {
                         Some(VmState::Exited { code: 0 }) => break Ok(()),
                         Some(s) if s.is_live() => {

@@ -1,0 +1,147 @@
+//! Every operation the REST API drives, as one typed command, and the one place that
+//! dispatches them ([`Daemon::handle`]). `http/request/` parses and checks a request into
+//! a [`Command`]; `http/reply.rs` turns a [`Reply`] into the response.
+
+use std::sync::Arc;
+
+use super::core::Daemon;
+use super::error::ApiError;
+use super::metrics;
+use super::migration::MigrateCommand;
+use crate::api::{
+    Gpu, IncomingAccepted, IncomingCommit, IncomingVm, Migration, RebalanceEvent, RebalancerStatus,
+    ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuStats, Vm, VmCreate, VmMigrateRequest,
+};
+use vgpu_api::payloads::Payload;
+
+/// One operation of the REST API, its input parsed and checked.
+#[derive(Debug)]
+pub enum Command {
+    /// `GET /v1/gpus`.
+    ListGpus,
+    /// `GET /v1/shm`.
+    ListShm,
+    /// `GET /v1/vgpus`.
+    ListVgpus,
+    /// `POST /v1/vgpus`.
+    CreateVgpu(VgpuCreate),
+    /// `GET /v1/vgpus/{id}`.
+    GetVgpu(u32),
+    /// `PATCH /v1/vgpus/{id}`.
+    PatchVgpu(u32, VgpuPatch),
+    /// `DELETE /v1/vgpus/{id}`.
+    DeleteVgpu(u32),
+    /// `GET /v1/vgpus/{id}/stats`.
+    VgpuStats(u32),
+    /// `POST /v1/vgpus/{id}/migrate`, and `POST /v1/vms/{id}/migrate` within this host (the
+    /// VM's vGPU moves).
+    MigrateVgpu(u32, MigrateCommand),
+    /// `POST /v1/vms/{id}/migrate` with a destination: the whole VM moves to another host.
+    MigrateVmToHost(u32, VmMigrateRequest),
+    /// `GET /v1/migrations`.
+    ListMigrations,
+    /// `GET /v1/migrations/{id}`.
+    GetMigration(u32),
+    /// `POST /v1/migrations/incoming`: another host asks this one to take a VM.
+    AdmitIncoming(IncomingVm),
+    /// `POST /v1/migrations/{id}/commit`: the source committed an incoming move.
+    CommitIncoming(u32, IncomingCommit),
+    /// `DELETE /v1/migrations/{id}`: the source gave an incoming move up.
+    AbortIncoming(u32),
+    /// `GET /v1/rebalancer`.
+    RebalancerStatus,
+    /// `GET /v1/rebalancer/events?since=`.
+    RebalanceEvents { since: u64 },
+    /// `GET /v1/payloads`.
+    ListPayloads,
+    /// `GET /v1/vms`.
+    ListVms,
+    /// `POST /v1/vms`.
+    CreateVm(VmCreate),
+    /// `GET /v1/vms/{id}`.
+    GetVm(u32),
+    /// `DELETE /v1/vms/{id}`.
+    DeleteVm(u32),
+    /// `GET /v1/vms/{id}/console?offset=`.
+    Console { id: u32, offset: u64 },
+    /// `GET /metrics`.
+    Metrics,
+}
+
+/// What a command answers.
+#[derive(Debug)]
+pub enum Reply {
+    Gpus(Vec<Gpu>),
+    ShmObjects(Vec<ShmObject>),
+    Vgpus(Vec<Vgpu>),
+    Vgpu(Vgpu),
+    /// A vGPU was created.
+    VgpuCreated(Vgpu),
+    VgpuStats(VgpuStats),
+    /// The object is gone.
+    Deleted,
+    Migrations(Vec<Migration>),
+    Migration(Migration),
+    /// A migration was started (it runs on).
+    MigrationStarted(Migration),
+    /// An incoming VM was admitted.
+    IncomingAccepted(IncomingAccepted),
+    Rebalancer(RebalancerStatus),
+    RebalanceEvents(Vec<RebalanceEvent>),
+    Payloads(Vec<Payload>),
+    Vms(Vec<Vm>),
+    Vm(Vm),
+    /// A VM was launched.
+    VmCreated(Vm),
+    /// Console bytes from the offset asked for.
+    Console(Vec<u8>),
+    /// The metrics, in the OpenMetrics text format.
+    Metrics(String),
+}
+
+impl Daemon {
+    /// Runs `cmd`: every operation of the REST API passes through here.
+    pub async fn handle(self: &Arc<Self>, cmd: Command) -> Result<Reply, ApiError> {
+        Ok(match cmd {
+            Command::ListGpus => Reply::Gpus(self.gpus()),
+            Command::ListShm => Reply::ShmObjects(self.shm_objects()),
+            Command::ListVgpus => Reply::Vgpus(self.list_vgpus()),
+            Command::CreateVgpu(spec) => Reply::VgpuCreated(self.create_vgpu(spec).await?),
+            Command::GetVgpu(id) => Reply::Vgpu(self.get_vgpu(id)?),
+            Command::PatchVgpu(id, patch) => Reply::Vgpu(self.patch_vgpu(id, patch).await?),
+            Command::DeleteVgpu(id) => {
+                self.delete_vgpu(id).await?;
+                Reply::Deleted
+            }
+            Command::VgpuStats(id) => Reply::VgpuStats(self.vgpu_stats(id).await?),
+            Command::MigrateVgpu(id, how) => {
+                Reply::MigrationStarted(self.migrate_vgpu(id, how).await?)
+            }
+            Command::MigrateVmToHost(id, req) => {
+                Reply::MigrationStarted(self.migrate_vm_to_host(id, req).await?)
+            }
+            Command::ListMigrations => Reply::Migrations(self.migrations()),
+            Command::GetMigration(id) => Reply::Migration(self.migration(id)?),
+            Command::AdmitIncoming(req) => Reply::IncomingAccepted(self.incoming_vm(req).await?),
+            Command::CommitIncoming(id, c) => Reply::Migration(self.commit_incoming(id, c).await?),
+            Command::AbortIncoming(id) => Reply::Migration(self.abort_incoming(id).await?),
+            Command::RebalancerStatus => Reply::Rebalancer(self.rebalancer_status()),
+            Command::RebalanceEvents { since } => {
+                Reply::RebalanceEvents(self.rebalance_events(since))
+            }
+            Command::ListPayloads => Reply::Payloads(self.payloads()),
+            Command::ListVms => Reply::Vms(self.list_vms()),
+            Command::CreateVm(req) => Reply::VmCreated(self.create_vm(req).await?),
+            Command::GetVm(id) => Reply::Vm(self.get_vm(id)?),
+            Command::DeleteVm(id) => {
+                self.delete_vm(id).await?;
+                Reply::Deleted
+            }
+            Command::Console { id, offset } => Reply::Console(self.console(id, offset)?),
+            Command::Metrics => Reply::Metrics(
+                metrics::render(self)
+                    .map_err(|e| ApiError::internal(format!("cannot render metrics: {e}")))?,
+            ),
+        })
+    }
+}
