@@ -60,8 +60,13 @@ wire_struct! {
         pub pci_bus_id: u32,
         /// PCI device.
         pub pci_device_id: u32,
-        /// Reserved, 0.
-        pub reserved: [u32; 3],
+        /// The context's per-thread stack limit in bytes, as the worker set it and charged
+        /// it (`CU_LIMIT_STACK_SIZE`); 0 = no such limit (sim) or not reported. Since 1.2.
+        pub stack_bytes: u32,
+        /// The context's device `malloc` heap in KiB (`CU_LIMIT_MALLOC_HEAP_SIZE`); 0 = none.
+        pub heap_kib: u32,
+        /// The context's printf FIFO in KiB (`CU_LIMIT_PRINTF_FIFO_SIZE`); 0 = none.
+        pub printf_fifo_kib: u32,
     }
 }
 
@@ -94,7 +99,9 @@ impl DeviceAttributes {
         pci_domain_id: 0,
         pci_bus_id: 0,
         pci_device_id: 0,
-        reserved: [0; 3],
+        stack_bytes: 0,
+        heap_kib: 0,
+        printf_fifo_kib: 0,
     };
 }
 

@@ -247,7 +247,13 @@ impl CudaGpu {
                 | features::PARAM_LAYOUT
                 | features::GLOBALS
                 | features::PARAM_BLOBS,
-            attributes: attributes::read(dev),
+            attributes: vgpu_proto::DeviceAttributes {
+                // The limits as the driver took them and the ledger charged them.
+                stack_bytes: u32::try_from(reserve.stack_bytes).unwrap_or(u32::MAX),
+                heap_kib: u32::try_from(reserve.heap_bytes >> 10).unwrap_or(u32::MAX),
+                printf_fifo_kib: u32::try_from(reserve.printf_fifo_bytes >> 10).unwrap_or(u32::MAX),
+                ..attributes::read(dev)
+            },
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
             sms = props.sm_count, device_memory = props.total_memory, capacity,

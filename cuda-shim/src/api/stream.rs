@@ -82,7 +82,7 @@ pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
             let mut queue = d.queue(q)?;
             queue.poll(&t);
             queue.take_error()?;
-            if queue.is_idle() {
+            if queue.is_idle() && !crate::api::hostfn::busy(q) {
                 Ok(())
             } else {
                 Err(res::NOT_READY)
@@ -169,6 +169,8 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
             if matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
                 d.order_for(q, true, true);
             }
+            // The event completes after the stream's host functions ran.
+            crate::api::hostfn::gate(q);
             let t = d.t.clone();
             let mut queue = d.queue(q)?;
             let seq = queue.enqueue(&t, |s| s.enqueue_event_record(id), None)?;

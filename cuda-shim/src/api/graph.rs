@@ -1,0 +1,617 @@
+//! Stream capture and graphs. A captured stream records its copies, memsets, launches,
+//! host functions and value writes in the library instead of running them (launch
+//! parameters are copied when captured, as the driver does); `cuStreamEndCapture` makes
+//! them a graph. A graph's nodes run in the order they were added or captured (a node's
+//! dependencies are always added before it, so that order respects them); launching an
+//! executable graph replays them on the launch's stream, each checked as the call it
+//! stands for. Nodes can also be added explicitly: kernels, copies, memsets.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use crate::driver::{self, Driver, Res};
+use crate::extra::{Capture, Graph, Op};
+use crate::types::{res, CUcontext, CUresult, CUstream, CU_STREAM_LEGACY};
+use crate::{guard, out};
+
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+
+/// `CUstreamCaptureMode`.
+const MODE_GLOBAL: c_uint = 0;
+const MODE_RELAXED: c_uint = 2;
+/// `CUstreamCaptureStatus`.
+const STATUS_NONE: c_int = 0;
+const STATUS_ACTIVE: c_int = 1;
+/// `CUgraphInstantiate_flags` this library honours: auto-free on launch (nothing is
+/// allocated by a graph), upload (nothing to upload), node priority (one queue per
+/// stream).
+const INSTANTIATE_AUTO_FREE: u64 = 1;
+const INSTANTIATE_UPLOAD: u64 = 2;
+const INSTANTIATE_DEVICE_LAUNCH: u64 = 4;
+const INSTANTIATE_USE_NODE_PRIORITY: u64 = 8;
+
+/// Records `op` when stream handle `h` is being captured: `Ok(true)`, the operation must
+/// not run. Work on the legacy default stream while a stream is captured in global mode
+/// answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`, as with the driver.
+pub(crate) fn record(d: &mut Driver, h: usize, op: impl FnOnce() -> Op) -> Res<bool> {
+    if d.extra.captures.is_empty() {
+        return Ok(false);
+    }
+    if let Some(c) = d.extra.captures.get_mut(&h) {
+        c.ops.push(op());
+        return Ok(true);
+    }
+    implicit_check(d, h)?;
+    Ok(false)
+}
+
+thread_local! {
+    /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
+    static THREAD_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(MODE_GLOBAL) };
+}
+
+/// Refuses work on the legacy default stream while a stream is captured in global mode,
+/// unless this thread relaxed its mode.
+fn implicit_check(d: &Driver, h: usize) -> Res<()> {
+    let legacy = matches!(h, 0 | CU_STREAM_LEGACY);
+    let relaxed = THREAD_MODE.with(|m| m.get()) == MODE_RELAXED;
+    if legacy && !relaxed && d.extra.captures.values().any(|c| c.mode == MODE_GLOBAL) {
+        return Err(res::STREAM_CAPTURE_IMPLICIT);
+    }
+    Ok(())
+}
+
+/// A stream that can be captured: a created stream or the per-thread default stream.
+fn capturable(d: &Driver, h: CUstream) -> Res<usize> {
+    d.current_ctx()?;
+    let h = h as usize;
+    d.stream_queue(h)?;
+    if matches!(h, 0 | CU_STREAM_LEGACY) {
+        return Err(res::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    Ok(h)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: c_uint) -> CUresult {
+    guard("cuStreamBeginCapture_v2", || {
+        driver::with(|d| {
+            let h = capturable(d, h)?;
+            if mode > MODE_RELAXED {
+                return Err(res::INVALID_VALUE);
+            }
+            if d.extra.captures.contains_key(&h) {
+                return Err(res::ILLEGAL_STATE);
+            }
+            d.extra.next_capture_id += 1;
+            let id = d.extra.next_capture_id;
+            d.extra.captures.insert(
+                h,
+                Capture {
+                    id,
+                    mode,
+                    ops: Vec::new(),
+                },
+            );
+            Ok(())
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
+    cuStreamBeginCapture_v2(h, MODE_GLOBAL)
+}
+
+/// A new graph holding `ops`, one node each.
+fn new_graph(d: &mut Driver, ops: Vec<Op>) -> u64 {
+    let mut g = Graph::default();
+    for op in ops {
+        let node = d.handle();
+        g.nodes.push((node, op));
+    }
+    let h = d.handle();
+    d.extra.graphs.insert(h, g);
+    h
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, pgraph: *mut CUgraph) -> CUresult {
+    guard("cuStreamEndCapture", || {
+        if pgraph.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        let g = driver::with(|d| {
+            let h = capturable(d, h)?;
+            let c = d.extra.captures.remove(&h).ok_or(res::ILLEGAL_STATE)?;
+            Ok(new_graph(d, c.ops))
+        })?;
+        // SAFETY: checked non-null; a writable CUgraph from the caller.
+        unsafe { out(pgraph, g as CUgraph) }
+    })
+}
+
+/// (status, capture id) of a stream.
+fn capture_state(h: CUstream) -> Res<(c_int, u64)> {
+    driver::with(|d| {
+        d.current_ctx()?;
+        let h = h as usize;
+        d.stream_queue(h)?;
+        Ok(match d.extra.captures.get(&h) {
+            Some(c) => (STATUS_ACTIVE, c.id),
+            None => (STATUS_NONE, 0),
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut c_int) -> CUresult {
+    guard("cuStreamIsCapturing", || {
+        let (s, _) = capture_state(h)?;
+        // SAFETY: a writable status from the caller (NULL refused).
+        unsafe { out(status, s) }
+    })
+}
+
+/// `cuStreamGetCaptureInfo`'s outputs; each but the status may be NULL. The graph being
+/// built is not an object until the capture ends (NULL), and a capture is a chain with
+/// no dependency set to report (none).
+unsafe fn capture_info(
+    h: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> Res<()> {
+    if status.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    let (s, cid) = capture_state(h)?;
+    // SAFETY: each pointer is NULL or writable for its type (API contract).
+    unsafe {
+        out(status, s)?;
+        if !id.is_null() {
+            out(id, cid)?;
+        }
+        if !graph.is_null() {
+            out(graph, std::ptr::null_mut())?;
+        }
+        if !deps.is_null() {
+            out(deps, std::ptr::null())?;
+        }
+        if !edges.is_null() {
+            out(edges, std::ptr::null())?;
+        }
+        if !num_deps.is_null() {
+            out(num_deps, 0)?;
+        }
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    h: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard("cuStreamGetCaptureInfo_v2", || {
+        // SAFETY: the caller's pointers, checked inside.
+        unsafe { capture_info(h, status, id, graph, deps, std::ptr::null_mut(), num_deps) }
+    })
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    h: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut CUgraph,
+    deps: *mut *const CUgraphNode,
+    edges: *mut *const c_void,
+    num_deps: *mut usize,
+) -> CUresult {
+    guard("cuStreamGetCaptureInfo_v3", || {
+        // SAFETY: the caller's pointers, checked inside.
+        unsafe { capture_info(h, status, id, graph, deps, edges, num_deps) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut CUgraph, flags: c_uint) -> CUresult {
+    guard("cuGraphCreate", || {
+        if pgraph.is_null() || flags != 0 {
+            return Err(res::INVALID_VALUE);
+        }
+        let g = driver::with(|d| {
+            d.current_ctx()?;
+            Ok(new_graph(d, Vec::new()))
+        })?;
+        // SAFETY: checked non-null; a writable CUgraph from the caller.
+        unsafe { out(pgraph, g as CUgraph) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
+    guard("cuGraphDestroy", || {
+        driver::with(|d| {
+            d.extra
+                .graphs
+                .remove(&(g as u64))
+                .map(drop)
+                .ok_or(res::INVALID_VALUE)
+        })
+    })
+}
+
+/// Adds nodes to a graph after checking their dependencies are nodes of it; writes the
+/// last node's handle.
+///
+/// # Safety
+/// `deps` must hold `num_deps` node handles (or be NULL with 0).
+pub(crate) unsafe fn add_nodes(
+    d: &mut Driver,
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    ops: Vec<Op>,
+) -> Res<()> {
+    if pnode.is_null() || (deps.is_null() && num_deps != 0) {
+        return Err(res::INVALID_VALUE);
+    }
+    let graph = d.extra.graphs.get(&(g as u64)).ok_or(res::INVALID_VALUE)?;
+    for i in 0..num_deps {
+        // SAFETY: `deps` holds `num_deps` handles (caller's contract).
+        let dep = unsafe { *deps.add(i) } as u64;
+        if !graph.nodes.iter().any(|(n, _)| *n == dep) {
+            return Err(res::INVALID_VALUE);
+        }
+    }
+    // One node for the whole operation: its rows share the handle.
+    let node = d.handle();
+    if let Some(graph) = d.extra.graphs.get_mut(&(g as u64)) {
+        graph.nodes.extend(ops.into_iter().map(|op| (node, op)));
+    }
+    // SAFETY: checked non-null; a writable CUgraphNode from the caller.
+    unsafe { out(pnode, node as CUgraphNode) }
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (v1 is its first nine fields).
+#[repr(C)]
+pub struct KernelNodeParams {
+    pub func: *mut c_void,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: *mut c_void,
+    pub ctx: CUcontext,
+}
+
+unsafe fn add_kernel_node(
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *const KernelNodeParams,
+    v2: bool,
+) -> Res<()> {
+    if params.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    // SAFETY: a readable CUDA_KERNEL_NODE_PARAMS (v2 with its kernel and context fields)
+    // from the caller; a v1 struct is read only up to `extra`.
+    let p = unsafe { &*params };
+    let f = if v2 && p.func.is_null() {
+        p.kern
+    } else {
+        p.func
+    };
+    driver::with(|d| {
+        let launch =
+            super::launch::prepare(d, f, p.grid, p.block, p.shared, p.kernel_params, p.extra)?;
+        // SAFETY: the caller's dependency array.
+        unsafe { add_nodes(d, pnode, g, deps, num_deps, vec![Op::Launch(launch)]) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    guard("cuGraphAddKernelNode_v2", || {
+        // SAFETY: the caller's pointers, checked inside.
+        unsafe { add_kernel_node(pnode, g, deps, num_deps, params, true) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    guard("cuGraphAddKernelNode", || {
+        // SAFETY: the caller's pointers, checked inside.
+        unsafe { add_kernel_node(pnode, g, deps, num_deps, params, false) }
+    })
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemsetNodeParams {
+    pub dst: u64,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub element_size: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemsetNode(
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *const MemsetNodeParams,
+    _ctx: CUcontext,
+) -> CUresult {
+    guard("cuGraphAddMemsetNode", || {
+        if params.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a readable CUDA_MEMSET_NODE_PARAMS from the caller.
+        let p = unsafe { &*params };
+        driver::with(|d| {
+            d.current_ctx()?;
+            let op = super::memcpy2d::memset2d_op(
+                d,
+                p.dst,
+                p.pitch,
+                p.value,
+                p.width,
+                p.height,
+                p.element_size,
+            )?;
+            // SAFETY: the caller's dependency array.
+            unsafe { add_nodes(d, pnode, g, deps, num_deps, vec![op]) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemcpyNode(
+    pnode: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *const super::memcpy2d::Memcpy3d,
+    _ctx: CUcontext,
+) -> CUresult {
+    guard("cuGraphAddMemcpyNode", || {
+        if params.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a readable CUDA_MEMCPY3D from the caller.
+        let p = unsafe { &*params };
+        driver::with(|d| {
+            d.current_ctx()?;
+            let ops = super::memcpy2d::copy3d_ops(d, p)?;
+            // SAFETY: the caller's dependency array.
+            unsafe { add_nodes(d, pnode, g, deps, num_deps, ops) }
+        })
+    })
+}
+
+fn instantiate(pexec: *mut CUgraphExec, g: CUgraph, flags: u64) -> Res<()> {
+    if pexec.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    let known = INSTANTIATE_AUTO_FREE
+        | INSTANTIATE_UPLOAD
+        | INSTANTIATE_DEVICE_LAUNCH
+        | INSTANTIATE_USE_NODE_PRIORITY;
+    if flags & !known != 0 {
+        return Err(res::INVALID_VALUE);
+    }
+    if flags & INSTANTIATE_DEVICE_LAUNCH != 0 {
+        crate::api::stubs::log_once("graphs launched from the device");
+        return Err(res::NOT_SUPPORTED);
+    }
+    let e = driver::with(|d| {
+        d.current_ctx()?;
+        let graph = d.extra.graphs.get(&(g as u64)).ok_or(res::INVALID_VALUE)?;
+        let ops: Vec<Op> = graph.nodes.iter().map(|(_, op)| op.clone()).collect();
+        let h = d.handle();
+        d.extra.execs.insert(h, ops);
+        Ok(h)
+    })?;
+    // SAFETY: checked non-null; a writable CUgraphExec from the caller.
+    unsafe { out(pexec, e as CUgraphExec) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    pexec: *mut CUgraphExec,
+    g: CUgraph,
+    flags: u64,
+) -> CUresult {
+    guard("cuGraphInstantiateWithFlags", || {
+        instantiate(pexec, g, flags)
+    })
+}
+
+/// The CUDA 11 form: error node and log buffer (nothing to report: instantiation fails
+/// only on bad handles).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    pexec: *mut CUgraphExec,
+    g: CUgraph,
+    _error_node: *mut CUgraphNode,
+    _log: *mut std::ffi::c_char,
+    _log_size: usize,
+) -> CUresult {
+    guard("cuGraphInstantiate_v2", || instantiate(pexec, g, 0))
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
+    guard("cuGraphExecDestroy", || {
+        driver::with(|d| {
+            d.extra
+                .execs
+                .remove(&(e as u64))
+                .map(drop)
+                .ok_or(res::INVALID_VALUE)
+        })
+    })
+}
+
+/// Runs one operation on stream handle `h`, as the call it was recorded from.
+pub(crate) fn run(d: &mut Driver, h: usize, op: &Op) -> Res<()> {
+    let s = Some(h as CUstream);
+    match *op {
+        Op::Htod { dst, src, len } => super::copy::htod_in(d, dst, src as *const c_void, len, s),
+        Op::Dtoh { dst, src, len } => super::copy::dtoh_in(d, dst as *mut c_void, src, len, s),
+        Op::Dtod { dst, src, len } => super::copy::dtod_in(d, dst, src, len, s),
+        Op::Memset {
+            dst,
+            value,
+            count,
+            elem,
+        } => super::copy::memset_in(d, dst, value, count, elem, s),
+        Op::Memset2d {
+            dst,
+            pitch,
+            value,
+            width,
+            height,
+            elem,
+        } => {
+            for row in 0..height {
+                let at = dst + (row * pitch) as u64;
+                super::copy::memset_in(d, at, value, width, elem, s)?;
+            }
+            Ok(())
+        }
+        Op::Strided(ref c) => super::memcpy2d::run_strided(d, c, s),
+        Op::Launch(ref p) => super::launch::submit(d, h, p),
+        Op::HostFn { f, data } => super::hostfn::launch_in(d, h, f, data),
+        Op::WriteValue { addr, value, wide } => {
+            super::hostfn::write_value_in(d, h, addr, value, wide)
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch(e: CUgraphExec, h: CUstream) -> CUresult {
+    guard("cuGraphLaunch", || {
+        driver::with(|d| {
+            d.current_ctx()?;
+            let hs = h as usize;
+            d.stream_queue(hs)?;
+            let ops = d
+                .extra
+                .execs
+                .get(&(e as u64))
+                .ok_or(res::INVALID_VALUE)?
+                .clone();
+            if d.extra.captures.contains_key(&hs) {
+                // A graph launched into a capture becomes part of it.
+                if let Some(c) = d.extra.captures.get_mut(&hs) {
+                    c.ops.extend(ops);
+                }
+                return Ok(());
+            }
+            implicit_check(d, hs)?;
+            for op in &ops {
+                run(d, hs, op)?;
+            }
+            Ok(())
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphUpload(e: CUgraphExec, h: CUstream) -> CUresult {
+    guard("cuGraphUpload", || {
+        driver::with(|d| {
+            d.current_ctx()?;
+            d.stream_queue(h as usize)?;
+            // Nothing to upload: a graph's operations are sent when it is launched.
+            d.extra
+                .execs
+                .get(&(e as u64))
+                .map(drop)
+                .ok_or(res::INVALID_VALUE)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    g: CUgraph,
+    nodes: *mut CUgraphNode,
+    num: *mut usize,
+) -> CUresult {
+    guard("cuGraphGetNodes", || {
+        if num.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        let list = driver::with(|d| {
+            let graph = d.extra.graphs.get(&(g as u64)).ok_or(res::INVALID_VALUE)?;
+            let mut list: Vec<u64> = Vec::new();
+            for (n, _) in &graph.nodes {
+                if list.last() != Some(n) {
+                    list.push(*n);
+                }
+            }
+            Ok(list)
+        })?;
+        if !nodes.is_null() {
+            // SAFETY: `num` is readable and writable (checked non-null).
+            let room = unsafe { num.read_unaligned() };
+            for (i, n) in list.iter().take(room).enumerate() {
+                // SAFETY: `nodes` holds `*num` handles (API contract).
+                unsafe { nodes.add(i).write_unaligned(*n as CUgraphNode) };
+            }
+        }
+        // SAFETY: checked non-null.
+        unsafe { out(num, list.len()) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint) -> CUresult {
+    guard("cuThreadExchangeStreamCaptureMode", || {
+        if mode.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: non-null; a readable and writable mode from the caller.
+        let new = unsafe { mode.read_unaligned() };
+        if new > MODE_RELAXED {
+            return Err(res::INVALID_VALUE);
+        }
+        let old = THREAD_MODE.with(|m| m.replace(new));
+        // SAFETY: as above.
+        unsafe { mode.write_unaligned(old) };
+        Ok(())
+    })
+}
