@@ -757,6 +757,78 @@ fn host_functions_value_writes_capture_and_graphs() {
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g), OK);
 
+    // A replay is checked as the calls it stands for: memory freed since fails it.
+    let mut tmp = 0u64;
+    assert_eq!(
+        call!(cu, "cuMemAlloc", fn(*mut u64, usize), &mut tmp, 4096),
+        OK
+    );
+    let mut g2: Ptr = null_mut();
+    assert_eq!(
+        call!(cu, "cuGraphCreate", fn(*mut Ptr, c_uint), &mut g2, 0),
+        OK
+    );
+    let ms_tmp = MemsetNodeParams {
+        dst: tmp,
+        pitch: 4096,
+        value: 1,
+        element_size: 4,
+        width: 1024,
+        height: 1,
+    };
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphAddMemsetNode",
+            fn(*mut Ptr, Ptr, *const Ptr, usize, *const MemsetNodeParams, Ptr),
+            &mut n1,
+            g2,
+            std::ptr::null(),
+            0,
+            &ms_tmp,
+            ctx
+        ),
+        OK
+    );
+    assert_eq!(inst(&mut exec, g2, 0), OK);
+    assert_eq!(launch_graph(exec, s), OK);
+    assert_eq!(sync(s), OK);
+    assert_eq!(call!(cu, "cuMemFree", fn(u64), tmp), OK);
+    assert_eq!(launch_graph(exec, s), INVALID_VALUE);
+    assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
+    assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g2), OK);
+
+    // A capturing stream destroyed ends its capture: the legacy stream works again.
+    let mut s3: Ptr = null_mut();
+    assert_eq!(
+        call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s3, 0),
+        OK
+    );
+    assert_eq!(begin(s3, 0), OK);
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyDtoH",
+            fn(*mut c_void, u64, usize),
+            peek.as_mut_ptr().cast(),
+            c,
+            16
+        ),
+        STREAM_CAPTURE_IMPLICIT
+    );
+    assert_eq!(call!(cu, "cuStreamDestroy", fn(Ptr), s3), OK);
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyDtoH",
+            fn(*mut c_void, u64, usize),
+            peek.as_mut_ptr().cast(),
+            c,
+            16
+        ),
+        OK
+    );
+
     let mut name: *const std::ffi::c_char = std::ptr::null();
     assert_eq!(
         call!(
@@ -769,8 +841,6 @@ fn host_functions_value_writes_capture_and_graphs() {
         OK
     );
     // SAFETY: a static C string of the library.
-    assert_eq!(
-        unsafe { CStr::from_ptr(name) },
-        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"
-    );
+    let text = unsafe { CStr::from_ptr(name) };
+    assert_eq!(text, c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT");
 }

@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver::{self, Driver, Res};
 use crate::extra::{Capture, Graph, Op};
-use crate::types::{res, CUcontext, CUresult, CUstream, CU_STREAM_LEGACY};
+use crate::types::{res, CUcontext, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::{guard, out};
 
 pub type CUgraph = *mut c_void;
@@ -38,6 +38,11 @@ pub(crate) fn record(d: &mut Driver, h: usize, op: impl FnOnce() -> Op) -> Res<b
     if d.extra.captures.is_empty() {
         return Ok(false);
     }
+    // A destroyed stream's capture ends with it.
+    let streams = &d.streams;
+    d.extra
+        .captures
+        .retain(|&s, _| s == CU_STREAM_PER_THREAD || streams.contains_key(&(s as u64)));
     if let Some(c) = d.extra.captures.get_mut(&h) {
         c.ops.push(op());
         return Ok(true);
