@@ -222,12 +222,6 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         ),
         INVALID_VALUE
     );
-    let mut mode: c_int = 0;
-    assert_eq!(
-        call!(cu, "cuModuleGetLoadingMode", fn(*mut c_int), &mut mode),
-        OK
-    );
-    assert_eq!(mode, 1, "CU_MODULE_EAGER_LOADING");
 
     // A kernel passes to cuLaunchKernel as a function.
     let n = 4096usize;

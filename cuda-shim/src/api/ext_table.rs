@@ -13,13 +13,11 @@ macro_rules! table {
 /// (base name, function) of every entry point of these areas.
 pub fn entries() -> Vec<(&'static str, usize)> {
     table! {
-        "cuFuncGetAttribute" => cuFuncGetAttribute,
         "cuFuncSetAttribute" => cuFuncSetAttribute,
         "cuFuncSetCacheConfig" => cuFuncSetCacheConfig,
         "cuFuncSetSharedMemConfig" => cuFuncSetSharedMemConfig,
         "cuFuncGetName" => cuFuncGetName,
         "cuFuncGetModule" => cuFuncGetModule,
-        "cuModuleGetLoadingMode" => cuModuleGetLoadingMode,
         "cuOccupancyMaxActiveBlocksPerMultiprocessor" => cuOccupancyMaxActiveBlocksPerMultiprocessor,
         "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" => cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
         "cuOccupancyMaxPotentialBlockSize" => cuOccupancyMaxPotentialBlockSize,

@@ -1,4 +1,4 @@
-//! Function attributes, cache preferences, the module loading mode and occupancy.
+//! Function attributes, cache preferences and occupancy.
 //!
 //! What the library knows of a function: its parameters, its name, its module's PTX
 //! version, and the attributes a program set. The device does not report a function's
@@ -38,8 +38,6 @@ pub mod fattr {
 pub const DEFAULT_DYNAMIC_SHARED: i32 = 48 << 10;
 /// Shared memory the system reserves per block (`RESERVED_SHARED_MEMORY_PER_BLOCK`).
 const RESERVED_SHARED_PER_BLOCK: u64 = 1024;
-/// `CU_MODULE_EAGER_LOADING`: modules load (and compile) when loaded.
-const CU_MODULE_EAGER_LOADING: c_int = 1;
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`, the one occupancy flag.
 const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: c_uint = 1;
 /// `CU_FUNC_CACHE_PREFER_*` (0 to 3) and `CU_SHARED_MEM_CONFIG_*` (0 to 2).
@@ -199,16 +197,6 @@ pub unsafe extern "C" fn cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction)
         let m = driver::with(|d| Ok(function(d, hfunc)?.module))?;
         // SAFETY: a writable CUmodule from the caller (NULL refused).
         unsafe { out(hmod, m as CUmodule) }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
-    guard("cuModuleGetLoadingMode", || {
-        driver::with(|_| Ok(()))?;
-        // Every module is compiled and loaded when `cuModuleLoad*` returns.
-        // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(mode, CU_MODULE_EAGER_LOADING) }
     })
 }
 

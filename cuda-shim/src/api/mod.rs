@@ -6,19 +6,20 @@
 pub mod context;
 pub mod copy;
 pub mod device;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod procaddr;
+pub mod stream;
+pub mod stubs;
+// Libraries, function attributes, pitched memory, pools, host functions, graphs.
 pub mod ext_table;
 pub mod func;
 pub mod graph;
 pub mod hostfn;
-pub mod launch;
 pub mod launch_ex;
 pub mod library;
 pub mod limits;
 pub mod memcpy2d;
-pub mod memory;
-pub mod module;
 pub mod pointer;
 pub mod pool;
-pub mod procaddr;
-pub mod stream;
-pub mod stubs;

@@ -13,6 +13,9 @@ use crate::image::{self, Image};
 use crate::types::{res, CUdeviceptr, CUfunction, CUmodule, CUresult};
 use crate::{guard, out};
 
+// Function attributes live with the other function calls (api/func.rs).
+pub use super::func::cuFuncGetAttribute;
+
 pub(crate) fn load(d: &mut Driver, img: Image) -> Res<u64> {
     d.current_ctx()?;
     let t = d.t.clone();

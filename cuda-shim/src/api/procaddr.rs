@@ -82,6 +82,7 @@ fn entries() -> &'static [(&'static str, usize)] {
             "cuModuleUnload" => cuModuleUnload,
             "cuModuleGetFunction" => cuModuleGetFunction,
             "cuModuleGetGlobal" => cuModuleGetGlobal_v2,
+            "cuFuncGetAttribute" => cuFuncGetAttribute,
             "cuLaunchKernel" => cuLaunchKernel,
             "cuStreamCreate" => cuStreamCreate,
             "cuStreamCreateWithPriority" => cuStreamCreateWithPriority,
@@ -100,11 +101,11 @@ fn entries() -> &'static [(&'static str, usize)] {
             "cuEventDestroy" => cuEventDestroy_v2,
             "cuGetProcAddress" => cuGetProcAddress_v2,
         };
-        t.extend(super::ext_table::entries());
         for (name, f) in super::stubs::STUBS {
             let base = name.strip_suffix("_v2").unwrap_or(name);
             t.push((base, *f as *const () as usize));
         }
+        t.extend(super::ext_table::entries());
         t
     })
 }

@@ -95,6 +95,7 @@ stubs!(
     cuModuleGetSurfRef,
     cuModuleEnumerateFunctions,
     cuModuleGetFunctionCount,
+    cuModuleGetLoadingMode,
     cuLinkCreate_v2,
     cuLinkAddData_v2,
     cuLinkAddFile_v2,
