@@ -96,6 +96,9 @@ pub struct Function {
     pub max_dynamic_shared: i32,
     /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`, as set (-1: none).
     pub carveout: i32,
+    /// Registers, static shared, constant and local memory, as the device reported them
+    /// (`features::FUNCTION_ATTRIBUTES`); None from a device that does not.
+    pub attrs: Option<vgpu_proto::FunctionAttributes>,
 }
 
 pub struct StreamObj {

@@ -325,8 +325,11 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         "dynamic shared memory without opt-in"
     );
     assert_eq!(get(9, func), (OK, -1));
-    assert_eq!(get(4, func).0, NOT_SUPPORTED, "registers are not reported");
-    assert_eq!(get(1, func).0, NOT_SUPPORTED);
+    // Reported by the device: a sim kernel runs on host threads, with no registers,
+    // static shared, constant or local memory.
+    for a in 1..=4 {
+        assert_eq!(get(a, func), (OK, 0), "attribute {a}");
+    }
     assert_eq!(get(99, func).0, INVALID_VALUE);
     assert_eq!(get(0, 0x7777 as Ptr).0, INVALID_HANDLE);
     assert_eq!(

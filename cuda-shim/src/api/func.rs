@@ -1,14 +1,15 @@
 //! Function attributes, cache preferences and occupancy.
 //!
 //! What the library knows of a function: its parameters, its name, its module's PTX
-//! version, and the attributes a program set. The device does not report a function's
-//! registers, static shared, constant or local memory, so those attributes answer
-//! `CUDA_ERROR_NOT_SUPPORTED`, and occupancy is computed from the block's threads, its
-//! dynamic shared memory and the device's limits (not its registers).
+//! version, the attributes a program set, and its registers, static shared, constant and
+//! local memory as the device reports them (`GET_FUNCTION_LAYOUT` on a device with
+//! `features::FUNCTION_ATTRIBUTES`; a device without answers `CUDA_ERROR_NOT_SUPPORTED`
+//! for those). Occupancy is computed from them, the block's threads and dynamic shared
+//! memory, and the device's limits.
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use vgpu_proto::{DeviceAttributes, MAX_SHARED_BYTES};
+use vgpu_proto::{DeviceAttributes, FunctionAttributes, MAX_SHARED_BYTES};
 
 use crate::driver::{self, Driver, Function, Res};
 use crate::types::{res, CUfunction, CUmodule, CUresult};
@@ -34,8 +35,33 @@ pub mod fattr {
     pub const CLUSTER_SCHEDULING_POLICY_PREFERENCE: i32 = 15;
 }
 
-/// Dynamic shared memory a function may use without opting in (the driver's default).
-pub const DEFAULT_DYNAMIC_SHARED: i32 = 48 << 10;
+/// Shared memory a block may use without opting in.
+const DEFAULT_SHARED: u32 = 48 << 10;
+
+/// Dynamic shared memory a function may use without opting in (the driver's default):
+/// 48 KiB less its static shared memory.
+pub fn default_dynamic_shared(attrs: Option<&FunctionAttributes>) -> i32 {
+    let fixed = attrs.map_or(0, |a| a.static_shared_bytes);
+    DEFAULT_SHARED.saturating_sub(fixed) as i32
+}
+
+/// A function's register and static shared memory needs, for occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    pub regs: u32,
+    pub static_shared: u32,
+    pub max_threads: u32,
+}
+
+impl Needs {
+    fn of(f: &Function) -> Needs {
+        f.attrs.map_or(Needs::default(), |a| Needs {
+            regs: a.num_regs,
+            static_shared: a.static_shared_bytes,
+            max_threads: a.max_threads_per_block,
+        })
+    }
+}
 /// Shared memory the system reserves per block (`RESERVED_SHARED_MEMORY_PER_BLOCK`).
 const RESERVED_SHARED_PER_BLOCK: u64 = 1024;
 /// `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE`, the one occupancy flag.
@@ -65,8 +91,21 @@ pub(crate) fn get_attribute(d: &Driver, f: CUfunction, attrib: c_int) -> Res<c_i
     let g = &d.attributes;
     let binary = (g.cc_major * 10 + g.cc_minor) as c_int;
     let module = d.modules.get(&func.module);
+    let reported = |v: fn(&FunctionAttributes) -> u32| match func.attrs.as_ref() {
+        Some(a) => Ok(v(a) as c_int),
+        None => {
+            crate::api::stubs::log_once(
+                "cuFuncGetAttribute (registers, static shared, constant or local memory) on a \
+                 device that does not report them",
+            );
+            Err(res::NOT_SUPPORTED)
+        }
+    };
     Ok(match attrib {
-        fattr::MAX_THREADS_PER_BLOCK => vgpu_proto::MAX_THREADS_PER_BLOCK as c_int,
+        fattr::MAX_THREADS_PER_BLOCK => match func.attrs {
+            Some(a) if a.max_threads_per_block > 0 => a.max_threads_per_block as c_int,
+            _ => vgpu_proto::MAX_THREADS_PER_BLOCK as c_int,
+        },
         fattr::PTX_VERSION => match module.and_then(|m| m.ptx.as_deref()) {
             Some(ptx) => ptx_version(ptx).unwrap_or(binary),
             // Built-in kernels and binary images: the device's own code.
@@ -82,15 +121,10 @@ pub(crate) fn get_attribute(d: &Driver, f: CUfunction, attrib: c_int) -> Res<c_i
         | fattr::REQUIRED_CLUSTER_DEPTH
         | fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED
         | fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => 0,
-        fattr::SHARED_SIZE_BYTES
-        | fattr::CONST_SIZE_BYTES
-        | fattr::LOCAL_SIZE_BYTES
-        | fattr::NUM_REGS => {
-            crate::api::stubs::log_once(
-                "cuFuncGetAttribute (registers, static shared, constant or local memory)",
-            );
-            return Err(res::NOT_SUPPORTED);
-        }
+        fattr::SHARED_SIZE_BYTES => reported(|a| a.static_shared_bytes)?,
+        fattr::CONST_SIZE_BYTES => reported(|a| a.const_bytes)?,
+        fattr::LOCAL_SIZE_BYTES => reported(|a| a.local_bytes)?,
+        fattr::NUM_REGS => reported(|a| a.num_regs)?,
         _ => return Err(res::INVALID_VALUE),
     })
 }
@@ -107,7 +141,8 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
         .ok_or(res::INVALID_HANDLE)?;
     match attrib {
         fattr::MAX_DYNAMIC_SHARED_SIZE_BYTES => {
-            if value < 0 || value as u32 > optin {
+            let fixed = func.attrs.map_or(0, |a| a.static_shared_bytes);
+            if value < 0 || value as u32 > optin.saturating_sub(fixed) {
                 return Err(res::INVALID_VALUE);
             }
             func.max_dynamic_shared = value;
@@ -201,32 +236,48 @@ pub unsafe extern "C" fn cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction)
 }
 
 /// Blocks of `block` threads with `dynamic` bytes of shared memory each that one
-/// multiprocessor holds at once, by threads, blocks and shared memory (registers are not
-/// known to the library).
-pub fn blocks_per_sm(g: &DeviceAttributes, block: u64, dynamic: u64) -> u64 {
+/// multiprocessor holds at once, by threads, blocks, registers and shared memory.
+pub fn blocks_per_sm(g: &DeviceAttributes, n: Needs, block: u64, dynamic: u64) -> u64 {
     let warp = u64::from(g.warp_size.max(1));
-    if block == 0 || block > u64::from(g.max_threads_per_block) {
+    let max_threads = match n.max_threads {
+        0 => u64::from(g.max_threads_per_block),
+        m => u64::from(m).min(u64::from(g.max_threads_per_block)),
+    };
+    if block == 0 || block > max_threads {
         return 0;
     }
     let optin = u64::from(g.max_shared_per_block_optin.min(MAX_SHARED_BYTES));
-    if dynamic > optin {
+    let shared = dynamic + u64::from(n.static_shared);
+    if shared > optin {
         return 0;
     }
-    let threads = block.div_ceil(warp) * warp;
-    let by_threads = u64::from(g.max_threads_per_sm) / threads;
-    let by_shared = u64::from(g.max_shared_per_sm) / (dynamic + RESERVED_SHARED_PER_BLOCK);
+    let warps = block.div_ceil(warp);
+    let by_threads = u64::from(g.max_threads_per_sm) / (warps * warp);
+    let by_shared = u64::from(g.max_shared_per_sm) / (shared + RESERVED_SHARED_PER_BLOCK);
+    // Registers are allocated per warp, 256 at a time.
+    let by_regs = match n.regs {
+        0 => u64::MAX,
+        r => {
+            let per_warp = (u64::from(r) * warp).div_ceil(256) * 256;
+            if per_warp * warps > u64::from(g.max_registers_per_block) {
+                return 0;
+            }
+            u64::from(g.max_registers_per_sm) / per_warp / warps
+        }
+    };
     by_threads
         .min(by_shared)
+        .min(by_regs)
         .min(u64::from(g.max_blocks_per_sm))
 }
 
-fn occupancy_checks(d: &Driver, f: CUfunction, flags: c_uint) -> Res<()> {
+fn occupancy_checks(d: &Driver, f: CUfunction, flags: c_uint) -> Res<Needs> {
     d.current_ctx()?;
-    function(d, f)?;
+    let needs = Needs::of(function(d, f)?);
     if flags & !CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE != 0 {
         return Err(res::INVALID_VALUE);
     }
-    Ok(())
+    Ok(needs)
 }
 
 fn max_active_blocks(
@@ -237,11 +288,16 @@ fn max_active_blocks(
     flags: c_uint,
 ) -> Res<()> {
     let n = driver::with(|d| {
-        occupancy_checks(d, f, flags)?;
+        let needs = occupancy_checks(d, f, flags)?;
         if block <= 0 {
             return Err(res::INVALID_VALUE);
         }
-        Ok(blocks_per_sm(&d.attributes, block as u64, dynamic as u64))
+        Ok(blocks_per_sm(
+            &d.attributes,
+            needs,
+            block as u64,
+            dynamic as u64,
+        ))
     })?;
     // SAFETY: a writable int from the caller (NULL refused).
     unsafe { out(num_blocks, n as c_int) }
@@ -280,12 +336,16 @@ pub type BlockToSmem = Option<unsafe extern "C" fn(c_int) -> usize>;
 /// and the grid that fills the device with it.
 fn potential_block_size(
     g: &DeviceAttributes,
+    n: Needs,
     to_smem: BlockToSmem,
     dynamic: usize,
     limit: c_int,
 ) -> (u64, u64) {
     let warp = u64::from(g.warp_size.max(1));
     let mut max = u64::from(g.max_threads_per_block);
+    if n.max_threads > 0 {
+        max = max.min(u64::from(n.max_threads));
+    }
     if limit > 0 {
         max = max.min(limit as u64);
     }
@@ -298,7 +358,7 @@ fn potential_block_size(
             Some(cb) => (unsafe { cb(b as c_int) }) as u64,
             None => dynamic as u64,
         };
-        let blocks = blocks_per_sm(g, b, smem);
+        let blocks = blocks_per_sm(g, n, b, smem);
         if blocks * b > best_threads {
             (best, best_blocks, best_threads) = (b, blocks, blocks * b);
         }
@@ -319,11 +379,11 @@ fn max_potential(
     if min_grid.is_null() || block_size.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    let g = driver::with(|d| {
-        occupancy_checks(d, f, flags)?;
-        Ok(d.attributes)
+    let (g, needs) = driver::with(|d| {
+        let needs = occupancy_checks(d, f, flags)?;
+        Ok((d.attributes, needs))
     })?;
-    let (block, grid) = potential_block_size(&g, to_smem, dynamic, limit);
+    let (block, grid) = potential_block_size(&g, needs, to_smem, dynamic, limit);
     // SAFETY: both checked non-null; writable ints from the caller.
     unsafe {
         out(min_grid, grid.min(i32::MAX as u64) as c_int)?;
@@ -369,20 +429,21 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
 ) -> CUresult {
     guard("cuOccupancyAvailableDynamicSMemPerBlock", || {
         let v = driver::with(|d| {
-            occupancy_checks(d, f, 0)?;
+            let needs = occupancy_checks(d, f, 0)?;
             if num_blocks <= 0 || block <= 0 {
                 return Err(res::INVALID_VALUE);
             }
             let g = &d.attributes;
-            // The blocks must fit by threads and block count first.
-            if blocks_per_sm(g, block as u64, 0) < num_blocks as u64 {
+            // The blocks must fit by threads, registers and block count first.
+            if blocks_per_sm(g, needs, block as u64, 0) < num_blocks as u64 {
                 return Ok(0);
             }
             let per_block = u64::from(g.max_shared_per_sm) / num_blocks as u64;
             let optin = u64::from(g.max_shared_per_block_optin.min(MAX_SHARED_BYTES));
+            let fixed = u64::from(needs.static_shared);
             Ok(per_block
-                .saturating_sub(RESERVED_SHARED_PER_BLOCK)
-                .min(optin))
+                .saturating_sub(RESERVED_SHARED_PER_BLOCK + fixed)
+                .min(optin.saturating_sub(fixed)))
         })?;
         // SAFETY: a writable size_t from the caller (NULL refused).
         unsafe { out(smem, v as usize) }
@@ -394,22 +455,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn occupancy_follows_threads_blocks_and_shared_memory() {
+    fn occupancy_follows_threads_blocks_registers_and_shared_memory() {
         let g = DeviceAttributes::SIM;
+        let none = Needs::default();
         // 2048 threads per SM: two blocks of 1024, 32 (the block limit) of 32.
-        assert_eq!(blocks_per_sm(&g, 1024, 0), 2);
-        assert_eq!(blocks_per_sm(&g, 32, 0), 32);
+        assert_eq!(blocks_per_sm(&g, none, 1024, 0), 2);
+        assert_eq!(blocks_per_sm(&g, none, 32, 0), 32);
         // Partial warps count whole.
-        assert_eq!(blocks_per_sm(&g, 1000, 0), 2);
+        assert_eq!(blocks_per_sm(&g, none, 1000, 0), 2);
         // 228 KiB per SM: 100 KiB (+1 KiB reserved) blocks, two at once.
-        assert_eq!(blocks_per_sm(&g, 128, 100 << 10), 2);
+        assert_eq!(blocks_per_sm(&g, none, 128, 100 << 10), 2);
         // More than a block may have, or too many threads: none.
-        assert_eq!(blocks_per_sm(&g, 128, 300 << 10), 0);
-        assert_eq!(blocks_per_sm(&g, 1025, 0), 0);
-        let (block, grid) = potential_block_size(&g, None, 0, 0);
+        assert_eq!(blocks_per_sm(&g, none, 128, 300 << 10), 0);
+        assert_eq!(blocks_per_sm(&g, none, 1025, 0), 0);
+        // 64 registers a thread: 2048 a warp, 32 warps of the SM's 65536.
+        let regs = Needs { regs: 64, ..none };
+        assert_eq!(blocks_per_sm(&g, regs, 256, 0), 4);
+        // 255 registers (8192 a warp after rounding): a 1024-thread block needs more than
+        // a block may have.
+        let heavy = Needs { regs: 255, ..none };
+        assert_eq!(blocks_per_sm(&g, heavy, 1024, 0), 0);
+        assert_eq!(blocks_per_sm(&g, heavy, 64, 0), 4);
+        // Static shared memory counts beside the dynamic.
+        let fixed = Needs {
+            static_shared: 100 << 10,
+            ..none
+        };
+        assert_eq!(blocks_per_sm(&g, fixed, 128, 100 << 10), 1);
+        assert_eq!(blocks_per_sm(&g, fixed, 128, 200 << 10), 0);
+        // A launch bound below the device's.
+        let bound = Needs {
+            max_threads: 256,
+            ..none
+        };
+        assert_eq!(blocks_per_sm(&g, bound, 512, 0), 0);
+        let (block, grid) = potential_block_size(&g, none, None, 0, 0);
         assert_eq!((block, grid), (1024, 2));
-        let (block, _) = potential_block_size(&g, None, 0, 200);
-        assert!(block <= 200 && block % 32 == 0 || block == 200);
+        let (block, _) = potential_block_size(&g, bound, None, 0, 0);
+        assert_eq!(block, 256);
+        let (block, _) = potential_block_size(&g, none, None, 0, 200);
+        // 128 threads fill the SM (16 blocks of 2048 threads); 192 leave 128 idle.
+        assert_eq!(block, 128, "the most resident threads under the limit");
         assert_eq!(ptx_version(".version 8.5\n.target sm_90"), Some(85));
+        assert_eq!(default_dynamic_shared(None), 48 << 10);
+        let attrs = FunctionAttributes {
+            static_shared_bytes: 8 << 10,
+            ..FunctionAttributes::default()
+        };
+        assert_eq!(default_dynamic_shared(Some(&attrs)), 40 << 10);
     }
 }

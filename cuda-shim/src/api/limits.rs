@@ -10,7 +10,9 @@
 
 use std::ffi::c_int;
 
-use crate::driver::{self, Driver, Res};
+use vgpu_proto::DeviceAttributes;
+
+use crate::driver::{self, Res};
 use crate::types::{res, CUresult};
 use crate::{guard, out};
 
@@ -22,9 +24,11 @@ const PERSISTING_L2_CACHE_SIZE: c_int = 6;
 /// One past the last limit CUDA 13.0 defines.
 const LIMIT_MAX: c_int = 10;
 
+/// Limits 0 to 2 as a program lowered them.
+type Lowered = [Option<u64>; 3];
+
 /// The charged value of limit 0 to 2, if the device reports it.
-fn charged(d: &Driver, limit: c_int) -> Option<u64> {
-    let g = &d.attributes;
+fn charged(g: &DeviceAttributes, limit: c_int) -> Option<u64> {
     let v = match limit {
         STACK_SIZE => u64::from(g.stack_bytes),
         PRINTF_FIFO_SIZE => u64::from(g.printf_fifo_kib) << 10,
@@ -34,12 +38,11 @@ fn charged(d: &Driver, limit: c_int) -> Option<u64> {
     (v > 0).then_some(v)
 }
 
-fn get(d: &Driver, limit: c_int) -> Res<u64> {
-    d.current_ctx()?;
+fn get(g: &DeviceAttributes, lowered: &Lowered, limit: c_int) -> Res<u64> {
     match limit {
         STACK_SIZE | PRINTF_FIFO_SIZE | MALLOC_HEAP_SIZE => {
-            let c = charged(d, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
-            Ok(d.extra.limits[limit as usize].unwrap_or(c).min(c))
+            let c = charged(g, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
+            Ok(lowered[limit as usize].unwrap_or(c).min(c))
         }
         PERSISTING_L2_CACHE_SIZE => Ok(0),
         l if (0..LIMIT_MAX).contains(&l) => Err(res::UNSUPPORTED_LIMIT),
@@ -47,11 +50,10 @@ fn get(d: &Driver, limit: c_int) -> Res<u64> {
     }
 }
 
-fn set(d: &mut Driver, limit: c_int, value: u64) -> Res<()> {
-    d.current_ctx()?;
+fn set(g: &DeviceAttributes, lowered: &mut Lowered, limit: c_int, value: u64) -> Res<()> {
     match limit {
         STACK_SIZE | PRINTF_FIFO_SIZE | MALLOC_HEAP_SIZE => {
-            let c = charged(d, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
+            let c = charged(g, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
             if value > c {
                 tracing::warn!(
                     limit,
@@ -63,7 +65,7 @@ fn set(d: &mut Driver, limit: c_int, value: u64) -> Res<()> {
                 );
                 return Err(res::OUT_OF_MEMORY);
             }
-            d.extra.limits[limit as usize] = Some(value);
+            lowered[limit as usize] = Some(value);
             Ok(())
         }
         PERSISTING_L2_CACHE_SIZE if value == 0 => Ok(()),
@@ -78,7 +80,10 @@ pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CUre
         if pvalue.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        let v = driver::with(|d| get(d, limit))?;
+        let v = driver::with(|d| {
+            d.current_ctx()?;
+            get(&d.attributes, &d.extra.limits, limit)
+        })?;
         // SAFETY: checked non-null; a writable size_t from the caller.
         unsafe { out(pvalue, v as usize) }
     })
@@ -87,6 +92,61 @@ pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CUre
 #[no_mangle]
 pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
     guard("cuCtxSetLimit", || {
-        driver::with(|d| set(d, limit, value as u64))
+        driver::with(|d| {
+            d.current_ctx()?;
+            let g = d.attributes;
+            set(&g, &mut d.extra.limits, limit, value as u64)
+        })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_the_charged_ones_and_only_lowered() {
+        let cuda = DeviceAttributes {
+            stack_bytes: 1024,
+            heap_kib: 8 << 10,
+            printf_fifo_kib: 1 << 10,
+            ..DeviceAttributes::SIM
+        };
+        let mut lowered = Lowered::default();
+        assert_eq!(get(&cuda, &lowered, STACK_SIZE), Ok(1024));
+        assert_eq!(get(&cuda, &lowered, MALLOC_HEAP_SIZE), Ok(8 << 20));
+        assert_eq!(get(&cuda, &lowered, PRINTF_FIFO_SIZE), Ok(1 << 20));
+        // Up to the charged value: taken (the reserve covers it) and answered.
+        assert_eq!(set(&cuda, &mut lowered, STACK_SIZE, 512), Ok(()));
+        assert_eq!(get(&cuda, &lowered, STACK_SIZE), Ok(512));
+        assert_eq!(set(&cuda, &mut lowered, STACK_SIZE, 1024), Ok(()));
+        assert_eq!(get(&cuda, &lowered, STACK_SIZE), Ok(1024));
+        // Above it: the share holds no more.
+        assert_eq!(
+            set(&cuda, &mut lowered, STACK_SIZE, 4096),
+            Err(res::OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            set(&cuda, &mut lowered, MALLOC_HEAP_SIZE, 1 << 30),
+            Err(res::OUT_OF_MEMORY)
+        );
+        assert_eq!(get(&cuda, &lowered, STACK_SIZE), Ok(1024));
+        // Limits a vGPU does not offer, and numbers outside the enum.
+        assert_eq!(get(&cuda, &lowered, 3), Err(res::UNSUPPORTED_LIMIT));
+        assert_eq!(set(&cuda, &mut lowered, 4, 1), Err(res::UNSUPPORTED_LIMIT));
+        assert_eq!(get(&cuda, &lowered, PERSISTING_L2_CACHE_SIZE), Ok(0));
+        assert_eq!(
+            set(&cuda, &mut lowered, PERSISTING_L2_CACHE_SIZE, 1),
+            Err(res::UNSUPPORTED_LIMIT)
+        );
+        assert_eq!(get(&cuda, &lowered, 10), Err(res::INVALID_VALUE));
+        assert_eq!(get(&cuda, &lowered, -1), Err(res::INVALID_VALUE));
+        // A device that reports none (sim, or before protocol 1.3).
+        let sim = DeviceAttributes::SIM;
+        assert_eq!(get(&sim, &lowered, STACK_SIZE), Err(res::UNSUPPORTED_LIMIT));
+        assert_eq!(
+            set(&sim, &mut lowered, STACK_SIZE, 1),
+            Err(res::UNSUPPORTED_LIMIT)
+        );
+    }
 }

@@ -180,16 +180,16 @@ pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
     let t = d.t.clone();
     // A device that reports parameter layouts also takes raw bytes.
     let layouts = d.info.features & vgpu_proto::features::PARAM_LAYOUT != 0;
-    let (f, layout) = if layouts {
-        let (f, layout, _) = d
-            .queue(0)?
-            .call(&t, |s| s.get_function_layout(device_module, name))?;
-        (f, Some(layout))
+    let (f, layout, attrs) = if layouts {
+        let (f, layout, _, attrs) = d.queue(0)?.call(&t, |s| {
+            s.get_function_layout_attributes(device_module, name)
+        })?;
+        (f, Some(layout), attrs)
     } else {
         let f = d
             .queue(0)?
             .call(&t, |s| s.get_function(device_module, name))?;
-        (f, None)
+        (f, None, None)
     };
     let sig = match (sig, layout) {
         (Some(sig), _) => sig,
@@ -224,8 +224,9 @@ pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
             device: f.handle,
             sig,
             name: name.to_string(),
-            max_dynamic_shared: crate::api::func::DEFAULT_DYNAMIC_SHARED,
+            max_dynamic_shared: crate::api::func::default_dynamic_shared(attrs.as_ref()),
             carveout: -1,
+            attrs,
         },
     );
     Ok(h)
