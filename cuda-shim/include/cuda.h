@@ -368,7 +368,14 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel ker
 CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, CUdevice dev);
 CUresult cuKernelGetName(const char **name, CUkernel hfunc);
 CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
-CUresult cuModuleGetLoadingMode(int *mode);
+CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule mod);
+CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned int numFunctions, CUmodule mod);
+CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib);
+CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned int numKernels, CUlibrary lib);
+CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize);
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset, size_t *paramSize);
+CUresult cuFuncIsLoaded(int *state, CUfunction function);
+CUresult cuFuncLoad(CUfunction function);
 CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
 CUresult cuFuncSetCacheConfig(CUfunction hfunc, int config);
 CUresult cuFuncSetSharedMemConfig(CUfunction hfunc, int config);

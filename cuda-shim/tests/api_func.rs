@@ -223,6 +223,176 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         INVALID_VALUE
     );
 
+    // Enumeration: the built-in module's kernels, each a function; parameter layouts.
+    let mut count: c_uint = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleGetFunctionCount",
+            fn(*mut c_uint, Ptr),
+            &mut count,
+            module
+        ),
+        OK
+    );
+    assert_eq!(count, 8);
+    let mut all: Vec<Ptr> = vec![null_mut(); count as usize];
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleEnumerateFunctions",
+            fn(*mut Ptr, c_uint, Ptr),
+            all.as_mut_ptr(),
+            count,
+            module
+        ),
+        OK
+    );
+    assert!(all.iter().all(|f| !f.is_null()));
+    let names: Vec<String> = all
+        .iter()
+        .map(|&f| {
+            let mut n: *const c_char = std::ptr::null();
+            assert_eq!(
+                call!(cu, "cuFuncGetName", fn(*mut *const c_char, Ptr), &mut n, f),
+                OK
+            );
+            // SAFETY: a C string of the library that lives as long as the program.
+            unsafe { CStr::from_ptr(n) }.to_str().unwrap().to_string()
+        })
+        .collect();
+    assert!(names.iter().any(|n| n == "vector_add") && names.iter().any(|n| n == "saxpy"));
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleEnumerateFunctions",
+            fn(*mut Ptr, c_uint, Ptr),
+            null_mut(),
+            8,
+            module
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleGetFunctionCount",
+            fn(*mut c_uint, Ptr),
+            &mut count,
+            0x7777 as Ptr
+        ),
+        INVALID_HANDLE
+    );
+    let mut kcount: c_uint = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuLibraryGetKernelCount",
+            fn(*mut c_uint, Ptr),
+            &mut kcount,
+            lib
+        ),
+        OK
+    );
+    assert_eq!(kcount, 8);
+    let mut kernels: Vec<Ptr> = vec![null_mut(); 8];
+    assert_eq!(
+        call!(
+            cu,
+            "cuLibraryEnumerateKernels",
+            fn(*mut Ptr, c_uint, Ptr),
+            kernels.as_mut_ptr(),
+            8,
+            lib
+        ),
+        OK
+    );
+    assert!(
+        kernels.contains(&vadd),
+        "the kernel already looked up, the same handle"
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuLibraryEnumerateKernels",
+            fn(*mut Ptr, c_uint, Ptr),
+            kernels.as_mut_ptr(),
+            8,
+            0x7777 as Ptr
+        ),
+        INVALID_HANDLE
+    );
+    let param = |i: usize| {
+        let (mut off, mut size) = (usize::MAX, usize::MAX);
+        let r = call!(
+            cu,
+            "cuKernelGetParamInfo",
+            fn(Ptr, usize, *mut usize, *mut usize),
+            vadd,
+            i,
+            &mut off,
+            &mut size
+        );
+        (r, off, size)
+    };
+    assert_eq!(param(0), (OK, 0, 8));
+    assert_eq!(
+        param(3),
+        (OK, 24, 8),
+        "n: an 8-byte count after three pointers"
+    );
+    assert_eq!(param(4).0, INVALID_VALUE, "past the last parameter");
+    assert_eq!(
+        call!(
+            cu,
+            "cuFuncGetParamInfo",
+            fn(Ptr, usize, *mut usize, *mut usize),
+            0x7777 as Ptr,
+            0,
+            null_mut(),
+            null_mut()
+        ),
+        INVALID_HANDLE
+    );
+    let mut state: c_uint = 0;
+    assert_eq!(
+        call!(cu, "cuFuncIsLoaded", fn(*mut c_uint, Ptr), &mut state, func),
+        OK
+    );
+    assert_eq!(state, 1, "loaded");
+    assert_eq!(call!(cu, "cuFuncLoad", fn(Ptr), func), OK);
+    assert_eq!(
+        call!(cu, "cuFuncLoad", fn(Ptr), 0x7777 as Ptr),
+        INVALID_HANDLE
+    );
+    assert_eq!(
+        call!(cu, "cuFuncSetSharedMemConfig", fn(Ptr, c_int), func, 7),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuKernelSetCacheConfig",
+            fn(Ptr, c_int, c_int),
+            vadd,
+            1,
+            3
+        ),
+        INVALID_DEVICE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuLibraryGetGlobal",
+            fn(*mut u64, *mut usize, Ptr, *const c_char),
+            null_mut(),
+            null_mut(),
+            0x7777 as Ptr,
+            c"x".as_ptr()
+        ),
+        INVALID_HANDLE
+    );
+
     // A kernel passes to cuLaunchKernel as a function.
     let n = 4096usize;
     let bytes = n * 4;

@@ -798,6 +798,153 @@ fn host_functions_value_writes_capture_and_graphs() {
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g2), OK);
 
+    // Bad input to the capture and graph calls.
+    assert_eq!(
+        call!(
+            cu,
+            "cuStreamGetCaptureInfo",
+            fn(Ptr, *mut c_int, *mut u64, *mut Ptr, *mut Ptr, *mut usize),
+            s,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut()
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuStreamIsCapturing",
+            fn(Ptr, *mut c_int),
+            0x7777 as Ptr,
+            &mut status
+        ),
+        INVALID_HANDLE
+    );
+    assert_eq!(
+        call!(cu, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s, null_mut()),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphGetNodes",
+            fn(Ptr, *mut Ptr, *mut usize),
+            0x7777 as Ptr,
+            null_mut(),
+            &mut count
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(cu, "cuGraphUpload", fn(Ptr, Ptr), 0x7777 as Ptr, s),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(cu, "cuGraphCreate", fn(*mut Ptr, c_uint), null_mut(), 0),
+        INVALID_VALUE
+    );
+    let mut mode: c_uint = 2;
+    assert_eq!(
+        call!(
+            cu,
+            "cuThreadExchangeStreamCaptureMode",
+            fn(*mut c_uint),
+            &mut mode
+        ),
+        OK
+    );
+    assert_eq!(mode, 0, "the previous mode: global");
+    let mut back: c_uint = mode;
+    assert_eq!(
+        call!(
+            cu,
+            "cuThreadExchangeStreamCaptureMode",
+            fn(*mut c_uint),
+            &mut back
+        ),
+        OK
+    );
+    assert_eq!(back, 2);
+    let mut bad_mode: c_uint = 9;
+    assert_eq!(
+        call!(
+            cu,
+            "cuThreadExchangeStreamCaptureMode",
+            fn(*mut c_uint),
+            &mut bad_mode
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuLaunchHostFunc",
+            fn(Ptr, HostFn, Ptr),
+            s,
+            None,
+            null_mut()
+        ),
+        INVALID_VALUE
+    );
+    // A relaxed thread may use the legacy stream during a global capture.
+    let mut s4: Ptr = null_mut();
+    assert_eq!(
+        call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s4, 0),
+        OK
+    );
+    assert_eq!(begin(s4, 0), OK);
+    let mut relaxed: c_uint = 2;
+    assert_eq!(
+        call!(
+            cu,
+            "cuThreadExchangeStreamCaptureMode",
+            fn(*mut c_uint),
+            &mut relaxed
+        ),
+        OK
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyDtoH",
+            fn(*mut c_void, u64, usize),
+            peek.as_mut_ptr().cast(),
+            c,
+            16
+        ),
+        OK
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuThreadExchangeStreamCaptureMode",
+            fn(*mut c_uint),
+            &mut relaxed
+        ),
+        OK
+    );
+    let mut g4: Ptr = null_mut();
+    assert_eq!(
+        call!(cu, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s4, &mut g4),
+        OK
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphGetNodes",
+            fn(Ptr, *mut Ptr, *mut usize),
+            g4,
+            null_mut(),
+            &mut count
+        ),
+        OK
+    );
+    assert_eq!(count, 0, "an empty capture");
+    assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g4), OK);
+
     // A capturing stream destroyed ends its capture: the legacy stream works again.
     let mut s3: Ptr = null_mut();
     assert_eq!(

@@ -347,6 +347,27 @@ fn pitched_copies_memsets_pools_and_pointer_attributes() {
         "a slice past the allocation"
     );
 
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpy3DAsync",
+            fn(*const Memcpy3d, Ptr),
+            std::ptr::null(),
+            s
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpy2DAsync",
+            fn(*const Memcpy2d, Ptr),
+            std::ptr::null(),
+            s
+        ),
+        INVALID_VALUE
+    );
+
     // 2D memsets: 32-bit values in 20 of each row's 128 words, the rest untouched.
     assert_eq!(
         call!(cu, "cuMemsetD8", fn(u64, u8, usize), dp, 0, pitch * h),
@@ -591,6 +612,148 @@ fn pitched_copies_memsets_pools_and_pointer_attributes() {
         "the default pool"
     );
     assert_eq!(call!(cu, "cuMemPoolTrimTo", fn(Ptr, usize), pool, 0), OK);
+
+    // Pool attributes and access: what may be set, and bad input.
+    let mut reuse: c_int = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAttribute",
+            fn(Ptr, c_int, *mut c_void),
+            pool,
+            1,
+            (&mut reuse as *mut c_int).cast()
+        ),
+        OK
+    );
+    let mut threshold = 64u64 << 20;
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAttribute",
+            fn(Ptr, c_int, *mut c_void),
+            pool,
+            4,
+            (&mut threshold as *mut u64).cast()
+        ),
+        OK
+    );
+    assert_eq!(
+        pool_u64(pool, 4),
+        (OK, 64 << 20),
+        "the release threshold, as set"
+    );
+    assert_eq!(pool_u64(pool, 99).0, INVALID_VALUE);
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAttribute",
+            fn(Ptr, c_int, *mut c_void),
+            pool,
+            7,
+            (&mut threshold as *mut u64).cast()
+        ),
+        INVALID_VALUE,
+        "used memory is read-only"
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolGetAttribute",
+            fn(Ptr, c_int, *mut c_void),
+            pool,
+            7,
+            null_mut()
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        pool_u64(0x7777 as Ptr, 7).0,
+        INVALID_VALUE,
+        "a foreign pool"
+    );
+    assert_eq!(
+        call!(cu, "cuMemPoolTrimTo", fn(Ptr, usize), 0x7777 as Ptr, 0),
+        INVALID_VALUE
+    );
+    // CUmemAccessDesc: location (device 0), flags (read-write).
+    let rw: [c_int; 3] = [1, 0, 3];
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAccess",
+            fn(Ptr, *const c_int, usize),
+            pool,
+            rw.as_ptr(),
+            1
+        ),
+        OK
+    );
+    let ro: [c_int; 3] = [1, 0, 1];
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAccess",
+            fn(Ptr, *const c_int, usize),
+            pool,
+            ro.as_ptr(),
+            1
+        ),
+        INVALID_VALUE,
+        "the device always reads and writes its pools"
+    );
+    let other: [c_int; 3] = [1, 5, 3];
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAccess",
+            fn(Ptr, *const c_int, usize),
+            pool,
+            other.as_ptr(),
+            1
+        ),
+        INVALID_DEVICE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolSetAccess",
+            fn(Ptr, *const c_int, usize),
+            pool,
+            std::ptr::null(),
+            1
+        ),
+        INVALID_VALUE
+    );
+    let mut flags: c_int = 0;
+    let loc: [c_int; 2] = [1, 0];
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolGetAccess",
+            fn(*mut c_int, Ptr, *const c_int),
+            &mut flags,
+            pool,
+            loc.as_ptr()
+        ),
+        OK
+    );
+    assert_eq!(flags, 3);
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemPoolGetAccess",
+            fn(*mut c_int, Ptr, *const c_int),
+            &mut flags,
+            0x7777 as Ptr,
+            loc.as_ptr()
+        ),
+        INVALID_VALUE
+    );
+    assert_eq!(
+        call!(cu, "cuDeviceGetMemPool", fn(*mut Ptr, c_int), null_mut(), 0),
+        INVALID_VALUE
+    );
 
     // An explicit pool with a size limit.
     let props = PoolProps {

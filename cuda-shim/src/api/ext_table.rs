@@ -1,8 +1,8 @@
 //! `cuGetProcAddress` names of the libraries, function attributes, occupancy, pitched
 //! copies, pools, host functions, captures and graphs (base name -> entry point).
 
+use super::{enumerate::*, limits::*, pointer::*};
 use super::{func::*, graph::*, hostfn::*, launch_ex::*, library::*, memcpy2d::*, pool::*};
-use super::{limits::*, pointer::*};
 
 macro_rules! table {
     ($($base:literal => $f:path),* $(,)?) => {
@@ -24,6 +24,14 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuOccupancyMaxPotentialBlockSizeWithFlags" => cuOccupancyMaxPotentialBlockSizeWithFlags,
         "cuOccupancyAvailableDynamicSMemPerBlock" => cuOccupancyAvailableDynamicSMemPerBlock,
         "cuLaunchKernelEx" => cuLaunchKernelEx,
+        "cuModuleGetFunctionCount" => cuModuleGetFunctionCount,
+        "cuModuleEnumerateFunctions" => cuModuleEnumerateFunctions,
+        "cuLibraryGetKernelCount" => cuLibraryGetKernelCount,
+        "cuLibraryEnumerateKernels" => cuLibraryEnumerateKernels,
+        "cuFuncGetParamInfo" => cuFuncGetParamInfo,
+        "cuKernelGetParamInfo" => cuKernelGetParamInfo,
+        "cuFuncIsLoaded" => cuFuncIsLoaded,
+        "cuFuncLoad" => cuFuncLoad,
         "cuLibraryLoadData" => cuLibraryLoadData,
         "cuLibraryLoadFromFile" => cuLibraryLoadFromFile,
         "cuLibraryUnload" => cuLibraryUnload,
