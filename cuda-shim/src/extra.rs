@@ -111,10 +111,12 @@ pub enum Op {
     },
 }
 
-/// A stream being captured.
+/// A stream capture: the stream that began it and what it and the streams that joined it
+/// recorded, in the order they issued it.
 pub struct Capture {
     pub id: u64,
     pub mode: u32,
+    pub origin: usize,
     pub ops: Vec<Op>,
 }
 
@@ -135,8 +137,12 @@ pub struct Extra {
     pub current_pool: u64,
     /// Stream-ordered allocations: address -> (pool, size).
     pub async_allocs: HashMap<u64, (u64, u64)>,
-    /// Streams being captured, by stream handle.
-    pub captures: HashMap<usize, Capture>,
+    /// Captures in progress, by id.
+    pub captures: HashMap<u64, Capture>,
+    /// The capture each capturing stream records into (its own or one it joined).
+    pub capturing: HashMap<usize, u64>,
+    /// Events recorded on a capturing stream: the capture they mark a point of.
+    pub captured_events: HashMap<u64, u64>,
     pub next_capture_id: u64,
     pub graphs: HashMap<u64, Graph>,
     pub execs: HashMap<u64, Vec<Op>>,

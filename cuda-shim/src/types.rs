@@ -53,6 +53,8 @@ pub mod res {
     pub const NOT_PERMITTED: CUresult = 800;
     pub const NOT_SUPPORTED: CUresult = 801;
     pub const STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+    pub const STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+    pub const STREAM_CAPTURE_MERGE: CUresult = 902;
     pub const STREAM_CAPTURE_IMPLICIT: CUresult = 906;
     pub const TIMEOUT: CUresult = 909;
     pub const UNKNOWN: CUresult = 999;
@@ -229,6 +231,16 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         900,
         c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         c"operation not permitted when stream is capturing",
+    ),
+    (
+        902,
+        c"CUDA_ERROR_STREAM_CAPTURE_MERGE",
+        c"operation would result in a merge of separate capture sequences",
+    ),
+    (
+        903,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+        c"capture was not initiated in this stream",
     ),
     (
         906,

@@ -612,6 +612,156 @@ fn host_functions_value_writes_capture_and_graphs() {
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), graph), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), graph), INVALID_VALUE);
 
+    // Two streams in one capture: s forks to s2 through an event, s2 joins back.
+    let (mut ev1, mut ev2): (Ptr, Ptr) = (null_mut(), null_mut());
+    for e in [&mut ev1, &mut ev2] {
+        assert_eq!(call!(cu, "cuEventCreate", fn(*mut Ptr, c_uint), e, 0), OK);
+    }
+    let record = |e: Ptr, s: Ptr| call!(cu, "cuEventRecord", fn(Ptr, Ptr), e, s);
+    let wait = |s: Ptr, e: Ptr| call!(cu, "cuStreamWaitEvent", fn(Ptr, Ptr, c_uint), s, e, 0);
+    let memset32 = |d: u64, v: f32, s: Ptr| {
+        call!(
+            cu,
+            "cuMemsetD32Async",
+            fn(u64, c_uint, usize, Ptr),
+            d,
+            v.to_bits(),
+            n,
+            s
+        )
+    };
+    assert_eq!(
+        call!(cu, "cuMemsetD32", fn(u64, c_uint, usize), c, 0, n),
+        OK
+    );
+    assert_eq!(begin(s, 0), OK);
+    assert_eq!(memset32(a, 1.0, s), OK);
+    assert_eq!(record(ev1, s), OK);
+    assert_eq!(wait(s2, ev1), OK);
+    assert_eq!(
+        call!(
+            cu,
+            "cuStreamIsCapturing",
+            fn(Ptr, *mut c_int),
+            s2,
+            &mut status
+        ),
+        OK
+    );
+    assert_eq!(status, 1, "s2 joined the capture");
+    assert_eq!(memset32(b, 4.0, s2), OK);
+    assert_eq!(
+        call!(cu, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s2, &mut graph),
+        903,
+        "only the stream that began a capture ends it"
+    );
+    assert_eq!(record(ev2, s2), OK);
+    assert_eq!(wait(s, ev2), OK);
+    assert_eq!(
+        call!(
+            cu,
+            "cuLaunchKernel",
+            fn(
+                Ptr,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                Ptr,
+                *mut Ptr,
+                *mut Ptr,
+            ),
+            vadd,
+            (n / 256) as c_uint,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            s,
+            pp,
+            null_mut()
+        ),
+        OK
+    );
+    assert_eq!(
+        call!(cu, "cuStreamEndCapture", fn(Ptr, *mut Ptr), s, &mut graph),
+        OK
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuStreamIsCapturing",
+            fn(Ptr, *mut c_int),
+            s2,
+            &mut status
+        ),
+        OK
+    );
+    assert_eq!(status, 0, "the capture ended for s2 too");
+    let read_c = || {
+        let mut v = vec![0u8; bytes];
+        assert_eq!(
+            call!(
+                cu,
+                "cuMemcpyDtoH",
+                fn(*mut c_void, u64, usize),
+                v.as_mut_ptr().cast(),
+                c,
+                bytes
+            ),
+            OK
+        );
+        floats(&v)
+    };
+    assert!(
+        read_c().iter().all(|&x| x == 0.0),
+        "nothing ran while captured"
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphGetNodes",
+            fn(Ptr, *mut Ptr, *mut usize),
+            graph,
+            null_mut(),
+            &mut count
+        ),
+        OK
+    );
+    assert_eq!(count, 3, "both streams' memsets and the launch");
+    assert_eq!(inst(&mut exec, graph, 0), OK);
+    assert_eq!(launch_graph(exec, s), OK);
+    assert_eq!(sync(s), OK);
+    assert!(read_c().iter().all(|&x| x == 5.0));
+    assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
+    assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), graph), OK);
+    // A stream of one capture cannot wait on a point of another.
+    let mut s5: Ptr = null_mut();
+    assert_eq!(
+        call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s5, 0),
+        OK
+    );
+    assert_eq!(begin(s, 0), OK);
+    assert_eq!(record(ev1, s), OK);
+    assert_eq!(begin(s5, 0), OK);
+    assert_eq!(wait(s5, ev1), 902, "separate captures would merge");
+    for st in [s, s5] {
+        assert_eq!(
+            call!(cu, "cuStreamEndCapture", fn(Ptr, *mut Ptr), st, &mut graph),
+            OK
+        );
+        assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), graph), OK);
+    }
+    // Recorded outside a capture again, the event is an ordinary one.
+    assert_eq!(record(ev1, s), OK);
+    assert_eq!(wait(s5, ev1), OK);
+    assert_eq!(call!(cu, "cuEventSynchronize", fn(Ptr), ev1), OK);
+
     // A graph built node by node: memset a, copy a to b, c = a + b.
     let mut g: Ptr = null_mut();
     assert_eq!(

@@ -1,7 +1,7 @@
 //! `cuGetProcAddress` names of the libraries, function attributes, occupancy, pitched
 //! copies, pools, host functions, captures and graphs (base name -> entry point).
 
-use super::{enumerate::*, limits::*, pointer::*};
+use super::{capture::*, enumerate::*, limits::*, pointer::*};
 use super::{func::*, graph::*, hostfn::*, launch_ex::*, library::*, memcpy2d::*, pool::*};
 
 macro_rules! table {

@@ -1,28 +1,22 @@
-//! Stream capture and graphs. A captured stream records its copies, memsets, launches,
-//! host functions and value writes in the library instead of running them (launch
-//! parameters are copied when captured, as the driver does); `cuStreamEndCapture` makes
-//! them a graph. A graph's nodes run in the order they were added or captured (a node's
-//! dependencies are always added before it, so that order respects them); launching an
-//! executable graph replays them on the launch's stream, each checked as the call it
-//! stands for. Nodes can also be added explicitly: kernels, copies, memsets.
+//! Graphs. A graph's nodes run in the order they were added or captured (api/capture.rs;
+//! a node's dependencies are always added before it, so that order respects them);
+//! launching an executable graph replays them on the launch's stream, each checked as
+//! the call it stands for. Nodes can also be added explicitly: kernels, copies, memsets.
 
-use std::ffi::{c_int, c_uint, c_void};
+use std::ffi::{c_uint, c_void};
 
 use crate::driver::{self, Driver, Res};
-use crate::extra::{Capture, Graph, Op};
-use crate::types::{res, CUcontext, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+use crate::extra::{Graph, Op};
+use crate::types::{res, CUcontext, CUresult, CUstream};
+
+use super::capture::implicit_check;
+pub(crate) use super::capture::record;
 use crate::{guard, out};
 
 pub type CUgraph = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 
-/// `CUstreamCaptureMode`.
-const MODE_GLOBAL: c_uint = 0;
-const MODE_RELAXED: c_uint = 2;
-/// `CUstreamCaptureStatus`.
-const STATUS_NONE: c_int = 0;
-const STATUS_ACTIVE: c_int = 1;
 /// `CUgraphInstantiate_flags` this library honours: auto-free on launch (nothing is
 /// allocated by a graph), upload (nothing to upload), node priority (one queue per
 /// stream).
@@ -31,86 +25,8 @@ const INSTANTIATE_UPLOAD: u64 = 2;
 const INSTANTIATE_DEVICE_LAUNCH: u64 = 4;
 const INSTANTIATE_USE_NODE_PRIORITY: u64 = 8;
 
-/// Records `op` when stream handle `h` is being captured: `Ok(true)`, the operation must
-/// not run. Work on the legacy default stream while a stream is captured in global mode
-/// answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`, as with the driver.
-pub(crate) fn record(d: &mut Driver, h: usize, op: impl FnOnce() -> Op) -> Res<bool> {
-    if d.extra.captures.is_empty() {
-        return Ok(false);
-    }
-    // A destroyed stream's capture ends with it.
-    let streams = &d.streams;
-    d.extra
-        .captures
-        .retain(|&s, _| s == CU_STREAM_PER_THREAD || streams.contains_key(&(s as u64)));
-    if let Some(c) = d.extra.captures.get_mut(&h) {
-        c.ops.push(op());
-        return Ok(true);
-    }
-    implicit_check(d, h)?;
-    Ok(false)
-}
-
-thread_local! {
-    /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
-    static THREAD_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(MODE_GLOBAL) };
-}
-
-/// Refuses work on the legacy default stream while a stream is captured in global mode,
-/// unless this thread relaxed its mode.
-fn implicit_check(d: &Driver, h: usize) -> Res<()> {
-    let legacy = matches!(h, 0 | CU_STREAM_LEGACY);
-    let relaxed = THREAD_MODE.with(|m| m.get()) == MODE_RELAXED;
-    if legacy && !relaxed && d.extra.captures.values().any(|c| c.mode == MODE_GLOBAL) {
-        return Err(res::STREAM_CAPTURE_IMPLICIT);
-    }
-    Ok(())
-}
-
-/// A stream that can be captured: a created stream or the per-thread default stream.
-fn capturable(d: &Driver, h: CUstream) -> Res<usize> {
-    d.current_ctx()?;
-    let h = h as usize;
-    d.stream_queue(h)?;
-    if matches!(h, 0 | CU_STREAM_LEGACY) {
-        return Err(res::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    Ok(h)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: c_uint) -> CUresult {
-    guard("cuStreamBeginCapture_v2", || {
-        driver::with(|d| {
-            let h = capturable(d, h)?;
-            if mode > MODE_RELAXED {
-                return Err(res::INVALID_VALUE);
-            }
-            if d.extra.captures.contains_key(&h) {
-                return Err(res::ILLEGAL_STATE);
-            }
-            d.extra.next_capture_id += 1;
-            let id = d.extra.next_capture_id;
-            d.extra.captures.insert(
-                h,
-                Capture {
-                    id,
-                    mode,
-                    ops: Vec::new(),
-                },
-            );
-            Ok(())
-        })
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
-    cuStreamBeginCapture_v2(h, MODE_GLOBAL)
-}
-
 /// A new graph holding `ops`, one node each.
-fn new_graph(d: &mut Driver, ops: Vec<Op>) -> u64 {
+pub(crate) fn new_graph(d: &mut Driver, ops: Vec<Op>) -> u64 {
     let mut g = Graph::default();
     for op in ops {
         let node = d.handle();
@@ -119,114 +35,6 @@ fn new_graph(d: &mut Driver, ops: Vec<Op>) -> u64 {
     let h = d.handle();
     d.extra.graphs.insert(h, g);
     h
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, pgraph: *mut CUgraph) -> CUresult {
-    guard("cuStreamEndCapture", || {
-        if pgraph.is_null() {
-            return Err(res::INVALID_VALUE);
-        }
-        let g = driver::with(|d| {
-            let h = capturable(d, h)?;
-            let c = d.extra.captures.remove(&h).ok_or(res::ILLEGAL_STATE)?;
-            Ok(new_graph(d, c.ops))
-        })?;
-        // SAFETY: checked non-null; a writable CUgraph from the caller.
-        unsafe { out(pgraph, g as CUgraph) }
-    })
-}
-
-/// (status, capture id) of a stream.
-fn capture_state(h: CUstream) -> Res<(c_int, u64)> {
-    driver::with(|d| {
-        d.current_ctx()?;
-        let h = h as usize;
-        d.stream_queue(h)?;
-        Ok(match d.extra.captures.get(&h) {
-            Some(c) => (STATUS_ACTIVE, c.id),
-            None => (STATUS_NONE, 0),
-        })
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut c_int) -> CUresult {
-    guard("cuStreamIsCapturing", || {
-        let (s, _) = capture_state(h)?;
-        // SAFETY: a writable status from the caller (NULL refused).
-        unsafe { out(status, s) }
-    })
-}
-
-/// `cuStreamGetCaptureInfo`'s outputs; each but the status may be NULL. The graph being
-/// built is not an object until the capture ends (NULL), and a capture is a chain with
-/// no dependency set to report (none).
-unsafe fn capture_info(
-    h: CUstream,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    num_deps: *mut usize,
-) -> Res<()> {
-    if status.is_null() {
-        return Err(res::INVALID_VALUE);
-    }
-    let (s, cid) = capture_state(h)?;
-    // SAFETY: each pointer is NULL or writable for its type (API contract).
-    unsafe {
-        out(status, s)?;
-        if !id.is_null() {
-            out(id, cid)?;
-        }
-        if !graph.is_null() {
-            out(graph, std::ptr::null_mut())?;
-        }
-        if !deps.is_null() {
-            out(deps, std::ptr::null())?;
-        }
-        if !edges.is_null() {
-            out(edges, std::ptr::null())?;
-        }
-        if !num_deps.is_null() {
-            out(num_deps, 0)?;
-        }
-    }
-    Ok(())
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    h: CUstream,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    num_deps: *mut usize,
-) -> CUresult {
-    guard("cuStreamGetCaptureInfo_v2", || {
-        // SAFETY: the caller's pointers, checked inside.
-        unsafe { capture_info(h, status, id, graph, deps, std::ptr::null_mut(), num_deps) }
-    })
-}
-
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    h: CUstream,
-    status: *mut c_int,
-    id: *mut u64,
-    graph: *mut CUgraph,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const c_void,
-    num_deps: *mut usize,
-) -> CUresult {
-    guard("cuStreamGetCaptureInfo_v3", || {
-        // SAFETY: the caller's pointers, checked inside.
-        unsafe { capture_info(h, status, id, graph, deps, edges, num_deps) }
-    })
 }
 
 #[no_mangle]
@@ -538,11 +346,9 @@ pub extern "C" fn cuGraphLaunch(e: CUgraphExec, h: CUstream) -> CUresult {
                 .get(&(e as u64))
                 .ok_or(res::INVALID_VALUE)?
                 .clone();
-            if d.extra.captures.contains_key(&hs) {
+            if let Some(c) = super::capture::of_stream(d, hs) {
                 // A graph launched into a capture becomes part of it.
-                if let Some(c) = d.extra.captures.get_mut(&hs) {
-                    c.ops.extend(ops);
-                }
+                c.ops.extend(ops);
                 return Ok(());
             }
             implicit_check(d, hs)?;
@@ -600,23 +406,5 @@ pub unsafe extern "C" fn cuGraphGetNodes(
         }
         // SAFETY: checked non-null.
         unsafe { out(num, list.len()) }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint) -> CUresult {
-    guard("cuThreadExchangeStreamCaptureMode", || {
-        if mode.is_null() {
-            return Err(res::INVALID_VALUE);
-        }
-        // SAFETY: non-null; a readable and writable mode from the caller.
-        let new = unsafe { mode.read_unaligned() };
-        if new > MODE_RELAXED {
-            return Err(res::INVALID_VALUE);
-        }
-        let old = THREAD_MODE.with(|m| m.replace(new));
-        // SAFETY: as above.
-        unsafe { mode.write_unaligned(old) };
-        Ok(())
     })
 }

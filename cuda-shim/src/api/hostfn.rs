@@ -177,7 +177,7 @@ pub extern "C" fn cuStreamAddCallback(
             d.current_ctx()?;
             let h = s as usize;
             d.stream_queue(h)?;
-            if d.extra.captures.contains_key(&h) {
+            if d.extra.capturing.contains_key(&h) {
                 // The driver refuses callbacks in a capture (host functions are allowed).
                 return Err(res::STREAM_CAPTURE_UNSUPPORTED);
             }

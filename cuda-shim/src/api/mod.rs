@@ -13,6 +13,7 @@ pub mod procaddr;
 pub mod stream;
 pub mod stubs;
 // Libraries, function attributes, pitched memory, pools, host functions, graphs.
+pub mod capture;
 pub mod enumerate;
 pub mod ext_table;
 pub mod func;

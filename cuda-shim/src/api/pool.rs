@@ -115,7 +115,7 @@ fn alloc_async(
             None if d.extra.current_pool != 0 => d.extra.current_pool,
             None => default_pool(d),
         };
-        if d.extra.captures.contains_key(&h) {
+        if d.extra.capturing.contains_key(&h) {
             crate::api::stubs::log_once("stream-ordered allocation during stream capture");
             return Err(res::NOT_SUPPORTED);
         }
@@ -178,7 +178,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> CUresult {
             if d.allocs.get(&dptr).is_none_or(|a| a.module != 0) {
                 return Err(res::INVALID_VALUE);
             }
-            if d.extra.captures.contains_key(&h) {
+            if d.extra.capturing.contains_key(&h) {
                 crate::api::stubs::log_once("stream-ordered free during stream capture");
                 return Err(res::NOT_SUPPORTED);
             }

@@ -121,6 +121,13 @@ pub extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, _flags: c_uint) ->
     guard("cuStreamWaitEvent", || {
         driver::with(|d| {
             let q = queue_of(d, h)?;
+            if !d.events.contains_key(&(ev as u64)) {
+                return Err(res::INVALID_HANDLE);
+            }
+            // An event of a capture: the stream joins it (api/capture.rs).
+            if crate::api::capture::wait_event(d, h as usize, ev as u64)? {
+                return Ok(());
+            }
             let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
             if let Some((eq, seq)) = e.recorded {
                 if eq != q {
@@ -164,6 +171,10 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
             let id = ev as u64;
             if !d.events.contains_key(&id) {
                 return Err(res::INVALID_HANDLE);
+            }
+            // On a capturing stream the event marks a point of the capture.
+            if crate::api::capture::record_event(d, h as usize, id) {
+                return Ok(());
             }
             // On the legacy default stream the event also covers the blocking streams.
             if matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
