@@ -56,6 +56,7 @@ pub mod res {
     pub const STREAM_CAPTURE_UNMATCHED: CUresult = 903;
     pub const STREAM_CAPTURE_MERGE: CUresult = 902;
     pub const STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+    pub const CAPTURED_EVENT: CUresult = 907;
     pub const TIMEOUT: CUresult = 909;
     pub const UNKNOWN: CUresult = 999;
 }
@@ -246,6 +247,11 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         906,
         c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
         c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (
+        907,
+        c"CUDA_ERROR_CAPTURED_EVENT",
+        c"operation not permitted on an event last recorded in a capturing stream",
     ),
     (909, c"CUDA_ERROR_TIMEOUT", c"wait operation timed out"),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),

@@ -655,6 +655,18 @@ fn host_functions_value_writes_capture_and_graphs() {
         903,
         "only the stream that began a capture ends it"
     );
+    // Captured work has not run: no synchronising with it.
+    assert_eq!(sync(s), STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(
+        call!(cu, "cuStreamQuery", fn(Ptr), s2),
+        STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(call!(cu, "cuEventQuery", fn(Ptr), ev1), 907);
+    assert_eq!(call!(cu, "cuEventSynchronize", fn(Ptr), ev1), 907);
+    assert_eq!(
+        call!(cu, "cuCtxSynchronize", fn()),
+        STREAM_CAPTURE_UNSUPPORTED
+    );
     assert_eq!(record(ev2, s2), OK);
     assert_eq!(wait(s, ev2), OK);
     assert_eq!(
@@ -887,6 +899,50 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         INVALID_VALUE
     );
+    // CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result.
+    #[repr(C)]
+    struct InstParams {
+        flags: u64,
+        upload: Ptr,
+        err_node: Ptr,
+        result: c_uint,
+    }
+    let mut ip = InstParams {
+        flags: 4,
+        upload: null_mut(),
+        err_node: 7 as Ptr,
+        result: 9,
+    };
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphInstantiateWithParams",
+            fn(*mut Ptr, Ptr, *mut InstParams),
+            &mut exec,
+            g,
+            &mut ip
+        ),
+        NOT_SUPPORTED
+    );
+    assert_eq!(
+        (ip.result, ip.err_node),
+        (1, null_mut()),
+        "an instantiation error"
+    );
+    ip.flags = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuGraphInstantiateWithParams",
+            fn(*mut Ptr, Ptr, *mut InstParams),
+            &mut exec,
+            g,
+            &mut ip
+        ),
+        OK
+    );
+    assert_eq!(ip.result, 0);
+    assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(inst(&mut exec, g, 0), OK);
     assert_eq!(call!(cu, "cuGraphUpload", fn(Ptr, Ptr), exec, s2), OK);
     assert_eq!(launch_graph(exec, s2), OK);

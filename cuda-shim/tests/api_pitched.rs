@@ -368,6 +368,98 @@ fn pitched_copies_memsets_pools_and_pointer_attributes() {
         INVALID_VALUE
     );
 
+    // Unified copies: the direction from where each address lies.
+    let mut du = 0u64;
+    assert_eq!(
+        call!(cu, "cuMemAlloc", fn(*mut u64, usize), &mut du, 512),
+        OK
+    );
+    let hsrc: Vec<u8> = (0..256).map(|i| i as u8).collect();
+    let mut hdst = vec![0u8; 256];
+    let umem =
+        |dst: u64, src: u64, n: usize| call!(cu, "cuMemcpy", fn(u64, u64, usize), dst, src, n);
+    assert_eq!(umem(du, hsrc.as_ptr() as u64, 256), OK, "host to device");
+    assert_eq!(umem(du + 256, du, 256), OK, "device to device");
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyAsync",
+            fn(u64, u64, usize, Ptr),
+            hdst.as_mut_ptr() as u64,
+            du + 256,
+            256,
+            s
+        ),
+        OK,
+        "device to host"
+    );
+    assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), s), OK);
+    assert_eq!(hdst, hsrc);
+    let mut hcopy = vec![0u8; 256];
+    assert_eq!(
+        umem(hcopy.as_mut_ptr() as u64, hsrc.as_ptr() as u64, 256),
+        OK,
+        "host to host"
+    );
+    assert_eq!(hcopy, hsrc);
+    assert_eq!(
+        umem(du + 400, du, 256),
+        INVALID_VALUE,
+        "past the allocation"
+    );
+    assert_eq!(umem(0, du, 16), INVALID_VALUE, "NULL");
+    assert_eq!(umem(du, 0, 16), INVALID_VALUE);
+    // Peer copies between two contexts of the one device.
+    let mut other: Ptr = null_mut();
+    assert_eq!(
+        call!(
+            cu,
+            "cuCtxCreate",
+            fn(*mut Ptr, c_uint, c_int),
+            &mut other,
+            0,
+            0
+        ),
+        OK
+    );
+    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    let peer = |dst: u64, dc: Ptr, src: u64, sc: Ptr| {
+        call!(
+            cu,
+            "cuMemcpyPeer",
+            fn(u64, Ptr, u64, Ptr, usize),
+            dst,
+            dc,
+            src,
+            sc,
+            64
+        )
+    };
+    assert_eq!(peer(du + 64, other, du, ctx), OK);
+    assert_eq!(peer(du + 64, 0x7777 as Ptr, du, ctx), INVALID_CONTEXT);
+    assert_eq!(peer(0xdead_0000, other, du, ctx), INVALID_VALUE);
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyPeerAsync",
+            fn(u64, Ptr, u64, Ptr, usize, Ptr),
+            du + 128,
+            ctx,
+            du,
+            other,
+            64,
+            s
+        ),
+        OK
+    );
+    assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), s), OK);
+    let mut back3 = vec![0u8; 192];
+    assert_eq!(umem(back3.as_mut_ptr() as u64, du, 192), OK);
+    assert_eq!(&back3[64..128], &hsrc[..64]);
+    assert_eq!(&back3[128..192], &hsrc[..64]);
+    assert_eq!(call!(cu, "cuCtxDestroy", fn(Ptr), other), OK);
+    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+
     // 2D memsets: 32-bit values in 20 of each row's 128 words, the rest untouched.
     assert_eq!(
         call!(cu, "cuMemsetD8", fn(u64, u8, usize), dp, 0, pitch * h),

@@ -104,6 +104,33 @@ pub(crate) fn wait_event(d: &mut Driver, h: usize, event: u64) -> Res<bool> {
     }
 }
 
+/// Synchronising with stream `h` (0: the device) while it is captured, or with the
+/// legacy stream during a global-mode capture, answers
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, as with the driver: captured work has not run.
+pub(crate) fn sync_check(d: &mut Driver, h: usize) -> Res<()> {
+    if d.extra.captures.is_empty() {
+        return Ok(());
+    }
+    prune(d);
+    if d.extra.capturing.contains_key(&h) || implicit_check(d, h).is_err() {
+        return Err(res::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    Ok(())
+}
+
+/// Querying or waiting for an event that marks a point of a capture answers
+/// `CUDA_ERROR_CAPTURED_EVENT`: it stands for work that has not run.
+pub(crate) fn event_check(d: &mut Driver, event: u64) -> Res<()> {
+    if d.extra.captures.is_empty() {
+        return Ok(());
+    }
+    prune(d);
+    if d.extra.captured_events.contains_key(&event) {
+        return Err(res::CAPTURED_EVENT);
+    }
+    Ok(())
+}
+
 thread_local! {
     /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`).
     static THREAD_MODE: std::cell::Cell<c_uint> = const { std::cell::Cell::new(MODE_GLOBAL) };

@@ -1,7 +1,7 @@
 //! `cuGetProcAddress` names of the libraries, function attributes, occupancy, pitched
 //! copies, pools, host functions, captures and graphs (base name -> entry point).
 
-use super::{capture::*, enumerate::*, limits::*, pointer::*};
+use super::{capture::*, enumerate::*, limits::*, memcpy::*, pointer::*};
 use super::{func::*, graph::*, hostfn::*, launch_ex::*, library::*, memcpy2d::*, pool::*};
 
 macro_rules! table {
@@ -44,6 +44,10 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuKernelSetCacheConfig" => cuKernelSetCacheConfig,
         "cuKernelGetName" => cuKernelGetName,
         "cuKernelGetLibrary" => cuKernelGetLibrary,
+        "cuMemcpy" => cuMemcpy,
+        "cuMemcpyAsync" => cuMemcpyAsync,
+        "cuMemcpyPeer" => cuMemcpyPeer,
+        "cuMemcpyPeerAsync" => cuMemcpyPeerAsync,
         "cuMemcpy2D" => cuMemcpy2D_v2,
         "cuMemcpy2DUnaligned" => cuMemcpy2DUnaligned_v2,
         "cuMemcpy2DAsync" => cuMemcpy2DAsync_v2,
@@ -89,6 +93,7 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuGraphGetNodes" => cuGraphGetNodes,
         "cuGraphInstantiate" => cuGraphInstantiateWithFlags,
         "cuGraphInstantiateWithFlags" => cuGraphInstantiateWithFlags,
+        "cuGraphInstantiateWithParams" => cuGraphInstantiateWithParams,
         "cuGraphLaunch" => cuGraphLaunch,
         "cuGraphUpload" => cuGraphUpload,
         "cuGraphExecDestroy" => cuGraphExecDestroy,

@@ -271,6 +271,37 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     })
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct InstantiateParams {
+    pub flags: u64,
+    pub upload_stream: CUstream,
+    pub err_node_out: CUgraphNode,
+    pub result_out: c_uint,
+}
+
+/// `cuGraphInstantiateWithParams`: the flags, and the outcome in the parameters
+/// (`CUDA_GRAPH_INSTANTIATE_SUCCESS`, or `CUDA_GRAPH_INSTANTIATE_ERROR` for a graph this
+/// library cannot instantiate). An upload stream has nothing to upload.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    pexec: *mut CUgraphExec,
+    g: CUgraph,
+    params: *mut InstantiateParams,
+) -> CUresult {
+    guard("cuGraphInstantiateWithParams", || {
+        if params.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a readable and writable CUDA_GRAPH_INSTANTIATE_PARAMS from the caller.
+        let p = unsafe { &mut *params };
+        let r = instantiate(pexec, g, p.flags);
+        p.err_node_out = std::ptr::null_mut();
+        p.result_out = if r.is_ok() { 0 } else { 1 };
+        r
+    })
+}
+
 /// The CUDA 11 form: error node and log buffer (nothing to report: instantiation fails
 /// only on bad handles).
 #[no_mangle]

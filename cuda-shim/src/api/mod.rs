@@ -22,6 +22,7 @@ pub mod hostfn;
 pub mod launch_ex;
 pub mod library;
 pub mod limits;
+pub mod memcpy;
 pub mod memcpy2d;
 pub mod pointer;
 pub mod pool;

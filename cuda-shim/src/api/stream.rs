@@ -62,6 +62,7 @@ pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
         driver::wait_outside(
             |d| {
                 let q = queue_of(d, h)?;
+                crate::api::capture::sync_check(d, h as usize)?;
                 if q == 0 && matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
                     // The legacy default stream also waits for every blocking stream.
                     return Ok(d.shared_queues());
@@ -78,6 +79,7 @@ pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
     guard("cuStreamQuery", || {
         driver::with(|d| {
             let q = queue_of(d, h)?;
+            crate::api::capture::sync_check(d, h as usize)?;
             let t = d.t.clone();
             let mut queue = d.queue(q)?;
             queue.poll(&t);
@@ -217,9 +219,11 @@ fn complete(d: &mut Driver, ev: CUevent) -> Res<bool> {
 #[no_mangle]
 pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
     guard("cuEventQuery", || {
-        driver::with(|d| match complete(d, ev)? {
-            true => Ok(()),
-            false => Err(res::NOT_READY),
+        driver::with(|d| {
+            match crate::api::capture::event_check(d, ev as u64).and_then(|()| complete(d, ev))? {
+                true => Ok(()),
+                false => Err(res::NOT_READY),
+            }
         })
     })
 }
@@ -229,6 +233,7 @@ pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     guard("cuEventSynchronize", || {
         driver::wait_outside(
             |d| {
+                crate::api::capture::event_check(d, ev as u64)?;
                 let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
                 match e.recorded {
                     Some((q, seq)) => Ok(Some((d.shared_queue(q)?, seq))),
