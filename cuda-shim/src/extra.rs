@@ -23,6 +23,9 @@ pub struct Pool {
     pub release_threshold: u64,
     /// The most the pool may hold (`maxSize`; 0: the share).
     pub max_size: u64,
+    /// Bytes its allocations hold (recounted by [`crate::api::pool`] when allocations
+    /// were freed another way).
+    pub used: u64,
     pub used_high: u64,
     /// `CU_MEMPOOL_ATTR_REUSE_*` flags (1, 2, 3), as set; the pool reuses nothing.
     pub reuse: [i32; 3],
@@ -135,8 +138,8 @@ pub struct Extra {
     pub default_pool: u64,
     /// The pool `cuMemAllocAsync` uses (0: the default pool).
     pub current_pool: u64,
-    /// Stream-ordered allocations: address -> (pool, size).
-    pub async_allocs: HashMap<u64, (u64, u64)>,
+    /// Stream-ordered allocations: address -> (pool, size, the allocation's id).
+    pub async_allocs: HashMap<u64, (u64, u64, u64)>,
     /// Captures in progress, by id.
     pub captures: HashMap<u64, Capture>,
     /// The capture each capturing stream records into (its own or one it joined).

@@ -76,21 +76,21 @@ fn check_device(dev: c_int) -> Res<()> {
     }
 }
 
-/// Bytes a pool's allocations hold now (allocations freed any other way, by `cuMemFree`
-/// or with their context, are dropped from its account here).
-fn used(d: &mut Driver, pool: u64) -> u64 {
+/// Recounts every pool's bytes from its live allocations: allocations freed any other
+/// way (`cuMemFree`, with their context) leave its account here.
+fn recount(d: &mut Driver) {
     let allocs = &d.allocs;
-    d.extra.async_allocs.retain(|p, (_, size)| {
-        allocs
-            .get(p)
-            .is_some_and(|a| a.size == *size && a.module == 0)
-    });
     d.extra
         .async_allocs
-        .values()
-        .filter(|(p, _)| *p == pool)
-        .map(|(_, s)| s)
-        .sum()
+        .retain(|p, (_, _, id)| allocs.get(p).is_some_and(|a| a.id == *id));
+    for pool in d.extra.pools.values_mut() {
+        pool.used = 0;
+    }
+    for (pool, size, _) in d.extra.async_allocs.values() {
+        if let Some(p) = d.extra.pools.get_mut(pool) {
+            p.used += size;
+        }
+    }
 }
 
 fn alloc_async(
@@ -119,9 +119,17 @@ fn alloc_async(
             crate::api::stubs::log_once("stream-ordered allocation during stream capture");
             return Err(res::NOT_SUPPORTED);
         }
-        let max = d.extra.pools.get(&pool).map_or(0, |p| p.max_size);
-        if max != 0 && used(d, pool).saturating_add(size as u64) > max {
-            return Err(res::OUT_OF_MEMORY);
+        let over = |d: &Driver| {
+            d.extra
+                .pools
+                .get(&pool)
+                .is_some_and(|p| p.max_size != 0 && p.used.saturating_add(size as u64) > p.max_size)
+        };
+        if over(d) {
+            recount(d);
+            if over(d) {
+                return Err(res::OUT_OF_MEMORY);
+            }
         }
         let t = d.t.clone();
         let p = d.queue(0)?.call(&t, |st| st.alloc(size as u64))?;
@@ -135,10 +143,10 @@ fn alloc_async(
                 module: 0,
             },
         );
-        d.extra.async_allocs.insert(p, (pool, size as u64));
-        let now = used(d, pool);
+        d.extra.async_allocs.insert(p, (pool, size as u64, id));
         if let Some(pl) = d.extra.pools.get_mut(&pool) {
-            pl.used_high = pl.used_high.max(now);
+            pl.used += size as u64;
+            pl.used_high = pl.used_high.max(pl.used);
         }
         Ok(p)
     })?;
@@ -188,7 +196,11 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> CUresult {
                 .is_none_or(|st| st.flags & crate::types::CU_STREAM_NON_BLOCKING == 0);
             d.order_for(q, legacy, blocking);
             d.allocs.remove(&dptr);
-            d.extra.async_allocs.remove(&dptr);
+            if let Some((pool, size, _)) = d.extra.async_allocs.remove(&dptr) {
+                if let Some(p) = d.extra.pools.get_mut(&pool) {
+                    p.used = p.used.saturating_sub(size);
+                }
+            }
             let t = d.t.clone();
             let mut queue = d.queue(q)?;
             // The device runs a queue's requests in order: the free follows the
@@ -325,9 +337,9 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
             if !d.extra.pools.contains_key(&h) {
                 return Err(res::INVALID_VALUE);
             }
-            let now = used(d, h);
+            recount(d);
             let p = d.extra.pools.get_mut(&h).ok_or(res::INVALID_VALUE)?;
-            p.used_high = p.used_high.max(now);
+            let now = p.used;
             // SAFETY: `value` is non-null and points to the attribute's type (API
             // contract): an int for the reuse attributes, a cuuint64_t for the others.
             unsafe {
