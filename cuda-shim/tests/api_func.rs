@@ -223,6 +223,43 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         INVALID_VALUE
     );
 
+    assert_eq!(
+        call!(
+            cu,
+            "cuFuncGetModule",
+            fn(*mut Ptr, Ptr),
+            &mut fmod,
+            0x7777 as Ptr
+        ),
+        INVALID_HANDLE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuKernelGetLibrary",
+            fn(*mut Ptr, Ptr),
+            &mut klib,
+            0x7777 as Ptr
+        ),
+        INVALID_HANDLE
+    );
+    assert_eq!(
+        call!(
+            cu,
+            "cuLibraryLoadFromFile",
+            fn(*mut Ptr, *const c_char, Ptr, Ptr, c_uint, Ptr, Ptr, c_uint),
+            &mut lib2,
+            std::ptr::null(),
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            null_mut(),
+            0
+        ),
+        INVALID_VALUE
+    );
+
     // Enumeration: the built-in module's kernels, each a function; parameter layouts.
     let mut count: c_uint = 0;
     assert_eq!(
