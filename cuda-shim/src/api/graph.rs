@@ -98,19 +98,31 @@ pub(crate) unsafe fn add_nodes(
     unsafe { out(pnode, node as CUgraphNode) }
 }
 
-/// `CUDA_KERNEL_NODE_PARAMS_v2` (v1 is its first nine fields).
+/// `CUDA_KERNEL_NODE_PARAMS` (v1).
 #[repr(C)]
-pub struct KernelNodeParams {
+#[derive(Clone, Copy)]
+pub struct KernelNodeParamsV1 {
     pub func: *mut c_void,
     pub grid: [c_uint; 3],
     pub block: [c_uint; 3],
     pub shared: c_uint,
     pub kernel_params: *mut *mut c_void,
     pub extra: *mut *mut c_void,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2`: v1, then the kernel (used when `func` is NULL) and a
+/// context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParams {
+    pub v1: KernelNodeParamsV1,
     pub kern: *mut c_void,
     pub ctx: CUcontext,
 }
 
+/// # Safety
+/// `params` must be NULL or point to a readable `CUDA_KERNEL_NODE_PARAMS_v2` when `v2`,
+/// else to a v1 one; `deps` as [`add_nodes`] takes it.
 unsafe fn add_kernel_node(
     pnode: *mut CUgraphNode,
     g: CUgraph,
@@ -122,13 +134,19 @@ unsafe fn add_kernel_node(
     if params.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    // SAFETY: a readable CUDA_KERNEL_NODE_PARAMS (v2 with its kernel and context fields)
-    // from the caller; a v1 struct is read only up to `extra`.
-    let p = unsafe { &*params };
-    let f = if v2 && p.func.is_null() {
-        p.kern
+    let (p, f) = if v2 {
+        // SAFETY: a readable v2 struct (caller's contract).
+        let p2 = unsafe { params.read_unaligned() };
+        let f = if p2.v1.func.is_null() {
+            p2.kern
+        } else {
+            p2.v1.func
+        };
+        (p2.v1, f)
     } else {
-        p.func
+        // SAFETY: a readable v1 struct (caller's contract): only its fields are read.
+        let p1 = unsafe { params.cast::<KernelNodeParamsV1>().read_unaligned() };
+        (p1, p1.func)
     };
     driver::with(|d| {
         let launch =
