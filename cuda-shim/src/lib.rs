@@ -14,6 +14,7 @@ pub mod api;
 pub mod context;
 pub mod driver;
 pub mod error;
+pub mod extra;
 pub mod image;
 pub mod queue;
 pub mod transport;

@@ -234,6 +234,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
         driver::wait_outside(
             |d| {
                 d.current_ctx()?;
+                crate::api::capture::sync_check(d, 0)?;
                 Ok(d.shared_queues())
             },
             |t, queues| driver::sync_queues(t, &queues),

@@ -199,6 +199,8 @@ pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
             .min(vgpu_proto::MAX_SHARED_BYTES)),
         attr::MAX_BLOCKS_PER_MULTIPROCESSOR => v(g.max_blocks_per_sm),
         attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
+        // Stream-ordered allocation and pools (api/pool.rs).
+        attr::MEMORY_POOLS_SUPPORTED => 1,
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(res::INVALID_VALUE),
     })

@@ -12,3 +12,17 @@ pub mod module;
 pub mod procaddr;
 pub mod stream;
 pub mod stubs;
+// Libraries, function attributes, pitched memory, pools, host functions, graphs.
+pub mod capture;
+pub mod enumerate;
+pub mod ext_table;
+pub mod func;
+pub mod graph;
+pub mod hostfn;
+pub mod launch_ex;
+pub mod library;
+pub mod limits;
+pub mod memcpy;
+pub mod memcpy2d;
+pub mod pointer;
+pub mod pool;

@@ -105,6 +105,7 @@ fn entries() -> &'static [(&'static str, usize)] {
             let base = name.strip_suffix("_v2").unwrap_or(name);
             t.push((base, *f as *const () as usize));
         }
+        t.extend(super::ext_table::entries());
         t
     })
 }
