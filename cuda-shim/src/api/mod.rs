@@ -6,9 +6,11 @@
 pub mod context;
 pub mod copy;
 pub mod device;
+pub mod export;
 pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod procaddr;
+pub mod runtime;
 pub mod stream;
 pub mod stubs;

@@ -100,6 +100,12 @@ fn entries() -> &'static [(&'static str, usize)] {
             "cuEventElapsedTime" => cuEventElapsedTime,
             "cuEventDestroy" => cuEventDestroy_v2,
             "cuGetProcAddress" => cuGetProcAddress_v2,
+            "cuGetExportTable" => super::export::cuGetExportTable,
+            "cuModuleGetLoadingMode" => super::runtime::cuModuleGetLoadingMode,
+            "cuStreamGetPriority" => super::runtime::cuStreamGetPriority,
+            "cuStreamGetId" => super::runtime::cuStreamGetId,
+            "cuStreamGetDevice" => super::runtime::cuStreamGetDevice,
+            "cuDeviceGetPCIBusId" => super::runtime::cuDeviceGetPCIBusId,
         };
         for (name, f) in super::stubs::STUBS {
             let base = name.strip_suffix("_v2").unwrap_or(name);
