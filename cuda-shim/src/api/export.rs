@@ -417,11 +417,113 @@ unsafe extern "C" fn integrity_check(
 
 static INTEGRITY_CHECK: Table<3> = Table([size_of_table(3), integrity_check as Slot, NULL]);
 
+// ---- RUNTIME_PRIVATE: a table CUDA 13 runtimes ask for, slots known one by one ----
+
+/// Slots in RUNTIME_PRIVATE (the highest slot a runtime was seen to call is 51).
+const RUNTIME_PRIVATE_SLOTS: usize = 64;
+
+/// Logs a call to a private slot, once per slot.
+fn log_slot(table: &str, slot: usize, args: [u64; 3]) {
+    static SEEN: Mutex<Option<HashSet<(String, usize)>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen
+        .get_or_insert_with(HashSet::new)
+        .insert((table.to_string(), slot))
+    {
+        tracing::warn!(
+            table,
+            slot,
+            arg0 = format!("{:#x}", args[0]),
+            arg1 = format!("{:#x}", args[1]),
+            arg2 = format!("{:#x}", args[2]),
+            "a private driver function this library does not provide was called: answering \
+             CUDA_ERROR_NOT_SUPPORTED"
+        );
+    }
+}
+
+/// What slot 51 hands out: an object the runtime only passes back.
+struct Opaque(UnsafeCell<[u64; 64]>);
+
+// SAFETY: the library never reads or writes it; only its address is handed out.
+unsafe impl Sync for Opaque {}
+
+static RUNTIME_PRIVATE_OBJECT: Opaque = Opaque(UnsafeCell::new([0; 64]));
+
+/// Slot `S` of RUNTIME_PRIVATE. Every slot takes up to six word arguments (the C calling
+/// convention lets a callee ignore those it was not given).
+unsafe extern "C" fn runtime_private<const S: usize>(
+    a0: u64,
+    a1: u64,
+    a2: u64,
+    _a3: u64,
+    _a4: u64,
+    _a5: u64,
+) -> CUresult {
+    tracing::debug!(slot = S, a0, a1, a2, "RUNTIME_PRIVATE");
+    match S {
+        // A flag derived from the first argument, written through the second.
+        4 => {
+            if a1 == 0 {
+                return res::UNKNOWN;
+            }
+            // SAFETY: non-null, a writable word from the runtime.
+            unsafe { (a1 as *mut u64).write_unaligned(u64::from(a0 != 0)) };
+            res::SUCCESS
+        }
+        // A count (none) written through the third argument.
+        39 => {
+            if a1 == 0 || a2 == 0 {
+                return res::INVALID_VALUE;
+            }
+            // SAFETY: non-null, a writable word from the runtime.
+            unsafe { (a2 as *mut u64).write_unaligned(0) };
+            res::SUCCESS
+        }
+        // An object for the handle in the second argument, written through the third.
+        51 => {
+            if a2 == 0 {
+                return res::INVALID_VALUE;
+            }
+            if a1 == u64::MAX {
+                return res::INVALID_HANDLE;
+            }
+            // SAFETY: non-null, a writable pointer from the runtime.
+            unsafe { (a2 as *mut u64).write_unaligned(RUNTIME_PRIVATE_OBJECT.0.get() as u64) };
+            res::SUCCESS
+        }
+        _ => {
+            log_slot("RUNTIME_PRIVATE", S, [a0, a1, a2]);
+            res::NOT_SUPPORTED
+        }
+    }
+}
+
+macro_rules! private_slots {
+    ($($s:literal)*) => {
+        [size_of_table(RUNTIME_PRIVATE_SLOTS), $(runtime_private::<$s> as Slot),*]
+    };
+}
+
+static RUNTIME_PRIVATE: Table<RUNTIME_PRIVATE_SLOTS> = Table(private_slots!(
+    1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32
+    33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61
+    62 63
+));
+
 // ---- the lookup ----
 
 /// (UUID, name, table) of every table the library provides.
-fn tables() -> [([u8; 16], &'static str, Slot); 9] {
+fn tables() -> [([u8; 16], &'static str, Slot); 10] {
     [
+        (
+            [
+                0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24,
+                0xc8, 0xf2,
+            ],
+            "RUNTIME_PRIVATE",
+            RUNTIME_PRIVATE.start(),
+        ),
         (
             [
                 0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,

@@ -11,6 +11,7 @@ pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod procaddr;
+pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
