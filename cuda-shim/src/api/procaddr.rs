@@ -322,7 +322,7 @@ unsafe fn resolve(
     // SAFETY: checked non-null; a writable `void*` from the caller.
     unsafe { out(pfn, f)? };
     match found {
-        Found::Function(_) => {}
+        Found::Function(_) => tracing::trace!(symbol = name, version, flags, "cuGetProcAddress"),
         Found::NotFound => log_missing(name, version, flags),
         Found::VersionNotSufficient => tracing::debug!(
             symbol = name,
