@@ -3,8 +3,9 @@
 //! against a sim worker: `tests/c/cudart.c`, built with `cc` against the runtime's
 //! cuda_runtime_api.h, checks device properties, the vGPU's memory share, allocations,
 //! copies, pinned memory, streams, events, the per-thread default stream, an allocation
-//! beyond the share, a registered fat binary the sim vGPU refuses, and the private tables
-//! and `cuGetProcAddress` with bad input. Skipped, saying so, where the runtime was not
+//! beyond the share, the private tables and `cuGetProcAddress` with bad input; and, run
+//! again with a fat binary registered before main as nvcc's code does, that the sim vGPU
+//! refuses it with the documented error. Skipped, saying so, where the runtime was not
 //! fetched or no C compiler is present.
 
 mod common;
@@ -79,10 +80,15 @@ fn build(cc: &str, runtime: &Path, exe: &Path, link_static: bool, defines: &[&st
     );
 }
 
-/// Runs `exe` on the library against a fresh sim worker; asserts it printed "ok".
-fn run(exe: &Path, libdir: &Path, name: &str) {
+/// Runs `exe` on the library against a fresh sim worker (with `VGPU_TEST_FATBIN` when
+/// `fatbin`: the program registers a fat binary before main); asserts it printed "ok".
+fn run(exe: &Path, libdir: &Path, name: &str, fatbin: bool) {
     let worker = common::Worker::start(name, SHARE, 4);
-    let out = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    if fatbin {
+        cmd.env("VGPU_TEST_FATBIN", "1");
+    }
+    let out = cmd
         .arg(SHARE_BYTES.to_string())
         .env("VGPU_SOCKET", &worker.socket)
         .env("LD_LIBRARY_PATH", libdir)
@@ -139,7 +145,8 @@ fn nvidia_cuda_runtime_programs_run_on_the_library() {
             let name = format!("cudart{version}-{kind}");
             let exe = prefix.join(&name);
             build(&cc, runtime, &exe, link_static, defines);
-            run(&exe, &libdir, &name);
+            run(&exe, &libdir, &name, false);
+            run(&exe, &libdir, &format!("{name}-fatbin"), true);
         }
     }
     let _ = std::fs::remove_dir_all(&prefix);

@@ -1,7 +1,9 @@
 /* A CUDA runtime (libcudart) program, built with cc against NVIDIA's cuda_runtime_api.h
  * and linked to NVIDIA's libcudart (shared or static), run on the vGPU library as
  * libcuda.so.1 against a sim worker. argv[1]: the vGPU's memory share in bytes.
- * Prints "ok" when every check holds; otherwise the failed check, exit status 1. */
+ * With VGPU_TEST_FATBIN set it registers a fat binary before main instead (see
+ * fatbin_program). Prints "ok" when every check holds; otherwise the failed check, exit
+ * status 1. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdint.h>
@@ -115,7 +117,7 @@ static void driver_checks(void) {
     IS(cls_get(NULL, NULL, (void *)0x1), 1);
     IS(cls_get(&value, NULL, (void *)0x7e57), 400); /* INVALID_HANDLE */
 
-    /* CUDART_INTERFACE: a module from the registered fat binary, the primary context. */
+    /* CUDART_INTERFACE: a module from the fat binary wrapper, the primary context. */
     static const unsigned char cudart_uuid[16] = {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a,
                                                   0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9};
     IS(get_table(&table, cudart_uuid), 0);
@@ -177,7 +179,74 @@ static void driver_checks(void) {
     CHECK(strlen(bus) == 16 && bus[8] == ':');
 }
 
+static void **handle;
+static unsigned long long *fat;
+
+/* Builds the fat binary wrapper nvcc would emit for one PTX kernel. */
+static void build_fatbin(void) {
+    size_t ptx_len = sizeof(PTX);
+    size_t total_len = sizeof(struct fatbin_header) + sizeof(struct fatbin_entry) + ptx_len;
+    fat = calloc((total_len + 7) / 8, 8);
+    CHECK(fat != NULL);
+    struct fatbin_header *fh = (struct fatbin_header *)fat;
+    fh->magic = 0xba55ed50u;
+    fh->version = 1;
+    fh->header_size = sizeof(struct fatbin_header);
+    fh->fat_size = sizeof(struct fatbin_entry) + ptx_len;
+    struct fatbin_entry *fe = (struct fatbin_entry *)(fh + 1);
+    fe->kind = 1; /* PTX */
+    fe->version = 0x0101;
+    fe->header_size = sizeof(struct fatbin_entry);
+    fe->payload_size = ptx_len;
+    fe->minor = 0;
+    fe->major = 7;
+    fe->arch = 50;
+    fe->flags = 0x11; /* 64-bit, Linux */
+    fe->uncompressed_size = ptx_len;
+    memcpy(fe + 1, PTX, ptx_len);
+    wrapper.magic = 0x466243b1;
+    wrapper.version = 1;
+    wrapper.data = fat;
+    wrapper.filename_or_fatbins = NULL;
+}
+
+/* With VGPU_TEST_FATBIN set, registers the fat binary and its kernel before main, as
+ * nvcc's generated code does. */
+__attribute__((constructor)) static void register_fatbin(void) {
+    build_fatbin();
+    if (getenv("VGPU_TEST_FATBIN") == NULL) return;
+    handle = __cudaRegisterFatBinary(&wrapper);
+    __cudaRegisterFunction(handle, (const char *)fill_stub, (char *)"fill", "fill", -1, NULL,
+                           NULL, NULL, NULL, NULL);
+    __cudaRegisterFatBinaryEnd(handle);
+}
+
+/* A program with a registered fat binary: the runtime loads it (cuLibraryLoadData) when it
+ * starts, and the sim vGPU cannot run its PTX: the first call answers
+ * cudaErrorNoKernelImageForDevice, and so does every later one. Where the vGPU library has
+ * no library API the start answers cudaErrorNotSupported. */
+static int fatbin_program(void) {
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    CHECK(drv != NULL);
+    typedef int (*library_load_t)(void **, const void *, void *, void *, unsigned, void *,
+                                  void *, unsigned);
+    library_load_t library_load = (library_load_t)dlsym(drv, "cuLibraryLoadData");
+    CHECK(library_load != NULL);
+    int library_api = library_load(NULL, NULL, NULL, NULL, 0, NULL, NULL, 0) != 801;
+    cudaError_t want = library_api ? cudaErrorNoKernelImageForDevice : cudaErrorNotSupported;
+    CHECK(handle != NULL);
+    IS(cudaFree(NULL), want);
+    unsigned int v = 42;
+    void *p = NULL;
+    void *args[] = {&p, &v};
+    dim3 one = {1, 1, 1};
+    IS(cudaLaunchKernel((const void *)fill_stub, one, one, args, 0, NULL), want);
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (getenv("VGPU_TEST_FATBIN") != NULL) return fatbin_program();
     CHECK(argc == 2);
     size_t share = strtoull(argv[1], NULL, 0);
 
@@ -272,54 +341,6 @@ int main(int argc, char **argv) {
        cudaErrorInvalidValue);
     (void)cudaGetLastError();
 
-    /* A registered fat binary (PTX only): the sim vGPU cannot run it. */
-    size_t ptx_len = sizeof(PTX);
-    size_t total_len = sizeof(struct fatbin_header) + sizeof(struct fatbin_entry) + ptx_len;
-    unsigned long long *fat = calloc((total_len + 7) / 8, 8);
-    CHECK(fat != NULL);
-    struct fatbin_header *fh = (struct fatbin_header *)fat;
-    fh->magic = 0xba55ed50u;
-    fh->version = 1;
-    fh->header_size = sizeof(struct fatbin_header);
-    fh->fat_size = sizeof(struct fatbin_entry) + ptx_len;
-    struct fatbin_entry *fe = (struct fatbin_entry *)(fh + 1);
-    fe->kind = 1; /* PTX */
-    fe->version = 0x0101;
-    fe->header_size = sizeof(struct fatbin_entry);
-    fe->payload_size = ptx_len;
-    fe->minor = 0;
-    fe->major = 7;
-    fe->arch = 50;
-    fe->flags = 0x11; /* 64-bit, Linux */
-    fe->uncompressed_size = ptx_len;
-    memcpy(fe + 1, PTX, ptx_len);
-    wrapper.magic = 0x466243b1;
-    wrapper.version = 1;
-    wrapper.data = fat;
-    wrapper.filename_or_fatbins = NULL;
-    void **handle = __cudaRegisterFatBinary(&wrapper);
-    CHECK(handle != NULL);
-    __cudaRegisterFunction(handle, (const char *)fill_stub, (char *)"fill", "fill", -1, NULL,
-                           NULL, NULL, NULL, NULL);
-    __cudaRegisterFatBinaryEnd(handle);
-    unsigned int v = 42;
-    void *args[] = {&d_a, &v};
-    dim3 one = {1, 1, 1};
-    cudaError_t launch = cudaLaunchKernel((const void *)fill_stub, one, one, args, 0, NULL);
-    /* The runtime loads its kernels with the driver's library API (cuLibraryLoadData):
-     * where the vGPU library has it the sim vGPU refuses the image
-     * (CUDA_ERROR_NO_BINARY_FOR_GPU), where it does not the call is not supported. */
-    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    CHECK(drv != NULL);
-    typedef int (*library_load_t)(void **, const void *, void *, void *, unsigned, void *,
-                                  void *, unsigned);
-    library_load_t library_load = (library_load_t)dlsym(drv, "cuLibraryLoadData");
-    CHECK(library_load != NULL);
-    int library_api = library_load(NULL, NULL, NULL, NULL, 0, NULL, NULL, 0) != 801;
-    IS(launch, library_api ? cudaErrorNoKernelImageForDevice : cudaErrorNotSupported);
-    (void)cudaGetLastError();
-    __cudaUnregisterFatBinary(handle);
-
     driver_checks();
 
     OK(cudaEventDestroy(start));
@@ -338,7 +359,6 @@ int main(int argc, char **argv) {
     OK(cudaFree(d_a));
     free(host);
     free(back);
-    free(fat);
     printf("ok\n");
     return 0;
 }
