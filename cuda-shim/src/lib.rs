@@ -45,23 +45,30 @@ fn init_logging() {
 }
 
 /// Runs the body of an exported function: panics become CUDA_ERROR_UNKNOWN, `Err(code)`
-/// becomes `code`.
+/// becomes `code`. Nothing unwinds into C: logging too runs under `catch_unwind`, since a
+/// call made while the thread's locals are being destroyed (a runtime's exit handlers)
+/// cannot reach the logger's thread-local buffers.
 pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
-    init_logging();
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => res::SUCCESS,
-        Ok(Err(code)) => {
-            tracing::debug!(function = name, code, "failed");
-            code
-        }
-        Err(_) => {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        init_logging();
+        f()
+    }));
+    let (code, panicked) = match result {
+        Ok(Ok(())) => return res::SUCCESS,
+        Ok(Err(code)) => (code, false),
+        Err(_) => (res::UNKNOWN, true),
+    };
+    let _ = catch_unwind(|| {
+        if panicked {
             tracing::error!(
                 function = name,
                 "internal error (panic) caught at the C boundary"
             );
-            res::UNKNOWN
+        } else {
+            tracing::debug!(function = name, code, "failed");
         }
-    }
+    });
+    code
 }
 
 /// Writes `value` through a pointer from C, refusing NULL.
