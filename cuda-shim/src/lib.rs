@@ -44,11 +44,26 @@ fn init_logging() {
     });
 }
 
+/// A thread-local with a destructor: `try_with` fails once the thread's locals are being
+/// destroyed.
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {}
+}
+
+thread_local! {
+    static ALIVE: Alive = const { Alive };
+}
+
 /// Runs the body of an exported function: panics become CUDA_ERROR_UNKNOWN, `Err(code)`
 /// becomes `code`. Nothing unwinds into C: logging too runs under `catch_unwind`, since a
 /// call made while the thread's locals are being destroyed (a runtime's exit handlers)
 /// cannot reach the logger's thread-local buffers.
 pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    // Touched before anything logs in this thread, so it is destroyed after the logger's
+    // thread-local buffers: once it is gone, so are they, and the call logs nothing.
+    let can_log = ALIVE.try_with(|_| ()).is_ok();
     let result = catch_unwind(AssertUnwindSafe(|| {
         init_logging();
         f()
@@ -58,6 +73,9 @@ pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>
         Ok(Err(code)) => (code, false),
         Err(_) => (res::UNKNOWN, true),
     };
+    if !can_log {
+        return code;
+    }
     let _ = catch_unwind(|| {
         if panicked {
             tracing::error!(
