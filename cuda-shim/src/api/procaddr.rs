@@ -375,3 +375,53 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(p: *const ()) -> Found {
+        Found::Function(p as usize)
+    }
+
+    #[test]
+    fn versions_and_flags_pick_the_drivers_variant() {
+        assert_eq!(
+            lookup("cuCtxCreate", 13000, 0),
+            f(cuCtxCreate_v4 as *const ())
+        );
+        assert_eq!(
+            lookup("cuCtxCreate", 12000, 0),
+            f(cuCtxCreate_v3 as *const ())
+        );
+        assert_eq!(
+            lookup("cuCtxCreate", 11000, 0),
+            f(cuCtxCreate_v2 as *const ())
+        );
+        assert_eq!(lookup("cuCtxCreate", 3000, 0), Found::VersionNotSufficient);
+        assert_eq!(lookup("cuCtxGetId", 11080, 0), Found::VersionNotSufficient);
+        assert_eq!(lookup("cuCtxGetId", 12000, 0), f(cuCtxGetId as *const ()));
+        assert_eq!(
+            lookup("cuLaunchKernel", 13000, FLAG_PER_THREAD_DEFAULT_STREAM),
+            f(super::super::ptsz::cuLaunchKernel_ptsz as *const ())
+        );
+        assert_eq!(
+            lookup("cuLaunchKernel", 13000, FLAG_LEGACY_STREAM),
+            f(cuLaunchKernel as *const ())
+        );
+        // No per-thread variant: the function itself.
+        assert_eq!(
+            lookup("cuMemAlloc", 13000, FLAG_PER_THREAD_DEFAULT_STREAM),
+            f(cuMemAlloc_v2 as *const ())
+        );
+        assert_eq!(
+            lookup("cuStreamGetCtx", 12050, 0),
+            f(super::super::ptsz::cuStreamGetCtx_v2 as *const ())
+        );
+        assert_eq!(
+            lookup("cuStreamGetCtx", 12000, 0),
+            f(cuStreamGetCtx as *const ())
+        );
+        assert_eq!(lookup("cuNoSuchFunction", 13000, 0), Found::NotFound);
+    }
+}
