@@ -68,6 +68,10 @@ pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>
         init_logging();
         f()
     }));
+    if can_log && matches!(result, Ok(Ok(()))) {
+        // `VGPU_CUDA_LOG=vgpu_cuda=trace` lists every call a program makes.
+        let _ = catch_unwind(|| tracing::trace!(function = name, "ok"));
+    }
     let (code, panicked) = match result {
         Ok(Ok(())) => return res::SUCCESS,
         Ok(Err(code)) => (code, false),

@@ -211,6 +211,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, a: c_int, dev: CUd
             check_dev(dev)?;
             attribute(d, a)
         })?;
+        tracing::trace!(attribute = a, value = v, "cuDeviceGetAttribute");
         // SAFETY: a writable int from the caller.
         unsafe { out(pi, v) }
     })
