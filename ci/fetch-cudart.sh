@@ -21,7 +21,8 @@ fi
 wheels="$dest/wheels"
 mkdir -p "$wheels"
 for spec in "nvidia-cuda-runtime==$CU13" "nvidia-cuda-crt==$CU13" "nvidia-cuda-runtime-cu12==$CU12"; do
-  if ! python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" "$spec"; then
+  if ! python3 -m pip download --quiet --timeout 30 --retries 1 --no-deps --only-binary=:all: \
+      -d "$wheels" "$spec"; then
     echo "fetch-cudart: cannot download $spec (no network?); the cudart test will be skipped" >&2
     exit 0
   fi
