@@ -222,9 +222,9 @@ __attribute__((constructor)) static void register_fatbin(void) {
 }
 
 /* A program with a registered fat binary: the runtime loads it (cuLibraryLoadData) when it
- * starts, and the sim vGPU cannot run its PTX: the first call answers
- * cudaErrorNoKernelImageForDevice, and so does every later one. Where the vGPU library has
- * no library API the start answers cudaErrorNotSupported. */
+ * starts, and the sim vGPU cannot run its PTX: the launch answers
+ * cudaErrorNoKernelImageForDevice, and so does the start where the library loads eagerly.
+ * Where the vGPU library has no library API the start answers cudaErrorNotSupported. */
 static int fatbin_program(void) {
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
     CHECK(drv != NULL);
@@ -235,7 +235,11 @@ static int fatbin_program(void) {
     int library_api = library_load(NULL, NULL, NULL, NULL, 0, NULL, NULL, 0) != 801;
     cudaError_t want = library_api ? cudaErrorNoKernelImageForDevice : cudaErrorNotSupported;
     CHECK(handle != NULL);
-    IS(cudaFree(NULL), want);
+    cudaError_t start = cudaFree(NULL);
+    if (start != want && !(library_api && start == cudaSuccess)) {
+        printf("FAILED: the runtime's start answered %d\n", (int)start);
+        exit(1);
+    }
     unsigned int v = 42;
     void *p = NULL;
     void *args[] = {&p, &v};
