@@ -141,6 +141,7 @@ pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x2;
 /// `CUdriverProcAddressQueryResult` values.
 pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
+pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
 
 /// The driver API version this library implements (`cuDriverGetVersion`).
 pub const DRIVER_VERSION: c_int = 13000;

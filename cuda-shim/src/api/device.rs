@@ -89,7 +89,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     })
 }
 
-fn uuid_of(d: &Driver) -> CUuuid {
+pub(crate) fn uuid_of(d: &Driver) -> CUuuid {
     // A stable identity per vGPU: "vGPU" and the host-wide vGPU id.
     let mut bytes = [0u8; 16];
     bytes[..4].copy_from_slice(b"vGPU");
@@ -213,6 +213,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, a: c_int, dev: CUd
             check_dev(dev)?;
             attribute(d, a)
         })?;
+        tracing::trace!(attribute = a, value = v, "cuDeviceGetAttribute");
         // SAFETY: a writable int from the caller.
         unsafe { out(pi, v) }
     })

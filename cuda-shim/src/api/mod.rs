@@ -6,10 +6,13 @@
 pub mod context;
 pub mod copy;
 pub mod device;
+pub mod export;
 pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod procaddr;
+pub mod ptsz;
+pub mod runtime;
 pub mod stream;
 pub mod stubs;
 // Libraries, function attributes, pitched memory, pools, host functions, graphs.
