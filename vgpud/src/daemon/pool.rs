@@ -12,15 +12,15 @@
 //!
 //! Identity (docs/hostile.md, "Worker pool"): a pool worker's uid and directory are fixed
 //! when it starts: slot S runs as `--worker-uid-base - 1 - S` (below the vGPUs' range) in
-//! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited and no
-//! directory under `workers/` is owned by its uid (a worker adopted after a restart keeps
-//! the uid it started with). Pool workers hold no tenant: they are killed when vgpud
+//! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited, no
+//! process runs under its uid and no directory under `workers/` is owned by it (a worker
+//! adopted after a restart keeps the uid it started with). Pool workers hold no tenant: they are killed when vgpud
 //! stops and never adopted; one that dies idle is replaced, with a backoff after failures.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -268,11 +268,17 @@ impl Daemon {
             .ok_or_else(|| format!("GPU {gpu_index} is unknown"))?
             .clone();
         let state_dir = self.cfg.state_dir.clone();
+        // A slot's uid is taken only while nothing runs under it and no directory is
+        // its: nothing of its previous holder meets the next.
         let owners = {
             let s = state_dir.clone();
-            tokio::task::spawn_blocking(move || dir_owners(&s))
-                .await
-                .map_err(|e| e.to_string())?
+            tokio::task::spawn_blocking(move || {
+                let mut o = dir_owners(&s);
+                o.extend(procs::running_uids());
+                o
+            })
+            .await
+            .map_err(|e| e.to_string())?
         };
         let slot = {
             let mut p = self.spares.lock();
@@ -346,21 +352,19 @@ impl Daemon {
         }
         cmd.arg("--shm");
         self.sandbox_args(&mut cmd);
-        cmd.current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file));
+        cmd.current_dir(&dir);
         workers::worker_env(&mut cmd);
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| not_spawned(format!("cannot create a control socket: {e}")))?;
-        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), Vec::new(), identity)
-            .await
-            .map_err(|e| {
-                not_spawned(format!(
-                    "cannot start {}: {e}; check vgpud's --worker-bin",
-                    self.cfg.worker_bin.display()
-                ))
-            })?;
+        let (child, proc) =
+            procs::spawn_sealed_off_runtime(cmd, log_file, Some(theirs), Vec::new(), identity)
+                .await
+                .map_err(|e| {
+                    not_spawned(format!(
+                        "cannot start {}: {e}; check vgpud's --worker-bin",
+                        self.cfg.worker_bin.display()
+                    ))
+                })?;
         let route = Arc::new(Route {
             owner: Mutex::new(Owner::Idle),
             events: Mutex::new(None),

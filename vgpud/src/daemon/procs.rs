@@ -12,6 +12,9 @@ use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
 
+mod seal;
+pub use seal::{clear_uid, running_uids, SealedChild};
+
 /// The descriptor number a worker's control socket gets in the child.
 pub const CONTROL_FD: RawFd = 3;
 /// Where a worker finds its grant page and the scheduler's doorbell (`--grant-fds 4,5`).
@@ -251,9 +254,50 @@ pub async fn spawn_off_runtime(
     .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
 }
 
+/// [`seal::spawn_sealed`] on the blocking pool (a worker: pid 1 of a PID namespace of its
+/// own, its stderr `stderr`), taking its descriptors by value.
+pub async fn spawn_sealed_off_runtime(
+    cmd: Command,
+    stderr: std::fs::File,
+    control: Option<OwnedFd>,
+    extra: Vec<(OwnedFd, RawFd)>,
+    identity: Option<Identity>,
+) -> io::Result<(SealedChild, Proc)> {
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(&OwnedFd, RawFd)> = extra.iter().map(|(fd, n)| (fd, *n)).collect();
+        seal::spawn_sealed(&cmd, &stderr, control.as_ref(), &refs, identity)
+    })
+    .await
+    .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
+}
+
+/// A child process vgpud reaps: one `Command` started, or a sealed worker.
+pub trait Reapable: Send {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
+    fn wait(&mut self) -> io::Result<ExitStatus>;
+}
+
+impl Reapable for Child {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        Child::try_wait(self)
+    }
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        Child::wait(self)
+    }
+}
+
+impl Reapable for SealedChild {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        SealedChild::try_wait(self)
+    }
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        SealedChild::wait(self)
+    }
+}
+
 /// Waits until `child` exits and reaps it. Wakes as soon as the kernel reports the exit
 /// (the pidfd becomes readable), so a `kill -9` is seen within milliseconds.
-pub async fn reap(mut child: Child, proc: &Proc) -> ExitStatus {
+pub async fn reap(mut child: impl Reapable, proc: &Proc) -> ExitStatus {
     let pidfd = PidFd(proc.pidfd.clone());
     // SAFETY: `PidFd` holds an `Arc<OwnedFd>`, so the descriptor stays open for as long as
     // the `AsyncFd` that registers it lives.

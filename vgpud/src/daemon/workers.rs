@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -177,6 +177,15 @@ impl Daemon {
         let state_dir = self.cfg.state_dir.clone();
         let at = dir.clone();
         let setup = tokio::task::spawn_blocking(move || {
+            // Every worker of vGPU N has its uid: nothing of a previous one may run on.
+            if let Some(who) = identity {
+                if !procs::clear_uid(who.uid, Duration::from_secs(2)) {
+                    return Err(format!(
+                        "processes of uid {} (a previous worker's) would not die",
+                        who.uid
+                    ));
+                }
+            }
             prepare_dir(&state_dir, &at, identity)
                 .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
             let log_file = std::fs::OpenOptions::new()
@@ -199,9 +208,6 @@ impl Daemon {
             }
         };
         cmd.current_dir(&dir);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file));
         worker_env(&mut cmd);
         let (ours, theirs) = match procs::socketpair() {
             Ok(v) => v,
@@ -216,15 +222,16 @@ impl Daemon {
             (fds.page, procs::GRANT_PAGE_FD),
             (fds.doorbell, procs::GRANT_DOORBELL_FD),
         ];
-        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), extra, identity)
-            .await
-            .map_err(|e| {
-                self.detach_grants(id, gpu);
-                ApiError::internal(format!(
-                    "cannot start {}: {e}; check vgpud's --worker-bin",
-                    self.cfg.worker_bin.display()
-                ))
-            })?;
+        let (child, proc) =
+            procs::spawn_sealed_off_runtime(cmd, log_file, Some(theirs), extra, identity)
+                .await
+                .map_err(|e| {
+                    self.detach_grants(id, gpu);
+                    ApiError::internal(format!(
+                        "cannot start {}: {e}; check vgpud's --worker-bin",
+                        self.cfg.worker_bin.display()
+                    ))
+                })?;
         let (link, ready) = match link::start(
             std::os::unix::net::UnixStream::from(ours),
             self.worker_events(id),
@@ -239,6 +246,7 @@ impl Daemon {
             vgpu = id,
             pid = proc.pid,
             uid = identity.map(|i| i.uid),
+            pid_namespace = child.sealed,
             "worker started"
         );
         self.state.with(|i| {
