@@ -2,9 +2,9 @@
 //! started ahead of need: each has built its GPU backend (a cuda worker: its context, its
 //! reserved address space and the built-in kernels; a sim worker: its simulated GPU), said
 //! `ready`, and waits here on the control channel. vgpud's `assign` command names the
-//! vGPU (id, memory share, queues, shares) and carries its grant page and doorbell; the
-//! worker then binds its vhost-user socket and answers `assigned`, and is that vGPU's
-//! worker like one started for it.
+//! vGPU (id, memory share, queues, shares) and carries its grant page and doorbell and
+//! the listening sockets vgpud bound for it (vhost-user, control); the worker then answers
+//! `assigned`, and is that vGPU's worker like one started for it.
 //!
 //! An idle pool worker holds no tenant: it exits when vgpud's end of the channel closes
 //! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (its default action: there is
@@ -24,11 +24,13 @@ use crate::run::Config;
 /// answers: how vgpud copes with a hostile pool worker.
 const STALL_ENV: &str = "VGPU_WORKER_POOL_STALL";
 
-/// What the pool worker was assigned: the request to answer and the vGPU's grant page
-/// and doorbell (when vgpud sent them).
+/// What the pool worker was assigned: the request to answer, the vGPU's grant page
+/// and doorbell (when vgpud sent them), and the listening sockets vgpud bound for it (the
+/// vhost-user socket its frontend connects to, the control socket vgpud reconnects on).
 pub struct Assignment {
     pub request: u64,
     pub grant: Option<(OwnedFd, OwnedFd)>,
+    pub sockets: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// Reads one line, a byte at a time: nothing past the line is taken off the socket, so
@@ -129,6 +131,10 @@ fn wait(
                     (Some(page), Some(doorbell)) => Some((page, doorbell)),
                     _ => None,
                 };
+                let sockets = match (fds.pop(), fds.pop()) {
+                    (Some(vhost), Some(control)) => Some((vhost, control)),
+                    _ => None,
+                };
                 let d = &mut cfg.device;
                 d.vgpu_id = vgpu_id;
                 d.memory_share = memory;
@@ -141,6 +147,7 @@ fn wait(
                 return Some(Assignment {
                     request: req.id,
                     grant,
+                    sockets,
                 });
             }
             Command::Shutdown => {
@@ -203,6 +210,8 @@ mod tests {
             seccomp: SeccompMode::Off,
             control_listen: None,
             secret_file: None,
+            listen_fd: None,
+            control_listen_fd: None,
             reconnect: Duration::ZERO,
             migrate_in: None,
             migrate_token_file: None,

@@ -4,9 +4,10 @@
 //! built-in kernels, JIT-compiled while it idles) and waits on its control channel. A new
 //! vGPU without storage namespaces and without memory oversubscription takes one: vgpud
 //! renames the pool worker's private directory to the vGPU's (`workers/<id>/`, the worker's
-//! working directory, so its relative socket paths follow) and sends `assign` with the
-//! vGPU's id, memory share, queues and shares, its grant page and doorbell riding on the
-//! line; the worker binds its vhost-user socket and answers `assigned`. vgpud then starts
+//! working directory, so its relative paths follow), binds the vGPU's vhost-user socket
+//! and the control socket, and sends `assign` with the vGPU's id, memory share, queues and
+//! shares, its grant page, doorbell and the two listening sockets riding on the line; the
+//! worker answers `assigned`. vgpud then starts
 //! a replacement in the background (never under the state lock). A pool worker that
 //! does not answer within [`ASSIGN_TIMEOUT`] is killed and the vGPU gets a fresh worker.
 //!
@@ -509,9 +510,10 @@ impl Daemon {
                 copy_share: rec.copy,
                 priority: rec.priority,
             };
-            Ok::<_, String>((fds, cmd, rec.log.clone()))
+            let sockets = (rec.socket.clone(), rec.process.clone());
+            Ok::<_, String>((fds, cmd, rec.log.clone(), sockets))
         });
-        let (fds, cmd, log) = match got {
+        let (fds, cmd, log, (vhost, hand_over)) = match got {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.discard(&spare);
@@ -534,21 +536,31 @@ impl Daemon {
             slot_dir(&state_dir, spare.slot),
             workers::worker_dir(&state_dir, id),
         );
+        // Its directory becomes the vGPU's, and vgpud binds the sockets the worker serves
+        // (it gets the listening descriptors with the assignment).
         let moved = tokio::task::spawn_blocking(move || {
             match std::fs::remove_dir_all(&to) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!("cannot move the pool worker's directory: {e}"))
+                }
                 _ => {}
             }
             std::fs::rename(&from, &to)
+                .map_err(|e| format!("cannot move the pool worker's directory: {e}"))?;
+            workers::bind_sockets(&to, &vhost, hand_over.as_ref())
+                .map_err(|e| format!("cannot bind the worker's sockets: {e}"))
         })
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| format!("cannot move the pool worker's directory: {e}")));
-        if let Err(e) = moved {
-            self.detach_grants(id, gpu);
-            let _ = self.discard(&spare);
-            return Err(e);
-        }
+        .and_then(|r| r);
+        let (vhost_fd, control_fd) = match moved {
+            Ok(v) => v,
+            Err(e) => {
+                self.detach_grants(id, gpu);
+                let _ = self.discard(&spare);
+                return Err(e);
+            }
+        };
         *vgpu_sync::lock(&spare.route.events) = Some(Box::new(self.worker_events(id)));
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
@@ -560,7 +572,11 @@ impl Daemon {
         });
         let reply = spare
             .link
-            .call_with_fds(cmd, vec![fds.page, fds.doorbell], ASSIGN_TIMEOUT)
+            .call_with_fds(
+                cmd,
+                vec![fds.page, fds.doorbell, vhost_fd, control_fd],
+                ASSIGN_TIMEOUT,
+            )
             .await;
         let why = match reply {
             Ok(ReplyBody::Assigned { .. }) => {
