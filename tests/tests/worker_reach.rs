@@ -29,8 +29,6 @@ use vgpu_api::client::Client;
 use vgpu_tests::daemon::{alive, TestDaemon};
 
 const MIB: u64 = 1 << 20;
-/// vgpud's default `--worker-uid-base`.
-const UID_BASE: u32 = 2_000_000_000;
 
 fn root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -45,7 +43,10 @@ fn standin() -> Option<&'static Path> {
         std::fs::create_dir_all(&dir).ok()?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).ok()?;
         let lib = dir.join("compromised.so");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/worker_reach/compromised.c");
+        let src = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/worker_reach/compromised.c"
+        );
         let ok = Command::new("cc")
             .args(["-shared", "-fPIC", "-O1", "-o"])
             .arg(&lib)
@@ -132,11 +133,19 @@ fn create(c: &Client, s: &VgpuCreate, id: u32) {
 
 /// Waits until the stand-in in vGPU `id`'s worker is done or the worker is gone.
 fn settled(c: &Client, out: &Path, id: u32) -> VgpuState {
-    wait_until(&format!("vGPU {id}'s stand-in"), Duration::from_secs(15), || {
-        report(out, id).contains("done\n")
-            || matches!(c.vgpu(id).map(|v| v.state), Ok(VgpuState::Failed { .. }))
-    });
-    c.vgpu(id).expect("vgpu").state
+    let mut last = None;
+    wait_until(
+        &format!("vGPU {id}'s stand-in"),
+        Duration::from_secs(15),
+        || {
+            let st = c.vgpu(id).expect("vgpu").state;
+            let done = report(out, id).contains("done\n");
+            let over = done || matches!(st, VgpuState::Failed { .. });
+            last = Some(st);
+            over
+        },
+    );
+    last.expect("a state")
 }
 
 fn killed_by_filter(state: &VgpuState) -> bool {
@@ -144,20 +153,20 @@ fn killed_by_filter(state: &VgpuState) -> bool {
         if reason.contains("seccomp") && reason.contains("SIGSYS"))
 }
 
-/// Processes running as `uid`.
-fn processes_of(uid: u32) -> Vec<u32> {
+/// Processes in session `sid` (a worker starts one; its filter has no `setsid` to leave
+/// it), other than `sid` itself.
+fn session_members(sid: u32) -> Vec<u32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     procs
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != sid)
         .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-                s.lines().any(|l| {
-                    l.starts_with("Uid:")
-                        && l.split_whitespace().nth(1) == Some(uid.to_string().as_str())
-                })
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+                rest.split_whitespace().nth(3) == Some(sid.to_string().as_str())
             })
         })
         .collect()
@@ -191,19 +200,29 @@ fn calls_outside_the_filter_are_refused_or_kill_the_worker_and_threads_still_sta
     assert!(!d.dir.join("workers/2/planted-link").exists(), "{r}");
     assert!(!d.dir.join("workers/2/planted-dir").exists(), "{r}");
     // A fork, a tgkill of the neighbour's worker, prctl(PR_SET_DUMPABLE): killed.
-    for (id, step) in [(3, "trying fork"), (5, "trying tgkill"), (6, "trying prctl")] {
+    for (id, step) in [
+        (3, "trying fork"),
+        (5, "trying tgkill"),
+        (6, "trying prctl"),
+    ] {
         let st = settled(c, &out, id);
         let r = report(&out, id);
         assert!(killed_by_filter(&st), "vGPU {id}: {st:?}\n{r}");
         let last = r.lines().last().unwrap_or_default();
-        assert!(last.starts_with(step), "vGPU {id}: the last step is {last:?}: {r}");
+        assert!(
+            last.starts_with(step),
+            "vGPU {id}: the last step is {last:?}: {r}"
+        );
         assert!(!r.contains("ALLOWED"), "vGPU {id}: {r}");
     }
     // clone3 is refused with ENOSYS (its flags are out of the filter's sight) and glibc
     // falls back to clone for a thread, which the filter checks and lets through.
     let st = settled(c, &out, 4);
     let r = report(&out, 4);
-    assert!(r.contains("clone3: refused (Function not implemented)"), "{r}");
+    assert!(
+        r.contains("clone3: refused (Function not implemented)"),
+        "{r}"
+    );
     assert!(r.contains("pthread_create after the filter: ran"), "{r}");
     assert_eq!(st, VgpuState::Ready, "{r}");
     // The neighbour and vgpud never noticed.
@@ -223,13 +242,24 @@ fn nothing_a_worker_starts_outlives_it() {
     wait_until("the stand-in forked", Duration::from_secs(10), || {
         report(&out, 1).contains("child pid")
     });
-    let uid = UID_BASE + 1;
-    assert!(processes_of(uid).len() >= 2, "{}", report(&out, 1));
+    let worker = c.vgpu(1).expect("vgpu").worker_pid.expect("worker");
+    assert!(
+        !session_members(worker).is_empty(),
+        "the child: {}",
+        report(&out, 1)
+    );
     c.delete_vgpu(1).expect("delete");
-    // Once its worker is gone, nothing of its uid runs.
-    wait_until("nothing of the worker is left", Duration::from_secs(3), || {
-        processes_of(uid).is_empty()
+    wait_until("the worker exited", Duration::from_secs(5), || {
+        !alive(worker)
     });
+    // Once its worker is gone, nothing it started runs.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        session_members(worker),
+        Vec::<u32>::new(),
+        "{}",
+        report(&out, 1)
+    );
     std::thread::sleep(Duration::from_millis(200));
     let r = report(&out, 1);
     assert!(!r.contains("REACHED"), "{r}");
@@ -251,7 +281,9 @@ fn a_pool_workers_left_behind_child_never_reaches_the_next_tenant_of_its_slot() 
         report(&out, 1).contains("fork")
     });
     let _ = c.delete_vgpu(1);
-    wait_until("the pool is full again", Duration::from_secs(10), || idle() == 1);
+    wait_until("the pool is full again", Duration::from_secs(10), || {
+        idle() == 1
+    });
     // vGPU 2 takes the idle worker; the pool starts the next one in the free slot 0.
     create(c, &spec(Attach::Vm, None), 2);
     wait_until("the pool refilled", Duration::from_secs(10), || idle() == 1);

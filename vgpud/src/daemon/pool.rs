@@ -380,6 +380,8 @@ impl Daemon {
         let (r, p) = (route.clone(), proc.clone());
         tokio::spawn(async move {
             let status = procs::reap(child, &p).await;
+            // Nothing of it meets the next worker of its slot's uid.
+            procs::clear_leftovers(p.pid, identity).await;
             d.on_spare_exit(gpu_index, slot, &p, &r, status);
         });
         let (link, ready) = link::start(std::os::unix::net::UnixStream::from(ours), on_event)

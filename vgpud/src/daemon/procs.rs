@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 
 mod seal;
-pub use seal::{clear_uid, running_uids, SealedChild};
+pub use seal::{running_uids, SealedChild};
 
 /// The descriptor number a worker's control socket gets in the child.
 pub const CONTROL_FD: RawFd = 3;
@@ -269,6 +269,18 @@ pub async fn spawn_sealed_off_runtime(
     })
     .await
     .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
+}
+
+/// Ends whatever is left of worker `pid` (reaped) running as `identity`'s uid (vgpud's
+/// when none), off the runtime: see [`seal::clear_leftovers`].
+pub async fn clear_leftovers(pid: u32, identity: Option<Identity>) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = identity.map_or_else(|| unsafe { libc::geteuid() }, |i| i.uid);
+    let limit = std::time::Duration::from_secs(2);
+    let done = tokio::task::spawn_blocking(move || seal::clear_leftovers(pid, uid, limit)).await;
+    if !matches!(done, Ok(true)) {
+        tracing::error!(pid, uid, "processes a worker left would not die");
+    }
 }
 
 /// A child process vgpud reaps: one `Command` started, or a sealed worker.

@@ -209,15 +209,6 @@ impl Daemon {
         let state_dir = self.cfg.state_dir.clone();
         let at = dir.clone();
         let setup = tokio::task::spawn_blocking(move || {
-            // Every worker of vGPU N has its uid: nothing of a previous one may run on.
-            if let Some(who) = identity {
-                if !procs::clear_uid(who.uid, Duration::from_secs(2)) {
-                    return Err(format!(
-                        "processes of uid {} (a previous worker's) would not die",
-                        who.uid
-                    ));
-                }
-            }
             prepare_dir(&state_dir, &at, identity)
                 .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
             let sockets = bind_sockets(&at, &vhost, to.as_ref())
@@ -297,6 +288,8 @@ impl Daemon {
         let p = proc.clone();
         tokio::spawn(async move {
             let status = procs::reap(child, &p).await;
+            // Nothing of it meets the next worker of its uid.
+            procs::clear_leftovers(p.pid, identity).await;
             d.on_worker_exit(id, p.pid, Some(status));
         });
         self.await_ready(id, &proc, &log, ready).await

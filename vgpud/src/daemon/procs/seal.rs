@@ -343,15 +343,12 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// The processes running as `uid` (real or effective), by their /proc status.
-pub fn processes_of(uid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| runs_as(*pid, uid))
-        .collect()
+/// Process `pid`'s session id (`/proc/PID/stat` field 6), None when it is gone.
+fn session_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Fields after comm: state (3), ppid (4), pgrp (5), session (6).
+    rest.split_whitespace().nth(3)?.parse().ok()
 }
 
 fn runs_as(pid: u32, uid: u32) -> bool {
@@ -368,14 +365,28 @@ fn runs_as(pid: u32, uid: u32) -> bool {
         })
 }
 
-/// Kills whatever still runs as `uid` (a previous holder's leftovers: nothing of it may
-/// meet the next) and waits until nothing does; false when something is still there after
-/// `limit`. Each process is signalled through a pidfd opened before its uid is checked
-/// again, so a reused pid is never hit.
-pub fn clear_uid(uid: u32, limit: Duration) -> bool {
+/// The processes left of a worker that was `leader` (its session: a worker starts one,
+/// and its filter has no `setsid` to leave it) running as `uid`.
+fn left_of(leader: u32, uid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| session_of(*pid) == Some(leader) && runs_as(*pid, uid))
+        .collect()
+}
+
+/// Kills whatever is left of worker `leader` (which exited) running as `uid`, and waits
+/// until nothing is (false when something still is after `limit`): nothing of a worker
+/// meets the next holder of its uid. In a PID namespace there is nothing left (the kernel
+/// killed it with the worker); without one (vgpud not root) this is what ends a process a
+/// worker started before its filter went on. Each process is signalled through a pidfd
+/// opened before its session and uid are checked again, so a reused pid is never hit.
+pub fn clear_leftovers(leader: u32, uid: u32, limit: Duration) -> bool {
     let end = Instant::now() + limit;
     loop {
-        let left = processes_of(uid);
+        let left = left_of(leader, uid);
         if left.is_empty() {
             return true;
         }
@@ -384,8 +395,8 @@ pub fn clear_uid(uid: u32, limit: Duration) -> bool {
         }
         for pid in left {
             let Ok(fd) = pidfd_open(pid) else { continue };
-            if runs_as(pid, uid) {
-                tracing::warn!(pid, uid, "killing a leftover process of a worker's uid");
+            if session_of(pid) == Some(leader) && runs_as(pid, uid) {
+                tracing::warn!(pid, uid, worker = leader, "killing a process a worker left");
                 // SAFETY: pidfd_send_signal with a pidfd we own and a null siginfo.
                 unsafe {
                     libc::syscall(
