@@ -7,8 +7,8 @@
 //! `assigned`, and is that vGPU's worker like one started for it.
 //!
 //! An idle pool worker holds no tenant: it exits when vgpud's end of the channel closes
-//! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (its default action: there is
-//! nothing to clean up). Its seccomp filter goes on once it is assigned and set up, as a
+//! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (a handler that exits: there
+//! is nothing to clean up). Its seccomp filter goes on once it is assigned and set up, as a
 //! worker started for its vGPU puts it on once start-up is done.
 
 use std::io::Read;
@@ -86,10 +86,38 @@ pub fn await_assignment(
         pid: std::process::id(),
     });
     tracing::info!("pool worker ready; waiting for a vGPU");
+    // A handler that exits, not the default action: the worker is pid 1 of its PID
+    // namespace, and a signal at its default action does not reach such a process.
+    set_handler(exit_now as extern "C" fn(libc::c_int) as libc::sighandler_t)?;
     mask(signals, libc::SIG_UNBLOCK)?;
     let got = wait(cfg, input, fds, out);
     mask(signals, libc::SIG_BLOCK)?;
+    set_handler(libc::SIG_DFL)?;
     Ok(got)
+}
+
+/// SIGTERM or SIGINT while idle: nothing to clean up.
+extern "C" fn exit_now(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(0) }
+}
+
+/// Sets the action of SIGTERM and SIGINT to `handler`.
+fn set_handler(handler: libc::sighandler_t) -> Result<(), WorkerError> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is valid; it names a handler that only calls _exit
+        // (or the default action) with an empty mask and no flags.
+        let rc = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handler;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(WorkerError::Signals(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
 }
 
 fn wait(
