@@ -454,11 +454,10 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork");
         if pid == 0 {
+            // SAFETY: prctl with integer arguments.
+            let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
             let code = match filter(SeccompMode::Kill, std::process::id()) {
-                // SAFETY: prctl with integer arguments.
-                Ok(Some(progs))
-                    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0 =>
-                {
+                Ok(Some(progs)) if nnp => {
                     if progs.iter().all(|p| seccompiler::apply_filter(p).is_ok()) {
                         call()
                     } else {

@@ -119,9 +119,8 @@ fn environment(cmd: &Command) -> io::Result<Vec<CString>> {
 /// The child's side: never returns. Only system calls, on memory prepared before the
 /// clone.
 fn child(plan: &Plan) -> ! {
-    // SAFETY (every call below): plain system calls on integers and on the C strings and
-    // pointer arrays `plan` prepared before the clone; this process has one thread and
-    // allocates nothing.
+    // SAFETY: plain system calls on integers and on the C strings and pointer arrays
+    // `plan` prepared before the clone; this process has one thread and allocates nothing.
     unsafe {
         let fail = |step: i32| -> ! {
             let errno = *libc::__errno_location();
