@@ -21,6 +21,7 @@
 //! never `PR_SET_DUMPABLE` or `PR_SET_PTRACER`. Refused with ENOSYS rather than killing:
 //! `clone3` (its flags sit in a struct seccomp cannot read; glibc then starts threads with
 //! `clone`) and `io_uring_setup` (the emulated NVMe controller then reads with `preadv`).
+//! It is one program, installed at once on every thread.
 
 use std::collections::BTreeMap;
 
@@ -284,9 +285,9 @@ fn checked_rules(pid: u32) -> Result<Vec<(i64, Vec<SeccompRule>)>, SandboxError>
     ])
 }
 
-/// Answered ENOSYS (by a filter of their own, which wins over the main filter's allow):
-/// `clone3`, whose flags seccomp cannot read, so that glibc falls back to `clone`; and
-/// `io_uring_setup`, so that no ring exists whose operations would bypass the filter.
+/// Answered ENOSYS (before the main filter's rules): `clone3`, whose flags seccomp cannot
+/// read, so that glibc falls back to `clone`; and `io_uring_setup`, so that no ring exists
+/// whose operations would bypass the filter.
 const REFUSED: [i64; 2] = [libc::SYS_clone3, libc::SYS_io_uring_setup];
 
 fn arch() -> Result<seccompiler::TargetArch, SandboxError> {
@@ -306,27 +307,58 @@ fn compile(
         .map_err(|e: seccompiler::BackendError| SandboxError::Filter(e.to_string()))
 }
 
-/// The compiled filters for `mode` for a worker whose pid is `pid` (`None` for `off`):
-/// the one answering [`REFUSED`] with ENOSYS, and the main one (the allow list, the
-/// checked calls). Both are installed; the kernel takes the stricter answer of the two.
-pub fn filter(mode: SeccompMode, pid: u32) -> Result<Option<[BpfProgram; 2]>, SandboxError> {
+/// The audit architecture a program checks before it reads a call's number.
+fn audit_arch() -> Result<u32, SandboxError> {
+    const BIT64_LE: u32 = 0x8000_0000 | 0x4000_0000;
+    match std::env::consts::ARCH {
+        "x86_64" => Ok(62 | BIT64_LE),
+        "aarch64" => Ok(183 | BIT64_LE),
+        other => Err(SandboxError::Filter(format!(
+            "no seccomp filter for {other}"
+        ))),
+    }
+}
+
+/// `main` with a block in front that answers [`REFUSED`] with ENOSYS: one program, so
+/// that the worker never runs under half of its filter.
+fn with_refused(main: BpfProgram) -> Result<BpfProgram, SandboxError> {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    // Offsets in struct seccomp_data: nr at 0, arch at 4.
+    let op = |code: u16, k: u32, jt: u8, jf: u8| sock_filter { code, jt, jf, k };
+    let nr = |n: i64| u32::try_from(n).map_err(|_| SandboxError::Filter(format!("call {n}")));
+    let errno = libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32 & libc::SECCOMP_RET_DATA);
+    let [first, second] = REFUSED;
+    let mut prog = vec![
+        op(LD_W_ABS, 4, 0, 0),
+        // Another architecture: straight to the main program (which refuses it).
+        op(JEQ_K, audit_arch()?, 0, 4),
+        op(LD_W_ABS, 0, 0, 0),
+        op(JEQ_K, nr(first)?, 1, 0),
+        op(JEQ_K, nr(second)?, 0, 1),
+        op(RET_K, errno, 0, 0),
+    ];
+    prog.extend(main);
+    Ok(prog)
+}
+
+/// The compiled filter for `mode` for a worker whose pid is `pid` (`None` for `off`): the
+/// allow list and the checked calls, with [`REFUSED`] answered ENOSYS in front.
+pub fn filter(mode: SeccompMode, pid: u32) -> Result<Option<BpfProgram>, SandboxError> {
     let mismatch = match mode {
         SeccompMode::Off => return Ok(None),
         SeccompMode::Log => SeccompAction::Log,
         SeccompMode::Kill => SeccompAction::KillProcess,
     };
-    let refused = compile(
-        REFUSED.iter().map(|nr| (*nr, Vec::new())).collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-    )?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed().into_iter().map(|nr| (nr, Vec::new())).collect();
     for (nr, checked) in checked_rules(pid)? {
         rules.insert(nr, checked);
     }
     let main = compile(rules, mismatch, SeccompAction::Allow)?;
-    Ok(Some([refused, main]))
+    Ok(Some(with_refused(main)?))
 }
 
 fn prctl(what: &'static str, option: libc::c_int, arg: libc::c_ulong) -> Result<(), SandboxError> {
@@ -352,14 +384,12 @@ pub fn harden() -> Result<(), SandboxError> {
 /// Installs the filter on every thread of the worker (TSYNC), and on every thread it
 /// starts from now on.
 pub fn lock_down(mode: SeccompMode) -> Result<(), SandboxError> {
-    let Some(progs) = filter(mode, std::process::id())? else {
+    let Some(prog) = filter(mode, std::process::id())? else {
         tracing::warn!("--seccomp off: the worker runs without a system call filter");
         return Ok(());
     };
-    for prog in &progs {
-        seccompiler::apply_filter_all_threads(prog)
-            .map_err(|e| SandboxError::Install(e.to_string()))?;
-    }
+    seccompiler::apply_filter_all_threads(&prog)
+        .map_err(|e| SandboxError::Install(e.to_string()))?;
     tracing::info!(mode = ?mode, syscalls = allowed().len(), "seccomp filter installed");
     Ok(())
 }
@@ -417,8 +447,8 @@ mod tests {
     fn the_filter_compiles_for_kill_and_log_and_leaves_out_what_no_worker_needs() {
         assert!(filter(SeccompMode::Off, 1).expect("off").is_none());
         for mode in [SeccompMode::Kill, SeccompMode::Log] {
-            let progs = filter(mode, 1).expect("compiles").expect("programs");
-            assert!(progs.iter().all(|p| !p.is_empty()));
+            let prog = filter(mode, 1).expect("compiles").expect("a program");
+            assert!(!prog.is_empty());
         }
         let list = allowed();
         for banned in [
@@ -457,8 +487,8 @@ mod tests {
             // SAFETY: prctl with integer arguments.
             let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
             let code = match filter(SeccompMode::Kill, std::process::id()) {
-                Ok(Some(progs)) if nnp => {
-                    if progs.iter().all(|p| seccompiler::apply_filter(p).is_ok()) {
+                Ok(Some(prog)) if nnp => {
+                    if seccompiler::apply_filter(&prog).is_ok() {
                         call()
                     } else {
                         100
