@@ -39,29 +39,58 @@ fn root() -> bool {
 fn standin() -> Option<&'static Path> {
     static LIB: OnceLock<Option<PathBuf>> = OnceLock::new();
     LIB.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("vgpu-standin-{}", std::process::id()));
+        // One library per version of the source, kept for the next run; readable by
+        // every worker uid.
+        let source = include_str!("worker_reach/compromised.c");
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(source, &mut h);
+        let tag = std::hash::Hasher::finish(&h);
+        let dir = std::env::temp_dir().join("vgpu-standin-lib");
         std::fs::create_dir_all(&dir).ok()?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).ok()?;
-        let lib = dir.join("compromised.so");
+        let lib = dir.join(format!("compromised-{tag:016x}.so"));
+        if lib.exists() {
+            return Some(lib);
+        }
+        let tmp = dir.join(format!("compromised-{}.so.tmp", std::process::id()));
         let src = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/worker_reach/compromised.c"
         );
         let ok = Command::new("cc")
             .args(["-shared", "-fPIC", "-O1", "-o"])
-            .arg(&lib)
+            .arg(&tmp)
             .arg(src)
             .arg("-lpthread")
             .status()
             .is_ok_and(|s| s.success());
-        ok.then_some(lib)
+        (ok && std::fs::rename(&tmp, &lib).is_ok()).then_some(lib)
     })
     .as_deref()
 }
 
+/// The stand-in's output directory, removed when the test passes (kept for a look when
+/// it fails).
+struct Out(PathBuf);
+
+impl std::ops::Deref for Out {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Out {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// A daemon whose workers carry the stand-in with `plan`, and the stand-in's output
 /// directory (writable by every worker uid). None when the test cannot run here.
-fn start(tag: &str, extra: &[&str], plan: &str) -> Option<(TestDaemon, PathBuf)> {
+fn start(tag: &str, extra: &[&str], plan: &str) -> Option<(TestDaemon, Out)> {
     if !root() {
         eprintln!("SKIPPED: not root, so workers share vgpud's uid");
         return None;
@@ -87,7 +116,7 @@ fn start(tag: &str, extra: &[&str], plan: &str) -> Option<(TestDaemon, PathBuf)>
             ("STANDIN_PLAN", plan),
         ],
     );
-    Some((d, out))
+    Some((d, Out(out)))
 }
 
 fn spec(attach: Attach, owner: Option<u32>) -> VgpuCreate {

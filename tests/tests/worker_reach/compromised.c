@@ -319,11 +319,16 @@ static void left_behind(void (*then)(struct ring *, int, pid_t)) {
     if (fd < 0)
         syscall(SYS_exit_group, 0);
     pid_t from = getpid();
+    int orphaned = 0;
     for (int round = 0; round < 3; round++) {
         pid_t next = 0;
         char cwd[64];
         int dir = -1;
         for (double end = now_s() + 20; dir < 0 && now_s() < end;) {
+            if (!orphaned && getppid() != worker) {
+                orphaned = 1;
+                say("child %d: REACHED: outlived its worker", getpid());
+            }
             next = new_of_my_uid(from);
             if (!next)
                 continue;
@@ -334,8 +339,6 @@ static void left_behind(void (*then)(struct ring *, int, pid_t)) {
         }
         if (dir < 0)
             break;
-        if (getppid() != worker)
-            say("child %d: REACHED: outlived its worker", getpid());
         say("child %d: REACHED: opened the directory of the next worker %d of its uid", getpid(),
             next);
         then(&r, dir, next);
