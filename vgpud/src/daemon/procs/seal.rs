@@ -342,12 +342,17 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Process `pid`'s session id (`/proc/PID/stat` field 6), None when it is gone.
+/// Process `pid`'s session id (`/proc/PID/stat` field 6), None when it is gone (or a
+/// zombie: it runs nothing any more).
 fn session_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     // Fields after comm: state (3), ppid (4), pgrp (5), session (6).
-    rest.split_whitespace().nth(3)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X") | None) {
+        return None;
+    }
+    fields.nth(2)?.parse().ok()
 }
 
 fn runs_as(pid: u32, uid: u32) -> bool {
@@ -437,4 +442,78 @@ pub fn running_uids() -> std::collections::BTreeSet<u32> {
                 .unwrap_or_default()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+
+    use super::*;
+
+    fn root() -> bool {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("vgpud-seal-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn what_a_sealed_child_starts_ends_with_it() {
+        if !root() {
+            eprintln!("SKIPPED: a PID namespace needs root");
+            return;
+        }
+        let log = scratch("log");
+        let err = File::create(&log).expect("log");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 30 & echo $$ >&2; exit 0"]);
+        let (mut child, proc) = spawn_sealed(&cmd, &err, None, &[], None).expect("spawn");
+        assert!(child.sealed, "root gets a PID namespace");
+        assert!(child.wait().expect("wait").success());
+        // It was pid 1 of its namespace, and the sleep it left went with it.
+        let said = std::fs::read_to_string(&log).expect("log");
+        assert_eq!(said.trim(), "1");
+        assert!(
+            left_of(proc.pid, 0).is_empty(),
+            "{:?}",
+            left_of(proc.pid, 0)
+        );
+        std::fs::remove_file(&log).expect("rm");
+    }
+
+    #[test]
+    fn a_program_that_cannot_start_is_an_error() {
+        let err = File::create(scratch("err")).expect("file");
+        let cmd = Command::new("/nonexistent/vgpu-worker");
+        let e = spawn_sealed(&cmd, &err, None, &[], None).expect_err("no such program");
+        assert!(e.to_string().contains("exec"), "{e}");
+        let _ = std::fs::remove_file(scratch("err"));
+    }
+
+    #[test]
+    fn what_a_worker_left_in_its_session_is_killed() {
+        // A process that leaves a child behind in its session, started without a
+        // namespace (as for an unprivileged vgpud).
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 30 & exit 0"]);
+        // SAFETY: setsid is async-signal-safe and takes no arguments.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut c = cmd.spawn().expect("spawn");
+        let leader = c.id();
+        assert!(c.wait().expect("wait").success());
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        assert_eq!(left_of(leader, uid).len(), 1, "the sleep is left");
+        assert!(clear_leftovers(leader, uid, Duration::from_secs(2)));
+        assert!(left_of(leader, uid).is_empty());
+    }
 }
