@@ -51,7 +51,8 @@ use crate::run::Config;
 #[derive(Parser, Debug)]
 #[command(name = "vgpu-worker", version)]
 struct Args {
-    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
+    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it); with
+    /// --listen-fd, the path vgpud bound it at (the worker binds nothing).
     #[arg(long, required_unless_present_any = ["list_cuda_gpus", "pool"])]
     socket: Option<PathBuf>,
     /// Host-wide id of the vGPU (shown to the guest in the config space).

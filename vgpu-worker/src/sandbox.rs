@@ -1,8 +1,8 @@
-//! The worker's own part of its sandbox (vgpud's part: its identity and its private
-//! directory, see `vgpud/src/daemon/workers.rs`): once its start-up is done (backend
-//! built, sockets bound, descriptors received) the worker makes itself non-dumpable, sets
-//! `no_new_privs`, and installs a seccomp filter that allows only the system calls serving
-//! a guest needs. Anything else kills the whole worker with SIGSYS (`--seccomp kill`),
+//! The worker's own part of its sandbox (vgpud's part: its identity, its PID namespace,
+//! its private directory and the sockets it serves, see `vgpud/src/daemon/workers.rs`):
+//! first thing the worker makes itself non-dumpable and sets `no_new_privs`; once its
+//! start-up is done (backend built, its sockets and descriptors received) it installs a
+//! seccomp filter that allows only the system calls serving a guest needs. Anything else kills the whole worker with SIGSYS (`--seccomp kill`),
 //! or is logged by the kernel and allowed (`--seccomp log`, to find a missing one).
 //!
 //! Not on the list, on purpose: `socket`, `connect`, `bind`, `listen` (the worker never
