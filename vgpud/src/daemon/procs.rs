@@ -3,6 +3,8 @@
 //! with inherited descriptors at fixed numbers; pidfds for race-free signals and for
 //! supervising processes a previous vgpud started (adoption, checked against their start
 //! time so a reused pid is never mistaken for them); prompt reaping on the runtime.
+//! Workers start sealed (`seal.rs`): pid 1 of a PID namespace of their own, and what a
+//! worker leaves in its session is killed before its uid serves the next one.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
