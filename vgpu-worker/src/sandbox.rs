@@ -242,17 +242,22 @@ const NEVER_FLAGS: u64 = (libc::CLONE_NEWNS
 const PR_SET_VMA: u64 = 0x5356_4d41;
 /// The prctl options a worker and the CUDA driver use: naming threads and mappings,
 /// reading settings.
-const PRCTL_OPTIONS: [u64; 10] = [
+const PRCTL_OPTIONS: [u64; 15] = [
     libc::PR_SET_NAME as u64,
     libc::PR_GET_NAME as u64,
+    PR_SET_VMA,
     libc::PR_GET_DUMPABLE as u64,
     libc::PR_GET_NO_NEW_PRIVS as u64,
     libc::PR_GET_SECCOMP as u64,
     libc::PR_GET_TIMERSLACK as u64,
     libc::PR_GET_PDEATHSIG as u64,
+    libc::PR_GET_KEEPCAPS as u64,
+    libc::PR_GET_CHILD_SUBREAPER as u64,
+    libc::PR_GET_TID_ADDRESS as u64,
+    libc::PR_GET_SPECULATION_CTRL as u64,
+    libc::PR_MCE_KILL_GET as u64,
     libc::PR_CAPBSET_READ as u64,
     libc::PR_GET_THP_DISABLE as u64,
-    PR_SET_VMA,
 ];
 
 fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
