@@ -275,4 +275,29 @@ mod tests {
         assert!(!root.join(ATTACH_DIR).exists());
         std::fs::remove_dir_all(&root).expect("clean up");
     }
+
+    #[test]
+    fn a_symlink_at_the_hand_over_path_is_replaced_never_followed() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("vgpud-attach-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("root");
+        let secret = root.join("secret");
+        std::fs::write(&secret, "x").expect("secret");
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let before = std::fs::metadata(&secret).expect("secret");
+        let (uid, gid) = own_ids();
+        let to = ProcessAttach::new(&root, 5, Some(uid), Some(gid));
+        std::fs::create_dir_all(attach_dir(&root, 5)).expect("dir");
+        std::os::unix::fs::symlink(&secret, &to.socket).expect("plant");
+        let _l = bind_hand_over(&to).expect("bind");
+        let after = std::fs::metadata(&secret).expect("secret");
+        assert_eq!(
+            (after.uid(), after.gid(), after.mode()),
+            (before.uid(), before.gid(), before.mode())
+        );
+        let s = std::fs::symlink_metadata(&to.socket).expect("socket");
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&s.file_type()));
+        std::fs::remove_dir_all(&root).expect("clean up");
+    }
 }
