@@ -184,7 +184,7 @@ impl Backend for Faulty {
 
     crate::forward_backend!(inner:
         info, memory_usage, free, check_range, module_load, module_unload, get_function,
-        param_layout, module_global, synchronize, register_host_memory, import_shared,
+        param_layout, function_attributes, module_global, synchronize, register_host_memory, import_shared,
         export_shared, unregister_host_memory, paging, relocation
     );
 }
@@ -261,7 +261,7 @@ impl Backend for FailingTarget {
 
     crate::forward_backend!(0:
         info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, param_layout, launch, launch_with_params,
+        module_load, module_unload, get_function, param_layout, function_attributes, launch, launch_with_params,
         module_global, synchronize,
         register_host_memory, import_shared, export_shared, unregister_host_memory, paging
     );

@@ -90,6 +90,14 @@ macro_rules! forward_backend {
             self.$f.param_layout(function)
         }
     };
+    (@one $f:tt function_attributes) => {
+        fn function_attributes(
+            &self,
+            function: u64,
+        ) -> $crate::Result<$crate::FunctionAttributes> {
+            self.$f.function_attributes(function)
+        }
+    };
     (@one $f:tt launch) => {
         fn launch(
             &self,

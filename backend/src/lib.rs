@@ -35,7 +35,7 @@ pub use error::{BackendError, Result};
 pub use footprint::{cubin_globals_bytes, module_footprint, ptx_globals_bytes, MODULE_PAGE};
 pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
-pub use vgpu_proto::{Access, ArgValue, ParamLayout};
+pub use vgpu_proto::{Access, ArgValue, FunctionAttributes, ParamLayout};
 pub use vgpu_sync as sync;
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
@@ -218,6 +218,16 @@ pub trait Backend: Send + Sync {
         let _ = function;
         Err(BackendError::NotSupported(
             "this backend does not report parameter layouts".into(),
+        ))
+    }
+
+    /// A looked-up function's resources (registers, static shared, constant and local
+    /// memory, the most threads per block), as `cuFuncGetAttribute` answers them. Default:
+    /// not supported.
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        let _ = function;
+        Err(BackendError::NotSupported(
+            "this backend does not report function attributes".into(),
         ))
     }
 

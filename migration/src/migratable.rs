@@ -284,6 +284,15 @@ impl Backend for Migratable {
         b.param_layout(real)
     }
 
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
+        b.function_attributes(real)
+    }
+
     fn launch(
         &self,
         function: u64,

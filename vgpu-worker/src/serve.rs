@@ -63,24 +63,59 @@ pub fn bind(path: &Path) -> Result<Front, WorkerError> {
             other => other.to_string(),
         })
     })?;
-    // The private channels: a listener beside the socket (in the worker's own directory),
-    // connected to at once and unlinked, so that nothing else can reach it.
-    let mut private = path.as_os_str().to_owned();
-    private.push(".daemon");
-    let private = std::path::PathBuf::from(private);
+    front(public, path)
+}
+
+/// The worker's side over a listening socket it was handed (vgpud binds the sockets a
+/// worker serves); `path` only names it in messages.
+pub fn from_listener(public: Listener, path: &Path) -> Result<Front, WorkerError> {
+    front(public, path)
+}
+
+/// Makes the private channels to the daemon beside `public`: a listener in a fresh 0700
+/// directory of the worker's own (the socket's directory may be vgpud's, where the worker
+/// cannot write), connected to at once and removed, so that nothing else can reach it.
+fn front(public: Listener, path: &Path) -> Result<Front, WorkerError> {
+    let channel_err = |e: std::io::Error| WorkerError::Bind {
+        path: path.to_owned(),
+        why: format!("cannot make the daemon's private channel: {e}"),
+    };
+    let dir = private_dir().map_err(channel_err)?;
+    let private = dir.join("daemon.sock");
+    let bound = std::os::unix::net::UnixListener::bind(&private).and_then(|daemon| {
+        let ends = (0..=MAX_SESSIONS)
+            .map(|_| UnixStream::connect(&private))
+            .collect::<Result<_, _>>()?;
+        Ok((daemon, ends))
+    });
     let _ = std::fs::remove_file(&private);
-    let channel_err =
-        |e: std::io::Error| err(format!("cannot make the daemon's private channel: {e}"));
-    let daemon = std::os::unix::net::UnixListener::bind(&private).map_err(channel_err)?;
-    let ends = (0..=MAX_SESSIONS)
-        .map(|_| UnixStream::connect(&private))
-        .collect::<Result<_, _>>();
-    let _ = std::fs::remove_file(&private);
+    let _ = std::fs::remove_dir(&dir);
+    let (daemon, ends) = bound.map_err(channel_err)?;
     Ok(Front {
         public,
         daemon: Listener::from(daemon),
-        ends: ends.map_err(channel_err)?,
+        ends,
     })
+}
+
+/// A new directory only this process's uid may enter, under the temporary directory.
+fn private_dir() -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut template = std::env::temp_dir()
+        .join("vgpu-worker-XXXXXX")
+        .as_os_str()
+        .as_bytes()
+        .to_vec();
+    template.push(0);
+    // SAFETY: `template` is a NUL-terminated buffer this frame owns; mkdtemp writes only
+    // its six trailing X characters and returns either NULL or a pointer into it.
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    template.pop();
+    let made: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(template);
+    Ok(std::path::PathBuf::from(made))
 }
 
 /// Blocks SIGTERM and SIGINT in this thread (and every thread spawned after), so that

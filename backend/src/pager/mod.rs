@@ -707,7 +707,7 @@ impl Backend for Pager {
     }
 
     crate::forward_backend!(inner:
-        info, get_function, param_layout, synchronize, register_host_memory,
+        info, get_function, param_layout, function_attributes, synchronize, register_host_memory,
         unregister_host_memory, export_shared
     );
 }
