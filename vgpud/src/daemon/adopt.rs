@@ -96,7 +96,7 @@ impl Daemon {
         })?;
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                rec.worker = Some(WorkerHandle {
+                rec.worker_started(WorkerHandle {
                     proc: proc.clone(),
                     link,
                 });
@@ -115,10 +115,10 @@ impl Daemon {
             let live_vm = i
                 .vgpus
                 .get(&id)
-                .and_then(|r| r.vm)
+                .and_then(|r| r.vm())
                 .is_some_and(|v| i.vms.get(&v).is_some_and(|v| v.state().is_live()));
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                rec.restore_failed = false;
+                rec.clear_restore_failed();
                 if live_vm && *rec.state() == VgpuState::Ready {
                     rec.mark_attached();
                 }
@@ -134,9 +134,9 @@ impl Daemon {
         let vm_running = |i: &super::state::Inner| {
             i.vgpus
                 .get(&id)
-                .and_then(|r| r.vm)
+                .and_then(|r| r.vm())
                 .and_then(|v| i.vms.get(&v))
-                .is_some_and(|v| v.proc.is_some())
+                .is_some_and(|v| v.proc().is_some())
         };
         self.state
             .wait_until(VMM_EXIT_GRACE, |i| !vm_running(i))
@@ -179,7 +179,7 @@ impl Daemon {
     fn on_adopted_vmm_gone(&self, vm_id: u32, pid: u32) {
         let worker = self.state.with(|inner| {
             let vm = inner.vms.get_mut(&vm_id)?;
-            if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
+            if vm.proc().map(|p| p.pid) != Some(pid) {
                 return None;
             }
             vm.vmm_gone();

@@ -411,7 +411,7 @@ impl Daemon {
 /// A live vGPU's worker channel, or why it cannot migrate now.
 fn movable(rec: &VgpuRec) -> Result<Link, ApiError> {
     let id = rec.id;
-    if !matches!(rec.state(), VgpuState::Ready | VgpuState::Attached) || rec.worker.is_none() {
+    if !matches!(rec.state(), VgpuState::Ready | VgpuState::Attached) || rec.worker().is_none() {
         return Err(ApiError::conflict(
             "id",
             format!(
@@ -420,7 +420,7 @@ fn movable(rec: &VgpuRec) -> Result<Link, ApiError> {
             ),
         ));
     }
-    if rec.migrating_to.is_some() {
+    if rec.migrating_to().is_some() {
         return Err(ApiError::conflict(
             "id",
             format!("vGPU {id} is already migrating; follow GET /v1/migrations"),

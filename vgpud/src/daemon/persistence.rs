@@ -163,7 +163,7 @@ impl Daemon {
             // a running VM is adopted as it is.
             let free = self
                 .state
-                .with(|i| i.vgpus.get(&id).is_some_and(|r| r.vm.is_none()));
+                .with(|i| i.vgpus.get(&id).is_some_and(|r| r.vm().is_none()));
             if free {
                 if let Err(why) = self.state.with(|inner| self.restorable(inner, id)) {
                     proc.signal(libc::SIGKILL);
@@ -190,7 +190,7 @@ impl Daemon {
         for (vm, proc) in plan.vmms {
             let vgpu_ok = self.state.with(|inner| {
                 let g = inner.vms.get(&vm).and_then(|v| v.vgpu);
-                g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker.is_some()))
+                g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker().is_some()))
             });
             if vgpu_ok {
                 self.adopt_vmm(vm, proc);
@@ -223,7 +223,7 @@ impl Daemon {
                 path = %self.state_path().display(),
                 workers_adopted = adopted,
                 workers_lost = lost,
-                vms_running = inner.vms.values().filter(|v| v.proc.is_some()).count(),
+                vms_running = inner.vms.values().filter(|v| v.proc().is_some()).count(),
                 vgpus_ready = ready,
                 vgpus_unusable = unusable,
                 vgpu_records = inner.vgpus.len(),
@@ -243,7 +243,7 @@ impl Daemon {
         self.start_worker(id).await.map_err(|e| e.error)?;
         self.state.with(|inner| {
             if let Some(rec) = inner.vgpus.get_mut(&id) {
-                rec.restore_failed = false;
+                rec.clear_restore_failed();
             }
         });
         tracing::info!(vgpu = id, "vGPU restored");
@@ -326,8 +326,8 @@ impl Daemon {
         let gpu = self.state.with(|inner| {
             let rec = inner.vgpus.get_mut(&id)?;
             rec.fail(reason);
-            rec.restore_failed = true;
-            if rec.worker.is_some() {
+            rec.mark_restore_failed();
+            if rec.worker().is_some() {
                 // Its reaper lets go of the rest.
                 None
             } else {
@@ -350,7 +350,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
         .vgpus
         .values()
         // A free vGPU whose create has not answered yet is not the user's yet.
-        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned && !r.restore_failed))
+        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned && !r.restore_failed()))
         .map(|r| SavedVgpu {
             id: r.id,
             gpu: r.gpu,
@@ -371,13 +371,13 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 })
                 .collect(),
             owned_by_vm: r.owned,
-            vm: r.vm,
-            worker: r.worker.as_ref().map(|w| saved_proc(&w.proc)),
+            vm: r.vm(),
+            worker: r.worker().map(|w| saved_proc(&w.proc)),
             name: r.name.clone(),
             labels: r.labels.clone(),
             state: match r.state() {
                 // Not restored at the last start: still a definition to bring back.
-                _ if r.restore_failed => SavedVgpuState::Live,
+                _ if r.restore_failed() => SavedVgpuState::Live,
                 VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
                     SavedVgpuState::Live
                 }
@@ -418,7 +418,7 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                 },
                 launched_unix_ms: unix_ms(v.launched),
                 uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
-                vmm: v.proc.as_ref().map(saved_proc),
+                vmm: v.proc().map(saved_proc),
                 name: v.name.clone(),
                 labels: v.labels.clone(),
             }
@@ -532,8 +532,8 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
         if let Some(p) = worker {
             // Held (starting) until its worker answers on the control socket.
             rec.mark_starting();
-            rec.vm = saved_vm.filter(|vm| vmms.contains_key(vm));
-            rec.restore_failed = true;
+            rec.serve_restored_vm(saved_vm.filter(|vm| vmms.contains_key(vm)));
+            rec.mark_restore_failed();
             plan.workers.push((rec.id, p));
         } else {
             if let (Some(vm), true) = (lost, rec.owned) {
@@ -636,7 +636,7 @@ mod tests {
         assert_eq!(back.next_vgpu, gone + 1, "ids are not reused");
         let r = &back.vgpus[&live];
         assert!(
-            r.restore_failed && !r.holds_resources(),
+            r.restore_failed() && !r.holds_resources(),
             "held until admitted"
         );
         assert_eq!(*back.vgpus[&gone].state(), VgpuState::Released);

@@ -488,7 +488,7 @@ impl Daemon {
         *spare.route.events.lock() = Some(Box::new(self.worker_events(id)));
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                rec.worker = Some(WorkerHandle {
+                rec.worker_started(WorkerHandle {
                     proc: spare.proc.clone(),
                     link: spare.link.clone(),
                 });
@@ -521,8 +521,8 @@ impl Daemon {
         // Take it back: the record, the grants, the process.
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                if rec.worker.as_ref().map(|w| w.proc.pid) == Some(spare.proc.pid) {
-                    rec.worker = None;
+                if rec.worker().map(|w| w.proc.pid) == Some(spare.proc.pid) {
+                    rec.drop_worker();
                 }
             }
         });

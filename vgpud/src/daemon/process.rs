@@ -88,8 +88,8 @@ fn in_groups(gid: u32) -> bool {
 /// connected lost its connection and with it its device memory.
 pub(super) fn next_process(rec: &VgpuRec) -> bool {
     rec.process.is_some()
-        && !rec.stopping
-        && rec.migrating_to.is_none()
+        && !rec.stopping()
+        && rec.migrating_to().is_none()
         && *rec.state() == VgpuState::Attached
 }
 
@@ -156,7 +156,7 @@ impl Daemon {
         if let Err(e) = result {
             self.state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&id) {
-                    if *rec.state() == VgpuState::Starting && rec.worker.is_none() {
+                    if *rec.state() == VgpuState::Starting && rec.worker().is_none() {
                         rec.fail(format!(
                             "no fresh worker after its process hung up: {}",
                             e.error
@@ -175,7 +175,7 @@ impl Daemon {
     pub(super) async fn await_next_worker(&self, id: u32) {
         let between = |i: &super::state::Inner| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker.is_none()
+                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
             })
         };
         if self.state.with(|i| between(i)) {

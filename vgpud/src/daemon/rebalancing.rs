@@ -101,7 +101,7 @@ impl Daemon {
                     let cfg = self.gpu(g)?;
                     let (mut compute, mut copy, mut n) = (0.0, 0.0, 0);
                     for v in inner.vgpus.values().filter(|v| {
-                        v.holds_resources() && (v.gpu == g || v.migrating_to == Some(g))
+                        v.holds_resources() && (v.gpu == g || v.migrating_to() == Some(g))
                     }) {
                         n += 1;
                         let d = rb.policy.demand_on(v.id, view).unwrap_or(Demand {
@@ -152,7 +152,7 @@ impl Daemon {
                     .collect()
             };
             let views = self.gpu_views(inner);
-            let migrating = inner.vgpus.values().any(|v| v.migrating_to.is_some());
+            let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
             let seen: Vec<Seen> = inner
                 .vgpus
                 .values()
@@ -170,8 +170,8 @@ impl Daemon {
                             resident: v.memory_report.map_or(allocated, |m| m.resident),
                             demand: None,
                             movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
-                                && v.worker.is_some()
-                                && v.migrating_to.is_none()
+                                && v.worker().is_some()
+                                && v.migrating_to().is_none()
                                 && v.share_group.is_none(),
                         },
                     }

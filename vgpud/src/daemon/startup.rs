@@ -26,8 +26,12 @@ impl Daemon {
         self.save_final().await;
         let (vms, workers) = self.state.with(|inner| {
             (
-                inner.vms.values().filter(|v| v.proc.is_some()).count(),
-                inner.vgpus.values().filter(|r| r.worker.is_some()).count(),
+                inner.vms.values().filter(|v| v.proc().is_some()).count(),
+                inner
+                    .vgpus
+                    .values()
+                    .filter(|r| r.worker().is_some())
+                    .count(),
             )
         });
         if vms > 0 || workers > 0 {

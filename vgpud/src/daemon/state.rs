@@ -4,6 +4,14 @@
 //! and change the records through [`State::with`] (a closure run under the lock) and wait
 //! for changes through [`State::wait_until`].
 //!
+//! A record's lifecycle is private to this module: its state, its worker or vmm, the VM
+//! it serves, a migration or a share change in flight, the restore and release marks.
+//! They change only through the named transitions below ([`VgpuRec::admitted`],
+//! [`VgpuRec::mark_ready`], [`VgpuRec::attach_to`], [`VgpuRec::begin_release`],
+//! [`VgpuRec::end_worker`], [`VmRec::launched`], [`VmRec::vmm_gone`], ...); the operation
+//! modules read them through getters. Its definition (GPU, shares, name, labels) is
+//! read and changed where the operation that owns it runs (`vgpus.rs`, `migration.rs`).
+//!
 //! The state lock's place in the daemon's lock order: see `locks.rs`.
 //!
 //! A closure passed to [`State::with`] never awaits and never takes the state lock again.
@@ -44,27 +52,27 @@ pub(super) struct VgpuRec {
     pub(super) storage: Vec<api::StorageAttachment>,
     /// Where it is in its lifecycle: changed only by the transitions below.
     state: VgpuState,
-    pub(super) vm: Option<u32>,
+    vm: Option<u32>,
     pub(super) owned: bool,
     pub(super) socket: PathBuf,
     pub(super) log: PathBuf,
-    pub(super) worker: Option<WorkerHandle>,
+    worker: Option<WorkerHandle>,
     /// We asked the worker to stop: its exit is not a failure.
-    pub(super) stopping: bool,
+    stopping: bool,
     pub(super) samples: VecDeque<WorkerStats>,
     /// An oversubscribed vGPU's latest memory report.
     pub(super) memory_report: Option<MemReport>,
     /// A migration to this GPU is running (its shares are committed there too).
-    pub(super) migrating_to: Option<u32>,
+    migrating_to: Option<u32>,
     /// Restored from the state file but not running (it is still saved as a definition
     /// to bring back at the next start).
-    pub(super) restore_failed: bool,
+    restore_failed: bool,
     /// A share change on its way to the worker and the schedulers: until both applied
     /// it, the vGPU holds the larger of its current and its new shares on every GPU it
     /// counts on.
-    pub(super) pending: Option<Shares>,
+    pending: Option<Shares>,
     /// When it was first seen released (it is forgotten a retention time later).
-    pub(super) released_at: Option<Instant>,
+    released_at: Option<Instant>,
     /// Its name, unique among live vGPUs.
     pub(super) name: Option<String>,
     pub(super) labels: BTreeMap<String, String>,
@@ -162,6 +170,77 @@ impl VgpuRec {
 
     pub(super) fn state(&self) -> &VgpuState {
         &self.state
+    }
+
+    /// The VM it serves (or served).
+    pub(super) fn vm(&self) -> Option<u32> {
+        self.vm
+    }
+
+    /// Its running worker.
+    pub(super) fn worker(&self) -> Option<&WorkerHandle> {
+        self.worker.as_ref()
+    }
+
+    /// Whether vgpud asked its worker to stop (its exit is then no failure).
+    pub(super) fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// The GPU a migration is moving it to.
+    pub(super) fn migrating_to(&self) -> Option<u32> {
+        self.migrating_to
+    }
+
+    /// The share change on its way, if any.
+    pub(super) fn pending(&self) -> Option<Shares> {
+        self.pending
+    }
+
+    /// Whether it was restored from the state file but does not run (yet).
+    pub(super) fn restore_failed(&self) -> bool {
+        self.restore_failed
+    }
+
+    /// Its worker `w` runs (started, adopted or taken from the pool).
+    pub(super) fn worker_started(&mut self, w: WorkerHandle) {
+        self.worker = Some(w);
+    }
+
+    /// Its worker is gone.
+    pub(super) fn drop_worker(&mut self) {
+        self.worker = None;
+    }
+
+    /// vgpud stops its worker: the exit that follows is no failure.
+    pub(super) fn mark_stopping(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Restored but not running: it is saved as a definition to bring back.
+    pub(super) fn mark_restore_failed(&mut self) {
+        self.restore_failed = true;
+    }
+
+    /// Restored and running again.
+    pub(super) fn clear_restore_failed(&mut self) {
+        self.restore_failed = false;
+    }
+
+    /// A restored vGPU whose worker was adopted serves `vm` again (none: its VM's vmm
+    /// was not adopted).
+    pub(super) fn serve_restored_vm(&mut self, vm: Option<u32>) {
+        self.vm = vm;
+    }
+
+    /// When it was first seen released (`now` if this is the first time).
+    pub(super) fn released_since(&mut self, now: Instant) -> Instant {
+        *self.released_at.get_or_insert(now)
+    }
+
+    /// It is not (or no longer) released and idle.
+    pub(super) fn clear_released(&mut self) {
+        self.released_at = None;
     }
 
     /// Starting again: a worker (re)starts for it.
@@ -335,10 +414,10 @@ pub(super) struct VmRec {
     pub(super) vgpu: Option<u32>,
     /// Where it is in its lifecycle: changed only by the transitions below.
     state: VmState,
-    pub(super) proc: Option<Proc>,
+    proc: Option<Proc>,
     pub(super) console: PathBuf,
-    pub(super) started: Instant,
-    pub(super) ended: Option<Instant>,
+    started: Instant,
+    ended: Option<Instant>,
     /// Wall-clock launch time (saved in the state file).
     pub(super) launched: SystemTime,
     /// A record restored from the state file: how long it ran.
@@ -438,6 +517,18 @@ impl VmRec {
 
     pub(super) fn state(&self) -> &VmState {
         &self.state
+    }
+
+    /// Its running vmm.
+    pub(super) fn proc(&self) -> Option<&Proc> {
+        self.proc.as_ref()
+    }
+
+    /// It moved here from another host after running `ms`: its uptime continues that.
+    pub(super) fn continue_uptime(&mut self, ms: u64) {
+        if let Some(t) = Instant::now().checked_sub(Duration::from_millis(ms)) {
+            self.started = t;
+        }
     }
 
     /// Its vmm `proc` started.
@@ -620,83 +711,4 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::admission::tests::admit;
-    use super::super::core::testing::{daemon, spec};
-    use super::*;
-
-    #[test]
-    fn commitments_count_live_vgpus_and_migration_targets() {
-        let d = daemon(2);
-        let a = admit(&d, spec(Some(0), 1 << 30, 0.2)).expect("a");
-        let b = admit(&d, spec(Some(0), 2 << 30, 0.3)).expect("b");
-        d.state.with(|i| {
-            let all = i.committed(0, None);
-            assert_eq!((all.memory, all.compute), (3 << 30, 500));
-            assert_eq!(
-                i.committed(0, Some(a)).compute,
-                300,
-                "except leaves one out"
-            );
-            // A vGPU moving to GPU 1 counts there too until its migration ends.
-            if let Some(r) = i.vgpus.get_mut(&b) {
-                r.migrating_to = Some(1);
-            }
-            assert_eq!(i.committed(1, None).compute, 300);
-            assert_eq!(i.vgpus[&b].pools(), vec![0, 1]);
-            // Released vGPUs hold nothing.
-            if let Some(r) = i.vgpus.get_mut(&a) {
-                r.state = VgpuState::Released;
-            }
-            assert_eq!(i.committed(0, None).compute, 300);
-            assert!(i.worker_gone(a) && i.worker_gone(999));
-        });
-    }
-
-    #[test]
-    fn a_change_on_its_way_holds_the_larger_shares() {
-        let d = daemon(1);
-        let a = admit(&d, spec(Some(0), 1 << 30, 0.6)).expect("a");
-        d.state.with(|i| {
-            let r = i.vgpus.get_mut(&a).expect("a");
-            // Down to 0.2: the room is freed only once the change is applied.
-            r.pending = Some(Shares {
-                compute: 200,
-                copy: 700,
-                priority: 0,
-            });
-            let c = i.committed(0, None);
-            assert_eq!((c.compute, c.copy), (600, 700), "the larger of old and new");
-            let r = i.vgpus.get_mut(&a).expect("a");
-            (r.compute, r.copy, r.pending) = (200, 700, None);
-            assert_eq!(i.committed(0, None).compute, 200);
-        });
-    }
-
-    #[test]
-    fn waiting_ends_when_the_condition_holds_or_the_time_is_up() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let s = std::sync::Arc::new(State::new());
-            assert!(
-                !s.wait_until(Duration::from_millis(20), |i| i.next_vm > 1)
-                    .await
-            );
-            let bump = {
-                let s = s.clone();
-                tokio::spawn(async move {
-                    s.with(|i| i.next_vm = 5);
-                    s.notify();
-                })
-            };
-            assert!(
-                s.wait_until(Duration::from_secs(5), |i| i.next_vm == 5)
-                    .await
-            );
-            bump.await.expect("task");
-        });
-    }
-}
+mod tests;

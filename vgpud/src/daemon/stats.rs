@@ -74,7 +74,7 @@ impl Daemon {
         let dt = last.uptime_ns.saturating_sub(first.uptime_ns);
         let bw = self.gpu(rec.gpu).map_or(0, |g| g.copy_bandwidth);
         // A vGPU whose worker is gone uses nothing, whatever its last window said.
-        let (compute, copy) = if dt == 0 || rec.worker.is_none() {
+        let (compute, copy) = if dt == 0 || rec.worker().is_none() {
             (0.0, (bw > 0).then_some(0.0))
         } else {
             let secs = dt as f64 / 1e9;
@@ -83,7 +83,7 @@ impl Daemon {
                 .saturating_sub(first.bytes_htod + first.bytes_dtoh) as f64;
             (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
         };
-        let live = rec.worker.is_some() && !rec.samples.is_empty();
+        let live = rec.worker().is_some() && !rec.samples.is_empty();
         // The grant path's counters (its own lock, a leaf).
         let usage = self
             .grants
@@ -203,13 +203,13 @@ impl Daemon {
         let gone: Vec<VgpuRec> = self.state.with(|inner| {
             let mut expired = Vec::new();
             for r in inner.vgpus.values_mut() {
-                if *r.state() == VgpuState::Released && r.worker.is_none() {
-                    let at = *r.released_at.get_or_insert(now);
+                if *r.state() == VgpuState::Released && r.worker().is_none() {
+                    let at = r.released_since(now);
                     if now.saturating_duration_since(at) >= retention {
                         expired.push(r.id);
                     }
                 } else {
-                    r.released_at = None;
+                    r.clear_released();
                 }
             }
             expired

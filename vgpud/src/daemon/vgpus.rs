@@ -159,7 +159,7 @@ impl Daemon {
     ) -> Result<(Shares, Link), ApiError> {
         let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
         live_for_change(rec)?;
-        if rec.pending.is_some() {
+        if rec.pending().is_some() {
             return Err(ApiError::conflict(
                 "id",
                 format!("another change to vGPU {id} is on its way to its worker; retry once it answered"),
@@ -264,7 +264,7 @@ impl Daemon {
             if *rec.state() == VgpuState::Releasing {
                 return Err(being_released(id));
             }
-            if let Some(vm) = rec.vm {
+            if let Some(vm) = rec.vm() {
                 if inner.vms.get(&vm).is_some_and(|v| v.state().is_live()) {
                     return Err(ApiError::conflict(
                         "id",
@@ -276,17 +276,14 @@ impl Daemon {
             }
             let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
             rec.begin_release();
-            Ok(rec
-                .worker
-                .as_ref()
-                .map(|w| (w.proc.clone(), w.link.clone())))
+            Ok(rec.worker().map(|w| (w.proc.clone(), w.link.clone())))
         })?;
         self.state.notify();
         if let Some((p, link)) = worker {
             self.stop_worker(id, &p, &link).await;
         }
         self.state.with(|inner| {
-            let vm = inner.vgpus.get(&id).and_then(|r| r.vm);
+            let vm = inner.vgpus.get(&id).and_then(|r| r.vm());
             if let Some(v) = vm.and_then(|vm| inner.vms.get_mut(&vm)) {
                 v.vgpu = None;
             }
@@ -311,7 +308,7 @@ fn being_released(id: u32) -> ApiError {
 fn live_for_change(rec: &VgpuRec) -> Result<(), ApiError> {
     let id = rec.id;
     // Asked to stop: its worker may already be gone, its record not yet.
-    if *rec.state() == VgpuState::Releasing || rec.stopping {
+    if *rec.state() == VgpuState::Releasing || rec.stopping() {
         return Err(being_released(id));
     }
     if !rec.holds_resources() {
@@ -436,7 +433,7 @@ mod tests {
             .expect_err("GPU 1 has 0.1 left");
         assert_eq!(e.field.as_deref(), Some("compute_share"), "{e}");
         assert!(e.error.contains("GPU 1"), "{e}");
-        let held = d.state.with(|i| i.vgpus[&a].pending);
+        let held = d.state.with(|i| i.vgpus[&a].pending());
         assert_eq!(held, None, "a refused change holds nothing");
     }
 
@@ -476,6 +473,6 @@ mod tests {
             .with(|i| d.reserve_shares(i, a, Some(100), None, None))
             .expect_err("starting");
         assert!(e.error.contains("starting"), "{e}");
-        assert_eq!(d.state.with(|i| i.vgpus[&a].pending), None);
+        assert_eq!(d.state.with(|i| i.vgpus[&a].pending()), None);
     }
 }

@@ -311,8 +311,8 @@ impl Daemon {
         if inline {
             let worker = self.state.with(|inner| {
                 inner.vgpus.get_mut(&g).and_then(|r| {
-                    r.stopping = true;
-                    r.worker.as_ref().map(|w| (w.proc.clone(), w.link.clone()))
+                    r.mark_stopping();
+                    r.worker().map(|w| (w.proc.clone(), w.link.clone()))
                 })
             });
             if let Some((p, link)) = worker {
@@ -426,7 +426,7 @@ impl Daemon {
     pub(super) fn on_vmm_exit(&self, vm_id: u32, pid: u32, status: ExitStatus) {
         let worker = self.state.with(|inner| {
             let vm = inner.vms.get_mut(&vm_id)?;
-            if vm.proc.as_ref().map(|p| p.pid) != Some(pid) {
+            if vm.proc().map(|p| p.pid) != Some(pid) {
                 return None;
             }
             vm.vmm_gone();
@@ -493,11 +493,11 @@ impl Daemon {
             // (it may serve a new one): leave it alone.
             let vgpu = vm
                 .vgpu
-                .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm == Some(id)));
-            Ok::<_, ApiError>((vm.proc.clone(), vgpu))
+                .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm() == Some(id)));
+            Ok::<_, ApiError>((vm.proc().cloned(), vgpu))
         })?;
         if let Some(p) = proc {
-            self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc.is_none()))
+            self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc().is_none()))
                 .await;
         }
         if let Some(g) = vgpu {
@@ -569,7 +569,7 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
         ));
     }
     let vm_live = |v: u32| inner.vms.get(&v).is_some_and(|v| v.state().is_live());
-    match (rec.state(), rec.vm) {
+    match (rec.state(), rec.vm()) {
         (VgpuState::Ready, None) => {}
         (_, Some(v)) if vm_live(v) => {
             return Err(ApiError::conflict(

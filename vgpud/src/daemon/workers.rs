@@ -268,7 +268,7 @@ impl Daemon {
         );
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
-                rec.worker = Some(WorkerHandle {
+                rec.worker_started(WorkerHandle {
                     proc: proc.clone(),
                     link,
                 });
@@ -486,7 +486,7 @@ impl Daemon {
                     tracing::info!(vgpu, "a process connected to the vGPU");
                 }
             }
-            let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm);
+            let vm = inner.vgpus.get(&vgpu).and_then(|r| r.vm());
             if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
                 if *vm.state() == VmState::Starting {
                     vm.mark_running();
@@ -515,7 +515,7 @@ impl Daemon {
         self.state.notify();
         let next = self.state.with(|i| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker.is_none()
+                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
             })
         });
         if next {
@@ -537,20 +537,20 @@ impl Daemon {
         let vm_running = inner
             .vgpus
             .get(&id)
-            .and_then(|r| r.vm)
+            .and_then(|r| r.vm())
             .and_then(|v| inner.vms.get(&v))
-            .is_some_and(|v| v.proc.is_some());
+            .is_some_and(|v| v.proc().is_some());
         let rec = inner.vgpus.get_mut(&id)?;
-        if rec.worker.as_ref().map(|w| w.proc.pid) != Some(pid) {
+        if rec.worker().map(|w| w.proc.pid) != Some(pid) {
             return None;
         }
-        rec.worker = None;
+        rec.drop_worker();
         self.detach_grants(id, rec.gpu);
         for gpu in rec.pools() {
             self.pool_leave(gpu, id);
         }
         let gpu = rec.gpu;
-        let vm = rec.vm;
+        let vm = rec.vm();
         let new_state =
             match self.expelled(id, rec.gpu) {
                 Some(reason) if *rec.state() != VgpuState::Released => VgpuState::Failed { reason },
@@ -579,7 +579,7 @@ impl Daemon {
         let alive: Vec<(u32, String)> = inner
             .vgpus
             .values()
-            .filter(|r| r.id != id && r.worker.is_some())
+            .filter(|r| r.id != id && r.worker().is_some())
             .filter_map(|r| r.share_group.clone().map(|g| (r.gpu, g)))
             .collect();
         Some((gpu, alive))
@@ -623,7 +623,7 @@ fn exit_state(rec: &VgpuRec, status: Option<&ExitStatus>, vm_running: bool) -> V
     let success = status.map_or(!vm_running, ExitStatus::success);
     // A worker exits 0 when its vmm disconnects (the VM ended; its exit may be reaped a
     // moment later) or when told to stop; anything else is a crash.
-    if rec.stopping || (*was == VgpuState::Attached && success) {
+    if rec.stopping() || (*was == VgpuState::Attached && success) {
         return VgpuState::Released;
     }
     let how = match status {
@@ -669,7 +669,7 @@ fn fail_vm(inner: &mut Inner, vm_id: u32, vgpu: u32, reason: &str) {
         return;
     }
     v.fail(format!("its vGPU {vgpu} failed: {reason}"));
-    if let Some(p) = &v.proc {
+    if let Some(p) = v.proc() {
         terminate(p.clone());
     }
 }

@@ -352,9 +352,7 @@ impl Daemon {
         self.state.with(|inner| {
             // Its uptime continues the one it had.
             if let (Some(vm), Some(ms)) = (inner.vms.get_mut(&vm_id), c.uptime_ms) {
-                if let Some(t) = std::time::Instant::now().checked_sub(Duration::from_millis(ms)) {
-                    vm.started = t;
-                }
+                vm.continue_uptime(ms);
             }
             update(inner, mid, |m| {
                 m.state = "completed".into();

@@ -214,7 +214,7 @@ impl Daemon {
             .vms
             .get(&vm_id)
             .ok_or_else(|| super::super::core::no_vm(vm_id))?;
-        if *vm.state() != VmState::Running || vm.proc.is_none() {
+        if *vm.state() != VmState::Running || vm.proc().is_none() {
             return Err(ApiError::conflict(
                 "id",
                 format!("VM {vm_id} is {:?}; only a running VM moves", vm.state()),
@@ -239,7 +239,7 @@ impl Daemon {
                 .ok_or_else(|| ApiError::internal(format!("VM {vm_id}'s vGPU {g} vanished")))?;
             // An oversubscribed vGPU moves with every byte, swapped pieces included; the
             // destination runs it oversubscribed too, under its own admission rule.
-            if !rec.storage.is_empty() || rec.migrating_to.is_some() {
+            if !rec.storage.is_empty() || rec.migrating_to().is_some() {
                 return Err(ApiError::conflict(
                     "id",
                     format!("VM {vm_id}'s vGPU {g} has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
