@@ -145,3 +145,41 @@ impl Daemon {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::admission::tests::admit;
+    use super::super::core::testing::{daemon, spec};
+    use super::*;
+
+    fn run(d: &Arc<Daemon>, cmd: Command) -> Result<Reply, ApiError> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(d.handle(cmd))
+    }
+
+    #[test]
+    fn commands_reach_the_daemon_and_answer_what_it_holds() {
+        let d = Arc::new(daemon(2));
+        let a = admit(&d, spec(Some(1), 1 << 30, 0.25)).expect("admitted");
+        match run(&d, Command::ListGpus) {
+            Ok(Reply::Gpus(g)) => assert_eq!(g[1].vgpus, vec![a]),
+            other => panic!("{other:?}"),
+        }
+        match run(&d, Command::GetVgpu(a)) {
+            Ok(Reply::Vgpu(v)) => assert_eq!((v.id, v.gpu), (a, 1)),
+            other => panic!("{other:?}"),
+        }
+        let e = run(&d, Command::GetVgpu(a + 1)).expect_err("no such vGPU");
+        assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
+        let e = run(&d, Command::GetVm(7)).expect_err("no such VM");
+        assert!(e.error.contains("no VM 7"), "{e}");
+        assert!(matches!(run(&d, Command::ListVms), Ok(Reply::Vms(v)) if v.is_empty()));
+        match run(&d, Command::Metrics) {
+            Ok(Reply::Metrics(text)) => assert!(text.contains("vgpu"), "{text}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

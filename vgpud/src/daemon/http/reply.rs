@@ -40,3 +40,55 @@ impl IntoResponse for Reply {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Migration;
+
+    fn migration() -> Migration {
+        Migration {
+            id: 1,
+            vgpu: 2,
+            source_gpu: 0,
+            target_gpu: 1,
+            mode: "precopy".into(),
+            state: "running".into(),
+            phase: "copying".into(),
+            rounds: 0,
+            bytes: 0,
+            total_bytes: 0,
+            dirty_bytes: 0,
+            downtime_ms: None,
+            elapsed_ms: 0.0,
+            error: None,
+            timeline: Vec::new(),
+            host: None,
+        }
+    }
+
+    #[test]
+    fn replies_carry_their_status_and_content_type() {
+        let started = Reply::MigrationStarted(migration()).into_response();
+        assert_eq!(started.status(), StatusCode::ACCEPTED);
+        assert_eq!(started.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(
+            Reply::Migration(migration()).into_response().status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            Reply::Deleted.into_response().status(),
+            StatusCode::NO_CONTENT
+        );
+        let console = Reply::Console(b"boot\n".to_vec()).into_response();
+        assert_eq!(console.status(), StatusCode::OK);
+        assert_eq!(
+            console.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
+        );
+        let metrics = Reply::Metrics("# EOF\n".into()).into_response();
+        assert!(metrics.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("application/openmetrics-text")));
+    }
+}
