@@ -81,7 +81,7 @@ impl Daemon {
     pub(super) fn on_memory(&self, id: u32, m: MemReport) {
         let pools = self.state.with(|inner| {
             let rec = inner.vgpus.get_mut(&id)?;
-            rec.memory_report = Some(m);
+            rec.record_memory(m);
             Some(rec.pools())
         });
         for gpu in pools.unwrap_or_default() {

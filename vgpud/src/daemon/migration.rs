@@ -439,10 +439,7 @@ fn record_outcome(
     target: u32,
 ) {
     if let Some(rec) = inner.vgpus.get_mut(&id) {
-        rec.end_migration();
-        if r.is_ok() {
-            rec.gpu = target;
-        }
+        rec.end_migration(r.is_ok().then_some(target));
     }
     let Some(m) = inner.migrations.get_mut(&mid) else {
         return;

@@ -143,8 +143,7 @@ impl Daemon {
         let forget_samples = || {
             self.state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&id) {
-                    rec.samples.clear();
-                    rec.memory_report = None;
+                    rec.forget_samples();
                 }
             })
         };

@@ -291,9 +291,75 @@ impl VgpuRec {
         self.migrating_to = Some(target);
     }
 
-    /// Its migration ended (moved or not): it counts on its own GPU only.
-    pub(super) fn end_migration(&mut self) {
+    /// Its migration ended: on GPU `landed` when it moved, where it was when not. It
+    /// counts on that GPU only.
+    pub(super) fn end_migration(&mut self, landed: Option<u32>) {
         self.migrating_to = None;
+        if let Some(gpu) = landed {
+            self.gpu = gpu;
+        }
+    }
+
+    /// The worker and the schedulers took `new`: these are its shares now.
+    pub(super) fn apply_shares(&mut self, new: Shares) {
+        (self.compute, self.copy, self.priority) = (new.compute, new.copy, new.priority);
+    }
+
+    /// Its name, labels and own kernel deadline become those given (`None`: kept).
+    pub(super) fn set_meta(
+        &mut self,
+        name: Option<Option<String>>,
+        labels: Option<BTreeMap<String, String>>,
+        kernel_deadline_ms: Option<Option<u32>>,
+    ) {
+        if let Some(n) = name {
+            self.name = n;
+        }
+        if let Some(l) = labels {
+            self.labels = l;
+        }
+        if let Some(ms) = kernel_deadline_ms {
+            self.kernel_deadline_ms = ms;
+        }
+    }
+
+    /// It is a process vGPU, handed over at `to`.
+    pub(super) fn hand_over_at(&mut self, to: ProcessAttach) {
+        self.process = Some(to);
+    }
+
+    /// Its worker's sample `s`, kept while it is within `keep_ns` of the newest. A
+    /// worker's clock only moves forward (a process vGPU's fresh worker starts with no
+    /// samples); a sample older than the newest one lost a race with a concurrent query
+    /// and is dropped.
+    pub(super) fn record_sample(&mut self, s: WorkerStats, keep_ns: u64) {
+        if self
+            .samples
+            .back()
+            .is_some_and(|b| b.uptime_ns >= s.uptime_ns)
+        {
+            return;
+        }
+        self.samples.push_back(s);
+        while self
+            .samples
+            .front()
+            .is_some_and(|f| s.uptime_ns.saturating_sub(f.uptime_ns) > keep_ns)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Its worker's memory report `m` (an oversubscribed vGPU's).
+    pub(super) fn record_memory(&mut self, m: MemReport) {
+        self.memory_report = Some(m);
+    }
+
+    /// A fresh worker's counters start at zero: the last one's samples and memory
+    /// report go.
+    pub(super) fn forget_samples(&mut self) {
+        self.samples.clear();
+        self.memory_report = None;
     }
 
     /// A share change is on its way to the worker and the schedulers: until both
@@ -529,6 +595,11 @@ impl VmRec {
         if let Some(t) = Instant::now().checked_sub(Duration::from_millis(ms)) {
             self.started = t;
         }
+    }
+
+    /// Its vGPU is gone.
+    pub(super) fn forget_vgpu(&mut self) {
+        self.vgpu = None;
     }
 
     /// Its vmm `proc` started.

@@ -40,24 +40,7 @@ impl Daemon {
             let Some(rec) = inner.vgpus.get_mut(&id) else {
                 return;
             };
-            // A worker's clock only moves forward (a process vGPU's fresh worker starts
-            // with no samples); a sample older than the newest one lost a race with a
-            // concurrent query: drop it.
-            if rec
-                .samples
-                .back()
-                .is_some_and(|b| b.uptime_ns >= s.uptime_ns)
-            {
-                return;
-            }
-            rec.samples.push_back(s);
-            while rec
-                .samples
-                .front()
-                .is_some_and(|f| s.uptime_ns.saturating_sub(f.uptime_ns) > keep_ns)
-            {
-                rec.samples.pop_front();
-            }
+            rec.record_sample(s, keep_ns);
         });
     }
 

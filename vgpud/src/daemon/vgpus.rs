@@ -26,7 +26,7 @@ impl Daemon {
         let id = self.state.with(|inner| {
             let id = self.admit(inner, ask, None)?;
             if let (Some((uid, gid)), Some(rec)) = (process, inner.vgpus.get_mut(&id)) {
-                rec.process = Some(ProcessAttach::new(&self.cfg.state_dir, id, uid, gid));
+                rec.hand_over_at(ProcessAttach::new(&self.cfg.state_dir, id, uid, gid));
             }
             Ok::<_, ApiError>(id)
         })?;
@@ -228,7 +228,7 @@ impl Daemon {
                 }
             }
         }
-        (rec.compute, rec.copy, rec.priority) = (new.compute, new.copy, new.priority);
+        rec.apply_shares(new);
         if rec.oversubscribe {
             self.pool_join(rec.gpu, id, new.priority);
         }
@@ -285,7 +285,7 @@ impl Daemon {
         self.state.with(|inner| {
             let vm = inner.vgpus.get(&id).and_then(|r| r.vm());
             if let Some(v) = vm.and_then(|vm| inner.vms.get_mut(&vm)) {
-                v.vgpu = None;
+                v.forget_vgpu();
             }
         });
         self.forget_vgpu(id);
@@ -384,30 +384,18 @@ impl Meta {
             labels: self.labels.as_ref().map(|_| rec.labels.clone()),
             kernel_deadline_ms: self.kernel_deadline_ms.map(|_| rec.kernel_deadline_ms),
         };
-        if let Some(n) = &self.name {
-            rec.name.clone_from(n);
-        }
-        if let Some(l) = &self.labels {
-            rec.labels.clone_from(l);
-        }
-        if let Some(ms) = self.kernel_deadline_ms {
-            rec.kernel_deadline_ms = ms;
-        }
+        rec.set_meta(
+            self.name.clone(),
+            self.labels.clone(),
+            self.kernel_deadline_ms,
+        );
         Ok(old)
     }
 
     /// Puts back what [`Meta::apply`] replaced. Caller holds the state lock.
     fn restore(self, inner: &mut Inner, id: u32) {
         if let Some(rec) = inner.vgpus.get_mut(&id) {
-            if let Some(n) = self.name {
-                rec.name = n;
-            }
-            if let Some(l) = self.labels {
-                rec.labels = l;
-            }
-            if let Some(ms) = self.kernel_deadline_ms {
-                rec.kernel_deadline_ms = ms;
-            }
+            rec.set_meta(self.name, self.labels, self.kernel_deadline_ms);
         }
     }
 }
