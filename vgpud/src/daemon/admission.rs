@@ -38,18 +38,18 @@ impl VgpuAsk {
     pub(super) fn of(rec: &VgpuRec) -> Self {
         let (compute, copy) = rec.held();
         Self {
-            gpu: Some(rec.gpu),
-            memory: rec.memory,
+            gpu: Some(rec.gpu()),
+            memory: rec.memory(),
             compute,
             copy,
-            priority: rec.priority,
-            oversubscribe: rec.oversubscribe,
+            priority: rec.priority(),
+            oversubscribe: rec.oversubscribe(),
             share_group: None,
-            queues: rec.queues,
+            queues: rec.queues(),
             storage: Vec::new(),
             name: None,
             labels: BTreeMap::new(),
-            kernel_deadline_ms: rec.kernel_deadline_ms,
+            kernel_deadline_ms: rec.kernel_deadline_ms(),
         }
     }
 }
@@ -182,13 +182,13 @@ pub(super) fn vm_name_free(inner: &Inner, name: Option<&str>) -> Result<(), ApiE
     match inner
         .vms
         .values()
-        .find(|v| v.state().is_live() && v.name.as_deref() == Some(name))
+        .find(|v| v.state().is_live() && v.name().as_deref() == Some(name))
     {
         Some(other) => Err(ApiError::conflict(
             "name",
             format!(
                 "the name {name:?} is taken by VM {}; pick another",
-                other.id
+                other.id()
             ),
         )),
         None => Ok(()),
@@ -449,7 +449,7 @@ pub(super) mod tests {
         admit(&d, spec(Some(2), 4 << 30, 0.1)).expect("gpu 2 memory full");
         let id = admit(&d, spec(None, 1 << 30, 0.3)).expect("placed");
         assert_eq!(
-            d.state.with(|i| i.vgpus[&id].gpu),
+            d.state.with(|i| i.vgpus[&id].gpu()),
             1,
             "gpu 2 is less loaded but has no memory left"
         );

@@ -56,13 +56,13 @@ impl Daemon {
                 .vgpus
                 .get(&id)
                 .ok_or_else(|| "its record vanished".to_owned())?;
-            let fds = self.attach_grants(rec, rec.gpu).map_err(|e| e.error)?;
-            Ok::<_, String>((fds, rec.gpu, rec.log.clone(), rec.oversubscribe))
+            let fds = self.attach_grants(rec, rec.gpu()).map_err(|e| e.error)?;
+            Ok::<_, String>((fds, rec.gpu(), rec.log().clone(), rec.oversubscribe()))
         })?;
         if oversubscribe {
             let priority = self
                 .state
-                .with(|i| i.vgpus.get(&id).map_or(0, |r| r.priority));
+                .with(|i| i.vgpus.get(&id).map_or(0, |r| r.priority()));
             self.pool_join(gpu, id, priority);
         }
         self.refresh_pool(gpu);
@@ -189,7 +189,7 @@ impl Daemon {
             tracing::info!(vm = vm_id, pid, "adopted vmm exited");
             self.mark_dirty();
             Some(
-                vm.vgpu
+                vm.vgpu()
                     .and_then(|g| inner.vgpus.get(&g))
                     .and_then(|r| r.worker_proc()),
             )

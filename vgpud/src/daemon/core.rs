@@ -91,7 +91,7 @@ impl Daemon {
     /// vGPU `rec`'s shares joined GPU `gpu`'s scheduler (its own, or a migration's
     /// target): the descriptors its worker needs.
     pub(super) fn attach_grants(&self, rec: &VgpuRec, gpu: u32) -> Result<WorkerFds, ApiError> {
-        let (id, priority) = (rec.id, rec.priority);
+        let (id, priority) = (rec.id(), rec.priority());
         let server = self
             .grants
             .get(gpu as usize)
@@ -101,7 +101,7 @@ impl Daemon {
             priority,
         };
         let fds = server
-            .attach(id, share(rec.compute), share(rec.copy))
+            .attach(id, share(rec.compute()), share(rec.copy()))
             .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
         server
             .set_kernel_deadline(id, self.kernel_deadline_of(rec))
@@ -113,7 +113,7 @@ impl Daemon {
 
     /// The kernel deadline vGPU `rec`'s requests run under: its own, or the daemon's.
     pub(super) fn kernel_deadline_of(&self, rec: &VgpuRec) -> Duration {
-        rec.kernel_deadline_ms
+        rec.kernel_deadline_ms()
             .map_or(self.cfg.kernel_deadline, |ms| {
                 Duration::from_millis(u64::from(ms))
             })
@@ -226,8 +226,8 @@ impl Daemon {
                         vgpus: inner
                             .vgpus
                             .values()
-                            .filter(|v| v.gpu == index && v.holds_resources())
-                            .map(|v| v.id)
+                            .filter(|v| v.gpu() == index && v.holds_resources())
+                            .map(|v| v.id())
                             .collect(),
                     }
                 })

@@ -72,8 +72,8 @@ impl Daemon {
     /// An oversubscribed vGPU moving to GPU `target` joins the target's pool too, because
     /// the copy puts its resident bytes there. Caller holds the state lock.
     pub(super) fn pool_follow(&self, rec: &VgpuRec, target: u32) {
-        if rec.oversubscribe && target != rec.gpu {
-            self.pool_enter(target, rec.id, rec.priority, rec.memory_report);
+        if rec.oversubscribe() && target != rec.gpu() {
+            self.pool_enter(target, rec.id(), rec.priority(), rec.memory_report());
         }
     }
 
@@ -100,7 +100,7 @@ impl Daemon {
     ) -> (Answer, Option<OwnedFd>) {
         let found = self
             .state
-            .with(|i| i.vgpus.get(&id).map(|r| (r.gpu, r.share_group.clone())));
+            .with(|i| i.vgpus.get(&id).map(|r| (r.gpu(), r.share_group().clone())));
         let Some((gpu, group)) = found else {
             return (
                 Answer::Refused {
@@ -428,7 +428,7 @@ mod tests {
             drop(held);
             assert_eq!(asking.await.expect("task"), Answer::Granted);
             assert_eq!(resident(1), 6 << 20, "counted on the GPU its memory is on");
-            assert_eq!(d.state.with(|i| i.vgpus[&id].gpu), 1);
+            assert_eq!(d.state.with(|i| i.vgpus[&id].gpu()), 1);
 
             // A failed migration leaves the target's pool again.
             d.state.with(|i| d.begin_move(i, id, 0));

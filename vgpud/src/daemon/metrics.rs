@@ -34,7 +34,7 @@ fn vgpu_names(d: &Daemon) -> BTreeMap<u32, String> {
     d.state.with(|i| {
         i.vgpus
             .values()
-            .filter_map(|r| r.name.clone().map(|n| (r.id, n)))
+            .filter_map(|r| r.name().clone().map(|n| (r.id(), n)))
             .collect()
     })
 }

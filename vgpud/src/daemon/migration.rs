@@ -96,7 +96,7 @@ impl Daemon {
         let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
         let link = movable(rec)?;
         self.check_no_shm(id)?;
-        let source = rec.gpu;
+        let source = rec.gpu();
         let target = self.pick_target(inner, rec, cmd.target_gpu)?;
         self.check_target_pool(rec, target)?;
         let g = self
@@ -105,14 +105,14 @@ impl Daemon {
         let target_gpu = TargetGpu {
             gpu: target,
             cuda_ordinal: g.cuda_ordinal,
-            sim_memory: self.sim_memory(g, rec.oversubscribe),
+            sim_memory: self.sim_memory(g, rec.oversubscribe()),
             sim_copy_bw: g.copy_bandwidth,
             sim_speed: g.speed,
             sim_threads: self.cfg.sim_threads,
         };
         // What the move will copy, as last measured, until the worker's first report.
-        let allocated = rec.samples.back().map_or(0, |s| s.memory_used);
-        let total_bytes = rec.memory_report.map_or(allocated, |m| m.resident);
+        let allocated = rec.samples().back().map_or(0, |s| s.memory_used);
+        let total_bytes = rec.memory_report().map_or(allocated, |m| m.resident);
         let mid = inner.next_migration;
         inner.next_migration += 1;
         self.mark_dirty();
@@ -173,7 +173,7 @@ impl Daemon {
         rec: &VgpuRec,
         asked: Option<u32>,
     ) -> Result<u32, ApiError> {
-        let (id, source) = (rec.id, rec.gpu);
+        let (id, source) = (rec.id(), rec.gpu());
         let ask = VgpuAsk {
             gpu: None,
             ..VgpuAsk::of(rec)
@@ -214,10 +214,10 @@ impl Daemon {
 
     /// An oversubscribed vGPU's resident memory fits in the target's pool.
     fn check_target_pool(&self, rec: &VgpuRec, target: u32) -> Result<(), ApiError> {
-        if !rec.oversubscribe || target == rec.gpu {
+        if !rec.oversubscribe() || target == rec.gpu() {
             return Ok(());
         }
-        let resident = rec.memory_report.map_or(0, |m| m.resident);
+        let resident = rec.memory_report().map_or(0, |m| m.resident);
         let pool = self.pool_of(target);
         let free = pool.0.saturating_sub(pool.1);
         if resident > free {
@@ -226,9 +226,9 @@ impl Daemon {
                 format!(
                     "GPU {target} has {} free for oversubscribed vGPUs, vGPU {} holds {} resident; it stays on GPU {}",
                     human_bytes(free),
-                    rec.id,
+                    rec.id(),
                     human_bytes(resident),
-                    rec.gpu
+                    rec.gpu()
                 ),
             ));
         }
@@ -410,7 +410,7 @@ impl Daemon {
 
 /// A live vGPU's worker channel, or why it cannot migrate now.
 fn movable(rec: &VgpuRec) -> Result<Link, ApiError> {
-    let id = rec.id;
+    let id = rec.id();
     if !matches!(rec.state(), VgpuState::Ready | VgpuState::Attached) || rec.worker().is_none() {
         return Err(ApiError::conflict(
             "id",

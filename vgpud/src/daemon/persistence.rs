@@ -189,7 +189,7 @@ impl Daemon {
         }
         for (vm, proc) in plan.vmms {
             let vgpu_ok = self.state.with(|inner| {
-                let g = inner.vms.get(&vm).and_then(|v| v.vgpu);
+                let g = inner.vms.get(&vm).and_then(|v| v.vgpu());
                 g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker().is_some()))
             });
             if vgpu_ok {
@@ -258,30 +258,30 @@ impl Daemon {
             .get(&id)
             .ok_or_else(|| "its record vanished".to_owned())?;
         let spec = VgpuCreate {
-            gpu: Some(rec.gpu),
-            memory_bytes: rec.memory,
-            compute_share: permille_to_fraction(rec.compute),
-            copy_share: Some(permille_to_fraction(rec.copy)),
-            priority: rec.priority,
-            oversubscribe: rec.oversubscribe,
-            share_group: rec.share_group.clone(),
-            queues: rec.queues,
-            storage: rec.storage.clone(),
-            name: rec.name.clone(),
-            labels: rec.labels.clone(),
-            kernel_deadline_ms: rec.kernel_deadline_ms,
-            attach: if rec.process.is_some() {
+            gpu: Some(rec.gpu()),
+            memory_bytes: rec.memory(),
+            compute_share: permille_to_fraction(rec.compute()),
+            copy_share: Some(permille_to_fraction(rec.copy())),
+            priority: rec.priority(),
+            oversubscribe: rec.oversubscribe(),
+            share_group: rec.share_group().clone(),
+            queues: rec.queues(),
+            storage: rec.storage().clone(),
+            name: rec.name().clone(),
+            labels: rec.labels().clone(),
+            kernel_deadline_ms: rec.kernel_deadline_ms(),
+            attach: if rec.process().is_some() {
                 api::Attach::Process
             } else {
                 api::Attach::Vm
             },
-            owner_uid: rec.process.as_ref().and_then(|p| p.owner_uid),
-            owner_gid: rec.process.as_ref().and_then(|p| p.owner_gid),
+            owner_uid: rec.process().as_ref().and_then(|p| p.owner_uid),
+            owner_gid: rec.process().as_ref().and_then(|p| p.owner_gid),
         };
         let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
         // Exactly the shares it had (no round trip through fractions).
-        (ask.compute, ask.copy) = (rec.compute, rec.copy);
-        if let Some(e) = self.misfit(inner, rec.gpu, &ask, Some(id)) {
+        (ask.compute, ask.copy) = (rec.compute(), rec.copy());
+        if let Some(e) = self.misfit(inner, rec.gpu(), &ask, Some(id)) {
             return Err(e.error);
         }
         let rec = inner
@@ -297,7 +297,7 @@ impl Daemon {
     async fn wait_socket_free(&self, id: u32) -> Result<(), String> {
         let Some(socket) = self
             .state
-            .with(|i| i.vgpus.get(&id).map(|r| r.socket.clone()))
+            .with(|i| i.vgpus.get(&id).map(|r| r.socket().clone()))
         else {
             return Ok(());
         };
@@ -331,7 +331,7 @@ impl Daemon {
                 // Its reaper lets go of the rest.
                 None
             } else {
-                Some(rec.gpu)
+                Some(rec.gpu())
             }
         });
         if let Some(gpu) = gpu {
@@ -350,19 +350,19 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
         .vgpus
         .values()
         // A free vGPU whose create has not answered yet is not the user's yet.
-        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned && !r.restore_failed()))
+        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned() && !r.restore_failed()))
         .map(|r| SavedVgpu {
-            id: r.id,
-            gpu: r.gpu,
-            memory_bytes: r.memory,
-            compute_permille: r.compute,
-            copy_permille: r.copy,
-            priority: r.priority,
-            oversubscribe: r.oversubscribe,
-            share_group: r.share_group.clone(),
-            queues: r.queues,
+            id: r.id(),
+            gpu: r.gpu(),
+            memory_bytes: r.memory(),
+            compute_permille: r.compute(),
+            copy_permille: r.copy(),
+            priority: r.priority(),
+            oversubscribe: r.oversubscribe(),
+            share_group: r.share_group().clone(),
+            queues: r.queues(),
             storage: r
-                .storage
+                .storage()
                 .iter()
                 .map(|s| SavedStorage {
                     namespace: s.namespace,
@@ -370,11 +370,11 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                     read_only: s.read_only,
                 })
                 .collect(),
-            owned_by_vm: r.owned,
+            owned_by_vm: r.owned(),
             vm: r.vm(),
             worker: r.worker().map(|w| saved_proc(&w.proc)),
-            name: r.name.clone(),
-            labels: r.labels.clone(),
+            name: r.name().clone(),
+            labels: r.labels().clone(),
             state: match r.state() {
                 // Not restored at the last start: still a definition to bring back.
                 _ if r.restore_failed() => SavedVgpuState::Live,
@@ -387,14 +387,14 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                     reason: reason.clone(),
                 },
             },
-            kernel_deadline_ms: r.kernel_deadline_ms,
-            attach: if r.process.is_some() {
+            kernel_deadline_ms: r.kernel_deadline_ms(),
+            attach: if r.process().is_some() {
                 api::Attach::Process
             } else {
                 api::Attach::Vm
             },
-            owner_uid: r.process.as_ref().and_then(|p| p.owner_uid),
-            owner_gid: r.process.as_ref().and_then(|p| p.owner_gid),
+            owner_uid: r.process().as_ref().and_then(|p| p.owner_uid),
+            owner_gid: r.process().as_ref().and_then(|p| p.owner_gid),
         })
         .collect();
     let vms = inner
@@ -403,12 +403,12 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
         .map(|v| {
             let live = v.state().is_live();
             SavedVm {
-                id: v.id,
-                payload: v.payload.display().to_string(),
-                payload_arg: v.payload_arg.clone(),
-                memory_bytes: v.memory,
-                vcpus: v.vcpus,
-                vgpu: v.vgpu,
+                id: v.id(),
+                payload: v.payload().display().to_string(),
+                payload_arg: v.payload_arg().clone(),
+                memory_bytes: v.memory(),
+                vcpus: v.vcpus(),
+                vgpu: v.vgpu(),
                 state: match v.state() {
                     VmState::Starting | VmState::Running => SavedVmState::Live,
                     VmState::Exited { code } => SavedVmState::Exited { code: *code },
@@ -416,11 +416,11 @@ fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
                         reason: reason.clone(),
                     },
                 },
-                launched_unix_ms: unix_ms(v.launched),
+                launched_unix_ms: unix_ms(v.launched_at()),
                 uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
                 vmm: v.proc().map(saved_proc),
-                name: v.name.clone(),
-                labels: v.labels.clone(),
+                name: v.name().clone(),
+                labels: v.labels().clone(),
             }
         })
         .collect();
@@ -534,20 +534,20 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
             rec.mark_starting();
             rec.serve_restored_vm(saved_vm.filter(|vm| vmms.contains_key(vm)));
             rec.mark_restore_failed();
-            plan.workers.push((rec.id, p));
+            plan.workers.push((rec.id(), p));
         } else {
-            if let (Some(vm), true) = (lost, rec.owned) {
+            if let (Some(vm), true) = (lost, rec.owned()) {
                 let reason = format!(
                     "its worker exited while vgpud was down{}; VM {vm} was stopped",
-                    super::workers::log_tail(&rec.log)
+                    super::workers::log_tail(rec.log())
                 );
                 rec.fail(reason);
             }
             if bring_back {
-                plan.fresh.push(rec.id);
+                plan.fresh.push(rec.id());
             }
         }
-        inner.vgpus.insert(rec.id, rec);
+        inner.vgpus.insert(rec.id(), rec);
     }
     for v in saved.vms {
         let proc = vmms.get(&v.id).cloned();

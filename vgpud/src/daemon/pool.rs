@@ -403,8 +403,8 @@ impl Daemon {
         let gpu = self.state.with(|i| {
             i.vgpus
                 .get(&id)
-                .filter(|r| r.storage.is_empty() && !r.oversubscribe)
-                .map(|r| r.gpu)
+                .filter(|r| r.storage().is_empty() && !r.oversubscribe())
+                .map(|r| r.gpu())
         })?;
         self.spares.lock().gpus.get_mut(&gpu)?.idle.pop_front()
     }
@@ -425,17 +425,17 @@ impl Daemon {
                 .vgpus
                 .get(&id)
                 .ok_or_else(|| format!("vGPU {id} vanished while starting"))?;
-            let fds = self.attach_grants(rec, rec.gpu).map_err(|e| e.error)?;
+            let fds = self.attach_grants(rec, rec.gpu()).map_err(|e| e.error)?;
             let cmd = Ctl::Assign {
                 vgpu_id: id,
-                memory: rec.memory,
-                queues: rec.queues,
-                compute_share: rec.compute,
-                copy_share: rec.copy,
-                priority: rec.priority,
+                memory: rec.memory(),
+                queues: rec.queues(),
+                compute_share: rec.compute(),
+                copy_share: rec.copy(),
+                priority: rec.priority(),
             };
-            let sockets = (rec.socket.clone(), rec.process.clone());
-            Ok::<_, String>((fds, cmd, rec.log.clone(), sockets))
+            let sockets = (rec.socket().clone(), rec.process().clone());
+            Ok::<_, String>((fds, cmd, rec.log().clone(), sockets))
         });
         let (fds, cmd, log, (vhost, hand_over)) = match got {
             Ok(v) => v,

@@ -87,7 +87,7 @@ fn in_groups(gid: u32) -> bool {
 /// fresh worker serves the next process on the same socket; the process that was
 /// connected lost its connection and with it its device memory.
 pub(super) fn next_process(rec: &VgpuRec) -> bool {
-    rec.process.is_some()
+    rec.process().is_some()
         && !rec.stopping()
         && rec.migrating_to().is_none()
         && *rec.state() == VgpuState::Attached
@@ -174,7 +174,7 @@ impl Daemon {
     pub(super) async fn await_next_worker(&self, id: u32) {
         let between = |i: &super::state::Inner| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
+                r.process().is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
             })
         };
         if self.state.with(|i| between(i)) {

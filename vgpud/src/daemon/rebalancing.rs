@@ -94,35 +94,35 @@ impl Daemon {
     pub(super) fn place_auto(&self, inner: &Inner, ask: &VgpuAsk, fits: &[u32]) -> Option<u32> {
         let views = self.gpu_views(inner);
         let rb = self.rb();
-        let cands: Vec<PlaceCandidate> =
-            fits.iter()
-                .filter_map(|&g| {
-                    let view = views.iter().find(|v| v.index == g)?;
-                    let cfg = self.gpu(g)?;
-                    let (mut compute, mut copy, mut n) = (0.0, 0.0, 0);
-                    for v in inner.vgpus.values().filter(|v| {
-                        v.holds_resources() && (v.gpu == g || v.migrating_to() == Some(g))
-                    }) {
-                        n += 1;
-                        let d = rb.policy.demand_on(v.id, view).unwrap_or(Demand {
-                            compute: permille_to_fraction(v.compute),
-                            copy: permille_to_fraction(v.copy),
-                        });
-                        compute += d.compute;
-                        copy += d.copy;
-                    }
-                    let committed = inner.committed(g, None).memory;
-                    let mine = if ask.oversubscribe { 0 } else { ask.memory };
-                    let free = cfg.memory.saturating_sub(committed).saturating_sub(mine);
-                    Some(PlaceCandidate {
-                        gpu: g,
-                        load: f64::max(compute, copy),
-                        add: permille_to_fraction(ask.compute.max(ask.copy)),
-                        free_memory_after: free as f64 / cfg.memory.max(1) as f64,
-                        occupied: n > 0,
-                    })
+        let cands: Vec<PlaceCandidate> = fits
+            .iter()
+            .filter_map(|&g| {
+                let view = views.iter().find(|v| v.index == g)?;
+                let cfg = self.gpu(g)?;
+                let (mut compute, mut copy, mut n) = (0.0, 0.0, 0);
+                for v in inner.vgpus.values().filter(|v| {
+                    v.holds_resources() && (v.gpu() == g || v.migrating_to() == Some(g))
+                }) {
+                    n += 1;
+                    let d = rb.policy.demand_on(v.id(), view).unwrap_or(Demand {
+                        compute: permille_to_fraction(v.compute()),
+                        copy: permille_to_fraction(v.copy()),
+                    });
+                    compute += d.compute;
+                    copy += d.copy;
+                }
+                let committed = inner.committed(g, None).memory;
+                let mine = if ask.oversubscribe { 0 } else { ask.memory };
+                let free = cfg.memory.saturating_sub(committed).saturating_sub(mine);
+                Some(PlaceCandidate {
+                    gpu: g,
+                    load: f64::max(compute, copy),
+                    add: permille_to_fraction(ask.compute.max(ask.copy)),
+                    free_memory_after: free as f64 / cfg.memory.max(1) as f64,
+                    occupied: n > 0,
                 })
-                .collect();
+            })
+            .collect();
         place(rb.policy.config(), &cands)
     }
 
@@ -158,21 +158,21 @@ impl Daemon {
                 .values()
                 .filter(|v| v.holds_resources())
                 .map(|v| {
-                    let allocated = v.samples.back().map_or(0, |s| s.memory_used);
+                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
                     Seen {
                         view: VgpuView {
-                            id: v.id,
-                            gpu: v.gpu,
-                            memory: v.memory,
-                            compute: v.compute,
-                            copy: v.copy,
-                            oversubscribe: v.oversubscribe,
-                            resident: v.memory_report.map_or(allocated, |m| m.resident),
+                            id: v.id(),
+                            gpu: v.gpu(),
+                            memory: v.memory(),
+                            compute: v.compute(),
+                            copy: v.copy(),
+                            oversubscribe: v.oversubscribe(),
+                            resident: v.memory_report().map_or(allocated, |m| m.resident),
                             demand: None,
                             movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
                                 && v.worker().is_some()
                                 && v.migrating_to().is_none()
-                                && v.share_group.is_none(),
+                                && v.share_group().is_none(),
                         },
                     }
                 })
@@ -266,13 +266,13 @@ impl Daemon {
                 .values()
                 .filter(|v| v.holds_resources())
                 .map(|v| {
-                    let allocated = v.samples.back().map_or(0, |s| s.memory_used);
+                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
                     (
-                        v.id,
+                        v.id(),
                         (
-                            v.memory_report.map_or(allocated, |m| m.resident),
+                            v.memory_report().map_or(allocated, |m| m.resident),
                             allocated,
-                            v.memory,
+                            v.memory(),
                         ),
                     )
                 })

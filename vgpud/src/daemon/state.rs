@@ -4,13 +4,11 @@
 //! and change the records through [`State::with`] (a closure run under the lock) and wait
 //! for changes through [`State::wait_until`].
 //!
-//! A record's lifecycle is private to this module: its state, its worker or vmm, the VM
-//! it serves, a migration or a share change in flight, the restore and release marks.
-//! They change only through the named transitions below ([`VgpuRec::admitted`],
-//! [`VgpuRec::mark_ready`], [`VgpuRec::attach_to`], [`VgpuRec::begin_release`],
-//! [`VgpuRec::end_worker`], [`VmRec::launched`], [`VmRec::vmm_gone`], ...); the operation
-//! modules read them through getters. Its definition (GPU, shares, name, labels) is
-//! read and changed where the operation that owns it runs (`vgpus.rs`, `migration.rs`).
+//! A record's fields are private to this module (a VM's to `state/vm.rs`): the operation
+//! modules read them through getters and change them only through the named transitions
+//! here ([`VgpuRec::admitted`], [`VgpuRec::mark_ready`], [`VgpuRec::attach_to`],
+//! [`VgpuRec::begin_release`], [`VgpuRec::end_worker`], [`VgpuRec::begin_migration`],
+//! [`VgpuRec::apply_shares`], [`VmRec::launched`], [`VmRec::vmm_gone`], ...).
 //!
 //! The state lock's place in the daemon's lock order: see `locks.rs`.
 //!
@@ -18,7 +16,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -26,10 +24,37 @@ use super::attach::ProcessAttach;
 use super::link::Link;
 use super::locks::{Rank, Ranked};
 use super::procs::Proc;
-use super::statefile::{SavedVgpuState, SavedVm, SavedVmState};
-use crate::api::{self, VgpuState, VmState};
+use super::statefile::SavedVgpuState;
+use crate::api::{self, VgpuState};
 use crate::control::{MemReport, WorkerStats};
 use crate::units::permille_to_fraction;
+
+/// Getters of a record's fields: `copy { name: Type, .. }` by value, `by_ref { name:
+/// Type, .. }` by reference; `copy { getter = field: Type }` names the getter apart.
+macro_rules! getters {
+    (copy { $($cg:ident $(= $cf:ident)?: $ct:ty),* $(,)? } by_ref { $($rf:ident: $rt:ty),* $(,)? }) => {
+        $(getters!(@copy $cg $(= $cf)?: $ct);)*
+        $(
+            pub(in crate::daemon) fn $rf(&self) -> &$rt {
+                &self.$rf
+            }
+        )*
+    };
+    (@copy $g:ident = $f:ident: $t:ty) => {
+        pub(in crate::daemon) fn $g(&self) -> $t {
+            self.$f
+        }
+    };
+    (@copy $f:ident: $t:ty) => {
+        pub(in crate::daemon) fn $f(&self) -> $t {
+            self.$f
+        }
+    };
+}
+
+mod vm;
+
+pub(super) use vm::{VmDef, VmRec};
 
 /// A running worker: its process and its control channel.
 pub(super) struct WorkerHandle {
@@ -39,29 +64,29 @@ pub(super) struct WorkerHandle {
 
 /// One vGPU.
 pub(super) struct VgpuRec {
-    pub(super) id: u32,
-    pub(super) gpu: u32,
-    pub(super) memory: u64,
-    pub(super) compute: u32,
-    pub(super) copy: u32,
-    pub(super) priority: i32,
-    pub(super) oversubscribe: bool,
-    pub(super) share_group: Option<String>,
-    pub(super) queues: u16,
+    id: u32,
+    gpu: u32,
+    memory: u64,
+    compute: u32,
+    copy: u32,
+    priority: i32,
+    oversubscribe: bool,
+    share_group: Option<String>,
+    queues: u16,
     /// Storage namespaces, passed to the worker.
-    pub(super) storage: Vec<api::StorageAttachment>,
+    storage: Vec<api::StorageAttachment>,
     /// Where it is in its lifecycle: changed only by the transitions below.
     state: VgpuState,
     vm: Option<u32>,
-    pub(super) owned: bool,
-    pub(super) socket: PathBuf,
-    pub(super) log: PathBuf,
+    owned: bool,
+    socket: PathBuf,
+    log: PathBuf,
     worker: Option<WorkerHandle>,
     /// We asked the worker to stop: its exit is not a failure.
     stopping: bool,
-    pub(super) samples: VecDeque<WorkerStats>,
+    samples: VecDeque<WorkerStats>,
     /// An oversubscribed vGPU's latest memory report.
-    pub(super) memory_report: Option<MemReport>,
+    memory_report: Option<MemReport>,
     /// A migration to this GPU is running (its shares are committed there too).
     migrating_to: Option<u32>,
     /// Restored from the state file but not running (it is still saved as a definition
@@ -74,12 +99,12 @@ pub(super) struct VgpuRec {
     /// When it was first seen released (it is forgotten a retention time later).
     released_at: Option<Instant>,
     /// Its name, unique among live vGPUs.
-    pub(super) name: Option<String>,
-    pub(super) labels: BTreeMap<String, String>,
+    name: Option<String>,
+    labels: BTreeMap<String, String>,
     /// Its own kernel deadline, ms (none: the daemon's).
-    pub(super) kernel_deadline_ms: Option<u32>,
+    kernel_deadline_ms: Option<u32>,
     /// A process vGPU's hand-over (None: a VM's vGPU).
-    pub(super) process: Option<ProcessAttach>,
+    process: Option<ProcessAttach>,
 }
 
 /// A vGPU's shares and priority (compute per-mille, copy per-mille, priority).
@@ -115,7 +140,7 @@ pub(super) struct VgpuDef {
 }
 
 /// vGPU lifecycle transitions: the only places a vGPU's state changes
-/// (docs/architecture.md, "vgpud").
+/// (docs/architecture.md, "Inside vgpud").
 impl VgpuRec {
     fn from_def(d: VgpuDef, state: VgpuState) -> Self {
         Self {
@@ -166,6 +191,33 @@ impl VgpuRec {
             SavedVgpuState::Failed { reason } => VgpuState::Failed { reason },
         };
         Self::from_def(d, state)
+    }
+
+    // What defines it, read by the operations.
+    getters! {
+        copy {
+            id: u32,
+            gpu: u32,
+            memory: u64,
+            compute: u32,
+            copy: u32,
+            priority: i32,
+            oversubscribe: bool,
+            queues: u16,
+            owned: bool,
+            kernel_deadline_ms: Option<u32>,
+            memory_report: Option<MemReport>
+        }
+        by_ref {
+            share_group: Option<String>,
+            storage: Vec<api::StorageAttachment>,
+            socket: PathBuf,
+            log: PathBuf,
+            samples: VecDeque<WorkerStats>,
+            name: Option<String>,
+            labels: BTreeMap<String, String>,
+            process: Option<ProcessAttach>
+        }
     }
 
     pub(super) fn state(&self) -> &VgpuState {
@@ -466,190 +518,6 @@ impl VgpuRec {
             },
             owner_uid: self.process.as_ref().and_then(|p| p.owner_uid),
             owner_gid: self.process.as_ref().and_then(|p| p.owner_gid),
-        }
-    }
-}
-
-/// One VM.
-pub(super) struct VmRec {
-    pub(super) id: u32,
-    pub(super) payload: PathBuf,
-    pub(super) payload_arg: String,
-    pub(super) memory: u64,
-    pub(super) vcpus: u8,
-    pub(super) vgpu: Option<u32>,
-    /// Where it is in its lifecycle: changed only by the transitions below.
-    state: VmState,
-    proc: Option<Proc>,
-    pub(super) console: PathBuf,
-    started: Instant,
-    ended: Option<Instant>,
-    /// Wall-clock launch time (saved in the state file).
-    pub(super) launched: SystemTime,
-    /// A record restored from the state file: how long it ran.
-    pub(super) restored_uptime: Option<u64>,
-    /// Its name, unique among live VMs.
-    pub(super) name: Option<String>,
-    pub(super) labels: BTreeMap<String, String>,
-}
-
-/// What defines a VM when it is launched.
-pub(super) struct VmDef {
-    pub(super) id: u32,
-    pub(super) payload: PathBuf,
-    pub(super) payload_arg: String,
-    pub(super) memory: u64,
-    pub(super) vcpus: u8,
-    pub(super) vgpu: Option<u32>,
-    pub(super) console: PathBuf,
-    pub(super) name: Option<String>,
-    pub(super) labels: BTreeMap<String, String>,
-}
-
-/// VM lifecycle transitions: the only places a VM's state changes.
-impl VmRec {
-    /// A VM being launched: starting until its vmm runs (and its vGPU is connected).
-    pub(super) fn launched(d: VmDef) -> Self {
-        Self {
-            id: d.id,
-            payload: d.payload,
-            payload_arg: d.payload_arg,
-            memory: d.memory,
-            vcpus: d.vcpus,
-            vgpu: d.vgpu,
-            state: VmState::Starting,
-            proc: None,
-            console: d.console,
-            started: Instant::now(),
-            ended: None,
-            launched: SystemTime::now(),
-            restored_uptime: None,
-            name: d.name,
-            labels: d.labels,
-        }
-    }
-
-    /// A VM read back from the state file (`console`: where its console is written):
-    /// running with its adopted vmm `proc`, else as it ended (`lost`: why a VM that was
-    /// running ended while no vgpud ran). `now_unix`: ms since the epoch.
-    pub(super) fn restored(
-        v: SavedVm,
-        console: PathBuf,
-        now_unix: u64,
-        proc: Option<Proc>,
-        lost: String,
-    ) -> Self {
-        let now = Instant::now();
-        let ran_for = Duration::from_millis(now_unix.saturating_sub(v.launched_unix_ms));
-        let (state, uptime) = match (v.state, &proc) {
-            (SavedVmState::Live, Some(_)) => (VmState::Running, None),
-            (SavedVmState::Live, None) => (
-                VmState::Failed { reason: lost },
-                Some(
-                    v.uptime_ms
-                        .unwrap_or_else(|| now_unix.saturating_sub(v.launched_unix_ms)),
-                ),
-            ),
-            (SavedVmState::Exited { code }, _) => {
-                (VmState::Exited { code }, Some(v.uptime_ms.unwrap_or(0)))
-            }
-            (SavedVmState::Failed { reason }, _) => {
-                (VmState::Failed { reason }, Some(v.uptime_ms.unwrap_or(0)))
-            }
-        };
-        let running = proc.is_some() && uptime.is_none();
-        Self {
-            id: v.id,
-            payload: PathBuf::from(v.payload),
-            payload_arg: v.payload_arg,
-            memory: v.memory_bytes,
-            vcpus: v.vcpus,
-            vgpu: v.vgpu,
-            state,
-            proc: proc.filter(|_| running),
-            console,
-            started: if running {
-                now.checked_sub(ran_for).unwrap_or(now)
-            } else {
-                now
-            },
-            ended: (!running).then_some(now),
-            launched: UNIX_EPOCH + Duration::from_millis(v.launched_unix_ms),
-            restored_uptime: uptime,
-            name: v.name,
-            labels: v.labels,
-        }
-    }
-
-    pub(super) fn state(&self) -> &VmState {
-        &self.state
-    }
-
-    /// Its running vmm.
-    pub(super) fn proc(&self) -> Option<&Proc> {
-        self.proc.as_ref()
-    }
-
-    /// It moved here from another host after running `ms`: its uptime continues that.
-    pub(super) fn continue_uptime(&mut self, ms: u64) {
-        if let Some(t) = Instant::now().checked_sub(Duration::from_millis(ms)) {
-            self.started = t;
-        }
-    }
-
-    /// Its vGPU is gone.
-    pub(super) fn forget_vgpu(&mut self) {
-        self.vgpu = None;
-    }
-
-    /// Its vmm `proc` started.
-    pub(super) fn vmm_started(&mut self, proc: Proc) {
-        self.proc = Some(proc);
-    }
-
-    /// Its vmm is gone: it ended now.
-    pub(super) fn vmm_gone(&mut self) {
-        self.proc = None;
-        self.ended = Some(Instant::now());
-    }
-
-    /// Its vmm runs and its vGPU (if any) is connected.
-    pub(super) fn mark_running(&mut self) {
-        self.state = VmState::Running;
-    }
-
-    /// Its vmm exited with `code`.
-    pub(super) fn mark_exited(&mut self, code: i32) {
-        self.state = VmState::Exited { code };
-    }
-
-    /// It failed with `reason`.
-    pub(super) fn fail(&mut self, reason: String) {
-        self.state = VmState::Failed { reason };
-    }
-}
-
-impl VmRec {
-    pub(super) fn uptime_ms(&self) -> u64 {
-        self.restored_uptime.unwrap_or_else(|| {
-            let up = self.ended.unwrap_or_else(Instant::now) - self.started;
-            u64::try_from(up.as_millis()).unwrap_or(u64::MAX)
-        })
-    }
-
-    pub(super) fn view(&self) -> api::Vm {
-        api::Vm {
-            id: self.id,
-            payload: self.payload.display().to_string(),
-            payload_arg: self.payload_arg.clone(),
-            memory_bytes: self.memory,
-            vcpus: self.vcpus,
-            vgpu: self.vgpu,
-            state: self.state.clone(),
-            pid: self.proc.as_ref().map(|p| p.pid),
-            uptime_ms: self.uptime_ms(),
-            name: self.name.clone(),
-            labels: self.labels.clone(),
         }
     }
 }

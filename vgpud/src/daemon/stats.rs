@@ -47,15 +47,15 @@ impl Daemon {
     /// vGPU `rec`'s stats over the window, from its samples.
     fn stats_of(&self, rec: &VgpuRec) -> api::VgpuStats {
         let window_ns = u64::try_from(self.cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
-        let last = rec.samples.back().copied().unwrap_or_default();
+        let last = rec.samples().back().copied().unwrap_or_default();
         let first = rec
-            .samples
+            .samples()
             .iter()
             .find(|s| last.uptime_ns.saturating_sub(s.uptime_ns) <= window_ns)
             .copied()
             .unwrap_or(last);
         let dt = last.uptime_ns.saturating_sub(first.uptime_ns);
-        let bw = self.gpu(rec.gpu).map_or(0, |g| g.copy_bandwidth);
+        let bw = self.gpu(rec.gpu()).map_or(0, |g| g.copy_bandwidth);
         // A vGPU whose worker is gone uses nothing, whatever its last window said.
         let (compute, copy) = if dt == 0 || rec.worker().is_none() {
             (0.0, (bw > 0).then_some(0.0))
@@ -66,32 +66,36 @@ impl Daemon {
                 .saturating_sub(first.bytes_htod + first.bytes_dtoh) as f64;
             (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
         };
-        let live = rec.worker().is_some() && !rec.samples.is_empty();
+        let live = rec.worker().is_some() && !rec.samples().is_empty();
         // The grant path's counters (its own lock, a leaf).
         let usage = self
             .grants
-            .get(rec.gpu as usize)
-            .and_then(|g| g.usage(rec.id))
+            .get(rec.gpu() as usize)
+            .and_then(|g| g.usage(rec.id()))
             .unwrap_or_default();
         api::VgpuStats {
-            vgpu: rec.id,
-            gpu: rec.gpu,
+            vgpu: rec.id(),
+            gpu: rec.gpu(),
             live,
             window_ms: dt / 1_000_000,
             compute_utilization: compute,
             copy_utilization: copy,
-            memory_share_bytes: rec.memory,
+            memory_share_bytes: rec.memory(),
             memory_used_bytes: last.memory_used,
-            memory_resident_bytes: rec.memory_report.map_or(last.memory_used, |m| m.resident),
-            memory_swapped_bytes: rec.memory_report.map_or(0, |m| m.device_swap + m.host_swap),
-            memory_device_swap_bytes: rec.memory_report.map_or(0, |m| m.device_swap),
-            swap_out_bytes: rec.memory_report.map_or(0, |m| m.swap_out_bytes),
-            swap_in_bytes: rec.memory_report.map_or(0, |m| m.swap_in_bytes),
+            memory_resident_bytes: rec.memory_report().map_or(last.memory_used, |m| m.resident),
+            memory_swapped_bytes: rec
+                .memory_report()
+                .map_or(0, |m| m.device_swap + m.host_swap),
+            memory_device_swap_bytes: rec.memory_report().map_or(0, |m| m.device_swap),
+            swap_out_bytes: rec.memory_report().map_or(0, |m| m.swap_out_bytes),
+            swap_in_bytes: rec.memory_report().map_or(0, |m| m.swap_in_bytes),
             swap_out_ms: rec
-                .memory_report
+                .memory_report()
                 .map_or(0.0, |m| m.swap_out_ns as f64 / 1e6),
-            swap_in_ms: rec.memory_report.map_or(0.0, |m| m.swap_in_ns as f64 / 1e6),
-            evictions: rec.memory_report.map_or(0, |m| m.evictions),
+            swap_in_ms: rec
+                .memory_report()
+                .map_or(0.0, |m| m.swap_in_ns as f64 / 1e6),
+            evictions: rec.memory_report().map_or(0, |m| m.evictions),
             allocations: last.allocations,
             requests: last.requests,
             errors: last.errors,
@@ -100,18 +104,18 @@ impl Daemon {
             bytes_htod: last.bytes_htod,
             bytes_dtoh: last.bytes_dtoh,
             bytes_dtod: last.bytes_dtod,
-            compute_share: permille_to_fraction(if rec.samples.is_empty() {
-                rec.compute
+            compute_share: permille_to_fraction(if rec.samples().is_empty() {
+                rec.compute()
             } else {
                 last.compute_share
             }),
-            copy_share: permille_to_fraction(if rec.samples.is_empty() {
-                rec.copy
+            copy_share: permille_to_fraction(if rec.samples().is_empty() {
+                rec.copy()
             } else {
                 last.copy_share
             }),
-            priority: if rec.samples.is_empty() {
-                rec.priority
+            priority: if rec.samples().is_empty() {
+                rec.priority()
             } else {
                 last.priority
             },
@@ -139,7 +143,7 @@ impl Daemon {
                 inner
                     .vgpus
                     .values()
-                    .filter_map(|r| r.link().map(|l| (r.id, l)))
+                    .filter_map(|r| r.link().map(|l| (r.id(), l)))
                     .collect()
             });
             for (id, link) in links {
@@ -159,7 +163,7 @@ impl Daemon {
             inner
                 .vgpus
                 .values()
-                .filter_map(|r| r.worker_proc().map(|p| (r.id, r.gpu, p)))
+                .filter_map(|r| r.worker_proc().map(|p| (r.id(), r.gpu(), p)))
                 .collect()
         });
         for (id, gpu, proc) in running {
@@ -189,7 +193,7 @@ impl Daemon {
                 if *r.state() == VgpuState::Released && r.worker().is_none() {
                     let at = r.released_since(now);
                     if now.saturating_duration_since(at) >= retention {
-                        expired.push(r.id);
+                        expired.push(r.id());
                     }
                 } else {
                     r.clear_released();
@@ -204,10 +208,10 @@ impl Daemon {
             return;
         }
         for rec in &gone {
-            let _ = std::fs::remove_file(&rec.log);
-            let _ = std::fs::remove_file(&rec.socket);
+            let _ = std::fs::remove_file(rec.log());
+            let _ = std::fs::remove_file(rec.socket());
             tracing::info!(
-                vgpu = rec.id,
+                vgpu = rec.id(),
                 "released vGPU forgotten after its retention time"
             );
         }

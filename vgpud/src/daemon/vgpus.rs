@@ -44,9 +44,9 @@ impl Daemon {
     /// Removes a vGPU record and its files (after its worker is gone).
     pub(super) fn forget_vgpu(&self, id: u32) {
         if let Some(rec) = self.state.with(|i| i.vgpus.remove(&id)) {
-            let _ = std::fs::remove_file(&rec.log);
-            let _ = std::fs::remove_file(&rec.socket);
-            if rec.process.is_some() {
+            let _ = std::fs::remove_file(rec.log());
+            let _ = std::fs::remove_file(rec.socket());
+            if rec.process().is_some() {
                 remove_attach_dir(&self.cfg.state_dir, id);
             }
         }
@@ -215,7 +215,7 @@ impl Daemon {
             };
             match server.set_shares(id, share(new.compute), share(new.copy)) {
                 Ok(()) => done.push(server),
-                Err(GrantError::NotAttached(_)) if gpu != rec.gpu => {}
+                Err(GrantError::NotAttached(_)) if gpu != rec.gpu() => {}
                 Err(e) => {
                     let old = rec.shares();
                     for s in done {
@@ -229,8 +229,8 @@ impl Daemon {
             }
         }
         rec.apply_shares(new);
-        if rec.oversubscribe {
-            self.pool_join(rec.gpu, id, new.priority);
+        if rec.oversubscribe() {
+            self.pool_join(rec.gpu(), id, new.priority);
         }
         self.mark_dirty();
         Ok(())
@@ -306,7 +306,7 @@ fn being_released(id: u32) -> ApiError {
 
 /// Whether vGPU `rec` can take a change now.
 fn live_for_change(rec: &VgpuRec) -> Result<(), ApiError> {
-    let id = rec.id;
+    let id = rec.id();
     // Asked to stop: its worker may already be gone, its record not yet.
     if *rec.state() == VgpuState::Releasing || rec.stopping() {
         return Err(being_released(id));
@@ -380,9 +380,9 @@ impl Meta {
         self.check(inner, id)?;
         let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
         let old = Meta {
-            name: self.name.as_ref().map(|_| rec.name.clone()),
-            labels: self.labels.as_ref().map(|_| rec.labels.clone()),
-            kernel_deadline_ms: self.kernel_deadline_ms.map(|_| rec.kernel_deadline_ms),
+            name: self.name.as_ref().map(|_| rec.name().clone()),
+            labels: self.labels.as_ref().map(|_| rec.labels().clone()),
+            kernel_deadline_ms: self.kernel_deadline_ms.map(|_| rec.kernel_deadline_ms()),
         };
         rec.set_meta(
             self.name.clone(),

@@ -304,7 +304,7 @@ impl Daemon {
     /// Rolls back a VM whose vmm could not start.
     pub(super) async fn undo_vm(&self, vm_id: u32, vgpu: Option<u32>, inline: bool) {
         if let Some(vm) = self.state.with(|i| i.vms.remove(&vm_id)) {
-            let _ = std::fs::remove_file(&vm.console);
+            let _ = std::fs::remove_file(vm.console());
         }
         self.mark_dirty();
         let Some(g) = vgpu else { return };
@@ -351,7 +351,7 @@ impl Daemon {
             })?;
         tracing::info!(vm = vm_id, pid = proc.pid, payload = %payload.display(), "vmm started");
         let recorded = self.state.with(|inner| {
-            let has_vgpu = inner.vms.get(&vm_id).map(|vm| vm.vgpu.is_some());
+            let has_vgpu = inner.vms.get(&vm_id).map(|vm| vm.vgpu().is_some());
             let vm = inner.vms.get_mut(&vm_id)?;
             vm.vmm_started(proc.clone());
             if has_vgpu == Some(false) {
@@ -388,9 +388,9 @@ impl Daemon {
             .get(&vm_id)
             .ok_or_else(|| ApiError::internal(format!("VM {vm_id} vanished while starting")))?;
         let socket = vm
-            .vgpu
+            .vgpu()
             .and_then(|g| inner.vgpus.get(&g))
-            .map(|r| r.socket.clone());
+            .map(|r| r.socket().clone());
         let mut cmd = Command::new(&self.cfg.vmm_bin);
         match self.host.vmm(vm_id) {
             // A VM moving here from another vgpud: its shape comes with it.
@@ -402,11 +402,11 @@ impl Daemon {
             }
             None => {
                 cmd.arg("--payload")
-                    .arg(&vm.payload)
-                    .args(["--memory", &vm.memory.to_string()])
-                    .args(["--vcpus", &vm.vcpus.to_string()])
+                    .arg(vm.payload())
+                    .args(["--memory", &vm.memory().to_string()])
+                    .args(["--vcpus", &vm.vcpus().to_string()])
                     .arg("--payload-arg")
-                    .arg(&vm.payload_arg);
+                    .arg(vm.payload_arg());
             }
         }
         cmd.arg("--api-socket")
@@ -419,7 +419,7 @@ impl Daemon {
             spec.push(s.as_os_str());
             cmd.arg("--vgpu").arg(spec);
         }
-        Ok((cmd, vm.console.clone(), vm.payload.clone()))
+        Ok((cmd, vm.console().clone(), vm.payload().clone()))
     }
 
     /// VM `vm_id`'s vmm `pid` exited: the VM ended, and its vGPU's worker goes too.
@@ -439,7 +439,7 @@ impl Daemon {
             tracing::info!(vm = vm_id, pid, state = ?vm.state(), "vmm exited");
             self.mark_dirty();
             let worker = vm
-                .vgpu
+                .vgpu()
                 .and_then(|g| inner.vgpus.get(&g))
                 .and_then(|r| r.worker_proc());
             Some(worker)
@@ -470,7 +470,7 @@ impl Daemon {
     pub fn console(&self, id: u32, offset: u64) -> Result<Vec<u8>, ApiError> {
         let path = self
             .state
-            .with(|i| i.vms.get(&id).map(|v| v.console.clone()))
+            .with(|i| i.vms.get(&id).map(|v| v.console().clone()))
             .ok_or_else(|| no_vm(id))?;
         let mut data = self
             .host
@@ -492,7 +492,7 @@ impl Daemon {
             // A vGPU restored after a restart no longer belongs to the VM it served before
             // (it may serve a new one): leave it alone.
             let vgpu = vm
-                .vgpu
+                .vgpu()
                 .filter(|g| inner.vgpus.get(g).is_some_and(|r| r.vm() == Some(id)));
             Ok::<_, ApiError>((vm.proc().cloned(), vgpu))
         })?;
@@ -511,14 +511,14 @@ impl Daemon {
         }
         let (vm, owned) = self.state.with(|inner| {
             let vm = inner.vms.remove(&id);
-            let owned = vgpu.filter(|g| inner.vgpus.get(g).is_some_and(|r| r.owned));
+            let owned = vgpu.filter(|g| inner.vgpus.get(g).is_some_and(|r| r.owned()));
             if let Some(rec) = vgpu.and_then(|g| inner.vgpus.get_mut(&g)) {
                 rec.forget_vm();
             }
             (vm, owned)
         });
         if let Some(vm) = vm {
-            let _ = std::fs::remove_file(&vm.console);
+            let _ = std::fs::remove_file(vm.console());
         }
         self.host.forget_vm(id);
         // The vmm's API socket, and the socket a VM that moved here arrived on.
@@ -562,7 +562,7 @@ fn bind_vgpu(inner: &mut Inner, g: u32, vm_id: u32) -> Result<(), ApiError> {
             format!("there is no vGPU {g} (GET /v1/vgpus lists them)"),
         ));
     };
-    if rec.process.is_some() {
+    if rec.process().is_some() {
         return Err(ApiError::conflict(
             "vgpu_id",
             format!("vGPU {g} is for processes (attach \"process\"); create a vGPU for the VM"),

@@ -196,7 +196,7 @@ impl Daemon {
             .with(|i| {
                 i.vgpus
                     .get(&id)
-                    .map(|r| (r.socket.clone(), r.process.clone()))
+                    .map(|r| (r.socket().clone(), r.process().clone()))
             })
             .ok_or_else(|| ApiError::internal(format!("vGPU {id} vanished while starting")))?;
         // The directory, the log and the fork run off the runtime: vgpud serves other
@@ -293,18 +293,18 @@ impl Daemon {
             .get(&id)
             .ok_or_else(|| ApiError::internal(format!("vGPU {id} vanished while starting")))?;
         let gpu = self
-            .gpu(rec.gpu)
+            .gpu(rec.gpu())
             .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
-        let fds = self.attach_grants(rec, rec.gpu)?;
+        let fds = self.attach_grants(rec, rec.gpu())?;
         let cmd = self.worker_command(rec, gpu);
-        if rec.oversubscribe {
-            self.pool_join(rec.gpu, id, rec.priority);
+        if rec.oversubscribe() {
+            self.pool_join(rec.gpu(), id, rec.priority());
         }
         Ok(WorkerLaunch {
             cmd,
-            log: rec.log.clone(),
+            log: rec.log().clone(),
             fds,
-            gpu: rec.gpu,
+            gpu: rec.gpu(),
         })
     }
 
@@ -313,15 +313,18 @@ impl Daemon {
         let mut cmd = Command::new(&self.cfg.worker_bin);
         // Relative to its private directory, its working directory.
         cmd.args(["--socket", VHOST_SOCKET])
-            .args(["--vgpu-id", &rec.id.to_string()])
-            .args(["--memory", &rec.memory.to_string()])
-            .args(["--queues", &rec.queues.to_string()])
+            .args(["--vgpu-id", &rec.id().to_string()])
+            .args(["--memory", &rec.memory().to_string()])
+            .args(["--queues", &rec.queues().to_string()])
             .args([
                 "--compute-share",
-                &permille_to_fraction(rec.compute).to_string(),
+                &permille_to_fraction(rec.compute()).to_string(),
             ])
-            .args(["--copy-share", &permille_to_fraction(rec.copy).to_string()])
-            .args(["--priority", &rec.priority.to_string()]);
+            .args([
+                "--copy-share",
+                &permille_to_fraction(rec.copy()).to_string(),
+            ])
+            .args(["--priority", &rec.priority().to_string()]);
         if self.cfg.queue_poll_us > 0 {
             cmd.args(["--poll-us", &self.cfg.queue_poll_us.to_string()]);
         }
@@ -332,25 +335,25 @@ impl Daemon {
             None => {
                 cmd.args([
                     "--sim-memory",
-                    &self.sim_memory(gpu, rec.oversubscribe).to_string(),
+                    &self.sim_memory(gpu, rec.oversubscribe()).to_string(),
                 ])
                 .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
                 .args(["--sim-speed", &gpu.speed.to_string()])
                 .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
             }
         }
-        if rec.oversubscribe {
+        if rec.oversubscribe() {
             cmd.arg("--oversubscribe");
         }
         cmd.arg("--shm");
-        if let Some(incoming) = self.host.worker(rec.id) {
+        if let Some(incoming) = self.host.worker(rec.id()) {
             // It receives the vGPU's state from another host's worker first; its fresh
             // secret is the stream's one-time token.
             cmd.arg("--migrate-in")
                 .arg(&incoming.address)
                 .args(["--migrate-token-file", SECRET_FILE]);
         }
-        for s in &rec.storage {
+        for s in rec.storage() {
             cmd.arg("--storage").arg(s.to_arg());
         }
         cmd.args([
@@ -479,7 +482,7 @@ impl Daemon {
             if let Some(rec) = inner.vgpus.get_mut(&vgpu) {
                 // Starting too: an adopted worker says `connected` right after `ready`,
                 // which may still be on its way through `await_ready`.
-                if rec.process.is_some()
+                if rec.process().is_some()
                     && matches!(rec.state(), VgpuState::Ready | VgpuState::Starting)
                 {
                     rec.mark_attached();
@@ -490,7 +493,7 @@ impl Daemon {
             if let Some(vm) = vm.and_then(|v| inner.vms.get_mut(&v)) {
                 if *vm.state() == VmState::Starting {
                     vm.mark_running();
-                    tracing::info!(vm = vm.id, vgpu, "VM running (its vGPU is connected)");
+                    tracing::info!(vm = vm.id(), vgpu, "VM running (its vGPU is connected)");
                 }
             }
         });
@@ -515,7 +518,7 @@ impl Daemon {
         self.state.notify();
         let next = self.state.with(|i| {
             i.vgpus.get(&id).is_some_and(|r| {
-                r.process.is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
+                r.process().is_some() && *r.state() == VgpuState::Starting && r.worker().is_none()
             })
         });
         if next {
@@ -545,21 +548,21 @@ impl Daemon {
             return None;
         }
         rec.drop_worker();
-        self.detach_grants(id, rec.gpu);
+        self.detach_grants(id, rec.gpu());
         for gpu in rec.pools() {
             self.pool_leave(gpu, id);
         }
-        let gpu = rec.gpu;
+        let gpu = rec.gpu();
         let vm = rec.vm();
         let new_state =
-            match self.expelled(id, rec.gpu) {
+            match self.expelled(id, rec.gpu()) {
                 Some(reason) if *rec.state() != VgpuState::Released => VgpuState::Failed { reason },
                 // Its process hung up, or the worker failed under it: the vGPU holds its
                 // resources for the next process.
                 _ if super::process::next_process(rec) => {
                     if !status.is_none_or(ExitStatus::success) {
                         let how = status.map_or_else(String::new, procs::describe);
-                        tracing::warn!(vgpu = id, pid, how, tail = log_tail(&rec.log),
+                        tracing::warn!(vgpu = id, pid, how, tail = log_tail(rec.log()),
                         "the worker failed under its process; a fresh worker serves the next one");
                     }
                     VgpuState::Starting
@@ -579,8 +582,8 @@ impl Daemon {
         let alive: Vec<(u32, String)> = inner
             .vgpus
             .values()
-            .filter(|r| r.id != id && r.worker().is_some())
-            .filter_map(|r| r.share_group.clone().map(|g| (r.gpu, g)))
+            .filter(|r| r.id() != id && r.worker().is_some())
+            .filter_map(|r| r.share_group().clone().map(|g| (r.gpu(), g)))
             .collect();
         Some((gpu, alive))
     }
@@ -643,12 +646,12 @@ fn exit_state(rec: &VgpuRec, status: Option<&ExitStatus>, vm_running: bool) -> V
         VgpuState::Starting => {
             format!(
                 "the worker exited while starting ({how}){}",
-                log_tail(&rec.log)
+                log_tail(rec.log())
             )
         }
         _ => format!(
             "the worker exited unexpectedly ({how}){}",
-            log_tail(&rec.log)
+            log_tail(rec.log())
         ),
     };
     match was {

@@ -97,7 +97,7 @@ impl Daemon {
         if req.vm.vgpu_id.is_some() {
             return Err(ApiError::bad(
                 "vm.vgpu_id",
-                "an incoming VM brings its vGPU inline (vm.vgpu)",
+                "an incoming VM brings its vGPU inline (vm.vgpu())",
             ));
         }
         let ask = self.validate_vm(&req.vm).map_err(|e| e.within("vm"))?;
@@ -143,7 +143,7 @@ impl Daemon {
             }
         }
         let gpu = vgpu
-            .and_then(|g| self.state.with(|i| i.vgpus.get(&g).map(|r| r.gpu)))
+            .and_then(|g| self.state.with(|i| i.vgpus.get(&g).map(|r| r.gpu())))
             .unwrap_or(0);
         let mid = self.state.with(|inner| {
             let mid = inner.next_migration;

@@ -222,24 +222,24 @@ impl Daemon {
         }
         let payload = match &self.cfg.payload_dir {
             Some(dir) => vm
-                .payload
+                .payload()
                 .strip_prefix(dir)
                 .ok()
                 .and_then(|p| p.to_str())
                 .map(str::to_owned),
             None => None,
         }
-        .unwrap_or_else(|| vm.payload.display().to_string());
+        .unwrap_or_else(|| vm.payload().display().to_string());
         let mut vgpu = None;
         let mut create_vgpu = None;
-        if let Some(g) = vm.vgpu {
+        if let Some(g) = vm.vgpu() {
             let rec = inner
                 .vgpus
                 .get(&g)
                 .ok_or_else(|| ApiError::internal(format!("VM {vm_id}'s vGPU {g} vanished")))?;
             // An oversubscribed vGPU moves with every byte, swapped pieces included; the
             // destination runs it oversubscribed too, under its own admission rule.
-            if !rec.storage.is_empty() || rec.migrating_to().is_some() {
+            if !rec.storage().is_empty() || rec.migrating_to().is_some() {
                 return Err(ApiError::conflict(
                     "id",
                     format!("VM {vm_id}'s vGPU {g} has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
@@ -250,37 +250,37 @@ impl Daemon {
                 .ok_or_else(|| ApiError::conflict("id", format!("vGPU {g} has no worker")))?;
             create_vgpu = Some(VgpuCreate {
                 gpu: None,
-                memory_bytes: rec.memory,
-                compute_share: permille_to_fraction(rec.compute),
-                copy_share: Some(permille_to_fraction(rec.copy)),
-                priority: rec.priority,
-                oversubscribe: rec.oversubscribe,
+                memory_bytes: rec.memory(),
+                compute_share: permille_to_fraction(rec.compute()),
+                copy_share: Some(permille_to_fraction(rec.copy())),
+                priority: rec.priority(),
+                oversubscribe: rec.oversubscribe(),
                 share_group: None,
-                queues: rec.queues,
+                queues: rec.queues(),
                 storage: Vec::new(),
-                name: rec.name.clone(),
-                labels: rec.labels.clone(),
-                kernel_deadline_ms: rec.kernel_deadline_ms,
+                name: rec.name().clone(),
+                labels: rec.labels().clone(),
+                kernel_deadline_ms: rec.kernel_deadline_ms(),
                 attach: Default::default(),
                 owner_uid: None,
                 owner_gid: None,
             });
-            vgpu = Some((g, rec.gpu, link));
+            vgpu = Some((g, rec.gpu(), link));
         }
         Ok(Plan {
             vm_id,
             create: VmCreate {
                 payload: Some(payload),
-                payload_arg: vm.payload_arg.clone(),
+                payload_arg: vm.payload_arg().clone(),
                 kernel: None,
                 initrd: None,
                 cmdline: None,
-                memory_bytes: vm.memory,
-                vcpus: vm.vcpus,
+                memory_bytes: vm.memory(),
+                vcpus: vm.vcpus(),
                 vgpu_id: None,
                 vgpu: create_vgpu,
-                name: vm.name.clone(),
-                labels: vm.labels.clone(),
+                name: vm.name().clone(),
+                labels: vm.labels().clone(),
             },
             vgpu,
             api_socket: vmm_api_socket(&self.cfg.state_dir, vm_id),
