@@ -297,6 +297,7 @@ impl Vgpu {
             }
             Request::ModuleLoad(a) => self.module_load(mem, chain, layout, a),
             Request::ModuleUnload(a) => b
+                .modules()
                 .module_unload(a.module)
                 .map(|()| [0; 4])
                 .map_err(Into::into),
@@ -309,7 +310,9 @@ impl Vgpu {
                 }
                 let mut name = [0u8; MAX_NAME_LEN as usize];
                 gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
-                let f = b.get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
+                let f = b
+                    .modules()
+                    .get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
                 Ok([f.handle, u64::from(f.param_count), 0, 0])
             }
             Request::GetFunctionLayout(a) => self.get_function_layout(mem, chain, layout, a),
@@ -329,7 +332,7 @@ impl Vgpu {
                 let mut name = [0u8; MAX_NAME_LEN as usize];
                 gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
                 let name = name.get(..a.name_len as usize).unwrap_or(&[]);
-                let (addr, size) = b.module_global(a.module, name)?;
+                let (addr, size) = b.modules().module_global(a.module, name)?;
                 Ok([addr, size, 0, 0])
             }
             Request::Launch(l) => self.launch(l),
@@ -542,7 +545,7 @@ impl Vgpu {
                 share,
             });
         }
-        let handle = self.backend.module_load(image)?;
+        let handle = self.backend.modules().module_load(image)?;
         Ok([handle, footprint, 0, 0])
     }
 
@@ -569,8 +572,8 @@ impl Vgpu {
         let mut name = [0u8; MAX_NAME_LEN as usize];
         gather(mem, chain, &names, name_of(op), a.name_len, &mut name)?;
         let name = name.get(..a.name_len as usize).unwrap_or(&[]);
-        let f = self.backend.get_function(a.module, name)?;
-        let params = self.backend.param_layout(f.handle)?;
+        let f = self.backend.modules().get_function(a.module, name)?;
+        let params = self.backend.modules().param_layout(f.handle)?;
         let d = chain
             .clone()
             .nth(layout.data_count)

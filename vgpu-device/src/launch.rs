@@ -7,14 +7,14 @@
 //! one after the other ([`LaunchBatch`], bounded by [`crate::BatchLimits`]), checks each as
 //! a lone launch would be checked (one that fails gets its error and stays out), asks the
 //! GPU's scheduler once for the whole batch, hands the kernels to the backend in one
-//! [`Backend::launch_batch`](vgpu_backend::Backend::launch_batch) and then completes every
+//! [`Backend::launch`](vgpu_backend::Backend::launch) and then completes every
 //! request in ring order. Any other request ends the batch: a queue's requests are never
 //! reordered.
 
 use std::cell::RefCell;
 use std::time::Instant;
 
-use vgpu_backend::{BatchLaunch, LaunchConfig, LaunchStats};
+use vgpu_backend::{Launch, LaunchConfig, LaunchStats};
 use vgpu_grant::Resource;
 use vgpu_proto::{
     features, ArgError, ArgValue, LaunchRequest, Opcode, Request, MAX_KERNEL_ARGS,
@@ -66,6 +66,16 @@ impl Checked {
     /// The arguments.
     pub fn args(&self) -> &[ArgValue] {
         self.args.get(..self.count).unwrap_or(&[])
+    }
+
+    /// The backend's launch, with the request's parameter `blob` where an argument is one.
+    pub fn launch<'a>(&'a self, blob: &'a [u8]) -> Launch<'a> {
+        Launch {
+            function: self.function,
+            config: self.config,
+            args: self.args(),
+            blob: if self.blobs { blob } else { &[] },
+        }
     }
 }
 
@@ -166,7 +176,7 @@ impl Vgpu {
         if c.blobs {
             // Each blob must be exactly its parameter's bytes (where the backend reports the
             // layout; it checks again when it packs the parameters).
-            if let Ok(params) = self.backend.param_layout(la.function) {
+            if let Ok(params) = self.backend.modules().param_layout(la.function) {
                 for (index, v) in c.args().iter().enumerate() {
                     if let ArgValue::Blob { len, .. } = *v {
                         let param = params.get(index).map_or(0, |(_, size)| size);
@@ -185,12 +195,7 @@ impl Vgpu {
 
     /// The backend call of one checked launch (`blob`: the request's parameter blob).
     fn call_backend(&self, c: &Checked, blob: &[u8]) -> vgpu_backend::Result<LaunchStats> {
-        if c.blobs {
-            self.backend
-                .launch_with_params(c.function, &c.config, c.args(), blob)
-        } else {
-            self.backend.launch(c.function, &c.config, c.args())
-        }
+        vgpu_backend::one_result(self.backend.launch(&[c.launch(blob)]))
     }
 
     /// A launch alone: checks, a hardware slot, the scheduler's grant, the backend call.
@@ -462,17 +467,12 @@ impl Vgpu {
                 .map(|i| self.call_backend(&i.checked, &i.blob))
                 .collect()
         } else {
-            let launches: Vec<BatchLaunch<'_>> = items
+            let launches: Vec<Launch<'_>> = items
                 .iter()
                 .filter(|i| i.outcome.is_none())
-                .map(|i| BatchLaunch {
-                    function: i.checked.function,
-                    config: i.checked.config,
-                    args: i.checked.args(),
-                    blob: &i.blob,
-                })
+                .map(|i| i.checked.launch(&i.blob))
                 .collect();
-            self.backend.launch_batch(&launches)
+            self.backend.launch(&launches)
         };
         let wall = elapsed_ns(call);
         let backend_end = timeline::stamp();

@@ -331,10 +331,13 @@ impl VhostUserBackend for VgpuVhostBackend {
         let mut registered = lock(&self.registered);
         // Every region is registered afresh: a new region may sit at an old one's address
         // with other pages behind it. Unregistering waits for copies still using them.
-        backend.unregister_host_memory(&registered);
+        let host = backend.host_memory();
+        if let Some(h) = host {
+            h.unregister(&registered);
+        }
         registered.clear();
         *write(&self.mem) = mem;
-        if let Err(e) = backend.register_host_memory(&regions) {
+        if let Some(Err(e)) = host.map(|h| h.register(&regions)) {
             tracing::warn!(error = %e, "guest memory not fully registered with the backend");
         }
         // Unregistering an address that failed to register is a no-op.
