@@ -17,6 +17,7 @@ mod events;
 mod kernel_times;
 mod launch;
 mod memtable;
+mod request;
 mod shm;
 mod slots;
 mod stats;
