@@ -1,4 +1,4 @@
-//! `Backend::launch_batch` on the sim backend and, where a CUDA GPU is present, on the cuda
+//! `Backend::launch` of several launches on the sim backend and, where a CUDA GPU is present, on the cuda
 //! backend (otherwise `SKIPPED (cuda): why`; with `VGPU_REQUIRE_CUDA=1` a missing GPU fails
 //! instead): results in order, a failing item failing alone, built-ins that cannot join a
 //! batch running alone in its place, guest functions batched with their own device times
