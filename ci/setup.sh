@@ -11,3 +11,5 @@ if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; 
   echo "setup: installing the x86_64-unknown-none target for the payload guests"
   rustup target add x86_64-unknown-none
 fi
+# NVIDIA's CUDA runtime from PyPI for cuda-shim's cudart test (skipped without pip/network).
+"$(dirname "$0")/fetch-cudart.sh"

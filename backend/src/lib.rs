@@ -37,7 +37,7 @@ pub use error::{BackendError, Result};
 pub use footprint::{cubin_globals_bytes, module_footprint, ptx_globals_bytes, MODULE_PAGE};
 pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
-pub use vgpu_proto::{Access, ArgValue, ParamLayout};
+pub use vgpu_proto::{Access, ArgValue, FunctionAttributes, ParamLayout};
 pub use vgpu_sync as sync;
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
@@ -298,6 +298,16 @@ pub trait Modules: Send + Sync {
     /// Where each parameter of a looked-up function lies in its parameter buffer (offsets
     /// and sizes).
     fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout>;
+
+    /// A looked-up function's resources (registers, static shared, constant and local
+    /// memory, the most threads per block), as `cuFuncGetAttribute` answers them. Default:
+    /// not supported (the library then answers `CUDA_ERROR_NOT_SUPPORTED` for them).
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        let _ = function;
+        Err(BackendError::NotSupported(
+            "this backend does not report function attributes".into(),
+        ))
+    }
 
     /// The device address and size of module-scope variable `name` (`__device__`,
     /// `__constant__`) of a loaded module. From then on the range is a valid target of

@@ -13,7 +13,7 @@
 #   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the steps install it with
 #                                   `bin/vgpu-cuda install`, as libcuda.so.1 and libcuda.so)
 #   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources, and the
-#                                   cuda-shares step's (vecloop)
+#                                   cuda-shares step's (vecloop) and the cudart step's (rt_*)
 #   gpu-bundle/fuzz/                the fuzz targets, when they were built (see below)
 #   gpu-bundle/MANIFEST             what is in it, from which commit, sizes
 #
@@ -115,7 +115,9 @@ cp backend/kernels/*.cu backend/kernels/*.ptx backend/kernels/build-ptx.sh "$out
 cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
     cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
-    cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu "$out/cuda-programs/"
+    cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu \
+    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"
 for f in request_parser rest_bodies elf_loader bzimage_loader; do

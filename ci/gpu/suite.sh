@@ -42,6 +42,7 @@ cuda-migration|check|180|in-process migration tour across GPUs (onto the same GP
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
+cudart|check|420|CUDA runtime programs on the vGPU library over a cuda worker and natively, results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (is_available, matmul)
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 cuda-api-bench|bench|400|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second (batched, with queue polling, and one launch at a time)
@@ -158,7 +159,7 @@ on_vgpu() {
     sock=$d/$tag.sock
     rm -f "$sock"
     # shellcheck disable=SC2086 # WORKER_ARGS: extra worker flags, split on spaces
-    "$B/bin/vgpu-worker" --backend cuda --socket "$sock" --vgpu-id 0 --memory 8G \
+    "$B/bin/vgpu-worker" --backend cuda --socket "$sock" --vgpu-id 0 --memory "${VGPU_MEMORY:-8G}" \
         --queues 4 ${WORKER_ARGS:-} >"$d/worker-$tag.log" 2>&1 &
     wpid=$!
     for _ in $(seq 150); do [[ -S "$sock" ]] && break; sleep 0.2; done
@@ -215,6 +216,45 @@ step_cuda-programs() {
                 echo "== $prog $where: pass in ${secs}s"
             else
                 echo "== $prog $where: FAIL ($r) in ${secs}s"; tail -5 "$d/$prog-$where.log"
+                rc=1
+            fi
+        done
+    done
+    return "$rc"
+}
+# CUDA runtime programs (libcudart: nvcc's <<<>>> with the static and the shared runtime,
+# CuPy, PyTorch) natively and on the vGPU library over a cuda worker, each result checked.
+step_cudart() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc prog where t0 rc=0
+    mkdir -p "$d/lib"
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
+    "$nvcc" -o "$d/rt-vecadd-static" "$src/rt_vecadd.cu" || return 1
+    "$nvcc" -cudart shared -o "$d/rt-vecadd-shared" "$src/rt_vecadd.cu" || return 1
+    for prog in rt-vecadd-static rt-vecadd-shared rt-cupy rt-torch; do
+        local cmd=() ok
+        case $prog in
+            rt-vecadd-*) cmd=("$d/$prog"); ok="VECADD OK" ;;
+            rt-cupy) cmd=(python3 "$src/rt_cupy.py"); ok="CUPY OK" ;;
+            rt-torch) cmd=(python3 "$src/rt_torch.py"); ok="TORCH OK" ;;
+        esac
+        for where in native vgpu; do
+            t0=$(date +%s.%N)
+            if [[ $where == native ]]; then
+                "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+            else
+                VGPU_MEMORY=24G VGPU_CUDA_LOG=info \
+                    on_vgpu "$prog" "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+            fi
+            local r=$? secs
+            secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+            if [[ $r == 0 ]] && grep -q "$ok" "$d/$prog-$where.log"; then
+                echo "== $prog $where: pass in ${secs}s"
+            else
+                echo "== $prog $where: FAIL ($r) in ${secs}s"
+                grep -v ' DEBUG \| TRACE ' "$d/$prog-$where.log" | tail -8
                 rc=1
             fi
         done

@@ -43,6 +43,8 @@ pub fn sync_queues(t: &AnyTransport, queues: &[SharedQueue]) -> Res<()> {
             }
         }
     }
+    // Host functions the queues' work released run before the wait ends.
+    crate::api::hostfn::gate_all();
     first
 }
 
@@ -88,6 +90,15 @@ pub struct Function {
     pub module: u64,
     pub device: u64,
     pub sig: Signature,
+    /// The entry point's name (`cuFuncGetName`).
+    pub name: String,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, as set.
+    pub max_dynamic_shared: i32,
+    /// `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`, as set (-1: none).
+    pub carveout: i32,
+    /// Registers, static shared, constant and local memory, as the device reported them
+    /// (`features::FUNCTION_ATTRIBUTES`); None from a device that does not.
+    pub attrs: Option<vgpu_proto::FunctionAttributes>,
 }
 
 pub struct StreamObj {
@@ -123,6 +134,8 @@ pub struct Driver {
     pub streams: HashMap<u64, StreamObj>,
     pub events: HashMap<u64, EventObj>,
     pub staging: Option<DmaRegion>,
+    /// Libraries, memory pools, captures and graphs.
+    pub extra: crate::extra::Extra,
     next_handle: u64,
     next_queue: usize,
 }
@@ -220,6 +233,7 @@ impl Driver {
             streams: HashMap::new(),
             events: HashMap::new(),
             staging: None,
+            extra: crate::extra::Extra::default(),
             next_handle: FIRST_HANDLE,
             next_queue: 0,
         };
@@ -282,13 +296,17 @@ impl Driver {
     /// for the default stream's.
     pub fn order_for(&mut self, queue: usize, legacy: bool, blocking: bool) {
         let t = self.t.clone();
+        // Host functions launched on the queue run before later work is sent.
+        crate::api::hostfn::gate(queue);
         if legacy {
+            crate::api::hostfn::gate_all();
             for (i, q) in self.queues.iter().enumerate() {
                 if i != queue {
                     lock(q).wait_all_quiet(&t);
                 }
             }
         } else if blocking && queue != 0 {
+            crate::api::hostfn::gate(0);
             if let Some(q0) = self.queues.first() {
                 lock(q0).wait_all_quiet(&t);
             }

@@ -19,8 +19,8 @@ const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
 /// Fat binary entry kind: PTX text.
 const FATBIN_KIND_PTX: u16 = 1;
-/// Entry flag: the payload is compressed.
-const FATBIN_FLAG_COMPRESSED: u64 = 0x2000;
+/// Entry flags: the payload is compressed (LZ4, or zstd as CUDA 13's nvcc writes it).
+const FATBIN_FLAG_COMPRESSED: u64 = 0x2000 | 0x8000;
 /// Largest image read from memory the library cannot size.
 const MAX_IMAGE: usize = vgpu_proto::MAX_MODULE_BYTES as usize;
 

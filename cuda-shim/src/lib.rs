@@ -14,7 +14,9 @@ pub mod api;
 pub mod context;
 pub mod driver;
 pub mod error;
+pub mod extra;
 pub mod image;
+pub mod integrity;
 pub mod queue;
 pub mod transport;
 pub mod types;
@@ -43,24 +45,53 @@ fn init_logging() {
     });
 }
 
+/// A thread-local with a destructor: `try_with` fails once the thread's locals are being
+/// destroyed.
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {}
+}
+
+thread_local! {
+    static ALIVE: Alive = const { Alive };
+}
+
 /// Runs the body of an exported function: panics become CUDA_ERROR_UNKNOWN, `Err(code)`
-/// becomes `code`.
+/// becomes `code`. Nothing unwinds into C: logging too runs under `catch_unwind`, since a
+/// call made while the thread's locals are being destroyed (a runtime's exit handlers)
+/// cannot reach the logger's thread-local buffers.
 pub(crate) fn guard(name: &'static str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
-    init_logging();
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => res::SUCCESS,
-        Ok(Err(code)) => {
-            tracing::debug!(function = name, code, "failed");
-            code
-        }
-        Err(_) => {
+    // Touched before anything logs in this thread, so it is destroyed after the logger's
+    // thread-local buffers: once it is gone, so are they, and the call logs nothing.
+    let can_log = ALIVE.try_with(|_| ()).is_ok();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        init_logging();
+        f()
+    }));
+    if can_log && matches!(result, Ok(Ok(()))) {
+        // `VGPU_CUDA_LOG=vgpu_cuda=trace` lists every call a program makes.
+        let _ = catch_unwind(|| tracing::trace!(function = name, "ok"));
+    }
+    let (code, panicked) = match result {
+        Ok(Ok(())) => return res::SUCCESS,
+        Ok(Err(code)) => (code, false),
+        Err(_) => (res::UNKNOWN, true),
+    };
+    if !can_log {
+        return code;
+    }
+    let _ = catch_unwind(|| {
+        if panicked {
             tracing::error!(
                 function = name,
                 "internal error (panic) caught at the C boundary"
             );
-            res::UNKNOWN
+        } else {
+            tracing::debug!(function = name, code, "failed");
         }
-    }
+    });
+    code
 }
 
 /// Writes `value` through a pointer from C, refusing NULL.

@@ -36,10 +36,12 @@ pub mod res {
     pub const INVALID_IMAGE: CUresult = 200;
     pub const INVALID_CONTEXT: CUresult = 201;
     pub const NO_BINARY_FOR_GPU: CUresult = 209;
+    pub const UNSUPPORTED_LIMIT: CUresult = 215;
     pub const INVALID_PTX: CUresult = 218;
     pub const JIT_COMPILER_NOT_FOUND: CUresult = 221;
     pub const FILE_NOT_FOUND: CUresult = 301;
     pub const INVALID_HANDLE: CUresult = 400;
+    pub const ILLEGAL_STATE: CUresult = 401;
     pub const NOT_FOUND: CUresult = 500;
     pub const NOT_READY: CUresult = 600;
     pub const ILLEGAL_ADDRESS: CUresult = 700;
@@ -47,8 +49,14 @@ pub mod res {
     pub const HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
     pub const HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
     pub const LAUNCH_FAILED: CUresult = 719;
+    pub const COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
     pub const NOT_PERMITTED: CUresult = 800;
     pub const NOT_SUPPORTED: CUresult = 801;
+    pub const STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+    pub const STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+    pub const STREAM_CAPTURE_MERGE: CUresult = 902;
+    pub const STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+    pub const CAPTURED_EVENT: CUresult = 907;
     pub const TIMEOUT: CUresult = 909;
     pub const UNKNOWN: CUresult = 999;
 }
@@ -94,6 +102,7 @@ pub mod attr {
     pub const HOST_REGISTER_SUPPORTED: i32 = 99;
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: i32 = 111;
+    pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
     /// One past the last attribute CUDA 13.0 defines (`CU_DEVICE_ATTRIBUTE_MAX`).
     pub const MAX: i32 = 148;
 }
@@ -132,6 +141,7 @@ pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x2;
 /// `CUdriverProcAddressQueryResult` values.
 pub const CU_GET_PROC_ADDRESS_SUCCESS: c_int = 0;
 pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: c_int = 1;
+pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: c_int = 2;
 
 /// The driver API version this library implements (`cuDriverGetVersion`).
 pub const DRIVER_VERSION: c_int = 13000;
@@ -170,6 +180,11 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         c"no kernel image is available for execution on the device",
     ),
     (
+        215,
+        c"CUDA_ERROR_UNSUPPORTED_LIMIT",
+        c"limit is not supported on this architecture",
+    ),
+    (
         218,
         c"CUDA_ERROR_INVALID_PTX",
         c"a PTX JIT compilation failed",
@@ -184,6 +199,11 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
         400,
         c"CUDA_ERROR_INVALID_HANDLE",
         c"invalid resource handle",
+    ),
+    (
+        401,
+        c"CUDA_ERROR_ILLEGAL_STATE",
+        c"the operation cannot be performed in the present state",
     ),
     (500, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
     (600, c"CUDA_ERROR_NOT_READY", c"device not ready"),
@@ -214,6 +234,31 @@ const ERRORS: &[(CUresult, &CStr, &CStr)] = &[
     ),
     (800, c"CUDA_ERROR_NOT_PERMITTED", c"operation not permitted"),
     (801, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+    (
+        900,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+        c"operation not permitted when stream is capturing",
+    ),
+    (
+        902,
+        c"CUDA_ERROR_STREAM_CAPTURE_MERGE",
+        c"operation would result in a merge of separate capture sequences",
+    ),
+    (
+        903,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+        c"capture was not initiated in this stream",
+    ),
+    (
+        906,
+        c"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+        c"operation would make the legacy stream depend on a capturing blocking stream",
+    ),
+    (
+        907,
+        c"CUDA_ERROR_CAPTURED_EVENT",
+        c"operation not permitted on an event last recorded in a capturing stream",
+    ),
     (909, c"CUDA_ERROR_TIMEOUT", c"wait operation timed out"),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];

@@ -198,6 +198,15 @@ impl Modules for Migratable {
         b.modules().param_layout(real)
     }
 
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
+        b.modules().function_attributes(real)
+    }
+
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         let (_g, b) = self.enter();
         let real = lock(&self.modules)

@@ -24,6 +24,7 @@ mod remote;
 #[cfg(test)]
 mod remote_tests;
 mod report;
+pub mod screen;
 #[cfg(test)]
 mod tests;
 pub mod wire;

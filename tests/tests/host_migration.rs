@@ -414,7 +414,8 @@ impl Drop for TcpDaemon {
     }
 }
 
-fn tcp_daemon(tag: &str) -> TcpDaemon {
+/// `env`: vgpud's environment beside the test's (its options' variables).
+fn tcp_daemon(tag: &str, env: &[(&str, &str)]) -> TcpDaemon {
     let dir = vgpu_tests::daemon::temp_dir(tag);
     let token = format!("{tag}-token-0123456789abcdef");
     let token_file = dir.join("token");
@@ -449,6 +450,7 @@ fn tcp_daemon(tag: &str) -> TcpDaemon {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let log = std::fs::File::create(dir.join("vgpud.log")).expect("log");
     let child = vgpu_tests::daemon::vgpud_command(&refs)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
@@ -474,7 +476,7 @@ fn tcp_daemon(tag: &str) -> TcpDaemon {
 fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
     require_kvm!();
     let a = TestDaemon::start("hostmig-tcp-a", &gpus());
-    let b = tcp_daemon("hostmig-tcp-b");
+    let b = tcp_daemon("hostmig-tcp-b", &[]);
     let arg = "rounds=1000 n=65536 spin_us=2000 check=100";
     let (vm, reference) = vm_and_reference(&a.client, arg);
     let mut req = VmMigrateRequest {
@@ -506,6 +508,80 @@ fn over_tcp_a_wrong_token_is_refused_and_the_right_one_moves_the_vm() {
         m.downtime_ms, m.bytes
     );
     assert_same_result(&b.client, remote, &a.client, reference.id, "1000");
+}
+
+/// `host:port` of a stream address `tcp:HOST:PORT` (HOST empty: loopback).
+fn tcp_target(address: &str) -> String {
+    let rest = address.strip_prefix("tcp:").expect("a TCP stream address");
+    let (host, port) = rest.rsplit_once(':').expect("HOST:PORT");
+    let host = if host.is_empty() { "127.0.0.1" } else { host };
+    format!("{host}:{port}")
+}
+
+/// Another local user finds an admitted move's stream ports (they are in
+/// /proc/net/tcp) and connects first, with garbage or nothing: the destination keeps
+/// waiting for the source with the token. A source that never comes is cancelled after
+/// `--migration-connect-timeout-s`, and the vGPU's shares are released.
+#[test]
+fn impostors_on_the_stream_ports_do_not_end_a_move_and_a_source_that_never_comes_is_cancelled() {
+    require_kvm!();
+    use std::io::Write;
+    let b = tcp_daemon(
+        "hostmig-impostor",
+        &[("VGPUD_MIGRATION_CONNECT_TIMEOUT_S", "4")],
+    );
+    let ask = vgpu_api::api::IncomingVm {
+        vm: gpu_load("rounds=10", 0, 0.2, vgpu_tests::gpus::share(32 * MIB)),
+        source: "a test posing as the source".into(),
+    };
+    let body = serde_json::to_vec(&ask).expect("encode");
+    let admitted: vgpu_api::api::IncomingAccepted = b
+        .client
+        .call("POST", "/v1/migrations/incoming", Some(&body))
+        .expect("admitted");
+    let t0 = Instant::now();
+    let mut targets = vec![tcp_target(&admitted.vmm_address)];
+    targets.extend(admitted.vgpu_address.as_deref().map(tcp_target));
+    let mut held = Vec::new();
+    for t in &targets {
+        // One says nothing; one sends garbage and hangs up.
+        held.push(std::net::TcpStream::connect(t).expect("connect"));
+        let mut s = std::net::TcpStream::connect(t).expect("connect");
+        let _ = s.write_all(&[0xa5; 256]);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let m = b.client.migration(admitted.migration).expect("record");
+    assert_eq!(m.state, "running", "an impostor ended the move: {m:?}");
+    // The VM stream's port still takes connections: the vmm waits for its source.
+    assert!(
+        std::net::TcpStream::connect(&targets[0]).is_ok(),
+        "the vmm stopped listening"
+    );
+    let done = loop {
+        let m = b.client.migration(admitted.migration).expect("record");
+        if m.state != "running" {
+            break m;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the move was never cancelled: {m:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(done.state, "failed", "{done:?}");
+    let why = done.error.clone().unwrap_or_default();
+    assert!(why.contains("did not connect within 4 s"), "{why}");
+    let start = Instant::now();
+    while !holds_nothing(&b.client) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the incoming VM's reservation stayed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let gpu = &b.client.gpus().expect("gpus")[0];
+    assert_eq!(gpu.compute_committed, 0.0, "{gpu:?}");
+    drop(held);
 }
 
 #[test]

@@ -424,6 +424,16 @@ fn a_failing_migration_target_leaves_the_vgpu_where_it_was() {
         .expect("reference");
     wait_running(c, moved.id);
     wait_running(c, reference.id);
+    // The guest holds its device memory (a migration of an empty vGPU copies nothing, so
+    // nothing could fail).
+    let t0 = Instant::now();
+    while c.vgpu_stats(v.id).map_or(0, |s| s.memory_used_bytes) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the guest never allocated"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     set_faults(&faults, v.id, "target-fail");
     for _ in 0..3 {
         let mid = start_migration(c, v.id, 1);

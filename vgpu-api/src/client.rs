@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -47,18 +47,73 @@ impl Endpoint {
     }
 }
 
-/// Where vgpud listens unless told otherwise: `vgpud.sock` in its default state directory,
-/// `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
-pub fn default_socket() -> PathBuf {
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(d) => PathBuf::from(d).join("vgpud"),
-        None => {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::getuid() };
-            PathBuf::from(format!("/tmp/vgpud-{uid}"))
+/// Root's default directory for vgpud's socket and state: no other user can create it
+/// first (`/run` is root's).
+pub const ROOT_DIR: &str = "/run/vgpud";
+
+/// vgpud's default directory for this user: [`ROOT_DIR`] for root, else
+/// `$XDG_RUNTIME_DIR/vgpud` (a directory only this user can write in). Never a shared
+/// directory such as `/tmp`, where another user could have made it first.
+pub fn default_dir() -> Result<PathBuf, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(PathBuf::from(ROOT_DIR));
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(d) if d.is_absolute() => Ok(d.join("vgpud")),
+        _ => Err(
+            "XDG_RUNTIME_DIR is not set to a directory (as under sudo, su or cron), and \
+                  only root has a default outside it: log in as this user, or name the socket \
+                  with --socket (and --state-dir for vgpud)"
+                .into(),
+        ),
+    }
+}
+
+/// Where vgpud listens unless told otherwise: `vgpud.sock` in [`default_dir`]. Refused
+/// when that directory exists but is owned by someone other than the caller or root, or
+/// others may write in it: the socket there may be another user's, posing as vgpud.
+pub fn default_socket() -> Result<PathBuf, ClientError> {
+    let dir = default_dir().map_err(ClientError::Usage)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    check_socket_dir(&dir, unsafe { libc::geteuid() })?;
+    Ok(dir.join("vgpud.sock"))
+}
+
+/// Whether a client running as `uid` may trust a socket in `dir`: the directory is the
+/// caller's or root's and no one else may write in it. A missing directory is fine
+/// (nothing listens there).
+pub fn check_socket_dir(dir: &Path, uid: u32) -> Result<(), ClientError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(ClientError::Usage(format!(
+                "cannot check vgpud's directory {}: {e}",
+                dir.display()
+            )))
         }
     };
-    dir.join("vgpud.sock")
+    let owner = meta.uid();
+    if owner != uid && owner != 0 {
+        return Err(ClientError::Usage(format!(
+            "refusing vgpud's socket in {}: the directory belongs to uid {owner}, not to you \
+             (uid {uid}) or root, so its socket may be another user's; remove the directory, \
+             or name the socket with --socket",
+            dir.display()
+        )));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(ClientError::Usage(format!(
+            "refusing vgpud's socket in {}: others may write in that directory (mode \
+             {mode:04o}), so its socket may be another user's; run `chmod 700 {}`",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Why a request failed. The messages say what to do.
@@ -471,6 +526,34 @@ pub fn parse_response(raw: &[u8]) -> Result<Reply, ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A non-root user whose `$XDG_RUNTIME_DIR/vgpud` another user made: vgpuctl refuses
+    /// the socket there; its own and root's directories are trusted.
+    #[test]
+    fn a_socket_directory_of_another_user_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("vgpu-api-dir-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        assert!(check_socket_dir(&dir, me).is_ok());
+        assert!(check_socket_dir(&dir.join("missing"), me).is_ok());
+        if me == 0 {
+            // The directory is root's: trusted by any caller.
+            assert!(check_socket_dir(&dir, 1000).is_ok());
+            std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).expect("chown");
+            let e = check_socket_dir(&dir, 1000).expect_err("another user's directory");
+            assert!(e.to_string().contains("uid 65534"), "{e}");
+            assert!(check_socket_dir(&dir, 65534).is_ok());
+            std::os::unix::fs::chown(&dir, Some(0), Some(0)).expect("chown");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = check_socket_dir(&dir, me).expect_err("open to others");
+        assert!(e.to_string().contains("chmod 700"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn parses_plain_and_chunked_responses() {

@@ -571,7 +571,26 @@ impl Vgpu {
             .map(|(o, s)| u64::from(o) + u64::from(s))
             .max()
             .unwrap_or(0);
-        Ok([f.handle, u64::from(f.param_count), buffer, 0])
+        // The function's attributes after the layout, when the descriptor has room for
+        // them and the backend reports them (since 1.3).
+        let room = vgpu_proto::ParamLayout::SIZE + vgpu_proto::FunctionAttributes::SIZE;
+        let mut written = 0;
+        if u64::from(d.len()) >= room as u64 {
+            if let Ok(attrs) = self.backend.modules().function_attributes(f.handle) {
+                let at = vm_memory::Address::checked_add(
+                    &d.addr(),
+                    vgpu_proto::ParamLayout::SIZE as u64,
+                )
+                .ok_or(RequestError::TooFewDescriptors(layout.count))?;
+                mem.write_slice(&attrs.to_bytes(), at)
+                    .map_err(|e| RequestError::GuestMemory {
+                        addr: at.0,
+                        reason: e.to_string(),
+                    })?;
+                written = vgpu_proto::FunctionAttributes::SIZE as u64;
+            }
+        }
+        Ok([f.handle, u64::from(f.param_count), buffer, written])
     }
 }
 

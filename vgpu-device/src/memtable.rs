@@ -1,4 +1,5 @@
-//! What the worker accepts as guest memory (vhost-user `SET_MEM_TABLE`, `ADD_MEM_REG`).
+//! What the worker accepts as guest memory (vhost-user `SET_MEM_TABLE`; memory slots,
+//! `ADD_MEM_REG`, are never offered and refused before they get here: `front.rs`).
 //!
 //! Every region must be a file sealed against shrinking (`F_SEAL_SHRINK`, read back with
 //! `fcntl(F_GET_SEALS)`: in practice a memfd, hugetlb memfds included) that covers the

@@ -106,6 +106,27 @@ fn get_function_layout_answers_the_handle_and_the_layout() {
     let l = ParamLayout::decode(&h.read(out, ParamLayout::SIZE)).expect("layout");
     let got: Vec<_> = (0..4).filter_map(|i| l.get(i)).collect();
     assert_eq!(got, [(0, 4), (8, 8), (16, 8), (24, 8)]);
+    assert_eq!(res[3], 0, "no room for the attributes: none written");
+    // With room after the layout: the function's attributes too (a sim kernel runs on
+    // host threads: no registers, shared, constant or local memory).
+    assert_ne!(
+        h.vgpu.config_space().features & features::FUNCTION_ATTRIBUTES,
+        0
+    );
+    let both = ParamLayout::SIZE + FunctionAttributes::SIZE;
+    let out2 = h.space(both);
+    let res = h.ok(req, &[r(name, 5), w(out2, both)]);
+    assert_eq!(res[3], FunctionAttributes::SIZE as u64);
+    let bytes = h.read(out2, both);
+    let a = FunctionAttributes::decode(&bytes[ParamLayout::SIZE..]).expect("attributes");
+    assert_eq!(
+        a,
+        FunctionAttributes {
+            max_threads_per_block: 1024,
+            ..FunctionAttributes::default()
+        }
+    );
+    assert_eq!(ParamLayout::decode(&bytes).expect("layout"), l);
     // Shapes: the layout descriptor missing, too small, or before the name.
     assert_eq!(h.status(req, &[r(name, 5)]), Status::BadDescriptor);
     assert_eq!(h.status(req, &[r(name, 5), w(out, 64)]), Status::BadLength);

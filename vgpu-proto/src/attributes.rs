@@ -60,8 +60,13 @@ wire_struct! {
         pub pci_bus_id: u32,
         /// PCI device.
         pub pci_device_id: u32,
-        /// Reserved, 0.
-        pub reserved: [u32; 3],
+        /// The context's per-thread stack limit in bytes, as the worker set it and charged
+        /// it (`CU_LIMIT_STACK_SIZE`); 0 = no such limit (sim) or not reported. Since 1.3.
+        pub stack_bytes: u32,
+        /// The context's device `malloc` heap in KiB (`CU_LIMIT_MALLOC_HEAP_SIZE`); 0 = none.
+        pub heap_kib: u32,
+        /// The context's printf FIFO in KiB (`CU_LIMIT_PRINTF_FIFO_SIZE`); 0 = none.
+        pub printf_fifo_kib: u32,
     }
 }
 
@@ -94,8 +99,33 @@ impl DeviceAttributes {
         pci_domain_id: 0,
         pci_bus_id: 0,
         pci_device_id: 0,
-        reserved: [0; 3],
+        stack_bytes: 0,
+        heap_kib: 0,
+        printf_fifo_kib: 0,
     };
+}
+
+wire_struct! {
+    /// Written by `GET_FUNCTION_LAYOUT` after the [`ParamLayout`] when its writable
+    /// descriptor has room for both (`ParamLayout::SIZE + FunctionAttributes::SIZE`) and
+    /// the device reports them (result[3] = the bytes written, 32; 0 when not written).
+    /// A function's resources as `cuFuncGetAttribute` answers them on the physical GPU;
+    /// on sim, whose kernels run on CPU threads, all zero but `max_threads_per_block`.
+    /// Since 1.3 (`features::FUNCTION_ATTRIBUTES`).
+    pub struct FunctionAttributes, size 32 {
+        /// Registers per thread (`CU_FUNC_ATTRIBUTE_NUM_REGS`).
+        pub num_regs: u32,
+        /// Statically allocated shared memory per block in bytes.
+        pub static_shared_bytes: u32,
+        /// Constant memory in bytes.
+        pub const_bytes: u32,
+        /// Local memory per thread in bytes.
+        pub local_bytes: u32,
+        /// The most threads per block a launch may have.
+        pub max_threads_per_block: u32,
+        /// Reserved, 0.
+        pub reserved: [u32; 3],
+    }
 }
 
 /// Written by `GET_FUNCTION_LAYOUT` into its writable data descriptor (256 bytes): 32

@@ -42,6 +42,9 @@ pub mod features {
     /// `LAUNCH` takes `ArgKind::Blob` arguments: by-value parameters of 9 bytes up to
     /// `MAX_PARAM_BLOB_BYTES`, carried after the dependency ids. Since 1.2.
     pub const PARAM_BLOBS: u64 = 1 << 11;
+    /// `GET_FUNCTION_LAYOUT` also answers the function's [`crate::FunctionAttributes`]
+    /// when its writable descriptor has room for them. Since 1.3.
+    pub const FUNCTION_ATTRIBUTES: u64 = 1 << 12;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

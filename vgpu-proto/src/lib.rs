@@ -21,7 +21,7 @@ mod status;
 pub mod wire;
 
 pub use args::*;
-pub use attributes::{DeviceAttributes, ParamLayout};
+pub use attributes::{DeviceAttributes, FunctionAttributes, ParamLayout};
 pub use config::{features, VgpuConfig, SHARE_SCALE, VIRTIO_ID_VGPU};
 pub use header::{RequestHeader, Response};
 pub use info::{backend_kind, DeviceInfo};
@@ -39,7 +39,7 @@ pub use wire::WireError;
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 

@@ -13,10 +13,12 @@ use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use vgpu_backend::pager::Pager;
+use vgpu_migration::screen::{self, Replayed};
 use vgpu_migration::Migratable;
 
 use crate::error::WorkerError;
@@ -31,6 +33,13 @@ pub enum Listener {
 }
 
 impl Listener {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Listener::Unix(l, _) => l.set_nonblocking(on),
+            Listener::Tcp(l) => l.set_nonblocking(on),
+        }
+    }
+
     fn accept(&self) -> io::Result<UnixStream> {
         // Either kind of stream socket reads and writes the same; the unix type is only
         // the carrier of the descriptor.
@@ -95,23 +104,85 @@ pub fn token(path: &std::path::Path) -> Result<String, WorkerError> {
     Ok(t)
 }
 
+/// Most connections screened at once; one more is closed on arrival.
+const SCREENING: usize = 16;
+
 /// The connection, accepted on first use (so that the dispatch lock is held while the
-/// worker waits for its source).
+/// worker waits for its source). A connection that does not open with a hello carrying
+/// the move's token is told why and closed, and the next one awaited: only the source
+/// that was given the token starts the move (vgpud cancels one whose source never comes).
+/// Connections are screened side by side, so one that says nothing does not hold the
+/// source up.
 struct Lazy {
     listener: Listener,
-    conn: Option<UnixStream>,
+    token: String,
+    conn: Option<Replayed<UnixStream>>,
 }
 
 impl Lazy {
-    fn conn(&mut self) -> io::Result<&mut UnixStream> {
+    fn conn(&mut self) -> io::Result<&mut Replayed<UnixStream>> {
         if self.conn.is_none() {
-            let s = self.listener.accept()?;
+            let s = self.wait_for_source()?;
             tracing::info!("the source worker connected; receiving the vGPU's state");
             self.conn = Some(s);
         }
         self.conn
             .as_mut()
             .ok_or_else(|| io::Error::other("no connection"))
+    }
+
+    fn wait_for_source(&self) -> io::Result<Replayed<UnixStream>> {
+        self.listener.set_nonblocking(true)?;
+        let (found, arrived) = std::sync::mpsc::channel();
+        let screening = Arc::new(AtomicUsize::new(0));
+        loop {
+            if let Ok(source) = arrived.try_recv() {
+                return Ok(source);
+            }
+            let candidate = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if screening.load(Ordering::Acquire) >= SCREENING {
+                continue;
+            }
+            screening.fetch_add(1, Ordering::AcqRel);
+            let (found, count, token) = (found.clone(), screening.clone(), self.token.clone());
+            let spawned = std::thread::Builder::new()
+                .name("migrate-screen".into())
+                .spawn(move || {
+                    screen(candidate, token.as_bytes(), &found);
+                    count.fetch_sub(1, Ordering::AcqRel);
+                });
+            if spawned.is_err() {
+                screening.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Reads the hello `s` opens with: passes the connection on to `found` when it carries
+/// `token`, else tells it why and closes it.
+fn screen(mut s: UnixStream, token: &[u8], found: &std::sync::mpsc::Sender<Replayed<UnixStream>>) {
+    let screened = s
+        .set_nonblocking(false)
+        .and_then(|()| s.set_read_timeout(Some(screen::HELLO_WAIT)))
+        .map_err(|e| vgpu_migration::MigrationError::Stream(e.to_string()))
+        .and_then(|()| screen::screen_source(&mut s, token));
+    match screened {
+        Ok(head) => {
+            if s.set_read_timeout(Some(STREAM_TIMEOUT)).is_ok() {
+                let _ = found.send(Replayed::new(head, s));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "closed a connection that is not the source's; still waiting for it");
+            screen::refuse(&mut s, &e);
+        }
     }
 }
 
@@ -146,6 +217,7 @@ pub fn start(
         .spawn(move || {
             let conn = Lazy {
                 listener,
+                token: token.clone(),
                 conn: None,
             };
             let (migratable, pager) = layers;

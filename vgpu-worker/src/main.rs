@@ -3,8 +3,10 @@
 //! One process per vGPU (GPU contexts in one process are not isolated: docs/architecture.md). The
 //! worker binds the socket, waits for the VM's vmm (the vhost-user frontend) to connect,
 //! serves the vGPU's queues until the frontend disconnects, then exits with status 0 and
-//! removes the socket. It does not accept a second connection: a vGPU's device memory dies
-//! with its VM (invariant 5), so the daemon starts a fresh worker for a fresh VM.
+//! removes the socket. After a clean disconnect it accepts no second connection: a vGPU's
+//! device memory dies with its VM (invariant 5), so the daemon starts a fresh worker for a
+//! fresh VM. A connection that ends on a refused request (docs/hostile.md) is the one
+//! exception: the vGPU keeps its state and the next connection is served.
 //! SIGTERM or SIGINT end it the same way, at any time.
 //!
 //! Control channel (`--control-fd N`, see `vgpu_api::control`): newline-delimited JSON on an
@@ -51,7 +53,8 @@ use crate::run::Config;
 #[derive(Parser, Debug)]
 #[command(name = "vgpu-worker", version)]
 struct Args {
-    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it).
+    /// Path of the vhost-user socket to listen on (the VM's vmm connects to it); with
+    /// --listen-fd, the path vgpud bound it at (the worker binds nothing).
     #[arg(long, required_unless_present_any = ["list_cuda_gpus", "pool"])]
     socket: Option<PathBuf>,
     /// Host-wide id of the vGPU (shown to the guest in the config space).
@@ -159,6 +162,14 @@ struct Args {
     /// it waits.
     #[arg(long, requires = "secret_file")]
     control_listen: Option<PathBuf>,
+    /// An inherited listening unix socket to serve the vhost-user frontend on, bound by
+    /// vgpud at the path its frontend knows, instead of binding --socket itself.
+    #[arg(long)]
+    listen_fd: Option<i32>,
+    /// An inherited listening unix socket for vgpud coming back (as --control-listen,
+    /// bound by vgpud); needs --secret-file.
+    #[arg(long, requires = "secret_file", conflicts_with = "control_listen")]
+    control_listen_fd: Option<i32>,
     /// The file holding the secret a reconnecting vgpud must present.
     #[arg(long)]
     secret_file: Option<PathBuf>,
@@ -259,6 +270,8 @@ impl Args {
             seccomp: self.seccomp,
             control_listen: self.control_listen,
             secret_file: self.secret_file,
+            listen_fd: self.listen_fd,
+            control_listen_fd: self.control_listen_fd,
             reconnect: Duration::from_secs(self.control_reconnect_s),
             migrate_in: self.migrate_in,
             migrate_token_file: self.migrate_token_file,

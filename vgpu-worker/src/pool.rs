@@ -2,13 +2,13 @@
 //! started ahead of need: each has built its GPU backend (a cuda worker: its context, its
 //! reserved address space and the built-in kernels; a sim worker: its simulated GPU), said
 //! `ready`, and waits here on the control channel. vgpud's `assign` command names the
-//! vGPU (id, memory share, queues, shares) and carries its grant page and doorbell; the
-//! worker then binds its vhost-user socket and answers `assigned`, and is that vGPU's
-//! worker like one started for it.
+//! vGPU (id, memory share, queues, shares) and carries its grant page and doorbell and
+//! the listening sockets vgpud bound for it (vhost-user, control); the worker then answers
+//! `assigned`, and is that vGPU's worker like one started for it.
 //!
 //! An idle pool worker holds no tenant: it exits when vgpud's end of the channel closes
-//! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (its default action: there is
-//! nothing to clean up). Its seccomp filter goes on once it is assigned and set up, as a
+//! (vgpud stopped), on `shutdown`, and on SIGTERM or SIGINT (a handler that exits: there
+//! is nothing to clean up). Its seccomp filter goes on once it is assigned and set up, as a
 //! worker started for its vGPU puts it on once start-up is done.
 
 use std::io::Read;
@@ -24,11 +24,13 @@ use crate::run::Config;
 /// answers: how vgpud copes with a hostile pool worker.
 const STALL_ENV: &str = "VGPU_WORKER_POOL_STALL";
 
-/// What the pool worker was assigned: the request to answer and the vGPU's grant page
-/// and doorbell (when vgpud sent them).
+/// What the pool worker was assigned: the request to answer, the vGPU's grant page
+/// and doorbell (when vgpud sent them), and the listening sockets vgpud bound for it (the
+/// vhost-user socket its frontend connects to, the control socket vgpud reconnects on).
 pub struct Assignment {
     pub request: u64,
     pub grant: Option<(OwnedFd, OwnedFd)>,
+    pub sockets: Option<(OwnedFd, OwnedFd)>,
 }
 
 /// Reads one line, a byte at a time: nothing past the line is taken off the socket, so
@@ -84,10 +86,38 @@ pub fn await_assignment(
         pid: std::process::id(),
     });
     tracing::info!("pool worker ready; waiting for a vGPU");
+    // A handler that exits, not the default action: the worker is pid 1 of its PID
+    // namespace, and a signal at its default action does not reach such a process.
+    set_handler(exit_now as extern "C" fn(libc::c_int) as libc::sighandler_t)?;
     mask(signals, libc::SIG_UNBLOCK)?;
     let got = wait(cfg, input, fds, out);
     mask(signals, libc::SIG_BLOCK)?;
+    set_handler(libc::SIG_DFL)?;
     Ok(got)
+}
+
+/// SIGTERM or SIGINT while idle: nothing to clean up.
+extern "C" fn exit_now(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(0) }
+}
+
+/// Sets the action of SIGTERM and SIGINT to `handler`.
+fn set_handler(handler: libc::sighandler_t) -> Result<(), WorkerError> {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction is valid; it names a handler that only calls _exit
+        // (or the default action) with an empty mask and no flags.
+        let rc = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handler;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(WorkerError::Signals(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
 }
 
 fn wait(
@@ -129,6 +159,10 @@ fn wait(
                     (Some(page), Some(doorbell)) => Some((page, doorbell)),
                     _ => None,
                 };
+                let sockets = match (fds.pop(), fds.pop()) {
+                    (Some(vhost), Some(control)) => Some((vhost, control)),
+                    _ => None,
+                };
                 let d = &mut cfg.device;
                 d.vgpu_id = vgpu_id;
                 d.memory_share = memory;
@@ -141,6 +175,7 @@ fn wait(
                 return Some(Assignment {
                     request: req.id,
                     grant,
+                    sockets,
                 });
             }
             Command::Shutdown => {
@@ -203,6 +238,8 @@ mod tests {
             seccomp: SeccompMode::Off,
             control_listen: None,
             secret_file: None,
+            listen_fd: None,
+            control_listen_fd: None,
             reconnect: Duration::ZERO,
             migrate_in: None,
             migrate_token_file: None,

@@ -51,6 +51,11 @@ pub struct Config {
     pub control_listen: Option<PathBuf>,
     /// The file holding the secret a reconnecting vgpud presents.
     pub secret_file: Option<PathBuf>,
+    /// The vhost-user listening socket vgpud bound (`--listen-fd`, or with a pool
+    /// worker's assignment): the worker then binds nothing itself.
+    pub listen_fd: Option<i32>,
+    /// The control listening socket vgpud bound for its reconnect (`--control-listen-fd`).
+    pub control_listen_fd: Option<i32>,
     /// How long to wait for vgpud to reconnect.
     pub reconnect: Duration,
     /// Receive the vGPU's state from another host's worker first (`--migrate-in`).
@@ -142,10 +147,19 @@ fn device(
 
 /// The control socket vgpud reconnects on, with its secret (`--control-listen`,
 /// `--secret-file`), when the worker is to wait for vgpud.
-fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
-    let (Some(path), Some(secret_file)) = (&cfg.control_listen, &cfg.secret_file) else {
+fn reconnect_socket(
+    cfg: &Config,
+    inherited: Option<OwnedFd>,
+) -> Result<Option<Reconnect>, WorkerError> {
+    let Some(secret_file) = &cfg.secret_file else {
         return Ok(None);
     };
+    let path = match (&cfg.control_listen, &inherited) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => PathBuf::from("(descriptor from vgpud)"),
+        (None, None) => return Ok(None),
+    };
+    let path = &path;
     if cfg.reconnect.is_zero() {
         return Ok(None);
     }
@@ -168,11 +182,16 @@ fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
             secret_file.display()
         )));
     }
-    if std::fs::symlink_metadata(path).is_ok() {
-        std::fs::remove_file(path)
-            .map_err(|e| err(format!("cannot remove the old socket: {e}")))?;
-    }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+    let listener = match inherited {
+        Some(fd) => listener_from(fd, "--control-listen-fd").map_err(err)?,
+        None => {
+            if std::fs::symlink_metadata(path).is_ok() {
+                std::fs::remove_file(path)
+                    .map_err(|e| err(format!("cannot remove the old socket: {e}")))?;
+            }
+            std::os::unix::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?
+        }
+    };
     listener
         .set_nonblocking(true)
         .map_err(|e| err(e.to_string()))?;
@@ -181,6 +200,45 @@ fn reconnect_socket(cfg: &Config) -> Result<Option<Reconnect>, WorkerError> {
         secret,
         wait: cfg.reconnect,
     }))
+}
+
+/// A listening unix socket vgpud handed over (`what` names where it came from).
+fn listener_from(fd: OwnedFd, what: &str) -> Result<std::os::unix::net::UnixListener, String> {
+    use std::os::fd::AsRawFd;
+    let mut ty: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `ty`, a valid c_int.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            std::ptr::addr_of_mut!(ty).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || ty == 0 {
+        return Err(format!(
+            "{what}: descriptor {} is not a listening socket; start the worker from vgpud",
+            fd.as_raw_fd()
+        ));
+    }
+    Ok(std::os::unix::net::UnixListener::from(fd))
+}
+
+/// Takes an inherited descriptor named on the command line (`what`).
+fn inherited_fd(fd: Option<i32>, what: &str) -> Result<Option<OwnedFd>, WorkerError> {
+    let Some(fd) = fd else { return Ok(None) };
+    // SAFETY: F_GETFD only inspects the descriptor table.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(WorkerError::Control {
+            fd,
+            why: format!("{what}: the descriptor is not open; start the worker from vgpud"),
+        });
+    }
+    // SAFETY: the descriptor is open (checked above) and was handed to this process for
+    // this purpose alone; nothing else in the worker owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Answers a pool worker's assignment: `assigned` once its socket is bound, else why not.
@@ -237,6 +295,10 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
     let mut channel = open_channel(cfg.control_fd)?;
     let storage = backend::storage_set(&cfg.storage)?;
     let gpu = backend::gpu(&cfg.gpu, storage.as_ref())?;
+    let mut sockets = (
+        inherited_fd(cfg.listen_fd, "--listen-fd")?,
+        inherited_fd(cfg.control_listen_fd, "--control-listen-fd")?,
+    );
     let (grant, assigned) = match (&mut channel, cfg.pool) {
         (Some(c), true) => {
             match pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, &signals)? {
@@ -265,6 +327,9 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
                         answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
                         return Err(e);
                     }
+                    if let Some((vhost, control)) = a.sockets {
+                        sockets = (Some(vhost), Some(control));
+                    }
                     (a.grant, Some((a.request, c.out.clone())))
                 }
                 None => return Ok(()),
@@ -289,7 +354,19 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
         }
     };
     let vgpu = Arc::new(vgpu);
-    let bound = serve::bind(&cfg.socket).and_then(|l| Ok((l, reconnect_socket(&cfg)?)));
+    // vgpud binds the sockets and hands them over; a worker run alone binds its own.
+    let (vhost_fd, control_fd) = sockets;
+    let vhost = match vhost_fd {
+        Some(fd) => listener_from(fd, "--listen-fd")
+            .map(vhost::vhost_user::Listener::from)
+            .map_err(|why| WorkerError::Bind {
+                path: cfg.socket.clone(),
+                why,
+            })
+            .and_then(|l| serve::from_listener(l, &cfg.socket)),
+        None => serve::bind(&cfg.socket),
+    };
+    let bound = vhost.and_then(|l| Ok((l, reconnect_socket(&cfg, control_fd)?)));
     let (mut listener, reconnect) = match bound {
         Ok(v) => v,
         Err(e) => {

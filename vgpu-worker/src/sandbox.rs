@@ -1,19 +1,34 @@
-//! The worker's own part of its sandbox (vgpud's part: its identity and its private
-//! directory, see `vgpud/src/daemon/workers.rs`): once its start-up is done (backend
-//! built, sockets bound, descriptors received) the worker makes itself non-dumpable, sets
-//! `no_new_privs`, and installs a seccomp filter that allows only the system calls serving
-//! a guest needs. Anything else kills the whole worker with SIGSYS (`--seccomp kill`),
+//! The worker's own part of its sandbox (vgpud's part: its identity, its PID namespace,
+//! its private directory and the sockets it serves, see `vgpud/src/daemon/workers.rs`):
+//! first thing the worker makes itself non-dumpable and sets `no_new_privs`; once its
+//! start-up is done (backend built, its sockets and descriptors received) it installs a
+//! seccomp filter that allows only the system calls serving a guest needs. Anything else kills the whole worker with SIGSYS (`--seccomp kill`),
 //! or is logged by the kernel and allowed (`--seccomp log`, to find a missing one).
 //!
 //! Not on the list, on purpose: `socket`, `connect`, `bind`, `listen` (the worker never
 //! opens a new connection: vgpud comes to it), `rename*`, `link*`, `symlink*`, `mkdir*`
 //! (so it cannot put a socket of its own where another vGPU's vmm will connect, even
-//! where workers share a uid), `execve`, `ptrace`, `process_vm_readv/writev`, `kill` (it
-//! signals nobody), `mount`, `unshare`, `setns`, `set*uid`, `bpf`, `keyctl`, `pidfd_*`.
+//! where workers share a uid), `execve`, `fork`, `vfork`, `ptrace`,
+//! `process_vm_readv/writev`, `kill`, `tkill` (it signals nobody), `mount`, `unshare`,
+//! `setns`, `set*uid`, `bpf`, `keyctl`, `pidfd_*`, `io_uring_enter`/`io_uring_register`
+//! (an io_uring's operations never pass the filter: a ring would open, connect, link and
+//! rename what the list forbids).
+//!
+//! Allowed with their arguments checked: `clone` only for a thread (the flags of glibc's
+//! `pthread_create`, no new namespace, no `CLONE_PARENT`/`CLONE_VFORK`/`CLONE_PIDFD`), so
+//! nothing the worker starts outlives it; `tgkill` only within its own thread group (the
+//! first argument is its own pid); `prctl` only for naming threads and reading settings,
+//! never `PR_SET_DUMPABLE` or `PR_SET_PTRACER`. Refused with ENOSYS rather than killing:
+//! `clone3` (its flags sit in a struct seccomp cannot read; glibc then starts threads with
+//! `clone`) and `io_uring_setup` (the emulated NVMe controller then reads with `preadv`).
+//! It is one program, installed at once on every thread.
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
 
 /// What a seccomp violation does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -94,8 +109,8 @@ fn allowed() -> Vec<i64> {
         libc::SYS_brk,
         libc::SYS_memfd_create,
         libc::SYS_membarrier,
-        // Threads, futexes, signals to itself.
-        libc::SYS_clone,
+        // Threads (clone with a thread's flags, `thread_rules`; clone3 answered ENOSYS by
+        // the first filter), futexes, signals to itself (tgkill of its own pid).
         libc::SYS_clone3,
         libc::SYS_futex,
         libc::SYS_set_robust_list,
@@ -111,7 +126,6 @@ fn allowed() -> Vec<i64> {
         libc::SYS_geteuid,
         libc::SYS_getgid,
         libc::SYS_getegid,
-        libc::SYS_tgkill,
         libc::SYS_rt_sigaction,
         libc::SYS_rt_sigprocmask,
         libc::SYS_rt_sigreturn,
@@ -123,7 +137,6 @@ fn allowed() -> Vec<i64> {
         libc::SYS_sched_setaffinity,
         libc::SYS_sched_getparam,
         libc::SYS_sched_getscheduler,
-        libc::SYS_prctl,
         libc::SYS_prlimit64,
         libc::SYS_uname,
         libc::SYS_sysinfo,
@@ -158,10 +171,8 @@ fn allowed() -> Vec<i64> {
         libc::SYS_setsockopt,
         libc::SYS_getsockname,
         libc::SYS_getpeername,
-        // Storage: the emulated NVMe controller's io_uring.
+        // Answered ENOSYS by the first filter (`refused`): no ring is ever set up.
         libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
         // The CUDA driver: NUMA placement of host memory, its threads' priorities. (Its
         // JIT cache on disk is off for workers: vgpud sets CUDA_CACHE_DISABLE=1.)
         libc::SYS_get_mempolicy,
@@ -205,27 +216,154 @@ fn allowed() -> Vec<i64> {
     v
 }
 
+/// The clone flags every thread carries: glibc's `pthread_create` passes these plus
+/// `CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID`.
+const THREAD_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM) as u64;
+/// The clone flags no thread of the worker carries: new namespaces, another parent, a
+/// vfork, a pidfd, tracing.
+const NEVER_FLAGS: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_PARENT
+    | libc::CLONE_VFORK
+    | libc::CLONE_PIDFD
+    | libc::CLONE_PTRACE
+    | libc::CLONE_UNTRACED) as u64;
+/// `PR_SET_VMA` (naming anonymous mappings), not in the libc crate.
+const PR_SET_VMA: u64 = 0x5356_4d41;
+/// The prctl options a worker and the CUDA driver use: naming threads and mappings,
+/// reading settings.
+const PRCTL_OPTIONS: [u64; 15] = [
+    libc::PR_SET_NAME as u64,
+    libc::PR_GET_NAME as u64,
+    PR_SET_VMA,
+    libc::PR_GET_DUMPABLE as u64,
+    libc::PR_GET_NO_NEW_PRIVS as u64,
+    libc::PR_GET_SECCOMP as u64,
+    libc::PR_GET_TIMERSLACK as u64,
+    libc::PR_GET_PDEATHSIG as u64,
+    libc::PR_GET_KEEPCAPS as u64,
+    libc::PR_GET_CHILD_SUBREAPER as u64,
+    libc::PR_GET_TID_ADDRESS as u64,
+    libc::PR_GET_SPECULATION_CTRL as u64,
+    libc::PR_MCE_KILL_GET as u64,
+    libc::PR_CAPBSET_READ as u64,
+    libc::PR_GET_THP_DISABLE as u64,
+];
+
+fn condition(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+        .map_err(|e| SandboxError::Filter(e.to_string()))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, SandboxError> {
+    SeccompRule::new(conditions).map_err(|e| SandboxError::Filter(e.to_string()))
+}
+
+/// The calls allowed only with some arguments, for a worker whose pid is `pid` (as it
+/// sees itself: 1 in its own PID namespace).
+fn checked_rules(pid: u32) -> Result<Vec<(i64, Vec<SeccompRule>)>, SandboxError> {
+    // clone's flags are its first argument on x86_64 and aarch64; the kernel reads its
+    // lower 32 bits (Dword).
+    let thread = rule(vec![
+        condition(0, SeccompCmpOp::MaskedEq(THREAD_FLAGS), THREAD_FLAGS)?,
+        condition(0, SeccompCmpOp::MaskedEq(NEVER_FLAGS), 0)?,
+    ])?;
+    let own = rule(vec![condition(0, SeccompCmpOp::Eq, u64::from(pid))?])?;
+    let prctl = PRCTL_OPTIONS
+        .iter()
+        .map(|o| rule(vec![condition(0, SeccompCmpOp::Eq, *o)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![
+        (libc::SYS_clone, vec![thread]),
+        (libc::SYS_tgkill, vec![own]),
+        (libc::SYS_prctl, prctl),
+    ])
+}
+
+/// Answered ENOSYS (before the main filter's rules): `clone3`, whose flags seccomp cannot
+/// read, so that glibc falls back to `clone`; and `io_uring_setup`, so that no ring exists
+/// whose operations would bypass the filter.
+const REFUSED: [i64; 2] = [libc::SYS_clone3, libc::SYS_io_uring_setup];
+
 fn arch() -> Result<seccompiler::TargetArch, SandboxError> {
     std::env::consts::ARCH
         .try_into()
         .map_err(|e: seccompiler::BackendError| SandboxError::Filter(e.to_string()))
 }
 
-/// The compiled filter for `mode` (`None` for `off`).
-pub fn filter(mode: SeccompMode) -> Result<Option<BpfProgram>, SandboxError> {
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram, SandboxError> {
+    let f = SeccompFilter::new(rules, mismatch, matched, arch()?)
+        .map_err(|e| SandboxError::Filter(e.to_string()))?;
+    f.try_into()
+        .map_err(|e: seccompiler::BackendError| SandboxError::Filter(e.to_string()))
+}
+
+/// The audit architecture a program checks before it reads a call's number.
+fn audit_arch() -> Result<u32, SandboxError> {
+    const BIT64_LE: u32 = 0x8000_0000 | 0x4000_0000;
+    match std::env::consts::ARCH {
+        "x86_64" => Ok(62 | BIT64_LE),
+        "aarch64" => Ok(183 | BIT64_LE),
+        other => Err(SandboxError::Filter(format!(
+            "no seccomp filter for {other}"
+        ))),
+    }
+}
+
+/// `main` with a block in front that answers [`REFUSED`] with ENOSYS: one program, so
+/// that the worker never runs under half of its filter.
+fn with_refused(main: BpfProgram) -> Result<BpfProgram, SandboxError> {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    // Offsets in struct seccomp_data: nr at 0, arch at 4.
+    let op = |code: u16, k: u32, jt: u8, jf: u8| sock_filter { code, jt, jf, k };
+    let nr = |n: i64| u32::try_from(n).map_err(|_| SandboxError::Filter(format!("call {n}")));
+    let errno = libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32 & libc::SECCOMP_RET_DATA);
+    let [first, second] = REFUSED;
+    let mut prog = vec![
+        op(LD_W_ABS, 4, 0, 0),
+        // Another architecture: straight to the main program (which refuses it).
+        op(JEQ_K, audit_arch()?, 0, 4),
+        op(LD_W_ABS, 0, 0, 0),
+        op(JEQ_K, nr(first)?, 1, 0),
+        op(JEQ_K, nr(second)?, 0, 1),
+        op(RET_K, errno, 0, 0),
+    ];
+    prog.extend(main);
+    Ok(prog)
+}
+
+/// The compiled filter for `mode` for a worker whose pid is `pid` (`None` for `off`): the
+/// allow list and the checked calls, with [`REFUSED`] answered ENOSYS in front.
+pub fn filter(mode: SeccompMode, pid: u32) -> Result<Option<BpfProgram>, SandboxError> {
     let mismatch = match mode {
         SeccompMode::Off => return Ok(None),
         SeccompMode::Log => SeccompAction::Log,
         SeccompMode::Kill => SeccompAction::KillProcess,
     };
-    let rules: BTreeMap<i64, Vec<SeccompRule>> =
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         allowed().into_iter().map(|nr| (nr, Vec::new())).collect();
-    let f = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, arch()?)
-        .map_err(|e| SandboxError::Filter(e.to_string()))?;
-    let prog: BpfProgram = f
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| SandboxError::Filter(e.to_string()))?;
-    Ok(Some(prog))
+    for (nr, checked) in checked_rules(pid)? {
+        rules.insert(nr, checked);
+    }
+    let main = compile(rules, mismatch, SeccompAction::Allow)?;
+    Ok(Some(with_refused(main)?))
 }
 
 fn prctl(what: &'static str, option: libc::c_int, arg: libc::c_ulong) -> Result<(), SandboxError> {
@@ -251,7 +389,7 @@ pub fn harden() -> Result<(), SandboxError> {
 /// Installs the filter on every thread of the worker (TSYNC), and on every thread it
 /// starts from now on.
 pub fn lock_down(mode: SeccompMode) -> Result<(), SandboxError> {
-    let Some(prog) = filter(mode)? else {
+    let Some(prog) = filter(mode, std::process::id())? else {
         tracing::warn!("--seccomp off: the worker runs without a system call filter");
         return Ok(());
     };
@@ -312,9 +450,9 @@ mod tests {
 
     #[test]
     fn the_filter_compiles_for_kill_and_log_and_leaves_out_what_no_worker_needs() {
-        assert!(filter(SeccompMode::Off).expect("off").is_none());
+        assert!(filter(SeccompMode::Off, 1).expect("off").is_none());
         for mode in [SeccompMode::Kill, SeccompMode::Log] {
-            let prog = filter(mode).expect("compiles").expect("a program");
+            let prog = filter(mode, 1).expect("compiles").expect("a program");
             assert!(!prog.is_empty());
         }
         let list = allowed();
@@ -326,45 +464,176 @@ mod tests {
             libc::SYS_ptrace,
             libc::SYS_process_vm_readv,
             libc::SYS_kill,
+            libc::SYS_tkill,
             libc::SYS_setuid,
             libc::SYS_unshare,
             libc::SYS_renameat2,
             libc::SYS_linkat,
             libc::SYS_symlinkat,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+            // Checked by their arguments instead.
+            libc::SYS_clone,
+            libc::SYS_tgkill,
+            libc::SYS_prctl,
         ] {
             assert!(!list.contains(&banned), "syscall {banned} is allowed");
         }
     }
 
-    #[test]
-    fn a_killing_filter_kills_a_forbidden_call_with_sigsys() {
-        let prog = filter(SeccompMode::Kill)
-            .expect("compiles")
-            .expect("a program");
-        // In a forked child, so the test process keeps its own system calls. The child
-        // allocates nothing (the program is built above): it sets no_new_privs, installs
-        // the filter on its one thread, makes one forbidden call and would exit.
-        // SAFETY: fork has no preconditions; the child only makes system calls and exits
-        // without returning into the test harness.
+    /// How a forked child that puts the killing filter on and then runs `call` ends:
+    /// `Ok(code)` when `call` returned (its value is the exit code), `Err(signal)`.
+    fn under_filter(call: fn() -> i32) -> Result<i32, i32> {
+        // SAFETY: fork has no preconditions; the child only builds the filter, makes
+        // system calls and exits without returning into the test harness.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork");
         if pid == 0 {
             // SAFETY: prctl with integer arguments.
             let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
-            if nnp && seccompiler::apply_filter(&prog).is_ok() {
-                // SAFETY: socket takes integers; the filter kills the process here.
-                unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
-            }
+            let code = match filter(SeccompMode::Kill, std::process::id()) {
+                Ok(Some(prog)) if nnp => {
+                    if seccompiler::apply_filter(&prog).is_ok() {
+                        call()
+                    } else {
+                        100
+                    }
+                }
+                _ => 101,
+            };
             // SAFETY: _exit ends the child at once.
-            unsafe { libc::_exit(2) };
+            unsafe { libc::_exit(code) };
         }
         let mut status = 0;
         // SAFETY: waitpid on our own child with a valid out-pointer.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
-            "status {status:#x}"
-        );
+        if libc::WIFSIGNALED(status) {
+            Err(libc::WTERMSIG(status))
+        } else {
+            Ok(libc::WEXITSTATUS(status))
+        }
+    }
+
+    fn errno() -> i32 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_forbidden_call_kills_with_sigsys() {
+        // SAFETY: socket takes integers.
+        let socket = || unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+        assert_eq!(under_filter(socket), Err(libc::SIGSYS));
+    }
+
+    #[test]
+    fn a_fork_or_a_clone_into_new_namespaces_kills() {
+        fn fork() -> i32 {
+            // SAFETY: clone without CLONE_VM and a null stack behaves as fork; the
+            // child (if the filter let it be) exits at once.
+            let r = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+            if r == 0 {
+                // SAFETY: ends the forked child.
+                unsafe { libc::_exit(0) };
+            }
+            3
+        }
+        fn thread_in_new_namespace() -> i32 {
+            let flags = THREAD_FLAGS as libc::c_long | libc::CLONE_NEWNET as libc::c_long;
+            // SAFETY: the filter refuses this call before the kernel reads the (null)
+            // stack; were it let through, the kernel would refuse the flag combination.
+            unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) };
+            3
+        }
+        assert_eq!(under_filter(fork), Err(libc::SIGSYS));
+        assert_eq!(under_filter(thread_in_new_namespace), Err(libc::SIGSYS));
+    }
+
+    #[test]
+    fn clone3_is_refused_with_enosys_and_threads_still_start() {
+        fn clone3_then_thread() -> i32 {
+            let args = [0u64; 8];
+            // SAFETY: clone3 reads `args` (an all-zero clone_args of its size); the
+            // filter answers ENOSYS before that.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    args.as_ptr(),
+                    std::mem::size_of_val(&args),
+                )
+            };
+            if r != -1 || errno() != libc::ENOSYS {
+                return 4;
+            }
+            // glibc's pthread_create tries clone3, gets ENOSYS and uses clone.
+            match std::thread::spawn(|| 7).join() {
+                Ok(7) => 0,
+                _ => 5,
+            }
+        }
+        assert_eq!(under_filter(clone3_then_thread), Ok(0));
+    }
+
+    #[test]
+    fn io_uring_is_refused_at_setup_and_its_calls_kill() {
+        fn setup() -> i32 {
+            let mut params = [0u8; 120];
+            // SAFETY: io_uring_setup writes at most its params struct (120 bytes).
+            let r = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4, params.as_mut_ptr()) };
+            if r == -1 && errno() == libc::ENOSYS {
+                0
+            } else {
+                6
+            }
+        }
+        fn enter() -> i32 {
+            // SAFETY: io_uring_enter on descriptor -1 touches no memory.
+            unsafe { libc::syscall(libc::SYS_io_uring_enter, -1, 0, 0, 0, 0, 0) };
+            7
+        }
+        assert_eq!(under_filter(setup), Ok(0));
+        assert_eq!(under_filter(enter), Err(libc::SIGSYS));
+    }
+
+    #[test]
+    fn tgkill_reaches_only_its_own_thread_group() {
+        fn own() -> i32 {
+            // SAFETY: signal 0 to its own thread: a check that delivers nothing.
+            let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), 0) };
+            i32::from(r != 0)
+        }
+        fn parent() -> i32 {
+            // SAFETY: signal 0 (nothing delivered) to the parent, the test process.
+            unsafe { libc::syscall(libc::SYS_tgkill, libc::getppid(), libc::getppid(), 0) };
+            8
+        }
+        assert_eq!(under_filter(own), Ok(0));
+        assert_eq!(under_filter(parent), Err(libc::SIGSYS));
+    }
+
+    #[test]
+    fn prctl_names_threads_but_never_makes_the_worker_dumpable() {
+        fn name() -> i32 {
+            let n = b"w\0";
+            // SAFETY: PR_SET_NAME reads a NUL-terminated name; PR_GET_DUMPABLE reads nothing.
+            let ok = unsafe {
+                libc::prctl(libc::PR_SET_NAME, n.as_ptr()) == 0
+                    && libc::prctl(libc::PR_GET_DUMPABLE) >= 0
+            };
+            i32::from(!ok)
+        }
+        fn dumpable() -> i32 {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+            9
+        }
+        fn ptracer() -> i32 {
+            // SAFETY: prctl with integer arguments (PR_SET_PTRACER_ANY).
+            unsafe { libc::prctl(libc::PR_SET_PTRACER, -1i64 as libc::c_ulong, 0, 0, 0) };
+            10
+        }
+        assert_eq!(under_filter(name), Ok(0));
+        assert_eq!(under_filter(dumpable), Err(libc::SIGSYS));
+        assert_eq!(under_filter(ptracer), Err(libc::SIGSYS));
     }
 
     #[test]

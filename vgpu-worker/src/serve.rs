@@ -7,15 +7,36 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use vgpu_device::front::{Ended, Gate};
 use vgpu_device::{Vgpu, VgpuVhostBackend};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::VhostUserBackend;
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::error::WorkerError;
 
-/// Binds the socket, refusing to steal one another process is serving.
-pub fn bind(path: &Path) -> Result<Listener, WorkerError> {
+/// Frontend connections one worker serves after the first, each after a refused
+/// request ended the one before (a daemon session per connection, over a channel made
+/// before the sandbox closes).
+pub const MAX_SESSIONS: usize = 8;
+
+/// The worker's vhost-user side: the socket the frontend connects to, and the private
+/// channels to the vhost-user daemon that every frontend message reaches only through
+/// [`vgpu_device::front`].
+pub struct Front {
+    /// The frontend's socket.
+    public: Listener,
+    /// The daemon's side of the private channels.
+    daemon: Listener,
+    /// Our ends of the private channels, connected in advance (the sandbox allows no
+    /// connect), in the order the daemon accepts them.
+    ends: std::collections::VecDeque<UnixStream>,
+}
+
+/// Binds the socket, refusing to steal one another process is serving, and makes the
+/// private channels to the daemon.
+pub fn bind(path: &Path) -> Result<Front, WorkerError> {
     let err = |why: String| WorkerError::Bind {
         path: path.to_owned(),
         why,
@@ -34,14 +55,67 @@ pub fn bind(path: &Path) -> Result<Listener, WorkerError> {
         std::fs::remove_file(path)
             .map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
     }
-    Listener::new(path, false).map_err(|e| {
+    let public = Listener::new(path, false).map_err(|e| {
         err(match e {
             VhostUserError::SocketError(io) => {
                 format!("{io}; check that the directory exists and is writable")
             }
             other => other.to_string(),
         })
+    })?;
+    front(public, path)
+}
+
+/// The worker's side over a listening socket it was handed (vgpud binds the sockets a
+/// worker serves); `path` only names it in messages.
+pub fn from_listener(public: Listener, path: &Path) -> Result<Front, WorkerError> {
+    front(public, path)
+}
+
+/// Makes the private channels to the daemon beside `public`: a listener in a fresh 0700
+/// directory of the worker's own (the socket's directory may be vgpud's, where the worker
+/// cannot write), connected to at once and removed, so that nothing else can reach it.
+fn front(public: Listener, path: &Path) -> Result<Front, WorkerError> {
+    let channel_err = |e: std::io::Error| WorkerError::Bind {
+        path: path.to_owned(),
+        why: format!("cannot make the daemon's private channel: {e}"),
+    };
+    let dir = private_dir().map_err(channel_err)?;
+    let private = dir.join("daemon.sock");
+    let bound = std::os::unix::net::UnixListener::bind(&private).and_then(|daemon| {
+        let ends = (0..=MAX_SESSIONS)
+            .map(|_| UnixStream::connect(&private))
+            .collect::<Result<_, _>>()?;
+        Ok((daemon, ends))
+    });
+    let _ = std::fs::remove_file(&private);
+    let _ = std::fs::remove_dir(&dir);
+    let (daemon, ends) = bound.map_err(channel_err)?;
+    Ok(Front {
+        public,
+        daemon: Listener::from(daemon),
+        ends,
     })
+}
+
+/// A new directory only this process's uid may enter, under the temporary directory.
+fn private_dir() -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut template = std::env::temp_dir()
+        .join("vgpu-worker-XXXXXX")
+        .as_os_str()
+        .as_bytes()
+        .to_vec();
+    template.push(0);
+    // SAFETY: `template` is a NUL-terminated buffer this frame owns; mkdtemp writes only
+    // its six trailing X characters and returns either NULL or a pointer into it.
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    template.pop();
+    let made: std::ffi::OsString = std::os::unix::ffi::OsStringExt::from_vec(template);
+    Ok(std::path::PathBuf::from(made))
 }
 
 /// Blocks SIGTERM and SIGINT in this thread (and every thread spawned after), so that
@@ -120,10 +194,12 @@ pub fn stop(shutdown: &Shutdown, socket: &Path, gate: Option<&vgpu_grant::Switch
     }
 }
 
-/// Serves one frontend connection on `listener` until it disconnects or `shutdown` is
-/// triggered, then logs the vGPU's stats. `on_connected` runs once the frontend is in.
+/// Serves frontend connections on `front` until one disconnects or `shutdown` is
+/// triggered, then logs the vGPU's stats. `on_connected` runs once the first frontend is
+/// in. A connection ended by a refused request (docs/hostile.md) leaves the vGPU as it
+/// was, and the next connection is served, up to [`MAX_SESSIONS`] times.
 pub fn serve(
-    listener: &mut Listener,
+    front: &mut Front,
     vgpu: Arc<Vgpu>,
     shutdown: &Shutdown,
     poll: Duration,
@@ -132,19 +208,65 @@ pub fn serve(
 ) -> Result<(), WorkerError> {
     let id = vgpu.config().vgpu_id;
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = crate::outgoing::Hooked::new(
-        Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll)),
-        outgoing.clone(),
-    );
+    let inner = Arc::new(VgpuVhostBackend::new(vgpu.clone(), mem.clone()).with_poll(poll));
+    let offered = inner.protocol_features();
+    let queues = u32::from(vgpu.config().num_queues);
+    let backend = crate::outgoing::Hooked::new(inner, outgoing.clone());
     let mut daemon = VhostUserDaemon::new(format!("vgpu-{id}"), backend, mem)
         .map_err(|e| WorkerError::Daemon(e.to_string()))?;
-    daemon
-        .start(listener)
-        .map_err(|e| WorkerError::Daemon(e.to_string()))?;
-    *vgpu_sync::lock(shutdown) = daemon.shutdown_handle();
-    tracing::info!(vgpu = id, "frontend connected");
-    on_connected();
-    let result = daemon.wait();
+    let mut on_connected = Some(on_connected);
+    let mut sessions = 0usize;
+    let result = loop {
+        let frontend = loop {
+            match front.public.accept() {
+                Ok(Some(s)) => break s,
+                Ok(None) => continue,
+                Err(e) => return Err(WorkerError::Daemon(e.to_string())),
+            }
+        };
+        let Some(end) = front.ends.pop_front() else {
+            break Err(WorkerError::Daemon(format!(
+                "{MAX_SESSIONS} frontend connections ended on refused requests; stopping"
+            )));
+        };
+        if sessions > 0 {
+            // The daemon still counts the last frontend as its owner.
+            if let Err(e) = vgpu_device::front::reset_owner(&end) {
+                break Err(WorkerError::Daemon(e.to_string()));
+            }
+        }
+        sessions += 1;
+        daemon
+            .start(&mut front.daemon)
+            .map_err(|e| WorkerError::Daemon(e.to_string()))?;
+        *vgpu_sync::lock(shutdown) = daemon.shutdown_handle();
+        if let Some(f) = on_connected.take() {
+            tracing::info!(vgpu = id, "frontend connected");
+            f();
+        } else {
+            tracing::info!(vgpu = id, "a new frontend connected");
+        }
+        let mut gate = Gate::new(offered, queues);
+        let ended = vgpu_device::front::carry(frontend, end, &mut gate, id);
+        let waited = daemon.wait();
+        let refused = match (&ended, &waited) {
+            (Ended::Refused(why), _) => Some(why.clone()),
+            (_, Ok(()))
+            | (_, Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected)))
+            | (_, Err(vhost_user_backend::Error::HandleRequest(VhostUserError::PartialMessage))) => {
+                None
+            }
+            (_, Err(e)) => Some(e.to_string()),
+        };
+        match refused {
+            Some(why) => tracing::warn!(
+                vgpu = id,
+                %why,
+                "a frontend request was refused and its connection closed; the vGPU keeps its state and serves the next connection"
+            ),
+            None => break Ok(()),
+        }
+    };
     outgoing.release();
     for handler in daemon.get_epoll_handlers() {
         handler.send_exit_event();
@@ -160,12 +282,7 @@ pub fn serve(
         busy_ms = s.busy_ns / 1_000_000,
         "vGPU stats"
     );
-    match result {
-        Ok(()) => Ok(()),
-        Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected))
-        | Err(vhost_user_backend::Error::HandleRequest(VhostUserError::PartialMessage)) => Ok(()),
-        Err(e) => Err(WorkerError::Daemon(e.to_string())),
-    }
+    result
 }
 
 #[cfg(test)]

@@ -116,6 +116,8 @@ pub(super) fn read(dev: sys::CUdevice) -> DeviceAttributes {
         pci_domain_id: get(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0),
         pci_bus_id: get(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0),
         pci_device_id: get(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0),
-        reserved: [0; 3],
+        stack_bytes: 0,
+        heap_kib: 0,
+        printf_fifo_kib: 0,
     }
 }

@@ -246,8 +246,15 @@ impl CudaGpu {
                 | features::ATTRIBUTES
                 | features::PARAM_LAYOUT
                 | features::GLOBALS
-                | features::PARAM_BLOBS,
-            attributes: attributes::read(dev),
+                | features::PARAM_BLOBS
+                | features::FUNCTION_ATTRIBUTES,
+            attributes: vgpu_proto::DeviceAttributes {
+                // The limits as the driver took them and the ledger charged them.
+                stack_bytes: u32::try_from(reserve.stack_bytes).unwrap_or(u32::MAX),
+                heap_kib: u32::try_from(reserve.heap_bytes >> 10).unwrap_or(u32::MAX),
+                printf_fifo_kib: u32::try_from(reserve.printf_fifo_bytes >> 10).unwrap_or(u32::MAX),
+                ..attributes::read(dev)
+            },
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
             sms = props.sm_count, device_memory = props.total_memory, capacity,
@@ -637,6 +644,25 @@ impl crate::Modules for CudaGpu {
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.enter()?;
         self.modules.function(module, name)
+    }
+
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        self.enter()?;
+        let func = match self.modules.kernel(function)? {
+            Kernel::Builtin(_, index) => self
+                .builtins
+                .kernels
+                .get(index)
+                .copied()
+                .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?,
+            Kernel::Ptx(_, f) => f.func,
+            Kernel::Storage(_) => {
+                return Err(BackendError::NotSupported(
+                    "storage kernels do not report function attributes".into(),
+                ))
+            }
+        };
+        modules::attributes(func).map_err(|e| self.cuda_err(e))
     }
 
     fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {

@@ -174,21 +174,63 @@ fn param_info(f: Func) -> std::result::Result<Vec<(u32, u32)>, CuError> {
     Ok(sizes)
 }
 
-/// Local memory per thread `f` needs (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
-fn local_bytes(f: Func) -> std::result::Result<u64, CuError> {
+/// One attribute of `f` (`cuFuncGetAttribute`).
+fn func_attribute(
+    f: Func,
+    attr: sys::CUfunction_attribute,
+    call: &'static str,
+) -> std::result::Result<u32, CuError> {
     let mut v: std::ffi::c_int = 0;
     check(
         // SAFETY: `f` is a live function; writes one int into `v`, which lives on this frame.
-        unsafe {
-            sys::cuFuncGetAttribute(
-                &mut v,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
-                f.0,
-            )
-        },
-        "cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)",
+        unsafe { sys::cuFuncGetAttribute(&mut v, attr, f.0) },
+        call,
     )?;
-    Ok(u64::try_from(v).unwrap_or(0))
+    Ok(u32::try_from(v).unwrap_or(0))
+}
+
+/// Local memory per thread `f` needs (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`).
+fn local_bytes(f: Func) -> std::result::Result<u64, CuError> {
+    func_attribute(
+        f,
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+        "cuFuncGetAttribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)",
+    )
+    .map(u64::from)
+}
+
+/// `f`'s registers, static shared, constant and local memory and thread limit, as the
+/// driver answers them (`GET_FUNCTION_LAYOUT`'s `FunctionAttributes`).
+pub fn attributes(f: Func) -> std::result::Result<vgpu_proto::FunctionAttributes, CuError> {
+    use sys::CUfunction_attribute as A;
+    Ok(vgpu_proto::FunctionAttributes {
+        num_regs: func_attribute(
+            f,
+            A::CU_FUNC_ATTRIBUTE_NUM_REGS,
+            "cuFuncGetAttribute(NUM_REGS)",
+        )?,
+        static_shared_bytes: func_attribute(
+            f,
+            A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            "cuFuncGetAttribute(SHARED_SIZE_BYTES)",
+        )?,
+        const_bytes: func_attribute(
+            f,
+            A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+            "cuFuncGetAttribute(CONST_SIZE_BYTES)",
+        )?,
+        local_bytes: func_attribute(
+            f,
+            A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            "cuFuncGetAttribute(LOCAL_SIZE_BYTES)",
+        )?,
+        max_threads_per_block: func_attribute(
+            f,
+            A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)",
+        )?,
+        reserved: [0; 3],
+    })
 }
 
 /// The built-in kernels, loaded once per backend.

@@ -151,6 +151,10 @@ impl Modules for Pager {
         self.inner.modules().param_layout(function)
     }
 
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        self.inner.modules().function_attributes(function)
+    }
+
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         let (addr, size) = self.inner.modules().module_global(module, name)?;
         if size > 0 {

@@ -112,7 +112,10 @@ impl SimGpu {
             alloc_granularity: memory::PAGE,
             va_base: cfg.va_base,
             va_size: cfg.va_size,
-            features: features::BUILTIN_KERNELS | features::ATTRIBUTES | features::PARAM_LAYOUT,
+            features: features::BUILTIN_KERNELS
+                | features::ATTRIBUTES
+                | features::PARAM_LAYOUT
+                | features::FUNCTION_ATTRIBUTES,
             attributes: vgpu_proto::DeviceAttributes {
                 sm_count: u32::try_from(threads).unwrap_or(u32::MAX),
                 ..vgpu_proto::DeviceAttributes::SIM
@@ -337,6 +340,16 @@ impl crate::Modules for SimGpu {
         self.modules
             .kernel(function)
             .map(vgpu_proto::builtin::layout)
+    }
+
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        // Built-in kernels run on host threads: no GPU registers, shared, constant or
+        // local memory.
+        self.modules.kernel(function)?;
+        Ok(vgpu_proto::FunctionAttributes {
+            max_threads_per_block: vgpu_proto::MAX_THREADS_PER_BLOCK as u32,
+            ..vgpu_proto::FunctionAttributes::default()
+        })
     }
 }
 

@@ -52,14 +52,17 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     guard("cuDevicePrimaryCtxReset_v2", || {
-        driver::with(|d| {
+        let primary = driver::with(|d| {
             check_dev(dev)?;
             let _ = d.sync_all();
             let primary = d.primary;
             super::memory::free_context_allocations(d, primary);
             d.primary_refs = 0;
-            Ok(())
-        })
+            Ok(primary)
+        })?;
+        // The runtime's per-context state goes with the context's memory.
+        super::export::context_destroyed(primary);
+        Ok(())
     })
 }
 
@@ -178,6 +181,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
             Ok(h)
         })?;
         stack::forget(h);
+        super::export::context_destroyed(h);
         Ok(())
     })
 }
@@ -234,6 +238,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
         driver::wait_outside(
             |d| {
                 d.current_ctx()?;
+                crate::api::capture::sync_check(d, 0)?;
                 Ok(d.shared_queues())
             },
             |t, queues| driver::sync_queues(t, &queues),

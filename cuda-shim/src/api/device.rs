@@ -89,7 +89,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     })
 }
 
-fn uuid_of(d: &Driver) -> CUuuid {
+pub(crate) fn uuid_of(d: &Driver) -> CUuuid {
     // A stable identity per vGPU: "vGPU" and the host-wide vGPU id.
     let mut bytes = [0u8; 16];
     bytes[..4].copy_from_slice(b"vGPU");
@@ -199,6 +199,8 @@ pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
             .min(vgpu_proto::MAX_SHARED_BYTES)),
         attr::MAX_BLOCKS_PER_MULTIPROCESSOR => v(g.max_blocks_per_sm),
         attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
+        // Stream-ordered allocation and pools (api/pool.rs).
+        attr::MEMORY_POOLS_SUPPORTED => 1,
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(res::INVALID_VALUE),
     })
@@ -211,6 +213,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, a: c_int, dev: CUd
             check_dev(dev)?;
             attribute(d, a)
         })?;
+        tracing::trace!(attribute = a, value = v, "cuDeviceGetAttribute");
         // SAFETY: a writable int from the caller.
         unsafe { out(pi, v) }
     })

@@ -13,6 +13,7 @@ use vgpu_proto::{
 use guest_driver::Transport;
 
 use crate::driver::{self, Driver, Res};
+use crate::extra::{Op, PreparedLaunch};
 use crate::guard;
 use crate::image::{buffer_layout, kernel_arg, ParamKind, ParamSpec, Signature};
 use crate::types::{
@@ -133,8 +134,103 @@ fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Packed> {
     Ok(Packed { args, blob })
 }
 
+/// Checks a launch and packs its parameters (copied from the caller's: the result may be
+/// kept, by a stream capture, and replayed later).
 #[allow(clippy::too_many_arguments)]
-fn launch(
+pub(crate) fn prepare(
+    d: &Driver,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Res<PreparedLaunch> {
+    d.current_ctx()?;
+    let func = d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)?;
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(res::INVALID_VALUE);
+    }
+    let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
+    if threads > MAX_THREADS_PER_BLOCK || block[0] > 1024 || block[1] > 1024 || block[2] > 64 {
+        return Err(res::INVALID_VALUE);
+    }
+    if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
+        return Err(res::INVALID_VALUE);
+    }
+    if shared > MAX_SHARED_BYTES {
+        return Err(res::INVALID_VALUE);
+    }
+    let params = match (kernel_params.is_null(), extra.is_null()) {
+        (false, false) => return Err(res::INVALID_VALUE),
+        (_, false) => {
+            // SAFETY: `extra` is END-terminated (API contract).
+            unsafe { parse_extra(extra)? }
+        }
+        _ => Params::Pointers(kernel_params),
+    };
+    let packed = args(d, &func.sig, params)?;
+    Ok(PreparedLaunch {
+        device_function: func.device,
+        grid,
+        block,
+        shared_bytes: shared,
+        args: packed.args,
+        blob: packed.blob,
+    })
+}
+
+/// Enqueues a prepared launch on stream handle `h`, ordered as the legacy default stream
+/// demands.
+pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
+    let launch = LaunchArgs {
+        function: p.device_function,
+        grid: p.grid,
+        block: p.block,
+        shared_bytes: p.shared_bytes,
+        ..LaunchArgs::default()
+    };
+    let (q, legacy) = d.stream_queue(h)?;
+    let blocking = d
+        .streams
+        .get(&(h as u64))
+        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
+    d.order_for(q, legacy, blocking);
+    let t = d.t.clone();
+    let mut queue = d.queue(q)?;
+    let request = vgpu_proto::launch_request_len(p.args.len(), 0) + p.blob.len();
+    // A launch too large for its slot's header area travels in DMA memory of its own,
+    // freed when it completes.
+    let own_header = if request > guest_driver::vgpu::HEADER_MAX {
+        Some(t.dma_alloc(request, 64).map_err(|_| res::OUT_OF_MEMORY)?)
+    } else {
+        None
+    };
+    if own_header.is_some() {
+        queue.enqueue_keeping(
+            &t,
+            |s, header| match header {
+                // SAFETY: the queue keeps the region until the request completed.
+                Some(hd) => unsafe { s.enqueue_launch_in(hd, &launch, &p.args, &[], &p.blob) },
+                None => Err(guest_driver::Error::RequestTooLarge),
+            },
+            own_header,
+        )?;
+    } else if p.blob.is_empty() {
+        queue.enqueue(&t, |s| s.enqueue_launch(&launch, &p.args, &[]), None)?;
+    } else {
+        queue.enqueue(
+            &t,
+            |s| s.enqueue_launch_with_blob(&launch, &p.args, &[], &p.blob),
+            None,
+        )?;
+    }
+    queue.submit();
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
     f: CUfunction,
     grid: [c_uint; 3],
     block: [c_uint; 3],
@@ -144,77 +240,13 @@ fn launch(
     extra: *mut *mut c_void,
 ) -> Res<()> {
     driver::with(|d| {
-        d.current_ctx()?;
-        let func = d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)?;
-        if grid.contains(&0) || block.contains(&0) {
-            return Err(res::INVALID_VALUE);
-        }
-        let threads = block.iter().map(|&b| u64::from(b)).product::<u64>();
-        if threads > MAX_THREADS_PER_BLOCK || block[0] > 1024 || block[1] > 1024 || block[2] > 64 {
-            return Err(res::INVALID_VALUE);
-        }
-        if grid[1] > 65535 || grid[2] > 65535 || grid[0] > i32::MAX as u32 {
-            return Err(res::INVALID_VALUE);
-        }
-        if shared > MAX_SHARED_BYTES {
-            return Err(res::INVALID_VALUE);
-        }
-        let params = match (kernel_params.is_null(), extra.is_null()) {
-            (false, false) => return Err(res::INVALID_VALUE),
-            (_, false) => {
-                // SAFETY: `extra` is END-terminated (API contract).
-                unsafe { parse_extra(extra)? }
-            }
-            _ => Params::Pointers(kernel_params),
-        };
-        let packed = args(d, &func.sig, params)?;
-        let launch = LaunchArgs {
-            function: func.device,
-            grid,
-            block,
-            shared_bytes: shared,
-            ..LaunchArgs::default()
-        };
+        let p = prepare(d, f, grid, block, shared, kernel_params, extra)?;
         let h = stream as usize;
-        let (q, legacy) = d.stream_queue(h)?;
-        let blocking = d
-            .streams
-            .get(&(h as u64))
-            .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
-        d.order_for(q, legacy, blocking);
-        let t = d.t.clone();
-        let mut queue = d.queue(q)?;
-        let request = vgpu_proto::launch_request_len(packed.args.len(), 0) + packed.blob.len();
-        // A launch too large for its slot's header area travels in DMA memory of its own,
-        // freed when it completes.
-        let own_header = if request > guest_driver::vgpu::HEADER_MAX {
-            Some(t.dma_alloc(request, 64).map_err(|_| res::OUT_OF_MEMORY)?)
-        } else {
-            None
-        };
-        if own_header.is_some() {
-            queue.enqueue_keeping(
-                &t,
-                |s, header| match header {
-                    // SAFETY: the queue keeps the region until the request completed.
-                    Some(h) => unsafe {
-                        s.enqueue_launch_in(h, &launch, &packed.args, &[], &packed.blob)
-                    },
-                    None => Err(guest_driver::Error::RequestTooLarge),
-                },
-                own_header,
-            )?;
-        } else if packed.blob.is_empty() {
-            queue.enqueue(&t, |s| s.enqueue_launch(&launch, &packed.args, &[]), None)?;
-        } else {
-            queue.enqueue(
-                &t,
-                |s| s.enqueue_launch_with_blob(&launch, &packed.args, &[], &packed.blob),
-                None,
-            )?;
+        d.stream_queue(h)?;
+        if crate::api::graph::record(d, h, || Op::Launch(p.clone()))? {
+            return Ok(());
         }
-        queue.submit();
-        Ok(())
+        submit(d, h, &p)
     })
 }
 

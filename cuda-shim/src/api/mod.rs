@@ -6,9 +6,26 @@
 pub mod context;
 pub mod copy;
 pub mod device;
+pub mod export;
 pub mod launch;
 pub mod memory;
 pub mod module;
 pub mod procaddr;
+pub mod ptsz;
+pub mod runtime;
 pub mod stream;
 pub mod stubs;
+// Libraries, function attributes, pitched memory, pools, host functions, graphs.
+pub mod capture;
+pub mod enumerate;
+pub mod ext_table;
+pub mod func;
+pub mod graph;
+pub mod hostfn;
+pub mod launch_ex;
+pub mod library;
+pub mod limits;
+pub mod memcpy;
+pub mod memcpy2d;
+pub mod pointer;
+pub mod pool;

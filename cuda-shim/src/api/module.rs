@@ -10,12 +10,13 @@ use guest_driver::Transport;
 
 use crate::driver::{self, Alloc, Driver, Function, Module, Res};
 use crate::image::{self, Image};
-use crate::types::{
-    res, CUdeviceptr, CUfunction, CUmodule, CUresult, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-};
+use crate::types::{res, CUdeviceptr, CUfunction, CUmodule, CUresult};
 use crate::{guard, out};
 
-fn load(d: &mut Driver, img: Image) -> Res<u64> {
+// Function attributes live with the other function calls (api/func.rs).
+pub use super::func::cuFuncGetAttribute;
+
+pub(crate) fn load(d: &mut Driver, img: Image) -> Res<u64> {
     d.current_ctx()?;
     let t = d.t.clone();
     let module = match img {
@@ -79,7 +80,7 @@ fn load(d: &mut Driver, img: Image) -> Res<u64> {
 }
 
 /// Whether the device loads cubin and fatbin images itself.
-fn native_binaries(d: &Driver) -> bool {
+pub(crate) fn native_binaries(d: &Driver) -> bool {
     d.info.features & vgpu_proto::features::BINARY_MODULES != 0
 }
 
@@ -163,6 +164,74 @@ pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
     })
 }
 
+/// Looks up function `name` of module `mh` and enters it: its handle.
+pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
+    d.current_ctx()?;
+    let m = d.modules.get(&mh).ok_or(res::INVALID_HANDLE)?;
+    let sig = if m.builtin {
+        Some(image::builtin_signature(name).ok_or(res::NOT_FOUND)?)
+    } else if m.ptx.is_some() {
+        Some(m.entries.get(name).cloned().ok_or(res::NOT_FOUND)?)
+    } else {
+        // A binary module: the device knows its entry points.
+        None
+    };
+    let device_module = m.device;
+    let t = d.t.clone();
+    // A device that reports parameter layouts also takes raw bytes.
+    let layouts = d.info.features & vgpu_proto::features::PARAM_LAYOUT != 0;
+    let (f, layout, attrs) = if layouts {
+        let (f, layout, _, attrs) = d.queue(0)?.call(&t, |s| {
+            s.get_function_layout_attributes(device_module, name)
+        })?;
+        (f, Some(layout), attrs)
+    } else {
+        let f = d
+            .queue(0)?
+            .call(&t, |s| s.get_function(device_module, name))?;
+        (f, None, None)
+    };
+    let sig = match (sig, layout) {
+        (Some(sig), _) => sig,
+        (None, Some(layout)) => image::signature_from_layout(&layout, f.params),
+        (None, None) if f.params == 0 => Vec::new(),
+        (None, None) => {
+            // Without PTX or the device's layout the parameters' sizes are unknown.
+            crate::api::stubs::log_once(
+                "kernels with parameters in cubin/fatbin modules on a protocol 1.0 device",
+            );
+            return Err(res::NOT_SUPPORTED);
+        }
+    };
+    let sig = if layouts {
+        image::with_raw_bytes(sig)
+    } else {
+        sig
+    };
+    if f.params != sig.len() as u64 {
+        tracing::warn!(
+            name,
+            device = f.params,
+            parsed = sig.len(),
+            "parameter counts differ"
+        );
+    }
+    let h = d.handle();
+    d.functions.insert(
+        h,
+        Function {
+            module: mh,
+            device: f.handle,
+            sig,
+            name: name.to_string(),
+            max_dynamic_shared: crate::api::func::default_dynamic_shared(attrs.as_ref()),
+            carveout: -1,
+            attrs,
+        },
+    );
+    Ok(h)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetFunction(
     pfunc: *mut CUfunction,
@@ -177,69 +246,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         let name = unsafe { CStr::from_ptr(name) }
             .to_str()
             .map_err(|_| res::NOT_FOUND)?;
-        let h = driver::with(|d| {
-            d.current_ctx()?;
-            let mh = hmod as u64;
-            let m = d.modules.get(&mh).ok_or(res::INVALID_HANDLE)?;
-            let sig = if m.builtin {
-                Some(image::builtin_signature(name).ok_or(res::NOT_FOUND)?)
-            } else if m.ptx.is_some() {
-                Some(m.entries.get(name).cloned().ok_or(res::NOT_FOUND)?)
-            } else {
-                // A binary module: the device knows its entry points.
-                None
-            };
-            let device_module = m.device;
-            let t = d.t.clone();
-            // A device that reports parameter layouts also takes raw bytes.
-            let layouts = d.info.features & vgpu_proto::features::PARAM_LAYOUT != 0;
-            let (f, layout) = if layouts {
-                let (f, layout, _) = d
-                    .queue(0)?
-                    .call(&t, |s| s.get_function_layout(device_module, name))?;
-                (f, Some(layout))
-            } else {
-                let f = d
-                    .queue(0)?
-                    .call(&t, |s| s.get_function(device_module, name))?;
-                (f, None)
-            };
-            let sig = match (sig, layout) {
-                (Some(sig), _) => sig,
-                (None, Some(layout)) => image::signature_from_layout(&layout, f.params),
-                (None, None) if f.params == 0 => Vec::new(),
-                (None, None) => {
-                    // Without PTX or the device's layout the parameters' sizes are unknown.
-                    crate::api::stubs::log_once(
-                        "kernels with parameters in cubin/fatbin modules on a protocol 1.0 device",
-                    );
-                    return Err(res::NOT_SUPPORTED);
-                }
-            };
-            let sig = if layouts {
-                image::with_raw_bytes(sig)
-            } else {
-                sig
-            };
-            if f.params != sig.len() as u64 {
-                tracing::warn!(
-                    name,
-                    device = f.params,
-                    parsed = sig.len(),
-                    "parameter counts differ"
-                );
-            }
-            let h = d.handle();
-            d.functions.insert(
-                h,
-                Function {
-                    module: mh,
-                    device: f.handle,
-                    sig,
-                },
-            );
-            Ok(h)
-        })?;
+        let h = driver::with(|d| get_function(d, hmod as u64, name))?;
         // SAFETY: checked non-null; a writable CUfunction from the caller.
         unsafe { out(pfunc, h as CUfunction) }
     })
@@ -247,7 +254,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 
 /// `GET_GLOBAL` on a device with `features::GLOBALS`: the variable's address and size,
 /// entered as a range of its module (a valid copy target; `cuMemFree` refuses it).
-fn get_global(d: &mut Driver, hmod: u64, name: &str) -> Res<(u64, u64)> {
+pub(crate) fn get_global(d: &mut Driver, hmod: u64, name: &str) -> Res<(u64, u64)> {
     let ctx = d.current_ctx()?;
     let m = d.modules.get(&hmod).ok_or(res::INVALID_HANDLE)?;
     if d.info.features & vgpu_proto::features::GLOBALS == 0 {
@@ -309,27 +316,5 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
             unsafe { out(bytes, size as usize)? };
         }
         Ok(())
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuFuncGetAttribute(
-    pi: *mut c_int,
-    attrib: c_int,
-    hfunc: CUfunction,
-) -> CUresult {
-    guard("cuFuncGetAttribute", || {
-        driver::with(|d| {
-            d.functions
-                .get(&(hfunc as u64))
-                .map(drop)
-                .ok_or(res::INVALID_HANDLE)
-        })?;
-        if attrib != CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK {
-            crate::api::stubs::log_once("cuFuncGetAttribute (this attribute)");
-            return Err(res::NOT_SUPPORTED);
-        }
-        // SAFETY: a writable int from the caller.
-        unsafe { out(pi, vgpu_proto::MAX_THREADS_PER_BLOCK as c_int) }
     })
 }

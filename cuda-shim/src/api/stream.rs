@@ -62,6 +62,7 @@ pub extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
         driver::wait_outside(
             |d| {
                 let q = queue_of(d, h)?;
+                crate::api::capture::sync_check(d, h as usize)?;
                 if q == 0 && matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
                     // The legacy default stream also waits for every blocking stream.
                     return Ok(d.shared_queues());
@@ -78,11 +79,12 @@ pub extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
     guard("cuStreamQuery", || {
         driver::with(|d| {
             let q = queue_of(d, h)?;
+            crate::api::capture::sync_check(d, h as usize)?;
             let t = d.t.clone();
             let mut queue = d.queue(q)?;
             queue.poll(&t);
             queue.take_error()?;
-            if queue.is_idle() {
+            if queue.is_idle() && !crate::api::hostfn::busy(q) {
                 Ok(())
             } else {
                 Err(res::NOT_READY)
@@ -121,6 +123,13 @@ pub extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, _flags: c_uint) ->
     guard("cuStreamWaitEvent", || {
         driver::with(|d| {
             let q = queue_of(d, h)?;
+            if !d.events.contains_key(&(ev as u64)) {
+                return Err(res::INVALID_HANDLE);
+            }
+            // An event of a capture: the stream joins it (api/capture.rs).
+            if crate::api::capture::wait_event(d, h as usize, ev as u64)? {
+                return Ok(());
+            }
             let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
             if let Some((eq, seq)) = e.recorded {
                 if eq != q {
@@ -165,10 +174,16 @@ pub extern "C" fn cuEventRecord(ev: CUevent, h: CUstream) -> CUresult {
             if !d.events.contains_key(&id) {
                 return Err(res::INVALID_HANDLE);
             }
+            // On a capturing stream the event marks a point of the capture.
+            if crate::api::capture::record_event(d, h as usize, id) {
+                return Ok(());
+            }
             // On the legacy default stream the event also covers the blocking streams.
             if matches!(h as usize, 0 | crate::types::CU_STREAM_LEGACY) {
                 d.order_for(q, true, true);
             }
+            // The event completes after the stream's host functions ran.
+            crate::api::hostfn::gate(q);
             let t = d.t.clone();
             let mut queue = d.queue(q)?;
             let seq = queue.enqueue(&t, |s| s.enqueue_event_record(id), None)?;
@@ -204,9 +219,11 @@ fn complete(d: &mut Driver, ev: CUevent) -> Res<bool> {
 #[no_mangle]
 pub extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
     guard("cuEventQuery", || {
-        driver::with(|d| match complete(d, ev)? {
-            true => Ok(()),
-            false => Err(res::NOT_READY),
+        driver::with(|d| {
+            match crate::api::capture::event_check(d, ev as u64).and_then(|()| complete(d, ev))? {
+                true => Ok(()),
+                false => Err(res::NOT_READY),
+            }
         })
     })
 }
@@ -216,6 +233,7 @@ pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     guard("cuEventSynchronize", || {
         driver::wait_outside(
             |d| {
+                crate::api::capture::event_check(d, ev as u64)?;
                 let e = d.events.get(&(ev as u64)).ok_or(res::INVALID_HANDLE)?;
                 match e.recorded {
                     Some((q, seq)) => Ok(Some((d.shared_queue(q)?, seq))),

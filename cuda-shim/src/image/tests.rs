@@ -126,6 +126,15 @@ fn images_are_classified() {
     assert_eq!(classify(&only_sass), Err(res::NO_BINARY_FOR_GPU));
     let compressed = fatbin(&[(1, FATBIN_FLAG_COMPRESSED, b"zz")]);
     assert_eq!(classify(&compressed), Err(res::NO_BINARY_FOR_GPU));
+    // CUDA 13's nvcc compresses with zstd (flag 0x8000): not text either.
+    for flag in [0x2000u64, 0x8000] {
+        let compressed = fatbin(&[(2, 0, b"sass"), (1, flag | 0x11, b"\x28\xb5\x2f\xfd")]);
+        assert_eq!(classify(&compressed), Err(res::NO_BINARY_FOR_GPU));
+        assert_eq!(
+            classify_native(&compressed),
+            Ok(Image::Binary(compressed.clone()))
+        );
+    }
     // SAFETY: a complete fat binary in memory.
     let read = unsafe { read_image(with_ptx.as_ptr()) };
     assert_eq!(read, Ok(Image::Ptx(b".version 8.0".to_vec())));

@@ -276,6 +276,40 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         ))
     }
 
+    /// [`Self::get_function_layout`] and the function's attributes, when the device
+    /// reports them (`features::FUNCTION_ATTRIBUTES`).
+    #[allow(clippy::type_complexity)]
+    pub fn get_function_layout_attributes(
+        &mut self,
+        module: u64,
+        name: &str,
+    ) -> Result<(
+        Function,
+        ParamLayout,
+        u64,
+        Option<vgpu_proto::FunctionAttributes>,
+    )> {
+        if name.len() as u64 > MAX_NAME_LEN {
+            return Err(Error::RequestTooLarge);
+        }
+        let req = Request::GetFunctionLayout(GetFunctionArgs {
+            module,
+            name_len: name.len() as u64,
+        });
+        let t = self.enqueue_slot_data(&req, SlotData::NameThenLayout(name.as_bytes()))?;
+        self.submit();
+        let (r, layout, attrs) = self.wait_layout_attributes(t)?;
+        Ok((
+            Function {
+                handle: r[0],
+                params: r[1],
+            },
+            layout,
+            r[2],
+            attrs,
+        ))
+    }
+
     /// Looks up a module variable by name (devices with `features::GLOBALS`): its device
     /// address and size.
     pub fn get_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {

@@ -68,6 +68,8 @@ pub(crate) enum SlotData<'a> {
 
 /// Where a `ParamLayout` answer lands in a slot: past the longest name in the scratch area.
 const LAYOUT_OFF: usize = SCRATCH_OFF + 512;
+/// `GET_FUNCTION_LAYOUT`'s answer: the layout, then the function's attributes.
+const LAYOUT_ANSWER: usize = vgpu_proto::ParamLayout::SIZE + vgpu_proto::FunctionAttributes::SIZE;
 
 #[derive(Clone, Copy, Debug)]
 enum Slot {
@@ -234,12 +236,11 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
                 chain[n] =
                     Buffer::readable(self.slots.phys(slot, SCRATCH_OFF)?, bytes.len() as u32);
                 n += 1;
-                self.slots
-                    .clear(slot, LAYOUT_OFF, vgpu_proto::ParamLayout::SIZE)?;
-                chain[n] = Buffer::writable(
-                    self.slots.phys(slot, LAYOUT_OFF)?,
-                    vgpu_proto::ParamLayout::SIZE as u32,
-                );
+                // Room for the function's attributes after the layout: a device that
+                // reports them writes them there (since 1.3), an older one leaves it.
+                self.slots.clear(slot, LAYOUT_OFF, LAYOUT_ANSWER)?;
+                chain[n] =
+                    Buffer::writable(self.slots.phys(slot, LAYOUT_OFF)?, LAYOUT_ANSWER as u32);
                 n += 1;
             }
             SlotData::Info => {
@@ -546,15 +547,36 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
 
     /// Waits for a `GET_FUNCTION_LAYOUT`: its result words and the layout it wrote.
     pub(crate) fn wait_layout(&mut self, t: Ticket) -> Result<([u64; 4], vgpu_proto::ParamLayout)> {
+        self.wait_layout_attributes(t)
+            .map(|(r, layout, _)| (r, layout))
+    }
+
+    /// [`Self::wait_layout`] and the function's attributes, when the device wrote them
+    /// (result[3] = their size).
+    pub(crate) fn wait_layout_attributes(
+        &mut self,
+        t: Ticket,
+    ) -> Result<(
+        [u64; 4],
+        vgpu_proto::ParamLayout,
+        Option<vgpu_proto::FunctionAttributes>,
+    )> {
         let slot = t.slot;
         let r = self.wait(t)?;
-        let mut bytes = [0u8; vgpu_proto::ParamLayout::SIZE];
-        self.slots.read(slot, LAYOUT_OFF, &mut bytes)?;
-        let layout = vgpu_proto::ParamLayout::decode(&bytes).map_err(|_| Error::NoResponse {
+        let bad = || Error::NoResponse {
             opcode: Opcode::GetFunctionLayout as u32,
             used_len: 0,
-        })?;
-        Ok((r, layout))
+        };
+        let mut bytes = [0u8; LAYOUT_ANSWER];
+        self.slots.read(slot, LAYOUT_OFF, &mut bytes)?;
+        let layout = vgpu_proto::ParamLayout::decode(&bytes).map_err(|_| bad())?;
+        let attrs = if r[3] == vgpu_proto::FunctionAttributes::SIZE as u64 {
+            let rest = bytes.get(vgpu_proto::ParamLayout::SIZE..).ok_or_else(bad)?;
+            Some(vgpu_proto::FunctionAttributes::decode(rest).map_err(|_| bad())?)
+        } else {
+            None
+        };
+        Ok((r, layout, attrs))
     }
 
     pub(crate) fn wait_info(&mut self, t: Ticket) -> Result<DeviceInfo> {

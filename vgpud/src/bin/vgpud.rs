@@ -1,7 +1,7 @@
 //! `vgpud`: the host daemon. See `vgpud --help` and docs/api.md.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,8 +25,8 @@ struct Args {
     /// Log format on stderr: text, or json (one object a line, for a log collector).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// Unix socket to serve the API on [default: $XDG_RUNTIME_DIR/vgpud/vgpud.sock or
-    /// /tmp/vgpud-$UID/vgpud.sock].
+    /// Unix socket to serve the API on [default: /run/vgpud/vgpud.sock for root,
+    /// $XDG_RUNTIME_DIR/vgpud/vgpud.sock for others]. Its directory must be vgpud's own.
     #[arg(long, env = "VGPUD_SOCKET", conflicts_with = "listen")]
     socket: Option<PathBuf>,
     /// Serve the API on TCP instead (e.g. 127.0.0.1:7070); needs --token-file.
@@ -37,7 +37,7 @@ struct Args {
     token_file: Option<PathBuf>,
     /// Directory for worker sockets, worker logs, VM consoles and the state file that
     /// keeps vGPU definitions and VM records across restarts [default: the socket's
-    /// directory].
+    /// directory]. Must be owned by vgpud's uid and writable by no one else.
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// GPU backend.
@@ -131,6 +131,21 @@ struct Args {
     #[arg(long, env = "VGPUD_HEADER_READ_TIMEOUT_S", default_value_t = 10,
         value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_read_timeout_s: u64,
+    /// Seconds an API connection may sit without a request before vgpud closes it (idle
+    /// clients cannot pile up descriptors). 1 to 86400.
+    #[arg(long, env = "VGPUD_API_IDLE_TIMEOUT_S", default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=86400))]
+    api_idle_timeout_s: u64,
+    /// Most API connections (unix socket and TCP together) open at once; one more is
+    /// closed on arrival [default: a quarter of the open-file limit, at most 1024].
+    #[arg(long, env = "VGPUD_MAX_API_CONNECTIONS",
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_api_connections: Option<u64>,
+    /// Seconds an admitted incoming VM waits for its source to connect its stream before
+    /// the move is cancelled and its vGPU's shares released. 1 to 3600.
+    #[arg(long, env = "VGPUD_MIGRATION_CONNECT_TIMEOUT_S", default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600))]
+    migration_connect_timeout_s: u64,
     /// Time constant of the rebalancer's demand smoothing (EWMA), ms; default a quarter of
     /// the window. With fast migrations (a short window) the interval's own average is
     /// smoothing enough (docs/rebalance.md).
@@ -325,16 +340,18 @@ fn config(args: Args) -> Result<Config, DaemonError> {
             }
             Listen::Tcp(addr)
         }
-        None => Listen::Unix(args.socket.clone().unwrap_or_else(daemon::default_socket)),
+        None => Listen::Unix(match args.socket.clone() {
+            Some(p) => p,
+            None => daemon::default_socket()?,
+        }),
     };
     let state_dir = match (&args.state_dir, &listen) {
         (Some(d), _) => d.clone(),
-        (None, Listen::Unix(p)) => p
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(daemon::default_state_dir),
-        (None, Listen::Tcp(_)) => daemon::default_state_dir(),
+        (None, Listen::Unix(p)) => match p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(d) => d.to_owned(),
+            None => daemon::default_state_dir()?,
+        },
+        (None, Listen::Tcp(_)) => daemon::default_state_dir()?,
     };
     let cuda_gpus = cuda.is_some();
     let gpus = match cuda {
@@ -399,6 +416,11 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         workers: args.sandbox.config(),
         released_retention: Duration::from_secs(args.released_retention_s),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_s),
+        api_idle_timeout: Duration::from_secs(args.api_idle_timeout_s),
+        max_api_connections: args
+            .max_api_connections
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        migration_connect_timeout: Duration::from_secs(args.migration_connect_timeout_s),
     })
 }
 
@@ -420,34 +442,6 @@ fn check_private(path: &Path) -> Result<(), DaemonError> {
                 path.display()
             ),
         });
-    }
-    Ok(())
-}
-
-/// Creates the state directory, or tightens an existing one, to mode 0700.
-fn private_dir(dir: &Path) -> Result<(), DaemonError> {
-    let err = |source| DaemonError::StateDir {
-        path: dir.to_owned(),
-        source,
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(err)?;
-    let meta = std::fs::metadata(dir).map_err(err)?;
-    let mode = meta.permissions().mode() & 0o7777;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if mode & 0o1000 != 0 || std::os::unix::fs::MetadataExt::uid(&meta) != me {
-        // A shared directory such as /tmp (the socket's directory by default) is left
-        // alone: tightening it would lock others out.
-        tracing::warn!(dir = %dir.display(), "the state directory is shared (mode {mode:04o}) or not ours; give vgpud its own --state-dir");
-        return Ok(());
-    }
-    if mode & 0o777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
-        tracing::info!(dir = %dir.display(), "state directory tightened to mode 0700 (was {mode:04o})");
     }
     Ok(())
 }
@@ -539,10 +533,7 @@ fn main() -> ExitCode {
             .with_env_filter(filter)
             .init(),
     }
-    let run = config(args).and_then(|c| {
-        private_dir(&c.state_dir)?;
-        daemon::run(c, || {})
-    });
+    let run = config(args).and_then(|c| daemon::run(c, || {}));
     match run {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -170,6 +170,12 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("refusing the {what} {path}: {why}; another user may have made it first or may plant files in it. Give vgpud a directory of its own (mode 0700), or remove this one")]
+    SharedDir {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
     #[error("cannot lock {path}: {source}")]
     Lock {
         path: PathBuf,

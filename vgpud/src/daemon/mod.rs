@@ -20,6 +20,7 @@ mod metrics;
 mod migration;
 mod persistence;
 mod pool;
+mod private;
 mod process;
 mod procs;
 mod rebalancing;
@@ -115,6 +116,15 @@ pub struct Config {
     /// How long a client may take to send a request's headers before vgpud closes the
     /// connection (`--header-read-timeout-s`).
     pub header_read_timeout: Duration,
+    /// How long an API connection may sit without a request before vgpud closes it
+    /// (`--api-idle-timeout-s`).
+    pub api_idle_timeout: Duration,
+    /// Most API connections (unix and TCP together) open at once (`--max-api-connections`);
+    /// `None`: a quarter of the open-file limit, at most 1024.
+    pub max_api_connections: Option<usize>,
+    /// How long an admitted incoming VM waits for its source to connect before the move
+    /// is cancelled and what it reserved freed (`--migration-connect-timeout-s`).
+    pub migration_connect_timeout: Duration,
 }
 
 /// What a violation of a worker's seccomp filter does (`--worker-seccomp`).
@@ -174,21 +184,11 @@ impl Default for WorkerSandbox {
     }
 }
 
-/// The default state directory: `$XDG_RUNTIME_DIR/vgpud`, else `/tmp/vgpud-$UID`.
-pub fn default_state_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(d) => PathBuf::from(d).join("vgpud"),
-        None => {
-            // SAFETY: getuid has no preconditions and cannot fail.
-            let uid = unsafe { libc::getuid() };
-            PathBuf::from(format!("/tmp/vgpud-{uid}"))
-        }
-    }
-}
+pub use private::default_state_dir;
 
 /// The default API socket: `<default state dir>/vgpud.sock`.
-pub fn default_socket() -> PathBuf {
-    default_state_dir().join("vgpud.sock")
+pub fn default_socket() -> Result<PathBuf, DaemonError> {
+    Ok(default_state_dir()?.join("vgpud.sock"))
 }
 
 /// A sibling binary of the running executable (same target directory).

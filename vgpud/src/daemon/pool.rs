@@ -4,23 +4,24 @@
 //! built-in kernels, JIT-compiled while it idles) and waits on its control channel. A new
 //! vGPU without storage namespaces and without memory oversubscription takes one: vgpud
 //! renames the pool worker's private directory to the vGPU's (`workers/<id>/`, the worker's
-//! working directory, so its relative socket paths follow) and sends `assign` with the
-//! vGPU's id, memory share, queues and shares, its grant page and doorbell riding on the
-//! line; the worker binds its vhost-user socket and answers `assigned`. vgpud then starts
+//! working directory, so its relative paths follow), binds the vGPU's vhost-user socket
+//! and the control socket, and sends `assign` with the vGPU's id, memory share, queues and
+//! shares, its grant page, doorbell and the two listening sockets riding on the line; the
+//! worker answers `assigned`. vgpud then starts
 //! a replacement in the background (never under the state lock). A pool worker that
 //! does not answer within [`ASSIGN_TIMEOUT`] is killed and the vGPU gets a fresh worker.
 //!
 //! Identity (docs/hostile.md, "Worker pool"): a pool worker's uid and directory are fixed
 //! when it starts: slot S runs as `--worker-uid-base - 1 - S` (below the vGPUs' range) in
-//! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited and no
-//! directory under `workers/` is owned by its uid (a worker adopted after a restart keeps
-//! the uid it started with). Pool workers hold no tenant: they are killed when vgpud
+//! `workers/pool-S/` (0700, its own). A slot is reused only once its worker exited, no
+//! process runs under its uid and no directory under `workers/` is owned by it (a worker
+//! adopted after a restart keeps the uid it started with). Pool workers hold no tenant: they are killed when vgpud
 //! stops and never adopted; one that dies idle is replaced, with a backoff after failures.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -268,11 +269,17 @@ impl Daemon {
             .ok_or_else(|| format!("GPU {gpu_index} is unknown"))?
             .clone();
         let state_dir = self.cfg.state_dir.clone();
+        // A slot's uid is taken only while nothing runs under it and no directory is
+        // its: nothing of its previous holder meets the next.
         let owners = {
             let s = state_dir.clone();
-            tokio::task::spawn_blocking(move || dir_owners(&s))
-                .await
-                .map_err(|e| e.to_string())?
+            tokio::task::spawn_blocking(move || {
+                let mut o = dir_owners(&s);
+                o.extend(procs::running_uids());
+                o
+            })
+            .await
+            .map_err(|e| e.to_string())?
         };
         let slot = {
             let mut p = self.spares.lock();
@@ -316,12 +323,7 @@ impl Daemon {
         let log_file = tokio::task::spawn_blocking(move || {
             workers::prepare_dir(&s, &d, identity)
                 .map_err(|e| format!("cannot prepare {}: {e}", d.display()))?;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&l)
+            super::private::create_file(&l)
                 .map_err(|e| format!("cannot create {}: {e}", l.display()))
         })
         .await
@@ -346,21 +348,19 @@ impl Daemon {
         }
         cmd.arg("--shm");
         self.sandbox_args(&mut cmd);
-        cmd.current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file));
+        cmd.current_dir(&dir);
         workers::worker_env(&mut cmd);
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| not_spawned(format!("cannot create a control socket: {e}")))?;
-        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), Vec::new(), identity)
-            .await
-            .map_err(|e| {
-                not_spawned(format!(
-                    "cannot start {}: {e}; check vgpud's --worker-bin",
-                    self.cfg.worker_bin.display()
-                ))
-            })?;
+        let (child, proc) =
+            procs::spawn_sealed_off_runtime(cmd, log_file, Some(theirs), Vec::new(), identity)
+                .await
+                .map_err(|e| {
+                    not_spawned(format!(
+                        "cannot start {}: {e}; check vgpud's --worker-bin",
+                        self.cfg.worker_bin.display()
+                    ))
+                })?;
         let route = Arc::new(Route {
             owner: Mutex::new(Owner::Idle),
             events: Mutex::new(None),
@@ -375,6 +375,8 @@ impl Daemon {
         let (r, p) = (route.clone(), proc.clone());
         tokio::spawn(async move {
             let status = procs::reap(child, &p).await;
+            // Nothing of it meets the next worker of its slot's uid.
+            procs::clear_leftovers(p.pid, identity).await;
             d.on_spare_exit(gpu_index, slot, &p, &r, status);
         });
         let (link, ready) = link::start(std::os::unix::net::UnixStream::from(ours), on_event)
@@ -505,9 +507,10 @@ impl Daemon {
                 copy_share: rec.copy,
                 priority: rec.priority,
             };
-            Ok::<_, String>((fds, cmd, rec.log.clone()))
+            let sockets = (rec.socket.clone(), rec.process.clone());
+            Ok::<_, String>((fds, cmd, rec.log.clone(), sockets))
         });
-        let (fds, cmd, log) = match got {
+        let (fds, cmd, log, (vhost, hand_over)) = match got {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.discard(&spare);
@@ -530,21 +533,31 @@ impl Daemon {
             slot_dir(&state_dir, spare.slot),
             workers::worker_dir(&state_dir, id),
         );
+        // Its directory becomes the vGPU's, and vgpud binds the sockets the worker serves
+        // (it gets the listening descriptors with the assignment).
         let moved = tokio::task::spawn_blocking(move || {
             match std::fs::remove_dir_all(&to) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!("cannot move the pool worker's directory: {e}"))
+                }
                 _ => {}
             }
             std::fs::rename(&from, &to)
+                .map_err(|e| format!("cannot move the pool worker's directory: {e}"))?;
+            workers::bind_sockets(&to, &vhost, hand_over.as_ref())
+                .map_err(|e| format!("cannot bind the worker's sockets: {e}"))
         })
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| format!("cannot move the pool worker's directory: {e}")));
-        if let Err(e) = moved {
-            self.detach_grants(id, gpu);
-            let _ = self.discard(&spare);
-            return Err(e);
-        }
+        .and_then(|r| r);
+        let (vhost_fd, control_fd) = match moved {
+            Ok(v) => v,
+            Err(e) => {
+                self.detach_grants(id, gpu);
+                let _ = self.discard(&spare);
+                return Err(e);
+            }
+        };
         *vgpu_sync::lock(&spare.route.events) = Some(Box::new(self.worker_events(id)));
         self.state.with(|i| {
             if let Some(rec) = i.vgpus.get_mut(&id) {
@@ -556,7 +569,11 @@ impl Daemon {
         });
         let reply = spare
             .link
-            .call_with_fds(cmd, vec![fds.page, fds.doorbell], ASSIGN_TIMEOUT)
+            .call_with_fds(
+                cmd,
+                vec![fds.page, fds.doorbell, vhost_fd, control_fd],
+                ASSIGN_TIMEOUT,
+            )
             .await;
         let why = match reply {
             Ok(ReplyBody::Assigned { .. }) => {

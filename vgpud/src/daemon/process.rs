@@ -1,17 +1,17 @@
 //! vGPUs whose frontend is a host or container process (`"attach": "process"`): the
 //! socket handed over to the process's user, and a fresh worker for the next process
-//! once one exits.
+//! once one hangs up or its worker fails under it.
 //!
-//! The worker's own socket lives in its private directory (`workers/N/`, 0700, the
-//! worker's identity), which a new worker replaces. A process vGPU's socket is handed
-//! over at a path that stays the same for the vGPU's life: `attach/N/vgpu.sock`, a hard
-//! link to the socket of whichever worker serves the vGPU now. `attach/N/` holds nothing
-//! else; it belongs to vgpud's uid and the owner's group (0710; 0711 when no group was
-//! given), and the socket to the owner's uid and group (0660), so the owner reaches the
-//! socket and nothing else. A container runtime bind-mounts `attach/N/` (the directory,
+//! A process vGPU's socket is handed over at a path that stays the same for the vGPU's
+//! life: `attach/N/vgpu.sock`, bound afresh by vgpud for each new worker, which gets the
+//! listening descriptor (the worker's own directory holds no vhost-user socket).
+//! `attach/N/` holds nothing else; it belongs to vgpud's uid and the owner's group (0710;
+//! 0711 when no group was given), and the socket to the owner's uid and group (0660), so
+//! the owner reaches the socket and nothing else, and no worker reaches the directory. A container runtime bind-mounts `attach/N/` (the directory,
 //! whose inode survives a worker's replacement) into the container (docs/hostile.md).
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,19 +125,23 @@ fn in_groups(gid: u32) -> bool {
         .is_some_and(|n| groups.iter().take(n).any(|g| *g == gid))
 }
 
-/// Whether vGPU `rec`'s worker exited because its process hung up (a clean exit while a
-/// process was connected, and no one asked it to stop): a fresh worker then serves the
-/// next process on the same socket.
-pub(super) fn next_process(rec: &VgpuRec, clean: bool) -> bool {
+/// Whether vGPU `rec`'s worker ended with a process connected and no one asked it to
+/// stop: its process hung up (a clean exit), or the worker failed under it (a crash, a
+/// message it refused, a seccomp violation). Either way the vGPU holds its resources and a
+/// fresh worker serves the next process on the same socket; the process that was
+/// connected lost its connection and with it its device memory.
+pub(super) fn next_process(rec: &VgpuRec) -> bool {
     rec.process.is_some()
-        && clean
         && !rec.stopping
         && rec.migrating_to.is_none()
         && rec.state == VgpuState::Attached
 }
 
-/// Links `worker_socket` at `to.socket` with `to`'s owner and modes.
-fn link_socket(worker_socket: &Path, to: &ProcessAttach) -> std::io::Result<()> {
+/// Binds process vGPU's hand-over socket `to.socket` afresh, with `to`'s owner and
+/// modes, for a new worker (which gets the listening descriptor). Every path touched
+/// lies in `attach/N/`, which only vgpud writes: no worker can put a link or a symlink
+/// there for the chown and chmod to follow.
+pub(super) fn bind_hand_over(to: &ProcessAttach) -> std::io::Result<UnixListener> {
     let (uid, gid) = own_ids();
     let dir = to
         .socket
@@ -161,33 +165,15 @@ fn link_socket(worker_socket: &Path, to: &ProcessAttach) -> std::io::Result<()> 
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    std::fs::hard_link(worker_socket, &to.socket)?;
+    let listener = UnixListener::bind(&to.socket)?;
     std::os::unix::fs::chown(&to.socket, Some(to.owner_uid.unwrap_or(uid)), Some(group))?;
-    std::fs::set_permissions(&to.socket, std::fs::Permissions::from_mode(0o660))
+    std::fs::set_permissions(&to.socket, std::fs::Permissions::from_mode(0o660))?;
+    tracing::info!(socket = %to.socket.display(), owner_uid = to.owner_uid,
+        owner_gid = to.owner_gid, "process vGPU socket handed over");
+    Ok(listener)
 }
 
 impl Daemon {
-    /// Hands vGPU `id`'s new worker's socket over at its stable path (a process vGPU;
-    /// nothing for a VM's).
-    pub(super) fn hand_over(&self, id: u32) -> Result<(), ApiError> {
-        let Some((worker_socket, to)) = self.state.with(|i| {
-            i.vgpus
-                .get(&id)
-                .and_then(|r| Some((r.socket.clone(), r.process.clone()?)))
-        }) else {
-            return Ok(());
-        };
-        link_socket(&worker_socket, &to).map_err(|e| {
-            ApiError::internal(format!(
-                "cannot hand vGPU {id}'s socket over at {}: {e}",
-                to.socket.display()
-            ))
-        })?;
-        tracing::info!(vgpu = id, socket = %to.socket.display(), owner_uid = to.owner_uid,
-            owner_gid = to.owner_gid, "process vGPU socket handed over");
-        Ok(())
-    }
-
     /// Starts a fresh worker for process vGPU `id` (its last process hung up; the vGPU
     /// held its resources meanwhile, state `starting`). If it cannot start, the vGPU
     /// fails with the reason.
@@ -269,25 +255,49 @@ mod tests {
     }
 
     #[test]
-    fn the_socket_is_linked_with_its_owner_and_modes() {
+    fn the_socket_is_bound_with_its_owner_and_modes() {
         let root = std::env::temp_dir().join(format!("vgpud-attach-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("root");
-        let worker = root.join("worker.sock");
-        let _l = std::os::unix::net::UnixListener::bind(&worker).expect("bind");
         let (uid, gid) = own_ids();
         let to = ProcessAttach::new(&root, 3, Some(uid), Some(gid));
-        link_socket(&worker, &to).expect("link");
-        // Again, as for a fresh worker: the old link is replaced.
-        link_socket(&worker, &to).expect("relink");
+        let first = bind_hand_over(&to).expect("bind");
+        // Again, as for a fresh worker: the old socket is replaced.
+        drop(first);
+        let _l = bind_hand_over(&to).expect("bind again");
         use std::os::unix::fs::MetadataExt;
         let s = std::fs::metadata(&to.socket).expect("socket");
         assert_eq!((s.mode() & 0o777, s.uid(), s.gid()), (0o660, uid, gid));
         let d = std::fs::metadata(attach_dir(&root, 3)).expect("dir");
         assert_eq!((d.mode() & 0o777, d.gid()), (0o710, gid));
-        std::os::unix::net::UnixStream::connect(&to.socket).expect("the link reaches the socket");
+        std::os::unix::net::UnixStream::connect(&to.socket).expect("the socket listens");
         remove_attach_dir(&root, 3);
         assert!(!root.join(ATTACH_DIR).exists());
+        std::fs::remove_dir_all(&root).expect("clean up");
+    }
+
+    #[test]
+    fn a_symlink_at_the_hand_over_path_is_replaced_never_followed() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("vgpud-attach-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).expect("root");
+        let secret = root.join("secret");
+        std::fs::write(&secret, "x").expect("secret");
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let before = std::fs::metadata(&secret).expect("secret");
+        let (uid, gid) = own_ids();
+        let to = ProcessAttach::new(&root, 5, Some(uid), Some(gid));
+        std::fs::create_dir_all(attach_dir(&root, 5)).expect("dir");
+        std::os::unix::fs::symlink(&secret, &to.socket).expect("plant");
+        let _l = bind_hand_over(&to).expect("bind");
+        let after = std::fs::metadata(&secret).expect("secret");
+        assert_eq!(
+            (after.uid(), after.gid(), after.mode()),
+            (before.uid(), before.gid(), before.mode())
+        );
+        let s = std::fs::symlink_metadata(&to.socket).expect("socket");
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&s.file_type()));
         std::fs::remove_dir_all(&root).expect("clean up");
     }
 }

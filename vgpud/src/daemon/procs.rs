@@ -3,6 +3,8 @@
 //! with inherited descriptors at fixed numbers; pidfds for race-free signals and for
 //! supervising processes a previous vgpud started (adoption, checked against their start
 //! time so a reused pid is never mistaken for them); prompt reaping on the runtime.
+//! Workers start sealed (`seal.rs`): pid 1 of a PID namespace of their own, and what a
+//! worker leaves in its session is killed before its uid serves the next one.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -11,6 +13,9 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
+
+mod seal;
+pub use seal::{running_uids, SealedChild};
 
 /// The descriptor number a worker's control socket gets in the child.
 pub const CONTROL_FD: RawFd = 3;
@@ -251,9 +256,62 @@ pub async fn spawn_off_runtime(
     .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
 }
 
+/// [`seal::spawn_sealed`] on the blocking pool (a worker: pid 1 of a PID namespace of its
+/// own, its stderr `stderr`), taking its descriptors by value.
+pub async fn spawn_sealed_off_runtime(
+    cmd: Command,
+    stderr: std::fs::File,
+    control: Option<OwnedFd>,
+    extra: Vec<(OwnedFd, RawFd)>,
+    identity: Option<Identity>,
+) -> io::Result<(SealedChild, Proc)> {
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<(&OwnedFd, RawFd)> = extra.iter().map(|(fd, n)| (fd, *n)).collect();
+        seal::spawn_sealed(&cmd, &stderr, control.as_ref(), &refs, identity)
+    })
+    .await
+    .map_err(|e| io::Error::other(format!("the spawning task failed: {e}")))?
+}
+
+/// Ends whatever is left of worker `pid` (reaped) running as `identity`'s uid (vgpud's
+/// when none), off the runtime: see [`seal::clear_leftovers`].
+pub async fn clear_leftovers(pid: u32, identity: Option<Identity>) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = identity.map_or_else(|| unsafe { libc::geteuid() }, |i| i.uid);
+    let limit = std::time::Duration::from_secs(2);
+    let done = tokio::task::spawn_blocking(move || seal::clear_leftovers(pid, uid, limit)).await;
+    if !matches!(done, Ok(true)) {
+        tracing::error!(pid, uid, "processes a worker left would not die");
+    }
+}
+
+/// A child process vgpud reaps: one `Command` started, or a sealed worker.
+pub trait Reapable: Send {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
+    fn wait(&mut self) -> io::Result<ExitStatus>;
+}
+
+impl Reapable for Child {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        Child::try_wait(self)
+    }
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        Child::wait(self)
+    }
+}
+
+impl Reapable for SealedChild {
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        SealedChild::try_wait(self)
+    }
+    fn wait(&mut self) -> io::Result<ExitStatus> {
+        SealedChild::wait(self)
+    }
+}
+
 /// Waits until `child` exits and reaps it. Wakes as soon as the kernel reports the exit
 /// (the pidfd becomes readable), so a `kill -9` is seen within milliseconds.
-pub async fn reap(mut child: Child, proc: &Proc) -> ExitStatus {
+pub async fn reap(mut child: impl Reapable, proc: &Proc) -> ExitStatus {
     let pidfd = PidFd(proc.pidfd.clone());
     // SAFETY: `PidFd` holds an `Arc<OwnedFd>`, so the descriptor stays open for as long as
     // the `AsyncFd` that registers it lives.

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -93,6 +93,7 @@ fn take_lock(path: &Path, state_dir: &Path, serves: &str) -> Result<LockFile, Da
         .create(true)
         .truncate(false)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|source| DaemonError::Lock {
             path: path.to_owned(),
@@ -144,20 +145,20 @@ fn check_binaries(cfg: &Config) -> Result<(), DaemonError> {
 pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<(), DaemonError> {
     check_binaries(&cfg)?;
     // Every shared object, worker channel and REST connection is a descriptor.
-    super::shm::raise_fd_limit();
+    let nofile = super::shm::raise_fd_limit();
     if cfg.gpus.is_empty() {
         return Err(DaemonError::Option(
             "no GPUs configured; give --sim-gpus 1 or more".into(),
         ));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&cfg.state_dir)
-        .map_err(|source| DaemonError::StateDir {
-            path: cfg.state_dir.clone(),
-            source,
-        })?;
+    // A directory another user made first, or may write in, is refused before vgpud
+    // creates anything in it.
+    super::private::prepare_dir(&cfg.state_dir, "state directory")?;
+    if let Listen::Unix(p) = &cfg.listen {
+        if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+            super::private::prepare_dir(dir, "socket directory")?;
+        }
+    }
     // One daemon per state directory (worker sockets, logs and consoles live there); a
     // second one is refused before it touches anything.
     let serves = match &cfg.listen {
@@ -198,14 +199,26 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
     on_listening();
-    let timeout = cfg.header_read_timeout;
+    let limits = super::http::serve::Limits {
+        header_read_timeout: cfg.header_read_timeout,
+        idle_timeout: cfg.api_idle_timeout,
+        max_connections: cfg
+            .max_api_connections
+            .unwrap_or_else(|| super::http::serve::Limits::default_max_connections(nofile)),
+        reserve: super::http::serve::FD_RESERVE,
+    };
+    tracing::info!(
+        max = limits.max_connections,
+        idle_timeout_s = limits.idle_timeout.as_secs(),
+        "API connections bounded"
+    );
     let served = match listener {
         Bound::Unix(listener, path) => {
-            let r = super::http::serve::serve(listener, app, timeout, shutdown).await;
+            let r = super::http::serve::serve(listener, app, limits, shutdown).await;
             let _ = std::fs::remove_file(path);
             r
         }
-        Bound::Tcp(listener) => super::http::serve::serve(listener, app, timeout, shutdown).await,
+        Bound::Tcp(listener) => super::http::serve::serve(listener, app, limits, shutdown).await,
     };
     sampler.abort();
     rebalancer.abort();
@@ -252,12 +265,6 @@ async fn bind(cfg: &Config) -> Result<Bound, DaemonError> {
                     });
                 }
                 let _ = std::fs::remove_file(path);
-            }
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                let _ = std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir);
             }
             let listener =
                 tokio::net::UnixListener::bind(path).map_err(|source| DaemonError::Bind {

@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -272,12 +271,8 @@ pub fn save(path: &Path, state: &StateFile) -> Result<(), StateError> {
     text.push(b'\n');
     let tmp = temp_path(path);
     let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        // Created afresh, never through a link someone left at the temporary name.
+        let mut f = super::private::create_file(&tmp)?;
         f.write_all(&text)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)

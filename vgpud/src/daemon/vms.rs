@@ -555,15 +555,7 @@ impl Daemon {
 /// Creates VM console log `path` (owner only: a guest's console is no other tenant's, nor
 /// its worker's, business): two handles, for the vmm's stdout and stderr.
 fn open_console(path: &std::path::Path) -> Result<(File, File), ApiError> {
-    let console = std::os::unix::fs::OpenOptionsExt::mode(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true),
-        0o600,
-    )
-    .open(path)
-    .map_err(|e| {
+    let console = super::private::create_file(path).map_err(|e| {
         ApiError::internal(format!(
             "cannot create the console log {}: {e}",
             path.display()

@@ -4,15 +4,20 @@
 //!
 //! vGPU N's private directory is `<state dir>/workers/N/`, mode 0700, owned by the
 //! worker's identity. It holds the vhost-user socket (`vgpu.sock`, the one the vmm
-//! connects to), the control socket a restarted vgpud reconnects on (`control.sock`) and
-//! the secret it presents there (`secret`). The worker runs with it as its working
-//! directory, so it never needs a path through the state directory (0700, vgpud's).
+//! connects to; a process vGPU's is at its hand-over path instead), the control socket a
+//! restarted vgpud reconnects on (`control.sock`) and the secret it presents there
+//! (`secret`). vgpud binds both sockets and hands the worker the listening descriptors:
+//! the worker binds, links and renames nothing. The worker runs with the directory as its
+//! working directory, so it never needs a path through the state directory (0700,
+//! vgpud's). Each worker is pid 1 of a PID namespace of its own (`procs/seal.rs`).
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +47,38 @@ pub(super) const SECRET_FILE: &str = "secret";
 /// vGPU `id`'s private directory.
 pub(super) fn worker_dir(state_dir: &Path, id: u32) -> PathBuf {
     state_dir.join("workers").join(id.to_string())
+}
+
+/// Where a worker finds the listening sockets vgpud bound for it (`--listen-fd 6
+/// --control-listen-fd 7`).
+const VHOST_LISTEN_FD: i32 = 6;
+const CONTROL_LISTEN_FD: i32 = 7;
+
+/// Binds `path` afresh (a stale socket there is removed first).
+fn bind_fresh(path: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    UnixListener::bind(path)
+}
+
+/// The listening sockets vgpud binds for a new worker of a vGPU and hands it as
+/// descriptors, so that the worker binds, links and renames nothing: the vhost-user socket
+/// (a VM's at `vhost`, in the worker's directory; a process vGPU's at its hand-over path
+/// `to`, in a directory only vgpud writes) and the control socket a restarted vgpud
+/// reconnects on (`control.sock` in the worker's directory `dir`).
+pub(super) fn bind_sockets(
+    dir: &Path,
+    vhost: &Path,
+    to: Option<&super::process::ProcessAttach>,
+) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let v = match to {
+        Some(to) => super::process::bind_hand_over(to)?,
+        None => bind_fresh(vhost)?,
+    };
+    let c = bind_fresh(&dir.join(CONTROL_SOCKET))?;
+    Ok((OwnedFd::from(v), OwnedFd::from(c)))
 }
 
 /// vGPU `id`'s vhost-user socket (what its VM's vmm connects to).
@@ -145,20 +182,7 @@ impl Daemon {
     pub(super) async fn start_worker(self: &Arc<Self>, id: u32) -> Result<(), ApiError> {
         if let Some(spare) = self.take_spare(id) {
             match self.assign_spare(id, spare).await {
-                // A process vGPU: its socket at the path its processes know.
-                Ok(()) => {
-                    return self.hand_over(id).inspect_err(|_| {
-                        let proc = self.state.with(|i| {
-                            i.vgpus
-                                .get(&id)
-                                .and_then(|r| r.worker.as_ref())
-                                .map(|w| w.proc.clone())
-                        });
-                        if let Some(p) = proc {
-                            p.signal(libc::SIGKILL);
-                        }
-                    })
-                }
+                Ok(()) => return Ok(()),
                 Err(why) => tracing::warn!(vgpu = id, %why,
                     "the pool worker did not take the vGPU; starting a fresh worker"),
             }
@@ -172,6 +196,14 @@ impl Daemon {
         self.refresh_pool(gpu);
         let identity = self.worker_identity(id);
         let dir = worker_dir(&self.cfg.state_dir, id);
+        let (vhost, to) = self
+            .state
+            .with(|i| {
+                i.vgpus
+                    .get(&id)
+                    .map(|r| (r.socket.clone(), r.process.clone()))
+            })
+            .ok_or_else(|| ApiError::internal(format!("vGPU {id} vanished while starting")))?;
         // The directory, the log and the fork run off the runtime: vgpud serves other
         // requests (other launches) meanwhile, and holds no lock across any of it.
         let state_dir = self.cfg.state_dir.clone();
@@ -179,19 +211,16 @@ impl Daemon {
         let setup = tokio::task::spawn_blocking(move || {
             prepare_dir(&state_dir, &at, identity)
                 .map_err(|e| format!("cannot prepare the worker's directory: {e}"))?;
-            let log_file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&log)
+            let sockets = bind_sockets(&at, &vhost, to.as_ref())
+                .map_err(|e| format!("cannot bind the worker's sockets: {e}"))?;
+            let log_file = super::private::create_file(&log)
                 .map_err(|e| format!("cannot create the worker log {}: {e}", log.display()))?;
-            Ok::<_, String>((log_file, log))
+            Ok::<_, String>((log_file, log, sockets))
         })
         .await
         .map_err(|e| format!("the worker's set-up task failed: {e}"))
         .and_then(|r| r);
-        let (log_file, log) = match setup {
+        let (log_file, log, (vhost_fd, control_fd)) = match setup {
             Ok(v) => v,
             Err(why) => {
                 self.detach_grants(id, gpu);
@@ -199,9 +228,6 @@ impl Daemon {
             }
         };
         cmd.current_dir(&dir);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file));
         worker_env(&mut cmd);
         let (ours, theirs) = match procs::socketpair() {
             Ok(v) => v,
@@ -215,16 +241,19 @@ impl Daemon {
         let extra = vec![
             (fds.page, procs::GRANT_PAGE_FD),
             (fds.doorbell, procs::GRANT_DOORBELL_FD),
+            (vhost_fd, VHOST_LISTEN_FD),
+            (control_fd, CONTROL_LISTEN_FD),
         ];
-        let (child, proc) = procs::spawn_off_runtime(cmd, Some(theirs), extra, identity)
-            .await
-            .map_err(|e| {
-                self.detach_grants(id, gpu);
-                ApiError::internal(format!(
-                    "cannot start {}: {e}; check vgpud's --worker-bin",
-                    self.cfg.worker_bin.display()
-                ))
-            })?;
+        let (child, proc) =
+            procs::spawn_sealed_off_runtime(cmd, log_file, Some(theirs), extra, identity)
+                .await
+                .map_err(|e| {
+                    self.detach_grants(id, gpu);
+                    ApiError::internal(format!(
+                        "cannot start {}: {e}; check vgpud's --worker-bin",
+                        self.cfg.worker_bin.display()
+                    ))
+                })?;
         let (link, ready) = match link::start(
             std::os::unix::net::UnixStream::from(ours),
             self.worker_events(id),
@@ -239,6 +268,7 @@ impl Daemon {
             vgpu = id,
             pid = proc.pid,
             uid = identity.map(|i| i.uid),
+            pid_namespace = child.sealed,
             "worker started"
         );
         self.state.with(|i| {
@@ -253,12 +283,11 @@ impl Daemon {
         let p = proc.clone();
         tokio::spawn(async move {
             let status = procs::reap(child, &p).await;
+            // Nothing of it meets the next worker of its uid.
+            procs::clear_leftovers(p.pid, identity).await;
             d.on_worker_exit(id, p.pid, Some(status));
         });
-        self.await_ready(id, &proc, &log, ready).await?;
-        // A process vGPU: its socket at the path its processes know.
-        self.hand_over(id)
-            .inspect_err(|_| proc.signal(libc::SIGKILL))
+        self.await_ready(id, &proc, &log, ready).await
     }
 
     /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
@@ -333,21 +362,18 @@ impl Daemon {
             "--grant-fds",
             &format!("{},{}", procs::GRANT_PAGE_FD, procs::GRANT_DOORBELL_FD),
         ]);
+        cmd.args(["--listen-fd", &VHOST_LISTEN_FD.to_string()])
+            .args(["--control-listen-fd", &CONTROL_LISTEN_FD.to_string()]);
         self.sandbox_args(&mut cmd);
         cmd
     }
 
-    /// The sandbox, control channel and grant arguments every worker gets (the grant
-    /// descriptors of a pool worker come with its assignment instead).
+    /// The sandbox and control channel arguments every worker gets (the grant page and
+    /// doorbell and the listening sockets of a pool worker come with its assignment).
     pub(super) fn sandbox_args(&self, cmd: &mut Command) {
         let sandbox = &self.cfg.workers;
         cmd.args(["--seccomp", sandbox.seccomp.as_str()])
-            .args([
-                "--control-listen",
-                CONTROL_SOCKET,
-                "--secret-file",
-                SECRET_FILE,
-            ])
+            .args(["--secret-file", SECRET_FILE])
             .args([
                 "--control-reconnect-s",
                 &sandbox.control_reconnect.as_secs().to_string(),
@@ -530,18 +556,21 @@ impl Daemon {
         }
         let gpu = rec.gpu;
         let vm = rec.vm;
-        let new_state = match self.expelled(id, rec.gpu) {
-            Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
-            // Its process hung up: it holds its resources for the next one.
-            _ if super::process::next_process(
-                rec,
-                status.map_or(!vm_running, ExitStatus::success),
-            ) =>
-            {
-                VgpuState::Starting
-            }
-            _ => exit_state(rec, status, vm_running),
-        };
+        let new_state =
+            match self.expelled(id, rec.gpu) {
+                Some(reason) if rec.state != VgpuState::Released => VgpuState::Failed { reason },
+                // Its process hung up, or the worker failed under it: the vGPU holds its
+                // resources for the next process.
+                _ if super::process::next_process(rec) => {
+                    if !status.is_none_or(ExitStatus::success) {
+                        let how = status.map_or_else(String::new, procs::describe);
+                        tracing::warn!(vgpu = id, pid, how, tail = log_tail(&rec.log),
+                        "the worker failed under its process; a fresh worker serves the next one");
+                    }
+                    VgpuState::Starting
+                }
+                _ => exit_state(rec, status, vm_running),
+            };
         if let VgpuState::Failed { reason } = &new_state {
             tracing::warn!(vgpu = id, pid, %reason, "vGPU failed");
         } else {

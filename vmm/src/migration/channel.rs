@@ -129,6 +129,14 @@ impl Listener {
         })
     }
 
+    /// Makes `accept` return `WouldBlock` at once when no one waits.
+    pub fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            Self::Unix(l, _) => l.set_nonblocking(on),
+            Self::Tcp(l) => l.set_nonblocking(on),
+        }
+    }
+
     fn unix(s: UnixStream) -> Stream {
         Stream::Unix(s)
     }

@@ -34,9 +34,9 @@ use crate::vm::VmCmd;
 #[derive(Parser, Debug)]
 #[command(name = "vgpuctl", version)]
 struct Cli {
-    /// vgpud's unix socket [default: $VGPUD_SOCKET, else the first that exists of
-    /// $XDG_RUNTIME_DIR/vgpud/vgpud.sock (or /tmp/vgpud-$UID/vgpud.sock) and the service's
-    /// /run/vgpud/vgpud.sock].
+    /// vgpud's unix socket [default: $VGPUD_SOCKET, else /run/vgpud/vgpud.sock for root;
+    /// for others $XDG_RUNTIME_DIR/vgpud/vgpud.sock, or the service's /run/vgpud/vgpud.sock
+    /// when that one does not exist].
     #[arg(long, global = true, conflicts_with = "url")]
     socket: Option<PathBuf>,
     /// vgpud over TCP, e.g. http://127.0.0.1:7070 (needs --token-file).
@@ -104,7 +104,7 @@ fn client(cli: &Cli) -> Result<Client, ClientError> {
     let endpoint = match (&cli.url, &cli.socket) {
         (Some(u), _) => Endpoint::from_url(u)?,
         (None, Some(s)) => Endpoint::Unix(s.clone()),
-        (None, None) => Endpoint::Unix(implied_socket()),
+        (None, None) => Endpoint::Unix(implied_socket()?),
     };
     Ok(Client::new(endpoint, token))
 }
@@ -115,18 +115,20 @@ const SERVICE_SOCKET: &str = "/run/vgpud/vgpud.sock";
 /// The socket when neither --socket nor --url is given: `VGPUD_SOCKET` (read here, not by
 /// clap, so that an exported variable never conflicts with --url), else the user's own
 /// vgpud, else the service's.
-fn implied_socket() -> PathBuf {
+fn implied_socket() -> Result<PathBuf, ClientError> {
     if let Some(s) = std::env::var_os("VGPUD_SOCKET").filter(|s| !s.is_empty()) {
-        return PathBuf::from(s);
+        return Ok(PathBuf::from(s));
     }
-    let own = default_socket();
     let service = std::path::Path::new(SERVICE_SOCKET);
     // The service's directory is root's (0700): the socket may exist yet be invisible.
     let service_there = service.parent().is_some_and(|d| d.exists());
-    if !own.exists() && service_there {
-        return service.to_path_buf();
+    match default_socket() {
+        Ok(own) if !own.exists() && service_there => Ok(service.to_path_buf()),
+        Ok(own) => Ok(own),
+        // No directory of the caller's own (no XDG_RUNTIME_DIR): the service's socket.
+        Err(_) if service_there => Ok(service.to_path_buf()),
+        Err(e) => Err(e),
     }
-    own
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {

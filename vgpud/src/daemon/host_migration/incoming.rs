@@ -39,15 +39,7 @@ fn write_token(path: &Path) -> Result<String, ApiError> {
     )
     .map_err(err)?;
     let token: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    let mut f = std::os::unix::fs::OpenOptionsExt::mode(
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true),
-        0o600,
-    )
-    .open(path)
-    .map_err(err)?;
+    let mut f = crate::daemon::private::create_file(path).map_err(err)?;
     std::io::Write::write_all(&mut f, token.as_bytes()).map_err(err)?;
     Ok(token)
 }
@@ -246,13 +238,40 @@ impl Daemon {
 
     /// Until the source settles incoming move `mid`: a vmm that ends first (the source
     /// gave up, or the stream broke) takes the VM and its vGPU with it.
+    /// A source that has not connected its VM stream within `--migration-connect-timeout-s`
+    /// (the vmm still listens: only the source with the token ends its wait) is not
+    /// coming: the move is cancelled and what it reserved freed.
     async fn watch_incoming(self: Arc<Self>, mid: u32, vm_id: u32, vgpu: Option<u32>) {
         let mut ended_at = None;
+        let admitted = tokio::time::Instant::now();
+        let mut connected = false;
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             // An abort frees the VM itself.
             if vgpu_sync::lock(&self.host.settled).contains_key(&mid) {
                 break;
+            }
+            if !connected {
+                let address = self.host.vmm(vm_id).map(|v| v.address);
+                connected = !address.as_deref().is_some_and(listening);
+                let limit = self.cfg.migration_connect_timeout;
+                if !connected && admitted.elapsed() >= limit {
+                    tracing::warn!(
+                        vm = vm_id,
+                        migration = mid,
+                        "the source did not connect within {} s; cancelling the incoming move",
+                        limit.as_secs()
+                    );
+                    self.settle_failed(
+                        mid,
+                        &format!(
+                            "the source did not connect within {} s (--migration-connect-timeout-s)",
+                            limit.as_secs()
+                        ),
+                    );
+                    self.drop_incoming(vm_id).await;
+                    break;
+                }
             }
             let live = self
                 .state
@@ -318,15 +337,8 @@ impl Daemon {
             ));
         }
         let path = self.cfg.state_dir.join(format!("vm-{vm_id}.before.log"));
-        let written = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true),
-            0o600,
-        )
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
+        let written = crate::daemon::private::create_file(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, c.console.as_bytes()));
         match written {
             Ok(()) => {
                 vgpu_sync::lock(&self.host.consoles).insert(vm_id, path);

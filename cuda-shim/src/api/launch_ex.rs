@@ -1,0 +1,164 @@
+//! `cuLaunchKernelEx`: a launch described by a `CUlaunchConfig` and its attributes. The
+//! attributes that are hints or orderings a vGPU launch already satisfies are honoured
+//! by the launch as it is (priority, access policy window, synchronisation policy,
+//! memory sync domains, shared memory carveout, programmatic stream serialisation: the
+//! stream stays fully serialised). Cooperative launches and thread block clusters larger
+//! than one block are not offered (`CUDA_ERROR_NOT_SUPPORTED`, as on a device without
+//! them; `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH` answers 0), nor are the attributes
+//! that record events from inside the kernel.
+
+use std::ffi::{c_uint, c_void};
+
+use crate::guard;
+use crate::types::{res, CUfunction, CUresult, CUstream};
+
+/// `CUlaunchAttribute`: an id and a 64-byte value.
+#[repr(C)]
+pub struct LaunchAttribute {
+    pub id: c_uint,
+    pub pad: [u8; 4],
+    pub value: [u8; 64],
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub stream: CUstream,
+    pub attrs: *const LaunchAttribute,
+    pub num_attrs: c_uint,
+}
+
+/// `CUlaunchAttributeID` values.
+mod id {
+    pub const IGNORE: u32 = 0;
+    pub const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub const COOPERATIVE: u32 = 2;
+    pub const SYNCHRONIZATION_POLICY: u32 = 3;
+    pub const CLUSTER_DIMENSION: u32 = 4;
+    pub const CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+    pub const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+    pub const PROGRAMMATIC_EVENT: u32 = 7;
+    pub const PRIORITY: u32 = 8;
+    pub const MEM_SYNC_DOMAIN_MAP: u32 = 9;
+    pub const MEM_SYNC_DOMAIN: u32 = 10;
+    pub const PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+    pub const LAUNCH_COMPLETION_EVENT: u32 = 12;
+    pub const DEVICE_UPDATABLE_KERNEL_NODE: u32 = 13;
+    pub const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+}
+
+fn word(v: &[u8; 64], i: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&v[i * 4..i * 4 + 4]);
+    u32::from_le_bytes(b)
+}
+
+/// Checks one attribute: Ok when the launch as it is satisfies it.
+pub(crate) fn check_attribute(a: &LaunchAttribute) -> Result<(), CUresult> {
+    match a.id {
+        id::IGNORE
+        | id::ACCESS_POLICY_WINDOW
+        | id::SYNCHRONIZATION_POLICY
+        | id::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | id::PROGRAMMATIC_STREAM_SERIALIZATION
+        | id::PRIORITY
+        | id::MEM_SYNC_DOMAIN_MAP
+        | id::MEM_SYNC_DOMAIN
+        | id::PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
+        id::COOPERATIVE => {
+            if word(&a.value, 0) == 0 {
+                return Ok(());
+            }
+            crate::api::stubs::log_once("cooperative launches");
+            Err(res::NOT_SUPPORTED)
+        }
+        id::CLUSTER_DIMENSION | id::PREFERRED_CLUSTER_DIMENSION => {
+            let dims = [word(&a.value, 0), word(&a.value, 1), word(&a.value, 2)];
+            if dims.iter().all(|&x| x <= 1) {
+                return Ok(());
+            }
+            crate::api::stubs::log_once("thread block clusters");
+            Err(res::NOT_SUPPORTED)
+        }
+        id::PROGRAMMATIC_EVENT | id::LAUNCH_COMPLETION_EVENT => {
+            crate::api::stubs::log_once("launch attributes that record events");
+            Err(res::NOT_SUPPORTED)
+        }
+        id::DEVICE_UPDATABLE_KERNEL_NODE => {
+            if word(&a.value, 0) == 0 {
+                return Ok(());
+            }
+            crate::api::stubs::log_once("device-updatable graph kernel nodes");
+            Err(res::NOT_SUPPORTED)
+        }
+        _ => Err(res::INVALID_VALUE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const LaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    guard("cuLaunchKernelEx", || {
+        if config.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        // SAFETY: a readable CUlaunchConfig from the caller.
+        let c = unsafe { &*config };
+        if c.num_attrs > 0 && c.attrs.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        for i in 0..c.num_attrs as usize {
+            // SAFETY: `attrs` holds `num_attrs` attributes (API contract).
+            check_attribute(unsafe { &*c.attrs.add(i) })?;
+        }
+        super::launch::launch(f, c.grid, c.block, c.shared, c.stream, kernel_params, extra)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(id: u32, words: &[u32]) -> LaunchAttribute {
+        let mut value = [0u8; 64];
+        for (i, w) in words.iter().enumerate() {
+            value[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        LaunchAttribute {
+            id,
+            pad: [0; 4],
+            value,
+        }
+    }
+
+    #[test]
+    fn attributes_the_launch_satisfies_pass_the_rest_are_refused() {
+        assert_eq!(std::mem::size_of::<LaunchAttribute>(), 72);
+        assert_eq!(check_attribute(&attr(id::PRIORITY, &[5])), Ok(()));
+        assert_eq!(check_attribute(&attr(id::COOPERATIVE, &[0])), Ok(()));
+        assert_eq!(
+            check_attribute(&attr(id::COOPERATIVE, &[1])),
+            Err(res::NOT_SUPPORTED)
+        );
+        assert_eq!(
+            check_attribute(&attr(id::CLUSTER_DIMENSION, &[1, 1, 1])),
+            Ok(())
+        );
+        assert_eq!(
+            check_attribute(&attr(id::CLUSTER_DIMENSION, &[2, 1, 1])),
+            Err(res::NOT_SUPPORTED)
+        );
+        assert_eq!(
+            check_attribute(&attr(id::LAUNCH_COMPLETION_EVENT, &[])),
+            Err(res::NOT_SUPPORTED)
+        );
+        assert_eq!(check_attribute(&attr(999, &[])), Err(res::INVALID_VALUE));
+    }
+}
