@@ -415,10 +415,18 @@ fn queues_run_concurrently_and_synchronize_waits() {
         let t = Instant::now();
         std::thread::scope(|s| {
             // A long kernel on one "queue" does not block copies on others.
-            s.spawn(|| {
+            let launching = std::sync::atomic::AtomicBool::new(false);
+            let launching = &launching;
+            s.spawn(move || {
+                launching.store(true, std::sync::atomic::Ordering::Release);
                 b.launch_one(spin, &CFG, &[ArgValue::U64(1_000_000)])
                     .expect("spin")
             });
+            // A loaded machine may start the kernel's thread late: wait for it, then give
+            // the launch time to reach the device before the copies and the synchronize.
+            while !launching.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::yield_now();
+            }
             std::thread::sleep(Duration::from_millis(20));
             let copies = Instant::now();
             let hs: Vec<_> = bufs
