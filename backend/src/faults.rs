@@ -15,7 +15,7 @@ use std::time::Duration;
 use vm_memory::VolatileSlice;
 
 use crate::{
-    Allocated, ArgValue, Backend, BackendError, LaunchConfig, LaunchStats, Relocatable, Result,
+    one_result, Allocated, Backend, BackendError, Launch, LaunchStats, Relocatable, Result,
 };
 
 /// What to inject, as parsed from a spec line.
@@ -162,30 +162,20 @@ impl Backend for Faulty {
         self.faults.op("MEMSET")?;
         self.inner.memset(dst, value, elem_size, count)
     }
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        self.faults.op("LAUNCH")?;
-        self.inner.launch(function, config, args)
-    }
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<LaunchStats> {
-        self.faults.op("LAUNCH")?;
-        self.inner.launch_with_params(function, config, args, blob)
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        // Each launch meets the faults (and runs) on its own, as separate calls would.
+        launches
+            .iter()
+            .map(|l| {
+                self.faults.op("LAUNCH")?;
+                one_result(self.inner.launch(std::slice::from_ref(l)))
+            })
+            .collect()
     }
 
     crate::forward_backend!(inner:
-        info, memory_usage, free, check_range, module_load, module_unload, get_function,
-        param_layout, function_attributes, module_global, synchronize, register_host_memory, import_shared,
-        export_shared, unregister_host_memory, paging, relocation
+        info, memory_usage, free, check_range, synchronize, modules, paging, relocation,
+        shared_memory, host_memory
     );
 }
 
@@ -260,10 +250,8 @@ impl Backend for FailingTarget {
     }
 
     crate::forward_backend!(0:
-        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, param_layout, function_attributes, launch, launch_with_params,
-        module_global, synchronize,
-        register_host_memory, import_shared, export_shared, unregister_host_memory, paging
+        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset, launch,
+        synchronize, modules, paging, shared_memory, host_memory
     );
 }
 

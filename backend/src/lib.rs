@@ -6,13 +6,15 @@
 //! device address space and allocations: invariant 3 of docs/architecture.md (a guest reaches only
 //! its own device memory) rests on every device range going through [`Backend`]'s checks.
 //!
-//! [`Backend`] is the data path only (memory, copies, modules, launches). What swapping and
-//! migration need beyond it are capabilities of their own, [`Paging`] and [`Relocatable`],
-//! which a backend offers through [`Backend::paging`] and [`Backend::relocation`] (as
+//! [`Backend`] is the data path only (memory, copies, launches), with the loaded code behind
+//! [`Backend::modules`]. What other parts need beyond it are capabilities of their own,
+//! each reached through an accessor that returns `None` when the backend lacks it (as
 //! Cloud Hypervisor keeps `Pausable`, `Snapshottable` and `Migratable` apart from a
-//! device). A wrapper (the pager, fault injection, the migration's own wrapper) implements
-//! the data path and forwards a capability with one method, or implements the capability
-//! itself where it changes it.
+//! device): [`Paging`] (swapping), [`Relocatable`] (migration), [`SharedMemory`] (objects
+//! other processes map) and [`HostMemory`] (guest RAM prepared for direct copies). A
+//! wrapper (the pager, fault injection, the migration's own wrapper) implements the data
+//! path it changes, forwards the rest ([`forward_backend!`]), and names every capability:
+//! forwarded with one method, or implemented itself where it changes it.
 //!
 //! All methods take `&self` and lock internally at fine grain, so a kernel running for one
 //! queue does not block a copy for another.
@@ -41,7 +43,6 @@ pub use vgpu_sync as sync;
 /// What [`forward_backend!`] expands to needs; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use std::os::fd::OwnedFd;
     pub use vm_memory::VolatileSlice;
 }
 
@@ -103,7 +104,7 @@ pub enum ModuleImage<'a> {
 /// A looked-up function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FunctionInfo {
-    /// Handle for `launch` (never 0).
+    /// Handle for [`Launch::function`] (never 0).
     pub handle: u64,
     /// Number of parameters.
     pub param_count: u32,
@@ -127,17 +128,20 @@ pub struct LaunchStats {
     pub device_ns: u64,
 }
 
-/// One launch of a batch ([`Backend::launch_batch`]): what [`Backend::launch_with_params`]
-/// takes, by reference.
+/// One kernel launch, as [`Backend::launch`] takes it.
 #[derive(Clone, Copy, Debug)]
-pub struct BatchLaunch<'a> {
+pub struct Launch<'a> {
     /// The function handle.
     pub function: u64,
     /// The geometry.
     pub config: LaunchConfig,
-    /// The typed kernel arguments.
+    /// The typed kernel arguments; every pointer's extent is checked against the
+    /// allocations before the kernel starts.
     pub args: &'a [ArgValue],
-    /// The bytes the [`ArgValue::Blob`] arguments name (empty when there are none).
+    /// The bytes the [`ArgValue::Blob`] arguments name (empty when there are none): by-value
+    /// parameters larger than a `KernelArg` holds. Offsets and lengths are checked by the
+    /// caller against `blob`; the backend checks them against the function's parameter
+    /// sizes. A backend without guest code refuses blob arguments (no function takes one).
     pub blob: &'a [u8],
 }
 
@@ -153,7 +157,7 @@ pub struct MemoryUsage {
 }
 
 /// A range of host memory (a guest RAM region mapped into the worker) that copies may move
-/// to and from directly. See [`Backend::register_host_memory`].
+/// to and from directly. See [`HostMemory`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HostRegion {
     /// First host address.
@@ -162,13 +166,19 @@ pub struct HostRegion {
     pub len: usize,
 }
 
-/// One physical GPU as one worker (one vGPU) sees it.
+/// One physical GPU as one worker (one vGPU) sees it: the data path (memory, copies,
+/// launches), the loaded code ([`Backend::modules`]) and the capabilities beyond the data
+/// path, each behind an accessor that says `None` when the backend lacks it.
 ///
 /// Device addresses are u64 in the vGPU's own address space and never change for an
 /// allocation's life. Every method that takes a device range checks that it lies inside
 /// one live allocation before touching a byte. Guest buffers arrive as
 /// [`VolatileSlice`]s of the shared guest RAM (the guest may change them under us); copies
 /// go straight between them and device memory.
+///
+/// The capability accessors have no default: every backend, and every wrapper, says for
+/// each one what it offers (a wrapper forwards it, or implements it where it changes it),
+/// so no layer hides a capability by leaving a method out.
 pub trait Backend: Send + Sync {
     /// What the device is.
     fn info(&self) -> &BackendInfo;
@@ -201,6 +211,79 @@ pub trait Backend: Send + Sync {
     /// `value`. Returns the bytes written.
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64>;
 
+    /// Runs `launches` in order, as one unit of GPU time: the kernels go to the GPU back to
+    /// back and the call returns when the last has finished, with one result per launch
+    /// (in order). A launch that fails its checks gets its error and the others still run;
+    /// a kernel that faults fails itself and every later launch of the call (its context is
+    /// lost). Each launch's device time is its own. A single launch is a slice of one
+    /// ([`LaunchOne::launch_one`]).
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>>;
+
+    /// Waits until every operation that started before this call has finished.
+    fn synchronize(&self);
+
+    /// The code loaded on this vGPU and the names in it (every backend has them: sim's
+    /// built-in module at least).
+    fn modules(&self) -> &dyn Modules;
+
+    /// The swapping capability: giving device memory back while keeping its addresses.
+    /// `None`: it cannot.
+    fn paging(&self) -> Option<&dyn Paging>;
+
+    /// The relocation capability: keeping every device address across a move to another
+    /// GPU of this process. `None`: it cannot be a migration target, and a migration copies
+    /// out of it through host memory.
+    fn relocation(&self) -> Option<&dyn Relocatable>;
+
+    /// The shared device memory capability: objects other processes map. `None`: it
+    /// cannot create or map them.
+    fn shared_memory(&self) -> Option<&dyn SharedMemory>;
+
+    /// The host memory registration capability: preparing guest RAM once for direct
+    /// copies. `None`: nothing to prepare (sim copies with the CPU); copies work anyway.
+    fn host_memory(&self) -> Option<&dyn HostMemory>;
+}
+
+/// One launch alone, for every [`Backend`]: [`Backend::launch`] with a slice of one.
+pub trait LaunchOne {
+    /// Runs one kernel (no blob arguments) to completion.
+    fn launch_one(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats>;
+}
+
+impl<B: Backend + ?Sized> LaunchOne for B {
+    fn launch_one(
+        &self,
+        function: u64,
+        config: &LaunchConfig,
+        args: &[ArgValue],
+    ) -> Result<LaunchStats> {
+        let launch = Launch {
+            function,
+            config: *config,
+            args,
+            blob: &[],
+        };
+        one_result(self.launch(std::slice::from_ref(&launch)))
+    }
+}
+
+/// The one result of a [`Backend::launch`] of one launch.
+pub fn one_result(results: Vec<Result<LaunchStats>>) -> Result<LaunchStats> {
+    results.into_iter().next().unwrap_or_else(|| {
+        Err(BackendError::Device(
+            "the GPU answered no result for the launch; retry it".into(),
+        ))
+    })
+}
+
+/// The code of a vGPU: modules, their functions and their variables. Reached through
+/// [`Backend::modules`].
+pub trait Modules: Send + Sync {
     /// Loads a module; returns its handle (never 0). The module's memory
     /// ([`module_footprint`]) is charged to the device memory before it is compiled and
     /// counts in [`Backend::memory_usage`] until it is unloaded.
@@ -213,65 +296,17 @@ pub trait Backend: Send + Sync {
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo>;
 
     /// Where each parameter of a looked-up function lies in its parameter buffer (offsets
-    /// and sizes). Default: not supported.
-    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
-        let _ = function;
-        Err(BackendError::NotSupported(
-            "this backend does not report parameter layouts".into(),
-        ))
-    }
+    /// and sizes).
+    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout>;
 
     /// A looked-up function's resources (registers, static shared, constant and local
     /// memory, the most threads per block), as `cuFuncGetAttribute` answers them. Default:
-    /// not supported.
+    /// not supported (the library then answers `CUDA_ERROR_NOT_SUPPORTED` for them).
     fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
         let _ = function;
         Err(BackendError::NotSupported(
             "this backend does not report function attributes".into(),
         ))
-    }
-
-    /// Runs a kernel to completion. `args` are the typed kernel arguments; every pointer's
-    /// extent is checked against the allocations before the kernel starts.
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats>;
-
-    /// [`Backend::launch`] with by-value parameters larger than a `KernelArg` holds:
-    /// each [`ArgValue::Blob`] names its bytes in `blob` (offsets and lengths checked by
-    /// the caller against `blob`; the backend checks them against the function's
-    /// parameter sizes). Default: the plain launch when no argument is a blob, else not
-    /// supported (a backend without guest code has no function taking one).
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<LaunchStats> {
-        if args.iter().any(|a| matches!(a, ArgValue::Blob { .. })) {
-            return Err(BackendError::NotSupported(
-                "this backend runs no guest code, so no function takes a by-value parameter over 8 bytes; use a cuda vGPU".into(),
-            ));
-        }
-        let _ = blob;
-        self.launch(function, config, args)
-    }
-
-    /// Runs `items` in order, as one unit of GPU time: the kernels go to the GPU back to
-    /// back and the call returns when the last has finished, with one result per item (in
-    /// order). An item that fails its checks gets its error and the others still run; a
-    /// kernel that faults fails itself and every later item of the batch (its context is
-    /// lost). Each item's device time is its own. Default: one
-    /// [`Backend::launch_with_params`] after the other, exactly as separate calls.
-    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
-        items
-            .iter()
-            .map(|i| self.launch_with_params(i.function, &i.config, i.args, i.blob))
-            .collect()
     }
 
     /// The device address and size of module-scope variable `name` (`__device__`,
@@ -285,63 +320,38 @@ pub trait Backend: Send + Sync {
             "this backend's modules declare no variables (built-in kernels only)".into(),
         ))
     }
+}
 
-    /// Waits until every operation that started before this call has finished.
-    fn synchronize(&self);
-
-    /// Tells the backend that `regions` (guest RAM mapped into this process) will be the
-    /// source or destination of copies, so it can prepare them once (cuda: pin them with
-    /// `cuMemHostRegister`, so copies run at DMA speed straight from guest memory) instead
-    /// of per copy. The caller keeps every region mapped until it unregisters it. Copies
-    /// from memory that was never registered still work, only slower. Default: nothing to
-    /// do (sim copies with the CPU).
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        let _ = regions;
-        Ok(())
-    }
-
-    /// Maps a shared device memory object (`size` bytes) that another process created at a
-    /// fresh device address of this vGPU; [`Backend::free`] of that address unmaps it.
-    /// `handle` is the object's file descriptor (sim: a memfd; cuda: an exportable
-    /// allocation handle). Default: not supported.
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        let _ = (handle, size, read_only);
-        Err(BackendError::NotSupported(
-            "this backend cannot map shared device memory".into(),
-        ))
-    }
-
+/// Device memory objects shared between processes. Reached through
+/// [`Backend::shared_memory`].
+pub trait SharedMemory: Send + Sync {
     /// Creates a zeroed shared device memory object of `size` bytes on this vGPU's GPU and
     /// exports it as a file descriptor (sim: a sealed memfd; cuda: an exportable physical
     /// allocation, `cuMemCreate` + `cuMemExportToShareableHandle`). The descriptor is the
     /// object: nothing is charged to this vGPU, and any process maps it with
-    /// [`Backend::import_shared`]. Default: not supported.
-    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
-        let _ = size;
-        Err(BackendError::NotSupported(
-            "this backend cannot create shared device memory".into(),
-        ))
-    }
+    /// [`SharedMemory::import`].
+    fn export(&self, size: u64) -> Result<OwnedFd>;
 
-    /// Undoes [`Backend::register_host_memory`] for `regions` (each exactly as
-    /// registered); waits for copies still using them. Unknown regions are ignored.
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        let _ = regions;
-    }
+    /// Maps a shared device memory object (`size` bytes) that another process created at a
+    /// fresh device address of this vGPU; [`Backend::free`] of that address unmaps it.
+    /// `handle` is the object's file descriptor (sim: a memfd; cuda: an exportable
+    /// allocation handle).
+    fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64>;
+}
 
-    /// The backend's swapping capability: giving device memory back while keeping its
-    /// addresses. `None` (the default): it cannot. A wrapper that does not change paging
-    /// forwards this one method (or leaves the default to hide it).
-    fn paging(&self) -> Option<&dyn Paging> {
-        None
-    }
+/// Guest RAM prepared once as the source or destination of copies. Reached through
+/// [`Backend::host_memory`].
+pub trait HostMemory: Send + Sync {
+    /// Tells the backend that `regions` (guest RAM mapped into this process) will be the
+    /// source or destination of copies, so it can prepare them once (cuda: pin them with
+    /// `cuMemHostRegister`, so copies run at DMA speed straight from guest memory) instead
+    /// of per copy. The caller keeps every region mapped until it unregisters it. Copies
+    /// from memory that was never registered still work, only slower.
+    fn register(&self, regions: &[HostRegion]) -> Result<()>;
 
-    /// The backend's relocation capability: keeping every device address across a move
-    /// to another GPU of this process. `None` (the default): it cannot be a migration
-    /// target, and a migration copies out of it through host memory.
-    fn relocation(&self) -> Option<&dyn Relocatable> {
-        None
-    }
+    /// Undoes [`HostMemory::register`] for `regions` (each exactly as registered); waits
+    /// for copies still using them. Unknown regions are ignored.
+    fn unregister(&self, regions: &[HostRegion]);
 }
 
 /// Device memory given back and taken again at the same device addresses: the
@@ -418,6 +428,14 @@ pub trait Relocatable: Send + Sync {
 pub fn require_paging(b: &dyn Backend) -> Result<&dyn Paging> {
     b.paging()
         .ok_or_else(|| BackendError::NotSupported("this backend cannot swap device memory".into()))
+}
+
+/// `b`'s [`SharedMemory`], or [`BackendError::NotSupported`] saying that it cannot share
+/// device memory.
+pub fn require_shared_memory(b: &dyn Backend) -> Result<&dyn SharedMemory> {
+    b.shared_memory().ok_or_else(|| {
+        BackendError::NotSupported("this backend cannot create or map shared device memory".into())
+    })
 }
 
 /// `b`'s [`Relocatable`], or [`BackendError::NotSupported`] saying that it cannot keep

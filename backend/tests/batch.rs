@@ -1,4 +1,4 @@
-//! `Backend::launch_batch` on the sim backend and, where a CUDA GPU is present, on the cuda
+//! `Backend::launch` of several launches on the sim backend and, where a CUDA GPU is present, on the cuda
 //! backend (otherwise `SKIPPED (cuda): why`; with `VGPU_REQUIRE_CUDA=1` a missing GPU fails
 //! instead): results in order, a failing item failing alone, built-ins that cannot join a
 //! batch running alone in its place, guest functions batched with their own device times
@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use vgpu_backend::{Backend, BackendError, BatchLaunch, LaunchStats, ModuleImage};
+use vgpu_backend::{Backend, BackendError, Launch, LaunchOne, LaunchStats, ModuleImage};
 use vgpu_proto::{ArgValue, Status};
 use vm_memory::VolatileSlice;
 
@@ -30,8 +30,8 @@ fn get_words(b: &dyn Backend, addr: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
-fn item(function: u64, args: &[ArgValue]) -> BatchLaunch<'_> {
-    BatchLaunch {
+fn item(function: u64, args: &[ArgValue]) -> Launch<'_> {
+    Launch {
         function,
         config: CFG,
         args,
@@ -73,7 +73,7 @@ fn a_batch_runs_in_order_and_times_each_kernel() {
             item(add, &add_d),
             item(spin, &wait),
         ];
-        let results = b.launch_batch(&items);
+        let results = b.launch(&items);
         assert_eq!(statuses(&results), vec![Status::Ok; 6], "{name}");
         for (i, r) in results.iter().enumerate() {
             let ns = r.as_ref().expect("ok").device_ns;
@@ -119,7 +119,7 @@ fn a_failing_item_fails_alone() {
             item(gather, &past),
             item(fill, &last),
         ];
-        let results = b.launch_batch(&items);
+        let results = b.launch(&items);
         assert_eq!(
             statuses(&results),
             vec![
@@ -136,8 +136,8 @@ fn a_failing_item_fails_alone() {
         assert!(v[..16].iter().all(|x| *x == 5), "{name}: {v:?}");
         assert!(v[16..].iter().all(|x| *x == 7), "{name}: {v:?}");
         // The backend still works.
-        assert!(b.launch_batch(&items[..1])[0].is_ok(), "{name}");
-        assert!(b.launch_batch(&[]).is_empty(), "{name}");
+        assert!(b.launch(&items[..1])[0].is_ok(), "{name}");
+        assert!(b.launch(&[]).is_empty(), "{name}");
     });
 }
 
@@ -163,11 +163,12 @@ const NOP_PTX: &str = r#"
 /// The loaded module's `nop` and `poke` functions.
 fn nop_and_poke(b: &dyn Backend) -> (u64, u64) {
     let m = b
+        .modules()
         .module_load(ModuleImage::Ptx(NOP_PTX.as_bytes()))
         .expect("PTX module");
     (
-        b.get_function(m, b"nop").expect("nop").handle,
-        b.get_function(m, b"poke").expect("poke").handle,
+        b.modules().get_function(m, b"nop").expect("nop").handle,
+        b.modules().get_function(m, b"poke").expect("poke").handle,
     )
 }
 
@@ -181,22 +182,22 @@ fn guest_functions_run_as_one_batch_on_cuda() {
     let (nop, poke) = nop_and_poke(&b);
     let a = b.alloc(4096).expect("alloc").addr;
     let target = [ArgValue::U64(a)];
-    let mut items: Vec<BatchLaunch<'_>> = (0..31).map(|_| item(nop, &[])).collect();
+    let mut items: Vec<Launch<'_>> = (0..31).map(|_| item(nop, &[])).collect();
     items.insert(7, item(poke, &target));
-    let results = b.launch_batch(&items);
+    let results = b.launch(&items);
     assert_eq!(statuses(&results), vec![Status::Ok; 32]);
     assert_eq!(get_words(&b, a, 1)[0], 1, "the poke ran");
     // Time per launch: lone launches beside batches of 32, same kernel, same backend.
-    let nops: Vec<BatchLaunch<'_>> = (0..32).map(|_| item(nop, &[])).collect();
+    let nops: Vec<Launch<'_>> = (0..32).map(|_| item(nop, &[])).collect();
     let rounds = 50;
     let t = Instant::now();
     for _ in 0..rounds * 32 {
-        b.launch(nop, &CFG, &[]).expect("lone launch");
+        b.launch_one(nop, &CFG, &[]).expect("lone launch");
     }
     let lone = t.elapsed().as_secs_f64() * 1e6 / f64::from(rounds * 32);
     let t = Instant::now();
     for _ in 0..rounds {
-        assert!(b.launch_batch(&nops).iter().all(Result::is_ok));
+        assert!(b.launch(&nops).iter().all(Result::is_ok));
     }
     let batched = t.elapsed().as_secs_f64() * 1e6 / f64::from(rounds * 32);
     println!(
@@ -218,7 +219,7 @@ fn a_kernel_that_loses_the_context_fails_it_and_the_later_items() {
         let (nop, poke) = nop_and_poke(&b);
         let outside = [ArgValue::U64(0x10)];
         let items = [item(nop, &[]), item(poke, &outside), item(nop, &[])];
-        for (i, s) in statuses(&b.launch_batch(&items)).iter().enumerate() {
+        for (i, s) in statuses(&b.launch(&items)).iter().enumerate() {
             println!("item {i}: {s:?}");
         }
         // Nothing is given back to a lost context: the process ends with it.

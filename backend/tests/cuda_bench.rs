@@ -3,13 +3,13 @@
 //!
 //! - host->device and device->host copy throughput, 4 KiB to 1 GiB: `Backend::copy_htod` /
 //!   `copy_dtoh` from a `MAP_SHARED` memfd mapping registered once with
-//!   `register_host_memory` (exactly how guest RAM reaches the worker) versus
+//!   `HostMemory::register` (exactly how guest RAM reaches the worker) versus
 //!   `cuMemcpyHtoDAsync`/`DtoHAsync` + stream sync between a `cuMemHostAlloc` buffer and a
 //!   `cuMemAlloc` buffer;
 //! - the same 256 MiB copy from unregistered (pageable) memory, for scale;
 //! - null-kernel round trip: `Backend::launch` of the built-in `spin` for 0 µs (argument
 //!   checks, events, wait) versus `cuLaunchKernel` of the same kernel + `cuStreamSynchronize`;
-//! - the time `register_host_memory` takes for 1 GiB.
+//! - the time `HostMemory::register` takes for 1 GiB.
 //!
 //! Prints `name: value unit | anchor: value unit | ratio: x` per figure (docs/PERFORMANCE.md) and, when
 //! `VGPU_BENCH_JSON` names a file, writes the figures there as JSON.
@@ -20,7 +20,9 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_backend::cuda::BUILTIN_PTX;
-use vgpu_backend::{Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, ModuleImage};
+use vgpu_backend::{
+    Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, LaunchOne, ModuleImage,
+};
 use vgpu_proto::ArgValue;
 use vm_memory::VolatileSlice;
 
@@ -147,9 +149,12 @@ fn cuda_copy_and_launch_bench() {
         len: GIB,
     };
     let t = Instant::now();
-    gpu.register_host_memory(&[region]).expect("register");
+    gpu.host_memory()
+        .expect("host memory")
+        .register(&[region])
+        .expect("register");
     let reg_ms = t.elapsed().as_secs_f64() * 1e3;
-    println!("register_host_memory of 1 GiB (MAP_SHARED memfd): {reg_ms:.1} ms");
+    println!("HostMemory::register of 1 GiB (MAP_SHARED memfd): {reg_ms:.1} ms");
     // SAFETY: [host, host + 1 GiB) is our live mapping for the rest of the test.
     let guest = unsafe { VolatileSlice::new(host, GIB) };
     let dev = gpu.alloc(GIB as u64).expect("alloc").addr;
@@ -244,16 +249,18 @@ fn cuda_copy_and_launch_bench() {
 
     // Null-kernel round trip.
     let m = gpu
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin");
-    let spin = gpu.get_function(m, b"spin").expect("spin").handle;
+    let spin = gpu.modules().get_function(m, b"spin").expect("spin").handle;
     let cfg = LaunchConfig {
         grid: [1; 3],
         block: [1; 3],
         shared_bytes: 0,
     };
     let backend_us = median_us(5000, || {
-        gpu.launch(spin, &cfg, &[ArgValue::U64(0)]).expect("launch");
+        gpu.launch_one(spin, &cfg, &[ArgValue::U64(0)])
+            .expect("launch");
     });
     let mut text = BUILTIN_PTX.as_bytes().to_vec();
     text.push(0);
@@ -317,5 +324,7 @@ fn cuda_copy_and_launch_bench() {
         )
         .expect("write JSON");
     }
-    gpu.unregister_host_memory(&[region]);
+    gpu.host_memory()
+        .expect("host memory")
+        .unregister(&[region]);
 }

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
-use vgpu_backend::{Backend, CudaConfig, CudaGpu, LaunchConfig, ModuleImage};
+use vgpu_backend::{Backend, CudaConfig, CudaGpu, LaunchConfig, LaunchOne, ModuleImage};
 use vgpu_proto::{Access, ArgValue, Status};
 use vm_memory::VolatileSlice;
 
@@ -295,14 +295,15 @@ fn a_kernel_in_another_process_faults_alone() {
     let secret = gpu.alloc(4096).expect("alloc").addr;
     put(&gpu, secret, PATTERN_A);
     let m = gpu
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin");
-    let spin = gpu.get_function(m, b"spin").expect("spin").handle;
+    let spin = gpu.modules().get_function(m, b"spin").expect("spin").handle;
 
     std::thread::scope(|s| {
         // A kernel of this vGPU runs through both faults next door.
         let busy = s.spawn(|| {
-            gpu.launch(spin, &CFG, &[ArgValue::U64(3_000_000)])
+            gpu.launch_one(spin, &CFG, &[ArgValue::U64(3_000_000)])
                 .expect("this process's kernel survives the other's fault")
         });
         std::thread::sleep(Duration::from_millis(100));
@@ -331,6 +332,7 @@ fn a_kernel_in_another_process_faults_alone() {
     // This vGPU is intact and working.
     assert_eq!(get(&gpu, secret), PATTERN_A, "our memory changed");
     let add = gpu
+        .modules()
         .get_function(m, b"vector_add")
         .expect("vector_add")
         .handle;
@@ -339,7 +341,7 @@ fn a_kernel_in_another_process_faults_alone() {
         first,
         (2.0f32.to_bits() as u64) | ((3.0f32.to_bits() as u64) << 32),
     );
-    gpu.launch(
+    gpu.launch_one(
         add,
         &CFG,
         &[
@@ -410,14 +412,16 @@ fn isolation_child() {
             .expect("cuda backend");
             let out = gpu.alloc(4096).expect("alloc").addr;
             let m = gpu
+                .modules()
                 .module_load(ModuleImage::Ptx(PROBE_PTX.as_bytes()))
                 .expect("probe PTX");
             let f = gpu
+                .modules()
                 .get_function(m, b"probe_read")
                 .expect("probe_read")
                 .handle;
             // Its own memory reads fine.
-            let own = gpu.launch(
+            let own = gpu.launch_one(
                 f,
                 &CFG,
                 &[
@@ -429,7 +433,7 @@ fn isolation_child() {
                 ],
             );
             println!("CHILD backend own: {:?}", own.map(|_| ()));
-            let r = gpu.launch(
+            let r = gpu.launch_one(
                 f,
                 &CFG,
                 &[

@@ -8,12 +8,30 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use vgpu_backend::{
-    module_footprint, Access, ArgValue, Backend, CudaConfig, CudaGpu, LaunchConfig, ModuleImage,
-    SimConfig, SimGpu, DEFAULT_VA_BASE, MAX_MODULE_MEMORY, MODULE_PAGE,
+    module_footprint, one_result, Access, ArgValue, Backend, CudaConfig, CudaGpu, Launch,
+    LaunchConfig, LaunchOne, LaunchStats, ModuleImage, SimConfig, SimGpu, DEFAULT_VA_BASE,
+    MAX_MODULE_MEMORY, MODULE_PAGE,
 };
 use vgpu_proto::{features, KernelArg, Status};
 
 const MIB: u64 = 1 << 20;
+
+/// One launch with by-value parameters in `blob`.
+fn launch_blob(
+    b: &dyn Backend,
+    function: u64,
+    config: &LaunchConfig,
+    args: &[ArgValue],
+    blob: &[u8],
+) -> vgpu_backend::Result<LaunchStats> {
+    let launch = Launch {
+        function,
+        config: *config,
+        args,
+        blob,
+    };
+    one_result(b.launch(&[launch]))
+}
 
 fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
     let sim = SimGpu::new(SimConfig {
@@ -68,7 +86,8 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
         let mut loaded = Vec::new();
         for i in 0..10 {
             loaded.push(
-                b.module_load(ModuleImage::Builtin(b"builtin"))
+                b.modules()
+                    .module_load(ModuleImage::Builtin(b"builtin"))
                     .unwrap_or_else(|e| panic!("{name}: module {i}: {e}")),
             );
         }
@@ -79,6 +98,7 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             "{name}: modules count in memory_usage"
         );
         let e = b
+            .modules()
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect_err("over the capacity");
         assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
@@ -90,14 +110,17 @@ fn modules_are_charged_refused_at_the_capacity_and_returned_at_unload() {
             Status::OutOfMemory
         );
         // Unloading gives the pages back.
-        b.module_unload(loaded.pop().expect("one")).expect("unload");
+        b.modules()
+            .module_unload(loaded.pop().expect("one"))
+            .expect("unload");
         assert_eq!(b.memory_usage().used, base + capacity - page, "{name}");
         loaded.push(
-            b.module_load(ModuleImage::Builtin(b"builtin"))
+            b.modules()
+                .module_load(ModuleImage::Builtin(b"builtin"))
                 .expect("room again"),
         );
         for m in loaded {
-            b.module_unload(m).expect("unload");
+            b.modules().module_unload(m).expect("unload");
         }
         b.free(a.addr).expect("free");
         assert_eq!(b.memory_usage().used, base, "{name}");
@@ -117,6 +140,7 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
     each(64 * MIB, |name, b| {
         let base = b.memory_usage().used;
         let e = b
+            .modules()
             .module_load(ModuleImage::Ptx(huge.as_bytes()))
             .expect_err("refused");
         if b.info().features & features::PTX == 0 {
@@ -131,22 +155,25 @@ fn declared_globals_are_charged_before_compiling_and_the_module_cap_holds() {
             ".version 7.8\n.target sm_90\n.address_size 64\n.global .align 8 .b8 hog[33554432];\n";
         if b.info().features & features::PTX != 0 {
             let m = b
+                .modules()
                 .module_load(ModuleImage::Ptx(half.as_bytes()))
                 .expect("fits");
             assert!(b.memory_usage().used >= base + 32 * MIB, "{name}");
             b.alloc(30 * MIB).expect("alloc beside it");
             assert_eq!(
-                b.module_load(ModuleImage::Ptx(half.as_bytes()))
+                b.modules()
+                    .module_load(ModuleImage::Ptx(half.as_bytes()))
                     .expect_err("share")
                     .status(),
                 Status::OutOfMemory,
                 "{name}"
             );
-            b.module_unload(m).expect("unload");
+            b.modules().module_unload(m).expect("unload");
         }
         // Cubin and fatbin images: loaded natively where the device has a GPU, a clear
         // NOT_SUPPORTED elsewhere.
         let e = b
+            .modules()
             .module_load(ModuleImage::Binary(b"\x7fELF not really"))
             .expect_err("no image");
         if b.info().features & features::BINARY_MODULES == 0 {
@@ -189,10 +216,11 @@ fn parameter_layouts_and_raw_bytes_arguments() {
         assert_ne!(b.info().features & features::PARAM_LAYOUT, 0, "{name}");
         // Built-ins: the layout the CUDA library passes (8-byte pointers and counts).
         let m = b
+            .modules()
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect("builtin");
-        let f = b.get_function(m, b"saxpy").expect("saxpy");
-        let l = b.param_layout(f.handle).expect("layout");
+        let f = b.modules().get_function(m, b"saxpy").expect("saxpy");
+        let l = b.modules().param_layout(f.handle).expect("layout");
         let got: Vec<_> = (0..4).filter_map(|i| l.get(i)).collect();
         assert_eq!(got, [(0, 4), (8, 8), (16, 8), (24, 8)], "{name}");
         assert_eq!(l.get(4), Some((0, 0)), "{name}");
@@ -207,9 +235,9 @@ fn parameter_layouts_and_raw_bytes_arguments() {
             block: [1, 1, 1],
             shared_bytes: 0,
         };
-        let fill = b.get_function(m, b"fill").expect("fill");
+        let fill = b.modules().get_function(m, b"fill").expect("fill");
         let e = b
-            .launch(
+            .launch_one(
                 fill.handle,
                 &cfg,
                 &[
@@ -224,7 +252,10 @@ fn parameter_layouts_and_raw_bytes_arguments() {
             .expect_err("raw bytes to a built-in");
         assert_eq!(e.status(), Status::BadArgType, "{name}: {e}");
         assert_eq!(
-            b.param_layout(0xdead).expect_err("unknown").status(),
+            b.modules()
+                .param_layout(0xdead)
+                .expect_err("unknown")
+                .status(),
             Status::UnknownFunction
         );
         if b.info().features & features::PTX == 0 {
@@ -232,10 +263,11 @@ fn parameter_layouts_and_raw_bytes_arguments() {
         }
         // PTX: the driver's layout, and 16-bit and struct parameters as raw bytes.
         let pm = b
+            .modules()
             .module_load(ModuleImage::Ptx(PACK_PTX.as_bytes()))
             .expect("pack");
-        let pf = b.get_function(pm, b"pack").expect("pack");
-        let l = b.param_layout(pf.handle).expect("layout");
+        let pf = b.modules().get_function(pm, b"pack").expect("pack");
+        let l = b.modules().param_layout(pf.handle).expect("layout");
         let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
         assert_eq!(got, [(0, 8), (8, 2), (12, 8)], "{name}");
         let h = KernelArg::bytes(&0xbeefu16.to_le_bytes()).expect("h");
@@ -249,7 +281,7 @@ fn parameter_layouts_and_raw_bytes_arguments() {
             h.typed().expect("h"),
             s.typed().expect("s"),
         ];
-        b.launch(pf.handle, &cfg, &args).expect("pack launch");
+        b.launch_one(pf.handle, &cfg, &args).expect("pack launch");
         let mut out = [0u8; 12];
         let slice = vm_memory::VolatileSlice::from(&mut out[..]);
         b.copy_dtoh(a.addr, &slice).expect("dtoh");
@@ -261,7 +293,7 @@ fn parameter_layouts_and_raw_bytes_arguments() {
             .typed()
             .expect("typed");
         assert_eq!(
-            b.launch(pf.handle, &cfg, &[args[0], short, args[2]])
+            b.launch_one(pf.handle, &cfg, &[args[0], short, args[2]])
                 .expect_err("size")
                 .status(),
             Status::BadArgType
@@ -312,25 +344,30 @@ fn module_variables_and_by_value_structs() {
         if b.info().features & features::GLOBALS == 0 {
             // No guest code: no variables, no by-value structs.
             let m = b
+                .modules()
                 .module_load(ModuleImage::Builtin(b"builtin"))
                 .expect("builtin");
-            let e = b.module_global(m, b"scale").expect_err("no variables");
-            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
-            let spin = b.get_function(m, b"spin").expect("spin");
             let e = b
-                .launch_with_params(spin.handle, &cfg, &blob_args, &[0; 88])
-                .expect_err("no structs");
+                .modules()
+                .module_global(m, b"scale")
+                .expect_err("no variables");
+            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            let spin = b.modules().get_function(m, b"spin").expect("spin");
+            let e =
+                launch_blob(b, spin.handle, &cfg, &blob_args, &[0; 88]).expect_err("no structs");
             assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
             return;
         }
         assert_ne!(b.info().features & features::PARAM_BLOBS, 0, "{name}");
         let m = b
+            .modules()
             .module_load(ModuleImage::Ptx(GLOBALS_PTX.as_bytes()))
             .expect("globals module");
-        let (addr, size) = b.module_global(m, b"scale").expect("scale");
+        let (addr, size) = b.modules().module_global(m, b"scale").expect("scale");
         assert_eq!(size, 32, "{name}");
         assert_eq!(
-            b.module_global(m, b"nothing")
+            b.modules()
+                .module_global(m, b"nothing")
                 .expect_err("unknown")
                 .status(),
             Status::UnknownFunction
@@ -350,8 +387,8 @@ fn module_variables_and_by_value_structs() {
         b.free(addr).expect_err("free of a module variable");
         // A kernel reads it and two structs passed by value.
         let out = b.alloc(4096).expect("alloc");
-        let f = b.get_function(m, b"apply").expect("apply");
-        let l = b.param_layout(f.handle).expect("layout");
+        let f = b.modules().get_function(m, b"apply").expect("apply");
+        let l = b.modules().param_layout(f.handle).expect("layout");
         let got: Vec<_> = (0..3).filter_map(|i| l.get(i)).collect();
         assert_eq!(got, [(0, 8), (8, 24), (32, 64)], "{name}");
         let mut blob = [0u8; 88];
@@ -363,8 +400,7 @@ fn module_variables_and_by_value_structs() {
             access: Access::Write,
         };
         let args = [ptr, blob_args[0], blob_args[1]];
-        b.launch_with_params(f.handle, &cfg, &args, &blob)
-            .expect("launch with structs");
+        launch_blob(b, f.handle, &cfg, &args, &blob).expect("launch with structs");
         let mut res = [0u8; 20];
         b.copy_dtoh(out.addr, &vm_memory::VolatileSlice::from(&mut res[..]))
             .expect("dtoh");
@@ -375,13 +411,13 @@ fn module_variables_and_by_value_structs() {
         // A blob whose size differs from the parameter's, or outside the blob: refused.
         let short = [ptr, ArgValue::Blob { offset: 0, len: 16 }, blob_args[1]];
         assert_eq!(
-            b.launch_with_params(f.handle, &cfg, &short, &blob)
+            launch_blob(b, f.handle, &cfg, &short, &blob)
                 .expect_err("size mismatch")
                 .status(),
             Status::BadArgType
         );
         assert_eq!(
-            b.launch_with_params(f.handle, &cfg, &args, &blob[..80])
+            launch_blob(b, f.handle, &cfg, &args, &blob[..80])
                 .expect_err("outside the blob")
                 .status(),
             Status::BadArgType
@@ -396,9 +432,8 @@ fn module_variables_and_by_value_structs() {
             blob_args[0],
             blob_args[1],
         ];
-        b.launch_with_params(f.handle, &cfg, &onto, &blob)
-            .expect("kernel writing the variable");
-        b.module_unload(m).expect("unload");
+        launch_blob(b, f.handle, &cfg, &onto, &blob).expect("kernel writing the variable");
+        b.modules().module_unload(m).expect("unload");
         b.check_range(addr, 4).expect_err("gone with its module");
         b.free(out.addr).expect("free");
     });
@@ -431,7 +466,8 @@ fn the_pager_counts_module_memory_against_the_share() {
     let mut loaded = Vec::new();
     for _ in 0..4 {
         loaded.push(
-            p.module_load(ModuleImage::Builtin(b"builtin"))
+            p.modules()
+                .module_load(ModuleImage::Builtin(b"builtin"))
                 .expect("module"),
         );
     }
@@ -441,6 +477,7 @@ fn the_pager_counts_module_memory_against_the_share() {
         "modules count in memory_usage"
     );
     let e = p
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect_err("over the share");
     assert_eq!(e.status(), Status::OutOfMemory, "{e}");
@@ -448,7 +485,9 @@ fn the_pager_counts_module_memory_against_the_share() {
         p.alloc(MODULE_PAGE).expect_err("full").status(),
         Status::OutOfMemory
     );
-    p.module_unload(loaded.pop().expect("one")).expect("unload");
+    p.modules()
+        .module_unload(loaded.pop().expect("one"))
+        .expect("unload");
     assert_eq!(p.memory_usage().used, share - MODULE_PAGE);
     p.alloc(MODULE_PAGE).expect("room again");
 }

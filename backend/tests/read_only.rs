@@ -8,7 +8,8 @@ use std::os::fd::AsFd;
 
 use vgpu_backend::sim::shared_object;
 use vgpu_backend::{
-    Access, ArgValue, Backend, BackendError, LaunchConfig, ModuleImage, SimConfig, SimGpu,
+    Access, ArgValue, Backend, BackendError, LaunchConfig, LaunchOne, ModuleImage, SimConfig,
+    SimGpu,
 };
 use vgpu_proto::Status;
 use vm_memory::VolatileSlice;
@@ -51,14 +52,18 @@ fn every_write_into_a_read_only_mapping_is_refused_and_the_bytes_stay() {
     let g = gpu();
     let object = shared_object(SIZE).expect("shared object");
     let rw = g
-        .import_shared(
+        .shared_memory()
+        .expect("shared memory")
+        .import(
             object.as_fd().try_clone_to_owned().expect("dup"),
             SIZE,
             false,
         )
         .expect("read-write mapping");
     let ro = g
-        .import_shared(object, SIZE, true)
+        .shared_memory()
+        .expect("shared memory")
+        .import(object, SIZE, true)
         .expect("read-only mapping");
     let own = g.alloc(SIZE).expect("alloc").addr;
 
@@ -77,12 +82,17 @@ fn every_write_into_a_read_only_mapping_is_refused_and_the_bytes_stay() {
     refused(g.copy_dtod(ro, own, SIZE), "DtoD destination");
 
     let m = g
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin module");
-    let fill = g.get_function(m, b"fill").expect("fill").handle;
-    let checksum = g.get_function(m, b"checksum").expect("checksum").handle;
+    let fill = g.modules().get_function(m, b"fill").expect("fill").handle;
+    let checksum = g
+        .modules()
+        .get_function(m, b"checksum")
+        .expect("checksum")
+        .handle;
     refused(
-        g.launch(
+        g.launch_one(
             fill,
             &CFG,
             &[ptr(ro, Access::Write), ArgValue::U32(1), ArgValue::U64(16)],
@@ -90,7 +100,7 @@ fn every_write_into_a_read_only_mapping_is_refused_and_the_bytes_stay() {
         "kernel WRITE pointer",
     );
     refused(
-        g.launch(
+        g.launch_one(
             checksum,
             &CFG,
             &[
@@ -109,7 +119,7 @@ fn every_write_into_a_read_only_mapping_is_refused_and_the_bytes_stay() {
     assert_eq!(back, pattern, "no refused write changed a byte");
     g.copy_dtod(own, ro, SIZE)
         .expect("a read-only mapping as a DtoD source");
-    g.launch(
+    g.launch_one(
         checksum,
         &CFG,
         &[

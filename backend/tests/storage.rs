@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_backend::storage::{NamespaceSpec, StorageSet};
 use vgpu_backend::{
-    Backend, BackendError, CudaConfig, CudaGpu, LaunchConfig, ModuleImage, SimConfig, SimGpu,
-    DEFAULT_VA_BASE,
+    Backend, BackendError, CudaConfig, CudaGpu, LaunchConfig, LaunchOne, ModuleImage, SimConfig,
+    SimGpu, DEFAULT_VA_BASE,
 };
 use vgpu_proto::{Access, ArgValue, Status};
 use vm_memory::VolatileSlice;
@@ -208,9 +208,13 @@ impl Ns {
 
 fn builtin(b: &dyn Backend, name: &str) -> u64 {
     let m = b
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin module");
-    b.get_function(m, name.as_bytes()).expect("function").handle
+    b.modules()
+        .get_function(m, name.as_bytes())
+        .expect("function")
+        .handle
 }
 
 fn put(b: &dyn Backend, addr: u64, bytes: &[u8]) {
@@ -298,7 +302,7 @@ fn gather_scan_and_bfs_equal_the_in_memory_computation() {
         );
         for round in 0..2 {
             let t = Instant::now();
-            b.launch(gather, &CFG, &gather_args(0, idx, dst, n, 8))
+            b.launch_one(gather, &CFG, &gather_args(0, idx, dst, n, 8))
                 .expect("gather u64");
             eprintln!(
                 "{name}: gather of {n} u64 (round {round}) in {:?}",
@@ -311,7 +315,7 @@ fn gather_scan_and_bfs_equal_the_in_memory_computation() {
             }
         }
         // u32 elements from byte 4096: the low and high halves of the words.
-        b.launch(gather, &CFG, &gather_args(4096, idx, dst, n, 4))
+        b.launch_one(gather, &CFG, &gather_args(4096, idx, dst, n, 4))
             .expect("gather u32");
         let got = get(b, dst, (n * 4) as usize);
         for (k, c) in got.chunks_exact(4).enumerate() {
@@ -319,12 +323,12 @@ fn gather_scan_and_bfs_equal_the_in_memory_computation() {
             assert_eq!(v, ns.u32_at(4096 + ix[k] * 4), "{name}: u32 lane {k}");
         }
         let t = Instant::now();
-        b.launch(scan, &CFG, &scan_args(0, ns.words, 8, out))
+        b.launch_one(scan, &CFG, &scan_args(0, ns.words, 8, out))
             .expect("scan");
         eprintln!("{name}: scan of {} u64 in {:?}", ns.words, t.elapsed());
         let want = (0..ns.words).fold(0u64, |a, i| a.wrapping_add(mix(i)));
         assert_eq!(get(b, out, 8), want.to_le_bytes(), "{name}: scan u64");
-        b.launch(scan, &CFG, &scan_args(12_288, 1000, 4, out))
+        b.launch_one(scan, &CFG, &scan_args(12_288, 1000, 4, out))
             .expect("scan u32");
         let want = (0..1000u64).fold(0u64, |a, i| a + u64::from(ns.u32_at(12_288 + i * 4)));
         assert_eq!(get(b, out, 8), want.to_le_bytes(), "{name}: scan u32");
@@ -337,7 +341,7 @@ fn gather_scan_and_bfs_equal_the_in_memory_computation() {
         assert_eq!(sources.len(), 2, "a graph worth searching");
         for (source, want) in sources {
             let t = Instant::now();
-            b.launch(bfs, &CFG, &bfs_args(&ns, source, levels))
+            b.launch_one(bfs, &CFG, &bfs_args(&ns, source, levels))
                 .expect("bfs");
             eprintln!("{name}: bfs from {source} in {:?}", t.elapsed());
             let got: Vec<u32> = get(b, levels, (ns.vertices * 4) as usize)
@@ -444,7 +448,7 @@ fn bad_input_gets_an_error_status_and_the_namespace_keeps_working() {
             ),
         ];
         for (what, f, args, want) in cases {
-            let e = b.launch(f, &CFG, &args).expect_err(what);
+            let e = b.launch_one(f, &CFG, &args).expect_err(what);
             assert_eq!(status(&e), want, "{name}: {what}: {e}");
         }
         // The good lanes of the faulting gather were not needed; a clean one works.
@@ -454,7 +458,7 @@ fn bad_input_gets_an_error_status_and_the_namespace_keeps_working() {
             idx,
             &ix.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
         );
-        b.launch(gather, &CFG, &gather_args(0, idx, dst, n, 8))
+        b.launch_one(gather, &CFG, &gather_args(0, idx, dst, n, 8))
             .expect("gather after errors");
         let got = get(b, dst, (n * 8) as usize);
         for (k, c) in got.chunks_exact(8).enumerate() {
@@ -471,7 +475,7 @@ fn bad_input_gets_an_error_status_and_the_namespace_keeps_working() {
         let levels = b.alloc(broken.vertices * 4).expect("alloc").addr;
         let mut hit = false;
         for source in 0..50 {
-            if let Err(e) = b.launch(bfs, &CFG, &bfs_args(&broken, source, levels)) {
+            if let Err(e) = b.launch_one(bfs, &CFG, &bfs_args(&broken, source, levels)) {
                 assert_eq!(status(&e), Status::InvalidArgument, "{name}: {e}");
                 hit = true;
                 break;
@@ -491,7 +495,7 @@ fn a_truncated_namespace_and_a_hung_controller_give_device_errors_not_hangs() {
         set.set_stalled(1, true).expect("stall");
         let t = Instant::now();
         let e = b
-            .launch(scan, &CFG, &scan_args(0, 4096, 8, out))
+            .launch_one(scan, &CFG, &scan_args(0, 4096, 8, out))
             .expect_err("hung");
         assert_eq!(status(&e), Status::DeviceError, "{name}: {e}");
         assert!(
@@ -503,7 +507,7 @@ fn a_truncated_namespace_and_a_hung_controller_give_device_errors_not_hangs() {
         // The queue is poisoned: the next kernel fails too (reopening needs a new vGPU).
         let t = Instant::now();
         let e = b
-            .launch(scan, &CFG, &scan_args(0, ns.words, 8, out))
+            .launch_one(scan, &CFG, &scan_args(0, ns.words, 8, out))
             .expect_err("poisoned");
         assert_eq!(status(&e), Status::DeviceError, "{name}: {e}");
         assert!(
@@ -523,7 +527,7 @@ fn a_truncated_namespace_and_a_hung_controller_give_device_errors_not_hangs() {
         let scan = builtin(b, "storage_scan_sum");
         let out = b.alloc(8).expect("alloc").addr;
         let e = b
-            .launch(scan, &CFG, &scan_args(0, ns.words, 8, out))
+            .launch_one(scan, &CFG, &scan_args(0, ns.words, 8, out))
             .expect_err("read error");
         assert_eq!(status(&e), Status::DeviceError, "{name}: {e}");
         assert!(e.to_string().contains("error status"), "{name}: {e}");
@@ -573,7 +577,7 @@ fn storage_figures() {
         // One lookup first: the first storage kernel of a process JIT-compiles the storage
         // PTX (seconds when the driver's cache is cold), which is not I/O.
         put(b, idx, &[0u8; 8]);
-        b.launch(gather, &CFG, &gather_args(0, idx, dst, 1, 8))
+        b.launch_one(gather, &CFG, &gather_args(0, idx, dst, 1, 8))
             .expect("warm-up");
         put(
             b,
@@ -581,7 +585,7 @@ fn storage_figures() {
             &ix.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
         );
         let t = Instant::now();
-        b.launch(gather, &CFG, &gather_args(0, idx, dst, n, 8))
+        b.launch_one(gather, &CFG, &gather_args(0, idx, dst, n, 8))
             .expect("cold gather");
         let cold = t.elapsed().as_secs_f64();
         // Warm: n lookups over 1024 pages (4 MiB: half the GPU cache even with 512-byte
@@ -592,17 +596,17 @@ fn storage_figures() {
             idx,
             &hot.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
         );
-        b.launch(gather, &CFG, &gather_args(0, idx, dst, n, 8))
+        b.launch_one(gather, &CFG, &gather_args(0, idx, dst, n, 8))
             .expect("fill");
         let t = Instant::now();
         for _ in 0..5 {
-            b.launch(gather, &CFG, &gather_args(0, idx, dst, n, 8))
+            b.launch_one(gather, &CFG, &gather_args(0, idx, dst, n, 8))
                 .expect("warm gather");
         }
         let warm = t.elapsed().as_secs_f64() / 5.0;
         let words = ns.words.min(64 * MIB / 8);
         let t = Instant::now();
-        b.launch(scan, &CFG, &scan_args(0, words, 8, out))
+        b.launch_one(scan, &CFG, &scan_args(0, words, 8, out))
             .expect("scan");
         let scan_s = t.elapsed().as_secs_f64();
         let blocks = std::env::var("VGPU_STORAGE_BLOCKS").unwrap_or_else(|_| "default".into());

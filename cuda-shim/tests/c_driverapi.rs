@@ -54,7 +54,7 @@ fn a_c_program_uses_the_framework_driver_api() {
         "cc: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let worker = common::Worker::start("c-driverapi", "256M", 4);
+    let worker = common::Worker::sim("c-driverapi", "256M", 4);
     let out = Command::new(&exe)
         .env("VGPU_SOCKET", &worker.socket)
         .env("LD_LIBRARY_PATH", &libdir)

@@ -59,7 +59,7 @@ fn a_c_program_runs_on_the_installed_library() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let worker = common::Worker::start("c-program", "256M", 4);
+    let worker = common::Worker::sim("c-program", "256M", 4);
     let out = Command::new(&exe)
         .env("VGPU_SOCKET", &worker.socket)
         .env("LD_LIBRARY_PATH", &libdir)

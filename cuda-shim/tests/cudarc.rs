@@ -72,7 +72,7 @@ fn cudarc_runs_on_the_library() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     std::os::unix::fs::symlink(&lib, dir.join("libcuda.so")).expect("link");
-    let worker = common::Worker::start("cudarc", "256M", 4);
+    let worker = common::Worker::sim("cudarc", "256M", 4);
     let out = Command::new(std::env::current_exe().expect("exe"))
         .args([
             "--exact",

@@ -83,7 +83,7 @@ fn build(cc: &str, runtime: &Path, exe: &Path, link_static: bool, defines: &[&st
 /// Runs `exe` on the library against a fresh sim worker (with `VGPU_TEST_FATBIN` when
 /// `fatbin`: the program registers a fat binary before main); asserts it printed "ok".
 fn run(exe: &Path, libdir: &Path, name: &str, fatbin: bool) {
-    let worker = common::Worker::start(name, SHARE, 4);
+    let worker = common::Worker::sim(name, SHARE, 4);
     let mut cmd = Command::new(exe);
     if fatbin {
         cmd.env("VGPU_TEST_FATBIN", "1");

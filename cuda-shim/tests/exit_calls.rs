@@ -49,7 +49,7 @@ fn calls_from_a_threads_exit_path_answer_and_never_abort() {
         "cc: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let worker = common::Worker::start("exit-calls", "64M", 1);
+    let worker = common::Worker::sim("exit-calls", "64M", 1);
     let out = Command::new(&exe)
         .env("VGPU_SOCKET", &worker.socket)
         .env("LD_LIBRARY_PATH", &libdir)

@@ -25,8 +25,8 @@ fn open(worker: &common::Worker) -> (ProcessTransport, Dev, Stream<ProcessTransp
 
 #[test]
 fn a_module_flood_is_refused_at_the_share_and_the_neighbour_is_unaffected() {
-    let hostile = common::Worker::start("flood", "4M", 1);
-    let neighbour = common::Worker::start("flood-neighbour", "4M", 1);
+    let hostile = common::Worker::sim("flood", "4M", 1);
+    let neighbour = common::Worker::sim("flood-neighbour", "4M", 1);
     let (_th, _gh, mut h) = open(&hostile);
     let (tn, _gn, mut n) = open(&neighbour);
 

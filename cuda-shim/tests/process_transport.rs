@@ -11,7 +11,7 @@ use vgpu_proto::{Access, KernelArg};
 
 #[test]
 fn alloc_copy_launch_free_over_the_process_transport() {
-    let worker = common::Worker::start("transport", "256M", 2);
+    let worker = common::Worker::sim("transport", "256M", 2);
     let t = ProcessTransport::connect(&worker.socket).expect("connect");
     for fd in t.region_fds() {
         // SAFETY: F_GET_SEALS on a descriptor the transport keeps open.

@@ -18,6 +18,7 @@
 //! 4. resumes. Any failure before the switch drops the target and leaves the vGPU on its
 //!    source, working (rollback).
 
+mod layer;
 mod migratable;
 mod remote;
 #[cfg(test)]

@@ -1,17 +1,14 @@
 //! The backend wrapper that makes a vGPU movable, and the move itself.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use vgpu_backend::{
     copy_to_peer, require_paging, require_relocation, Allocated, ArgValue, Backend, BackendError,
-    BackendInfo, BatchLaunch, FunctionInfo, HostRegion, LaunchConfig, LaunchStats, MemoryUsage,
-    ModuleImage, Paging, Result,
+    BackendInfo, HostRegion, ModuleImage,
 };
-use vm_memory::VolatileSlice;
 
 use crate::report::{MigrateOptions, Mode, Phase, Progress, Report};
 use crate::MigrationError;
@@ -121,7 +118,7 @@ impl Migratable {
     }
 
     /// Marks the allocation holding `addr` as written now.
-    fn mark(&self, addr: u64) {
+    pub(crate) fn mark(&self, addr: u64) {
         let e = self.now_epoch();
         if let Some((_, a)) = lock(&self.allocs).range(..=addr).next_back() {
             a.written.fetch_max(e, Ordering::AcqRel);
@@ -137,7 +134,7 @@ impl Migratable {
 
     /// Marks what a launch may write: pointers declared write or read-write, or
     /// everything when an integer argument may be a raw device address.
-    fn mark_launch(&self, args: &[ArgValue]) {
+    pub(crate) fn mark_launch(&self, args: &[ArgValue]) {
         let va = self.info.va_base..self.info.va_base.saturating_add(self.info.va_size);
         if args
             .iter()
@@ -155,7 +152,7 @@ impl Migratable {
         }
     }
 
-    fn track(&self, a: &Allocated, size: u64) {
+    pub(crate) fn track(&self, a: &Allocated, size: u64) {
         lock(&self.allocs).insert(
             a.addr,
             Alloc {
@@ -166,271 +163,8 @@ impl Migratable {
         );
     }
 
-    fn handle(&self) -> u64 {
+    pub(crate) fn handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-impl Backend for Migratable {
-    fn info(&self) -> &BackendInfo {
-        &self.info
-    }
-
-    fn memory_usage(&self) -> MemoryUsage {
-        self.current().memory_usage()
-    }
-
-    fn alloc(&self, size: u64) -> Result<Allocated> {
-        let (_g, b) = self.enter();
-        let a = b.alloc(size)?;
-        self.track(&a, size);
-        Ok(a)
-    }
-
-    fn free(&self, addr: u64) -> Result<()> {
-        let (_g, b) = self.enter();
-        b.free(addr)?;
-        lock(&self.allocs).remove(&addr);
-        lock(&self.imported).remove(&addr);
-        Ok(())
-    }
-
-    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.current().check_range(addr, len)
-    }
-
-    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
-        let (_g, b) = self.enter();
-        self.mark(dst);
-        let r = b.copy_htod(dst, src);
-        self.mark(dst);
-        r
-    }
-
-    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
-        let (_g, b) = self.enter();
-        b.copy_dtoh(src, dst)
-    }
-
-    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
-        let (_g, b) = self.enter();
-        self.mark(dst);
-        let r = b.copy_dtod(dst, src, len);
-        self.mark(dst);
-        r
-    }
-
-    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
-        let (_g, b) = self.enter();
-        self.mark(dst);
-        let r = b.memset(dst, value, elem_size, count);
-        self.mark(dst);
-        r
-    }
-
-    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
-        let (_g, b) = self.enter();
-        let real = b.module_load(image)?;
-        let image = match image {
-            ModuleImage::Builtin(n) => Image::Builtin(n.to_vec()),
-            ModuleImage::Ptx(p) => Image::Ptx(p.to_vec()),
-            ModuleImage::Binary(p) => Image::Binary(p.to_vec()),
-        };
-        let h = self.handle();
-        lock(&self.modules).insert(h, Module { image, real });
-        Ok(h)
-    }
-
-    fn module_unload(&self, module: u64) -> Result<()> {
-        let (_g, b) = self.enter();
-        let real = lock(&self.modules)
-            .get(&module)
-            .map(|m| m.real)
-            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
-        b.module_unload(real)?;
-        lock(&self.modules).remove(&module);
-        lock(&self.functions).retain(|_, f| f.module != module);
-        Ok(())
-    }
-
-    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
-        let (_g, b) = self.enter();
-        let real_module = lock(&self.modules)
-            .get(&module)
-            .map(|m| m.real)
-            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
-        let f = b.get_function(real_module, name)?;
-        let h = self.handle();
-        lock(&self.functions).insert(
-            h,
-            Func {
-                module,
-                name: name.to_vec(),
-                real: f.handle,
-            },
-        );
-        Ok(FunctionInfo {
-            handle: h,
-            param_count: f.param_count,
-        })
-    }
-
-    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
-        let (_g, b) = self.enter();
-        let real = lock(&self.functions)
-            .get(&function)
-            .map(|f| f.real)
-            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
-        b.param_layout(real)
-    }
-
-    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
-        let (_g, b) = self.enter();
-        let real = lock(&self.functions)
-            .get(&function)
-            .map(|f| f.real)
-            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
-        b.function_attributes(real)
-    }
-
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        self.launch_with_params(function, config, args, &[])
-    }
-
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<LaunchStats> {
-        let (_g, b) = self.enter();
-        let real = lock(&self.functions)
-            .get(&function)
-            .map(|f| f.real)
-            .ok_or_else(|| BackendError::UnknownFunction(format!("{function}")))?;
-        self.mark_launch(args);
-        let r = b.launch_with_params(real, config, args, blob);
-        self.mark_launch(args);
-        r
-    }
-
-    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
-        let (_g, b) = self.enter();
-        // Each item's handle translated; an unknown one fails alone, the others run as one
-        // batch on the GPU behind.
-        let real: Vec<Option<u64>> = {
-            let functions = lock(&self.functions);
-            items
-                .iter()
-                .map(|i| functions.get(&i.function).map(|f| f.real))
-                .collect()
-        };
-        let known: Vec<BatchLaunch<'_>> = items
-            .iter()
-            .zip(&real)
-            .filter_map(|(i, r)| r.map(|function| BatchLaunch { function, ..*i }))
-            .collect();
-        for i in &known {
-            self.mark_launch(i.args);
-        }
-        let mut ran = b.launch_batch(&known).into_iter();
-        for i in &known {
-            self.mark_launch(i.args);
-        }
-        items
-            .iter()
-            .zip(real)
-            .map(|(i, r)| match r {
-                Some(_) => ran.next().unwrap_or_else(|| {
-                    Err(BackendError::Device(
-                        "the GPU's batch answered fewer launches than it was given".into(),
-                    ))
-                }),
-                None => Err(BackendError::UnknownFunction(format!("{}", i.function))),
-            })
-            .collect()
-    }
-
-    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
-        let (_g, b) = self.enter();
-        let real = lock(&self.modules)
-            .get(&module)
-            .map(|m| m.real)
-            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
-        b.module_global(real, name)
-    }
-
-    fn synchronize(&self) {
-        self.current().synchronize()
-    }
-
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
-        let (_g, b) = self.enter();
-        b.register_host_memory(regions)?;
-        lock(&self.regions).extend_from_slice(regions);
-        Ok(())
-    }
-
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
-        let (_g, b) = self.enter();
-        b.unregister_host_memory(regions);
-        lock(&self.regions).retain(|r| !regions.contains(r));
-    }
-
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        let (_g, b) = self.enter();
-        let addr = b.import_shared(handle, size, read_only)?;
-        lock(&self.imported).insert(addr);
-        Ok(addr)
-    }
-
-    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
-        let (_g, b) = self.enter();
-        b.export_shared(size)
-    }
-
-    fn paging(&self) -> Option<&dyn Paging> {
-        Some(self)
-    }
-}
-
-/// Swapping through the backend serving now, recording which ranges are swapped out (a
-/// migration copies no bytes for them and gives the target's memory back for them too).
-/// Without paging in the backend serving now, every call fails as not supported.
-impl Paging for Migratable {
-    fn commit_granule(&self) -> u64 {
-        self.current().paging().map_or(0, |p| p.commit_granule())
-    }
-
-    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        let (_g, b) = self.enter();
-        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
-        let Some(d) = d else {
-            return require_paging(&*b)?.decommit(addr, off, len);
-        };
-        // Held across the call: a pre-copy never reads a range while it goes away.
-        let mut d = lock(&d);
-        require_paging(&*b)?.decommit(addr, off, len)?;
-        d.insert(off, len);
-        Ok(())
-    }
-
-    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
-        let (_g, b) = self.enter();
-        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
-        let Some(d) = d else {
-            return require_paging(&*b)?.recommit(addr, off, len);
-        };
-        let mut d = lock(&d);
-        require_paging(&*b)?.recommit(addr, off, len)?;
-        d.remove(&off);
-        Ok(())
     }
 }
 
@@ -695,6 +429,7 @@ impl Migratable {
             for (h, md) in modules.iter() {
                 let real = m
                     .target
+                    .modules()
                     .module_load(md.image.as_module())
                     .map_err(Mover::target_err(format!("loading module {h}")))?;
                 new_mod.insert(*h, real);
@@ -704,14 +439,14 @@ impl Migratable {
                 let module = new_mod.get(&f.module).copied().unwrap_or(0);
                 let real = m
                     .target
+                    .modules()
                     .get_function(module, &f.name)
                     .map_err(Mover::target_err(format!("looking up function {h}")))?;
                 new_fn.insert(*h, real.handle);
             }
             let regions = lock(&self.regions).clone();
-            if !regions.is_empty() {
-                m.target
-                    .register_host_memory(&regions)
+            if let Some(h) = m.target.host_memory().filter(|_| !regions.is_empty()) {
+                h.register(&regions)
                     .map_err(Mover::target_err("registering guest memory".into()))?;
             }
             for (h, md) in modules.iter_mut() {
@@ -755,8 +490,8 @@ impl Migratable {
         timeline.push((Phase::StopCopy, t_copy, t_end));
         // The source's memory goes once nothing uses it.
         let regions = lock(&self.regions).clone();
-        if !regions.is_empty() {
-            old.unregister_host_memory(&regions);
+        if let Some(h) = old.host_memory().filter(|_| !regions.is_empty()) {
+            h.unregister(&regions);
         }
         drop(old);
         let live = m.snapshot();

@@ -632,12 +632,14 @@ impl Receiver<'_> {
                         ImageKind::Ptx => Image::Ptx(image.to_vec()),
                         ImageKind::Binary => Image::Binary(image.to_vec()),
                     };
-                    let real = backend.module_load(image.as_module()).map_err(|source| {
-                        MigrationError::Target {
-                            what: format!("loading module {handle}"),
-                            source,
-                        }
-                    })?;
+                    let real =
+                        backend
+                            .modules()
+                            .module_load(image.as_module())
+                            .map_err(|source| MigrationError::Target {
+                                what: format!("loading module {handle}"),
+                                source,
+                            })?;
                     self.loaded.insert(handle, (real, image));
                 }
                 Message::Function {
@@ -658,12 +660,14 @@ impl Receiver<'_> {
                             "function handle {handle} repeated, zero or too many"
                         )));
                     }
-                    let f = backend.get_function(real_module, name).map_err(|source| {
-                        MigrationError::Target {
-                            what: format!("looking up function {handle}"),
-                            source,
-                        }
-                    })?;
+                    let f =
+                        backend
+                            .modules()
+                            .get_function(real_module, name)
+                            .map_err(|source| MigrationError::Target {
+                                what: format!("looking up function {handle}"),
+                                source,
+                            })?;
                     functions.insert(
                         handle,
                         Func {
@@ -729,7 +733,7 @@ impl Receiver<'_> {
     fn undo(&mut self) {
         let backend = self.m.current();
         for (_, (real, _)) in std::mem::take(&mut self.loaded) {
-            let _ = backend.module_unload(real);
+            let _ = backend.modules().module_unload(real);
         }
         for addr in std::mem::take(&mut self.placed) {
             if let Some(p) = self.pager {

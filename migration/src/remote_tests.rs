@@ -5,14 +5,14 @@
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
-use vgpu_backend::{Access, ArgValue, Backend, ModuleImage};
+use vgpu_backend::{Access, ArgValue, Backend, LaunchOne, ModuleImage};
 
 use super::tests::{get, one_d, pattern, put, sim, MIB};
 use crate::wire::Message;
 use crate::{Migratable, MigrationError};
 
 fn fill(m: &Migratable, f: u64, addr: u64, v: u32, words: u64) {
-    m.launch(
+    m.launch_one(
         f,
         &one_d(),
         &[
@@ -36,9 +36,14 @@ fn state_moves_to_a_fresh_vgpu_over_a_stream() {
     put(&*src, a, &pattern(1, 3 << 20));
     put(&*src, b, &pattern(2, 4096));
     let module = src
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("module");
-    let f = src.get_function(module, b"fill").expect("fill").handle;
+    let f = src
+        .modules()
+        .get_function(module, b"fill")
+        .expect("fill")
+        .handle;
     let dst = Arc::new(Migratable::new(sim(64 * MIB)));
     let (s, d) = UnixStream::pair().expect("pair");
     let rx = {
@@ -63,6 +68,7 @@ fn state_moves_to_a_fresh_vgpu_over_a_stream() {
     fill(&dst, f, b, 0x0505_0505, 1024);
     assert!(get(&*dst, b, 4096).iter().all(|v| *v == 5));
     let m2 = dst
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("module");
     assert!(m2 > f && m2 > module);

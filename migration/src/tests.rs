@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use vgpu_backend::pager::{LocalBroker, Pager};
-use vgpu_backend::{Access, ArgValue, Backend, LaunchConfig, ModuleImage, SimConfig, SimGpu};
+use vgpu_backend::{
+    Access, ArgValue, Backend, LaunchConfig, LaunchOne, ModuleImage, SimConfig, SimGpu,
+};
 use vm_memory::VolatileSlice;
 
 use super::*;
@@ -69,9 +71,14 @@ fn bytes_addresses_and_handles_survive_both_modes() {
         put(&m, a, &pattern(1, 3 << 20));
         put(&m, b, &pattern(2, 4096));
         let module = m
+            .modules()
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect("module");
-        let fill = m.get_function(module, b"fill").expect("fill").handle;
+        let fill = m
+            .modules()
+            .get_function(module, b"fill")
+            .expect("fill")
+            .handle;
         let r = m
             .migrate(sim(64 * MIB), &opts(mode), |_| {})
             .expect("migrate");
@@ -80,7 +87,7 @@ fn bytes_addresses_and_handles_survive_both_modes() {
         assert_eq!(get(&m, a, 3 << 20), pattern(1, 3 << 20), "{mode:?}");
         assert_eq!(get(&m, b, 4096), pattern(2, 4096));
         // The old function handle works on the new GPU.
-        m.launch(
+        m.launch_one(
             fill,
             &one_d(),
             &[
@@ -204,7 +211,11 @@ fn a_full_target_rolls_back_and_the_vgpu_keeps_working() {
 fn shared_mappings_refuse_to_move() {
     let m = Migratable::new(sim(64 * MIB));
     let fd = vgpu_backend::sim::shared_object(MIB).expect("memfd");
-    let addr = m.import_shared(fd, MIB, false).expect("import");
+    let addr = m
+        .shared_memory()
+        .expect("shared memory")
+        .import(fd, MIB, false)
+        .expect("import");
     let e = m
         .migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
         .expect_err("shm");
@@ -232,4 +243,43 @@ fn an_idle_vgpu_is_copied_once_and_nothing_is_left_for_the_stop() {
     for (i, a) in bufs.iter().enumerate() {
         assert_eq!(get(&m, *a, 4 << 20), pattern(i as u8, 4 << 20));
     }
+}
+
+#[test]
+fn the_migratable_layer_offers_every_capability_and_what_goes_through_it_moves() {
+    let m = Migratable::new(sim(64 * MIB));
+    let offered = [
+        m.paging().is_some(),
+        m.relocation().is_some(),
+        m.shared_memory().is_some(),
+        m.host_memory().is_some(),
+    ];
+    assert_eq!(
+        offered, [true; 4],
+        "paging, relocation, shared, host memory"
+    );
+    // An allocation placed at a given address is the vGPU's like any other: it moves.
+    let at = m.info().va_base + 512 * MIB;
+    let placed = m
+        .relocation()
+        .expect("relocation")
+        .alloc_at(at, MIB)
+        .expect("alloc_at");
+    assert_eq!(placed.addr, at);
+    put(&m, at, &pattern(7, 1 << 20));
+    // A shared object mapped through it is counted: it cannot move with the vGPU.
+    let shared = m.shared_memory().expect("shared memory");
+    let object = shared.export(MIB).expect("export");
+    let mapping = shared.import(object, MIB, false).expect("import");
+    let refused = m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {});
+    assert!(
+        matches!(refused, Err(MigrationError::SharedMappings(1))),
+        "{refused:?}"
+    );
+    m.free(mapping).expect("unmap");
+    let r = m
+        .migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("migrate");
+    assert_eq!(r.total, MIB, "the placed allocation moved");
+    assert_eq!(get(&m, at, 1 << 20), pattern(7, 1 << 20));
 }

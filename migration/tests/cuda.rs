@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use vgpu_backend::pager::{LocalBroker, Pager};
 use vgpu_backend::{
-    Access, ArgValue, Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, ModuleImage,
-    DEFAULT_VA_BASE,
+    Access, ArgValue, Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, LaunchOne,
+    ModuleImage, DEFAULT_VA_BASE,
 };
 use vgpu_migration::{Migratable, MigrateOptions, Mode};
 use vm_memory::VolatileSlice;
@@ -131,9 +131,14 @@ fn a_running_vgpu_tours_the_gpus_and_every_byte_arrives() {
         put(&*m, *a, &pattern(i as u8, s as usize));
     }
     let module = m
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("module");
-    let fill = m.get_function(module, b"fill").expect("fill").handle;
+    let fill = m
+        .modules()
+        .get_function(module, b"fill")
+        .expect("fill")
+        .handle;
     // The guest: uploads from registered (pinned) memory into `hot` and launches `fill`
     // into `out`, checking both, while the vGPU moves.
     let hot = m.alloc(MIB).expect("hot").addr;
@@ -146,7 +151,10 @@ fn a_running_vgpu_tours_the_gpus_and_every_byte_arrives() {
             len: v.len(),
         }
     };
-    m.register_host_memory(&[region]).expect("pin");
+    m.host_memory()
+        .expect("host memory")
+        .register(&[region])
+        .expect("pin");
     let stop = Arc::new(AtomicBool::new(false));
     let guest = {
         let (m, stop, staging) = (m.clone(), stop.clone(), staging.clone());
@@ -162,7 +170,7 @@ fn a_running_vgpu_tours_the_gpus_and_every_byte_arrives() {
                         .expect("guest upload");
                 }
                 assert!(get(&*m, hot, 4096).iter().all(|b| *b == v), "round {round}");
-                m.launch(
+                m.launch_one(
                     fill,
                     &one_d(),
                     &[
@@ -213,7 +221,7 @@ fn a_running_vgpu_tours_the_gpus_and_every_byte_arrives() {
     assert!(c >= base && c < base + VA_SIZE && !bufs.contains(&c));
     put(&*m, c, &pattern(9, 4 << 20));
     assert_eq!(get(&*m, c, 4 << 20), pattern(9, 4 << 20));
-    m.unregister_host_memory(&[region]);
+    m.host_memory().expect("host memory").unregister(&[region]);
     for a in bufs {
         m.free(a).expect("free");
     }

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_backend::{
-    Access, ArgValue, Backend, CudaConfig, CudaGpu, LaunchConfig, ModuleImage, DEFAULT_VA_BASE,
+    Access, ArgValue, Backend, CudaConfig, CudaGpu, LaunchConfig, LaunchOne, ModuleImage,
+    DEFAULT_VA_BASE,
 };
 use vgpu_migration::{Migratable, MigrateOptions, Mode, Report};
 use vm_memory::VolatileSlice;
@@ -195,7 +196,7 @@ impl Guest {
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
                 round += 1;
-                m.launch(
+                m.launch_one(
                     fill,
                     &cfg,
                     &[
@@ -276,9 +277,14 @@ fn gpu_migration_downtime_and_total_time_vs_resident_memory() {
         }
         let hot = m.alloc(HOT).expect("hot").addr;
         let module = m
+            .modules()
             .module_load(ModuleImage::Builtin(b"builtin"))
             .expect("module");
-        let fill = m.get_function(module, b"fill").expect("fill").handle;
+        let fill = m
+            .modules()
+            .get_function(module, b"fill")
+            .expect("fill")
+            .handle;
         let guest = Guest::start(m.clone(), hot, fill);
         std::thread::sleep(Duration::from_millis(20));
         let opts = |mode| MigrateOptions {

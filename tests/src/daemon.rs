@@ -367,36 +367,28 @@ fn check(
     }
 }
 
+/// A VM (64 MiB, one vCPU) running `payload` with `arg` on the existing vGPU `vgpu`.
+pub fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
+    VmCreate {
+        payload: Some(crate::bins::payload(payload).display().to_string()),
+        payload_arg: arg.into(),
+        memory_bytes: 64 << 20,
+        vgpu_id: Some(vgpu),
+        ..Default::default()
+    }
+}
+
 /// A VM running the gpu-load payload with an inline vGPU.
 pub fn gpu_load(arg: &str, gpu: u32, compute: f64, memory: u64) -> VmCreate {
     VmCreate {
         payload: Some(crate::bins::payload("gpu-load").display().to_string()),
         payload_arg: arg.into(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
         memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: Some(gpu),
-            memory_bytes: memory,
-            compute_share: compute,
-            copy_share: None,
-            priority: 0,
-            oversubscribe: false,
-            share_group: None,
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(memory, compute)
         }),
-        name: None,
-        labels: Default::default(),
+        ..Default::default()
     }
 }
 

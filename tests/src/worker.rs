@@ -1,5 +1,5 @@
 //! A `vgpu-worker` serving one vhost-user socket, started for a test and killed when
-//! dropped.
+//! dropped: the one worker helper of the end-to-end tests and of vgpu-cuda's tests.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -68,6 +68,12 @@ impl Worker {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(w)
+    }
+
+    /// A sim worker (`--backend sim`) with `memory` and `queues`; panics with the worker's
+    /// output when it does not start (a test that needs one cannot go on without it).
+    pub fn sim(name: &str, memory: &str, queues: u16) -> Self {
+        Self::start("sim", name, memory, queues, &[]).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The `--vgpu` argument for a vmm.

@@ -13,7 +13,7 @@ const DEADLINE: Duration = Duration::from_secs(180);
 /// Runs payload `name` with `arg` against a fresh sim worker with `queues` queues; checks
 /// its success line and returns its console output.
 fn on_sim(name: &str, queues: u16, arg: &str, ok_line: &str) -> String {
-    let w = Worker::start("sim", name, "256M", queues, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let w = Worker::sim(name, "256M", queues);
     let out = run_payload(
         &payload(name),
         &["--vgpu", &w.vgpu_arg(), "--payload-arg", arg],

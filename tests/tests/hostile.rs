@@ -12,9 +12,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use vgpu_api::api::{MigrateRequest, VgpuCreate, VmCreate, VmState};
+use vgpu_api::api::{MigrateRequest, VgpuCreate, VmState};
 use vgpu_api::client::Client;
-use vgpu_tests::daemon::{alive, gpu_load, wait_running, TestDaemon};
+use vgpu_tests::daemon::{alive, gpu_load, vm_on, wait_running, TestDaemon};
 use vgpu_tests::require_kvm;
 
 const MIB: u64 = 1 << 20;
@@ -26,37 +26,8 @@ fn console(c: &Client, id: u32) -> String {
 fn vgpu_spec(gpu: u32, compute: f64, memory: u64, queues: u16) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(gpu),
-        memory_bytes: memory,
-        compute_share: compute,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
         queues,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
-    }
-}
-
-/// A VM running `payload` on the existing vGPU `vgpu`.
-fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
-    VmCreate {
-        payload: Some(vgpu_tests::bins::payload(payload).display().to_string()),
-        payload_arg: arg.into(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
-        memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: Some(vgpu),
-        vgpu: None,
-        name: None,
-        labels: Default::default(),
+        ..VgpuCreate::new(memory, compute)
     }
 }
 

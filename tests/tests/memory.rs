@@ -21,31 +21,15 @@ fn vm(
     VmCreate {
         payload: Some(vgpu_tests::bins::payload(payload).display().to_string()),
         payload_arg: arg.into(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
         memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: Some(0),
-            memory_bytes: memory,
-            compute_share: 0.2,
-            copy_share: None,
             priority,
             oversubscribe,
             share_group: group.map(str::to_string),
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(memory, 0.2)
         }),
-        name: None,
-        labels: Default::default(),
+        ..Default::default()
     }
 }
 

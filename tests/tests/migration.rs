@@ -103,31 +103,13 @@ fn swapped_out_memory_migrates_intact() {
     let vm = |seed: u32| VmCreate {
         payload: Some(vgpu_tests::bins::payload("memcheck").display().to_string()),
         payload_arg: format!("buffers=4 size_mib=16 rounds=4 seed={seed} pause_ms=300"),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
         memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
         vgpu: Some(VgpuCreate {
             gpu: Some(0),
-            memory_bytes: 65 * MIB,
-            compute_share: 0.2,
-            copy_share: None,
-            priority: 0,
             oversubscribe: true,
-            share_group: None,
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(65 * MIB, 0.2)
         }),
-        name: None,
-        labels: Default::default(),
+        ..Default::default()
     };
     let a = c.create_vm(&vm(1)).expect("a");
     let b = c.create_vm(&vm(2)).expect("b");
@@ -173,20 +155,7 @@ fn a_full_target_refuses_and_the_vgpu_keeps_working() {
     // GPU 1's memory is all promised to another vGPU.
     c.create_vgpu(&VgpuCreate {
         gpu: Some(1),
-        memory_bytes: 256 * MIB,
-        compute_share: 0.1,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(256 * MIB, 0.1)
     })
     .expect("filler");
     let req = |target: Option<u32>, mode: Option<&str>| MigrateRequest {

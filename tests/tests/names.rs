@@ -11,23 +11,12 @@ use vgpu_tests::daemon::TestDaemon;
 fn named(name: &str, labels: &[(&str, &str)]) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: 16 << 20,
-        compute_share: 0.1,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
         name: Some(name.into()),
         labels: labels
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(16 << 20, 0.1)
     }
 }
 
@@ -139,16 +128,10 @@ fn vms_take_a_name_and_labels_too() {
     let c = d.client.clone();
     let req = |name: &str| VmCreate {
         payload: Some("hello".into()),
-        payload_arg: String::new(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
         memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
-        vgpu: None,
         name: Some(name.into()),
         labels: BTreeMap::from([("env".into(), "test".into())]),
+        ..Default::default()
     };
     let e = c.create_vm(&req("Not A Label")).expect_err("invalid");
     assert_eq!(e.status(), Some(400), "{e}");

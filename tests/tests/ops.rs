@@ -11,20 +11,8 @@ use vgpu_tests::daemon::{vgpud_command, TestDaemon};
 fn spec(kernel_deadline_ms: Option<u32>) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: 16 << 20,
-        compute_share: 0.1,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
         kernel_deadline_ms,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(16 << 20, 0.1)
     }
 }
 

@@ -21,20 +21,7 @@ const UID_BASE: u32 = 2_000_000_000;
 fn spec(memory: u64, compute: f64) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: memory,
-        compute_share: compute,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(memory, compute)
     }
 }
 

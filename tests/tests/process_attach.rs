@@ -50,20 +50,11 @@ fn process_vgpu(gpu: u32, compute: f64) -> VgpuCreate {
     let (uid, gid) = own_ids();
     VgpuCreate {
         gpu: Some(gpu),
-        memory_bytes: 256 << 20,
-        compute_share: compute,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
         queues: 4,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
         attach: Attach::Process,
         owner_uid: Some(uid),
         owner_gid: Some(gid),
+        ..VgpuCreate::new(256 << 20, compute)
     }
 }
 

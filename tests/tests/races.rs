@@ -18,20 +18,7 @@ const MIB: u64 = 1 << 20;
 fn spec(gpu: u32, compute: f64) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(gpu),
-        memory_bytes: 16 * MIB,
-        compute_share: compute,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(16 * MIB, compute)
     }
 }
 
@@ -284,16 +271,9 @@ fn a_delete_racing_a_vm_launch_lets_only_one_win() {
         };
         let vm = c.create_vm(&VmCreate {
             payload: Some("hello".into()),
-            payload_arg: String::new(),
-            kernel: None,
-            initrd: None,
-            cmdline: None,
             memory_bytes: 64 * MIB,
-            vcpus: 1,
             vgpu_id: Some(v),
-            vgpu: None,
-            name: None,
-            labels: Default::default(),
+            ..Default::default()
         });
         let gone = del.join().expect("thread");
         no_5xx("launch", &vm);
@@ -331,16 +311,9 @@ fn released_vgpus_leave_the_list_and_the_metrics_after_their_retention() {
     let vm = c
         .create_vm(&VmCreate {
             payload: Some("hello".into()),
-            payload_arg: String::new(),
-            kernel: None,
-            initrd: None,
-            cmdline: None,
             memory_bytes: 64 * MIB,
-            vcpus: 1,
             vgpu_id: Some(v),
-            vgpu: None,
-            name: None,
-            labels: Default::default(),
+            ..Default::default()
         })
         .expect("launch");
     let end = c.wait_vm(vm.id, Duration::from_secs(60)).expect("wait");

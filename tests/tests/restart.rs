@@ -8,46 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use vgpu_api::api::{StorageAttachment, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VmCreate, VmState};
+use vgpu_api::api::{StorageAttachment, Vgpu, VgpuCreate, VgpuPatch, VgpuState, VmState};
 use vgpu_api::client::Client;
-use vgpu_tests::daemon::{alive, gpu_load, temp_dir, vgpud_command, wait_running, TestDaemon};
+use vgpu_tests::daemon::{
+    alive, gpu_load, temp_dir, vgpud_command, vm_on, wait_running, TestDaemon,
+};
 
 const MIB: u64 = 1 << 20;
 
 fn vgpu_spec(gpu: Option<u32>, memory: u64, compute: f64) -> VgpuCreate {
     VgpuCreate {
         gpu,
-        memory_bytes: memory,
-        compute_share: compute,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
-    }
-}
-
-/// A VM running `payload` on the existing vGPU `vgpu`.
-fn vm_on(payload: &str, arg: &str, vgpu: u32) -> VmCreate {
-    VmCreate {
-        payload: Some(vgpu_tests::bins::payload(payload).display().to_string()),
-        payload_arg: arg.into(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
-        memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: Some(vgpu),
-        vgpu: None,
-        name: None,
-        labels: Default::default(),
+        ..VgpuCreate::new(memory, compute)
     }
 }
 

@@ -66,20 +66,8 @@ fn spec(storage: Vec<StorageAttachment>) -> VgpuCreate {
     let cuda = std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda");
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: if cuda { 1 << 30 } else { 64 * MIB },
-        compute_share: 0.5,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
-        queues: 1,
         storage,
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
-        attach: Default::default(),
-        owner_uid: None,
-        owner_gid: None,
+        ..VgpuCreate::new(if cuda { 1 << 30 } else { 64 * MIB }, 0.5)
     }
 }
 
@@ -131,15 +119,9 @@ fn a_guest_runs_storage_kernels_on_an_attached_namespace() {
         .create_vm(&VmCreate {
             payload: Some(vgpu_tests::bins::payload("storage").display().to_string()),
             payload_arg: format!("seed={seed} words={words} vertices={vertices} missing=2"),
-            kernel: None,
-            initrd: None,
-            cmdline: None,
             memory_bytes: 64 * MIB,
-            vcpus: 1,
             vgpu_id: Some(v.id),
-            vgpu: None,
-            name: None,
-            labels: Default::default(),
+            ..Default::default()
         })
         .expect("vm");
     let done = c.wait_vm(vm.id, Duration::from_secs(120)).expect("wait");
@@ -189,16 +171,9 @@ fn bad_storage_specs_name_their_field() {
     let e = c
         .create_vm(&VmCreate {
             payload: Some(vgpu_tests::bins::payload("hello").display().to_string()),
-            payload_arg: String::new(),
-            kernel: None,
-            initrd: None,
-            cmdline: None,
             memory_bytes: 64 * MIB,
-            vcpus: 1,
-            vgpu_id: None,
             vgpu: Some(spec(vec![att(3, &missing)])),
-            name: None,
-            labels: Default::default(),
+            ..Default::default()
         })
         .expect_err("invalid inline spec");
     assert_eq!(

@@ -38,20 +38,11 @@ fn library() -> PathBuf {
 fn process_vgpu(uid: u32, gid: u32) -> VgpuCreate {
     VgpuCreate {
         gpu: Some(0),
-        memory_bytes: 64 << 20,
-        compute_share: 0.5,
-        copy_share: None,
-        priority: 0,
-        oversubscribe: false,
-        share_group: None,
         queues: 2,
-        storage: Vec::new(),
-        name: None,
-        labels: Default::default(),
-        kernel_deadline_ms: None,
         attach: Attach::Process,
         owner_uid: Some(uid),
         owner_gid: Some(gid),
+        ..VgpuCreate::new(64 << 20, 0.5)
     }
 }
 

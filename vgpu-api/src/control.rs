@@ -160,7 +160,7 @@ pub enum Ask {
     /// worker creates it on its own GPU and asks [`Ask::ShmCreate`].
     ShmGet { key: u64, size: u64, flags: u64 },
     /// `shmget` once more, with the object the worker created and exported on its GPU
-    /// (`Backend::export_shared`) after an [`Answer::Export`]: its file descriptor rides
+    /// (`SharedMemory::export`) after an [`Answer::Export`]: its file descriptor rides
     /// with the first byte of this line (SCM_RIGHTS). vgpud checks the descriptor and
     /// keeps it as the object, or closes it when the key exists by now or the ask is
     /// refused.

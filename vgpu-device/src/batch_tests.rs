@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vgpu_backend::{
-    ArgValue, Backend, BackendError, BackendInfo, BatchLaunch, LaunchConfig, LaunchStats,
-    SimConfig, SimGpu,
+    ArgValue, Backend, BackendError, BackendInfo, FunctionInfo, Launch, LaunchOne, LaunchStats,
+    ModuleImage, Modules, SimConfig, SimGpu,
 };
 use vgpu_grant::{Gate, Permit, Resource};
 use vgpu_proto::args::module_kind;
@@ -66,60 +66,65 @@ struct Recording {
     lose_context: bool,
 }
 
+impl Recording {
+    /// One launch: a blob launch recorded, any other run on the sim.
+    fn run(&self, l: &Launch<'_>) -> vgpu_backend::Result<LaunchStats> {
+        if let Some(ArgValue::Blob { offset, len }) = l.args.first().copied() {
+            let (o, n) = (offset as usize, len as usize);
+            self.blobs
+                .lock()
+                .expect("lock")
+                .push(l.blob.get(o..o + n).expect("blob inside").to_vec());
+            return Ok(LaunchStats { device_ns: 1 });
+        }
+        self.sim.launch_one(l.function, &l.config, l.args)
+    }
+}
+
 impl Backend for Recording {
     fn info(&self) -> &BackendInfo {
         &self.info
+    }
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<vgpu_backend::Result<LaunchStats>> {
+        self.calls.lock().expect("lock").push(launches.len());
+        let mut lost = false;
+        launches
+            .iter()
+            .map(|l| {
+                if lost {
+                    return Err(BackendError::Device("the context is lost".into()));
+                }
+                let r = self.run(l);
+                lost = self.lose_context && matches!(r, Err(BackendError::KernelFault(_)));
+                r
+            })
+            .collect()
+    }
+    fn modules(&self) -> &dyn Modules {
+        self
+    }
+    vgpu_backend::forward_backend!(sim:
+        memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
+        synchronize, paging, relocation, shared_memory, host_memory
+    );
+}
+
+/// The sim's modules, every function with one 12-byte parameter.
+impl Modules for Recording {
+    fn module_load(&self, image: ModuleImage<'_>) -> vgpu_backend::Result<u64> {
+        self.sim.modules().module_load(image)
+    }
+    fn module_unload(&self, module: u64) -> vgpu_backend::Result<()> {
+        self.sim.modules().module_unload(module)
+    }
+    fn get_function(&self, module: u64, name: &[u8]) -> vgpu_backend::Result<FunctionInfo> {
+        self.sim.modules().get_function(module, name)
     }
     fn param_layout(&self, _function: u64) -> vgpu_backend::Result<ParamLayout> {
         let mut l = ParamLayout::default();
         l.set(0, 0, 12);
         Ok(l)
     }
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> vgpu_backend::Result<LaunchStats> {
-        self.calls.lock().expect("lock").push(1);
-        self.sim.launch(function, config, args)
-    }
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> vgpu_backend::Result<LaunchStats> {
-        if let Some(ArgValue::Blob { offset, len }) = args.first().copied() {
-            let (o, n) = (offset as usize, len as usize);
-            self.blobs
-                .lock()
-                .expect("lock")
-                .push(blob.get(o..o + n).expect("blob inside").to_vec());
-            return Ok(LaunchStats { device_ns: 1 });
-        }
-        self.sim.launch(function, config, args)
-    }
-    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<vgpu_backend::Result<LaunchStats>> {
-        self.calls.lock().expect("lock").push(items.len());
-        let mut lost = false;
-        items
-            .iter()
-            .map(|i| {
-                if lost {
-                    return Err(BackendError::Device("the context is lost".into()));
-                }
-                let r = self.launch_with_params(i.function, &i.config, i.args, i.blob);
-                lost = self.lose_context && matches!(r, Err(BackendError::KernelFault(_)));
-                r
-            })
-            .collect()
-    }
-    vgpu_backend::forward_backend!(sim:
-        memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, synchronize
-    );
 }
 
 /// A data or response descriptor: (guest address, length, device-writable).

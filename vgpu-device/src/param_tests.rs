@@ -3,13 +3,13 @@
 
 use std::sync::Mutex;
 
-use vgpu_backend::{Backend, BackendInfo, LaunchConfig, LaunchStats};
+use vgpu_backend::{Backend, BackendInfo, Launch, LaunchOne, LaunchStats, Modules};
 
 use super::*;
 
 /// The sim backend claiming module variables and parameter blobs: `module_global`
-/// answers `counter` at a fixed range, every function has the layout of [`LAYOUT`], and
-/// `launch_with_params` records the blob bytes of each `Blob` argument.
+/// answers `counter` at a fixed range, every function has the layout of [`LAYOUT`], and a
+/// launch with `Blob` arguments records their bytes instead of running.
 struct Claims {
     sim: SimGpu,
     info: BackendInfo,
@@ -24,8 +24,52 @@ impl Backend for Claims {
     fn info(&self) -> &BackendInfo {
         &self.info
     }
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<vgpu_backend::Result<LaunchStats>> {
+        launches.iter().map(|l| self.run(l)).collect()
+    }
+    fn modules(&self) -> &dyn Modules {
+        self
+    }
+    vgpu_backend::forward_backend!(sim:
+        memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
+        synchronize, paging, relocation, shared_memory, host_memory
+    );
+}
+
+impl Claims {
+    /// One launch: the blob bytes of each `Blob` argument recorded, a launch without
+    /// blobs run on the sim.
+    fn run(&self, l: &Launch<'_>) -> vgpu_backend::Result<LaunchStats> {
+        if !l.args.iter().any(|a| matches!(a, ArgValue::Blob { .. })) {
+            return self.sim.launch_one(l.function, &l.config, l.args);
+        }
+        let mut seen = self.seen.lock().expect("lock");
+        for a in l.args {
+            if let ArgValue::Blob { offset, len } = *a {
+                let (o, n) = (offset as usize, len as usize);
+                seen.push(l.blob[o..o + n].to_vec());
+            }
+        }
+        Ok(LaunchStats { device_ns: 1 })
+    }
+}
+
+impl Modules for Claims {
+    fn module_load(&self, image: vgpu_backend::ModuleImage<'_>) -> vgpu_backend::Result<u64> {
+        self.sim.modules().module_load(image)
+    }
+    fn module_unload(&self, module: u64) -> vgpu_backend::Result<()> {
+        self.sim.modules().module_unload(module)
+    }
+    fn get_function(
+        &self,
+        module: u64,
+        name: &[u8],
+    ) -> vgpu_backend::Result<vgpu_backend::FunctionInfo> {
+        self.sim.modules().get_function(module, name)
+    }
     fn module_global(&self, module: u64, name: &[u8]) -> vgpu_backend::Result<(u64, u64)> {
-        self.sim.get_function(module, b"fill")?;
+        self.sim.modules().get_function(module, b"fill")?;
         if name == b"counter" {
             Ok(COUNTER)
         } else {
@@ -41,26 +85,6 @@ impl Backend for Claims {
         }
         Ok(l)
     }
-    fn launch_with_params(
-        &self,
-        _function: u64,
-        _config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> vgpu_backend::Result<LaunchStats> {
-        let mut seen = self.seen.lock().expect("lock");
-        for a in args {
-            if let ArgValue::Blob { offset, len } = *a {
-                let (o, n) = (offset as usize, len as usize);
-                seen.push(blob[o..o + n].to_vec());
-            }
-        }
-        Ok(LaunchStats { device_ns: 1 })
-    }
-    vgpu_backend::forward_backend!(sim:
-        memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, launch, synchronize
-    );
 }
 
 fn claims() -> Arc<Claims> {

@@ -1,6 +1,6 @@
 //! Shared device memory as the device sees it: the `SHM_*` requests go to a [`ShmHost`]
 //! (the worker's link to vgpud's registry, which checks share groups and counts
-//! attachments), and the mapping itself is the backend's (`Backend::import_shared`).
+//! attachments), and the mapping itself is the backend's (`SharedMemory::import`).
 
 use crate::error::RequestError;
 

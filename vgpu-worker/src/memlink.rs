@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use vgpu_backend::pager::{Broker, MemState};
-use vgpu_backend::Backend;
+use vgpu_backend::{require_shared_memory, Backend};
 use vgpu_device::{ShmError, ShmHost};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -252,15 +252,17 @@ impl WorkerShm {
 
 impl ShmHost for WorkerShm {
     /// Looks the key up in vgpud's registry; when vgpud says the object is new, creates it
-    /// on this vGPU's GPU (`export_shared`) and hands vgpud its descriptor. The ask that
+    /// on this vGPU's GPU (`SharedMemory::export`) and hands vgpud its descriptor. The ask that
     /// makes vgpud wait for us never waits on us: vgpud answers `Export` at once, and this
     /// thread creates the object with no question open.
     fn get(&self, key: u64, size: u64, flags: u64) -> Result<u64, ShmError> {
         match self.asker.ask(Ask::ShmGet { key, size, flags }) {
             Ok((Answer::Export, _)) => {
-                let fd = self.backend.export_shared(size).map_err(|e| {
-                    ShmError::NoMemory(format!("creating the shared object on the GPU: {e}"))
-                })?;
+                let fd = require_shared_memory(&*self.backend)
+                    .and_then(|s| s.export(size))
+                    .map_err(|e| {
+                        ShmError::NoMemory(format!("creating the shared object on the GPU: {e}"))
+                    })?;
                 let created = self
                     .asker
                     .ask_with_fd(Ask::ShmCreate { key, size, flags }, fd);
@@ -280,7 +282,7 @@ impl ShmHost for WorkerShm {
             }
             other => return values(other).map(|_| 0),
         };
-        match self.backend.import_shared(fd, size, read_only) {
+        match require_shared_memory(&*self.backend).and_then(|s| s.import(fd, size, read_only)) {
             Ok(addr) => {
                 vgpu_sync::lock(&self.maps).insert(addr, shmid);
                 Ok(addr)

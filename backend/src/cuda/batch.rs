@@ -39,7 +39,7 @@ use super::modules::{self, Kernel, PtxFunc};
 use super::{CudaGpu, DEFAULT_SHARED};
 use crate::error::{BackendError, Result};
 use crate::sync::lock;
-use crate::{BatchLaunch, LaunchConfig, LaunchStats};
+use crate::{Launch, LaunchConfig, LaunchStats};
 
 const KERNEL: &str = "PTX function";
 
@@ -196,9 +196,9 @@ impl CudaGpu {
         }
     }
 
-    /// [`crate::Backend::launch_batch`]: each run of kernels that can join a batch as one
+    /// [`crate::Backend::launch`] of more than one: each run of kernels that can join a batch as one
     /// batch, every other kernel alone; one result per item, in order.
-    pub(super) fn run_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
+    pub(super) fn run_batch(&self, items: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
         let mut out = Vec::with_capacity(items.len());
         let mut rest = items;
         while !rest.is_empty() {
@@ -208,13 +208,7 @@ impl CudaGpu {
             };
             // A kernel that cannot join a batch (or the batch could not start): on its own,
             // as always.
-            out.push(crate::Backend::launch_with_params(
-                self,
-                alone.function,
-                &alone.config,
-                alone.args,
-                alone.blob,
-            ));
+            out.push(self.launch_alone(alone));
             rest = after;
         }
         out
@@ -224,7 +218,7 @@ impl CudaGpu {
     /// them and pushes their results on `out`; returns how many items it answered (it stops
     /// before the first kernel that cannot join, or answers none when the batch cannot
     /// start: the caller then runs that item alone).
-    fn run_segment(&self, items: &[BatchLaunch<'_>], out: &mut Vec<Result<LaunchStats>>) -> usize {
+    fn run_segment(&self, items: &[Launch<'_>], out: &mut Vec<Result<LaunchStats>>) -> usize {
         let _op = self.inflight.begin();
         if self.enter().and_then(|()| self.guest_ready()).is_err() {
             return 0;
@@ -342,7 +336,7 @@ impl CudaGpu {
 
     /// Checks `item` (a guest function, or a built-in that can join a batch) and queues it
     /// on `lane`'s stream (its timing events are the run's).
-    fn queue_item(&self, lane: &mut Lane, kernel: &Kernel, item: &BatchLaunch<'_>) -> Result<()> {
+    fn queue_item(&self, lane: &mut Lane, kernel: &Kernel, item: &Launch<'_>) -> Result<()> {
         let prepared = match kernel {
             Kernel::Builtin(sig, i) => Some(self.prepare_builtin(lane, sig, *i, item.args)?),
             _ => None,

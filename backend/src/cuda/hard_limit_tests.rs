@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::{CudaConfig, CudaGpu, EXIT_KERNEL_HARD_LIMIT};
-use crate::{Backend, LaunchConfig, ModuleImage};
+use crate::{Backend, LaunchConfig, LaunchOne, ModuleImage};
 
 const FOREVER_PTX: &str = r#"
 .version 7.8
@@ -58,16 +58,17 @@ fn child() {
         .expect("CUDA GPU")
         .with_kernel_limit(Duration::from_secs(1));
     let m = gpu
+        .modules()
         .module_load(ModuleImage::Ptx(FOREVER_PTX.as_bytes()))
         .expect("PTX module");
-    let f = gpu.get_function(m, b"forever").expect("forever");
+    let f = gpu.modules().get_function(m, b"forever").expect("forever");
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_bytes: 0,
     };
     let t = Instant::now();
-    let r = gpu.launch(f.handle, &cfg, &[]);
+    let r = gpu.launch_one(f.handle, &cfg, &[]);
     println!("after {:?} answered: {r:?}", t.elapsed());
     println!("then: {:?}", gpu.alloc(4096).map(|a| a.addr));
     std::thread::sleep(Duration::from_secs(20));

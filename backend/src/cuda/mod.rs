@@ -8,7 +8,7 @@
 //! - **Device memory** through the virtual memory management API at the vGPU's fixed
 //!   address range (`memory.rs`): stable addresses for swap and migration.
 //! - **Copies** go straight between guest RAM and the GPU: guest RAM is pinned once with
-//!   `cuMemHostRegister` when the memory table arrives ([`Backend::register_host_memory`]),
+//!   `cuMemHostRegister` when the memory table arrives ([`HostMemory::register`](crate::HostMemory::register)),
 //!   and each copy is `cuMemcpyHtoDAsync`/`DtoHAsync` from/to the guest buffer itself on the
 //!   calling queue's stream; large copies are queued as `COPY_CHUNK` pieces (so copies of
 //!   other queues interleave on the copy engines) and waited for once.
@@ -43,14 +43,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUresult};
-use vgpu_proto::{backend_kind, features, ArgValue};
+use vgpu_proto::{backend_kind, features};
 use vm_memory::VolatileSlice;
 
 use crate::drain::InFlight;
 use crate::error::{BackendError, Result};
 use crate::{
-    Allocated, Backend, BackendInfo, FunctionInfo, HostRegion, LaunchConfig, LaunchStats,
-    MemoryUsage, ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    Allocated, Backend, BackendInfo, FunctionInfo, HostMemory, HostRegion, Launch, LaunchStats,
+    MemoryUsage, ModuleImage, Paging, Relocatable, SharedMemory, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use driver::{check, Context, CuError};
 pub use hard_limit::{DEFAULT_KERNEL_LIMIT, EXIT_KERNEL_HARD_LIMIT};
@@ -575,6 +575,62 @@ impl Backend for CudaGpu {
         Ok(len)
     }
 
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        match launches {
+            // One launch: the lone path (no batch events).
+            [one] => vec![self.launch_alone(one)],
+            _ => self.run_batch(launches),
+        }
+    }
+
+    fn synchronize(&self) {
+        self.inflight.drain();
+    }
+
+    fn modules(&self) -> &dyn crate::Modules {
+        self
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
+    }
+
+    fn shared_memory(&self) -> Option<&dyn SharedMemory> {
+        Some(self)
+    }
+
+    fn host_memory(&self) -> Option<&dyn HostMemory> {
+        Some(self)
+    }
+}
+
+impl CudaGpu {
+    /// One launch on a lane of its own, waited for.
+    fn launch_alone(&self, l: &Launch<'_>) -> Result<LaunchStats> {
+        let _op = self.inflight.begin();
+        let kernel = self.modules.kernel(l.function)?;
+        // A pointer the kernel may write through must not point into a read-only shared
+        // mapping: the GPU would fault on the write and the context would be lost.
+        self.mem.check_kernel_writes(l.args)?;
+        self.enter()?;
+        self.guest_ready()?;
+        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let ns = match &kernel {
+            Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
+            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, &l.config, l.args, l.blob)?,
+            Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
+        };
+        drop(kernel);
+        tracing::trace!(function = l.function, ns, "kernel done");
+        Ok(LaunchStats { device_ns: ns })
+    }
+}
+
+impl crate::Modules for CudaGpu {
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
         self.enter()?;
         self.modules.load(&self.ctx, &self.mem, image)
@@ -588,19 +644,6 @@ impl Backend for CudaGpu {
     fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
         self.enter()?;
         self.modules.function(module, name)
-    }
-
-    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
-        Ok(match self.modules.kernel(function)? {
-            Kernel::Builtin(sig, _) | Kernel::Storage(sig) => vgpu_proto::builtin::layout(sig),
-            Kernel::Ptx(_, f) => {
-                let mut out = crate::ParamLayout::default();
-                for (i, (off, size)) in f.layout.iter().enumerate() {
-                    out.set(i, *off, *size);
-                }
-                out
-            }
-        })
     }
 
     fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
@@ -622,80 +665,49 @@ impl Backend for CudaGpu {
         modules::attributes(func).map_err(|e| self.cuda_err(e))
     }
 
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        self.launch_with_params(function, config, args, &[])
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        Ok(match self.modules.kernel(function)? {
+            Kernel::Builtin(sig, _) | Kernel::Storage(sig) => vgpu_proto::builtin::layout(sig),
+            Kernel::Ptx(_, f) => {
+                let mut out = crate::ParamLayout::default();
+                for (i, (off, size)) in f.layout.iter().enumerate() {
+                    out.set(i, *off, *size);
+                }
+                out
+            }
+        })
     }
 
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         self.enter()?;
         self.modules.global(module, name)
     }
+}
 
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<LaunchStats> {
-        let _op = self.inflight.begin();
-        let kernel = self.modules.kernel(function)?;
-        // A pointer the kernel may write through must not point into a read-only shared
-        // mapping: the GPU would fault on the write and the context would be lost.
-        self.mem.check_kernel_writes(args)?;
-        self.enter()?;
-        self.guest_ready()?;
-        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
-        let ns = match &kernel {
-            Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, config, args, blob)?,
-            Kernel::Storage(sig) => self.run_storage(&mut lane, sig, args)?,
-        };
-        drop(kernel);
-        tracing::trace!(function, ns, "kernel done");
-        Ok(LaunchStats { device_ns: ns })
-    }
-
-    fn launch_batch(&self, items: &[crate::BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
-        self.run_batch(items)
-    }
-
-    fn synchronize(&self) {
-        self.inflight.drain();
-    }
-
-    fn register_host_memory(&self, regions: &[HostRegion]) -> Result<()> {
+/// Guest RAM pinned with `cuMemHostRegister`, so copies run at DMA speed.
+impl HostMemory for CudaGpu {
+    fn register(&self, regions: &[HostRegion]) -> Result<()> {
         self.enter()?;
         self.pinned.register(regions)
     }
 
-    fn unregister_host_memory(&self, regions: &[HostRegion]) {
+    fn unregister(&self, regions: &[HostRegion]) {
         if self.ctx.bind().is_err() {
             return;
         }
         self.pinned.unregister(regions);
     }
+}
 
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        self.enter()?;
-        self.mem.import(handle, size, read_only)
-    }
-
-    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+/// Shared objects are exportable physical allocations (POSIX file descriptors).
+impl SharedMemory for CudaGpu {
+    fn export(&self, size: u64) -> Result<OwnedFd> {
         self.enter()?;
         self.mem.export(size)
     }
 
-    fn paging(&self) -> Option<&dyn Paging> {
-        Some(self)
-    }
-
-    fn relocation(&self) -> Option<&dyn Relocatable> {
-        Some(self)
+    fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        self.enter()?;
+        self.mem.import(handle, size, read_only)
     }
 }

@@ -78,7 +78,7 @@ impl Pinned {
             .any(|r| addr >= r.addr && addr.checked_add(len).is_some_and(|e| e <= r.addr + r.len))
     }
 
-    /// Pins `regions` (guest RAM) for direct copies; see `Backend::register_host_memory`.
+    /// Pins `regions` (guest RAM) for direct copies; see `HostMemory::register`.
     pub(super) fn register(&self, regions: &[HostRegion]) -> Result<()> {
         let mut pinned = write(&self.regions);
         let mut first_err = None;
@@ -113,7 +113,7 @@ impl Pinned {
         }
     }
 
-    /// Lets `regions` go; see `Backend::unregister_host_memory`. The caller's context is
+    /// Lets `regions` go; see `HostMemory::unregister`. The caller's context is
     /// current.
     pub(super) fn unregister(&self, regions: &[HostRegion]) {
         // Taking the write lock waits for copies that use the regions.

@@ -11,17 +11,19 @@
 //!
 //! Decisions (how much to evict, from whom, to which tier) belong to the broker: vgpud for
 //! a worker, across processes. The pager only moves bytes, through the wrapped backend's
-//! [`Paging`](crate::Paging) capability (without it, eviction frees nothing); it offers
-//! neither paging nor relocation itself.
+//! [`Paging`](crate::Paging) capability (without it, eviction frees nothing). Above it, it
+//! offers every capability of what it wraps, through its own bookkeeping where that
+//! matters (capabilities.rs): decommitting swaps the range out, placing an allocation
+//! adopts it.
 
 mod broker;
+mod capabilities;
 mod entry;
 mod moving;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -31,8 +33,8 @@ use vm_memory::VolatileSlice;
 
 use crate::sync::{read, write};
 use crate::{
-    require_paging, Allocated, Backend, BackendError, BatchLaunch, LaunchConfig, LaunchStats,
-    MemoryUsage, Result,
+    one_result, require_paging, Allocated, Backend, BackendError, Launch, LaunchStats, MemoryUsage,
+    Modules, Paging, Relocatable, Result, SharedMemory,
 };
 pub use broker::{Broker, LocalBroker, LocalMember};
 use entry::{Entry, Piece, Pin};
@@ -330,8 +332,22 @@ impl Pager {
         if e.pinned() {
             return 0;
         }
+        let all = 0..pieces.len();
+        self.evict_pieces(e, &mut pieces, all, want, tier)
+    }
+
+    /// Evicts up to `want` bytes of the resident pieces `range` of `e` (whose piece table
+    /// the caller holds); the bytes freed.
+    fn evict_pieces(
+        &self,
+        e: &Entry,
+        pieces: &mut [Piece],
+        range: std::ops::Range<usize>,
+        want: u64,
+        tier: Tier,
+    ) -> u64 {
         let mut freed = 0;
-        for i in 0..pieces.len() {
+        for i in range {
             if freed >= want {
                 break;
             }
@@ -348,7 +364,7 @@ impl Pager {
                         self.discard(saved);
                         continue;
                     }
-                    self.set_piece(e, &mut pieces, i, saved);
+                    self.set_piece(e, pieces, i, saved);
                     freed += len;
                     self.counters
                         .swap_out_bytes
@@ -628,86 +644,39 @@ impl Backend for Pager {
         self.inner.memset(dst, value, elem_size, count)
     }
 
-    fn launch(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        self.launch_with_params(function, config, args, &[])
-    }
-
-    fn launch_with_params(
-        &self,
-        function: u64,
-        config: &LaunchConfig,
-        args: &[ArgValue],
-        blob: &[u8],
-    ) -> Result<LaunchStats> {
-        let _pins = self.pin_launch(args.iter())?;
-        self.inner.launch_with_params(function, config, args, blob)
-    }
-
-    fn launch_batch(&self, items: &[BatchLaunch<'_>]) -> Vec<Result<LaunchStats>> {
-        // Everything the batch's kernels may touch, resident and pinned for the whole
-        // batch; when that cannot be had at once, the launches run one by one, each with
-        // its own pins, as separate calls.
-        match self.pin_launch(items.iter().flat_map(|i| i.args.iter())) {
-            Ok(_pins) => self.inner.launch_batch(items),
-            Err(_) => items
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        // Everything the kernels may touch, resident and pinned for the whole call; when
+        // that cannot be had at once, the launches run one by one, each with its own pins.
+        match self.pin_launch(launches.iter().flat_map(|l| l.args.iter())) {
+            Ok(_pins) => self.inner.launch(launches),
+            Err(e) if launches.len() == 1 => vec![Err(e)],
+            Err(_) => launches
                 .iter()
-                .map(|i| self.launch_with_params(i.function, &i.config, i.args, i.blob))
+                .map(|l| {
+                    let _pins = self.pin_launch(l.args.iter())?;
+                    one_result(self.inner.launch(std::slice::from_ref(l)))
+                })
                 .collect(),
         }
     }
 
-    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
-        let (addr, size) = self.inner.module_global(module, name)?;
-        if size > 0 {
-            crate::sync::lock(&self.globals).insert(addr, (size, module));
-        }
-        Ok((addr, size))
+    fn modules(&self) -> &dyn Modules {
+        self
     }
 
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        let addr = self.inner.import_shared(handle, size, read_only)?;
-        self.insert(Entry::new(addr, size, 0, 0, true));
-        Ok(addr)
+    fn shared_memory(&self) -> Option<&dyn SharedMemory> {
+        self.inner
+            .shared_memory()
+            .map(|_| self as &dyn SharedMemory)
     }
 
-    fn module_load(&self, image: crate::ModuleImage<'_>) -> Result<u64> {
-        let footprint = crate::module_footprint(&image);
-        let used = self
-            .state()
-            .used
-            .saturating_add(self.module_bytes.load(Ordering::Acquire));
-        if used.saturating_add(footprint) > self.share {
-            return Err(BackendError::ModuleLimit {
-                requested: footprint,
-                why: format!(
-                    "the vGPU's memory share has {} of {} bytes free",
-                    self.share.saturating_sub(used),
-                    self.share
-                ),
-            });
-        }
-        let handle = self.inner.module_load(image)?;
-        self.module_bytes.fetch_add(footprint, Ordering::AcqRel);
-        crate::sync::lock(&self.modules).insert(handle, footprint);
-        Ok(handle)
+    fn paging(&self) -> Option<&dyn Paging> {
+        self.inner.paging().map(|_| self as &dyn Paging)
     }
 
-    fn module_unload(&self, module: u64) -> Result<()> {
-        self.inner.module_unload(module)?;
-        crate::sync::lock(&self.globals).retain(|_, (_, m)| *m != module);
-        if let Some(bytes) = crate::sync::lock(&self.modules).remove(&module) {
-            self.module_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        }
-        Ok(())
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        self.inner.relocation().map(|_| self as &dyn Relocatable)
     }
 
-    crate::forward_backend!(inner:
-        info, get_function, param_layout, function_attributes, synchronize, register_host_memory,
-        unregister_host_memory, export_shared
-    );
+    crate::forward_backend!(inner: info, synchronize, host_memory);
 }

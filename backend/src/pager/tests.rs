@@ -7,7 +7,7 @@ use vgpu_proto::{Access, ArgValue};
 use vm_memory::VolatileSlice;
 
 use super::*;
-use crate::{ModuleImage, SimConfig, SimGpu};
+use crate::{LaunchConfig, LaunchOne, ModuleImage, SimConfig, SimGpu};
 
 const MIB: u64 = 1 << 20;
 
@@ -130,15 +130,16 @@ fn launches_restore_what_their_pointers_reach() {
     let _d = p.alloc(2 * MIB).expect("d");
     assert!(p.state().device_swap > 0, "{:?}", p.state());
     let m = p
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("module");
-    let f = p.get_function(m, b"saxpy").expect("saxpy").handle;
+    let f = p.modules().get_function(m, b"saxpy").expect("saxpy").handle;
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],
         shared_bytes: 0,
     };
-    p.launch(
+    p.launch_one(
         f,
         &cfg,
         &[
@@ -169,9 +170,10 @@ fn a_batch_restores_what_it_reaches_and_runs_one_by_one_when_it_cannot_all_fit()
     let a = p.alloc(4 * n).expect("a").addr;
     let b = p.alloc(4 * n).expect("b").addr;
     let m = p
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("module");
-    let fill = p.get_function(m, b"fill").expect("fill").handle;
+    let fill = p.modules().get_function(m, b"fill").expect("fill").handle;
     let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],
@@ -185,18 +187,18 @@ fn a_batch_restores_what_it_reaches_and_runs_one_by_one_when_it_cannot_all_fit()
         [to(a), ArgValue::U32(1), ArgValue::U64(n)],
         [to(b), ArgValue::U32(2), ArgValue::U64(n)],
     );
-    let item = |args| crate::BatchLaunch {
+    let item = |args| crate::Launch {
         function: fill,
         config: cfg,
         args,
         blob: &[],
     };
     // Both 3 MiB buffers cannot be resident at once on 4 MiB: one by one.
-    let r = p.launch_batch(&[item(&fa), item(&fb)]);
+    let r = p.launch(&[item(&fa), item(&fb)]);
     assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
     // One buffer twice: pinned once for the whole batch.
     let fb2 = [to(b), ArgValue::U32(3), ArgValue::U64(n)];
-    let r = p.launch_batch(&[item(&fb), item(&fb2)]);
+    let r = p.launch(&[item(&fb), item(&fb2)]);
     assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
     for (addr, want) in [(a, 1u8), (b, 3)] {
         let v = get(&*p, addr, 4 * n as usize);
@@ -331,7 +333,11 @@ fn shared_objects_map_and_stay_resident() {
     let broker = LocalBroker::new(4 * MIB, 0);
     let p = pager(&broker, 1, 0, 8 * MIB);
     let fd = crate::sim::shared_object(MIB).expect("memfd");
-    let addr = p.import_shared(fd, MIB, false).expect("import");
+    let addr = p
+        .shared_memory()
+        .expect("shared memory")
+        .import(fd, MIB, false)
+        .expect("import");
     put(&*p, addr, &pattern(9, 1 << 20)).expect("write shared");
     assert_eq!(get(&*p, addr, 1 << 20), pattern(9, 1 << 20));
     assert_eq!(

@@ -611,7 +611,7 @@ fn fd_len(fd: &OwnedFd) -> Result<u64> {
 pub const SHARED_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// A sealed memfd of `size` bytes (page-rounded) with its memory committed: a shared device
-/// memory object of the sim backend ([`Backend::export_shared`](crate::Backend)).
+/// memory object of the sim backend ([`SharedMemory::export`](crate::SharedMemory::export)).
 pub fn shared_object(size: u64) -> Result<OwnedFd> {
     let len = round_up(size, PAGE)
         .and_then(|l| usize::try_from(l).ok())

@@ -21,8 +21,8 @@ use crate::drain::InFlight;
 use crate::error::{BackendError, Result};
 use crate::storage::StorageSet;
 use crate::{
-    Allocated, Backend, BackendInfo, FunctionInfo, LaunchConfig, LaunchStats, MemoryUsage,
-    ModuleImage, Paging, Relocatable, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    Allocated, Backend, BackendInfo, FunctionInfo, HostMemory, Launch, LaunchStats, MemoryUsage,
+    ModuleImage, Paging, Relocatable, SharedMemory, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
 };
 use memory::DeviceMemory;
 use modules::Modules;
@@ -264,6 +264,66 @@ impl Backend for SimGpu {
         Ok(len)
     }
 
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        launches.iter().map(|l| self.launch_alone(l)).collect()
+    }
+
+    fn synchronize(&self) {
+        self.inflight.drain();
+    }
+
+    fn modules(&self) -> &dyn crate::Modules {
+        self
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        Some(self)
+    }
+
+    fn shared_memory(&self) -> Option<&dyn SharedMemory> {
+        Some(self)
+    }
+
+    /// Sim copies with the CPU: nothing to prepare.
+    fn host_memory(&self) -> Option<&dyn HostMemory> {
+        None
+    }
+}
+
+impl SimGpu {
+    /// One launch of [`Backend::launch`]. Built-in kernels choose their own decomposition
+    /// over the host threads; the geometry (validated by the device layer) matters to PTX
+    /// kernels only.
+    fn launch_alone(&self, l: &Launch<'_>) -> Result<LaunchStats> {
+        if l.args.iter().any(|a| matches!(a, ArgValue::Blob { .. })) {
+            return Err(BackendError::NotSupported(
+                "this backend runs no guest code, so no function takes a by-value parameter over 8 bytes; use a cuda vGPU".into(),
+            ));
+        }
+        let _op = self.inflight.begin();
+        let sig = self.modules.kernel(l.function)?;
+        self.mem.check_kernel_writes(l.args)?;
+        let ctx = kernels::Ctx {
+            mem: &self.mem,
+            threads: self.threads,
+            speed: self.speed,
+            storage: self.storage.as_deref(),
+            storage_charged: &self.storage_charged,
+        };
+        let t = kernels::run(&ctx, sig, l.args)?;
+        tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");
+        Ok(LaunchStats {
+            device_ns: u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
+        })
+    }
+}
+
+/// The built-in module (the sim runs no guest code, so its modules declare no variables).
+impl crate::Modules for SimGpu {
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
         self.modules.load(&self.mem, image)
     }
@@ -291,41 +351,11 @@ impl Backend for SimGpu {
             ..vgpu_proto::FunctionAttributes::default()
         })
     }
+}
 
-    fn launch(
-        &self,
-        function: u64,
-        _config: &LaunchConfig,
-        args: &[ArgValue],
-    ) -> Result<LaunchStats> {
-        // Built-in kernels choose their own decomposition over the host threads; the
-        // geometry (validated by the device layer) matters to PTX kernels only.
-        let _op = self.inflight.begin();
-        let sig = self.modules.kernel(function)?;
-        self.mem.check_kernel_writes(args)?;
-        let ctx = kernels::Ctx {
-            mem: &self.mem,
-            threads: self.threads,
-            speed: self.speed,
-            storage: self.storage.as_deref(),
-            storage_charged: &self.storage_charged,
-        };
-        let t = kernels::run(&ctx, sig, args)?;
-        tracing::trace!(kernel = sig.name, ns = t.as_nanos() as u64, "kernel done");
-        Ok(LaunchStats {
-            device_ns: u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
-        })
-    }
-
-    fn synchronize(&self) {
-        self.inflight.drain();
-    }
-
-    fn import_shared(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
-        self.mem.import(handle, size, read_only)
-    }
-
-    fn export_shared(&self, size: u64) -> Result<OwnedFd> {
+/// Shared objects are sealed memfds, mapped like any allocation.
+impl SharedMemory for SimGpu {
+    fn export(&self, size: u64) -> Result<OwnedFd> {
         if size == 0 {
             return Err(BackendError::ZeroSize);
         }
@@ -338,12 +368,8 @@ impl Backend for SimGpu {
         memory::shared_object(size)
     }
 
-    fn paging(&self) -> Option<&dyn Paging> {
-        Some(self)
-    }
-
-    fn relocation(&self) -> Option<&dyn Relocatable> {
-        Some(self)
+    fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        self.mem.import(handle, size, read_only)
     }
 }
 

@@ -9,6 +9,7 @@ use vgpu_proto::{Access, ArgValue, Status};
 use vm_memory::VolatileSlice;
 
 use super::*;
+use crate::{LaunchConfig, LaunchOne};
 
 const MIB: u64 = 1 << 20;
 
@@ -66,9 +67,13 @@ fn get_u32(g: &SimGpu, addr: u64, n: usize) -> Vec<u32> {
 
 fn builtin_fn(g: &SimGpu, name: &str) -> u64 {
     let m = g
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin module");
-    g.get_function(m, name.as_bytes()).expect("function").handle
+    g.modules()
+        .get_function(m, name.as_bytes())
+        .expect("function")
+        .handle
 }
 
 fn r(addr: u64) -> ArgValue {
@@ -276,13 +281,13 @@ fn vector_add_saxpy_fill_match_cpu() {
     put_f32(&g, a, &va);
     put_f32(&g, b, &vb);
     let f = builtin_fn(&g, "vector_add");
-    g.launch(f, &CFG, &[r(a), r(b), w(c), ArgValue::U64(n as u64)])
+    g.launch_one(f, &CFG, &[r(a), r(b), w(c), ArgValue::U64(n as u64)])
         .expect("vector_add");
     let want: Vec<f32> = va.iter().zip(&vb).map(|(x, y)| x + y).collect();
     assert_eq!(get_f32(&g, c, n), want);
 
     let f = builtin_fn(&g, "saxpy");
-    g.launch(
+    g.launch_one(
         f,
         &CFG,
         &[ArgValue::F32(1.5), r(a), rw(c), ArgValue::U32(n as u32)],
@@ -292,7 +297,7 @@ fn vector_add_saxpy_fill_match_cpu() {
     assert_eq!(get_f32(&g, c, n), want);
 
     let f = builtin_fn(&g, "fill");
-    g.launch(
+    g.launch_one(
         f,
         &CFG,
         &[w(c), ArgValue::F32(2.25), ArgValue::U64(n as u64 - 1)],
@@ -312,7 +317,7 @@ fn reduce_sum_matches_documented_order() {
     let v = data(n, 3);
     put_f32(&g, x, &v);
     let f = builtin_fn(&g, "reduce_sum");
-    g.launch(f, &CFG, &[r(x), w(out), ArgValue::U64(n as u64)])
+    g.launch_one(f, &CFG, &[r(x), w(out), ArgValue::U64(n as u64)])
         .expect("reduce_sum");
     let want = v
         .chunks(65536)
@@ -320,7 +325,7 @@ fn reduce_sum_matches_documented_order() {
         .fold(0.0f64, |a, s| a + s) as f32;
     assert_eq!(get_f32(&g, out, 1)[0], want);
     // n = 0 sums to 0.
-    g.launch(f, &CFG, &[r(x), w(out), ArgValue::U64(0)])
+    g.launch_one(f, &CFG, &[r(x), w(out), ArgValue::U64(0)])
         .expect("empty");
     assert_eq!(get_f32(&g, out, 1)[0], 0.0);
 }
@@ -343,7 +348,7 @@ fn matmul_matches_naive() {
         ArgValue::U32(n as u32),
         ArgValue::U32(k as u32),
     ];
-    g.launch(f, &CFG, &[r(a), r(b), w(c), dims[0], dims[1], dims[2]])
+    g.launch_one(f, &CFG, &[r(a), r(b), w(c), dims[0], dims[1], dims[2]])
         .expect("matmul");
     let mut want = vec![0.0f32; m * n];
     for i in 0..m {
@@ -357,7 +362,7 @@ fn matmul_matches_naive() {
     }
     assert_eq!(get_f32(&g, c, m * n), want);
     // c too small for m x n.
-    let e = g.launch(
+    let e = g.launch_one(
         f,
         &CFG,
         &[
@@ -370,7 +375,7 @@ fn matmul_matches_naive() {
         ],
     );
     assert!(matches!(e, Err(BackendError::BadPointer { .. })));
-    let e = g.launch(
+    let e = g.launch_one(
         f,
         &CFG,
         &[
@@ -398,7 +403,7 @@ fn gather_and_its_fault() {
     put_u32(&g, s, &src);
     put_u32(&g, i, &idx);
     let f = builtin_fn(&g, "gather");
-    g.launch(
+    g.launch_one(
         f,
         &CFG,
         &[r(s), r(i), w(d), ArgValue::U32(500), ArgValue::U32(1000)],
@@ -408,14 +413,14 @@ fn gather_and_its_fault() {
     assert_eq!(get_u32(&g, d, 500), want);
     // An index past src_len faults in this kernel only.
     put_u32(&g, i + 40, &[1000]);
-    let e = g.launch(
+    let e = g.launch_one(
         f,
         &CFG,
         &[r(s), r(i), w(d), ArgValue::U32(500), ArgValue::U32(1000)],
     );
     assert_eq!(e.expect_err("fault").status(), Status::KernelFault);
     // src_len larger than the source allocation is a bad pointer, found before running.
-    let e = g.launch(
+    let e = g.launch_one(
         f,
         &CFG,
         &[r(s), r(i), w(d), ArgValue::U32(500), ArgValue::U32(1001)],
@@ -434,7 +439,7 @@ fn checksum_is_fnv1a() {
     put(&g, a, &bytes).expect("htod");
     let f = builtin_fn(&g, "checksum");
     for (start, len) in [(0usize, 10_000usize), (3, 9_990), (5, 3), (1, 0), (8, 16)] {
-        g.launch(
+        g.launch_one(
             f,
             &CFG,
             &[r(a + start as u64), ArgValue::U64(len as u64), w(out)],
@@ -448,7 +453,7 @@ fn checksum_is_fnv1a() {
         );
     }
     // out must be 8-byte aligned.
-    let e = g.launch(f, &CFG, &[r(a), ArgValue::U64(1), w(out + 4)]);
+    let e = g.launch_one(f, &CFG, &[r(a), ArgValue::U64(1), w(out + 4)]);
     assert!(matches!(
         e,
         Err(BackendError::BadPointer { .. }) | Err(BackendError::Misaligned { .. })
@@ -460,11 +465,13 @@ fn spin_takes_its_time_scaled_by_speed() {
     let g = gpu();
     let f = builtin_fn(&g, "spin");
     let e = g
-        .launch(f, &CFG, &[ArgValue::U64(u64::MAX)])
+        .launch_one(f, &CFG, &[ArgValue::U64(u64::MAX)])
         .expect_err("too long");
     assert_eq!(e.status(), Status::InvalidArgument);
     let t = Instant::now();
-    let s = g.launch(f, &CFG, &[ArgValue::U64(20_000)]).expect("spin");
+    let s = g
+        .launch_one(f, &CFG, &[ArgValue::U64(20_000)])
+        .expect("spin");
     assert!(t.elapsed() >= Duration::from_millis(20));
     assert!(s.device_ns >= 20_000_000);
     let fast = gpu_with(MIB, |c| c.speed = 4.0);
@@ -472,7 +479,7 @@ fn spin_takes_its_time_scaled_by_speed() {
     // 200 ms of spin at 4x takes 50 ms; the bound below 200 ms (speed ignored) leaves a
     // loaded 2-core CI machine 150 ms of scheduling slack.
     let s = fast
-        .launch(f, &CFG, &[ArgValue::U64(200_000)])
+        .launch_one(f, &CFG, &[ArgValue::U64(200_000)])
         .expect("spin");
     assert!(
         s.device_ns >= 50_000_000 && s.device_ns < 190_000_000,
@@ -488,7 +495,7 @@ fn slow_device_stretches_kernels() {
     let a = g.alloc(n * 4).unwrap().addr;
     let f = builtin_fn(&g, "fill");
     let s = g
-        .launch(f, &CFG, &[w(a), ArgValue::U32(1), ArgValue::U64(n)])
+        .launch_one(f, &CFG, &[w(a), ArgValue::U32(1), ArgValue::U64(n)])
         .expect("fill");
     assert!(s.device_ns >= 100_000_000, "{}", s.device_ns);
 }
@@ -499,7 +506,9 @@ fn kernel_argument_checks() {
     let a = g.alloc(4096).unwrap().addr;
     let f = builtin_fn(&g, "vector_add");
     let n = ArgValue::U32(1024);
-    let e = g.launch(f, &CFG, &[r(a), r(a), w(a)]).expect_err("count");
+    let e = g
+        .launch_one(f, &CFG, &[r(a), r(a), w(a)])
+        .expect_err("count");
     assert!(matches!(
         e,
         BackendError::BadArgCount {
@@ -510,30 +519,30 @@ fn kernel_argument_checks() {
     ));
     assert_eq!(e.status(), Status::BadArgCount);
     let e = g
-        .launch(f, &CFG, &[r(a), r(a), ArgValue::U32(0), n])
+        .launch_one(f, &CFG, &[r(a), r(a), ArgValue::U32(0), n])
         .expect_err("type");
     assert_eq!(e.status(), Status::BadArgType);
     // Output declared READ: the kernel writes it, so the launch is refused.
     let e = g
-        .launch(f, &CFG, &[r(a), r(a), r(a), n])
+        .launch_one(f, &CFG, &[r(a), r(a), r(a), n])
         .expect_err("access");
     assert_eq!(e.status(), Status::BadArgType);
     // Extent one element past the allocation.
     let e = g
-        .launch(f, &CFG, &[r(a), r(a), w(a), ArgValue::U32(1025)])
+        .launch_one(f, &CFG, &[r(a), r(a), w(a), ArgValue::U32(1025)])
         .expect_err("extent");
     assert_eq!(e.status(), Status::BadDevicePointer);
     // Pointer into no allocation at all, and a misaligned one.
     let e = g
-        .launch(f, &CFG, &[r(a + 8192), r(a), w(a), ArgValue::U32(1)])
+        .launch_one(f, &CFG, &[r(a + 8192), r(a), w(a), ArgValue::U32(1)])
         .expect_err("outside");
     assert_eq!(e.status(), Status::BadDevicePointer);
     let e = g
-        .launch(f, &CFG, &[r(a + 2), r(a), w(a), ArgValue::U32(1)])
+        .launch_one(f, &CFG, &[r(a + 2), r(a), w(a), ArgValue::U32(1)])
         .expect_err("misaligned");
     assert!(matches!(e, BackendError::Misaligned { align: 4, .. }));
     let e = g
-        .launch(f, &CFG, &[r(a), r(a), w(a), ArgValue::U64(u64::MAX)])
+        .launch_one(f, &CFG, &[r(a), r(a), w(a), ArgValue::U64(u64::MAX)])
         .expect_err("overflow");
     assert_eq!(e.status(), Status::BadDevicePointer);
 }
@@ -542,55 +551,66 @@ fn kernel_argument_checks() {
 fn modules_and_functions() {
     let g = gpu();
     assert_eq!(
-        g.module_load(ModuleImage::Builtin(b"nope"))
+        g.modules()
+            .module_load(ModuleImage::Builtin(b"nope"))
             .expect_err("name")
             .status(),
         Status::UnknownModule
     );
     let e = g
+        .modules()
         .module_load(ModuleImage::Ptx(b".version 8.0"))
         .expect_err("ptx");
     assert_eq!(e.status(), Status::NotSupported);
     assert!(e.to_string().contains("builtin"));
     let m = g
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin\0"))
         .expect("NUL-terminated name");
-    let fi = g.get_function(m, b"saxpy").expect("saxpy");
+    let fi = g.modules().get_function(m, b"saxpy").expect("saxpy");
     assert_eq!(fi.param_count, 4);
     assert_eq!(
-        g.get_function(m, b"nope").expect_err("fn").status(),
+        g.modules()
+            .get_function(m, b"nope")
+            .expect_err("fn")
+            .status(),
         Status::UnknownFunction
     );
     assert_eq!(
-        g.get_function(m + 1, b"saxpy")
+        g.modules()
+            .get_function(m + 1, b"saxpy")
             .expect_err("module")
             .status(),
         Status::UnknownModule
     );
     assert_eq!(
-        g.launch(0, &CFG, &[]).expect_err("fn 0").status(),
+        g.launch_one(0, &CFG, &[]).expect_err("fn 0").status(),
         Status::UnknownFunction
     );
     assert_eq!(
-        g.launch(u64::MAX, &CFG, &[]).expect_err("fn max").status(),
+        g.launch_one(u64::MAX, &CFG, &[])
+            .expect_err("fn max")
+            .status(),
         Status::UnknownFunction
     );
-    g.module_unload(m).expect("unload");
+    g.modules().module_unload(m).expect("unload");
     assert_eq!(
-        g.module_unload(m).expect_err("twice").status(),
+        g.modules().module_unload(m).expect_err("twice").status(),
         Status::UnknownModule
     );
     assert_eq!(
-        g.launch(fi.handle, &CFG, &[])
+        g.launch_one(fi.handle, &CFG, &[])
             .expect_err("unloaded")
             .status(),
         Status::UnknownFunction
     );
     for _ in 0..crate::module_table::MAX_MODULES {
-        g.module_load(ModuleImage::Builtin(b"builtin"))
+        g.modules()
+            .module_load(ModuleImage::Builtin(b"builtin"))
             .expect("load");
     }
     let e = g
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect_err("full");
     assert_eq!(e.status(), Status::OutOfResources);
@@ -632,7 +652,7 @@ fn a_long_kernel_does_not_block_copies_and_sync_waits_for_it() {
     let fill = builtin_fn(&g, "fill");
     std::thread::scope(|s| {
         let t0 = Instant::now();
-        let k = s.spawn(|| g.launch(fill, &CFG, &[w(a), ArgValue::U32(9), ArgValue::U64(n)]));
+        let k = s.spawn(|| g.launch_one(fill, &CFG, &[w(a), ArgValue::U32(9), ArgValue::U64(n)]));
         while get_u32(&g, a, 1)[0] != 9 {
             std::thread::yield_now();
         }
@@ -660,7 +680,7 @@ fn free_during_a_kernel_keeps_its_memory_until_it_ends() {
     let a = g.alloc(n * 4).unwrap().addr;
     let fill = builtin_fn(&g, "fill");
     std::thread::scope(|s| {
-        let k = s.spawn(|| g.launch(fill, &CFG, &[w(a), ArgValue::U32(9), ArgValue::U64(n)]));
+        let k = s.spawn(|| g.launch_one(fill, &CFG, &[w(a), ArgValue::U32(9), ArgValue::U64(n)]));
         // Wait until the kernel has written (it then idles out its modeled time).
         while get_u32(&g, a, 1)[0] != 9 {
             std::thread::yield_now();

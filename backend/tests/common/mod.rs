@@ -97,9 +97,13 @@ pub fn each(memory: u64, f: impl Fn(&str, &dyn Backend)) {
 /// The handle of built-in kernel `name`.
 pub fn builtin(b: &dyn Backend, name: &str) -> u64 {
     let m = b
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .expect("builtin module");
-    b.get_function(m, name.as_bytes()).expect("function").handle
+    b.modules()
+        .get_function(m, name.as_bytes())
+        .expect("function")
+        .handle
 }
 
 pub fn r(addr: u64) -> ArgValue {

@@ -91,10 +91,10 @@ fn a_kernel_needing_more_local_memory_than_the_stack_is_refused_and_runs_within_
         shared_bytes: 0,
     };
     let run = |b: &dyn Backend| -> Result<Vec<u32>, BackendError> {
-        let m = b.module_load(ModuleImage::Ptx(ptx.as_bytes()))?;
-        let f = b.get_function(m, b"big_local")?.handle;
+        let m = b.modules().module_load(ModuleImage::Ptx(ptx.as_bytes()))?;
+        let f = b.modules().get_function(m, b"big_local")?.handle;
         let out = b.alloc(u64::from(THREADS) * 4)?.addr;
-        b.launch(f, &cfg, &[w(out), ArgValue::U32(WORDS)])?;
+        b.launch_one(f, &cfg, &[w(out), ArgValue::U32(WORDS)])?;
         Ok(get_u32(b, out, THREADS as usize))
     };
     match cuda_skip() {
@@ -165,7 +165,7 @@ fn storage_case(name: &str, b: &dyn Backend, small: &dyn Backend) {
         ]
     };
     let before = b.memory_usage().used;
-    b.launch(scan, &CFG, &args(out)).expect("scan");
+    b.launch_one(scan, &CFG, &args(out)).expect("scan");
     let charged = b.memory_usage().used - before;
     if name == "sim" {
         let cache = (vgpu_backend::storage::CACHE_LINE * vgpu_backend::storage::CACHE_LINES) as u64;
@@ -176,7 +176,7 @@ fn storage_case(name: &str, b: &dyn Backend, small: &dyn Backend) {
             "cuda: region, block and doorbells: {charged}"
         );
     }
-    b.launch(scan, &CFG, &args(out)).expect("scan again");
+    b.launch_one(scan, &CFG, &args(out)).expect("scan again");
     assert_eq!(
         b.memory_usage().used,
         before + charged,
@@ -188,7 +188,7 @@ fn storage_case(name: &str, b: &dyn Backend, small: &dyn Backend) {
     let out = small.alloc(8).expect("alloc").addr;
     let before = small.memory_usage().used;
     let e = small
-        .launch(scan, &CFG, &args(out))
+        .launch_one(scan, &CFG, &args(out))
         .expect_err("does not fit");
     assert_eq!(e.status(), Status::OutOfMemory, "{name}: {e}");
     assert_eq!(

@@ -16,7 +16,7 @@ fn elementwise_kernels_match_the_reference() {
         put(b, pb, &floats(&y)).expect("htod");
         let add = builtin(b, "vector_add");
         let s = b
-            .launch(add, &CFG, &[r(pa), r(pb), w(pc), ArgValue::U64(n as u64)])
+            .launch_one(add, &CFG, &[r(pa), r(pb), w(pc), ArgValue::U64(n as u64)])
             .expect("vector_add");
         assert!(s.device_ns > 0, "{name}: device time reported");
         let want: Vec<u32> = x.iter().zip(&y).map(|(a, b)| (a + b).to_bits()).collect();
@@ -24,7 +24,7 @@ fn elementwise_kernels_match_the_reference() {
 
         let saxpy = builtin(b, "saxpy");
         let alpha = 1.7f32;
-        b.launch(
+        b.launch_one(
             saxpy,
             &CFG,
             &[ArgValue::F32(alpha), r(pa), rw(pb), ArgValue::U32(n as u32)],
@@ -39,7 +39,7 @@ fn elementwise_kernels_match_the_reference() {
         assert!(get_f32_bits(b, pb, n) == want, "{name}: saxpy");
 
         let fill = builtin(b, "fill");
-        b.launch(
+        b.launch_one(
             fill,
             &CFG,
             &[
@@ -55,7 +55,7 @@ fn elementwise_kernels_match_the_reference() {
             "{name}: fill"
         );
         assert_eq!(got[n - 1], want_add_last(&x, &y), "{name}: fill stops at n");
-        b.launch(fill, &CFG, &[w(pc), ArgValue::F32(-2.5), ArgValue::U32(3)])
+        b.launch_one(fill, &CFG, &[w(pc), ArgValue::F32(-2.5), ArgValue::U32(3)])
             .expect("fill f32");
         assert_eq!(get_u32(b, pc, 3), vec![(-2.5f32).to_bits(); 3], "{name}");
     });
@@ -83,14 +83,14 @@ fn reduce_matmul_gather_checksum_match_the_reference() {
         let out = b.alloc(64).expect("alloc").addr;
         put(b, px, &floats(&x)).expect("htod");
         let red = builtin(b, "reduce_sum");
-        b.launch(red, &CFG, &[r(px), w(out), ArgValue::U64(n as u64)])
+        b.launch_one(red, &CFG, &[r(px), w(out), ArgValue::U64(n as u64)])
             .expect("reduce_sum");
         assert_eq!(
             get_u32(b, out, 1)[0],
             reduce_ref(&x).to_bits(),
             "{name}: reduce_sum"
         );
-        b.launch(red, &CFG, &[r(px), w(out), ArgValue::U64(0)])
+        b.launch_one(red, &CFG, &[r(px), w(out), ArgValue::U64(0)])
             .expect("empty reduce_sum");
         assert_eq!(get_u32(b, out, 1)[0], 0, "{name}: empty sum");
 
@@ -105,7 +105,7 @@ fn reduce_matmul_gather_checksum_match_the_reference() {
         put(b, pa, &floats(&a)).expect("htod");
         put(b, pb, &floats(&bm)).expect("htod");
         let mm = builtin(b, "matmul");
-        b.launch(
+        b.launch_one(
             mm,
             &CFG,
             &[
@@ -130,7 +130,7 @@ fn reduce_matmul_gather_checksum_match_the_reference() {
         }
         assert!(get_u32(b, pc, m * nn) == want, "{name}: matmul");
         assert_eq!(
-            status(b.launch(
+            status(b.launch_one(
                 mm,
                 &CFG,
                 &[
@@ -164,25 +164,27 @@ fn reduce_matmul_gather_checksum_match_the_reference() {
             ArgValue::U64(5000),
             ArgValue::U64(1000),
         ];
-        b.launch(ga, &CFG, &args).expect("gather");
+        b.launch_one(ga, &CFG, &args).expect("gather");
         let want: Vec<u32> = idx.iter().map(|i| src[*i as usize]).collect();
         assert!(get_u32(b, pd, 5000) == want, "{name}: gather");
         let mut bad = idx.clone();
         bad[4321] = 1000;
         bad[4500] = u32::MAX;
         put(b, pi, &words(&bad)).expect("htod");
-        let e = b.launch(ga, &CFG, &args).expect_err("index past src_len");
+        let e = b
+            .launch_one(ga, &CFG, &args)
+            .expect_err("index past src_len");
         assert_eq!(e.status(), Status::KernelFault, "{name}: {e}");
         assert!(e.to_string().contains("idx[4321] = 1000"), "{name}: {e}");
         put(b, pi, &words(&idx)).expect("htod");
-        b.launch(ga, &CFG, &args).expect("gather after a fault");
+        b.launch_one(ga, &CFG, &args).expect("gather after a fault");
 
         // checksum from an unaligned start, odd length.
         let bytes = pattern(100_003, 7);
         let pd2 = b.alloc(200_000).expect("alloc").addr;
         put(b, pd2, &bytes).expect("htod");
         let ck = builtin(b, "checksum");
-        b.launch(ck, &CFG, &[r(pd2 + 5), ArgValue::U64(99_990), w(out + 8)])
+        b.launch_one(ck, &CFG, &[r(pd2 + 5), ArgValue::U64(99_990), w(out + 8)])
             .expect("checksum");
         let h = get(b, out + 8, 8).expect("dtoh");
         let got = u64::from_le_bytes(h.try_into().expect("8 bytes"));
@@ -192,7 +194,7 @@ fn reduce_matmul_gather_checksum_match_the_reference() {
             "{name}: checksum"
         );
         assert_eq!(
-            status(b.launch(ck, &CFG, &[r(pd2), ArgValue::U64(8), w(out + 4)])),
+            status(b.launch_one(ck, &CFG, &[r(pd2), ArgValue::U64(8), w(out + 4)])),
             Status::BadDevicePointer,
             "{name}: misaligned u64 output"
         );
@@ -204,11 +206,13 @@ fn spin_takes_its_time() {
     each(16 * MIB, |name, b| {
         let f = builtin(b, "spin");
         assert_eq!(
-            status(b.launch(f, &CFG, &[ArgValue::U64(u64::MAX)])),
+            status(b.launch_one(f, &CFG, &[ArgValue::U64(u64::MAX)])),
             Status::InvalidArgument
         );
         let t = Instant::now();
-        let s = b.launch(f, &CFG, &[ArgValue::U64(20_000)]).expect("spin");
+        let s = b
+            .launch_one(f, &CFG, &[ArgValue::U64(20_000)])
+            .expect("spin");
         assert!(t.elapsed() >= Duration::from_millis(20), "{name}");
         assert!(
             s.device_ns >= 19_900_000 && s.device_ns < 200_000_000,
@@ -225,56 +229,57 @@ fn bad_launches_are_refused_before_running() {
         let add = builtin(b, "vector_add");
         let n = ArgValue::U64(1024);
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a), r(a), w(a)])),
+            status(b.launch_one(add, &CFG, &[r(a), r(a), w(a)])),
             Status::BadArgCount
         );
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a), r(a), r(a), n])),
+            status(b.launch_one(add, &CFG, &[r(a), r(a), r(a), n])),
             Status::BadArgType,
             "{name}: read-only pointer for a written parameter"
         );
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a), ArgValue::U64(a), w(a), n])),
+            status(b.launch_one(add, &CFG, &[r(a), ArgValue::U64(a), w(a), n])),
             Status::BadArgType
         );
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a), r(a), w(a), ArgValue::U64(1025)])),
+            status(b.launch_one(add, &CFG, &[r(a), r(a), w(a), ArgValue::U64(1025)])),
             Status::BadDevicePointer,
             "{name}: extent past the allocation"
         );
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a + 2), r(a), w(a), ArgValue::U64(4)])),
+            status(b.launch_one(add, &CFG, &[r(a + 2), r(a), w(a), ArgValue::U64(4)])),
             Status::BadDevicePointer,
             "{name}: misaligned"
         );
         assert_eq!(
-            status(b.launch(add, &CFG, &[r(a), r(a), w(a + (4 << 20)), n])),
+            status(b.launch_one(add, &CFG, &[r(a), r(a), w(a + (4 << 20)), n])),
             Status::BadDevicePointer,
             "{name}: not an allocation"
         );
-        assert_eq!(status(b.launch(0, &CFG, &[])), Status::UnknownFunction);
+        assert_eq!(status(b.launch_one(0, &CFG, &[])), Status::UnknownFunction);
         assert_eq!(
-            status(b.launch(u64::MAX, &CFG, &[])),
+            status(b.launch_one(u64::MAX, &CFG, &[])),
             Status::UnknownFunction
         );
         let m = b
+            .modules()
             .module_load(ModuleImage::Builtin(b"builtin\0"))
             .expect("NUL-terminated name");
         assert_eq!(
-            status(b.get_function(m, b"no_such_kernel")),
+            status(b.modules().get_function(m, b"no_such_kernel")),
             Status::UnknownFunction
         );
-        let f = b.get_function(m, b"fill").expect("fill");
+        let f = b.modules().get_function(m, b"fill").expect("fill");
         assert_eq!(f.param_count, 3);
-        b.module_unload(m).expect("unload");
+        b.modules().module_unload(m).expect("unload");
         assert_eq!(
-            status(b.launch(f.handle, &CFG, &[w(a), ArgValue::U32(0), ArgValue::U32(1)])),
+            status(b.launch_one(f.handle, &CFG, &[w(a), ArgValue::U32(0), ArgValue::U32(1)])),
             Status::UnknownFunction,
             "{name}: unloaded"
         );
-        assert_eq!(status(b.module_unload(m)), Status::UnknownModule);
+        assert_eq!(status(b.modules().module_unload(m)), Status::UnknownModule);
         assert_eq!(
-            status(b.module_load(ModuleImage::Builtin(b"nope"))),
+            status(b.modules().module_load(ModuleImage::Builtin(b"nope"))),
             Status::UnknownModule
         );
         // The memory the refused launches named is untouched.
@@ -321,13 +326,15 @@ DONE:
 fn guest_ptx_loads_and_runs_where_supported() {
     each(16 * MIB, |name, b| {
         let ptx = b.info().features & vgpu_proto::features::PTX != 0;
-        let load = b.module_load(ModuleImage::Ptx(SCALE_PTX.as_bytes()));
+        let load = b
+            .modules()
+            .module_load(ModuleImage::Ptx(SCALE_PTX.as_bytes()));
         if !ptx {
             assert_eq!(status(load), Status::NotSupported, "{name}");
             return;
         }
         let m = load.expect("PTX module");
-        let f = b.get_function(m, b"scale").expect("scale");
+        let f = b.modules().get_function(m, b"scale").expect("scale");
         assert_eq!(f.param_count, 3, "{name}");
         let n = 10_000usize;
         let x = data(n, 9);
@@ -339,13 +346,13 @@ fn guest_ptx_loads_and_runs_where_supported() {
             shared_bytes: 0,
         };
         let args = [rw(a), ArgValue::F32(3.0), ArgValue::U64(n as u64)];
-        let s = b.launch(f.handle, &cfg, &args).expect("launch");
+        let s = b.launch_one(f.handle, &cfg, &args).expect("launch");
         assert!(s.device_ns > 0, "{name}");
         let want: Vec<u32> = x.iter().map(|v| (v * 3.0).to_bits()).collect();
         assert!(get_u32(b, a, n) == want, "{name}: PTX result");
         // Argument sizes and pointers are checked against the PTX's parameters.
         assert_eq!(
-            status(b.launch(
+            status(b.launch_one(
                 f.handle,
                 &cfg,
                 &[rw(a), ArgValue::F64(3.0), ArgValue::U64(1)]
@@ -354,12 +361,12 @@ fn guest_ptx_loads_and_runs_where_supported() {
             "{name}"
         );
         assert_eq!(
-            status(b.launch(f.handle, &cfg, &[rw(a), ArgValue::F32(3.0)])),
+            status(b.launch_one(f.handle, &cfg, &[rw(a), ArgValue::F32(3.0)])),
             Status::BadArgCount,
             "{name}"
         );
         assert_eq!(
-            status(b.launch(
+            status(b.launch_one(
                 f.handle,
                 &cfg,
                 &[rw(a + (8 << 20)), ArgValue::F32(3.0), ArgValue::U64(1)]
@@ -373,23 +380,24 @@ fn guest_ptx_loads_and_runs_where_supported() {
             shared_bytes: 0,
         };
         assert_eq!(
-            status(b.launch(f.handle, &bad_geometry, &args)),
+            status(b.launch_one(f.handle, &bad_geometry, &args)),
             Status::InvalidArgument,
             "{name}"
         );
         // Broken PTX is the guest's error, with the JIT's words.
         let e = b
+            .modules()
             .module_load(ModuleImage::Ptx(
                 b".version 7.8\n.target sm_90\nthis is not ptx",
             ))
             .expect_err("broken PTX");
         assert_eq!(e.status(), Status::InvalidArgument, "{name}: {e}");
         assert_eq!(
-            status(b.get_function(m, b"missing")),
+            status(b.modules().get_function(m, b"missing")),
             Status::UnknownFunction
         );
         // The device still works.
-        b.launch(f.handle, &cfg, &args)
+        b.launch_one(f.handle, &cfg, &args)
             .expect("launch after errors");
     });
 }
@@ -407,10 +415,18 @@ fn queues_run_concurrently_and_synchronize_waits() {
         let t = Instant::now();
         std::thread::scope(|s| {
             // A long kernel on one "queue" does not block copies on others.
-            s.spawn(|| {
-                b.launch(spin, &CFG, &[ArgValue::U64(1_000_000)])
+            let launching = std::sync::atomic::AtomicBool::new(false);
+            let launching = &launching;
+            s.spawn(move || {
+                launching.store(true, std::sync::atomic::Ordering::Release);
+                b.launch_one(spin, &CFG, &[ArgValue::U64(1_000_000)])
                     .expect("spin")
             });
+            // A loaded machine may start the kernel's thread late: wait for it, then give
+            // the launch time to reach the device before the copies and the synchronize.
+            while !launching.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::yield_now();
+            }
             std::thread::sleep(Duration::from_millis(20));
             let copies = Instant::now();
             let hs: Vec<_> = bufs

@@ -9,7 +9,9 @@
 use std::time::{Duration, Instant};
 
 use vgpu_backend::cuda::ContextLimits;
-use vgpu_backend::{Backend, BackendError, CudaGpu, HostRegion, LaunchConfig, ModuleImage};
+use vgpu_backend::{
+    Backend, BackendError, CudaGpu, HostRegion, LaunchConfig, LaunchOne, ModuleImage,
+};
 use vgpu_proto::builtin::{fnv1a64, FNV_OFFSET};
 use vgpu_proto::{ArgValue, Status};
 use vm_memory::VolatileSlice;

@@ -39,7 +39,7 @@ fn pager_keeps_every_byte_through_swapping() {
         }
         // A kernel on a swapped-out buffer: `fill` on bufs[0] after the others pushed it out.
         let f = builtin(&*p, "fill");
-        p.launch(
+        p.launch_one(
             f,
             &LaunchConfig {
                 grid: [64, 1, 1],
@@ -80,8 +80,16 @@ fn shared_object_case(
     let fd = export(SIZE);
     let dup = fd.try_clone().expect("dup");
     let (used_a, used_b) = (a.memory_usage().used, b.memory_usage().used);
-    let wa = a.import_shared(fd, SIZE, false).expect("import read-write");
-    let rb = b.import_shared(dup, SIZE, true).expect("import read-only");
+    let wa = a
+        .shared_memory()
+        .expect("shared memory")
+        .import(fd, SIZE, false)
+        .expect("import read-write");
+    let rb = b
+        .shared_memory()
+        .expect("shared memory")
+        .import(dup, SIZE, true)
+        .expect("import read-only");
     assert_eq!(
         get(b, rb, 4096).expect("fresh"),
         vec![0; 4096],
@@ -113,7 +121,7 @@ fn shared_object_case(
     let fill = builtin(b, "fill");
     let fill_args = [w(rb), ArgValue::U32(0xdead_beef), ArgValue::U64(16)];
     assert_eq!(
-        status(b.launch(fill, &CFG, &fill_args)),
+        status(b.launch_one(fill, &CFG, &fill_args)),
         Status::BadDevicePointer,
         "{name}: kernel write into a read-only mapping"
     );
@@ -126,23 +134,41 @@ fn shared_object_case(
 #[test]
 fn shared_objects_map_read_write_and_read_only() {
     let (a, b) = (sim(64 * MIB), sim(64 * MIB));
-    let export = |size| a.export_shared(size).expect("export");
+    let export = |size| {
+        a.shared_memory()
+            .expect("shared memory")
+            .export(size)
+            .expect("export")
+    };
     shared_object_case("sim", &export, &a, &b);
     // The sim's object is sealed: nobody can shrink it under a mapper.
-    let fd = a.export_shared(MIB).expect("export");
+    let fd = a
+        .shared_memory()
+        .expect("shared memory")
+        .export(MIB)
+        .expect("export");
     // SAFETY: plain fcntl on a descriptor we own.
     let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::F_GET_SEALS) };
     assert_eq!(seals, vgpu_backend::sim::SHARED_SEALS, "sim: sealed");
     assert!(
-        a.export_shared(0).is_err(),
+        a.shared_memory().expect("shared memory").export(0).is_err(),
         "sim: an empty object is refused"
     );
     match cuda_skip() {
         None => {
             let (a, b) = (cuda(64 * MIB), cuda(64 * MIB));
-            let export = |size| a.export_shared(size).expect("export");
+            let export = |size| {
+                a.shared_memory()
+                    .expect("shared memory")
+                    .export(size)
+                    .expect("export")
+            };
             shared_object_case("cuda", &export, &a, &b);
-            let fd = a.export_shared(MIB).expect("export");
+            let fd = a
+                .shared_memory()
+                .expect("shared memory")
+                .export(MIB)
+                .expect("export");
             let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
             // SAFETY: fstat writes one stat into `st` (zeroed, so valid either way).
             let rc = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd), st.as_mut_ptr()) };

@@ -83,7 +83,7 @@ pub fn floats(bytes: &[u8]) -> Vec<f32> {
 /// A sim worker for this test process and the library connected to it (`VGPU_SOCKET`),
 /// not yet initialised.
 pub fn start(name: &str) -> (super::Worker, Cuda) {
-    let worker = super::Worker::start(name, "256M", 4);
+    let worker = super::Worker::sim(name, "256M", 4);
     // SAFETY: set before the library reads the environment, while this test is the only
     // thread that touches it.
     unsafe { std::env::set_var("VGPU_SOCKET", &worker.socket) };

@@ -1,15 +1,13 @@
-//! A sim `vgpu-worker` for one test, killed when dropped, and the paths of the built
-//! programs and library.
+//! A sim `vgpu-worker` for one test (the end-to-end tests' helper), and the path of the
+//! built library.
 
 #![allow(dead_code)]
 
 #[macro_use]
 pub mod cuda;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// The target profile directory of the running test (`target/debug` or `target/release`).
 pub fn profile_dir() -> PathBuf {
@@ -54,24 +52,6 @@ fn ensure_built(path: &Path, package: &str, bin: Option<&str>, only_missing: boo
     );
 }
 
-/// The package that builds `vgpu-worker`: its own crate where the workspace has one, else
-/// vgpud.
-fn worker_package() -> &'static str {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if root.join("vgpu-worker/Cargo.toml").is_file() {
-        "vgpu-worker"
-    } else {
-        "vgpud"
-    }
-}
-
-/// The `vgpu-worker` program, built when missing.
-pub fn worker_binary() -> PathBuf {
-    let path = profile_dir().join("vgpu-worker");
-    ensure_built(&path, worker_package(), Some("vgpu-worker"), true);
-    path
-}
-
 /// The built library (`libvgpu_cuda.so`), brought up to date first (`cargo test` builds
 /// the library only as the rlib the tests link).
 pub fn library() -> PathBuf {
@@ -80,57 +60,5 @@ pub fn library() -> PathBuf {
     path
 }
 
-pub struct Worker {
-    child: Child,
-    pub socket: PathBuf,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-impl Worker {
-    /// Starts a sim worker (`memory` of device memory, `queues` queues) and waits for its
-    /// socket.
-    pub fn start(name: &str, memory: &str, queues: u16) -> Worker {
-        let socket =
-            std::env::temp_dir().join(format!("vgpu-cuda-test-{}-{name}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&socket);
-        let child = Command::new(worker_binary())
-            .args(["--backend", "sim", "--vgpu-id", "0"])
-            .args(["--memory", memory, "--queues", &queues.to_string()])
-            .arg("--socket")
-            .arg(&socket)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start vgpu-worker");
-        let mut w = Worker { child, socket };
-        let start = Instant::now();
-        while !w.socket.exists() {
-            if let Ok(Some(status)) = w.child.try_wait() {
-                let mut out = String::new();
-                if let Some(e) = w.child.stderr.as_mut() {
-                    let _ = e.read_to_string(&mut out);
-                }
-                panic!("the worker exited with {status}: {out}");
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the worker did not bind {} in 60 s",
-                w.socket.display()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        w
-    }
-}
+/// A worker for one test: the end-to-end tests' helper ([`Worker::sim`] starts a sim one).
+pub use vgpu_tests::worker::Worker;

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use vgpu_backend::pager::{LocalBroker, MemState, Pager, GRANULE};
 use vgpu_backend::{
-    Access, ArgValue, Backend, BackendError, LaunchConfig, ModuleImage, SimConfig, SimGpu,
+    Access, ArgValue, Backend, BackendError, LaunchConfig, LaunchOne, ModuleImage, SimConfig,
+    SimGpu,
 };
 use vm_memory::VolatileSlice;
 
@@ -174,9 +175,11 @@ fn ptr(addr: u64, access: Access) -> ArgValue {
 
 fn function(b: &dyn Backend, name: &[u8]) -> u64 {
     let m = b
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .unwrap_or_else(|e| panic!("builtin module: {e}"));
-    b.get_function(m, name)
+    b.modules()
+        .get_function(m, name)
         .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(name)))
         .handle
 }
@@ -303,7 +306,7 @@ fn run_task(
             // The restores a launch needs happen before the kernel runs, on the engine's
             // time (Gdev retrieves evicted data before launching).
             let _engine = engine.acquire(t.priority, 1);
-            pager.launch(saxpy, &CFG, &args)
+            pager.launch_one(saxpy, &CFG, &args)
         })?;
     }
     t.x.fill(0);
@@ -461,7 +464,7 @@ fn swap_run(p: Params, bytes: u64, device: bool, seed: u64) -> Result<SwapRun, S
     pager.free(b).map_err(e)?;
     // A launch reading a restores all of it (room is free now: no eviction on the way).
     pager
-        .launch(
+        .launch_one(
             checksum,
             &CFG,
             &[

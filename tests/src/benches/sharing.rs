@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vgpu_backend::{ArgValue, Backend, ModuleImage, SimConfig, SimGpu};
+use vgpu_backend::{ArgValue, Backend, LaunchOne, ModuleImage, SimConfig, SimGpu};
 
 use super::shared::{fig, ONE_THREAD};
 use crate::bench::Figure;
@@ -87,9 +87,11 @@ fn native(n: usize, spin_us: u64) -> f64 {
         .unwrap_or_else(|e| panic!("sim GPU: {e}")),
     );
     let m = gpu
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .unwrap_or_else(|e| panic!("builtin module: {e}"));
     let spin = gpu
+        .modules()
         .get_function(m, b"spin")
         .unwrap_or_else(|e| panic!("spin: {e}"))
         .handle;
@@ -106,7 +108,7 @@ fn native(n: usize, spin_us: u64) -> f64 {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let _engine = vgpu_sync::lock(&engine);
-                    match gpu.launch(spin, &ONE_THREAD, &[ArgValue::U64(spin_us)]) {
+                    match gpu.launch_one(spin, &ONE_THREAD, &[ArgValue::U64(spin_us)]) {
                         Ok(_) => kernel_ns.fetch_add(spin_us * 1000, Ordering::Relaxed),
                         Err(e) => panic!("spin: {e}"),
                     };

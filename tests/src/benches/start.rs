@@ -220,32 +220,11 @@ fn remove_vms(c: &Client, ids: Vec<u32>) {
 fn start_via_vgpud(c: &Client, share: u64, poll: Duration) -> (f64, u32) {
     let req = VmCreate {
         payload: Some(payload("hello").display().to_string()),
-        payload_arg: String::new(),
-        kernel: None,
-        initrd: None,
-        cmdline: None,
         memory_bytes: 64 << 20,
-        vcpus: 1,
-        vgpu_id: None,
         vgpu: Some(VgpuCreate {
-            gpu: None,
-            memory_bytes: share,
-            compute_share: 0.01,
-            copy_share: None,
-            priority: 0,
-            oversubscribe: false,
-            share_group: None,
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(share, 0.01)
         }),
-        name: None,
-        labels: Default::default(),
+        ..Default::default()
     };
     let t = Instant::now();
     let vm = c

@@ -405,20 +405,8 @@ fn rest_contract_bad_input_and_concurrency() {
             std::thread::spawn(move || {
                 c.create_vgpu(&VgpuCreate {
                     gpu: Some(1),
-                    memory_bytes: 64 << 20,
-                    compute_share: 0.15,
                     copy_share: Some(0.1),
-                    priority: 0,
-                    oversubscribe: false,
-                    share_group: None,
-                    queues: 1,
-                    storage: Vec::new(),
-                    name: None,
-                    labels: Default::default(),
-                    kernel_deadline_ms: None,
-                    attach: Default::default(),
-                    owner_uid: None,
-                    owner_gid: None,
+                    ..VgpuCreate::new(64 << 20, 0.15)
                 })
             })
         })

@@ -12,20 +12,7 @@ fn vm_lifecycle_with_a_vgpu_workload() {
     let v = c
         .create_vgpu(&VgpuCreate {
             gpu: Some(0),
-            memory_bytes: 256 << 20,
-            compute_share: 0.5,
-            copy_share: None,
-            priority: 0,
-            oversubscribe: false,
-            share_group: None,
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(256 << 20, 0.5)
         })
         .expect("vgpu");
     let mut req = gpu_load("rounds=150 spin_us=5000 check=10", 0, 0.0, 0);
@@ -261,20 +248,7 @@ fn kill9_of_a_vmm_frees_its_vgpu_within_a_second_and_the_neighbour_keeps_verifyi
     let again = c
         .create_vgpu(&VgpuCreate {
             gpu: Some(0),
-            memory_bytes: 512 << 20,
-            compute_share: 0.6,
-            copy_share: None,
-            priority: 0,
-            oversubscribe: false,
-            share_group: None,
-            queues: 1,
-            storage: Vec::new(),
-            name: None,
-            labels: Default::default(),
-            kernel_deadline_ms: None,
-            attach: Default::default(),
-            owner_uid: None,
-            owner_gid: None,
+            ..VgpuCreate::new(512 << 20, 0.6)
         })
         .expect("the freed share is free");
     c.delete_vgpu(again.id).expect("delete");

@@ -150,6 +150,45 @@ fn one_queue() -> u16 {
     1
 }
 
+impl VgpuCreate {
+    /// A spec of `memory_bytes` and `compute_share` (the two fields a request must give),
+    /// every other field as the API fills it when a request leaves it out: placed
+    /// automatically, one queue, no copy share of its own, priority 0, no oversubscription,
+    /// share group, storage, name, labels or kernel deadline, attached to a VM, no owner.
+    pub fn new(memory_bytes: u64, compute_share: f64) -> Self {
+        Self {
+            gpu: None,
+            memory_bytes,
+            compute_share,
+            copy_share: None,
+            priority: 0,
+            oversubscribe: false,
+            share_group: None,
+            queues: one_queue(),
+            storage: Vec::new(),
+            name: None,
+            labels: BTreeMap::new(),
+            kernel_deadline_ms: None,
+            attach: Attach::default(),
+            owner_uid: None,
+            owner_gid: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod new_tests {
+    use super::VgpuCreate;
+
+    #[test]
+    fn new_is_what_a_request_with_only_the_required_fields_means() {
+        let parsed: VgpuCreate =
+            serde_json::from_str(r#"{"memory_bytes": 1048576, "compute_share": 0.25}"#)
+                .expect("parse");
+        assert_eq!(parsed, VgpuCreate::new(1 << 20, 0.25));
+    }
+}
+
 /// A storage namespace attached to a vGPU: a file or block device on the daemon's host,
 /// served to the vGPU by an emulated NVMe controller.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

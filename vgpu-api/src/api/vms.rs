@@ -65,6 +65,37 @@ fn one_vcpu() -> u8 {
     1
 }
 
+/// What an empty request body means: no payload or kernel, [`DEFAULT_VM_MEMORY`] of
+/// guest RAM, one vCPU, no vGPU, name or labels.
+impl Default for VmCreate {
+    fn default() -> Self {
+        Self {
+            payload: None,
+            payload_arg: String::new(),
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            memory_bytes: default_vm_memory(),
+            vcpus: one_vcpu(),
+            vgpu_id: None,
+            vgpu: None,
+            name: None,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod default_tests {
+    use super::VmCreate;
+
+    #[test]
+    fn default_is_what_an_empty_request_means() {
+        let parsed: VmCreate = serde_json::from_str("{}").expect("parse");
+        assert_eq!(parsed, VmCreate::default());
+    }
+}
+
 /// Where a VM is in its life.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]

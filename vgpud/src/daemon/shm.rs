@@ -16,7 +16,7 @@ use vgpu_proto::args::{shm_cmd, shm_flags};
 use crate::control::ShmFailure;
 
 /// Checks a descriptor a worker handed in as a new object of `size` bytes (it created
-/// and exported it on its GPU, `Backend::export_shared`). On a sim GPU it must be a memfd
+/// and exported it on its GPU, `SharedMemory::export`). On a sim GPU it must be a memfd
 /// of at least the object's whole pages, sealed against shrinking (so no holder can cut
 /// it under another mapper). On a cuda GPU the descriptor is the driver's (only the
 /// driver can tell what it holds): a socket, directory or pipe is refused, and anything

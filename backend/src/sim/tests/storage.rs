@@ -49,10 +49,12 @@ fn storage_kernels_read_the_namespace() {
         ]
     };
     // Not attached yet: the kernel is refused, nothing hangs.
-    let e = g.launch(gather, &CFG, &args(1)).expect_err("not attached");
+    let e = g
+        .launch_one(gather, &CFG, &args(1))
+        .expect_err("not attached");
     assert_eq!(e.status(), Status::InvalidArgument, "{e}");
     assert_eq!(set.attach(1).expect("attach").bytes, 4096 * 8);
-    g.launch(gather, &CFG, &args(1)).expect("gather");
+    g.launch_one(gather, &CFG, &args(1)).expect("gather");
     let got = get(&g, dst, 64 * 8).expect("dst");
     for (k, c) in got.chunks_exact(8).enumerate() {
         let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
@@ -65,13 +67,15 @@ fn storage_kernels_read_the_namespace() {
         ArgValue::U32(8),
         w(out),
     ];
-    g.launch(scan, &CFG, &sum_args).expect("scan");
+    g.launch_one(scan, &CFG, &sum_args).expect("scan");
     let want: u64 = (1..101u64).map(|i| i * 3 + 1).sum();
     assert_eq!(get(&g, out, 8).expect("out"), want.to_le_bytes());
     // The storage kernels need their pointers' access modes like any other.
     let mut bad = sum_args;
     bad[4] = r(out);
-    let e = g.launch(scan, &CFG, &bad).expect_err("read-only output");
+    let e = g
+        .launch_one(scan, &CFG, &bad)
+        .expect_err("read-only output");
     assert_eq!(e.status(), Status::BadArgType, "{e}");
     let _ = std::fs::remove_file(p);
 }
@@ -91,7 +95,7 @@ fn a_namespace_truncated_under_a_kernel_gives_a_device_error() {
     let out = g.alloc(8).expect("alloc").addr;
     let t = Instant::now();
     let e = g
-        .launch(
+        .launch_one(
             scan,
             &CFG,
             &[
@@ -114,7 +118,7 @@ fn without_storage_the_kernels_are_not_supported() {
     let scan = builtin_fn(&g, "storage_scan_sum");
     let out = g.alloc(8).expect("alloc").addr;
     let e = g
-        .launch(
+        .launch_one(
             scan,
             &CFG,
             &[

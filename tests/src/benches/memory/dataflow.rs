@@ -1,12 +1,15 @@
 //! A producer/consumer dataflow through shared device memory (one object the producer's
-//! backend exports, `Backend::export_shared`, mapped by both address spaces) vs through
+//! backend exports, `SharedMemory::export`, mapped by both address spaces) vs through
 //! host memory (DtoH then HtoD), several sizes, on the sim backend or on a real GPU.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
-use vgpu_backend::{Access, ArgValue, Backend, BackendError, CudaConfig, CudaGpu, ModuleImage};
+use vgpu_backend::{
+    require_shared_memory, Access, ArgValue, Backend, BackendError, CudaConfig, CudaGpu, LaunchOne,
+    ModuleImage,
+};
 
 use super::{fail, get, ms, ptr, put, CFG, MIB};
 use crate::bench::{median, Figure};
@@ -31,13 +34,17 @@ fn dataflow(
     let sum = consumer.alloc(4).map_err(e)?.addr;
     let mut host = vec![0xa5u8; bytes as usize];
     let (src, dst) = if shm {
-        let fd = producer.export_shared(bytes).map_err(e)?;
+        let (exporter, importer) = (
+            require_shared_memory(producer).map_err(e)?,
+            require_shared_memory(consumer).map_err(e)?,
+        );
+        let fd = exporter.export(bytes).map_err(e)?;
         let dup = fd
             .try_clone()
             .map_err(|err| format!("duplicating the object's descriptor: {err}"))?;
         (
-            producer.import_shared(dup, bytes, false).map_err(e)?,
-            consumer.import_shared(fd, bytes, true).map_err(e)?,
+            exporter.import(dup, bytes, false).map_err(e)?,
+            importer.import(fd, bytes, true).map_err(e)?,
         )
     } else {
         (
@@ -47,7 +54,7 @@ fn dataflow(
     };
     let start = Instant::now();
     producer
-        .launch(
+        .launch_one(
             fill,
             &CFG,
             &[
@@ -62,7 +69,7 @@ fn dataflow(
         put(consumer, dst, &mut host).map_err(e)?;
     }
     consumer
-        .launch(
+        .launch_one(
             reduce,
             &CFG,
             &[
@@ -91,17 +98,19 @@ fn dataflow(
     for (b, addr) in [(producer, src), (consumer, dst), (consumer, sum)] {
         b.free(addr).map_err(e)?;
     }
-    producer.module_unload(fill_module).map_err(e)?;
-    consumer.module_unload(reduce_module).map_err(e)?;
+    producer.modules().module_unload(fill_module).map_err(e)?;
+    consumer.modules().module_unload(reduce_module).map_err(e)?;
     Ok(makespan)
 }
 
 /// The built-in module loaded on `b` and its function `name`: (module, function).
 fn builtin(b: &dyn Backend, name: &[u8]) -> Result<(u64, u64), String> {
     let m = b
+        .modules()
         .module_load(ModuleImage::Builtin(b"builtin"))
         .map_err(|e| format!("builtin module: {e}"))?;
     let f = b
+        .modules()
         .get_function(m, name)
         .map_err(|e| format!("{}: {e}", String::from_utf8_lossy(name)))?;
     Ok((m, f.handle))

@@ -64,9 +64,8 @@ impl Backend for Tap {
     }
 
     vgpu_backend::forward_backend!(gpu:
-        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset,
-        module_load, module_unload, get_function, launch, synchronize, register_host_memory,
-        import_shared, export_shared, unregister_host_memory, paging
+        info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset, launch,
+        synchronize, modules, paging, shared_memory, host_memory
     );
 }
 

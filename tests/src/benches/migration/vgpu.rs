@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vgpu_backend::{Access, ArgValue, Backend, ModuleImage};
+use vgpu_backend::{Access, ArgValue, Backend, LaunchOne, ModuleImage};
 use vgpu_migration::Migratable;
 use vm_memory::VolatileSlice;
 
@@ -112,13 +112,24 @@ impl Vgpu {
             })?;
             big.push(b);
         }
-        let module = m.module_load(ModuleImage::Builtin(b"builtin")).map_err(e)?;
+        let module = m
+            .modules()
+            .module_load(ModuleImage::Builtin(b"builtin"))
+            .map_err(e)?;
         let hot = Hot {
             x: m.alloc(HOT_N * 4).map_err(e)?.addr,
             y: m.alloc(HOT_N * 4).map_err(e)?.addr,
             out: m.alloc(8).map_err(e)?.addr,
-            saxpy: m.get_function(module, b"saxpy").map_err(e)?.handle,
-            checksum: m.get_function(module, b"checksum").map_err(e)?.handle,
+            saxpy: m
+                .modules()
+                .get_function(module, b"saxpy")
+                .map_err(e)?
+                .handle,
+            checksum: m
+                .modules()
+                .get_function(module, b"checksum")
+                .map_err(e)?
+                .handle,
         };
         put(&*m, hot.x, &mut f32_bytes(HOT_N, x_at))?;
         put(&*m, hot.y, &mut f32_bytes(HOT_N, |i| y_at(i, 0)))?;
@@ -206,7 +217,7 @@ pub(super) fn guest(
     let mut window = vec![0u8; WINDOW as usize];
     let mut it = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        m.launch(
+        m.launch_one(
             hot.saxpy,
             &ONE_THREAD,
             &[
@@ -220,7 +231,7 @@ pub(super) fn guest(
         launches += 1;
         let b = big[(it % big.len() as u64) as usize];
         let off = it.wrapping_mul(7919).wrapping_mul(WINDOW) % (b.size - WINDOW) / 8 * 8;
-        m.launch(
+        m.launch_one(
             hot.checksum,
             &ONE_THREAD,
             &[

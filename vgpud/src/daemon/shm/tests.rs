@@ -5,7 +5,7 @@ use std::os::fd::FromRawFd;
 
 /// A shared object for a sim GPU: a memfd of `size` bytes (page-rounded) with its memory
 /// committed, so running out of host memory is an error here and never a SIGBUS in a
-/// mapper later. The sim backend maps it as device memory (`Backend::import_shared`).
+/// mapper later. The sim backend maps it as device memory (`SharedMemory::import`).
 fn sim_object(size: u64) -> Result<OwnedFd, String> {
     const PAGE: u64 = 4096;
     let len = size

@@ -1,0 +1,178 @@
+//! What the pager offers above it: every capability of the backend it wraps, through its
+//! own bookkeeping where it tracks what the capability touches. Decommitting a range swaps
+//! it out to host memory (its bytes are kept) and recommitting restores it; an allocation
+//! placed at a given address is adopted (charged, tracked, evictable); a copy to a
+//! migration peer restores the range first; an imported object is tracked and never
+//! swapped; module memory counts against the share.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+
+use vgpu_scheduler::memory::Tier;
+
+use super::entry::Entry;
+use super::Pager;
+use crate::sync::read;
+use crate::{
+    require_relocation, require_shared_memory, Allocated, Backend, BackendError, DeviceWindow,
+    Modules, Paging, Relocatable, Result, SharedMemory,
+};
+
+impl Pager {
+    /// The allocation that starts at `addr` (not a shared mapping: those are never
+    /// swapped).
+    fn own_entry(&self, addr: u64) -> Result<std::sync::Arc<Entry>> {
+        read(&self.entries)
+            .get(&addr)
+            .filter(|e| !e.shared)
+            .cloned()
+            .ok_or(BackendError::NotAllocated { addr })
+    }
+}
+
+/// Swapping through the pager: what a decommit gives back is saved first, so the range
+/// reads the same after [`Paging::recommit`] (stronger than the trait asks).
+impl Paging for Pager {
+    fn commit_granule(&self) -> u64 {
+        self.granule
+    }
+
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let e = self.own_entry(addr)?;
+        if off.checked_add(len).is_none_or(|end| end > e.charged) {
+            return Err(BackendError::BadPointer { addr, len });
+        }
+        let _swapping = crate::sync::lock(&self.swapping);
+        let mut pieces = e.lock();
+        if e.pinned() {
+            return Err(BackendError::InvalidArgument(format!(
+                "allocation {addr:#x} is in use; decommit it once its operations finished"
+            )));
+        }
+        let range = e.pieces_of(off, len);
+        let resident: u64 = range
+            .clone()
+            .filter(|i| matches!(pieces[*i], super::entry::Piece::Resident))
+            .map(|i| e.piece(i).1)
+            .sum();
+        let freed = self.evict_pieces(&e, &mut pieces, range, resident, Tier::Host);
+        drop(pieces);
+        self.report();
+        if freed < resident {
+            return Err(BackendError::Device(format!(
+                "only {freed} of {resident} bytes at {addr:#x} could be swapped out"
+            )));
+        }
+        Ok(())
+    }
+
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let e = self.own_entry(addr)?;
+        if off.checked_add(len).is_none_or(|end| end > e.charged) {
+            return Err(BackendError::BadPointer { addr, len });
+        }
+        self.make_resident(&e, off, len, None)
+    }
+}
+
+/// Relocation of the wrapped backend, with the pager's bookkeeping.
+impl Relocatable for Pager {
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let a = require_relocation(&*self.inner)?.alloc_at(addr, size)?;
+        if let Err(e) = self.adopt(a.addr, size, a.charged) {
+            let _ = self.inner.free(a.addr);
+            return Err(e);
+        }
+        Ok(a)
+    }
+
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        let (pin, off) = self.pin(addr, len)?;
+        self.make_resident(&pin.0, off, len, None)?;
+        crate::copy_to_peer(&*self.inner, peer, addr, len)
+    }
+
+    /// None: the pager may swap any range out at any time, so no window stays valid.
+    fn device_window(&self, _addr: u64, _len: u64) -> Option<DeviceWindow> {
+        None
+    }
+
+    fn vacate_addresses(&self) -> Result<()> {
+        require_relocation(&*self.inner)?.vacate_addresses()
+    }
+
+    fn reoccupy_addresses(&self) -> Result<()> {
+        require_relocation(&*self.inner)?.reoccupy_addresses()
+    }
+
+    fn occupy_addresses(&self) -> Result<()> {
+        require_relocation(&*self.inner)?.occupy_addresses()
+    }
+}
+
+/// Module memory counts against the share; module variables stay outside the swapping.
+impl Modules for Pager {
+    fn module_load(&self, image: crate::ModuleImage<'_>) -> Result<u64> {
+        let footprint = crate::module_footprint(&image);
+        let used = self
+            .state()
+            .used
+            .saturating_add(self.module_bytes.load(Ordering::Acquire));
+        if used.saturating_add(footprint) > self.share {
+            return Err(BackendError::ModuleLimit {
+                requested: footprint,
+                why: format!(
+                    "the vGPU's memory share has {} of {} bytes free",
+                    self.share.saturating_sub(used),
+                    self.share
+                ),
+            });
+        }
+        let handle = self.inner.modules().module_load(image)?;
+        self.module_bytes.fetch_add(footprint, Ordering::AcqRel);
+        crate::sync::lock(&self.modules).insert(handle, footprint);
+        Ok(handle)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        self.inner.modules().module_unload(module)?;
+        crate::sync::lock(&self.globals).retain(|_, (_, m)| *m != module);
+        if let Some(bytes) = crate::sync::lock(&self.modules).remove(&module) {
+            self.module_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<crate::FunctionInfo> {
+        self.inner.modules().get_function(module, name)
+    }
+
+    fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {
+        self.inner.modules().param_layout(function)
+    }
+
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        self.inner.modules().function_attributes(function)
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let (addr, size) = self.inner.modules().module_global(module, name)?;
+        if size > 0 {
+            crate::sync::lock(&self.globals).insert(addr, (size, module));
+        }
+        Ok((addr, size))
+    }
+}
+
+/// An imported object is an allocation the pager never swaps (and never charges).
+impl SharedMemory for Pager {
+    fn export(&self, size: u64) -> Result<OwnedFd> {
+        require_shared_memory(&*self.inner)?.export(size)
+    }
+
+    fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let addr = require_shared_memory(&*self.inner)?.import(handle, size, read_only)?;
+        self.insert(Entry::new(addr, size, 0, 0, true));
+        Ok(addr)
+    }
+}

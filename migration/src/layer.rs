@@ -1,0 +1,324 @@
+//! [`Migratable`] as a [`Backend`]: every operation goes to the backend serving now, under
+//! the dispatch lock a migration's stop phase takes, and records what a migration needs
+//! (allocations and what may have written them, modules and functions by stable handles,
+//! imported objects, guest RAM regions, swapped-out ranges). Every capability of the
+//! backend serving now is offered through it.
+
+use std::os::fd::OwnedFd;
+
+use vgpu_backend::sync::lock;
+use vgpu_backend::{
+    copy_to_peer, require_paging, require_relocation, require_shared_memory, Allocated, Backend,
+    BackendError, BackendInfo, DeviceWindow, FunctionInfo, HostMemory, HostRegion, Launch,
+    LaunchStats, MemoryUsage, ModuleImage, Modules, Paging, Relocatable, Result, SharedMemory,
+};
+use vm_memory::VolatileSlice;
+
+use crate::migratable::{Func, Image, Migratable, Module};
+
+impl Backend for Migratable {
+    fn info(&self) -> &BackendInfo {
+        &self.info
+    }
+
+    fn memory_usage(&self) -> MemoryUsage {
+        self.current().memory_usage()
+    }
+
+    fn alloc(&self, size: u64) -> Result<Allocated> {
+        let (_g, b) = self.enter();
+        let a = b.alloc(size)?;
+        self.track(&a, size);
+        Ok(a)
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        b.free(addr)?;
+        lock(&self.allocs).remove(&addr);
+        lock(&self.imported).remove(&addr);
+        Ok(())
+    }
+
+    fn check_range(&self, addr: u64, len: u64) -> Result<()> {
+        self.current().check_range(addr, len)
+    }
+
+    fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.copy_htod(dst, src);
+        self.mark(dst);
+        r
+    }
+
+    fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        b.copy_dtoh(src, dst)
+    }
+
+    fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.copy_dtod(dst, src, len);
+        self.mark(dst);
+        r
+    }
+
+    fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
+        let (_g, b) = self.enter();
+        self.mark(dst);
+        let r = b.memset(dst, value, elem_size, count);
+        self.mark(dst);
+        r
+    }
+
+    fn launch(&self, items: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        let (_g, b) = self.enter();
+        // Each launch's handle translated; an unknown one fails alone, the others run as one
+        // call on the GPU behind.
+        let real: Vec<Option<u64>> = {
+            let functions = lock(&self.functions);
+            items
+                .iter()
+                .map(|i| functions.get(&i.function).map(|f| f.real))
+                .collect()
+        };
+        let known: Vec<Launch<'_>> = items
+            .iter()
+            .zip(&real)
+            .filter_map(|(i, r)| r.map(|function| Launch { function, ..*i }))
+            .collect();
+        for i in &known {
+            self.mark_launch(i.args);
+        }
+        let mut ran = b.launch(&known).into_iter();
+        for i in &known {
+            self.mark_launch(i.args);
+        }
+        items
+            .iter()
+            .zip(real)
+            .map(|(i, r)| match r {
+                Some(_) => ran.next().unwrap_or_else(|| {
+                    Err(BackendError::Device(
+                        "the GPU's batch answered fewer launches than it was given".into(),
+                    ))
+                }),
+                None => Err(BackendError::UnknownFunction(format!("{}", i.function))),
+            })
+            .collect()
+    }
+
+    fn synchronize(&self) {
+        self.current().synchronize()
+    }
+
+    fn modules(&self) -> &dyn Modules {
+        self
+    }
+
+    fn paging(&self) -> Option<&dyn Paging> {
+        Some(self)
+    }
+
+    fn relocation(&self) -> Option<&dyn Relocatable> {
+        self.current()
+            .relocation()
+            .map(|_| self as &dyn Relocatable)
+    }
+
+    fn shared_memory(&self) -> Option<&dyn SharedMemory> {
+        self.current()
+            .shared_memory()
+            .map(|_| self as &dyn SharedMemory)
+    }
+
+    fn host_memory(&self) -> Option<&dyn HostMemory> {
+        Some(self)
+    }
+}
+
+/// Stable module and function handles over the backend serving now (a migration loads
+/// the modules again on the target and maps the handles to the target's).
+impl Modules for Migratable {
+    fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let real = b.modules().module_load(image)?;
+        let image = match image {
+            ModuleImage::Builtin(n) => Image::Builtin(n.to_vec()),
+            ModuleImage::Ptx(p) => Image::Ptx(p.to_vec()),
+            ModuleImage::Binary(p) => Image::Binary(p.to_vec()),
+        };
+        let h = self.handle();
+        lock(&self.modules).insert(h, Module { image, real });
+        Ok(h)
+    }
+
+    fn module_unload(&self, module: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        b.modules().module_unload(real)?;
+        lock(&self.modules).remove(&module);
+        lock(&self.functions).retain(|_, f| f.module != module);
+        Ok(())
+    }
+
+    fn get_function(&self, module: u64, name: &[u8]) -> Result<FunctionInfo> {
+        let (_g, b) = self.enter();
+        let real_module = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        let f = b.modules().get_function(real_module, name)?;
+        let h = self.handle();
+        lock(&self.functions).insert(
+            h,
+            Func {
+                module,
+                name: name.to_vec(),
+                real: f.handle,
+            },
+        );
+        Ok(FunctionInfo {
+            handle: h,
+            param_count: f.param_count,
+        })
+    }
+
+    fn param_layout(&self, function: u64) -> Result<vgpu_proto::ParamLayout> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
+        b.modules().param_layout(real)
+    }
+
+    fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {function:#x}")))?;
+        b.modules().function_attributes(real)
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        b.modules().module_global(real, name)
+    }
+}
+
+/// Imported objects stay on their GPU; the migration counts them.
+impl SharedMemory for Migratable {
+    fn export(&self, size: u64) -> Result<OwnedFd> {
+        let (_g, b) = self.enter();
+        require_shared_memory(&*b)?.export(size)
+    }
+
+    fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let addr = require_shared_memory(&*b)?.import(handle, size, read_only)?;
+        lock(&self.imported).insert(addr);
+        Ok(addr)
+    }
+}
+
+/// Guest RAM regions, recorded so that a migration target that prepares them gets them at
+/// the switch; passed on to the backend serving now where it prepares them.
+impl HostMemory for Migratable {
+    fn register(&self, regions: &[HostRegion]) -> Result<()> {
+        let (_g, b) = self.enter();
+        if let Some(h) = b.host_memory() {
+            h.register(regions)?;
+        }
+        lock(&self.regions).extend_from_slice(regions);
+        Ok(())
+    }
+
+    fn unregister(&self, regions: &[HostRegion]) {
+        let (_g, b) = self.enter();
+        if let Some(h) = b.host_memory() {
+            h.unregister(regions);
+        }
+        lock(&self.regions).retain(|r| !regions.contains(r));
+    }
+}
+
+/// The relocation of the backend serving now; allocations placed through it are tracked
+/// like any other.
+impl Relocatable for Migratable {
+    fn alloc_at(&self, addr: u64, size: u64) -> Result<Allocated> {
+        let (_g, b) = self.enter();
+        let a = require_relocation(&*b)?.alloc_at(addr, size)?;
+        self.track(&a, size);
+        Ok(a)
+    }
+
+    fn copy_to_peer(&self, peer: &dyn Backend, addr: u64, len: u64) -> Result<u64> {
+        let (_g, b) = self.enter();
+        copy_to_peer(&*b, peer, addr, len)
+    }
+
+    fn device_window(&self, addr: u64, len: u64) -> Option<DeviceWindow> {
+        let (_g, b) = self.enter();
+        b.relocation()?.device_window(addr, len)
+    }
+
+    fn vacate_addresses(&self) -> Result<()> {
+        let (_g, b) = self.enter();
+        require_relocation(&*b)?.vacate_addresses()
+    }
+
+    fn reoccupy_addresses(&self) -> Result<()> {
+        let (_g, b) = self.enter();
+        require_relocation(&*b)?.reoccupy_addresses()
+    }
+
+    fn occupy_addresses(&self) -> Result<()> {
+        let (_g, b) = self.enter();
+        require_relocation(&*b)?.occupy_addresses()
+    }
+}
+
+/// Swapping through the backend serving now, recording which ranges are swapped out (a
+/// migration copies no bytes for them and gives the target's memory back for them too).
+/// Without paging in the backend serving now, every call fails as not supported.
+impl Paging for Migratable {
+    fn commit_granule(&self) -> u64 {
+        self.current().paging().map_or(0, |p| p.commit_granule())
+    }
+
+    fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
+        let Some(d) = d else {
+            return require_paging(&*b)?.decommit(addr, off, len);
+        };
+        // Held across the call: a pre-copy never reads a range while it goes away.
+        let mut d = lock(&d);
+        require_paging(&*b)?.decommit(addr, off, len)?;
+        d.insert(off, len);
+        Ok(())
+    }
+
+    fn recommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
+        let (_g, b) = self.enter();
+        let d = lock(&self.allocs).get(&addr).map(|a| a.decommitted.clone());
+        let Some(d) = d else {
+            return require_paging(&*b)?.recommit(addr, off, len);
+        };
+        let mut d = lock(&d);
+        require_paging(&*b)?.recommit(addr, off, len)?;
+        d.remove(&off);
+        Ok(())
+    }
+}
