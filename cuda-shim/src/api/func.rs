@@ -70,8 +70,15 @@ const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: c_uint = 1;
 const MAX_CACHE_CONFIG: c_int = 3;
 const MAX_SHARED_CONFIG: c_int = 2;
 
-/// The function behind a handle (a `CUfunction` or a `CUkernel`).
-pub(crate) fn function(d: &Driver, f: CUfunction) -> Res<&Function> {
+/// The function behind a handle (a `CUfunction` or a `CUkernel`; a kernel's library loads
+/// on this first use).
+pub(crate) fn function(d: &mut Driver, f: CUfunction) -> Res<&Function> {
+    super::library::resolve(d, f as u64)?;
+    lookup(d, f)
+}
+
+/// The function behind a handle already resolved (see [`function`]).
+pub(crate) fn lookup(d: &Driver, f: CUfunction) -> Res<&Function> {
     d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)
 }
 
@@ -86,8 +93,10 @@ fn ptx_version(ptx: &str) -> Option<c_int> {
 }
 
 /// A function attribute, as far as the library knows it.
-pub(crate) fn get_attribute(d: &Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
-    let func = function(d, f)?;
+pub(crate) fn get_attribute(d: &mut Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
+    super::library::resolve(d, f as u64)?;
+    let d = &*d;
+    let func = lookup(d, f)?;
     let g = &d.attributes;
     let binary = (g.cc_major * 10 + g.cc_minor) as c_int;
     let module = d.modules.get(&func.module);
@@ -271,7 +280,7 @@ pub fn blocks_per_sm(g: &DeviceAttributes, n: Needs, block: u64, dynamic: u64) -
         .min(u64::from(g.max_blocks_per_sm))
 }
 
-fn occupancy_checks(d: &Driver, f: CUfunction, flags: c_uint) -> Res<Needs> {
+fn occupancy_checks(d: &mut Driver, f: CUfunction, flags: c_uint) -> Res<Needs> {
     d.current_ctx()?;
     let needs = Needs::of(function(d, f)?);
     if flags & !CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE != 0 {
