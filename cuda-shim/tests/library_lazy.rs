@@ -1,8 +1,9 @@
 //! Lazy loading of libraries through the C ABI against a sim `vgpu-worker`, as the CUDA
 //! runtime uses it: libraries created with no context current, hundreds of them (more than
 //! a program uses at once), none charged to the vGPU until its first use; a kernel's launch,
-//! `cuLibraryGetModule` and `cuFuncLoad` load one library each (one module charged), a
-//! kernel name of 1 000 bytes reaches the device, and unloading gives the memory back.
+//! `cuLibraryGetModule` and `cuFuncLoad` load one library each (one module charged), an
+//! image the vGPU cannot run fails its first use rather than its creation, a kernel name
+//! of 1 000 bytes reaches the device, and unloading gives the memory back.
 //! One test per file: the library is one per process.
 
 mod common;
@@ -127,6 +128,19 @@ fn libraries_load_on_first_use() {
         OK
     );
     assert_eq!(owner, libs[0]);
+    let mut name: *const c_char = std::ptr::null();
+    assert_eq!(
+        call!(
+            cu,
+            "cuKernelGetName",
+            fn(*mut *const c_char, Ptr),
+            &mut name,
+            vadd
+        ),
+        OK
+    );
+    // SAFETY: the library answered a NUL-terminated name that lives as long as it.
+    assert_eq!(unsafe { CStr::from_ptr(name) }, c"vector_add");
     assert_eq!(free(), start);
 
     // The launch loads the library: c = a + b, one module charged.
@@ -255,6 +269,31 @@ fn libraries_load_on_first_use() {
             long.as_ptr()
         ),
         NOT_FOUND
+    );
+
+    // A PTX library: the sim vGPU cannot run PTX, which its first use reports (and every
+    // later one), not its creation; a name its entry list lacks is refused at once.
+    let ptx = c".version 7.0\n.target sm_50\n.address_size 64\n\n.visible .entry fill(\n\t.param .u64 p,\n\t.param .u32 v\n)\n{\n\tret;\n}\n";
+    let mut text_lib: Ptr = null_mut();
+    assert_eq!(load(&mut text_lib, ptx), OK);
+    let mut fill: Ptr = null_mut();
+    assert_eq!(
+        get_kernel(&mut none, text_lib, c"no_such_kernel"),
+        NOT_FOUND
+    );
+    assert_eq!(get_kernel(&mut fill, text_lib, c"fill"), OK);
+    for _ in 0..2 {
+        let mut f: Ptr = null_mut();
+        assert_eq!(
+            call!(cu, "cuKernelGetFunction", fn(*mut Ptr, Ptr), &mut f, fill),
+            NO_BINARY_FOR_GPU
+        );
+    }
+    assert_eq!(call!(cu, "cuLibraryUnload", fn(Ptr), text_lib), OK);
+    assert_eq!(
+        free(),
+        allocated - 3 * MODULE_BYTES,
+        "the refused image holds nothing"
     );
 
     // Unloading every library gives the modules' memory back; their kernels are gone.

@@ -253,7 +253,13 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, hfunc: CUfuncti
         if name.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        let p = driver::with(|d| Ok(crate::api::library::name_ptr(&function(d, hfunc)?.name)))?;
+        let p = driver::with(|d| {
+            // A kernel whose library is not loaded yet has its name already.
+            if let Some((_, n)) = d.extra.lazy_kernels.get(&(hfunc as u64)) {
+                return Ok(crate::api::library::name_ptr(n));
+            }
+            Ok(crate::api::library::name_ptr(&function(d, hfunc)?.name))
+        })?;
         // SAFETY: checked non-null; a writable `const char*` from the caller.
         unsafe { out(name, p) }
     })
