@@ -15,8 +15,10 @@ use vgpu_proto::BUILTIN_MODULE;
 use crate::error::{BackendError, Result};
 use crate::sync::lock;
 
-/// Most modules one vGPU may have loaded at once.
-pub const MAX_MODULES: usize = 64;
+/// Most modules one vGPU may have loaded at once: a bound on the table, sized for real
+/// programs (a CUDA runtime program loads each library it uses, PyTorch hundreds); the
+/// memory they hold is bounded by the share and `MAX_MODULE_MEMORY`.
+pub const MAX_MODULES: usize = 4096;
 
 /// Most bytes of module memory one vGPU may hold at once (counted in whole pages).
 pub const MAX_MODULE_MEMORY: u64 = 1 << 30;

@@ -254,9 +254,11 @@ step_cudart() {
                 echo "== $prog $where: pass in ${secs}s"
             else
                 echo "== $prog $where: FAIL ($r) in ${secs}s"
-                grep -v ' DEBUG \| TRACE ' "$d/$prog-$where.log" | tail -8
+                grep -v ' DEBUG \| TRACE \|^STAGE ' "$d/$prog-$where.log" | tail -8
                 rc=1
             fi
+            # The Python programs' stages, each passed or failed on its own.
+            grep '^STAGE ' "$d/$prog-$where.log" | sed 's/^/   /'
         done
     done
     return "$rc"

@@ -7,11 +7,19 @@ use std::collections::HashMap;
 
 use vgpu_proto::KernelArg;
 
-/// A library: a module loaded eagerly, its kernels looked up by name once.
+/// A library: its image kept host-side until its first use loads it on the vGPU (lazy
+/// loading; `CUDA_MODULE_LOADING=EAGER` loads it when it is created), its kernels by name.
 pub struct Library {
-    pub module: u64,
-    /// Kernel name -> function handle (a `CUkernel` is its function's handle, so a
-    /// kernel passes to `cuLaunchKernel` as a `CUfunction`, as with the driver).
+    /// The module once loaded on the vGPU.
+    pub module: Option<u64>,
+    /// The image, until it is loaded.
+    pub image: Option<crate::image::Image>,
+    /// Why the image cannot load on this vGPU (`CUDA_ERROR_NO_BINARY_FOR_GPU`, a bad
+    /// image): every use answers it.
+    pub refused: Option<crate::types::CUresult>,
+    /// Kernel name -> kernel handle. A `CUkernel` is the handle its function gets when
+    /// the library loads, so a kernel passes to `cuLaunchKernel` as a `CUfunction`, as
+    /// with the driver.
     pub kernels: HashMap<String, u64>,
 }
 
@@ -133,6 +141,9 @@ pub struct Graph {
 #[derive(Default)]
 pub struct Extra {
     pub libraries: HashMap<u64, Library>,
+    /// Kernels whose library is not loaded yet (or whose function was not looked up):
+    /// kernel handle -> (library, name).
+    pub lazy_kernels: HashMap<u64, (u64, String)>,
     pub pools: HashMap<u64, Pool>,
     /// The device's default pool, created on first use.
     pub default_pool: u64,

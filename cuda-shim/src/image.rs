@@ -25,7 +25,7 @@ const FATBIN_FLAG_COMPRESSED: u64 = 0x2000 | 0x8000;
 const MAX_IMAGE: usize = vgpu_proto::MAX_MODULE_BYTES as usize;
 
 /// What a module image is.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Image {
     Builtin,
     Ptx(Vec<u8>),

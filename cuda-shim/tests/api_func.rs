@@ -566,6 +566,11 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
     assert_eq!(set(9, 101, func), INVALID_VALUE);
     assert_eq!(set(0, 512, func), INVALID_VALUE, "read-only");
     assert_eq!(set(11, 2, func), NOT_SUPPORTED, "clusters");
+    // Cluster permissions and preferences (cuBLAS sets them): valid values accepted.
+    assert_eq!(set(14, 1, func), OK, "non-portable cluster sizes allowed");
+    assert_eq!(set(15, 2, func), OK, "a cluster scheduling preference");
+    assert_eq!(set(14, 2, func), INVALID_VALUE);
+    assert_eq!(set(15, 3, func), INVALID_VALUE);
     assert_eq!(set(8, 1024, 0x7777 as Ptr), INVALID_HANDLE);
     assert_eq!(launch(vadd, 100 << 10), OK);
     assert!(read_c()
@@ -813,6 +818,71 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         "a completion event"
     );
     assert_eq!(launch_ex(&[attr(77, &[])]), INVALID_VALUE);
+
+    // Cluster occupancy (cuBLAS asks at cublasCreate): clusters of one block fit as the
+    // blocks do, larger clusters do not launch on a vGPU (none), the largest size is 1.
+    let clusters = |attrs: &[LaunchAttribute]| {
+        let cfg = LaunchConfig {
+            grid: [64, 1, 1],
+            block: [128, 1, 1],
+            shared: 0,
+            stream: s,
+            attrs: attrs.as_ptr(),
+            num_attrs: attrs.len() as c_uint,
+        };
+        let mut num: c_int = -1;
+        let r = call!(
+            cu,
+            "cuOccupancyMaxActiveClusters",
+            fn(*mut c_int, Ptr, *const LaunchConfig),
+            &mut num,
+            func,
+            &cfg
+        );
+        (r, num)
+    };
+    let mut per_sm: c_int = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            fn(*mut c_int, Ptr, c_int, usize),
+            &mut per_sm,
+            func,
+            128,
+            0
+        ),
+        OK
+    );
+    let mut sms: c_int = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuDeviceGetAttribute",
+            fn(*mut c_int, c_int, c_int),
+            &mut sms,
+            16,
+            0
+        ),
+        OK
+    );
+    assert!(per_sm > 0);
+    assert_eq!(clusters(&[]), (OK, per_sm * sms));
+    assert_eq!(clusters(&[attr(4, &[1, 1, 1])]), (OK, per_sm * sms));
+    assert_eq!(clusters(&[attr(4, &[2, 1, 1])]), (OK, 0));
+    assert_eq!(clusters(&[attr(4, &[0, 1, 1])]).0, INVALID_VALUE);
+    let mut size: c_int = 0;
+    assert_eq!(
+        call!(
+            cu,
+            "cuOccupancyMaxPotentialClusterSize",
+            fn(*mut c_int, Ptr, *const LaunchConfig),
+            &mut size,
+            func,
+            std::ptr::null()
+        ),
+        INVALID_VALUE
+    );
     assert_eq!(
         call!(
             cu,

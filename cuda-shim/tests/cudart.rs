@@ -4,8 +4,10 @@
 //! cuda_runtime_api.h, checks device properties, the vGPU's memory share, allocations,
 //! copies, pinned memory, streams, events, the per-thread default stream, an allocation
 //! beyond the share, the private tables and `cuGetProcAddress` with bad input; and, run
-//! again with a fat binary registered before main as nvcc's code does, that the sim vGPU
-//! refuses it with the documented error. Skipped, saying so, where the runtime was not
+//! again with a fat binary registered before main as nvcc's code does, that the runtime
+//! starts with no context current and the sim vGPU refuses the kernel with the documented
+//! error at its launch (lazy loading, the default) or at the start
+//! (`CUDA_MODULE_LOADING=EAGER`). Skipped, saying so, where the runtime was not
 //! fetched or no C compiler is present.
 
 mod common;
@@ -81,12 +83,18 @@ fn build(cc: &str, runtime: &Path, exe: &Path, link_static: bool, defines: &[&st
 }
 
 /// Runs `exe` on the library against a fresh sim worker (with `VGPU_TEST_FATBIN` when
-/// `fatbin`: the program registers a fat binary before main); asserts it printed "ok".
-fn run(exe: &Path, libdir: &Path, name: &str, fatbin: bool) {
+/// `fatbin`: the program registers a fat binary before main; with
+/// `CUDA_MODULE_LOADING=EAGER` when `eager`); asserts it printed "ok".
+fn run(exe: &Path, libdir: &Path, name: &str, fatbin: bool, eager: bool) {
     let worker = common::Worker::sim(name, SHARE, 4);
     let mut cmd = Command::new(exe);
     if fatbin {
         cmd.env("VGPU_TEST_FATBIN", "1");
+    }
+    if eager {
+        cmd.env("CUDA_MODULE_LOADING", "EAGER");
+    } else {
+        cmd.env_remove("CUDA_MODULE_LOADING");
     }
     let out = cmd
         .arg(SHARE_BYTES.to_string())
@@ -145,8 +153,10 @@ fn nvidia_cuda_runtime_programs_run_on_the_library() {
             let name = format!("cudart{version}-{kind}");
             let exe = prefix.join(&name);
             build(&cc, runtime, &exe, link_static, defines);
-            run(&exe, &libdir, &name, false);
-            run(&exe, &libdir, &format!("{name}-fatbin"), true);
+            run(&exe, &libdir, &name, false, false);
+            run(&exe, &libdir, &format!("{name}-eager"), false, true);
+            run(&exe, &libdir, &format!("{name}-fatbin"), true, false);
+            run(&exe, &libdir, &format!("{name}-fatbin-eager"), true, true);
         }
     }
     let _ = std::fs::remove_dir_all(&prefix);

@@ -145,6 +145,6 @@ fn event_and_module_tables_are_bounded() {
     );
     let c = &d.client;
     let v = c.create_vm(&vm("mode=objects", None)).expect("vm");
-    let out = finish(&d, v.id, "OBJECTS OK events=4096 modules=64");
+    let out = finish(&d, v.id, "OBJECTS OK events=4096 modules=4096");
     eprintln!("{out}");
 }

@@ -8,7 +8,7 @@ use vgpu_grant::{Gate, Resource, Ungated};
 use vgpu_proto::args::{module_kind, shm_flags};
 use vgpu_proto::{
     features, launch_request_len, DeviceInfo, Opcode, Request, Response, VgpuConfig, MAX_DEPS,
-    MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN, PROTOCOL_VERSION,
+    MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN, MAX_SYMBOL_LEN, PROTOCOL_VERSION,
 };
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::Bytes;
@@ -283,17 +283,8 @@ impl Vgpu {
                 .map(|()| [0; 4])
                 .map_err(Into::into),
             Request::GetFunction(a) => {
-                if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
-                    return Err(RequestError::invalid(
-                        op,
-                        format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
-                    ));
-                }
-                let mut name = [0u8; MAX_NAME_LEN as usize];
-                gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
-                let f = b
-                    .modules()
-                    .get_function(a.module, name.get(..a.name_len as usize).unwrap_or(&[]))?;
+                let name = symbol(mem, chain, layout, op, a.name_len)?;
+                let f = b.modules().get_function(a.module, &name)?;
                 Ok([f.handle, u64::from(f.param_count), 0, 0])
             }
             Request::GetFunctionLayout(a) => self.get_function_layout(mem, chain, layout, a),
@@ -304,16 +295,8 @@ impl Vgpu {
                         why: "this device's modules declare no variables (capability bit GLOBALS is clear: built-in kernels only)",
                     });
                 }
-                if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
-                    return Err(RequestError::invalid(
-                        op,
-                        format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
-                    ));
-                }
-                let mut name = [0u8; MAX_NAME_LEN as usize];
-                gather(mem, chain, layout, name_of(op), a.name_len, &mut name)?;
-                let name = name.get(..a.name_len as usize).unwrap_or(&[]);
-                let (addr, size) = b.modules().module_global(a.module, name)?;
+                let name = symbol(mem, chain, layout, op, a.name_len)?;
+                let (addr, size) = b.modules().module_global(a.module, &name)?;
                 Ok([addr, size, 0, 0])
             }
             // Launches are checked when read and served by the launch path; one that
@@ -542,20 +525,12 @@ impl Vgpu {
         a: &vgpu_proto::GetFunctionArgs,
     ) -> Outcome {
         let op = Opcode::GetFunctionLayout;
-        if a.name_len == 0 || a.name_len > MAX_NAME_LEN {
-            return Err(RequestError::invalid(
-                op,
-                format!("name length {} must be 1..={MAX_NAME_LEN}", a.name_len),
-            ));
-        }
         let names = Layout {
             data_count: layout.data_count.saturating_sub(1),
             ..Layout::default()
         };
-        let mut name = [0u8; MAX_NAME_LEN as usize];
-        gather(mem, chain, &names, name_of(op), a.name_len, &mut name)?;
-        let name = name.get(..a.name_len as usize).unwrap_or(&[]);
-        let f = self.backend.modules().get_function(a.module, name)?;
+        let name = symbol(mem, chain, &names, op, a.name_len)?;
+        let f = self.backend.modules().get_function(a.module, &name)?;
         let params = self.backend.modules().param_layout(f.handle)?;
         let d = chain
             .clone()
@@ -600,4 +575,24 @@ fn name_of(op: Opcode) -> &'static str {
 
 pub(crate) fn elapsed_ns(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A kernel or variable name of `len` bytes from the request's data descriptors, checked
+/// against `MAX_SYMBOL_LEN` before anything is read.
+fn symbol<'m>(
+    mem: &'m GuestMem,
+    chain: &Chain<'m>,
+    layout: &Layout,
+    op: Opcode,
+    len: u64,
+) -> Result<Vec<u8>, RequestError> {
+    if len == 0 || len > MAX_SYMBOL_LEN {
+        return Err(RequestError::invalid(
+            op,
+            format!("name length {len} must be 1..={MAX_SYMBOL_LEN}"),
+        ));
+    }
+    let mut name = vec![0u8; len as usize];
+    gather(mem, chain, layout, name_of(op), len, &mut name)?;
+    Ok(name)
 }

@@ -184,8 +184,14 @@ fn get_global_answers_the_backends_range() {
         h.get_global(m + 100, b"counter").status(),
         Some(Status::UnknownModule)
     );
-    // Name lengths out of range and data not adding up to the name.
-    let long = vec![b'x'; MAX_NAME_LEN as usize + 1];
+    // A 1 000-byte name (a C++ template's) reaches the backend; one past the bound, a
+    // zero length and data not adding up to the name are refused.
+    let templated = vec![b'x'; 1000];
+    assert_eq!(
+        h.get_global(m, &templated).status(),
+        Some(Status::UnknownFunction)
+    );
+    let long = vec![b'x'; MAX_SYMBOL_LEN as usize + 1];
     assert_eq!(
         h.get_global(m, &long).status(),
         Some(Status::InvalidArgument)

@@ -50,8 +50,13 @@ pub const fn version_compatible(device_version: u32) -> bool {
     (device_version >> 16) == VERSION_MAJOR as u32
 }
 
-/// Most bytes of a function or module name.
+/// Most bytes of a module name (a built-in module's) and of the other names the protocol
+/// carries (shared memory segments, storage volumes).
 pub const MAX_NAME_LEN: u64 = 256;
+/// Most bytes of a kernel or module variable name (`GET_FUNCTION`, `GET_FUNCTION_LAYOUT`,
+/// `GET_GLOBAL`): C++ template instantiations (CUB, Thrust) have mangled names of
+/// thousands of bytes.
+pub const MAX_SYMBOL_LEN: u64 = 4096;
 /// Most bytes of PTX text in one `MODULE_LOAD`.
 pub const MAX_MODULE_BYTES: u64 = 64 << 20;
 /// Alignment of every device allocation's start address.

@@ -413,10 +413,10 @@ fn queues_run_concurrently_and_synchronize_waits() {
             .map(|i| (b.alloc(MIB).expect("alloc").addr, pattern(MIB as usize, i)))
             .collect();
         let t = Instant::now();
+        let launching = std::sync::atomic::AtomicBool::new(false);
+        let launching = &launching;
         std::thread::scope(|s| {
             // A long kernel on one "queue" does not block copies on others.
-            let launching = std::sync::atomic::AtomicBool::new(false);
-            let launching = &launching;
             s.spawn(move || {
                 launching.store(true, std::sync::atomic::Ordering::Release);
                 b.launch_one(spin, &CFG, &[ArgValue::U64(1_000_000)])

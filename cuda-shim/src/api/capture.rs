@@ -276,6 +276,20 @@ unsafe fn capture_info(
     Ok(())
 }
 
+/// The CUDA 10.1 form: the status and the capture's id.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    h: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+) -> CUresult {
+    guard("cuStreamGetCaptureInfo", || {
+        let none = std::ptr::null_mut();
+        // SAFETY: the caller's pointers, checked inside; the others are NULL.
+        unsafe { capture_info(h, status, id, none, none.cast(), none.cast(), none.cast()) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     h: CUstream,

@@ -1,7 +1,8 @@
 //! Functions of a module or library by enumeration (`cuModuleGetFunctionCount`,
 //! `cuModuleEnumerateFunctions`, `cuLibraryGetKernelCount`, `cuLibraryEnumerateKernels`),
 //! parameter layouts (`cuFuncGetParamInfo`, `cuKernelGetParamInfo`) and the loading
-//! state of a function (always loaded: loading is eager). The names come from the PTX's
+//! state of a function (a kernel of a library not loaded yet is unloaded; `cuFuncLoad`
+//! loads it). The names come from the PTX's
 //! `.entry` list or the built-in module's kernels; a cubin or fat binary module carries
 //! no list the library can read (`CUDA_ERROR_NOT_SUPPORTED`).
 
@@ -12,7 +13,8 @@ use crate::image;
 use crate::types::{res, CUfunction, CUmodule, CUresult};
 use crate::{guard, out};
 
-/// `CU_FUNCTION_LOADING_STATE_LOADED`.
+/// `CU_FUNCTION_LOADING_STATE_UNLOADED`, `CU_FUNCTION_LOADING_STATE_LOADED`.
+const UNLOADED: c_uint = 0;
 const LOADED: c_uint = 1;
 
 /// The entry point names of module `m`, sorted.
@@ -33,34 +35,23 @@ fn names(d: &Driver, m: u64) -> Res<Vec<String>> {
     Ok(names)
 }
 
-/// Handles for up to `max` functions of module `m` (looked up once each).
+/// Handles for up to `max` functions of module `m` (looked up once each), or of library
+/// `lib` (its kernels, the same handles `cuLibraryGetKernel` answers).
 fn handles(d: &mut Driver, m: u64, max: usize, lib: Option<u64>) -> Res<Vec<u64>> {
     let mut out = Vec::new();
     for name in names(d, m)?.into_iter().take(max) {
-        let known = lib
-            .and_then(|l| d.extra.libraries.get(&l))
-            .and_then(|l| l.kernels.get(&name).copied());
-        let h = match known {
-            Some(h) => h,
-            None => {
-                let h = super::module::get_function(d, m, &name)?;
-                if let Some(l) = lib.and_then(|l| d.extra.libraries.get_mut(&l)) {
-                    l.kernels.insert(name, h);
-                }
-                h
-            }
+        let h = match lib {
+            Some(l) => super::library::kernel(d, l, &name)?,
+            None => super::module::get_function(d, m, &name)?,
         };
         out.push(h);
     }
     Ok(out)
 }
 
-fn library_module(d: &Driver, lib: *mut c_void) -> Res<u64> {
-    d.extra
-        .libraries
-        .get(&(lib as u64))
-        .map(|l| l.module)
-        .ok_or(res::INVALID_HANDLE)
+/// The module of library `lib` (loaded now if it was not).
+fn library_module(d: &mut Driver, lib: *mut c_void) -> Res<u64> {
+    super::library::loaded(d, lib as u64)
 }
 
 #[no_mangle]
@@ -109,7 +100,10 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, lib: *mut c_void) -> CUresult {
     guard("cuLibraryGetKernelCount", || {
-        let n = driver::with(|d| names(d, library_module(d, lib)?).map(|n| n.len()))?;
+        let n = driver::with(|d| {
+            let m = library_module(d, lib)?;
+            names(d, m).map(|n| n.len())
+        })?;
         // SAFETY: a writable unsigned int from the caller (NULL refused).
         unsafe { out(count, n as c_uint) }
     })
@@ -180,16 +174,21 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_uint, f: CUfunction) -> CUresult {
     guard("cuFuncIsLoaded", || {
-        driver::with(|d| super::func::function(d, f).map(drop))?;
+        let loaded = driver::with(|d| {
+            if d.extra.lazy_kernels.contains_key(&(f as u64)) {
+                return Ok(UNLOADED);
+            }
+            super::func::function(d, f).map(|_| LOADED)
+        })?;
         // SAFETY: a writable loading state from the caller (NULL refused).
-        unsafe { out(state, LOADED) }
+        unsafe { out(state, loaded) }
     })
 }
 
 #[no_mangle]
 pub extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
     guard("cuFuncLoad", || {
-        // Loaded with its module already.
+        // A kernel's library loads now; any other function is loaded with its module.
         driver::with(|d| super::func::function(d, f).map(drop))
     })
 }

@@ -1,5 +1,8 @@
 //! `cuGetProcAddress` names of the libraries, function attributes, occupancy, pitched
-//! copies, pools, host functions, captures and graphs (base name -> entry point).
+//! copies, pools, host functions, captures and graphs (base name -> entry point), the
+//! CUDA version that introduced each, and those whose function depends on the version.
+
+use std::ffi::c_int;
 
 use super::{capture::*, enumerate::*, limits::*, memcpy::*, pointer::*};
 use super::{func::*, graph::*, hostfn::*, launch_ex::*, library::*, memcpy2d::*, pool::*};
@@ -24,6 +27,8 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuOccupancyMaxPotentialBlockSizeWithFlags" => cuOccupancyMaxPotentialBlockSizeWithFlags,
         "cuOccupancyAvailableDynamicSMemPerBlock" => cuOccupancyAvailableDynamicSMemPerBlock,
         "cuLaunchKernelEx" => cuLaunchKernelEx,
+        "cuOccupancyMaxActiveClusters" => cuOccupancyMaxActiveClusters,
+        "cuOccupancyMaxPotentialClusterSize" => cuOccupancyMaxPotentialClusterSize,
         "cuModuleGetFunctionCount" => cuModuleGetFunctionCount,
         "cuModuleEnumerateFunctions" => cuModuleEnumerateFunctions,
         "cuLibraryGetKernelCount" => cuLibraryGetKernelCount,
@@ -80,18 +85,14 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuStreamAddCallback" => cuStreamAddCallback,
         "cuStreamWriteValue32" => cuStreamWriteValue32_v2,
         "cuStreamWriteValue64" => cuStreamWriteValue64_v2,
-        "cuStreamBeginCapture" => cuStreamBeginCapture_v2,
         "cuStreamEndCapture" => cuStreamEndCapture,
         "cuStreamIsCapturing" => cuStreamIsCapturing,
-        "cuStreamGetCaptureInfo" => cuStreamGetCaptureInfo_v2,
         "cuThreadExchangeStreamCaptureMode" => cuThreadExchangeStreamCaptureMode,
         "cuGraphCreate" => cuGraphCreate,
         "cuGraphDestroy" => cuGraphDestroy,
-        "cuGraphAddKernelNode" => cuGraphAddKernelNode_v2,
         "cuGraphAddMemcpyNode" => cuGraphAddMemcpyNode,
         "cuGraphAddMemsetNode" => cuGraphAddMemsetNode,
         "cuGraphGetNodes" => cuGraphGetNodes,
-        "cuGraphInstantiate" => cuGraphInstantiateWithFlags,
         "cuGraphInstantiateWithFlags" => cuGraphInstantiateWithFlags,
         "cuGraphInstantiateWithParams" => cuGraphInstantiateWithParams,
         "cuGraphLaunch" => cuGraphLaunch,
@@ -99,3 +100,114 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuGraphExecDestroy" => cuGraphExecDestroy,
     }
 }
+
+/// Base names of these areas whose function depends on the CUDA version asked for, as the
+/// driver resolves them (its `PFN_<name>_v<version>` types): (base, from version,
+/// function), newest first within a base.
+pub fn versioned() -> Vec<(&'static str, c_int, usize)> {
+    macro_rules! versions {
+        ($($base:literal => [$($v:literal => $f:path),* $(,)?]),* $(,)?) => {
+            vec![$($(($base, $v, $f as *const () as usize)),*),*]
+        };
+    }
+    versions! {
+        "cuStreamBeginCapture" => [10010 => cuStreamBeginCapture_v2, 10000 => cuStreamBeginCapture],
+        "cuStreamGetCaptureInfo" => [
+            12030 => cuStreamGetCaptureInfo_v3,
+            11030 => cuStreamGetCaptureInfo_v2,
+            10010 => cuStreamGetCaptureInfo,
+        ],
+        "cuGraphAddKernelNode" => [12000 => cuGraphAddKernelNode_v2, 10000 => cuGraphAddKernelNode],
+        "cuGraphInstantiate" => [
+            12000 => cuGraphInstantiateWithFlags,
+            11000 => cuGraphInstantiate_v2,
+            10000 => cuGraphInstantiate_v2,
+        ],
+    }
+}
+
+/// The CUDA version that introduced each base name of these areas (asked for with an
+/// older version: `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`).
+pub const INTRODUCED: &[(&str, c_int)] = &[
+    ("cuFuncSetAttribute", 9000),
+    ("cuFuncSetSharedMemConfig", 4020),
+    ("cuFuncGetName", 12030),
+    ("cuFuncGetModule", 11000),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050),
+    ("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000),
+    ("cuOccupancyMaxPotentialBlockSize", 6050),
+    ("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000),
+    ("cuOccupancyAvailableDynamicSMemPerBlock", 10020),
+    ("cuLaunchKernelEx", 11060),
+    ("cuOccupancyMaxActiveClusters", 11070),
+    ("cuOccupancyMaxPotentialClusterSize", 11070),
+    ("cuModuleGetFunctionCount", 12040),
+    ("cuModuleEnumerateFunctions", 12040),
+    ("cuLibraryGetKernelCount", 12040),
+    ("cuLibraryEnumerateKernels", 12040),
+    ("cuFuncGetParamInfo", 12040),
+    ("cuKernelGetParamInfo", 12040),
+    ("cuFuncIsLoaded", 12040),
+    ("cuFuncLoad", 12040),
+    ("cuLibraryLoadData", 12000),
+    ("cuLibraryLoadFromFile", 12000),
+    ("cuLibraryUnload", 12000),
+    ("cuLibraryGetKernel", 12000),
+    ("cuLibraryGetModule", 12000),
+    ("cuLibraryGetGlobal", 12000),
+    ("cuKernelGetFunction", 12000),
+    ("cuKernelGetAttribute", 12000),
+    ("cuKernelSetAttribute", 12000),
+    ("cuKernelSetCacheConfig", 12000),
+    ("cuKernelGetName", 12030),
+    ("cuKernelGetLibrary", 12050),
+    ("cuMemcpy", 4000),
+    ("cuMemcpyAsync", 4000),
+    ("cuMemcpyPeer", 4000),
+    ("cuMemcpyPeerAsync", 4000),
+    ("cuMemcpy2D", 3020),
+    ("cuMemcpy2DUnaligned", 3020),
+    ("cuMemcpy2DAsync", 3020),
+    ("cuMemcpy3D", 3020),
+    ("cuMemcpy3DAsync", 3020),
+    ("cuMemAllocPitch", 3020),
+    ("cuMemsetD2D8", 3020),
+    ("cuMemsetD2D16", 3020),
+    ("cuMemsetD2D32", 3020),
+    ("cuMemsetD2D8Async", 3020),
+    ("cuMemsetD2D16Async", 3020),
+    ("cuMemsetD2D32Async", 3020),
+    ("cuMemAllocAsync", 11020),
+    ("cuMemAllocFromPoolAsync", 11020),
+    ("cuMemFreeAsync", 11020),
+    ("cuMemPoolCreate", 11020),
+    ("cuMemPoolDestroy", 11020),
+    ("cuMemPoolTrimTo", 11020),
+    ("cuMemPoolSetAttribute", 11020),
+    ("cuMemPoolGetAttribute", 11020),
+    ("cuMemPoolSetAccess", 11020),
+    ("cuMemPoolGetAccess", 11020),
+    ("cuDeviceGetDefaultMemPool", 11020),
+    ("cuDeviceGetMemPool", 11020),
+    ("cuDeviceSetMemPool", 11020),
+    ("cuPointerGetAttributes", 7000),
+    ("cuCtxGetLimit", 3010),
+    ("cuCtxSetLimit", 3010),
+    ("cuLaunchHostFunc", 10000),
+    ("cuStreamAddCallback", 5000),
+    ("cuStreamWriteValue32", 8000),
+    ("cuStreamWriteValue64", 9000),
+    ("cuStreamEndCapture", 10000),
+    ("cuStreamIsCapturing", 10000),
+    ("cuThreadExchangeStreamCaptureMode", 10010),
+    ("cuGraphCreate", 10000),
+    ("cuGraphDestroy", 10000),
+    ("cuGraphAddMemcpyNode", 10000),
+    ("cuGraphAddMemsetNode", 10000),
+    ("cuGraphGetNodes", 10000),
+    ("cuGraphInstantiateWithFlags", 11040),
+    ("cuGraphInstantiateWithParams", 12000),
+    ("cuGraphLaunch", 10000),
+    ("cuGraphUpload", 11010),
+    ("cuGraphExecDestroy", 10000),
+];

@@ -70,8 +70,15 @@ const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: c_uint = 1;
 const MAX_CACHE_CONFIG: c_int = 3;
 const MAX_SHARED_CONFIG: c_int = 2;
 
-/// The function behind a handle (a `CUfunction` or a `CUkernel`).
-pub(crate) fn function(d: &Driver, f: CUfunction) -> Res<&Function> {
+/// The function behind a handle (a `CUfunction` or a `CUkernel`; a kernel's library loads
+/// on this first use).
+pub(crate) fn function(d: &mut Driver, f: CUfunction) -> Res<&Function> {
+    super::library::resolve(d, f as u64)?;
+    lookup(d, f)
+}
+
+/// The function behind a handle already resolved (see [`function`]).
+pub(crate) fn lookup(d: &Driver, f: CUfunction) -> Res<&Function> {
     d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)
 }
 
@@ -86,8 +93,16 @@ fn ptx_version(ptx: &str) -> Option<c_int> {
 }
 
 /// A function attribute, as far as the library knows it.
-pub(crate) fn get_attribute(d: &Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
-    let func = function(d, f)?;
+pub(crate) fn get_attribute(d: &mut Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
+    let v = attribute_of(d, f, attrib);
+    tracing::trace!(function = f as u64, attribute = attrib, value = ?v, "function attribute");
+    v
+}
+
+fn attribute_of(d: &mut Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
+    super::library::resolve(d, f as u64)?;
+    let d = &*d;
+    let func = lookup(d, f)?;
     let g = &d.attributes;
     let binary = (g.cc_major * 10 + g.cc_minor) as c_int;
     let module = d.modules.get(&func.module);
@@ -131,6 +146,13 @@ pub(crate) fn get_attribute(d: &Driver, f: CUfunction, attrib: c_int) -> Res<c_i
 
 /// Sets a function attribute a program may set.
 pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value: c_int) -> Res<()> {
+    tracing::trace!(
+        function = f as u64,
+        attribute = attrib,
+        value,
+        "set function attribute"
+    );
+    super::library::resolve(d, f as u64)?;
     let optin = d
         .attributes
         .max_shared_per_block_optin
@@ -153,15 +175,26 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
             }
             func.carveout = value;
         }
-        // No thread block clusters on a vGPU: asking for none is fine.
+        // No thread block clusters on a vGPU: requiring none is fine.
         fattr::REQUIRED_CLUSTER_WIDTH
         | fattr::REQUIRED_CLUSTER_HEIGHT
-        | fattr::REQUIRED_CLUSTER_DEPTH
-        | fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        | fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+        | fattr::REQUIRED_CLUSTER_DEPTH => {
             if value != 0 {
                 crate::api::stubs::log_once("thread block clusters");
                 return Err(res::NOT_SUPPORTED);
+            }
+        }
+        // Permissions and preferences for cluster launches (cuBLAS sets them on its
+        // kernels): valid values are accepted and change nothing, as no launch on a vGPU
+        // is a cluster launch.
+        fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
+            if !(0..=1).contains(&value) {
+                return Err(res::INVALID_VALUE);
+            }
+        }
+        fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+            if !(0..=2).contains(&value) {
+                return Err(res::INVALID_VALUE);
             }
         }
         0..=7 | fattr::CLUSTER_SIZE_MUST_BE_SET => return Err(res::INVALID_VALUE),
@@ -220,7 +253,13 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, hfunc: CUfuncti
         if name.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        let p = driver::with(|d| Ok(crate::api::library::name_ptr(&function(d, hfunc)?.name)))?;
+        let p = driver::with(|d| {
+            // A kernel whose library is not loaded yet has its name already.
+            if let Some((_, n)) = d.extra.lazy_kernels.get(&(hfunc as u64)) {
+                return Ok(crate::api::library::name_ptr(n));
+            }
+            Ok(crate::api::library::name_ptr(&function(d, hfunc)?.name))
+        })?;
         // SAFETY: checked non-null; a writable `const char*` from the caller.
         unsafe { out(name, p) }
     })
@@ -271,7 +310,7 @@ pub fn blocks_per_sm(g: &DeviceAttributes, n: Needs, block: u64, dynamic: u64) -
         .min(u64::from(g.max_blocks_per_sm))
 }
 
-fn occupancy_checks(d: &Driver, f: CUfunction, flags: c_uint) -> Res<Needs> {
+pub(crate) fn occupancy_checks(d: &mut Driver, f: CUfunction, flags: c_uint) -> Res<Needs> {
     d.current_ctx()?;
     let needs = Needs::of(function(d, f)?);
     if flags & !CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE != 0 {
@@ -292,12 +331,9 @@ fn max_active_blocks(
         if block <= 0 {
             return Err(res::INVALID_VALUE);
         }
-        Ok(blocks_per_sm(
-            &d.attributes,
-            needs,
-            block as u64,
-            dynamic as u64,
-        ))
+        let n = blocks_per_sm(&d.attributes, needs, block as u64, dynamic as u64);
+        tracing::trace!(?needs, block, dynamic, blocks = n, "occupancy");
+        Ok(n)
     })?;
     // SAFETY: a writable int from the caller (NULL refused).
     unsafe { out(num_blocks, n as c_int) }
@@ -441,9 +477,17 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
             let per_block = u64::from(g.max_shared_per_sm) / num_blocks as u64;
             let optin = u64::from(g.max_shared_per_block_optin.min(MAX_SHARED_BYTES));
             let fixed = u64::from(needs.static_shared);
-            Ok(per_block
+            let v = per_block
                 .saturating_sub(RESERVED_SHARED_PER_BLOCK + fixed)
-                .min(optin.saturating_sub(fixed)))
+                .min(optin.saturating_sub(fixed));
+            tracing::trace!(
+                ?needs,
+                num_blocks,
+                block,
+                smem = v,
+                "available dynamic shared memory"
+            );
+            Ok(v)
         })?;
         // SAFETY: a writable size_t from the caller (NULL refused).
         unsafe { out(smem, v as usize) }

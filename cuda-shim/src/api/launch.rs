@@ -138,7 +138,7 @@ fn args(d: &Driver, sig: &Signature, params: Params) -> Res<Packed> {
 /// kept, by a stream capture, and replayed later).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare(
-    d: &Driver,
+    d: &mut Driver,
     f: CUfunction,
     grid: [c_uint; 3],
     block: [c_uint; 3],
@@ -147,7 +147,9 @@ pub(crate) fn prepare(
     extra: *mut *mut c_void,
 ) -> Res<PreparedLaunch> {
     d.current_ctx()?;
-    let func = d.functions.get(&(f as u64)).ok_or(res::INVALID_HANDLE)?;
+    super::library::resolve(d, f as u64)?;
+    let d = &*d;
+    let func = super::func::lookup(d, f)?;
     if grid.contains(&0) || block.contains(&0) {
         return Err(res::INVALID_VALUE);
     }

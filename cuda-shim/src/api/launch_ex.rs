@@ -5,12 +5,15 @@
 //! stream stays fully serialised). Cooperative launches and thread block clusters larger
 //! than one block are not offered (`CUDA_ERROR_NOT_SUPPORTED`, as on a device without
 //! them; `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH` answers 0), nor are the attributes
-//! that record events from inside the kernel.
+//! that record events from inside the kernel. Cluster occupancy
+//! (`cuOccupancyMaxActiveClusters`, `cuOccupancyMaxPotentialClusterSize`) answers
+//! accordingly: clusters of one block, as many as fit the GPU; none of more.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
-use crate::guard;
+use crate::driver::{self, Res};
 use crate::types::{res, CUfunction, CUresult, CUstream};
+use crate::{guard, out};
 
 /// `CUlaunchAttribute`: an id and a 64-byte value.
 #[repr(C)]
@@ -119,6 +122,84 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
             check_attribute(unsafe { &*c.attrs.add(i) })?;
         }
         super::launch::launch(f, c.grid, c.block, c.shared, c.stream, kernel_params, extra)
+    })
+}
+
+/// Blocks per cluster a launch configuration asks for (its `CLUSTER_DIMENSION`; 1
+/// without one).
+///
+/// # Safety
+/// `c.attrs` holds `c.num_attrs` attributes (API contract).
+unsafe fn cluster_blocks(c: &LaunchConfig) -> Res<u64> {
+    if c.num_attrs > 0 && c.attrs.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    let mut blocks = 1;
+    for i in 0..c.num_attrs as usize {
+        // SAFETY: `attrs` holds `num_attrs` attributes (the caller's contract).
+        let a = unsafe { &*c.attrs.add(i) };
+        if a.id == id::CLUSTER_DIMENSION {
+            let dims = [word(&a.value, 0), word(&a.value, 1), word(&a.value, 2)];
+            if dims.contains(&0) {
+                return Err(res::INVALID_VALUE);
+            }
+            blocks = dims.iter().map(|&x| u64::from(x)).product();
+        }
+    }
+    Ok(blocks)
+}
+
+/// Clusters of `config`'s shape that run at once: for a cluster of one block, the blocks
+/// that fit every SM; none of a larger cluster (a vGPU launches no such cluster).
+fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
+    if config.is_null() {
+        return Err(res::INVALID_VALUE);
+    }
+    // SAFETY: a readable CUlaunchConfig from the caller.
+    let c = unsafe { &*config };
+    // SAFETY: its attribute array as the API documents it.
+    let size = unsafe { cluster_blocks(c)? };
+    driver::with(|d| {
+        let needs = super::func::occupancy_checks(d, f, 0)?;
+        let block = c.block.iter().map(|&b| u64::from(b)).product::<u64>();
+        if block == 0 {
+            return Err(res::INVALID_VALUE);
+        }
+        if size > 1 {
+            return Ok(0);
+        }
+        let per_sm = super::func::blocks_per_sm(&d.attributes, needs, block, u64::from(c.shared));
+        Ok(per_sm * u64::from(d.attributes.sm_count.max(1)))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    num: *mut c_int,
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> CUresult {
+    guard("cuOccupancyMaxActiveClusters", || {
+        let n = max_active_clusters(f, config)?;
+        tracing::trace!(clusters = n, "cuOccupancyMaxActiveClusters");
+        // SAFETY: a writable int from the caller (NULL refused).
+        unsafe { out(num, n.min(c_int::MAX as u64) as c_int) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    size: *mut c_int,
+    f: CUfunction,
+    config: *const LaunchConfig,
+) -> CUresult {
+    guard("cuOccupancyMaxPotentialClusterSize", || {
+        if config.is_null() {
+            return Err(res::INVALID_VALUE);
+        }
+        driver::with(|d| super::func::occupancy_checks(d, f, 0).map(drop))?;
+        // SAFETY: a writable int from the caller (NULL refused).
+        unsafe { out(size, 1) }
     })
 }
 

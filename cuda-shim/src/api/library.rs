@@ -1,13 +1,17 @@
-//! The library API (`cuLibrary*`, `cuKernel*`, CUDA 12): a library is a module loaded
-//! eagerly in the vGPU's one context (the image is compiled or loaded when
-//! `cuLibraryLoad*` returns), a kernel is its function: a `CUkernel` is the handle of
-//! the function, so it passes to `cuLaunchKernel` as a `CUfunction`, as with the driver.
+//! The library API (`cuLibrary*`, `cuKernel*`, CUDA 12). Loading is lazy, as the driver's
+//! is by default since CUDA 12.2: `cuLibraryLoad*` keeps the image host-side and its
+//! first use (a kernel's function, a launch, an attribute, a global, the module) loads it
+//! on the vGPU; an image the vGPU cannot run answers `CUDA_ERROR_NO_BINARY_FOR_GPU` there.
+//! `CUDA_MODULE_LOADING=EAGER` loads it when the library is created. A `CUkernel` is the
+//! handle its function gets when the library loads, so it passes to `cuLaunchKernel` as a
+//! `CUfunction`, as with the driver. Libraries are not bound to a context: they load with
+//! none current (the runtime creates them before a program's first call).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use crate::driver::{self, Res};
+use crate::driver::{self, Driver, Res};
 use crate::extra::Library;
 use crate::image::{self, Image};
 use crate::types::{res, CUdeviceptr, CUfunction, CUmodule, CUresult};
@@ -30,22 +34,128 @@ pub(crate) fn name_ptr(name: &str) -> *const c_char {
     leaked.as_ptr()
 }
 
+/// Whether libraries load when they are created: `CUDA_MODULE_LOADING=EAGER`, as the
+/// driver reads it (any other value, or none, is lazy loading).
+pub(crate) fn eager() -> bool {
+    static EAGER: OnceLock<bool> = OnceLock::new();
+    *EAGER.get_or_init(|| {
+        std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"))
+    })
+}
+
+/// Whether a load error is the image's (kept: every use answers it) rather than the
+/// moment's (out of memory, too many modules: a later use tries again).
+fn image_refused(e: CUresult) -> bool {
+    matches!(
+        e,
+        res::NO_BINARY_FOR_GPU | res::INVALID_IMAGE | res::INVALID_PTX
+    )
+}
+
+/// The module of library `lib`, loading it on the vGPU on its first use.
+pub(crate) fn loaded(d: &mut Driver, lib: u64) -> Res<u64> {
+    let l = d.extra.libraries.get(&lib).ok_or(res::INVALID_HANDLE)?;
+    if let Some(m) = l.module {
+        return Ok(m);
+    }
+    if let Some(e) = l.refused {
+        return Err(e);
+    }
+    let img = l.image.clone().ok_or(res::INVALID_HANDLE)?;
+    let r = super::module::load_image(d, img);
+    if let Some(l) = d.extra.libraries.get_mut(&lib) {
+        match r {
+            Ok(m) => {
+                l.module = Some(m);
+                l.image = None;
+            }
+            Err(e) if image_refused(e) => {
+                l.refused = Some(e);
+                l.image = None;
+            }
+            Err(_) => {}
+        }
+    }
+    r
+}
+
+/// Makes handle `f` usable as a function: a kernel whose library is not loaded yet is
+/// loaded and looked up now. Any other handle is left to the caller's lookup.
+pub(crate) fn resolve(d: &mut Driver, f: u64) -> Res<()> {
+    if d.functions.contains_key(&f) {
+        return Ok(());
+    }
+    let Some((lib, name)) = d.extra.lazy_kernels.get(&f).cloned() else {
+        return Ok(());
+    };
+    let module = loaded(d, lib)?;
+    super::module::enter_function(d, module, &name, f)?;
+    d.extra.lazy_kernels.remove(&f);
+    Ok(())
+}
+
+/// The kernel handle for `name` of library `lib`. A loaded library looks the function up
+/// now (`CUDA_ERROR_NOT_FOUND` for a name it lacks); otherwise a PTX image's entry list
+/// (or the built-in kernels) answers for it and the lookup waits for the first use; a
+/// binary image's names are known once it loads.
+pub(crate) fn kernel(d: &mut Driver, lib: u64, name: &str) -> Res<u64> {
+    let l = d.extra.libraries.get(&lib).ok_or(res::INVALID_HANDLE)?;
+    if let Some(&k) = l.kernels.get(name) {
+        return Ok(k);
+    }
+    let known = match (l.module, &l.image) {
+        (None, Some(Image::Ptx(text))) => {
+            image::ptx_entries(&String::from_utf8_lossy(text)).contains_key(name)
+        }
+        (None, Some(Image::Builtin)) => image::builtin_signature(name).is_some(),
+        _ => true,
+    };
+    if !known {
+        return Err(res::NOT_FOUND);
+    }
+    let module = l.module;
+    let k = d.handle();
+    match module {
+        Some(m) => super::module::enter_function(d, m, name, k)?,
+        None => {
+            d.extra.lazy_kernels.insert(k, (lib, name.to_string()));
+        }
+    }
+    if let Some(l) = d.extra.libraries.get_mut(&lib) {
+        l.kernels.insert(name.to_string(), k);
+    }
+    Ok(k)
+}
+
 fn load(plib: *mut CUlibrary, img: impl FnOnce(bool) -> Res<Image>) -> Res<()> {
     if plib.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    let native = driver::with(|d| d.current_ctx().map(|_| super::module::native_binaries(d)))?;
-    let img = img(native)?;
+    let native = driver::with(|d| Ok(super::module::native_binaries(d)))?;
+    let (image, refused) = match img(native) {
+        Ok(i) => (Some(i), None),
+        // An image this vGPU cannot run fails its first use, as with the driver's lazy
+        // loading; an unreadable one fails now.
+        Err(e) if e == res::NO_BINARY_FOR_GPU && !eager() => (None, Some(e)),
+        Err(e) => return Err(e),
+    };
     let h = driver::with(|d| {
-        let module = super::module::load(d, img)?;
         let h = d.handle();
         d.extra.libraries.insert(
             h,
             Library {
-                module,
+                module: None,
+                image,
+                refused,
                 kernels: HashMap::new(),
             },
         );
+        if eager() {
+            if let Err(e) = loaded(d, h) {
+                d.extra.libraries.remove(&h);
+                return Err(e);
+            }
+        }
         Ok(h)
     })?;
     // SAFETY: checked non-null; a writable CUlibrary from the caller.
@@ -65,7 +175,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _num_lib: c_uint,
 ) -> CUresult {
     // JIT and library options (log buffers, optimisation, binary preservation) do not
-    // apply: the device compiles, and loading is eager.
+    // apply: the device compiles, and the library keeps the image until it loads.
     guard("cuLibraryLoadData", || {
         load(plib, |native| {
             // SAFETY: the image is readable as the API documents (fatbin, cubin or text).
@@ -113,26 +223,29 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     })
 }
 
+/// The module of library `lib`, loaded on its first use.
 fn module_of(lib: CUlibrary) -> Res<u64> {
-    driver::with(|d| {
-        d.extra
-            .libraries
-            .get(&(lib as u64))
-            .map(|l| l.module)
-            .ok_or(res::INVALID_HANDLE)
-    })
+    driver::with(|d| loaded(d, lib as u64))
 }
 
 #[no_mangle]
 pub extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
     guard("cuLibraryUnload", || {
-        let module = module_of(lib)?;
-        let r = super::module::cuModuleUnload(module as CUmodule);
-        driver::with(|d| {
-            d.extra.libraries.remove(&(lib as u64));
-            Ok(())
+        let module = driver::with(|d| {
+            let l = d
+                .extra
+                .libraries
+                .remove(&(lib as u64))
+                .ok_or(res::INVALID_HANDLE)?;
+            d.extra
+                .lazy_kernels
+                .retain(|_, (owner, _)| *owner != lib as u64);
+            Ok(l.module)
         })?;
-        match r {
+        let Some(module) = module else {
+            return Ok(());
+        };
+        match super::module::cuModuleUnload(module as CUmodule) {
             res::SUCCESS => Ok(()),
             e => Err(e),
         }
@@ -153,22 +266,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         let name = unsafe { CStr::from_ptr(name) }
             .to_str()
             .map_err(|_| res::NOT_FOUND)?;
-        let h = driver::with(|d| {
-            let l = d
-                .extra
-                .libraries
-                .get(&(lib as u64))
-                .ok_or(res::INVALID_HANDLE)?;
-            if let Some(&k) = l.kernels.get(name) {
-                return Ok(k);
-            }
-            let module = l.module;
-            let k = super::module::get_function(d, module, name)?;
-            if let Some(l) = d.extra.libraries.get_mut(&(lib as u64)) {
-                l.kernels.insert(name.to_string(), k);
-            }
-            Ok(k)
-        })?;
+        let h = driver::with(|d| kernel(d, lib as u64, name))?;
         // SAFETY: checked non-null; a writable CUkernel from the caller.
         unsafe { out(pkernel, h as CUkernel) }
     })
@@ -214,6 +312,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(pfunc: *mut CUfunction, kernel: CUk
     guard("cuKernelGetFunction", || {
         driver::with(|d| {
             d.current_ctx()?;
+            resolve(d, kernel as u64)?;
             super::func::function(d, kernel).map(drop)
         })?;
         // SAFETY: a writable CUfunction from the caller (NULL refused).
@@ -274,11 +373,14 @@ pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, kernel: CUker
 pub unsafe extern "C" fn cuKernelGetLibrary(plib: *mut CUlibrary, kernel: CUkernel) -> CUresult {
     guard("cuKernelGetLibrary", || {
         let lib = driver::with(|d| {
+            if let Some((lib, _)) = d.extra.lazy_kernels.get(&(kernel as u64)) {
+                return Ok(*lib);
+            }
             let module = super::func::function(d, kernel)?.module;
             d.extra
                 .libraries
                 .iter()
-                .find(|(_, l)| l.module == module)
+                .find(|(_, l)| l.module == Some(module))
                 .map(|(&h, _)| h)
                 .ok_or(res::NOT_FOUND)
         })?;

@@ -18,6 +18,13 @@ pub use super::func::cuFuncGetAttribute;
 
 pub(crate) fn load(d: &mut Driver, img: Image) -> Res<u64> {
     d.current_ctx()?;
+    load_image(d, img)
+}
+
+/// Loads `img` on the vGPU: the module's handle. Modules live in the vGPU's one device
+/// context, so a library loads with no context current (the runtime loads its libraries
+/// before a program's first call makes one current).
+pub(crate) fn load_image(d: &mut Driver, img: Image) -> Res<u64> {
     let t = d.t.clone();
     let module = match img {
         Image::Builtin => {
@@ -167,6 +174,13 @@ pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
 /// Looks up function `name` of module `mh` and enters it: its handle.
 pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
     d.current_ctx()?;
+    let h = d.handle();
+    enter_function(d, mh, name, h)?;
+    Ok(h)
+}
+
+/// Looks up function `name` of module `mh` on the vGPU and enters it as handle `h`.
+pub(crate) fn enter_function(d: &mut Driver, mh: u64, name: &str, h: u64) -> Res<()> {
     let m = d.modules.get(&mh).ok_or(res::INVALID_HANDLE)?;
     let sig = if m.builtin {
         Some(image::builtin_signature(name).ok_or(res::NOT_FOUND)?)
@@ -216,7 +230,6 @@ pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
             "parameter counts differ"
         );
     }
-    let h = d.handle();
     d.functions.insert(
         h,
         Function {
@@ -229,7 +242,7 @@ pub(crate) fn get_function(d: &mut Driver, mh: u64, name: &str) -> Res<u64> {
             attrs,
         },
     );
-    Ok(h)
+    Ok(())
 }
 
 #[no_mangle]

@@ -130,7 +130,7 @@ const FLAG_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
 fn versioned() -> &'static [(&'static str, c_int, usize)] {
     static TABLE: OnceLock<Vec<(&'static str, c_int, usize)>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        versions! {
+        let mut t = versions! {
             "cuCtxCreate" => [12050 => cuCtxCreate_v4, 11040 => cuCtxCreate_v3, 3020 => cuCtxCreate_v2],
             "cuGetProcAddress" => [12000 => cuGetProcAddress_v2, 11030 => cuGetProcAddress],
             "cuStreamGetCtx" => [12050 => super::ptsz::cuStreamGetCtx_v2, 9020 => cuStreamGetCtx],
@@ -145,7 +145,9 @@ fn versioned() -> &'static [(&'static str, c_int, usize)] {
             "cuStreamDestroy" => [4000 => cuStreamDestroy_v2, 2000 => cuStreamDestroy],
             "cuEventDestroy" => [4000 => cuEventDestroy_v2, 2000 => cuEventDestroy],
             "cuMemHostRegister" => [6050 => cuMemHostRegister_v2, 4000 => cuMemHostRegister],
-        }
+        };
+        t.extend(super::ext_table::versioned());
+        t
     })
 }
 
@@ -275,6 +277,7 @@ pub fn lookup(symbol: &str, version: c_int, flags: u64) -> Found {
     };
     let introduced = INTRODUCED
         .iter()
+        .chain(super::ext_table::INTRODUCED)
         .find(|(name, _)| *name == symbol)
         .map_or(0, |&(_, v)| v);
     if version < introduced {
@@ -383,6 +386,75 @@ mod tests {
 
     fn f(p: *const ()) -> Found {
         Found::Function(p as usize)
+    }
+
+    #[test]
+    fn capture_and_graph_names_resolve_by_version() {
+        use super::super::capture::*;
+        use super::super::graph::*;
+        let capture_info = [
+            (13000, cuStreamGetCaptureInfo_v3 as *const ()),
+            (12030, cuStreamGetCaptureInfo_v3 as *const ()),
+            (12020, cuStreamGetCaptureInfo_v2 as *const ()),
+            (11030, cuStreamGetCaptureInfo_v2 as *const ()),
+            (10010, cuStreamGetCaptureInfo as *const ()),
+        ];
+        for (version, want) in capture_info {
+            assert_eq!(
+                lookup("cuStreamGetCaptureInfo", version, 0),
+                f(want),
+                "{version}"
+            );
+        }
+        assert_eq!(
+            lookup("cuStreamGetCaptureInfo", 10000, 0),
+            Found::VersionNotSufficient
+        );
+        assert_eq!(
+            lookup("cuGraphInstantiate", 12000, 0),
+            f(cuGraphInstantiateWithFlags as *const ())
+        );
+        assert_eq!(
+            lookup("cuGraphInstantiate", 11080, 0),
+            f(cuGraphInstantiate_v2 as *const ())
+        );
+        assert_eq!(
+            lookup("cuGraphAddKernelNode", 12000, 0),
+            f(cuGraphAddKernelNode_v2 as *const ())
+        );
+        assert_eq!(
+            lookup("cuGraphAddKernelNode", 11080, 0),
+            f(cuGraphAddKernelNode as *const ())
+        );
+        assert_eq!(
+            lookup("cuStreamBeginCapture", 10010, 0),
+            f(cuStreamBeginCapture_v2 as *const ())
+        );
+        assert_eq!(
+            lookup("cuStreamBeginCapture", 10000, 0),
+            f(cuStreamBeginCapture as *const ())
+        );
+        // Names of the library API and later areas exist from the version that added them.
+        assert_eq!(
+            lookup("cuLibraryLoadData", 11080, 0),
+            Found::VersionNotSufficient
+        );
+        assert_eq!(
+            lookup("cuLibraryLoadData", 12000, 0),
+            f(super::super::library::cuLibraryLoadData as *const ())
+        );
+        assert_eq!(
+            lookup("cuKernelGetLibrary", 12040, 0),
+            Found::VersionNotSufficient
+        );
+        assert_eq!(
+            lookup("cuMemAllocAsync", 11010, 0),
+            Found::VersionNotSufficient
+        );
+        assert_eq!(
+            lookup("cuGraphUpload", 11000, 0),
+            Found::VersionNotSufficient
+        );
     }
 
     #[test]

@@ -9,15 +9,26 @@ use crate::driver;
 use crate::types::{attr, res, CUdevice, CUresult, CUstream};
 use crate::{guard, out};
 
-/// `CU_MODULE_EAGER_LOADING`: a module's kernels are loaded with the module.
+/// `CU_MODULE_EAGER_LOADING`: a library's kernels are loaded with the library.
 const CU_MODULE_EAGER_LOADING: c_int = 0x1;
+/// `CU_MODULE_LAZY_LOADING`: a library loads on its first use (the default).
+const CU_MODULE_LAZY_LOADING: c_int = 0x2;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
     guard("cuModuleGetLoadingMode", || {
         driver::with(|_| Ok(()))?;
         // SAFETY: a writable CUmoduleLoadingMode from the caller (NULL refused).
-        unsafe { out(mode, CU_MODULE_EAGER_LOADING) }
+        unsafe {
+            out(
+                mode,
+                if super::library::eager() {
+                    CU_MODULE_EAGER_LOADING
+                } else {
+                    CU_MODULE_LAZY_LOADING
+                },
+            )
+        }
     })
 }
 

@@ -8,7 +8,7 @@ use vgpu_proto::{
     encode_launch, AllocArgs, DeviceAttributes, DeviceInfo, EventArgs, EventElapsedArgs, FreeArgs,
     GetFunctionArgs, KernelArg, LaunchArgs, MemcpyDtoDArgs, MemcpyDtoHArgs, MemcpyHtoDArgs,
     MemsetArgs, ModuleLoadArgs, ModuleUnloadArgs, Opcode, ParamLayout, Request, ShmAtArgs,
-    ShmCtlArgs, ShmDtArgs, ShmGetArgs, Status, StorageAttachArgs, MAX_NAME_LEN,
+    ShmCtlArgs, ShmDtArgs, ShmGetArgs, Status, StorageAttachArgs, MAX_SYMBOL_LEN,
 };
 
 use super::stream::{SlotData, Stream, Ticket, MAX_DATA_BUFFERS};
@@ -233,7 +233,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
 
     /// Looks up a function of a loaded module by name.
     pub fn get_function(&mut self, module: u64, name: &str) -> Result<Function> {
-        if name.len() as u64 > MAX_NAME_LEN {
+        if name.len() as u64 > MAX_SYMBOL_LEN {
             return Err(Error::RequestTooLarge);
         }
         let req = Request::GetFunction(GetFunctionArgs {
@@ -256,7 +256,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         module: u64,
         name: &str,
     ) -> Result<(Function, ParamLayout, u64)> {
-        if name.len() as u64 > MAX_NAME_LEN {
+        if name.len() as u64 > MAX_SYMBOL_LEN {
             return Err(Error::RequestTooLarge);
         }
         let req = Request::GetFunctionLayout(GetFunctionArgs {
@@ -289,7 +289,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         u64,
         Option<vgpu_proto::FunctionAttributes>,
     )> {
-        if name.len() as u64 > MAX_NAME_LEN {
+        if name.len() as u64 > MAX_SYMBOL_LEN {
             return Err(Error::RequestTooLarge);
         }
         let req = Request::GetFunctionLayout(GetFunctionArgs {
@@ -313,7 +313,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     /// Looks up a module variable by name (devices with `features::GLOBALS`): its device
     /// address and size.
     pub fn get_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {
-        if name.len() as u64 > MAX_NAME_LEN {
+        if name.len() as u64 > MAX_SYMBOL_LEN {
             return Err(Error::RequestTooLarge);
         }
         let req = Request::GetGlobal(vgpu_proto::GetGlobalArgs {

@@ -12,9 +12,10 @@ const HEADER_OFF: usize = 0;
 pub const RESPONSE_OFF: usize = 768;
 pub const INFO_OFF: usize = 832;
 pub const SCRATCH_OFF: usize = 1024;
-/// Names are at most 256 bytes (`vgpu_proto::MAX_NAME_LEN`).
-pub const SCRATCH_MAX: usize = 1024;
-pub const SLOT_SIZE: usize = 2048;
+/// A kernel name (at most `vgpu_proto::MAX_SYMBOL_LEN`, 4 KiB) and the parameter layout
+/// and attributes the device answers after it.
+pub const SCRATCH_MAX: usize = 5120;
+pub const SLOT_SIZE: usize = 6144;
 
 pub(crate) struct Slots {
     mem: DmaRegion,

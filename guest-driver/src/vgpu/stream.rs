@@ -10,7 +10,7 @@ use crate::queue::{Buffer, SplitQueue};
 use crate::spec::reg;
 use crate::transport::{DmaRegion, Transport};
 
-use super::slots::{Slots, HEADER_MAX, INFO_OFF, RESPONSE_OFF, SCRATCH_OFF};
+use super::slots::{Slots, HEADER_MAX, INFO_OFF, RESPONSE_OFF, SCRATCH_MAX, SCRATCH_OFF};
 
 /// Most data descriptors one request may carry.
 pub const MAX_DATA_BUFFERS: usize = 8;
@@ -67,9 +67,10 @@ pub(crate) enum SlotData<'a> {
 }
 
 /// Where a `ParamLayout` answer lands in a slot: past the longest name in the scratch area.
-const LAYOUT_OFF: usize = SCRATCH_OFF + 512;
+const LAYOUT_OFF: usize = SCRATCH_OFF + vgpu_proto::MAX_SYMBOL_LEN as usize;
 /// `GET_FUNCTION_LAYOUT`'s answer: the layout, then the function's attributes.
 const LAYOUT_ANSWER: usize = vgpu_proto::ParamLayout::SIZE + vgpu_proto::FunctionAttributes::SIZE;
+const _: () = assert!(LAYOUT_OFF + LAYOUT_ANSWER <= SCRATCH_OFF + SCRATCH_MAX);
 
 #[derive(Clone, Copy, Debug)]
 enum Slot {

@@ -242,7 +242,7 @@ fn objects(s: &mut GpuStream) -> Result<(), Failure> {
             Err(e) if is(&e, Status::OutOfResources) => break,
             Err(e) => return Err(fail(EXIT_DRIVER, format_args!("MODULE_LOAD: {e}"))),
         }
-        if modules.len() > 4096 {
+        if modules.len() > 16384 {
             return Err(fail(
                 EXIT_UNBOUNDED,
                 format_args!("{} modules loaded and none refused", modules.len()),
