@@ -18,7 +18,6 @@ pub mod front;
 mod kernel_times;
 mod launch;
 mod memtable;
-mod request;
 mod shm;
 mod slots;
 mod stats;
