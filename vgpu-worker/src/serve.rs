@@ -358,6 +358,7 @@ mod tests {
                 vgpu,
                 &sd,
                 Duration::ZERO,
+                vgpu_device::front::DEFAULT_MAX_GUEST_MEMORY,
                 Arc::default(),
                 || {},
             )
