@@ -2,7 +2,8 @@
 //! the wire protocol by hand (docs/hostile.md, "A tenant's vhost-user frontend"):
 //! protocol features that were never offered, memory slots (`ADD_MEM_REG`) by the
 //! thousand, a dirty log that could shrink, out-of-range ring values. Each is refused, the
-//! worker keeps its descriptors bounded, and it serves the next connection.
+//! worker keeps its descriptors bounded, and it serves the next connection. A memory
+//! table above the worker's `--max-guest-memory` is refused the same way.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -130,10 +131,11 @@ impl Drop for Worker {
     }
 }
 
-fn worker(sock: &Path, log: &Path) -> Worker {
+fn worker(sock: &Path, log: &Path, extra: &[&str]) -> Worker {
     let w = Command::new(vgpu_tests::bins::binary("vgpu-worker"))
         .args(["--socket", &sock.display().to_string(), "--vgpu-id", "7"])
         .args(["--memory", "64M", "--queues", "2", "--seccomp", "kill"])
+        .args(extra)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log).expect("log"))
@@ -155,7 +157,7 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
     let dir = vgpu_tests::daemon::temp_dir("vhost-frontend");
     let sock = dir.join("vgpu.sock");
     let log = dir.join("worker.log");
-    let mut w = worker(&sock, &log);
+    let mut w = worker(&sock, &log, &[]);
     let pid = w.0.id();
     let mut fe = Raw::connect(&sock);
     let offered = fe.handshake();
@@ -252,6 +254,87 @@ fn a_hostile_frontend_is_refused_and_the_worker_serves_the_next_one() {
     );
     drop(next);
     // Its clean disconnect ends the worker, as a VM's does.
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = w.0.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the worker did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}\n{}", text());
+    assert!(!text().contains("panicked"), "{}", text());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A `SET_MEM_TABLE` body for `regions` (guest address, size), one descriptor each.
+fn mem_table(regions: &[(u64, u64)]) -> Vec<u8> {
+    let mut table = Vec::new();
+    table.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+    table.extend_from_slice(&0u32.to_le_bytes());
+    for (i, (gpa, size)) in regions.iter().enumerate() {
+        let uaddr = 0x7f00_0000_0000 + (i as u64) * GIB;
+        for v in [*gpa, *size, uaddr, 0] {
+            table.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    table
+}
+
+#[test]
+fn a_memory_table_above_the_workers_bound_is_refused_and_the_worker_serves_on() {
+    let dir = vgpu_tests::daemon::temp_dir("vhost-frontend-bound");
+    let sock = dir.join("vgpu.sock");
+    let log = dir.join("worker.log");
+    let mut w = worker(&sock, &log, &["--max-guest-memory", "128M"]);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut fe = Raw::connect(&sock);
+    fe.handshake();
+
+    // One region past the bound, then two that only together are past it: sealed
+    // memfds of the sizes they claim, so only the bound refuses them.
+    let big = memfd(256 << 20, true);
+    let ack = fe.ask(
+        SET_MEM_TABLE,
+        NEED_REPLY,
+        &mem_table(&[(0, 256 << 20)]),
+        &[big.as_raw_fd()],
+    );
+    assert_eq!(ack, Some(1), "a 256 MiB table accepted\n{}", text());
+    let (a, b) = (memfd(96 << 20, true), memfd(64 << 20, true));
+    let ack = fe.ask(
+        SET_MEM_TABLE,
+        NEED_REPLY,
+        &mem_table(&[(0, 96 << 20), (GIB, 64 << 20)]),
+        &[a.as_raw_fd(), b.as_raw_fd()],
+    );
+    assert_eq!(ack, Some(1), "a 160 MiB table accepted\n{}", text());
+    assert!(
+        text().contains("this vGPU's worker maps and pins at most 134217728"),
+        "the refusal is not logged\n{}",
+        text()
+    );
+
+    // The same connection goes on: a table within the bound is taken and the device
+    // answers.
+    let ram = memfd(128 << 20, true);
+    let ack = fe.ask(
+        SET_MEM_TABLE,
+        NEED_REPLY,
+        &mem_table(&[(0, 128 << 20)]),
+        &[ram.as_raw_fd()],
+    );
+    assert_eq!(ack, Some(0), "a 128 MiB table refused\n{}", text());
+    assert_eq!(fe.ask(GET_QUEUE_NUM, 0, &[], &[]), Some(2), "{}", text());
+    assert!(
+        w.0.try_wait().expect("wait").is_none(),
+        "the worker exited\n{}",
+        text()
+    );
+    drop(fe);
     let t0 = Instant::now();
     let status = loop {
         if let Some(st) = w.0.try_wait().expect("wait") {

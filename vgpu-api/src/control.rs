@@ -259,6 +259,10 @@ pub struct WorkerStats {
     /// Swapping state, for an oversubscribed vGPU.
     #[serde(default)]
     pub memory: Option<MemReport>,
+    /// Guest memory the worker maps and may pin in host memory (the total of its
+    /// frontend's memory table).
+    #[serde(default)]
+    pub pinned_host_bytes: u64,
 }
 
 /// A reply's content.

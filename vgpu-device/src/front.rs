@@ -7,8 +7,11 @@
 //!   feature is negotiated; the frontend may ack only protocol features that were offered
 //!   (so `ADD_MEM_REG`, `GET_MAX_MEM_SLOTS`, inflight and backend-request channels, never
 //!   offered, are refused);
-//! - `SET_MEM_TABLE`: at most [`MAX_REGIONS`] regions of at most [`MAX_GUEST_RAM`] bytes
-//!   together (what the backend may pin in host memory);
+//! - `SET_MEM_TABLE`: at most [`MAX_REGIONS`] regions of at most the worker's
+//!   `--max-guest-memory` bytes together ([`DEFAULT_MAX_GUEST_MEMORY`] unless vgpud says
+//!   otherwise): what the worker maps and the backend may pin in host memory, charged to
+//!   the vGPU as its `pinned_host_bytes`; `ADD_MEM_REG`, were it negotiated, may not take
+//!   the total past the same bound;
 //! - `SET_LOG_BASE`: the dirty log must be one memfd sealed against shrinking, holding the
 //!   log area, which must cover the memory table (a log that could shrink or is too small
 //!   would crash the worker with SIGBUS on its next write);
@@ -30,9 +33,9 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 /// Most memory regions a memory table may have (vhost-user's own limit for
 /// `SET_MEM_TABLE`).
 pub const MAX_REGIONS: usize = 8;
-/// Most guest RAM, in bytes, one memory table may map (and the backend pin): vgpud's
-/// largest VM (docs/api.md).
-pub const MAX_GUEST_RAM: u64 = 64 << 30;
+/// Most guest RAM, in bytes, one memory table may map (and the backend pin) when the
+/// worker is given no `--max-guest-memory`: vgpud's largest VM (docs/api.md).
+pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 64 << 30;
 /// Largest message body (vhost-user's `MAX_MSG_SIZE`).
 const MAX_BODY: usize = 0x1000;
 /// Most descriptors one message may carry.
@@ -64,6 +67,10 @@ pub struct Gate {
     acked: u64,
     /// The end of guest-physical memory in the current table.
     ram_end: u64,
+    /// Bytes of guest memory in the current table.
+    ram_total: u64,
+    /// Most bytes of guest memory the frontend may have mapped at once.
+    max_guest_memory: u64,
 }
 
 /// How a message was judged.
@@ -81,7 +88,15 @@ impl Gate {
             queues,
             acked: 0,
             ram_end: 0,
+            ram_total: 0,
+            max_guest_memory: DEFAULT_MAX_GUEST_MEMORY,
         }
+    }
+
+    /// The same gate, allowing at most `bytes` of guest memory mapped at once.
+    pub fn with_max_guest_memory(mut self, bytes: u64) -> Self {
+        self.max_guest_memory = bytes;
+        self
     }
 
     fn has(&self, f: VhostUserProtocolFeatures) -> bool {
@@ -129,6 +144,10 @@ impl Gate {
             FrontendReq::GET_CONFIG => need(self.has(P::CONFIG), "CONFIG"),
             FrontendReq::SET_CONFIG => Err("the vGPU's config space is read-only".into()),
             FrontendReq::SET_MEM_TABLE => self.memory_table(m),
+            FrontendReq::ADD_MEM_REG => {
+                need(self.has(P::CONFIGURE_MEM_SLOTS), "CONFIGURE_MEM_SLOTS")?;
+                self.add_region(m)
+            }
             FrontendReq::SET_LOG_BASE => {
                 need(self.has(P::LOG_SHMFD), "LOG_SHMFD")?;
                 self.log_base(m)
@@ -186,12 +205,40 @@ impl Gate {
             total = total.saturating_add(size);
             end = end.max(gpa.saturating_add(size));
         }
-        if total > MAX_GUEST_RAM {
+        self.bounded(total)?;
+        self.ram_end = end;
+        self.ram_total = total;
+        Ok(())
+    }
+
+    /// `ADD_MEM_REG`: one region more, within the same bound as a whole table.
+    fn add_region(&mut self, m: &Msg) -> Result<(), String> {
+        if m.fds.len() != 1 {
             return Err(format!(
-                "a memory table of {total} bytes; at most {MAX_GUEST_RAM} may be mapped and pinned"
+                "a memory region with {} descriptors (one)",
+                m.fds.len()
             ));
         }
-        self.ram_end = end;
+        // A u64 of padding, then the region as in a table.
+        let gpa = u64_at(&m.body, 8)?;
+        let size = u64_at(&m.body, 16)?;
+        let total = self.ram_total.saturating_add(size);
+        self.bounded(total)?;
+        self.ram_end = self.ram_end.max(gpa.saturating_add(size));
+        self.ram_total = total;
+        Ok(())
+    }
+
+    /// Whether `total` bytes of guest memory may be mapped and pinned for this vGPU.
+    fn bounded(&self, total: u64) -> Result<(), String> {
+        if total > self.max_guest_memory {
+            return Err(format!(
+                "{total} bytes of guest memory; this vGPU's worker maps and pins at most {} \
+                 (its --max-guest-memory: the VM's memory size when vgpud launched the VM \
+                 with it)",
+                self.max_guest_memory
+            ));
+        }
         Ok(())
     }
 
@@ -541,9 +588,35 @@ mod tests {
         let nine: Vec<(u64, u64)> = (0..9).map(|i| (i << 30, 1 << 30)).collect();
         assert!(g.check(&table(&nine)).is_err(), "9 regions");
         assert!(
-            g.check(&table(&[(0, MAX_GUEST_RAM + 4096)])).is_err(),
+            g.check(&table(&[(0, DEFAULT_MAX_GUEST_MEMORY + 4096)]))
+                .is_err(),
             "too big"
         );
+        // A worker given a smaller bound holds its frontend to it.
+        let mut small = gate().with_max_guest_memory(1 << 30);
+        assert!(small.check(&table(&[(0, 1 << 30)])).is_ok());
+        let two = table(&[(0, 1 << 30), (1 << 32, 4096)]);
+        assert!(small
+            .check(&two)
+            .expect_err("over the bound")
+            .contains("at most 1073741824"));
+        // ADD_MEM_REG, were it offered and negotiated, adds to the same total.
+        let slots = VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        let mut adding = Gate::new(slots, 1).with_max_guest_memory(1 << 30);
+        let ack = (slots | VhostUserProtocolFeatures::REPLY_ACK).bits();
+        let features = msg(
+            FrontendReq::SET_PROTOCOL_FEATURES,
+            &words(&[ack]),
+            Vec::new(),
+        );
+        assert!(adding.check(&features).is_ok());
+        assert!(adding.check(&table(&[(0, 1 << 29)])).is_ok());
+        let add = |size: u64| {
+            let body = words(&[0, 1 << 32, size, 0x7f00_0000_0000, 0]);
+            msg(FrontendReq::ADD_MEM_REG, &body, vec![memfd(0, 0)])
+        };
+        assert!(adding.check(&add(1 << 29)).is_ok());
+        assert!(adding.check(&add(4096)).is_err(), "past the bound");
         assert!(g.check(&table(&[(0, 64 << 20)])).is_ok());
         let area = (64u64 << 20) / LOG_BYTE_COVERS;
         let log = |size: u64, fd| msg(FrontendReq::SET_LOG_BASE, &words(&[size, 0]), vec![fd]);

@@ -13,6 +13,7 @@ pub struct Stats {
     kernels: AtomicU64,
     kernel_ns: AtomicU64,
     busy_ns: AtomicU64,
+    pinned_host_bytes: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -34,6 +35,9 @@ pub struct StatsSnapshot {
     pub kernel_ns: u64,
     /// Time spent processing requests (all queues added up), ns.
     pub busy_ns: u64,
+    /// Guest memory the worker maps and may pin in host memory for direct copies: the
+    /// total of the frontend's accepted memory table.
+    pub pinned_host_bytes: u64,
 }
 
 impl Stats {
@@ -62,6 +66,11 @@ impl Stats {
         self.kernel_ns.fetch_add(ns, Relaxed);
     }
 
+    /// The frontend's accepted memory table now maps `bytes` of guest memory.
+    pub(crate) fn pinned_host(&self, bytes: u64) {
+        self.pinned_host_bytes.store(bytes, Relaxed);
+    }
+
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
@@ -73,6 +82,7 @@ impl Stats {
             kernels: self.kernels.load(Relaxed),
             kernel_ns: self.kernel_ns.load(Relaxed),
             busy_ns: self.busy_ns.load(Relaxed),
+            pinned_host_bytes: self.pinned_host_bytes.load(Relaxed),
         }
     }
 }

@@ -340,6 +340,9 @@ impl VhostUserBackend for VgpuVhostBackend {
         if let Some(Err(e)) = host.map(|h| h.register(&regions)) {
             tracing::warn!(error = %e, "guest memory not fully registered with the backend");
         }
+        // Charged to the vGPU whether or not the backend pins it: the worker maps it all.
+        let bytes = regions.iter().map(|r| r.len as u64).sum();
+        self.vgpu.stats.pinned_host(bytes);
         // Unregistering an address that failed to register is a no-op.
         *registered = regions;
         tracing::debug!(regions = registered.len(), "guest memory table updated");

@@ -75,6 +75,7 @@ impl ControlState {
             priority: sh.priority,
             connected: self.connected.load(Ordering::Relaxed),
             memory: self.pager.as_ref().map(|p| p.state().into()),
+            pinned_host_bytes: s.pinned_host_bytes,
         }
     }
 

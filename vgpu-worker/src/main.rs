@@ -140,6 +140,10 @@ struct Args {
     /// `VgpuVhostBackend::with_poll`.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     poll_us: u64,
+    /// Most guest memory the frontend's memory table may map (and the backend pin in host
+    /// memory), in bytes: vgpud passes its VM's memory size (docs/hostile.md).
+    #[arg(long, value_parser = parse_size, default_value_t = vgpu_device::front::DEFAULT_MAX_GUEST_MEMORY)]
+    max_guest_memory: u64,
     /// Most launches a queue hands the GPU at once when the guest posts them together: one
     /// grant of the GPU's scheduler for all of them, kernels back to back (1 = every launch
     /// alone). A batch also stops at 2 ms of its kernels' usual run times, which bounds how
@@ -258,6 +262,7 @@ impl Args {
             oversubscribe: self.oversubscribe,
             shm: self.shm,
             poll: Duration::from_micros(self.poll_us),
+            max_guest_memory: self.max_guest_memory,
             storage: self
                 .storage
                 .into_iter()

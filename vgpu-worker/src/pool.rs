@@ -234,6 +234,7 @@ mod tests {
             oversubscribe: false,
             shm: true,
             poll: Duration::ZERO,
+            max_guest_memory: vgpu_device::front::DEFAULT_MAX_GUEST_MEMORY,
             storage: Vec::new(),
             seccomp: SeccompMode::Off,
             control_listen: None,

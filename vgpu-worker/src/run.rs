@@ -43,6 +43,8 @@ pub struct Config {
     pub shm: bool,
     /// Adaptive polling of the queues after a request.
     pub poll: Duration,
+    /// Most guest memory the frontend may map (`--max-guest-memory`).
+    pub max_guest_memory: u64,
     /// Storage namespaces for GPU-initiated reads.
     pub storage: Vec<NamespaceSpec>,
     /// The system call filter installed once start-up is done.
@@ -435,6 +437,7 @@ pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
         vgpu,
         &shutdown,
         cfg.poll,
+        cfg.max_guest_memory,
         state.outgoing.clone(),
         || {
             state.connected.store(true, Ordering::Relaxed);

@@ -17,7 +17,8 @@
 //! Allowed with their arguments checked: `clone` only for a thread (the flags of glibc's
 //! `pthread_create`, no new namespace, no `CLONE_PARENT`/`CLONE_VFORK`/`CLONE_PIDFD`), so
 //! nothing the worker starts outlives it; `tgkill` only within its own thread group (the
-//! first argument is its own pid); `prctl` only for naming threads and reading settings,
+//! first argument is its own pid); `prctl` only for naming threads, setting its timer
+//! slack and reading settings,
 //! never `PR_SET_DUMPABLE` or `PR_SET_PTRACER`. Refused with ENOSYS rather than killing:
 //! `clone3` (its flags sit in a struct seccomp cannot read; glibc then starts threads with
 //! `clone`) and `io_uring_setup` (the emulated NVMe controller then reads with `preadv`).
@@ -240,10 +241,12 @@ const NEVER_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_UNTRACED) as u64;
 /// `PR_SET_VMA` (naming anonymous mappings), not in the libc crate.
 const PR_SET_VMA: u64 = 0x5356_4d41;
-/// The prctl options a worker and the CUDA driver use: naming threads and mappings,
+/// The prctl options a worker and the CUDA driver use: naming threads and mappings, the
+/// kernel-wait threads' timer slack (the cuda backend's 1 µs, `backend/src/cuda/hard_limit.rs`),
 /// reading settings.
-const PRCTL_OPTIONS: [u64; 15] = [
+const PRCTL_OPTIONS: [u64; 16] = [
     libc::PR_SET_NAME as u64,
+    libc::PR_SET_TIMERSLACK as u64,
     libc::PR_GET_NAME as u64,
     PR_SET_VMA,
     libc::PR_GET_DUMPABLE as u64,
@@ -614,10 +617,12 @@ mod tests {
     fn prctl_names_threads_but_never_makes_the_worker_dumpable() {
         fn name() -> i32 {
             let n = b"w\0";
-            // SAFETY: PR_SET_NAME reads a NUL-terminated name; PR_GET_DUMPABLE reads nothing.
+            // SAFETY: PR_SET_NAME reads a NUL-terminated name; PR_GET_DUMPABLE reads
+            // nothing; PR_SET_TIMERSLACK takes an integer (the cuda backend's kernel waits).
             let ok = unsafe {
                 libc::prctl(libc::PR_SET_NAME, n.as_ptr()) == 0
                     && libc::prctl(libc::PR_GET_DUMPABLE) >= 0
+                    && libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0) == 0
             };
             i32::from(!ok)
         }

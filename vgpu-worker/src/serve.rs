@@ -203,6 +203,7 @@ pub fn serve(
     vgpu: Arc<Vgpu>,
     shutdown: &Shutdown,
     poll: Duration,
+    max_guest_memory: u64,
     outgoing: Arc<crate::outgoing::Outgoing>,
     on_connected: impl FnOnce(),
 ) -> Result<(), WorkerError> {
@@ -246,7 +247,7 @@ pub fn serve(
         } else {
             tracing::info!(vgpu = id, "a new frontend connected");
         }
-        let mut gate = Gate::new(offered, queues);
+        let mut gate = Gate::new(offered, queues).with_max_guest_memory(max_guest_memory);
         let ended = vgpu_device::front::carry(frontend, end, &mut gate, id);
         let waited = daemon.wait();
         let refused = match (&ended, &waited) {
@@ -357,6 +358,7 @@ mod tests {
                 vgpu,
                 &sd,
                 Duration::ZERO,
+                vgpu_device::front::DEFAULT_MAX_GUEST_MEMORY,
                 Arc::default(),
                 || {},
             )

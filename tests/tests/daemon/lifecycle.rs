@@ -79,6 +79,12 @@ fn vm_lifecycle_with_a_vgpu_workload() {
     assert_eq!(stats["live"], true);
     assert!(stats["memory_used_bytes"].as_u64() > Some(0), "{stats}");
     assert_eq!(stats["memory_used_bytes"], stats["memory_resident_bytes"]);
+    // Its guest memory (the VM's, all of it in the memory table) is charged to the vGPU.
+    assert_eq!(
+        stats["pinned_host_bytes"],
+        json!(req.memory_bytes),
+        "{stats}"
+    );
     assert_eq!(stats["errors"], 0);
     let u = stats["compute_utilization"].as_f64().unwrap_or(0.0);
     assert!(u > 0.05 && u < 1.5, "compute utilization {u}");
@@ -144,6 +150,34 @@ fn vm_lifecycle_with_a_vgpu_workload() {
     let g2 = vm2.vgpu.expect("inline vgpu");
     let worker = c.vgpu(g2).expect("vgpu").worker_pid.expect("worker");
     let vmm = c.vm(vm2.id).expect("vm").pid.expect("vmm");
+    // Its worker maps at most the VM's memory, and charges what the VM's table maps.
+    let args = std::fs::read(format!("/proc/{worker}/cmdline")).expect("cmdline");
+    let bound = format!("--max-guest-memory\0{}\0", 64u64 << 20);
+    assert!(
+        args.windows(bound.len()).any(|w| w == bound.as_bytes()),
+        "{}",
+        String::from_utf8_lossy(&args)
+    );
+    let start = Instant::now();
+    while c.vgpu_stats(g2).expect("stats").pinned_host_bytes != 64 << 20 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            c.vgpu_stats(g2)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = std::process::Command::new(vgpu_tests::bins::binary("vgpuctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["vgpu", "stats", &g2.to_string()])
+        .output()
+        .expect("vgpuctl");
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.contains("PINNED HOST") && out.contains("64.0 MiB"),
+        "{out}"
+    );
     assert_eq!(c.gpus().expect("gpus")[0].compute_committed, 0.9);
     c.delete_vm(vm2.id).expect("delete");
     assert!(!alive(vmm) && !alive(worker), "processes left behind");

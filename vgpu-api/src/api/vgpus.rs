@@ -397,6 +397,11 @@ pub struct VgpuStats {
     pub memory_swapped_bytes: u64,
     /// Bytes of those in the GPU's swap area.
     pub memory_device_swap_bytes: u64,
+    /// Host memory charged to the vGPU for its frontend's guest memory: the bytes its
+    /// worker maps and may pin for direct copies (the frontend's memory table; at most its
+    /// VM's memory, docs/hostile.md).
+    #[serde(default)]
+    pub pinned_host_bytes: u64,
     /// Bytes swapped out so far.
     pub swap_out_bytes: u64,
     /// Bytes swapped back in so far.

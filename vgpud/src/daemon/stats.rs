@@ -87,6 +87,7 @@ impl Daemon {
                 .memory_report()
                 .map_or(0, |m| m.device_swap + m.host_swap),
             memory_device_swap_bytes: rec.memory_report().map_or(0, |m| m.device_swap),
+            pinned_host_bytes: last.pinned_host_bytes,
             swap_out_bytes: rec.memory_report().map_or(0, |m| m.swap_out_bytes),
             swap_in_bytes: rec.memory_report().map_or(0, |m| m.swap_in_bytes),
             swap_out_ms: rec

@@ -296,7 +296,12 @@ impl Daemon {
             .gpu(rec.gpu())
             .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
         let fds = self.attach_grants(rec, rec.gpu())?;
-        let cmd = self.worker_command(rec, gpu);
+        let mut cmd = self.worker_command(rec, gpu);
+        // The VM it serves maps its memory and no more (docs/hostile.md); a vGPU made
+        // before its VM keeps the worker's default bound.
+        if let Some(vm) = rec.vm().and_then(|v| inner.vms.get(&v)) {
+            cmd.args(["--max-guest-memory", &vm.memory().to_string()]);
+        }
         if rec.oversubscribe() {
             self.pool_join(rec.gpu(), id, rec.priority());
         }

@@ -79,6 +79,9 @@ struct Plan {
     identity: Option<Identity>,
     /// The write end of the exec-error pipe (close-on-exec).
     err: RawFd,
+    /// Whether the child mounts a /proc of its own PID namespace (it has one, and a
+    /// mount namespace of its own).
+    own_proc: bool,
 }
 
 /// The program's path: as given when it holds a `/`, else found on PATH.
@@ -130,6 +133,33 @@ fn child(plan: &Plan) -> ! {
         };
         if libc::setsid() < 0 {
             fail(1);
+        }
+        if plan.own_proc {
+            // Pid 1 of a new PID namespace and a mount namespace of its own: a /proc of
+            // this namespace, so that the process's own pid (1) and /proc/self agree (the
+            // CUDA driver's cuInit fails with CUDA_ERROR_OPERATING_SYSTEM when they do
+            // not). Mounts stay private to the namespace. Best effort: without it a
+            // worker runs as before, and only a CUDA worker notices.
+            let none = c"none".as_ptr();
+            let root = c"/".as_ptr();
+            let proc_ = c"proc".as_ptr();
+            let target = c"/proc".as_ptr();
+            if libc::mount(
+                none,
+                root,
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) == 0
+            {
+                libc::mount(
+                    proc_,
+                    target,
+                    proc_,
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                );
+            }
         }
         // Every source out of the way of every target first, then each to its number.
         let mut moved = [-1 as RawFd; MAX_FDS];
@@ -215,7 +245,7 @@ pub fn spawn_sealed(
     let (argv, envp) = (pointers(&args), pointers(&envs));
     args.extend(envs);
     let (err_read, err_write) = pipe()?;
-    let plan = Plan {
+    let mut plan = Plan {
         path: cstring(path.as_os_str())?,
         argv,
         envp,
@@ -227,11 +257,13 @@ pub fn spawn_sealed(
         fds,
         identity,
         err: err_write.as_raw_fd(),
+        own_proc: false,
     };
     let (pid, sealed) = {
         let mut sealed = !NO_NAMESPACE.load(Ordering::Relaxed);
+        plan.own_proc = sealed;
         let mut pid = if sealed {
-            clone(libc::CLONE_NEWPID)
+            clone(libc::CLONE_NEWPID | libc::CLONE_NEWNS)
         } else {
             -1
         };
@@ -250,6 +282,7 @@ pub fn spawn_sealed(
             sealed = false;
         }
         if !sealed {
+            plan.own_proc = false;
             pid = clone(0);
         }
         if pid == 0 {
