@@ -84,7 +84,7 @@ fn a_hostile_guest_beside_a_neighbour_that_checks_its_data() {
     let c = &d.client;
     let neighbour = c
         .create_vm(&gpu_load(
-            "rounds=300 spin_us=2000 check=5",
+            "rounds=600 spin_us=2000 check=5",
             0,
             0.4,
             64 * MIB,
@@ -103,14 +103,15 @@ fn a_hostile_guest_beside_a_neighbour_that_checks_its_data() {
         assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
         assert!(out.contains("HOSTILE OK"), "{out}");
         errors += out.lines().filter(|l| l.starts_with("hostile: ")).count();
-        assert_eq!(
-            c.vm(neighbour.id).expect("vm").state,
-            VmState::Running,
-            "the neighbour must still run"
+        // The neighbour runs on, or has finished its rounds cleanly (checked below).
+        let state = c.vm(neighbour.id).expect("vm").state;
+        assert!(
+            matches!(state, VmState::Running | VmState::Exited { code: 0 }),
+            "the neighbour must run on or have finished cleanly: {state:?}"
         );
     }
     eprintln!("hostile: {errors} attack lines answered; the neighbour kept verifying");
-    neighbour_ok(c, neighbour.id, 300);
+    neighbour_ok(c, neighbour.id, 600);
     let log = d.log_text();
     assert!(!log.contains("panicked"), "{log}");
 }
