@@ -29,6 +29,33 @@ pub fn module_footprint(image: &ModuleImage<'_>) -> u64 {
 /// (`.extern` declarations define nothing and count 0).
 pub fn ptx_globals_bytes(text: &[u8]) -> u64 {
     let mut total = 0u64;
+    module_statements(text, |stmt, items| {
+        total = total.saturating_add(statement_bytes(stmt, items))
+    });
+    total
+}
+
+/// Names of the module-scope `.global` and `.const` variables PTX `text` defines (not
+/// `.extern` ones), in order; what the scan cannot read is left out.
+pub fn ptx_global_names(text: &[u8]) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    module_statements(text, |stmt, _| {
+        let Some(rest) = declarators(stmt) else {
+            return;
+        };
+        for d in rest.split(',') {
+            let name = d.split('[').next().unwrap_or("").trim();
+            if !name.is_empty() && !names.iter().any(|n: &Vec<u8>| n == name.as_bytes()) {
+                names.push(name.as_bytes().to_vec());
+            }
+        }
+    });
+    names
+}
+
+/// Calls `f` with each module-scope statement of PTX `text` (comments skipped) and the
+/// number of elements in its initializer (0: none).
+fn module_statements(text: &[u8], mut f: impl FnMut(&[u8], u64)) {
     let mut stmt: Vec<u8> = Vec::new();
     // Depth of `{}` and `()`; an initializer's braces are part of its statement.
     let mut depth = 0usize;
@@ -70,7 +97,7 @@ pub fn ptx_globals_bytes(text: &[u8]) -> u64 {
             b',' if in_init => init_items = init_items.saturating_add(1),
             b';' if depth == 0 => {
                 let items = if in_init { init_items } else { 0 };
-                total = total.saturating_add(statement_bytes(&stmt, items));
+                f(&stmt, items);
                 stmt.clear();
                 in_init = false;
             }
@@ -78,7 +105,41 @@ pub fn ptx_globals_bytes(text: &[u8]) -> u64 {
             _ => {}
         }
     }
-    total
+}
+
+/// The declarators (`a,b[4]`, blanks removed) of a module-scope `.global` or `.const`
+/// statement that defines variables; `None` for any other statement.
+fn declarators(stmt: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stmt);
+    let decl = text.split('=').next().unwrap_or("");
+    let tokens: Vec<&str> = decl.split_whitespace().collect();
+    let pos = tokens
+        .iter()
+        .position(|t| *t == ".global" || *t == ".const")?;
+    let linkage = [".visible", ".weak", ".common", ".extern"];
+    let before = tokens.get(..pos).unwrap_or(&[]);
+    if before
+        .iter()
+        .rev()
+        .take_while(|t| linkage.contains(t))
+        .any(|t| *t == ".extern")
+    {
+        return None;
+    }
+    let mut k = pos + 1;
+    while let Some(tok) = tokens.get(k) {
+        if !tok.starts_with('.') {
+            break;
+        }
+        if *tok == ".extern" {
+            return None;
+        }
+        if *tok == ".align" {
+            k += 1;
+        }
+        k += 1;
+    }
+    Some(tokens.get(k..).unwrap_or(&[]).concat())
 }
 
 /// Bytes one module-scope statement declares in `.global` or `.const` space.
@@ -248,6 +309,15 @@ mod tests {
 "#;
         let want = 1048576 + 8 + 16 * 4 + 4 * (1 + 4 + 6) + 16 * 8 + 3;
         assert_eq!(ptx_globals_bytes(ptx), want);
+        let names: Vec<String> = ptx_global_names(ptx)
+            .into_iter()
+            .map(|n| String::from_utf8_lossy(&n).into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["buf", "counter", "coeffs", "a", "b", "c", "vecs", "msg"],
+            "every defined variable, not the extern one, the parameter or the local"
+        );
         let fp = module_footprint(&ModuleImage::Ptx(ptx));
         assert_eq!(fp % MODULE_PAGE, 0);
         assert!(fp >= want + ptx.len() as u64);

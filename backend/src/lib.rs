@@ -110,6 +110,17 @@ pub struct FunctionInfo {
     pub param_count: u32,
 }
 
+/// One module-scope variable of a loaded module ([`Modules::module_globals`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleGlobal {
+    /// Its name in the module (no NUL).
+    pub name: Vec<u8>,
+    /// Its device address.
+    pub addr: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
 /// Launch geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
@@ -319,6 +330,15 @@ pub trait Modules: Send + Sync {
         Err(BackendError::NotSupported(
             "this backend's modules declare no variables (built-in kernels only)".into(),
         ))
+    }
+
+    /// Every variable of a loaded module this backend can name, with its address and
+    /// size: what a migration carries so the module's state survives the move
+    /// (docs/migration.md, "Module variables"). Each one listed becomes a valid range as
+    /// after [`Modules::module_global`]. Default: none.
+    fn module_globals(&self, module: u64) -> Result<Vec<ModuleGlobal>> {
+        let _ = module;
+        Ok(Vec::new())
     }
 }
 

@@ -341,8 +341,9 @@ fn module_variables_and_by_value_structs() {
                 len: 64,
             },
         ];
-        if b.info().features & features::GLOBALS == 0 {
-            // No guest code: no variables, no by-value structs.
+        assert_ne!(b.info().features & features::GLOBALS, 0, "{name}");
+        if b.info().features & features::PTX == 0 {
+            // No guest code: the built-in module's variables, no by-value structs.
             let m = b
                 .modules()
                 .module_load(ModuleImage::Builtin(b"builtin"))
@@ -350,12 +351,31 @@ fn module_variables_and_by_value_structs() {
             let e = b
                 .modules()
                 .module_global(m, b"scale")
-                .expect_err("no variables");
-            assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+                .expect_err("not a built-in variable");
+            assert_eq!(e.status(), Status::UnknownFunction, "{name}: {e}");
+            let (addr, size) = b.modules().module_global(m, b"counter").expect("counter");
+            assert_eq!(size, 8, "{name}");
+            b.check_range(addr, 8).expect("inside");
+            b.check_range(addr, 9).expect_err("past its end");
+            b.memset(addr, 0x5a, 1, 8).expect("memset");
+            let mut back = [0u8; 8];
+            b.copy_dtoh(addr, &vm_memory::VolatileSlice::from(&mut back[..]))
+                .expect("dtoh from the variable");
+            assert_eq!(back, [0x5a; 8], "{name}");
+            b.free(addr).expect_err("free of a module variable");
+            let listed = b.modules().module_globals(m).expect("list");
+            assert_eq!(listed.len(), 2, "{name}: {listed:?}");
+            assert!(
+                listed.iter().any(|g| (g.addr, g.size) == (addr, 8)),
+                "{name}"
+            );
             let spin = b.modules().get_function(m, b"spin").expect("spin");
             let e =
                 launch_blob(b, spin.handle, &cfg, &blob_args, &[0; 88]).expect_err("no structs");
             assert_eq!(e.status(), Status::NotSupported, "{name}: {e}");
+            // Unloaded, the variable's range is gone.
+            b.modules().module_unload(m).expect("unload");
+            b.check_range(addr, 8).expect_err("gone with its module");
             return;
         }
         assert_ne!(b.info().features & features::PARAM_BLOBS, 0, "{name}");
@@ -363,8 +383,13 @@ fn module_variables_and_by_value_structs() {
             .modules()
             .module_load(ModuleImage::Ptx(GLOBALS_PTX.as_bytes()))
             .expect("globals module");
+        // Every variable its PTX defines is listed (what a migration carries).
+        let listed = b.modules().module_globals(m).expect("list");
+        assert_eq!(listed.len(), 1, "{name}: {listed:?}");
+        assert_eq!((&listed[0].name[..], listed[0].size), (&b"scale"[..], 32));
         let (addr, size) = b.modules().module_global(m, b"scale").expect("scale");
         assert_eq!(size, 32, "{name}");
+        assert_eq!(addr, listed[0].addr, "{name}");
         assert_eq!(
             b.modules()
                 .module_global(m, b"nothing")

@@ -34,6 +34,11 @@ impl Backend for Migratable {
 
     fn free(&self, addr: u64) -> Result<()> {
         let (_g, b) = self.enter();
+        if lock(&self.vars).contains_key(&addr) {
+            return Err(BackendError::InvalidArgument(format!(
+                "{addr:#x} is a module's variable, not an allocation; it goes when its module is unloaded"
+            )));
+        }
         b.free(addr)?;
         lock(&self.allocs).remove(&addr);
         lock(&self.imported).remove(&addr);
@@ -41,26 +46,26 @@ impl Backend for Migratable {
     }
 
     fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.current().check_range(addr, len)
+        self.current().check_range(self.real_addr(addr, len), len)
     }
 
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let (_g, b) = self.enter();
         self.mark(dst);
-        let r = b.copy_htod(dst, src);
+        let r = b.copy_htod(self.real_addr(dst, src.len() as u64), src);
         self.mark(dst);
         r
     }
 
     fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
         let (_g, b) = self.enter();
-        b.copy_dtoh(src, dst)
+        b.copy_dtoh(self.real_addr(src, dst.len() as u64), dst)
     }
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
         let (_g, b) = self.enter();
         self.mark(dst);
-        let r = b.copy_dtod(dst, src, len);
+        let r = b.copy_dtod(self.real_addr(dst, len), self.real_addr(src, len), len);
         self.mark(dst);
         r
     }
@@ -68,7 +73,8 @@ impl Backend for Migratable {
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let (_g, b) = self.enter();
         self.mark(dst);
-        let r = b.memset(dst, value, elem_size, count);
+        let len = count.saturating_mul(u64::from(elem_size));
+        let r = b.memset(self.real_addr(dst, len), value, elem_size, count);
         self.mark(dst);
         r
     }
@@ -84,10 +90,20 @@ impl Backend for Migratable {
                 .map(|i| functions.get(&i.function).map(|f| f.real))
                 .collect()
         };
+        // Pointers into module variables that moved, translated.
+        let args: Vec<Option<Vec<vgpu_backend::ArgValue>>> =
+            items.iter().map(|i| self.real_args(i.args)).collect();
         let known: Vec<Launch<'_>> = items
             .iter()
             .zip(&real)
-            .filter_map(|(i, r)| r.map(|function| Launch { function, ..*i }))
+            .zip(&args)
+            .filter_map(|((i, r), a)| {
+                r.map(|function| Launch {
+                    function,
+                    args: a.as_deref().unwrap_or(i.args),
+                    ..*i
+                })
+            })
             .collect();
         for i in &known {
             self.mark_launch(i.args);
@@ -163,6 +179,7 @@ impl Modules for Migratable {
             .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
         b.modules().module_unload(real)?;
         lock(&self.modules).remove(&module);
+        self.forget_vars(&*b, module);
         lock(&self.functions).retain(|_, f| f.module != module);
         Ok(())
     }
@@ -213,7 +230,21 @@ impl Modules for Migratable {
             .get(&module)
             .map(|m| m.real)
             .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
-        b.modules().module_global(real, name)
+        let (addr, size) = b.modules().module_global(real, name)?;
+        Ok((self.guest_var(module, name, addr, size), size))
+    }
+
+    fn module_globals(&self, module: u64) -> Result<Vec<vgpu_backend::ModuleGlobal>> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.modules)
+            .get(&module)
+            .map(|m| m.real)
+            .ok_or_else(|| BackendError::UnknownModule(format!("{module}")))?;
+        let mut all = b.modules().module_globals(real)?;
+        for g in &mut all {
+            g.addr = self.guest_var(module, &g.name, g.addr, g.size);
+        }
+        Ok(all)
     }
 }
 

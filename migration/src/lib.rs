@@ -18,6 +18,9 @@
 //! 4. resumes. Any failure before the switch drops the target and leaves the vGPU on its
 //!    source, working (rollback).
 
+mod globals;
+#[cfg(test)]
+mod globals_tests;
 mod layer;
 mod migratable;
 mod remote;
@@ -29,6 +32,7 @@ pub mod screen;
 mod tests;
 pub mod wire;
 
+pub use globals::MAX_VARIABLES;
 pub use migratable::Migratable;
 pub use remote::{Received, RemoteSender, Round, MAX_ALLOCS, MAX_FUNCTIONS, MAX_MODULES};
 pub use report::{MigrateOptions, Mode, Phase, Progress, Report};

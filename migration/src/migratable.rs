@@ -67,6 +67,10 @@ pub struct Migratable {
     pub(crate) imported: Mutex<BTreeSet<u64>>,
     pub(crate) modules: Mutex<BTreeMap<u64, Module>>,
     pub(crate) functions: Mutex<BTreeMap<u64, Func>>,
+    /// Module variables the guest holds addresses of, by that address.
+    pub(crate) vars: Mutex<BTreeMap<u64, crate::globals::Var>>,
+    /// Some variable lives elsewhere than the guest's address (after a move).
+    pub(crate) vars_moved: AtomicBool,
     pub(crate) regions: Mutex<Vec<HostRegion>>,
     pub(crate) next_handle: AtomicU64,
     pub(crate) epoch: AtomicU64,
@@ -92,6 +96,8 @@ impl Migratable {
             imported: Mutex::new(BTreeSet::new()),
             modules: Mutex::new(BTreeMap::new()),
             functions: Mutex::new(BTreeMap::new()),
+            vars: Mutex::new(BTreeMap::new()),
+            vars_moved: AtomicBool::new(false),
             regions: Mutex::new(Vec::new()),
             next_handle: AtomicU64::new(1),
             epoch: AtomicU64::new(1),
@@ -444,6 +450,11 @@ impl Migratable {
                     .map_err(Mover::target_err(format!("looking up function {h}")))?;
                 new_fn.insert(*h, real.handle);
             }
+            // Module variables: read on the source, looked up (same size) on the target;
+            // written once the target holds the vGPU's addresses.
+            let pairs: Vec<(u64, u64)> = modules.iter().map(|(h, md)| (*h, md.real)).collect();
+            let carried = self.read_vars(&*m.source, &pairs)?;
+            let placed = crate::globals::place_vars(&*m.target, &new_mod, &carried)?;
             let regions = lock(&self.regions).clone();
             if let Some(h) = m.target.host_memory().filter(|_| !regions.is_empty()) {
                 h.register(&regions)
@@ -455,33 +466,50 @@ impl Migratable {
             for (h, f) in functions.iter_mut() {
                 f.real = new_fn.get(h).copied().unwrap_or(f.real);
             }
-            Ok::<_, MigrationError>(())
+            Ok::<_, MigrationError>((carried, placed))
         })();
         // The device addresses change hands (cuda: the target maps its memory where the
         // source's was; one process, one address space). The source keeps its memory until
         // the target holds the addresses, so a failure here still leaves the vGPU whole.
-        let finish = finish.and_then(|()| {
+        let finish = finish.and_then(|(mut carried, placed)| {
             // A backend that cannot relocate holds no addresses to hand over.
             let source = m.source.relocation();
             if let Some(Err(e)) = source.map(|s| s.vacate_addresses()) {
                 return Err(MigrationError::Source(e));
             }
-            let occupied = m.target.relocation().map_or(Ok(()), |t| t.occupy_addresses());
-            occupied.map_err(|e| {
+            let give_back = || {
                 if let Some(Err(back)) = source.map(|s| s.reoccupy_addresses()) {
                     tracing::error!(error = %back, "the source cannot take its device addresses back");
                 }
+            };
+            let occupied = m.target.relocation().map_or(Ok(()), |t| t.occupy_addresses());
+            occupied.map_err(|e| {
+                give_back();
                 MigrationError::Target {
                     what: "mapping its memory at the vGPU's device addresses".into(),
                     source: e,
                 }
-            })
+            })?;
+            // The target serves guest work now (cuda: not while it staged): the module
+            // variables' bytes go in; on failure the addresses go back to the source.
+            if let Err(e) = crate::globals::write_vars(&*m.target, &mut carried, &placed) {
+                if let Some(Err(back)) = m.target.relocation().map(|t| t.vacate_addresses()) {
+                    tracing::error!(error = %back, "the target cannot give the device addresses back");
+                }
+                give_back();
+                return Err(e);
+            }
+            Ok(placed)
         });
-        if let Err(e) = finish {
-            drop(held);
-            tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");
-            return Err(e);
-        }
+        let placed = match finish {
+            Ok(p) => p,
+            Err(e) => {
+                drop(held);
+                tracing::warn!(error = %e, "migration failed; the vGPU stays on its source");
+                return Err(e);
+            }
+        };
+        self.moved_vars(&*m.target, placed);
         let old = std::mem::replace(&mut *write(&self.current), m.target.clone());
         on_switch();
         let downtime = stop.elapsed();

@@ -376,6 +376,15 @@ impl<'m, S: Read + Write> RemoteSender<'m, S> {
                 .write(&mut self.conn)
                 .map_err(wire)?;
             }
+            // Module variables' bytes (the stream's version 2 messages).
+            let pairs: Vec<(u64, u64)> = lock(&self.src.modules)
+                .iter()
+                .map(|(h, m)| (*h, m.real))
+                .collect();
+            for c in &self.src.read_vars(&*source, &pairs)? {
+                crate::globals::send_var(&mut self.conn, c)?;
+                self.bytes += c.bytes.len() as u64;
+            }
             Message::Done {
                 next_handle: self.src.next_handle.load(Ordering::Relaxed),
             }
@@ -437,6 +446,8 @@ pub struct Received {
     pub bytes: u64,
     pub modules: usize,
     pub functions: usize,
+    /// Module variables whose bytes arrived.
+    pub variables: usize,
 }
 
 impl Migratable {
@@ -472,6 +483,7 @@ impl Migratable {
             got: Received::default(),
             placed: BTreeSet::new(),
             loaded: BTreeMap::new(),
+            vars: BTreeMap::new(),
         };
         let r = rx.run(&mut conn, token);
         match &r {
@@ -505,6 +517,8 @@ struct Receiver<'m> {
     placed: BTreeSet<u64>,
     /// Modules loaded: guest handle -> (real handle, image).
     loaded: BTreeMap<u64, (u64, Image)>,
+    /// Module variables received, by the guest's address.
+    vars: BTreeMap<u64, crate::globals::Var>,
 }
 
 impl Receiver<'_> {
@@ -677,7 +691,32 @@ impl Receiver<'_> {
                         },
                     );
                 }
+                Message::Variable {
+                    module,
+                    addr,
+                    size,
+                    offset,
+                    name,
+                    bytes,
+                } => {
+                    let loaded = &self.loaded;
+                    self.got.bytes += crate::globals::receive_var(
+                        &*backend,
+                        |h| loaded.get(&h).map(|l| l.0),
+                        &mut self.vars,
+                        &mut scratch,
+                        crate::globals::Incoming {
+                            module,
+                            addr,
+                            size,
+                            offset,
+                            name,
+                            bytes,
+                        },
+                    )?;
+                }
                 Message::Done { next_handle } => {
+                    crate::globals::check_apart(&self.vars, &sizes)?;
                     let highest = self
                         .loaded
                         .keys()
@@ -704,6 +743,7 @@ impl Receiver<'_> {
                     self.got.allocations = sizes.len();
                     self.got.modules = self.loaded.len();
                     self.got.functions = functions.len();
+                    self.got.variables = self.vars.len();
                     *lock(&self.m.functions) = functions;
                     self.m.next_handle.fetch_max(next_handle, Ordering::Relaxed);
                     return Ok(());
@@ -722,6 +762,16 @@ impl Receiver<'_> {
         for (h, (real, image)) in std::mem::take(&mut self.loaded) {
             modules.insert(h, Module { image, real });
         }
+        drop(modules);
+        if let Some(p) = self.pager {
+            for (addr, v) in &self.vars {
+                p.adopt_global(*addr, v.size, v.module);
+            }
+        }
+        self.m.moved_vars(
+            &*self.m.current(),
+            std::mem::take(&mut self.vars).into_iter().collect(),
+        );
         self.placed.clear();
         if let Some(p) = self.pager {
             // In place and whole: the pager may evict from it as its broker asks.

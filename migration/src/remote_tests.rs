@@ -115,7 +115,7 @@ fn a_wrong_token_is_refused_and_nothing_is_placed() {
 }
 
 /// Writes a hand-made stream and returns the destination's verdict.
-fn receive(
+pub(crate) fn receive(
     msgs: &[Message<'_>],
     truncate: bool,
 ) -> (Result<crate::Received, MigrationError>, Arc<Migratable>) {

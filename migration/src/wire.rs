@@ -6,13 +6,18 @@
 //! reserved (u32, zero). The header is checked (magic, version, type, reserved, length
 //! against the type's cap) before a byte of payload is read, so a peer can make the
 //! reader hold at most [`MAX_PAYLOAD`] bytes.
+//!
+//! Versions: 1 has every message but `Variable`, which version 2 adds. Each message is
+//! written with the lowest version that has its type, so a stream without module
+//! variables is a version 1 stream (an older destination takes it), and a reader takes
+//! versions 1 to [`VERSION`], refusing a type its header's version does not have.
 
 use std::io::{Read, Write};
 
 /// First four bytes of every message.
 pub const MAGIC: [u8; 4] = *b"VGPS";
-/// The stream version this build speaks.
-pub const VERSION: u16 = 1;
+/// The newest stream version this build speaks (it reads 1 to this).
+pub const VERSION: u16 = 2;
 /// Header length.
 pub const HEADER: usize = 16;
 /// Most bytes of device memory one `Data` message carries.
@@ -25,8 +30,10 @@ pub const MAX_NAME: usize = 4096;
 pub const MAX_TOKEN: usize = 256;
 /// Longest error reason.
 pub const MAX_REASON: usize = 4096;
-/// The largest payload of any message type.
+/// The largest payload of any message type (a module image; a `Variable` carries at most
+/// `36 + MAX_NAME + MAX_DATA`).
 pub const MAX_PAYLOAD: usize = 9 + MAX_IMAGE;
+const _: () = assert!(36 + MAX_NAME + MAX_DATA <= MAX_PAYLOAD);
 
 /// Why a stream could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +42,10 @@ pub enum WireError {
     Io(#[from] std::io::Error),
     #[error("not a vGPU migration stream (bad magic {0:02x?})")]
     Magic([u8; 4]),
-    #[error("vGPU stream version {0} is not supported (this build speaks {VERSION})")]
+    #[error("vGPU stream version {0} is not supported (this build speaks 1 to {VERSION}); update the older side's vgpu-worker")]
     Version(u16),
+    #[error("vGPU stream message type {ty} does not exist in stream version {version}")]
+    TypeVersion { ty: u16, version: u16 },
     #[error("unknown vGPU stream message type {0}")]
     Type(u16),
     #[error("the vGPU stream header's reserved field is {0:#x}, not zero")]
@@ -57,7 +66,7 @@ pub enum ImageKind {
 }
 
 /// One message of the stream.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message<'a> {
     /// Source → destination, first: the one-time token and the vGPU's address range.
     Hello {
@@ -87,6 +96,17 @@ pub enum Message<'a> {
         module: u64,
         name: &'a [u8],
     },
+    /// Bytes of a module variable (version 2): variable `name` of the module under the
+    /// guest's handle `module`, `size` bytes in all, known to the guest at `addr`; `bytes`
+    /// go at `offset`.
+    Variable {
+        module: u64,
+        addr: u64,
+        size: u64,
+        offset: u64,
+        name: &'a [u8],
+        bytes: &'a [u8],
+    },
     /// Everything was sent; the next handle the guest may be given.
     Done { next_handle: u64 },
     /// Destination → source: the state is in place.
@@ -104,6 +124,15 @@ const T_FUNCTION: u16 = 6;
 const T_DONE: u16 = 7;
 const T_ACK: u16 = 8;
 const T_ERROR: u16 = 9;
+const T_VARIABLE: u16 = 10;
+
+/// The first stream version that has message type `ty`.
+fn since(ty: u16) -> u16 {
+    match ty {
+        T_VARIABLE => 2,
+        _ => 1,
+    }
+}
 
 /// The payload cap of message type `ty`, or None for an unknown type.
 fn cap(ty: u16) -> Option<usize> {
@@ -117,6 +146,7 @@ fn cap(ty: u16) -> Option<usize> {
         T_DONE => 8,
         T_ACK => 0,
         T_ERROR => MAX_REASON,
+        T_VARIABLE => 36 + MAX_NAME + MAX_DATA,
         _ => return None,
     })
 }
@@ -138,6 +168,7 @@ impl<'a> Message<'a> {
             Message::Done { .. } => T_DONE,
             Message::Ack => T_ACK,
             Message::Error { .. } => T_ERROR,
+            Message::Variable { .. } => T_VARIABLE,
         }
     }
 
@@ -206,6 +237,29 @@ impl<'a> Message<'a> {
             T_ERROR => Ok(Message::Error {
                 reason: std::str::from_utf8(p).map_err(|_| bad("reason is not UTF-8"))?,
             }),
+            T_VARIABLE => {
+                let n = p
+                    .get(32..36)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_le_bytes)
+                    .ok_or(bad("too short"))? as usize;
+                if n == 0 || n > MAX_NAME {
+                    return Err(bad("variable name length out of range"));
+                }
+                let name = p.get(36..36 + n).ok_or(bad("name runs past the payload"))?;
+                let bytes = &p[36 + n..];
+                if bytes.len() > MAX_DATA {
+                    return Err(bad("more variable bytes than one message carries"));
+                }
+                Ok(Message::Variable {
+                    module: word(0)?,
+                    addr: word(8)?,
+                    size: word(16)?,
+                    offset: word(24)?,
+                    name,
+                    bytes,
+                })
+            }
             other => Err(WireError::Type(other)),
         }
     }
@@ -255,6 +309,22 @@ impl<'a> Message<'a> {
                 p.extend_from_slice(&module.to_le_bytes());
                 p.extend_from_slice(name);
             }
+            Message::Variable {
+                module,
+                addr,
+                size,
+                offset,
+                name,
+                bytes,
+            } => {
+                for w in [module, addr, size, offset] {
+                    p.extend_from_slice(&w.to_le_bytes());
+                }
+                // Bounded by the cap checked below.
+                p.extend_from_slice(&(name.len().min(u32::MAX as usize) as u32).to_le_bytes());
+                p.extend_from_slice(name);
+                p.extend_from_slice(bytes);
+            }
             Message::Done { next_handle } => p.extend_from_slice(&next_handle.to_le_bytes()),
             Message::Ack => {}
             Message::Error { reason } => {
@@ -276,7 +346,7 @@ impl<'a> Message<'a> {
         }
         let mut msg = Vec::with_capacity(HEADER + p.len());
         msg.extend_from_slice(&MAGIC);
-        msg.extend_from_slice(&VERSION.to_le_bytes());
+        msg.extend_from_slice(&since(ty).to_le_bytes());
         msg.extend_from_slice(&ty.to_le_bytes());
         // Bounded by the cap above, which fits in u32.
         msg.extend_from_slice(&(p.len() as u32).to_le_bytes());
@@ -297,10 +367,13 @@ pub fn read_message<'b>(r: &mut impl Read, buf: &'b mut Vec<u8>) -> Result<Messa
         return Err(WireError::Magic(magic));
     }
     let version = u16::from_le_bytes([h[4], h[5]]);
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(WireError::Version(version));
     }
     let ty = u16::from_le_bytes([h[6], h[7]]);
+    if cap(ty).is_some() && since(ty) > version {
+        return Err(WireError::TypeVersion { ty, version });
+    }
     let len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
     let reserved = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
     if reserved != 0 {
@@ -356,9 +429,65 @@ mod tests {
             module: 3,
             name: b"saxpy",
         });
+        round_trip(Message::Variable {
+            module: 3,
+            addr: 0x7000,
+            size: 16,
+            offset: 8,
+            name: b"counter",
+            bytes: &[9; 8],
+        });
         round_trip(Message::Done { next_handle: 5 });
         round_trip(Message::Ack);
         round_trip(Message::Error { reason: "no room" });
+    }
+
+    #[test]
+    fn messages_carry_the_lowest_version_that_has_them() {
+        let mut out = Vec::new();
+        Message::Alloc { addr: 1, size: 2 }
+            .write(&mut out)
+            .expect("write");
+        assert_eq!(
+            u16::from_le_bytes([out[4], out[5]]),
+            1,
+            "an older reader takes it"
+        );
+        let mut var = Vec::new();
+        Message::Variable {
+            module: 1,
+            addr: 2,
+            size: 8,
+            offset: 0,
+            name: b"v",
+            bytes: &[0; 8],
+        }
+        .write(&mut var)
+        .expect("write");
+        assert_eq!(u16::from_le_bytes([var[4], var[5]]), 2);
+        // A variable under a version 1 header is refused before its payload is read.
+        var[4] = 1;
+        let mut buf = Vec::new();
+        assert!(matches!(
+            read_message(&mut &var[..HEADER], &mut buf),
+            Err(WireError::TypeVersion {
+                ty: T_VARIABLE,
+                version: 1
+            })
+        ));
+        // Names and bytes must lie inside the payload.
+        for (n, why) in [(0u32, "empty name"), (u32::MAX, "name past the end")] {
+            let mut p = vec![0u8; 32];
+            p.extend_from_slice(&n.to_le_bytes());
+            p.push(b'v');
+            assert!(
+                matches!(
+                    Message::decode(T_VARIABLE, &p),
+                    Err(WireError::Malformed { .. })
+                ),
+                "{why}"
+            );
+        }
     }
 
     #[test]

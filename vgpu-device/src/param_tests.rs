@@ -1,5 +1,6 @@
-//! `GET_GLOBAL` and `BLOB` kernel arguments through the queue: refused on the sim device
-//! (no guest code), served through a backend that claims both, hostile forms refused.
+//! `GET_GLOBAL` and `BLOB` kernel arguments through the queue: the sim device's built-in
+//! variables, blobs refused on it (no guest code), both served through a backend that
+//! claims them, hostile forms refused.
 
 use std::sync::Mutex;
 
@@ -145,20 +146,38 @@ impl Harness<'_> {
 }
 
 #[test]
-fn sim_answers_not_supported_to_globals_and_blobs() {
+fn sim_answers_its_builtin_variables_and_not_supported_to_blobs() {
     let mem = ram();
     let mut h = Harness::new(&mem, 32 * MIB);
     let space = h.vgpu.config_space();
     assert_eq!(space.version, PROTOCOL_VERSION);
     assert_eq!(
         space.features & (features::GLOBALS | features::PARAM_BLOBS),
-        0
+        features::GLOBALS
     );
     let m = h.builtin();
+    let resp = h.get_global(m, b"counter");
+    assert_eq!(resp.status(), Some(Status::Ok));
+    let (addr, size) = (resp.result[0], resp.result[1]);
+    assert_eq!(size, 8);
+    // The variable is zero at load and holds what is written; a second lookup answers the
+    // same range.
+    assert_eq!(h.dtoh(addr, 8), [0; 8]);
+    h.htod(addr, &42u64.to_le_bytes());
+    assert_eq!(h.dtoh(addr, 8), 42u64.to_le_bytes());
+    let again = h.get_global(m, b"counter");
+    assert_eq!((again.result[0], again.result[1]), (addr, size));
     assert_eq!(
-        h.get_global(m, b"counter").status(),
-        Some(Status::NotSupported)
+        h.get_global(m, b"missing").status(),
+        Some(Status::UnknownFunction)
     );
+    // A copy running past the variable is refused.
+    let past = vec![0u8; 9];
+    let a = h.put(&past);
+    let req = Request::MemcpyHtoD(MemcpyHtoDArgs { dst: addr, size: 9 });
+    assert_ne!(h.status(req, &[r(a, 9)]), Status::Ok);
+    // It is the module's memory: FREE refuses it.
+    assert_ne!(h.status(Request::Free(FreeArgs { addr }), &[]), Status::Ok);
     let f = h.get_function(m, "spin")[0];
     let blob = [1u8; 24];
     let resp = h.launch_blob(f, &[KernelArg::blob(0, 24).expect("24")], &blob);

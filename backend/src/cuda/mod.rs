@@ -682,6 +682,11 @@ impl crate::Modules for CudaGpu {
         self.enter()?;
         self.modules.global(module, name)
     }
+
+    fn module_globals(&self, module: u64) -> Result<Vec<crate::ModuleGlobal>> {
+        self.enter()?;
+        self.modules.globals(module)
+    }
 }
 
 /// Guest RAM pinned with `cuMemHostRegister`, so copies run at DMA speed.

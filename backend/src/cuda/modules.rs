@@ -363,6 +363,9 @@ impl PtxFunc {
 pub struct PtxModule {
     module: LoadedModule,
     funcs: Mutex<Vec<PtxFunc>>,
+    /// The module-scope variables its PTX defines (none read from a binary image; the
+    /// ones the guest looks up are known by their lookup).
+    vars: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, Clone)]
@@ -395,6 +398,7 @@ pub struct Modules {
 struct Global {
     size: u64,
     module: u64,
+    name: Vec<u8>,
     owner: Arc<PtxModule>,
 }
 
@@ -496,6 +500,7 @@ impl Modules {
                 Entry::Ptx(Arc::new(PtxModule {
                     module,
                     funcs: Mutex::new(Vec::new()),
+                    vars: crate::footprint::ptx_global_names(&text[..end]),
                 }))
             }
             ModuleImage::Binary(bytes) => {
@@ -503,6 +508,7 @@ impl Modules {
                 Entry::Ptx(Arc::new(PtxModule {
                     module,
                     funcs: Mutex::new(Vec::new()),
+                    vars: Vec::new(),
                 }))
             }
         };
@@ -542,11 +548,36 @@ impl Modules {
                 Global {
                     size,
                     module,
+                    name: name.to_vec(),
                     owner: m,
                 },
             );
         }
         Ok((addr, size))
+    }
+
+    /// Every variable of a loaded module that can be named: those its PTX defines and
+    /// those the guest looked up (the context is bound by the caller). A name the driver
+    /// does not find is left out.
+    pub fn globals(&self, module: u64) -> Result<Vec<crate::ModuleGlobal>> {
+        let Entry::Ptx(m) = self.table.get(module)? else {
+            return Ok(Vec::new());
+        };
+        let mut names = m.vars.clone();
+        for g in lock(&self.globals).values() {
+            if g.module == module && !names.contains(&g.name) {
+                names.push(g.name.clone());
+            }
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            match self.global(module, &name) {
+                Ok((addr, size)) => out.push(crate::ModuleGlobal { name, addr, size }),
+                Err(BackendError::UnknownFunction(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// The module of the looked-up variable holding `[addr, addr + len)`, if any.

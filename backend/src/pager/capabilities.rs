@@ -162,6 +162,15 @@ impl Modules for Pager {
         }
         Ok((addr, size))
     }
+
+    fn module_globals(&self, module: u64) -> Result<Vec<crate::ModuleGlobal>> {
+        let all = self.inner.modules().module_globals(module)?;
+        let mut globals = crate::sync::lock(&self.globals);
+        for g in all.iter().filter(|g| g.size > 0) {
+            globals.insert(g.addr, (g.size, module));
+        }
+        Ok(all)
+    }
 }
 
 /// An imported object is an allocation the pager never swaps (and never charges).

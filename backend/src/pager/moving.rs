@@ -186,6 +186,14 @@ impl Pager {
         }
     }
 
+    /// A module variable that arrived with a moved vGPU: `[addr, addr + size)` of module
+    /// `module` is the module's memory (copies and kernels reach it as after a lookup).
+    pub fn adopt_global(&self, addr: u64, size: u64, module: u64) {
+        if size > 0 {
+            lock(&self.globals).insert(addr, (size, module));
+        }
+    }
+
     /// Stops tracking an allocation at `addr` adopted and not settled, without freeing it
     /// below (its placer frees it). Anything else stays as it is.
     pub fn disown(&self, addr: u64) {

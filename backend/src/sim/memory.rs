@@ -100,6 +100,9 @@ pub struct Allocation {
     /// Mapped `PROT_READ` (a read-only attachment of a shared object): every write path
     /// checks this before touching the bytes, since a write would fault the process.
     read_only: bool,
+    /// A module's variables (charged with the module's footprint): `free` refuses it,
+    /// the module's unload releases it.
+    module: bool,
     space: Arc<Space>,
 }
 
@@ -242,23 +245,36 @@ impl DeviceMemory {
 
     /// Allocates `size` zero-filled bytes; returns (address, bytes charged).
     pub fn alloc(&self, size: u64) -> Result<(u64, u64)> {
-        self.alloc_where(size, None)
+        self.alloc_where(size, None, false)
+    }
+
+    /// Places `size` zero-filled bytes of a module's variables at a fresh address; nothing
+    /// is charged (the module's footprint covers them) and [`free`](Self::free) refuses
+    /// them: [`free_module`](Self::free_module) releases them with the module.
+    pub fn alloc_module(&self, size: u64) -> Result<u64> {
+        self.alloc_where(size, None, true).map(|(addr, _)| addr)
+    }
+
+    /// Releases the variables of an unloaded module ([`alloc_module`](Self::alloc_module)).
+    pub fn free_module(&self, addr: u64) -> Result<()> {
+        self.table.remove(addr).map(|_| ())
     }
 
     /// Allocates `size` zero-filled bytes at exactly `addr` (a migrated allocation keeps
     /// its address); returns (address, bytes charged).
     pub fn alloc_at(&self, addr: u64, size: u64) -> Result<(u64, u64)> {
-        self.alloc_where(size, Some(addr))
+        self.alloc_where(size, Some(addr), false)
     }
 
-    fn alloc_where(&self, size: u64, at: Option<u64>) -> Result<(u64, u64)> {
+    fn alloc_where(&self, size: u64, at: Option<u64>, module: bool) -> Result<(u64, u64)> {
         if size == 0 {
             return Err(BackendError::ZeroSize);
         }
         let too_big = || self.space.ledger.out_of_memory(size);
-        let charged = round_up(size, PAGE).ok_or_else(too_big)?;
+        let mapped = round_up(size, PAGE).ok_or_else(too_big)?;
+        let charged = if module { 0 } else { mapped };
         let va_len = round_up(size, VA_ALIGN).ok_or_else(too_big)?;
-        let map_len = usize::try_from(charged).map_err(|_| too_big())?;
+        let map_len = usize::try_from(mapped).map_err(|_| too_big())?;
         self.space.ledger.charge(charged)?;
         let off = match at {
             None => self.space.ledger.take_hole(va_len),
@@ -289,6 +305,7 @@ impl DeviceMemory {
                     memfd,
                     imported: false,
                     read_only: false,
+                    module,
                     space: self.space.clone(),
                 });
                 self.table.insert(addr, a);
@@ -312,6 +329,11 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. The bytes are released
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
+        if self.table.exact(addr)?.module {
+            return Err(BackendError::InvalidArgument(format!(
+                "{addr:#x} is a module's variable, not an allocation; it goes when its module is unloaded"
+            )));
+        }
         let a = self.table.remove(addr)?;
         tracing::debug!(addr, size = a.size, "freed");
         Ok(())
@@ -359,6 +381,7 @@ impl DeviceMemory {
             memfd,
             imported: true,
             read_only,
+            module: false,
             space: self.space.clone(),
         });
         self.table.insert(addr, a);

@@ -29,6 +29,7 @@ use modules::Modules;
 use pacing::CopyEngine;
 
 pub use memory::{shared_object, SHARED_SEALS};
+pub use modules::VARIABLES;
 pub use pacing::{SPLIT_CHUNK, UNITS_PER_SEC};
 
 /// How to simulate the GPU.
@@ -113,6 +114,7 @@ impl SimGpu {
             va_base: cfg.va_base,
             va_size: cfg.va_size,
             features: features::BUILTIN_KERNELS
+                | features::GLOBALS
                 | features::ATTRIBUTES
                 | features::PARAM_LAYOUT
                 | features::FUNCTION_ATTRIBUTES,
@@ -322,7 +324,7 @@ impl SimGpu {
     }
 }
 
-/// The built-in module (the sim runs no guest code, so its modules declare no variables).
+/// The built-in module, with its variables (`modules::VARIABLES`).
 impl crate::Modules for SimGpu {
     fn module_load(&self, image: ModuleImage<'_>) -> Result<u64> {
         self.modules.load(&self.mem, image)
@@ -340,6 +342,14 @@ impl crate::Modules for SimGpu {
         self.modules
             .kernel(function)
             .map(vgpu_proto::builtin::layout)
+    }
+
+    fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
+        self.modules.global(&self.mem, module, name)
+    }
+
+    fn module_globals(&self, module: u64) -> Result<Vec<crate::ModuleGlobal>> {
+        self.modules.globals(module)
     }
 
     fn function_attributes(&self, function: u64) -> Result<vgpu_proto::FunctionAttributes> {
