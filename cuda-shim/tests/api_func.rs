@@ -195,7 +195,7 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
             &mut gptr,
             &mut gsize,
             lib,
-            c"counter".as_ptr()
+            c"scale".as_ptr()
         ),
         NOT_FOUND
     );

@@ -559,8 +559,48 @@ fn modules_launches_streams_and_events() {
         ),
         FILE_NOT_FOUND
     );
-    // The built-in module declares no variables; either output may be NULL.
+    // The sim's built-in module declares `counter` and `table` and no `scale`; a variable
+    // is a copy target within its size; either output may be NULL.
     let (mut gaddr, mut gsize) = (0u64, 0usize);
+    assert_eq!(
+        call!(
+            cu,
+            "cuModuleGetGlobal",
+            fn(*mut u64, *mut usize, Ptr, *const c_char),
+            &mut gaddr,
+            &mut gsize,
+            module,
+            c"counter".as_ptr()
+        ),
+        OK
+    );
+    assert_eq!(gsize, 8);
+    let word = 0x0123_4567_89ab_cdefu64;
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyHtoD",
+            fn(u64, *const u64, usize),
+            gaddr,
+            &word,
+            8
+        ),
+        OK
+    );
+    let mut back = 0u64;
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemcpyDtoH",
+            fn(*mut u64, u64, usize),
+            &mut back,
+            gaddr,
+            8
+        ),
+        OK
+    );
+    assert_eq!(back, word);
+    assert_eq!(call!(cu, "cuMemFree", fn(u64), gaddr), INVALID_VALUE);
     assert_eq!(
         call!(
             cu,

@@ -282,9 +282,8 @@ pub(crate) fn get_global(d: &mut Driver, hmod: u64, name: &str) -> Res<(u64, u64
         }
         return Err(res::NOT_FOUND);
     }
-    if m.builtin {
-        return Err(res::NOT_FOUND);
-    }
+    // The built-in module's variables are the device's to answer (the sim's declares
+    // some, a cuda device's none).
     let device = m.device;
     let t = d.t.clone();
     let (addr, size) = d.queue(0)?.call(&t, |s| s.get_global(device, name))?;
