@@ -1,7 +1,8 @@
 //! Process vGPUs end to end (`"attach": "process"`): vgpud with two sim GPUs serves two
 //! vGPUs at 70/30 compute shares to two CUDA driver-API programs (`vgpu-cuda-loop`, the
 //! library over the process transport); BAND holds the long-kernel one to its share; one
-//! moves to the other GPU mid-run with its results right; the next process gets a fresh
+//! moves to the other GPU mid-run with its results right; a program's module variable
+//! keeps its value across moves there and back; the next process gets a fresh
 //! worker on the same socket; a delete under a running program answers it CUDA errors,
 //! never a crash; the socket belongs to the owner given; malformed requests get 400s.
 
@@ -278,6 +279,71 @@ fn two_processes_share_a_gpu_migrate_and_lose_their_vgpu() {
     );
     assert_eq!(c.vgpu(a.id).expect_err("deleted").status(), Some(404));
     c.delete_vgpu(b.id).expect("delete b");
+}
+
+/// `VGPU_TEST_BACKEND=cuda` runs the test on the GPU machine's real GPUs.
+fn on_cuda() -> bool {
+    std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda")
+}
+
+#[test]
+fn a_programs_module_variable_keeps_its_value_across_migrations() {
+    let args: &[&str] = if on_cuda() {
+        &["--backend", "cuda"]
+    } else {
+        &["--sim-gpus", "2", "--sim-memory", "1G"]
+    };
+    let d = TestDaemon::start("process-vars", args);
+    let c = &d.client;
+    // Between GPU 0 and the last one (onto GPU 0 itself where there is one).
+    let last = u32::try_from(c.gpus().expect("gpus").len().saturating_sub(1)).unwrap_or(0);
+    let share = if on_cuda() { 1 << 30 } else { 256 << 20 };
+    let v = c
+        .create_vgpu(&VgpuCreate {
+            memory_bytes: share,
+            ..process_vgpu(0, 0.5)
+        })
+        .expect("vGPU");
+    // Each round checks the variable and advances it (with a copy, and on a GPU with a
+    // kernel too); it must survive every move.
+    let p = run_loop(
+        &v.socket,
+        "--secs 12 --spins 2 --spin-us 2000 --n 4096 --state 1",
+    );
+    wait_state(c, v.id, "attached", |s| *s == VgpuState::Attached);
+    std::thread::sleep(Duration::from_millis(800));
+    for (i, mode) in ["precopy", "stop_copy", "precopy", "stop_copy"]
+        .iter()
+        .enumerate()
+    {
+        let target = if i % 2 == 0 { last } else { 0 };
+        let m = c
+            .migrate_vgpu(
+                v.id,
+                &MigrateRequest {
+                    target_gpu: Some(target),
+                    mode: Some((*mode).into()),
+                    ..MigrateRequest::default()
+                },
+            )
+            .expect("migrate");
+        let m = c
+            .wait_migration(m.id, Duration::from_secs(60), |_| {})
+            .expect("migration");
+        assert_eq!(m.state, "completed", "{m:?}");
+        assert_eq!(c.vgpu(v.id).expect("vGPU").gpu, target);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let state = c.vgpu(v.id).expect("vGPU").state;
+    let (status, out) = finish(p, Duration::from_secs(120));
+    assert!(status.success(), "{status:?}: {out}");
+    assert_eq!(
+        state,
+        VgpuState::Attached,
+        "the program was still running during every move; make it run longer"
+    );
+    assert!(out.contains("every result right"), "{out}");
+    c.delete_vgpu(v.id).expect("delete");
 }
 
 #[test]

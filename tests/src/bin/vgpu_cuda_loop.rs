@@ -5,11 +5,19 @@
 //! `spin` kernels (round-robin on `--streams` streams) and a `vector_add` of two vectors uploaded once, whose result it reads
 //! back and checks element by element (so the inputs must survive migrations too).
 //!
+//! With `--state 1` it also keeps state in a module variable, as frameworks' libraries
+//! do: `counter` (8 bytes; the built-in module's where the device declares it, else a PTX
+//! module's on a GPU), which each round reads back and checks, then advances with a copy
+//! to the address `cuModuleGetGlobal` answered once at the start and, on a GPU, with a
+//! kernel that increments it by name. A migration that lost the variable's value (or its
+//! address) is a wrong result.
+//!
 //! It prints one line at the end and exits 0 when every result was right, 1 on a wrong
 //! element, 3 when a CUDA call failed (the vGPU went away: the call's error name is
 //! printed), 2 on bad usage.
 //!
 //! Usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--streams S] [--n N]
+//! [--state 0|1]
 //! (`VGPU_SOCKET` names the vGPU's socket.)
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
@@ -118,12 +126,13 @@ struct Opts {
     spins: u32,
     streams: u32,
     n: usize,
+    state: bool,
 }
 
 fn opts() -> Result<Opts, String> {
     let mut args = std::env::args().skip(1);
     let library = args.next().ok_or(
-        "usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--streams S] [--n N]",
+        "usage: vgpu-cuda-loop LIBRARY [--secs S] [--spin-us U] [--spins K] [--streams S] [--n N] [--state 0|1]",
     )?;
     let mut o = Opts {
         library,
@@ -132,6 +141,7 @@ fn opts() -> Result<Opts, String> {
         spins: 4,
         streams: 1,
         n: 1 << 16,
+        state: false,
     };
     while let Some(flag) = args.next() {
         let v = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -142,6 +152,7 @@ fn opts() -> Result<Opts, String> {
             "--spins" => o.spins = v.parse().map_err(|_| bad())?,
             "--streams" => o.streams = v.parse().map_err(|_| bad())?,
             "--n" => o.n = v.parse().map_err(|_| bad())?,
+            "--state" => o.state = v.parse::<u8>().map_err(|_| bad())? != 0,
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -237,9 +248,17 @@ fn run(cuda: &Cuda, o: &Opts, rounds: &mut u64) -> Result<(), Stop> {
             ))),
         }
     };
+    let mut state = if o.state {
+        Some(State::new(cuda, module)?)
+    } else {
+        None
+    };
     let mut hc = vec![0f32; n];
     let end = Instant::now() + Duration::from_secs_f64(o.secs);
     while Instant::now() < end {
+        if let Some(st) = state.as_mut() {
+            st.round(cuda, &go, *rounds)?;
+        }
         let mut us = o.spin_us;
         for k in 0..o.spins as usize {
             let mut p: [Ptr; 1] = [(&mut us as *mut u64).cast()];
@@ -279,6 +298,134 @@ fn run(cuda: &Cuda, o: &Opts, rounds: &mut u64) -> Result<(), Stop> {
         *rounds += 1;
     }
     Ok(())
+}
+
+/// A module with a `counter` variable and a kernel whose first thread increments it, for
+/// a device that runs PTX.
+const COUNTER_PTX: &CStr = c".version 7.8
+.target sm_90
+.address_size 64
+.visible .global .align 8 .u64 counter;
+.visible .entry bump()
+{
+    .reg .pred %p<1>;
+    .reg .b32 %r<1>;
+    .reg .b64 %d<2>;
+    mov.u32 %r0, %tid.x;
+    setp.ne.u32 %p0, %r0, 0;
+    @%p0 bra DONE;
+    ld.global.u64 %d0, [counter];
+    add.u64 %d1, %d0, 1;
+    st.global.u64 [counter], %d1;
+DONE:
+    ret;
+}
+";
+
+/// State kept in a module variable (`--state 1`).
+struct State {
+    /// The variable's address, from `cuModuleGetGlobal` once.
+    addr: u64,
+    /// The kernel that increments it (a GPU's PTX module only).
+    bump: Option<Ptr>,
+    /// What the variable must hold now.
+    want: u64,
+}
+
+impl State {
+    fn new(cuda: &Cuda, builtin: Ptr) -> Result<Self, Stop> {
+        let get = cuda.sym(c"cuModuleGetGlobal").map_err(Stop::Cuda)?;
+        // SAFETY: cuModuleGetGlobal's C signature.
+        let get: unsafe extern "C" fn(*mut u64, *mut usize, Ptr, *const c_char) -> R =
+            unsafe { std::mem::transmute(get) };
+        let (mut addr, mut size) = (0u64, 0usize);
+        // SAFETY: valid out pointers and a NUL-terminated name.
+        let r = unsafe { get(&mut addr, &mut size, builtin, c"counter".as_ptr()) };
+        let mut bump = None;
+        if r != 0 {
+            // No built-in variable: a PTX module declares it (a cuda device).
+            let mut m: Ptr = null_mut();
+            cu!(
+                cuda,
+                c"cuModuleLoadData",
+                fn(*mut Ptr, *const c_void),
+                &mut m,
+                COUNTER_PTX.as_ptr().cast()
+            );
+            cu!(
+                cuda,
+                c"cuModuleGetGlobal",
+                fn(*mut u64, *mut usize, Ptr, *const c_char),
+                &mut addr,
+                &mut size,
+                m,
+                c"counter".as_ptr()
+            );
+            let mut f: Ptr = null_mut();
+            cu!(
+                cuda,
+                c"cuModuleGetFunction",
+                fn(*mut Ptr, Ptr, *const c_char),
+                &mut f,
+                m,
+                c"bump".as_ptr()
+            );
+            bump = Some(f);
+        }
+        if size != 8 {
+            return Err(Stop::Wrong(format!("counter is {size} bytes, not 8")));
+        }
+        let want = 0x5eed_0000_0000_0000u64;
+        cu!(
+            cuda,
+            c"cuMemcpyHtoD",
+            fn(u64, *const c_void, usize),
+            addr,
+            (&want as *const u64).cast(),
+            8
+        );
+        Ok(Self { addr, bump, want })
+    }
+
+    /// Reads the variable back and checks it, then advances it.
+    fn round(
+        &mut self,
+        cuda: &Cuda,
+        go: &dyn Fn(Ptr, c_uint, Ptr, *mut Ptr) -> Result<(), Stop>,
+        round: u64,
+    ) -> Result<(), Stop> {
+        let mut got = 0u64;
+        cu!(
+            cuda,
+            c"cuMemcpyDtoH",
+            fn(*mut c_void, u64, usize),
+            (&mut got as *mut u64).cast(),
+            self.addr,
+            8
+        );
+        if got != self.want {
+            return Err(Stop::Wrong(format!(
+                "the module variable holds {got:#x}, want {:#x} (round {})",
+                self.want,
+                round + 1
+            )));
+        }
+        self.want += 1;
+        cu!(
+            cuda,
+            c"cuMemcpyHtoD",
+            fn(u64, *const c_void, usize),
+            self.addr,
+            (&self.want as *const u64).cast(),
+            8
+        );
+        if let Some(f) = self.bump {
+            go(f, 1, null_mut(), null_mut())?;
+            cu!(cuda, c"cuCtxSynchronize", fn());
+            self.want += 1;
+        }
+        Ok(())
+    }
 }
 
 fn main() -> ExitCode {
