@@ -1,7 +1,8 @@
 //! Whole-VM migration between two vgpud daemons on one machine (each with its own GPUs,
 //! state directory and socket): a gpu-load VM computing through its vGPU moves from one
 //! daemon to the other and back, several times, and ends with the checksum of a VM that
-//! never moved; an oversubscribed vGPU with pieces swapped out moves and back with every
+//! never moved; a VM keeping state in a module variable of its vGPU moves there and back
+//! with the variable intact; an oversubscribed vGPU with pieces swapped out moves and back with every
 //! byte; a full destination refuses (409, nothing moved); a destination killed mid-move
 //! leaves the VM running at the source; a wrong token is refused (401).
 //!
@@ -744,4 +745,39 @@ fn an_oversubscribed_vgpu_with_swapped_pieces_moves_and_back_and_loses_no_byte()
         memcheck_checksum(&expected),
         "moved vs unmoved"
     );
+}
+
+#[test]
+fn a_vms_module_variable_moves_with_it_and_back() {
+    require_kvm!();
+    let a = TestDaemon::start("hostvar-a", &gpus());
+    let b = TestDaemon::start("hostvar-b", &gpus());
+    // Every round reads the variable back and writes the next value (`state=1`).
+    let arg = "rounds=3000 n=4096 spin_us=2000 check=100 state=1";
+    let vm = gpu_load(arg, 0, 0.2, vgpu_tests::gpus::share(32 * MIB));
+    let first = a.client.create_vm(&vm).expect("vm").id;
+    wait_running(&a.client, first);
+    std::thread::sleep(Duration::from_millis(500));
+    let (there, _) = move_vm(&a.client, first, &to_socket(&b));
+    wait_gone(&a.client, first);
+    std::thread::sleep(Duration::from_millis(500));
+    let back = VmMigrateRequest {
+        mode: Some("stop_copy".into()),
+        ..to_socket(&a)
+    };
+    let (id, _) = move_vm(&b.client, there, &back);
+    assert_eq!(
+        a.client.vm(id).expect("vm").state,
+        VmState::Running,
+        "the guest was still computing during both moves; make it run longer: {}",
+        console(&a.client, id)
+    );
+    let done = a
+        .client
+        .wait_vm(id, Duration::from_secs(240))
+        .expect("wait");
+    let out = console(&a.client, id);
+    assert_eq!(done.state, VmState::Exited { code: 0 }, "{out}");
+    assert!(out.contains("kept its value through every round"), "{out}");
+    assert!(out.contains("GPU-LOAD OK rounds=3000"), "{out}");
 }

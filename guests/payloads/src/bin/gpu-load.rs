@@ -22,7 +22,11 @@
 //! deadline tests' neighbour), `hold=<MiB>` (default 0; at most 65536: that much more device
 //! memory, allocated in pieces of at most 64 MiB and filled once with the built-in `fill`
 //! before the first round, kept resident until the end: the whole-VM migration
-//! benchmark's resident memory).
+//! benchmark's resident memory), `state=1` (default 0: off; else the run also keeps
+//! state in a module variable, `counter`: the built-in module's where the device declares
+//! it, else a PTX module's; every round reads it back, checks it and writes the next
+//! value, at the address it looked up once, so a migration that lost the variable is a
+//! mismatch; the end line then says `state=<last value>`).
 //! Prints `GPU-LOAD OK rounds=<n> checksum=0x...` and exits 0; otherwise a diagnostic and
 //! 2 bad argument, 3 no vGPU, 4 driver/device error, 6 checksum mismatch, 7 a request
 //! slower than `max_latency_ms`.
@@ -187,6 +191,70 @@ fn hold(
     Ok(pieces)
 }
 
+/// A module declaring the `counter` variable, for a device that runs PTX.
+const COUNTER_PTX: &[u8] = b".version 7.8
+.target sm_90
+.address_size 64
+.visible .global .align 8 .u64 counter;
+";
+
+/// State kept in a module variable (`state=1`).
+struct Counter {
+    /// Its device address, looked up once.
+    addr: u64,
+    /// What it must hold now.
+    want: u64,
+    /// The PTX module declaring it, when the built-in one does not.
+    own: Option<u64>,
+}
+
+impl Counter {
+    fn new(s: &mut GpuStream, builtin: u64) -> Result<Self, Failure> {
+        let (own, (addr, size)) = match s.get_global(builtin, "counter") {
+            Ok(g) => (None, g),
+            Err(_) => {
+                let m = s
+                    .load_module_ptx(COUNTER_PTX)
+                    .map_err(driver("MODULE_LOAD counter"))?;
+                (
+                    Some(m),
+                    s.get_global(m, "counter").map_err(driver("GET_GLOBAL counter"))?,
+                )
+            }
+        };
+        if size != 8 {
+            return Err(fail(
+                EXIT_MISMATCH,
+                format_args!("the module variable counter is {size} bytes, not 8"),
+            ));
+        }
+        let want = 0x5eed_0000_0000_0000;
+        s.memcpy_htod(addr, &u64::to_le_bytes(want))
+            .map_err(driver("MEMCPY_HTOD counter"))?;
+        Ok(Self { addr, want, own })
+    }
+
+    /// Reads the variable back, checks it, writes the next value.
+    fn round(&mut self, s: &mut GpuStream, r: u64) -> Result<(), Failure> {
+        let mut b = [0u8; 8];
+        s.memcpy_dtoh(&mut b, self.addr)
+            .map_err(driver("MEMCPY_DTOH counter"))?;
+        let got = u64::from_le_bytes(b);
+        if got != self.want {
+            return Err(fail(
+                EXIT_MISMATCH,
+                format_args!(
+                    "round {r}: the module variable counter holds {got:#x}, want {:#x}",
+                    self.want
+                ),
+            ));
+        }
+        self.want += 1;
+        s.memcpy_htod(self.addr, &u64::to_le_bytes(self.want))
+            .map_err(driver("MEMCPY_HTOD counter"))
+    }
+}
+
 fn as_bytes(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -204,6 +272,7 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
     let max_ms = num("max_latency_ms", 0)?;
     let dim = num("matmul", 0)?;
     let hold_mib = num("hold", 0)?;
+    let state = num("state", 0)? != 0;
     let mut worst = 0u64;
     let mut retried = 0u64;
     if dim > 8192 {
@@ -292,6 +361,11 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
         ];
     }
     let held = hold(&mut s, module, hold_mib, retry, &mut retried)?;
+    let mut var = if state {
+        Some(Counter::new(&mut s, module)?)
+    } else {
+        None
+    };
     if hold_mib > 0 {
         println!("gpu-load: holding {hold_mib} MiB resident");
     }
@@ -336,6 +410,9 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
                 again(retry, rt, "LAUNCH matmul", || s.launch(mm, &mm_args))
             })?;
         }
+        if let Some(v) = var.as_mut() {
+            v.round(&mut s, r)?;
+        }
         if r % check == 0 || r == rounds {
             timed(max_ms, w, "LAUNCH checksum", || {
                 again(retry, rt, "LAUNCH checksum", || {
@@ -362,6 +439,12 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
             if max_ms > 0 {
                 println!("gpu-load: worst request so far {} us", worst / 1000);
             }
+        }
+    }
+    if let Some(v) = var {
+        println!("gpu-load: the module variable kept its value through every round: state={:#x}", v.want);
+        if let Some(m) = v.own {
+            s.unload_module(m).map_err(driver("MODULE_UNLOAD counter"))?;
         }
     }
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
