@@ -218,7 +218,8 @@ impl Counter {
                     .map_err(driver("MODULE_LOAD counter"))?;
                 (
                     Some(m),
-                    s.get_global(m, "counter").map_err(driver("GET_GLOBAL counter"))?,
+                    s.get_global(m, "counter")
+                        .map_err(driver("GET_GLOBAL counter"))?,
                 )
             }
         };
@@ -442,9 +443,13 @@ fn run(boot: &BootInfo, args: Args) -> Result<(), Failure> {
         }
     }
     if let Some(v) = var {
-        println!("gpu-load: the module variable kept its value through every round: state={:#x}", v.want);
+        println!(
+            "gpu-load: the module variable kept its value through every round: state={:#x}",
+            v.want
+        );
         if let Some(m) = v.own {
-            s.unload_module(m).map_err(driver("MODULE_UNLOAD counter"))?;
+            s.unload_module(m)
+                .map_err(driver("MODULE_UNLOAD counter"))?;
         }
     }
     s.unload_module(module).map_err(driver("MODULE_UNLOAD"))?;
