@@ -35,9 +35,8 @@ impl Backend for Migratable {
     fn free(&self, addr: u64) -> Result<()> {
         let (_g, b) = self.enter();
         if lock(&self.vars).contains_key(&addr) {
-            return Err(BackendError::InvalidArgument(format!(
-                "{addr:#x} is a module's variable, not an allocation; it goes when its module is unloaded"
-            )));
+            // A module's variable (its module's memory), not an allocation.
+            return Err(BackendError::NotAllocated { addr });
         }
         b.free(addr)?;
         lock(&self.allocs).remove(&addr);

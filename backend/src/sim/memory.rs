@@ -330,9 +330,8 @@ impl DeviceMemory {
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
         if self.table.exact(addr)?.module {
-            return Err(BackendError::InvalidArgument(format!(
-                "{addr:#x} is a module's variable, not an allocation; it goes when its module is unloaded"
-            )));
+            // A module's variable, not an allocation: it goes when its module is unloaded.
+            return Err(BackendError::NotAllocated { addr });
         }
         let a = self.table.remove(addr)?;
         tracing::debug!(addr, size = a.size, "freed");
