@@ -12,7 +12,7 @@
 //! plain integer or stored in device memory is not translated (a kernel reaches its own
 //! module's variables by name, so only such hand-passed pointers are affected).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
 use vgpu_backend::sync::lock;
@@ -43,8 +43,9 @@ pub(crate) struct Carried {
     /// The guest's module handle.
     pub(crate) module: u64,
     pub(crate) name: Vec<u8>,
-    /// The address the guest knows it by.
-    pub(crate) guest: u64,
+    /// The address the guest knows it by, if it looked the variable up (else only
+    /// kernels reach it, by name).
+    pub(crate) guest: Option<u64>,
     pub(crate) bytes: Vec<u8>,
 }
 
@@ -87,9 +88,12 @@ impl Migratable {
             return real;
         }
         let end = real.saturating_add(size);
+        // Guest ranges are disjoint: those overlapping `[real, end)` are the last ones
+        // starting before `end`.
         let stale: Vec<u64> = vars
-            .iter()
-            .filter(|(g, v)| **g < end && real < g.saturating_add(v.size))
+            .range(..end)
+            .rev()
+            .take_while(|(g, v)| real < g.saturating_add(v.size))
             .map(|(g, _)| *g)
             .collect();
         for g in stale {
@@ -176,16 +180,18 @@ impl Migratable {
         modules: &[(u64, u64)],
     ) -> Result<Vec<Carried>, MigrationError> {
         let mut out = Vec::new();
+        // The guest's addresses by (module, name).
+        let known: HashMap<(u64, Vec<u8>), u64> = lock(&self.vars)
+            .iter()
+            .map(|(g, v)| ((v.module, v.name.clone()), *g))
+            .collect();
         for (h, real) in modules {
             let all = source
                 .modules()
                 .module_globals(*real)
                 .map_err(MigrationError::Source)?;
             for g in all.into_iter().filter(|g| g.size > 0) {
-                let guest = lock(&self.vars)
-                    .iter()
-                    .find(|(_, v)| v.module == *h && v.name == g.name)
-                    .map_or(g.addr, |(a, _)| *a);
+                let guest = known.get(&(*h, g.name.clone())).copied();
                 let bytes = read_bytes(source, g.addr, g.size).map_err(MigrationError::Source)?;
                 out.push(Carried {
                     module: *h,
@@ -199,13 +205,14 @@ impl Migratable {
     }
 
     /// Records where carried variables live on `b`, the backend serving from now on:
-    /// `placed` is (guest address, variable) of each. A guest range inside the vGPU's
-    /// address range that the variable left is held on `b` so no allocation lands there.
-    pub(crate) fn moved_vars(&self, b: &dyn Backend, placed: Vec<(u64, Var)>) {
+    /// `placed` is (guest address, variable) of each; those the guest holds no address of
+    /// need no record. A guest range inside the vGPU's address range that the variable
+    /// left is held on `b` so no allocation lands there.
+    pub(crate) fn moved_vars(&self, b: &dyn Backend, placed: Vec<(Option<u64>, Var)>) {
         let mut vars = lock(&self.vars);
         let mut moved = false;
         let va = self.info.va_base..self.info.va_base.saturating_add(self.info.va_size);
-        for (guest, mut v) in placed {
+        for (guest, mut v) in placed.into_iter().filter_map(|(g, v)| g.map(|g| (g, v))) {
             moved |= guest != v.real;
             if guest != v.real && va.contains(&guest) {
                 // Fails where the range is some other variable's memory on `b` already:
@@ -228,7 +235,7 @@ pub(crate) fn place_vars(
     target: &dyn Backend,
     new_mod: &BTreeMap<u64, u64>,
     carried: &[Carried],
-) -> Result<Vec<(u64, Var)>, MigrationError> {
+) -> Result<Vec<(Option<u64>, Var)>, MigrationError> {
     let mut out = Vec::with_capacity(carried.len());
     for c in carried {
         let module = new_mod.get(&c.module).copied().unwrap_or(0);
@@ -273,7 +280,7 @@ pub(crate) fn place_vars(
 pub(crate) fn write_vars(
     target: &dyn Backend,
     carried: &mut [Carried],
-    placed: &[(u64, Var)],
+    placed: &[(Option<u64>, Var)],
 ) -> Result<(), MigrationError> {
     for (c, (_, v)) in carried.iter_mut().zip(placed) {
         let slice = VolatileSlice::from(&mut c.bytes[..]);
@@ -305,7 +312,8 @@ pub(crate) fn send_var(conn: &mut impl std::io::Write, c: &Carried) -> Result<()
     for (i, chunk) in c.bytes.chunks(MAX_DATA).enumerate() {
         Message::Variable {
             module: c.module,
-            addr: c.guest,
+            // 0 (never a device address): the guest holds none for it.
+            addr: c.guest.unwrap_or(0),
             size,
             offset: (i * MAX_DATA) as u64,
             name: &c.name,
@@ -333,13 +341,13 @@ pub(crate) struct Incoming<'a> {
 /// Takes one `Variable` message on a destination: the module must have been received
 /// (`loaded`: guest handle -> this backend's handle), the variable must exist in this
 /// backend's copy of the module with exactly the size the source claims, the bytes must
-/// lie inside it, and its guest range must not overlap another variable's. The bytes are
-/// written at once; `vars` (guest address -> variable) grows by at most
-/// [`MAX_VARIABLES`].
+/// lie inside it, and its guest range (where the guest holds an address: `addr` not 0)
+/// must not overlap another variable's. The bytes are written at once; `vars` grows by at
+/// most [`MAX_VARIABLES`].
 pub(crate) fn receive_var(
     backend: &dyn Backend,
     loaded: impl Fn(u64) -> Option<u64>,
-    vars: &mut BTreeMap<u64, Var>,
+    vars: &mut Received,
     scratch: &mut Vec<u8>,
     v: Incoming<'_>,
 ) -> Result<u64, MigrationError> {
@@ -351,13 +359,15 @@ pub(crate) fn receive_var(
             String::from_utf8_lossy(v.name)
         )
     };
-    let real = match vars.get(&v.addr) {
-        Some(known) => {
-            if known.module != v.module || known.name != v.name || known.size != v.size {
+    let key = (v.module, v.name.to_vec());
+    let real = match vars.by_name.get(&key) {
+        Some((guest, known)) => {
+            if *guest != v.addr || known.size != v.size {
                 return Err(bad(format!(
-                    "{} at {:#x} differs from the variable sent there before",
+                    "{} comes again at {:#x} with {} bytes, unlike before",
                     label(),
-                    v.addr
+                    v.addr,
+                    v.size
                 )));
             }
             known.real
@@ -365,11 +375,14 @@ pub(crate) fn receive_var(
         None => {
             let module = loaded(v.module)
                 .ok_or_else(|| bad(format!("{}: no such module was sent", label())))?;
-            let end = v
-                .addr
-                .checked_add(v.size)
-                .filter(|_| v.size > 0)
-                .ok_or_else(|| {
+            if vars.by_name.len() >= MAX_VARIABLES {
+                return Err(bad(format!("more than {MAX_VARIABLES} module variables")));
+            }
+            if v.size == 0 {
+                return Err(bad(format!("{} has no bytes", label())));
+            }
+            if v.addr != 0 {
+                let end = v.addr.checked_add(v.size).ok_or_else(|| {
                     bad(format!(
                         "{}: {:#x}+{:#x} is no range",
                         label(),
@@ -377,20 +390,16 @@ pub(crate) fn receive_var(
                         v.size
                     ))
                 })?;
-            if vars.len() >= MAX_VARIABLES {
-                return Err(bad(format!("more than {MAX_VARIABLES} module variables")));
-            }
-            if vars
-                .iter()
-                .any(|(g, o)| *g < end && v.addr < g.saturating_add(o.size))
-                || vars
-                    .values()
-                    .any(|o| o.module == v.module && o.name == v.name)
-            {
-                return Err(bad(format!(
-                    "{} overlaps or repeats another variable",
-                    label()
-                )));
+                // Guest ranges are disjoint: only the last one starting before `end` can
+                // overlap.
+                if vars
+                    .guests
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(g, size)| v.addr < g.saturating_add(*size))
+                {
+                    return Err(bad(format!("{} overlaps another variable", label())));
+                }
             }
             let (real, size) =
                 backend
@@ -407,15 +416,21 @@ pub(crate) fn receive_var(
                     v.size
                 )));
             }
-            vars.insert(
-                v.addr,
-                Var {
-                    module: v.module,
-                    name: v.name.to_vec(),
-                    size,
-                    real,
-                    held: false,
-                },
+            if v.addr != 0 {
+                vars.guests.insert(v.addr, size);
+            }
+            vars.by_name.insert(
+                key,
+                (
+                    v.addr,
+                    Var {
+                        module: v.module,
+                        name: v.name.to_vec(),
+                        size,
+                        real,
+                        held: false,
+                    },
+                ),
             );
             real
         }
@@ -443,18 +458,50 @@ pub(crate) fn receive_var(
     Ok(v.bytes.len() as u64)
 }
 
+/// The module variables a destination received so far.
+#[derive(Debug, Default)]
+pub(crate) struct Received {
+    /// By (module, name): the guest's address (0: none) and the variable here.
+    by_name: BTreeMap<(u64, Vec<u8>), (u64, Var)>,
+    /// The guest's ranges (address -> size).
+    guests: BTreeMap<u64, u64>,
+}
+
+impl Received {
+    /// How many arrived.
+    pub(crate) fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// Those the guest holds an address of: (that address, the variable here).
+    pub(crate) fn take(&mut self) -> Vec<(Option<u64>, Var)> {
+        self.guests.clear();
+        std::mem::take(&mut self.by_name)
+            .into_values()
+            .map(|(g, v)| ((g != 0).then_some(g), v))
+            .collect()
+    }
+
+    /// The guest ranges (address, size, module).
+    pub(crate) fn ranges(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.by_name
+            .values()
+            .filter(|(g, _)| *g != 0)
+            .map(|(g, v)| (*g, v.size, v.module))
+    }
+}
+
 /// Refuses variables whose guest range overlaps an allocation (`allocs`: address -> size).
 pub(crate) fn check_apart(
-    vars: &BTreeMap<u64, Var>,
+    vars: &Received,
     allocs: &BTreeMap<u64, u64>,
 ) -> Result<(), MigrationError> {
-    for (g, v) in vars {
-        let end = g.saturating_add(v.size);
+    for (g, size, module) in vars.ranges() {
+        let end = g.saturating_add(size);
         if let Some((a, s)) = allocs.range(..end).next_back() {
-            if *g < a.saturating_add(*s) {
+            if g < a.saturating_add(*s) {
                 return Err(MigrationError::Stream(format!(
-                    "module {}'s variable at {g:#x} overlaps the allocation at {a:#x}",
-                    v.module
+                    "module {module}'s variable at {g:#x} overlaps the allocation at {a:#x}"
                 )));
             }
         }

@@ -294,7 +294,15 @@ fn hostile_variables_end_in_a_clear_error_with_everything_freed() {
                 var(at, 8, 0, b"counter", &[1; 8]),
                 var(at + 4, 1024, 0, b"table", &[1; 8]),
             ],
-            "overlaps or repeats",
+            "overlaps another variable",
+        ),
+        (
+            vec![
+                module.clone(),
+                var(at, 8, 0, b"counter", &[1; 4]),
+                var(at, 16, 4, b"counter", &[1; 4]),
+            ],
+            "unlike before",
         ),
         (
             vec![
@@ -331,6 +339,18 @@ fn hostile_variables_end_in_a_clear_error_with_everything_freed() {
     assert_eq!(r.expect("a version 1 stream").variables, 0);
     let (c, n) = dst.modules().module_global(1, b"counter").expect("counter");
     assert_eq!((get(&*dst, c, 8), n), (vec![0; 8], 8));
+    // A variable the guest never looked up (address 0) arrives by name only.
+    let (r, dst) = receive(
+        &[
+            module.clone(),
+            var(0, 8, 0, b"counter", &[7; 8]),
+            Message::Done { next_handle: 2 },
+        ],
+        false,
+    );
+    assert_eq!(r.expect("by name").variables, 1);
+    let (c, _) = dst.modules().module_global(1, b"counter").expect("counter");
+    assert_eq!(get(&*dst, c, 8), vec![7; 8]);
 }
 
 #[test]

@@ -483,7 +483,7 @@ impl Migratable {
             got: Received::default(),
             placed: BTreeSet::new(),
             loaded: BTreeMap::new(),
-            vars: BTreeMap::new(),
+            vars: Default::default(),
         };
         let r = rx.run(&mut conn, token);
         match &r {
@@ -518,7 +518,7 @@ struct Receiver<'m> {
     /// Modules loaded: guest handle -> (real handle, image).
     loaded: BTreeMap<u64, (u64, Image)>,
     /// Module variables received, by the guest's address.
-    vars: BTreeMap<u64, crate::globals::Var>,
+    vars: crate::globals::Received,
 }
 
 impl Receiver<'_> {
@@ -763,15 +763,15 @@ impl Receiver<'_> {
             modules.insert(h, Module { image, real });
         }
         drop(modules);
+        let vars = self.vars.take();
         if let Some(p) = self.pager {
-            for (addr, v) in &self.vars {
-                p.adopt_global(*addr, v.size, v.module);
+            for (addr, v) in &vars {
+                if let Some(addr) = addr {
+                    p.adopt_global(*addr, v.size, v.module);
+                }
             }
         }
-        self.m.moved_vars(
-            &*self.m.current(),
-            std::mem::take(&mut self.vars).into_iter().collect(),
-        );
+        self.m.moved_vars(&*self.m.current(), vars);
         self.placed.clear();
         if let Some(p) = self.pager {
             // In place and whole: the pager may evict from it as its broker asks.
