@@ -420,7 +420,9 @@ impl State {
             8
         );
         if let Some(f) = self.bump {
-            go(f, 1, null_mut(), null_mut())?;
+            // No parameters (an empty array, as CUDA programs pass).
+            let mut none: [Ptr; 1] = [null_mut()];
+            go(f, 1, null_mut(), none.as_mut_ptr())?;
             cu!(cuda, c"cuCtxSynchronize", fn());
             self.want += 1;
         }
