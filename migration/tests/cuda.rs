@@ -2,7 +2,8 @@
 //! between GPUs in one process, the way a worker moves it, while a guest thread keeps
 //! copying and launching. With two GPUs it moves 0 -> 1 -> 1 -> 0 -> 0 -> 1 -> 0 (across and
 //! onto the same GPU); with one it moves onto the same GPU through the same code path.
-//! Every byte is checked after every move.
+//! Every byte is checked after every move; a module's variables keep their values and the
+//! addresses the guest was given.
 //!
 //! Without a CUDA GPU every test prints `SKIPPED (cuda): why` and passes; with
 //! `VGPU_REQUIRE_CUDA=1` a missing GPU fails them, so a run on the GPU machine cannot
@@ -296,4 +297,108 @@ fn a_target_too_small_rolls_back_and_the_vgpu_stays_whole() {
     m.migrate(gpu(n - 1, base, true), &opts(Mode::StopCopy), |_| {})
         .expect("a later migration works");
     assert_eq!(get(&m, a, 64 << 20), pattern(4, 64 << 20));
+}
+
+/// A module keeping state in variables: `counter` (bumped by its first thread) and
+/// `table`; `store` writes a value through a pointer argument.
+const VARS_PTX: &str = r#"
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .global .align 8 .u64 counter;
+.visible .global .align 4 .u32 table[256];
+.visible .entry bump()
+{
+    .reg .pred %p<1>;
+    .reg .b32 %r<1>;
+    .reg .b64 %d<2>;
+    mov.u32 %r0, %tid.x;
+    setp.ne.u32 %p0, %r0, 0;
+    @%p0 bra DONE;
+    ld.global.u64 %d0, [counter];
+    add.u64 %d1, %d0, 1;
+    st.global.u64 [counter], %d1;
+DONE:
+    ret;
+}
+.visible .entry store(.param .u64 p, .param .u64 v)
+{
+    .reg .b64 %d<3>;
+    ld.param.u64 %d0, [p];
+    ld.param.u64 %d1, [v];
+    cvta.to.global.u64 %d2, %d0;
+    st.global.u64 [%d2], %d1;
+    ret;
+}
+"#;
+
+#[test]
+fn module_variables_keep_their_values_and_addresses_across_moves() {
+    let Some(n) = gpus() else { return };
+    let base = va_base();
+    let m = Migratable::new(gpu(0, base, false));
+    let module = m
+        .modules()
+        .module_load(ModuleImage::Ptx(VARS_PTX.as_bytes()))
+        .expect("module");
+    let f = |name: &[u8]| {
+        m.modules()
+            .get_function(module, name)
+            .expect("function")
+            .handle
+    };
+    let (bump, store) = (f(b"bump"), f(b"store"));
+    let (counter, size) = m
+        .modules()
+        .module_global(module, b"counter")
+        .expect("counter");
+    assert_eq!(size, 8);
+    let (table, size) = m.modules().module_global(module, b"table").expect("table");
+    assert_eq!(size, 1024);
+    let one = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_bytes: 0,
+    };
+    let mut want = 0x5eed_0000_0000_0000u64;
+    put(&m, counter, &want.to_le_bytes());
+    put(&m, table, &pattern(3, 1024));
+    for (k, t) in tour(n).into_iter().enumerate() {
+        // A kernel by name and a copy advance the counter before each move.
+        m.launch_one(bump, &one, &[]).expect("bump");
+        want += 1;
+        assert_eq!(get(&m, counter, 8), want.to_le_bytes(), "move {k}: bumped");
+        let mode = if k % 2 == 1 {
+            Mode::StopCopy
+        } else {
+            Mode::Precopy
+        };
+        m.migrate(gpu(t, base, true), &opts(mode), |_| {})
+            .unwrap_or_else(|e| panic!("move {k} to GPU {t}: {e}"));
+        // The addresses the guest holds reach the variables, with their values.
+        assert_eq!(get(&m, counter, 8), want.to_le_bytes(), "move {k}: counter");
+        assert_eq!(get(&m, table, 1024), pattern(3, 1024), "move {k}: table");
+        assert_eq!(
+            m.modules()
+                .module_global(module, b"counter")
+                .expect("again"),
+            (counter, 8)
+        );
+        // A pointer argument at the guest's address reaches the variable too.
+        want += 100;
+        m.launch_one(
+            store,
+            &one,
+            &[
+                ArgValue::Ptr {
+                    addr: counter,
+                    access: Access::Write,
+                },
+                ArgValue::U64(want),
+            ],
+        )
+        .expect("store");
+        assert_eq!(get(&m, counter, 8), want.to_le_bytes(), "move {k}: stored");
+    }
+    m.modules().module_unload(module).expect("unload");
 }
