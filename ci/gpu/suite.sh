@@ -35,10 +35,10 @@ storage|check|180|the storage kernels as GPU threads, backend level, sim and cud
 storage-e2e|check|180|a guest runs storage kernels on an attached namespace, cuda backend
 band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
-host-migration|check|420|whole-VM migration between two vgpud daemons sharing the GPU: a computing VM moves back and forth (checksum equal to an unmoved VM's, under a quarter of its RAM sent stopped), pages only the vGPU wrote during a pre-copy move arrive intact and a stop-and-copy move works, a full destination refuses, a killed destination leaves the VM at its source, a wrong token is refused
+host-migration|check|420|whole-VM migration between two vgpud daemons sharing the GPU: a computing VM moves back and forth (checksum equal to an unmoved VM's, under a quarter of its RAM sent stopped), pages only the vGPU wrote during a pre-copy move arrive intact and a stop-and-copy move works, a full destination refuses, a killed destination leaves the VM at its source, a wrong token is refused, a VM's module variable moves with it
 shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
 hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past the hard limit, the worker exits 75 and frees the GPU
-cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
+cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked, a PTX module's variables keep their values and addresses
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
