@@ -14,7 +14,8 @@
 //! 1. pre-copies every allocation to the target while the guest runs, and re-sends what
 //!    was written since, round after round, until the rest fits the downtime budget;
 //! 2. stops dispatching (new operations wait; running ones finish: a kernel boundary);
-//! 3. copies the rest, reloads modules, re-registers guest memory, switches;
+//! 3. copies the rest, reloads modules and carries their variables' bytes
+//!    (docs/migration.md, "Module variables"), re-registers guest memory, switches;
 //! 4. resumes. Any failure before the switch drops the target and leaves the vGPU on its
 //!    source, working (rollback).
 
