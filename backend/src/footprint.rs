@@ -35,8 +35,26 @@ pub fn ptx_globals_bytes(text: &[u8]) -> u64 {
     total
 }
 
+/// Most variable names one image's scan yields ([`ptx_global_names`]; variables past
+/// them are carried by a migration only when the guest looked them up).
+pub const MAX_SCANNED_NAMES: usize = 4096;
+/// Longest variable name a scan keeps.
+pub const MAX_SCANNED_NAME: usize = 4096;
+
+/// Adds `name` to `names` unless it is empty, too long, there already, or `names` is full.
+pub(crate) fn push_name(names: &mut Vec<Vec<u8>>, name: &[u8]) {
+    if !name.is_empty()
+        && name.len() <= MAX_SCANNED_NAME
+        && names.len() < MAX_SCANNED_NAMES
+        && !names.iter().any(|n| n == name)
+    {
+        names.push(name.to_vec());
+    }
+}
+
 /// Names of the module-scope `.global` and `.const` variables PTX `text` defines (not
-/// `.extern` ones), in order; what the scan cannot read is left out.
+/// `.extern` ones), in order, at most [`MAX_SCANNED_NAMES`]; what the scan cannot read is
+/// left out.
 pub fn ptx_global_names(text: &[u8]) -> Vec<Vec<u8>> {
     let mut names = Vec::new();
     module_statements(text, |stmt, _| {
@@ -44,10 +62,10 @@ pub fn ptx_global_names(text: &[u8]) -> Vec<Vec<u8>> {
             return;
         };
         for d in rest.split(',') {
-            let name = d.split('[').next().unwrap_or("").trim();
-            if !name.is_empty() && !names.iter().any(|n: &Vec<u8>| n == name.as_bytes()) {
-                names.push(name.as_bytes().to_vec());
-            }
+            push_name(
+                &mut names,
+                d.split('[').next().unwrap_or("").trim().as_bytes(),
+            );
         }
     });
     names
@@ -318,6 +336,13 @@ mod tests {
             ["buf", "counter", "coeffs", "a", "b", "c", "vecs", "msg"],
             "every defined variable, not the extern one, the parameter or the local"
         );
+        // A flood of declarations yields a bounded list.
+        let mut flood = b".global .b8 ".to_vec();
+        for i in 0..10_000 {
+            flood.extend_from_slice(format!("v{i},").as_bytes());
+        }
+        flood.extend_from_slice(b"last;");
+        assert_eq!(ptx_global_names(&flood).len(), MAX_SCANNED_NAMES);
         let fp = module_footprint(&ModuleImage::Ptx(ptx));
         assert_eq!(fp % MODULE_PAGE, 0);
         assert!(fp >= want + ptx.len() as u64);

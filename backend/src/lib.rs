@@ -26,6 +26,7 @@ mod error;
 pub mod faults;
 mod footprint;
 mod forward;
+mod image_names;
 mod module_table;
 pub mod pager;
 pub mod sim;

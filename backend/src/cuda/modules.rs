@@ -363,8 +363,9 @@ impl PtxFunc {
 pub struct PtxModule {
     module: LoadedModule,
     funcs: Mutex<Vec<PtxFunc>>,
-    /// The module-scope variables its PTX defines (none read from a binary image; the
-    /// ones the guest looks up are known by their lookup).
+    /// The module-scope variables its image defines (PTX declarations; a cubin's or an
+    /// uncompressed fatbin entry's variable symbols); the ones the guest looks up are
+    /// known by their lookup too.
     vars: Vec<Vec<u8>>,
 }
 
@@ -508,7 +509,7 @@ impl Modules {
                 Entry::Ptx(Arc::new(PtxModule {
                     module,
                     funcs: Mutex::new(Vec::new()),
-                    vars: Vec::new(),
+                    vars: crate::image_names::binary_global_names(bytes),
                 }))
             }
         };
@@ -563,14 +564,33 @@ impl Modules {
         let Entry::Ptx(m) = self.table.get(module)? else {
             return Ok(Vec::new());
         };
-        let mut names = m.vars.clone();
+        // (name, looked up by the guest)
+        let mut names: Vec<(Vec<u8>, bool)> = Vec::with_capacity(m.vars.len());
         for g in lock(&self.globals).values() {
-            if g.module == module && !names.contains(&g.name) {
-                names.push(g.name.clone());
+            if g.module == module && !names.iter().any(|(n, _)| *n == g.name) {
+                names.push((g.name.clone(), true));
+            }
+        }
+        for n in &m.vars {
+            if !names.iter().any(|(known, _)| known == n) {
+                names.push((n.clone(), false));
             }
         }
         let mut out = Vec::with_capacity(names.len());
-        for name in names {
+        for (name, looked_up) in names {
+            if !looked_up {
+                // A symbol the image scan found that the driver does not take as a
+                // variable (a compiler-internal one) is none of the program's.
+                match m.module.global(&name) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => continue,
+                    Err(e) if !e.is_sticky() => {
+                        tracing::debug!(module, error = %e, "a symbol of the image is no variable");
+                        continue;
+                    }
+                    Err(e) => return Err(BackendError::Device(e.to_string())),
+                }
+            }
             match self.global(module, &name) {
                 Ok((addr, size)) => out.push(crate::ModuleGlobal { name, addr, size }),
                 Err(BackendError::UnknownFunction(_)) => {}
