@@ -230,6 +230,7 @@ pub fn start(
                     bytes = got.bytes,
                     modules = got.modules,
                     functions = got.functions,
+                    variables = got.variables,
                     "the vGPU's state arrived; serving the guest"
                 ),
                 Err(e) => {
