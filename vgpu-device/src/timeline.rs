@@ -249,14 +249,34 @@ pub fn acquire_for(gate: &dyn Gate, resource: Resource, expect_ns: u64) -> Timed
     let permit = gate.acquire_for(resource, expect_ns);
     let granted = now();
     update(|r| {
-        r.resource = match resource {
-            Resource::Compute => 1,
-            Resource::Copy => 2,
-        };
+        r.resource = code(resource);
         r.asked = asked;
         r.granted = granted;
     });
     Timed(Some(permit))
+}
+
+/// A resource as the timeline writes it.
+fn code(resource: Resource) -> u8 {
+    match resource {
+        Resource::Compute => 1,
+        Resource::Copy => 2,
+    }
+}
+
+/// Notes on this request's record a grant of `resource` taken without [`acquire`]: when it
+/// was asked, granted, the backend call ended and the grant was released.
+pub fn note(resource: Resource, [asked, granted, backend_end, released]: [u64; 4]) {
+    if !enabled() {
+        return;
+    }
+    update(|r| {
+        r.resource = code(resource);
+        r.asked = asked;
+        r.granted = granted;
+        r.backend_end = backend_end;
+        r.released = released;
+    });
 }
 
 /// A grant whose release is on the timeline.

@@ -24,10 +24,10 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::chain::{Chain, GuestMem};
+use crate::chain::GuestMem;
 use crate::device::Vgpu;
-use crate::launch;
 use crate::memtable::check_memory_table;
+use crate::request::Received;
 use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
 
@@ -110,18 +110,18 @@ impl VgpuVhostBackend {
             }
             loop {
                 // Hold the vring lock only to pop: a long request must not block the
-                // frontend's vring messages.
-                let chain = match held.take() {
-                    Some(c) => c,
+                // frontend's vring messages. Each chain is read once.
+                let r = match held.take() {
+                    Some(r) => r,
                     None => match vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
-                        Some(c) => c,
+                        Some(c) => self.vgpu.receive(mem, c),
                         None => break,
                     },
                 };
                 deadline = None;
-                let chain = if batching && launch::is_launch(mem, &chain) {
-                    match self.serve_launches(queue, vring, mem, chain)? {
-                        Batched::Alone(chain) => chain,
+                let r = if batching && r.is_launch() {
+                    match self.serve_launches(queue, vring, mem, r)? {
+                        Batched::Alone(r) => r,
                         Batched::Served(next) => {
                             held = next;
                             continue;
@@ -129,11 +129,11 @@ impl VgpuVhostBackend {
                         Batched::Stop => return Ok(()),
                     }
                 } else {
-                    chain
+                    r
                 };
-                let head = chain.head_index();
+                let head = r.chain.head_index();
                 timeline::begin(self.vgpu.config().vgpu_id, queue);
-                let used = self.vgpu.process_chain(queue, mem, chain);
+                let used = self.vgpu.serve(queue, mem, r);
                 if let Err(e) = vring.add_used(head, used) {
                     // The guest broke its own used ring; nothing more can be completed.
                     tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
@@ -173,57 +173,60 @@ impl VgpuVhostBackend {
 /// What [`VgpuVhostBackend::serve_launches`] did.
 enum Batched<'m> {
     /// The launch does not join a batch: serve it alone.
-    Alone(Chain<'m>),
-    /// A batch was served; the chain that ended it, taken off the ring, comes next.
-    Served(Option<Chain<'m>>),
+    Alone(Received<'m>),
+    /// A batch was served; the request that ended it, taken off the ring, comes next.
+    Served(Option<Received<'m>>),
     /// The used ring is broken: stop serving the queue until the next kick.
     Stop,
 }
 
 impl VgpuVhostBackend {
     /// Serves the launch `first` with the launches posted right behind it as one batch
-    /// (`launch.rs`), then completes them in ring order and signals the guest once.
+    /// (`launch/batch.rs`), then completes them in ring order and signals the guest once.
     fn serve_launches<'m>(
         &self,
         queue: u16,
         vring: &Vring,
         mem: &'m GuestMem,
-        first: Chain<'m>,
+        first: Received<'m>,
     ) -> io::Result<Batched<'m>> {
         let vgpu = &self.vgpu;
-        launch::with_batch(|batch| {
-            if let Err(chain) = vgpu.stage(mem, first, timeline::stamp(), batch) {
-                return Ok(Batched::Alone(chain));
+        let Some(mut batch) = vgpu.batch(queue) else {
+            return Ok(Batched::Alone(first));
+        };
+        let (limits, times) = (&vgpu.config().batch, &vgpu.kernel_times);
+        if let Some(r) = batch.stage(limits, times, first, timeline::stamp()) {
+            return Ok(Batched::Alone(r));
+        }
+        let mut next = None;
+        while let Some(chain) = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
+            let kick = timeline::stamp();
+            next = batch.stage(limits, times, vgpu.receive(mem, chain), kick);
+            if next.is_some() {
+                break;
             }
-            let mut next = None;
-            while let Some(chain) = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
-                if !launch::is_launch(mem, &chain) {
-                    next = Some(chain);
-                    break;
-                }
-                if let Err(chain) = vgpu.stage(mem, chain, timeline::stamp(), batch) {
-                    next = Some(chain);
-                    break;
-                }
+        }
+        vgpu.run_batch(queue, mem, &mut batch);
+        for (head, used) in batch.completions() {
+            if let Err(e) = vring.add_used(head, used) {
+                tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
+                return Ok(Batched::Stop);
             }
-            vgpu.run_batch(queue, mem, batch);
-            for (head, used) in batch.completions() {
-                if let Err(e) = vring.add_used(head, used) {
-                    tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
-                    return Ok(Batched::Stop);
-                }
+        }
+        match vring.needs_notification() {
+            Ok(true) => vring.signal_used_queue()?,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
             }
-            match vring.needs_notification() {
-                Ok(true) => vring.signal_used_queue()?,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
-                }
-            }
-            batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
-            tracing::trace!(queue, requests = batch.len(), "batch done");
-            Ok(Batched::Served(next))
-        })
+        }
+        batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
+        tracing::trace!(queue, requests = batch.len(), "batch done");
+        // The request that ended the batch is busy from now on, not while the batch ran.
+        if let Some(r) = &mut next {
+            r.start = Instant::now();
+        }
+        Ok(Batched::Served(next))
     }
 }
 
