@@ -21,6 +21,8 @@ pub(crate) struct Received<'m> {
     pub layout: Layout,
     /// When it came off the available ring.
     pub start: Instant,
+    /// The same moment on the timeline's clock (0 when no timeline is taken).
+    pub kick: u64,
     /// The guest's request id (0 when the header did not parse).
     pub id: u64,
     /// The opcode the header names (`None`: unknown, or no header to read).
@@ -62,11 +64,13 @@ impl Vgpu {
     /// descriptors, a launch checked.
     pub(crate) fn receive<'m>(&self, mem: &GuestMem, chain: Chain<'m>) -> Received<'m> {
         let start = Instant::now();
+        let kick = crate::timeline::stamp();
         let layout = Layout::of(mem, &chain);
         let mut r = Received {
             chain,
             layout,
             start,
+            kick,
             id: 0,
             opcode: None,
             body: Body::Unanswerable,

@@ -178,17 +178,17 @@ fn update(f: impl FnOnce(&mut Record)) {
     });
 }
 
-/// A queue thread took a request of `vgpu` off `queue`'s available ring.
-pub fn begin(vgpu: u32, queue: u16) {
+/// A queue thread took a request of `vgpu` off `queue`'s available ring at `kick` (the
+/// timeline's clock, [`stamp`]); it is served now.
+pub fn begin(vgpu: u32, queue: u16, kick: u64) {
     if !enabled() {
         return;
     }
-    let t = now();
     CURRENT.with(|c| {
         c.set(Record {
             vgpu,
             queue,
-            kick: t,
+            kick,
             ..Record::default()
         })
     });
@@ -363,7 +363,7 @@ mod tests {
     #[test]
     fn off_costs_nothing_and_records_nothing() {
         // VGPU_TIMELINE is not set in the test environment.
-        begin(1, 0);
+        begin(1, 0, stamp());
         let _p = acquire(&vgpu_grant::Ungated, Resource::Compute);
         end();
         assert!(!enabled() || std::env::var_os(ENV).is_some());

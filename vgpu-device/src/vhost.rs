@@ -24,7 +24,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::chain::GuestMem;
+use crate::chain::{Chain, GuestMem};
 use crate::device::Vgpu;
 use crate::memtable::check_memory_table;
 use crate::request::Received;
@@ -109,11 +109,9 @@ impl VgpuVhostBackend {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
             loop {
-                // Hold the vring lock only to pop: a long request must not block the
-                // frontend's vring messages. Each chain is read once.
                 let r = match held.take() {
                     Some(r) => r,
-                    None => match vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
+                    None => match pop(vring, mem) {
                         Some(c) => self.vgpu.receive(mem, c),
                         None => break,
                     },
@@ -132,7 +130,7 @@ impl VgpuVhostBackend {
                     r
                 };
                 let head = r.chain.head_index();
-                timeline::begin(self.vgpu.config().vgpu_id, queue);
+                timeline::begin(self.vgpu.config().vgpu_id, queue, r.kick);
                 let used = self.vgpu.serve(queue, mem, r);
                 if let Err(e) = vring.add_used(head, used) {
                     // The guest broke its own used ring; nothing more can be completed.
@@ -170,6 +168,12 @@ impl VgpuVhostBackend {
     }
 }
 
+/// The next chain on `vring`'s available ring. The vring lock is held only to pop: reading
+/// and serving the request must not block the frontend's vring messages.
+fn pop<'m>(vring: &Vring, mem: &'m GuestMem) -> Option<Chain<'m>> {
+    vring.get_mut().get_queue_mut().pop_descriptor_chain(mem)
+}
+
 /// What [`VgpuVhostBackend::serve_launches`] did.
 enum Batched<'m> {
     /// The launch does not join a batch: serve it alone.
@@ -195,13 +199,12 @@ impl VgpuVhostBackend {
             return Ok(Batched::Alone(first));
         };
         let (limits, times) = (&vgpu.config().batch, &vgpu.kernel_times);
-        if let Some(r) = batch.stage(limits, times, first, timeline::stamp()) {
+        if let Some(r) = batch.stage(limits, times, first) {
             return Ok(Batched::Alone(r));
         }
         let mut next = None;
-        while let Some(chain) = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
-            let kick = timeline::stamp();
-            next = batch.stage(limits, times, vgpu.receive(mem, chain), kick);
+        while let Some(chain) = pop(vring, mem) {
+            next = batch.stage(limits, times, vgpu.receive(mem, chain));
             if next.is_some() {
                 break;
             }

@@ -72,7 +72,7 @@ impl LaunchBatch {
     }
 
     /// Adds the launch `r` (checked when it was read; one that failed its checks joins
-    /// with its error, to be answered in order), taken off the ring at `kick`. Returns it
+    /// with its error, to be answered in order). Returns it
     /// when it does not join: it is not an answerable launch, or the batch is full
     /// (launches, or expected time: see [`crate::BatchLimits`]); the caller serves it after
     /// the batch.
@@ -81,7 +81,6 @@ impl LaunchBatch {
         limits: &BatchLimits,
         times: &KernelTimes,
         r: Received<'m>,
-        kick: u64,
     ) -> Option<Received<'m>> {
         if !r.is_launch() || self.items.len() >= usize::from(limits.max_launches) {
             return Some(r);
@@ -114,7 +113,7 @@ impl LaunchBatch {
         };
         self.items.push(Item {
             head,
-            kick,
+            kick: r.kick,
             start: r.start,
             id: r.id,
             resp,
