@@ -187,7 +187,7 @@ impl Daemon {
                 vm.fail("the vmm exited; it was adopted after a vgpud restart, so its exit status is unknown (see its console)".into());
             }
             tracing::info!(vm = vm_id, pid, "adopted vmm exited");
-            self.mark_dirty();
+            self.persist.mark_dirty();
             Some(
                 vm.vgpu()
                     .and_then(|g| inner.vgpus.get(&g))

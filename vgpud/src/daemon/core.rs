@@ -7,18 +7,17 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::config::{Config, GpuConfig};
 use super::error::ApiError;
 use super::gpu_memory::GpuMemory;
 use super::host_registry;
 use super::locks::{Guard, Rank, Ranked};
 use super::rebalancer;
-use super::saver::Saver;
+use super::saver::Persistence;
 use super::shm;
 use super::spares::Spares;
 use super::state::{State, VgpuRec};
+use super::statefile;
 use crate::api;
 use crate::units::permille_to_fraction;
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
@@ -48,12 +47,8 @@ pub struct Daemon {
     pub(super) shm: Ranked<shm::Registry>,
     /// Demand monitoring and the rebalancer.
     pub(super) rebalance: Ranked<rebalancer::State>,
-    /// The state file's writer; taken before the state lock.
-    pub(super) saver: tokio::sync::Mutex<Saver>,
-    /// Wakes the background saver.
-    pub(super) save_kick: Notify,
-    /// Save tickets handed out (group commit: see `Daemon::save`).
-    pub(super) save_tickets: std::sync::atomic::AtomicU64,
+    /// The state file and its writer.
+    pub(super) persist: Persistence,
     /// Whole-VM moves to and from other vgpud daemons.
     pub(super) host: host_registry::Registry,
     /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
@@ -72,7 +67,9 @@ impl Daemon {
         let memory = GpuMemory::for_config(&cfg);
         let rebalance = Ranked::new(Rank::Rebalance, rebalancer::State::new(&cfg));
         let shm = Ranked::new(Rank::Shm, shm::Registry::new(cfg.shm_limits));
+        let persist = Persistence::new(statefile::path_in(&cfg.state_dir));
         Ok(Self {
+            persist,
             cfg,
             grants,
             state: State::new(),
@@ -80,9 +77,6 @@ impl Daemon {
             memory,
             shm,
             rebalance,
-            saver: tokio::sync::Mutex::new(Saver::default()),
-            save_kick: Notify::new(),
-            save_tickets: std::sync::atomic::AtomicU64::new(0),
             host: Default::default(),
             spares: Spares::default(),
         })

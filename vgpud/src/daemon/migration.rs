@@ -115,7 +115,7 @@ impl Daemon {
         let total_bytes = rec.memory_report().map_or(allocated, |m| m.resident);
         let mid = inner.next_migration;
         inner.next_migration += 1;
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.begin_move(inner, id, target);
         inner.migrations.insert(
             mid,
@@ -358,7 +358,7 @@ impl Daemon {
                 "migration failed; the vGPU stays on its source"),
         }
         // Its GPU changed (or not): the state file says where it is.
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.state.notify();
     }
 

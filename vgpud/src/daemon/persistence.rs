@@ -1,5 +1,5 @@
-//! Saving the daemon's state to its state file and bringing it back at start (the format
-//! and the atomic write are in `statefile.rs`).
+//! Bringing the daemon's records back from its state file at start (the writer is
+//! `saver.rs`; the format and the atomic write are in `statefile.rs`).
 //!
 //! What comes back after a restart (docs/hostile.md):
 //! - a vGPU created with `POST /v1/vgpus` that held its resources (ready, or attached to a
@@ -17,29 +17,20 @@
 //! - a vGPU created inline with a VM goes with that VM's record once the VM ended:
 //!   `released`, holding nothing, deleted with the VM (as when a VM ends by itself);
 //! - released and failed vGPUs stay records; id counters carry on, so no id is reused.
-//!
-//! Saves happen after every change that alters the file (create, PATCH, delete, a VM or
-//! worker ending, a migration finishing), never on the grant or request path. API calls
-//! that change it answer only once the change is on disk; changes that come from process
-//! events are saved by a background task.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::attach::ProcessAttach;
 use super::config::Config;
 use super::core::Daemon;
 use super::procs::{self, Proc};
-use super::saver::Saver;
+use super::saver::unix_ms;
 use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
-use super::statefile::{
-    self, SavedProc, SavedStorage, SavedVgpu, SavedVgpuState, SavedVm, SavedVmState, StateFile,
-};
+use super::statefile::{SavedProc, SavedVgpu, SavedVgpuState, SavedVmState, StateFile};
 use super::workers::worker_socket;
-use crate::api::{self, VgpuCreate, VgpuState, VmState};
+use crate::api::{self, VgpuCreate};
 use crate::units::permille_to_fraction;
 
 /// A restored VM that was running when vgpud went away and whose vmm is gone.
@@ -53,392 +44,193 @@ fn restart_reason() -> String {
 /// How long a restore waits for a worker of the previous vgpud to let go of a socket.
 const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
 
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-impl Daemon {
-    /// The state file's path.
-    pub(super) fn state_path(&self) -> PathBuf {
-        statefile::path_in(&self.cfg.state_dir)
-    }
-
-    /// Asks the background saver to write the state soon (for changes that come from
-    /// process events, in synchronous code).
-    pub(super) fn mark_dirty(&self) {
-        self.save_kick.notify_one();
-    }
-
-    /// Writes the state now and returns once it is on disk. A failed write is logged and
-    /// returned (the API answers the change with an error saying it is not saved; the
-    /// next successful save includes it). Group commit: each caller takes a ticket after
-    /// its change is in the state; a write covers every ticket taken before its snapshot,
-    /// so callers arriving while a write is under way share the next one (64 VMs created
-    /// at once cost a few writes, not 64 file and directory syncs one after another).
-    pub(super) async fn save(&self) -> Result<(), String> {
-        let ticket = self.save_tickets.fetch_add(1, Ordering::AcqRel) + 1;
-        let mut saver = self.saver.lock().await;
-        if saver.frozen {
-            return Ok(());
-        }
-        if saver.saved_through >= ticket {
-            return saver.last_error.clone().map_or(Ok(()), Err);
-        }
-        // Every ticket up to `covers` was taken after its change: the snapshot has them.
-        let covers = self.save_tickets.load(Ordering::Acquire);
-        let snap = self.snapshot(false);
-        let r = self.write_state(&mut saver, snap).await;
-        saver.saved_through = covers;
-        saver.last_error = r.clone().err();
-        r
-    }
-
-    /// The final save of a graceful stop: the state with every running vmm and worker,
-    /// which stay running for the next vgpud to adopt; nothing is saved after it.
-    pub(super) async fn save_final(&self) {
-        let mut saver = self.saver.lock().await;
-        if saver.frozen {
-            return;
-        }
-        let snap = self.snapshot(false);
-        // Logged inside; a stopping daemon has nobody to tell.
-        let _ = self.write_state(&mut saver, snap).await;
-        saver.frozen = true;
-    }
-
-    async fn write_state(&self, saver: &mut Saver, snap: StateFile) -> Result<(), String> {
-        let path = self.state_path();
-        let p = path.clone();
-        let r = tokio::task::spawn_blocking(move || statefile::save(&p, &snap))
-            .await
-            .unwrap_or_else(|e| {
-                Err(statefile::StateError::Write {
-                    path: path.clone(),
-                    source: std::io::Error::other(e.to_string()),
-                })
-            });
-        match r {
-            Ok(()) => {
-                if saver.failing {
-                    tracing::info!(path = %path.display(), "state file saved again");
-                }
-                saver.failing = false;
-                Ok(())
-            }
-            Err(e) => {
-                if !saver.failing {
-                    tracing::error!("{e}");
-                }
-                saver.failing = true;
-                Err(e.to_string())
-            }
-        }
-    }
-
-    /// Saves whenever something marked the state dirty, for the daemon's life.
-    pub(super) async fn saver(self: Arc<Self>) {
-        loop {
-            self.save_kick.notified().await;
-            // Logged inside; process events have no caller to answer.
-            let _ = self.save().await;
-        }
-    }
-
-    /// What the state file holds now. `stopping`: the daemon stops gracefully, so running
-    /// VMs get their uptime until now.
-    fn snapshot(&self, stopping: bool) -> StateFile {
-        self.state.with(|inner| snapshot_of(inner, stopping))
-    }
-
-    /// Brings back what `saved` holds (see the module comment). Runs before the API
-    /// serves; never fails: what cannot come back is listed with the reason.
-    pub(super) async fn restore(self: &Arc<Self>, saved: StateFile) {
-        let plan = self
+/// Brings back what `saved` holds (see the module comment). Runs before the API
+/// serves; never fails: what cannot come back is listed with the reason.
+pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
+    let plan = d.state.with(|inner| restore_records(&d.cfg, inner, saved));
+    let (mut adopted, mut lost) = (0usize, 0usize);
+    for (id, proc) in plan.workers {
+        // A free vGPU (no VM) is checked like any restored definition; one that serves
+        // a running VM is adopted as it is.
+        let free = d
             .state
-            .with(|inner| restore_records(&self.cfg, inner, saved));
-        let (mut adopted, mut lost) = (0usize, 0usize);
-        for (id, proc) in plan.workers {
-            // A free vGPU (no VM) is checked like any restored definition; one that serves
-            // a running VM is adopted as it is.
-            let free = self
-                .state
-                .with(|i| i.vgpus.get(&id).is_some_and(|r| r.vm().is_none()));
-            if free {
-                if let Err(why) = self.state.with(|inner| self.restorable(inner, id)) {
-                    proc.signal(libc::SIGKILL);
-                    let reason = format!(
-                        "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
-                    );
-                    tracing::error!(vgpu = id, %reason, "vGPU not restored");
-                    self.fail_restored(id, reason);
-                    continue;
-                }
-            }
-            match self.adopt_worker(id, proc.clone()).await {
-                Ok(()) => adopted += 1,
-                Err(why) => {
-                    lost += 1;
-                    proc.signal(libc::SIGKILL);
-                    let reason =
-                        format!("its worker could not be adopted after the vgpud restart: {why}");
-                    tracing::error!(vgpu = id, %reason, "worker not adopted");
-                    self.fail_restored(id, reason);
-                }
-            }
-        }
-        for (vm, proc) in plan.vmms {
-            let vgpu_ok = self.state.with(|inner| {
-                let g = inner.vms.get(&vm).and_then(|v| v.vgpu());
-                g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker().is_some()))
-            });
-            if vgpu_ok {
-                self.adopt_vmm(vm, proc);
-            } else {
+            .with(|i| i.vgpus.get(&id).is_some_and(|r| r.vm().is_none()));
+        if free {
+            if let Err(why) = d.state.with(|inner| restorable(d, inner, id)) {
                 proc.signal(libc::SIGKILL);
-                self.state.with(|inner| {
-                    if let Some(v) = inner.vms.get_mut(&vm) {
-                        v.vmm_gone();
-                        v.fail("its vGPU's worker could not be adopted after the vgpud restart; the vmm was stopped".into());
-                    }
-                });
+                let reason = format!(
+                    "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
+                );
+                tracing::error!(vgpu = id, %reason, "vGPU not restored");
+                fail_restored(d, id, reason);
+                continue;
             }
         }
-        let (mut ready, mut unusable) = (0usize, 0usize);
-        for id in plan.fresh {
-            match self.restore_vgpu(id).await {
-                Ok(()) => ready += 1,
-                Err(why) => {
-                    unusable += 1;
-                    let reason = format!(
-                        "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
-                    );
-                    tracing::error!(vgpu = id, %reason, "vGPU not restored");
-                    self.fail_restored(id, reason);
+        match d.adopt_worker(id, proc.clone()).await {
+            Ok(()) => adopted += 1,
+            Err(why) => {
+                lost += 1;
+                proc.signal(libc::SIGKILL);
+                let reason =
+                    format!("its worker could not be adopted after the vgpud restart: {why}");
+                tracing::error!(vgpu = id, %reason, "worker not adopted");
+                fail_restored(d, id, reason);
+            }
+        }
+    }
+    for (vm, proc) in plan.vmms {
+        let vgpu_ok = d.state.with(|inner| {
+            let g = inner.vms.get(&vm).and_then(|v| v.vgpu());
+            g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker().is_some()))
+        });
+        if vgpu_ok {
+            d.adopt_vmm(vm, proc);
+        } else {
+            proc.signal(libc::SIGKILL);
+            d.state.with(|inner| {
+                if let Some(v) = inner.vms.get_mut(&vm) {
+                    v.vmm_gone();
+                    v.fail("its vGPU's worker could not be adopted after the vgpud restart; the vmm was stopped".into());
                 }
+            });
+        }
+    }
+    let (mut ready, mut unusable) = (0usize, 0usize);
+    for id in plan.fresh {
+        match restore_vgpu(d, id).await {
+            Ok(()) => ready += 1,
+            Err(why) => {
+                unusable += 1;
+                let reason = format!(
+                    "not restored after the vgpud restart: {why}; fix that and restart vgpud (it tries again), or DELETE /v1/vgpus/{id}"
+                );
+                tracing::error!(vgpu = id, %reason, "vGPU not restored");
+                fail_restored(d, id, reason);
             }
         }
-        self.state.with(|inner| {
-            tracing::info!(
-                path = %self.state_path().display(),
-                workers_adopted = adopted,
-                workers_lost = lost,
-                vms_running = inner.vms.values().filter(|v| v.proc().is_some()).count(),
-                vgpus_ready = ready,
-                vgpus_unusable = unusable,
-                vgpu_records = inner.vgpus.len(),
-                vm_records = inner.vms.len(),
-                next_vgpu = inner.next_vgpu,
-                next_vm = inner.next_vm,
-                next_migration = inner.next_migration,
-                "state restored"
-            );
-        });
     }
-
-    /// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
-    async fn restore_vgpu(self: &Arc<Self>, id: u32) -> Result<(), String> {
-        self.state.with(|inner| self.restorable(inner, id))?;
-        self.wait_socket_free(id).await?;
-        self.start_worker(id).await.map_err(|e| e.error)?;
-        self.state.with(|inner| {
-            if let Some(rec) = inner.vgpus.get_mut(&id) {
-                rec.clear_restore_failed();
-            }
-        });
-        tracing::info!(vgpu = id, "vGPU restored");
-        Ok(())
-    }
-
-    /// Validates and admits restored vGPU `id` like a fresh create on its GPU; it holds
-    /// its resources (`starting`) once admitted. Caller holds the state lock.
-    fn restorable(&self, inner: &mut Inner, id: u32) -> Result<(), String> {
-        let rec = inner
-            .vgpus
-            .get(&id)
-            .ok_or_else(|| "its record vanished".to_owned())?;
-        let spec = VgpuCreate {
-            gpu: Some(rec.gpu()),
-            memory_bytes: rec.memory(),
-            compute_share: permille_to_fraction(rec.compute()),
-            copy_share: Some(permille_to_fraction(rec.copy())),
-            priority: rec.priority(),
-            oversubscribe: rec.oversubscribe(),
-            share_group: rec.share_group().clone(),
-            queues: rec.queues(),
-            storage: rec.storage().clone(),
-            name: rec.name().clone(),
-            labels: rec.labels().clone(),
-            kernel_deadline_ms: rec.kernel_deadline_ms(),
-            attach: if rec.process().is_some() {
-                api::Attach::Process
-            } else {
-                api::Attach::Vm
-            },
-            owner_uid: rec.process().as_ref().and_then(|p| p.owner_uid),
-            owner_gid: rec.process().as_ref().and_then(|p| p.owner_gid),
-        };
-        let mut ask = self.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
-        // Exactly the shares it had (no round trip through fractions).
-        (ask.compute, ask.copy) = (rec.compute(), rec.copy());
-        if let Some(e) = self.misfit(inner, rec.gpu(), &ask, Some(id)) {
-            return Err(e.error);
-        }
-        let rec = inner
-            .vgpus
-            .get_mut(&id)
-            .ok_or_else(|| "its record vanished".to_owned())?;
-        rec.mark_starting();
-        Ok(())
-    }
-
-    /// A worker of the previous vgpud that is being stopped (its VM ended while no vgpud
-    /// ran) may still serve vGPU `id`'s socket for a moment: wait until none does.
-    async fn wait_socket_free(&self, id: u32) -> Result<(), String> {
-        let Some(socket) = self
-            .state
-            .with(|i| i.vgpus.get(&id).map(|r| r.socket().clone()))
-        else {
-            return Ok(());
-        };
-        let deadline = Instant::now() + OLD_WORKER_GRACE;
-        let mut logged = false;
-        while std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} is still served by another process after {} s (a worker of the previous vgpud?); stop it",
-                    socket.display(),
-                    OLD_WORKER_GRACE.as_secs()
-                ));
-            }
-            if !logged {
-                tracing::info!(vgpu = id, socket = %socket.display(),
-                    "a worker of the previous vgpud still serves this vGPU's socket; waiting for it to exit");
-                logged = true;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
-    }
-
-    /// Restored vGPU `id` cannot run: listed as failed with `reason`, holding nothing.
-    fn fail_restored(&self, id: u32, reason: String) {
-        let gpu = self.state.with(|inner| {
-            let rec = inner.vgpus.get_mut(&id)?;
-            rec.fail(reason);
-            rec.mark_restore_failed();
-            if rec.worker().is_some() {
-                // Its reaper lets go of the rest.
-                None
-            } else {
-                Some(rec.gpu())
-            }
-        });
-        if let Some(gpu) = gpu {
-            self.detach_grants(id, gpu);
-            self.pool_leave(gpu, id);
-            self.refresh_pool(gpu);
-        }
-        self.state.notify();
-    }
+    d.state.with(|inner| {
+        tracing::info!(
+            path = %d.persist.path().display(),
+            workers_adopted = adopted,
+            workers_lost = lost,
+            vms_running = inner.vms.values().filter(|v| v.proc().is_some()).count(),
+            vgpus_ready = ready,
+            vgpus_unusable = unusable,
+            vgpu_records = inner.vgpus.len(),
+            vm_records = inner.vms.len(),
+            next_vgpu = inner.next_vgpu,
+            next_vm = inner.next_vm,
+            next_migration = inner.next_migration,
+            "state restored"
+        );
+    });
 }
 
-/// What the state file holds for `inner`. `stopping`: the daemon stops gracefully, so
-/// running VMs get their uptime until now.
-fn snapshot_of(inner: &Inner, stopping: bool) -> StateFile {
-    let vgpus = inner
+/// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
+async fn restore_vgpu(d: &Arc<Daemon>, id: u32) -> Result<(), String> {
+    d.state.with(|inner| restorable(d, inner, id))?;
+    wait_socket_free(d, id).await?;
+    d.start_worker(id).await.map_err(|e| e.error)?;
+    d.state.with(|inner| {
+        if let Some(rec) = inner.vgpus.get_mut(&id) {
+            rec.clear_restore_failed();
+        }
+    });
+    tracing::info!(vgpu = id, "vGPU restored");
+    Ok(())
+}
+
+/// Validates and admits restored vGPU `id` like a fresh create on its GPU; it holds
+/// its resources (`starting`) once admitted. Caller holds the state lock.
+fn restorable(d: &Daemon, inner: &mut Inner, id: u32) -> Result<(), String> {
+    let rec = inner
         .vgpus
-        .values()
-        // A free vGPU whose create has not answered yet is not the user's yet.
-        .filter(|r| !(*r.state() == VgpuState::Starting && !r.owned() && !r.restore_failed()))
-        .map(|r| SavedVgpu {
-            id: r.id(),
-            gpu: r.gpu(),
-            memory_bytes: r.memory(),
-            compute_permille: r.compute(),
-            copy_permille: r.copy(),
-            priority: r.priority(),
-            oversubscribe: r.oversubscribe(),
-            share_group: r.share_group().clone(),
-            queues: r.queues(),
-            storage: r
-                .storage()
-                .iter()
-                .map(|s| SavedStorage {
-                    namespace: s.namespace,
-                    path: s.path.clone(),
-                    read_only: s.read_only,
-                })
-                .collect(),
-            owned_by_vm: r.owned(),
-            vm: r.vm(),
-            worker: r.worker().map(|w| saved_proc(&w.proc)),
-            name: r.name().clone(),
-            labels: r.labels().clone(),
-            state: match r.state() {
-                // Not restored at the last start: still a definition to bring back.
-                _ if r.restore_failed() => SavedVgpuState::Live,
-                VgpuState::Starting | VgpuState::Ready | VgpuState::Attached => {
-                    SavedVgpuState::Live
-                }
-                // Being deleted: it does not come back.
-                VgpuState::Released | VgpuState::Releasing => SavedVgpuState::Released,
-                VgpuState::Failed { reason } => SavedVgpuState::Failed {
-                    reason: reason.clone(),
-                },
-            },
-            kernel_deadline_ms: r.kernel_deadline_ms(),
-            attach: if r.process().is_some() {
-                api::Attach::Process
-            } else {
-                api::Attach::Vm
-            },
-            owner_uid: r.process().as_ref().and_then(|p| p.owner_uid),
-            owner_gid: r.process().as_ref().and_then(|p| p.owner_gid),
-        })
-        .collect();
-    let vms = inner
-        .vms
-        .values()
-        .map(|v| {
-            let live = v.state().is_live();
-            SavedVm {
-                id: v.id(),
-                payload: v.payload().display().to_string(),
-                payload_arg: v.payload_arg().clone(),
-                memory_bytes: v.memory(),
-                vcpus: v.vcpus(),
-                vgpu: v.vgpu(),
-                state: match v.state() {
-                    VmState::Starting | VmState::Running => SavedVmState::Live,
-                    VmState::Exited { code } => SavedVmState::Exited { code: *code },
-                    VmState::Failed { reason } => SavedVmState::Failed {
-                        reason: reason.clone(),
-                    },
-                },
-                launched_unix_ms: unix_ms(v.launched_at()),
-                uptime_ms: (!live || stopping).then(|| v.uptime_ms()),
-                vmm: v.proc().map(saved_proc),
-                name: v.name().clone(),
-                labels: v.labels().clone(),
-            }
-        })
-        .collect();
-    StateFile {
-        version: statefile::VERSION,
-        next_vgpu: inner.next_vgpu,
-        next_vm: inner.next_vm,
-        next_migration: inner.next_migration,
-        vgpus,
-        vms,
+        .get(&id)
+        .ok_or_else(|| "its record vanished".to_owned())?;
+    let spec = VgpuCreate {
+        gpu: Some(rec.gpu()),
+        memory_bytes: rec.memory(),
+        compute_share: permille_to_fraction(rec.compute()),
+        copy_share: Some(permille_to_fraction(rec.copy())),
+        priority: rec.priority(),
+        oversubscribe: rec.oversubscribe(),
+        share_group: rec.share_group().clone(),
+        queues: rec.queues(),
+        storage: rec.storage().clone(),
+        name: rec.name().clone(),
+        labels: rec.labels().clone(),
+        kernel_deadline_ms: rec.kernel_deadline_ms(),
+        attach: if rec.process().is_some() {
+            api::Attach::Process
+        } else {
+            api::Attach::Vm
+        },
+        owner_uid: rec.process().as_ref().and_then(|p| p.owner_uid),
+        owner_gid: rec.process().as_ref().and_then(|p| p.owner_gid),
+    };
+    let mut ask = d.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
+    // Exactly the shares it had (no round trip through fractions).
+    (ask.compute, ask.copy) = (rec.compute(), rec.copy());
+    if let Some(e) = d.misfit(inner, rec.gpu(), &ask, Some(id)) {
+        return Err(e.error);
     }
+    let rec = inner
+        .vgpus
+        .get_mut(&id)
+        .ok_or_else(|| "its record vanished".to_owned())?;
+    rec.mark_starting();
+    Ok(())
 }
 
-fn saved_proc(p: &Proc) -> SavedProc {
-    SavedProc {
-        pid: p.pid,
-        start_time: p.start_time,
+/// A worker of the previous vgpud that is being stopped (its VM ended while no vgpud
+/// ran) may still serve vGPU `id`'s socket for a moment: wait until none does.
+async fn wait_socket_free(d: &Daemon, id: u32) -> Result<(), String> {
+    let Some(socket) = d
+        .state
+        .with(|i| i.vgpus.get(&id).map(|r| r.socket().clone()))
+    else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + OLD_WORKER_GRACE;
+    let mut logged = false;
+    while std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} is still served by another process after {} s (a worker of the previous vgpud?); stop it",
+                socket.display(),
+                OLD_WORKER_GRACE.as_secs()
+            ));
+        }
+        if !logged {
+            tracing::info!(vgpu = id, socket = %socket.display(),
+                "a worker of the previous vgpud still serves this vGPU's socket; waiting for it to exit");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(())
+}
+
+/// Restored vGPU `id` cannot run: listed as failed with `reason`, holding nothing.
+fn fail_restored(d: &Daemon, id: u32, reason: String) {
+    let gpu = d.state.with(|inner| {
+        let rec = inner.vgpus.get_mut(&id)?;
+        rec.fail(reason);
+        rec.mark_restore_failed();
+        if rec.worker().is_some() {
+            // Its reaper lets go of the rest.
+            None
+        } else {
+            Some(rec.gpu())
+        }
+    });
+    if let Some(gpu) = gpu {
+        d.detach_grants(id, gpu);
+        d.pool_leave(gpu, id);
+        d.refresh_pool(gpu);
+    }
+    d.state.notify();
 }
 
 /// What a restore does once the records are in.
@@ -607,7 +399,9 @@ fn restored_vgpu(cfg: &Config, v: SavedVgpu) -> (VgpuRec, bool) {
 mod tests {
     use super::super::admission::tests::admit;
     use super::super::core::testing::{daemon, spec};
+    use super::super::saver::snapshot_of;
     use super::*;
+    use crate::api::VgpuState;
 
     #[test]
     fn a_snapshot_restores_definitions_and_ended_vms() {

@@ -165,7 +165,7 @@ impl Daemon {
             });
             tracing::warn!(vgpu = id, error = %e.error, "no fresh worker for the process vGPU");
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.state.notify();
     }
 

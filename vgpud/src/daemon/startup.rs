@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
+use super::persistence;
 use super::statefile::{self, StateFile};
 
 impl Daemon {
@@ -23,7 +24,7 @@ impl Daemon {
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.stop_pools();
-        self.save_final().await;
+        self.persist.save_final(&self.state).await;
         let (vms, workers) = self.state.with(|inner| {
             (
                 inner.vms.values().filter(|v| v.proc().is_some()).count(),
@@ -190,15 +191,18 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let listener = bind(&cfg).await?;
     // Bound but not yet serving: a client that connects now waits for the restore.
     match saved {
-        Some(saved) => daemon.restore(saved).await,
+        Some(saved) => persistence::restore(&daemon, saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
     daemon.sweep_worker_dirs();
     daemon.fill_pools();
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
-    let _ = daemon.save().await;
-    let saver = tokio::spawn(daemon.clone().saver());
+    let _ = daemon.persist.save(&daemon.state).await;
+    let saver = tokio::spawn({
+        let d = daemon.clone();
+        async move { d.persist.run(&d.state).await }
+    });
     let app = super::http::router(daemon.clone());
     let sampler = tokio::spawn(daemon.clone().sampler());
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());

@@ -216,7 +216,7 @@ impl Daemon {
                 "released vGPU forgotten after its retention time"
             );
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.state.notify();
     }
 

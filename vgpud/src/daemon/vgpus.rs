@@ -35,7 +35,8 @@ impl Daemon {
             return Err(e);
         }
         // Answered only once the definition is on disk: a restart keeps it.
-        self.save()
+        self.persist
+            .save(&self.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was created"), &e))?;
         self.vgpu(id)
@@ -50,7 +51,7 @@ impl Daemon {
                 remove_attach_dir(&self.cfg.state_dir, id);
             }
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.state.notify();
     }
 
@@ -92,8 +93,9 @@ impl Daemon {
                 meta.apply(inner, id).map(drop)
             })?;
             self.deadline_changed(id, patch.kernel_deadline_ms);
-            self.mark_dirty();
-            self.save()
+            self.persist.mark_dirty();
+            self.persist
+                .save(&self.state)
                 .await
                 .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
             return self.vgpu(id);
@@ -126,7 +128,8 @@ impl Daemon {
             "vGPU shares changed"
         );
         // Answered only once the new shares are on disk: a restart keeps them.
-        self.save()
+        self.persist
+            .save(&self.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
         self.vgpu(id)
@@ -232,7 +235,7 @@ impl Daemon {
         if rec.oversubscribe() {
             self.pool_join(rec.gpu(), id, new.priority);
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
         Ok(())
     }
 
@@ -290,7 +293,8 @@ impl Daemon {
         });
         self.forget_vgpu(id);
         tracing::info!(vgpu = id, "vGPU deleted");
-        self.save()
+        self.persist
+            .save(&self.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was deleted"), &e))
     }

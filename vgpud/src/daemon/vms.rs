@@ -239,7 +239,7 @@ impl Daemon {
             if let Err(e) = self.start_worker(g).await {
                 self.forget_vgpu(g);
                 self.state.with(|i| i.vms.remove(&vm_id));
-                self.mark_dirty();
+                self.persist.mark_dirty();
                 return Err(e);
             }
             self.state.with(|i| {
@@ -254,7 +254,8 @@ impl Daemon {
             self.undo_vm(vm_id, vgpu_id, inline).await;
             return Err(e);
         }
-        self.save()
+        self.persist
+            .save(&self.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("VM {vm_id} was created"), &e))?;
         self.state
@@ -306,7 +307,7 @@ impl Daemon {
         if let Some(vm) = self.state.with(|i| i.vms.remove(&vm_id)) {
             let _ = std::fs::remove_file(vm.console());
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
         let Some(g) = vgpu else { return };
         if inline {
             let worker = self.state.with(|inner| {
@@ -437,7 +438,7 @@ impl Daemon {
                 }
             }
             tracing::info!(vm = vm_id, pid, state = ?vm.state(), "vmm exited");
-            self.mark_dirty();
+            self.persist.mark_dirty();
             let worker = vm
                 .vgpu()
                 .and_then(|g| inner.vgpus.get(&g))
@@ -533,7 +534,8 @@ impl Daemon {
         }
         self.state.notify();
         tracing::info!(vm = id, "VM deleted");
-        self.save()
+        self.persist
+            .save(&self.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("VM {id} was deleted"), &e))
     }

@@ -519,7 +519,7 @@ impl Daemon {
             alive.iter().any(|(g, n)| *g == gpu && n == group)
         });
         self.refresh_pool(gpu);
-        self.mark_dirty();
+        self.persist.mark_dirty();
         self.state.notify();
         let next = self.state.with(|i| {
             i.vgpus.get(&id).is_some_and(|r| {

@@ -137,7 +137,7 @@ impl Daemon {
                     self.host.vmm_gone(vm_id);
                     self.forget_vgpu(g);
                     self.state.with(|i| i.vms.remove(&vm_id));
-                    self.mark_dirty();
+                    self.persist.mark_dirty();
                     return Err(e);
                 }
             }
@@ -372,7 +372,7 @@ impl Daemon {
                 }
             })
         });
-        self.mark_dirty();
+        self.persist.mark_dirty();
         tracing::info!(vm = vm_id, migration = mid, "the VM moved here");
         self.migration(mid)
     }

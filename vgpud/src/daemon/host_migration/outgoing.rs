@@ -350,7 +350,7 @@ impl Daemon {
             inner.migrations.insert(mid, m);
             mid
         });
-        self.mark_dirty();
+        self.persist.mark_dirty();
         tracing::info!(vm = vm_id, migration = mid, destination = %peer, remote_vm = accepted.vm, "moving a VM to another vgpud");
         let d = self.clone();
         tokio::spawn(async move {
@@ -665,7 +665,7 @@ impl Daemon {
                 });
             }
         }
-        self.mark_dirty();
+        self.persist.mark_dirty();
     }
 }
 
