@@ -8,6 +8,7 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::metrics;
 use super::migration::MigrateCommand;
+use super::stats;
 use crate::api::{
     Gpu, IncomingAccepted, IncomingCommit, IncomingVm, Migration, RebalanceEvent, RebalancerStatus,
     ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuStats, Vm, VmCreate, VmMigrateRequest,
@@ -113,7 +114,7 @@ impl Daemon {
                 self.delete_vgpu(id).await?;
                 Reply::Deleted
             }
-            Command::VgpuStats(id) => Reply::VgpuStats(self.vgpu_stats(id).await?),
+            Command::VgpuStats(id) => Reply::VgpuStats(stats::vgpu_stats(self, id).await?),
             Command::MigrateVgpu(id, how) => {
                 Reply::MigrationStarted(self.migrate_vgpu(id, how).await?)
             }

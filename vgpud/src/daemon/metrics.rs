@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
+use super::stats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
@@ -187,7 +188,7 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
         "Implausible values the vGPU's worker wrote on its grant page",
     );
     let names = vgpu_names(d);
-    for s in d.all_stats() {
+    for s in stats::all_stats(d) {
         let l = vgpu_labels(s.vgpu, s.gpu, &names);
         comp_u.get_or_create(&l).set(s.compute_utilization);
         if let Some(c) = s.copy_utilization {
@@ -285,7 +286,7 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
 fn vm_metrics(reg: &mut Registry, d: &Daemon) {
     let vms = Family::<StateLabels, Gauge>::default();
     reg.register("vms", "VMs by state", vms.clone());
-    for (state, n) in d.vm_states() {
+    for (state, n) in stats::vm_states(&d.state) {
         vms.get_or_create(&StateLabels {
             state: state.to_owned(),
         })

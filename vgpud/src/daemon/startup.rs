@@ -15,6 +15,7 @@ use super::core::Daemon;
 use super::error::DaemonError;
 use super::persistence;
 use super::statefile::{self, StateFile};
+use super::stats;
 
 impl Daemon {
     /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
@@ -204,7 +205,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         async move { d.persist.run(&d.state).await }
     });
     let app = super::http::router(daemon.clone());
-    let sampler = tokio::spawn(daemon.clone().sampler());
+    let sampler = tokio::spawn(stats::sampler(daemon.clone()));
     let rebalancer = tokio::spawn(daemon.clone().rebalancer());
     on_listening();
     let limits = super::http::serve::Limits {

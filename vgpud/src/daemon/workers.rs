@@ -27,6 +27,7 @@ use super::error::ApiError;
 use super::link::{self, Link};
 use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
+use super::stats;
 use crate::api::{VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
@@ -413,7 +414,7 @@ impl Daemon {
             let Some(d) = weak.upgrade() else { return };
             match e {
                 link::Event::Connected => d.on_connected(id),
-                link::Event::Final(stats) => d.record_sample(id, stats),
+                link::Event::Final(stats) => stats::record_sample(&d.state, &d.cfg, id, stats),
                 link::Event::Memory(m) => d.on_memory(id, m),
                 link::Event::Migration(p) => d.on_migration_progress(id, p),
                 link::Event::Ask {
@@ -560,7 +561,7 @@ impl Daemon {
         let gpu = rec.gpu();
         let vm = rec.vm();
         let new_state =
-            match self.expelled(id, rec.gpu()) {
+            match stats::expelled(&self.grants, id, rec.gpu()) {
                 Some(reason) if *rec.state() != VgpuState::Released => VgpuState::Failed { reason },
                 // Its process hung up, or the worker failed under it: the vGPU holds its
                 // resources for the next process.
