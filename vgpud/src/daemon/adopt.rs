@@ -19,6 +19,7 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::core::Daemon;
 use super::link;
+use super::memory;
 use super::procs::{self, Proc};
 use super::state::WorkerHandle;
 use super::workers::{self, terminate, CONTROL_SOCKET, SECRET_FILE};
@@ -63,9 +64,9 @@ impl Daemon {
             let priority = self
                 .state
                 .with(|i| i.vgpus.get(&id).map_or(0, |r| r.priority()));
-            self.pool_join(gpu, id, priority);
+            self.memory.join(gpu, id, priority);
         }
-        self.refresh_pool(gpu);
+        memory::refresh_pool(self, gpu);
         let dir = workers::worker_dir(&self.cfg.state_dir, id);
         let connected = (|| {
             let secret = std::fs::read_to_string(dir.join(SECRET_FILE))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::core::Daemon;
 use super::error::ApiError;
+use super::memory;
 use super::metrics;
 use super::migration::MigrateCommand;
 use super::stats;
@@ -105,7 +106,7 @@ impl Daemon {
     pub async fn handle(self: &Arc<Self>, cmd: Command) -> Result<Reply, ApiError> {
         Ok(match cmd {
             Command::ListGpus => Reply::Gpus(self.gpus()),
-            Command::ListShm => Reply::ShmObjects(self.shm_objects()),
+            Command::ListShm => Reply::ShmObjects(memory::shm_objects(&self.shm_lock())),
             Command::ListVgpus => Reply::Vgpus(self.list_vgpus()),
             Command::CreateVgpu(spec) => Reply::VgpuCreated(self.create_vgpu(spec).await?),
             Command::GetVgpu(id) => Reply::Vgpu(self.get_vgpu(id)?),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::config::{Config, GpuConfig};
 use super::error::ApiError;
-use super::gpu_memory::GpuMemory;
+use super::gpu_memory::Memory;
 use super::host_registry;
 use super::locks::{Guard, Rank, Ranked};
 use super::rebalancer;
@@ -42,7 +42,7 @@ pub struct Daemon {
     pub(super) state: State,
     pub(super) shutting_down: AtomicBool,
     /// Per GPU: the memory pool oversubscribed vGPUs share.
-    pub(super) memory: Vec<GpuMemory>,
+    pub(super) memory: Memory,
     /// Shared device memory objects.
     pub(super) shm: Ranked<shm::Registry>,
     /// Demand monitoring and the rebalancer.
@@ -64,7 +64,7 @@ impl Daemon {
         let grants = (0..cfg.gpus.len())
             .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let memory = GpuMemory::for_config(&cfg);
+        let memory = Memory::for_config(&cfg);
         let rebalance = Ranked::new(Rank::Rebalance, rebalancer::State::new(&cfg));
         let shm = Ranked::new(Rank::Shm, shm::Registry::new(cfg.shm_limits));
         let persist = Persistence::new(statefile::path_in(&cfg.state_dir));
@@ -195,7 +195,7 @@ impl Daemon {
                 .zip(self.gpu_indices())
                 .map(|(g, index)| {
                     let c = inner.committed(index, None);
-                    let pool = self.pool_of(index);
+                    let pool = self.memory.figures(index);
                     api::Gpu {
                         index,
                         name: g.name.clone(),

@@ -10,6 +10,7 @@ use super::admission::VgpuAsk;
 use super::core::{no_vgpu, Daemon};
 use super::error::ApiError;
 use super::link::Link;
+use super::memory;
 use super::state::{Inner, VgpuRec};
 use crate::api::{self, VgpuState};
 use crate::control::{
@@ -105,7 +106,7 @@ impl Daemon {
         let target_gpu = TargetGpu {
             gpu: target,
             cuda_ordinal: g.cuda_ordinal,
-            sim_memory: self.sim_memory(g, rec.oversubscribe()),
+            sim_memory: self.memory.sim_memory(g.memory, rec.oversubscribe()),
             sim_copy_bw: g.copy_bandwidth,
             sim_speed: g.speed,
             sim_threads: self.cfg.sim_threads,
@@ -218,7 +219,7 @@ impl Daemon {
             return Ok(());
         }
         let resident = rec.memory_report().map_or(0, |m| m.resident);
-        let pool = self.pool_of(target);
+        let pool = self.memory.figures(target);
         let free = pool.0.saturating_sub(pool.1);
         if resident > free {
             return Err(ApiError::conflict(
@@ -309,7 +310,7 @@ impl Daemon {
             return;
         };
         rec.begin_migration(target);
-        self.pool_follow(rec, target);
+        self.memory.follow(rec, target);
     }
 
     /// Migration `mid` of vGPU `id` ended with `r`: the vGPU is on `target` (or still on
@@ -336,13 +337,13 @@ impl Daemon {
                     .is_some_and(|r| r.pools().contains(&leave));
                 if !back {
                     self.detach_grants(id, leave);
-                    self.pool_leave(leave, id);
+                    self.memory.leave(leave, id);
                 }
             }
         });
         if source != target {
-            self.refresh_pool(source);
-            self.refresh_pool(target);
+            memory::refresh_pool(self, source);
+            memory::refresh_pool(self, target);
         }
         match &r {
             Ok(rep) => tracing::info!(

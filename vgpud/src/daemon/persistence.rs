@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::attach::ProcessAttach;
 use super::config::Config;
 use super::core::Daemon;
+use super::memory;
 use super::procs::{self, Proc};
 use super::saver::unix_ms;
 use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
@@ -227,8 +228,8 @@ fn fail_restored(d: &Daemon, id: u32, reason: String) {
     });
     if let Some(gpu) = gpu {
         d.detach_grants(id, gpu);
-        d.pool_leave(gpu, id);
-        d.refresh_pool(gpu);
+        d.memory.leave(gpu, id);
+        memory::refresh_pool(d, gpu);
     }
     d.state.notify();
 }

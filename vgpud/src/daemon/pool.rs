@@ -29,6 +29,7 @@ use super::core::Daemon;
 use super::core::WORKER_START;
 use super::link;
 use super::locks::{Rank, Ranked};
+use super::memory;
 use super::procs::{self, Identity, Proc};
 use super::spares::{Owner, Route, Spare};
 use super::state::WorkerHandle;
@@ -269,10 +270,13 @@ impl Daemon {
                 cmd.args(["--backend", "cuda", "--gpu", &ordinal.to_string()]);
             }
             None => {
-                cmd.args(["--sim-memory", &self.sim_memory(gpu, false).to_string()])
-                    .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
-                    .args(["--sim-speed", &gpu.speed.to_string()])
-                    .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
+                cmd.args([
+                    "--sim-memory",
+                    &self.memory.sim_memory(gpu.memory, false).to_string(),
+                ])
+                .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
+                .args(["--sim-speed", &gpu.speed.to_string()])
+                .args(["--sim-threads", &self.cfg.sim_threads.to_string()]);
             }
         }
         cmd.arg("--shm");
@@ -444,7 +448,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        self.refresh_pool(gpu);
+        memory::refresh_pool(self, gpu);
         {
             let mut o = spare.route.owner.lock();
             if !matches!(*o, Owner::Idle) {

@@ -70,7 +70,7 @@ impl Daemon {
             .map(|(i, g)| {
                 let index = u32::try_from(i).unwrap_or(u32::MAX);
                 let c = inner.committed(index, None);
-                let pool = self.pool_of(index);
+                let pool = self.memory.figures(index);
                 GpuView {
                     index,
                     speed: g.speed,

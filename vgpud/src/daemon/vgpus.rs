@@ -233,7 +233,7 @@ impl Daemon {
         }
         rec.apply_shares(new);
         if rec.oversubscribe() {
-            self.pool_join(rec.gpu(), id, new.priority);
+            self.memory.join(rec.gpu(), id, new.priority);
         }
         self.persist.mark_dirty();
         Ok(())

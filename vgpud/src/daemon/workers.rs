@@ -25,6 +25,7 @@ use super::config::GpuConfig;
 use super::core::{Daemon, STOP_GRACE, WORKER_START};
 use super::error::ApiError;
 use super::link::{self, Link};
+use super::memory;
 use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
 use super::stats;
@@ -189,7 +190,7 @@ impl Daemon {
             fds,
             gpu,
         } = self.state.with(|inner| self.worker_launch(inner, id))?;
-        self.refresh_pool(gpu);
+        memory::refresh_pool(self, gpu);
         let identity = self.worker_identity(id);
         let dir = worker_dir(&self.cfg.state_dir, id);
         let (vhost, to) = self
@@ -304,7 +305,7 @@ impl Daemon {
             cmd.args(["--max-guest-memory", &vm.memory().to_string()]);
         }
         if rec.oversubscribe() {
-            self.pool_join(rec.gpu(), id, rec.priority());
+            self.memory.join(rec.gpu(), id, rec.priority());
         }
         Ok(WorkerLaunch {
             cmd,
@@ -341,7 +342,10 @@ impl Daemon {
             None => {
                 cmd.args([
                     "--sim-memory",
-                    &self.sim_memory(gpu, rec.oversubscribe()).to_string(),
+                    &self
+                        .memory
+                        .sim_memory(gpu.memory, rec.oversubscribe())
+                        .to_string(),
                 ])
                 .args(["--sim-copy-bw", &gpu.copy_bandwidth.to_string()])
                 .args(["--sim-speed", &gpu.speed.to_string()])
@@ -394,16 +398,6 @@ impl Daemon {
         root.then_some(Identity { uid, gid: uid })
     }
 
-    /// The memory a sim GPU gives a worker: an oversubscribed vGPU's also holds its
-    /// swap-area buffers.
-    pub(super) fn sim_memory(&self, gpu: &GpuConfig, oversubscribe: bool) -> u64 {
-        if oversubscribe {
-            gpu.memory.saturating_add(self.swap_area(gpu.memory))
-        } else {
-            gpu.memory
-        }
-    }
-
     /// What vGPU `id`'s worker tells over its control channel, dispatched to the daemon.
     pub(super) fn worker_events(
         self: &Arc<Self>,
@@ -415,7 +409,7 @@ impl Daemon {
             match e {
                 link::Event::Connected => d.on_connected(id),
                 link::Event::Final(stats) => stats::record_sample(&d.state, &d.cfg, id, stats),
-                link::Event::Memory(m) => d.on_memory(id, m),
+                link::Event::Memory(m) => memory::on_memory(&d, id, m),
                 link::Event::Migration(p) => d.on_migration_progress(id, p),
                 link::Event::Ask {
                     id: ask_id,
@@ -423,7 +417,7 @@ impl Daemon {
                     fd: ask_fd,
                 } => {
                     tokio::spawn(async move {
-                        let (answer, fd) = d.answer(id, ask, ask_fd).await;
+                        let (answer, fd) = memory::answer(&d, id, ask, ask_fd).await;
                         if let Some(link) = d.state.link_of(id) {
                             if let Err(e) = link.tell(Ctl::Answer { to: ask_id, answer }, fd).await
                             {
@@ -519,7 +513,7 @@ impl Daemon {
         self.shm_lock().vgpu_gone(id, |gpu, group| {
             alive.iter().any(|(g, n)| *g == gpu && n == group)
         });
-        self.refresh_pool(gpu);
+        memory::refresh_pool(self, gpu);
         self.persist.mark_dirty();
         self.state.notify();
         let next = self.state.with(|i| {
@@ -556,7 +550,7 @@ impl Daemon {
         rec.drop_worker();
         self.detach_grants(id, rec.gpu());
         for gpu in rec.pools() {
-            self.pool_leave(gpu, id);
+            self.memory.leave(gpu, id);
         }
         let gpu = rec.gpu();
         let vm = rec.vm();
