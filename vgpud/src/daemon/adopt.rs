@@ -22,7 +22,8 @@ use super::link;
 use super::memory;
 use super::procs::{self, Proc};
 use super::state::WorkerHandle;
-use super::workers::{self, terminate, CONTROL_SOCKET, SECRET_FILE};
+use super::worker_files::{self, CONTROL_SOCKET, SECRET_FILE};
+use super::workers::terminate;
 use crate::api::VgpuState;
 
 /// The first line vgpud sends on a worker's control socket (the worker's
@@ -67,7 +68,7 @@ impl Daemon {
             self.memory.join(gpu, id, priority);
         }
         memory::refresh_pool(self, gpu);
-        let dir = workers::worker_dir(&self.cfg.state_dir, id);
+        let dir = worker_files::worker_dir(&self.cfg.state_dir, id);
         let connected = (|| {
             let secret = std::fs::read_to_string(dir.join(SECRET_FILE))
                 .map_err(|e| format!("cannot read its secret: {e}"))?;

@@ -6,11 +6,12 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admission::VgpuAsk;
+use super::admission;
 use super::core::{no_vgpu, Daemon};
 use super::error::ApiError;
 use super::link::Link;
 use super::memory;
+use super::state::VgpuAsk;
 use super::state::{Inner, VgpuRec};
 use crate::api::{self, VgpuState};
 use crate::control::{
@@ -184,7 +185,7 @@ impl Daemon {
                 return Err(self.no_gpu("target_gpu", t));
             }
             if t != source {
-                if let Some(e) = self.misfit(inner, t, &ask, Some(id)) {
+                if let Some(e) = admission::misfit(&self.cfg, inner, t, &ask, Some(id)) {
                     return Err(ApiError::conflict(
                         "target_gpu",
                         format!(
@@ -198,7 +199,7 @@ impl Daemon {
         }
         let mut best: Option<(u32, u32)> = None;
         for g in self.gpu_indices() {
-            if g != source && self.misfit(inner, g, &ask, Some(id)).is_none() {
+            if g != source && admission::misfit(&self.cfg, inner, g, &ask, Some(id)).is_none() {
                 let load = inner.committed(g, None).compute;
                 if best.is_none_or(|(_, l)| load < l) {
                     best = Some((g, load));

@@ -41,6 +41,7 @@ mod stats;
 mod storage;
 mod vgpus;
 mod vms;
+mod worker_files;
 mod workers;
 
 use std::path::{Path, PathBuf};

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::admission;
 use super::attach::ProcessAttach;
 use super::config::Config;
 use super::core::Daemon;
@@ -30,7 +31,7 @@ use super::procs::{self, Proc};
 use super::saver::unix_ms;
 use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
 use super::statefile::{SavedProc, SavedVgpu, SavedVgpuState, SavedVmState, StateFile};
-use super::workers::worker_socket;
+use super::worker_files::worker_socket;
 use crate::api::{self, VgpuCreate};
 use crate::units::permille_to_fraction;
 
@@ -170,10 +171,10 @@ fn restorable(d: &Daemon, inner: &mut Inner, id: u32) -> Result<(), String> {
         owner_uid: rec.process().as_ref().and_then(|p| p.owner_uid),
         owner_gid: rec.process().as_ref().and_then(|p| p.owner_gid),
     };
-    let mut ask = d.validate_vgpu(&spec).map_err(|e| e.error.clone())?;
+    let mut ask = admission::validate_vgpu(d, &spec).map_err(|e| e.error.clone())?;
     // Exactly the shares it had (no round trip through fractions).
     (ask.compute, ask.copy) = (rec.compute(), rec.copy());
-    if let Some(e) = d.misfit(inner, rec.gpu(), &ask, Some(id)) {
+    if let Some(e) = admission::misfit(&d.cfg, inner, rec.gpu(), &ask, Some(id)) {
         return Err(e.error);
     }
     let rec = inner
@@ -332,7 +333,7 @@ fn restore_records(cfg: &Config, inner: &mut Inner, saved: StateFile) -> Plan {
             if let (Some(vm), true) = (lost, rec.owned()) {
                 let reason = format!(
                     "its worker exited while vgpud was down{}; VM {vm} was stopped",
-                    super::workers::log_tail(rec.log())
+                    super::worker_files::log_tail(rec.log())
                 );
                 rec.fail(reason);
             }

@@ -33,7 +33,7 @@ use super::memory;
 use super::procs::{self, Identity, Proc};
 use super::spares::{Owner, Route, Spare};
 use super::state::WorkerHandle;
-use super::workers::{self, log_tail};
+use super::worker_files::{self, log_tail};
 use crate::api::VgpuState;
 use crate::control::{Command as Ctl, ReplyBody};
 
@@ -251,7 +251,7 @@ impl Daemon {
         let log = slot_log(state_dir, slot);
         let (s, d, l) = (state_dir.to_owned(), dir.clone(), log.clone());
         let log_file = tokio::task::spawn_blocking(move || {
-            workers::prepare_dir(&s, &d, identity)
+            worker_files::prepare_dir(&s, &d, identity)
                 .map_err(|e| format!("cannot prepare {}: {e}", d.display()))?;
             super::private::create_file(&l)
                 .map_err(|e| format!("cannot create {}: {e}", l.display()))
@@ -282,7 +282,7 @@ impl Daemon {
         cmd.arg("--shm");
         self.sandbox_args(&mut cmd);
         cmd.current_dir(&dir);
-        workers::worker_env(&mut cmd);
+        worker_files::worker_env(&mut cmd);
         let (ours, theirs) = procs::socketpair()
             .map_err(|e| not_spawned(format!("cannot create a control socket: {e}")))?;
         let (child, proc) =
@@ -462,7 +462,7 @@ impl Daemon {
         let state_dir = self.cfg.state_dir.clone();
         let (from, to) = (
             slot_dir(&state_dir, spare.slot),
-            workers::worker_dir(&state_dir, id),
+            worker_files::worker_dir(&state_dir, id),
         );
         // Its directory becomes the vGPU's, and vgpud binds the sockets the worker serves
         // (it gets the listening descriptors with the assignment).
@@ -475,7 +475,7 @@ impl Daemon {
             }
             std::fs::rename(&from, &to)
                 .map_err(|e| format!("cannot move the pool worker's directory: {e}"))?;
-            workers::bind_sockets(&to, &vhost, hand_over.as_ref())
+            worker_files::bind_sockets(&to, &vhost, hand_over.as_ref())
                 .map_err(|e| format!("cannot bind the worker's sockets: {e}"))
         })
         .await

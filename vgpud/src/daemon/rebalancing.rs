@@ -1,4 +1,4 @@
-//! Demand monitoring, placement of new vGPUs and the rebalancer task: the
+//! Demand monitoring and the rebalancer task (placement of new vGPUs is in `rebalancer.rs`): the
 //! daemon's side of `vgpu_scheduler::rebalance` (the policy, pure and tested in virtual
 //! time). See docs/rebalance.md.
 //!
@@ -12,17 +12,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::admission::VgpuAsk;
 use super::core::Daemon;
 use super::migration::MigrateCommand;
-use super::rebalancer::{Baseline, Raw, State};
-use super::state::Inner;
+use super::rebalancer::{gpu_views, Baseline, Raw, State};
 use crate::api::{self, VgpuState};
-use crate::units::permille_to_fraction;
 use vgpu_grant::VgpuUsage;
-use vgpu_scheduler::rebalance::{
-    place, Decision, Demand, GpuView, Mode, Note, PlaceCandidate, VgpuView,
-};
+use vgpu_scheduler::rebalance::{Decision, Demand, Mode, Note, VgpuView};
 
 fn event(at_ms: u64, kind: &str, gpu: Option<u32>, reason: String) -> api::RebalanceEvent {
     api::RebalanceEvent {
@@ -54,78 +49,6 @@ struct Seen {
 }
 
 impl Daemon {
-    /// Every GPU as the policy sees it. Caller holds the state lock.
-    fn gpu_views(&self, inner: &Inner) -> Vec<GpuView> {
-        let max_bw = self
-            .cfg
-            .gpus
-            .iter()
-            .map(|g| g.copy_bandwidth)
-            .max()
-            .unwrap_or(0);
-        self.cfg
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                let index = u32::try_from(i).unwrap_or(u32::MAX);
-                let c = inner.committed(index, None);
-                let pool = self.memory.figures(index);
-                GpuView {
-                    index,
-                    speed: g.speed,
-                    copy_rate: if max_bw == 0 || g.copy_bandwidth == 0 {
-                        1.0
-                    } else {
-                        g.copy_bandwidth as f64 / max_bw as f64
-                    },
-                    memory: g.memory,
-                    committed_memory: c.memory,
-                    committed_compute: c.compute,
-                    committed_copy: c.copy,
-                    pool_free: pool.0.saturating_sub(pool.1),
-                }
-            })
-            .collect()
-    }
-
-    /// Picks a GPU for a new vGPU among `fits` (those it fits on) by measured load and
-    /// free memory share. Caller holds the state lock.
-    pub(super) fn place_auto(&self, inner: &Inner, ask: &VgpuAsk, fits: &[u32]) -> Option<u32> {
-        let views = self.gpu_views(inner);
-        let rb = self.rb();
-        let cands: Vec<PlaceCandidate> = fits
-            .iter()
-            .filter_map(|&g| {
-                let view = views.iter().find(|v| v.index == g)?;
-                let cfg = self.gpu(g)?;
-                let (mut compute, mut copy, mut n) = (0.0, 0.0, 0);
-                for v in inner.vgpus.values().filter(|v| {
-                    v.holds_resources() && (v.gpu() == g || v.migrating_to() == Some(g))
-                }) {
-                    n += 1;
-                    let d = rb.policy.demand_on(v.id(), view).unwrap_or(Demand {
-                        compute: permille_to_fraction(v.compute()),
-                        copy: permille_to_fraction(v.copy()),
-                    });
-                    compute += d.compute;
-                    copy += d.copy;
-                }
-                let committed = inner.committed(g, None).memory;
-                let mine = if ask.oversubscribe { 0 } else { ask.memory };
-                let free = cfg.memory.saturating_sub(committed).saturating_sub(mine);
-                Some(PlaceCandidate {
-                    gpu: g,
-                    load: f64::max(compute, copy),
-                    add: permille_to_fraction(ask.compute.max(ask.copy)),
-                    free_memory_after: free as f64 / cfg.memory.max(1) as f64,
-                    occupied: n > 0,
-                })
-            })
-            .collect();
-        place(rb.policy.config(), &cands)
-    }
-
     /// Measures and decides every `rebalance_interval`, for the life of the daemon.
     pub(super) async fn rebalancer(self: Arc<Self>) {
         let mut tick = tokio::time::interval(self.cfg.rebalance_interval);
@@ -151,7 +74,7 @@ impl Daemon {
                     .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
                     .collect()
             };
-            let views = self.gpu_views(inner);
+            let views = gpu_views(&self.cfg, inner, &self.memory);
             let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
             let seen: Vec<Seen> = inner
                 .vgpus
@@ -278,7 +201,9 @@ impl Daemon {
                 })
                 .collect()
         });
-        let views = self.state.with(|inner| self.gpu_views(inner));
+        let views = self
+            .state
+            .with(|inner| gpu_views(&self.cfg, inner, &self.memory));
         let rb = self.rb();
         let cfg = rb.policy.config();
         let loads = rb.policy.loads();

@@ -2,14 +2,15 @@
 
 use std::sync::Arc;
 
+use super::admission;
 use super::admission::{
-    name_free, share, validate_kernel_deadline, validate_labels, validate_name, VgpuAsk,
+    name_free, share, validate_kernel_deadline, validate_labels, validate_name,
 };
 use super::attach::{remove_attach_dir, ProcessAttach};
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
-use super::state::{Inner, Shares, VgpuRec};
+use super::state::{Inner, Shares, VgpuAsk, VgpuRec};
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
@@ -20,11 +21,11 @@ impl Daemon {
     /// Creates a vGPU and starts its worker.
     pub async fn create_vgpu(self: &Arc<Self>, spec: VgpuCreate) -> Result<api::Vgpu, ApiError> {
         self.check_running()?;
-        let ask = self.validate_vgpu(&spec)?;
+        let ask = admission::validate_vgpu(self, &spec)?;
         let process =
             (spec.attach == api::Attach::Process).then_some((spec.owner_uid, spec.owner_gid));
         let id = self.state.with(|inner| {
-            let id = self.admit(inner, ask, None)?;
+            let id = admission::admit(self, inner, ask, None)?;
             if let (Some((uid, gid)), Some(rec)) = (process, inner.vgpus.get_mut(&id)) {
                 rec.hand_over_at(ProcessAttach::new(&self.cfg.state_dir, id, uid, gid));
             }
@@ -184,7 +185,7 @@ impl Daemon {
             ..VgpuAsk::of(rec)
         };
         for gpu in rec.pools() {
-            if let Some(e) = self.misfit(inner, gpu, &ask, Some(id)) {
+            if let Some(e) = admission::misfit(&self.cfg, inner, gpu, &ask, Some(id)) {
                 return Err(e);
             }
         }

@@ -7,10 +7,12 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 
-use super::admission::{validate_vm_meta, vm_name_free, VgpuAsk};
+use super::admission;
+use super::admission::{validate_vm_meta, vm_name_free};
 use super::core::{no_vm, Daemon};
 use super::error::ApiError;
 use super::procs;
+use super::state::VgpuAsk;
 use super::state::{Inner, VmDef, VmRec};
 use super::storage;
 use super::workers::terminate;
@@ -212,8 +214,8 @@ impl Daemon {
             .vgpu
             .as_ref()
             .map(|s| {
-                super::process::refuse_inline(s)
-                    .and_then(|()| self.validate_vgpu(s))
+                super::attach::refuse_inline(s)
+                    .and_then(|()| admission::validate_vgpu(self, s))
                     .map_err(|e| e.within("vgpu"))
             })
             .transpose()?;
@@ -278,8 +280,7 @@ impl Daemon {
                 Some(g)
             }
             (None, Some(vgpu)) => Some(
-                self.admit(inner, vgpu, Some(vm_id))
-                    .map_err(|e| e.within("vgpu"))?,
+                admission::admit(self, inner, vgpu, Some(vm_id)).map_err(|e| e.within("vgpu"))?,
             ),
             (None, None) => None,
         };

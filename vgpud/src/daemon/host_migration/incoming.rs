@@ -11,7 +11,7 @@ use crate::api::{self, HostMigration, IncomingAccepted, IncomingCommit, Incoming
 use crate::daemon::config::Listen;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
-use crate::daemon::workers::{worker_dir, SECRET_FILE};
+use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
 
 /// The socket a receiving worker listens on, in its private directory.
 const MIGRATE_IN_SOCKET: &str = "migrate-in.sock";
