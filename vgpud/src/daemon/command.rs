@@ -8,6 +8,7 @@ use super::core::Daemon;
 use super::error::ApiError;
 use super::memory;
 use super::metrics;
+use super::migration;
 use super::migration::MigrateCommand;
 use super::stats;
 use crate::api::{
@@ -117,13 +118,13 @@ impl Daemon {
             }
             Command::VgpuStats(id) => Reply::VgpuStats(stats::vgpu_stats(self, id).await?),
             Command::MigrateVgpu(id, how) => {
-                Reply::MigrationStarted(self.migrate_vgpu(id, how).await?)
+                Reply::MigrationStarted(migration::migrate_vgpu(self, id, how).await?)
             }
             Command::MigrateVmToHost(id, req) => {
                 Reply::MigrationStarted(self.migrate_vm_to_host(id, req).await?)
             }
-            Command::ListMigrations => Reply::Migrations(self.migrations()),
-            Command::GetMigration(id) => Reply::Migration(self.migration(id)?),
+            Command::ListMigrations => Reply::Migrations(migration::migrations(&self.state)),
+            Command::GetMigration(id) => Reply::Migration(migration::migration(&self.state, id)?),
             Command::AdmitIncoming(req) => Reply::IncomingAccepted(self.incoming_vm(req).await?),
             Command::CommitIncoming(id, c) => Reply::Migration(self.commit_incoming(id, c).await?),
             Command::AbortIncoming(id) => Reply::Migration(self.abort_incoming(id).await?),

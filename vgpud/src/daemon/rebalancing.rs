@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::core::Daemon;
+use super::migration;
 use super::migration::MigrateCommand;
 use super::rebalancer::{gpu_views, Baseline, Raw, State};
 use crate::api::{self, VgpuState};
@@ -150,9 +151,7 @@ impl Daemon {
     }
 
     async fn start_rebalance_move(self: &Arc<Self>, d: &Decision, eid: u64) {
-        let r = self
-            .migrate_vgpu(d.vgpu, MigrateCommand::to(Some(d.to)))
-            .await;
+        let r = migration::migrate_vgpu(self, d.vgpu, MigrateCommand::to(Some(d.to))).await;
         let mut rb = self.rb();
         match r {
             Ok(m) => {

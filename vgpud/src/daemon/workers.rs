@@ -21,6 +21,7 @@ use super::core::{Daemon, STOP_GRACE, WORKER_START};
 use super::error::ApiError;
 use super::link::{self, Link};
 use super::memory;
+use super::migration;
 use super::procs::{self, Identity, Proc};
 use super::state::{Inner, VgpuRec, WorkerHandle};
 use super::stats;
@@ -277,7 +278,7 @@ impl Daemon {
                 link::Event::Connected => d.on_connected(id),
                 link::Event::Final(stats) => stats::record_sample(&d.state, &d.cfg, id, stats),
                 link::Event::Memory(m) => memory::on_memory(&d, id, m),
-                link::Event::Migration(p) => d.on_migration_progress(id, p),
+                link::Event::Migration(p) => migration::on_migration_progress(&d, id, p),
                 link::Event::Ask {
                     id: ask_id,
                     ask,

@@ -11,6 +11,7 @@ use crate::api::{self, HostMigration, IncomingAccepted, IncomingCommit, Incoming
 use crate::daemon::config::Listen;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
+use crate::daemon::migration;
 use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
 
 /// The socket a receiving worker listens on, in its private directory.
@@ -307,7 +308,7 @@ impl Daemon {
     }
 
     fn incoming_record(&self, mid: u32) -> Result<(u32, String), ApiError> {
-        let m = self.migration(mid)?;
+        let m = migration::migration(&self.state, mid)?;
         match m.host {
             Some(h) if h.direction == "incoming" => Ok((h.vm, m.state)),
             _ => Err(ApiError::conflict(
@@ -374,7 +375,7 @@ impl Daemon {
         });
         self.persist.mark_dirty();
         tracing::info!(vm = vm_id, migration = mid, "the VM moved here");
-        self.migration(mid)
+        migration::migration(&self.state, mid)
     }
 
     /// The source gave incoming move `mid` up: the VM and its vGPU go.
@@ -384,6 +385,6 @@ impl Daemon {
             self.settle_failed(mid, "the source gave the move up");
             self.drop_incoming(vm_id).await;
         }
-        self.migration(mid)
+        migration::migration(&self.state, mid)
     }
 }

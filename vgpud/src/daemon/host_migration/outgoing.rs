@@ -23,6 +23,7 @@ use crate::control::{Command as Ctl, ReplyBody};
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::link::Link;
+use crate::daemon::migration;
 use crate::daemon::state::Inner;
 use crate::units::permille_to_fraction;
 
@@ -307,7 +308,7 @@ impl Daemon {
         let (client, peer, host) = destination(&req)?;
         let plan = self.state.with(|inner| self.plan(inner, vm_id))?;
         if let Some((g, _, _)) = &plan.vgpu {
-            self.check_no_shm(*g)?;
+            migration::check_no_shm(&self.shm_lock(), *g)?;
         }
         let body = serde_json::to_vec(&IncomingVm {
             vm: plan.create.clone(),
@@ -360,7 +361,7 @@ impl Daemon {
                 .await;
             d.settle(mid, plan, accepted, client, r, started).await;
         });
-        self.migration(mid)
+        migration::migration(&self.state, mid)
     }
 
     /// Runs the move: the vGPU's stream, the vmm's migration, progress until it ends.
@@ -610,7 +611,7 @@ impl Daemon {
                         }
                     })
                 });
-                let record = self.migration(mid).ok();
+                let record = migration::migration(&self.state, mid).ok();
                 let body = serde_json::to_vec(&IncomingCommit {
                     console: text,
                     downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
