@@ -23,6 +23,7 @@ use super::memory;
 use super::procs::{self, Proc};
 use super::state::WorkerHandle;
 use super::worker_files::{self, CONTROL_SOCKET, SECRET_FILE};
+use super::workers;
 use super::workers::terminate;
 use crate::api::VgpuState;
 
@@ -92,7 +93,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        let (link, ready) = link::start(stream, self.worker_events(id)).map_err(|e| {
+        let (link, ready) = link::start(stream, workers::worker_events(self, id)).map_err(|e| {
             self.detach_grants(id, gpu);
             format!("control channel: {e}")
         })?;
@@ -110,7 +111,7 @@ impl Daemon {
             procs::watch(&p).await;
             d.on_adopted_worker_exit(id, p.pid).await;
         });
-        self.await_ready(id, &proc, &log, ready)
+        workers::await_ready(self, id, &proc, &log, ready)
             .await
             .map_err(|e| e.error)?;
         self.state.with(|i| {
@@ -143,7 +144,7 @@ impl Daemon {
         self.state
             .wait_until(VMM_EXIT_GRACE, |i| !vm_running(i))
             .await;
-        self.on_worker_exit(id, pid, None);
+        workers::on_worker_exit(self, id, pid, None);
     }
 
     /// Supervises VM `vm_id`'s running vmm `proc` (a previous vgpud started it).

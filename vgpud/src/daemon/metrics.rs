@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
 use super::stats;
+use super::workers::pool;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
@@ -119,7 +120,7 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         "gpu_worker_pool_idle",
         "Idle pool workers (GPU backend built, waiting for a vGPU) of each physical GPU",
     );
-    for (gpu, idle) in d.pool_sizes() {
+    for (gpu, idle) in pool::pool_sizes(d) {
         let l = GpuLabels {
             gpu: gpu.to_string(),
         };

@@ -32,6 +32,7 @@ use super::saver::unix_ms;
 use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
 use super::statefile::{SavedProc, SavedVgpu, SavedVgpuState, SavedVmState, StateFile};
 use super::worker_files::worker_socket;
+use super::workers;
 use crate::api::{self, VgpuCreate};
 use crate::units::permille_to_fraction;
 
@@ -133,7 +134,7 @@ pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
 async fn restore_vgpu(d: &Arc<Daemon>, id: u32) -> Result<(), String> {
     d.state.with(|inner| restorable(d, inner, id))?;
     wait_socket_free(d, id).await?;
-    d.start_worker(id).await.map_err(|e| e.error)?;
+    workers::start_worker(d, id).await.map_err(|e| e.error)?;
     d.state.with(|inner| {
         if let Some(rec) = inner.vgpus.get_mut(&id) {
             rec.clear_restore_failed();

@@ -16,6 +16,7 @@ use super::error::DaemonError;
 use super::persistence;
 use super::statefile::{self, StateFile};
 use super::stats;
+use super::workers::pool;
 
 impl Daemon {
     /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
@@ -24,7 +25,7 @@ impl Daemon {
     /// vgpud on its control socket (the channel closes when this process exits).
     async fn stop_all(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        self.stop_pools();
+        pool::stop_pools(self);
         self.persist.save_final(&self.state).await;
         let (vms, workers) = self.state.with(|inner| {
             (
@@ -196,7 +197,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
     daemon.sweep_worker_dirs();
-    daemon.fill_pools();
+    pool::fill_pools(&daemon);
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
     let _ = daemon.persist.save(&daemon.state).await;

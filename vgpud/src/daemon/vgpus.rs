@@ -11,6 +11,8 @@ use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
 use super::state::{Inner, Shares, VgpuAsk, VgpuRec};
+use super::workers;
+use super::workers::process;
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
@@ -31,7 +33,7 @@ impl Daemon {
             }
             Ok::<_, ApiError>(id)
         })?;
-        if let Err(e) = self.start_worker(id).await {
+        if let Err(e) = workers::start_worker(self, id).await {
             self.forget_vgpu(id);
             return Err(e);
         }
@@ -262,7 +264,7 @@ impl Daemon {
     /// Stops a vGPU's worker (if any) and removes the vGPU.
     pub async fn delete_vgpu(&self, id: u32) -> Result<(), ApiError> {
         // A process vGPU between two workers: its fresh one is the one to stop.
-        self.await_next_worker(id).await;
+        process::await_next_worker(self, id).await;
         let worker = self.state.with(|inner| {
             let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
             if *rec.state() == VgpuState::Releasing {
@@ -284,7 +286,7 @@ impl Daemon {
         })?;
         self.state.notify();
         if let Some((p, link)) = worker {
-            self.stop_worker(id, &p, &link).await;
+            workers::stop_worker(self, id, &p, &link).await;
         }
         self.state.with(|inner| {
             let vm = inner.vgpus.get(&id).and_then(|r| r.vm());

@@ -15,6 +15,7 @@ use super::procs;
 use super::state::VgpuAsk;
 use super::state::{Inner, VmDef, VmRec};
 use super::storage;
+use super::workers;
 use super::workers::terminate;
 use crate::api::{self, VgpuState, VmCreate};
 use crate::units::human_bytes;
@@ -238,7 +239,7 @@ impl Daemon {
         let inline = ask.vgpu.is_some();
         let (vm_id, vgpu_id) = self.state.with(|inner| self.admit_vm(inner, ask))?;
         if let (true, Some(g)) = (inline, vgpu_id) {
-            if let Err(e) = self.start_worker(g).await {
+            if let Err(e) = workers::start_worker(self, g).await {
                 self.forget_vgpu(g);
                 self.state.with(|i| i.vms.remove(&vm_id));
                 self.persist.mark_dirty();
@@ -318,7 +319,7 @@ impl Daemon {
                 })
             });
             if let Some((p, link)) = worker {
-                self.stop_worker(g, &p, &link).await;
+                workers::stop_worker(self, g, &p, &link).await;
             }
             self.forget_vgpu(g);
         } else {
@@ -499,8 +500,10 @@ impl Daemon {
             Ok::<_, ApiError>((vm.proc().cloned(), vgpu))
         })?;
         if let Some(p) = proc {
-            self.stop_proc(&p, |i| i.vms.get(&id).is_none_or(|v| v.proc().is_none()))
-                .await;
+            workers::stop_proc(self, &p, |i| {
+                i.vms.get(&id).is_none_or(|v| v.proc().is_none())
+            })
+            .await;
         }
         if let Some(g) = vgpu {
             // Its worker stops on the vmm's disconnect (with SIGKILL after the grace).
@@ -508,7 +511,7 @@ impl Daemon {
                 .state
                 .with(|i| i.vgpus.get(&g).and_then(|r| r.worker_proc()));
             if let Some(p) = worker {
-                self.stop_proc(&p, |i| i.worker_gone(g)).await;
+                workers::stop_proc(self, &p, |i| i.worker_gone(g)).await;
             }
         }
         let (vm, owned) = self.state.with(|inner| {

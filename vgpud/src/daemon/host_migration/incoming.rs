@@ -13,6 +13,7 @@ use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::migration;
 use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
+use crate::daemon::workers;
 
 /// The socket a receiving worker listens on, in its private directory.
 const MIGRATE_IN_SOCKET: &str = "migrate-in.sock";
@@ -211,7 +212,7 @@ impl Daemon {
         };
         self.host
             .receive_worker(g, IncomingWorker { address: local });
-        let started = self.start_worker(g).await;
+        let started = workers::start_worker(self, g).await;
         self.host.worker_gone(g);
         started?;
         self.state.with(|i| {
