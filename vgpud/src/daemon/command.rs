@@ -11,6 +11,7 @@ use super::metrics;
 use super::migration;
 use super::migration::MigrateCommand;
 use super::stats;
+use super::vgpus;
 use crate::api::{
     Gpu, IncomingAccepted, IncomingCommit, IncomingVm, Migration, RebalanceEvent, RebalancerStatus,
     ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuStats, Vm, VmCreate, VmMigrateRequest,
@@ -108,12 +109,12 @@ impl Daemon {
         Ok(match cmd {
             Command::ListGpus => Reply::Gpus(self.gpus()),
             Command::ListShm => Reply::ShmObjects(memory::shm_objects(&self.shm_lock())),
-            Command::ListVgpus => Reply::Vgpus(self.list_vgpus()),
-            Command::CreateVgpu(spec) => Reply::VgpuCreated(self.create_vgpu(spec).await?),
-            Command::GetVgpu(id) => Reply::Vgpu(self.get_vgpu(id)?),
-            Command::PatchVgpu(id, patch) => Reply::Vgpu(self.patch_vgpu(id, patch).await?),
+            Command::ListVgpus => Reply::Vgpus(vgpus::list_vgpus(&self.state)),
+            Command::CreateVgpu(spec) => Reply::VgpuCreated(vgpus::create_vgpu(self, spec).await?),
+            Command::GetVgpu(id) => Reply::Vgpu(vgpus::get_vgpu(&self.state, id)?),
+            Command::PatchVgpu(id, patch) => Reply::Vgpu(vgpus::patch_vgpu(self, id, patch).await?),
             Command::DeleteVgpu(id) => {
-                self.delete_vgpu(id).await?;
+                vgpus::delete_vgpu(self, id).await?;
                 Reply::Deleted
             }
             Command::VgpuStats(id) => Reply::VgpuStats(stats::vgpu_stats(self, id).await?),

@@ -250,6 +250,7 @@ mod tests {
 
     use super::super::admission::tests::admit;
     use super::super::core::testing::{daemon, spec};
+    use super::super::vgpus;
     use super::*;
 
     #[test]
@@ -264,11 +265,15 @@ mod tests {
         });
         let t0 = Instant::now();
         collect_released(&d, t0);
-        assert_eq!(d.list_vgpus().len(), 2, "kept for the retention time");
+        assert_eq!(
+            vgpus::list_vgpus(&d.state).len(),
+            2,
+            "kept for the retention time"
+        );
         collect_released(&d, t0 + Duration::from_secs(299));
-        assert_eq!(d.list_vgpus().len(), 2);
+        assert_eq!(vgpus::list_vgpus(&d.state).len(), 2);
         collect_released(&d, t0 + Duration::from_secs(300));
-        let left: Vec<u32> = d.list_vgpus().iter().map(|v| v.id).collect();
+        let left: Vec<u32> = vgpus::list_vgpus(&d.state).iter().map(|v| v.id).collect();
         assert_eq!(left, vec![b], "the live one stays");
         assert!(all_stats(&d).iter().all(|s| s.vgpu != a));
     }

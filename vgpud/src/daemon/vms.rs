@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use super::procs;
 use super::state::VgpuAsk;
 use super::state::{Inner, VmDef, VmRec};
 use super::storage;
+use super::vgpus;
 use super::workers;
 use super::workers::terminate;
 use crate::api::{self, VgpuState, VmCreate};
@@ -28,6 +29,11 @@ const VM_MEMORY_MAX: u64 = 64 << 30;
 const MAX_PAYLOAD_ARG: usize = 4096;
 /// Most vCPUs (payload-abi.md).
 const MAX_VCPUS: u8 = 16;
+
+/// VM `id`'s vmm API socket.
+pub(super) fn vmm_api_socket(state_dir: &Path, id: u32) -> PathBuf {
+    state_dir.join(format!("vm-{id}.api"))
+}
 
 /// A validated VM request.
 pub(super) struct VmAsk {
@@ -240,7 +246,7 @@ impl Daemon {
         let (vm_id, vgpu_id) = self.state.with(|inner| self.admit_vm(inner, ask))?;
         if let (true, Some(g)) = (inline, vgpu_id) {
             if let Err(e) = workers::start_worker(self, g).await {
-                self.forget_vgpu(g);
+                vgpus::forget_vgpu(self, g);
                 self.state.with(|i| i.vms.remove(&vm_id));
                 self.persist.mark_dirty();
                 return Err(e);
@@ -321,7 +327,7 @@ impl Daemon {
             if let Some((p, link)) = worker {
                 workers::stop_worker(self, g, &p, &link).await;
             }
-            self.forget_vgpu(g);
+            vgpus::forget_vgpu(self, g);
         } else {
             self.state.with(|inner| {
                 if let Some(rec) = inner.vgpus.get_mut(&g) {
@@ -413,10 +419,7 @@ impl Daemon {
             }
         }
         cmd.arg("--api-socket")
-            .arg(super::host_migration::vmm_api_socket(
-                &self.cfg.state_dir,
-                vm_id,
-            ));
+            .arg(vmm_api_socket(&self.cfg.state_dir, vm_id));
         if let Some(s) = socket {
             let mut spec = std::ffi::OsString::from("socket=");
             spec.push(s.as_os_str());
@@ -527,14 +530,11 @@ impl Daemon {
         }
         self.host.forget_vm(id);
         // The vmm's API socket, and the socket a VM that moved here arrived on.
-        let _ = std::fs::remove_file(super::host_migration::vmm_api_socket(
-            &self.cfg.state_dir,
-            id,
-        ));
+        let _ = std::fs::remove_file(vmm_api_socket(&self.cfg.state_dir, id));
         let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.in.sock")));
         let _ = std::fs::remove_file(self.cfg.state_dir.join(format!("vm-{id}.token")));
         if let Some(g) = owned {
-            self.forget_vgpu(g);
+            vgpus::forget_vgpu(self, g);
         }
         self.state.notify();
         tracing::info!(vm = id, "VM deleted");

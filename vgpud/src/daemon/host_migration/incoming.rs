@@ -12,6 +12,7 @@ use crate::daemon::config::Listen;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::migration;
+use crate::daemon::vgpus;
 use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
 use crate::daemon::workers;
 
@@ -137,7 +138,7 @@ impl Daemon {
                 }
                 Err(e) => {
                     self.host.vmm_gone(vm_id);
-                    self.forget_vgpu(g);
+                    vgpus::forget_vgpu(self, g);
                     self.state.with(|i| i.vms.remove(&vm_id));
                     self.persist.mark_dirty();
                     return Err(e);

@@ -18,8 +18,6 @@
 mod incoming;
 mod outgoing;
 
-pub(super) use outgoing::vmm_api_socket;
-
 pub(super) use super::host_registry::{IncomingVmm, IncomingWorker};
 use super::state::Inner;
 use crate::api;

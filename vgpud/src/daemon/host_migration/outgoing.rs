@@ -25,6 +25,8 @@ use crate::daemon::error::ApiError;
 use crate::daemon::link::Link;
 use crate::daemon::migration;
 use crate::daemon::state::Inner;
+use crate::daemon::vgpus;
+use crate::daemon::vms::vmm_api_socket;
 use crate::units::permille_to_fraction;
 
 /// The pause a move aims for unless the request says, ms.
@@ -36,11 +38,6 @@ const POLL: Duration = Duration::from_millis(100);
 /// Longest the vmm's move waits for the vGPU's first pre-copy round (all of its device
 /// memory) to reach the destination.
 const FIRST_ROUND_WAIT: Duration = Duration::from_secs(300);
-
-/// VM `id`'s vmm API socket.
-pub(in crate::daemon) fn vmm_api_socket(state_dir: &Path, id: u32) -> PathBuf {
-    state_dir.join(format!("vm-{id}.api"))
-}
 
 /// What the source needs to move a VM.
 struct Plan {
@@ -648,7 +645,7 @@ impl Daemon {
                 }
                 if let Some((g, _, _)) = plan.vgpu {
                     if self.state.with(|i| i.vgpus.contains_key(&g)) {
-                        let _ = self.delete_vgpu(g).await;
+                        let _ = vgpus::delete_vgpu(self, g).await;
                     }
                 }
             }
