@@ -22,6 +22,7 @@ use super::link;
 use super::memory;
 use super::procs::{self, Proc};
 use super::state::WorkerHandle;
+use super::vms;
 use super::worker_files::{self, CONTROL_SOCKET, SECRET_FILE};
 use super::workers;
 use super::workers::terminate;
@@ -154,7 +155,7 @@ impl Daemon {
         tokio::spawn(async move {
             procs::watch(&proc).await;
             match zombie_status(proc.pid) {
-                Some(status) => d.on_vmm_exit(vm_id, proc.pid, status),
+                Some(status) => vms::on_vmm_exit(&d, vm_id, proc.pid, status),
                 None => d.on_adopted_vmm_gone(vm_id, proc.pid),
             }
         });

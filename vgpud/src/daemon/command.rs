@@ -12,6 +12,7 @@ use super::migration;
 use super::migration::MigrateCommand;
 use super::stats;
 use super::vgpus;
+use super::vms;
 use crate::api::{
     Gpu, IncomingAccepted, IncomingCommit, IncomingVm, Migration, RebalanceEvent, RebalancerStatus,
     ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuStats, Vm, VmCreate, VmMigrateRequest,
@@ -133,15 +134,15 @@ impl Daemon {
             Command::RebalanceEvents { since } => {
                 Reply::RebalanceEvents(self.rebalance_events(since))
             }
-            Command::ListPayloads => Reply::Payloads(self.payloads()),
-            Command::ListVms => Reply::Vms(self.list_vms()),
-            Command::CreateVm(req) => Reply::VmCreated(self.create_vm(req).await?),
-            Command::GetVm(id) => Reply::Vm(self.get_vm(id)?),
+            Command::ListPayloads => Reply::Payloads(vms::payloads(&self.cfg)),
+            Command::ListVms => Reply::Vms(vms::list_vms(&self.state)),
+            Command::CreateVm(req) => Reply::VmCreated(vms::create_vm(self, req).await?),
+            Command::GetVm(id) => Reply::Vm(vms::get_vm(&self.state, id)?),
             Command::DeleteVm(id) => {
-                self.delete_vm(id).await?;
+                vms::delete_vm(self, id).await?;
                 Reply::Deleted
             }
-            Command::Console { id, offset } => Reply::Console(self.console(id, offset)?),
+            Command::Console { id, offset } => Reply::Console(vms::console(self, id, offset)?),
             Command::Metrics => Reply::Metrics(
                 metrics::render(self)
                     .map_err(|e| ApiError::internal(format!("cannot render metrics: {e}")))?,

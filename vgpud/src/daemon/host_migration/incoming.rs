@@ -13,6 +13,7 @@ use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::migration;
 use crate::daemon::vgpus;
+use crate::daemon::vms;
 use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
 use crate::daemon::workers;
 
@@ -103,13 +104,13 @@ impl Daemon {
                 "an incoming VM brings its vGPU inline (vm.vgpu())",
             ));
         }
-        let ask = self.validate_vm(&req.vm).map_err(|e| e.within("vm"))?;
-        let (vm_id, vgpu) = self.state.with(|inner| self.admit_vm(inner, ask))?;
+        let ask = vms::validate_vm(self, &req.vm).map_err(|e| e.within("vm"))?;
+        let (vm_id, vgpu) = self.state.with(|inner| vms::admit_vm(self, inner, ask))?;
         let vmm_address =
             match self.stream_address(&self.cfg.state_dir.join(format!("vm-{vm_id}.in.sock"))) {
                 Ok(a) => a,
                 Err(e) => {
-                    self.undo_vm(vm_id, vgpu, true).await;
+                    vms::undo_vm(self, vm_id, vgpu, true).await;
                     return Err(e);
                 }
             };
@@ -117,7 +118,7 @@ impl Daemon {
         let vmm_token = match write_token(&token_file) {
             Ok(t) => t,
             Err(e) => {
-                self.undo_vm(vm_id, vgpu, true).await;
+                vms::undo_vm(self, vm_id, vgpu, true).await;
                 return Err(e);
             }
         };
@@ -173,10 +174,10 @@ impl Daemon {
             inner.migrations.insert(mid, m);
             mid
         });
-        if let Err(e) = self.spawn_vmm(vm_id).await {
+        if let Err(e) = vms::spawn_vmm(self, vm_id).await {
             self.host.vmm_gone(vm_id);
             self.settle_failed(mid, &e.error);
-            self.undo_vm(vm_id, vgpu, true).await;
+            vms::undo_vm(self, vm_id, vgpu, true).await;
             return Err(e);
         }
         if let Err(e) = wait_listening(&vmm_address).await {
@@ -304,7 +305,7 @@ impl Daemon {
     }
 
     async fn drop_incoming(&self, vm_id: u32) {
-        if let Err(e) = self.delete_vm(vm_id).await {
+        if let Err(e) = vms::delete_vm(self, vm_id).await {
             tracing::warn!(vm = vm_id, error = %e, "cannot remove the VM that did not arrive");
         }
     }

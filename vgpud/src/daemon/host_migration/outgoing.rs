@@ -26,6 +26,7 @@ use crate::daemon::link::Link;
 use crate::daemon::migration;
 use crate::daemon::state::Inner;
 use crate::daemon::vgpus;
+use crate::daemon::vms;
 use crate::daemon::vms::vmm_api_socket;
 use crate::units::permille_to_fraction;
 
@@ -586,7 +587,7 @@ impl Daemon {
         match r {
             Ok(()) => {
                 // Everything it printed, here and wherever it ran before.
-                let console = self.console(vm_id, 0).unwrap_or_default();
+                let console = vms::console(self, vm_id, 0).unwrap_or_default();
                 let figures = moved_line(&console);
                 let tail = &console[console.len().saturating_sub(MAX_CONSOLE)..];
                 let mut text = String::from_utf8_lossy(tail).into_owned();
@@ -614,7 +615,7 @@ impl Daemon {
                     downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
                     elapsed_ms: Some(elapsed_ms),
                     figures: record.and_then(|m| m.host),
-                    uptime_ms: self.get_vm(vm_id).ok().map(|v| v.uptime_ms),
+                    uptime_ms: vms::get_vm(&self.state, vm_id).ok().map(|v| v.uptime_ms),
                 })
                 .unwrap_or_default();
                 let c = client.clone();
@@ -640,7 +641,7 @@ impl Daemon {
                     migration = mid,
                     "the VM moved to another vgpud; freeing it here"
                 );
-                if let Err(e) = self.delete_vm(vm_id).await {
+                if let Err(e) = vms::delete_vm(self, vm_id).await {
                     tracing::warn!(vm = vm_id, error = %e, "cannot remove the moved VM");
                 }
                 if let Some((g, _, _)) = plan.vgpu {
