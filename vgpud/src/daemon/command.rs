@@ -10,6 +10,7 @@ use super::memory;
 use super::metrics;
 use super::migration;
 use super::migration::MigrateCommand;
+use super::rebalancing;
 use super::stats;
 use super::vgpus;
 use super::vms;
@@ -130,9 +131,9 @@ impl Daemon {
             Command::AdmitIncoming(req) => Reply::IncomingAccepted(self.incoming_vm(req).await?),
             Command::CommitIncoming(id, c) => Reply::Migration(self.commit_incoming(id, c).await?),
             Command::AbortIncoming(id) => Reply::Migration(self.abort_incoming(id).await?),
-            Command::RebalancerStatus => Reply::Rebalancer(self.rebalancer_status()),
+            Command::RebalancerStatus => Reply::Rebalancer(rebalancing::rebalancer_status(self)),
             Command::RebalanceEvents { since } => {
-                Reply::RebalanceEvents(self.rebalance_events(since))
+                Reply::RebalanceEvents(self.rb().events_since(since))
             }
             Command::ListPayloads => Reply::Payloads(vms::payloads(&self.cfg)),
             Command::ListVms => Reply::Vms(vms::list_vms(&self.state)),

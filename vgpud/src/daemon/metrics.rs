@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
+use super::rebalancing;
 use super::stats;
 use super::workers::pool;
 
@@ -220,7 +221,7 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
 
 /// The rebalancer's view: each GPU's and vGPU's demand, overload and idle time.
 fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
-    let rb = d.rebalancer_status();
+    let rb = rebalancing::rebalancer_status(d);
     let load = fgauge(
         reg,
         "gpu_demand_ratio",

@@ -67,6 +67,15 @@ impl State {
         u64::try_from(at.duration_since(self.started).as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// The events from id `since` on (`GET /v1/rebalancer/events`).
+    pub(super) fn events_since(&self, since: u64) -> Vec<api::RebalanceEvent> {
+        self.events
+            .iter()
+            .filter(|e| e.id >= since)
+            .cloned()
+            .collect()
+    }
+
     pub(super) fn push(&mut self, mut e: api::RebalanceEvent) -> u64 {
         e.id = self.next_event;
         self.next_event += 1;

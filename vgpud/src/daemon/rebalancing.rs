@@ -49,223 +49,209 @@ struct Seen {
     view: VgpuView,
 }
 
-impl Daemon {
-    /// Measures and decides every `rebalance_interval`, for the life of the daemon.
-    pub(super) async fn rebalancer(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.cfg.rebalance_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if self.is_shutting_down() {
-                return;
-            }
-            self.rebalance_round().await;
-        }
-    }
-
-    /// One round: what the vGPUs did since the last round, what the policy makes of it,
-    /// and the moves it decided (started unless the rebalancer only observes).
-    async fn rebalance_round(self: &Arc<Self>) {
-        let (views, seen, migrating, outcomes) = self.state.with(|inner| {
-            // Where the migrations it started stand (read before its own lock: lock order).
-            let outcomes: BTreeMap<u32, api::Migration> = {
-                let rb = self.rb();
-                rb.following
-                    .iter()
-                    .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
-                    .collect()
-            };
-            let views = gpu_views(&self.cfg, inner, &self.memory);
-            let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
-            let seen: Vec<Seen> = inner
-                .vgpus
-                .values()
-                .filter(|v| v.holds_resources())
-                .map(|v| {
-                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
-                    Seen {
-                        view: VgpuView {
-                            id: v.id(),
-                            gpu: v.gpu(),
-                            memory: v.memory(),
-                            compute: v.compute(),
-                            copy: v.copy(),
-                            oversubscribe: v.oversubscribe(),
-                            resident: v.memory_report().map_or(allocated, |m| m.resident),
-                            demand: None,
-                            movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
-                                && v.worker().is_some()
-                                && v.migrating_to().is_none()
-                                && v.share_group().is_none(),
-                        },
-                    }
-                })
-                .collect();
-            (views, seen, migrating, outcomes)
-        });
-        // The grant servers' counters (one lock each), outside the daemon's lock.
-        let usage: Vec<Option<VgpuUsage>> = seen
-            .iter()
-            .map(|s| {
-                self.grants
-                    .get(s.view.gpu as usize)
-                    .and_then(|g| g.usage(s.view.id))
-            })
-            .collect();
-        let now = Instant::now();
-        let (decisions, mode) = {
-            let mut rb = self.rb();
-            let vgpus = measure(&mut rb, &seen, usage, now, migrating);
-            let t = u64::try_from(now.duration_since(rb.started).as_nanos()).unwrap_or(u64::MAX);
-            let round = rb.policy.observe(t, &views, &vgpus);
-            let dt = rb.last_round.map_or(0, |l| {
-                u64::try_from(now.duration_since(l).as_nanos()).unwrap_or(0)
-            });
-            rb.last_round = Some(now);
-            let overload = rb.policy.config().overload;
-            for l in &round.loads {
-                let i = l.index as usize;
-                if l.load > overload {
-                    if let Some(o) = rb.overload_ns.get_mut(i) {
-                        *o += dt;
-                    }
-                }
-                if l.idle {
-                    if let Some(o) = rb.idle_ns.get_mut(i) {
-                        *o += dt;
-                    }
-                }
-            }
-            let at = rb.ms(now);
-            record_notes(&mut rb, at, round.notes);
-            let decided = record_decisions(&mut rb, at, round.decisions);
-            follow_migrations(&mut rb, at, &outcomes);
-            (decided, rb.policy.config().mode)
-        };
-        if mode == Mode::Off {
+/// Measures and decides every `rebalance_interval`, for the life of the daemon.
+pub(super) async fn rebalancer(d: Arc<Daemon>) {
+    let mut tick = tokio::time::interval(d.cfg.rebalance_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if d.is_shutting_down() {
             return;
         }
-        for (d, eid) in decisions {
-            self.start_rebalance_move(&d, eid).await;
-        }
+        rebalance_round(&d).await;
     }
+}
 
-    async fn start_rebalance_move(self: &Arc<Self>, d: &Decision, eid: u64) {
-        let r = migration::migrate_vgpu(self, d.vgpu, MigrateCommand::to(Some(d.to))).await;
-        let mut rb = self.rb();
-        match r {
-            Ok(m) => {
-                rb.migrations += 1;
-                rb.following.push((m.id, eid));
-                if let Some(e) = rb.events.iter_mut().rev().find(|e| e.id == eid) {
-                    e.migration = Some(m.id);
-                }
-            }
-            Err(e) => {
-                rb.policy.failed(d);
-                let at = rb.ms(Instant::now());
-                let mut ev = event(
-                    at,
-                    "failed",
-                    Some(d.from),
-                    format!(
-                        "vGPU {} stays on GPU {}: the migration to GPU {} was refused: {}",
-                        d.vgpu, d.from, d.to, e.error
-                    ),
-                );
-                ev.vgpu = Some(d.vgpu);
-                ev.target_gpu = Some(d.to);
-                rb.push(ev);
-            }
-        }
-    }
-
-    /// The rebalancer's settings and measurements (`GET /v1/rebalancer`).
-    pub fn rebalancer_status(&self) -> api::RebalancerStatus {
-        let alloc: BTreeMap<u32, (u64, u64, u64)> = self.state.with(|inner| {
-            inner
-                .vgpus
-                .values()
-                .filter(|v| v.holds_resources())
-                .map(|v| {
-                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
-                    (
-                        v.id(),
-                        (
-                            v.memory_report().map_or(allocated, |m| m.resident),
-                            allocated,
-                            v.memory(),
-                        ),
-                    )
-                })
+/// One round: what the vGPUs did since the last round, what the policy makes of it,
+/// and the moves it decided (started unless the rebalancer only observes).
+async fn rebalance_round(d: &Arc<Daemon>) {
+    let (views, seen, migrating, outcomes) = d.state.with(|inner| {
+        // Where the migrations it started stand (read before its own lock: lock order).
+        let outcomes: BTreeMap<u32, api::Migration> = {
+            let rb = d.rb();
+            rb.following
+                .iter()
+                .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
                 .collect()
-        });
-        let views = self
-            .state
-            .with(|inner| gpu_views(&self.cfg, inner, &self.memory));
-        let rb = self.rb();
-        let cfg = rb.policy.config();
-        let loads = rb.policy.loads();
-        let gpus: Vec<api::GpuDemand> = loads
-            .iter()
-            .map(|l| api::GpuDemand {
-                gpu: l.index,
-                compute_demand: l.compute,
-                copy_demand: l.copy,
-                load: l.load,
-                overloaded: l.overloaded,
-                idle: l.idle,
-                vgpus: l.vgpus,
-                overload_ms: rb.overload_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
-                idle_ms: rb.idle_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
-            })
-            .collect();
-        let vgpus = rb
-            .baselines
-            .iter()
-            .map(|(&id, b)| {
-                let raw = rb.raw.get(&id).copied().unwrap_or_default();
-                let demand = views
-                    .iter()
-                    .find(|g| g.index == b.gpu)
-                    .and_then(|g| rb.policy.demand_on(id, g))
-                    .unwrap_or_default();
-                let (resident, allocated, share) = alloc.get(&id).copied().unwrap_or_default();
-                api::VgpuDemand {
-                    vgpu: id,
-                    gpu: b.gpu,
-                    compute_busy: raw.compute_busy,
-                    compute_wait: raw.compute_wait,
-                    copy_busy: raw.copy_busy,
-                    copy_wait: raw.copy_wait,
-                    compute_demand: demand.compute,
-                    copy_demand: demand.copy,
-                    memory_resident_bytes: resident,
-                    memory_allocated_bytes: allocated,
-                    memory_share_bytes: share,
+        };
+        let views = gpu_views(&d.cfg, inner, &d.memory);
+        let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
+        let seen: Vec<Seen> = inner
+            .vgpus
+            .values()
+            .filter(|v| v.holds_resources())
+            .map(|v| {
+                let allocated = v.samples().back().map_or(0, |s| s.memory_used);
+                Seen {
+                    view: VgpuView {
+                        id: v.id(),
+                        gpu: v.gpu(),
+                        memory: v.memory(),
+                        compute: v.compute(),
+                        copy: v.copy(),
+                        oversubscribe: v.oversubscribe(),
+                        resident: v.memory_report().map_or(allocated, |m| m.resident),
+                        demand: None,
+                        movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
+                            && v.worker().is_some()
+                            && v.migrating_to().is_none()
+                            && v.share_group().is_none(),
+                    },
                 }
             })
             .collect();
-        api::RebalancerStatus {
-            mode: cfg.mode.name().into(),
-            interval_ms: u64::try_from(self.cfg.rebalance_interval.as_millis()).unwrap_or(u64::MAX),
-            window_ms: cfg.window / 1_000_000,
-            overload: cfg.overload,
-            migrations: rb.migrations,
-            idle_gpus: loads.iter().filter(|l| l.idle).map(|l| l.index).collect(),
-            gpus,
-            vgpus,
+        (views, seen, migrating, outcomes)
+    });
+    // The grant servers' counters (one lock each), outside the daemon's lock.
+    let usage: Vec<Option<VgpuUsage>> = seen
+        .iter()
+        .map(|s| {
+            d.grants
+                .get(s.view.gpu as usize)
+                .and_then(|g| g.usage(s.view.id))
+        })
+        .collect();
+    let now = Instant::now();
+    let (decisions, mode) = {
+        let mut rb = d.rb();
+        let vgpus = measure(&mut rb, &seen, usage, now, migrating);
+        let t = u64::try_from(now.duration_since(rb.started).as_nanos()).unwrap_or(u64::MAX);
+        let round = rb.policy.observe(t, &views, &vgpus);
+        let dt = rb.last_round.map_or(0, |l| {
+            u64::try_from(now.duration_since(l).as_nanos()).unwrap_or(0)
+        });
+        rb.last_round = Some(now);
+        let overload = rb.policy.config().overload;
+        for l in &round.loads {
+            let i = l.index as usize;
+            if l.load > overload {
+                if let Some(o) = rb.overload_ns.get_mut(i) {
+                    *o += dt;
+                }
+            }
+            if l.idle {
+                if let Some(o) = rb.idle_ns.get_mut(i) {
+                    *o += dt;
+                }
+            }
+        }
+        let at = rb.ms(now);
+        record_notes(&mut rb, at, round.notes);
+        let decided = record_decisions(&mut rb, at, round.decisions);
+        follow_migrations(&mut rb, at, &outcomes);
+        (decided, rb.policy.config().mode)
+    };
+    if mode == Mode::Off {
+        return;
+    }
+    for (decision, eid) in decisions {
+        start_rebalance_move(d, &decision, eid).await;
+    }
+}
+
+async fn start_rebalance_move(d: &Arc<Daemon>, dec: &Decision, eid: u64) {
+    let r = migration::migrate_vgpu(d, dec.vgpu, MigrateCommand::to(Some(dec.to))).await;
+    let mut rb = d.rb();
+    match r {
+        Ok(m) => {
+            rb.migrations += 1;
+            rb.following.push((m.id, eid));
+            if let Some(e) = rb.events.iter_mut().rev().find(|e| e.id == eid) {
+                e.migration = Some(m.id);
+            }
+        }
+        Err(e) => {
+            rb.policy.failed(dec);
+            let at = rb.ms(Instant::now());
+            let mut ev = event(
+                at,
+                "failed",
+                Some(dec.from),
+                format!(
+                    "vGPU {} stays on GPU {}: the migration to GPU {} was refused: {}",
+                    dec.vgpu, dec.from, dec.to, e.error
+                ),
+            );
+            ev.vgpu = Some(dec.vgpu);
+            ev.target_gpu = Some(dec.to);
+            rb.push(ev);
         }
     }
+}
 
-    /// The decision log, oldest first, from event `since` on (`GET /v1/rebalancer/events`).
-    pub fn rebalance_events(&self, since: u64) -> Vec<api::RebalanceEvent> {
-        self.rb()
-            .events
-            .iter()
-            .filter(|e| e.id >= since)
-            .cloned()
+/// The rebalancer's settings and measurements (`GET /v1/rebalancer`).
+pub fn rebalancer_status(d: &Daemon) -> api::RebalancerStatus {
+    let alloc: BTreeMap<u32, (u64, u64, u64)> = d.state.with(|inner| {
+        inner
+            .vgpus
+            .values()
+            .filter(|v| v.holds_resources())
+            .map(|v| {
+                let allocated = v.samples().back().map_or(0, |s| s.memory_used);
+                (
+                    v.id(),
+                    (
+                        v.memory_report().map_or(allocated, |m| m.resident),
+                        allocated,
+                        v.memory(),
+                    ),
+                )
+            })
             .collect()
+    });
+    let views = d.state.with(|inner| gpu_views(&d.cfg, inner, &d.memory));
+    let rb = d.rb();
+    let cfg = rb.policy.config();
+    let loads = rb.policy.loads();
+    let gpus: Vec<api::GpuDemand> = loads
+        .iter()
+        .map(|l| api::GpuDemand {
+            gpu: l.index,
+            compute_demand: l.compute,
+            copy_demand: l.copy,
+            load: l.load,
+            overloaded: l.overloaded,
+            idle: l.idle,
+            vgpus: l.vgpus,
+            overload_ms: rb.overload_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
+            idle_ms: rb.idle_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
+        })
+        .collect();
+    let vgpus = rb
+        .baselines
+        .iter()
+        .map(|(&id, b)| {
+            let raw = rb.raw.get(&id).copied().unwrap_or_default();
+            let demand = views
+                .iter()
+                .find(|g| g.index == b.gpu)
+                .and_then(|g| rb.policy.demand_on(id, g))
+                .unwrap_or_default();
+            let (resident, allocated, share) = alloc.get(&id).copied().unwrap_or_default();
+            api::VgpuDemand {
+                vgpu: id,
+                gpu: b.gpu,
+                compute_busy: raw.compute_busy,
+                compute_wait: raw.compute_wait,
+                copy_busy: raw.copy_busy,
+                copy_wait: raw.copy_wait,
+                compute_demand: demand.compute,
+                copy_demand: demand.copy,
+                memory_resident_bytes: resident,
+                memory_allocated_bytes: allocated,
+                memory_share_bytes: share,
+            }
+        })
+        .collect();
+    api::RebalancerStatus {
+        mode: cfg.mode.name().into(),
+        interval_ms: u64::try_from(d.cfg.rebalance_interval.as_millis()).unwrap_or(u64::MAX),
+        window_ms: cfg.window / 1_000_000,
+        overload: cfg.overload,
+        migrations: rb.migrations,
+        idle_gpus: loads.iter().filter(|l| l.idle).map(|l| l.index).collect(),
+        gpus,
+        vgpus,
     }
 }
 

@@ -14,6 +14,7 @@ use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
 use super::persistence;
+use super::rebalancing;
 use super::statefile::{self, StateFile};
 use super::stats;
 use super::workers::pool;
@@ -207,7 +208,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     });
     let app = super::http::router(daemon.clone());
     let sampler = tokio::spawn(stats::sampler(daemon.clone()));
-    let rebalancer = tokio::spawn(daemon.clone().rebalancer());
+    let rebalancer = tokio::spawn(rebalancing::rebalancer(daemon.clone()));
     on_listening();
     let limits = super::http::serve::Limits {
         header_read_timeout: cfg.header_read_timeout,

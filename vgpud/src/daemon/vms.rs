@@ -73,12 +73,14 @@ fn resolve_payload(cfg: &Config, p: &str) -> Result<PathBuf, ApiError> {
                 return Err(ApiError::bad("payload", no_such_payload(cfg, p)))
             }
             Some(dir) => dir.join(p),
-            None => return Err(ApiError::bad(
-                "payload",
-                format!(
+            None => {
+                return Err(ApiError::bad(
+                    "payload",
+                    format!(
                     "{p:?} is a bare name but vgpud has no --payload-dir; give an absolute path"
                 ),
-            )),
+                ))
+            }
         }
     };
     let path = match &cfg.payload_dir {
