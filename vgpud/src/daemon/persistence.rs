@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::admission;
+use super::adopt;
 use super::attach::ProcessAttach;
 use super::config::Config;
 use super::core::Daemon;
@@ -69,7 +70,7 @@ pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
                 continue;
             }
         }
-        match d.adopt_worker(id, proc.clone()).await {
+        match adopt::adopt_worker(d, id, proc.clone()).await {
             Ok(()) => adopted += 1,
             Err(why) => {
                 lost += 1;
@@ -87,7 +88,7 @@ pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
             g.is_none_or(|g| inner.vgpus.get(&g).is_some_and(|r| r.worker().is_some()))
         });
         if vgpu_ok {
-            d.adopt_vmm(vm, proc);
+            adopt::adopt_vmm(d, vm, proc);
         } else {
             proc.signal(libc::SIGKILL);
             d.state.with(|inner| {

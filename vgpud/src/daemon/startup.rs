@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::adopt;
 use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
@@ -197,7 +198,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
         Some(saved) => persistence::restore(&daemon, saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
-    daemon.sweep_worker_dirs();
+    adopt::sweep_worker_dirs(&daemon);
     pool::fill_pools(&daemon);
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
