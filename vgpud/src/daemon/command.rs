@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::core::Daemon;
 use super::error::ApiError;
+use super::host_migration;
 use super::memory;
 use super::metrics;
 use super::migration;
@@ -124,13 +125,19 @@ impl Daemon {
                 Reply::MigrationStarted(migration::migrate_vgpu(self, id, how).await?)
             }
             Command::MigrateVmToHost(id, req) => {
-                Reply::MigrationStarted(self.migrate_vm_to_host(id, req).await?)
+                Reply::MigrationStarted(host_migration::migrate_vm_to_host(self, id, req).await?)
             }
             Command::ListMigrations => Reply::Migrations(migration::migrations(&self.state)),
             Command::GetMigration(id) => Reply::Migration(migration::migration(&self.state, id)?),
-            Command::AdmitIncoming(req) => Reply::IncomingAccepted(self.incoming_vm(req).await?),
-            Command::CommitIncoming(id, c) => Reply::Migration(self.commit_incoming(id, c).await?),
-            Command::AbortIncoming(id) => Reply::Migration(self.abort_incoming(id).await?),
+            Command::AdmitIncoming(req) => {
+                Reply::IncomingAccepted(host_migration::incoming_vm(self, req).await?)
+            }
+            Command::CommitIncoming(id, c) => {
+                Reply::Migration(host_migration::commit_incoming(self, id, c).await?)
+            }
+            Command::AbortIncoming(id) => {
+                Reply::Migration(host_migration::abort_incoming(self, id).await?)
+            }
             Command::RebalancerStatus => Reply::Rebalancer(rebalancing::rebalancer_status(self)),
             Command::RebalanceEvents { since } => {
                 Reply::RebalanceEvents(self.rb().events_since(since))

@@ -18,6 +18,9 @@
 mod incoming;
 mod outgoing;
 
+pub(super) use incoming::{abort_incoming, commit_incoming, incoming_vm};
+pub(super) use outgoing::migrate_vm_to_host;
+
 pub(super) use super::host_registry::{IncomingVmm, IncomingWorker};
 use super::state::Inner;
 use crate::api;
