@@ -391,7 +391,7 @@ pub(super) mod tests {
         let e = admit(&d, spec(Some(0), 2 << 30, 0.1)).expect_err("memory past the GPU");
         assert_eq!(e.field.as_deref(), Some("memory_bytes"));
         admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("exactly full fits");
-        let g = &d.gpus()[0];
+        let g = &super::super::stats::gpus(&d)[0];
         assert_eq!((g.memory_free_bytes, g.compute_committed), (0, 1.0));
         // Released and failed vGPUs hold nothing.
         d.state.with(|i| {
@@ -399,7 +399,7 @@ pub(super) mod tests {
                 r.end_worker(VgpuState::Released);
             }
         });
-        assert_eq!(d.gpus()[0].memory_committed_bytes, 0);
+        assert_eq!(super::super::stats::gpus(&d)[0].memory_committed_bytes, 0);
         admit(&d, spec(Some(0), 4 << 30, 1.0)).expect("all free again");
     }
 

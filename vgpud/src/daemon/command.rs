@@ -110,7 +110,7 @@ impl Daemon {
     /// Runs `cmd`: every operation of the REST API passes through here.
     pub async fn handle(self: &Arc<Self>, cmd: Command) -> Result<Reply, ApiError> {
         Ok(match cmd {
-            Command::ListGpus => Reply::Gpus(self.gpus()),
+            Command::ListGpus => Reply::Gpus(stats::gpus(self)),
             Command::ListShm => Reply::ShmObjects(memory::shm_objects(&self.shm_lock())),
             Command::ListVgpus => Reply::Vgpus(vgpus::list_vgpus(&self.state)),
             Command::CreateVgpu(spec) => Reply::VgpuCreated(vgpus::create_vgpu(self, spec).await?),

@@ -18,7 +18,6 @@ use super::shm;
 use super::spares::Spares;
 use super::state::{State, VgpuRec};
 use super::statefile;
-use crate::api;
 use crate::units::permille_to_fraction;
 use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
 use vgpu_scheduler::Share;
@@ -184,49 +183,6 @@ impl Daemon {
 
     pub(super) fn rb(&self) -> Guard<'_, rebalancer::State> {
         self.rebalance.lock()
-    }
-
-    /// Every physical GPU with its commitments.
-    pub fn gpus(&self) -> Vec<api::Gpu> {
-        self.state.with(|inner| {
-            self.cfg
-                .gpus
-                .iter()
-                .zip(self.gpu_indices())
-                .map(|(g, index)| {
-                    let c = inner.committed(index, None);
-                    let pool = self.memory.figures(index);
-                    api::Gpu {
-                        index,
-                        name: g.name.clone(),
-                        backend: if g.cuda_ordinal.is_some() {
-                            "cuda"
-                        } else {
-                            "sim"
-                        }
-                        .into(),
-                        memory_bytes: g.memory,
-                        memory_committed_bytes: c.memory,
-                        memory_free_bytes: g.memory.saturating_sub(c.memory),
-                        memory_shared_bytes: self.shm_lock().bytes_on(index),
-                        oversubscribed_pool_bytes: pool.0,
-                        oversubscribed_resident_bytes: pool.1,
-                        swap_area_bytes: pool.2,
-                        swap_area_used_bytes: pool.3,
-                        copy_bandwidth: g.copy_bandwidth,
-                        speed: g.speed,
-                        compute_committed: permille_to_fraction(c.compute),
-                        copy_committed: permille_to_fraction(c.copy),
-                        vgpus: inner
-                            .vgpus
-                            .values()
-                            .filter(|v| v.gpu() == index && v.holds_resources())
-                            .map(|v| v.id())
-                            .collect(),
-                    }
-                })
-                .collect()
-        })
     }
 }
 

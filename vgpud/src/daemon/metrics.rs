@@ -105,7 +105,7 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         "gpu_copy_committed_ratio",
         "Sum of live vGPUs' copy shares",
     );
-    for g in d.gpus() {
+    for g in stats::gpus(d) {
         let l = GpuLabels {
             gpu: g.index.to_string(),
         };

@@ -20,55 +20,53 @@ use super::statefile::{self, StateFile};
 use super::stats;
 use super::workers::pool;
 
-impl Daemon {
-    /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
-    /// and worker, which keep running (their guests never notice); the next vgpud adopts
-    /// them. Each worker serves its guest meanwhile and waits `--control-reconnect-s` for
-    /// vgpud on its control socket (the channel closes when this process exits).
-    async fn stop_all(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        pool::stop_pools(self);
-        self.persist.save_final(&self.state).await;
-        let (vms, workers) = self.state.with(|inner| {
-            (
-                inner.vms.values().filter(|v| v.proc().is_some()).count(),
-                inner
-                    .vgpus
-                    .values()
-                    .filter(|r| r.worker().is_some())
-                    .count(),
-            )
-        });
-        if vms > 0 || workers > 0 {
-            tracing::info!(
-                vms,
-                workers,
-                reconnect_s = self.cfg.workers.control_reconnect.as_secs(),
-                "leaving every VM and worker running for the next vgpud to adopt"
-            );
-        }
+/// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
+/// and worker, which keep running (their guests never notice); the next vgpud adopts
+/// them. Each worker serves its guest meanwhile and waits `--control-reconnect-s` for
+/// vgpud on its control socket (the channel closes when this process exits).
+async fn stop_all(d: &Daemon) {
+    d.shutting_down.store(true, Ordering::SeqCst);
+    pool::stop_pools(d);
+    d.persist.save_final(&d.state).await;
+    let (vms, workers) = d.state.with(|inner| {
+        (
+            inner.vms.values().filter(|v| v.proc().is_some()).count(),
+            inner
+                .vgpus
+                .values()
+                .filter(|r| r.worker().is_some())
+                .count(),
+        )
+    });
+    if vms > 0 || workers > 0 {
+        tracing::info!(
+            vms,
+            workers,
+            reconnect_s = d.cfg.workers.control_reconnect.as_secs(),
+            "leaving every VM and worker running for the next vgpud to adopt"
+        );
     }
+}
 
-    /// Says which worker isolation is in effect (docs/hostile.md).
-    fn log_isolation(&self) {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        let seccomp = self.cfg.workers.seccomp.as_str();
-        match (root, self.cfg.workers.uid_base) {
-            (true, Some(base)) => tracing::info!(
-                uid_base = base,
-                seccomp,
-                "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
-            ),
-            (true, None) => tracing::warn!(
-                seccomp,
-                "worker isolation: workers run as root (--worker-uid-base 0): only seccomp, not dumpable and no_new_privs separate them; give --worker-uid-base"
-            ),
-            (false, _) => tracing::warn!(
-                seccomp,
-                "worker isolation: vgpud does not run as root, so workers run as its own uid: private directories, seccomp (no socket, connect or ptrace), not dumpable and no_new_privs separate them, but not their uid"
-            ),
-        }
+/// Says which worker isolation is in effect (docs/hostile.md).
+fn log_isolation(cfg: &Config) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let seccomp = cfg.workers.seccomp.as_str();
+    match (root, cfg.workers.uid_base) {
+        (true, Some(base)) => tracing::info!(
+            uid_base = base,
+            seccomp,
+            "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
+        ),
+        (true, None) => tracing::warn!(
+            seccomp,
+            "worker isolation: workers run as root (--worker-uid-base 0): only seccomp, not dumpable and no_new_privs separate them; give --worker-uid-base"
+        ),
+        (false, _) => tracing::warn!(
+            seccomp,
+            "worker isolation: vgpud does not run as root, so workers run as its own uid: private directories, seccomp (no socket, connect or ptrace), not dumpable and no_new_privs separate them, but not their uid"
+        ),
     }
 }
 
@@ -181,7 +179,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let saved = load_saved(&cfg, &state_path)?;
 
     let daemon = Arc::new(Daemon::new(cfg.clone())?);
-    daemon.log_isolation();
+    log_isolation(&cfg);
     // Signals are ours from here on: a stop during the restore below is a graceful one.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
@@ -234,7 +232,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     };
     sampler.abort();
     rebalancer.abort();
-    daemon.stop_all().await;
+    stop_all(&daemon).await;
     saver.abort();
     let _ = std::fs::remove_file(&lock_path);
     tracing::info!("vgpud stopped");

@@ -1,5 +1,6 @@
-//! Stats: worker samples (collected by a periodic sampler and on demand), each vGPU's
-//! utilization over the window, and the counts the metrics feed reads.
+//! Stats: every GPU with its commitments, worker samples (collected by a periodic sampler
+//! and on demand), each vGPU's utilization over the window, and the counts the metrics
+//! feed reads.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,6 +15,49 @@ use crate::api::{self, VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
 use crate::units::permille_to_fraction;
 use vgpu_grant::GrantServer;
+
+/// Every physical GPU with its commitments.
+pub fn gpus(d: &Daemon) -> Vec<api::Gpu> {
+    d.state.with(|inner| {
+        d.cfg
+            .gpus
+            .iter()
+            .zip(d.gpu_indices())
+            .map(|(g, index)| {
+                let c = inner.committed(index, None);
+                let pool = d.memory.figures(index);
+                api::Gpu {
+                    index,
+                    name: g.name.clone(),
+                    backend: if g.cuda_ordinal.is_some() {
+                        "cuda"
+                    } else {
+                        "sim"
+                    }
+                    .into(),
+                    memory_bytes: g.memory,
+                    memory_committed_bytes: c.memory,
+                    memory_free_bytes: g.memory.saturating_sub(c.memory),
+                    memory_shared_bytes: d.shm_lock().bytes_on(index),
+                    oversubscribed_pool_bytes: pool.0,
+                    oversubscribed_resident_bytes: pool.1,
+                    swap_area_bytes: pool.2,
+                    swap_area_used_bytes: pool.3,
+                    copy_bandwidth: g.copy_bandwidth,
+                    speed: g.speed,
+                    compute_committed: permille_to_fraction(c.compute),
+                    copy_committed: permille_to_fraction(c.copy),
+                    vgpus: inner
+                        .vgpus
+                        .values()
+                        .filter(|v| v.gpu() == index && v.holds_resources())
+                        .map(|v| v.id())
+                        .collect(),
+                }
+            })
+            .collect()
+    })
+}
 
 /// Counters and utilization of one vGPU (fresh from its worker when it runs).
 pub async fn vgpu_stats(d: &Daemon, id: u32) -> Result<api::VgpuStats, ApiError> {

@@ -441,7 +441,7 @@ mod tests {
         assert_eq!(e.status, axum::http::StatusCode::CONFLICT);
         assert!(e.error.contains("being released"), "{e}");
         assert_eq!(
-            d.gpus()[0].compute_committed,
+            super::super::stats::gpus(&d)[0].compute_committed,
             0.3,
             "it holds its shares until its worker is gone"
         );
