@@ -1,6 +1,6 @@
 //! A process vGPU's hand-over (`"attach": "process"`): where its socket is handed to the
 //! process's user, who may connect, and the checks of a create's `attach` and owner
-//! fields (the next worker for the next process is `process.rs`).
+//! fields (the next worker for the next process is `workers/process.rs`).
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixListener;

@@ -1,8 +1,10 @@
-//! The daemon: what it owns (configuration, schedulers, the state, memory pools, the shm
-//! registry, the rebalancer, the state file writer) and the few operations every other
-//! module needs. The operations themselves live in sibling modules, one per concern:
-//! `admission`, `vgpus`, `workers`, `vms`, `memory`, `migration`, `stats`, `persistence`,
-//! `rebalancing` and `startup`. Lock order: see `locks`.
+//! The daemon: what it owns (configuration, one grant server per GPU, the state, memory
+//! pools, the shm registry, the rebalancer, the state file, the host-migration registry,
+//! the idle pool workers), built in one place, and the accessors every operation shares (a
+//! GPU's configuration, the grant servers' attach and detach, the two ranked locks). The
+//! operations are functions of their areas' modules (`admission`, `vgpus`, `workers/`,
+//! `vms`, `memory`, `migration`, `host_migration/`, `adopt`, `stats`, `persistence`,
+//! `rebalancing`, `startup`), dispatched from `command.rs`. Lock order: see `locks`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -50,7 +52,7 @@ pub struct Daemon {
     pub(super) persist: Persistence,
     /// Whole-VM moves to and from other vgpud daemons.
     pub(super) host: host_registry::Registry,
-    /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
+    /// Idle pool workers per GPU (`workers/pool.rs`). A leaf lock.
     pub(super) spares: Spares,
 }
 

@@ -186,7 +186,7 @@ pub(super) async fn reserve(d: &Daemon, id: u32, bytes: u64) -> Answer {
     }
 }
 
-/// [`Daemon::reserve`] on GPU `gpu`'s pool.
+/// [`reserve`] on GPU `gpu`'s pool.
 async fn reserve_on(d: &Daemon, id: u32, gpu: u32, bytes: u64) -> Reserved {
     let Some(m) = d.memory.get(gpu) else {
         return Reserved::Refused(format!("vGPU {id} is on an unknown GPU {gpu}"));

@@ -1,7 +1,7 @@
 //! vgpud: owns the physical GPUs, spawns one `vgpu-worker` per vGPU and one `vmm` per VM,
 //! keeps a control channel to every worker, tears a VM's vGPU down when either process
 //! exits (however it exits), and serves the REST API. Its VMs and workers outlive it: the
-//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers.rs`).
+//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers/`).
 //!
 //! Accounting: a vGPU holds its memory and shares on its GPU while it is `starting`,
 //! `ready` or `attached`; once its worker is gone (`released`, `failed`) they are free.

@@ -393,7 +393,7 @@ pub(super) fn on_worker_exit(d: &Arc<Daemon>, id: u32, pid: u32, status: Option<
     }
 }
 
-/// [`Daemon::on_worker_exit`] under the state lock: the record's new state, its VM
+/// [`on_worker_exit`] under the state lock: the record's new state, its VM
 /// failed if it crashed. Returns its GPU and the share groups still alive per GPU, or
 /// None when `pid` is not (or no longer) its worker.
 fn worker_exited(
