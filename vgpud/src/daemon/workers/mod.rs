@@ -155,7 +155,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
             on_worker_exit(&d, id, p.pid, Some(status));
         }
     });
-    await_ready(&d, id, &proc, &log, ready).await
+    await_ready(d, id, &proc, &log, ready).await
 }
 
 /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
