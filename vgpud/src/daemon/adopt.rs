@@ -113,7 +113,7 @@ pub(super) async fn adopt_worker(d: &Arc<Daemon>, id: u32, proc: Proc) -> Result
             on_adopted_worker_exit(&d, id, p.pid).await;
         }
     });
-    workers::await_ready(d, id, &proc, &log, ready)
+    workers::await_ready(&d.state, id, &proc, &log, ready)
         .await
         .map_err(|e| e.error)?;
     d.state.with(|i| {

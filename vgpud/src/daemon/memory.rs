@@ -347,7 +347,7 @@ mod tests {
 
             // The migration to GPU 1 starts: the memory is in both pools until it ends,
             // and a reservation now (its worker may have switched already) counts in both.
-            d.state.with(|i| migration::begin_move(&d, i, id, 1));
+            d.state.with(|i| migration::begin_move(&d.memory, i, id, 1));
             assert!(member(0) && member(1));
             assert_eq!(reserve(&d, id, 2 << 20).await, Answer::Granted);
             assert_eq!((resident(0), resident(1)), (2 << 20, 2 << 20));
@@ -379,7 +379,7 @@ mod tests {
             assert_eq!(d.state.with(|i| i.vgpus[&id].gpu()), 1);
 
             // A failed migration leaves the target's pool again.
-            d.state.with(|i| migration::begin_move(&d, i, id, 0));
+            d.state.with(|i| migration::begin_move(&d.memory, i, id, 0));
             assert!(member(0) && member(1));
             migration::finish_migration(&d, 2, id, Err("injected".into()), 1, 0);
             assert!(!member(0) && member(1));

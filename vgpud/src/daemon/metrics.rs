@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
 use super::rebalancing;
+use super::state::State;
 use super::stats;
 use super::workers::pool;
 
@@ -33,8 +34,8 @@ type VGauge = Family<VgpuLabels, Gauge<f64, AtomicU64>>;
 type VCounter = Family<VgpuLabels, Counter<u64>>;
 
 /// The names of the vGPUs that have one.
-fn vgpu_names(d: &Daemon) -> BTreeMap<u32, String> {
-    d.state.with(|i| {
+fn vgpu_names(state: &State) -> BTreeMap<u32, String> {
+    state.with(|i| {
         i.vgpus
             .values()
             .filter_map(|r| r.name().clone().map(|n| (r.id(), n)))
@@ -189,7 +190,7 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
         "vgpu_grant_violations",
         "Implausible values the vGPU's worker wrote on its grant page",
     );
-    let names = vgpu_names(d);
+    let names = vgpu_names(&d.state);
     for s in stats::all_stats(d) {
         let l = vgpu_labels(s.vgpu, s.gpu, &names);
         comp_u.get_or_create(&l).set(s.compute_utilization);
@@ -267,7 +268,7 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
         "vgpu_queue_wait_ratio",
         "Fraction of the last interval with requests waiting for a grant (compute)",
     );
-    let names = vgpu_names(d);
+    let names = vgpu_names(&d.state);
     for v in &rb.vgpus {
         let l = vgpu_labels(v.vgpu, v.gpu, &names);
         vdemand

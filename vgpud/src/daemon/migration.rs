@@ -9,11 +9,11 @@ use std::time::Duration;
 use super::admission;
 use super::core::{no_vgpu, Daemon};
 use super::error::ApiError;
+use super::gpu_memory::Memory;
 use super::link::Link;
 use super::memory;
 use super::shm;
-use super::state::VgpuAsk;
-use super::state::{Inner, State, VgpuRec};
+use super::state::{Inner, State, VgpuAsk, VgpuRec};
 use crate::api::{self, VgpuState};
 use crate::control::{
     Command as Ctl, MigrationDone, MigrationMode, MigrationProgress, ReplyBody, TargetGpu,
@@ -98,7 +98,7 @@ fn begin_migration(
     check_no_shm(&d.shm_lock(), id)?;
     let source = rec.gpu();
     let target = pick_target(d, inner, rec, cmd.target_gpu)?;
-    check_target_pool(d, rec, target)?;
+    check_target_pool(&d.memory, rec, target)?;
     let g = d
         .gpu(target)
         .ok_or_else(|| ApiError::internal("target GPU vanished"))?;
@@ -116,7 +116,7 @@ fn begin_migration(
     let mid = inner.next_migration;
     inner.next_migration += 1;
     d.persist.mark_dirty();
-    begin_move(d, inner, id, target);
+    begin_move(&d.memory, inner, id, target);
     inner.migrations.insert(
         mid,
         api::Migration {
@@ -213,12 +213,12 @@ fn pick_target(
 }
 
 /// An oversubscribed vGPU's resident memory fits in the target's pool.
-fn check_target_pool(d: &Daemon, rec: &VgpuRec, target: u32) -> Result<(), ApiError> {
+fn check_target_pool(memory: &Memory, rec: &VgpuRec, target: u32) -> Result<(), ApiError> {
     if !rec.oversubscribe() || target == rec.gpu() {
         return Ok(());
     }
     let resident = rec.memory_report().map_or(0, |m| m.resident);
-    let pool = d.memory.figures(target);
+    let pool = memory.figures(target);
     let free = pool.0.saturating_sub(pool.1);
     if resident > free {
         return Err(ApiError::conflict(
@@ -298,12 +298,12 @@ fn run_migration(d: &Arc<Daemon>, id: u32, cmd: MigrateCommand, s: Started, fds:
 /// puts its resident bytes there and from the switch on its reservations are for that
 /// GPU (vgpud hears of the switch only when the migration reports back). Caller holds
 /// the state lock.
-pub(super) fn begin_move(d: &Daemon, inner: &mut Inner, id: u32, target: u32) {
+pub(super) fn begin_move(memory: &Memory, inner: &mut Inner, id: u32, target: u32) {
     let Some(rec) = inner.vgpus.get_mut(&id) else {
         return;
     };
     rec.begin_migration(target);
-    d.memory.follow(rec, target);
+    memory.follow(rec, target);
 }
 
 /// Migration `mid` of vGPU `id` ended with `r`: the vGPU is on `target` (or still on

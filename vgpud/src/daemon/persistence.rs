@@ -30,7 +30,7 @@ use super::core::Daemon;
 use super::memory;
 use super::procs::{self, Proc};
 use super::saver::unix_ms;
-use super::state::{Inner, VgpuDef, VgpuRec, VmRec};
+use super::state::{Inner, State, VgpuDef, VgpuRec, VmRec};
 use super::statefile::{SavedProc, SavedVgpu, SavedVgpuState, SavedVmState, StateFile};
 use super::worker_files::worker_socket;
 use super::workers;
@@ -134,7 +134,7 @@ pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
 /// Validates, admits and starts restored vGPU `id` like a fresh create on its GPU.
 async fn restore_vgpu(d: &Arc<Daemon>, id: u32) -> Result<(), String> {
     d.state.with(|inner| restorable(d, inner, id))?;
-    wait_socket_free(d, id).await?;
+    wait_socket_free(&d.state, id).await?;
     workers::start_worker(d, id).await.map_err(|e| e.error)?;
     d.state.with(|inner| {
         if let Some(rec) = inner.vgpus.get_mut(&id) {
@@ -189,11 +189,8 @@ fn restorable(d: &Daemon, inner: &mut Inner, id: u32) -> Result<(), String> {
 
 /// A worker of the previous vgpud that is being stopped (its VM ended while no vgpud
 /// ran) may still serve vGPU `id`'s socket for a moment: wait until none does.
-async fn wait_socket_free(d: &Daemon, id: u32) -> Result<(), String> {
-    let Some(socket) = d
-        .state
-        .with(|i| i.vgpus.get(&id).map(|r| r.socket().clone()))
-    else {
+async fn wait_socket_free(state: &State, id: u32) -> Result<(), String> {
+    let Some(socket) = state.with(|i| i.vgpus.get(&id).map(|r| r.socket().clone())) else {
         return Ok(());
     };
     let deadline = Instant::now() + OLD_WORKER_GRACE;

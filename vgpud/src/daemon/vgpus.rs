@@ -7,6 +7,7 @@ use super::admission::{
     name_free, share, validate_kernel_deadline, validate_labels, validate_name,
 };
 use super::attach::{remove_attach_dir, ProcessAttach};
+use super::config::Config;
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
@@ -98,13 +99,13 @@ pub async fn patch_vgpu(d: &Daemon, id: u32, patch: VgpuPatch) -> Result<api::Vg
     }
     let (new, link, old_meta) = d.state.with(|inner| {
         meta.check(inner, id)?;
-        let (new, link) = reserve_shares(d, inner, id, compute, copy, patch.priority)?;
+        let (new, link) = reserve_shares(&d.cfg, inner, id, compute, copy, patch.priority)?;
         let old = meta.apply(inner, id)?;
         Ok::<_, ApiError>((new, link, old))
     })?;
     if let Err(why) = tell_shares(&link, new).await {
         d.state.with(|inner| old_meta.restore(inner, id));
-        return Err(drop_pending(d, id, &why));
+        return Err(drop_pending(&d.state, id, &why));
     }
     let committed = d.state.with(|inner| {
         let r = commit_shares(d, inner, id, new);
@@ -149,7 +150,7 @@ fn deadline_changed(d: &Daemon, id: u32, ms: Option<u32>) {
 /// holds them as pending: (the new shares, its worker's channel). Caller holds the
 /// state lock.
 fn reserve_shares(
-    d: &Daemon,
+    cfg: &Config,
     inner: &mut Inner,
     id: u32,
     compute: Option<u32>,
@@ -182,7 +183,7 @@ fn reserve_shares(
         ..VgpuAsk::of(rec)
     };
     for gpu in rec.pools() {
-        if let Some(e) = admission::misfit(&d.cfg, inner, gpu, &ask, Some(id)) {
+        if let Some(e) = admission::misfit(cfg, inner, gpu, &ask, Some(id)) {
             return Err(e);
         }
     }
@@ -239,14 +240,14 @@ fn commit_shares(d: &Daemon, inner: &mut Inner, id: u32, new: Shares) -> Result<
 
 /// The worker did not take vGPU `id`'s change (`why`): the pending shares are
 /// dropped. The answer says why, or that the vGPU went away meanwhile.
-fn drop_pending(d: &Daemon, id: u32, why: &str) -> ApiError {
-    let gone = d.state.with(|inner| {
+fn drop_pending(state: &State, id: u32, why: &str) -> ApiError {
+    let gone = state.with(|inner| {
         let rec = inner.vgpus.get_mut(&id)?;
         rec.clear_pending();
         live_for_change(rec).err()
     });
-    d.state.notify();
-    match d.state.with(|i| i.vgpus.contains_key(&id)) {
+    state.notify();
+    match state.with(|i| i.vgpus.contains_key(&id)) {
         false => no_vgpu(id),
         true => gone.unwrap_or_else(|| {
             ApiError::worker(format!(
@@ -417,7 +418,7 @@ mod tests {
         });
         let e = d
             .state
-            .with(|i| reserve_shares(&d, i, a, Some(700), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(700), None, None))
             .expect_err("GPU 1 has 0.1 left");
         assert_eq!(e.field.as_deref(), Some("compute_share"), "{e}");
         assert!(e.error.contains("GPU 1"), "{e}");
@@ -436,7 +437,7 @@ mod tests {
         });
         let e = d
             .state
-            .with(|i| reserve_shares(&d, i, a, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(100), None, None))
             .expect_err("releasing");
         assert_eq!(e.status, axum::http::StatusCode::CONFLICT);
         assert!(e.error.contains("being released"), "{e}");
@@ -447,7 +448,7 @@ mod tests {
         );
         let e = d
             .state
-            .with(|i| reserve_shares(&d, i, 99, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, 99, Some(100), None, None))
             .expect_err("unknown");
         assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
     }
@@ -458,7 +459,7 @@ mod tests {
         let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
         let e = d
             .state
-            .with(|i| reserve_shares(&d, i, a, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(100), None, None))
             .expect_err("starting");
         assert!(e.error.contains("starting"), "{e}");
         assert_eq!(d.state.with(|i| i.vgpus[&a].pending()), None);

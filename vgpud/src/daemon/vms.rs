@@ -13,8 +13,7 @@ use super::config::Config;
 use super::core::{no_vm, Daemon};
 use super::error::ApiError;
 use super::procs;
-use super::state::VgpuAsk;
-use super::state::{Inner, State, VmDef, VmRec};
+use super::state::{Inner, State, VgpuAsk, VmDef, VmRec};
 use super::storage;
 use super::vgpus;
 use super::workers;
@@ -498,7 +497,10 @@ pub async fn delete_vm(d: &Daemon, id: u32) -> Result<(), ApiError> {
         Ok::<_, ApiError>((vm.proc().cloned(), vgpu))
     })?;
     if let Some(p) = proc {
-        workers::stop_proc(d, &p, |i| i.vms.get(&id).is_none_or(|v| v.proc().is_none())).await;
+        workers::stop_proc(&d.state, &p, |i| {
+            i.vms.get(&id).is_none_or(|v| v.proc().is_none())
+        })
+        .await;
     }
     if let Some(g) = vgpu {
         // Its worker stops on the vmm's disconnect (with SIGKILL after the grace).
@@ -506,7 +508,7 @@ pub async fn delete_vm(d: &Daemon, id: u32) -> Result<(), ApiError> {
             .state
             .with(|i| i.vgpus.get(&g).and_then(|r| r.worker_proc()));
         if let Some(p) = worker {
-            workers::stop_proc(d, &p, |i| i.worker_gone(g)).await;
+            workers::stop_proc(&d.state, &p, |i| i.worker_gone(g)).await;
         }
     }
     let (vm, owned) = d.state.with(|inner| {

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use super::{record, update, IncomingVmm, IncomingWorker};
 use crate::api::{self, HostMigration, IncomingAccepted, IncomingCommit, IncomingVm, VgpuState};
-use crate::daemon::config::Listen;
+use crate::daemon::config::{Config, Listen};
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::migration;
+use crate::daemon::state::State;
 use crate::daemon::vgpus;
 use crate::daemon::vms;
 use crate::daemon::worker_files::{worker_dir, SECRET_FILE};
@@ -84,8 +85,8 @@ async fn wait_listening(addr: &str) -> Result<(), ApiError> {
 
 /// Where a stream to this daemon goes: a unix socket at `unix` when vgpud listens on
 /// one, else a fresh TCP port on its API address.
-fn stream_address(d: &Daemon, unix: &Path) -> Result<String, ApiError> {
-    match &d.cfg.listen {
+fn stream_address(cfg: &Config, unix: &Path) -> Result<String, ApiError> {
+    match &cfg.listen {
         Listen::Unix(_) => Ok(format!("unix:{}", unix.display())),
         Listen::Tcp(a) => Ok(format!("tcp:{}:{}", a.ip(), free_port(a.ip())?)),
     }
@@ -102,14 +103,14 @@ pub async fn incoming_vm(d: &Arc<Daemon>, req: IncomingVm) -> Result<IncomingAcc
     }
     let ask = vms::validate_vm(d, &req.vm).map_err(|e| e.within("vm"))?;
     let (vm_id, vgpu) = d.state.with(|inner| vms::admit_vm(d, inner, ask))?;
-    let vmm_address = match stream_address(d, &d.cfg.state_dir.join(format!("vm-{vm_id}.in.sock")))
-    {
-        Ok(a) => a,
-        Err(e) => {
-            vms::undo_vm(d, vm_id, vgpu, true).await;
-            return Err(e);
-        }
-    };
+    let vmm_address =
+        match stream_address(&d.cfg, &d.cfg.state_dir.join(format!("vm-{vm_id}.in.sock"))) {
+            Ok(a) => a,
+            Err(e) => {
+                vms::undo_vm(d, vm_id, vgpu, true).await;
+                return Err(e);
+            }
+        };
     let token_file = d.cfg.state_dir.join(format!("vm-{vm_id}.token"));
     let vmm_token = match write_token(&token_file) {
         Ok(t) => t,
@@ -199,7 +200,7 @@ pub async fn incoming_vm(d: &Arc<Daemon>, req: IncomingVm) -> Result<IncomingAcc
 /// one-time token (the worker's fresh secret).
 async fn start_receiving_worker(d: &Arc<Daemon>, g: u32) -> Result<(String, String), ApiError> {
     let dir = worker_dir(&d.cfg.state_dir, g);
-    let address = stream_address(d, &dir.join(MIGRATE_IN_SOCKET))?;
+    let address = stream_address(&d.cfg, &dir.join(MIGRATE_IN_SOCKET))?;
     // The worker binds it relative to its private directory (its working directory).
     let local = match address.strip_prefix("unix:") {
         Some(_) => format!("unix:{MIGRATE_IN_SOCKET}"),
@@ -303,8 +304,8 @@ async fn drop_incoming(d: &Daemon, vm_id: u32) {
     }
 }
 
-fn incoming_record(d: &Daemon, mid: u32) -> Result<(u32, String), ApiError> {
-    let m = migration::migration(&d.state, mid)?;
+fn incoming_record(state: &State, mid: u32) -> Result<(u32, String), ApiError> {
+    let m = migration::migration(state, mid)?;
     match m.host {
         Some(h) if h.direction == "incoming" => Ok((h.vm, m.state)),
         _ => Err(ApiError::conflict(
@@ -321,7 +322,7 @@ pub async fn commit_incoming(
     mid: u32,
     c: IncomingCommit,
 ) -> Result<api::Migration, ApiError> {
-    let (vm_id, state) = incoming_record(d, mid)?;
+    let (vm_id, state) = incoming_record(&d.state, mid)?;
     if state != "running" {
         return Err(ApiError::conflict(
             "id",
@@ -376,7 +377,7 @@ pub async fn commit_incoming(
 
 /// The source gave incoming move `mid` up: the VM and its vGPU go.
 pub async fn abort_incoming(d: &Daemon, mid: u32) -> Result<api::Migration, ApiError> {
-    let (vm_id, state) = incoming_record(d, mid)?;
+    let (vm_id, state) = incoming_record(&d.state, mid)?;
     if state == "running" {
         settle_failed(d, mid, "the source gave the move up");
         drop_incoming(d, vm_id).await;

@@ -20,6 +20,7 @@ use crate::api::{
     VmMigrateRequest, VmState,
 };
 use crate::control::{Command as Ctl, ReplyBody};
+use crate::daemon::config::Config;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::link::Link;
@@ -207,7 +208,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// What VM `vm_id` is launched as elsewhere. Caller holds the state lock.
-fn plan(d: &Daemon, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
+fn plan(cfg: &Config, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
     let vm = inner
         .vms
         .get(&vm_id)
@@ -218,7 +219,7 @@ fn plan(d: &Daemon, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
             format!("VM {vm_id} is {:?}; only a running VM moves", vm.state()),
         ));
     }
-    let payload = match &d.cfg.payload_dir {
+    let payload = match &cfg.payload_dir {
         Some(dir) => vm
             .payload()
             .strip_prefix(dir)
@@ -281,7 +282,7 @@ fn plan(d: &Daemon, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
             labels: vm.labels().clone(),
         },
         vgpu,
-        api_socket: vmm_api_socket(&d.cfg.state_dir, vm_id),
+        api_socket: vmm_api_socket(&cfg.state_dir, vm_id),
     })
 }
 
@@ -303,7 +304,7 @@ pub async fn migrate_vm_to_host(
         stop_copy: stop_copy(&req)?,
     };
     let (client, peer, host) = destination(&req)?;
-    let plan = d.state.with(|inner| plan(d, inner, vm_id))?;
+    let plan = d.state.with(|inner| plan(&d.cfg, inner, vm_id))?;
     if let Some((g, _, _)) = &plan.vgpu {
         migration::check_no_shm(&d.shm_lock(), *g)?;
     }

@@ -20,14 +20,14 @@ use std::time::Duration;
 
 use crate::api::{VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody};
-use crate::daemon::config::GpuConfig;
+use crate::daemon::config::{Config, GpuConfig};
 use crate::daemon::core::{Daemon, STOP_GRACE, WORKER_START};
 use crate::daemon::error::ApiError;
 use crate::daemon::link::{self, Link};
 use crate::daemon::memory;
 use crate::daemon::migration;
 use crate::daemon::procs::{self, Identity, Proc};
-use crate::daemon::state::{Inner, VgpuRec, WorkerHandle};
+use crate::daemon::state::{Inner, State, VgpuRec, WorkerHandle};
 use crate::daemon::stats;
 use crate::daemon::worker_files::{
     bind_sockets, log_tail, prepare_dir, remove_dir, worker_dir, worker_env, CONTROL_LISTEN_FD,
@@ -60,7 +60,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
         gpu,
     } = d.state.with(|inner| worker_launch(d, inner, id))?;
     memory::refresh_pool(d, gpu);
-    let identity = worker_identity(d, id);
+    let identity = worker_identity(&d.cfg, id);
     let dir = worker_dir(&d.cfg.state_dir, id);
     let (vhost, to) = d
         .state
@@ -155,7 +155,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
             on_worker_exit(&d, id, p.pid, Some(status));
         }
     });
-    await_ready(d, id, &proc, &log, ready).await
+    await_ready(&d.state, id, &proc, &log, ready).await
 }
 
 /// vGPU `id`'s worker command line, with its GPU's scheduler attached (and its pool
@@ -242,14 +242,14 @@ fn worker_command(d: &Daemon, rec: &VgpuRec, gpu: &GpuConfig) -> Command {
     ]);
     cmd.args(["--listen-fd", &VHOST_LISTEN_FD.to_string()])
         .args(["--control-listen-fd", &CONTROL_LISTEN_FD.to_string()]);
-    sandbox_args(d, &mut cmd);
+    sandbox_args(&d.cfg, &mut cmd);
     cmd
 }
 
 /// The sandbox and control channel arguments every worker gets (the grant page and
 /// doorbell and the listening sockets of a pool worker come with its assignment).
-pub(super) fn sandbox_args(d: &Daemon, cmd: &mut Command) {
-    let sandbox = &d.cfg.workers;
+pub(super) fn sandbox_args(cfg: &Config, cmd: &mut Command) {
+    let sandbox = &cfg.workers;
     cmd.args(["--seccomp", sandbox.seccomp.as_str()])
         .args(["--secret-file", SECRET_FILE])
         .args([
@@ -261,10 +261,10 @@ pub(super) fn sandbox_args(d: &Daemon, cmd: &mut Command) {
 
 /// The identity vGPU `id`'s worker runs under: its own uid and gid when vgpud runs as
 /// root (`--worker-uid-base`), else vgpud's.
-pub(super) fn worker_identity(d: &Daemon, id: u32) -> Option<Identity> {
+pub(super) fn worker_identity(cfg: &Config, id: u32) -> Option<Identity> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
-    let uid = d.cfg.workers.uid_base?.checked_add(id)?;
+    let uid = cfg.workers.uid_base?.checked_add(id)?;
     root.then_some(Identity { uid, gid: uid })
 }
 
@@ -274,7 +274,7 @@ pub(super) fn worker_events(d: &Arc<Daemon>, id: u32) -> impl Fn(link::Event) + 
     move |e: link::Event| {
         let Some(d) = weak.upgrade() else { return };
         match e {
-            link::Event::Connected => on_connected(&d, id),
+            link::Event::Connected => on_connected(&d.state, id),
             link::Event::Final(stats) => stats::record_sample(&d.state, &d.cfg, id, stats),
             link::Event::Memory(m) => memory::on_memory(&d, id, m),
             link::Event::Migration(p) => migration::on_migration_progress(&d, id, p),
@@ -298,7 +298,7 @@ pub(super) fn worker_events(d: &Arc<Daemon>, id: u32) -> impl Fn(link::Event) + 
 
 /// Waits until vGPU `id`'s worker says it is ready (its socket is bound).
 pub(super) async fn await_ready<T, E>(
-    d: &Daemon,
+    state: &State,
     id: u32,
     proc: &Proc,
     log: &Path,
@@ -306,26 +306,23 @@ pub(super) async fn await_ready<T, E>(
 ) -> Result<(), ApiError> {
     match tokio::time::timeout(WORKER_START, ready).await {
         Ok(Ok(_pid)) => {
-            d.state.with(|i| {
+            state.with(|i| {
                 if let Some(rec) = i.vgpus.get_mut(&id) {
                     if *rec.state() == VgpuState::Starting {
                         rec.mark_ready();
                     }
                 }
             });
-            d.state.notify();
+            state.notify();
             tracing::info!(vgpu = id, "worker ready");
             Ok(())
         }
         Ok(Err(_)) => {
             // The channel closed: the worker exited. Wait for the reaper's verdict.
-            d.state
+            state
                 .wait_until(Duration::from_secs(2), |i| i.worker_gone(id))
                 .await;
-            let why = match d
-                .state
-                .with(|i| i.vgpus.get(&id).map(|r| r.state().clone()))
-            {
+            let why = match state.with(|i| i.vgpus.get(&id).map(|r| r.state().clone())) {
                 Some(VgpuState::Failed { reason }) => reason,
                 _ => format!("the worker exited before it was ready{}", log_tail(log)),
             };
@@ -343,8 +340,8 @@ pub(super) async fn await_ready<T, E>(
 }
 
 /// A VM's frontend connected to vGPU `vgpu`: the VM runs (a process vGPU is attached).
-fn on_connected(d: &Daemon, vgpu: u32) {
-    d.state.with(|inner| {
+fn on_connected(state: &State, vgpu: u32) {
+    state.with(|inner| {
         if let Some(rec) = inner.vgpus.get_mut(&vgpu) {
             // Starting too: an adopted worker says `connected` right after `ready`,
             // which may still be on its way through `await_ready`.
@@ -363,7 +360,7 @@ fn on_connected(d: &Daemon, vgpu: u32) {
             }
         }
     });
-    d.state.notify();
+    state.notify();
 }
 
 /// Worker `pid` of vGPU `id` exited (with `status`, when it was our child): the vGPU
@@ -473,16 +470,16 @@ pub(super) async fn stop_worker(d: &Daemon, id: u32, p: &Proc, link: &Link) {
             tracing::debug!(vgpu = id, error = %e, "shutdown over the control channel failed")
         }
     }
-    stop_proc(d, p, gone).await;
+    stop_proc(&d.state, p, gone).await;
 }
 
 /// SIGTERM, then SIGKILL after the grace period, until `gone` holds.
-pub(super) async fn stop_proc(d: &Daemon, p: &Proc, mut gone: impl FnMut(&Inner) -> bool) {
+pub(super) async fn stop_proc(state: &State, p: &Proc, mut gone: impl FnMut(&Inner) -> bool) {
     p.signal(libc::SIGTERM);
-    if !d.state.wait_until(STOP_GRACE * 4, &mut gone).await {
+    if !state.wait_until(STOP_GRACE * 4, &mut gone).await {
         tracing::warn!(pid = p.pid, "did not stop after SIGTERM; sending SIGKILL");
         p.signal(libc::SIGKILL);
-        d.state.wait_until(Duration::from_secs(2), gone).await;
+        state.wait_until(Duration::from_secs(2), gone).await;
     }
 }
 

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use crate::api::VgpuState;
 use crate::control::{Command as Ctl, ReplyBody};
+use crate::daemon::config::Config;
 use crate::daemon::core::Daemon;
 use crate::daemon::core::WORKER_START;
 use crate::daemon::link;
@@ -34,7 +35,7 @@ use crate::daemon::locks::{Rank, Ranked};
 use crate::daemon::memory;
 use crate::daemon::procs::{self, Identity, Proc};
 use crate::daemon::spares::{Owner, Route, Spare};
-use crate::daemon::state::WorkerHandle;
+use crate::daemon::state::{State, WorkerHandle};
 use crate::daemon::worker_files::{self, log_tail};
 
 /// How long a pool worker may take to bind its socket once assigned; past it the vGPU
@@ -83,13 +84,13 @@ pub(in crate::daemon) fn pool_sizes(d: &Daemon) -> Vec<(u32, usize)> {
 }
 
 /// The identity pool slot `slot` runs under (when vgpud is root).
-fn slot_identity(d: &Daemon, slot: u32) -> Option<Identity> {
+fn slot_identity(cfg: &Config, slot: u32) -> Option<Identity> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     if slot >= MAX_SLOTS {
         return None;
     }
-    let uid = d.cfg.workers.uid_base?.checked_sub(1)?.checked_sub(slot)?;
+    let uid = cfg.workers.uid_base?.checked_sub(1)?.checked_sub(slot)?;
     root.then_some(Identity { uid, gid: uid })
 }
 
@@ -208,7 +209,8 @@ async fn spawn_spare(d: &Arc<Daemon>, gpu_index: u32) -> Result<Spare, String> {
     let slot = {
         let mut p = d.spares.lock();
         let free = (0..MAX_SLOTS).find(|s| {
-            !p.slots.contains(s) && slot_identity(d, *s).is_none_or(|i| !owners.contains(&i.uid))
+            !p.slots.contains(s)
+                && slot_identity(&d.cfg, *s).is_none_or(|i| !owners.contains(&i.uid))
         });
         let Some(free) = free else {
             return Err(format!("all {MAX_SLOTS} pool slots are taken"));
@@ -216,7 +218,7 @@ async fn spawn_spare(d: &Arc<Daemon>, gpu_index: u32) -> Result<Spare, String> {
         p.slots.insert(free);
         free
     };
-    let identity = slot_identity(d, slot);
+    let identity = slot_identity(&d.cfg, slot);
     spawn_in_slot(d, gpu_index, &gpu, slot, identity, &state_dir)
         .await
         .map_err(|(why, spawned)| {
@@ -271,7 +273,7 @@ async fn spawn_in_slot(
         }
     }
     cmd.arg("--shm");
-    super::sandbox_args(d, &mut cmd);
+    super::sandbox_args(&d.cfg, &mut cmd);
     cmd.current_dir(&dir);
     worker_files::worker_env(&mut cmd);
     let (ours, theirs) = procs::socketpair()
@@ -504,7 +506,7 @@ pub(in crate::daemon) async fn assign_spare(
                 *o = Owner::Vgpu(id);
                 drop(o);
                 let _ = std::fs::rename(slot_log(&state_dir, spare.slot), &log);
-                pool_ready(d, id, spare.proc.pid, t);
+                pool_ready(&d.state, id, spare.proc.pid, t);
                 return Ok(());
             }
             "the pool worker exited right after it took the vGPU".to_string()
@@ -531,15 +533,15 @@ pub(in crate::daemon) async fn assign_spare(
 }
 
 /// vGPU `id`'s pool worker `pid` answered `assigned`: the vGPU is ready.
-fn pool_ready(d: &Daemon, id: u32, pid: u32, since: Instant) {
-    d.state.with(|i| {
+fn pool_ready(state: &State, id: u32, pid: u32, since: Instant) {
+    state.with(|i| {
         if let Some(rec) = i.vgpus.get_mut(&id) {
             if *rec.state() == VgpuState::Starting {
                 rec.mark_ready();
             }
         }
     });
-    d.state.notify();
+    state.notify();
     tracing::info!(
         vgpu = id,
         pid,
