@@ -59,7 +59,7 @@ pub(super) async fn adopt_worker(d: &Arc<Daemon>, id: u32, proc: Proc) -> Result
             .vgpus
             .get(&id)
             .ok_or_else(|| "its record vanished".to_owned())?;
-        let fds = d.attach_grants(rec, rec.gpu()).map_err(|e| e.error)?;
+        let fds = d.grants.attach(rec, rec.gpu()).map_err(|e| e.error)?;
         Ok::<_, String>((fds, rec.gpu(), rec.log().clone(), rec.oversubscribe()))
     })?;
     if oversubscribe {
@@ -89,12 +89,12 @@ pub(super) async fn adopt_worker(d: &Arc<Daemon>, id: u32, proc: Proc) -> Result
     let stream = match connected {
         Ok(s) => s,
         Err(e) => {
-            d.detach_grants(id, gpu);
+            d.grants.detach(id, gpu);
             return Err(e);
         }
     };
     let (link, ready) = link::start(stream, workers::worker_events(d, id)).map_err(|e| {
-        d.detach_grants(id, gpu);
+        d.grants.detach(id, gpu);
         format!("control channel: {e}")
     })?;
     d.state.with(|i| {

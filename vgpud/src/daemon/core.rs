@@ -1,7 +1,7 @@
 //! The daemon: what it owns (configuration, one grant server per GPU, the state, memory
 //! pools, the shm registry, the rebalancer, the state file, the host-migration registry,
 //! the idle pool workers), built in one place, and the accessors every operation shares (a
-//! GPU's configuration, the grant servers' attach and detach, the two ranked locks). The
+//! GPU's configuration, the two ranked locks, whether it is stopping). The
 //! operations are functions of their areas' modules (`admission`, `vgpus`, `workers/`,
 //! `vms`, `memory`, `migration`, `host_migration/`, `adopt`, `stats`, `persistence`,
 //! `rebalancing`, `startup`), dispatched from `command.rs`. Lock order: see `locks`.
@@ -12,17 +12,15 @@ use std::time::Duration;
 use super::config::{Config, GpuConfig};
 use super::error::ApiError;
 use super::gpu_memory::Memory;
+use super::grants::Grants;
 use super::host_registry;
 use super::locks::{Guard, Rank, Ranked};
 use super::rebalancer;
 use super::saver::Persistence;
 use super::shm;
 use super::spares::Spares;
-use super::state::{State, VgpuRec};
+use super::state::State;
 use super::statefile;
-use crate::units::permille_to_fraction;
-use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
-use vgpu_scheduler::Share;
 
 /// How long a worker or vmm may take to stop after SIGTERM before SIGKILL.
 pub(super) const STOP_GRACE: Duration = Duration::from_millis(500);
@@ -38,7 +36,7 @@ pub struct Daemon {
     pub(super) cfg: Config,
     /// One scheduler thread per GPU: every copy and kernel of every vGPU on it passes
     /// through its grant path (BAND by default).
-    pub(super) grants: Vec<GrantServer>,
+    pub(super) grants: Grants,
     /// The records and the state lock.
     pub(super) state: State,
     pub(super) shutting_down: AtomicBool,
@@ -58,13 +56,7 @@ pub struct Daemon {
 
 impl Daemon {
     pub(super) fn new(cfg: Config) -> Result<Self, vgpu_grant::GrantError> {
-        let sched = ServerConfig {
-            policy: cfg.policy,
-            ..ServerConfig::default()
-        };
-        let grants = (0..cfg.gpus.len())
-            .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
-            .collect::<Result<Vec<_>, _>>()?;
+        let grants = Grants::start(&cfg)?;
         let memory = Memory::for_config(&cfg);
         let rebalance = Ranked::new(Rank::Rebalance, rebalancer::State::new(&cfg));
         let shm = Ranked::new(Rank::Shm, shm::Registry::new(cfg.shm_limits));
@@ -81,65 +73,6 @@ impl Daemon {
             host: Default::default(),
             spares: Spares::default(),
         })
-    }
-
-    /// vGPU `rec`'s shares joined GPU `gpu`'s scheduler (its own, or a migration's
-    /// target): the descriptors its worker needs.
-    pub(super) fn attach_grants(&self, rec: &VgpuRec, gpu: u32) -> Result<WorkerFds, ApiError> {
-        let (id, priority) = (rec.id(), rec.priority());
-        let server = self
-            .grants
-            .get(gpu as usize)
-            .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
-        let share = |permille: u32| Share {
-            fraction: permille_to_fraction(permille),
-            priority,
-        };
-        let fds = server
-            .attach(id, share(rec.compute()), share(rec.copy()))
-            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
-        server
-            .set_kernel_deadline(id, self.kernel_deadline_of(rec))
-            .map_err(|e| {
-                ApiError::internal(format!("cannot set vGPU {id}'s kernel deadline: {e}"))
-            })?;
-        Ok(fds)
-    }
-
-    /// The kernel deadline vGPU `rec`'s requests run under: its own, or the daemon's.
-    pub(super) fn kernel_deadline_of(&self, rec: &VgpuRec) -> Duration {
-        rec.kernel_deadline_ms()
-            .map_or(self.cfg.kernel_deadline, |ms| {
-                Duration::from_millis(u64::from(ms))
-            })
-    }
-
-    /// Applies vGPU `id`'s kernel deadline to the schedulers of `gpus` it is attached to
-    /// now (one it is not attached to takes it when it attaches).
-    pub(super) fn apply_kernel_deadline(&self, id: u32, deadline: Duration, gpus: &[u32]) {
-        for gpu in gpus {
-            let Some(server) = self.grants.get(*gpu as usize) else {
-                continue;
-            };
-            match server.set_kernel_deadline(id, deadline) {
-                Ok(()) => tracing::info!(
-                    vgpu = id,
-                    gpu,
-                    deadline_ms = deadline.as_millis() as u64,
-                    "kernel deadline set"
-                ),
-                Err(e) => {
-                    tracing::debug!(vgpu = id, gpu, error = %e, "kernel deadline kept for the next attach")
-                }
-            }
-        }
-    }
-
-    /// vGPU `id` leaves its GPU's scheduler (its worker is gone): whatever it held passes on.
-    pub(super) fn detach_grants(&self, id: u32, gpu: u32) {
-        if let Some(server) = self.grants.get(gpu as usize) {
-            server.detach(id);
-        }
     }
 
     pub(super) fn check_running(&self) -> Result<(), ApiError> {

@@ -253,8 +253,8 @@ fn attach_target(
         let r = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
         // Back to a GPU it left moments ago: its old channel there (kept for a grace
         // period) goes first.
-        d.detach_grants(id, target);
-        d.attach_grants(r, target)
+        d.grants.detach(id, target);
+        d.grants.attach(r, target)
     });
     match attached {
         Ok(f) => Ok(vec![f.page, f.doorbell]),
@@ -329,7 +329,7 @@ pub(super) fn finish_migration(
                 .get(&id)
                 .is_some_and(|r| r.pools().contains(&leave));
             if !back {
-                d.detach_grants(id, leave);
+                d.grants.detach(id, leave);
                 d.memory.leave(leave, id);
             }
         }

@@ -16,6 +16,7 @@ mod config;
 mod core;
 mod error;
 mod gpu_memory;
+mod grants;
 mod host_migration;
 mod host_registry;
 pub mod http;

@@ -227,7 +227,7 @@ fn fail_restored(d: &Daemon, id: u32, reason: String) {
         }
     });
     if let Some(gpu) = gpu {
-        d.detach_grants(id, gpu);
+        d.grants.detach(id, gpu);
         d.memory.leave(gpu, id);
         memory::refresh_pool(d, gpu);
     }

@@ -105,11 +105,7 @@ async fn rebalance_round(d: &Arc<Daemon>) {
     // The grant servers' counters (one lock each), outside the daemon's lock.
     let usage: Vec<Option<VgpuUsage>> = seen
         .iter()
-        .map(|s| {
-            d.grants
-                .get(s.view.gpu as usize)
-                .and_then(|g| g.usage(s.view.id))
-        })
+        .map(|s| d.grants.get(s.view.gpu).and_then(|g| g.usage(s.view.id)))
         .collect();
     let now = Instant::now();
     let (decisions, mode) = {

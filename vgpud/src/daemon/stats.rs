@@ -9,12 +9,12 @@ use std::time::Instant;
 use super::config::Config;
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
+use super::grants::Grants;
 use super::link::Link;
 use super::state::{State, VgpuRec};
 use crate::api::{self, VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
 use crate::units::permille_to_fraction;
-use vgpu_grant::GrantServer;
 
 /// Every physical GPU with its commitments.
 pub fn gpus(d: &Daemon) -> Vec<api::Gpu> {
@@ -90,7 +90,7 @@ pub(super) fn record_sample(state: &State, cfg: &Config, id: u32, s: WorkerStats
 }
 
 /// vGPU `rec`'s stats over the window, from its samples.
-fn stats_of(cfg: &Config, grants: &[GrantServer], rec: &VgpuRec) -> api::VgpuStats {
+fn stats_of(cfg: &Config, grants: &Grants, rec: &VgpuRec) -> api::VgpuStats {
     let window_ns = u64::try_from(cfg.stats_window.as_nanos()).unwrap_or(u64::MAX);
     let last = rec.samples().back().copied().unwrap_or_default();
     let first = rec
@@ -117,7 +117,7 @@ fn stats_of(cfg: &Config, grants: &[GrantServer], rec: &VgpuRec) -> api::VgpuSta
     let live = rec.worker().is_some() && !rec.samples().is_empty();
     // The grant path's counters (its own lock, a leaf).
     let usage = grants
-        .get(rec.gpu() as usize)
+        .get(rec.gpu())
         .and_then(|g| g.usage(rec.id()))
         .unwrap_or_default();
     api::VgpuStats {
@@ -219,20 +219,12 @@ fn stop_expelled(d: &Daemon) {
             .collect()
     });
     for (id, gpu, proc) in running {
-        if let Some(why) = expelled(&d.grants, id, gpu) {
+        if let Some(why) = d.grants.expelled(id, gpu) {
             tracing::warn!(vgpu = id, gpu, pid = proc.pid, reason = %why,
                 "the GPU's scheduler detached this vGPU's worker; stopping it");
             proc.signal(libc::SIGKILL);
         }
     }
-}
-
-/// Why vGPU `id`'s worker was detached from GPU `gpu`'s grant path, if it was.
-pub(super) fn expelled(grants: &[GrantServer], id: u32, gpu: u32) -> Option<String> {
-    grants
-        .get(gpu as usize)
-        .and_then(|g| g.expelled(id))
-        .map(|why| format!("its worker was detached from GPU {gpu}'s scheduler: {why}"))
 }
 
 /// Forgets the vGPUs released for at least the retention time (`--released-retention-s`):

@@ -139,10 +139,10 @@ fn deadline_changed(d: &Daemon, id: u32, ms: Option<u32>) {
     }
     let applied = d.state.with(|inner| {
         let rec = inner.vgpus.get(&id)?;
-        Some((rec.pools(), d.kernel_deadline_of(rec)))
+        Some((rec.pools(), d.grants.kernel_deadline_of(rec)))
     });
     if let Some((gpus, deadline)) = applied {
-        d.apply_kernel_deadline(id, deadline, &gpus);
+        d.grants.apply_kernel_deadline(id, deadline, &gpus);
     }
 }
 
@@ -212,7 +212,7 @@ fn commit_shares(d: &Daemon, inner: &mut Inner, id: u32, new: Shares) -> Result<
     // no channel for it yet reads the shares from the record when it attaches.
     let mut done = Vec::new();
     for gpu in rec.pools() {
-        let Some(server) = d.grants.get(gpu as usize) else {
+        let Some(server) = d.grants.get(gpu) else {
             continue;
         };
         match server.set_shares(id, share(new.compute), share(new.copy)) {

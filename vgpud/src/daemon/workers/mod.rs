@@ -89,7 +89,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
     let (log_file, log, (vhost_fd, control_fd)) = match setup {
         Ok(v) => v,
         Err(why) => {
-            d.detach_grants(id, gpu);
+            d.grants.detach(id, gpu);
             return Err(ApiError::internal(format!("{why} ({})", dir.display())));
         }
     };
@@ -98,7 +98,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
     let (ours, theirs) = match procs::socketpair() {
         Ok(v) => v,
         Err(e) => {
-            d.detach_grants(id, gpu);
+            d.grants.detach(id, gpu);
             return Err(ApiError::internal(format!(
                 "cannot create a control socket: {e}"
             )));
@@ -114,7 +114,7 @@ pub(super) async fn start_worker(d: &Arc<Daemon>, id: u32) -> Result<(), ApiErro
         procs::spawn_sealed_off_runtime(cmd, log_file, Some(theirs), extra, identity)
             .await
             .map_err(|e| {
-                d.detach_grants(id, gpu);
+                d.grants.detach(id, gpu);
                 ApiError::internal(format!(
                     "cannot start {}: {e}; check vgpud's --worker-bin",
                     d.cfg.worker_bin.display()
@@ -168,7 +168,7 @@ fn worker_launch(d: &Daemon, inner: &Inner, id: u32) -> Result<WorkerLaunch, Api
     let gpu = d
         .gpu(rec.gpu())
         .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
-    let fds = d.attach_grants(rec, rec.gpu())?;
+    let fds = d.grants.attach(rec, rec.gpu())?;
     let mut cmd = worker_command(d, rec, gpu);
     // The VM it serves maps its memory and no more (docs/hostile.md); a vGPU made
     // before its VM keeps the worker's default bound.
@@ -411,13 +411,13 @@ fn worker_exited(
         return None;
     }
     rec.drop_worker();
-    d.detach_grants(id, rec.gpu());
+    d.grants.detach(id, rec.gpu());
     for gpu in rec.pools() {
         d.memory.leave(gpu, id);
     }
     let gpu = rec.gpu();
     let vm = rec.vm();
-    let new_state = match stats::expelled(&d.grants, id, rec.gpu()) {
+    let new_state = match d.grants.expelled(id, rec.gpu()) {
         Some(reason) if *rec.state() != VgpuState::Released => VgpuState::Failed { reason },
         // Its process hung up, or the worker failed under it: the vGPU holds its
         // resources for the next process.

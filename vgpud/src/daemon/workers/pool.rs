@@ -422,7 +422,7 @@ pub(in crate::daemon) async fn assign_spare(
             .vgpus
             .get(&id)
             .ok_or_else(|| format!("vGPU {id} vanished while starting"))?;
-        let fds = d.attach_grants(rec, rec.gpu()).map_err(|e| e.error)?;
+        let fds = d.grants.attach(rec, rec.gpu()).map_err(|e| e.error)?;
         let cmd = Ctl::Assign {
             vgpu_id: id,
             memory: rec.memory(),
@@ -446,7 +446,7 @@ pub(in crate::daemon) async fn assign_spare(
         let mut o = spare.route.owner.lock();
         if !matches!(*o, Owner::Idle) {
             drop(o);
-            d.detach_grants(id, gpu);
+            d.grants.detach(id, gpu);
             let _ = discard(d, &spare);
             return Err("the pool worker exited".into());
         }
@@ -477,7 +477,7 @@ pub(in crate::daemon) async fn assign_spare(
     let (vhost_fd, control_fd) = match moved {
         Ok(v) => v,
         Err(e) => {
-            d.detach_grants(id, gpu);
+            d.grants.detach(id, gpu);
             let _ = discard(d, &spare);
             return Err(e);
         }
@@ -523,7 +523,7 @@ pub(in crate::daemon) async fn assign_spare(
             }
         }
     });
-    d.detach_grants(id, gpu);
+    d.grants.detach(id, gpu);
     *spare.route.events.lock() = None;
     let tail = log_tail(&slot_log(&state_dir, spare.slot));
     let how = discard(d, &spare)
