@@ -3,7 +3,7 @@
 //! the idle pool workers), built in one place, and the accessors every operation shares (a
 //! GPU's configuration, the two ranked locks, whether it is stopping). The
 //! operations are functions of their areas' modules (`admission`, `vgpus`, `workers/`,
-//! `vms`, `memory`, `migration`, `host_migration/`, `adopt`, `stats`, `persistence`,
+//! `vms`, `memory`, `migration`, `host_migration/`, `adopt`, `stats`, `restore`,
 //! `rebalancing`, `startup`), dispatched from `command.rs`. Lock order: see `locks`.
 
 use std::sync::atomic::{AtomicBool, Ordering};

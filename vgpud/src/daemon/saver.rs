@@ -1,6 +1,6 @@
 //! The state file writer: the daemon's records saved to its state file after every change
 //! that alters it (the format and the atomic write are in `statefile.rs`; bringing the
-//! records back at start is `persistence.rs`).
+//! records back at start is `restore.rs`).
 //!
 //! Saves happen after every change that alters the file (create, PATCH, delete, a VM or
 //! worker ending, a migration finishing), never on the grant or request path. API calls

@@ -14,8 +14,8 @@ use super::adopt;
 use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
-use super::persistence;
 use super::rebalancing;
+use super::restore;
 use super::statefile::{self, StateFile};
 use super::stats;
 use super::workers::pool;
@@ -193,7 +193,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let listener = bind(&cfg).await?;
     // Bound but not yet serving: a client that connects now waits for the restore.
     match saved {
-        Some(saved) => persistence::restore(&daemon, saved).await,
+        Some(saved) => restore::bring_back(&daemon, saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
     adopt::sweep_worker_dirs(&daemon);

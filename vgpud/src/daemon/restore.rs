@@ -50,7 +50,7 @@ const OLD_WORKER_GRACE: Duration = Duration::from_secs(10);
 
 /// Brings back what `saved` holds (see the module comment). Runs before the API
 /// serves; never fails: what cannot come back is listed with the reason.
-pub(super) async fn restore(d: &Arc<Daemon>, saved: StateFile) {
+pub(super) async fn bring_back(d: &Arc<Daemon>, saved: StateFile) {
     let plan = d.state.with(|inner| restore_records(&d.cfg, inner, saved));
     let (mut adopted, mut lost) = (0usize, 0usize);
     for (id, proc) in plan.workers {
