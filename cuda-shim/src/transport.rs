@@ -246,6 +246,16 @@ fn connect_waiting(
     }
 }
 
+/// Whether the environment names a vGPU, without opening it: `VGPU_SOCKET` is set (the
+/// process transport; its worker may still be starting), or the kernel command line names a
+/// vGPU device (the Linux transport). The error says what is missing, as `open` would.
+pub fn configured() -> Result<(), OpenError> {
+    if std::env::var_os(ENV_SOCKET).is_some() {
+        return connect_timeout().map(|_| ());
+    }
+    linux_setup().map(|_| ())
+}
+
 impl AnyTransport {
     /// Opens the transport the environment selects.
     pub fn open() -> Result<Self, OpenError> {

@@ -15,6 +15,7 @@ pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
+pub mod vgpu;
 // Libraries, function attributes, pitched memory, pools, host functions, graphs.
 pub mod capture;
 pub mod enumerate;

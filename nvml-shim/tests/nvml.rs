@@ -1,0 +1,161 @@
+//! A C program that asks NVML about its GPU and uses it through CUDA (tests/c/nvml.c),
+//! built against include/nvml.h and linked with `-lnvidia-ml -lcuda`, run with both
+//! libraries installed by `vgpu-cuda install` against a sim worker: it sees one device,
+//! the vGPU's memory share as total memory, its use grow as it allocates through CUDA,
+//! only itself as a process, CUDA's identity of the vGPU, and the NVML answers for bad
+//! handles, NULL pointers and calls before `nvmlInit`. Skipped, saying so, where no C
+//! compiler is present.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use vgpu_tests::worker::Worker;
+
+/// The target profile directory of the running test (`target/debug` or `target/release`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// `cargo build -p package` with `what` (`--lib`, or `--bin NAME`): `cargo test` builds
+/// neither the cdylibs nor another package's programs.
+fn build(package: &str, what: &[&str]) {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args([
+        "build",
+        "--quiet",
+        "--manifest-path",
+        manifest,
+        "-p",
+        package,
+    ])
+    .args(what);
+    if profile_dir().ends_with("release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status();
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "cannot build {package}: {status:?}"
+    );
+}
+
+/// The installed libraries' directory and the built program; `None` without a C compiler.
+struct Setup {
+    libdir: PathBuf,
+    exe: PathBuf,
+}
+
+fn setup() -> Option<&'static Setup> {
+    static SETUP: OnceLock<Option<Setup>> = OnceLock::new();
+    SETUP
+        .get_or_init(|| {
+            let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+            if Command::new(&cc).arg("--version").output().is_err() {
+                eprintln!("skipped: no C compiler ({cc}) on this machine");
+                return None;
+            }
+            build("vgpu-cuda", &["--lib"]);
+            build("vgpu-cuda", &["--bin", "vgpu-cuda"]);
+            build("vgpu-nvml", &["--lib"]);
+            let dir = profile_dir();
+            let prefix =
+                std::env::temp_dir().join(format!("vgpu-nvml-test-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&prefix);
+            let out = Command::new(dir.join("vgpu-cuda"))
+                .arg("install")
+                .arg("--prefix")
+                .arg(&prefix)
+                .arg("--lib")
+                .arg(dir.join("libvgpu_cuda.so"))
+                .arg("--nvml")
+                .arg(dir.join("libvgpu_nvml.so"))
+                .output()
+                .expect("run vgpu-cuda install");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "install: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains("libnvidia-ml.so.1"), "{stdout}");
+            let libdir = prefix.join("lib");
+            assert_eq!(
+                std::fs::read_link(libdir.join("libnvidia-ml.so")).expect("libnvidia-ml.so"),
+                Path::new("libnvidia-ml.so.1")
+            );
+            let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let exe = prefix.join("nvml");
+            let out = Command::new(&cc)
+                .args(["-std=c11", "-Wall", "-Werror", "-D_DEFAULT_SOURCE"])
+                .arg("-I")
+                .arg(here.join("include"))
+                .arg("-I")
+                .arg(here.join("../cuda-shim/include"))
+                .arg(here.join("tests/c/nvml.c"))
+                .arg("-o")
+                .arg(&exe)
+                .arg("-L")
+                .arg(&libdir)
+                .args(["-lnvidia-ml", "-lcuda"])
+                .output()
+                .expect("run cc");
+            assert!(
+                out.status.success(),
+                "cc: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(Setup { libdir, exe })
+        })
+        .as_ref()
+}
+
+/// Runs the program with `arg`, on the worker at `socket` (none: `VGPU_SOCKET` unset).
+fn run(s: &Setup, arg: &str, socket: Option<&Path>) -> Output {
+    let mut cmd = Command::new(&s.exe);
+    cmd.arg(arg).env("LD_LIBRARY_PATH", &s.libdir);
+    match socket {
+        Some(p) => cmd.env("VGPU_SOCKET", p),
+        None => cmd.env_remove("VGPU_SOCKET"),
+    };
+    cmd.output().expect("run the NVML program")
+}
+
+fn assert_ok(out: &Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "the NVML program failed: {stdout}{stderr}"
+    );
+}
+
+#[test]
+fn nvml_reports_the_vgpu_and_its_use_to_the_program_on_it() {
+    let Some(s) = setup() else { return };
+    let worker = Worker::sim("nvml", "256M", 2);
+    // Counting devices does not take the vGPU: the worker serves one process, and the next
+    // program still gets it.
+    assert_ok(&run(s, "count", Some(&worker.socket)));
+    assert_ok(&run(s, &(256u64 << 20).to_string(), Some(&worker.socket)));
+}
+
+#[test]
+fn without_a_vgpu_nvml_reports_no_driver_and_says_why() {
+    let Some(s) = setup() else { return };
+    let out = run(s, "nodevice", None);
+    assert_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("VGPU_SOCKET is not set")
+            && stderr.contains("NVML_ERROR_DRIVER_NOT_LOADED")
+            && stderr.contains("docs/tenants.md"),
+        "{stderr}"
+    );
+}
