@@ -7,8 +7,10 @@
 //! compiler is present.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use vgpu_tests::worker::Worker;
 
@@ -144,6 +146,47 @@ fn nvml_reports_the_vgpu_and_its_use_to_the_program_on_it() {
     // program still gets it.
     assert_ok(&run(s, "count", Some(&worker.socket)));
     assert_ok(&run(s, &(256u64 << 20).to_string(), Some(&worker.socket)));
+}
+
+#[test]
+fn nvml_beside_a_program_holding_the_vgpu_reports_it_unreachable() {
+    let Some(s) = setup() else { return };
+    let worker = Worker::sim("nvml-busy", "256M", 2);
+    let mut holder = Command::new(&s.exe)
+        .arg("hold")
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .env("VGPU_SOCKET", &worker.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the holding program");
+    let mut line = String::new();
+    let stdout = holder.stdout.take().expect("stdout");
+    BufReader::new(stdout).read_line(&mut line).expect("read");
+    assert_eq!(line.trim(), "holding");
+    // A second process (a monitoring tool beside the program): the vGPU serves one
+    // process, so what needs the device is unreachable; nothing hangs or aborts, and it
+    // sees no process, not the other one.
+    let started = Instant::now();
+    let out = Command::new(&s.exe)
+        .arg("busy")
+        .env("LD_LIBRARY_PATH", &s.libdir)
+        .env("VGPU_SOCKET", &worker.socket)
+        .env("VGPU_CONNECT_TIMEOUT", "0.5")
+        .output()
+        .expect("run the NVML program");
+    assert_ok(&out);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("NVML_ERROR_GPU_IS_LOST")
+            && stderr.contains("another process holds it"),
+        "{stderr}"
+    );
+    drop(holder.stdin.take());
+    let status = holder.wait().expect("wait");
+    assert!(status.success());
 }
 
 #[test]

@@ -4,6 +4,10 @@
  *
  *   nvml SHARE     every query: the vGPU's memory share is SHARE bytes
  *   nvml count     nvmlInit and nvmlDeviceGetCount_v2 only
+ *   nvml hold      holds the vGPU through CUDA (a context, an allocation), prints
+ *                  "holding", and keeps it until its standard input closes
+ *   nvml busy      another process holds the vGPU: the queries that need it answer
+ *                  NVML_ERROR_GPU_IS_LOST, the process list is empty
  *   nvml nodevice  no vGPU is configured
  *
  * Prints "ok" and exits 0 when every check holds, else prints the failing check, exits 1. */
@@ -87,6 +91,16 @@ int main(int argc, char **argv) {
         return 2;
     if (uninitialised(dev))
         return 1;
+    if (strcmp(argv[1], "hold") == 0) {
+        CU(cuInit(0));
+        CU(cuCtxCreate(&ctx, 0, 0));
+        CU(cuMemAlloc(&d, 1 << 20));
+        printf("holding\n");
+        fflush(stdout);
+        while (getchar() != EOF) {
+        }
+        return 0;
+    }
     if (strcmp(argv[1], "nodevice") == 0) {
         CHECK(nvmlInit_v2(), NVML_ERROR_DRIVER_NOT_LOADED);
         CHECK(nvmlInitWithFlags(NVML_INIT_FLAG_NO_GPUS), NVML_ERROR_DRIVER_NOT_LOADED);
@@ -98,6 +112,17 @@ int main(int argc, char **argv) {
     OK(nvmlInit_v2());
     OK(nvmlDeviceGetCount_v2(&n));
     EXPECT(n == 1);
+    if (strcmp(argv[1], "busy") == 0) {
+        OK(nvmlDeviceGetHandleByIndex_v2(0, &dev));
+        CHECK(nvmlDeviceGetMemoryInfo(dev, &mem), NVML_ERROR_GPU_IS_LOST);
+        CHECK(nvmlDeviceGetName(dev, text, sizeof text), NVML_ERROR_GPU_IS_LOST);
+        n = 4;
+        OK(nvmlDeviceGetComputeRunningProcesses_v3(dev, &n, procs));
+        EXPECT(n == 0);
+        OK(nvmlShutdown());
+        printf("ok\n");
+        return 0;
+    }
     if (strcmp(argv[1], "count") == 0) {
         OK(nvmlDeviceGetHandleByIndex_v2(0, &dev));
         OK(nvmlShutdown());
