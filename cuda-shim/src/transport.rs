@@ -220,9 +220,10 @@ fn connect_waiting(
     loop {
         // A worker that accepted nothing (it serves another process) answers no
         // handshake: give each try what is left of the wait.
-        opts.handshake_timeout = wait
-            .saturating_sub(start.elapsed())
-            .clamp(MIN_HANDSHAKE, guest_driver::process::REPLY_TIMEOUT.max(MIN_HANDSHAKE));
+        opts.handshake_timeout = wait.saturating_sub(start.elapsed()).clamp(
+            MIN_HANDSHAKE,
+            guest_driver::process::REPLY_TIMEOUT.max(MIN_HANDSHAKE),
+        );
         let e = match ProcessTransport::connect_with(path, opts) {
             Ok(t) => return Ok(t),
             Err(e) => e,

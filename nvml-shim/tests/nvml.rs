@@ -6,47 +6,15 @@
 //! handles, NULL pointers and calls before `nvmlInit`. Skipped, saying so, where no C
 //! compiler is present.
 
-use std::path::{Path, PathBuf};
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use vgpu_tests::worker::Worker;
 
-/// The target profile directory of the running test (`target/debug` or `target/release`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    dir
-}
-
-/// `cargo build -p package` with `what` (`--lib`, or `--bin NAME`): `cargo test` builds
-/// neither the cdylibs nor another package's programs.
-fn build(package: &str, what: &[&str]) {
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args([
-        "build",
-        "--quiet",
-        "--manifest-path",
-        manifest,
-        "-p",
-        package,
-    ])
-    .args(what);
-    if profile_dir().ends_with("release") {
-        cmd.arg("--release");
-    }
-    let status = cmd.status();
-    assert!(
-        matches!(status, Ok(s) if s.success()),
-        "cannot build {package}: {status:?}"
-    );
-}
+mod common;
 
 /// The installed libraries' directory and the built program; `None` without a C compiler.
 struct Setup {
@@ -63,35 +31,8 @@ fn setup() -> Option<&'static Setup> {
                 eprintln!("skipped: no C compiler ({cc}) on this machine");
                 return None;
             }
-            build("vgpu-cuda", &["--lib"]);
-            build("vgpu-cuda", &["--bin", "vgpu-cuda"]);
-            build("vgpu-nvml", &["--lib"]);
-            let dir = profile_dir();
-            let prefix =
-                std::env::temp_dir().join(format!("vgpu-nvml-test-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&prefix);
-            let out = Command::new(dir.join("vgpu-cuda"))
-                .arg("install")
-                .arg("--prefix")
-                .arg(&prefix)
-                .arg("--lib")
-                .arg(dir.join("libvgpu_cuda.so"))
-                .arg("--nvml")
-                .arg(dir.join("libvgpu_nvml.so"))
-                .output()
-                .expect("run vgpu-cuda install");
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "install: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(stdout.contains("libnvidia-ml.so.1"), "{stdout}");
-            let libdir = prefix.join("lib");
-            assert_eq!(
-                std::fs::read_link(libdir.join("libnvidia-ml.so")).expect("libnvidia-ml.so"),
-                Path::new("libnvidia-ml.so.1")
-            );
+            let libdir = common::libdir().to_path_buf();
+            let prefix = libdir.parent().unwrap_or(&libdir).to_path_buf();
             let here = Path::new(env!("CARGO_MANIFEST_DIR"));
             let exe = prefix.join("nvml");
             let out = Command::new(&cc)
@@ -180,8 +121,7 @@ fn nvml_beside_a_program_holding_the_vgpu_reports_it_unreachable() {
     assert!(started.elapsed() < Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("NVML_ERROR_GPU_IS_LOST")
-            && stderr.contains("another process holds it"),
+        stderr.contains("NVML_ERROR_GPU_IS_LOST") && stderr.contains("another process holds it"),
         "{stderr}"
     );
     drop(holder.stdin.take());
