@@ -181,7 +181,9 @@ impl Cuda {
     pub fn open(&self) -> Result<(), NvmlReturn> {
         // SAFETY: cuInit(0) has no pointer arguments.
         let r = unsafe { (self.init)(0) };
-        if r != CUDA_SUCCESS {
+        // Once: a monitoring loop asks again and again, and the answer does not change.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if r != CUDA_SUCCESS && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
                 library = self.path,
                 code = r,
