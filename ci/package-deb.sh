@@ -8,7 +8,7 @@
 #   /usr/lib/vgpu/cuda/              libcuda.so.1 and libcuda.so (the vGPU CUDA library),
 #                                    libnvidia-ml.so.1 and libnvidia-ml.so (the vGPU NVML
 #                                    library; both never on the host's default library
-#                                    path), cuda.h
+#                                    path), cuda.h and nvml.h
 #   /usr/lib/systemd/system/vgpud.service
 #   /etc/vgpud/vgpud.json            the configuration (a conffile)
 #   /usr/share/doc/vgpu/             README, install, tenants, troubleshooting, API docs
@@ -73,6 +73,7 @@ chmod 0644 "$pkg"/usr/lib/vgpu/payloads/*
     --nvml "$target/libvgpu_nvml.so" >/dev/null
 chmod 0644 "$pkg/usr/lib/vgpu/cuda/libcuda.so.1" "$pkg/usr/lib/vgpu/cuda/libnvidia-ml.so.1"
 install -m 0644 cuda-shim/include/cuda.h "$pkg/usr/lib/vgpu/cuda/include/cuda.h"
+install -m 0644 nvml-shim/include/nvml.h "$pkg/usr/lib/vgpu/cuda/include/nvml.h"
 install -m 0644 packaging/vgpud.service "$pkg/usr/lib/systemd/system/vgpud.service"
 install -m 0644 packaging/vgpud.json "$pkg/etc/vgpud/vgpud.json"
 install -m 0644 README.md "$pkg/usr/share/doc/vgpu/README.md"
