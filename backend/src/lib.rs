@@ -320,6 +320,23 @@ pub trait Modules: Send + Sync {
             "this backend's modules declare no variables (built-in kernels only)".into(),
         ))
     }
+
+    /// Encodes a TMA tensor map descriptor (`CUtensorMap`, as `cuTensorMapEncodeTiled` or
+    /// `cuTensorMapEncodeIm2col` does) for the tensor `map` describes. The tensor
+    /// (`map.extent()` bytes from its global address) must lie inside one live allocation
+    /// or module variable, checked before the driver sees anything; the parameters passed
+    /// [`vgpu_proto::TensorMapArgs::check`]. The descriptor holds the tensor's device
+    /// address, which stays valid for the allocation's life (migration included). Default:
+    /// not supported (a backend whose kernels cannot use tensor maps).
+    fn encode_tensor_map(
+        &self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        let _ = map;
+        Err(BackendError::NotSupported(
+            "this backend's kernels cannot use TMA tensor maps (a cuda vGPU on a GPU of compute capability 9.0 or higher can)".into(),
+        ))
+    }
 }
 
 /// Device memory objects shared between processes. Reached through
