@@ -4,6 +4,7 @@
 
 use std::ffi::c_int;
 
+use super::tensor_map::*;
 use super::{capture::*, enumerate::*, limits::*, memcpy::*, pointer::*};
 use super::{func::*, graph::*, hostfn::*, launch_ex::*, library::*, memcpy2d::*, pool::*};
 
@@ -98,6 +99,9 @@ pub fn entries() -> Vec<(&'static str, usize)> {
         "cuGraphLaunch" => cuGraphLaunch,
         "cuGraphUpload" => cuGraphUpload,
         "cuGraphExecDestroy" => cuGraphExecDestroy,
+        "cuTensorMapEncodeTiled" => cuTensorMapEncodeTiled,
+        "cuTensorMapEncodeIm2col" => cuTensorMapEncodeIm2col,
+        "cuTensorMapReplaceAddress" => cuTensorMapReplaceAddress,
     }
 }
 
@@ -210,4 +214,7 @@ pub const INTRODUCED: &[(&str, c_int)] = &[
     ("cuGraphLaunch", 10000),
     ("cuGraphUpload", 11010),
     ("cuGraphExecDestroy", 10000),
+    ("cuTensorMapEncodeTiled", 12000),
+    ("cuTensorMapEncodeIm2col", 12000),
+    ("cuTensorMapReplaceAddress", 12000),
 ];

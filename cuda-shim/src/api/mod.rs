@@ -15,7 +15,8 @@ pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
-// Libraries, function attributes, pitched memory, pools, host functions, graphs.
+// Libraries, function attributes, pitched memory, pools, host functions, graphs, tensor
+// maps.
 pub mod capture;
 pub mod enumerate;
 pub mod ext_table;
@@ -29,3 +30,4 @@ pub mod memcpy;
 pub mod memcpy2d;
 pub mod pointer;
 pub mod pool;
+pub mod tensor_map;

@@ -104,9 +104,6 @@ stubs!(
     cuCtxDetach,
     cuLibraryGetUnifiedFunction,
     cuLibraryGetManaged,
-    cuTensorMapReplaceAddress,
-    cuTensorMapEncodeIm2col,
-    cuTensorMapEncodeTiled,
     cuStreamBatchMemOp_v2,
     cuStreamWaitValue64_v2,
     // What the CUDA runtime resolves at start-up beyond the above (so its calls answer
