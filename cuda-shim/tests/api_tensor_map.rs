@@ -151,7 +151,7 @@ fn tensor_maps_answer_as_documented_on_a_vgpu_without_them() {
     assert_eq!(map.0, [0xa5; 128]);
 
     // Malformed: each refused by the library.
-    let misaligned = unsafe { out.cast::<u8>().add(32) }.cast::<c_void>();
+    let misaligned = out.cast::<u8>().wrapping_add(32).cast::<c_void>();
     assert_eq!(tiled(&cu, null_mut(), &g), INVALID_VALUE, "NULL tensor map");
     assert_eq!(
         tiled(&cu, misaligned, &g),

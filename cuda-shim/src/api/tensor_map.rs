@@ -236,3 +236,40 @@ pub unsafe extern "C" fn cuTensorMapReplaceAddress(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(i: usize) -> [u8; TENSOR_MAP_BYTES] {
+        let mut b = [0u8; TENSOR_MAP_BYTES];
+        b[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn the_latest_descriptors_are_remembered_and_the_oldest_forgotten() {
+        let mut r = Remembered::default();
+        for i in 0..=REMEMBERED {
+            let map = TensorMapArgs {
+                global_address: i as u64 * 16,
+                ..TensorMapArgs::default()
+            };
+            r.insert(bytes(i), map);
+        }
+        assert_eq!(r.params.len(), REMEMBERED);
+        assert!(!r.params.contains_key(&bytes(0)), "the oldest is forgotten");
+        assert_eq!(
+            r.params.get(&bytes(REMEMBERED)).map(|m| m.global_address),
+            Some(REMEMBERED as u64 * 16)
+        );
+        // Encoding the same bytes again replaces the parameters, not the order.
+        let again = TensorMapArgs {
+            rank: 2,
+            ..TensorMapArgs::default()
+        };
+        r.insert(bytes(1), again);
+        assert_eq!(r.order.len(), REMEMBERED);
+        assert_eq!(r.params.get(&bytes(1)).map(|m| m.rank), Some(2));
+    }
+}
