@@ -35,7 +35,8 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-cuda vgpu-bench vgpu-storage-bench 
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend host_migration memory bounds batch)
+    cuda_programs module_memory vgpu_backend host_migration memory bounds batch tensor_map
+    gpu_tensor_map)
 
 log() { echo "bundle: $*" >&2; }
 

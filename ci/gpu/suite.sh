@@ -41,6 +41,7 @@ hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past th
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
+tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cudart|check|420|CUDA runtime programs on the vGPU library over a cuda worker and natively, results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (is_available, matmul)
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
@@ -136,6 +137,10 @@ step_shm() {
 }
 step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
+step_tensor-maps() {
+    "$(tb tensor_map)" --nocapture --test-threads 1 &&
+        VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_tensor_map)" --nocapture
+}
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {
     local dir sock pid rc

@@ -34,9 +34,13 @@ pub struct Cuda {
 
 impl Cuda {
     pub fn load() -> Cuda {
-        let path = super::library();
+        Self::load_from(&super::library())
+    }
+
+    /// The library at `path` (a prebuilt one, where no cargo can build it).
+    pub fn load_from(path: &std::path::Path) -> Cuda {
         // SAFETY: loading our own library runs no initialisers with preconditions.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen libvgpu_cuda.so");
+        let lib = unsafe { libloading::Library::new(path) }.expect("dlopen libvgpu_cuda.so");
         // SAFETY: cuGetProcAddress_v2 has exactly this C signature.
         let get_proc = unsafe {
             *lib.get::<GetProc>(b"cuGetProcAddress_v2\0")
