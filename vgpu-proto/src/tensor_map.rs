@@ -478,22 +478,25 @@ impl TensorMapArgs {
     }
 
     /// Bytes from `global_address` to the end of the tensor's last element (the range
-    /// that must lie inside one allocation), for checked parameters; `None` when it does
-    /// not fit in 64 bits.
+    /// that must lie inside one allocation); `None` when it does not fit in 64 bits. Any
+    /// parameters give an answer; only checked ones give a meaningful one.
     pub fn extent(&self) -> Option<u64> {
         let rank = (self.rank as usize).clamp(1, MAX_TENSOR_RANK as usize);
         let row_bits = u128::from(self.global_dim[0]) * u128::from(element_bits(self.data_type));
-        let mut row = row_bits.div_ceil(8);
         // An interleaved layout's innermost run is a whole 16 or 32-byte chunk.
-        row = row.max(match self.interleave {
+        let row = row_bits.div_ceil(8).max(match self.interleave {
             INTERLEAVE_NONE => 0,
             INTERLEAVE_32B => 32,
             _ => 16,
         });
         let mut end = row;
-        for i in 1..rank {
-            let dim = u128::from(self.global_dim[i].saturating_sub(1));
-            end += dim * u128::from(self.global_strides[i - 1]);
+        for (dim, stride) in self.global_dim[1..rank]
+            .iter()
+            .zip(&self.global_strides[..rank - 1])
+        {
+            // Each term is below 2^128; the sum is checked.
+            let span = u128::from(dim.saturating_sub(1)) * u128::from(*stride);
+            end = end.checked_add(span)?;
         }
         u64::try_from(end).ok()
     }

@@ -502,3 +502,23 @@ fn packed_types_and_fills_keep_their_documented_pairings() {
         entry_of("global dims", 0),
     );
 }
+
+#[test]
+fn the_extent_of_any_bytes_is_an_answer_not_a_panic() {
+    let worst = TensorMapArgs {
+        rank: u32::MAX,
+        data_type: u32::MAX,
+        interleave: u32::MAX,
+        global_dim: [u64::MAX; 5],
+        global_strides: [u64::MAX; 4],
+        ..TensorMapArgs::default()
+    };
+    assert_eq!(
+        worst.check().map_err(|e| e.status()),
+        Err(Status::InvalidArgument)
+    );
+    assert_eq!(worst.extent(), None);
+    let empty = TensorMapArgs::default();
+    assert!(empty.check().is_err());
+    assert_eq!(empty.extent(), Some(0));
+}
