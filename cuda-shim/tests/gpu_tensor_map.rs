@@ -1,7 +1,7 @@
 //! TMA tensor maps end to end on a CUDA GPU: the library (`dlopen`ed, entry points through
 //! `cuGetProcAddress_v2`) against `vgpu-worker --backend cuda`, compared with what the
 //! GPU's own driver, loaded in this test process through cudarc, encodes for the same
-//! arguments and the same device address. Skipped (saying why) where the cuda worker
+//! arguments at the same device address (this process maps memory of its own there). Skipped (saying why) where the cuda worker
 //! cannot start; `VGPU_REQUIRE_CUDA=1` turns the skip into a failure. `VGPU_CUDA_LIBRARY`
 //! names a prebuilt library to load instead of the workspace's. One test per file: the
 //! library is one per process.
@@ -92,6 +92,50 @@ fn native_context() {
     }
 }
 
+/// Maps `size` bytes of this process's own device memory at `addr` (the vGPU's address of
+/// the worker's allocation), so the driver here encodes an address it has mapped, as the
+/// worker's does. Fails the test if the range is taken in this process.
+fn mirror(addr: u64, size: usize) {
+    use sys::*;
+    let location = CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: 0,
+    };
+    let prop = CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location,
+        win32HandleMetaData: null_mut(),
+        allocFlags: CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    };
+    let access = CUmemAccessDesc {
+        location,
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut at: CUdeviceptr = 0;
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    // SAFETY: each call reads structs of this frame and writes one value into a local;
+    // the range is reserved here before it is mapped.
+    unsafe {
+        assert_eq!(
+            cuMemAddressReserve(&mut at, size, 0, addr, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(at, addr, "the vGPU's range is taken in this process");
+        assert_eq!(
+            cuMemCreate(&mut handle, size, &prop, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(cuMemMap(at, size, 0, handle, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(cuMemSetAccess(at, size, &access, 1), CUresult::CUDA_SUCCESS);
+    }
+}
+
 #[test]
 fn cuda_tensor_maps_through_the_library_match_the_driver() {
     let worker = match common::Worker::start("cuda", "gpu-tensor-map", "1G", 1, &["--gpu", "0"]) {
@@ -179,6 +223,7 @@ fn cuda_tensor_maps_through_the_library_match_the_driver() {
     assert_eq!(at(d), OK);
     let ours = map.0;
     native_context();
+    mirror(d, (8 * MIB) as usize);
     assert_eq!(
         ours,
         native(d),
