@@ -5,6 +5,7 @@
 
 #[macro_use]
 pub mod cuda;
+pub mod elf;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
