@@ -79,18 +79,7 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
     };
     assert_eq!(no_opts(&mut lib, c"vgpu:builtin"), NOT_INITIALIZED);
     assert_eq!(call!(cu, "cuInit", fn(c_uint), 0), OK);
-    let mut ctx: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut ctx,
-            0
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    cu.primary_context(0);
 
     // Libraries: load (eager), kernels, module, globals, unload.
     assert_eq!(no_opts(&mut lib, c"/no/such/file.cubin"), FILE_NOT_FOUND);

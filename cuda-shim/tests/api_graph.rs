@@ -112,22 +112,55 @@ struct Setup {
     pinned: Ptr,
 }
 
+impl Setup {
+    /// `cuLaunchHostFunc(s, f, data)`.
+    fn host_fn(&self, s: Ptr, f: HostFn, data: Ptr) -> R {
+        call!(
+            self.cu,
+            "cuLaunchHostFunc",
+            fn(Ptr, HostFn, Ptr),
+            s,
+            f,
+            data
+        )
+    }
+
+    /// `cuStreamBeginCapture(s, mode)`.
+    fn begin(&self, s: Ptr, mode: c_uint) -> R {
+        call!(self.cu, "cuStreamBeginCapture", fn(Ptr, c_uint), s, mode)
+    }
+
+    /// `cuGraphInstantiateWithFlags(e, g, flags)`.
+    fn inst(&self, e: &mut Ptr, g: Ptr, flags: u64) -> R {
+        call!(
+            self.cu,
+            "cuGraphInstantiateWithFlags",
+            fn(*mut Ptr, Ptr, u64),
+            e,
+            g,
+            flags
+        )
+    }
+
+    /// `cuGraphLaunch(e, s)`.
+    fn launch_graph(&self, e: Ptr, s: Ptr) -> R {
+        call!(self.cu, "cuGraphLaunch", fn(Ptr, Ptr), e, s)
+    }
+
+    /// Word `i` of the pinned buffer, as a float; after the stream that wrote it was
+    /// synchronised.
+    fn out(&self, i: usize) -> f32 {
+        assert!(i < self.n);
+        // SAFETY: pinned memory of the library, `bytes` long: `n` words.
+        f32::from_bits(unsafe { self.pinned.cast::<u32>().add(i).read_volatile() })
+    }
+}
+
 #[test]
 fn host_functions_value_writes_capture_and_graphs() {
     let (_worker, cu) = common::cuda::start("api-graph");
     assert_eq!(call!(cu, "cuInit", fn(c_uint), 0), OK);
-    let mut ctx: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut ctx,
-            0
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    let ctx = cu.primary_context(0);
     let (mut s, mut s2): (Ptr, Ptr) = (null_mut(), null_mut());
     assert_eq!(
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s, 0),
@@ -154,11 +187,20 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         OK
     );
-    let pinned_words = pinned.cast::<u32>();
-    let host_fn = |s: Ptr, f: HostFn, data: Ptr| {
-        call!(cu, "cuLaunchHostFunc", fn(Ptr, HostFn, Ptr), s, f, data)
+    let t = Setup {
+        cu,
+        ctx,
+        s,
+        s2,
+        n,
+        bytes,
+        a,
+        b,
+        c,
+        pinned,
     };
-    let sync = |s: Ptr| call!(cu, "cuStreamSynchronize", fn(Ptr), s);
+    let cu = &t.cu;
+    let pinned_words = pinned.cast::<u32>();
 
     // A host function runs after the stream's earlier work: it sees the copied value.
     assert_eq!(
@@ -185,8 +227,8 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         OK
     );
-    assert_eq!(host_fn(s, Some(record_word), pinned), OK);
-    assert_eq!(host_fn(s, Some(record_tag), 7 as Ptr), OK);
+    assert_eq!(t.host_fn(s, Some(record_word), pinned), OK);
+    assert_eq!(t.host_fn(s, Some(record_tag), 7 as Ptr), OK);
     assert_eq!(
         call!(
             cu,
@@ -199,7 +241,7 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         OK
     );
-    assert_eq!(sync(s), OK);
+    assert_eq!(cu.sync(s), OK);
     assert_eq!(
         *SEEN.lock().unwrap(),
         vec![5, 7, 1003],
@@ -208,7 +250,7 @@ fn host_functions_value_writes_capture_and_graphs() {
     // ... and before the stream's later work: the copy after it reads what it wrote.
     // SAFETY: pinned memory of the library, `bytes` long.
     unsafe { pinned_words.write_volatile(1) };
-    assert_eq!(host_fn(s, Some(late_write), pinned), OK);
+    assert_eq!(t.host_fn(s, Some(late_write), pinned), OK);
     assert_eq!(
         call!(
             cu,
@@ -234,19 +276,19 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         OK
     );
-    assert_eq!(sync(s), OK);
+    assert_eq!(cu.sync(s), OK);
     assert_eq!(word, 0x600D);
     // A stream whose host function has not run is not done.
-    assert_eq!(host_fn(s2, Some(wait_release), null_mut()), OK);
+    assert_eq!(t.host_fn(s2, Some(wait_release), null_mut()), OK);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(call!(cu, "cuStreamQuery", fn(Ptr), s2), NOT_READY);
     RELEASE.store(1, Ordering::SeqCst);
-    assert_eq!(sync(s2), OK);
+    assert_eq!(cu.sync(s2), OK);
     assert_eq!(call!(cu, "cuStreamQuery", fn(Ptr), s2), OK);
     // Bad host functions.
-    assert_eq!(host_fn(s, None, null_mut()), INVALID_VALUE);
+    assert_eq!(t.host_fn(s, None, null_mut()), INVALID_VALUE);
     assert_eq!(
-        host_fn(0x7777 as Ptr, Some(count_run), null_mut()),
+        t.host_fn(0x7777 as Ptr, Some(count_run), null_mut()),
         INVALID_HANDLE
     );
     assert_eq!(
@@ -301,7 +343,7 @@ fn host_functions_value_writes_capture_and_graphs() {
         ),
         OK
     );
-    assert_eq!(sync(s), OK);
+    assert_eq!(cu.sync(s), OK);
     assert_eq!(words, [0, 0xdead_beef, 0x89ab_cdef, 0x0123_4567]);
     let wv32 = |addr: u64, flags: c_uint| {
         call!(
@@ -348,18 +390,6 @@ fn host_functions_value_writes_capture_and_graphs() {
         NOT_SUPPORTED
     );
 
-    let t = Setup {
-        cu,
-        ctx,
-        s,
-        s2,
-        n,
-        bytes,
-        a,
-        b,
-        c,
-        pinned,
-    };
     let vadd = capture::stream_capture_replayed_as_a_graph(&t);
     nodes::graphs_built_node_by_node_and_bad_input(&t, vadd);
 }

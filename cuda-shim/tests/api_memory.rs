@@ -146,18 +146,7 @@ fn devices_contexts_memory_and_copies() {
         call!(cu, "cuMemAlloc", fn(*mut u64, usize), &mut d, 16),
         INVALID_CONTEXT
     );
-    let mut primary: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut primary,
-            dev
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), primary), OK);
+    let primary = cu.primary_context(dev);
     let mut cur: Ptr = null_mut();
     assert_eq!(call!(cu, "cuCtxGetCurrent", fn(*mut Ptr), &mut cur), OK);
     assert_eq!(cur, primary);

@@ -107,18 +107,7 @@ struct Setup {
 fn pitched_copies_memsets_pools_and_pointer_attributes() {
     let (_worker, cu) = common::cuda::start("api-pitched");
     assert_eq!(call!(cu, "cuInit", fn(c_uint), 0), OK);
-    let mut ctx: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut ctx,
-            0
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    let ctx = cu.primary_context(0);
 
     // A pitched allocation: rows of 100 bytes, pitch rounded up to 512.
     let (w, h) = (100usize, 8usize);

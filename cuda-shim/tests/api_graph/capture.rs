@@ -17,11 +17,6 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         pinned,
         ..
     } = *t;
-    let pinned_words = pinned.cast::<u32>();
-    let host_fn = |s: Ptr, f: HostFn, data: Ptr| {
-        call!(cu, "cuLaunchHostFunc", fn(Ptr, HostFn, Ptr), s, f, data)
-    };
-    let sync = |s: Ptr| call!(cu, "cuStreamSynchronize", fn(Ptr), s);
     // Stream capture: nothing runs while captured; the graph replays it.
     let mut module: Ptr = null_mut();
     assert_eq!(
@@ -58,15 +53,14 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         (&mut n64 as *mut u64).cast(),
     ];
     let pp = params.as_mut_ptr();
-    let begin = |s: Ptr, mode: c_uint| call!(cu, "cuStreamBeginCapture", fn(Ptr, c_uint), s, mode);
     assert_eq!(
-        begin(null_mut(), 0),
+        t.begin(null_mut(), 0),
         STREAM_CAPTURE_UNSUPPORTED,
         "the legacy stream"
     );
-    assert_eq!(begin(s, 7), INVALID_VALUE);
-    assert_eq!(begin(s, 0), OK);
-    assert_eq!(begin(s, 0), ILLEGAL_STATE, "already capturing");
+    assert_eq!(t.begin(s, 7), INVALID_VALUE);
+    assert_eq!(t.begin(s, 0), OK);
+    assert_eq!(t.begin(s, 0), ILLEGAL_STATE, "already capturing");
     let mut status: c_int = -1;
     assert_eq!(
         call!(
@@ -165,7 +159,7 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         ),
         OK
     );
-    assert_eq!(host_fn(s, Some(count_run), null_mut()), OK);
+    assert_eq!(t.host_fn(s, Some(count_run), null_mut()), OK);
     assert_eq!(
         call!(
             cu,
@@ -216,7 +210,7 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         ),
         OK
     );
-    assert_eq!(sync(s2), OK);
+    assert_eq!(cu.sync(s2), OK);
     assert!(peek.iter().all(|&x| x == 0));
     assert_eq!(RUNS.load(Ordering::SeqCst), 0);
     let mut graph: Ptr = null_mut();
@@ -253,35 +247,20 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
     );
     assert_eq!(count, 6);
     let mut exec: Ptr = null_mut();
-    let inst = |e: &mut Ptr, g: Ptr, flags: u64| {
-        call!(
-            cu,
-            "cuGraphInstantiateWithFlags",
-            fn(*mut Ptr, Ptr, u64),
-            e,
-            g,
-            flags
-        )
-    };
-    assert_eq!(inst(&mut exec, graph, 0), OK);
+    assert_eq!(t.inst(&mut exec, graph, 0), OK);
     let mut bad: Ptr = null_mut();
-    assert_eq!(inst(&mut bad, graph, 4), NOT_SUPPORTED, "device launch");
-    assert_eq!(inst(&mut bad, graph, 0x100), INVALID_VALUE);
-    assert_eq!(inst(&mut bad, 0x7777 as Ptr, 0), INVALID_VALUE);
-    let launch_graph = |e: Ptr, s: Ptr| call!(cu, "cuGraphLaunch", fn(Ptr, Ptr), e, s);
-    let out = |i: usize| {
-        // SAFETY: pinned memory, `bytes` long; the stream was synchronised.
-        f32::from_bits(unsafe { pinned_words.add(i).read_volatile() })
-    };
+    assert_eq!(t.inst(&mut bad, graph, 4), NOT_SUPPORTED, "device launch");
+    assert_eq!(t.inst(&mut bad, graph, 0x100), INVALID_VALUE);
+    assert_eq!(t.inst(&mut bad, 0x7777 as Ptr, 0), INVALID_VALUE);
     for round in 0..2u32 {
         // The graph's host-to-device copy reads the host memory when it runs.
         for (i, x) in hx.iter_mut().enumerate() {
             *x = (i as u32 * (round + 1)) as f32;
         }
-        assert_eq!(launch_graph(exec, s), OK);
-        assert_eq!(sync(s), OK);
+        assert_eq!(t.launch_graph(exec, s), OK);
+        assert_eq!(cu.sync(s), OK);
         assert!(
-            (0..n).all(|i| out(i) == (i as u32 * (round + 1)) as f32 + 2.0),
+            (0..n).all(|i| t.out(i) == (i as u32 * (round + 1)) as f32 + 2.0),
             "round {round}"
         );
         assert_eq!(RUNS.load(Ordering::SeqCst), round as usize + 1);
@@ -299,8 +278,8 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         );
         assert_eq!(first, 0x7f, "the captured value write ran last");
     }
-    assert_eq!(launch_graph(0x7777 as Ptr, s), INVALID_VALUE);
-    assert_eq!(launch_graph(exec, 0x7777 as Ptr), INVALID_HANDLE);
+    assert_eq!(t.launch_graph(0x7777 as Ptr, s), INVALID_VALUE);
+    assert_eq!(t.launch_graph(exec, 0x7777 as Ptr), INVALID_HANDLE);
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(
         call!(cu, "cuGraphExecDestroy", fn(Ptr), exec),
@@ -331,7 +310,7 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         call!(cu, "cuMemsetD32", fn(u64, c_uint, usize), c, 0, n),
         OK
     );
-    assert_eq!(begin(s, 0), OK);
+    assert_eq!(t.begin(s, 0), OK);
     assert_eq!(memset32(a, 1.0, s), OK);
     assert_eq!(record(ev1, s), OK);
     assert_eq!(wait(s2, ev1), OK);
@@ -353,7 +332,7 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         "only the stream that began a capture ends it"
     );
     // Captured work has not run: no synchronising with it.
-    assert_eq!(sync(s), STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(cu.sync(s), STREAM_CAPTURE_UNSUPPORTED);
     assert_eq!(
         call!(cu, "cuStreamQuery", fn(Ptr), s2),
         STREAM_CAPTURE_UNSUPPORTED
@@ -443,9 +422,9 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         OK
     );
     assert_eq!(count, 3, "both streams' memsets and the launch");
-    assert_eq!(inst(&mut exec, graph, 0), OK);
-    assert_eq!(launch_graph(exec, s), OK);
-    assert_eq!(sync(s), OK);
+    assert_eq!(t.inst(&mut exec, graph, 0), OK);
+    assert_eq!(t.launch_graph(exec, s), OK);
+    assert_eq!(cu.sync(s), OK);
     assert!(read_c().iter().all(|&x| x == 5.0));
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), graph), OK);
@@ -455,9 +434,9 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s5, 0),
         OK
     );
-    assert_eq!(begin(s, 0), OK);
+    assert_eq!(t.begin(s, 0), OK);
     assert_eq!(record(ev1, s), OK);
-    assert_eq!(begin(s5, 0), OK);
+    assert_eq!(t.begin(s5, 0), OK);
     assert_eq!(wait(s5, ev1), 902, "separate captures would merge");
     for st in [s, s5] {
         assert_eq!(

@@ -17,8 +17,6 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         mut c,
         pinned,
     } = *t;
-    let pinned_words = pinned.cast::<u32>();
-    let sync = |s: Ptr| call!(cu, "cuStreamSynchronize", fn(Ptr), s);
     let mut n64 = n as u64;
     let mut params: [Ptr; 4] = [
         (&mut a as *mut u64).cast(),
@@ -27,25 +25,9 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         (&mut n64 as *mut u64).cast(),
     ];
     let pp = params.as_mut_ptr();
-    let begin = |s: Ptr, mode: c_uint| call!(cu, "cuStreamBeginCapture", fn(Ptr, c_uint), s, mode);
     let (mut status, mut count): (c_int, usize) = (-1, 0);
     let (mut exec, mut bad): (Ptr, Ptr) = (null_mut(), null_mut());
     let mut peek = vec![0u8; 16];
-    let inst = |e: &mut Ptr, g: Ptr, flags: u64| {
-        call!(
-            cu,
-            "cuGraphInstantiateWithFlags",
-            fn(*mut Ptr, Ptr, u64),
-            e,
-            g,
-            flags
-        )
-    };
-    let launch_graph = |e: Ptr, s: Ptr| call!(cu, "cuGraphLaunch", fn(Ptr, Ptr), e, s);
-    let out = |i: usize| {
-        // SAFETY: pinned memory, `bytes` long; the stream was synchronised.
-        f32::from_bits(unsafe { pinned_words.add(i).read_volatile() })
-    };
     // A graph built node by node: memset a, copy a to b, c = a + b.
     let mut g: Ptr = null_mut();
     assert_eq!(
@@ -215,9 +197,9 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
     );
     assert_eq!(ip.result, 0);
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
-    assert_eq!(inst(&mut exec, g, 0), OK);
+    assert_eq!(t.inst(&mut exec, g, 0), OK);
     assert_eq!(call!(cu, "cuGraphUpload", fn(Ptr, Ptr), exec, s2), OK);
-    assert_eq!(launch_graph(exec, s2), OK);
+    assert_eq!(t.launch_graph(exec, s2), OK);
     assert_eq!(
         call!(
             cu,
@@ -230,8 +212,8 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         ),
         OK
     );
-    assert_eq!(sync(s2), OK);
-    assert!((0..n).all(|i| out(i) == 6.0));
+    assert_eq!(cu.sync(s2), OK);
+    assert!((0..n).all(|i| t.out(i) == 6.0));
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g), OK);
 
@@ -268,11 +250,11 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         ),
         OK
     );
-    assert_eq!(inst(&mut exec, g2, 0), OK);
-    assert_eq!(launch_graph(exec, s), OK);
-    assert_eq!(sync(s), OK);
+    assert_eq!(t.inst(&mut exec, g2, 0), OK);
+    assert_eq!(t.launch_graph(exec, s), OK);
+    assert_eq!(cu.sync(s), OK);
     assert_eq!(call!(cu, "cuMemFree", fn(u64), tmp), OK);
-    assert_eq!(launch_graph(exec, s), INVALID_VALUE);
+    assert_eq!(t.launch_graph(exec, s), INVALID_VALUE);
     assert_eq!(call!(cu, "cuGraphExecDestroy", fn(Ptr), exec), OK);
     assert_eq!(call!(cu, "cuGraphDestroy", fn(Ptr), g2), OK);
 
@@ -374,7 +356,7 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s4, 0),
         OK
     );
-    assert_eq!(begin(s4, 0), OK);
+    assert_eq!(t.begin(s4, 0), OK);
     let mut relaxed: c_uint = 2;
     assert_eq!(
         call!(
@@ -430,7 +412,7 @@ pub(crate) fn graphs_built_node_by_node_and_bad_input(t: &Setup, vadd: Ptr) {
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s3, 0),
         OK
     );
-    assert_eq!(begin(s3, 0), OK);
+    assert_eq!(t.begin(s3, 0), OK);
     assert_eq!(
         call!(
             cu,
