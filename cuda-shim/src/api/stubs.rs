@@ -1,8 +1,8 @@
 //! Functions a program commonly calls that a vGPU does not offer (the table's
 //! `not_supported` rows, `table.rs`): each answers CUDA_ERROR_NOT_SUPPORTED and logs its
-//! name once. They take no arguments on purpose: a
-//! C caller's arguments are simply ignored (the x86-64 and AArch64 C conventions let the
-//! callee ignore them), so one shape fits every signature.
+//! name once. They take no arguments on purpose: a C caller's arguments are simply
+//! ignored (the x86-64 and AArch64 C conventions let the callee ignore them), so one shape
+//! fits every signature.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
