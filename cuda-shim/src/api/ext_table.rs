@@ -129,6 +129,7 @@ pub fn versioned() -> Vec<(&'static str, c_int, usize)> {
 /// The CUDA version that introduced each base name of these areas (asked for with an
 /// older version: `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`).
 pub const INTRODUCED: &[(&str, c_int)] = &[
+    ("cuStreamGetGreenCtx", 12040),
     ("cuFuncSetAttribute", 9000),
     ("cuFuncSetSharedMemConfig", 4020),
     ("cuFuncGetName", 12030),

@@ -109,6 +109,11 @@ stubs!(
     cuTensorMapEncodeTiled,
     cuStreamBatchMemOp_v2,
     cuStreamWaitValue64_v2,
+    // Their CUDA 11 names, which cuBLASLt's own table of driver entry points resolves by
+    // name and requires to exist.
+    cuStreamBatchMemOp,
+    cuStreamWaitValue32,
+    cuStreamWaitValue64,
     // What the CUDA runtime resolves at start-up beyond the above (so its calls answer
     // cudaErrorNotSupported rather than a driver too old): array and texture descriptors,
     // green contexts, graphics interop, the logs API, external memory mappings and
@@ -139,6 +144,11 @@ stubs!(
     cuGreenCtxRecordEvent,
     cuGreenCtxStreamCreate,
     cuGreenCtxWaitEvent,
+    cuGraphKernelNodeGetParams_v2,
+    cuGraphExecKernelNodeSetParams_v2,
+    cuGraphKernelNodeGetParams,
+    cuGraphExecKernelNodeSetParams,
+    cuGraphNodeGetType,
     cuCtxRecordEvent,
     cuCtxWaitEvent,
     cuDeviceGetHostAtomicCapabilities,
