@@ -215,6 +215,9 @@ CUresult cuStreamQuery(CUstream hStream);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags);
 CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
 CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
+/* A vGPU has no green contexts: NULL for every stream. */
+typedef struct CUgreenCtx_st *CUgreenCtx;
+CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx);
 CUresult cuStreamGetPriority(CUstream hStream, int *priority);
 CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId);
 CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);

@@ -27,8 +27,9 @@ pub use header::{RequestHeader, Response};
 pub use info::{backend_kind, DeviceInfo};
 pub use launch::{
     encode_launch, encode_launch_with_blob, launch_request_len, Access, ArgError, ArgKind,
-    ArgValue, Deps, KernelArg, KernelArgs, LaunchArgs, MAX_ARG_BYTES, MAX_DEPS, MAX_KERNEL_ARGS,
-    MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+    ArgValue, ClusterError, Deps, KernelArg, KernelArgs, LaunchArgs, LAUNCH_CLUSTER, MAX_ARG_BYTES,
+    MAX_CLUSTER_BLOCKS, MAX_DEPS, MAX_KERNEL_ARGS, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES,
+    MAX_THREADS_PER_BLOCK,
 };
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};
@@ -39,7 +40,7 @@ pub use wire::WireError;
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 

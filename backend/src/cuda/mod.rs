@@ -231,6 +231,13 @@ impl CudaGpu {
             })?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
+        let attrs = attributes::read(dev);
+        // Thread block clusters: compute capability 9.0 and newer.
+        let clusters = if attrs.cc_major >= 9 {
+            features::CLUSTERS
+        } else {
+            0
+        };
         let info = BackendInfo {
             kind: backend_kind::CUDA,
             name: props.name.clone(),
@@ -247,13 +254,14 @@ impl CudaGpu {
                 | features::PARAM_LAYOUT
                 | features::GLOBALS
                 | features::PARAM_BLOBS
-                | features::FUNCTION_ATTRIBUTES,
+                | features::FUNCTION_ATTRIBUTES
+                | clusters,
             attributes: vgpu_proto::DeviceAttributes {
                 // The limits as the driver took them and the ledger charged them.
                 stack_bytes: u32::try_from(reserve.stack_bytes).unwrap_or(u32::MAX),
                 heap_kib: u32::try_from(reserve.heap_bytes >> 10).unwrap_or(u32::MAX),
                 printf_fifo_kib: u32::try_from(reserve.printf_fifo_bytes >> 10).unwrap_or(u32::MAX),
-                ..attributes::read(dev)
+                ..attrs
             },
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
@@ -621,7 +629,9 @@ impl CudaGpu {
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, &l.config, l.args, l.blob)?,
+            Kernel::Ptx(_module, f) => {
+                self.run_ptx(&mut lane, f, &l.config, l.cluster, l.args, l.blob)?
+            }
             Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
         };
         drop(kernel);

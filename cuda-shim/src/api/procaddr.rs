@@ -132,6 +132,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
             };
             // SAFETY: non-null; a writable status from the caller.
             unsafe { out(status, s)? };
+            // With a status to report it in, a missing symbol is no error: the driver
+            // answers CUDA_SUCCESS and the status says what was found.
+            return Ok(());
         }
         match found {
             Found::Function(_) => Ok(()),

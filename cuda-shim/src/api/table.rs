@@ -292,6 +292,7 @@ entry_points! {
         cuStreamGetFlags @ 5050 per_thread [cuStreamGetFlags_ptsz @ 7000];
         cuStreamGetCtx => [cuStreamGetCtx @ 9020, cuStreamGetCtx_v2 @ 12050]
             per_thread [cuStreamGetCtx_ptsz @ 9020, cuStreamGetCtx_v2_ptsz @ 12050];
+        cuStreamGetGreenCtx @ 12040;
         cuStreamGetPriority @ 5050 per_thread [cuStreamGetPriority_ptsz @ 7000];
         cuStreamGetId @ 12000 per_thread [cuStreamGetId_ptsz @ 12000];
         cuStreamGetDevice @ 12080 per_thread [cuStreamGetDevice_ptsz @ 12080];
@@ -323,7 +324,8 @@ entry_points! {
         cuGraphAddMemcpyNode @ 10000;
         cuGraphAddMemsetNode @ 10000;
         cuGraphGetNodes @ 10000;
-        cuGraphInstantiate => [cuGraphInstantiate_v2 @ 10000, cuGraphInstantiateWithFlags @ 12000];
+        cuGraphInstantiate => [cuGraphInstantiate_v2 @ 10000, cuGraphInstantiateWithFlags @ 12000]
+            by_name [cuGraphInstantiate];
         cuGraphInstantiateWithFlags @ 11040;
         cuGraphInstantiateWithParams @ 12000;
         cuGraphUpload @ 11010;
@@ -374,7 +376,7 @@ entry_points! {
         cuStreamAttachMemAsync;
         cuStreamGetAttribute;
         cuStreamSetAttribute;
-        cuStreamWaitValue32 => [cuStreamWaitValue32_v2];
+        cuStreamWaitValue32 => [cuStreamWaitValue32_v2] by_name [cuStreamWaitValue32];
         cuModuleLoadFatBinary;
         cuModuleGetTexRef;
         cuModuleGetSurfRef;
@@ -399,8 +401,8 @@ entry_points! {
         cuTensorMapReplaceAddress;
         cuTensorMapEncodeIm2col;
         cuTensorMapEncodeTiled;
-        cuStreamBatchMemOp => [cuStreamBatchMemOp_v2];
-        cuStreamWaitValue64 => [cuStreamWaitValue64_v2];
+        cuStreamBatchMemOp => [cuStreamBatchMemOp_v2] by_name [cuStreamBatchMemOp];
+        cuStreamWaitValue64 => [cuStreamWaitValue64_v2] by_name [cuStreamWaitValue64];
         // What the CUDA runtime resolves at start-up beyond the above (so its calls answer
         // cudaErrorNotSupported rather than a driver too old): array and texture
         // descriptors, green contexts, graphics interop, the logs API, external memory
@@ -431,6 +433,10 @@ entry_points! {
         cuGreenCtxRecordEvent;
         cuGreenCtxStreamCreate;
         cuGreenCtxWaitEvent;
+        cuGraphKernelNodeGetParams => [cuGraphKernelNodeGetParams_v2] by_name [cuGraphKernelNodeGetParams];
+        cuGraphExecKernelNodeSetParams => [cuGraphExecKernelNodeSetParams_v2]
+            by_name [cuGraphExecKernelNodeSetParams];
+        cuGraphNodeGetType;
         cuCtxRecordEvent;
         cuCtxWaitEvent;
         cuDeviceGetHostAtomicCapabilities;

@@ -449,6 +449,20 @@ pub(crate) fn launches_attributes_occupancy_and_limits(t: &Setup) {
         OK
     );
     assert!(per_sm > 0);
+    // A sim vGPU runs no clusters, and says so.
+    let mut cluster_launch: c_int = -1;
+    assert_eq!(
+        call!(
+            cu,
+            "cuDeviceGetAttribute",
+            fn(*mut c_int, c_int, c_int),
+            &mut cluster_launch,
+            120,
+            0
+        ),
+        OK
+    );
+    assert_eq!(cluster_launch, 0);
     assert_eq!(clusters(&[]), (OK, per_sm * sms));
     assert_eq!(clusters(&[attr(4, &[1, 1, 1])]), (OK, per_sm * sms));
     assert_eq!(clusters(&[attr(4, &[2, 1, 1])]), (OK, 0));
