@@ -128,6 +128,9 @@ pub struct LaunchStats {
     pub device_ns: u64,
 }
 
+/// [`Launch::cluster`] of a launch without thread block clusters.
+pub const NO_CLUSTER: [u32; 3] = [1, 1, 1];
+
 /// One kernel launch, as [`Backend::launch`] takes it.
 #[derive(Clone, Copy, Debug)]
 pub struct Launch<'a> {
@@ -135,6 +138,10 @@ pub struct Launch<'a> {
     pub function: u64,
     /// The geometry.
     pub config: LaunchConfig,
+    /// Thread block cluster in blocks per dimension; `NO_CLUSTER` for none. Only a backend
+    /// whose device advertises `features::CLUSTERS` is given another (the device checks
+    /// it: at most `MAX_CLUSTER_BLOCKS` blocks, the grid a whole number of clusters).
+    pub cluster: [u32; 3],
     /// The typed kernel arguments; every pointer's extent is checked against the
     /// allocations before the kernel starts.
     pub args: &'a [ArgValue],
@@ -265,6 +272,7 @@ impl<B: Backend + ?Sized> LaunchOne for B {
         let launch = Launch {
             function,
             config: *config,
+            cluster: NO_CLUSTER,
             args,
             blob: &[],
         };

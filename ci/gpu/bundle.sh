@@ -117,7 +117,8 @@ cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
     cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
     cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu \
-    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cluster.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_triton.py cuda-shim/tests/gpu/rt_jax.py \
     "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"

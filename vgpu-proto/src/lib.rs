@@ -28,8 +28,9 @@ pub use header::{RequestHeader, Response};
 pub use info::{backend_kind, DeviceInfo};
 pub use launch::{
     encode_launch, encode_launch_with_blob, launch_request_len, Access, ArgError, ArgKind,
-    ArgValue, Deps, KernelArg, KernelArgs, LaunchArgs, MAX_ARG_BYTES, MAX_DEPS, MAX_KERNEL_ARGS,
-    MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+    ArgValue, ClusterError, Deps, KernelArg, KernelArgs, LaunchArgs, LAUNCH_CLUSTER, MAX_ARG_BYTES,
+    MAX_CLUSTER_BLOCKS, MAX_DEPS, MAX_KERNEL_ARGS, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES,
+    MAX_THREADS_PER_BLOCK,
 };
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};

@@ -232,6 +232,13 @@ impl CudaGpu {
             })?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
+        let attrs = attributes::read(dev);
+        // Thread block clusters: compute capability 9.0 and newer.
+        let clusters = if attrs.cc_major >= 9 {
+            features::CLUSTERS
+        } else {
+            0
+        };
         let info = BackendInfo {
             kind: backend_kind::CUDA,
             name: props.name.clone(),
@@ -249,6 +256,7 @@ impl CudaGpu {
                 | features::GLOBALS
                 | features::PARAM_BLOBS
                 | features::FUNCTION_ATTRIBUTES
+                | clusters
                 | if attributes::tensor_maps(dev) {
                     features::TENSOR_MAPS
                 } else {
@@ -259,7 +267,7 @@ impl CudaGpu {
                 stack_bytes: u32::try_from(reserve.stack_bytes).unwrap_or(u32::MAX),
                 heap_kib: u32::try_from(reserve.heap_bytes >> 10).unwrap_or(u32::MAX),
                 printf_fifo_kib: u32::try_from(reserve.printf_fifo_bytes >> 10).unwrap_or(u32::MAX),
-                ..attributes::read(dev)
+                ..attrs
             },
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
@@ -627,7 +635,9 @@ impl CudaGpu {
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, &l.config, l.args, l.blob)?,
+            Kernel::Ptx(_module, f) => {
+                self.run_ptx(&mut lane, f, &l.config, l.cluster, l.args, l.blob)?
+            }
             Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
         };
         drop(kernel);

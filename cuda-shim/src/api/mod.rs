@@ -15,11 +15,11 @@ pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
+pub mod table;
 // Libraries, function attributes, pitched memory, pools, host functions, graphs, tensor
 // maps.
 pub mod capture;
 pub mod enumerate;
-pub mod ext_table;
 pub mod func;
 pub mod graph;
 pub mod hostfn;

@@ -67,6 +67,29 @@ impl Cuda {
     }
 }
 
+impl Cuda {
+    /// Retains device `dev`'s primary context and makes it current: the set-up of most
+    /// tests.
+    pub fn primary_context(&self, dev: c_int) -> Ptr {
+        let mut ctx: Ptr = null_mut();
+        let retain: unsafe extern "C" fn(*mut Ptr, c_int) -> R = self.f("cuDevicePrimaryCtxRetain");
+        let set: unsafe extern "C" fn(Ptr) -> R = self.f("cuCtxSetCurrent");
+        // SAFETY: the C signatures of the two functions; a valid out pointer.
+        unsafe {
+            assert_eq!(retain(&mut ctx, dev), OK);
+            assert_eq!(set(ctx), OK);
+        }
+        ctx
+    }
+
+    /// `cuStreamSynchronize(s)`.
+    pub fn sync(&self, s: Ptr) -> R {
+        let f: unsafe extern "C" fn(Ptr) -> R = self.f("cuStreamSynchronize");
+        // SAFETY: its C signature; any handle is checked by the library.
+        unsafe { f(s) }
+    }
+}
+
 #[macro_export]
 macro_rules! call {
     ($cuda:expr, $name:literal, fn($($t:ty),* $(,)?) $(, $a:expr)* $(,)?) => {{
