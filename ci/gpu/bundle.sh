@@ -37,7 +37,8 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-cuda vgpu-bench vgpu-storage-bench 
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend host_migration memory bounds batch)
+    cuda_programs module_memory vgpu_backend host_migration memory bounds batch tensor_map
+    gpu_tensor_map)
 
 log() { echo "bundle: $*" >&2; }
 
@@ -119,7 +120,8 @@ cp "$target/release/libvgpu_nvml.so" "$out/lib/libvgpu_nvml.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
     cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
     cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu \
-    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cluster.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_triton.py cuda-shim/tests/gpu/rt_jax.py \
     "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"

@@ -15,11 +15,12 @@ pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
+pub mod table;
 pub mod vgpu;
-// Libraries, function attributes, pitched memory, pools, host functions, graphs.
+// Libraries, function attributes, pitched memory, pools, host functions, graphs, tensor
+// maps.
 pub mod capture;
 pub mod enumerate;
-pub mod ext_table;
 pub mod func;
 pub mod graph;
 pub mod hostfn;
@@ -30,3 +31,4 @@ pub mod memcpy;
 pub mod memcpy2d;
 pub mod pointer;
 pub mod pool;
+pub mod tensor_map;
