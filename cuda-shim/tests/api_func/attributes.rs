@@ -521,6 +521,12 @@ pub(crate) fn launches_attributes_occupancy_and_limits(t: &Setup) {
         OK
     );
     assert_eq!(v, 0, "no persisting L2 cache");
+    // The shared memory a kernel may use, as cuBLASLt asks it: the opt-in maximum.
+    assert_eq!(
+        call!(cu, "cuCtxGetLimit", fn(*mut usize, c_int), &mut v, 7),
+        OK
+    );
+    assert_eq!(v, 227 << 10);
     assert_eq!(call!(cu, "cuCtxSetLimit", fn(c_int, usize), 6, 0), OK);
     assert_eq!(
         call!(cu, "cuCtxSetLimit", fn(c_int, usize), 6, 1 << 20),
