@@ -23,7 +23,12 @@ use vgpu_backend::sync::lock;
 
 /// Writes a `WritableInfo` answer into the chain's one data descriptor (check_shape made
 /// sure it is one writable descriptor of at least the answer's size).
-fn write_answer<'m>(mem: &'m GuestMem, chain: &Chain<'m>, op: Opcode, answer: &[u8]) -> Outcome {
+pub(crate) fn write_answer<'m>(
+    mem: &'m GuestMem,
+    chain: &Chain<'m>,
+    op: Opcode,
+    answer: &[u8],
+) -> Outcome {
     let d = chain
         .clone()
         .nth(1)
@@ -341,6 +346,7 @@ impl Vgpu {
                     u64::from(at.read_only),
                 ])
             }
+            Request::EncodeTensorMap(map) => self.encode_tensor_map(mem, chain, map),
         }
     }
 

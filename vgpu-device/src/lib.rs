@@ -23,6 +23,7 @@ mod shm;
 mod slots;
 mod stats;
 mod storage;
+mod tensor_map;
 pub mod timeline;
 mod vhost;
 

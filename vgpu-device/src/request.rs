@@ -158,6 +158,7 @@ fn detach(req: Request<'_>) -> Result<Request<'static>, vgpu_proto::LaunchReques
         R::ShmDt(a) => R::ShmDt(a),
         R::ShmCtl(a) => R::ShmCtl(a),
         R::StorageAttach(a) => R::StorageAttach(a),
+        R::EncodeTensorMap(a) => R::EncodeTensorMap(a),
     })
 }
 

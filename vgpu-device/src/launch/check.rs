@@ -17,6 +17,8 @@ pub(crate) struct Checked {
     pub function: u64,
     /// The geometry.
     pub config: LaunchConfig,
+    /// Thread block cluster in blocks (`NO_CLUSTER` for none).
+    pub cluster: [u32; 3],
     /// The typed arguments (the first `count`).
     pub args: [ArgValue; MAX_KERNEL_ARGS as usize],
     /// How many arguments there are.
@@ -38,6 +40,7 @@ impl Checked {
         Launch {
             function: self.function,
             config: self.config,
+            cluster: self.cluster,
             args: self.args(),
             blob: &self.blob,
         }
@@ -51,11 +54,14 @@ impl Vgpu {
     pub(crate) fn check_launch(&self, l: &LaunchRequest<'_>) -> Result<Checked, RequestError> {
         let op = Opcode::Launch;
         let la = &l.launch;
-        if la.flags != 0 {
-            return Err(RequestError::invalid(
-                op,
-                format!("flags {:#x} must be 0", la.flags),
-            ));
+        let cluster = la
+            .cluster()
+            .map_err(|e| RequestError::invalid(op, e.to_string()))?;
+        if cluster != vgpu_backend::NO_CLUSTER && self.space.features & features::CLUSTERS == 0 {
+            return Err(RequestError::NotSupported {
+                opcode: op.name(),
+                why: "this device runs no thread block clusters (capability bit CLUSTERS is clear); use a cuda vGPU on a GPU of compute capability 9.0 or newer",
+            });
         }
         if la.grid.contains(&0) || la.block.contains(&0) {
             return Err(RequestError::invalid(
@@ -101,6 +107,7 @@ impl Vgpu {
                 block: la.block,
                 shared_bytes: la.shared_bytes,
             },
+            cluster,
             args: [ArgValue::U32(0); MAX_KERNEL_ARGS as usize],
             count: 0,
             blob: Vec::new(),
