@@ -5,8 +5,10 @@
 #
 #   /usr/bin/{vgpud,vgpu-worker,vmm,vgpuctl,vgpu-cuda}
 #   /usr/lib/vgpu/payloads/          the payload guests (the config's payload-dir)
-#   /usr/lib/vgpu/cuda/              libcuda.so.1 and libcuda.so (the vGPU CUDA library;
-#                                    never on the host's default library path), cuda.h
+#   /usr/lib/vgpu/cuda/              libcuda.so.1 and libcuda.so (the vGPU CUDA library),
+#                                    libnvidia-ml.so.1 and libnvidia-ml.so (the vGPU NVML
+#                                    library; both never on the host's default library
+#                                    path), cuda.h and nvml.h
 #   /usr/lib/systemd/system/vgpud.service
 #   /etc/vgpud/vgpud.json            the configuration (a conffile)
 #   /usr/share/doc/vgpu/             README, install, tenants, troubleshooting, API docs
@@ -42,12 +44,12 @@ log() { echo "package-deb: $*" >&2; }
 target="${CARGO_TARGET_DIR:-$root/target}/$profile"
 programs=(vgpud vgpu-worker vmm vgpuctl vgpu-cuda)
 if [[ $build == 1 ]]; then
-    log "building the programs and the CUDA library ($profile)"
+    log "building the programs and the CUDA and NVML libraries ($profile)"
     cargo build --locked "${cargo_profile[@]}" -p vgpud -p vgpu-worker -p vmm -p vgpuctl \
         -p vgpu-cuda -p payload-build --bins
-    cargo build --locked "${cargo_profile[@]}" -p vgpu-cuda --lib
+    cargo build --locked "${cargo_profile[@]}" -p vgpu-cuda -p vgpu-nvml --lib
 fi
-for p in "${programs[@]}" payload-build libvgpu_cuda.so; do
+for p in "${programs[@]}" payload-build libvgpu_cuda.so libvgpu_nvml.so; do
     [[ -f "$target/$p" ]] || { log "$target/$p is missing: build it (drop --no-build)"; exit 1; }
 done
 
@@ -67,20 +69,23 @@ done
 log "building the payloads"
 "$target/payload-build" --out "$pkg/usr/lib/vgpu/payloads" >/dev/null
 chmod 0644 "$pkg"/usr/lib/vgpu/payloads/*
-"$target/vgpu-cuda" install --dir "$pkg/usr/lib/vgpu/cuda" --lib "$target/libvgpu_cuda.so" >/dev/null
-chmod 0644 "$pkg/usr/lib/vgpu/cuda/libcuda.so.1"
+"$target/vgpu-cuda" install --dir "$pkg/usr/lib/vgpu/cuda" --lib "$target/libvgpu_cuda.so" \
+    --nvml "$target/libvgpu_nvml.so" >/dev/null
+chmod 0644 "$pkg/usr/lib/vgpu/cuda/libcuda.so.1" "$pkg/usr/lib/vgpu/cuda/libnvidia-ml.so.1"
 install -m 0644 cuda-shim/include/cuda.h "$pkg/usr/lib/vgpu/cuda/include/cuda.h"
+install -m 0644 nvml-shim/include/nvml.h "$pkg/usr/lib/vgpu/cuda/include/nvml.h"
 install -m 0644 packaging/vgpud.service "$pkg/usr/lib/systemd/system/vgpud.service"
 install -m 0644 packaging/vgpud.json "$pkg/etc/vgpud/vgpud.json"
 install -m 0644 README.md "$pkg/usr/share/doc/vgpu/README.md"
-for d in install tenants troubleshooting api cuda-api; do
+for d in install tenants troubleshooting api cuda-api nvml; do
     install -m 0644 "docs/$d.md" "$pkg/usr/share/doc/vgpu/$d.md"
 done
 license=$(sed -n '/^\[workspace.package\]/,/^\[/s/^license *= *"\(.*\)"/\1/p' Cargo.toml)
 printf 'vgpu\nLicense: %s\n' "${license:-see the source}" >"$pkg/usr/share/doc/vgpu/copyright"
 
 # Debug information makes no sense in a package and slows building it: strip it.
-strip --strip-debug "$pkg"/usr/bin/* "$pkg/usr/lib/vgpu/cuda/libcuda.so.1"
+strip --strip-debug "$pkg"/usr/bin/* "$pkg/usr/lib/vgpu/cuda/libcuda.so.1" \
+    "$pkg/usr/lib/vgpu/cuda/libnvidia-ml.so.1"
 
 size_kib=$(du -sk --exclude=DEBIAN "$pkg" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@SIZE@/$size_kib/" \

@@ -51,7 +51,8 @@ trap cleanup EXIT
 say "dpkg -i $(basename "$deb")"
 dpkg -i "$deb" >"$work/dpkg.log" 2>&1 || { cat "$work/dpkg.log"; fail "dpkg -i"; }
 for f in /usr/bin/vgpud /usr/bin/vgpu-worker /usr/bin/vmm /usr/bin/vgpuctl /usr/bin/vgpu-cuda \
-    /usr/lib/vgpu/cuda/libcuda.so.1 /usr/lib/vgpu/cuda/libcuda.so /usr/lib/vgpu/payloads/vecadd \
+    /usr/lib/vgpu/cuda/libcuda.so.1 /usr/lib/vgpu/cuda/libcuda.so \
+    /usr/lib/vgpu/cuda/libnvidia-ml.so.1 /usr/lib/vgpu/cuda/libnvidia-ml.so /usr/lib/vgpu/payloads/vecadd \
     /usr/lib/systemd/system/vgpud.service /etc/vgpud/vgpud.json; do
     [[ -e "$f" ]] || fail "$f was not installed"
 done

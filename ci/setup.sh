@@ -13,3 +13,5 @@ if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-none; 
 fi
 # NVIDIA's CUDA runtime from PyPI for cuda-shim's cudart test (skipped without pip/network).
 "$(dirname "$0")/fetch-cudart.sh"
+# NVIDIA's NVML Python bindings from PyPI for vgpu-nvml's pynvml test (skipped without them).
+"$(dirname "$0")/fetch-pynvml.sh"

@@ -140,6 +140,9 @@ pub struct LaunchStats {
     pub device_ns: u64,
 }
 
+/// [`Launch::cluster`] of a launch without thread block clusters.
+pub const NO_CLUSTER: [u32; 3] = [1, 1, 1];
+
 /// One kernel launch, as [`Backend::launch`] takes it.
 #[derive(Clone, Copy, Debug)]
 pub struct Launch<'a> {
@@ -147,6 +150,10 @@ pub struct Launch<'a> {
     pub function: u64,
     /// The geometry.
     pub config: LaunchConfig,
+    /// Thread block cluster in blocks per dimension; `NO_CLUSTER` for none. Only a backend
+    /// whose device advertises `features::CLUSTERS` is given another (the device checks
+    /// it: at most `MAX_CLUSTER_BLOCKS` blocks, the grid a whole number of clusters).
+    pub cluster: [u32; 3],
     /// The typed kernel arguments; every pointer's extent is checked against the
     /// allocations before the kernel starts.
     pub args: &'a [ArgValue],
@@ -277,6 +284,7 @@ impl<B: Backend + ?Sized> LaunchOne for B {
         let launch = Launch {
             function,
             config: *config,
+            cluster: NO_CLUSTER,
             args,
             blob: &[],
         };
@@ -340,6 +348,23 @@ pub trait Modules: Send + Sync {
     fn module_globals(&self, module: u64) -> Result<Vec<ModuleGlobal>> {
         let _ = module;
         Ok(Vec::new())
+    }
+
+    /// Encodes a TMA tensor map descriptor (`CUtensorMap`, as `cuTensorMapEncodeTiled` or
+    /// `cuTensorMapEncodeIm2col` does) for the tensor `map` describes. The tensor
+    /// (`map.extent()` bytes from its global address) must lie inside one live allocation
+    /// or module variable, checked before the driver sees anything; the parameters passed
+    /// [`vgpu_proto::TensorMapArgs::check`]. The descriptor holds the tensor's device
+    /// address, which stays valid for the allocation's life (migration included). Default:
+    /// not supported (a backend whose kernels cannot use tensor maps).
+    fn encode_tensor_map(
+        &self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        let _ = map;
+        Err(BackendError::NotSupported(
+            "this backend's kernels cannot use TMA tensor maps (a cuda vGPU on a GPU of compute capability 9.0 or higher can)".into(),
+        ))
     }
 }
 

@@ -34,6 +34,7 @@ fn item(function: u64, args: &[ArgValue]) -> Launch<'_> {
     Launch {
         function,
         config: CFG,
+        cluster: vgpu_backend::NO_CLUSTER,
         args,
         blob: &[],
     }

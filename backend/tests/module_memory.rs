@@ -27,6 +27,7 @@ fn launch_blob(
     let launch = Launch {
         function,
         config: *config,
+        cluster: vgpu_backend::NO_CLUSTER,
         args,
         blob,
     };

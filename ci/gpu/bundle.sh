@@ -12,6 +12,8 @@
 #   gpu-bundle/kernels/             the CUDA C sources, committed PTX and build-ptx.sh
 #   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the steps install it with
 #                                   `bin/vgpu-cuda install`, as libcuda.so.1 and libcuda.so)
+#   gpu-bundle/lib/libvgpu_nvml.so  the vGPU NVML library (`bin/vgpu-cuda install` puts it
+#                                   beside, as libnvidia-ml.so.1 and libnvidia-ml.so)
 #   gpu-bundle/cuda-programs/       that step's C, CUDA and Python sources, and the
 #                                   cuda-shares step's (vecloop) and the cudart step's (rt_*)
 #   gpu-bundle/fuzz/                the fuzz targets, when they were built (see below)
@@ -35,7 +37,8 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-cuda vgpu-bench vgpu-storage-bench 
 # Test targets the suite runs (ci/gpu/suite.sh), by cargo target name, whatever package
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
-    cuda_programs module_memory vgpu_backend host_migration memory bounds batch)
+    cuda_programs module_memory vgpu_backend host_migration memory bounds batch tensor_map
+    gpu_tensor_map)
 
 log() { echo "bundle: $*" >&2; }
 
@@ -45,8 +48,8 @@ export CARGO_PROFILE_RELEASE_DEBUG=false
 log "building the programs (release)"
 cargo build --release --locked --workspace --bins
 
-log "building the vGPU CUDA library (release)"
-cargo build --release --locked -p vgpu-cuda --lib
+log "building the vGPU CUDA and NVML libraries (release)"
+cargo build --release --locked -p vgpu-cuda -p vgpu-nvml --lib
 
 log "building the test binaries (release)"
 test_args=()
@@ -113,10 +116,12 @@ cargo run --release --locked -q -p payload-build -- --out "$out/payloads" >/dev/
 
 cp backend/kernels/*.cu backend/kernels/*.ptx backend/kernels/build-ptx.sh "$out/kernels/"
 cp "$target/release/libvgpu_cuda.so" "$out/lib/libvgpu_cuda.so"
+cp "$target/release/libvgpu_nvml.so" "$out/lib/libvgpu_nvml.so"
 cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gpu/vecadd.py \
     cuda-shim/tests/gpu/apibench.c cuda-shim/tests/gpu/globals.c \
     cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu \
-    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cluster.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
+    cuda-shim/tests/gpu/rt_triton.py cuda-shim/tests/gpu/rt_jax.py \
     "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"

@@ -41,8 +41,9 @@ hard-limit|check|120|a PTX kernel that never ends: answered KERNEL_FAULT past th
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked, a PTX module's variables keep their values and addresses
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
+tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
-cudart|check|420|CUDA runtime programs on the vGPU library over a cuda worker and natively, results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (is_available, matmul)
+cudart|check|420|CUDA runtime programs on the vGPU library over a cuda worker and natively, results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 cuda-api-bench|bench|400|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second (batched, with queue polling, and one launch at a time)
@@ -136,6 +137,10 @@ step_shm() {
 }
 step_hard-limit() { "$(tb vgpu_backend)" cuda::hard_limit_tests --nocapture; }
 step_cuda-migration() { "$(tb cuda)" --nocapture; }
+step_tensor-maps() {
+    "$(tb tensor_map)" --nocapture --test-threads 1 &&
+        VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_tensor_map)" --nocapture
+}
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {
     local dir sock pid rc
@@ -233,12 +238,16 @@ step_cudart() {
     [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
     "$nvcc" -o "$d/rt-vecadd-static" "$src/rt_vecadd.cu" || return 1
     "$nvcc" -cudart shared -o "$d/rt-vecadd-shared" "$src/rt_vecadd.cu" || return 1
-    for prog in rt-vecadd-static rt-vecadd-shared rt-cupy rt-torch; do
+    "$nvcc" -arch=sm_90 -o "$d/rt-cluster" "$src/rt_cluster.cu" || return 1
+    for prog in rt-vecadd-static rt-vecadd-shared rt-cluster rt-cupy rt-torch rt-triton rt-jax; do
         local cmd=() ok
         case $prog in
             rt-vecadd-*) cmd=("$d/$prog"); ok="VECADD OK" ;;
+            rt-cluster) cmd=("$d/$prog"); ok="CLUSTER OK" ;;
             rt-cupy) cmd=(python3 "$src/rt_cupy.py"); ok="CUPY OK" ;;
             rt-torch) cmd=(python3 "$src/rt_torch.py"); ok="TORCH OK" ;;
+            rt-triton) cmd=(python3 "$src/rt_triton.py"); ok="TRITON OK" ;;
+            rt-jax) cmd=(python3 "$src/rt_jax.py"); ok="JAX OK" ;;
         esac
         for where in native vgpu; do
             t0=$(date +%s.%N)

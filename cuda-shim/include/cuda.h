@@ -2,7 +2,8 @@
  * A minimal cuda.h for vgpu-cuda: the part of the CUDA Driver API (CUDA 12/13 numbering
  * and symbol versions) the library implements. Programs written against NVIDIA's cuda.h
  * build against this one unchanged as long as they use only these functions;
- * docs/cuda-api.md lists them.
+ * docs/cuda-api.md lists them. Every supported entry point of the library's table
+ * (src/api/table.rs) is declared here: tests/entry_points.rs checks it.
  */
 #ifndef VGPU_CUDA_H
 #define VGPU_CUDA_H
@@ -134,10 +135,12 @@ CUresult cuDriverGetVersion(int *version);
 CUresult cuGetErrorName(CUresult error, const char **str);
 CUresult cuGetErrorString(CUresult error, const char **str);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
 
 CUresult cuDeviceGetCount(int *count);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev);
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
@@ -158,6 +161,9 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx);
 CUresult cuCtxSynchronize(void);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
+CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId);
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
@@ -184,6 +190,12 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream s);
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s);
 
+typedef enum CUmoduleLoadingMode_enum {
+    CU_MODULE_EAGER_LOADING = 0x1,
+    CU_MODULE_LAZY_LOADING = 0x2
+} CUmoduleLoadingMode;
+
+CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode);
 CUresult cuModuleLoad(CUmodule *module, const char *fname);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, int *options, void **optionValues);
@@ -202,8 +214,16 @@ CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags);
 CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags);
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx);
+/* A vGPU has no green contexts: NULL for every stream. */
+typedef struct CUgreenCtx_st *CUgreenCtx;
+CUresult cuStreamGetGreenCtx(CUstream hStream, CUgreenCtx *phCtx);
+CUresult cuStreamGetPriority(CUstream hStream, int *priority);
+CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId);
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
 CUresult cuEventQuery(CUevent hEvent);
 CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
@@ -396,6 +416,8 @@ CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGridSize, int *blockS
 CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize, CUfunction func, int numBlocks,
                                                  int blockSize);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuOccupancyMaxActiveClusters(int *numClusters, CUfunction func, const CUlaunchConfig *config);
+CUresult cuOccupancyMaxPotentialClusterSize(int *clusterSize, CUfunction func, const CUlaunchConfig *config);
 CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
 CUresult cuCtxSetLimit(CUlimit limit, size_t value);
 
@@ -470,6 +492,35 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
 CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+
+/* Tensor maps (TMA descriptors), encoded by the worker's GPU driver: the enumerations'
+   values are NVIDIA's; the descriptor is 128 opaque bytes aligned to 64. */
+typedef unsigned int cuuint32_t;
+typedef struct CUtensorMap_st {
+    _Alignas(64) cuuint64_t opaque[16];
+} CUtensorMap;
+typedef int CUtensorMapDataType;     /* CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0 ... */
+typedef int CUtensorMapInterleave;   /* CU_TENSOR_MAP_INTERLEAVE_NONE = 0, _16B, _32B */
+typedef int CUtensorMapSwizzle;      /* CU_TENSOR_MAP_SWIZZLE_NONE = 0, _32B, _64B, _128B, ... */
+typedef int CUtensorMapL2promotion;  /* CU_TENSOR_MAP_L2_PROMOTION_NONE = 0, _L2_64B, ... */
+typedef int CUtensorMapFloatOOBfill; /* CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0, _NAN_REQUEST_ZERO_FMA */
+CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
+                                cuuint32_t tensorRank, void *globalAddress,
+                                const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
+                                const cuuint32_t *boxDim, const cuuint32_t *elementStrides,
+                                CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                CUtensorMapL2promotion l2Promotion,
+                                CUtensorMapFloatOOBfill oobFill);
+CUresult cuTensorMapEncodeIm2col(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType,
+                                 cuuint32_t tensorRank, void *globalAddress,
+                                 const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
+                                 const int *pixelBoxLowerCorner,
+                                 const int *pixelBoxUpperCorner, cuuint32_t channelsPerPixel,
+                                 cuuint32_t pixelsPerColumn, const cuuint32_t *elementStrides,
+                                 CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                 CUtensorMapL2promotion l2Promotion,
+                                 CUtensorMapFloatOOBfill oobFill);
+CUresult cuTensorMapReplaceAddress(CUtensorMap *tensorMap, void *globalAddress);
 
 #ifdef __cplusplus
 }

@@ -147,6 +147,8 @@ unsafe impl Send for Driver {}
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
 static INIT: OnceLock<CUresult> = OnceLock::new();
+/// Why the first `init` found no vGPU.
+static INIT_ERROR: OnceLock<String> = OnceLock::new();
 
 /// Opens the vGPU once; later calls return the first call's result.
 pub fn init() -> CUresult {
@@ -157,9 +159,16 @@ pub fn init() -> CUresult {
         }
         Err(e) => {
             tracing::error!("no vGPU: {e}");
+            let _ = INIT_ERROR.set(e.to_string());
             res::NO_DEVICE
         }
     })
+}
+
+/// What `init` answered, and why it found no vGPU; `None` before the first `init`.
+pub fn init_state() -> Option<(CUresult, Option<&'static str>)> {
+    INIT.get()
+        .map(|r| (*r, INIT_ERROR.get().map(String::as_str)))
 }
 
 fn lock_raw() -> MutexGuard<'static, Option<Driver>> {

@@ -46,6 +46,8 @@ pub struct PreparedLaunch {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_bytes: u32,
+    /// Thread block cluster in blocks; `[1, 1, 1]` for none.
+    pub cluster: [u32; 3],
     pub args: Vec<KernelArg>,
     pub blob: Vec<u8>,
 }

@@ -178,7 +178,7 @@ fn worth_waiting(e: &ProcessError) -> bool {
                 | ErrorKind::ConnectionAborted
                 | ErrorKind::BrokenPipe
         ),
-        ProcessError::Handshake { .. } => true,
+        ProcessError::Handshake { .. } | ProcessError::NoAnswer { .. } => true,
         _ => false,
     }
 }
@@ -196,20 +196,34 @@ fn why_no_worker(e: &ProcessError) -> String {
              may have failed or been deleted, or vgpud is not running: ask the operator \
              (`vgpuctl vgpu show ID` shows its state)"
         ),
+        ProcessError::NoAnswer { .. } => format!(
+            "{e}: the vGPU serves one process at a time and another process holds it, or its \
+             worker is stuck (docs/tenants.md)"
+        ),
         other => format!("{other}: the vGPU's worker went away during the handshake"),
     }
 }
 
+/// The least time one handshake gets, however little of the wait is left (a short
+/// `VGPU_CONNECT_TIMEOUT`, or 0 for one try, still gets an answer from a worker that serves).
+const MIN_HANDSHAKE: Duration = Duration::from_secs(1);
+
 /// Connects to the worker at `path`, waiting up to `wait` for one to answer.
 fn connect_waiting(
     path: &Path,
-    opts: Options,
+    mut opts: Options,
     wait: Duration,
 ) -> Result<ProcessTransport, OpenError> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(5);
     let mut logged = false;
     loop {
+        // A worker that accepted nothing (it serves another process) answers no
+        // handshake: give each try what is left of the wait.
+        opts.handshake_timeout = wait.saturating_sub(start.elapsed()).clamp(
+            MIN_HANDSHAKE,
+            guest_driver::process::REPLY_TIMEOUT.max(MIN_HANDSHAKE),
+        );
         let e = match ProcessTransport::connect_with(path, opts) {
             Ok(t) => return Ok(t),
             Err(e) => e,
@@ -244,6 +258,16 @@ fn connect_waiting(
         std::thread::sleep(pause.min(wait - waited));
         pause = (pause * 2).min(Duration::from_millis(100));
     }
+}
+
+/// Whether the environment names a vGPU, without opening it: `VGPU_SOCKET` is set (the
+/// process transport; its worker may still be starting), or the kernel command line names a
+/// vGPU device (the Linux transport). The error says what is missing, as `open` would.
+pub fn configured() -> Result<(), OpenError> {
+    if std::env::var_os(ENV_SOCKET).is_some() {
+        return connect_timeout().map(|_| ());
+    }
+    linux_setup().map(|_| ())
 }
 
 impl AnyTransport {

@@ -103,6 +103,8 @@ pub mod attr {
     pub const MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
     pub const RESERVED_SHARED_MEMORY_PER_BLOCK: i32 = 111;
     pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
+    pub const CLUSTER_LAUNCH: i32 = 120;
+    pub const TENSOR_MAP_ACCESS_SUPPORTED: i32 = 127;
     /// One past the last attribute CUDA 13.0 defines (`CU_DEVICE_ATTRIBUTE_MAX`).
     pub const MAX: i32 = 148;
 }

@@ -15,18 +15,7 @@ fn modules_launches_streams_and_events() {
     let (worker, cu) = common::cuda::start("api-launch");
     assert_eq!(call!(cu, "cuInit", fn(c_uint), 0), OK);
     let dev: c_int = 0;
-    let mut primary: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut primary,
-            dev
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), primary), OK);
+    let primary = cu.primary_context(dev);
     let n_el = 1usize << 16;
     let bytes = n_el * 4;
     let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);

@@ -1,68 +1,33 @@
-//! A C program built with `cc` against include/cuda.h and linked with `-lcuda`, run with
-//! the library installed as libcuda.so.1 (`vgpu-cuda install`) against a sim worker.
-//! Skipped, saying so, where no C compiler is present.
+//! C programs built with `cc` against include/cuda.h and linked with `-lcuda`, run with
+//! the library installed as libcuda.so.1 (`vgpu-cuda install`) against a sim worker:
+//! `tests/c/smoke.c` (the basic calls, no device, the installed name) and
+//! `tests/c/driverapi.c` (the structs of the header, `CUDA_MEMCPY2D`, `CUDA_MEMCPY3D`,
+//! `CUlaunchConfig`, `CUmemPoolProps`, as a C compiler lays them out, through the calls
+//! that take them). Skipped, saying so, where no C compiler is present.
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+
+use common::c::{compiler, Installed};
 
 #[test]
 fn a_c_program_runs_on_the_installed_library() {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler ({cc}) on this machine");
-        return;
-    }
-    let lib = common::library();
-    let prefix = std::env::temp_dir().join(format!("vgpu-cuda-c-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&prefix);
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-cuda"))
-        .arg("install")
-        .arg("--prefix")
-        .arg(&prefix)
-        .arg("--lib")
-        .arg(&lib)
-        .output()
-        .expect("run vgpu-cuda install");
-    assert!(
-        out.status.success(),
-        "install: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let libdir = prefix.join("lib");
+    let Some(cc) = compiler() else { return };
+    let installed = Installed::new("vgpu-cuda-c");
+    let libdir = &installed.lib;
     assert!(libdir.join("libcuda.so.1").is_file());
     assert_eq!(
         std::fs::read_link(libdir.join("libcuda.so")).expect("libcuda.so link"),
         Path::new("libcuda.so.1")
     );
 
-    let exe = prefix.join("smoke");
-    let out = Command::new(&cc)
-        .arg("-std=c11")
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/smoke.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(&libdir)
-        .arg("-lcuda")
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = installed.build(&cc, "smoke", &[]);
 
     let worker = common::Worker::sim("c-program", "256M", 4);
-    let out = Command::new(&exe)
+    let out = installed
+        .command(&exe)
         .env("VGPU_SOCKET", &worker.socket)
-        .env("LD_LIBRARY_PATH", &libdir)
         .output()
         .expect("run the C program");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -75,11 +40,11 @@ fn a_c_program_runs_on_the_installed_library() {
     // Without a worker behind VGPU_SOCKET: no device after the connect timeout, no abort,
     // and the log says where it looked and for how long.
     let started = std::time::Instant::now();
-    let out = Command::new(&exe)
+    let out = installed
+        .command(&exe)
         .arg("nodevice")
-        .env("VGPU_SOCKET", prefix.join("no-such.sock"))
+        .env("VGPU_SOCKET", installed.prefix.join("no-such.sock"))
         .env("VGPU_CONNECT_TIMEOUT", "0.5")
-        .env("LD_LIBRARY_PATH", &libdir)
         .output()
         .expect("run the C program");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -96,10 +61,10 @@ fn a_c_program_runs_on_the_installed_library() {
         "{stderr}"
     );
     // Without VGPU_SOCKET, outside a VM: the message names the variable to set.
-    let out = Command::new(&exe)
+    let out = installed
+        .command(&exe)
         .arg("nodevice")
         .env_remove("VGPU_SOCKET")
-        .env("LD_LIBRARY_PATH", &libdir)
         .output()
         .expect("run the C program");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -109,13 +74,31 @@ fn a_c_program_runs_on_the_installed_library() {
         "{stderr}"
     );
     // The program linked against the installed name.
-    let ldd = Command::new("ldd")
-        .arg(&exe)
-        .env("LD_LIBRARY_PATH", &libdir)
-        .output();
+    let ldd = installed.command(Path::new("ldd")).arg(&exe).output();
     if let Ok(ldd) = ldd {
         let text = String::from_utf8_lossy(&ldd.stdout);
         assert!(text.contains("libcuda.so.1"), "ldd: {text}");
     }
-    let _ = std::fs::remove_dir_all(&prefix);
+    installed.remove();
+}
+
+#[test]
+fn a_c_program_uses_the_framework_driver_api() {
+    let Some(cc) = compiler() else { return };
+    let installed = Installed::new("vgpu-cuda-capi");
+    let exe = installed.build(&cc, "driverapi", &[]);
+    let worker = common::Worker::sim("c-driverapi", "256M", 4);
+    let out = installed
+        .command(&exe)
+        .env("VGPU_SOCKET", &worker.socket)
+        .output()
+        .expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the C program failed: {stdout}{stderr}"
+    );
+    assert_eq!(stdout.trim(), "ok");
+    installed.remove();
 }

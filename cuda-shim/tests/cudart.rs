@@ -26,24 +26,6 @@ fn cudart_dir() -> PathBuf {
     }
 }
 
-/// The library installed as libcuda.so.1 in a fresh prefix; its lib directory.
-fn install(prefix: &Path) -> PathBuf {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-cuda"))
-        .arg("install")
-        .arg("--prefix")
-        .arg(prefix)
-        .arg("--lib")
-        .arg(common::library())
-        .output()
-        .expect("run vgpu-cuda install");
-    assert!(
-        out.status.success(),
-        "install: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    prefix.join("lib")
-}
-
 /// Builds the test program against runtime `version`'s headers, linked to its shared or
 /// static libcudart, with `defines`.
 fn build(cc: &str, runtime: &Path, exe: &Path, link_static: bool, defines: &[&str]) {
@@ -119,11 +101,9 @@ fn run(exe: &Path, libdir: &Path, name: &str, fatbin: bool, eager: bool) {
 
 #[test]
 fn nvidia_cuda_runtime_programs_run_on_the_library() {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler ({cc}) on this machine");
+    let Some(cc) = common::c::compiler() else {
         return;
-    }
+    };
     let dir = cudart_dir();
     let runtimes: Vec<(String, PathBuf)> = ["12", "13"]
         .iter()
@@ -137,9 +117,8 @@ fn nvidia_cuda_runtime_programs_run_on_the_library() {
         );
         return;
     }
-    let prefix = std::env::temp_dir().join(format!("vgpu-cudart-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&prefix);
-    let libdir = install(&prefix);
+    let installed = common::c::Installed::new("vgpu-cudart");
+    let (prefix, libdir) = (&installed.prefix, &installed.lib);
     for (version, runtime) in &runtimes {
         for (kind, link_static, defines) in [
             ("shared", false, &[][..]),
@@ -153,11 +132,11 @@ fn nvidia_cuda_runtime_programs_run_on_the_library() {
             let name = format!("cudart{version}-{kind}");
             let exe = prefix.join(&name);
             build(&cc, runtime, &exe, link_static, defines);
-            run(&exe, &libdir, &name, false, false);
-            run(&exe, &libdir, &format!("{name}-eager"), false, true);
-            run(&exe, &libdir, &format!("{name}-fatbin"), true, false);
-            run(&exe, &libdir, &format!("{name}-fatbin-eager"), true, true);
+            run(&exe, libdir, &name, false, false);
+            run(&exe, libdir, &format!("{name}-eager"), false, true);
+            run(&exe, libdir, &format!("{name}-fatbin"), true, false);
+            run(&exe, libdir, &format!("{name}-fatbin-eager"), true, true);
         }
     }
-    let _ = std::fs::remove_dir_all(&prefix);
+    installed.remove();
 }

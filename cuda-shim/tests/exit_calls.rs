@@ -5,54 +5,17 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
+use common::c::{compiler, Installed};
 
 #[test]
 fn calls_from_a_threads_exit_path_answer_and_never_abort() {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler ({cc}) on this machine");
-        return;
-    }
-    let prefix = std::env::temp_dir().join(format!("vgpu-cuda-exit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&prefix);
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-cuda"))
-        .arg("install")
-        .arg("--prefix")
-        .arg(&prefix)
-        .arg("--lib")
-        .arg(common::library())
-        .output()
-        .expect("run vgpu-cuda install");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let libdir = prefix.join("lib");
-    let exe = prefix.join("exit_calls");
-    let out = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Werror", "-I"])
-        .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/exit_calls.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(&libdir)
-        .args(["-lcuda", "-lpthread"])
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let Some(cc) = compiler() else { return };
+    let installed = Installed::new("vgpu-cuda-exit");
+    let exe = installed.build(&cc, "exit_calls", &["-lpthread"]);
     let worker = common::Worker::sim("exit-calls", "64M", 1);
-    let out = Command::new(&exe)
+    let out = installed
+        .command(&exe)
         .env("VGPU_SOCKET", &worker.socket)
-        .env("LD_LIBRARY_PATH", &libdir)
         .env("VGPU_CUDA_LOG", "debug")
         .output()
         .expect("run the C program");
@@ -65,5 +28,5 @@ fn calls_from_a_threads_exit_path_answer_and_never_abort() {
     );
     // The calls made after the thread's locals were gone log nothing and panic nowhere.
     assert!(!stderr.contains("panicked"), "{stderr}");
-    let _ = std::fs::remove_dir_all(&prefix);
+    installed.remove();
 }

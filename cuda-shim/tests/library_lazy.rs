@@ -57,18 +57,7 @@ fn libraries_load_on_first_use() {
     );
     assert_eq!(mode, LAZY);
 
-    let mut ctx: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut ctx,
-            0
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    cu.primary_context(0);
     let free = || {
         let (mut free, mut total) = (0usize, 0usize);
         assert_eq!(

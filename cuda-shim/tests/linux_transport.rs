@@ -170,18 +170,7 @@ fn the_library_runs_over_the_linux_transport() {
     // SAFETY: the library wrote a NUL-terminated name.
     let name = unsafe { CStr::from_ptr(name.as_ptr()) };
     assert!(name.to_str().expect("utf-8").contains("vGPU"), "{name:?}");
-    let mut ctx: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuDevicePrimaryCtxRetain",
-            fn(*mut Ptr, c_int),
-            &mut ctx,
-            0
-        ),
-        OK
-    );
-    assert_eq!(call!(cu, "cuCtxSetCurrent", fn(Ptr), ctx), OK);
+    cu.primary_context(0);
 
     // Pageable copies (through the library's bounce buffers) and a built-in kernel.
     let n = 1usize << 16;

@@ -223,6 +223,16 @@ impl Modules for Migratable {
         b.modules().function_attributes(real)
     }
 
+    /// Encoded by the backend serving now: the tensor's address is the vGPU's, the same on
+    /// every GPU it moves to.
+    fn encode_tensor_map(
+        &self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        let (_g, b) = self.enter();
+        b.modules().encode_tensor_map(map)
+    }
+
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         let (_g, b) = self.enter();
         let real = lock(&self.modules)

@@ -735,3 +735,30 @@ fn malformed_launches_in_a_batch_get_errors_and_the_queue_keeps_serving() {
     assert_eq!(out[5].expect("r").status(), Some(Status::Ok));
     assert!(ring.dtoh_words(buf, 16).iter().all(|w| *w == 2));
 }
+
+#[test]
+fn a_guest_that_waits_for_each_launch_takes_a_grant_per_kernel_and_is_answered_at_once() {
+    // What BAND sees of a one-stream guest: every kernel asks for the GPU on its own and
+    // is answered before the next is posted; nothing is held back for a later doorbell.
+    let mut ring = Ring::new(wide_window(), false);
+    let buf = ring.alloc(64);
+    let fill = ring.function("fill");
+    let (grants, calls) = (ring.compute_grants(), ring.calls().len());
+    for v in 0..5 {
+        ring.post_launch(la(fill), &fill_args(buf, v, 16), &[]);
+        let out = ring.kick();
+        assert_eq!(out.len(), 1, "launch {v} answered on its own doorbell");
+        assert_eq!(out[0].expect("response").status(), Some(Status::Ok));
+        assert_eq!(
+            ring.compute_grants() - grants,
+            v as usize + 1,
+            "a grant per launch"
+        );
+        assert_eq!(
+            ring.dtoh_words(buf, 1),
+            vec![v],
+            "launch {v} ran before its answer"
+        );
+    }
+    assert_eq!(ring.calls()[calls..], [1; 5], "one backend call per launch");
+}

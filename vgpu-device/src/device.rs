@@ -7,8 +7,8 @@ use vgpu_backend::{Backend, ModuleImage};
 use vgpu_grant::{Gate, Resource, Ungated};
 use vgpu_proto::args::{module_kind, shm_flags};
 use vgpu_proto::{
-    features, launch_request_len, DataShape, DeviceInfo, Opcode, Request, Response, VgpuConfig,
-    MAX_DEPS, MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN, MAX_SYMBOL_LEN, PROTOCOL_VERSION,
+    features, launch_request_len, DeviceInfo, Opcode, Request, Response, VgpuConfig, MAX_DEPS,
+    MAX_KERNEL_ARGS, MAX_MODULE_BYTES, MAX_NAME_LEN, MAX_SYMBOL_LEN, PROTOCOL_VERSION,
 };
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::Bytes;
@@ -17,12 +17,18 @@ use crate::chain::{for_each_data, gather, Chain, GuestMem, Layout};
 use crate::config::DeviceConfig;
 use crate::error::{ConfigError, RequestError};
 use crate::events::Events;
+use crate::launch::LaunchBatch;
 use crate::stats::{Stats, StatsSnapshot};
 use vgpu_backend::sync::lock;
 
 /// Writes a `WritableInfo` answer into the chain's one data descriptor (check_shape made
 /// sure it is one writable descriptor of at least the answer's size).
-fn write_answer<'m>(mem: &'m GuestMem, chain: &Chain<'m>, op: Opcode, answer: &[u8]) -> Outcome {
+pub(crate) fn write_answer<'m>(
+    mem: &'m GuestMem,
+    chain: &Chain<'m>,
+    op: Opcode,
+    answer: &[u8],
+) -> Outcome {
     let d = chain
         .clone()
         .nth(1)
@@ -68,6 +74,8 @@ pub struct Vgpu {
     shm: Option<Arc<dyn crate::shm::ShmHost>>,
     /// The vGPU's storage namespaces; `None`: STORAGE_ATTACH is not supported.
     storage: Option<Arc<dyn crate::storage::StorageHost>>,
+    /// Each queue's launch batch, kept between doorbells (only its queue thread takes it).
+    batches: Vec<Mutex<LaunchBatch>>,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -85,6 +93,9 @@ impl Vgpu {
         config.validate()?;
         let info = backend.info();
         let space = config.config_space(info.features, info.va_base, info.va_size);
+        let batches = (0..config.num_queues)
+            .map(|_| Mutex::new(LaunchBatch::default()))
+            .collect();
         Ok(Self {
             config,
             backend,
@@ -97,7 +108,15 @@ impl Vgpu {
             slots: None,
             shm: None,
             storage: None,
+            batches,
         })
+    }
+
+    /// `queue`'s launch batch, emptied; `None` for a queue the device does not have.
+    pub(crate) fn batch(&self, queue: u16) -> Option<std::sync::MutexGuard<'_, LaunchBatch>> {
+        let mut b = lock(self.batches.get(usize::from(queue))?);
+        b.clear();
+        Some(b)
     }
 
     /// Serves SHM_* requests through `host` and says so in the config space.
@@ -152,24 +171,8 @@ impl Vgpu {
     /// data descriptors plus the response, or 0 when the chain has no usable response
     /// descriptor (nothing is written then).
     pub fn process_chain(&self, queue: u16, mem: &GuestMem, chain: Chain<'_>) -> u32 {
-        let start = Instant::now();
-        let layout = Layout::of(mem, &chain);
-        let Some(resp) = layout.response else {
-            tracing::debug!(queue, descriptors = layout.count,
-                "request without a usable response descriptor (last one must be device-writable, >= 48 bytes, in guest RAM); returned with used length 0");
-            self.stats.request(false, elapsed_ns(start));
-            return 0;
-        };
-        let mut buf = [0u8; HEADER_BUF];
-        let (id, opcode, outcome) = self.execute(mem, &chain, &layout, &mut buf);
-        self.respond(
-            queue,
-            mem,
-            (&resp, layout.data_writable_len),
-            (id, opcode),
-            outcome,
-            || elapsed_ns(start),
-        )
+        let r = self.receive(mem, chain);
+        self.serve(queue, mem, r)
     }
 
     /// Writes the response of request `id` (`opcode`'s name) into `resp` and counts it, with
@@ -204,24 +207,7 @@ impl Vgpu {
         u32::try_from(used).unwrap_or(u32::MAX)
     }
 
-    fn execute<'m>(
-        &self,
-        mem: &'m GuestMem,
-        chain: &Chain<'m>,
-        layout: &Layout,
-        buf: &mut [u8; HEADER_BUF],
-    ) -> (u64, &'static str, Outcome) {
-        match parse_request(mem, layout, buf) {
-            Err((id, opcode, e)) => (id, opcode, Err(e)),
-            Ok((id, req)) => {
-                let outcome = check_shape(&req, layout)
-                    .and_then(|()| self.dispatch(mem, chain, layout, &req));
-                (id, req.opcode().name(), outcome)
-            }
-        }
-    }
-
-    fn dispatch<'m>(
+    pub(crate) fn dispatch<'m>(
         &self,
         mem: &'m GuestMem,
         chain: &Chain<'m>,
@@ -318,7 +304,9 @@ impl Vgpu {
                 let (addr, size) = b.modules().module_global(a.module, &name)?;
                 Ok([addr, size, 0, 0])
             }
-            Request::Launch(l) => self.launch(l),
+            // Launches are checked when read and served by the launch path; one that
+            // reaches here is served the same way.
+            Request::Launch(l) => self.check_launch(l).and_then(|c| self.launch_alone(&c)),
             Request::StreamSync => Ok([0; 4]),
             Request::Fence => {
                 b.synchronize();
@@ -358,6 +346,7 @@ impl Vgpu {
                     u64::from(at.read_only),
                 ])
             }
+            Request::EncodeTensorMap(map) => self.encode_tensor_map(mem, chain, map),
         }
     }
 
@@ -612,147 +601,4 @@ fn symbol<'m>(
     let mut name = vec![0u8; len as usize];
     gather(mem, chain, layout, name_of(op), len, &mut name)?;
     Ok(name)
-}
-
-/// A parse failure: the request id (0 when unknown), the opcode's name ("?" when unknown)
-/// and why.
-type ParseError = (u64, &'static str, RequestError);
-
-/// Reads and parses the header of a chain laid out as `layout` into `buf`: the request id
-/// and the request, once the chain's descriptors passed the checks every request needs.
-pub(crate) fn parse_request<'b>(
-    mem: &GuestMem,
-    layout: &Layout,
-    buf: &'b mut [u8; HEADER_BUF],
-) -> Result<(u64, Request<'b>), ParseError> {
-    let Some(header) = layout.header.filter(|_| layout.count >= 2) else {
-        return Err((0, "?", RequestError::TooFewDescriptors(layout.count)));
-    };
-    if header.is_write_only() {
-        return Err((0, "?", RequestError::HeaderWritable));
-    }
-    if let Some((0, d)) = layout.outside {
-        return Err((
-            0,
-            "?",
-            RequestError::OutsideGuestMemory {
-                index: 0,
-                addr: d.addr().0,
-                len: d.len(),
-            },
-        ));
-    }
-    let n = (header.len() as usize).min(HEADER_BUF);
-    let bytes = &mut buf[..n];
-    if let Err(e) = mem.read_slice(bytes, header.addr()) {
-        let err = RequestError::GuestMemory {
-            addr: header.addr().0,
-            reason: e.to_string(),
-        };
-        return Err((0, "?", err));
-    }
-    let (hdr, req) = match vgpu_proto::parse_request(bytes) {
-        Ok(v) => v,
-        Err((h, e)) => return Err((h.map_or(0, |h| h.id), "?", RequestError::Parse(e))),
-    };
-    if let Some((index, d)) = layout.outside {
-        return Err((
-            hdr.id,
-            req.opcode().name(),
-            RequestError::OutsideGuestMemory {
-                index,
-                addr: d.addr().0,
-                len: d.len(),
-            },
-        ));
-    }
-    Ok((hdr.id, req))
-}
-
-/// Checks the data descriptors against what the opcode takes.
-pub(crate) fn check_shape(req: &Request<'_>, l: &Layout) -> Result<(), RequestError> {
-    let opcode = req.opcode().name();
-    let expected = req.data_len();
-    match req.opcode().data_shape() {
-        DataShape::None if l.data_count != 0 => Err(RequestError::UnexpectedData {
-            opcode,
-            expected: 0,
-            count: l.data_count,
-        }),
-        DataShape::None => Ok(()),
-        DataShape::Readable | DataShape::Writable => {
-            let writable = req.opcode().data_shape() == DataShape::Writable;
-            let wrong = if writable {
-                l.first_readable
-            } else {
-                l.first_writable
-            };
-            if let Some(index) = wrong {
-                return Err(RequestError::DataDirection {
-                    opcode,
-                    index,
-                    writable,
-                });
-            }
-            if l.data_len != expected {
-                return Err(RequestError::DataLength {
-                    opcode,
-                    expected,
-                    got: l.data_len,
-                });
-            }
-            Ok(())
-        }
-        DataShape::ReadableThenAnswer => {
-            // Readable descriptors, then one writable one: the first writable is the last.
-            if l.data_count < 2 || l.first_writable != Some(l.data_count) {
-                return Err(RequestError::DataDirection {
-                    opcode,
-                    index: l.first_writable.unwrap_or(l.data_count),
-                    writable: l.first_writable.is_none(),
-                });
-            }
-            let readable = l.data_len - l.data_writable_len;
-            if readable != expected {
-                return Err(RequestError::DataLength {
-                    opcode,
-                    expected,
-                    got: readable,
-                });
-            }
-            let answer = vgpu_proto::ParamLayout::SIZE as u64;
-            if l.data_writable_len < answer {
-                return Err(RequestError::DataLength {
-                    opcode,
-                    expected: answer,
-                    got: l.data_writable_len,
-                });
-            }
-            Ok(())
-        }
-        DataShape::WritableInfo => {
-            if l.data_count != 1 {
-                return Err(RequestError::UnexpectedData {
-                    opcode,
-                    expected: 1,
-                    count: l.data_count,
-                });
-            }
-            if let Some(index) = l.first_readable {
-                return Err(RequestError::DataDirection {
-                    opcode,
-                    index,
-                    writable: true,
-                });
-            }
-            if l.data_len < expected {
-                return Err(RequestError::DataLength {
-                    opcode,
-                    expected,
-                    got: l.data_len,
-                });
-            }
-            Ok(())
-        }
-    }
 }

@@ -18,10 +18,12 @@ pub mod front;
 mod kernel_times;
 mod launch;
 mod memtable;
+mod request;
 mod shm;
 mod slots;
 mod stats;
 mod storage;
+mod tensor_map;
 pub mod timeline;
 mod vhost;
 

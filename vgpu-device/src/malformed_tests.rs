@@ -489,6 +489,45 @@ fn wrong_argument_count_and_kinds() {
         h.send_raw(&buf[..n], &[]).0.status(),
         Some(Status::InvalidArgument)
     );
+    // Flags: unknown bits and malformed clusters are refused; a well-formed cluster is
+    // refused as not supported by this sim device, which runs no clusters.
+    for (flags, grid, want) in [
+        (2, [1, 1, 1], Status::InvalidArgument),
+        (
+            vgpu_proto::LAUNCH_CLUSTER | 1 << 16 | 1 << 24,
+            [1, 1, 1],
+            Status::InvalidArgument,
+        ),
+        (
+            LaunchArgs::cluster_flags([4, 4, 2]),
+            [4, 4, 2],
+            Status::InvalidArgument,
+        ),
+        (
+            LaunchArgs::cluster_flags([2, 1, 1]),
+            [3, 1, 1],
+            Status::InvalidArgument,
+        ),
+        (
+            LaunchArgs::cluster_flags([2, 1, 1]),
+            [4, 1, 1],
+            Status::NotSupported,
+        ),
+    ] {
+        let la = LaunchArgs {
+            function: f,
+            grid,
+            block: [1; 3],
+            flags,
+            ..Default::default()
+        };
+        let n = encode_launch(&mut buf, 3, &la, &[], &[]).expect("encode");
+        assert_eq!(
+            h.send_raw(&buf[..n], &[]).0.status(),
+            Some(want),
+            "flags {flags:#x} grid {grid:?}"
+        );
+    }
     // A correct saxpy with task-graph fields still runs.
     let la = LaunchArgs {
         function: f,

@@ -628,3 +628,6 @@ mod modules;
 
 #[path = "param_tests.rs"]
 mod params;
+
+#[path = "tensor_map_tests.rs"]
+mod tensor_maps;

@@ -178,17 +178,17 @@ fn update(f: impl FnOnce(&mut Record)) {
     });
 }
 
-/// A queue thread took a request of `vgpu` off `queue`'s available ring.
-pub fn begin(vgpu: u32, queue: u16) {
+/// A queue thread took a request of `vgpu` off `queue`'s available ring at `kick` (the
+/// timeline's clock, [`stamp`]); it is served now.
+pub fn begin(vgpu: u32, queue: u16, kick: u64) {
     if !enabled() {
         return;
     }
-    let t = now();
     CURRENT.with(|c| {
         c.set(Record {
             vgpu,
             queue,
-            kick: t,
+            kick,
             ..Record::default()
         })
     });
@@ -249,14 +249,34 @@ pub fn acquire_for(gate: &dyn Gate, resource: Resource, expect_ns: u64) -> Timed
     let permit = gate.acquire_for(resource, expect_ns);
     let granted = now();
     update(|r| {
-        r.resource = match resource {
-            Resource::Compute => 1,
-            Resource::Copy => 2,
-        };
+        r.resource = code(resource);
         r.asked = asked;
         r.granted = granted;
     });
     Timed(Some(permit))
+}
+
+/// A resource as the timeline writes it.
+fn code(resource: Resource) -> u8 {
+    match resource {
+        Resource::Compute => 1,
+        Resource::Copy => 2,
+    }
+}
+
+/// Notes on this request's record a grant of `resource` taken without [`acquire`]: when it
+/// was asked, granted, the backend call ended and the grant was released.
+pub fn note(resource: Resource, [asked, granted, backend_end, released]: [u64; 4]) {
+    if !enabled() {
+        return;
+    }
+    update(|r| {
+        r.resource = code(resource);
+        r.asked = asked;
+        r.granted = granted;
+        r.backend_end = backend_end;
+        r.released = released;
+    });
 }
 
 /// A grant whose release is on the timeline.
@@ -343,7 +363,7 @@ mod tests {
     #[test]
     fn off_costs_nothing_and_records_nothing() {
         // VGPU_TIMELINE is not set in the test environment.
-        begin(1, 0);
+        begin(1, 0, stamp());
         let _p = acquire(&vgpu_grant::Ungated, Resource::Compute);
         end();
         assert!(!enabled() || std::env::var_os(ENV).is_some());

@@ -26,8 +26,8 @@ use vmm_sys_util::event::{
 
 use crate::chain::{Chain, GuestMem};
 use crate::device::Vgpu;
-use crate::launch;
 use crate::memtable::check_memory_table;
+use crate::request::Received;
 use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
 
@@ -109,19 +109,17 @@ impl VgpuVhostBackend {
                 vring.disable_notification().map_err(io::Error::other)?;
             }
             loop {
-                // Hold the vring lock only to pop: a long request must not block the
-                // frontend's vring messages.
-                let chain = match held.take() {
-                    Some(c) => c,
-                    None => match vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
-                        Some(c) => c,
+                let r = match held.take() {
+                    Some(r) => r,
+                    None => match pop(vring, mem) {
+                        Some(c) => self.vgpu.receive(mem, c),
                         None => break,
                     },
                 };
                 deadline = None;
-                let chain = if batching && launch::is_launch(mem, &chain) {
-                    match self.serve_launches(queue, vring, mem, chain)? {
-                        Batched::Alone(chain) => chain,
+                let r = if batching && r.is_launch() {
+                    match self.serve_launches(queue, vring, mem, r)? {
+                        Batched::Alone(r) => r,
                         Batched::Served(next) => {
                             held = next;
                             continue;
@@ -129,11 +127,11 @@ impl VgpuVhostBackend {
                         Batched::Stop => return Ok(()),
                     }
                 } else {
-                    chain
+                    r
                 };
-                let head = chain.head_index();
-                timeline::begin(self.vgpu.config().vgpu_id, queue);
-                let used = self.vgpu.process_chain(queue, mem, chain);
+                let head = r.chain.head_index();
+                timeline::begin(self.vgpu.config().vgpu_id, queue, r.kick);
+                let used = self.vgpu.serve(queue, mem, r);
                 if let Err(e) = vring.add_used(head, used) {
                     // The guest broke its own used ring; nothing more can be completed.
                     tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
@@ -170,60 +168,68 @@ impl VgpuVhostBackend {
     }
 }
 
+/// The next chain on `vring`'s available ring. The vring lock is held only to pop: reading
+/// and serving the request must not block the frontend's vring messages.
+fn pop<'m>(vring: &Vring, mem: &'m GuestMem) -> Option<Chain<'m>> {
+    vring.get_mut().get_queue_mut().pop_descriptor_chain(mem)
+}
+
 /// What [`VgpuVhostBackend::serve_launches`] did.
 enum Batched<'m> {
     /// The launch does not join a batch: serve it alone.
-    Alone(Chain<'m>),
-    /// A batch was served; the chain that ended it, taken off the ring, comes next.
-    Served(Option<Chain<'m>>),
+    Alone(Received<'m>),
+    /// A batch was served; the request that ended it, taken off the ring, comes next.
+    Served(Option<Received<'m>>),
     /// The used ring is broken: stop serving the queue until the next kick.
     Stop,
 }
 
 impl VgpuVhostBackend {
     /// Serves the launch `first` with the launches posted right behind it as one batch
-    /// (`launch.rs`), then completes them in ring order and signals the guest once.
+    /// (`launch/batch.rs`), then completes them in ring order and signals the guest once.
     fn serve_launches<'m>(
         &self,
         queue: u16,
         vring: &Vring,
         mem: &'m GuestMem,
-        first: Chain<'m>,
+        first: Received<'m>,
     ) -> io::Result<Batched<'m>> {
         let vgpu = &self.vgpu;
-        launch::with_batch(|batch| {
-            if let Err(chain) = vgpu.stage(mem, first, timeline::stamp(), batch) {
-                return Ok(Batched::Alone(chain));
+        let Some(mut batch) = vgpu.batch(queue) else {
+            return Ok(Batched::Alone(first));
+        };
+        let (limits, times) = (&vgpu.config().batch, &vgpu.kernel_times);
+        if let Some(r) = batch.stage(limits, times, first) {
+            return Ok(Batched::Alone(r));
+        }
+        let mut next = None;
+        while let Some(chain) = pop(vring, mem) {
+            next = batch.stage(limits, times, vgpu.receive(mem, chain));
+            if next.is_some() {
+                break;
             }
-            let mut next = None;
-            while let Some(chain) = vring.get_mut().get_queue_mut().pop_descriptor_chain(mem) {
-                if !launch::is_launch(mem, &chain) {
-                    next = Some(chain);
-                    break;
-                }
-                if let Err(chain) = vgpu.stage(mem, chain, timeline::stamp(), batch) {
-                    next = Some(chain);
-                    break;
-                }
+        }
+        vgpu.run_batch(queue, mem, &mut batch);
+        for (head, used) in batch.completions() {
+            if let Err(e) = vring.add_used(head, used) {
+                tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
+                return Ok(Batched::Stop);
             }
-            vgpu.run_batch(queue, mem, batch);
-            for (head, used) in batch.completions() {
-                if let Err(e) = vring.add_used(head, used) {
-                    tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
-                    return Ok(Batched::Stop);
-                }
+        }
+        match vring.needs_notification() {
+            Ok(true) => vring.signal_used_queue()?,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
             }
-            match vring.needs_notification() {
-                Ok(true) => vring.signal_used_queue()?,
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
-                }
-            }
-            batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
-            tracing::trace!(queue, requests = batch.len(), "batch done");
-            Ok(Batched::Served(next))
-        })
+        }
+        batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
+        tracing::trace!(queue, requests = batch.len(), "batch done");
+        // The request that ended the batch is busy from now on, not while the batch ran.
+        if let Some(r) = &mut next {
+            r.start = Instant::now();
+        }
+        Ok(Batched::Served(next))
     }
 }
 

@@ -45,6 +45,11 @@ pub mod features {
     /// `GET_FUNCTION_LAYOUT` also answers the function's [`crate::FunctionAttributes`]
     /// when its writable descriptor has room for them. Since 1.3.
     pub const FUNCTION_ATTRIBUTES: u64 = 1 << 12;
+    /// `LAUNCH` runs thread block clusters (`LAUNCH_CLUSTER` in its flags). Since 1.4.
+    pub const CLUSTERS: u64 = 1 << 13;
+    /// `ENCODE_TENSOR_MAP` encodes TMA tensor map descriptors with the GPU's driver (a
+    /// GPU of compute capability 9.0 or higher). Since 1.4.
+    pub const TENSOR_MAPS: u64 = 1 << 14;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

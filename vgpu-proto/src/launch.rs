@@ -37,8 +37,88 @@ wire_struct! {
         pub rank: u32,
         /// Number of dependency task ids (u32 each) after the kernel arguments.
         pub dep_count: u32,
-        /// Must be 0.
+        /// 0, or a thread block cluster ([`LaunchArgs::cluster`]). Since 1.4.
         pub flags: u32,
+    }
+}
+
+/// `LaunchArgs::flags` bit: the launch runs in thread block clusters, whose x, y and z
+/// sizes in blocks are bits 8-15, 16-23 and 24-31 of the flags. Needs
+/// `features::CLUSTERS`. Since 1.4.
+pub const LAUNCH_CLUSTER: u32 = 1;
+/// Most blocks in one thread block cluster (the GPU's non-portable limit; 8 is portable).
+pub const MAX_CLUSTER_BLOCKS: u32 = 16;
+
+/// Why a launch's cluster is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterError {
+    /// Flag bits other than `LAUNCH_CLUSTER` and its sizes.
+    Flags(u32),
+    /// A cluster size of 0, or more than `MAX_CLUSTER_BLOCKS` blocks.
+    Size([u32; 3]),
+    /// The grid is not a whole number of clusters.
+    Grid {
+        /// The launch's grid.
+        grid: [u32; 3],
+        /// Its cluster.
+        cluster: [u32; 3],
+    },
+}
+
+impl core::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ClusterError::Flags(v) => write!(
+                f,
+                "launch flags {v:#x}: only LAUNCH_CLUSTER (bit 0) with the cluster's sizes in bits 8-31 is defined"
+            ),
+            ClusterError::Size(c) => write!(
+                f,
+                "cluster {c:?}: each size must be at least 1 and the cluster at most {MAX_CLUSTER_BLOCKS} blocks"
+            ),
+            ClusterError::Grid { grid, cluster } => write!(
+                f,
+                "grid {grid:?} is not a multiple of the cluster {cluster:?} in every dimension"
+            ),
+        }
+    }
+}
+
+impl LaunchArgs {
+    /// The launch's thread block cluster in blocks: `[1, 1, 1]` when the flags are 0.
+    pub fn cluster(&self) -> Result<[u32; 3], ClusterError> {
+        if self.flags == 0 {
+            return Ok([1, 1, 1]);
+        }
+        if self.flags & 0xff != LAUNCH_CLUSTER {
+            return Err(ClusterError::Flags(self.flags));
+        }
+        let c = [
+            (self.flags >> 8) & 0xff,
+            (self.flags >> 16) & 0xff,
+            self.flags >> 24,
+        ];
+        let blocks = c.iter().map(|&x| u64::from(x)).product::<u64>();
+        if c.contains(&0) || blocks > u64::from(MAX_CLUSTER_BLOCKS) {
+            return Err(ClusterError::Size(c));
+        }
+        if self.grid.iter().zip(c).any(|(&g, x)| g % x != 0) {
+            return Err(ClusterError::Grid {
+                grid: self.grid,
+                cluster: c,
+            });
+        }
+        Ok(c)
+    }
+
+    /// The flags of a launch in clusters of `cluster` blocks (0 for `[1, 1, 1]`); sizes
+    /// above 255 cannot be written and are refused by [`LaunchArgs::cluster`] anyway.
+    pub fn cluster_flags(cluster: [u32; 3]) -> u32 {
+        if cluster == [1, 1, 1] {
+            return 0;
+        }
+        let [x, y, z] = cluster.map(|v| v.min(255));
+        LAUNCH_CLUSTER | x << 8 | y << 16 | z << 24
     }
 }
 

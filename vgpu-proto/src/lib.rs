@@ -18,6 +18,7 @@ pub mod launch;
 mod opcode;
 mod request;
 mod status;
+pub mod tensor_map;
 pub mod wire;
 
 pub use args::*;
@@ -27,19 +28,23 @@ pub use header::{RequestHeader, Response};
 pub use info::{backend_kind, DeviceInfo};
 pub use launch::{
     encode_launch, encode_launch_with_blob, launch_request_len, Access, ArgError, ArgKind,
-    ArgValue, Deps, KernelArg, KernelArgs, LaunchArgs, MAX_ARG_BYTES, MAX_DEPS, MAX_KERNEL_ARGS,
-    MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK,
+    ArgValue, ClusterError, Deps, KernelArg, KernelArgs, LaunchArgs, LAUNCH_CLUSTER, MAX_ARG_BYTES,
+    MAX_CLUSTER_BLOCKS, MAX_DEPS, MAX_KERNEL_ARGS, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES,
+    MAX_THREADS_PER_BLOCK,
 };
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};
 pub use status::Status;
+pub use tensor_map::{
+    tensor_map_kind, TensorMapArgs, TensorMapError, MAX_TENSOR_RANK, TENSOR_MAP_BYTES,
+};
 pub use wire::WireError;
 
 /// Major version: bumped on any incompatible change (a layout, a meaning, a renumbering).
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 
@@ -62,5 +67,7 @@ pub const MAX_MODULE_BYTES: u64 = 64 << 20;
 /// Alignment of every device allocation's start address.
 pub const DEVICE_ALLOC_ALIGN: u64 = 2 << 20;
 
+#[cfg(test)]
+mod tensor_map_tests;
 #[cfg(test)]
 mod tests;

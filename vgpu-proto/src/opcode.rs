@@ -62,11 +62,15 @@ pub enum Opcode {
     ShmCtl = 0x0703,
     /// Attach an NVMe storage namespace for GPU-initiated access.
     StorageAttach = 0x0800,
+    /// Encode a TMA tensor map descriptor (`CUtensorMap`) for a tensor in this vGPU's
+    /// memory ([`crate::TensorMapArgs`]; the 128 bytes into one writable data
+    /// descriptor). Since 1.4 (`features::TENSOR_MAPS`).
+    EncodeTensorMap = 0x0900,
 }
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 25] = [
+    pub const ALL: [Opcode; 26] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -92,6 +96,7 @@ impl Opcode {
         Opcode::ShmDt,
         Opcode::ShmCtl,
         Opcode::StorageAttach,
+        Opcode::EncodeTensorMap,
     ];
 
     /// The opcode with this wire value, if any.
@@ -127,13 +132,16 @@ impl Opcode {
             Opcode::ShmDt => "SHM_DT",
             Opcode::ShmCtl => "SHM_CTL",
             Opcode::StorageAttach => "STORAGE_ATTACH",
+            Opcode::EncodeTensorMap => "ENCODE_TENSOR_MAP",
         }
     }
 
     /// Which data descriptors (between the header and the response) this opcode takes.
     pub fn data_shape(self) -> DataShape {
         match self {
-            Opcode::GetInfo | Opcode::GetAttributes => DataShape::WritableInfo,
+            Opcode::GetInfo | Opcode::GetAttributes | Opcode::EncodeTensorMap => {
+                DataShape::WritableInfo
+            }
             Opcode::MemcpyHtoD | Opcode::ModuleLoad | Opcode::GetFunction | Opcode::GetGlobal => {
                 DataShape::Readable
             }
@@ -154,7 +162,7 @@ pub enum DataShape {
     /// Device-writable descriptors whose lengths add up to the size the args name.
     Writable,
     /// Exactly one device-writable descriptor of at least the answer's size
-    /// (`DeviceInfo::SIZE`, `DeviceAttributes::SIZE`).
+    /// (`DeviceInfo::SIZE`, `DeviceAttributes::SIZE`, `TENSOR_MAP_BYTES`).
     WritableInfo,
     /// Device-readable descriptors whose lengths add up to the size the args name, then
     /// exactly one device-writable descriptor of at least the answer's size

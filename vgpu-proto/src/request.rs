@@ -105,6 +105,8 @@ pub enum Request<'a> {
     ShmCtl(ShmCtlArgs),
     /// `STORAGE_ATTACH`.
     StorageAttach(StorageAttachArgs),
+    /// `ENCODE_TENSOR_MAP`.
+    EncodeTensorMap(crate::TensorMapArgs),
 }
 
 /// Why a header descriptor could not be parsed.
@@ -262,6 +264,9 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::ShmDt => fixed!(op, body, ShmDtArgs, Request::ShmDt),
         Opcode::ShmCtl => fixed!(op, body, ShmCtlArgs, Request::ShmCtl),
         Opcode::StorageAttach => fixed!(op, body, StorageAttachArgs, Request::StorageAttach),
+        Opcode::EncodeTensorMap => {
+            fixed!(op, body, crate::TensorMapArgs, Request::EncodeTensorMap)
+        }
     })
 }
 
@@ -328,6 +333,7 @@ impl Request<'_> {
             Request::ShmDt(_) => Opcode::ShmDt,
             Request::ShmCtl(_) => Opcode::ShmCtl,
             Request::StorageAttach(_) => Opcode::StorageAttach,
+            Request::EncodeTensorMap(_) => Opcode::EncodeTensorMap,
         }
     }
 
@@ -343,6 +349,7 @@ impl Request<'_> {
             Request::ModuleLoad(a) => a.size,
             Request::GetFunction(a) | Request::GetFunctionLayout(a) => a.name_len,
             Request::GetGlobal(a) => a.name_len,
+            Request::EncodeTensorMap(_) => crate::TENSOR_MAP_BYTES as u64,
             _ => 0,
         }
     }
@@ -404,6 +411,7 @@ impl Request<'_> {
             Request::ShmDt(a) => w.bytes(&a.to_bytes())?,
             Request::ShmCtl(a) => w.bytes(&a.to_bytes())?,
             Request::StorageAttach(a) => w.bytes(&a.to_bytes())?,
+            Request::EncodeTensorMap(a) => w.bytes(&a.to_bytes())?,
         }
         Ok(w.pos())
     }

@@ -414,7 +414,7 @@ fn get_global_round_trips() {
         parse_request(&buf[..n - 1]),
         Err((Some(_), ParseError::ShortArgs { .. }))
     ));
-    assert_eq!(PROTOCOL_VERSION, 0x0001_0003);
+    assert_eq!(PROTOCOL_VERSION, 0x0001_0004);
 }
 
 /// A `LAUNCH` with `args` and the blob `blob` after one dependency id, parsed back.
@@ -523,4 +523,62 @@ fn hostile_blob_arguments_are_refused() {
         panic!("parses")
     };
     assert_eq!(l.check_blobs(), Err(ArgError::BlobsTooLarge(4112)));
+}
+
+#[test]
+fn a_cluster_travels_in_the_launch_flags_and_every_bad_one_is_refused() {
+    let at = |grid: [u32; 3], flags: u32| LaunchArgs {
+        grid,
+        block: [128, 1, 1],
+        flags,
+        ..LaunchArgs::default()
+    };
+    assert_eq!(at([7, 1, 1], 0).cluster(), Ok([1, 1, 1]));
+    let f = LaunchArgs::cluster_flags([2, 1, 1]);
+    assert_eq!(f, 1 | 2 << 8 | 1 << 16 | 1 << 24);
+    assert_eq!(at([132, 2, 1], f).cluster(), Ok([2, 1, 1]));
+    assert_eq!(LaunchArgs::cluster_flags([1, 1, 1]), 0);
+    let f = LaunchArgs::cluster_flags([4, 2, 2]);
+    assert_eq!(at([8, 4, 2], f).cluster(), Ok([4, 2, 2]));
+    // Not a whole number of clusters.
+    assert_eq!(
+        at([7, 1, 1], LaunchArgs::cluster_flags([2, 1, 1])).cluster(),
+        Err(ClusterError::Grid {
+            grid: [7, 1, 1],
+            cluster: [2, 1, 1]
+        })
+    );
+    // Too many blocks, a size of 0, unknown bits.
+    let big = LaunchArgs::cluster_flags([8, 4, 1]);
+    assert_eq!(
+        at([8, 4, 1], big).cluster(),
+        Err(ClusterError::Size([8, 4, 1]))
+    );
+    let zero = LAUNCH_CLUSTER | 2 << 8 | 1 << 24;
+    assert_eq!(
+        at([2, 2, 2], zero).cluster(),
+        Err(ClusterError::Size([2, 0, 1]))
+    );
+    assert_eq!(at([2, 1, 1], 2).cluster(), Err(ClusterError::Flags(2)));
+    assert_eq!(
+        at([2, 1, 1], 0x80 | LAUNCH_CLUSTER).cluster(),
+        Err(ClusterError::Flags(0x81))
+    );
+    struct Text([u8; 160], usize);
+    impl core::fmt::Write for Text {
+        fn write_str(&mut self, s: &str) -> core::fmt::Result {
+            let end = self.1 + s.len();
+            self.0
+                .get_mut(self.1..end)
+                .ok_or(core::fmt::Error)?
+                .copy_from_slice(s.as_bytes());
+            self.1 = end;
+            Ok(())
+        }
+    }
+    let mut t = Text([0; 160], 0);
+    core::fmt::write(&mut t, format_args!("{}", ClusterError::Size([8, 4, 1]))).unwrap();
+    assert!(core::str::from_utf8(&t.0[..t.1])
+        .unwrap()
+        .contains("at most 16 blocks"));
 }

@@ -128,7 +128,7 @@ macro_rules! int_field {
         }
     )*};
 }
-int_field!(u8, u16, u32, u64);
+int_field!(u8, u16, u32, u64, i32);
 
 impl<const N: usize> Field for [u8; N] {
     const SIZE: usize = N;
@@ -144,6 +144,48 @@ impl Field for [u32; 3] {
     const SIZE: usize = 12;
     fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
         Ok([u32::read(r)?, u32::read(r)?, u32::read(r)?])
+    }
+    fn write(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        self.iter().try_for_each(|v| v.write(w))
+    }
+}
+
+impl Field for [u32; 5] {
+    const SIZE: usize = 20;
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok([
+            u32::read(r)?,
+            u32::read(r)?,
+            u32::read(r)?,
+            u32::read(r)?,
+            u32::read(r)?,
+        ])
+    }
+    fn write(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        self.iter().try_for_each(|v| v.write(w))
+    }
+}
+
+impl Field for [i32; 3] {
+    const SIZE: usize = 12;
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok([i32::read(r)?, i32::read(r)?, i32::read(r)?])
+    }
+    fn write(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        self.iter().try_for_each(|v| v.write(w))
+    }
+}
+
+impl Field for [u64; 5] {
+    const SIZE: usize = 40;
+    fn read(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok([
+            u64::read(r)?,
+            u64::read(r)?,
+            u64::read(r)?,
+            u64::read(r)?,
+            u64::read(r)?,
+        ])
     }
     fn write(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         self.iter().try_for_each(|v| v.write(w))

@@ -24,6 +24,7 @@ mod backend;
 mod control;
 mod error;
 mod incoming;
+mod inherit;
 mod memlink;
 mod migrate;
 mod outgoing;

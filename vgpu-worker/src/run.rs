@@ -1,7 +1,20 @@
-//! One worker's life: open the control channel, build the backend stack and the device,
-//! bind the socket, serve the one frontend, report the last counters.
+//! One worker's life, one straight sequence of steps ([`run`]), each a function here:
+//!
+//! 1. [`prepare`]: the sandbox's first part (not dumpable, `no_new_privs`), SIGTERM and
+//!    SIGINT blocked for the signal thread, the options that need vgpud checked;
+//! 2. [`open_gpu`]: the storage namespaces and the GPU at the bottom of the backend stack
+//!    (a pool worker opens it before it knows its vGPU);
+//! 3. [`take_vgpu`]: the control channel and the vGPU to serve, with its grant path and
+//!    sockets: the command line's, or a pool worker's assignment from vgpud (`pool.rs`);
+//! 4. [`build`]: the backend stack over the GPU, the device, the sockets bound; a pool
+//!    worker answers its assignment with the outcome;
+//! 5. [`incoming`]: with `--migrate-in`, the listener for the source worker and its token;
+//! 6. [`start`]: the signal thread, the control state, the receiver of an incoming
+//!    migration, the control thread (which says `ready`);
+//! 7. [`serve_guest`]: the seccomp filter, then the frontend served until it leaves, and
+//!    the last counters to vgpud.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,15 +22,17 @@ use std::time::{Duration, Instant};
 
 use vgpu_api::control::{ReplyBody, WorkerMessage};
 use vgpu_backend::storage::{NamespaceSpec, StorageSet};
+use vgpu_backend::Backend;
 use vgpu_device::{DeviceConfig, SlotPolicy, Vgpu};
 
 use crate::backend::{self, GpuSpec, Stack};
 use crate::control::{control_socket, ControlLoop, ControlState, Reconnect, Shares};
 use crate::error::WorkerError;
+use crate::inherit;
 use crate::memlink::{Asker, ControlOut, FdQueue, FdReader, WorkerShm};
 use crate::pool;
 use crate::sandbox::{self, probe, SeccompMode};
-use crate::serve::{self, Shutdown};
+use crate::serve::{self, Front, Shutdown};
 
 /// What the worker serves and how (from the command line).
 #[derive(Clone, Debug)]
@@ -69,6 +84,359 @@ pub struct Config {
     pub pool: bool,
 }
 
+/// Serves the vGPU until its frontend disconnects or the worker is stopped.
+pub fn run(cfg: Config) -> Result<(), WorkerError> {
+    let signals = prepare(&cfg)?;
+    let opened = open_gpu(&cfg)?;
+    let Some(taken) = take_vgpu(cfg, &signals)? else {
+        // An idle pool worker told to stop.
+        return Ok(());
+    };
+    let Taken {
+        cfg,
+        channel,
+        grant,
+        sockets,
+        answer,
+    } = taken;
+    let built = build(
+        &cfg,
+        channel.as_ref(),
+        grant,
+        sockets,
+        opened,
+        answer.is_some(),
+    );
+    if let Some(a) = &answer {
+        a.send(built.as_ref().map(drop));
+    }
+    let built = built?;
+    let incoming = incoming(&cfg)?;
+    let running = start(cfg, channel, built, signals, incoming)?;
+    serve_guest(running)
+}
+
+/// Step 1: the sandbox's first part, the signals blocked (every thread started later
+/// inherits the mask; the signal thread takes them), the options that need vgpud.
+fn prepare(cfg: &Config) -> Result<libc::sigset_t, WorkerError> {
+    sandbox::harden()?;
+    let signals = serve::block_signals()?;
+    if (cfg.oversubscribe || cfg.shm || cfg.pool) && cfg.control_fd.is_none() {
+        return Err(WorkerError::Control {
+            fd: -1,
+            why: "--oversubscribe, --shm and --pool need vgpud (the control channel)".into(),
+        });
+    }
+    Ok(signals)
+}
+
+/// The GPU before the vGPU's layers go on it, and the storage namespaces it serves.
+struct Opened {
+    gpu: Arc<dyn Backend>,
+    storage: Option<Arc<StorageSet>>,
+}
+
+/// Step 2: the storage namespaces and the GPU at the bottom of the backend stack.
+fn open_gpu(cfg: &Config) -> Result<Opened, WorkerError> {
+    let storage = backend::storage_set(&cfg.storage)?;
+    let gpu = backend::gpu(&cfg.gpu, storage.as_ref())?;
+    Ok(Opened { gpu, storage })
+}
+
+/// The listening sockets vgpud bound for the worker, when it did.
+struct Sockets {
+    /// The vhost-user socket the frontend connects to.
+    vhost: Option<OwnedFd>,
+    /// The control socket vgpud reconnects on.
+    control: Option<OwnedFd>,
+}
+
+/// The vGPU the worker is to serve and what comes with it.
+struct Taken {
+    /// The configuration, a pool worker's completed by its assignment.
+    cfg: Config,
+    channel: Option<Channel>,
+    /// The grant page and doorbell.
+    grant: Option<(OwnedFd, OwnedFd)>,
+    sockets: Sockets,
+    /// A pool worker's assignment, answered once the vGPU is built.
+    answer: Option<Answer>,
+}
+
+/// Step 3: the control channel, and the vGPU to serve: the command line's, or a pool
+/// worker's assignment, awaited with its GPU open (`None`: the pool worker is to exit).
+fn take_vgpu(mut cfg: Config, signals: &libc::sigset_t) -> Result<Option<Taken>, WorkerError> {
+    let mut channel = open_channel(cfg.control_fd)?;
+    let mut sockets = Sockets {
+        vhost: inherit::fd(cfg.listen_fd, "--listen-fd")?,
+        control: inherit::fd(cfg.control_listen_fd, "--control-listen-fd")?,
+    };
+    let (grant, answer) = match (&mut channel, cfg.pool) {
+        (Some(c), true) => {
+            let Some(a) = pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, signals)?
+            else {
+                return Ok(None);
+            };
+            if let Some((vhost, control)) = a.sockets {
+                sockets = Sockets {
+                    vhost: Some(vhost),
+                    control: Some(control),
+                };
+            }
+            let answer = Answer {
+                request: a.request,
+                out: c.out.clone(),
+            };
+            (a.grant, Some(answer))
+        }
+        _ => (
+            cfg.grant_fds
+                .map(|(page, doorbell)| inherit::grant(page, doorbell))
+                .transpose()?,
+            None,
+        ),
+    };
+    Ok(Some(Taken {
+        cfg,
+        channel,
+        grant,
+        sockets,
+        answer,
+    }))
+}
+
+/// A pool worker's `assign` request, to answer.
+struct Answer {
+    request: u64,
+    out: Arc<ControlOut>,
+}
+
+impl Answer {
+    /// `assigned` once the vGPU is built and its sockets bound, else why not.
+    fn send(&self, result: Result<(), &WorkerError>) {
+        let body = match result {
+            Ok(()) => ReplyBody::Assigned {
+                pid: std::process::id(),
+            },
+            Err(e) => ReplyBody::Error {
+                message: e.to_string(),
+            },
+        };
+        self.out.send(&WorkerMessage::Reply {
+            id: self.request,
+            body,
+        });
+    }
+}
+
+/// The vGPU built: its device, its backend stack's layers, its sockets.
+struct Built {
+    vgpu: Arc<Vgpu>,
+    gate: Option<Arc<vgpu_grant::SwitchGate>>,
+    stack: Stack,
+    storage: Option<Arc<StorageSet>>,
+    asker: Option<Arc<Asker>>,
+    listener: Front,
+    reconnect: Option<Reconnect>,
+}
+
+/// Step 4: the backend stack over the GPU, the device, the vhost-user and reconnect
+/// sockets bound. A pool worker (`pooled`) is served only scheduled, and its share must
+/// hold what its GPU charged when it opened.
+fn build(
+    cfg: &Config,
+    channel: Option<&Channel>,
+    grant: Option<(OwnedFd, OwnedFd)>,
+    sockets: Sockets,
+    opened: Opened,
+    pooled: bool,
+) -> Result<Built, WorkerError> {
+    if pooled {
+        check_pooled(cfg, grant.is_some(), &*opened.gpu)?;
+    }
+    let asker = channel.map(|c| c.asker.clone());
+    let broker = asker.clone().filter(|_| cfg.oversubscribe);
+    let stack = backend::assemble(opened.gpu, &cfg.gpu, broker, cfg.device.vgpu_id);
+    let (vgpu, gate) = device(cfg, &stack, asker.as_ref(), opened.storage.as_ref(), grant)?;
+    // vgpud binds the sockets and hands them over; a worker run alone binds its own.
+    let listener = match sockets.vhost {
+        Some(fd) => inherit::listener(fd, "--listen-fd")
+            .map(vhost::vhost_user::Listener::from)
+            .map_err(|why| WorkerError::Bind {
+                path: cfg.socket.clone(),
+                why,
+            })
+            .and_then(|l| serve::from_listener(l, &cfg.socket))?,
+        None => serve::bind(&cfg.socket)?,
+    };
+    let reconnect = inherit::reconnect_socket(cfg, sockets.control)?;
+    Ok(Built {
+        vgpu: Arc::new(vgpu),
+        gate,
+        stack,
+        storage: opened.storage,
+        asker,
+        listener,
+        reconnect,
+    })
+}
+
+/// A pool worker's assignment against what it has: vgpud always sends the grant page and
+/// doorbell with it, and a share that cannot hold what the backend charged at start (the
+/// CUDA context's reserve) is refused as a fresh worker would refuse it.
+fn check_pooled(cfg: &Config, granted: bool, gpu: &dyn Backend) -> Result<(), WorkerError> {
+    if !granted {
+        return Err(WorkerError::Grant(
+            "the vGPU's grant page and doorbell did not come with the assignment".into(),
+        ));
+    }
+    let reserve = gpu.memory_usage().used;
+    let share = cfg.device.memory_share;
+    if reserve > share {
+        return Err(WorkerError::Backend(
+            vgpu_backend::BackendError::ContextReserve {
+                share,
+                reserve,
+                detail: "charged when the pool worker opened its GPU".into(),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// Step 5: with `--migrate-in`, the listener the source worker connects to (bound before
+/// the control thread says `ready`, so vgpud can send the source at once) and its token.
+fn incoming(cfg: &Config) -> Result<Option<(crate::incoming::Listener, String)>, WorkerError> {
+    match (&cfg.migrate_in, &cfg.migrate_token_file) {
+        (Some(addr), Some(t)) => Ok(Some((
+            crate::incoming::bind(addr)?,
+            crate::incoming::token(t)?,
+        ))),
+        _ => Ok(None),
+    }
+}
+
+/// A worker whose threads run, ready to serve its guest.
+struct Running {
+    cfg: Config,
+    state: Arc<ControlState>,
+    listener: Front,
+    /// The control channel's writing end.
+    out: Option<Arc<ControlOut>>,
+    shutdown: Shutdown,
+}
+
+/// Step 6: the signal thread, the control state, the receiver of an incoming migration
+/// (the guest's requests wait for the state), the control thread.
+fn start(
+    cfg: Config,
+    channel: Option<Channel>,
+    built: Built,
+    signals: libc::sigset_t,
+    incoming: Option<(crate::incoming::Listener, String)>,
+) -> Result<Running, WorkerError> {
+    let Built {
+        vgpu,
+        gate,
+        stack,
+        storage,
+        asker,
+        listener,
+        reconnect,
+    } = built;
+    let shutdown: Shutdown = Arc::new(Mutex::new(None));
+    serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;
+    let d = &cfg.device;
+    tracing::info!(socket = %cfg.socket.display(), vgpu = d.vgpu_id, queues = d.num_queues,
+        memory = d.memory_share, compute_share = d.compute_share, copy_share = d.copy_share,
+        "listening");
+    let state = Arc::new(ControlState {
+        vgpu,
+        started: Instant::now(),
+        shares: Mutex::new(Shares {
+            compute: d.compute_share,
+            copy: d.copy_share,
+            priority: cfg.priority,
+        }),
+        connected: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
+        shutdown: shutdown.clone(),
+        socket: cfg.socket.clone(),
+        pager: stack.pager,
+        asker,
+        migratable: stack.migratable,
+        gate,
+        memory: d.memory_share,
+        storage,
+        outgoing: Arc::default(),
+    });
+    if let Some((listener, token)) = incoming {
+        let (shutdown, socket, gate) = (shutdown.clone(), cfg.socket.clone(), state.gate.clone());
+        let layers = (state.migratable.clone(), state.pager.clone());
+        crate::incoming::start(listener, token, layers, move |_| {
+            serve::stop(
+                &shutdown,
+                &socket,
+                gate.as_deref(),
+                "the vGPU's state did not arrive",
+            );
+        })?;
+    }
+    let out = channel
+        .map(|c| start_control(c, &state, reconnect))
+        .transpose()?;
+    Ok(Running {
+        cfg,
+        state,
+        listener,
+        out,
+        shutdown,
+    })
+}
+
+/// Step 7: the seccomp filter (start-up is done: from here on only what serving the guest
+/// needs), the frontend served until it leaves, the last counters to vgpud.
+fn serve_guest(running: Running) -> Result<(), WorkerError> {
+    let Running {
+        cfg,
+        state,
+        mut listener,
+        out,
+        shutdown,
+    } = running;
+    let probing = probe::wanted(cfg.device.vgpu_id);
+    if let Some((rest, dir)) = &probing {
+        probe::before_filter(rest, dir);
+    }
+    sandbox::lock_down(cfg.seccomp)?;
+    if probing.is_some() {
+        probe::after_filter();
+    }
+    let served = serve::serve(
+        &mut listener,
+        state.vgpu.clone(),
+        &shutdown,
+        cfg.poll,
+        cfg.max_guest_memory,
+        state.outgoing.clone(),
+        || {
+            state.connected.store(true, Ordering::Relaxed);
+            if let Some(out) = &out {
+                out.send(&WorkerMessage::Connected);
+            }
+        },
+    );
+    if let Some(out) = &out {
+        state.connected.store(false, Ordering::Relaxed);
+        out.send(&WorkerMessage::Final {
+            stats: state.stats(),
+        });
+    }
+    served?;
+    tracing::info!("frontend gone; exiting");
+    Ok(())
+}
+
 /// The control channel's parts: lines (with descriptors) in, lines out, questions to vgpud.
 struct Channel {
     input: FdReader,
@@ -96,21 +464,6 @@ fn open_channel(fd: Option<i32>) -> Result<Option<Channel>, WorkerError> {
         out,
         asker,
     }))
-}
-
-/// Takes the inherited grant page and doorbell (`--grant-fds`).
-fn inherited_grant(page: i32, doorbell: i32) -> Result<(OwnedFd, OwnedFd), WorkerError> {
-    for fd in [page, doorbell] {
-        // SAFETY: F_GETFD only inspects the descriptor table.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(WorkerError::Grant(format!(
-                "descriptor {fd} is not open; start the worker from vgpud or drop --grant-fds"
-            )));
-        }
-    }
-    // SAFETY: both descriptors are open (checked above) and were handed to this process
-    // for the grant channel alone; nothing else in the worker owns them.
-    Ok(unsafe { (OwnedFd::from_raw_fd(page), OwnedFd::from_raw_fd(doorbell)) })
 }
 
 /// The device over the stack, with what the configuration adds (shared memory, storage,
@@ -147,116 +500,6 @@ fn device(
     Ok((vgpu, gate))
 }
 
-/// The control socket vgpud reconnects on, with its secret (`--control-listen`,
-/// `--secret-file`), when the worker is to wait for vgpud.
-fn reconnect_socket(
-    cfg: &Config,
-    inherited: Option<OwnedFd>,
-) -> Result<Option<Reconnect>, WorkerError> {
-    let Some(secret_file) = &cfg.secret_file else {
-        return Ok(None);
-    };
-    let path = match (&cfg.control_listen, &inherited) {
-        (Some(p), _) => p.clone(),
-        (None, Some(_)) => PathBuf::from("(descriptor from vgpud)"),
-        (None, None) => return Ok(None),
-    };
-    let path = &path;
-    if cfg.reconnect.is_zero() {
-        return Ok(None);
-    }
-    let err = |why: String| WorkerError::Bind {
-        path: path.clone(),
-        why,
-    };
-    let secret = std::fs::read_to_string(secret_file)
-        .map_err(|e| {
-            err(format!(
-                "cannot read the secret {}: {e}",
-                secret_file.display()
-            ))
-        })?
-        .trim()
-        .to_owned();
-    if secret.is_empty() {
-        return Err(err(format!(
-            "the secret {} is empty",
-            secret_file.display()
-        )));
-    }
-    let listener = match inherited {
-        Some(fd) => listener_from(fd, "--control-listen-fd").map_err(err)?,
-        None => {
-            if std::fs::symlink_metadata(path).is_ok() {
-                std::fs::remove_file(path)
-                    .map_err(|e| err(format!("cannot remove the old socket: {e}")))?;
-            }
-            std::os::unix::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?
-        }
-    };
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| err(e.to_string()))?;
-    Ok(Some(Reconnect {
-        listener,
-        secret,
-        wait: cfg.reconnect,
-    }))
-}
-
-/// A listening unix socket vgpud handed over (`what` names where it came from).
-fn listener_from(fd: OwnedFd, what: &str) -> Result<std::os::unix::net::UnixListener, String> {
-    use std::os::fd::AsRawFd;
-    let mut ty: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `ty`, a valid c_int.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            std::ptr::addr_of_mut!(ty).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 || ty == 0 {
-        return Err(format!(
-            "{what}: descriptor {} is not a listening socket; start the worker from vgpud",
-            fd.as_raw_fd()
-        ));
-    }
-    Ok(std::os::unix::net::UnixListener::from(fd))
-}
-
-/// Takes an inherited descriptor named on the command line (`what`).
-fn inherited_fd(fd: Option<i32>, what: &str) -> Result<Option<OwnedFd>, WorkerError> {
-    let Some(fd) = fd else { return Ok(None) };
-    // SAFETY: F_GETFD only inspects the descriptor table.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(WorkerError::Control {
-            fd,
-            why: format!("{what}: the descriptor is not open; start the worker from vgpud"),
-        });
-    }
-    // SAFETY: the descriptor is open (checked above) and was handed to this process for
-    // this purpose alone; nothing else in the worker owns it.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
-}
-
-/// Answers a pool worker's assignment: `assigned` once its socket is bound, else why not.
-fn answer_assignment(assigned: Option<&(u64, Arc<ControlOut>)>, result: Result<(), &WorkerError>) {
-    let Some((id, out)) = assigned else { return };
-    let body = match result {
-        Ok(()) => ReplyBody::Assigned {
-            pid: std::process::id(),
-        },
-        Err(e) => ReplyBody::Error {
-            message: e.to_string(),
-        },
-    };
-    out.send(&WorkerMessage::Reply { id: *id, body });
-}
-
 /// Says `ready` and starts the control thread; the channel's writing end for the rest.
 fn start_control(
     channel: Channel,
@@ -281,178 +524,4 @@ fn start_control(
         .spawn(move || control.run())
         .map_err(WorkerError::Signals)?;
     Ok(out)
-}
-
-/// Serves the vGPU until its frontend disconnects or the worker is stopped. A pool
-/// worker first waits for its vGPU (`pool.rs`).
-pub fn run(mut cfg: Config) -> Result<(), WorkerError> {
-    sandbox::harden()?;
-    let signals = serve::block_signals()?;
-    if (cfg.oversubscribe || cfg.shm || cfg.pool) && cfg.control_fd.is_none() {
-        return Err(WorkerError::Control {
-            fd: -1,
-            why: "--oversubscribe, --shm and --pool need vgpud (the control channel)".into(),
-        });
-    }
-    let mut channel = open_channel(cfg.control_fd)?;
-    let storage = backend::storage_set(&cfg.storage)?;
-    let gpu = backend::gpu(&cfg.gpu, storage.as_ref())?;
-    let mut sockets = (
-        inherited_fd(cfg.listen_fd, "--listen-fd")?,
-        inherited_fd(cfg.control_listen_fd, "--control-listen-fd")?,
-    );
-    let (grant, assigned) = match (&mut channel, cfg.pool) {
-        (Some(c), true) => {
-            match pool::await_assignment(&mut cfg, &mut c.input, &c.fds, &c.out, &signals)? {
-                // A pool worker serves only scheduled: vgpud always sends the grant page
-                // and doorbell with the assignment.
-                Some(a) if a.grant.is_none() => {
-                    let e = WorkerError::Grant(
-                        "the vGPU's grant page and doorbell did not come with the assignment"
-                            .into(),
-                    );
-                    answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
-                    return Err(e);
-                }
-                Some(a) => {
-                    // The pool worker opened its GPU before it knew the share: a share
-                    // that cannot hold what the backend charged at start (the CUDA
-                    // context's reserve) is refused as a fresh worker would refuse it.
-                    let reserve = gpu.memory_usage().used;
-                    let share = cfg.device.memory_share;
-                    if reserve > share {
-                        let e = WorkerError::Backend(vgpu_backend::BackendError::ContextReserve {
-                            share,
-                            reserve,
-                            detail: "charged when the pool worker opened its GPU".into(),
-                        });
-                        answer_assignment(Some(&(a.request, c.out.clone())), Err(&e));
-                        return Err(e);
-                    }
-                    if let Some((vhost, control)) = a.sockets {
-                        sockets = (Some(vhost), Some(control));
-                    }
-                    (a.grant, Some((a.request, c.out.clone())))
-                }
-                None => return Ok(()),
-            }
-        }
-        _ => (
-            cfg.grant_fds
-                .map(|(page, doorbell)| inherited_grant(page, doorbell))
-                .transpose()?,
-            None,
-        ),
-    };
-    let asker = channel.as_ref().map(|c| c.asker.clone());
-    let broker = asker.clone().filter(|_| cfg.oversubscribe);
-    let vgpu_id = cfg.device.vgpu_id;
-    let stack = backend::assemble(gpu, &cfg.gpu, broker, vgpu_id);
-    let (vgpu, gate) = match device(&cfg, &stack, asker.as_ref(), storage.as_ref(), grant) {
-        Ok(v) => v,
-        Err(e) => {
-            answer_assignment(assigned.as_ref(), Err(&e));
-            return Err(e);
-        }
-    };
-    let vgpu = Arc::new(vgpu);
-    // vgpud binds the sockets and hands them over; a worker run alone binds its own.
-    let (vhost_fd, control_fd) = sockets;
-    let vhost = match vhost_fd {
-        Some(fd) => listener_from(fd, "--listen-fd")
-            .map(vhost::vhost_user::Listener::from)
-            .map_err(|why| WorkerError::Bind {
-                path: cfg.socket.clone(),
-                why,
-            })
-            .and_then(|l| serve::from_listener(l, &cfg.socket)),
-        None => serve::bind(&cfg.socket),
-    };
-    let bound = vhost.and_then(|l| Ok((l, reconnect_socket(&cfg, control_fd)?)));
-    let (mut listener, reconnect) = match bound {
-        Ok(v) => v,
-        Err(e) => {
-            answer_assignment(assigned.as_ref(), Err(&e));
-            return Err(e);
-        }
-    };
-    answer_assignment(assigned.as_ref(), Ok(()));
-    let incoming = match (&cfg.migrate_in, &cfg.migrate_token_file) {
-        (Some(addr), Some(t)) => Some((crate::incoming::bind(addr)?, crate::incoming::token(t)?)),
-        _ => None,
-    };
-
-    let shutdown: Shutdown = Arc::new(Mutex::new(None));
-    serve::spawn_signal_thread(signals, shutdown.clone(), cfg.socket.clone(), gate.clone())?;
-    let d = &cfg.device;
-    tracing::info!(socket = %cfg.socket.display(), vgpu = vgpu_id, queues = d.num_queues,
-        memory = d.memory_share, compute_share = d.compute_share, copy_share = d.copy_share,
-        "listening");
-    let state = Arc::new(ControlState {
-        vgpu: vgpu.clone(),
-        started: Instant::now(),
-        shares: Mutex::new(Shares {
-            compute: d.compute_share,
-            copy: d.copy_share,
-            priority: cfg.priority,
-        }),
-        connected: AtomicBool::new(false),
-        stopping: AtomicBool::new(false),
-        shutdown: shutdown.clone(),
-        socket: cfg.socket.clone(),
-        pager: stack.pager,
-        asker,
-        migratable: stack.migratable,
-        gate,
-        memory: d.memory_share,
-        storage,
-        outgoing: Arc::default(),
-    });
-    if let Some((listener, token)) = incoming {
-        let (shutdown, socket, gate) = (shutdown.clone(), cfg.socket.clone(), state.gate.clone());
-        let layers = (state.migratable.clone(), state.pager.clone());
-        crate::incoming::start(listener, token, layers, move |_| {
-            serve::stop(
-                &shutdown,
-                &socket,
-                gate.as_deref(),
-                "the vGPU's state did not arrive",
-            );
-        })?;
-    }
-    let out = channel
-        .map(|c| start_control(c, &state, reconnect))
-        .transpose()?;
-    // Start-up is done: from here on only what serving the guest needs.
-    let probing = probe::wanted(vgpu_id);
-    if let Some((rest, dir)) = &probing {
-        probe::before_filter(rest, dir);
-    }
-    sandbox::lock_down(cfg.seccomp)?;
-    if probing.is_some() {
-        probe::after_filter();
-    }
-    let served = serve::serve(
-        &mut listener,
-        vgpu,
-        &shutdown,
-        cfg.poll,
-        cfg.max_guest_memory,
-        state.outgoing.clone(),
-        || {
-            state.connected.store(true, Ordering::Relaxed);
-            if let Some(out) = &out {
-                out.send(&WorkerMessage::Connected);
-            }
-        },
-    );
-    if let Some(out) = &out {
-        state.connected.store(false, Ordering::Relaxed);
-        out.send(&WorkerMessage::Final {
-            stats: state.stats(),
-        });
-    }
-    served?;
-    tracing::info!("frontend gone; exiting");
-    Ok(())
 }

@@ -1,5 +1,6 @@
 //! The worker's own part of its sandbox (vgpud's part: its identity, its PID namespace,
-//! its private directory and the sockets it serves, see `vgpud/src/daemon/workers.rs`):
+//! its private directory and the sockets it serves, see `vgpud/src/daemon/workers/mod.rs`
+//! and `vgpud/src/daemon/worker_files.rs`):
 //! first thing the worker makes itself non-dumpable and sets `no_new_privs`; once its
 //! start-up is done (backend built, its sockets and descriptors received) it installs a
 //! seccomp filter that allows only the system calls serving a guest needs. Anything else kills the whole worker with SIGSYS (`--seccomp kill`),

@@ -229,10 +229,42 @@ fn the_operation_modules_do_not_reach_back_into_what_the_daemon_owns() {
         "shm",
         "locks",
         "config",
+        "grants",
+        "attach",
+        "worker_files",
     ] {
         let edges = g.get(leaf).cloned().unwrap_or_default();
         assert!(!edges.contains("core"), "{leaf} imports core: {edges:?}");
     }
+}
+
+#[test]
+fn the_daemon_has_its_fields_and_one_dispatcher_and_the_operations_are_functions() {
+    // `Daemon` is built in `core.rs` and dispatches commands in `command.rs`; every other
+    // module's operations are functions taking the part of the daemon they need, so the
+    // modules' layers show in their paths (a method hides its caller's edge).
+    let daemon = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon");
+    let mut files = Vec::new();
+    rust_files(&daemon, &mut files);
+    let mut blocks: Vec<String> = Vec::new();
+    for f in &files {
+        let src = std::fs::read_to_string(f).expect("a readable source file");
+        let name = module_path(&daemon, f).join("/");
+        for line in code_of(&src).lines() {
+            let t = line.trim_start();
+            let for_daemon = t.contains(" for Daemon ") || t.ends_with(" for Daemon {");
+            if t.starts_with("impl Daemon") || (t.starts_with("impl") && for_daemon) {
+                blocks.push(name.clone());
+            }
+        }
+    }
+    blocks.sort();
+    assert_eq!(
+        blocks,
+        vec!["command".to_string(), "core".to_string()],
+        "`impl Daemon` belongs in core.rs (construction) and command.rs (dispatch) only; \
+         write an operation as a function of its module taking the parts it reads"
+    );
 }
 
 #[test]

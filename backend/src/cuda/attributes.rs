@@ -18,6 +18,16 @@ fn get(dev: sys::CUdevice, attr: CUdevice_attribute, fallback: u32) -> u32 {
     u32::try_from(v).unwrap_or(fallback)
 }
 
+/// Whether `dev` has the Tensor Memory Accelerator (compute capability 9.0 or higher:
+/// `CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED`).
+pub(super) fn tensor_maps(dev: sys::CUdevice) -> bool {
+    get(
+        dev,
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED,
+        0,
+    ) == 1
+}
+
 /// The attributes of `dev`.
 pub(super) fn read(dev: sys::CUdevice) -> DeviceAttributes {
     use CUdevice_attribute::*;

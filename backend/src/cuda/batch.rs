@@ -33,7 +33,7 @@ use cudarc::driver::sys;
 use vgpu_proto::ArgValue;
 
 use super::builtin;
-use super::driver::{check, Event, Stream};
+use super::driver::{check, CuError, Event, Stream};
 use super::lanes::Lane;
 use super::modules::{self, Kernel, PtxFunc};
 use super::{CudaGpu, DEFAULT_SHARED};
@@ -51,6 +51,7 @@ impl CudaGpu {
         lane: &mut Lane,
         f: &PtxFunc,
         config: &LaunchConfig,
+        cluster: [u32; 3],
         args: &[ArgValue],
         blob: &[u8],
     ) -> Result<u64> {
@@ -62,7 +63,17 @@ impl CudaGpu {
             ..
         } = lane;
         let run = self
-            .queue_ptx(stream, Some(start), Some(end), held, f, config, args, blob)
+            .queue_ptx(
+                stream,
+                Some(start),
+                Some(end),
+                held,
+                f,
+                config,
+                cluster,
+                args,
+                blob,
+            )
             .and_then(|()| self.wait_kernel(end, f.name()))
             .and_then(|()| end.since_ns(start).map_err(|e| self.cuda_err(e)));
         // The kernel has finished (or can no longer touch them): the allocations may go.
@@ -82,6 +93,7 @@ impl CudaGpu {
         held: &mut Vec<modules::Held>,
         f: &PtxFunc,
         config: &LaunchConfig,
+        cluster: [u32; 3],
         args: &[ArgValue],
         blob: &[u8],
     ) -> Result<()> {
@@ -163,37 +175,94 @@ impl CudaGpu {
         if let Some(start) = start {
             start.record(stream).map_err(|e| self.cuda_err(e))?;
         }
-        let [gx, gy, gz] = config.grid;
-        let [bx, by, bz] = config.block;
-        check(
-            // SAFETY: `f.func` is a live function of a module the caller keeps loaded (its
-            // `Kernel` Arc); `ptrs` holds one pointer per kernel parameter (count and sizes
-            // checked against cuFuncGetParamInfo above) to values that outlive the call (the
-            // driver copies them before returning; blob arguments point into `blob`,
-            // borrowed for the call); pointer arguments lie in live allocations that `held`
-            // keeps until the kernel finished.
-            unsafe {
-                sys::cuLaunchKernel(
-                    f.func.0,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    config.shared_bytes,
-                    stream.raw(),
-                    ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel",
-        )
+        if cluster == crate::NO_CLUSTER {
+            let [gx, gy, gz] = config.grid;
+            let [bx, by, bz] = config.block;
+            check(
+                // SAFETY: `f.func` is a live function of a module the caller keeps loaded
+                // (its `Kernel` Arc); `ptrs` holds one pointer per kernel parameter (count
+                // and sizes checked against cuFuncGetParamInfo above) to values that
+                // outlive the call (the driver copies them before returning; blob
+                // arguments point into `blob`, borrowed for the call); pointer arguments
+                // lie in live allocations that `held` keeps until the kernel finished.
+                unsafe {
+                    sys::cuLaunchKernel(
+                        f.func.0,
+                        gx,
+                        gy,
+                        gz,
+                        bx,
+                        by,
+                        bz,
+                        config.shared_bytes,
+                        stream.raw(),
+                        ptrs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                },
+                "cuLaunchKernel",
+            )
+        } else {
+            self.launch_cluster(stream, f, config, cluster, &mut ptrs)
+        }
         .map_err(|e| self.launch_err(e, f.name()))?;
         match end {
             Some(end) => end.record(stream).map_err(|e| self.cuda_err(e)),
             None => Ok(()),
         }
+    }
+
+    /// `cuLaunchKernelEx` of `f` in thread block clusters of `cluster` blocks (the device
+    /// checked the size and that the grid is a whole number of clusters); a cluster above
+    /// the portable 8 blocks first allows the function non-portable sizes.
+    fn launch_cluster(
+        &self,
+        stream: &Stream,
+        f: &PtxFunc,
+        config: &LaunchConfig,
+        cluster: [u32; 3],
+        ptrs: &mut [*mut c_void],
+    ) -> std::result::Result<(), CuError> {
+        if cluster.iter().product::<u32>() > 8 {
+            let _g = lock(&self.attr_lock);
+            check(
+                // SAFETY: sets an attribute of a live function of a loaded module.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f.func.0,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                },
+                "cuFuncSetAttribute",
+            )?;
+        }
+        // SAFETY: an all-zero attribute is a valid value of this plain C union.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = cluster[0];
+        attr.value.clusterDim.y = cluster[1];
+        attr.value.clusterDim.z = cluster[2];
+        let lc = sys::CUlaunchConfig {
+            gridDimX: config.grid[0],
+            gridDimY: config.grid[1],
+            gridDimZ: config.grid[2],
+            blockDimX: config.block[0],
+            blockDimY: config.block[1],
+            blockDimZ: config.block[2],
+            sharedMemBytes: config.shared_bytes,
+            hStream: stream.raw(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        check(
+            // SAFETY: as `cuLaunchKernel` in `queue_ptx` (the same function, parameters and
+            // lifetimes); `lc` and its one attribute live on this frame for the call.
+            unsafe {
+                sys::cuLaunchKernelEx(&lc, f.func.0, ptrs.as_mut_ptr(), std::ptr::null_mut())
+            },
+            "cuLaunchKernelEx",
+        )
     }
 
     /// [`crate::Backend::launch`] of more than one: each run of kernels that can join a batch as one
@@ -350,6 +419,7 @@ impl CudaGpu {
                 held,
                 f,
                 &item.config,
+                item.cluster,
                 item.args,
                 item.blob,
             ),

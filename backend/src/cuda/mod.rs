@@ -34,6 +34,7 @@ mod modules;
 mod pinned;
 mod relocation;
 mod storage;
+mod tensor_map;
 mod vmm;
 
 use std::ffi::c_void;
@@ -231,6 +232,13 @@ impl CudaGpu {
             })?;
         let t = Instant::now();
         let builtins = Builtins::load(&ctx)?;
+        let attrs = attributes::read(dev);
+        // Thread block clusters: compute capability 9.0 and newer.
+        let clusters = if attrs.cc_major >= 9 {
+            features::CLUSTERS
+        } else {
+            0
+        };
         let info = BackendInfo {
             kind: backend_kind::CUDA,
             name: props.name.clone(),
@@ -247,13 +255,19 @@ impl CudaGpu {
                 | features::PARAM_LAYOUT
                 | features::GLOBALS
                 | features::PARAM_BLOBS
-                | features::FUNCTION_ATTRIBUTES,
+                | features::FUNCTION_ATTRIBUTES
+                | clusters
+                | if attributes::tensor_maps(dev) {
+                    features::TENSOR_MAPS
+                } else {
+                    0
+                },
             attributes: vgpu_proto::DeviceAttributes {
                 // The limits as the driver took them and the ledger charged them.
                 stack_bytes: u32::try_from(reserve.stack_bytes).unwrap_or(u32::MAX),
                 heap_kib: u32::try_from(reserve.heap_bytes >> 10).unwrap_or(u32::MAX),
                 printf_fifo_kib: u32::try_from(reserve.printf_fifo_bytes >> 10).unwrap_or(u32::MAX),
-                ..attributes::read(dev)
+                ..attrs
             },
         };
         tracing::info!(gpu = cfg.ordinal, name = %props.name, capability = ?props.capability,
@@ -621,7 +635,9 @@ impl CudaGpu {
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let ns = match &kernel {
             Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
-            Kernel::Ptx(_module, f) => self.run_ptx(&mut lane, f, &l.config, l.args, l.blob)?,
+            Kernel::Ptx(_module, f) => {
+                self.run_ptx(&mut lane, f, &l.config, l.cluster, l.args, l.blob)?
+            }
             Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
         };
         drop(kernel);
@@ -686,6 +702,40 @@ impl crate::Modules for CudaGpu {
     fn module_globals(&self, module: u64) -> Result<Vec<crate::ModuleGlobal>> {
         self.enter()?;
         self.modules.globals(module)
+    }
+
+    fn encode_tensor_map(
+        &self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        if self.info.features & features::TENSOR_MAPS == 0 {
+            return Err(BackendError::NotSupported(format!(
+                "{} has no tensor memory accelerator (TMA needs compute capability 9.0 or higher)",
+                self.info.name
+            )));
+        }
+        map.check()
+            .map_err(|e| BackendError::InvalidArgument(e.to_string()))?;
+        let len = map.extent().ok_or(BackendError::BadPointer {
+            addr: map.global_address,
+            len: u64::MAX,
+        })?;
+        // The tensor lies inside one allocation (or module variable) of this vGPU, held
+        // while the driver encodes its address.
+        let _held = modules::resolve(&self.mem, &self.modules, map.global_address, len, false)?;
+        self.enter()?;
+        tensor_map::encode(map).map_err(|e| match e {
+            tensor_map::EncodeError::Value(field) => BackendError::InvalidArgument(format!(
+                "tensor map {field} is not a CUDA value"
+            )),
+            tensor_map::EncodeError::Driver(e) if e.code == CUresult::CUDA_ERROR_INVALID_VALUE => {
+                BackendError::InvalidArgument(format!(
+                    "the GPU's driver refused the tensor map parameters ({}): check the strides against the dimensions and the box against the tensor",
+                    e.name()
+                ))
+            }
+            tensor_map::EncodeError::Driver(e) => self.cuda_err(e),
+        })
     }
 }
 

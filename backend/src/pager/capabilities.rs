@@ -155,6 +155,13 @@ impl Modules for Pager {
         self.inner.modules().function_attributes(function)
     }
 
+    fn encode_tensor_map(
+        &self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        self.inner.modules().encode_tensor_map(map)
+    }
+
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         let (addr, size) = self.inner.modules().module_global(module, name)?;
         if size > 0 {

@@ -190,6 +190,7 @@ fn a_batch_restores_what_it_reaches_and_runs_one_by_one_when_it_cannot_all_fit()
     let item = |args| crate::Launch {
         function: fill,
         config: cfg,
+        cluster: crate::NO_CLUSTER,
         args,
         blob: &[],
     };

@@ -201,6 +201,12 @@ pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
         attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
         // Stream-ordered allocation and pools (api/pool.rs).
         attr::MEMORY_POOLS_SUPPORTED => 1,
+        // Thread block clusters (api/launch_ex.rs).
+        attr::CLUSTER_LAUNCH => c_int::from(d.info.features & vgpu_proto::features::CLUSTERS != 0),
+        // TMA descriptors are encoded by the worker's GPU driver (api/tensor_map.rs).
+        attr::TENSOR_MAP_ACCESS_SUPPORTED => {
+            c_int::from(d.info.features & vgpu_proto::features::TENSOR_MAPS != 0)
+        }
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(res::INVALID_VALUE),
     })

@@ -351,19 +351,26 @@ static DEVICE_EXTENDED_RT: Table<26> = {
     Table(t)
 };
 
-/// Slot 2: checks on a context; nothing is ever flagged on a vGPU.
+/// Slot 1: a check the driver does not offer; the runtime then takes its other path.
+extern "C" fn context_check_unsupported(
+    _ctx: CUcontext,
+    _flags: *mut c_uint,
+    _extra: *mut *const c_void,
+) -> CUresult {
+    res::NOT_SUPPORTED
+}
+
+/// Slot 2: checks on a context; nothing is ever flagged on a vGPU. `extra` is the caller's
+/// and stays as it was: the runtimes inside cuBLASLt (CUDA 13) pass a pointer there that
+/// they read back, and a NULL written into it makes `cublasCreate` fail.
 unsafe extern "C" fn context_check(
     _ctx: CUcontext,
     flags: *mut c_uint,
-    extra: *mut *const c_void,
+    _extra: *mut *const c_void,
 ) -> CUresult {
     if !flags.is_null() {
         // SAFETY: non-null, a writable unsigned int from the runtime.
         unsafe { flags.write(0) };
-    }
-    if !extra.is_null() {
-        // SAFETY: non-null, a writable pointer from the runtime.
-        unsafe { extra.write(std::ptr::null()) };
     }
     res::SUCCESS
 }
@@ -372,12 +379,16 @@ extern "C" fn context_check_3() -> c_uint {
     0
 }
 
-static CONTEXT_CHECKS: Table<4> = Table([
-    size_of_table(4),
-    NULL,
-    context_check as Slot,
-    context_check_3 as Slot,
-]);
+/// 17 slots, as the CUDA 13 driver's table: the runtime reads the size in slot 0 and
+/// looks no further than it.
+static CONTEXT_CHECKS: Table<17> = {
+    let mut t = [NULL; 17];
+    t[0] = size_of_table(17);
+    t[1] = context_check_unsupported as Slot;
+    t[2] = context_check as Slot;
+    t[3] = context_check_3 as Slot;
+    Table(t)
+};
 
 // ---- INTEGRITY_CHECK ----
 

@@ -175,7 +175,8 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
             }
             func.carveout = value;
         }
-        // No thread block clusters on a vGPU: requiring none is fine.
+        // A cluster size fixed on the function is not kept: launches name theirs
+        // (`cuLaunchKernelEx`); requiring none is fine.
         fattr::REQUIRED_CLUSTER_WIDTH
         | fattr::REQUIRED_CLUSTER_HEIGHT
         | fattr::REQUIRED_CLUSTER_DEPTH => {
@@ -185,8 +186,8 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
             }
         }
         // Permissions and preferences for cluster launches (cuBLAS sets them on its
-        // kernels): valid values are accepted and change nothing, as no launch on a vGPU
-        // is a cluster launch.
+        // kernels): valid values are accepted; the worker allows a cluster above the
+        // portable 8 blocks itself, and schedules clusters as the GPU prefers.
         fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
             if !(0..=1).contains(&value) {
                 return Err(res::INVALID_VALUE);

@@ -333,6 +333,19 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
     guard("cuGraphInstantiate_v2", || instantiate(pexec, g, 0))
 }
 
+/// The CUDA 11 name: the same arguments as `cuGraphInstantiate_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    pexec: *mut CUgraphExec,
+    g: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut std::ffi::c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: the same contract as cuGraphInstantiate_v2.
+    unsafe { cuGraphInstantiate_v2(pexec, g, error_node, log, log_size) }
+}
+
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
     guard("cuGraphExecDestroy", || {

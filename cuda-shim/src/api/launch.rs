@@ -177,6 +177,7 @@ pub(crate) fn prepare(
         grid,
         block,
         shared_bytes: shared,
+        cluster: [1, 1, 1],
         args: packed.args,
         blob: packed.blob,
     })
@@ -190,6 +191,7 @@ pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
         grid: p.grid,
         block: p.block,
         shared_bytes: p.shared_bytes,
+        flags: LaunchArgs::cluster_flags(p.cluster),
         ..LaunchArgs::default()
     };
     let (q, legacy) = d.stream_queue(h)?;
@@ -231,6 +233,10 @@ pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
     Ok(())
 }
 
+/// A launch in thread block clusters of `cluster` blocks (`[1, 1, 1]`: none), as
+/// `cuLaunchKernelEx` asks: the vGPU must run clusters (`features::CLUSTERS`, else
+/// NOT_SUPPORTED as on a GPU without them), the cluster hold at most 16 blocks and the
+/// grid be a whole number of clusters (INVALID_VALUE, as the driver answers either).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     f: CUfunction,
@@ -240,9 +246,25 @@ pub(crate) fn launch(
     stream: CUstream,
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    cluster: [c_uint; 3],
 ) -> Res<()> {
     driver::with(|d| {
-        let p = prepare(d, f, grid, block, shared, kernel_params, extra)?;
+        let mut p = prepare(d, f, grid, block, shared, kernel_params, extra)?;
+        if cluster != [1, 1, 1] {
+            if d.info.features & vgpu_proto::features::CLUSTERS == 0 {
+                crate::api::stubs::log_once("thread block clusters on this vGPU");
+                return Err(res::NOT_SUPPORTED);
+            }
+            let checked = LaunchArgs {
+                grid,
+                flags: LaunchArgs::cluster_flags(cluster),
+                ..LaunchArgs::default()
+            };
+            if cluster.iter().any(|&x| x > 255) || checked.cluster() != Ok(cluster) {
+                return Err(res::INVALID_VALUE);
+            }
+            p.cluster = cluster;
+        }
         let h = stream as usize;
         d.stream_queue(h)?;
         if crate::api::graph::record(d, h, || Op::Launch(p.clone()))? {
@@ -276,6 +298,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             stream,
             kernel_params,
             extra,
+            [1, 1, 1],
         )
     })
 }

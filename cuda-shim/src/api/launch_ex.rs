@@ -2,12 +2,15 @@
 //! attributes that are hints or orderings a vGPU launch already satisfies are honoured
 //! by the launch as it is (priority, access policy window, synchronisation policy,
 //! memory sync domains, shared memory carveout, programmatic stream serialisation: the
-//! stream stays fully serialised). Cooperative launches and thread block clusters larger
-//! than one block are not offered (`CUDA_ERROR_NOT_SUPPORTED`, as on a device without
-//! them; `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH` answers 0), nor are the attributes
-//! that record events from inside the kernel. Cluster occupancy
-//! (`cuOccupancyMaxActiveClusters`, `cuOccupancyMaxPotentialClusterSize`) answers
-//! accordingly: clusters of one block, as many as fit the GPU; none of more.
+//! stream stays fully serialised; a preferred cluster size: the required one is used).
+//! Thread block clusters (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`) run on a vGPU that
+//! offers them (`features::CLUSTERS`: a cuda vGPU on compute capability 9.0 or newer;
+//! `CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH` answers 1 there), up to 16 blocks. Cooperative
+//! launches are not offered (`CUDA_ERROR_NOT_SUPPORTED`, as on a device without them;
+//! `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH` answers 0), nor are the attributes that
+//! record events from inside the kernel. Cluster occupancy
+//! (`cuOccupancyMaxActiveClusters`, `cuOccupancyMaxPotentialClusterSize`) is estimated
+//! from the blocks that fit the whole GPU (every SM taken as able to join any cluster).
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -78,14 +81,9 @@ pub(crate) fn check_attribute(a: &LaunchAttribute) -> Result<(), CUresult> {
             crate::api::stubs::log_once("cooperative launches");
             Err(res::NOT_SUPPORTED)
         }
-        id::CLUSTER_DIMENSION | id::PREFERRED_CLUSTER_DIMENSION => {
-            let dims = [word(&a.value, 0), word(&a.value, 1), word(&a.value, 2)];
-            if dims.iter().all(|&x| x <= 1) {
-                return Ok(());
-            }
-            crate::api::stubs::log_once("thread block clusters");
-            Err(res::NOT_SUPPORTED)
-        }
+        // The size is checked with the launch (`cluster_blocks`); a preferred size is a
+        // hint the required one satisfies.
+        id::CLUSTER_DIMENSION | id::PREFERRED_CLUSTER_DIMENSION => Ok(()),
         id::PROGRAMMATIC_EVENT | id::LAUNCH_COMPLETION_EVENT => {
             crate::api::stubs::log_once("launch attributes that record events");
             Err(res::NOT_SUPPORTED)
@@ -121,32 +119,54 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
             // SAFETY: `attrs` holds `num_attrs` attributes (API contract).
             check_attribute(unsafe { &*c.attrs.add(i) })?;
         }
-        super::launch::launch(f, c.grid, c.block, c.shared, c.stream, kernel_params, extra)
+        // SAFETY: `attrs` holds `num_attrs` attributes (checked non-null above).
+        let cluster = unsafe { cluster_dims(c)? };
+        super::launch::launch(
+            f,
+            c.grid,
+            c.block,
+            c.shared,
+            c.stream,
+            kernel_params,
+            extra,
+            cluster,
+        )
     })
 }
 
-/// Blocks per cluster a launch configuration asks for (its `CLUSTER_DIMENSION`; 1
+/// The cluster a launch configuration asks for (its `CLUSTER_DIMENSION`; `[1, 1, 1]`
 /// without one).
 ///
 /// # Safety
 /// `c.attrs` holds `c.num_attrs` attributes (API contract).
-unsafe fn cluster_blocks(c: &LaunchConfig) -> Res<u64> {
+unsafe fn cluster_dims(c: &LaunchConfig) -> Res<[u32; 3]> {
     if c.num_attrs > 0 && c.attrs.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    let mut blocks = 1;
+    let mut dims = [1, 1, 1];
     for i in 0..c.num_attrs as usize {
         // SAFETY: `attrs` holds `num_attrs` attributes (the caller's contract).
         let a = unsafe { &*c.attrs.add(i) };
         if a.id == id::CLUSTER_DIMENSION {
-            let dims = [word(&a.value, 0), word(&a.value, 1), word(&a.value, 2)];
+            dims = [word(&a.value, 0), word(&a.value, 1), word(&a.value, 2)];
             if dims.contains(&0) {
                 return Err(res::INVALID_VALUE);
             }
-            blocks = dims.iter().map(|&x| u64::from(x)).product();
         }
     }
-    Ok(blocks)
+    Ok(dims)
+}
+
+/// Blocks per cluster a launch configuration asks for.
+///
+/// # Safety
+/// As [`cluster_dims`].
+unsafe fn cluster_blocks(c: &LaunchConfig) -> Res<u64> {
+    // SAFETY: the caller's contract.
+    Ok(unsafe { cluster_dims(c)? }
+        .iter()
+        .map(|&x| u64::from(x))
+        .product())
 }
 
 /// Clusters of `config`'s shape that run at once: for a cluster of one block, the blocks
@@ -165,11 +185,16 @@ fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
         if block == 0 {
             return Err(res::INVALID_VALUE);
         }
-        if size > 1 {
+        if size > 1 && d.info.features & vgpu_proto::features::CLUSTERS == 0 {
+            return Ok(0);
+        }
+        // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
+        // probes one block past the largest size this way).
+        if size > u64::from(vgpu_proto::MAX_CLUSTER_BLOCKS) {
             return Ok(0);
         }
         let per_sm = super::func::blocks_per_sm(&d.attributes, needs, block, u64::from(c.shared));
-        Ok(per_sm * u64::from(d.attributes.sm_count.max(1)))
+        Ok(per_sm * u64::from(d.attributes.sm_count.max(1)) / size)
     })
 }
 
@@ -180,7 +205,16 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     config: *const LaunchConfig,
 ) -> CUresult {
     guard("cuOccupancyMaxActiveClusters", || {
-        let n = max_active_clusters(f, config)?;
+        let n = max_active_clusters(f, config).inspect_err(|&code| {
+            if !config.is_null() {
+                // SAFETY: a readable CUlaunchConfig from the caller (checked non-null).
+                let c = unsafe { &*config };
+                // SAFETY: as `cluster_dims` (attrs checked there before any use).
+                let dims = unsafe { cluster_dims(c) };
+                tracing::debug!(code, grid = ?c.grid, block = ?c.block, shared = c.shared,
+                    attributes = c.num_attrs, cluster = ?dims, "cuOccupancyMaxActiveClusters refused");
+            }
+        })?;
         tracing::trace!(clusters = n, "cuOccupancyMaxActiveClusters");
         // SAFETY: a writable int from the caller (NULL refused).
         unsafe { out(num, n.min(c_int::MAX as u64) as c_int) }
@@ -197,9 +231,18 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
         if config.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        driver::with(|d| super::func::occupancy_checks(d, f, 0).map(drop))?;
+        let most = driver::with(|d| {
+            super::func::occupancy_checks(d, f, 0)?;
+            // The portable limit where clusters run, as the driver answers without the
+            // non-portable attribute; one block where they do not.
+            Ok(if d.info.features & vgpu_proto::features::CLUSTERS != 0 {
+                8
+            } else {
+                1
+            })
+        })?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(size, 1) }
+        unsafe { out(size, most) }
     })
 }
 
@@ -232,9 +275,10 @@ mod tests {
             check_attribute(&attr(id::CLUSTER_DIMENSION, &[1, 1, 1])),
             Ok(())
         );
+        // A cluster's size is checked with the launch, against what the vGPU runs.
         assert_eq!(
             check_attribute(&attr(id::CLUSTER_DIMENSION, &[2, 1, 1])),
-            Err(res::NOT_SUPPORTED)
+            Ok(())
         );
         assert_eq!(
             check_attribute(&attr(id::LAUNCH_COMPLETION_EVENT, &[])),

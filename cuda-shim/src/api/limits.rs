@@ -4,9 +4,13 @@
 //! them (or the lower value a program set); `cuCtxSetLimit` takes a value up to the
 //! charged one (the reserve already covers it) and refuses a larger one with
 //! `CUDA_ERROR_OUT_OF_MEMORY`, since the share holds no more for it. A device without
-//! such limits (sim) and the limits a vGPU does not offer (device runtime, CIG, L2 fetch
-//! granularity) answer `CUDA_ERROR_UNSUPPORTED_LIMIT`; persisting L2 cache is 0 and
-//! stays 0.
+//! such limits (sim) and the device runtime's sync depth answer
+//! `CUDA_ERROR_UNSUPPORTED_LIMIT`, as the driver does for the latter. The read-only limits
+//! answer what the driver answers for a context of this GPU, and may be set to that value
+//! only: the device runtime's pending launches (2048), the L2 fetch granularity (64
+//! bytes), the shared memory a kernel may use (the device's opt-in maximum per block;
+//! cuBLASLt asks it and refuses the GPU without it), CIG (0: not a CIG context);
+//! persisting L2 cache is 0 and stays 0.
 
 use std::ffi::c_int;
 
@@ -21,6 +25,10 @@ const STACK_SIZE: c_int = 0;
 const PRINTF_FIFO_SIZE: c_int = 1;
 const MALLOC_HEAP_SIZE: c_int = 2;
 const PERSISTING_L2_CACHE_SIZE: c_int = 6;
+const DEV_RUNTIME_PENDING_LAUNCH_COUNT: c_int = 4;
+const MAX_L2_FETCH_GRANULARITY: c_int = 5;
+const SHMEM_SIZE: c_int = 7;
+const CIG_ENABLED: c_int = 8;
 /// One past the last limit CUDA 13.0 defines.
 const LIMIT_MAX: c_int = 10;
 
@@ -38,7 +46,24 @@ fn charged(g: &DeviceAttributes, limit: c_int) -> Option<u64> {
     (v > 0).then_some(v)
 }
 
+/// The value of a limit this library answers but does not let a program change.
+fn fixed(g: &DeviceAttributes, limit: c_int) -> Option<u64> {
+    match limit {
+        DEV_RUNTIME_PENDING_LAUNCH_COUNT => Some(2048),
+        MAX_L2_FETCH_GRANULARITY => Some(64),
+        SHMEM_SIZE => Some(u64::from(
+            g.max_shared_per_block_optin
+                .min(vgpu_proto::MAX_SHARED_BYTES),
+        )),
+        CIG_ENABLED => Some(0),
+        _ => None,
+    }
+}
+
 fn get(g: &DeviceAttributes, lowered: &Lowered, limit: c_int) -> Res<u64> {
+    if let Some(v) = fixed(g, limit) {
+        return Ok(v);
+    }
     match limit {
         STACK_SIZE | PRINTF_FIFO_SIZE | MALLOC_HEAP_SIZE => {
             let c = charged(g, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
@@ -51,6 +76,13 @@ fn get(g: &DeviceAttributes, lowered: &Lowered, limit: c_int) -> Res<u64> {
 }
 
 fn set(g: &DeviceAttributes, lowered: &mut Lowered, limit: c_int, value: u64) -> Res<()> {
+    if let Some(v) = fixed(g, limit) {
+        return if value == v {
+            Ok(())
+        } else {
+            Err(res::UNSUPPORTED_LIMIT)
+        };
+    }
     match limit {
         STACK_SIZE | PRINTF_FIFO_SIZE | MALLOC_HEAP_SIZE => {
             let c = charged(g, limit).ok_or(res::UNSUPPORTED_LIMIT)?;
@@ -134,6 +166,20 @@ mod tests {
         // Limits a vGPU does not offer, and numbers outside the enum.
         assert_eq!(get(&cuda, &lowered, 3), Err(res::UNSUPPORTED_LIMIT));
         assert_eq!(set(&cuda, &mut lowered, 4, 1), Err(res::UNSUPPORTED_LIMIT));
+        // The read-only limits answer the driver's values and take only those.
+        assert_eq!(get(&cuda, &lowered, 4), Ok(2048));
+        assert_eq!(get(&cuda, &lowered, MAX_L2_FETCH_GRANULARITY), Ok(64));
+        assert_eq!(get(&cuda, &lowered, SHMEM_SIZE), Ok(227 << 10));
+        assert_eq!(get(&cuda, &lowered, CIG_ENABLED), Ok(0));
+        assert_eq!(
+            set(&cuda, &mut lowered, MAX_L2_FETCH_GRANULARITY, 64),
+            Ok(())
+        );
+        assert_eq!(
+            set(&cuda, &mut lowered, MAX_L2_FETCH_GRANULARITY, 128),
+            Err(res::UNSUPPORTED_LIMIT)
+        );
+        assert_eq!(get(&cuda, &lowered, 9), Err(res::UNSUPPORTED_LIMIT));
         assert_eq!(get(&cuda, &lowered, PERSISTING_L2_CACHE_SIZE), Ok(0));
         assert_eq!(
             set(&cuda, &mut lowered, PERSISTING_L2_CACHE_SIZE, 1),

@@ -15,10 +15,12 @@ pub mod ptsz;
 pub mod runtime;
 pub mod stream;
 pub mod stubs;
-// Libraries, function attributes, pitched memory, pools, host functions, graphs.
+pub mod table;
+pub mod vgpu;
+// Libraries, function attributes, pitched memory, pools, host functions, graphs, tensor
+// maps.
 pub mod capture;
 pub mod enumerate;
-pub mod ext_table;
 pub mod func;
 pub mod graph;
 pub mod hostfn;
@@ -29,3 +31,4 @@ pub mod memcpy;
 pub mod memcpy2d;
 pub mod pointer;
 pub mod pool;
+pub mod tensor_map;

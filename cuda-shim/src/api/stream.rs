@@ -3,7 +3,7 @@
 //! more streams than queues). An event is a device event id (its handle) recorded on a
 //! queue; waiting on an event recorded on another queue waits on the host.
 
-use std::ffi::{c_float, c_int, c_uint};
+use std::ffi::{c_float, c_int, c_uint, c_void};
 
 use crate::driver::{self, Driver, EventObj, Res, StreamObj};
 use crate::types::{res, CUcontext, CUevent, CUresult, CUstream, CU_EVENT_DISABLE_TIMING};
@@ -115,6 +115,20 @@ pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CU
         })?;
         // SAFETY: a writable CUcontext from the caller.
         unsafe { out(pctx, c as CUcontext) }
+    })
+}
+
+/// A vGPU has no green contexts, so no stream belongs to one: NULL, as the driver answers
+/// for a stream of an ordinary context (cuBLASLt asks this of every stream it is given).
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetGreenCtx(h: CUstream, pctx: *mut *mut c_void) -> CUresult {
+    guard("cuStreamGetGreenCtx", || {
+        driver::with(|d| {
+            d.current_ctx()?;
+            d.stream_queue(h as usize).map(|_| ())
+        })?;
+        // SAFETY: a writable CUgreenCtx from the caller (NULL refused).
+        unsafe { out(pctx, std::ptr::null_mut()) }
     })
 }
 

@@ -144,10 +144,25 @@ static void driver_checks(void) {
 
     void *fn = NULL;
     int status = -1;
-    IS(get_proc("cuNoSuchFunction", &fn, 13000, 0, &status), 500); /* NOT_FOUND */
-    CHECK(fn == NULL && status == 1);
-    IS(get_proc("cuCtxGetId", &fn, 11000, 0, &status), 500);
+    /* With a status to answer in, a missing symbol is CUDA_SUCCESS (as the driver answers). */
+    IS(get_proc("cuNoSuchFunction", &fn, 13000, 0, &status), 0);
+    CHECK(fn == NULL && status == 1); /* SYMBOL_NOT_FOUND */
+    IS(get_proc("cuCtxGetId", &fn, 11000, 0, &status), 0);
     CHECK(fn == NULL && status == 2); /* VERSION_NOT_SUFFICIENT */
+    IS(get_proc("cuNoSuchFunction", &fn, 13000, 0, NULL), 500); /* NOT_FOUND */
+
+    /* CONTEXT_CHECKS: 17 slots; slot 1 not offered; slot 2 clears the flags and leaves the
+       caller's second output alone (cuBLASLt reads it back). */
+    static const unsigned char checks_uuid[16] = {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43,
+                                                  0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e};
+    IS(get_table(&table, checks_uuid), 0);
+    CHECK(((const size_t *)table)[0] == 17 * sizeof(void *));
+    typedef int (*ctx_check_t)(void *, unsigned *, const void **);
+    unsigned flags = 7;
+    const void *extra = (const void *)0x5a5a;
+    IS(((ctx_check_t)((void *const *)table)[1])(NULL, &flags, &extra), 801);
+    IS(((ctx_check_t)((void *const *)table)[2])(NULL, &flags, &extra), 0);
+    CHECK(flags == 0 && extra == (const void *)0x5a5a);
     IS(get_proc("cuMemAlloc", &fn, 13000, 4, &status), 1); /* unknown flag */
     IS(get_proc(NULL, &fn, 13000, 0, &status), 1);
     void *legacy = NULL, *ptsz = NULL;

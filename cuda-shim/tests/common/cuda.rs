@@ -34,9 +34,13 @@ pub struct Cuda {
 
 impl Cuda {
     pub fn load() -> Cuda {
-        let path = super::library();
+        Self::load_from(&super::library())
+    }
+
+    /// The library at `path` (a prebuilt one, where no cargo can build it).
+    pub fn load_from(path: &std::path::Path) -> Cuda {
         // SAFETY: loading our own library runs no initialisers with preconditions.
-        let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen libvgpu_cuda.so");
+        let lib = unsafe { libloading::Library::new(path) }.expect("dlopen libvgpu_cuda.so");
         // SAFETY: cuGetProcAddress_v2 has exactly this C signature.
         let get_proc = unsafe {
             *lib.get::<GetProc>(b"cuGetProcAddress_v2\0")
@@ -60,6 +64,29 @@ impl Cuda {
         assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<Ptr>());
         // SAFETY: the caller names the C signature of `name` as F (a fn pointer type).
         unsafe { std::mem::transmute_copy(&p) }
+    }
+}
+
+impl Cuda {
+    /// Retains device `dev`'s primary context and makes it current: the set-up of most
+    /// tests.
+    pub fn primary_context(&self, dev: c_int) -> Ptr {
+        let mut ctx: Ptr = null_mut();
+        let retain: unsafe extern "C" fn(*mut Ptr, c_int) -> R = self.f("cuDevicePrimaryCtxRetain");
+        let set: unsafe extern "C" fn(Ptr) -> R = self.f("cuCtxSetCurrent");
+        // SAFETY: the C signatures of the two functions; a valid out pointer.
+        unsafe {
+            assert_eq!(retain(&mut ctx, dev), OK);
+            assert_eq!(set(ctx), OK);
+        }
+        ctx
+    }
+
+    /// `cuStreamSynchronize(s)`.
+    pub fn sync(&self, s: Ptr) -> R {
+        let f: unsafe extern "C" fn(Ptr) -> R = self.f("cuStreamSynchronize");
+        // SAFETY: its C signature; any handle is checked by the library.
+        unsafe { f(s) }
     }
 }
 

@@ -1,10 +1,13 @@
-//! A sim `vgpu-worker` for one test (the end-to-end tests' helper), and the path of the
-//! built library.
+//! What the tests share: a sim `vgpu-worker` for one test (the end-to-end tests' helper),
+//! the path of the built library, the library loaded in the test's process (`cuda`), C
+//! programs on the installed library (`c`), and the symbols a library exports (`elf`).
 
 #![allow(dead_code)]
 
+pub mod c;
 #[macro_use]
 pub mod cuda;
+pub mod elf;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -29,6 +29,7 @@
 //! the call eventfds exist because the backend signals them, and are never read.
 
 mod regs;
+mod watchdog;
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -65,7 +66,7 @@ const GPA_BASE: u64 = 1 << 32;
 /// Region alignment and the gap between regions.
 const GPA_ALIGN: u64 = 2 << 20;
 /// A worker that does not answer a message within this time is treated as gone.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the process transport could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,14 @@ pub enum ProcessError {
         step: &'static str,
         source: vhost::Error,
     },
+    /// The connection was made but the worker did not answer the handshake in time: it
+    /// serves another frontend (a worker serves one at a time and leaves the next waiting
+    /// unanswered), or it is still starting, or it is stuck.
+    #[error(
+        "the vGPU socket {path} accepted the connection but its worker did not answer the \
+         handshake within {waited:.1} s"
+    )]
+    NoAnswer { path: PathBuf, waited: f64 },
     /// The backend offers something this transport cannot drive.
     #[error("the vGPU socket {path} offers an unusable device: {why}")]
     Unusable { path: PathBuf, why: String },
@@ -203,12 +212,16 @@ fn sealed_memfd(len: usize) -> std::io::Result<OwnedFd> {
 pub struct Options {
     /// Bytes of the first DMA region (and the least of each later one).
     pub pool_bytes: usize,
+    /// How long the handshake may take before the connect gives up with
+    /// [`ProcessError::NoAnswer`] (default [`REPLY_TIMEOUT`]).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             pool_bytes: DEFAULT_POOL_BYTES,
+            handshake_timeout: REPLY_TIMEOUT,
         }
     }
 }
@@ -258,12 +271,23 @@ impl ProcessTransport {
         stream
             .set_write_timeout(Some(REPLY_TIMEOUT))
             .map_err(connect_err)?;
+        // vhost's frontend retries a read that timed out, so the read timeout alone never
+        // ends a handshake nobody answers: the watchdog shuts the socket down instead.
+        let watchdog = watchdog::Watchdog::arm(&stream, opts.handshake_timeout)
+            .map_err(ProcessError::Resource)?;
         let mut frontend = Frontend::from_stream(stream, MAX_QUEUES as u64);
         let hs = |step| {
-            move |source| ProcessError::Handshake {
-                path: socket.into(),
-                step,
-                source,
+            let watchdog = &watchdog;
+            move |source| match watchdog.fired() {
+                Some(waited) => ProcessError::NoAnswer {
+                    path: socket.into(),
+                    waited: waited.as_secs_f64(),
+                },
+                None => ProcessError::Handshake {
+                    path: socket.into(),
+                    step,
+                    source,
+                },
             }
         };
         let unusable = |why: String| ProcessError::Unusable {
@@ -304,6 +328,13 @@ impl ProcessTransport {
         let (_, config) = frontend
             .get_config(0, size, VhostUserConfigFlags::empty(), &zero)
             .map_err(hs("GET_CONFIG"))?;
+        if let Some(waited) = watchdog.disarm() {
+            // The deadline passed as the last answer came: the socket is shut down.
+            return Err(ProcessError::NoAnswer {
+                path: socket.into(),
+                waited: waited.as_secs_f64(),
+            });
+        }
         let mk = || EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC);
         let kick = (0..queues)
             .map(|_| mk())

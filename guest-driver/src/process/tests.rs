@@ -51,3 +51,28 @@ fn a_missing_socket_is_a_connect_error() {
     let err = ProcessTransport::connect(Path::new("/nonexistent/vgpu.sock")).unwrap_err();
     assert!(matches!(err, ProcessError::Connect { .. }), "{err}");
 }
+
+#[test]
+fn a_worker_that_never_answers_ends_the_connect_at_the_handshake_timeout() {
+    // A socket whose listener never accepts, as a worker serving another frontend does:
+    // the connection waits in the backlog and nothing answers.
+    let dir = std::env::temp_dir().join(format!("vgpu-noanswer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vgpu.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let opts = Options {
+        handshake_timeout: std::time::Duration::from_millis(300),
+        ..Options::default()
+    };
+    let started = std::time::Instant::now();
+    let err = ProcessTransport::connect_with(&path, opts).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, ProcessError::NoAnswer { .. }), "{err}");
+    assert!(
+        took >= std::time::Duration::from_millis(300) && took < std::time::Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(err.to_string().contains("did not answer"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -79,6 +79,18 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         self.wait_info(t)
     }
 
+    /// `ENCODE_TENSOR_MAP`: the TMA descriptor the device's GPU driver encodes for `map`
+    /// (devices with `features::TENSOR_MAPS`; others answer `NOT_SUPPORTED` or, before
+    /// protocol 1.4, `UNKNOWN_OPCODE`).
+    pub fn encode_tensor_map(
+        &mut self,
+        map: &vgpu_proto::TensorMapArgs,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        let t = self.enqueue_slot_data(&Request::EncodeTensorMap(*map), SlotData::Info)?;
+        self.submit();
+        self.wait_tensor_map(t)
+    }
+
     /// `GET_ATTRIBUTES`: the physical GPU's attributes (devices with
     /// `features::ATTRIBUTES`; others answer `UNKNOWN_OPCODE` or `NOT_SUPPORTED`).
     pub fn get_attributes(&mut self) -> Result<DeviceAttributes> {

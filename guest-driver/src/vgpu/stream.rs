@@ -59,7 +59,8 @@ pub(crate) enum SlotData<'a> {
     None,
     /// Readable bytes copied into the slot (module and function names).
     Readable(&'a [u8]),
-    /// The slot's writable `DeviceInfo` area (`GET_INFO`, `GET_ATTRIBUTES`).
+    /// The slot's writable `DeviceInfo` area (`GET_INFO`, `GET_ATTRIBUTES`,
+    /// `ENCODE_TENSOR_MAP`).
     Info,
     /// Readable bytes (a function name), then the slot's writable `ParamLayout` area
     /// (`GET_FUNCTION_LAYOUT`).
@@ -544,6 +545,19 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
             opcode: Opcode::GetAttributes as u32,
             used_len: 0,
         })
+    }
+
+    /// Waits for an `ENCODE_TENSOR_MAP` and reads the descriptor from the slot's info area.
+    pub(crate) fn wait_tensor_map(
+        &mut self,
+        t: Ticket,
+    ) -> Result<[u8; vgpu_proto::TENSOR_MAP_BYTES]> {
+        const _: () = assert!(vgpu_proto::TENSOR_MAP_BYTES <= DeviceInfo::SIZE);
+        let slot = t.slot;
+        self.wait(t)?;
+        let mut bytes = [0u8; vgpu_proto::TENSOR_MAP_BYTES];
+        self.slots.read(slot, INFO_OFF, &mut bytes)?;
+        Ok(bytes)
     }
 
     /// Waits for a `GET_FUNCTION_LAYOUT`: its result words and the layout it wrote.

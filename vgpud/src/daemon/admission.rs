@@ -1,58 +1,20 @@
-//! Admission: a vGPU request validated into a [`VgpuAsk`], checked against what a GPU
-//! has left ([`Daemon::misfit`], the one place the admission rule is applied), placed and
+//! Admission: a vGPU request validated into a `VgpuAsk` (`state/ask.rs`), checked against what a GPU
+//! has left ([`misfit`], the one place the admission rule is applied), placed and
 //! recorded.
 
 use std::collections::BTreeMap;
 
+use super::config::Config;
 use super::core::Daemon;
 use super::error::ApiError;
-use super::state::{Inner, VgpuDef, VgpuRec};
+use super::state::{Inner, VgpuAsk, VgpuDef, VgpuRec};
 use super::storage;
-use crate::api::{self, VgpuCreate};
+use crate::api::VgpuCreate;
 use crate::units::{fraction_to_permille, human_bytes};
 use vgpu_scheduler::admission::{self, Engine, Misfit, WHOLE};
 
 /// Most queues per vGPU (vgpu-device's limit).
 const MAX_QUEUES: u16 = 64;
-
-/// A validated vGPU request (shares in per-mille).
-#[derive(Debug)]
-pub(super) struct VgpuAsk {
-    pub(super) gpu: Option<u32>,
-    pub(super) memory: u64,
-    pub(super) compute: u32,
-    pub(super) copy: u32,
-    pub(super) priority: i32,
-    pub(super) oversubscribe: bool,
-    pub(super) share_group: Option<String>,
-    pub(super) queues: u16,
-    pub(super) storage: Vec<api::StorageAttachment>,
-    pub(super) name: Option<String>,
-    pub(super) labels: BTreeMap<String, String>,
-    pub(super) kernel_deadline_ms: Option<u32>,
-}
-
-impl VgpuAsk {
-    /// What vGPU `rec` holds, as a request (for moving it or changing its shares): a
-    /// change on its way counts with the larger of its old and new shares.
-    pub(super) fn of(rec: &VgpuRec) -> Self {
-        let (compute, copy) = rec.held();
-        Self {
-            gpu: Some(rec.gpu()),
-            memory: rec.memory(),
-            compute,
-            copy,
-            priority: rec.priority(),
-            oversubscribe: rec.oversubscribe(),
-            share_group: None,
-            queues: rec.queues(),
-            storage: Vec::new(),
-            name: None,
-            labels: BTreeMap::new(),
-            kernel_deadline_ms: rec.kernel_deadline_ms(),
-        }
-    }
-}
 
 /// The kernel deadlines a vGPU may ask for, ms.
 pub(super) const KERNEL_DEADLINE_MS: std::ops::RangeInclusive<u32> = 10..=60_000;
@@ -195,214 +157,214 @@ pub(super) fn vm_name_free(inner: &Inner, name: Option<&str>) -> Result<(), ApiE
     }
 }
 
-impl Daemon {
-    /// Checks a vGPU request field by field (nothing is admitted yet).
-    pub(super) fn validate_vgpu(&self, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {
-        if spec.memory_bytes == 0 {
-            return Err(ApiError::bad(
-                "memory_bytes",
-                "a vGPU needs some device memory: give memory_bytes > 0",
-            ));
-        }
-        let compute = share("compute_share", spec.compute_share)?;
-        let copy = match spec.copy_share {
-            Some(c) => share("copy_share", c)?,
-            None => compute,
-        };
-        if spec.queues == 0 || spec.queues > MAX_QUEUES {
-            return Err(ApiError::bad(
-                "queues",
-                format!("{} queues: give 1 to {MAX_QUEUES}", spec.queues),
-            ));
-        }
-        if let Some(g) = &spec.share_group {
-            validate_share_group(g)?;
-        }
-        storage::validate(
-            &spec.storage,
-            self.cfg.storage_root.as_deref(),
-            &self.cfg.state_dir,
-        )?;
-        if let Some(n) = &spec.name {
-            validate_name(n)?;
-        }
-        validate_labels(&spec.labels)?;
-        super::process::validate(spec)?;
-        if let Some(ms) = spec.kernel_deadline_ms {
-            validate_kernel_deadline(ms)?;
-        }
-        self.validate_memory(spec.gpu, spec.memory_bytes)?;
-        Ok(VgpuAsk {
-            gpu: spec.gpu,
-            memory: spec.memory_bytes,
-            compute,
-            copy,
-            priority: spec.priority,
-            oversubscribe: spec.oversubscribe,
-            share_group: spec.share_group.clone(),
-            queues: spec.queues,
-            storage: spec.storage.clone(),
-            name: spec.name.clone(),
-            labels: spec.labels.clone(),
-            kernel_deadline_ms: spec.kernel_deadline_ms,
-        })
+/// Checks a vGPU request field by field (nothing is admitted yet).
+pub(super) fn validate_vgpu(d: &Daemon, spec: &VgpuCreate) -> Result<VgpuAsk, ApiError> {
+    if spec.memory_bytes == 0 {
+        return Err(ApiError::bad(
+            "memory_bytes",
+            "a vGPU needs some device memory: give memory_bytes > 0",
+        ));
     }
+    let compute = share("compute_share", spec.compute_share)?;
+    let copy = match spec.copy_share {
+        Some(c) => share("copy_share", c)?,
+        None => compute,
+    };
+    if spec.queues == 0 || spec.queues > MAX_QUEUES {
+        return Err(ApiError::bad(
+            "queues",
+            format!("{} queues: give 1 to {MAX_QUEUES}", spec.queues),
+        ));
+    }
+    if let Some(g) = &spec.share_group {
+        validate_share_group(g)?;
+    }
+    storage::validate(
+        &spec.storage,
+        d.cfg.storage_root.as_deref(),
+        &d.cfg.state_dir,
+    )?;
+    if let Some(n) = &spec.name {
+        validate_name(n)?;
+    }
+    validate_labels(&spec.labels)?;
+    super::attach::validate(spec)?;
+    if let Some(ms) = spec.kernel_deadline_ms {
+        validate_kernel_deadline(ms)?;
+    }
+    validate_memory(d, spec.gpu, spec.memory_bytes)?;
+    Ok(VgpuAsk {
+        gpu: spec.gpu,
+        memory: spec.memory_bytes,
+        compute,
+        copy,
+        priority: spec.priority,
+        oversubscribe: spec.oversubscribe,
+        share_group: spec.share_group.clone(),
+        queues: spec.queues,
+        storage: spec.storage.clone(),
+        name: spec.name.clone(),
+        labels: spec.labels.clone(),
+        kernel_deadline_ms: spec.kernel_deadline_ms,
+    })
+}
 
-    /// The GPU asked for exists and `memory` is no more than it (or, unplaced, some GPU)
-    /// has.
-    fn validate_memory(&self, gpu: Option<u32>, memory: u64) -> Result<(), ApiError> {
-        if let Some(g) = gpu {
-            let Some(cfg) = self.gpu(g) else {
-                return Err(self.no_gpu("gpu", g));
-            };
-            if memory > cfg.memory {
-                return Err(ApiError::bad(
-                    "memory_bytes",
-                    format!(
-                        "{} is more than GPU {g} has ({}); ask for less",
-                        human_bytes(memory),
-                        human_bytes(cfg.memory)
-                    ),
-                ));
-            }
-        } else if self.cfg.gpus.iter().all(|g| memory > g.memory) {
+/// The GPU asked for exists and `memory` is no more than it (or, unplaced, some GPU)
+/// has.
+fn validate_memory(d: &Daemon, gpu: Option<u32>, memory: u64) -> Result<(), ApiError> {
+    if let Some(g) = gpu {
+        let Some(cfg) = d.gpu(g) else {
+            return Err(d.no_gpu("gpu", g));
+        };
+        if memory > cfg.memory {
             return Err(ApiError::bad(
                 "memory_bytes",
                 format!(
-                    "{} is more than any GPU of this host has; ask for less",
-                    human_bytes(memory)
+                    "{} is more than GPU {g} has ({}); ask for less",
+                    human_bytes(memory),
+                    human_bytes(cfg.memory)
                 ),
             ));
         }
-        Ok(())
-    }
-
-    /// Why `ask` does not fit on `gpu` (leaving out vGPU `except`'s commitments), or None
-    /// when it fits. The admission rule: every use of it goes through here.
-    pub(super) fn misfit(
-        &self,
-        inner: &Inner,
-        gpu: u32,
-        ask: &VgpuAsk,
-        except: Option<u32>,
-    ) -> Option<ApiError> {
-        let g = self.gpu(gpu)?;
-        let c = inner.committed(gpu, except);
-        // Oversubscribed vGPUs reserve nothing at admission and bring nothing resident.
-        let room = admission::Room {
-            gpu,
-            memory: g.memory,
-            committed_memory: c.memory,
-            committed_compute: c.compute,
-            committed_copy: c.copy,
-            pool_free: u64::MAX,
-        };
-        let want = admission::Ask {
-            memory: ask.memory,
-            compute: ask.compute,
-            copy: ask.copy,
-            oversubscribe: ask.oversubscribe,
-            resident: 0,
-        };
-        Some(match admission::misfit(&want, &room)? {
-            Misfit::Memory { free, total, committed, .. } => ApiError::conflict(
-                "memory_bytes",
-                format!(
-                    "GPU {gpu} has {} free of {} ({} committed to other vGPUs); ask for at most {} or pick another GPU",
-                    human_bytes(free),
-                    human_bytes(total),
-                    human_bytes(committed),
-                    human_bytes(free)
-                ),
+    } else if d.cfg.gpus.iter().all(|g| memory > g.memory) {
+        return Err(ApiError::bad(
+            "memory_bytes",
+            format!(
+                "{} is more than any GPU of this host has; ask for less",
+                human_bytes(memory)
             ),
-            Misfit::Share { engine, have, want, .. } => {
-                let field = if engine == Engine::Compute { "compute_share" } else { "copy_share" };
-                ApiError::conflict(
-                    field,
-                    format!(
-                        "{field} {} would bring GPU {gpu} to {} ({} already committed); at most {} is left",
-                        pct(want),
-                        pct(have.saturating_add(want)),
-                        pct(have),
-                        pct(WHOLE.saturating_sub(have))
-                    ),
-                )
-            }
-            m @ Misfit::Pool { .. } => ApiError::conflict("memory_bytes", m.to_string()),
-        })
+        ));
     }
+    Ok(())
+}
 
-    /// The GPU `ask` goes on: the one it names if it fits there, else the best of those it
-    /// fits on. Caller holds the state lock.
-    fn place(&self, inner: &Inner, ask: &VgpuAsk) -> Result<u32, ApiError> {
-        if let Some(g) = ask.gpu {
-            return match self.misfit(inner, g, ask, None) {
-                Some(e) => Err(e),
-                None => Ok(g),
-            };
+/// Why `ask` does not fit on `gpu` (leaving out vGPU `except`'s commitments), or None
+/// when it fits. The admission rule: every use of it goes through here.
+pub(super) fn misfit(
+    cfg: &Config,
+    inner: &Inner,
+    gpu: u32,
+    ask: &VgpuAsk,
+    except: Option<u32>,
+) -> Option<ApiError> {
+    let g = cfg.gpus.get(gpu as usize)?;
+    let c = inner.committed(gpu, except);
+    // Oversubscribed vGPUs reserve nothing at admission and bring nothing resident.
+    let room = admission::Room {
+        gpu,
+        memory: g.memory,
+        committed_memory: c.memory,
+        committed_compute: c.compute,
+        committed_copy: c.copy,
+        pool_free: u64::MAX,
+    };
+    let want = admission::Ask {
+        memory: ask.memory,
+        compute: ask.compute,
+        copy: ask.copy,
+        oversubscribe: ask.oversubscribe,
+        resident: 0,
+    };
+    Some(match admission::misfit(&want, &room)? {
+        Misfit::Memory { free, total, committed, .. } => ApiError::conflict(
+            "memory_bytes",
+            format!(
+                "GPU {gpu} has {} free of {} ({} committed to other vGPUs); ask for at most {} or pick another GPU",
+                human_bytes(free),
+                human_bytes(total),
+                human_bytes(committed),
+                human_bytes(free)
+            ),
+        ),
+        Misfit::Share { engine, have, want, .. } => {
+            let field = if engine == Engine::Compute { "compute_share" } else { "copy_share" };
+            ApiError::conflict(
+                field,
+                format!(
+                    "{field} {} would bring GPU {gpu} to {} ({} already committed); at most {} is left",
+                    pct(want),
+                    pct(have.saturating_add(want)),
+                    pct(have),
+                    pct(WHOLE.saturating_sub(have))
+                ),
+            )
         }
-        let mut fits = Vec::new();
-        let mut first_err = None;
-        for g in self.gpu_indices() {
-            match self.misfit(inner, g, ask, None) {
-                None => fits.push(g),
-                Some(e) => {
-                    first_err.get_or_insert(e);
-                }
+        m @ Misfit::Pool { .. } => ApiError::conflict("memory_bytes", m.to_string()),
+    })
+}
+
+/// The GPU `ask` goes on: the one it names if it fits there, else the best of those it
+/// fits on. Caller holds the state lock.
+fn place(d: &Daemon, inner: &Inner, ask: &VgpuAsk) -> Result<u32, ApiError> {
+    if let Some(g) = ask.gpu {
+        return match misfit(&d.cfg, inner, g, ask, None) {
+            Some(e) => Err(e),
+            None => Ok(g),
+        };
+    }
+    let mut fits = Vec::new();
+    let mut first_err = None;
+    for g in d.gpu_indices() {
+        match misfit(&d.cfg, inner, g, ask, None) {
+            None => fits.push(g),
+            Some(e) => {
+                first_err.get_or_insert(e);
             }
         }
-        // By measured load and free memory share.
-        self.place_auto(inner, ask, &fits).ok_or_else(|| {
+    }
+    // By measured load and free memory share.
+    d.rb()
+        .place(&d.cfg, inner, &d.memory, ask, &fits)
+        .ok_or_else(|| {
             let why = first_err.map(|e| e.error).unwrap_or_default();
             ApiError::conflict("gpu", format!("no GPU has room for this vGPU (e.g. {why})"))
         })
-    }
+}
 
-    /// Admits `ask` and inserts its record (state `starting`). Caller holds the state lock.
-    pub(super) fn admit(
-        &self,
-        inner: &mut Inner,
-        ask: VgpuAsk,
-        vm: Option<u32>,
-    ) -> Result<u32, ApiError> {
-        if let Some(n) = &ask.name {
-            name_free(inner, n, None)?;
-        }
-        let gpu = self.place(inner, &ask)?;
-        let id = inner.next_vgpu;
-        inner.next_vgpu += 1;
-        let rec = VgpuRec::admitted(VgpuDef {
-            id,
-            gpu,
-            memory: ask.memory,
-            compute: ask.compute,
-            copy: ask.copy,
-            priority: ask.priority,
-            oversubscribe: ask.oversubscribe,
-            share_group: ask.share_group,
-            queues: ask.queues,
-            storage: ask.storage,
-            vm,
-            owned: vm.is_some(),
-            socket: super::workers::worker_socket(&self.cfg.state_dir, id),
-            log: self.cfg.state_dir.join(format!("vgpu-{id}.log")),
-            restore_failed: false,
-            name: ask.name,
-            labels: ask.labels,
-            kernel_deadline_ms: ask.kernel_deadline_ms,
-            process: None,
-        });
-        tracing::info!(
-            vgpu = id,
-            gpu,
-            memory = ask.memory,
-            compute = ask.compute,
-            copy = ask.copy,
-            "vGPU admitted"
-        );
-        inner.vgpus.insert(id, rec);
-        Ok(id)
+/// Admits `ask` and inserts its record (state `starting`). Caller holds the state lock.
+pub(super) fn admit(
+    d: &Daemon,
+    inner: &mut Inner,
+    ask: VgpuAsk,
+    vm: Option<u32>,
+) -> Result<u32, ApiError> {
+    if let Some(n) = &ask.name {
+        name_free(inner, n, None)?;
     }
+    let gpu = place(d, inner, &ask)?;
+    let id = inner.next_vgpu;
+    inner.next_vgpu += 1;
+    let rec = VgpuRec::admitted(VgpuDef {
+        id,
+        gpu,
+        memory: ask.memory,
+        compute: ask.compute,
+        copy: ask.copy,
+        priority: ask.priority,
+        oversubscribe: ask.oversubscribe,
+        share_group: ask.share_group,
+        queues: ask.queues,
+        storage: ask.storage,
+        vm,
+        owned: vm.is_some(),
+        socket: super::worker_files::worker_socket(&d.cfg.state_dir, id),
+        log: d.cfg.state_dir.join(format!("vgpu-{id}.log")),
+        restore_failed: false,
+        name: ask.name,
+        labels: ask.labels,
+        kernel_deadline_ms: ask.kernel_deadline_ms,
+        process: None,
+    });
+    tracing::info!(
+        vgpu = id,
+        gpu,
+        memory = ask.memory,
+        compute = ask.compute,
+        copy = ask.copy,
+        "vGPU admitted"
+    );
+    inner.vgpus.insert(id, rec);
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -412,8 +374,8 @@ pub(super) mod tests {
     use crate::api::VgpuState;
 
     pub(in crate::daemon) fn admit(d: &Daemon, s: VgpuCreate) -> Result<u32, ApiError> {
-        let ask = d.validate_vgpu(&s)?;
-        d.state.with(|inner| d.admit(inner, ask, None))
+        let ask = validate_vgpu(d, &s)?;
+        d.state.with(|inner| super::admit(d, inner, ask, None))
     }
 
     #[test]
@@ -429,7 +391,7 @@ pub(super) mod tests {
         let e = admit(&d, spec(Some(0), 2 << 30, 0.1)).expect_err("memory past the GPU");
         assert_eq!(e.field.as_deref(), Some("memory_bytes"));
         admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("exactly full fits");
-        let g = &d.gpus()[0];
+        let g = &super::super::stats::gpus(&d)[0];
         assert_eq!((g.memory_free_bytes, g.compute_committed), (0, 1.0));
         // Released and failed vGPUs hold nothing.
         d.state.with(|i| {
@@ -437,7 +399,7 @@ pub(super) mod tests {
                 r.end_worker(VgpuState::Released);
             }
         });
-        assert_eq!(d.gpus()[0].memory_committed_bytes, 0);
+        assert_eq!(super::super::stats::gpus(&d)[0].memory_committed_bytes, 0);
         admit(&d, spec(Some(0), 4 << 30, 1.0)).expect("all free again");
     }
 
@@ -495,7 +457,7 @@ pub(super) mod tests {
                 "memory_bytes",
             ),
         ] {
-            let e = d.validate_vgpu(&s).expect_err("invalid");
+            let e = validate_vgpu(&d, &s).expect_err("invalid");
             assert_eq!(e.field.as_deref(), Some(field), "{e}");
         }
         assert!(
@@ -519,7 +481,7 @@ pub(super) mod tests {
             "under_score",
             &"x".repeat(64),
         ] {
-            let e = d.validate_vgpu(&named(bad)).expect_err(bad);
+            let e = validate_vgpu(&d, &named(bad)).expect_err(bad);
             assert_eq!(e.field.as_deref(), Some("name"), "{bad:?}: {e}");
         }
         let a = admit(&d, named("train-a")).expect("named");
@@ -541,10 +503,10 @@ pub(super) mod tests {
             labels: l.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
             ..spec(Some(0), 1 << 20, 0.1)
         };
-        d.validate_vgpu(&labelled(vec![
-            ("team", "vision"),
-            ("example.com/tier", "gold"),
-        ]))
+        validate_vgpu(
+            &d,
+            &labelled(vec![("team", "vision"), ("example.com/tier", "gold")]),
+        )
         .expect("valid labels");
         let many: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
         let too_many = VgpuCreate {
@@ -557,7 +519,7 @@ pub(super) mod tests {
             (labelled(vec![("k", "line\nbreak")]), "labels.k"),
             (labelled(vec![("k", &"v".repeat(257))]), "labels.k"),
         ] {
-            let e = d.validate_vgpu(&s).expect_err("invalid labels");
+            let e = validate_vgpu(&d, &s).expect_err("invalid labels");
             assert_eq!(e.field.as_deref(), Some(field), "{e}");
         }
     }

@@ -6,8 +6,15 @@ use std::sync::Arc;
 
 use super::core::Daemon;
 use super::error::ApiError;
+use super::host_migration;
+use super::memory;
 use super::metrics;
+use super::migration;
 use super::migration::MigrateCommand;
+use super::rebalancing;
+use super::stats;
+use super::vgpus;
+use super::vms;
 use crate::api::{
     Gpu, IncomingAccepted, IncomingCommit, IncomingVm, Migration, RebalanceEvent, RebalancerStatus,
     ShmObject, Vgpu, VgpuCreate, VgpuPatch, VgpuStats, Vm, VmCreate, VmMigrateRequest,
@@ -103,41 +110,47 @@ impl Daemon {
     /// Runs `cmd`: every operation of the REST API passes through here.
     pub async fn handle(self: &Arc<Self>, cmd: Command) -> Result<Reply, ApiError> {
         Ok(match cmd {
-            Command::ListGpus => Reply::Gpus(self.gpus()),
-            Command::ListShm => Reply::ShmObjects(self.shm_objects()),
-            Command::ListVgpus => Reply::Vgpus(self.list_vgpus()),
-            Command::CreateVgpu(spec) => Reply::VgpuCreated(self.create_vgpu(spec).await?),
-            Command::GetVgpu(id) => Reply::Vgpu(self.get_vgpu(id)?),
-            Command::PatchVgpu(id, patch) => Reply::Vgpu(self.patch_vgpu(id, patch).await?),
+            Command::ListGpus => Reply::Gpus(stats::gpus(self)),
+            Command::ListShm => Reply::ShmObjects(memory::shm_objects(&self.shm_lock())),
+            Command::ListVgpus => Reply::Vgpus(vgpus::list_vgpus(&self.state)),
+            Command::CreateVgpu(spec) => Reply::VgpuCreated(vgpus::create_vgpu(self, spec).await?),
+            Command::GetVgpu(id) => Reply::Vgpu(vgpus::get_vgpu(&self.state, id)?),
+            Command::PatchVgpu(id, patch) => Reply::Vgpu(vgpus::patch_vgpu(self, id, patch).await?),
             Command::DeleteVgpu(id) => {
-                self.delete_vgpu(id).await?;
+                vgpus::delete_vgpu(self, id).await?;
                 Reply::Deleted
             }
-            Command::VgpuStats(id) => Reply::VgpuStats(self.vgpu_stats(id).await?),
+            Command::VgpuStats(id) => Reply::VgpuStats(stats::vgpu_stats(self, id).await?),
             Command::MigrateVgpu(id, how) => {
-                Reply::MigrationStarted(self.migrate_vgpu(id, how).await?)
+                Reply::MigrationStarted(migration::migrate_vgpu(self, id, how).await?)
             }
             Command::MigrateVmToHost(id, req) => {
-                Reply::MigrationStarted(self.migrate_vm_to_host(id, req).await?)
+                Reply::MigrationStarted(host_migration::migrate_vm_to_host(self, id, req).await?)
             }
-            Command::ListMigrations => Reply::Migrations(self.migrations()),
-            Command::GetMigration(id) => Reply::Migration(self.migration(id)?),
-            Command::AdmitIncoming(req) => Reply::IncomingAccepted(self.incoming_vm(req).await?),
-            Command::CommitIncoming(id, c) => Reply::Migration(self.commit_incoming(id, c).await?),
-            Command::AbortIncoming(id) => Reply::Migration(self.abort_incoming(id).await?),
-            Command::RebalancerStatus => Reply::Rebalancer(self.rebalancer_status()),
+            Command::ListMigrations => Reply::Migrations(migration::migrations(&self.state)),
+            Command::GetMigration(id) => Reply::Migration(migration::migration(&self.state, id)?),
+            Command::AdmitIncoming(req) => {
+                Reply::IncomingAccepted(host_migration::incoming_vm(self, req).await?)
+            }
+            Command::CommitIncoming(id, c) => {
+                Reply::Migration(host_migration::commit_incoming(self, id, c).await?)
+            }
+            Command::AbortIncoming(id) => {
+                Reply::Migration(host_migration::abort_incoming(self, id).await?)
+            }
+            Command::RebalancerStatus => Reply::Rebalancer(rebalancing::rebalancer_status(self)),
             Command::RebalanceEvents { since } => {
-                Reply::RebalanceEvents(self.rebalance_events(since))
+                Reply::RebalanceEvents(self.rb().events_since(since))
             }
-            Command::ListPayloads => Reply::Payloads(self.payloads()),
-            Command::ListVms => Reply::Vms(self.list_vms()),
-            Command::CreateVm(req) => Reply::VmCreated(self.create_vm(req).await?),
-            Command::GetVm(id) => Reply::Vm(self.get_vm(id)?),
+            Command::ListPayloads => Reply::Payloads(vms::payloads(&self.cfg)),
+            Command::ListVms => Reply::Vms(vms::list_vms(&self.state)),
+            Command::CreateVm(req) => Reply::VmCreated(vms::create_vm(self, req).await?),
+            Command::GetVm(id) => Reply::Vm(vms::get_vm(&self.state, id)?),
             Command::DeleteVm(id) => {
-                self.delete_vm(id).await?;
+                vms::delete_vm(self, id).await?;
                 Reply::Deleted
             }
-            Command::Console { id, offset } => Reply::Console(self.console(id, offset)?),
+            Command::Console { id, offset } => Reply::Console(vms::console(self, id, offset)?),
             Command::Metrics => Reply::Metrics(
                 metrics::render(self)
                     .map_err(|e| ApiError::internal(format!("cannot render metrics: {e}")))?,

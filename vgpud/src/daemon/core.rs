@@ -1,28 +1,26 @@
-//! The daemon: what it owns (configuration, schedulers, the state, memory pools, the shm
-//! registry, the rebalancer, the state file writer) and the few operations every other
-//! module needs. The operations themselves live in sibling modules, one per concern:
-//! `admission`, `vgpus`, `workers`, `vms`, `memory`, `migration`, `stats`, `persistence`,
-//! `rebalancing` and `startup`. Lock order: see `locks`.
+//! The daemon: what it owns (configuration, one grant server per GPU, the state, memory
+//! pools, the shm registry, the rebalancer, the state file, the host-migration registry,
+//! the idle pool workers), built in one place, and the accessors every operation shares (a
+//! GPU's configuration, the two ranked locks, whether it is stopping). The
+//! operations are functions of their areas' modules (`admission`, `vgpus`, `workers/`,
+//! `vms`, `memory`, `migration`, `host_migration/`, `adopt`, `stats`, `restore`,
+//! `rebalancing`, `startup`), dispatched from `command.rs`. Lock order: see `locks`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use super::config::{Config, GpuConfig};
 use super::error::ApiError;
-use super::gpu_memory::GpuMemory;
+use super::gpu_memory::Memory;
+use super::grants::Grants;
 use super::host_registry;
 use super::locks::{Guard, Rank, Ranked};
 use super::rebalancer;
-use super::saver::Saver;
+use super::saver::Persistence;
 use super::shm;
 use super::spares::Spares;
-use super::state::{State, VgpuRec};
-use crate::api;
-use crate::units::permille_to_fraction;
-use vgpu_grant::{GrantServer, ServerConfig, WorkerFds};
-use vgpu_scheduler::Share;
+use super::state::State;
+use super::statefile;
 
 /// How long a worker or vmm may take to stop after SIGTERM before SIGKILL.
 pub(super) const STOP_GRACE: Duration = Duration::from_millis(500);
@@ -38,41 +36,33 @@ pub struct Daemon {
     pub(super) cfg: Config,
     /// One scheduler thread per GPU: every copy and kernel of every vGPU on it passes
     /// through its grant path (BAND by default).
-    pub(super) grants: Vec<GrantServer>,
+    pub(super) grants: Grants,
     /// The records and the state lock.
     pub(super) state: State,
     pub(super) shutting_down: AtomicBool,
     /// Per GPU: the memory pool oversubscribed vGPUs share.
-    pub(super) memory: Vec<GpuMemory>,
+    pub(super) memory: Memory,
     /// Shared device memory objects.
     pub(super) shm: Ranked<shm::Registry>,
     /// Demand monitoring and the rebalancer.
     pub(super) rebalance: Ranked<rebalancer::State>,
-    /// The state file's writer; taken before the state lock.
-    pub(super) saver: tokio::sync::Mutex<Saver>,
-    /// Wakes the background saver.
-    pub(super) save_kick: Notify,
-    /// Save tickets handed out (group commit: see `Daemon::save`).
-    pub(super) save_tickets: std::sync::atomic::AtomicU64,
+    /// The state file and its writer.
+    pub(super) persist: Persistence,
     /// Whole-VM moves to and from other vgpud daemons.
     pub(super) host: host_registry::Registry,
-    /// Idle pool workers per GPU (`pool.rs`). A leaf lock.
+    /// Idle pool workers per GPU (`workers/pool.rs`). A leaf lock.
     pub(super) spares: Spares,
 }
 
 impl Daemon {
     pub(super) fn new(cfg: Config) -> Result<Self, vgpu_grant::GrantError> {
-        let sched = ServerConfig {
-            policy: cfg.policy,
-            ..ServerConfig::default()
-        };
-        let grants = (0..cfg.gpus.len())
-            .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let memory = GpuMemory::for_config(&cfg);
+        let grants = Grants::start(&cfg)?;
+        let memory = Memory::for_config(&cfg);
         let rebalance = Ranked::new(Rank::Rebalance, rebalancer::State::new(&cfg));
         let shm = Ranked::new(Rank::Shm, shm::Registry::new(cfg.shm_limits));
+        let persist = Persistence::new(statefile::path_in(&cfg.state_dir));
         Ok(Self {
+            persist,
             cfg,
             grants,
             state: State::new(),
@@ -80,71 +70,9 @@ impl Daemon {
             memory,
             shm,
             rebalance,
-            saver: tokio::sync::Mutex::new(Saver::default()),
-            save_kick: Notify::new(),
-            save_tickets: std::sync::atomic::AtomicU64::new(0),
             host: Default::default(),
             spares: Spares::default(),
         })
-    }
-
-    /// vGPU `rec`'s shares joined GPU `gpu`'s scheduler (its own, or a migration's
-    /// target): the descriptors its worker needs.
-    pub(super) fn attach_grants(&self, rec: &VgpuRec, gpu: u32) -> Result<WorkerFds, ApiError> {
-        let (id, priority) = (rec.id(), rec.priority());
-        let server = self
-            .grants
-            .get(gpu as usize)
-            .ok_or_else(|| ApiError::internal(format!("vGPU {id} is on an unknown GPU")))?;
-        let share = |permille: u32| Share {
-            fraction: permille_to_fraction(permille),
-            priority,
-        };
-        let fds = server
-            .attach(id, share(rec.compute()), share(rec.copy()))
-            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
-        server
-            .set_kernel_deadline(id, self.kernel_deadline_of(rec))
-            .map_err(|e| {
-                ApiError::internal(format!("cannot set vGPU {id}'s kernel deadline: {e}"))
-            })?;
-        Ok(fds)
-    }
-
-    /// The kernel deadline vGPU `rec`'s requests run under: its own, or the daemon's.
-    pub(super) fn kernel_deadline_of(&self, rec: &VgpuRec) -> Duration {
-        rec.kernel_deadline_ms()
-            .map_or(self.cfg.kernel_deadline, |ms| {
-                Duration::from_millis(u64::from(ms))
-            })
-    }
-
-    /// Applies vGPU `id`'s kernel deadline to the schedulers of `gpus` it is attached to
-    /// now (one it is not attached to takes it when it attaches).
-    pub(super) fn apply_kernel_deadline(&self, id: u32, deadline: Duration, gpus: &[u32]) {
-        for gpu in gpus {
-            let Some(server) = self.grants.get(*gpu as usize) else {
-                continue;
-            };
-            match server.set_kernel_deadline(id, deadline) {
-                Ok(()) => tracing::info!(
-                    vgpu = id,
-                    gpu,
-                    deadline_ms = deadline.as_millis() as u64,
-                    "kernel deadline set"
-                ),
-                Err(e) => {
-                    tracing::debug!(vgpu = id, gpu, error = %e, "kernel deadline kept for the next attach")
-                }
-            }
-        }
-    }
-
-    /// vGPU `id` leaves its GPU's scheduler (its worker is gone): whatever it held passes on.
-    pub(super) fn detach_grants(&self, id: u32, gpu: u32) {
-        if let Some(server) = self.grants.get(gpu as usize) {
-            server.detach(id);
-        }
     }
 
     pub(super) fn check_running(&self) -> Result<(), ApiError> {
@@ -190,49 +118,6 @@ impl Daemon {
 
     pub(super) fn rb(&self) -> Guard<'_, rebalancer::State> {
         self.rebalance.lock()
-    }
-
-    /// Every physical GPU with its commitments.
-    pub fn gpus(&self) -> Vec<api::Gpu> {
-        self.state.with(|inner| {
-            self.cfg
-                .gpus
-                .iter()
-                .zip(self.gpu_indices())
-                .map(|(g, index)| {
-                    let c = inner.committed(index, None);
-                    let pool = self.pool_of(index);
-                    api::Gpu {
-                        index,
-                        name: g.name.clone(),
-                        backend: if g.cuda_ordinal.is_some() {
-                            "cuda"
-                        } else {
-                            "sim"
-                        }
-                        .into(),
-                        memory_bytes: g.memory,
-                        memory_committed_bytes: c.memory,
-                        memory_free_bytes: g.memory.saturating_sub(c.memory),
-                        memory_shared_bytes: self.shm_lock().bytes_on(index),
-                        oversubscribed_pool_bytes: pool.0,
-                        oversubscribed_resident_bytes: pool.1,
-                        swap_area_bytes: pool.2,
-                        swap_area_used_bytes: pool.3,
-                        copy_bandwidth: g.copy_bandwidth,
-                        speed: g.speed,
-                        compute_committed: permille_to_fraction(c.compute),
-                        copy_committed: permille_to_fraction(c.copy),
-                        vgpus: inner
-                            .vgpus
-                            .values()
-                            .filter(|v| v.gpu() == index && v.holds_resources())
-                            .map(|v| v.id())
-                            .collect(),
-                    }
-                })
-                .collect()
-        })
     }
 }
 

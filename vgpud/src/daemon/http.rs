@@ -362,7 +362,14 @@ async fn migrate_vm(
     RawBody(body): RawBody,
 ) -> Result<Reply, ApiError> {
     // The VM is looked up before its body is judged (404 first).
-    let vm = d.get_vm(id_of(&id)?)?;
+    let vm = match d.handle(Command::GetVm(id_of(&id)?)).await? {
+        Reply::Vm(vm) => vm,
+        other => {
+            return Err(ApiError::internal(format!(
+                "GET of a VM answered {other:?}"
+            )))
+        }
+    };
     let req = match vm_move(&body)? {
         VmMove::ToHost(req) => return d.handle(Command::MigrateVmToHost(vm.id, req)).await,
         VmMove::ToGpu(req) => req,

@@ -3,7 +3,7 @@
 //! Lock order (a thread holding one lock takes only locks further down the list):
 //! 0. an API connection's permit (`http/serve.rs`, a semaphore held for the connection's
 //!    life, so every request runs under it);
-//! 1. the state file writer (`core::Daemon::saver` over `saver::Saver`, an async mutex held across a
+//! 1. the state file writer (`saver::Persistence`'s writer, an async mutex held across a
 //!    save);
 //! 2. one GPU's reservation slot (`gpu_memory::GpuMemory::serial`, an async mutex held
 //!    across a whole reservation, which reads the state and replans the pool meanwhile);

@@ -11,6 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use super::core::Daemon;
+use super::rebalancing;
+use super::state::State;
+use super::stats;
+use super::workers::pool;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
@@ -30,8 +34,8 @@ type VGauge = Family<VgpuLabels, Gauge<f64, AtomicU64>>;
 type VCounter = Family<VgpuLabels, Counter<u64>>;
 
 /// The names of the vGPUs that have one.
-fn vgpu_names(d: &Daemon) -> BTreeMap<u32, String> {
-    d.state.with(|i| {
+fn vgpu_names(state: &State) -> BTreeMap<u32, String> {
+    state.with(|i| {
         i.vgpus
             .values()
             .filter_map(|r| r.name().clone().map(|n| (r.id(), n)))
@@ -102,7 +106,7 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         "gpu_copy_committed_ratio",
         "Sum of live vGPUs' copy shares",
     );
-    for g in d.gpus() {
+    for g in stats::gpus(d) {
         let l = GpuLabels {
             gpu: g.index.to_string(),
         };
@@ -118,7 +122,7 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         "gpu_worker_pool_idle",
         "Idle pool workers (GPU backend built, waiting for a vGPU) of each physical GPU",
     );
-    for (gpu, idle) in d.pool_sizes() {
+    for (gpu, idle) in pool::pool_sizes(d) {
         let l = GpuLabels {
             gpu: gpu.to_string(),
         };
@@ -186,8 +190,8 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
         "vgpu_grant_violations",
         "Implausible values the vGPU's worker wrote on its grant page",
     );
-    let names = vgpu_names(d);
-    for s in d.all_stats() {
+    let names = vgpu_names(&d.state);
+    for s in stats::all_stats(d) {
         let l = vgpu_labels(s.vgpu, s.gpu, &names);
         comp_u.get_or_create(&l).set(s.compute_utilization);
         if let Some(c) = s.copy_utilization {
@@ -218,7 +222,7 @@ fn vgpu_metrics(reg: &mut Registry, d: &Daemon) {
 
 /// The rebalancer's view: each GPU's and vGPU's demand, overload and idle time.
 fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
-    let rb = d.rebalancer_status();
+    let rb = rebalancing::rebalancer_status(d);
     let load = fgauge(
         reg,
         "gpu_demand_ratio",
@@ -264,7 +268,7 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
         "vgpu_queue_wait_ratio",
         "Fraction of the last interval with requests waiting for a grant (compute)",
     );
-    let names = vgpu_names(d);
+    let names = vgpu_names(&d.state);
     for v in &rb.vgpus {
         let l = vgpu_labels(v.vgpu, v.gpu, &names);
         vdemand
@@ -285,7 +289,7 @@ fn rebalancer_metrics(reg: &mut Registry, d: &Daemon) {
 fn vm_metrics(reg: &mut Registry, d: &Daemon) {
     let vms = Family::<StateLabels, Gauge>::default();
     reg.register("vms", "VMs by state", vms.clone());
-    for (state, n) in d.vm_states() {
+    for (state, n) in stats::vm_states(&d.state) {
         vms.get_or_create(&StateLabels {
             state: state.to_owned(),
         })

@@ -1,7 +1,7 @@
 //! vgpud: owns the physical GPUs, spawns one `vgpu-worker` per vGPU and one `vmm` per VM,
 //! keeps a control channel to every worker, tears a VM's vGPU down when either process
 //! exits (however it exits), and serves the REST API. Its VMs and workers outlive it: the
-//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers.rs`).
+//! next vgpud adopts them (`adopt.rs`); workers run sandboxed (`workers/`).
 //!
 //! Accounting: a vGPU holds its memory and shares on its GPU while it is `starting`,
 //! `ready` or `attached`; once its worker is gone (`released`, `failed`) they are free.
@@ -16,6 +16,7 @@ mod config;
 mod core;
 mod error;
 mod gpu_memory;
+mod grants;
 mod host_migration;
 mod host_registry;
 pub mod http;
@@ -24,13 +25,11 @@ mod locks;
 mod memory;
 mod metrics;
 mod migration;
-mod persistence;
-mod pool;
 mod private;
-mod process;
 mod procs;
 mod rebalancer;
 mod rebalancing;
+mod restore;
 mod saver;
 mod shm;
 mod spares;
@@ -41,6 +40,7 @@ mod stats;
 mod storage;
 mod vgpus;
 mod vms;
+mod worker_files;
 mod workers;
 
 use std::path::{Path, PathBuf};

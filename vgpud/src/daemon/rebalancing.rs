@@ -1,4 +1,4 @@
-//! Demand monitoring, placement of new vGPUs and the rebalancer task: the
+//! Demand monitoring and the rebalancer task (placement of new vGPUs is in `rebalancer.rs`): the
 //! daemon's side of `vgpu_scheduler::rebalance` (the policy, pure and tested in virtual
 //! time). See docs/rebalance.md.
 //!
@@ -12,17 +12,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::admission::VgpuAsk;
 use super::core::Daemon;
+use super::migration;
 use super::migration::MigrateCommand;
-use super::rebalancer::{Baseline, Raw, State};
-use super::state::Inner;
+use super::rebalancer::{gpu_views, Baseline, Raw, State};
 use crate::api::{self, VgpuState};
-use crate::units::permille_to_fraction;
 use vgpu_grant::VgpuUsage;
-use vgpu_scheduler::rebalance::{
-    place, Decision, Demand, GpuView, Mode, Note, PlaceCandidate, VgpuView,
-};
+use vgpu_scheduler::rebalance::{Decision, Demand, Mode, Note, VgpuView};
 
 fn event(at_ms: u64, kind: &str, gpu: Option<u32>, reason: String) -> api::RebalanceEvent {
     api::RebalanceEvent {
@@ -53,295 +49,205 @@ struct Seen {
     view: VgpuView,
 }
 
-impl Daemon {
-    /// Every GPU as the policy sees it. Caller holds the state lock.
-    fn gpu_views(&self, inner: &Inner) -> Vec<GpuView> {
-        let max_bw = self
-            .cfg
-            .gpus
-            .iter()
-            .map(|g| g.copy_bandwidth)
-            .max()
-            .unwrap_or(0);
-        self.cfg
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                let index = u32::try_from(i).unwrap_or(u32::MAX);
-                let c = inner.committed(index, None);
-                let pool = self.pool_of(index);
-                GpuView {
-                    index,
-                    speed: g.speed,
-                    copy_rate: if max_bw == 0 || g.copy_bandwidth == 0 {
-                        1.0
-                    } else {
-                        g.copy_bandwidth as f64 / max_bw as f64
-                    },
-                    memory: g.memory,
-                    committed_memory: c.memory,
-                    committed_compute: c.compute,
-                    committed_copy: c.copy,
-                    pool_free: pool.0.saturating_sub(pool.1),
-                }
-            })
-            .collect()
-    }
-
-    /// Picks a GPU for a new vGPU among `fits` (those it fits on) by measured load and
-    /// free memory share. Caller holds the state lock.
-    pub(super) fn place_auto(&self, inner: &Inner, ask: &VgpuAsk, fits: &[u32]) -> Option<u32> {
-        let views = self.gpu_views(inner);
-        let rb = self.rb();
-        let cands: Vec<PlaceCandidate> = fits
-            .iter()
-            .filter_map(|&g| {
-                let view = views.iter().find(|v| v.index == g)?;
-                let cfg = self.gpu(g)?;
-                let (mut compute, mut copy, mut n) = (0.0, 0.0, 0);
-                for v in inner.vgpus.values().filter(|v| {
-                    v.holds_resources() && (v.gpu() == g || v.migrating_to() == Some(g))
-                }) {
-                    n += 1;
-                    let d = rb.policy.demand_on(v.id(), view).unwrap_or(Demand {
-                        compute: permille_to_fraction(v.compute()),
-                        copy: permille_to_fraction(v.copy()),
-                    });
-                    compute += d.compute;
-                    copy += d.copy;
-                }
-                let committed = inner.committed(g, None).memory;
-                let mine = if ask.oversubscribe { 0 } else { ask.memory };
-                let free = cfg.memory.saturating_sub(committed).saturating_sub(mine);
-                Some(PlaceCandidate {
-                    gpu: g,
-                    load: f64::max(compute, copy),
-                    add: permille_to_fraction(ask.compute.max(ask.copy)),
-                    free_memory_after: free as f64 / cfg.memory.max(1) as f64,
-                    occupied: n > 0,
-                })
-            })
-            .collect();
-        place(rb.policy.config(), &cands)
-    }
-
-    /// Measures and decides every `rebalance_interval`, for the life of the daemon.
-    pub(super) async fn rebalancer(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.cfg.rebalance_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if self.is_shutting_down() {
-                return;
-            }
-            self.rebalance_round().await;
-        }
-    }
-
-    /// One round: what the vGPUs did since the last round, what the policy makes of it,
-    /// and the moves it decided (started unless the rebalancer only observes).
-    async fn rebalance_round(self: &Arc<Self>) {
-        let (views, seen, migrating, outcomes) = self.state.with(|inner| {
-            // Where the migrations it started stand (read before its own lock: lock order).
-            let outcomes: BTreeMap<u32, api::Migration> = {
-                let rb = self.rb();
-                rb.following
-                    .iter()
-                    .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
-                    .collect()
-            };
-            let views = self.gpu_views(inner);
-            let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
-            let seen: Vec<Seen> = inner
-                .vgpus
-                .values()
-                .filter(|v| v.holds_resources())
-                .map(|v| {
-                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
-                    Seen {
-                        view: VgpuView {
-                            id: v.id(),
-                            gpu: v.gpu(),
-                            memory: v.memory(),
-                            compute: v.compute(),
-                            copy: v.copy(),
-                            oversubscribe: v.oversubscribe(),
-                            resident: v.memory_report().map_or(allocated, |m| m.resident),
-                            demand: None,
-                            movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
-                                && v.worker().is_some()
-                                && v.migrating_to().is_none()
-                                && v.share_group().is_none(),
-                        },
-                    }
-                })
-                .collect();
-            (views, seen, migrating, outcomes)
-        });
-        // The grant servers' counters (one lock each), outside the daemon's lock.
-        let usage: Vec<Option<VgpuUsage>> = seen
-            .iter()
-            .map(|s| {
-                self.grants
-                    .get(s.view.gpu as usize)
-                    .and_then(|g| g.usage(s.view.id))
-            })
-            .collect();
-        let now = Instant::now();
-        let (decisions, mode) = {
-            let mut rb = self.rb();
-            let vgpus = measure(&mut rb, &seen, usage, now, migrating);
-            let t = u64::try_from(now.duration_since(rb.started).as_nanos()).unwrap_or(u64::MAX);
-            let round = rb.policy.observe(t, &views, &vgpus);
-            let dt = rb.last_round.map_or(0, |l| {
-                u64::try_from(now.duration_since(l).as_nanos()).unwrap_or(0)
-            });
-            rb.last_round = Some(now);
-            let overload = rb.policy.config().overload;
-            for l in &round.loads {
-                let i = l.index as usize;
-                if l.load > overload {
-                    if let Some(o) = rb.overload_ns.get_mut(i) {
-                        *o += dt;
-                    }
-                }
-                if l.idle {
-                    if let Some(o) = rb.idle_ns.get_mut(i) {
-                        *o += dt;
-                    }
-                }
-            }
-            let at = rb.ms(now);
-            record_notes(&mut rb, at, round.notes);
-            let decided = record_decisions(&mut rb, at, round.decisions);
-            follow_migrations(&mut rb, at, &outcomes);
-            (decided, rb.policy.config().mode)
-        };
-        if mode == Mode::Off {
+/// Measures and decides every `rebalance_interval`, for the life of the daemon.
+pub(super) async fn rebalancer(d: Arc<Daemon>) {
+    let mut tick = tokio::time::interval(d.cfg.rebalance_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if d.is_shutting_down() {
             return;
         }
-        for (d, eid) in decisions {
-            self.start_rebalance_move(&d, eid).await;
-        }
+        rebalance_round(&d).await;
     }
+}
 
-    async fn start_rebalance_move(self: &Arc<Self>, d: &Decision, eid: u64) {
-        let r = self
-            .migrate_vgpu(d.vgpu, MigrateCommand::to(Some(d.to)))
-            .await;
-        let mut rb = self.rb();
-        match r {
-            Ok(m) => {
-                rb.migrations += 1;
-                rb.following.push((m.id, eid));
-                if let Some(e) = rb.events.iter_mut().rev().find(|e| e.id == eid) {
-                    e.migration = Some(m.id);
-                }
-            }
-            Err(e) => {
-                rb.policy.failed(d);
-                let at = rb.ms(Instant::now());
-                let mut ev = event(
-                    at,
-                    "failed",
-                    Some(d.from),
-                    format!(
-                        "vGPU {} stays on GPU {}: the migration to GPU {} was refused: {}",
-                        d.vgpu, d.from, d.to, e.error
-                    ),
-                );
-                ev.vgpu = Some(d.vgpu);
-                ev.target_gpu = Some(d.to);
-                rb.push(ev);
-            }
-        }
-    }
-
-    /// The rebalancer's settings and measurements (`GET /v1/rebalancer`).
-    pub fn rebalancer_status(&self) -> api::RebalancerStatus {
-        let alloc: BTreeMap<u32, (u64, u64, u64)> = self.state.with(|inner| {
-            inner
-                .vgpus
-                .values()
-                .filter(|v| v.holds_resources())
-                .map(|v| {
-                    let allocated = v.samples().back().map_or(0, |s| s.memory_used);
-                    (
-                        v.id(),
-                        (
-                            v.memory_report().map_or(allocated, |m| m.resident),
-                            allocated,
-                            v.memory(),
-                        ),
-                    )
-                })
+/// One round: what the vGPUs did since the last round, what the policy makes of it,
+/// and the moves it decided (started unless the rebalancer only observes).
+async fn rebalance_round(d: &Arc<Daemon>) {
+    let (views, seen, migrating, outcomes) = d.state.with(|inner| {
+        // Where the migrations it started stand (read before its own lock: lock order).
+        let outcomes: BTreeMap<u32, api::Migration> = {
+            let rb = d.rb();
+            rb.following
+                .iter()
+                .filter_map(|(mid, _)| inner.migrations.get(mid).map(|m| (*mid, m.clone())))
                 .collect()
-        });
-        let views = self.state.with(|inner| self.gpu_views(inner));
-        let rb = self.rb();
-        let cfg = rb.policy.config();
-        let loads = rb.policy.loads();
-        let gpus: Vec<api::GpuDemand> = loads
-            .iter()
-            .map(|l| api::GpuDemand {
-                gpu: l.index,
-                compute_demand: l.compute,
-                copy_demand: l.copy,
-                load: l.load,
-                overloaded: l.overloaded,
-                idle: l.idle,
-                vgpus: l.vgpus,
-                overload_ms: rb.overload_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
-                idle_ms: rb.idle_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
-            })
-            .collect();
-        let vgpus = rb
-            .baselines
-            .iter()
-            .map(|(&id, b)| {
-                let raw = rb.raw.get(&id).copied().unwrap_or_default();
-                let demand = views
-                    .iter()
-                    .find(|g| g.index == b.gpu)
-                    .and_then(|g| rb.policy.demand_on(id, g))
-                    .unwrap_or_default();
-                let (resident, allocated, share) = alloc.get(&id).copied().unwrap_or_default();
-                api::VgpuDemand {
-                    vgpu: id,
-                    gpu: b.gpu,
-                    compute_busy: raw.compute_busy,
-                    compute_wait: raw.compute_wait,
-                    copy_busy: raw.copy_busy,
-                    copy_wait: raw.copy_wait,
-                    compute_demand: demand.compute,
-                    copy_demand: demand.copy,
-                    memory_resident_bytes: resident,
-                    memory_allocated_bytes: allocated,
-                    memory_share_bytes: share,
+        };
+        let views = gpu_views(&d.cfg, inner, &d.memory);
+        let migrating = inner.vgpus.values().any(|v| v.migrating_to().is_some());
+        let seen: Vec<Seen> = inner
+            .vgpus
+            .values()
+            .filter(|v| v.holds_resources())
+            .map(|v| {
+                let allocated = v.samples().back().map_or(0, |s| s.memory_used);
+                Seen {
+                    view: VgpuView {
+                        id: v.id(),
+                        gpu: v.gpu(),
+                        memory: v.memory(),
+                        compute: v.compute(),
+                        copy: v.copy(),
+                        oversubscribe: v.oversubscribe(),
+                        resident: v.memory_report().map_or(allocated, |m| m.resident),
+                        demand: None,
+                        movable: matches!(v.state(), VgpuState::Ready | VgpuState::Attached)
+                            && v.worker().is_some()
+                            && v.migrating_to().is_none()
+                            && v.share_group().is_none(),
+                    },
                 }
             })
             .collect();
-        api::RebalancerStatus {
-            mode: cfg.mode.name().into(),
-            interval_ms: u64::try_from(self.cfg.rebalance_interval.as_millis()).unwrap_or(u64::MAX),
-            window_ms: cfg.window / 1_000_000,
-            overload: cfg.overload,
-            migrations: rb.migrations,
-            idle_gpus: loads.iter().filter(|l| l.idle).map(|l| l.index).collect(),
-            gpus,
-            vgpus,
+        (views, seen, migrating, outcomes)
+    });
+    // The grant servers' counters (one lock each), outside the daemon's lock.
+    let usage: Vec<Option<VgpuUsage>> = seen
+        .iter()
+        .map(|s| d.grants.get(s.view.gpu).and_then(|g| g.usage(s.view.id)))
+        .collect();
+    let now = Instant::now();
+    let (decisions, mode) = {
+        let mut rb = d.rb();
+        let vgpus = measure(&mut rb, &seen, usage, now, migrating);
+        let t = u64::try_from(now.duration_since(rb.started).as_nanos()).unwrap_or(u64::MAX);
+        let round = rb.policy.observe(t, &views, &vgpus);
+        let dt = rb.last_round.map_or(0, |l| {
+            u64::try_from(now.duration_since(l).as_nanos()).unwrap_or(0)
+        });
+        rb.last_round = Some(now);
+        let overload = rb.policy.config().overload;
+        for l in &round.loads {
+            let i = l.index as usize;
+            if l.load > overload {
+                if let Some(o) = rb.overload_ns.get_mut(i) {
+                    *o += dt;
+                }
+            }
+            if l.idle {
+                if let Some(o) = rb.idle_ns.get_mut(i) {
+                    *o += dt;
+                }
+            }
+        }
+        let at = rb.ms(now);
+        record_notes(&mut rb, at, round.notes);
+        let decided = record_decisions(&mut rb, at, round.decisions);
+        follow_migrations(&mut rb, at, &outcomes);
+        (decided, rb.policy.config().mode)
+    };
+    if mode == Mode::Off {
+        return;
+    }
+    for (decision, eid) in decisions {
+        start_rebalance_move(d, &decision, eid).await;
+    }
+}
+
+async fn start_rebalance_move(d: &Arc<Daemon>, dec: &Decision, eid: u64) {
+    let r = migration::migrate_vgpu(d, dec.vgpu, MigrateCommand::to(Some(dec.to))).await;
+    let mut rb = d.rb();
+    match r {
+        Ok(m) => {
+            rb.migrations += 1;
+            rb.following.push((m.id, eid));
+            if let Some(e) = rb.events.iter_mut().rev().find(|e| e.id == eid) {
+                e.migration = Some(m.id);
+            }
+        }
+        Err(e) => {
+            rb.policy.failed(dec);
+            let at = rb.ms(Instant::now());
+            let mut ev = event(
+                at,
+                "failed",
+                Some(dec.from),
+                format!(
+                    "vGPU {} stays on GPU {}: the migration to GPU {} was refused: {}",
+                    dec.vgpu, dec.from, dec.to, e.error
+                ),
+            );
+            ev.vgpu = Some(dec.vgpu);
+            ev.target_gpu = Some(dec.to);
+            rb.push(ev);
         }
     }
+}
 
-    /// The decision log, oldest first, from event `since` on (`GET /v1/rebalancer/events`).
-    pub fn rebalance_events(&self, since: u64) -> Vec<api::RebalanceEvent> {
-        self.rb()
-            .events
-            .iter()
-            .filter(|e| e.id >= since)
-            .cloned()
+/// The rebalancer's settings and measurements (`GET /v1/rebalancer`).
+pub fn rebalancer_status(d: &Daemon) -> api::RebalancerStatus {
+    let alloc: BTreeMap<u32, (u64, u64, u64)> = d.state.with(|inner| {
+        inner
+            .vgpus
+            .values()
+            .filter(|v| v.holds_resources())
+            .map(|v| {
+                let allocated = v.samples().back().map_or(0, |s| s.memory_used);
+                (
+                    v.id(),
+                    (
+                        v.memory_report().map_or(allocated, |m| m.resident),
+                        allocated,
+                        v.memory(),
+                    ),
+                )
+            })
             .collect()
+    });
+    let views = d.state.with(|inner| gpu_views(&d.cfg, inner, &d.memory));
+    let rb = d.rb();
+    let cfg = rb.policy.config();
+    let loads = rb.policy.loads();
+    let gpus: Vec<api::GpuDemand> = loads
+        .iter()
+        .map(|l| api::GpuDemand {
+            gpu: l.index,
+            compute_demand: l.compute,
+            copy_demand: l.copy,
+            load: l.load,
+            overloaded: l.overloaded,
+            idle: l.idle,
+            vgpus: l.vgpus,
+            overload_ms: rb.overload_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
+            idle_ms: rb.idle_ns.get(l.index as usize).copied().unwrap_or(0) / 1_000_000,
+        })
+        .collect();
+    let vgpus = rb
+        .baselines
+        .iter()
+        .map(|(&id, b)| {
+            let raw = rb.raw.get(&id).copied().unwrap_or_default();
+            let demand = views
+                .iter()
+                .find(|g| g.index == b.gpu)
+                .and_then(|g| rb.policy.demand_on(id, g))
+                .unwrap_or_default();
+            let (resident, allocated, share) = alloc.get(&id).copied().unwrap_or_default();
+            api::VgpuDemand {
+                vgpu: id,
+                gpu: b.gpu,
+                compute_busy: raw.compute_busy,
+                compute_wait: raw.compute_wait,
+                copy_busy: raw.copy_busy,
+                copy_wait: raw.copy_wait,
+                compute_demand: demand.compute,
+                copy_demand: demand.copy,
+                memory_resident_bytes: resident,
+                memory_allocated_bytes: allocated,
+                memory_share_bytes: share,
+            }
+        })
+        .collect();
+    api::RebalancerStatus {
+        mode: cfg.mode.name().into(),
+        interval_ms: u64::try_from(d.cfg.rebalance_interval.as_millis()).unwrap_or(u64::MAX),
+        window_ms: cfg.window / 1_000_000,
+        overload: cfg.overload,
+        migrations: rb.migrations,
+        idle_gpus: loads.iter().filter(|l| l.idle).map(|l| l.index).collect(),
+        gpus,
+        vgpus,
     }
 }
 

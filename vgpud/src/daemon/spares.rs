@@ -1,6 +1,6 @@
 //! The worker pool's own state as the daemon owns it: per GPU the idle pool workers and
 //! the backoff after failures, and each pool worker's route (who its events and exit go
-//! to). The pool's operations are in `pool.rs`.
+//! to). The pool's operations are in `workers/pool.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::ExitStatus;

@@ -10,60 +10,63 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::adopt;
 use super::config::{Config, Listen};
 use super::core::Daemon;
 use super::error::DaemonError;
+use super::rebalancing;
+use super::restore;
 use super::statefile::{self, StateFile};
+use super::stats;
+use super::workers::pool;
 
-impl Daemon {
-    /// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
-    /// and worker, which keep running (their guests never notice); the next vgpud adopts
-    /// them. Each worker serves its guest meanwhile and waits `--control-reconnect-s` for
-    /// vgpud on its control socket (the channel closes when this process exits).
-    async fn stop_all(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.stop_pools();
-        self.save_final().await;
-        let (vms, workers) = self.state.with(|inner| {
-            (
-                inner.vms.values().filter(|v| v.proc().is_some()).count(),
-                inner
-                    .vgpus
-                    .values()
-                    .filter(|r| r.worker().is_some())
-                    .count(),
-            )
-        });
-        if vms > 0 || workers > 0 {
-            tracing::info!(
-                vms,
-                workers,
-                reconnect_s = self.cfg.workers.control_reconnect.as_secs(),
-                "leaving every VM and worker running for the next vgpud to adopt"
-            );
-        }
+/// A graceful stop (SIGTERM, SIGINT): the final state file records every running vmm
+/// and worker, which keep running (their guests never notice); the next vgpud adopts
+/// them. Each worker serves its guest meanwhile and waits `--control-reconnect-s` for
+/// vgpud on its control socket (the channel closes when this process exits).
+async fn stop_all(d: &Daemon) {
+    d.shutting_down.store(true, Ordering::SeqCst);
+    pool::stop_pools(d);
+    d.persist.save_final(&d.state).await;
+    let (vms, workers) = d.state.with(|inner| {
+        (
+            inner.vms.values().filter(|v| v.proc().is_some()).count(),
+            inner
+                .vgpus
+                .values()
+                .filter(|r| r.worker().is_some())
+                .count(),
+        )
+    });
+    if vms > 0 || workers > 0 {
+        tracing::info!(
+            vms,
+            workers,
+            reconnect_s = d.cfg.workers.control_reconnect.as_secs(),
+            "leaving every VM and worker running for the next vgpud to adopt"
+        );
     }
+}
 
-    /// Says which worker isolation is in effect (docs/hostile.md).
-    fn log_isolation(&self) {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        let seccomp = self.cfg.workers.seccomp.as_str();
-        match (root, self.cfg.workers.uid_base) {
-            (true, Some(base)) => tracing::info!(
-                uid_base = base,
-                seccomp,
-                "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
-            ),
-            (true, None) => tracing::warn!(
-                seccomp,
-                "worker isolation: workers run as root (--worker-uid-base 0): only seccomp, not dumpable and no_new_privs separate them; give --worker-uid-base"
-            ),
-            (false, _) => tracing::warn!(
-                seccomp,
-                "worker isolation: vgpud does not run as root, so workers run as its own uid: private directories, seccomp (no socket, connect or ptrace), not dumpable and no_new_privs separate them, but not their uid"
-            ),
-        }
+/// Says which worker isolation is in effect (docs/hostile.md).
+fn log_isolation(cfg: &Config) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let seccomp = cfg.workers.seccomp.as_str();
+    match (root, cfg.workers.uid_base) {
+        (true, Some(base)) => tracing::info!(
+            uid_base = base,
+            seccomp,
+            "worker isolation: each worker runs as its own uid and gid (base + vGPU id; a pool worker base - 1 - slot), in a private 0700 directory, not dumpable, no_new_privs, seccomp"
+        ),
+        (true, None) => tracing::warn!(
+            seccomp,
+            "worker isolation: workers run as root (--worker-uid-base 0): only seccomp, not dumpable and no_new_privs separate them; give --worker-uid-base"
+        ),
+        (false, _) => tracing::warn!(
+            seccomp,
+            "worker isolation: vgpud does not run as root, so workers run as its own uid: private directories, seccomp (no socket, connect or ptrace), not dumpable and no_new_privs separate them, but not their uid"
+        ),
     }
 }
 
@@ -176,7 +179,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let saved = load_saved(&cfg, &state_path)?;
 
     let daemon = Arc::new(Daemon::new(cfg.clone())?);
-    daemon.log_isolation();
+    log_isolation(&cfg);
     // Signals are ours from here on: a stop during the restore below is a graceful one.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
@@ -190,18 +193,21 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     let listener = bind(&cfg).await?;
     // Bound but not yet serving: a client that connects now waits for the restore.
     match saved {
-        Some(saved) => daemon.restore(saved).await,
+        Some(saved) => restore::bring_back(&daemon, saved).await,
         None => tracing::info!(path = %state_path.display(), "no state file; starting fresh"),
     }
-    daemon.sweep_worker_dirs();
-    daemon.fill_pools();
+    adopt::sweep_worker_dirs(&daemon);
+    pool::fill_pools(&daemon);
     // A state directory that cannot be written is logged here and reported to every API
     // change until a save succeeds.
-    let _ = daemon.save().await;
-    let saver = tokio::spawn(daemon.clone().saver());
+    let _ = daemon.persist.save(&daemon.state).await;
+    let saver = tokio::spawn({
+        let d = daemon.clone();
+        async move { d.persist.run(&d.state).await }
+    });
     let app = super::http::router(daemon.clone());
-    let sampler = tokio::spawn(daemon.clone().sampler());
-    let rebalancer = tokio::spawn(daemon.clone().rebalancer());
+    let sampler = tokio::spawn(stats::sampler(daemon.clone()));
+    let rebalancer = tokio::spawn(rebalancing::rebalancer(daemon.clone()));
     on_listening();
     let limits = super::http::serve::Limits {
         header_read_timeout: cfg.header_read_timeout,
@@ -226,7 +232,7 @@ pub(super) async fn serve(cfg: Config, on_listening: impl FnOnce()) -> Result<()
     };
     sampler.abort();
     rebalancer.abort();
-    daemon.stop_all().await;
+    stop_all(&daemon).await;
     saver.abort();
     let _ = std::fs::remove_file(&lock_path);
     tracing::info!("vgpud stopped");

@@ -52,8 +52,10 @@ macro_rules! getters {
     };
 }
 
+mod ask;
 mod vm;
 
+pub(super) use ask::VgpuAsk;
 pub(super) use vm::{VmDef, VmRec};
 
 /// A running worker: its process and its control channel.

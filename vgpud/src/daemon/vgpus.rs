@@ -2,298 +2,298 @@
 
 use std::sync::Arc;
 
+use super::admission;
 use super::admission::{
-    name_free, share, validate_kernel_deadline, validate_labels, validate_name, VgpuAsk,
+    name_free, share, validate_kernel_deadline, validate_labels, validate_name,
 };
 use super::attach::{remove_attach_dir, ProcessAttach};
+use super::config::Config;
 use super::core::{no_vgpu, Daemon, CONTROL_TIMEOUT};
 use super::error::ApiError;
 use super::link::Link;
-use super::state::{Inner, Shares, VgpuRec};
+use super::state::{Inner, Shares, State, VgpuAsk, VgpuRec};
+use super::workers;
+use super::workers::process;
 use crate::api::{self, VgpuCreate, VgpuPatch, VgpuState};
 use crate::control::{Command as Ctl, ReplyBody};
 use crate::units::permille_to_fraction;
 use vgpu_grant::GrantError;
 use vgpu_scheduler::Share;
 
-impl Daemon {
-    /// Creates a vGPU and starts its worker.
-    pub async fn create_vgpu(self: &Arc<Self>, spec: VgpuCreate) -> Result<api::Vgpu, ApiError> {
-        self.check_running()?;
-        let ask = self.validate_vgpu(&spec)?;
-        let process =
-            (spec.attach == api::Attach::Process).then_some((spec.owner_uid, spec.owner_gid));
-        let id = self.state.with(|inner| {
-            let id = self.admit(inner, ask, None)?;
-            if let (Some((uid, gid)), Some(rec)) = (process, inner.vgpus.get_mut(&id)) {
-                rec.hand_over_at(ProcessAttach::new(&self.cfg.state_dir, id, uid, gid));
-            }
-            Ok::<_, ApiError>(id)
+/// Creates a vGPU and starts its worker.
+pub async fn create_vgpu(d: &Arc<Daemon>, spec: VgpuCreate) -> Result<api::Vgpu, ApiError> {
+    d.check_running()?;
+    let ask = admission::validate_vgpu(d, &spec)?;
+    let process = (spec.attach == api::Attach::Process).then_some((spec.owner_uid, spec.owner_gid));
+    let id = d.state.with(|inner| {
+        let id = admission::admit(d, inner, ask, None)?;
+        if let (Some((uid, gid)), Some(rec)) = (process, inner.vgpus.get_mut(&id)) {
+            rec.hand_over_at(ProcessAttach::new(&d.cfg.state_dir, id, uid, gid));
+        }
+        Ok::<_, ApiError>(id)
+    })?;
+    if let Err(e) = workers::start_worker(d, id).await {
+        forget_vgpu(d, id);
+        return Err(e);
+    }
+    // Answered only once the definition is on disk: a restart keeps it.
+    d.persist
+        .save(&d.state)
+        .await
+        .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was created"), &e))?;
+    get_vgpu(&d.state, id)
+}
+
+/// Removes a vGPU record and its files (after its worker is gone).
+pub(super) fn forget_vgpu(d: &Daemon, id: u32) {
+    if let Some(rec) = d.state.with(|i| i.vgpus.remove(&id)) {
+        let _ = std::fs::remove_file(rec.log());
+        let _ = std::fs::remove_file(rec.socket());
+        if rec.process().is_some() {
+            remove_attach_dir(&d.cfg.state_dir, id);
+        }
+    }
+    d.persist.mark_dirty();
+    d.state.notify();
+}
+
+/// One vGPU.
+pub fn get_vgpu(state: &State, id: u32) -> Result<api::Vgpu, ApiError> {
+    state.vgpu_view(id).ok_or_else(|| no_vgpu(id))
+}
+
+/// Every vGPU.
+pub fn list_vgpus(state: &State) -> Vec<api::Vgpu> {
+    state.with(|i| i.vgpus.values().map(VgpuRec::view).collect())
+}
+
+/// Changes shares and priority at run time. The change is reserved on every GPU the
+/// vGPU counts on (its own, and a migration's target) with the larger of its old and
+/// new shares, told to the worker, then applied to the schedulers and recorded in one
+/// step: the API never reports a share the schedulers do not enforce.
+pub async fn patch_vgpu(d: &Daemon, id: u32, patch: VgpuPatch) -> Result<api::Vgpu, ApiError> {
+    d.check_running()?;
+    let compute = patch
+        .compute_share
+        .map(|v| share("compute_share", v))
+        .transpose()?;
+    let copy = patch
+        .copy_share
+        .map(|v| share("copy_share", v))
+        .transpose()?;
+    let meta = Meta::of(&patch)?;
+    if compute.is_none() && copy.is_none() && patch.priority.is_none() {
+        // Only its name, labels or kernel deadline: no share to enforce.
+        d.state.with(|inner| {
+            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+            live_for_change(rec)?;
+            meta.apply(inner, id).map(drop)
         })?;
-        if let Err(e) = self.start_worker(id).await {
-            self.forget_vgpu(id);
-            return Err(e);
-        }
-        // Answered only once the definition is on disk: a restart keeps it.
-        self.save()
-            .await
-            .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was created"), &e))?;
-        self.vgpu(id)
-    }
-
-    /// Removes a vGPU record and its files (after its worker is gone).
-    pub(super) fn forget_vgpu(&self, id: u32) {
-        if let Some(rec) = self.state.with(|i| i.vgpus.remove(&id)) {
-            let _ = std::fs::remove_file(rec.log());
-            let _ = std::fs::remove_file(rec.socket());
-            if rec.process().is_some() {
-                remove_attach_dir(&self.cfg.state_dir, id);
-            }
-        }
-        self.mark_dirty();
-        self.state.notify();
-    }
-
-    pub(super) fn vgpu(&self, id: u32) -> Result<api::Vgpu, ApiError> {
-        self.state.vgpu_view(id).ok_or_else(|| no_vgpu(id))
-    }
-
-    /// One vGPU.
-    pub fn get_vgpu(&self, id: u32) -> Result<api::Vgpu, ApiError> {
-        self.vgpu(id)
-    }
-
-    /// Every vGPU.
-    pub fn list_vgpus(&self) -> Vec<api::Vgpu> {
-        self.state
-            .with(|i| i.vgpus.values().map(VgpuRec::view).collect())
-    }
-
-    /// Changes shares and priority at run time. The change is reserved on every GPU the
-    /// vGPU counts on (its own, and a migration's target) with the larger of its old and
-    /// new shares, told to the worker, then applied to the schedulers and recorded in one
-    /// step: the API never reports a share the schedulers do not enforce.
-    pub async fn patch_vgpu(&self, id: u32, patch: VgpuPatch) -> Result<api::Vgpu, ApiError> {
-        self.check_running()?;
-        let compute = patch
-            .compute_share
-            .map(|v| share("compute_share", v))
-            .transpose()?;
-        let copy = patch
-            .copy_share
-            .map(|v| share("copy_share", v))
-            .transpose()?;
-        let meta = Meta::of(&patch)?;
-        if compute.is_none() && copy.is_none() && patch.priority.is_none() {
-            // Only its name, labels or kernel deadline: no share to enforce.
-            self.state.with(|inner| {
-                let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-                live_for_change(rec)?;
-                meta.apply(inner, id).map(drop)
-            })?;
-            self.deadline_changed(id, patch.kernel_deadline_ms);
-            self.mark_dirty();
-            self.save()
-                .await
-                .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
-            return self.vgpu(id);
-        }
-        let (new, link, old_meta) = self.state.with(|inner| {
-            meta.check(inner, id)?;
-            let (new, link) = self.reserve_shares(inner, id, compute, copy, patch.priority)?;
-            let old = meta.apply(inner, id)?;
-            Ok::<_, ApiError>((new, link, old))
-        })?;
-        if let Err(why) = tell_shares(&link, new).await {
-            self.state.with(|inner| old_meta.restore(inner, id));
-            return Err(self.drop_pending(id, &why));
-        }
-        let committed = self.state.with(|inner| {
-            let r = self.commit_shares(inner, id, new);
-            if r.is_err() {
-                old_meta.restore(inner, id);
-            }
-            r
-        });
-        self.state.notify();
-        committed?;
-        self.deadline_changed(id, patch.kernel_deadline_ms);
-        tracing::info!(
-            vgpu = id,
-            compute = new.compute,
-            copy = new.copy,
-            priority = new.priority,
-            "vGPU shares changed"
-        );
-        // Answered only once the new shares are on disk: a restart keeps them.
-        self.save()
+        deadline_changed(d, id, patch.kernel_deadline_ms);
+        d.persist.mark_dirty();
+        d.persist
+            .save(&d.state)
             .await
             .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
-        self.vgpu(id)
+        return get_vgpu(&d.state, id);
     }
-
-    /// vGPU `id`'s kernel deadline became `ms` (when given): its schedulers apply it now.
-    fn deadline_changed(&self, id: u32, ms: Option<u32>) {
-        if ms.is_none() {
-            return;
+    let (new, link, old_meta) = d.state.with(|inner| {
+        meta.check(inner, id)?;
+        let (new, link) = reserve_shares(&d.cfg, inner, id, compute, copy, patch.priority)?;
+        let old = meta.apply(inner, id)?;
+        Ok::<_, ApiError>((new, link, old))
+    })?;
+    if let Err(why) = tell_shares(&link, new).await {
+        d.state.with(|inner| old_meta.restore(inner, id));
+        return Err(drop_pending(&d.state, id, &why));
+    }
+    let committed = d.state.with(|inner| {
+        let r = commit_shares(d, inner, id, new);
+        if r.is_err() {
+            old_meta.restore(inner, id);
         }
-        let applied = self.state.with(|inner| {
-            let rec = inner.vgpus.get(&id)?;
-            Some((rec.pools(), self.kernel_deadline_of(rec)))
-        });
-        if let Some((gpus, deadline)) = applied {
-            self.apply_kernel_deadline(id, deadline, &gpus);
+        r
+    });
+    d.state.notify();
+    committed?;
+    deadline_changed(d, id, patch.kernel_deadline_ms);
+    tracing::info!(
+        vgpu = id,
+        compute = new.compute,
+        copy = new.copy,
+        priority = new.priority,
+        "vGPU shares changed"
+    );
+    // Answered only once the new shares are on disk: a restart keeps them.
+    d.persist
+        .save(&d.state)
+        .await
+        .map_err(|e| ApiError::unsaved(&format!("vGPU {id}'s change was made"), &e))?;
+    get_vgpu(&d.state, id)
+}
+
+/// vGPU `id`'s kernel deadline became `ms` (when given): its schedulers apply it now.
+fn deadline_changed(d: &Daemon, id: u32, ms: Option<u32>) {
+    if ms.is_none() {
+        return;
+    }
+    let applied = d.state.with(|inner| {
+        let rec = inner.vgpus.get(&id)?;
+        Some((rec.pools(), d.grants.kernel_deadline_of(rec)))
+    });
+    if let Some((gpus, deadline)) = applied {
+        d.grants.apply_kernel_deadline(id, deadline, &gpus);
+    }
+}
+
+/// Checks vGPU `id`'s new shares against its GPU (and a migration's target) and
+/// holds them as pending: (the new shares, its worker's channel). Caller holds the
+/// state lock.
+fn reserve_shares(
+    cfg: &Config,
+    inner: &mut Inner,
+    id: u32,
+    compute: Option<u32>,
+    copy: Option<u32>,
+    priority: Option<i32>,
+) -> Result<(Shares, Link), ApiError> {
+    let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+    live_for_change(rec)?;
+    if rec.pending().is_some() {
+        return Err(ApiError::conflict(
+            "id",
+            format!(
+                "another change to vGPU {id} is on its way to its worker; retry once it answered"
+            ),
+        ));
+    }
+    let old = rec.shares();
+    let new = Shares {
+        compute: compute.unwrap_or(old.compute),
+        copy: copy.unwrap_or(old.copy),
+        priority: priority.unwrap_or(old.priority),
+    };
+    let ask = VgpuAsk {
+        memory: 0,
+        compute: new.compute.max(old.compute),
+        copy: new.copy.max(old.copy),
+        priority: new.priority,
+        oversubscribe: false,
+        queues: 1,
+        ..VgpuAsk::of(rec)
+    };
+    for gpu in rec.pools() {
+        if let Some(e) = admission::misfit(cfg, inner, gpu, &ask, Some(id)) {
+            return Err(e);
         }
     }
+    let Some(link) = rec.link() else {
+        return Err(ApiError::conflict(
+            "id",
+            format!("vGPU {id}'s worker is still starting; retry once the vGPU is ready"),
+        ));
+    };
+    let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+    rec.hold_pending(new);
+    Ok((new, link))
+}
 
-    /// Checks vGPU `id`'s new shares against its GPU (and a migration's target) and
-    /// holds them as pending: (the new shares, its worker's channel). Caller holds the
-    /// state lock.
-    fn reserve_shares(
-        &self,
-        inner: &mut Inner,
-        id: u32,
-        compute: Option<u32>,
-        copy: Option<u32>,
-        priority: Option<i32>,
-    ) -> Result<(Shares, Link), ApiError> {
-        let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-        live_for_change(rec)?;
-        if rec.pending().is_some() {
-            return Err(ApiError::conflict(
-                "id",
-                format!("another change to vGPU {id} is on its way to its worker; retry once it answered"),
-            ));
-        }
-        let old = rec.shares();
-        let new = Shares {
-            compute: compute.unwrap_or(old.compute),
-            copy: copy.unwrap_or(old.copy),
-            priority: priority.unwrap_or(old.priority),
+/// The worker took vGPU `id`'s new shares: its schedulers take them and the record
+/// says so, in one step. Caller holds the state lock.
+fn commit_shares(d: &Daemon, inner: &mut Inner, id: u32, new: Shares) -> Result<(), ApiError> {
+    let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+    rec.clear_pending();
+    live_for_change(rec)?;
+    let share = |permille: u32| Share {
+        fraction: permille_to_fraction(permille),
+        priority: new.priority,
+    };
+    // The GPU it runs on first: that one must take it. A migration's target that has
+    // no channel for it yet reads the shares from the record when it attaches.
+    let mut done = Vec::new();
+    for gpu in rec.pools() {
+        let Some(server) = d.grants.get(gpu) else {
+            continue;
         };
-        let ask = VgpuAsk {
-            memory: 0,
-            compute: new.compute.max(old.compute),
-            copy: new.copy.max(old.copy),
-            priority: new.priority,
-            oversubscribe: false,
-            queues: 1,
-            ..VgpuAsk::of(rec)
-        };
-        for gpu in rec.pools() {
-            if let Some(e) = self.misfit(inner, gpu, &ask, Some(id)) {
-                return Err(e);
+        match server.set_shares(id, share(new.compute), share(new.copy)) {
+            Ok(()) => done.push(server),
+            Err(GrantError::NotAttached(_)) if gpu != rec.gpu() => {}
+            Err(e) => {
+                let old = rec.shares();
+                for s in done {
+                    let _ = s.set_shares(id, share(old.compute), share(old.copy));
+                }
+                tracing::error!(vgpu = id, gpu, "the scheduler refused the new shares: {e}");
+                return Err(ApiError::internal(format!(
+                    "GPU {gpu}'s scheduler refused vGPU {id}'s new shares ({e}); they stay as they were"
+                )));
             }
         }
-        let Some(link) = rec.link() else {
-            return Err(ApiError::conflict(
-                "id",
-                format!("vGPU {id}'s worker is still starting; retry once the vGPU is ready"),
-            ));
-        };
-        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-        rec.hold_pending(new);
-        Ok((new, link))
     }
+    rec.apply_shares(new);
+    if rec.oversubscribe() {
+        d.memory.join(rec.gpu(), id, new.priority);
+    }
+    d.persist.mark_dirty();
+    Ok(())
+}
 
-    /// The worker took vGPU `id`'s new shares: its schedulers take them and the record
-    /// says so, in one step. Caller holds the state lock.
-    fn commit_shares(&self, inner: &mut Inner, id: u32, new: Shares) -> Result<(), ApiError> {
-        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+/// The worker did not take vGPU `id`'s change (`why`): the pending shares are
+/// dropped. The answer says why, or that the vGPU went away meanwhile.
+fn drop_pending(state: &State, id: u32, why: &str) -> ApiError {
+    let gone = state.with(|inner| {
+        let rec = inner.vgpus.get_mut(&id)?;
         rec.clear_pending();
-        live_for_change(rec)?;
-        let share = |permille: u32| Share {
-            fraction: permille_to_fraction(permille),
-            priority: new.priority,
-        };
-        // The GPU it runs on first: that one must take it. A migration's target that has
-        // no channel for it yet reads the shares from the record when it attaches.
-        let mut done = Vec::new();
-        for gpu in rec.pools() {
-            let Some(server) = self.grants.get(gpu as usize) else {
-                continue;
-            };
-            match server.set_shares(id, share(new.compute), share(new.copy)) {
-                Ok(()) => done.push(server),
-                Err(GrantError::NotAttached(_)) if gpu != rec.gpu() => {}
-                Err(e) => {
-                    let old = rec.shares();
-                    for s in done {
-                        let _ = s.set_shares(id, share(old.compute), share(old.copy));
-                    }
-                    tracing::error!(vgpu = id, gpu, "the scheduler refused the new shares: {e}");
-                    return Err(ApiError::internal(format!(
-                        "GPU {gpu}'s scheduler refused vGPU {id}'s new shares ({e}); they stay as they were"
-                    )));
-                }
-            }
-        }
-        rec.apply_shares(new);
-        if rec.oversubscribe() {
-            self.pool_join(rec.gpu(), id, new.priority);
-        }
-        self.mark_dirty();
-        Ok(())
+        live_for_change(rec).err()
+    });
+    state.notify();
+    match state.with(|i| i.vgpus.contains_key(&id)) {
+        false => no_vgpu(id),
+        true => gone.unwrap_or_else(|| {
+            ApiError::worker(format!(
+                "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
+            ))
+        }),
     }
+}
 
-    /// The worker did not take vGPU `id`'s change (`why`): the pending shares are
-    /// dropped. The answer says why, or that the vGPU went away meanwhile.
-    fn drop_pending(&self, id: u32, why: &str) -> ApiError {
-        let gone = self.state.with(|inner| {
-            let rec = inner.vgpus.get_mut(&id)?;
-            rec.clear_pending();
-            live_for_change(rec).err()
-        });
-        self.state.notify();
-        match self.state.with(|i| i.vgpus.contains_key(&id)) {
-            false => no_vgpu(id),
-            true => gone.unwrap_or_else(|| {
-                ApiError::worker(format!(
-                    "vGPU {id}'s worker did not take the new shares ({why}); nothing changed"
-                ))
-            }),
+/// Stops a vGPU's worker (if any) and removes the vGPU.
+pub async fn delete_vgpu(d: &Daemon, id: u32) -> Result<(), ApiError> {
+    // A process vGPU between two workers: its fresh one is the one to stop.
+    process::await_next_worker(d, id).await;
+    let worker = d.state.with(|inner| {
+        let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
+        if *rec.state() == VgpuState::Releasing {
+            return Err(being_released(id));
         }
-    }
-
-    /// Stops a vGPU's worker (if any) and removes the vGPU.
-    pub async fn delete_vgpu(&self, id: u32) -> Result<(), ApiError> {
-        // A process vGPU between two workers: its fresh one is the one to stop.
-        self.await_next_worker(id).await;
-        let worker = self.state.with(|inner| {
-            let rec = inner.vgpus.get(&id).ok_or_else(|| no_vgpu(id))?;
-            if *rec.state() == VgpuState::Releasing {
-                return Err(being_released(id));
+        if let Some(vm) = rec.vm() {
+            if inner.vms.get(&vm).is_some_and(|v| v.state().is_live()) {
+                return Err(ApiError::conflict(
+                    "id",
+                    format!("vGPU {id} is in use by running VM {vm}; DELETE /v1/vms/{vm} first"),
+                ));
             }
-            if let Some(vm) = rec.vm() {
-                if inner.vms.get(&vm).is_some_and(|v| v.state().is_live()) {
-                    return Err(ApiError::conflict(
-                        "id",
-                        format!(
-                            "vGPU {id} is in use by running VM {vm}; DELETE /v1/vms/{vm} first"
-                        ),
-                    ));
-                }
-            }
-            let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
-            rec.begin_release();
-            Ok(rec.worker().map(|w| (w.proc.clone(), w.link.clone())))
-        })?;
-        self.state.notify();
-        if let Some((p, link)) = worker {
-            self.stop_worker(id, &p, &link).await;
         }
-        self.state.with(|inner| {
-            let vm = inner.vgpus.get(&id).and_then(|r| r.vm());
-            if let Some(v) = vm.and_then(|vm| inner.vms.get_mut(&vm)) {
-                v.forget_vgpu();
-            }
-        });
-        self.forget_vgpu(id);
-        tracing::info!(vgpu = id, "vGPU deleted");
-        self.save()
-            .await
-            .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was deleted"), &e))
+        let rec = inner.vgpus.get_mut(&id).ok_or_else(|| no_vgpu(id))?;
+        rec.begin_release();
+        Ok(rec.worker().map(|w| (w.proc.clone(), w.link.clone())))
+    })?;
+    d.state.notify();
+    if let Some((p, link)) = worker {
+        workers::stop_worker(d, id, &p, &link).await;
     }
+    d.state.with(|inner| {
+        let vm = inner.vgpus.get(&id).and_then(|r| r.vm());
+        if let Some(v) = vm.and_then(|vm| inner.vms.get_mut(&vm)) {
+            v.forget_vgpu();
+        }
+    });
+    forget_vgpu(d, id);
+    tracing::info!(vgpu = id, "vGPU deleted");
+    d.persist
+        .save(&d.state)
+        .await
+        .map_err(|e| ApiError::unsaved(&format!("vGPU {id} was deleted"), &e))
 }
 
 /// The answer to a change of a vGPU that a DELETE is removing.
@@ -404,6 +404,7 @@ impl Meta {
 mod tests {
     use super::super::admission::tests::admit;
     use super::super::core::testing::{daemon, spec};
+    use super::reserve_shares;
 
     #[test]
     fn a_share_change_is_checked_on_the_migration_target_too() {
@@ -417,7 +418,7 @@ mod tests {
         });
         let e = d
             .state
-            .with(|i| d.reserve_shares(i, a, Some(700), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(700), None, None))
             .expect_err("GPU 1 has 0.1 left");
         assert_eq!(e.field.as_deref(), Some("compute_share"), "{e}");
         assert!(e.error.contains("GPU 1"), "{e}");
@@ -436,18 +437,18 @@ mod tests {
         });
         let e = d
             .state
-            .with(|i| d.reserve_shares(i, a, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(100), None, None))
             .expect_err("releasing");
         assert_eq!(e.status, axum::http::StatusCode::CONFLICT);
         assert!(e.error.contains("being released"), "{e}");
         assert_eq!(
-            d.gpus()[0].compute_committed,
+            super::super::stats::gpus(&d)[0].compute_committed,
             0.3,
             "it holds its shares until its worker is gone"
         );
         let e = d
             .state
-            .with(|i| d.reserve_shares(i, 99, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, 99, Some(100), None, None))
             .expect_err("unknown");
         assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
     }
@@ -458,7 +459,7 @@ mod tests {
         let a = admit(&d, spec(Some(0), 1 << 30, 0.3)).expect("a");
         let e = d
             .state
-            .with(|i| d.reserve_shares(i, a, Some(100), None, None))
+            .with(|i| reserve_shares(&d.cfg, i, a, Some(100), None, None))
             .expect_err("starting");
         assert!(e.error.contains("starting"), "{e}");
         assert_eq!(d.state.with(|i| i.vgpus[&a].pending()), None);

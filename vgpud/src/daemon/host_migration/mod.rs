@@ -18,7 +18,8 @@
 mod incoming;
 mod outgoing;
 
-pub(super) use outgoing::vmm_api_socket;
+pub(super) use incoming::{abort_incoming, commit_incoming, incoming_vm};
+pub(super) use outgoing::migrate_vm_to_host;
 
 pub(super) use super::host_registry::{IncomingVmm, IncomingWorker};
 use super::state::Inner;

@@ -20,10 +20,15 @@ use crate::api::{
     VmMigrateRequest, VmState,
 };
 use crate::control::{Command as Ctl, ReplyBody};
+use crate::daemon::config::Config;
 use crate::daemon::core::Daemon;
 use crate::daemon::error::ApiError;
 use crate::daemon::link::Link;
+use crate::daemon::migration;
 use crate::daemon::state::Inner;
+use crate::daemon::vgpus;
+use crate::daemon::vms;
+use crate::daemon::vms::vmm_api_socket;
 use crate::units::permille_to_fraction;
 
 /// The pause a move aims for unless the request says, ms.
@@ -35,11 +40,6 @@ const POLL: Duration = Duration::from_millis(100);
 /// Longest the vmm's move waits for the vGPU's first pre-copy round (all of its device
 /// memory) to reach the destination.
 const FIRST_ROUND_WAIT: Duration = Duration::from_secs(300);
-
-/// VM `id`'s vmm API socket.
-pub(in crate::daemon) fn vmm_api_socket(state_dir: &Path, id: u32) -> PathBuf {
-    state_dir.join(format!("vm-{id}.api"))
-}
 
 /// What the source needs to move a VM.
 struct Plan {
@@ -207,466 +207,463 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| format!("a blocking task failed: {e}"))?
 }
 
-impl Daemon {
-    /// What VM `vm_id` is launched as elsewhere. Caller holds the state lock.
-    fn plan(&self, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
-        let vm = inner
-            .vms
-            .get(&vm_id)
-            .ok_or_else(|| super::super::core::no_vm(vm_id))?;
-        if *vm.state() != VmState::Running || vm.proc().is_none() {
+/// What VM `vm_id` is launched as elsewhere. Caller holds the state lock.
+fn plan(cfg: &Config, inner: &Inner, vm_id: u32) -> Result<Plan, ApiError> {
+    let vm = inner
+        .vms
+        .get(&vm_id)
+        .ok_or_else(|| super::super::core::no_vm(vm_id))?;
+    if *vm.state() != VmState::Running || vm.proc().is_none() {
+        return Err(ApiError::conflict(
+            "id",
+            format!("VM {vm_id} is {:?}; only a running VM moves", vm.state()),
+        ));
+    }
+    let payload = match &cfg.payload_dir {
+        Some(dir) => vm
+            .payload()
+            .strip_prefix(dir)
+            .ok()
+            .and_then(|p| p.to_str())
+            .map(str::to_owned),
+        None => None,
+    }
+    .unwrap_or_else(|| vm.payload().display().to_string());
+    let mut vgpu = None;
+    let mut create_vgpu = None;
+    if let Some(g) = vm.vgpu() {
+        let rec = inner
+            .vgpus
+            .get(&g)
+            .ok_or_else(|| ApiError::internal(format!("VM {vm_id}'s vGPU {g} vanished")))?;
+        // An oversubscribed vGPU moves with every byte, swapped pieces included; the
+        // destination runs it oversubscribed too, under its own admission rule.
+        if !rec.storage().is_empty() || rec.migrating_to().is_some() {
             return Err(ApiError::conflict(
                 "id",
-                format!("VM {vm_id} is {:?}; only a running VM moves", vm.state()),
+                format!("VM {vm_id}'s vGPU {g} has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
             ));
         }
-        let payload = match &self.cfg.payload_dir {
-            Some(dir) => vm
-                .payload()
-                .strip_prefix(dir)
-                .ok()
-                .and_then(|p| p.to_str())
-                .map(str::to_owned),
-            None => None,
-        }
-        .unwrap_or_else(|| vm.payload().display().to_string());
-        let mut vgpu = None;
-        let mut create_vgpu = None;
-        if let Some(g) = vm.vgpu() {
-            let rec = inner
-                .vgpus
-                .get(&g)
-                .ok_or_else(|| ApiError::internal(format!("VM {vm_id}'s vGPU {g} vanished")))?;
-            // An oversubscribed vGPU moves with every byte, swapped pieces included; the
-            // destination runs it oversubscribed too, under its own admission rule.
-            if !rec.storage().is_empty() || rec.migrating_to().is_some() {
-                return Err(ApiError::conflict(
-                    "id",
-                    format!("VM {vm_id}'s vGPU {g} has storage namespaces or is migrating between GPUs; such a vGPU does not move to another host"),
-                ));
-            }
-            let link = rec
-                .link()
-                .ok_or_else(|| ApiError::conflict("id", format!("vGPU {g} has no worker")))?;
-            create_vgpu = Some(VgpuCreate {
-                gpu: None,
-                memory_bytes: rec.memory(),
-                compute_share: permille_to_fraction(rec.compute()),
-                copy_share: Some(permille_to_fraction(rec.copy())),
-                priority: rec.priority(),
-                oversubscribe: rec.oversubscribe(),
-                share_group: None,
-                queues: rec.queues(),
-                storage: Vec::new(),
-                name: rec.name().clone(),
-                labels: rec.labels().clone(),
-                kernel_deadline_ms: rec.kernel_deadline_ms(),
-                attach: Default::default(),
-                owner_uid: None,
-                owner_gid: None,
-            });
-            vgpu = Some((g, rec.gpu(), link));
-        }
-        Ok(Plan {
-            vm_id,
-            create: VmCreate {
-                payload: Some(payload),
-                payload_arg: vm.payload_arg().clone(),
-                kernel: None,
-                initrd: None,
-                cmdline: None,
-                memory_bytes: vm.memory(),
-                vcpus: vm.vcpus(),
-                vgpu_id: None,
-                vgpu: create_vgpu,
-                name: vm.name().clone(),
-                labels: vm.labels().clone(),
+        let link = rec
+            .link()
+            .ok_or_else(|| ApiError::conflict("id", format!("vGPU {g} has no worker")))?;
+        create_vgpu = Some(VgpuCreate {
+            gpu: None,
+            memory_bytes: rec.memory(),
+            compute_share: permille_to_fraction(rec.compute()),
+            copy_share: Some(permille_to_fraction(rec.copy())),
+            priority: rec.priority(),
+            oversubscribe: rec.oversubscribe(),
+            share_group: None,
+            queues: rec.queues(),
+            storage: Vec::new(),
+            name: rec.name().clone(),
+            labels: rec.labels().clone(),
+            kernel_deadline_ms: rec.kernel_deadline_ms(),
+            attach: Default::default(),
+            owner_uid: None,
+            owner_gid: None,
+        });
+        vgpu = Some((g, rec.gpu(), link));
+    }
+    Ok(Plan {
+        vm_id,
+        create: VmCreate {
+            payload: Some(payload),
+            payload_arg: vm.payload_arg().clone(),
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            memory_bytes: vm.memory(),
+            vcpus: vm.vcpus(),
+            vgpu_id: None,
+            vgpu: create_vgpu,
+            name: vm.name().clone(),
+            labels: vm.labels().clone(),
+        },
+        vgpu,
+        api_socket: vmm_api_socket(&cfg.state_dir, vm_id),
+    })
+}
+
+/// Moves VM `vm_id`, vGPU included, to another vgpud: the destination admits it
+/// first (its refusal comes back as it is: 409 when it does not fit, 401 for a wrong
+/// token); the move then runs on (follow it at `GET /v1/migrations/{id}`).
+pub async fn migrate_vm_to_host(
+    d: &Arc<Daemon>,
+    vm_id: u32,
+    req: VmMigrateRequest,
+) -> Result<api::Migration, ApiError> {
+    d.check_running()?;
+    let downtime_ms = req.downtime_ms.unwrap_or(DEFAULT_DOWNTIME_MS);
+    if !(1..=60_000).contains(&downtime_ms) {
+        return Err(ApiError::bad("downtime_ms", "give 1 to 60000 ms"));
+    }
+    let how = How {
+        downtime_ms,
+        stop_copy: stop_copy(&req)?,
+    };
+    let (client, peer, host) = destination(&req)?;
+    let plan = d.state.with(|inner| plan(&d.cfg, inner, vm_id))?;
+    if let Some((g, _, _)) = &plan.vgpu {
+        migration::check_no_shm(&d.shm_lock(), *g)?;
+    }
+    let body = serde_json::to_vec(&IncomingVm {
+        vm: plan.create.clone(),
+        source: format!("VM {vm_id}"),
+    })
+    .map_err(|e| ApiError::internal(format!("cannot encode the VM: {e}")))?;
+    let c = client.clone();
+    let accepted: IncomingAccepted =
+        tokio::task::spawn_blocking(move || c.call("POST", "/v1/migrations/incoming", Some(&body)))
+            .await
+            .map_err(|e| ApiError::internal(format!("the admission task failed: {e}")))?
+            .map_err(refused)?;
+    let (vgpu_id, gpu) = plan.vgpu.as_ref().map_or((0, 0), |(g, gpu, _)| (*g, *gpu));
+    let mid = d.state.with(|inner| {
+        let mid = inner.next_migration;
+        inner.next_migration += 1;
+        let mut m = record(
+            mid,
+            vgpu_id,
+            gpu,
+            HostMigration {
+                direction: "outgoing".into(),
+                vm: vm_id,
+                peer: peer.clone(),
+                remote_vm: Some(accepted.vm),
+                remote_migration: Some(accepted.migration),
+                vmm_rounds: 0,
+                vmm_bytes: 0,
+                stop_ram_bytes: 0,
+                vgpu_rounds: 0,
+                vgpu_bytes: 0,
+                vgpu_downtime_ms: None,
             },
-            vgpu,
-            api_socket: vmm_api_socket(&self.cfg.state_dir, vm_id),
-        })
-    }
-
-    /// Moves VM `vm_id`, vGPU included, to another vgpud: the destination admits it
-    /// first (its refusal comes back as it is: 409 when it does not fit, 401 for a wrong
-    /// token); the move then runs on (follow it at `GET /v1/migrations/{id}`).
-    pub async fn migrate_vm_to_host(
-        self: &Arc<Self>,
-        vm_id: u32,
-        req: VmMigrateRequest,
-    ) -> Result<api::Migration, ApiError> {
-        self.check_running()?;
-        let downtime_ms = req.downtime_ms.unwrap_or(DEFAULT_DOWNTIME_MS);
-        if !(1..=60_000).contains(&downtime_ms) {
-            return Err(ApiError::bad("downtime_ms", "give 1 to 60000 ms"));
+        );
+        m.phase = "starting".into();
+        if how.stop_copy {
+            m.mode = "stop_copy".into();
         }
-        let how = How {
-            downtime_ms,
-            stop_copy: stop_copy(&req)?,
-        };
-        let (client, peer, host) = destination(&req)?;
-        let plan = self.state.with(|inner| self.plan(inner, vm_id))?;
-        if let Some((g, _, _)) = &plan.vgpu {
-            self.check_no_shm(*g)?;
-        }
-        let body = serde_json::to_vec(&IncomingVm {
-            vm: plan.create.clone(),
-            source: format!("VM {vm_id}"),
-        })
-        .map_err(|e| ApiError::internal(format!("cannot encode the VM: {e}")))?;
-        let c = client.clone();
-        let accepted: IncomingAccepted = tokio::task::spawn_blocking(move || {
-            c.call("POST", "/v1/migrations/incoming", Some(&body))
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("the admission task failed: {e}")))?
-        .map_err(refused)?;
-        let (vgpu_id, gpu) = plan.vgpu.as_ref().map_or((0, 0), |(g, gpu, _)| (*g, *gpu));
-        let mid = self.state.with(|inner| {
-            let mid = inner.next_migration;
-            inner.next_migration += 1;
-            let mut m = record(
-                mid,
-                vgpu_id,
-                gpu,
-                HostMigration {
-                    direction: "outgoing".into(),
-                    vm: vm_id,
-                    peer: peer.clone(),
-                    remote_vm: Some(accepted.vm),
-                    remote_migration: Some(accepted.migration),
-                    vmm_rounds: 0,
-                    vmm_bytes: 0,
-                    stop_ram_bytes: 0,
-                    vgpu_rounds: 0,
-                    vgpu_bytes: 0,
-                    vgpu_downtime_ms: None,
-                },
-            );
-            m.phase = "starting".into();
-            if how.stop_copy {
-                m.mode = "stop_copy".into();
-            }
-            inner.migrations.insert(mid, m);
-            mid
-        });
-        self.mark_dirty();
-        tracing::info!(vm = vm_id, migration = mid, destination = %peer, remote_vm = accepted.vm, "moving a VM to another vgpud");
-        let d = self.clone();
-        tokio::spawn(async move {
+        inner.migrations.insert(mid, m);
+        mid
+    });
+    d.persist.mark_dirty();
+    tracing::info!(vm = vm_id, migration = mid, destination = %peer, remote_vm = accepted.vm, "moving a VM to another vgpud");
+    tokio::spawn({
+        let d = d.clone();
+        async move {
             let started = Instant::now();
-            let r = d
-                .drive(mid, vm_id, &plan, &accepted, host.as_deref(), how)
-                .await;
-            d.settle(mid, plan, accepted, client, r, started).await;
-        });
-        self.migration(mid)
-    }
-
-    /// Runs the move: the vGPU's stream, the vmm's migration, progress until it ends.
-    async fn drive(
-        self: &Arc<Self>,
-        mid: u32,
-        vm_id: u32,
-        plan: &Plan,
-        accepted: &IncomingAccepted,
-        host: Option<&str>,
-        how: How,
-    ) -> Result<(), String> {
-        let How {
-            downtime_ms,
-            stop_copy,
-        } = how;
-        let mut vgpu_task = None;
-        if let (Some((vgpu, _, link)), Some(addr), Some(token)) =
-            (&plan.vgpu, &accepted.vgpu_address, &accepted.token)
-        {
-            self.host.forget_reported(*vgpu);
-            let addr = reachable(addr, host);
-            let fd = blocking(move || connect(&addr)).await?;
-            let link = link.clone();
-            let token = token.clone();
-            vgpu_task = Some(tokio::spawn(async move {
-                link.call_with_fds(
-                    Ctl::MigrateOut {
-                        token,
-                        max_downtime_ms: downtime_ms,
-                        stop_copy,
-                    },
-                    vec![fd],
-                    MOVE_TIMEOUT,
-                )
-                .await
-            }));
+            let r = drive(&d, mid, vm_id, &plan, &accepted, host.as_deref(), how).await;
+            settle(&d, mid, plan, accepted, client, r, started).await;
         }
-        if let (Some(task), Some((vgpu, _, _))) = (&vgpu_task, &plan.vgpu) {
-            // The vmm stops the VM as soon as its own dirty RAM fits the budget, and the
-            // stop waits for the vGPU's round in progress: started together, the vGPU's
-            // first round (all of its device memory) would run inside the stop. So guest
-            // RAM starts moving once the vGPU has sent its first round (it keeps sending
-            // what the guest dirties meanwhile). Stop-and-copy sends no round: the VM
-            // stops once the worker has taken the move (it reports in at once), so that
-            // the rings' stop waits for the vGPU's state.
-            let until = Instant::now() + FIRST_ROUND_WAIT;
-            loop {
-                let rounds = self.state.with(|i| {
-                    i.migrations
-                        .get(&mid)
-                        .and_then(|m| m.host.as_ref())
-                        .map_or(0, |h| h.vgpu_rounds)
-                });
-                let ready = if stop_copy {
-                    self.host.reported(*vgpu)
-                } else {
-                    rounds >= 1
-                };
-                if ready || task.is_finished() || Instant::now() > until {
-                    break;
+    });
+    migration::migration(&d.state, mid)
+}
+
+/// Runs the move: the vGPU's stream, the vmm's migration, progress until it ends.
+async fn drive(
+    d: &Arc<Daemon>,
+    mid: u32,
+    vm_id: u32,
+    plan: &Plan,
+    accepted: &IncomingAccepted,
+    host: Option<&str>,
+    how: How,
+) -> Result<(), String> {
+    let How {
+        downtime_ms,
+        stop_copy,
+    } = how;
+    let mut vgpu_task = None;
+    if let (Some((vgpu, _, link)), Some(addr), Some(token)) =
+        (&plan.vgpu, &accepted.vgpu_address, &accepted.token)
+    {
+        d.host.forget_reported(*vgpu);
+        let addr = reachable(addr, host);
+        let fd = blocking(move || connect(&addr)).await?;
+        let link = link.clone();
+        let token = token.clone();
+        vgpu_task = Some(tokio::spawn(async move {
+            link.call_with_fds(
+                Ctl::MigrateOut {
+                    token,
+                    max_downtime_ms: downtime_ms,
+                    stop_copy,
+                },
+                vec![fd],
+                MOVE_TIMEOUT,
+            )
+            .await
+        }));
+    }
+    if let (Some(task), Some((vgpu, _, _))) = (&vgpu_task, &plan.vgpu) {
+        // The vmm stops the VM as soon as its own dirty RAM fits the budget, and the
+        // stop waits for the vGPU's round in progress: started together, the vGPU's
+        // first round (all of its device memory) would run inside the stop. So guest
+        // RAM starts moving once the vGPU has sent its first round (it keeps sending
+        // what the guest dirties meanwhile). Stop-and-copy sends no round: the VM
+        // stops once the worker has taken the move (it reports in at once), so that
+        // the rings' stop waits for the vGPU's state.
+        let until = Instant::now() + FIRST_ROUND_WAIT;
+        loop {
+            let rounds = d.state.with(|i| {
+                i.migrations
+                    .get(&mid)
+                    .and_then(|m| m.host.as_ref())
+                    .map_or(0, |h| h.vgpu_rounds)
+            });
+            let ready = if stop_copy {
+                d.host.reported(*vgpu)
+            } else {
+                rounds >= 1
+            };
+            if ready || task.is_finished() || Instant::now() > until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let sock = plan.api_socket.clone();
+    let destination = reachable(&accepted.vmm_address, host);
+    let mut ask = json!({
+        "command": "migrate",
+        "destination": destination,
+        "downtime_ms": downtime_ms,
+        "precopy": !stop_copy,
+    });
+    if let Some(t) = &accepted.vmm_token {
+        ask["token"] = json!(t);
+    }
+    let s = sock.clone();
+    // A vmm that received its VM moments ago may not serve its API yet.
+    let answer = blocking(move || {
+        let start = Instant::now();
+        loop {
+            match vmm_call(&s, &ask) {
+                Err(_) if start.elapsed() < Duration::from_secs(5) => {
+                    std::thread::sleep(Duration::from_millis(50))
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                r => return r,
             }
         }
-        let sock = plan.api_socket.clone();
-        let destination = reachable(&accepted.vmm_address, host);
-        let mut ask = json!({
-            "command": "migrate",
-            "destination": destination,
-            "downtime_ms": downtime_ms,
-            "precopy": !stop_copy,
-        });
-        if let Some(t) = &accepted.vmm_token {
-            ask["token"] = json!(t);
+    })
+    .await;
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            cancel_out(plan).await;
+            return Err(e);
+        }
+    };
+    if answer.get("ok").and_then(Value::as_bool) != Some(true) {
+        cancel_out(plan).await;
+        return Err(format!(
+            "the vmm refused the move: {}",
+            answer.get("error").unwrap_or(&Value::Null)
+        ));
+    }
+    d.state
+        .with(|inner| update(inner, mid, |m| m.phase = "precopy".into()));
+    let deadline = Instant::now() + MOVE_TIMEOUT;
+    let mut unreachable = 0;
+    let outcome = loop {
+        tokio::time::sleep(POLL).await;
+        if Instant::now() > deadline {
+            break Err("the move took too long".to_string());
         }
         let s = sock.clone();
-        // A vmm that received its VM moments ago may not serve its API yet.
-        let answer = blocking(move || {
-            let start = Instant::now();
-            loop {
-                match vmm_call(&s, &ask) {
-                    Err(_) if start.elapsed() < Duration::from_secs(5) => {
-                        std::thread::sleep(Duration::from_millis(50))
-                    }
-                    r => return r,
-                }
-            }
-        })
-        .await;
-        let answer = match answer {
-            Ok(a) => a,
+        let status = blocking(move || vmm_call(&s, &json!({"command": "status"}))).await;
+        let mig = match status {
+            Ok(v) => v.get("migration").cloned().unwrap_or(Value::Null),
             Err(e) => {
-                self.cancel_out(plan).await;
-                return Err(e);
+                // The vmm ends (status 0) once the destination has the VM.
+                let state = d
+                    .state
+                    .with(|i| i.vms.get(&vm_id).map(|v| v.state().clone()));
+                match state {
+                    Some(VmState::Exited { code: 0 }) => break Ok(()),
+                    Some(s) if s.is_live() => {
+                        unreachable += 1;
+                        if unreachable > 50 {
+                            break Err(e);
+                        }
+                        continue;
+                    }
+                    _ => break Err(format!("the VM ended during the move ({e})")),
+                }
             }
         };
-        if answer.get("ok").and_then(Value::as_bool) != Some(true) {
-            self.cancel_out(plan).await;
-            return Err(format!(
-                "the vmm refused the move: {}",
-                answer.get("error").unwrap_or(&Value::Null)
-            ));
-        }
-        self.state
-            .with(|inner| update(inner, mid, |m| m.phase = "precopy".into()));
-        let deadline = Instant::now() + MOVE_TIMEOUT;
-        let mut unreachable = 0;
-        let outcome = loop {
-            tokio::time::sleep(POLL).await;
-            if Instant::now() > deadline {
-                break Err("the move took too long".to_string());
-            }
-            let s = sock.clone();
-            let status = blocking(move || vmm_call(&s, &json!({"command": "status"}))).await;
-            let mig = match status {
-                Ok(v) => v.get("migration").cloned().unwrap_or(Value::Null),
-                Err(e) => {
-                    // The vmm ends (status 0) once the destination has the VM.
-                    let state = self
-                        .state
-                        .with(|i| i.vms.get(&vm_id).map(|v| v.state().clone()));
-                    match state {
-                        Some(VmState::Exited { code: 0 }) => break Ok(()),
-                        Some(s) if s.is_live() => {
-                            unreachable += 1;
-                            if unreachable > 50 {
-                                break Err(e);
-                            }
-                            continue;
-                        }
-                        _ => break Err(format!("the VM ended during the move ({e})")),
-                    }
+        let phase = mig.get("phase").and_then(Value::as_str).unwrap_or("");
+        let num = |k: &str| mig.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (rounds, bytes, stop) = (num("rounds"), num("bytes"), num("stop_ram_bytes"));
+        let downtime = mig.get("downtime_ms").and_then(Value::as_f64);
+        d.state.with(|inner| {
+            update(inner, mid, |m| {
+                if let Some(h) = &mut m.host {
+                    h.vmm_rounds = u32::try_from(rounds).unwrap_or(u32::MAX);
+                    h.vmm_bytes = bytes;
+                    h.stop_ram_bytes = stop;
+                    m.bytes = bytes + h.vgpu_bytes;
+                    m.rounds = h.vmm_rounds;
                 }
-            };
-            let phase = mig.get("phase").and_then(Value::as_str).unwrap_or("");
-            let num = |k: &str| mig.get(k).and_then(Value::as_u64).unwrap_or(0);
-            let (rounds, bytes, stop) = (num("rounds"), num("bytes"), num("stop_ram_bytes"));
-            let downtime = mig.get("downtime_ms").and_then(Value::as_f64);
-            self.state.with(|inner| {
+                m.total_bytes = m.total_bytes.max(num("ram_bytes"));
+                m.phase = match phase {
+                    "stopped" => "stop_copy".into(),
+                    "completed" => "done".into(),
+                    other => other.to_owned(),
+                };
+                m.downtime_ms = downtime.or(m.downtime_ms);
+            })
+        });
+        match phase {
+            "completed" => break Ok(()),
+            "failed" => {
+                break Err(mig
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the vmm's migration failed")
+                    .to_owned())
+            }
+            _ => {}
+        }
+    };
+    if outcome.is_err() {
+        cancel_out(plan).await;
+    }
+    if let Some(t) = vgpu_task {
+        match t.await {
+            Ok(Ok(ReplyBody::Migrated { report })) => d.state.with(|inner| {
                 update(inner, mid, |m| {
                     if let Some(h) = &mut m.host {
-                        h.vmm_rounds = u32::try_from(rounds).unwrap_or(u32::MAX);
-                        h.vmm_bytes = bytes;
-                        h.stop_ram_bytes = stop;
-                        m.bytes = bytes + h.vgpu_bytes;
-                        m.rounds = h.vmm_rounds;
+                        h.vgpu_rounds = report.rounds;
+                        h.vgpu_bytes = report.precopy_bytes + report.stop_bytes;
+                        h.vgpu_downtime_ms = Some(report.downtime_ms);
+                        m.bytes = h.vmm_bytes + h.vgpu_bytes;
                     }
-                    m.total_bytes = m.total_bytes.max(num("ram_bytes"));
-                    m.phase = match phase {
-                        "stopped" => "stop_copy".into(),
-                        "completed" => "done".into(),
-                        other => other.to_owned(),
-                    };
-                    m.downtime_ms = downtime.or(m.downtime_ms);
+                })
+            }),
+            Ok(Ok(ReplyBody::Error { message })) if outcome.is_ok() => {
+                tracing::warn!(migration = mid, error = %message, "the vGPU's worker reported an error after the VM moved");
+            }
+            Ok(other) if outcome.is_ok() => {
+                tracing::warn!(migration = mid, answer = ?other, "unexpected answer from the vGPU's worker");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(migration = mid, error = %e, "the vGPU stream task failed")
+            }
+        }
+    }
+    outcome
+}
+
+/// Gives the vGPU's outgoing stream up (the VM stays).
+async fn cancel_out(plan: &Plan) {
+    if let Some((_, _, link)) = &plan.vgpu {
+        if let Err(e) = link
+            .call(Ctl::CancelMigrateOut, Duration::from_secs(5))
+            .await
+        {
+            tracing::debug!(error = %e, "cancel not delivered");
+        }
+    }
+}
+
+/// Records how move `mid` ended: the destination gets the console and the source
+/// frees the VM, or the destination frees what it reserved and the VM stays.
+async fn settle(
+    d: &Arc<Daemon>,
+    mid: u32,
+    plan: Plan,
+    accepted: IncomingAccepted,
+    client: Client,
+    r: Result<(), String>,
+    started: Instant,
+) {
+    let (remote, vm_id) = (accepted.migration, plan.vm_id);
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+    match r {
+        Ok(()) => {
+            // Everything it printed, here and wherever it ran before.
+            let console = vms::console(d, vm_id, 0).unwrap_or_default();
+            let figures = moved_line(&console);
+            let tail = &console[console.len().saturating_sub(MAX_CONSOLE)..];
+            let mut text = String::from_utf8_lossy(tail).into_owned();
+            while text.len() > MAX_CONSOLE {
+                text.remove(0);
+            }
+            d.state.with(|inner| {
+                update(inner, mid, |m| {
+                    m.elapsed_ms = elapsed_ms;
+                    let f = |k: &str| figures.get(k).copied();
+                    m.downtime_ms = f("downtime_ms").or(m.downtime_ms);
+                    if let Some(h) = &mut m.host {
+                        h.vmm_bytes = f("bytes").map_or(h.vmm_bytes, |v| v as u64);
+                        h.stop_ram_bytes =
+                            f("stop_ram_bytes").map_or(h.stop_ram_bytes, |v| v as u64);
+                        h.vmm_rounds = f("rounds").map_or(h.vmm_rounds, |v| v as u32);
+                        m.rounds = h.vmm_rounds;
+                        m.bytes = h.vmm_bytes + h.vgpu_bytes;
+                    }
                 })
             });
-            match phase {
-                "completed" => break Ok(()),
-                "failed" => {
-                    break Err(mig
-                        .get("error")
-                        .and_then(Value::as_str)
-                        .unwrap_or("the vmm's migration failed")
-                        .to_owned())
-                }
-                _ => {}
-            }
-        };
-        if outcome.is_err() {
-            self.cancel_out(plan).await;
-        }
-        if let Some(t) = vgpu_task {
-            match t.await {
-                Ok(Ok(ReplyBody::Migrated { report })) => self.state.with(|inner| {
-                    update(inner, mid, |m| {
-                        if let Some(h) = &mut m.host {
-                            h.vgpu_rounds = report.rounds;
-                            h.vgpu_bytes = report.precopy_bytes + report.stop_bytes;
-                            h.vgpu_downtime_ms = Some(report.downtime_ms);
-                            m.bytes = h.vmm_bytes + h.vgpu_bytes;
-                        }
-                    })
-                }),
-                Ok(Ok(ReplyBody::Error { message })) if outcome.is_ok() => {
-                    tracing::warn!(migration = mid, error = %message, "the vGPU's worker reported an error after the VM moved");
-                }
-                Ok(other) if outcome.is_ok() => {
-                    tracing::warn!(migration = mid, answer = ?other, "unexpected answer from the vGPU's worker");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(migration = mid, error = %e, "the vGPU stream task failed")
-                }
-            }
-        }
-        outcome
-    }
-
-    /// Gives the vGPU's outgoing stream up (the VM stays).
-    async fn cancel_out(&self, plan: &Plan) {
-        if let Some((_, _, link)) = &plan.vgpu {
-            if let Err(e) = link
-                .call(Ctl::CancelMigrateOut, Duration::from_secs(5))
-                .await
-            {
-                tracing::debug!(error = %e, "cancel not delivered");
-            }
-        }
-    }
-
-    /// Records how move `mid` ended: the destination gets the console and the source
-    /// frees the VM, or the destination frees what it reserved and the VM stays.
-    async fn settle(
-        self: &Arc<Self>,
-        mid: u32,
-        plan: Plan,
-        accepted: IncomingAccepted,
-        client: Client,
-        r: Result<(), String>,
-        started: Instant,
-    ) {
-        let (remote, vm_id) = (accepted.migration, plan.vm_id);
-        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
-        match r {
-            Ok(()) => {
-                // Everything it printed, here and wherever it ran before.
-                let console = self.console(vm_id, 0).unwrap_or_default();
-                let figures = moved_line(&console);
-                let tail = &console[console.len().saturating_sub(MAX_CONSOLE)..];
-                let mut text = String::from_utf8_lossy(tail).into_owned();
-                while text.len() > MAX_CONSOLE {
-                    text.remove(0);
-                }
-                self.state.with(|inner| {
-                    update(inner, mid, |m| {
-                        m.elapsed_ms = elapsed_ms;
-                        let f = |k: &str| figures.get(k).copied();
-                        m.downtime_ms = f("downtime_ms").or(m.downtime_ms);
-                        if let Some(h) = &mut m.host {
-                            h.vmm_bytes = f("bytes").map_or(h.vmm_bytes, |v| v as u64);
-                            h.stop_ram_bytes =
-                                f("stop_ram_bytes").map_or(h.stop_ram_bytes, |v| v as u64);
-                            h.vmm_rounds = f("rounds").map_or(h.vmm_rounds, |v| v as u32);
-                            m.rounds = h.vmm_rounds;
-                            m.bytes = h.vmm_bytes + h.vgpu_bytes;
-                        }
-                    })
-                });
-                let record = self.migration(mid).ok();
-                let body = serde_json::to_vec(&IncomingCommit {
-                    console: text,
-                    downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
-                    elapsed_ms: Some(elapsed_ms),
-                    figures: record.and_then(|m| m.host),
-                    uptime_ms: self.get_vm(vm_id).ok().map(|v| v.uptime_ms),
-                })
-                .unwrap_or_default();
-                let c = client.clone();
-                let path = format!("/v1/migrations/{remote}/commit");
-                let committed = tokio::task::spawn_blocking(move || {
-                    c.call::<api::Migration>("POST", &path, Some(&body))
-                })
-                .await;
-                if !matches!(committed, Ok(Ok(_))) {
-                    tracing::warn!(
-                        migration = mid,
-                        "the destination did not take the commit; its VM runs anyway"
-                    );
-                }
-                self.state.with(|inner| {
-                    update(inner, mid, |m| {
-                        m.state = "completed".into();
-                        m.phase = "done".into();
-                    })
-                });
-                tracing::info!(
-                    vm = vm_id,
+            let record = migration::migration(&d.state, mid).ok();
+            let body = serde_json::to_vec(&IncomingCommit {
+                console: text,
+                downtime_ms: record.as_ref().and_then(|m| m.downtime_ms),
+                elapsed_ms: Some(elapsed_ms),
+                figures: record.and_then(|m| m.host),
+                uptime_ms: vms::get_vm(&d.state, vm_id).ok().map(|v| v.uptime_ms),
+            })
+            .unwrap_or_default();
+            let c = client.clone();
+            let path = format!("/v1/migrations/{remote}/commit");
+            let committed = tokio::task::spawn_blocking(move || {
+                c.call::<api::Migration>("POST", &path, Some(&body))
+            })
+            .await;
+            if !matches!(committed, Ok(Ok(_))) {
+                tracing::warn!(
                     migration = mid,
-                    "the VM moved to another vgpud; freeing it here"
+                    "the destination did not take the commit; its VM runs anyway"
                 );
-                if let Err(e) = self.delete_vm(vm_id).await {
-                    tracing::warn!(vm = vm_id, error = %e, "cannot remove the moved VM");
-                }
-                if let Some((g, _, _)) = plan.vgpu {
-                    if self.state.with(|i| i.vgpus.contains_key(&g)) {
-                        let _ = self.delete_vgpu(g).await;
-                    }
-                }
             }
-            Err(why) => {
-                tracing::warn!(vm = vm_id, migration = mid, error = %why, "the move failed; the VM runs on here");
-                let c = client.clone();
-                let path = format!("/v1/migrations/{remote}");
-                let _ = tokio::task::spawn_blocking(move || c.raw("DELETE", &path, None)).await;
-                self.state.with(|inner| {
-                    update(inner, mid, |m| {
-                        m.state = "failed".into();
-                        m.error = Some(why);
-                        m.elapsed_ms = elapsed_ms;
-                    })
-                });
+            d.state.with(|inner| {
+                update(inner, mid, |m| {
+                    m.state = "completed".into();
+                    m.phase = "done".into();
+                })
+            });
+            tracing::info!(
+                vm = vm_id,
+                migration = mid,
+                "the VM moved to another vgpud; freeing it here"
+            );
+            if let Err(e) = vms::delete_vm(d, vm_id).await {
+                tracing::warn!(vm = vm_id, error = %e, "cannot remove the moved VM");
+            }
+            if let Some((g, _, _)) = plan.vgpu {
+                if d.state.with(|i| i.vgpus.contains_key(&g)) {
+                    let _ = vgpus::delete_vgpu(d, g).await;
+                }
             }
         }
-        self.mark_dirty();
+        Err(why) => {
+            tracing::warn!(vm = vm_id, migration = mid, error = %why, "the move failed; the VM runs on here");
+            let c = client.clone();
+            let path = format!("/v1/migrations/{remote}");
+            let _ = tokio::task::spawn_blocking(move || c.raw("DELETE", &path, None)).await;
+            d.state.with(|inner| {
+                update(inner, mid, |m| {
+                    m.state = "failed".into();
+                    m.error = Some(why);
+                    m.elapsed_ms = elapsed_ms;
+                })
+            });
+        }
     }
+    d.persist.mark_dirty();
 }
 
 #[cfg(test)]

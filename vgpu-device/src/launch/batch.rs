@@ -1,0 +1,196 @@
+//! A batch: the launches a queue thread takes one after the other off its ring, run under
+//! one grant, then answered in ring order. Each queue keeps its batch between doorbells
+//! ([`Vgpu::batch`]), so that a warm queue reuses its items.
+
+use std::time::Instant;
+
+use virtio_queue::desc::split::Descriptor;
+
+use super::{outcome, Checked, Ran};
+use crate::chain::GuestMem;
+use crate::config::BatchLimits;
+use crate::device::{elapsed_ns, Outcome, Vgpu};
+use crate::error::RequestError;
+use crate::kernel_times::KernelTimes;
+use crate::request::{Body, Received};
+use crate::timeline;
+
+/// One request of a batch.
+#[derive(Debug)]
+struct Item {
+    /// The chain's head index (for the used ring).
+    head: u16,
+    /// When it came off the available ring (timeline clock; 0: not recorded).
+    kick: u64,
+    /// When it came off the available ring.
+    start: Instant,
+    /// The guest's request id.
+    id: u64,
+    /// Where its response goes.
+    resp: Descriptor,
+    /// Bytes of its writable data descriptors.
+    data_writable_len: u64,
+    /// The launch, when it passed the checks.
+    launch: Option<Box<Checked>>,
+    /// Its answer: the error of its checks, else the kernel's once the batch ran.
+    outcome: Option<Outcome>,
+    /// The used length of its completion.
+    used: u32,
+}
+
+impl Item {
+    /// Whether it went to the GPU under the batch's grant.
+    fn ran(&self) -> bool {
+        self.launch.is_some()
+    }
+}
+
+/// The launches a queue thread is gathering, and then their completions.
+#[derive(Debug, Default)]
+pub(crate) struct LaunchBatch {
+    items: Vec<Item>,
+    /// Launches that passed the checks.
+    launches: usize,
+    /// Their expected times together, as the batch limit counts them.
+    window_ns: u64,
+    /// The batch's grant on the timeline: asked, granted, backend call ended, released.
+    stages: [u64; 4],
+}
+
+impl LaunchBatch {
+    /// Empties the batch (keeping its memory).
+    pub fn clear(&mut self) {
+        self.items.clear();
+        self.launches = 0;
+        self.window_ns = 0;
+        self.stages = [0; 4];
+    }
+
+    /// Requests in the batch.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Adds the launch `r` (checked when it was read; one that failed its checks joins
+    /// with its error, to be answered in order). Returns it
+    /// when it does not join: it is not an answerable launch, or the batch is full
+    /// (launches, or expected time: see [`crate::BatchLimits`]); the caller serves it after
+    /// the batch.
+    pub fn stage<'m>(
+        &mut self,
+        limits: &BatchLimits,
+        times: &KernelTimes,
+        r: Received<'m>,
+    ) -> Option<Received<'m>> {
+        if !r.is_launch() || self.items.len() >= usize::from(limits.max_launches) {
+            return Some(r);
+        }
+        let Some(resp) = r.layout.response else {
+            return Some(r);
+        };
+        let mut window = 0;
+        if matches!(r.body, Body::Launch(_)) {
+            let expect = times.expect(r.function());
+            // A kernel not timed yet counts as the whole window.
+            window = if expect == 0 {
+                limits.max_expected_ns
+            } else {
+                expect
+            };
+            if self.launches > 0 && self.window_ns.saturating_add(window) > limits.max_expected_ns {
+                return Some(r);
+            }
+        }
+        let head = r.chain.head_index();
+        let (launch, outcome) = match r.body {
+            Body::Launch(c) => {
+                self.launches += 1;
+                self.window_ns = self.window_ns.saturating_add(window);
+                (Some(c), None)
+            }
+            Body::Refused(e) => (None, Some(Err(e))),
+            Body::Unanswerable | Body::Other(_) => return Some(r),
+        };
+        self.items.push(Item {
+            head,
+            kick: r.kick,
+            start: r.start,
+            id: r.id,
+            resp,
+            data_writable_len: r.layout.data_writable_len,
+            launch,
+            outcome,
+            used: 0,
+        });
+        None
+    }
+
+    /// The completions, in ring order: (head index, used length).
+    pub fn completions(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
+        self.items.iter().map(|i| (i.head, i.used))
+    }
+
+    /// Puts every request of the batch on the timeline, completed at `used`.
+    pub fn record_timeline(&self, vgpu: u32, queue: u16, used: u64) {
+        if !timeline::enabled() {
+            return;
+        }
+        let [asked, granted, backend_end, released] = self.stages;
+        for i in &self.items {
+            let stages = if i.ran() {
+                (1, asked, granted, backend_end, released)
+            } else {
+                (0, 0, 0, 0, 0)
+            };
+            timeline::push(timeline::Record {
+                vgpu,
+                queue,
+                resource: stages.0,
+                kick: i.kick,
+                asked: stages.1,
+                granted: stages.2,
+                backend_end: stages.3,
+                released: stages.4,
+                used,
+            });
+        }
+    }
+}
+
+impl Vgpu {
+    /// Runs the batch's launches under one grant, then writes every response (in order);
+    /// the caller puts the completions in the used ring.
+    pub(crate) fn run_batch(&self, queue: u16, mem: &GuestMem, batch: &mut LaunchBatch) {
+        let first = batch.items.first().map(|i| i.start);
+        if batch.launches > 0 {
+            let launches: Vec<&Checked> = batch
+                .items
+                .iter()
+                .filter_map(|i| i.launch.as_deref())
+                .collect();
+            let Ran { results, stages } = self.run_launches(&launches);
+            batch.stages = stages;
+            let mut results = results.into_iter();
+            for i in batch.items.iter_mut().filter(|i| i.ran()) {
+                i.outcome = Some(outcome(results.next()));
+            }
+        }
+        // The batch's time counts once in the busy time: each request gets an even share.
+        let share = first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64);
+        for i in &mut batch.items {
+            let outcome = i.outcome.take().unwrap_or_else(|| {
+                Err(RequestError::Backend(vgpu_backend::BackendError::Device(
+                    "the launch was not run; retry it".into(),
+                )))
+            });
+            i.used = self.respond(
+                queue,
+                mem,
+                (&i.resp, i.data_writable_len),
+                (i.id, vgpu_proto::Opcode::Launch.name()),
+                outcome,
+                || share,
+            );
+        }
+    }
+}
