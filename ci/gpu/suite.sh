@@ -43,7 +43,7 @@ device|check|180|the sim device end to end under this machine's KVM (comparison 
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
-cudart|check|420|CUDA runtime programs on the vGPU library over a cuda worker and natively, results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
+cudart|check|540|CUDA runtime programs natively and on process vGPUs of vgpud (cuda), results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 cuda-api-bench|bench|400|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second (batched, with queue polling, and one launch at a time)
@@ -228,9 +228,11 @@ step_cuda-programs() {
     return "$rc"
 }
 # CUDA runtime programs (libcudart: nvcc's <<<>>> with the static and the shared runtime,
-# CuPy, PyTorch) natively and on the vGPU library over a cuda worker, each result checked.
+# clusters, CuPy, PyTorch, Triton, JAX) natively and on a process vGPU of vgpud (one vGPU
+# made for each program with `vgpuctl vgpu create --attach process` and deleted after it),
+# each result checked.
 step_cudart() {
-    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc prog where t0 rc=0
+    local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc prog where t0 rc=0 dir sock pid
     mkdir -p "$d/lib"
     cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
     ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
@@ -239,6 +241,12 @@ step_cudart() {
     "$nvcc" -o "$d/rt-vecadd-static" "$src/rt_vecadd.cu" || return 1
     "$nvcc" -cudart shared -o "$d/rt-vecadd-shared" "$src/rt_vecadd.cu" || return 1
     "$nvcc" -arch=sm_90 -o "$d/rt-cluster" "$src/rt_cluster.cu" || return 1
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-cudart.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    local ctl=("$B/bin/vgpuctl" --socket "$sock")
     for prog in rt-vecadd-static rt-vecadd-shared rt-cluster rt-cupy rt-torch rt-triton rt-jax; do
         local cmd=() ok
         case $prog in
@@ -252,24 +260,33 @@ step_cudart() {
         for where in native vgpu; do
             t0=$(date +%s.%N)
             if [[ $where == native ]]; then
-                "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+                timeout 150 "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
             else
-                VGPU_MEMORY=24G VGPU_CUDA_LOG=info \
-                    on_vgpu "$prog" "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+                local v id vsock
+                v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G) \
+                    || { echo "== $prog: vgpuctl vgpu create failed"; rc=1; continue; }
+                id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
+                vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
+                LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$vsock \
+                    VGPU_CUDA_LOG=info timeout 150 "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
             fi
             local r=$? secs
+            [[ $where == vgpu ]] && "${ctl[@]}" vgpu delete "$id" >/dev/null 2>&1
             secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
             if [[ $r == 0 ]] && grep -q "$ok" "$d/$prog-$where.log"; then
                 echo "== $prog $where: pass in ${secs}s"
             else
                 echo "== $prog $where: FAIL ($r) in ${secs}s"
-                grep -v ' DEBUG \| TRACE \|^STAGE ' "$d/$prog-$where.log" | tail -8
+                grep -v ' DEBUG \| TRACE \|^STAGE \|no such entry point' "$d/$prog-$where.log" | tail -6
                 rc=1
             fi
             # The Python programs' stages, each passed or failed on its own.
             grep '^STAGE ' "$d/$prog-$where.log" | sed 's/^/   /'
         done
     done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rm -rf "$dir"
     return "$rc"
 }
 # globals.c (cuModuleGetGlobal, structs by value) natively and on the vGPU library; then the
