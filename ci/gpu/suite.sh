@@ -263,7 +263,7 @@ step_cudart() {
                 timeout 150 "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
             else
                 local v id vsock
-                v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G) \
+                v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G --compute 100%) \
                     || { echo "== $prog: vgpuctl vgpu create failed"; rc=1; continue; }
                 id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
                 vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
