@@ -122,6 +122,7 @@ cp cuda-shim/tests/gpu/vecadd.c cuda-shim/tests/gpu/vecadd.cu cuda-shim/tests/gp
     cuda-shim/tests/gpu/vecloop.c cuda-shim/tests/gpu/vecloop.cu \
     cuda-shim/tests/gpu/rt_vecadd.cu cuda-shim/tests/gpu/rt_cluster.cu cuda-shim/tests/gpu/rt_cupy.py cuda-shim/tests/gpu/rt_torch.py \
     cuda-shim/tests/gpu/rt_triton.py cuda-shim/tests/gpu/rt_jax.py \
+    cuda-shim/tests/gpu/rt_bench.py cuda-shim/tests/gpu/rt_first.py cuda-shim/tests/gpu/rt_share.py cuda-shim/tests/gpu/rt_share_check.py \
     "$out/cuda-programs/"
 
 fuzz_bin="${FUZZ_BIN:-$root/fuzz/target/x86_64-unknown-linux-gnu/release}"

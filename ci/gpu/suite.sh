@@ -44,6 +44,8 @@ daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cudart|check|540|CUDA runtime programs natively and on process vGPUs of vgpud (cuda), results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
+cudart-bench|bench|300|PyTorch and CuPy figures natively and on a process vGPU of vgpud in the same run, with the goals: bf16 8192^3 matmul TFLOP/s, MLP and CNN training steps, time per small asynchronous op, CuPy elementwise GB/s at 1 MiB and 256 MiB, import-to-first-result time
+torch-shares|check|240|two PyTorch training processes at 70/30 on process vGPUs through vgpud: shares from vgpud's stats within 5 pp, the 30 % one live-migrated mid-training with its losses equal to the other's step by step, then allocating past its share: PyTorch's OutOfMemoryError while the other trains on
 cuda-shares|check|240|two unmodified C programs on process vGPUs at 70/30 through vgpud on cuda: shares from vgpud's stats, one vGPU live-migrated mid-run, results checked
 cuda-bench|bench|300|backend copies and null-kernel launch beside native CUDA in the same process
 cuda-api-bench|bench|400|a module variable and by-value structs (globals.c) natively and on the vGPU library; then the library's driver API beside native libcuda: pinned copies 4 KiB to 1 GiB, null launch + sync round trip, async launches per second (batched, with queue polling, and one launch at a time)
@@ -284,6 +286,143 @@ step_cudart() {
             grep '^STAGE ' "$d/$prog-$where.log" | sed 's/^/   /'
         done
     done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rm -rf "$dir"
+    return "$rc"
+}
+# The frameworks' figures (rt_first.py, rt_bench.py) natively, then each program on a process
+# vGPU of vgpud of its own, as a table with the ratio and each goal.
+step_cudart-bench() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs dir sock pid rc=0 where prog
+    mkdir -p "$d/lib"
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-bench.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    local ctl=("$B/bin/vgpuctl" --socket "$sock")
+    for where in native vgpu; do
+        : >"$d/bench-$where.log"
+        for prog in rt_first.py rt_bench.py; do
+            if [[ $where == native ]]; then
+                timeout 200 python3 "$src/$prog" >>"$d/bench-$where.log" 2>&1 || rc=1
+            else
+                local v id vsock
+                v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G --compute 100%) \
+                    || { echo "== vgpuctl vgpu create failed"; rc=1; continue; }
+                id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
+                vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
+                LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$vsock \
+                    VGPU_CUDA_LOG=warn timeout 200 python3 "$src/$prog" >>"$d/bench-$where.log" 2>&1 || rc=1
+                "${ctl[@]}" vgpu delete "$id" >/dev/null 2>&1
+            fi
+        done
+    done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    rm -rf "$dir"
+    python3 - "$d/bench-native.log" "$d/bench-vgpu.log" <<'PY' || rc=1
+import sys
+def read(p):
+    out = {}
+    for line in open(p, errors="replace"):
+        f = line.split()
+        if len(f) == 4 and f[0] == "BENCH":
+            out[f[1]] = (float(f[2]), f[3])
+    return out
+nat, vg = read(sys.argv[1]), read(sys.argv[2])
+# name: (goal on vGPU/native, higher is better)
+goals = {"matmul_bf16_8192": (0.97, True), "mlp_step": (1.1, False), "cnn_step": (1.1, False),
+         "small_op": (1.3, False), "import_to_first_result": (1.5, False)}
+print(f"{'figure':28} {'native':>12} {'vGPU':>12} {'vGPU/native':>12}  goal")
+ok = True
+for name in sorted(set(nat) | set(vg)):
+    n, v = nat.get(name), vg.get(name)
+    unit = (n or v)[1]
+    ratio = v[0] / n[0] if n and v and n[0] else float("nan")
+    goal = goals.get(name)
+    verdict = ""
+    if goal:
+        met = ratio >= goal[0] if goal[1] else ratio <= goal[0]
+        verdict = f"{'>=' if goal[1] else '<='} {goal[0]}x: {'met' if met else 'NOT met'}"
+    fmt = lambda x: f"{x[0]:.4g} {unit}" if x else "-"
+    print(f"{name:28} {fmt(n):>12} {fmt(v):>12} {ratio:>12.3f}  {verdict}")
+    ok = ok and n is not None and v is not None
+sys.exit(0 if ok else 1)
+PY
+    return "$rc"
+}
+# Two PyTorch training processes (rt_share.py, the same seed and data) at 70/30 on process
+# vGPUs of vgpud: the device time each gets (kernel_ns over wall time), the 30 % one moved
+# mid-training, then allocating past its share.
+step_torch-shares() {
+    local d=$LOGS/cuda-programs src=$B/cuda-programs dir sock pid rc=0 ids=() socks=() pids=() u=()
+    mkdir -p "$d/lib"
+    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
+    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-torch.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    local ctl=("$B/bin/vgpuctl" --socket "$sock")
+    for share in 70% 30%; do
+        local v
+        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 16G --compute "$share") \
+            || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
+        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
+        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+    done
+    if [[ $rc == 0 ]]; then
+        for i in 0 1; do
+            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=${socks[$i]} \
+                VGPU_CUDA_LOG=warn SECS=30 OOM=$i timeout 120 python3 "$src/rt_share.py" \
+                >"$d/torch-share-$i.log" 2>&1 &
+            pids+=($!)
+        done
+        # Both past their start (import, first kernels) before the window opens.
+        for _ in $(seq 100); do
+            grep -q '^LOSS 20 ' "$d/torch-share-0.log" && grep -q '^LOSS 20 ' "$d/torch-share-1.log" && break
+            sleep 0.5
+        done
+        kns() { "${ctl[@]}" --json vgpu stats "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["kernel_ns"])'; }
+        local t0 t1 a0 b0 a1 b1
+        t0=$(date +%s%N) a0=$(kns "${ids[0]}") b0=$(kns "${ids[1]}")
+        sleep 8
+        t1=$(date +%s%N) a1=$(kns "${ids[0]}") b1=$(kns "${ids[1]}")
+        u[0]=$(awk -v x="$a0" -v y="$a1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        u[1]=$(awk -v x="$b0" -v y="$b1" -v t="$((t1 - t0))" 'BEGIN { printf "%.3f", (y - x) / t }')
+        echo "== shares: device time of the wall time: vGPU ${ids[0]} ${u[0]} (share 0.70), vGPU ${ids[1]} ${u[1]} (share 0.30)"
+        if awk -v a="${u[0]}" -v b="${u[1]}" 'BEGIN { exit !((a - 0.7)^2 <= 0.0025 && (b - 0.3)^2 <= 0.0025) }'; then
+            echo "== PASS shares within 5 pp of 70/30"
+        else
+            echo "== FAIL shares: ${u[0]}/${u[1]}, wanted 0.70/0.30 within 5 pp"; rc=1
+        fi
+        if "${ctl[@]}" vgpu migrate "${ids[1]}" --target-gpu 0 >"$d/torch-migrate.log" 2>&1; then
+            echo "== PASS live migration of vGPU ${ids[1]} mid-training: $(grep -m1 'moved' "$d/torch-migrate.log" || tail -1 "$d/torch-migrate.log")"
+        else
+            echo "== FAIL live migration of vGPU ${ids[1]}:"; tail -3 "$d/torch-migrate.log"; rc=1
+        fi
+        for i in 0 1; do
+            if wait "${pids[$i]}" && grep -q 'SHARE OK' "$d/torch-share-$i.log"; then
+                echo "== PASS training on vGPU ${ids[$i]}: $(grep '^STEPS' "$d/torch-share-$i.log")"
+            else
+                echo "== FAIL training on vGPU ${ids[$i]}:"; grep -v '^LOSS' "$d/torch-share-$i.log" | tail -4; rc=1
+            fi
+        done
+        grep -m1 '^OOM OK' "$d/torch-share-1.log" | sed 's/^/== PASS past its share: /' \
+            || { echo "== FAIL: no OutOfMemoryError past the share"; rc=1; }
+        # The same training on both: every step both reached has the same loss.
+        if python3 "$src/rt_share_check.py" "$d/torch-share-0.log" "$d/torch-share-1.log"; then
+            echo "== PASS the moved training's losses equal the unmoved one's"
+        else
+            echo "== FAIL losses differ"; rc=1
+        fi
+    fi
+    for i in "${ids[@]}"; do "${ctl[@]}" vgpu delete "$i" >/dev/null 2>&1; done
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     rm -rf "$dir"

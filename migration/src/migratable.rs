@@ -142,10 +142,16 @@ impl Migratable {
     /// everything when an integer argument may be a raw device address.
     pub(crate) fn mark_launch(&self, args: &[ArgValue]) {
         let va = self.info.va_base..self.info.va_base.saturating_add(self.info.va_size);
-        if args
-            .iter()
-            .any(|a| matches!(a, ArgValue::U64(v) if va.contains(v)))
-        {
+        // A pointer the launch carries in a form other than a pointer argument — an
+        // integer, a by-value parameter's bytes, or a by-value struct (a CUTLASS params
+        // struct, a TMA tensor map: cuBLAS's kernels take both) — may be written through:
+        // everything counts as written.
+        if args.iter().any(|a| match a {
+            ArgValue::U64(v) => va.contains(v),
+            ArgValue::Bytes { bits, .. } => va.contains(bits),
+            ArgValue::Blob { .. } => true,
+            _ => false,
+        }) {
             self.mark_all();
             return;
         }

@@ -283,3 +283,43 @@ fn the_migratable_layer_offers_every_capability_and_what_goes_through_it_moves()
     assert_eq!(r.total, MIB, "the placed allocation moved");
     assert_eq!(get(&m, at, 1 << 20), pattern(7, 1 << 20));
 }
+
+#[test]
+fn a_launch_that_may_write_through_a_pointer_it_does_not_name_marks_everything_written() {
+    let m = Migratable::new(sim(64 * MIB));
+    let a = m.alloc(MIB).expect("alloc").addr;
+    let b = m.alloc(MIB).expect("alloc").addr;
+    let written = |addr: u64| {
+        vgpu_backend::sync::lock(&m.allocs)
+            .get(&addr)
+            .map(|x| x.written.load(Ordering::Acquire))
+            .expect("tracked")
+    };
+    let round = |m: &Migratable| m.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+    // A pointer argument that writes: only its allocation.
+    let e = round(&m);
+    m.mark_launch(&[ArgValue::Ptr {
+        addr: a,
+        access: Access::ReadWrite,
+    }]);
+    assert_eq!((written(a), written(b)), (e, 1));
+    // A by-value struct (a CUTLASS params struct, a TMA tensor map), an integer or small
+    // by-value bytes holding an address: every allocation, as any may be written.
+    for args in [
+        vec![ArgValue::Blob {
+            offset: 0,
+            len: 128,
+        }],
+        vec![ArgValue::U64(b)],
+        vec![ArgValue::Bytes { len: 8, bits: b }],
+    ] {
+        let e = round(&m);
+        m.mark_launch(&args);
+        assert_eq!((written(a), written(b)), (e, e), "{args:?}");
+    }
+    // Plain values: nothing.
+    let before = (written(a), written(b));
+    round(&m);
+    m.mark_launch(&[ArgValue::U32(7), ArgValue::F32(1.0), ArgValue::U64(3)]);
+    assert_eq!((written(a), written(b)), before);
+}

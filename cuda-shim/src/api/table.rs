@@ -343,6 +343,15 @@ entry_points! {
         cuMemRangeGetAttribute;
         cuMemAddressReserve;
         cuMemAddressFree;
+        cuMemRetainAllocationHandle;
+        cuMemGetAllocationPropertiesFromHandle;
+        cuMemGetAccess;
+        cuMulticastCreate;
+        cuMulticastAddDevice;
+        cuMulticastBindMem;
+        cuMulticastBindAddr;
+        cuMulticastUnbind;
+        cuMulticastGetGranularity;
         cuMemCreate;
         cuMemRelease;
         cuMemMap;
