@@ -4,6 +4,7 @@
 //! with CUBLAS_STATUS_INTERNAL_ERROR) when one of them is missing; it then asks every
 //! stream it is given for its green context. Both are checked here against the built
 //! library and a sim worker. The names are the table's, read from libcublasLt.so.13.
+//! PyTorch's allocator resolves a list of its own the same way; it is checked here too.
 
 mod common;
 
@@ -147,6 +148,52 @@ fn every_entry_point_cublaslt_resolves_is_exported_and_found_by_its_base_name() 
         }
     }
     assert!(missing.is_empty(), "cuBLASLt would not start: {missing:?}");
+}
+
+/// What PyTorch's allocator looks up with `cuGetProcAddress` (c10/cuda/driver_api.h: the
+/// required entry points at CUDA 12.0, the multicast ones at 12.3) the first time an
+/// allocation fails or expandable segments are asked for; a missing one stops the
+/// program ("Can't find ...") where it should have raised OutOfMemoryError.
+const PYTORCH_DRIVER_API: &[(&str, i32)] = &[
+    ("cuDeviceGet", 12000),
+    ("cuDeviceGetAttribute", 12000),
+    ("cuMemGetAddressRange", 12000),
+    ("cuMemAddressReserve", 12000),
+    ("cuMemRelease", 12000),
+    ("cuMemMap", 12000),
+    ("cuMemAddressFree", 12000),
+    ("cuMemSetAccess", 12000),
+    ("cuMemUnmap", 12000),
+    ("cuMemCreate", 12000),
+    ("cuMemGetAllocationGranularity", 12000),
+    ("cuMemExportToShareableHandle", 12000),
+    ("cuMemImportFromShareableHandle", 12000),
+    ("cuMemRetainAllocationHandle", 12000),
+    ("cuMemGetAllocationPropertiesFromHandle", 12000),
+    ("cuMemsetD32Async", 12000),
+    ("cuStreamWriteValue32", 12000),
+    ("cuGetErrorString", 12000),
+    ("cuMulticastAddDevice", 12030),
+    ("cuMulticastBindMem", 12030),
+    ("cuMulticastCreate", 12030),
+    ("cuMulticastUnbind", 12030),
+];
+
+#[test]
+fn every_entry_point_pytorchs_allocator_looks_up_is_found() {
+    let cu = Cuda::load();
+    let mut missing = Vec::new();
+    for (name, version) in PYTORCH_DRIVER_API {
+        let c = CString::new(*name).unwrap();
+        let mut p: Ptr = null_mut();
+        let mut status = -1;
+        // SAFETY: a valid name and out pointers.
+        let r = unsafe { (cu.get_proc)(c.as_ptr(), &mut p, *version, 0, &mut status) };
+        if r != OK || status != 0 || p.is_null() {
+            missing.push(format!("{name} at {version} (lookup {r}/{status})"));
+        }
+    }
+    assert!(missing.is_empty(), "PyTorch would stop: {missing:?}");
 }
 
 #[test]
