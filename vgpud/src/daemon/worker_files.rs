@@ -73,6 +73,14 @@ fn new_secret() -> std::io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// Held while a worker's directory is made or removed: one vGPU's last worker removing
+/// `workers/` (once empty) must not race another's making its directory inside it, nor a
+/// directory's removal the same directory's making (the one vGPU's old and fresh worker).
+fn dirs_lock() -> std::sync::MutexGuard<'static, ()> {
+    static DIRS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    DIRS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes a worker's private directory `dir` (under `<state dir>/workers/`) anew (0700,
 /// owned by `identity`) with its secret.
 pub(super) fn prepare_dir(
@@ -80,6 +88,7 @@ pub(super) fn prepare_dir(
     dir: &Path,
     identity: Option<Identity>,
 ) -> std::io::Result<()> {
+    let _dirs = dirs_lock();
     let parent = state_dir.join("workers");
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -111,6 +120,7 @@ pub(super) fn prepare_dir(
 
 /// Removes vGPU `id`'s private directory (its worker is gone), and `workers/` once empty.
 pub(super) fn remove_dir(state_dir: &Path, id: u32) {
+    let _dirs = dirs_lock();
     let _ = std::fs::remove_dir_all(worker_dir(state_dir, id));
     let _ = std::fs::remove_dir(state_dir.join("workers"));
 }
