@@ -176,9 +176,14 @@ fn handle(state: &Arc<State>, req: Request) -> Result<(), String> {
                 token,
             };
             {
+                // Anew before the reply: a status read right after it must not show the
+                // figures of this vmm's last move (the one that brought the VM here).
                 let mut s = state.status.lock().unwrap_or_else(|p| p.into_inner());
-                s.phase = Phase::Precopy;
-                s.error = None;
+                *s = MigrationStatus {
+                    phase: Phase::Precopy,
+                    destination: Some(req.destination.to_string()),
+                    ..MigrationStatus::default()
+                };
             }
             let st = state.clone();
             std::thread::Builder::new()
