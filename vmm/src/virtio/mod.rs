@@ -65,6 +65,13 @@ impl Interrupt {
         self.raise(INT_CONFIG);
     }
 
+    /// Sets the configuration-change bit of the interrupt status without raising the
+    /// interrupt yet: a driver that polls the device status sees the bit with the change
+    /// it reports (the caller raises the interrupt with [`Self::signal_config`] after it).
+    pub fn mark_config(&self) {
+        self.status.fetch_or(INT_CONFIG, Ordering::SeqCst);
+    }
+
     fn raise(&self, bit: u32) {
         self.status.fetch_or(bit, Ordering::SeqCst);
         if let Err(e) = self.irq.write(1) {

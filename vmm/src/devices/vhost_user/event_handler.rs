@@ -56,6 +56,9 @@ impl MutEventSubscriber for VhostUserEventHandler {
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         if events.data() == SOCKET {
             tracing::error!(device = %self.name, "vhost-user backend disconnected; the device now reports DEVICE_NEEDS_RESET");
+            // The interrupt status bit first: a driver that sees DEVICE_NEEDS_RESET sees
+            // the configuration change with it; the interrupt follows both.
+            self.interrupt.mark_config();
             self.shared.gone.store(true, Ordering::SeqCst);
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
             let _ = ops.remove(Events::with_data_raw(
