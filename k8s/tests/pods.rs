@@ -153,7 +153,13 @@ async fn a_pod_computes_on_its_vgpu_with_the_answers_mounts_and_env_and_its_vgpu
         .strip_prefix("ok kernels=")
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{out}"));
-    let stats = d.client.vgpu_stats(id).expect("stats");
+    // vgpud's stats are the worker's sampled counters: they catch up within a sample.
+    let mut stats = d.client.vgpu_stats(id).expect("stats");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stats.kernels < kernels && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        stats = d.client.vgpu_stats(id).expect("stats");
+    }
     assert!(
         stats.kernels >= kernels && kernels > 4,
         "stats {} kernels, the program {kernels}",
