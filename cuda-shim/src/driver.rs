@@ -99,6 +99,33 @@ pub struct Function {
     /// Registers, static shared, constant and local memory, as the device reported them
     /// (`features::FUNCTION_ATTRIBUTES`); None from a device that does not.
     pub attrs: Option<vgpu_proto::FunctionAttributes>,
+    /// Thread block cluster settings the program made on the function.
+    pub cluster: ClusterSettings,
+}
+
+/// A function's thread block cluster settings, as a program sets them
+/// (`CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_*`, `..._NON_PORTABLE_CLUSTER_SIZE_ALLOWED`,
+/// `..._CLUSTER_SCHEDULING_POLICY_PREFERENCE`, or the driver's cluster table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// The cluster every launch of the function uses unless the launch names its own:
+    /// all zero for none, else all positive.
+    pub dims: [u32; 3],
+    /// Clusters above the portable 8 blocks allowed.
+    pub non_portable: bool,
+    /// `CUclusterSchedulingPolicy` (0: default).
+    pub policy: i32,
+}
+
+impl ClusterSettings {
+    /// The cluster a launch without one of its own runs in (`[1, 1, 1]`: none).
+    pub fn launch_dims(&self) -> [u32; 3] {
+        if self.dims.contains(&0) {
+            [1, 1, 1]
+        } else {
+            self.dims
+        }
+    }
 }
 
 pub struct StreamObj {

@@ -2,11 +2,13 @@
 //! (`cuLibrary*`, `cuKernel*`), function attributes, occupancy, `cuLaunchKernelEx`, the
 //! module loading mode and context limits, each with the bad input a program could pass.
 //! One test per file: the library is one per process. The test's parts: this file
-//! (set-up, libraries, kernels, enumeration), then `api_func/attributes.rs` on the same
-//! library.
+//! (set-up, libraries, kernels, enumeration), then `api_func/cluster_table.rs` (the
+//! driver's private cluster table) and `api_func/attributes.rs` on the same library.
 
 #[path = "api_func/attributes.rs"]
 mod attributes;
+#[path = "api_func/cluster_table.rs"]
+mod cluster_table;
 mod common;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -442,5 +444,6 @@ fn libraries_function_attributes_occupancy_and_extended_launches() {
         func,
         module,
     };
+    cluster_table::every_slot_of_the_cluster_table(&t);
     attributes::launches_attributes_occupancy_and_limits(&t);
 }

@@ -18,24 +18,24 @@ use crate::integrity::{self, DeviceIdentity};
 use crate::types::{attr, res, CUcontext, CUdevice, CUmodule, CUresult, CUuuid, DRIVER_VERSION};
 use crate::{guard, out};
 
-type Slot = *const c_void;
+pub(super) type Slot = *const c_void;
 
 /// A table as the driver hands it out: an array of function addresses, most starting
 /// with their own size in bytes.
 #[repr(transparent)]
-struct Table<const N: usize>([Slot; N]);
+pub(super) struct Table<const N: usize>(pub(super) [Slot; N]);
 
 // SAFETY: the tables are immutable after compilation: addresses of functions and sizes.
 unsafe impl<const N: usize> Sync for Table<N> {}
 
 impl<const N: usize> Table<N> {
-    fn start(&'static self) -> Slot {
+    pub(super) fn start(&'static self) -> Slot {
         self.0.as_ptr().cast()
     }
 }
 
 /// Slot 0 of most tables: the table's size in bytes.
-const fn size_of_table(n: usize) -> Slot {
+pub(super) const fn size_of_table(n: usize) -> Slot {
     (n * std::mem::size_of::<usize>()) as Slot
 }
 
@@ -525,7 +525,7 @@ static RUNTIME_PRIVATE: Table<RUNTIME_PRIVATE_SLOTS> = Table(private_slots!(
 // ---- the lookup ----
 
 /// (UUID, name, table) of every table the library provides.
-fn tables() -> [([u8; 16], &'static str, Slot); 10] {
+fn tables() -> [([u8; 16], &'static str, Slot); 11] {
     [
         (
             [
@@ -606,6 +606,11 @@ fn tables() -> [([u8; 16], &'static str, Slot); 10] {
             ],
             "CONTEXT_CHECKS",
             CONTEXT_CHECKS.start(),
+        ),
+        (
+            super::cluster_table::UUID,
+            "CLUSTER_PROTOTYPE",
+            super::cluster_table::TABLE.start(),
         ),
     ]
 }

@@ -130,12 +130,12 @@ fn attribute_of(d: &mut Driver, f: CUfunction, attrib: c_int) -> Res<c_int> {
         fattr::CACHE_MODE_CA => 0,
         fattr::MAX_DYNAMIC_SHARED_SIZE_BYTES => func.max_dynamic_shared,
         fattr::PREFERRED_SHARED_MEMORY_CARVEOUT => func.carveout,
-        fattr::CLUSTER_SIZE_MUST_BE_SET
-        | fattr::REQUIRED_CLUSTER_WIDTH
-        | fattr::REQUIRED_CLUSTER_HEIGHT
-        | fattr::REQUIRED_CLUSTER_DEPTH
-        | fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        | fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => 0,
+        fattr::CLUSTER_SIZE_MUST_BE_SET => 0,
+        fattr::REQUIRED_CLUSTER_WIDTH => func.cluster.dims[0] as c_int,
+        fattr::REQUIRED_CLUSTER_HEIGHT => func.cluster.dims[1] as c_int,
+        fattr::REQUIRED_CLUSTER_DEPTH => func.cluster.dims[2] as c_int,
+        fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED => c_int::from(func.cluster.non_portable),
+        fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => func.cluster.policy,
         fattr::SHARED_SIZE_BYTES => reported(|a| a.static_shared_bytes)?,
         fattr::CONST_SIZE_BYTES => reported(|a| a.const_bytes)?,
         fattr::LOCAL_SIZE_BYTES => reported(|a| a.local_bytes)?,
@@ -157,6 +157,7 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
         .attributes
         .max_shared_per_block_optin
         .min(MAX_SHARED_BYTES);
+    let clusters = d.info.features & vgpu_proto::features::CLUSTERS != 0;
     let func = d
         .functions
         .get_mut(&(f as u64))
@@ -175,28 +176,35 @@ pub(crate) fn set_attribute(d: &mut Driver, f: CUfunction, attrib: c_int, value:
             }
             func.carveout = value;
         }
-        // A cluster size fixed on the function is not kept: launches name theirs
-        // (`cuLaunchKernelEx`); requiring none is fine.
+        // The cluster every launch of the function uses unless it names its own: each
+        // dimension set alone, checked whole at launch (all zero or all positive, as the
+        // driver checks them).
         fattr::REQUIRED_CLUSTER_WIDTH
         | fattr::REQUIRED_CLUSTER_HEIGHT
         | fattr::REQUIRED_CLUSTER_DEPTH => {
-            if value != 0 {
-                crate::api::stubs::log_once("thread block clusters");
+            if !(0..=vgpu_proto::MAX_CLUSTER_BLOCKS as i32).contains(&value) {
+                return Err(res::INVALID_VALUE);
+            }
+            if value != 0 && !clusters {
+                crate::api::stubs::log_once("thread block clusters on this vGPU");
                 return Err(res::NOT_SUPPORTED);
             }
+            func.cluster.dims[(attrib - fattr::REQUIRED_CLUSTER_WIDTH) as usize] = value as u32;
         }
         // Permissions and preferences for cluster launches (cuBLAS sets them on its
-        // kernels): valid values are accepted; the worker allows a cluster above the
-        // portable 8 blocks itself, and schedules clusters as the GPU prefers.
+        // kernels): kept and answered; the worker allows a cluster above the portable 8
+        // blocks itself, and schedules clusters as the GPU prefers.
         fattr::NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
             if !(0..=1).contains(&value) {
                 return Err(res::INVALID_VALUE);
             }
+            func.cluster.non_portable = value == 1;
         }
         fattr::CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
             if !(0..=2).contains(&value) {
                 return Err(res::INVALID_VALUE);
             }
+            func.cluster.policy = value;
         }
         0..=7 | fattr::CLUSTER_SIZE_MUST_BE_SET => return Err(res::INVALID_VALUE),
         _ => return Err(res::INVALID_VALUE),

@@ -172,15 +172,40 @@ pub(crate) fn prepare(
         _ => Params::Pointers(kernel_params),
     };
     let packed = args(d, &func.sig, params)?;
+    let cluster = func.cluster.launch_dims();
+    check_cluster(d, grid, cluster)?;
     Ok(PreparedLaunch {
         device_function: func.device,
         grid,
         block,
         shared_bytes: shared,
-        cluster: [1, 1, 1],
+        cluster,
         args: packed.args,
         blob: packed.blob,
     })
+}
+
+/// Checks a launch's thread block clusters (`[1, 1, 1]`: none): the vGPU must run clusters
+/// (`features::CLUSTERS`, else NOT_SUPPORTED as on a GPU without them), the cluster hold
+/// at most 16 blocks and the grid be a whole number of clusters (INVALID_VALUE, as the
+/// driver answers either).
+fn check_cluster(d: &Driver, grid: [c_uint; 3], cluster: [c_uint; 3]) -> Res<()> {
+    if cluster == [1, 1, 1] {
+        return Ok(());
+    }
+    if d.info.features & vgpu_proto::features::CLUSTERS == 0 {
+        crate::api::stubs::log_once("thread block clusters on this vGPU");
+        return Err(res::NOT_SUPPORTED);
+    }
+    let checked = LaunchArgs {
+        grid,
+        flags: LaunchArgs::cluster_flags(cluster),
+        ..LaunchArgs::default()
+    };
+    if cluster.iter().any(|&x| x > 255) || checked.cluster() != Ok(cluster) {
+        return Err(res::INVALID_VALUE);
+    }
+    Ok(())
 }
 
 /// Enqueues a prepared launch on stream handle `h`, ordered as the legacy default stream
@@ -233,10 +258,9 @@ pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
     Ok(())
 }
 
-/// A launch in thread block clusters of `cluster` blocks (`[1, 1, 1]`: none), as
-/// `cuLaunchKernelEx` asks: the vGPU must run clusters (`features::CLUSTERS`, else
-/// NOT_SUPPORTED as on a GPU without them), the cluster hold at most 16 blocks and the
-/// grid be a whole number of clusters (INVALID_VALUE, as the driver answers either).
+/// A launch in thread block clusters of `cluster` blocks as `cuLaunchKernelEx` asks
+/// (`[1, 1, 1]`: the function's own cluster, if the program set one; see
+/// [`check_cluster`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     f: CUfunction,
@@ -251,18 +275,7 @@ pub(crate) fn launch(
     driver::with(|d| {
         let mut p = prepare(d, f, grid, block, shared, kernel_params, extra)?;
         if cluster != [1, 1, 1] {
-            if d.info.features & vgpu_proto::features::CLUSTERS == 0 {
-                crate::api::stubs::log_once("thread block clusters on this vGPU");
-                return Err(res::NOT_SUPPORTED);
-            }
-            let checked = LaunchArgs {
-                grid,
-                flags: LaunchArgs::cluster_flags(cluster),
-                ..LaunchArgs::default()
-            };
-            if cluster.iter().any(|&x| x > 255) || checked.cluster() != Ok(cluster) {
-                return Err(res::INVALID_VALUE);
-            }
+            check_cluster(d, grid, cluster)?;
             p.cluster = cluster;
         }
         let h = stream as usize;

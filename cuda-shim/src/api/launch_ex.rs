@@ -14,7 +14,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::driver::{self, Res};
+use crate::driver::{self, Driver, Res};
 use crate::types::{res, CUfunction, CUresult, CUstream};
 use crate::{guard, out};
 
@@ -169,8 +169,7 @@ unsafe fn cluster_blocks(c: &LaunchConfig) -> Res<u64> {
         .product())
 }
 
-/// Clusters of `config`'s shape that run at once: for a cluster of one block, the blocks
-/// that fit every SM; none of a larger cluster (a vGPU launches no such cluster).
+/// Clusters of `config`'s shape that run at once (see [`active_clusters`]).
 fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
     if config.is_null() {
         return Err(res::INVALID_VALUE);
@@ -179,22 +178,48 @@ fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
     let c = unsafe { &*config };
     // SAFETY: its attribute array as the API documents it.
     let size = unsafe { cluster_blocks(c)? };
-    driver::with(|d| {
-        let needs = super::func::occupancy_checks(d, f, 0)?;
-        let block = c.block.iter().map(|&b| u64::from(b)).product::<u64>();
-        if block == 0 {
-            return Err(res::INVALID_VALUE);
-        }
-        if size > 1 && d.info.features & vgpu_proto::features::CLUSTERS == 0 {
-            return Ok(0);
-        }
-        // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
-        // probes one block past the largest size this way).
-        if size > u64::from(vgpu_proto::MAX_CLUSTER_BLOCKS) {
-            return Ok(0);
-        }
-        let per_sm = super::func::blocks_per_sm(&d.attributes, needs, block, u64::from(c.shared));
-        Ok(per_sm * u64::from(d.attributes.sm_count.max(1)) / size)
+    let block = c.block.iter().map(|&b| u64::from(b)).product::<u64>();
+    driver::with(|d| active_clusters(d, f, block, u64::from(c.shared), size))
+}
+
+/// Clusters of `size` blocks of `block` threads with `shared` bytes of dynamic shared
+/// memory each that run at once on the whole GPU: the blocks that fit every SM, taken as
+/// able to join any cluster, over the cluster's size; none of a cluster larger than the
+/// GPU runs or on a vGPU without clusters.
+pub(crate) fn active_clusters(
+    d: &mut Driver,
+    f: CUfunction,
+    block: u64,
+    shared: u64,
+    size: u64,
+) -> Res<u64> {
+    let needs = super::func::occupancy_checks(d, f, 0)?;
+    if block == 0 || size == 0 {
+        return Err(res::INVALID_VALUE);
+    }
+    if size > 1 && d.info.features & vgpu_proto::features::CLUSTERS == 0 {
+        return Ok(0);
+    }
+    // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
+    // probes one block past the largest size this way).
+    if size > u64::from(vgpu_proto::MAX_CLUSTER_BLOCKS) {
+        return Ok(0);
+    }
+    let per_sm = super::func::blocks_per_sm(&d.attributes, needs, block, shared);
+    Ok(per_sm * u64::from(d.attributes.sm_count.max(1)) / size)
+}
+
+/// The largest cluster the function may launch in: the portable 8 blocks where clusters
+/// run (16 once the program allowed non-portable sizes), one block where they do not.
+pub(crate) fn potential_cluster_size(d: &mut Driver, f: CUfunction) -> Res<c_int> {
+    super::func::occupancy_checks(d, f, 0)?;
+    let non_portable = super::func::lookup(d, f)?.cluster.non_portable;
+    Ok(if d.info.features & vgpu_proto::features::CLUSTERS == 0 {
+        1
+    } else if non_portable {
+        vgpu_proto::MAX_CLUSTER_BLOCKS as c_int
+    } else {
+        8
     })
 }
 
@@ -231,16 +256,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
         if config.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        let most = driver::with(|d| {
-            super::func::occupancy_checks(d, f, 0)?;
-            // The portable limit where clusters run, as the driver answers without the
-            // non-portable attribute; one block where they do not.
-            Ok(if d.info.features & vgpu_proto::features::CLUSTERS != 0 {
-                8
-            } else {
-                1
-            })
-        })?;
+        let most = driver::with(|d| potential_cluster_size(d, f))?;
         // SAFETY: a writable int from the caller (NULL refused).
         unsafe { out(size, most) }
     })

@@ -240,6 +240,7 @@ pub(crate) fn enter_function(d: &mut Driver, mh: u64, name: &str, h: u64) -> Res
             max_dynamic_shared: crate::api::func::default_dynamic_shared(attrs.as_ref()),
             carveout: -1,
             attrs,
+            cluster: Default::default(),
         },
     );
     Ok(())
