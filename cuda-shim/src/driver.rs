@@ -227,6 +227,7 @@ impl Driver {
             now_ns: crate::watch::now_ns,
             timeout_ns: TIMEOUT_NS,
             relax: crate::watch::relax,
+            wake_after_ns: u64::MAX,
         };
         let mut queues = Vec::new();
         for i in 0..gpu.num_queues() {

@@ -46,7 +46,8 @@ pub const I8042_CMD_PORT: u16 = 0x64;
 pub const I8042_DATA_PORT: u16 = 0x60;
 /// vCPU park: the writing vCPU stops running until the VM ends (ring 3 cannot `hlt`).
 pub const PARK_PORT: u16 = 0xF5;
-/// vCPU idle: the writing vCPU sleeps for the value written, in µs (at most 1000).
+/// vCPU idle: the writing vCPU sleeps for the value written, in µs (at most 1000), or
+/// until a device interrupts (`idle.rs`).
 pub const IDLE_PORT: u16 = 0xF6;
 /// Longest idle one write asks for.
 pub const IDLE_MAX_US: u32 = 1000;

@@ -12,6 +12,7 @@ pub mod boot_info;
 pub mod config;
 pub mod cpuid_profile;
 pub mod devices;
+pub mod idle;
 pub mod layout;
 pub mod loader;
 pub mod memory;

@@ -14,6 +14,7 @@ use crate::arch::{assist, cpuid, regs};
 use crate::cpuid_profile::CpuProfile;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
+use crate::idle::IdleWake;
 use crate::layout;
 use crate::vcpu_control::VcpuControl;
 
@@ -46,6 +47,8 @@ pub struct VcpuContext {
     pub control: Arc<VcpuControl>,
     /// The vCPU starts parked (it had parked itself before a migration).
     pub start_parked: bool,
+    /// Ends an idle early when a device interrupts (the idle port).
+    pub idle: Arc<IdleWake>,
 }
 
 /// How a vCPU starts.
@@ -184,6 +187,9 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
         {
             return;
         }
+        // Noted before the guest runs: an interrupt after this may be for a completion the
+        // guest has not seen when it asks to idle.
+        let idle_since = ctx.idle.generation();
         match vcpu.run() {
             Ok(VcpuExit::InternalError) => {
                 // SAFETY: the vCPU just exited with KVM_EXIT_INTERNAL_ERROR, so `internal`
@@ -199,7 +205,7 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
                 ctx.exit.request(GUEST_CRASH_EXIT);
                 return;
             }
-            Ok(exit) => match handle_exit(exit, index, ctx) {
+            Ok(exit) => match handle_exit(exit, index, ctx, idle_since) {
                 Next::Run => {}
                 Next::Park => {
                     park(vcpu, index, ctx);
@@ -280,7 +286,7 @@ fn report_internal_error(vcpu: &mut VcpuFd, index: u8, mem: &GuestMemoryMmap) {
 }
 
 /// Handles one exit.
-fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Next {
+fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext, idle_since: u64) -> Next {
     match exit {
         VcpuExit::IoOut(layout::PARK_PORT, _) => Next::Park,
         VcpuExit::IoOut(layout::IDLE_PORT, data) => {
@@ -288,7 +294,8 @@ fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext) -> Next {
             let n = data.len().min(4);
             v[..n].copy_from_slice(&data[..n]);
             let us = u32::from_le_bytes(v).min(layout::IDLE_MAX_US);
-            std::thread::sleep(Duration::from_micros(u64::from(us)));
+            ctx.idle
+                .wait(idle_since, Duration::from_micros(u64::from(us)));
             Next::Run
         }
         VcpuExit::IoOut(port, data) => {

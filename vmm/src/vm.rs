@@ -22,6 +22,7 @@ use crate::devices::bus::{lock, Bus, BusDevice};
 use crate::devices::legacy::{DebugExit, ExitState, PostCode, I8042};
 use crate::devices::serial::SerialDevice;
 use crate::devices::vhost_user::{VhostUserDevice, VhostUserError, VhostUserEventHandler};
+use crate::idle::IdleWake;
 use crate::migration::snapshot::{VmDescription, SNAPSHOT_VERSION};
 use crate::vcpu_control::VcpuControl;
 use crate::virtio::mmio::{reg, MmioTransport};
@@ -171,6 +172,8 @@ pub struct Vm {
     /// Where the control API listens, if anywhere.
     api_socket: Option<std::path::PathBuf>,
     handles: Arc<VmHandles>,
+    /// Wakes idling vCPUs on a device interrupt (the idle port).
+    idle: Arc<IdleWake>,
 }
 
 impl Vm {
@@ -323,6 +326,8 @@ impl Vm {
         // virtio-mmio devices.
         let mut mmio = Bus::default();
         let mut transports = Vec::new();
+        let mut interrupts = Vec::new();
+        let mut idle_calls = Vec::new();
         for (i, spec) in config.vgpus.iter().enumerate() {
             if i >= layout::MAX_MMIO_DEVICES {
                 return Err(boot_info::BootInfoError::TooManyDevices(config.vgpus.len()).into());
@@ -349,6 +354,13 @@ impl Vm {
                 .map(EventFd::try_clone)
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| VmError::EventLoop(e.to_string()))?;
+            for c in &calls {
+                idle_calls.push(
+                    c.try_clone()
+                        .map_err(|e| VmError::EventLoop(e.to_string()))?,
+                );
+            }
+            interrupts.push(interrupt.clone());
             let handler = VhostUserEventHandler::new(
                 calls,
                 device.socket_fd(),
@@ -365,6 +377,11 @@ impl Vm {
             transports.push(transport.clone());
             let on_bus: Arc<Mutex<dyn BusDevice>> = transport;
             mmio.insert(on_bus, base, layout::MMIO_SIZE)?;
+        }
+        let idle =
+            Arc::new(IdleWake::new(idle_calls).map_err(|e| VmError::EventLoop(e.to_string()))?);
+        for i in &interrupts {
+            i.wake_idle_vcpus(idle.clone());
         }
 
         let term =
@@ -436,6 +453,7 @@ impl Vm {
             report_timing,
             linux: linux_guest,
             api_socket: config.api_socket.clone(),
+            idle,
             handles: Arc::new(VmHandles {
                 vm,
                 mem,
@@ -486,6 +504,7 @@ impl Vm {
                 assist_software_interrupts: self.linux,
                 control: self.handles.control.clone(),
                 start_parked: self.start_parked.get(i).copied().unwrap_or(false),
+                idle: self.idle.clone(),
             };
             threads.push(vcpu::spawn(fd, i as u8, ctx)?);
         }

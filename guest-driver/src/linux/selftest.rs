@@ -35,6 +35,7 @@ pub fn stream_options(queue_size: u16) -> StreamOptions {
         now_ns,
         timeout_ns: TIMEOUT_NS,
         relax,
+        wake_after_ns: u64::MAX,
     }
 }
 

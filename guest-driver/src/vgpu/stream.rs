@@ -32,6 +32,12 @@ pub struct StreamOptions {
     /// Called between polls of the used ring with how long the wait has lasted (ns), so
     /// the guest can back off (a payload asks the vmm to idle its vCPU; Linux would yield).
     pub relax: fn(waited_ns: u64),
+    /// After waiting this long (ns) the stream asks the device to interrupt at its next
+    /// completion (and polls once more), so a `relax` that sleeps until an interrupt
+    /// wakes it (a payload's idle port) returns as soon as the completion lands; the
+    /// interrupts are suppressed again when the wait ends. `u64::MAX`: never (the stream
+    /// only polls).
+    pub wake_after_ns: u64,
 }
 
 /// A `relax` that only spins.
@@ -476,6 +482,16 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     /// and the stream is broken for good.
     pub fn wait(&mut self, t: Ticket) -> Result<[u64; 4]> {
         self.check_ticket(t)?;
+        let mut armed = false;
+        let r = self.wait_armed(t, &mut armed);
+        if armed {
+            self.queue.set_interrupts(false);
+        }
+        r
+    }
+
+    /// [`Self::wait`]'s loop; `armed` tells whether it asked the device for an interrupt.
+    fn wait_armed(&mut self, t: Ticket, armed: &mut bool) -> Result<[u64; 4]> {
         let start = (self.opts.now_ns)();
         let mut polls: u32 = 0;
         let mut waited = 0;
@@ -484,12 +500,21 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
                 return Ok(result);
             }
             polls = polls.wrapping_add(1);
-            if polls % CLOCK_STRIDE == 0 {
+            // Each poll of an armed wait is a sleep of its own: read the clock each time.
+            if *armed || polls % CLOCK_STRIDE == 0 {
                 waited = (self.opts.now_ns)().saturating_sub(start);
                 if waited > self.opts.timeout_ns {
                     self.stop_device();
                     return Err(Error::Timeout);
                 }
+            }
+            if !*armed && waited >= self.opts.wake_after_ns {
+                // used_event must be visible before the used ring is read again (virtio
+                // 1.x, 2.7.10): a completion after that read then interrupts.
+                self.queue.set_interrupts(true);
+                core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+                *armed = true;
+                continue;
             }
             (self.opts.relax)(waited);
         }

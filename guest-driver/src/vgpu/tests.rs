@@ -188,6 +188,7 @@ const OPTS: StreamOptions = StreamOptions {
     now_ns: fake_now,
     timeout_ns: 1_000_000_000,
     relax: crate::vgpu::spin_relax,
+    wake_after_ns: u64::MAX,
 };
 
 fn config(version: u32, queues: u32) -> Vec<u8> {
@@ -499,4 +500,62 @@ fn a_corrupt_used_ring_resets_the_device() {
     assert_eq!(t.dev.borrow().status, 0, "the device was reset");
     assert_eq!(s.wait(tk), Err(Error::Broken));
     assert_eq!(s.wait_all(), Err(Error::Broken));
+}
+
+thread_local! {
+    /// The device a relax function looks at (and answers for, late), and the used_event
+    /// values it saw.
+    static WATCHED: RefCell<Option<(FakeTransport, Rc<RefCell<Gpu>>)>> = const { RefCell::new(None) };
+    static SEEN: RefCell<Vec<(u64, u16)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Records used_event; once the wait lasted 20 ms, lets the silent device answer.
+fn watching_relax(waited_ns: u64) {
+    WATCHED.with(|w| {
+        if let Some((t, gpu)) = w.borrow().as_ref() {
+            let e = t.dev.borrow().used_event(0);
+            SEEN.with(|s| s.borrow_mut().push((waited_ns, e)));
+            if waited_ns >= 20_000_000 && gpu.borrow().silent {
+                gpu.borrow_mut().silent = false;
+                gpu.borrow_mut().on_notify(&mut t.dev.borrow_mut(), 0);
+            }
+        }
+    });
+}
+
+#[test]
+fn a_long_wait_asks_for_an_interrupt_and_a_short_one_does_not() {
+    let (t, gpu) = fake_device(PROTOCOL_VERSION);
+    let mut dev = VgpuDevice::probe(t.clone()).expect("probe");
+    let opts = StreamOptions {
+        relax: watching_relax,
+        wake_after_ns: 5_000_000,
+        ..OPTS
+    };
+    let mut s = dev.open_stream::<16>(0, opts).expect("stream");
+    dev.start().expect("start");
+    WATCHED.with(|w| *w.borrow_mut() = Some((t.clone(), gpu.clone())));
+    // Answered at once: no interrupt asked for (used_event stays half the ring ahead).
+    s.stream_sync().expect("sync");
+    assert_eq!(t.dev.borrow().used_event(0), 0x8001);
+    // A device that answers late: interrupts are off while the wait is short, on (at the
+    // next used entry) once it waited 5 ms, and off again when the wait ends.
+    gpu.borrow_mut().silent = true;
+    s.stream_sync().expect("answered late");
+    let seen = SEEN.with(|s| s.take());
+    assert!(seen
+        .iter()
+        .filter(|(w, _)| *w < 5_000_000)
+        .all(|&(_, e)| e == 0x8001));
+    let late: Vec<u16> = seen
+        .iter()
+        .filter(|(w, _)| *w >= 5_000_000)
+        .map(|&(_, e)| e)
+        .collect();
+    assert!(
+        !late.is_empty() && late[..late.len() - 1].iter().all(|&e| e == 1),
+        "{late:?}"
+    );
+    assert_eq!(t.dev.borrow().used_event(0), 0x8002, "suppressed again");
+    WATCHED.with(|w| *w.borrow_mut() = None);
 }

@@ -23,21 +23,27 @@ pub fn stream_options(queue_size: u16) -> StreamOptions {
         now_ns: timeout_clock_ns,
         timeout_ns: DEFAULT_TIMEOUT_NS,
         relax: idle_while_waiting,
+        wake_after_ns: SPIN_NS,
     }
 }
 
-/// Waiting for the vGPU: spin for the first 50 µs (a completion usually comes sooner),
-/// then ask the vmm to idle this vCPU for a quarter of the time waited so far (at most
-/// 200 µs), so a VM waiting on a long kernel leaves the host's CPUs to the work it waits
-/// for (docs/payload-abi.md, port 0xF6).
+/// How long a wait spins before its vCPU idles (a completion usually comes sooner).
+const SPIN_NS: u64 = 50_000;
+
+/// Waiting for the vGPU: spin for the first 50 µs, then idle this vCPU (docs/payload-abi.md,
+/// port 0xF6) until the device's interrupt for the completion wakes it (the stream asked
+/// for one once the spin was over), at most 1 ms at a time: a VM waiting on a long kernel
+/// leaves the host's CPUs to the work it waits for, and runs again as soon as it is done.
 fn idle_while_waiting(waited_ns: u64) {
-    if waited_ns < 50_000 {
+    if waited_ns < SPIN_NS {
         core::hint::spin_loop();
         return;
     }
-    let us = (waited_ns / 4_000).clamp(20, 200) as u32;
-    crate::exit::idle_us(us);
+    crate::exit::idle_us(IDLE_US);
 }
+
+/// The longest idle the vmm grants one request.
+const IDLE_US: u32 = 1000;
 
 /// Why the vGPU could not be opened.
 #[derive(Debug)]

@@ -4,10 +4,12 @@
 pub mod mmio;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::idle::IdleWake;
 use crate::migration::snapshot::VringSnapshot;
 
 /// Feature bit the transport requires of every modern driver.
@@ -37,6 +39,8 @@ pub struct QueueConfig {
 pub struct Interrupt {
     status: AtomicU32,
     irq: EventFd,
+    /// Wakes the VM's idling vCPUs on every interrupt (set once the VM's devices exist).
+    wake: OnceLock<Arc<IdleWake>>,
 }
 
 pub const INT_USED_RING: u32 = 1;
@@ -47,7 +51,14 @@ impl Interrupt {
         Self {
             status: AtomicU32::new(0),
             irq,
+            wake: OnceLock::new(),
         }
+    }
+
+    /// From now on every interrupt also wakes the VM's idling vCPUs (docs/payload-abi.md,
+    /// the idle port).
+    pub fn wake_idle_vcpus(&self, wake: Arc<IdleWake>) {
+        let _ = self.wake.set(wake);
     }
 
     /// The irqfd (registered with KVM for this device's GSI).
@@ -76,6 +87,9 @@ impl Interrupt {
         self.status.fetch_or(bit, Ordering::SeqCst);
         if let Err(e) = self.irq.write(1) {
             tracing::warn!("cannot raise a virtio interrupt: {e}");
+        }
+        if let Some(w) = self.wake.get() {
+            w.notify();
         }
     }
 
