@@ -58,6 +58,7 @@ memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, 
 shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
+vm-round|bench|240|one VM's gpu-load rounds (1 ms, then 10 ms kernels) through vgpud beside the native loop, with per-request timelines: where a round's time goes
 sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
 start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
 fuzz|extra|560|every fuzz target for SECS (default 120) on this machine's cores (needs gpu-bundle/fuzz; only when named)
@@ -666,6 +667,17 @@ step_handover() {
     return "$rc"
 }
 
+step_vm-round() {
+    local dir f rc=0
+    dir=$(mktemp -d) && chmod 1777 "$dir"
+    (cd "$dir" && VGPU_TIMELINE=$dir "$B/bin/vgpu-bench" sharing --backend cuda --vms 1) || rc=1
+    # One worker per VM: the 1 ms VM's first (worker pids rise).
+    while read -r f; do
+        echo "BENCH vm-round timeline $f"; "$B/bin/vgpu-bench" timeline "$dir/$f" || rc=1
+    done < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n)
+    tar -czf "$LOGS/vm-round-csv.tar.gz" -C "$dir" . 2>/dev/null
+    return "$rc"
+}
 step_sharing() {
     local dir rc=0
     dir=$(mktemp -d)
