@@ -58,6 +58,7 @@ memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, 
 shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
+idle-cpu|bench|120|host CPU of idle vGPUs: vgpud and its workers over 10 s with 1, then 8 process vGPUs that run nothing (goal: at most 1 % of a core per idle vGPU)
 vm-round|bench|240|one VM's gpu-load rounds (1 ms, then 10 ms kernels) through vgpud beside the native loop, with per-request timelines: where a round's time goes
 sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
 start|bench|540|VMs with a cuda vGPU: REST call to the payload's main (median of 20) and 64 launched at once, without a worker pool and with a pool of 64, beside vgpu-worker + vmm by hand; goals 50 ms and 3 s
@@ -361,9 +362,9 @@ PY
 # mid-training, then allocating past its share.
 step_torch-shares() {
     local d=$LOGS/cuda-programs src=$B/cuda-programs dir sock pid rc=0 ids=() socks=() pids=() u=()
-    mkdir -p "$d/lib"
-    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
-    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    # The CUDA and the NVML library, as a tenant installs them (PyTorch asks NVML about
+    # the device when an allocation fails).
+    "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
     dir=$(mktemp -d) sock=$dir/vgpud.sock
     "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
         --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-torch.log" 2>&1 &
@@ -667,6 +668,39 @@ step_handover() {
     return "$rc"
 }
 
+# CPU seconds (user + system) of every vgpud and vgpu-worker process so far.
+cpu_of_daemon() {
+    local p t=0 f
+    for p in $(pgrep -x vgpud) $(pgrep -x vgpu-worker); do
+        f=$(cut -d' ' -f14,15 "/proc/$p/stat" 2>/dev/null) || continue
+        t=$((t + ${f% *} + ${f#* }))
+    done
+    echo "$t"
+}
+export -f cpu_of_daemon
+step_idle-cpu() {
+    local dir sock pid n rc=0 a b hz
+    hz=$(getconf CLK_TCK)
+    for n in 1 8; do
+        dir=$(mktemp -d) sock=$dir/vgpud.sock
+        "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+            --payload-dir "$VGPU_PAYLOAD_DIR" >"$LOGS/vgpud-idle-$n.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+        for _ in $(seq "$n"); do
+            "$B/bin/vgpuctl" --socket "$sock" vgpu create --attach process --gpu 0 --memory 1G \
+                --compute "$((100 / n))%" >/dev/null || { echo "== FAIL: vgpu create"; rc=1; }
+        done
+        sleep 3
+        a=$(cpu_of_daemon); sleep 10; b=$(cpu_of_daemon)
+        awk -v a="$a" -v b="$b" -v hz="$hz" -v n="$n" 'BEGIN {
+            pct = (b - a) / hz / 10 * 100
+            printf "BENCH idle-cpu: %d idle vGPUs: vgpud and workers %.3f %% of a core, %.3f %% per vGPU\n", n, pct, pct / n
+            printf "GOAL %s idle-cpu: %.3f %% of a core per idle vGPU (goal 1 %%)\n", (pct / n <= 1 ? "met" : "missed"), pct / n }'
+        kill "$pid"; wait "$pid" 2>/dev/null
+    done
+    return "$rc"
+}
 step_vm-round() {
     local dir f rc=0
     dir=$(mktemp -d) && chmod 1777 "$dir"

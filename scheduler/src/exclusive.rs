@@ -53,6 +53,10 @@ pub(crate) struct Exclusive<R: Rule> {
     _rule: std::marker::PhantomData<R>,
 }
 
+/// How long a holder that nobody else waits for keeps the resource (and its lease) at a
+/// time before the next check: renewed while nobody else asks.
+const LONE_HOLD: Nanos = 50 * 1_000_000;
+
 impl<R: Rule> Exclusive<R> {
     pub fn new(config: Config) -> Self {
         Self {
@@ -290,7 +294,12 @@ impl<R: Rule> Exclusive<R> {
         if let (Some(h), Some(c)) = (self.hold_until, self.current) {
             if h <= now {
                 self.hold_until = None;
-                if self.acc.get(c).is_ok_and(|a| a.running == 0) {
+                if self.lone_idle(c) && self.acc.config.lease > 0 {
+                    // Nobody else wants the resource: the holder keeps it, its lease renewed
+                    // in place, so its next request starts without a round trip; the
+                    // first request of another vGPU takes it back (`request`).
+                    self.hold_until = Some(now + LONE_HOLD);
+                } else if self.acc.get(c).is_ok_and(|a| a.running == 0) {
                     // The wait passed with no request from the holder: no burst is coming,
                     // give the resource to the next vGPU after all (Gdev: one chance).
                     return self.release(c, now);
@@ -298,6 +307,12 @@ impl<R: Rule> Exclusive<R> {
             }
         }
         Vec::new()
+    }
+
+    /// Whether `c` runs nothing and no other vGPU waits for the resource.
+    fn lone_idle(&self, c: VgpuId) -> bool {
+        self.acc.get(c).is_ok_and(|a| a.running == 0)
+            && !self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0)
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
@@ -344,10 +359,16 @@ impl<R: Rule> Exclusive<R> {
     pub fn lease(&self, vgpu: VgpuId, now: Nanos) -> Option<Nanos> {
         // A holder past its deadline has no lease: it is closed before `tick` hands the
         // resource on.
-        (self.current == Some(vgpu) && !self.acc.overdue(vgpu, now))
-            .then_some(self.hold_until)
-            .flatten()
-            .filter(|h| *h > now)
+        if self.current != Some(vgpu) || self.acc.overdue(vgpu, now) {
+            return None;
+        }
+        match self.hold_until {
+            Some(h) if h > now => Some(h),
+            // Its hold just ran out and `tick` will renew it (nobody else waits): the lease
+            // stays open meanwhile rather than closing for a moment.
+            Some(_) if self.acc.config.lease > 0 && self.lone_idle(vgpu) => Some(now + LONE_HOLD),
+            _ => None,
+        }
     }
 
     pub fn utilization(&self, vgpu: VgpuId, now: Nanos) -> Option<f64> {

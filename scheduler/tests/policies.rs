@@ -408,10 +408,10 @@ fn a_completion_read_before_its_lease_start_does_not_keep_the_resource_held() {
 }
 
 /// The same race when the lease ends in between: the early completion left the holder
-/// idle, the lease's end passed the engine on (nobody waited, so it went free), and only
-/// then did the daemon see the lease start. That start was already matched by its
-/// completion, so nothing runs; the engine must stay free, not go back to vGPU 1 with no
-/// completion to come that would ever release it.
+/// idle, the lease's end renewed it (nobody waited), and only then did the daemon see the
+/// lease start. That start was already matched by its completion, so nothing runs; the
+/// next request of another vGPU must get the engine at once, not wait behind vGPU 1 with
+/// no completion to come that would ever release it.
 #[test]
 fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resource() {
     use vgpu_scheduler::{Grant, Policy};
@@ -422,10 +422,10 @@ fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resourc
     assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
     // Started under the lease at 150 us, finished at 200 us; the completion is read first.
     assert_eq!(p.complete(1, 150 * US, 200 * US).unwrap(), vec![]);
-    // The lease ends with nothing running and nobody waiting: the engine is free.
+    // The lease ends with nothing running and nobody waiting: renewed in place.
     let end = p.lease(1, 200 * US).expect("vGPU 1 holds a lease");
     assert_eq!(p.tick(end), vec![]);
-    assert_eq!(p.lease(1, end), None);
+    assert!(p.lease(1, end).is_some_and(|h| h > end), "renewed");
     // Now the daemon reads the lease start that belongs to the 200 us completion.
     p.start_leased(1, 1, end + 50 * US).unwrap();
     // vGPU 2's request finds the engine free.
@@ -488,4 +488,47 @@ fn band_idles_nothing_when_equal_closed_loops_share_the_gpu() {
             assert!((s - 1.0 / f64::from(n)).abs() < 0.02, "vGPU {v}: {s:.4}");
         }
     }
+}
+
+/// A vGPU alone on the engine keeps it between its requests: its lease is renewed in place
+/// however long the gaps (each request then starts without a round trip to the daemon),
+/// and another vGPU's first request takes the engine back at once.
+#[test]
+fn a_lone_vgpu_keeps_its_lease_until_another_asks() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    assert_eq!(p.complete(1, 0, 100 * US).unwrap(), vec![]);
+    // A second of idle gaps, the daemon waking at every deadline: the lease never lapses.
+    let mut now = 100 * US;
+    while now < 1_000 * MS {
+        now = p.next_deadline().unwrap_or(now + MS).max(now + US);
+        assert_eq!(p.tick(now), vec![]);
+        assert!(
+            p.lease(1, now).is_some(),
+            "vGPU 1 lost its lease at {} us",
+            now / US
+        );
+    }
+    // Under the lease its requests start unasked.
+    p.start_leased(1, 1, now + 10 * US).unwrap();
+    assert_eq!(p.complete(1, now + 10 * US, now + 60 * US).unwrap(), vec![]);
+    // vGPU 2 asks: the idle holder lets go at once (BAND ends an idle hold for an owed
+    // neighbour) or within a millisecond, never at the end of the renewed hold.
+    let asked = now + 100 * US;
+    let mut granted = p.submit(2, asked).unwrap();
+    let mut t = asked;
+    while t < asked + 100 * MS && granted.is_empty() {
+        t = p.next_deadline().unwrap_or(t + MS).max(t + US);
+        granted.extend(p.tick(t).into_iter().filter(|g| g.vgpu == 2));
+    }
+    assert_eq!(granted, vec![Grant { vgpu: 2, count: 1 }]);
+    assert!(
+        t <= asked + MS,
+        "granted only {} us after it asked",
+        (t - asked) / US
+    );
+    assert_eq!(p.lease(1, t), None, "vGPU 1's lease ended");
 }
