@@ -28,7 +28,7 @@ impl Backend for Registering {
     }
     forward_backend!(sim:
         info, memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        launch, synchronize, modules, paging, relocation, shared_memory
+        launch, synchronize, modules, paging, relocation, shared_memory, virtual_memory
     );
 }
 

@@ -105,6 +105,18 @@ impl Migratable {
         }
     }
 
+    /// Refuses a migration (already marked running) of a vGPU that holds virtual memory
+    /// objects: operations that started before the mark finish first (the dispatch lock,
+    /// taken once exclusively), and new ones see the mark and refuse.
+    pub(crate) fn refuse_virtual_memory(&self) -> std::result::Result<(), MigrationError> {
+        drop(write(&self.dispatch));
+        let n = self.current().virtual_memory().map_or(0, |v| v.objects());
+        if n > 0 {
+            return Err(MigrationError::VirtualMemory(n));
+        }
+        Ok(())
+    }
+
     /// The backend serving now.
     pub fn current(&self) -> Arc<dyn Backend> {
         read(&self.current).clone()
@@ -355,6 +367,7 @@ impl Migratable {
         if shared > 0 {
             return Err(MigrationError::SharedMappings(shared));
         }
+        self.refuse_virtual_memory()?;
         let mut m = Mover {
             src: self,
             source: self.current(),

@@ -87,6 +87,7 @@ impl Migratable {
         if shared > 0 {
             return Err(MigrationError::SharedMappings(shared));
         }
+        self.refuse_virtual_memory()?;
         if token.len() > MAX_TOKEN {
             return Err(MigrationError::Stream(format!(
                 "the token is longer than {MAX_TOKEN} bytes"

@@ -226,6 +226,31 @@ fn shared_mappings_refuse_to_move() {
 }
 
 #[test]
+fn virtual_memory_refuses_to_move_and_the_vgpu_keeps_working() {
+    let m = Migratable::new(sim(64 * MIB));
+    let v = m.virtual_memory().expect("virtual memory");
+    let va = v.reserve(4 * MIB, 0, 0).expect("reserve");
+    let c = v.create(2 * MIB).expect("create");
+    v.map(va, 2 * MIB, 0, c.handle).expect("map");
+    put(&m, va, &pattern(5, 2 * MIB as usize));
+    let e = m
+        .migrate(sim(64 * MIB), &opts(Mode::Precopy), |_| {})
+        .expect_err("virtual memory");
+    assert!(matches!(e, MigrationError::VirtualMemory(3)), "{e}");
+    assert!(e.to_string().contains("cuMemUnmap"), "{e}");
+    assert_eq!(
+        get(&m, va, 2 * MIB as usize),
+        pattern(5, 2 * MIB as usize),
+        "untouched"
+    );
+    v.unmap(va, 2 * MIB).expect("unmap");
+    v.release(c.handle).expect("release");
+    v.free_range(va, 4 * MIB).expect("free");
+    m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("movable once released");
+}
+
+#[test]
 fn an_idle_vgpu_is_copied_once_and_nothing_is_left_for_the_stop() {
     let m = Migratable::new(sim(64 * MIB));
     let bufs: Vec<u64> = (0..4)

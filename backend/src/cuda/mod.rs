@@ -620,6 +620,10 @@ impl Backend for CudaGpu {
     fn host_memory(&self) -> Option<&dyn HostMemory> {
         Some(self)
     }
+
+    fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {
+        None
+    }
 }
 
 impl CudaGpu {

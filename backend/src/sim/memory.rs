@@ -15,6 +15,7 @@ use vm_memory::VolatileSlice;
 
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
+use crate::virt::{MapGuard, Physical, Vmm, VmmHost};
 use crate::MemoryUsage;
 
 /// Host page size used for charging and mapping.
@@ -103,6 +104,10 @@ pub struct Allocation {
     /// A module's variables (charged with the module's footprint): `free` refuses it,
     /// the module's unload releases it.
     module: bool,
+    /// A mapping of a physical allocation (virtual memory management): not charged here
+    /// (the physical allocation is), never decommitted, `free` refuses it; its range
+    /// belongs to its reserved range, not to the free holes.
+    vmm: Option<MapGuard>,
     space: Arc<Space>,
 }
 
@@ -197,7 +202,10 @@ impl Drop for Allocation {
                 0,
             )
         };
-        let hole = if p == libc::MAP_FAILED {
+        let hole = if self.vmm.is_some() {
+            // The reserved range owns these addresses (the guard gives them back to it).
+            None
+        } else if p == libc::MAP_FAILED {
             // Leave the range out of the free list: never hand out a range still mapped.
             tracing::error!(addr = self.addr, error = %std::io::Error::last_os_error(),
                 "could not unmap a freed allocation; its address range is retired");
@@ -215,6 +223,7 @@ impl Drop for Allocation {
 pub struct DeviceMemory {
     space: Arc<Space>,
     table: AllocTable<Allocation>,
+    vmm: Vmm<SimPhys>,
 }
 
 impl DeviceMemory {
@@ -230,6 +239,7 @@ impl DeviceMemory {
                 ledger: Ledger::new(va_size, capacity),
             }),
             table: AllocTable::default(),
+            vmm: Vmm::default(),
         })
     }
 
@@ -306,6 +316,7 @@ impl DeviceMemory {
                     imported: false,
                     read_only: false,
                     module,
+                    vmm: None,
                     space: self.space.clone(),
                 });
                 self.table.insert(addr, a);
@@ -329,10 +340,13 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. The bytes are released
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        if self.table.exact(addr)?.module {
-            // A module's variable, not an allocation: it goes when its module is unloaded.
+        let a = self.table.exact(addr)?;
+        if a.module || a.vmm.is_some() {
+            // A module's variable (it goes when its module is unloaded) or a mapping (it
+            // goes with MEM_UNMAP), not an allocation.
             return Err(BackendError::NotAllocated { addr });
         }
+        drop(a);
         let a = self.table.remove(addr)?;
         tracing::debug!(addr, size = a.size, "freed");
         Ok(())
@@ -381,6 +395,7 @@ impl DeviceMemory {
             imported: true,
             read_only,
             module: false,
+            vmm: None,
             space: self.space.clone(),
         });
         self.table.insert(addr, a);
@@ -403,9 +418,9 @@ impl DeviceMemory {
     /// `addr`; returns it.
     fn commit_range(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
         let a = self.exact(addr)?;
-        if a.imported {
+        if a.imported || a.vmm.is_some() {
             return Err(BackendError::NotSupported(
-                "shared objects stay resident; only owned allocations are swapped".into(),
+                "shared objects and mapped physical allocations stay resident; only owned allocations are swapped".into(),
             ));
         }
         let ok = off % PAGE == 0
@@ -493,6 +508,117 @@ impl DeviceMemory {
     /// or `READ_WRITE`) into a read-only mapping.
     pub fn check_kernel_writes(&self, args: &[vgpu_proto::ArgValue]) -> Result<()> {
         self.table.check_kernel_writes(args)
+    }
+}
+
+/// A physical allocation of the virtual memory management API: a memfd with its memory
+/// committed, charged to the address space until the last handle and mapping let go.
+#[derive(Debug)]
+pub(crate) struct SimPhys {
+    memfd: OwnedFd,
+    size: u64,
+    space: Arc<Space>,
+}
+
+impl Physical for SimPhys {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn charged(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for SimPhys {
+    fn drop(&mut self) {
+        self.space.ledger.uncharge(self.size);
+        tracing::trace!(size = self.size, "physical allocation released");
+    }
+}
+
+impl VmmHost for DeviceMemory {
+    type Phys = SimPhys;
+
+    fn space(&self) -> (u64, u64) {
+        (self.space.va_base, self.space.res.size as u64)
+    }
+
+    fn take_hole_at(&self, off: u64, len: u64) -> bool {
+        self.space.ledger.take_hole_at(off, len)
+    }
+
+    fn take_hole_aligned(&self, len: u64, align: u64) -> Option<u64> {
+        self.space
+            .ledger
+            .take_hole_aligned(self.space.va_base, len, align)
+    }
+
+    fn give_hole_later(&self, off: u64, len: u64) -> Box<dyn FnOnce() + Send> {
+        let space = self.space.clone();
+        Box::new(move || space.ledger.give_hole(off, len))
+    }
+
+    fn create_phys(&self, size: u64) -> Result<SimPhys> {
+        let len = usize::try_from(size).map_err(|_| self.space.ledger.out_of_memory(size))?;
+        self.space.ledger.charge(size)?;
+        match make_memfd(len) {
+            Ok(memfd) => Ok(SimPhys {
+                memfd,
+                size,
+                space: self.space.clone(),
+            }),
+            Err(e) => {
+                self.space.ledger.uncharge(size);
+                Err(e)
+            }
+        }
+    }
+
+    fn place(&self, addr: u64, len: u64, phys: &Arc<SimPhys>, guard: MapGuard) -> Result<()> {
+        let off = addr - self.space.va_base;
+        let host = self.space.res.host + off as usize;
+        let memfd = phys
+            .memfd
+            .try_clone()
+            .map_err(|e| BackendError::os("duplicating a physical allocation's memfd", e))?;
+        map_at(
+            host,
+            0,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            &phys.memfd,
+        )?;
+        self.space.ledger.added();
+        let a = Arc::new(Allocation {
+            addr,
+            size: len,
+            charged: 0,
+            va_len: len,
+            host,
+            memfd,
+            imported: false,
+            read_only: false,
+            module: false,
+            vmm: Some(guard),
+            space: self.space.clone(),
+        });
+        self.table.insert(addr, a);
+        Ok(())
+    }
+
+    fn remove(&self, addr: u64) -> Result<()> {
+        if self.table.exact(addr)?.vmm.is_none() {
+            return Err(BackendError::NotAllocated { addr });
+        }
+        self.table.remove(addr).map(drop)
+    }
+}
+
+impl DeviceMemory {
+    /// The virtual memory book-keeping of this address space.
+    pub(crate) fn vmm(&self) -> &Vmm<SimPhys> {
+        &self.vmm
     }
 }
 
