@@ -70,6 +70,9 @@ pub struct Alloc {
     /// The module owning the range (a module variable from `cuModuleGetGlobal`), 0 for an
     /// allocation: `cuMemFree` refuses a module's range, unloading the module drops it.
     pub module: u64,
+    /// A mapping of the virtual memory management API (`cuMemMap`): `cuMemFree` refuses
+    /// it, `cuMemUnmap` drops it, and it outlives the context it was made in.
+    pub vmm: bool,
 }
 
 pub struct HostAlloc {
@@ -136,6 +139,8 @@ pub struct Driver {
     pub staging: Option<DmaRegion>,
     /// Libraries, memory pools, captures and graphs.
     pub extra: crate::extra::Extra,
+    /// Reserved ranges, physical allocations and mappings (`api/vmm.rs`).
+    pub vmm: crate::api::vmm::Vmm,
     next_handle: u64,
     next_queue: usize,
 }
@@ -243,6 +248,7 @@ impl Driver {
             events: HashMap::new(),
             staging: None,
             extra: crate::extra::Extra::default(),
+            vmm: Default::default(),
             next_handle: FIRST_HANDLE,
             next_queue: 0,
         };

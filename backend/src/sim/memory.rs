@@ -15,8 +15,11 @@ use vm_memory::VolatileSlice;
 
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
-use crate::virt::{MapGuard, Physical, Vmm, VmmHost};
+use crate::virt::{MapGuard, Vmm};
+
+mod vmm;
 use crate::MemoryUsage;
+pub(crate) use vmm::SimPhys;
 
 /// Host page size used for charging and mapping.
 pub const PAGE: u64 = 4096;
@@ -511,117 +514,6 @@ impl DeviceMemory {
     }
 }
 
-/// A physical allocation of the virtual memory management API: a memfd with its memory
-/// committed, charged to the address space until the last handle and mapping let go.
-#[derive(Debug)]
-pub(crate) struct SimPhys {
-    memfd: OwnedFd,
-    size: u64,
-    space: Arc<Space>,
-}
-
-impl Physical for SimPhys {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn charged(&self) -> u64 {
-        self.size
-    }
-}
-
-impl Drop for SimPhys {
-    fn drop(&mut self) {
-        self.space.ledger.uncharge(self.size);
-        tracing::trace!(size = self.size, "physical allocation released");
-    }
-}
-
-impl VmmHost for DeviceMemory {
-    type Phys = SimPhys;
-
-    fn space(&self) -> (u64, u64) {
-        (self.space.va_base, self.space.res.size as u64)
-    }
-
-    fn take_hole_at(&self, off: u64, len: u64) -> bool {
-        self.space.ledger.take_hole_at(off, len)
-    }
-
-    fn take_hole_aligned(&self, len: u64, align: u64) -> Option<u64> {
-        self.space
-            .ledger
-            .take_hole_aligned(self.space.va_base, len, align)
-    }
-
-    fn give_hole_later(&self, off: u64, len: u64) -> Box<dyn FnOnce() + Send> {
-        let space = self.space.clone();
-        Box::new(move || space.ledger.give_hole(off, len))
-    }
-
-    fn create_phys(&self, size: u64) -> Result<SimPhys> {
-        let len = usize::try_from(size).map_err(|_| self.space.ledger.out_of_memory(size))?;
-        self.space.ledger.charge(size)?;
-        match make_memfd(len) {
-            Ok(memfd) => Ok(SimPhys {
-                memfd,
-                size,
-                space: self.space.clone(),
-            }),
-            Err(e) => {
-                self.space.ledger.uncharge(size);
-                Err(e)
-            }
-        }
-    }
-
-    fn place(&self, addr: u64, len: u64, phys: &Arc<SimPhys>, guard: MapGuard) -> Result<()> {
-        let off = addr - self.space.va_base;
-        let host = self.space.res.host + off as usize;
-        let memfd = phys
-            .memfd
-            .try_clone()
-            .map_err(|e| BackendError::os("duplicating a physical allocation's memfd", e))?;
-        map_at(
-            host,
-            0,
-            len as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            &phys.memfd,
-        )?;
-        self.space.ledger.added();
-        let a = Arc::new(Allocation {
-            addr,
-            size: len,
-            charged: 0,
-            va_len: len,
-            host,
-            memfd,
-            imported: false,
-            read_only: false,
-            module: false,
-            vmm: Some(guard),
-            space: self.space.clone(),
-        });
-        self.table.insert(addr, a);
-        Ok(())
-    }
-
-    fn remove(&self, addr: u64) -> Result<()> {
-        if self.table.exact(addr)?.vmm.is_none() {
-            return Err(BackendError::NotAllocated { addr });
-        }
-        self.table.remove(addr).map(drop)
-    }
-}
-
-impl DeviceMemory {
-    /// The virtual memory book-keeping of this address space.
-    pub(crate) fn vmm(&self) -> &Vmm<SimPhys> {
-        &self.vmm
-    }
-}
-
 /// Creates a memfd of `len` bytes, commits its memory, and maps it at `host` (inside our
 /// reservation). On error, the flag says whether the reservation at `host` may have been
 /// disturbed.
@@ -701,8 +593,26 @@ fn make_memfd_flags(len: usize, flags: libc::c_uint) -> Result<OwnedFd> {
 /// Maps `len` bytes of `memfd` from `file_off` at `host` (inside our reservation),
 /// populated.
 fn map_at(host: usize, file_off: u64, len: usize, prot: i32, memfd: &OwnedFd) -> Result<()> {
+    map_from(host, file_off, len, prot, memfd, true)
+}
+
+/// Maps `len` bytes of `memfd` from its start at `host` (inside our reservation),
+/// populated or not.
+fn map_shared(host: usize, len: usize, prot: i32, memfd: &OwnedFd, populate: bool) -> Result<()> {
+    map_from(host, 0, len, prot, memfd, populate)
+}
+
+fn map_from(
+    host: usize,
+    file_off: u64,
+    len: usize,
+    prot: i32,
+    memfd: &OwnedFd,
+    populate: bool,
+) -> Result<()> {
     let off = libc::off_t::try_from(file_off)
         .map_err(|_| BackendError::InvalidArgument(format!("offset {file_off} too large")))?;
+    let populate = if populate { libc::MAP_POPULATE } else { 0 };
     // SAFETY: callers pass a range of our PROT_NONE reservation that belongs to one
     // allocation of theirs; MAP_FIXED replaces only that range.
     let p = unsafe {
@@ -710,7 +620,7 @@ fn map_at(host: usize, file_off: u64, len: usize, prot: i32, memfd: &OwnedFd) ->
             host as *mut libc::c_void,
             len,
             prot,
-            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+            libc::MAP_SHARED | libc::MAP_FIXED | populate,
             memfd.as_raw_fd(),
             off,
         )
