@@ -11,7 +11,9 @@
 //! each reached through an accessor that returns `None` when the backend lacks it (as
 //! Cloud Hypervisor keeps `Pausable`, `Snapshottable` and `Migratable` apart from a
 //! device): [`Paging`] (swapping), [`Relocatable`] (migration), [`SharedMemory`] (objects
-//! other processes map) and [`HostMemory`] (guest RAM prepared for direct copies). A
+//! other processes map), [`HostMemory`] (guest RAM prepared for direct copies) and
+//! [`VirtualMemory`] (CUDA's virtual memory management: reserved ranges, physical
+//! allocations, mappings). A
 //! wrapper (the pager, fault injection, the migration's own wrapper) implements the data
 //! path it changes, forwards the rest ([`forward_backend!`]), and names every capability:
 //! forwarded with one method, or implemented itself where it changes it.

@@ -35,6 +35,7 @@ mod pinned;
 mod relocation;
 mod storage;
 mod tensor_map;
+mod virtual_memory;
 mod vmm;
 
 use std::ffi::c_void;
@@ -622,7 +623,9 @@ impl Backend for CudaGpu {
     }
 
     fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {
-        None
+        self.mem
+            .vmm_usable()
+            .then_some(self as &dyn crate::VirtualMemory)
     }
 }
 
