@@ -194,10 +194,14 @@ impl Pager {
     /// Bytes charged beside the allocations and never swapped: the modules' footprints and
     /// the physical allocations of the virtual memory management API.
     pub(super) fn fixed_bytes(&self) -> u64 {
-        let vmm = self.inner.virtual_memory().map_or(0, |v| v.charged());
         self.module_bytes
             .load(Ordering::Acquire)
-            .saturating_add(vmm)
+            .saturating_add(self.vmm_bytes())
+    }
+
+    /// Bytes the physical allocations of the virtual memory API hold.
+    pub(super) fn vmm_bytes(&self) -> u64 {
+        self.inner.virtual_memory().map_or(0, |v| v.charged())
     }
 
     /// Whether `addr` starts a mapping of a physical allocation.
@@ -236,9 +240,22 @@ impl VirtualMemory for Pager {
                 capacity: self.share,
             });
         }
-        let c = vmm.create(size)?;
+        // Resident device memory at once, as an allocation's: the broker makes room.
+        if let Err(why) = self.broker.reserve(size) {
+            tracing::info!(
+                size,
+                why,
+                "physical allocation refused by the memory broker"
+            );
+            self.report();
+            return Err(BackendError::MemoryPressure {
+                requested: size,
+                why,
+            });
+        }
+        let c = vmm.create(size);
         self.report();
-        Ok(c)
+        c
     }
 
     fn release(&self, handle: u64) -> Result<()> {

@@ -163,8 +163,14 @@ impl Pager {
         std::mem::replace(&mut pieces[i], new)
     }
 
+    /// Tells the broker the state, the physical allocations of the virtual memory API
+    /// counted as resident (they are never swapped).
     fn report(&self) {
-        self.broker.report(self.state());
+        let mut s = self.state();
+        let vmm = self.vmm_bytes();
+        s.used = s.used.saturating_add(vmm);
+        s.resident = s.resident.saturating_add(vmm);
+        self.broker.report(s);
     }
 
     fn next_tick(&self) -> u64 {

@@ -391,3 +391,24 @@ fn mapped_memory_counts_against_the_share_and_is_never_swapped() {
     assert_eq!(p.memory_usage().used, 0, "everything back");
     v.free_range(va, 8 * MIB).expect("free");
 }
+
+#[test]
+fn physical_allocations_are_reserved_with_the_broker() {
+    // A GPU of 8 MiB for a vGPU whose share is 16 MiB: the broker refuses more resident
+    // memory than the GPU has, and counts what it granted.
+    let broker = LocalBroker::new(8 * MIB, 0);
+    let p = pager(&broker, 1, 0, 16 * MIB);
+    let v = p.virtual_memory().expect("virtual memory");
+    assert!(
+        matches!(v.create(12 * MIB), Err(BackendError::MemoryPressure { .. })),
+        "more than the GPU holds"
+    );
+    assert_eq!(p.memory_usage().used, 0, "nothing charged");
+    let c = v.create(6 * MIB).expect("fits the GPU");
+    assert!(
+        p.alloc(4 * MIB).is_err(),
+        "the physical allocation is resident: 4 MiB more do not fit the GPU"
+    );
+    v.release(c.handle).expect("release");
+    p.alloc(4 * MIB).expect("room again");
+}
