@@ -281,3 +281,30 @@ fn malformed_requests_change_nothing() {
         assert!(v.objects() >= 4, "{name}");
     });
 }
+
+#[test]
+fn a_flood_of_reservations_is_bounded() {
+    let b = vgpu_backend::SimGpu::new(vgpu_backend::SimConfig {
+        memory: 64 * MIB,
+        va_size: 256 << 30,
+        threads: 1,
+        ..Default::default()
+    })
+    .expect("sim");
+    let v = vmm(&b);
+    let mut ranges = Vec::new();
+    let refused = loop {
+        match v.reserve(VMM_GRANULARITY, 0, 0) {
+            Ok(va) => ranges.push(va),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(ranges.len(), vgpu_backend::MAX_VMM_OBJECTS);
+    assert_eq!(refused.status(), Status::OutOfResources, "{refused}");
+    // The vGPU's own allocations still work, and freeing one range makes room for one.
+    let a = b.alloc(MIB).expect("alloc beside the flood");
+    b.check_range(a.addr, MIB).expect("allocated");
+    v.free_range(ranges[0], VMM_GRANULARITY).expect("free");
+    v.reserve(VMM_GRANULARITY, 0, 0)
+        .expect("room for one again");
+}

@@ -378,6 +378,31 @@ impl Driver {
         }
     }
 
+    /// Checks `ptr..ptr + len` as [`check_device`](Self::check_device) does, but also
+    /// accepts a range across neighbouring mappings of the virtual memory API (each is an
+    /// allocation of its own on the device, though the program sees one contiguous range):
+    /// `None` when the range lies in one allocation, else the pieces, each inside one
+    /// mapping, for the caller to send one by one.
+    pub fn check_pieces(&self, ptr: u64, len: u64) -> Res<Option<Vec<(u64, u64)>>> {
+        let whole = self.check_device(ptr, len);
+        if whole.is_ok() {
+            return Ok(None);
+        }
+        let end = ptr.checked_add(len).ok_or(res::INVALID_VALUE)?;
+        let mut pieces = Vec::new();
+        let mut at = ptr;
+        while at < end {
+            let (base, a) = self.alloc_of(at).ok_or(res::INVALID_VALUE)?;
+            if !a.vmm {
+                return Err(res::INVALID_VALUE);
+            }
+            let n = (base + a.size).min(end) - at;
+            pieces.push((at, n));
+            at += n;
+        }
+        Ok(Some(pieces))
+    }
+
     /// The host allocation (from the DMA pool) holding `ptr`: (base, allocation).
     pub fn host_of(&self, ptr: usize) -> Option<(usize, &HostAlloc)> {
         let (&base, h) = self.host.range(..=ptr).next_back()?;

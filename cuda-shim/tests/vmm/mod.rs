@@ -430,6 +430,55 @@ pub fn exercise(cu: &Cuda) {
     );
     assert_eq!(map(va + 8 * MIB as u64, 2 * MIB, 0, h2), OK);
 
+    // Two neighbouring mappings are one range to the program: copies and memsets across
+    // the seam (sent as one piece per mapping), synchronous and on a stream.
+    let seam = va + 8 * MIB as u64;
+    let across: Vec<u8> = (0..3000).map(|i| (i % 239) as u8 + 1).collect();
+    assert_eq!(htod(seam - 1000, &across), OK);
+    assert!(
+        dtoh(seam - 1000, across.len()) == across,
+        "HtoD and DtoH across the seam"
+    );
+    let r = call!(
+        cu,
+        "cuMemcpyHtoDAsync",
+        fn(u64, *const c_void, usize, Ptr),
+        seam - 2000,
+        across.as_ptr().cast(),
+        across.len(),
+        null_mut()
+    );
+    assert_eq!(r, OK);
+    assert_eq!(cu.sync(null_mut()), OK);
+    assert!(
+        dtoh(seam - 2000, across.len()) == across,
+        "asynchronous HtoD across the seam"
+    );
+    let dtod = |d: u64, s: u64, n: usize| call!(cu, "cuMemcpyDtoD", fn(u64, u64, usize), d, s, n);
+    assert_eq!(dtod(va + 7 * MIB as u64, seam - 2000, 3000), OK);
+    assert!(
+        dtoh(va + 7 * MIB as u64, 3000) == across,
+        "DtoD from across the seam"
+    );
+    assert_eq!(dtod(seam - 1500, va + 7 * MIB as u64, 3000), OK);
+    assert!(dtoh(seam - 1500, 3000) == across, "DtoD onto the seam");
+    assert_eq!(
+        call!(
+            cu,
+            "cuMemsetD32",
+            fn(u64, c_uint, usize),
+            seam - 8,
+            0xabcd_ef01,
+            4
+        ),
+        OK
+    );
+    assert_eq!(dtoh(seam - 8, 16), 0xabcd_ef01u32.to_le_bytes().repeat(4));
+    // Past the last mapping there is nothing: refused whole, nothing written.
+    let tail = va + 10 * MIB as u64;
+    assert_eq!(htod(tail - 4, &[7u8; 8]), INVALID_VALUE);
+    assert_eq!(dtoh(tail - 4, 4), vec![0u8; 4]);
+
     // Past the share: OUT_OF_MEMORY, nothing charged.
     let left = free_mem();
     assert_eq!(
