@@ -447,6 +447,37 @@ pub trait VirtualMemory: Send + Sync {
 
     /// Bytes the live physical allocations charge now.
     fn charged(&self) -> u64;
+
+    /// Everything this vGPU's virtual memory holds, for a migration to rebuild it on
+    /// another backend at the same addresses under the same handles. Refused
+    /// (`NotSupported`) when a physical allocation holds bytes but is mapped nowhere (a
+    /// migration copies bytes through the mappings).
+    fn snapshot(&self) -> Result<VmmSnapshot>;
+
+    /// Rebuilds `snapshot` on this backend (a migration target with no virtual memory
+    /// objects yet): the same reserved ranges, handles with their references, and
+    /// mappings (zeroed: the migration copies the bytes through them).
+    fn restore(&self, snapshot: &VmmSnapshot) -> Result<()>;
+}
+
+/// What a vGPU's virtual memory holds ([`VirtualMemory::snapshot`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmmSnapshot {
+    /// Reserved ranges: (first address, size).
+    pub ranges: Vec<(u64, u64)>,
+    /// Physical allocations: (handle, size, references; 0 when only mappings hold it).
+    pub allocations: Vec<(u64, u64, u64)>,
+    /// Mappings: (first address, size, handle).
+    pub maps: Vec<(u64, u64, u64)>,
+    /// The next handle the backend hands out (handles are never reused).
+    pub next_handle: u64,
+}
+
+impl VmmSnapshot {
+    /// Whether there is nothing to carry.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.allocations.is_empty() && self.maps.is_empty()
+    }
 }
 
 /// Guest RAM prepared once as the source or destination of copies. Reached through

@@ -131,6 +131,18 @@ struct State<P> {
     handles: BTreeMap<u64, (Arc<P>, u64)>,
     maps: BTreeMap<u64, MapRec<P>>,
     next_handle: u64,
+    /// Live allocations that have been mapped (their bytes may differ from zero).
+    ever_mapped: std::collections::BTreeSet<u64>,
+}
+
+impl<P> State<P> {
+    /// Forgets what is kept of allocation `handle` once neither a reference nor a
+    /// mapping holds it.
+    fn forget_if_gone(&mut self, handle: u64) {
+        if !self.handles.contains_key(&handle) && !self.maps.values().any(|m| m.handle == handle) {
+            self.ever_mapped.remove(&handle);
+        }
+    }
 }
 
 /// A vGPU's reserved ranges, physical allocations and mappings.
@@ -158,6 +170,7 @@ impl<P> Default for Vmm<P> {
                 maps: BTreeMap::new(),
                 // Handles are never reused, and never 0.
                 next_handle: 1,
+                ever_mapped: Default::default(),
             }),
         }
     }
@@ -285,6 +298,9 @@ impl<P: Physical> Vmm<P> {
         };
         *refs -= 1;
         let gone = (*refs == 0).then(|| s.handles.remove(&handle));
+        if gone.is_some() {
+            s.forget_if_gone(handle);
+        }
         drop(s);
         drop(gone);
         Ok(())
@@ -358,6 +374,7 @@ impl<P: Physical> Vmm<P> {
             _phys: erased,
         };
         host.place(addr, size, &phys, guard)?;
+        s.ever_mapped.insert(handle);
         s.maps.insert(
             addr,
             MapRec {
@@ -397,6 +414,9 @@ impl<P: Physical> Vmm<P> {
             host.remove(a)?;
             gone.extend(s.maps.remove(&a));
         }
+        for m in &gone {
+            s.forget_if_gone(m.handle);
+        }
         drop(s);
         drop(gone);
         tracing::debug!(addr, size, "unmapped");
@@ -420,6 +440,110 @@ impl<P: Physical> Vmm<P> {
             .and_modify(|(_, refs)| *refs += 1)
             .or_insert((phys, 1));
         Ok([handle, size, start, len])
+    }
+
+    /// What a migration needs to rebuild this state elsewhere.
+    pub fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        let s = lock(&self.state);
+        let mut allocations: BTreeMap<u64, (u64, u64)> = s
+            .handles
+            .iter()
+            .map(|(h, (p, refs))| (*h, (p.size(), *refs)))
+            .collect();
+        for m in s.maps.values() {
+            allocations.entry(m.handle).or_insert((m.phys.size(), 0));
+        }
+        let mapped: std::collections::BTreeSet<u64> = s.maps.values().map(|m| m.handle).collect();
+        if let Some(h) = s
+            .ever_mapped
+            .iter()
+            .find(|h| allocations.contains_key(h) && !mapped.contains(h))
+        {
+            return Err(BackendError::NotSupported(format!(
+                "physical allocation {h:#x} holds bytes but is mapped nowhere, so a migration cannot copy them; map it (cuMemMap) or release it before migrating"
+            )));
+        }
+        Ok(crate::VmmSnapshot {
+            ranges: s.ranges.values().map(|r| (r.addr, r.size)).collect(),
+            allocations: allocations
+                .into_iter()
+                .map(|(h, (size, refs))| (h, size, refs))
+                .collect(),
+            maps: s.maps.iter().map(|(a, m)| (*a, m.len, m.handle)).collect(),
+            next_handle: s.next_handle,
+        })
+    }
+
+    /// Rebuilds `snap` here (nothing held yet): the same ranges, handles and mappings.
+    pub fn restore<H: VmmHost<Phys = P>>(&self, host: &H, snap: &crate::VmmSnapshot) -> Result<()> {
+        let mut s = lock(&self.state);
+        if !(s.ranges.is_empty() && s.handles.is_empty() && s.maps.is_empty()) {
+            return Err(invalid(
+                "a backend that holds virtual memory objects cannot take another's".into(),
+            ));
+        }
+        let (base, _) = host.space();
+        for &(addr, size) in &snap.ranges {
+            let off = addr
+                .checked_sub(base)
+                .filter(|off| host.take_hole_at(*off, size));
+            let Some(off) = off else {
+                return Err(invalid(format!(
+                    "the reserved range {addr:#x}+{size:#x} is not free here"
+                )));
+            };
+            let range = Arc::new(VaRange {
+                addr,
+                size,
+                occupied: Mutex::new(BTreeMap::new()),
+                on_drop: Mutex::new(Some(host.give_hole_later(off, size))),
+            });
+            s.ranges.insert(addr, range);
+        }
+        let mut phys = BTreeMap::new();
+        for &(handle, size, refs) in &snap.allocations {
+            let p = Arc::new(host.create_phys(size)?);
+            if refs > 0 {
+                s.handles.insert(handle, (p.clone(), refs));
+            }
+            phys.insert(handle, p);
+        }
+        for &(addr, size, handle) in &snap.maps {
+            let p = phys.get(&handle).cloned().ok_or_else(|| {
+                invalid(format!(
+                    "mapping {addr:#x} names unknown allocation {handle:#x}"
+                ))
+            })?;
+            let range = s
+                .ranges
+                .range(..=addr)
+                .next_back()
+                .map(|(_, r)| r.clone())
+                .filter(|r| {
+                    addr.checked_add(size)
+                        .is_some_and(|end| end <= r.addr + r.size)
+                })
+                .ok_or_else(|| invalid(format!("mapping {addr:#x} lies in no reserved range")))?;
+            lock(&range.occupied).insert(addr, size);
+            let erased: Arc<dyn Any + Send + Sync> = p.clone();
+            let guard = MapGuard {
+                range,
+                addr,
+                _phys: erased,
+            };
+            host.place(addr, size, &p, guard)?;
+            s.ever_mapped.insert(handle);
+            s.maps.insert(
+                addr,
+                MapRec {
+                    len: size,
+                    handle,
+                    phys: p,
+                },
+            );
+        }
+        s.next_handle = s.next_handle.max(snap.next_handle);
+        Ok(())
     }
 
     /// Reserved ranges, live handles and mappings, together.

@@ -162,19 +162,20 @@ impl Backend for Migratable {
     }
 }
 
-/// Virtual memory management of the backend serving now. A migration does not carry its
-/// objects: one of a vGPU that holds any is refused
-/// ([`MigrationError::VirtualMemory`](crate::MigrationError::VirtualMemory)), and while a
-/// migration runs, new objects are refused.
+/// Virtual memory management of the backend serving now. A migration inside this process
+/// rebuilds its objects on the target at the switch (same addresses, same handles); a
+/// move to another host does not carry them: one of a vGPU that holds any is refused
+/// ([`MigrationError::VirtualMemory`](crate::MigrationError::VirtualMemory)), and while
+/// such a move runs, new objects are refused.
 impl Migratable {
     fn vmm_enter(
         &self,
         creates: bool,
     ) -> Result<(std::sync::RwLockReadGuard<'_, ()>, Arc<dyn Backend>)> {
         let (g, b) = self.enter();
-        if creates && self.migrating.load(std::sync::atomic::Ordering::Acquire) {
+        if creates && self.vmm_frozen.load(std::sync::atomic::Ordering::Acquire) {
             return Err(BackendError::NotSupported(
-                "a migration of this vGPU is running; retry once it finished".into(),
+                "this vGPU is being sent to another host, which does not carry virtual memory objects; retry once the move ended".into(),
             ));
         }
         if b.virtual_memory().is_none() {
@@ -237,6 +238,16 @@ impl VirtualMemory for Migratable {
 
     fn charged(&self) -> u64 {
         self.current().virtual_memory().map_or(0, |v| v.charged())
+    }
+
+    fn snapshot(&self) -> Result<vgpu_backend::VmmSnapshot> {
+        let (_g, b) = self.vmm_enter(false)?;
+        vmm(&b)?.snapshot()
+    }
+
+    fn restore(&self, snapshot: &vgpu_backend::VmmSnapshot) -> Result<()> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.restore(snapshot)
     }
 }
 

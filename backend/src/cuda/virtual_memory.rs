@@ -48,4 +48,15 @@ impl crate::VirtualMemory for CudaGpu {
     fn charged(&self) -> u64 {
         self.mem.vmm().charged()
     }
+
+    fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        self.mem.vmm().snapshot()
+    }
+
+    /// On a migration target still staging, the mappings go to the staging range first
+    /// and move to the vGPU's addresses with every allocation at the switch.
+    fn restore(&self, snapshot: &crate::VmmSnapshot) -> Result<()> {
+        self.enter()?;
+        self.mem.vmm().restore(&self.mem, snapshot)
+    }
 }

@@ -105,19 +105,22 @@ impl VmmHost for DeviceMemory {
     fn place(&self, addr: u64, len: u64, phys: &Arc<CudaPhys>, guard: MapGuard) -> Result<()> {
         let sp = &self.space;
         let place = sp.place();
-        if *place != Place::Home {
+        // At the vGPU's own address; on a migration target still staging, at the staging
+        // range's (the switch moves it home with every allocation).
+        let Some(va) = sp.va_of(addr, *place) else {
             return Err(moving());
-        }
-        sp.map(addr, len, phys.handle, false).map_err(dev_err)?;
+        };
+        let staged = *place == Place::Staged;
+        sp.map(va, len, phys.handle, staged).map_err(dev_err)?;
         let undo = |e| {
             // SAFETY: undoes the mapping just made; nothing can have used it.
-            let _ = unsafe { sys::cuMemUnmap(addr, len as usize) };
+            let _ = unsafe { sys::cuMemUnmap(va, len as usize) };
             dev_err(e)
         };
         if !phys.zeroed.swap(true, Ordering::AcqRel) {
             let cleared = check(
                 // SAFETY: clears exactly the mapping just made, which nothing else uses yet.
-                unsafe { sys::cuMemsetD8_v2(addr, 0, len as usize) },
+                unsafe { sys::cuMemsetD8_v2(va, 0, len as usize) },
                 "cuMemsetD8",
             )
             .and_then(|()| {
@@ -135,8 +138,8 @@ impl VmmHost for DeviceMemory {
         // The entry's own reference: its drop unmaps and releases it.
         let mut own: sys::CUmemGenericAllocationHandle = 0;
         if let Err(e) = check(
-            // SAFETY: `addr` starts the mapping just made; writes one handle into `own`.
-            unsafe { sys::cuMemRetainAllocationHandle(&mut own, addr as *mut c_void) },
+            // SAFETY: `va` starts the mapping just made; writes one handle into `own`.
+            unsafe { sys::cuMemRetainAllocationHandle(&mut own, va as *mut c_void) },
             "cuMemRetainAllocationHandle",
         ) {
             return Err(undo(e));
@@ -151,7 +154,7 @@ impl VmmHost for DeviceMemory {
                 mapped: len,
                 slot: Mutex::new(Slot {
                     handle: Some(own),
-                    at: Some(addr),
+                    at: Some(va),
                 }),
                 space: sp.clone(),
                 imported: false,

@@ -291,4 +291,19 @@ impl VirtualMemory for Pager {
     fn charged(&self) -> u64 {
         self.inner.virtual_memory().map_or(0, |v| v.charged())
     }
+
+    fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        self.require_vmm()?.snapshot()
+    }
+
+    fn restore(&self, snapshot: &crate::VmmSnapshot) -> Result<()> {
+        self.require_vmm()?.restore(snapshot)?;
+        for &(addr, size, _) in &snapshot.maps {
+            let mut e = Entry::new(addr, size, 0, 0, true);
+            e.mapping = true;
+            self.insert(e);
+        }
+        self.report();
+        Ok(())
+    }
 }

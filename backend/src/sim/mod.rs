@@ -340,6 +340,14 @@ impl crate::VirtualMemory for SimGpu {
     fn charged(&self) -> u64 {
         self.mem.vmm().charged()
     }
+
+    fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        self.mem.vmm().snapshot()
+    }
+
+    fn restore(&self, snapshot: &crate::VmmSnapshot) -> Result<()> {
+        self.mem.vmm().restore(&self.mem, snapshot)
+    }
 }
 
 impl SimGpu {
