@@ -175,7 +175,7 @@ impl Backend for Faulty {
 
     crate::forward_backend!(inner:
         info, memory_usage, free, check_range, synchronize, modules, paging, relocation,
-        shared_memory, host_memory
+        shared_memory, host_memory, virtual_memory
     );
 }
 
@@ -251,7 +251,7 @@ impl Backend for FailingTarget {
 
     crate::forward_backend!(0:
         info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset, launch,
-        synchronize, modules, paging, shared_memory, host_memory
+        synchronize, modules, paging, shared_memory, host_memory, virtual_memory
     );
 }
 

@@ -110,4 +110,9 @@ macro_rules! forward_backend {
             self.$f.host_memory()
         }
     };
+    (@one $f:tt virtual_memory) => {
+        fn virtual_memory(&self) -> Option<&dyn $crate::VirtualMemory> {
+            self.$f.virtual_memory()
+        }
+    };
 }

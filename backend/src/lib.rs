@@ -11,7 +11,9 @@
 //! each reached through an accessor that returns `None` when the backend lacks it (as
 //! Cloud Hypervisor keeps `Pausable`, `Snapshottable` and `Migratable` apart from a
 //! device): [`Paging`] (swapping), [`Relocatable`] (migration), [`SharedMemory`] (objects
-//! other processes map) and [`HostMemory`] (guest RAM prepared for direct copies). A
+//! other processes map), [`HostMemory`] (guest RAM prepared for direct copies) and
+//! [`VirtualMemory`] (CUDA's virtual memory management: reserved ranges, physical
+//! allocations, mappings). A
 //! wrapper (the pager, fault injection, the migration's own wrapper) implements the data
 //! path it changes, forwards the rest ([`forward_backend!`]), and names every capability:
 //! forwarded with one method, or implemented itself where it changes it.
@@ -32,6 +34,7 @@ pub mod pager;
 pub mod sim;
 mod space;
 pub mod storage;
+mod virt;
 
 pub use cuda::{CudaConfig, CudaGpu};
 pub use error::{BackendError, Result};
@@ -40,6 +43,7 @@ pub use module_table::{MAX_MODULES, MAX_MODULE_MEMORY};
 pub use sim::{SimConfig, SimGpu};
 pub use vgpu_proto::{Access, ArgValue, FunctionAttributes, ParamLayout};
 pub use vgpu_sync as sync;
+pub use virt::{GRANULARITY as VMM_GRANULARITY, MAX_OBJECTS as MAX_VMM_OBJECTS};
 
 /// What [`forward_backend!`] expands to needs; not part of the API.
 #[doc(hidden)]
@@ -87,6 +91,15 @@ pub struct BackendInfo {
 pub struct Allocated {
     /// Its device address (2 MiB aligned, stable for its life).
     pub addr: u64,
+    /// Bytes charged against device memory.
+    pub charged: u64,
+}
+
+/// A fresh physical allocation ([`VirtualMemory::create`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// Its handle (never 0, never reused).
+    pub handle: u64,
     /// Bytes charged against device memory.
     pub charged: u64,
 }
@@ -261,6 +274,11 @@ pub trait Backend: Send + Sync {
     /// The host memory registration capability: preparing guest RAM once for direct
     /// copies. `None`: nothing to prepare (sim copies with the CPU); copies work anyway.
     fn host_memory(&self) -> Option<&dyn HostMemory>;
+
+    /// The virtual memory management capability (CUDA's `cuMemAddressReserve`,
+    /// `cuMemCreate`, `cuMemMap`): address ranges reserved apart from memory, physical
+    /// allocations mapped into them. `None`: it cannot.
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory>;
 }
 
 /// One launch alone, for every [`Backend`]: [`Backend::launch`] with a slice of one.
@@ -383,6 +401,83 @@ pub trait SharedMemory: Send + Sync {
     /// `handle` is the object's file descriptor (sim: a memfd; cuda: an exportable
     /// allocation handle).
     fn import(&self, handle: OwnedFd, size: u64, read_only: bool) -> Result<u64>;
+}
+
+/// CUDA's virtual memory management on a vGPU. Reached through
+/// [`Backend::virtual_memory`].
+///
+/// A reserved range takes addresses out of the vGPU's address space (nothing is charged);
+/// a physical allocation is charged to the vGPU's memory like [`Backend::alloc`] and lives
+/// while a handle reference or a mapping holds it; a mapping is then an allocation like
+/// any other at its address for copies, memsets, kernel pointers and pointer checks (a
+/// range inside one mapping), which [`Backend::free`] refuses. Sizes, addresses and
+/// alignments are multiples of [`VMM_GRANULARITY`]; everything is checked before anything
+/// changes, and what is wrong answers `InvalidArgument`.
+pub trait VirtualMemory: Send + Sync {
+    /// Reserves `size` bytes of device addresses aligned to `align` (0: the granularity;
+    /// else a power of two), at `hint` when that range is free and aligned (0: anywhere).
+    fn reserve(&self, size: u64, align: u64, hint: u64) -> Result<u64>;
+
+    /// Frees a reserved range, whole, once no mapping is left in it.
+    fn free_range(&self, addr: u64, size: u64) -> Result<()>;
+
+    /// Creates `size` bytes of zeroed physical memory charged to the vGPU; its handle
+    /// (never 0, never reused) and the bytes charged. Past the vGPU's memory:
+    /// `OutOfMemory`.
+    fn create(&self, size: u64) -> Result<Created>;
+
+    /// Drops one reference to a handle; the memory and its charge go when no reference
+    /// and no mapping is left.
+    fn release(&self, handle: u64) -> Result<()>;
+
+    /// Maps `size` bytes of `handle`'s memory from `offset` (0) at `addr`, inside one
+    /// reserved range, over no other mapping.
+    fn map(&self, addr: u64, size: u64, offset: u64, handle: u64) -> Result<()>;
+
+    /// Unmaps every mapping inside `[addr, addr + size)` (at least one, none cut).
+    fn unmap(&self, addr: u64, size: u64) -> Result<()>;
+
+    /// The handle of the allocation mapped at `addr` (any address inside a mapping), with
+    /// one more reference: (handle, allocation size, mapping start, mapping size).
+    fn retain(&self, addr: u64) -> Result<[u64; 4]>;
+
+    /// Reserved ranges, live handles and mappings, together (what a migration would have
+    /// to carry).
+    fn objects(&self) -> usize;
+
+    /// Bytes the live physical allocations charge now.
+    fn charged(&self) -> u64;
+
+    /// Everything this vGPU's virtual memory holds, for a migration to rebuild it on
+    /// another backend at the same addresses under the same handles. Refused
+    /// (`NotSupported`) when a physical allocation holds bytes but is mapped nowhere (a
+    /// migration copies bytes through the mappings).
+    fn snapshot(&self) -> Result<VmmSnapshot>;
+
+    /// Rebuilds `snapshot` on this backend (a migration target with no virtual memory
+    /// objects yet): the same reserved ranges, handles with their references, and
+    /// mappings (zeroed: the migration copies the bytes through them).
+    fn restore(&self, snapshot: &VmmSnapshot) -> Result<()>;
+}
+
+/// What a vGPU's virtual memory holds ([`VirtualMemory::snapshot`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmmSnapshot {
+    /// Reserved ranges: (first address, size).
+    pub ranges: Vec<(u64, u64)>,
+    /// Physical allocations: (handle, size, references; 0 when only mappings hold it).
+    pub allocations: Vec<(u64, u64, u64)>,
+    /// Mappings: (first address, size, handle).
+    pub maps: Vec<(u64, u64, u64)>,
+    /// The next handle the backend hands out (handles are never reused).
+    pub next_handle: u64,
+}
+
+impl VmmSnapshot {
+    /// Whether there is nothing to carry.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.allocations.is_empty() && self.maps.is_empty()
+    }
 }
 
 /// Guest RAM prepared once as the source or destination of copies. Reached through

@@ -57,6 +57,21 @@ impl Holes {
         true
     }
 
+    /// Takes the first `len` bytes whose address `base + offset` is a multiple of
+    /// `align`; the offset.
+    pub fn take_aligned(&self, base: u64, len: u64, align: u64) -> Option<u64> {
+        let found = {
+            let holes = lock(&self.0);
+            holes.iter().find_map(|(&off, &hlen)| {
+                let addr = base.checked_add(off)?;
+                let start = addr.checked_add(align - 1)? / align * align - base;
+                let end = start.checked_add(len)?;
+                (end <= off.checked_add(hlen)?).then_some(start)
+            })
+        };
+        found.filter(|start| self.take_at(*start, len))
+    }
+
     /// Returns `off..off+len`, merging it with its neighbours.
     pub fn give(&self, off: u64, len: u64) {
         let mut holes = lock(&self.0);
@@ -178,6 +193,12 @@ impl Ledger {
     /// Takes exactly `off..off + len` if it is free.
     pub fn take_hole_at(&self, off: u64, len: u64) -> bool {
         self.holes.take_at(off, len)
+    }
+
+    /// Takes the first free `len` bytes whose address `base + offset` is a multiple of
+    /// `align` (a power of two); the offset.
+    pub fn take_hole_aligned(&self, base: u64, len: u64, align: u64) -> Option<u64> {
+        self.holes.take_aligned(base, len, align)
     }
 
     /// Frees `off..off + len`.
@@ -401,6 +422,25 @@ mod tests {
         assert!(!h.take_at(90, 20), "runs past the end");
         assert_eq!(h.take(40), Some(0));
         assert_eq!(h.take(40), Some(60));
+    }
+
+    #[test]
+    fn aligned_takes_skip_to_the_next_aligned_address() {
+        let h = Holes::new(100);
+        assert!(h.take_at(0, 10));
+        // Base 4: address 4 + 10 = 14 is not a multiple of 16; 16 is (offset 12).
+        assert_eq!(h.take_aligned(4, 20, 16), Some(12));
+        assert_eq!(
+            h.take_aligned(4, 50, 16),
+            Some(44),
+            "the next aligned hole that fits"
+        );
+        assert_eq!(
+            h.take_aligned(4, 60, 16),
+            None,
+            "nothing aligned is left that fits"
+        );
+        assert_eq!(h.take(2), Some(10), "the skipped bytes stay free");
     }
 
     #[test]

@@ -16,7 +16,7 @@ const MIB: u64 = 1 << 20;
 
 /// A sim GPU that also takes host memory registrations (sim itself has nothing to prepare,
 /// so it offers no [`HostMemory`]; this one records what it is given), so that the stack
-/// has all four capabilities to hide.
+/// has all five capabilities to hide.
 struct Registering {
     sim: SimGpu,
     registered: Mutex<Vec<HostRegion>>,
@@ -28,7 +28,7 @@ impl Backend for Registering {
     }
     forward_backend!(sim:
         info, memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        launch, synchronize, modules, paging, relocation, shared_memory
+        launch, synchronize, modules, paging, relocation, shared_memory, virtual_memory
     );
 }
 
@@ -48,13 +48,15 @@ impl HostMemory for Registering {
     }
 }
 
-/// Which capabilities `b` offers: paging, relocation, shared memory, host memory.
-fn offered(b: &dyn Backend) -> [bool; 4] {
+/// Which capabilities `b` offers: paging, relocation, shared memory, host memory,
+/// virtual memory.
+fn offered(b: &dyn Backend) -> [bool; 5] {
     [
         b.paging().is_some(),
         b.relocation().is_some(),
         b.shared_memory().is_some(),
         b.host_memory().is_some(),
+        b.virtual_memory().is_some(),
     ]
 }
 
@@ -70,7 +72,7 @@ fn every_layer_of_the_stack_offers_every_capability_of_the_gpu_beneath() {
         .expect("sim"),
         registered: Mutex::new(Vec::new()),
     });
-    assert_eq!(offered(&*gpu), [true; 4], "the GPU beneath has them all");
+    assert_eq!(offered(&*gpu), [true; 5], "the GPU beneath has them all");
     let broker = LocalBroker::new(64 * MIB, 0);
     let pager = Arc::new(Pager::new(gpu.clone(), broker.member(1, 0), 32 * MIB));
     broker.attach(1, &pager);
@@ -83,7 +85,7 @@ fn every_layer_of_the_stack_offers_every_capability_of_the_gpu_beneath() {
         ("failing target", &target),
     ];
     for (name, b) in layers {
-        assert_eq!(offered(b), [true; 4], "{name} hides a capability");
+        assert_eq!(offered(b), [true; 5], "{name} hides a capability");
     }
 
     // What goes in at the top reaches the GPU.
@@ -140,6 +142,17 @@ fn every_layer_of_the_stack_offers_every_capability_of_the_gpu_beneath() {
         2 * GRANULE + a.charged,
         "charged to the share"
     );
+
+    // Virtual memory through every layer: a mapping is device memory the pager tracks.
+    let v = top.virtual_memory().expect("virtual memory");
+    let va = v.reserve(2 * MIB, 0, 0).expect("reserve");
+    let h = v.create(2 * MIB).expect("create").handle;
+    v.map(va, 2 * MIB, 0, h).expect("map");
+    top.check_range(va, 2 * MIB)
+        .expect("the mapping is device memory at every layer");
+    v.unmap(va, 2 * MIB).expect("unmap");
+    v.release(h).expect("release");
+    v.free_range(va, 2 * MIB).expect("free");
 
     // The code path through every layer: the sim's built-in module runs a kernel.
     let m = top

@@ -42,6 +42,7 @@ cuda-migration|check|180|in-process migration tour across GPUs (onto the same GP
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
+vmm|check|120|CUDA's virtual memory management on cuda: the backend's reserved ranges, physical allocations and mappings (copies, memsets, kernels over them, bytes surviving an unmap, two mappings of one allocation, malformed requests refused), and the library's cuMemAddressReserve/cuMemCreate/cuMemMap round over a cuda worker with data, a kernel and the share checked
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cudart|check|540|CUDA runtime programs natively and on process vGPUs of vgpud (cuda), results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
 cudart-bench|bench|300|PyTorch and CuPy figures natively and on a process vGPU of vgpud in the same run, with the goals: bf16 8192^3 matmul TFLOP/s, MLP and CNN training steps, time per small asynchronous op, CuPy elementwise GB/s at 1 MiB and 256 MiB, import-to-first-result time
@@ -144,6 +145,10 @@ step_cuda-migration() { "$(tb cuda)" --nocapture; }
 step_tensor-maps() {
     "$(tb tensor_map)" --nocapture --test-threads 1 &&
         VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_tensor_map)" --nocapture
+}
+step_vmm() {
+    "$(tb virtual_memory)" --nocapture --test-threads 1 &&
+        VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_vmm)" --nocapture
 }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {
@@ -271,8 +276,13 @@ step_cudart() {
                     || { echo "== $prog: vgpuctl vgpu create failed"; rc=1; continue; }
                 id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
                 vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
-                LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$vsock \
-                    VGPU_CUDA_LOG=info timeout 150 "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
+                # JAX's start-up version check asks CUPTI, which needs a private driver
+                # table the library does not provide (docs/cuda-api.md): skipped there.
+                local skip=()
+                [[ $prog == rt-jax ]] && skip=(JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1)
+                env ${skip[@]+"${skip[@]}"} LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+                    VGPU_SOCKET=$vsock VGPU_CUDA_LOG=info timeout 150 "${cmd[@]}" \
+                    >"$d/$prog-$where.log" 2>&1
             fi
             local r=$? secs
             [[ $where == vgpu ]] && "${ctl[@]}" vgpu delete "$id" >/dev/null 2>&1

@@ -70,6 +70,9 @@ pub struct Alloc {
     /// The module owning the range (a module variable from `cuModuleGetGlobal`), 0 for an
     /// allocation: `cuMemFree` refuses a module's range, unloading the module drops it.
     pub module: u64,
+    /// A mapping of the virtual memory management API (`cuMemMap`): `cuMemFree` refuses
+    /// it, `cuMemUnmap` drops it, and it outlives the context it was made in.
+    pub vmm: bool,
 }
 
 pub struct HostAlloc {
@@ -163,6 +166,8 @@ pub struct Driver {
     pub staging: Option<DmaRegion>,
     /// Libraries, memory pools, captures and graphs.
     pub extra: crate::extra::Extra,
+    /// Reserved ranges, physical allocations and mappings (`api/vmm.rs`).
+    pub vmm: crate::api::vmm::Vmm,
     next_handle: u64,
     next_queue: usize,
 }
@@ -271,6 +276,7 @@ impl Driver {
             events: HashMap::new(),
             staging: None,
             extra: crate::extra::Extra::default(),
+            vmm: Default::default(),
             next_handle: FIRST_HANDLE,
             next_queue: 0,
         };
@@ -398,6 +404,31 @@ impl Driver {
         } else {
             Err(res::INVALID_VALUE)
         }
+    }
+
+    /// Checks `ptr..ptr + len` as [`check_device`](Self::check_device) does, but also
+    /// accepts a range across neighbouring mappings of the virtual memory API (each is an
+    /// allocation of its own on the device, though the program sees one contiguous range):
+    /// `None` when the range lies in one allocation, else the pieces, each inside one
+    /// mapping, for the caller to send one by one.
+    pub fn check_pieces(&self, ptr: u64, len: u64) -> Res<Option<Vec<(u64, u64)>>> {
+        let whole = self.check_device(ptr, len);
+        if whole.is_ok() {
+            return Ok(None);
+        }
+        let end = ptr.checked_add(len).ok_or(res::INVALID_VALUE)?;
+        let mut pieces = Vec::new();
+        let mut at = ptr;
+        while at < end {
+            let (base, a) = self.alloc_of(at).ok_or(res::INVALID_VALUE)?;
+            if !a.vmm {
+                return Err(res::INVALID_VALUE);
+            }
+            let n = (base + a.size).min(end) - at;
+            pieces.push((at, n));
+            at += n;
+        }
+        Ok(Some(pieces))
     }
 
     /// The host allocation (from the DMA pool) holding `ptr`: (base, allocation).

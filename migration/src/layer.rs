@@ -6,11 +6,13 @@
 
 use std::os::fd::OwnedFd;
 
+use std::sync::Arc;
 use vgpu_backend::sync::lock;
 use vgpu_backend::{
     copy_to_peer, require_paging, require_relocation, require_shared_memory, Allocated, Backend,
-    BackendError, BackendInfo, DeviceWindow, FunctionInfo, HostMemory, HostRegion, Launch,
+    BackendError, BackendInfo, Created, DeviceWindow, FunctionInfo, HostMemory, HostRegion, Launch,
     LaunchStats, MemoryUsage, ModuleImage, Modules, Paging, Relocatable, Result, SharedMemory,
+    VirtualMemory,
 };
 use vm_memory::VolatileSlice;
 
@@ -151,6 +153,101 @@ impl Backend for Migratable {
 
     fn host_memory(&self) -> Option<&dyn HostMemory> {
         Some(self)
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn VirtualMemory> {
+        self.current()
+            .virtual_memory()
+            .map(|_| self as &dyn VirtualMemory)
+    }
+}
+
+/// Virtual memory management of the backend serving now. A migration inside this process
+/// rebuilds its objects on the target at the switch (same addresses, same handles); a
+/// move to another host does not carry them: one of a vGPU that holds any is refused
+/// ([`MigrationError::VirtualMemory`](crate::MigrationError::VirtualMemory)), and while
+/// such a move runs, new objects are refused.
+impl Migratable {
+    fn vmm_enter(
+        &self,
+        creates: bool,
+    ) -> Result<(std::sync::RwLockReadGuard<'_, ()>, Arc<dyn Backend>)> {
+        let (g, b) = self.enter();
+        if creates && self.vmm_frozen.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(BackendError::NotSupported(
+                "this vGPU is being sent to another host, which does not carry virtual memory objects; retry once the move ended".into(),
+            ));
+        }
+        if b.virtual_memory().is_none() {
+            return Err(BackendError::NotSupported(
+                "the GPU serving this vGPU has no virtual memory management".into(),
+            ));
+        }
+        Ok((g, b))
+    }
+}
+
+/// Reaches the virtual memory of `b` (checked present by `vmm_enter`).
+fn vmm(b: &Arc<dyn Backend>) -> Result<&dyn VirtualMemory> {
+    b.virtual_memory().ok_or_else(|| {
+        BackendError::NotSupported(
+            "the GPU serving this vGPU has no virtual memory management".into(),
+        )
+    })
+}
+
+impl VirtualMemory for Migratable {
+    fn reserve(&self, size: u64, align: u64, hint: u64) -> Result<u64> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.reserve(size, align, hint)
+    }
+
+    fn free_range(&self, addr: u64, size: u64) -> Result<()> {
+        let (_g, b) = self.vmm_enter(false)?;
+        vmm(&b)?.free_range(addr, size)
+    }
+
+    fn create(&self, size: u64) -> Result<Created> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.create(size)
+    }
+
+    fn release(&self, handle: u64) -> Result<()> {
+        let (_g, b) = self.vmm_enter(false)?;
+        vmm(&b)?.release(handle)
+    }
+
+    fn map(&self, addr: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.map(addr, size, offset, handle)
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<()> {
+        let (_g, b) = self.vmm_enter(false)?;
+        vmm(&b)?.unmap(addr, size)
+    }
+
+    fn retain(&self, addr: u64) -> Result<[u64; 4]> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.retain(addr)
+    }
+
+    fn objects(&self) -> usize {
+        self.current().virtual_memory().map_or(0, |v| v.objects())
+    }
+
+    fn charged(&self) -> u64 {
+        self.current().virtual_memory().map_or(0, |v| v.charged())
+    }
+
+    fn snapshot(&self) -> Result<vgpu_backend::VmmSnapshot> {
+        let (_g, b) = self.vmm_enter(false)?;
+        vmm(&b)?.snapshot()
+    }
+
+    fn restore(&self, snapshot: &vgpu_backend::VmmSnapshot) -> Result<()> {
+        let (_g, b) = self.vmm_enter(true)?;
+        vmm(&b)?.restore(snapshot)
     }
 }
 

@@ -55,6 +55,10 @@ pub enum MigrationError {
     /// The vGPU maps shared device memory, which stays on its GPU.
     #[error("the vGPU has {0} shared memory mapping(s); shared objects live on one GPU, so detach them (SHM_DT) before migrating")]
     SharedMappings(usize),
+    /// The vGPU holds objects of CUDA's virtual memory management API, which a move to
+    /// another host does not carry (a migration between GPUs of one host does).
+    #[error("the vGPU holds {0} virtual memory object(s) (reserved address ranges, physical allocations, mappings: cuMemAddressReserve, cuMemCreate, cuMemMap); a move to another host does not carry them, so release them (cuMemUnmap, cuMemRelease, cuMemAddressFree), end the program, or move the vGPU to another GPU of this host")]
+    VirtualMemory(usize),
     /// Another migration of this vGPU is running.
     #[error("a migration of this vGPU is already running; wait for it to finish")]
     Busy,

@@ -75,6 +75,8 @@ pub struct Migratable {
     pub(crate) next_handle: AtomicU64,
     pub(crate) epoch: AtomicU64,
     pub(crate) migrating: AtomicBool,
+    /// A move to another host runs: no new virtual memory objects (it cannot carry them).
+    pub(crate) vmm_frozen: AtomicBool,
 }
 
 impl std::fmt::Debug for Migratable {
@@ -102,7 +104,21 @@ impl Migratable {
             next_handle: AtomicU64::new(1),
             epoch: AtomicU64::new(1),
             migrating: AtomicBool::new(false),
+            vmm_frozen: AtomicBool::new(false),
         }
+    }
+
+    /// Refuses a move to another host of a vGPU that holds virtual memory objects, and
+    /// freezes them (`vmm_frozen`, set by the caller): operations that started before
+    /// the freeze finish first (the dispatch lock, taken once exclusively), new ones see
+    /// it and refuse.
+    pub(crate) fn refuse_virtual_memory(&self) -> std::result::Result<(), MigrationError> {
+        drop(write(&self.dispatch));
+        let n = self.current().virtual_memory().map_or(0, |v| v.objects());
+        if n > 0 {
+            return Err(MigrationError::VirtualMemory(n));
+        }
+        Ok(())
     }
 
     /// The backend serving now.
@@ -313,6 +329,48 @@ impl Mover<'_> {
     }
 }
 
+impl Mover<'_> {
+    /// Rebuilds the source's virtual memory objects on the target (dispatch is stopped):
+    /// the same reserved ranges, handles and mappings at the same addresses, then each
+    /// physical allocation's bytes copied through one of its mappings (two mappings of one
+    /// allocation share it on the target too).
+    fn move_virtual_memory(&mut self) -> std::result::Result<(), MigrationError> {
+        let Some(src) = self.source.virtual_memory() else {
+            return Ok(());
+        };
+        let snap = src.snapshot().map_err(MigrationError::Source)?;
+        if snap.is_empty() {
+            return Ok(());
+        }
+        self.target
+            .virtual_memory()
+            .ok_or_else(|| {
+                BackendError::NotSupported("the target GPU has no virtual memory management".into())
+            })
+            .and_then(|t| t.restore(&snap))
+            .map_err(Self::target_err(
+                "rebuilding the virtual memory objects".into(),
+            ))?;
+        let mut copied = BTreeSet::new();
+        for &(addr, size, handle) in &snap.maps {
+            if !copied.insert(handle) {
+                continue;
+            }
+            copy_to_peer(&*self.source, &*self.target, addr, size).map_err(Self::target_err(
+                format!("copying the mapping at {addr:#x}"),
+            ))?;
+            self.bytes += size;
+        }
+        tracing::debug!(
+            ranges = snap.ranges.len(),
+            allocations = snap.allocations.len(),
+            maps = snap.maps.len(),
+            "virtual memory moved"
+        );
+        Ok(())
+    }
+}
+
 impl Migratable {
     /// Moves the vGPU onto `target` (a fresh backend of the target GPU with the same
     /// address space). `progress` hears about every step. On error the vGPU stays on its
@@ -434,6 +492,8 @@ impl Migratable {
                     m.copy_one(*addr, *size, dec)?;
                 }
             }
+            // The virtual memory objects, rebuilt whole while stopped.
+            m.move_virtual_memory()?;
             // Modules and functions under the same guest handles.
             let mut modules = lock(&self.modules);
             let mut functions = lock(&self.functions);

@@ -67,6 +67,7 @@ pub struct RemoteSender<'m, S: Read + Write> {
 
 impl<S: Read + Write> Drop for RemoteSender<'_, S> {
     fn drop(&mut self) {
+        self.src.vmm_frozen.store(false, Ordering::Release);
         self.src.migrating.store(false, Ordering::Release);
     }
 }
@@ -87,6 +88,8 @@ impl Migratable {
         if shared > 0 {
             return Err(MigrationError::SharedMappings(shared));
         }
+        self.vmm_frozen.store(true, Ordering::Release);
+        self.refuse_virtual_memory()?;
         if token.len() > MAX_TOKEN {
             return Err(MigrationError::Stream(format!(
                 "the token is longer than {MAX_TOKEN} bytes"
@@ -121,6 +124,7 @@ struct ReleaseOnError<'a>(&'a Migratable);
 
 impl Drop for ReleaseOnError<'_> {
     fn drop(&mut self) {
+        self.0.vmm_frozen.store(false, Ordering::Release);
         self.0.migrating.store(false, Ordering::Release);
     }
 }

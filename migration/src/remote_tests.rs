@@ -346,3 +346,17 @@ fn a_refused_oversubscribed_move_leaves_the_pager_there_empty() {
     assert_eq!(dst_p.state().used, 0);
     assert_eq!(dst_m.current().memory_usage().used, 0);
 }
+
+#[test]
+fn a_move_to_another_host_refuses_virtual_memory() {
+    let src = Arc::new(Migratable::new(sim(64 * MIB)));
+    let v = src.virtual_memory().expect("virtual memory");
+    let va = v.reserve(2 * MIB, 0, 0).expect("reserve");
+    let (s, _d) = UnixStream::pair().expect("pair");
+    let e = src.send_to(s, b"k").map(drop).expect_err("not carried");
+    assert!(matches!(e, MigrationError::VirtualMemory(1)), "{e}");
+    assert!(e.to_string().contains("cuMemAddressFree"), "{e}");
+    // Nothing frozen afterwards: the vGPU goes on making objects.
+    let h = v.create(2 * MIB).expect("create after the refusal").handle;
+    v.map(va, 2 * MIB, 0, h).expect("map");
+}

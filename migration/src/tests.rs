@@ -226,6 +226,86 @@ fn shared_mappings_refuse_to_move() {
 }
 
 #[test]
+fn virtual_memory_moves_with_its_addresses_handles_and_bytes() {
+    for mode in [Mode::Precopy, Mode::StopCopy] {
+        let m = Migratable::new(sim(64 * MIB));
+        let v = m.virtual_memory().expect("virtual memory");
+        let va = v.reserve(16 * MIB, 0, 0).expect("reserve");
+        let a = v.create(4 * MIB).expect("create a");
+        let b = v.create(2 * MIB).expect("create b");
+        v.map(va, 4 * MIB, 0, a.handle).expect("map a");
+        // b twice: one allocation, two addresses.
+        v.map(va + 4 * MIB, 2 * MIB, 0, b.handle).expect("map b");
+        v.map(va + 8 * MIB, 2 * MIB, 0, b.handle)
+            .expect("map b again");
+        v.release(b.handle).expect("only the mappings hold b");
+        put(&m, va, &pattern(7, 4 << 20));
+        put(&m, va + 4 * MIB, &pattern(8, 2 << 20));
+        let used = m.memory_usage().used;
+        m.migrate(sim(64 * MIB), &opts(mode), |_| {})
+            .expect("migrate");
+        assert_eq!(
+            m.memory_usage().used,
+            used,
+            "{mode:?}: charged the same there"
+        );
+        assert_eq!(
+            get(&m, va, 4 << 20),
+            pattern(7, 4 << 20),
+            "{mode:?}: a's bytes"
+        );
+        assert_eq!(
+            get(&m, va + 8 * MIB, 2 << 20),
+            pattern(8, 2 << 20),
+            "{mode:?}: b's bytes at its other address"
+        );
+        // Still one allocation behind b's two mappings.
+        put(&m, va + 4 * MIB, &[9u8; 16]);
+        assert_eq!(
+            get(&m, va + 8 * MIB, 16),
+            vec![9u8; 16],
+            "{mode:?}: aliases"
+        );
+        // The handles the guest holds work there; new ones never collide.
+        let v = m.virtual_memory().expect("virtual memory");
+        let [h, ..] = v.retain(va + 8 * MIB).expect("retain b");
+        assert_eq!(h, b.handle);
+        let c = v.create(2 * MIB).expect("create c");
+        assert!(c.handle > b.handle, "{mode:?}: handles are never reused");
+        for h in [a.handle, b.handle, c.handle] {
+            v.release(h).expect("release");
+        }
+        v.unmap(va, 16 * MIB).expect("unmap");
+        v.free_range(va, 16 * MIB).expect("free");
+        m.synchronize();
+        assert_eq!(v.objects(), 0);
+    }
+}
+
+#[test]
+fn an_allocation_mapped_nowhere_with_bytes_refuses_to_move() {
+    let m = Migratable::new(sim(64 * MIB));
+    let v = m.virtual_memory().expect("virtual memory");
+    let va = v.reserve(2 * MIB, 0, 0).expect("reserve");
+    let a = v.create(2 * MIB).expect("create");
+    v.map(va, 2 * MIB, 0, a.handle).expect("map");
+    put(&m, va, &pattern(5, 2 << 20));
+    v.unmap(va, 2 * MIB)
+        .expect("unmap: the handle keeps the bytes");
+    let e = m
+        .migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect_err("bytes it cannot copy");
+    assert!(matches!(e, MigrationError::Source(_)), "{e}");
+    assert!(e.to_string().contains("mapped nowhere"), "{e}");
+    // Still here, whole: mapped again, the bytes are there.
+    v.map(va, 2 * MIB, 0, a.handle).expect("map again");
+    assert_eq!(get(&m, va, 2 << 20), pattern(5, 2 << 20));
+    m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("movable once mapped");
+    assert_eq!(get(&m, va, 2 << 20), pattern(5, 2 << 20));
+}
+
+#[test]
 fn an_idle_vgpu_is_copied_once_and_nothing_is_left_for_the_stop() {
     let m = Migratable::new(sim(64 * MIB));
     let bufs: Vec<u64> = (0..4)

@@ -402,3 +402,49 @@ fn module_variables_keep_their_values_and_addresses_across_moves() {
     }
     m.modules().module_unload(module).expect("unload");
 }
+
+#[test]
+fn virtual_memory_tours_the_gpus_at_its_addresses() {
+    let Some(n) = gpus() else { return };
+    let base = va_base();
+    let mig = Migratable::new(gpu(0, base, false));
+    let v = mig.virtual_memory().expect("virtual memory on the GPU");
+    let va = v.reserve(32 * MIB, 0, 0).expect("reserve");
+    let a = v.create(8 * MIB).expect("create a");
+    let b = v.create(4 * MIB).expect("create b");
+    v.map(va, 8 * MIB, 0, a.handle).expect("map a");
+    v.map(va + 8 * MIB, 4 * MIB, 0, b.handle).expect("map b");
+    v.map(va + 16 * MIB, 4 * MIB, 0, b.handle)
+        .expect("map b a second time");
+    v.release(b.handle).expect("only the mappings hold b");
+    put(&mig, va, &pattern(21, 8 << 20));
+    put(&mig, va + 8 * MIB, &pattern(22, 4 << 20));
+    let used = mig.memory_usage().used;
+    for (i, t) in tour(n).into_iter().take(3).enumerate() {
+        let mode = if i % 2 == 0 {
+            Mode::Precopy
+        } else {
+            Mode::StopCopy
+        };
+        mig.migrate(gpu(t, base, true), &opts(mode), |_| {})
+            .expect("migrate");
+        assert_eq!(mig.memory_usage().used, used, "move {i}: charged the same");
+        assert_eq!(get(&mig, va, 8 << 20), pattern(21, 8 << 20), "move {i}: a");
+        assert_eq!(
+            get(&mig, va + 16 * MIB, 4 << 20),
+            pattern(22, 4 << 20),
+            "move {i}: b at its second address"
+        );
+    }
+    // Still one allocation behind b's two mappings, and the handles work.
+    put(&mig, va + 8 * MIB, &[0x5a; 64]);
+    assert_eq!(get(&mig, va + 16 * MIB, 64), vec![0x5a; 64]);
+    let v = mig.virtual_memory().expect("virtual memory");
+    assert_eq!(v.retain(va + 16 * MIB).expect("retain")[0], b.handle);
+    v.release(b.handle).expect("release b");
+    v.release(a.handle).expect("release a");
+    v.unmap(va, 32 * MIB).expect("unmap");
+    v.free_range(va, 32 * MIB).expect("free");
+    mig.synchronize();
+    assert_eq!(v.objects(), 0);
+}

@@ -105,7 +105,7 @@ impl Backend for Recording {
     }
     vgpu_backend::forward_backend!(sim:
         memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
-        synchronize, paging, relocation, shared_memory, host_memory
+        synchronize, paging, relocation, shared_memory, host_memory, virtual_memory
     );
 }
 

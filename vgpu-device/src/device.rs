@@ -62,7 +62,7 @@ pub struct Vgpu {
     pub(crate) space: VgpuConfig,
     events: Events,
     pub(crate) stats: Stats,
-    alloc_lock: Mutex<()>,
+    pub(crate) alloc_lock: Mutex<()>,
     /// Asked before every copy and kernel: the GPU's scheduler in vgpud decides when it
     /// may start (BAND). A worker started by hand runs ungated.
     pub(crate) gate: Arc<dyn Gate>,
@@ -92,7 +92,13 @@ impl Vgpu {
     pub fn new(config: DeviceConfig, backend: Arc<dyn Backend>) -> Result<Self, ConfigError> {
         config.validate()?;
         let info = backend.info();
-        let space = config.config_space(info.features, info.va_base, info.va_size);
+        let mut space = config.config_space(info.features, info.va_base, info.va_size);
+        // Virtual memory management is offered when the whole backend stack offers it.
+        if backend.virtual_memory().is_some() {
+            space.features |= features::VIRTUAL_MEMORY;
+        } else {
+            space.features &= !features::VIRTUAL_MEMORY;
+        }
         let batches = (0..config.num_queues)
             .map(|_| Mutex::new(LaunchBatch::default()))
             .collect();
@@ -347,6 +353,13 @@ impl Vgpu {
                 ])
             }
             Request::EncodeTensorMap(map) => self.encode_tensor_map(mem, chain, map),
+            Request::VaReserve(_)
+            | Request::VaFree(_)
+            | Request::MemCreate(_)
+            | Request::MemRelease(_)
+            | Request::MemMap(_)
+            | Request::MemUnmap(_)
+            | Request::MemRetain(_) => self.vmm_request(req),
         }
     }
 

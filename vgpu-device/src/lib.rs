@@ -26,6 +26,7 @@ mod storage;
 mod tensor_map;
 pub mod timeline;
 mod vhost;
+mod vmm;
 
 #[cfg(test)]
 mod batch_tests;

@@ -159,6 +159,13 @@ fn detach(req: Request<'_>) -> Result<Request<'static>, vgpu_proto::LaunchReques
         R::ShmCtl(a) => R::ShmCtl(a),
         R::StorageAttach(a) => R::StorageAttach(a),
         R::EncodeTensorMap(a) => R::EncodeTensorMap(a),
+        R::VaReserve(a) => R::VaReserve(a),
+        R::VaFree(a) => R::VaFree(a),
+        R::MemCreate(a) => R::MemCreate(a),
+        R::MemRelease(a) => R::MemRelease(a),
+        R::MemMap(a) => R::MemMap(a),
+        R::MemUnmap(a) => R::MemUnmap(a),
+        R::MemRetain(a) => R::MemRetain(a),
     })
 }
 

@@ -631,3 +631,6 @@ mod params;
 
 #[path = "tensor_map_tests.rs"]
 mod tensor_maps;
+
+#[path = "vmm_tests.rs"]
+mod virtual_memory;

@@ -279,3 +279,91 @@ wire_struct! {
         pub flags: u64,
     }
 }
+
+wire_struct! {
+    /// `VA_RESERVE` (since 1.5): result[0] = the first address of the reserved range.
+    /// Nothing is charged: a reservation holds addresses, not memory. `size` and `align`
+    /// are multiples of [`crate::VMM_GRANULARITY`]; `hint` is taken when that range is
+    /// free and aligned, else the range goes wherever it fits.
+    pub struct VaReserveArgs, size 32 {
+        /// Bytes, > 0.
+        pub size: u64,
+        /// Alignment of the range's start; 0 = the granularity; else a power of two.
+        pub align: u64,
+        /// Preferred first address; 0 = none.
+        pub hint: u64,
+        /// Must be 0.
+        pub flags: u64,
+    }
+}
+
+wire_struct! {
+    /// `VA_FREE` (since 1.5): frees a whole reserved range that no mapping uses any more.
+    pub struct VaFreeArgs, size 16 {
+        /// The address `VA_RESERVE` returned.
+        pub addr: u64,
+        /// The size it was reserved with.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEM_CREATE` (since 1.5): result[0] = the allocation's handle (never 0), result[1] =
+    /// bytes charged to the share (as `ALLOC` charges them). The memory is zero-filled.
+    pub struct MemCreateArgs, size 16 {
+        /// Bytes, > 0, a multiple of [`crate::VMM_GRANULARITY`].
+        pub size: u64,
+        /// Must be 0.
+        pub flags: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEM_RELEASE` (since 1.5): drops one reference to a handle (`MEM_CREATE` made one,
+    /// each `MEM_RETAIN` one more). The memory and its charge go once no reference and no
+    /// mapping is left.
+    pub struct MemReleaseArgs, size 8 {
+        /// The handle.
+        pub handle: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEM_MAP` (since 1.5): maps `size` bytes of the allocation `handle` from `offset`
+    /// at `addr`. The range lies inside one reserved range, overlaps no mapping, and
+    /// `addr`, `size` are multiples of [`crate::VMM_GRANULARITY`]; `offset` is 0 (as the
+    /// CUDA driver requires) and `size` at most the allocation's. The mapping is then an
+    /// allocation like `ALLOC`'s for copies, memsets and kernel pointers (a range inside
+    /// one mapping); `FREE` refuses it.
+    pub struct MemMapArgs, size 32 {
+        /// First device address.
+        pub addr: u64,
+        /// Bytes.
+        pub size: u64,
+        /// Offset into the allocation: 0.
+        pub offset: u64,
+        /// The handle `MEM_CREATE` or `MEM_RETAIN` returned.
+        pub handle: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEM_UNMAP` (since 1.5): unmaps every mapping inside `[addr, addr + size)`; the
+    /// range must hold at least one and cut none.
+    pub struct MemUnmapArgs, size 16 {
+        /// First device address.
+        pub addr: u64,
+        /// Bytes.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// `MEM_RETAIN` (since 1.5): result[0] = the handle of the allocation mapped at `addr`
+    /// (one more reference: release it with `MEM_RELEASE`), result[1] = the allocation's
+    /// size, result[2] = the mapping's first address, result[3] = the mapping's size.
+    pub struct MemRetainArgs, size 8 {
+        /// Any address inside a mapping.
+        pub addr: u64,
+    }
+}

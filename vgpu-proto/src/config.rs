@@ -50,6 +50,10 @@ pub mod features {
     /// `ENCODE_TENSOR_MAP` encodes TMA tensor map descriptors with the GPU's driver (a
     /// GPU of compute capability 9.0 or higher). Since 1.4.
     pub const TENSOR_MAPS: u64 = 1 << 14;
+    /// `VA_RESERVE`, `VA_FREE`, `MEM_CREATE`, `MEM_RELEASE`, `MEM_MAP`, `MEM_UNMAP` and
+    /// `MEM_RETAIN` work: CUDA's virtual memory management (address ranges reserved apart
+    /// from physical memory, physical allocations mapped into them). Since 1.5.
+    pub const VIRTUAL_MEMORY: u64 = 1 << 15;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

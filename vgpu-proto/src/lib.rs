@@ -44,7 +44,7 @@ pub use wire::WireError;
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 4;
+pub const VERSION_MINOR: u16 = 5;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 
@@ -66,8 +66,14 @@ pub const MAX_SYMBOL_LEN: u64 = 4096;
 pub const MAX_MODULE_BYTES: u64 = 64 << 20;
 /// Alignment of every device allocation's start address.
 pub const DEVICE_ALLOC_ALIGN: u64 = 2 << 20;
+/// Granularity of the virtual memory operations (since 1.5): sizes, addresses and
+/// alignments of `VA_RESERVE`, `MEM_CREATE` and `MEM_MAP` are multiples of it (the CUDA
+/// driver's minimum and recommended granularity for device memory on the GPUs vgpu runs on).
+pub const VMM_GRANULARITY: u64 = DEVICE_ALLOC_ALIGN;
 
 #[cfg(test)]
 mod tensor_map_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod vmm_tests;

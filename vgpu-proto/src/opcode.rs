@@ -66,11 +66,27 @@ pub enum Opcode {
     /// memory ([`crate::TensorMapArgs`]; the 128 bytes into one writable data
     /// descriptor). Since 1.4 (`features::TENSOR_MAPS`).
     EncodeTensorMap = 0x0900,
+    /// Reserve a range of device addresses without memory ([`crate::VaReserveArgs`]).
+    /// Since 1.5 (`features::VIRTUAL_MEMORY`), as are the six below.
+    VaReserve = 0x0A00,
+    /// Free a reserved range ([`crate::VaFreeArgs`]).
+    VaFree = 0x0A01,
+    /// Create a physical allocation, charged to the share ([`crate::MemCreateArgs`]).
+    MemCreate = 0x0A02,
+    /// Release a physical allocation's handle ([`crate::MemReleaseArgs`]).
+    MemRelease = 0x0A03,
+    /// Map a physical allocation into a reserved range ([`crate::MemMapArgs`]).
+    MemMap = 0x0A04,
+    /// Unmap a mapped range ([`crate::MemUnmapArgs`]).
+    MemUnmap = 0x0A05,
+    /// Retain the handle of the physical allocation mapped at an address
+    /// ([`crate::MemRetainArgs`]).
+    MemRetain = 0x0A06,
 }
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 26] = [
+    pub const ALL: [Opcode; 33] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -97,6 +113,13 @@ impl Opcode {
         Opcode::ShmCtl,
         Opcode::StorageAttach,
         Opcode::EncodeTensorMap,
+        Opcode::VaReserve,
+        Opcode::VaFree,
+        Opcode::MemCreate,
+        Opcode::MemRelease,
+        Opcode::MemMap,
+        Opcode::MemUnmap,
+        Opcode::MemRetain,
     ];
 
     /// The opcode with this wire value, if any.
@@ -133,6 +156,13 @@ impl Opcode {
             Opcode::ShmCtl => "SHM_CTL",
             Opcode::StorageAttach => "STORAGE_ATTACH",
             Opcode::EncodeTensorMap => "ENCODE_TENSOR_MAP",
+            Opcode::VaReserve => "VA_RESERVE",
+            Opcode::VaFree => "VA_FREE",
+            Opcode::MemCreate => "MEM_CREATE",
+            Opcode::MemRelease => "MEM_RELEASE",
+            Opcode::MemMap => "MEM_MAP",
+            Opcode::MemUnmap => "MEM_UNMAP",
+            Opcode::MemRetain => "MEM_RETAIN",
         }
     }
 

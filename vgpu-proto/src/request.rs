@@ -107,6 +107,20 @@ pub enum Request<'a> {
     StorageAttach(StorageAttachArgs),
     /// `ENCODE_TENSOR_MAP`.
     EncodeTensorMap(crate::TensorMapArgs),
+    /// `VA_RESERVE`.
+    VaReserve(VaReserveArgs),
+    /// `VA_FREE`.
+    VaFree(VaFreeArgs),
+    /// `MEM_CREATE`.
+    MemCreate(MemCreateArgs),
+    /// `MEM_RELEASE`.
+    MemRelease(MemReleaseArgs),
+    /// `MEM_MAP`.
+    MemMap(MemMapArgs),
+    /// `MEM_UNMAP`.
+    MemUnmap(MemUnmapArgs),
+    /// `MEM_RETAIN`.
+    MemRetain(MemRetainArgs),
 }
 
 /// Why a header descriptor could not be parsed.
@@ -267,6 +281,13 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::EncodeTensorMap => {
             fixed!(op, body, crate::TensorMapArgs, Request::EncodeTensorMap)
         }
+        Opcode::VaReserve => fixed!(op, body, VaReserveArgs, Request::VaReserve),
+        Opcode::VaFree => fixed!(op, body, VaFreeArgs, Request::VaFree),
+        Opcode::MemCreate => fixed!(op, body, MemCreateArgs, Request::MemCreate),
+        Opcode::MemRelease => fixed!(op, body, MemReleaseArgs, Request::MemRelease),
+        Opcode::MemMap => fixed!(op, body, MemMapArgs, Request::MemMap),
+        Opcode::MemUnmap => fixed!(op, body, MemUnmapArgs, Request::MemUnmap),
+        Opcode::MemRetain => fixed!(op, body, MemRetainArgs, Request::MemRetain),
     })
 }
 
@@ -334,6 +355,13 @@ impl Request<'_> {
             Request::ShmCtl(_) => Opcode::ShmCtl,
             Request::StorageAttach(_) => Opcode::StorageAttach,
             Request::EncodeTensorMap(_) => Opcode::EncodeTensorMap,
+            Request::VaReserve(_) => Opcode::VaReserve,
+            Request::VaFree(_) => Opcode::VaFree,
+            Request::MemCreate(_) => Opcode::MemCreate,
+            Request::MemRelease(_) => Opcode::MemRelease,
+            Request::MemMap(_) => Opcode::MemMap,
+            Request::MemUnmap(_) => Opcode::MemUnmap,
+            Request::MemRetain(_) => Opcode::MemRetain,
         }
     }
 
@@ -412,6 +440,13 @@ impl Request<'_> {
             Request::ShmCtl(a) => w.bytes(&a.to_bytes())?,
             Request::StorageAttach(a) => w.bytes(&a.to_bytes())?,
             Request::EncodeTensorMap(a) => w.bytes(&a.to_bytes())?,
+            Request::VaReserve(a) => w.bytes(&a.to_bytes())?,
+            Request::VaFree(a) => w.bytes(&a.to_bytes())?,
+            Request::MemCreate(a) => w.bytes(&a.to_bytes())?,
+            Request::MemRelease(a) => w.bytes(&a.to_bytes())?,
+            Request::MemMap(a) => w.bytes(&a.to_bytes())?,
+            Request::MemUnmap(a) => w.bytes(&a.to_bytes())?,
+            Request::MemRetain(a) => w.bytes(&a.to_bytes())?,
         }
         Ok(w.pos())
     }

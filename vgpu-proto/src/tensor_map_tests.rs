@@ -74,7 +74,7 @@ fn the_request_round_trips_and_answers_into_one_writable_descriptor() {
         .map(|_| ())
         .map_err(|(_, e)| e.status());
     assert_eq!(short, Err(Status::BadLength));
-    assert_eq!(VERSION_MINOR, 4);
+    const { assert!(VERSION_MINOR >= 4) };
     assert_eq!(features::TENSOR_MAPS, 1 << 14);
 }
 

@@ -28,10 +28,14 @@ use super::vmm::{access_desc, alloc_prop, can_access_peer, granularity, mem_info
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
 use crate::sync::{get_mut, lock, read, write};
+use crate::virt::{MapGuard, Vmm};
 use crate::MemoryUsage;
 
 #[path = "shm.rs"]
 mod shm;
+#[path = "vmm_space.rs"]
+mod vmm_space;
+pub(crate) use vmm_space::CudaPhys;
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
@@ -200,6 +204,10 @@ pub struct Allocation {
     imported: bool,
     /// Mapped without write access for our GPU (a read-only shared object attachment).
     read_only: bool,
+    /// A mapping of a physical allocation (virtual memory management): not charged here
+    /// (the physical allocation is), never swapped, `free` refuses it; its range belongs
+    /// to its reserved range, not to the free holes.
+    vmm: Option<MapGuard>,
 }
 
 impl Extent for Allocation {
@@ -265,8 +273,14 @@ impl Drop for Allocation {
             Some(h) => unmap_release(&self.space.ctx, slot.at, self.mapped, h),
             None => true,
         };
-        let hole = reusable.then(|| (self.addr - self.space.home.base, self.mapped));
-        let charged = if self.imported { 0 } else { self.mapped };
+        // A mapping's addresses go back to its reserved range (its guard), not the holes.
+        let hole = (reusable && self.vmm.is_none())
+            .then(|| (self.addr - self.space.home.base, self.mapped));
+        let charged = if self.imported || self.vmm.is_some() {
+            0
+        } else {
+            self.mapped
+        };
         self.space.ledger.released(hole, charged);
         tracing::trace!(addr = self.addr, size = self.size, "device memory released");
     }
@@ -277,6 +291,7 @@ impl Drop for Allocation {
 pub struct DeviceMemory {
     space: Arc<Space>,
     table: AllocTable<Allocation>,
+    vmm: Vmm<CudaPhys>,
 }
 
 impl DeviceMemory {
@@ -352,6 +367,7 @@ impl DeviceMemory {
                 ledger: Ledger::new(va_size / granularity * granularity, capacity),
             }),
             table: AllocTable::default(),
+            vmm: Vmm::default(),
         })
     }
 
@@ -490,6 +506,7 @@ impl DeviceMemory {
             space: sp.clone(),
             imported: false,
             read_only: false,
+            vmm: None,
         })
     }
 
@@ -509,6 +526,10 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. Its memory is unmapped
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
+        if self.table.exact(addr)?.vmm.is_some() {
+            // A mapping goes with MEM_UNMAP.
+            return Err(BackendError::NotAllocated { addr });
+        }
         let a = self.table.remove(addr)?;
         tracing::debug!(addr, size = a.size, "freed");
         Ok(())
@@ -536,9 +557,9 @@ impl DeviceMemory {
     /// `len` its mapped size).
     fn whole(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
         let a = self.table.exact(addr)?;
-        if a.imported {
+        if a.imported || a.vmm.is_some() {
             return Err(BackendError::NotSupported(
-                "shared objects stay resident; only owned allocations are swapped".into(),
+                "shared objects and mapped physical allocations stay resident; only owned allocations are swapped".into(),
             ));
         }
         if off != 0 || len != a.mapped {

@@ -35,6 +35,7 @@ mod pinned;
 mod relocation;
 mod storage;
 mod tensor_map;
+mod virtual_memory;
 mod vmm;
 
 use std::ffi::c_void;
@@ -619,6 +620,12 @@ impl Backend for CudaGpu {
 
     fn host_memory(&self) -> Option<&dyn HostMemory> {
         Some(self)
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {
+        self.mem
+            .vmm_usable()
+            .then_some(self as &dyn crate::VirtualMemory)
     }
 }
 

@@ -69,6 +69,7 @@ impl DeviceMemory {
                 space: sp.clone(),
                 imported: true,
                 read_only,
+                vmm: None,
             }),
         );
         tracing::debug!(addr, size, read_only, "shared object mapped");

@@ -14,8 +14,8 @@ use super::entry::Entry;
 use super::Pager;
 use crate::sync::read;
 use crate::{
-    require_relocation, require_shared_memory, Allocated, Backend, BackendError, DeviceWindow,
-    Modules, Paging, Relocatable, Result, SharedMemory,
+    require_relocation, require_shared_memory, Allocated, Backend, BackendError, Created,
+    DeviceWindow, Modules, Paging, Relocatable, Result, SharedMemory, VirtualMemory,
 };
 
 impl Pager {
@@ -114,10 +114,7 @@ impl Relocatable for Pager {
 impl Modules for Pager {
     fn module_load(&self, image: crate::ModuleImage<'_>) -> Result<u64> {
         let footprint = crate::module_footprint(&image);
-        let used = self
-            .state()
-            .used
-            .saturating_add(self.module_bytes.load(Ordering::Acquire));
+        let used = self.state().used.saturating_add(self.fixed_bytes());
         if used.saturating_add(footprint) > self.share {
             return Err(BackendError::ModuleLimit {
                 requested: footprint,
@@ -190,5 +187,123 @@ impl SharedMemory for Pager {
         let addr = require_shared_memory(&*self.inner)?.import(handle, size, read_only)?;
         self.insert(Entry::new(addr, size, 0, 0, true));
         Ok(addr)
+    }
+}
+
+impl Pager {
+    /// Bytes charged beside the allocations and never swapped: the modules' footprints and
+    /// the physical allocations of the virtual memory management API.
+    pub(super) fn fixed_bytes(&self) -> u64 {
+        self.module_bytes
+            .load(Ordering::Acquire)
+            .saturating_add(self.vmm_bytes())
+    }
+
+    /// Bytes the physical allocations of the virtual memory API hold.
+    pub(super) fn vmm_bytes(&self) -> u64 {
+        self.inner.virtual_memory().map_or(0, |v| v.charged())
+    }
+
+    /// Whether `addr` starts a mapping of a physical allocation.
+    pub(super) fn is_mapping(&self, addr: u64) -> bool {
+        read(&self.entries)
+            .get(&addr)
+            .is_some_and(|e| e.shared && e.mapping)
+    }
+
+    fn require_vmm(&self) -> Result<&dyn VirtualMemory> {
+        self.inner.virtual_memory().ok_or_else(|| {
+            BackendError::NotSupported("this backend has no virtual memory management".into())
+        })
+    }
+}
+
+/// Virtual memory management above the pager: physical allocations count against the
+/// share and are never swapped (like module memory), a mapping is an allocation the pager
+/// tracks and never swaps (like a shared object's).
+impl VirtualMemory for Pager {
+    fn reserve(&self, size: u64, align: u64, hint: u64) -> Result<u64> {
+        self.require_vmm()?.reserve(size, align, hint)
+    }
+
+    fn free_range(&self, addr: u64, size: u64) -> Result<()> {
+        self.require_vmm()?.free_range(addr, size)
+    }
+
+    fn create(&self, size: u64) -> Result<Created> {
+        let vmm = self.require_vmm()?;
+        let used = self.state().used.saturating_add(self.fixed_bytes());
+        if used.saturating_add(size) > self.share {
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                available: self.share.saturating_sub(used),
+                capacity: self.share,
+            });
+        }
+        // Resident device memory at once, as an allocation's: the broker makes room.
+        if let Err(why) = self.broker.reserve(size) {
+            tracing::info!(
+                size,
+                why,
+                "physical allocation refused by the memory broker"
+            );
+            self.report();
+            return Err(BackendError::MemoryPressure {
+                requested: size,
+                why,
+            });
+        }
+        let c = vmm.create(size);
+        self.report();
+        c
+    }
+
+    fn release(&self, handle: u64) -> Result<()> {
+        self.require_vmm()?.release(handle)?;
+        self.report();
+        Ok(())
+    }
+
+    fn map(&self, addr: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        self.require_vmm()?.map(addr, size, offset, handle)?;
+        let mut e = Entry::new(addr, size, 0, 0, true);
+        e.mapping = true;
+        self.insert(e);
+        Ok(())
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<()> {
+        self.require_vmm()?.unmap(addr, size)?;
+        let end = addr.saturating_add(size);
+        crate::sync::write(&self.entries).retain(|a, e| !(e.mapping && (addr..end).contains(a)));
+        self.report();
+        Ok(())
+    }
+
+    fn retain(&self, addr: u64) -> Result<[u64; 4]> {
+        self.require_vmm()?.retain(addr)
+    }
+
+    fn objects(&self) -> usize {
+        self.inner.virtual_memory().map_or(0, |v| v.objects())
+    }
+
+    fn charged(&self) -> u64 {
+        self.inner.virtual_memory().map_or(0, |v| v.charged())
+    }
+
+    fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        self.require_vmm()?.snapshot()
+    }
+
+    fn restore(&self, snapshot: &crate::VmmSnapshot) -> Result<()> {
+        self.require_vmm()?.restore(snapshot)?;
+        for &(addr, size, _) in &snapshot.maps {
+            let mut e = Entry::new(addr, size, 0, 0, true);
+            e.mapping = true;
+            self.insert(e);
+        }
+        self.report();
+        Ok(())
     }
 }

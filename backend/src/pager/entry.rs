@@ -26,6 +26,9 @@ pub(super) struct Entry {
     pub granule: u64,
     /// Mapped shared object: always resident, never charged or evicted here.
     pub shared: bool,
+    /// A mapping of a physical allocation (virtual memory management; `shared` too):
+    /// `MEM_UNMAP` removes it, `FREE` refuses it.
+    pub mapping: bool,
     /// Operations using the allocation now; it is not evicted while this is non-zero.
     pub pins: AtomicU32,
     /// Last use, in the pager's tick order (LRU victim choice).
@@ -47,6 +50,7 @@ impl Entry {
             charged,
             granule,
             shared,
+            mapping: false,
             pins: AtomicU32::new(0),
             last_use: AtomicU64::new(0),
             pieces: Mutex::new((0..n).map(|_| Piece::Resident).collect()),

@@ -163,8 +163,14 @@ impl Pager {
         std::mem::replace(&mut pieces[i], new)
     }
 
+    /// Tells the broker the state, the physical allocations of the virtual memory API
+    /// counted as resident (they are never swapped).
     fn report(&self) {
-        self.broker.report(self.state());
+        let mut s = self.state();
+        let vmm = self.vmm_bytes();
+        s.used = s.used.saturating_add(vmm);
+        s.resident = s.resident.saturating_add(vmm);
+        self.broker.report(s);
     }
 
     fn next_tick(&self) -> u64 {
@@ -514,9 +520,7 @@ impl Backend for Pager {
         let s = self.state();
         let allocations = read(&self.entries).len() as u64;
         MemoryUsage {
-            used: s
-                .used
-                .saturating_add(self.module_bytes.load(Ordering::Acquire)),
+            used: s.used.saturating_add(self.fixed_bytes()),
             capacity: self.share,
             allocations,
         }
@@ -535,10 +539,7 @@ impl Backend for Pager {
                     available: 0,
                     capacity: self.share,
                 })?;
-        let used = self
-            .state()
-            .used
-            .saturating_add(self.module_bytes.load(Ordering::Acquire));
+        let used = self.state().used.saturating_add(self.fixed_bytes());
         if used.saturating_add(charge) > self.share {
             return Err(BackendError::OutOfMemory {
                 requested: charge,
@@ -573,6 +574,10 @@ impl Backend for Pager {
     }
 
     fn free(&self, addr: u64) -> Result<()> {
+        if self.is_mapping(addr) {
+            // A mapping goes with MEM_UNMAP, not FREE.
+            return Err(BackendError::NotAllocated { addr });
+        }
         let e = write(&self.entries)
             .remove(&addr)
             .ok_or(BackendError::NotAllocated { addr })?;
@@ -676,6 +681,12 @@ impl Backend for Pager {
 
     fn relocation(&self) -> Option<&dyn Relocatable> {
         self.inner.relocation().map(|_| self as &dyn Relocatable)
+    }
+
+    fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {
+        self.inner
+            .virtual_memory()
+            .map(|_| self as &dyn crate::VirtualMemory)
     }
 
     crate::forward_backend!(inner: info, synchronize, host_memory);

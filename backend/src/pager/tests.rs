@@ -360,3 +360,55 @@ fn shared_objects_map_and_stay_resident() {
     p.free(addr).expect("detach");
     assert!(p.check_range(addr, 1).is_err());
 }
+
+#[test]
+fn mapped_memory_counts_against_the_share_and_is_never_swapped() {
+    let broker = LocalBroker::new(256 * MIB, 0);
+    let p = pager(&broker, 1, 0, 16 * MIB);
+    let v = p.virtual_memory().expect("the pager offers virtual memory");
+    let va = v.reserve(8 * MIB, 0, 0).expect("reserve");
+    let c = v.create(8 * MIB).expect("create");
+    assert_eq!(p.memory_usage().used, 8 * MIB, "charged to the share");
+    assert!(
+        matches!(v.create(10 * MIB), Err(BackendError::OutOfMemory { .. })),
+        "past the share"
+    );
+    assert!(matches!(
+        p.alloc(10 * MIB),
+        Err(BackendError::OutOfMemory { .. })
+    ));
+    v.map(va, 8 * MIB, 0, c.handle).expect("map");
+    let data = pattern(3, 8 * MIB as usize);
+    put(&*p, va, &data).expect("htod");
+    // Eviction leaves the mapping where it is.
+    p.evict(u64::MAX, Tier::Host);
+    assert_eq!(get(&*p, va, data.len()), data);
+    assert!(matches!(p.free(va), Err(BackendError::NotAllocated { .. })));
+    p.check_range(va, 8 * MIB).expect("still mapped");
+    v.unmap(va, 8 * MIB).expect("unmap");
+    v.release(c.handle).expect("release");
+    assert!(p.check_range(va, 1).is_err());
+    assert_eq!(p.memory_usage().used, 0, "everything back");
+    v.free_range(va, 8 * MIB).expect("free");
+}
+
+#[test]
+fn physical_allocations_are_reserved_with_the_broker() {
+    // A GPU of 8 MiB for a vGPU whose share is 16 MiB: the broker refuses more resident
+    // memory than the GPU has, and counts what it granted.
+    let broker = LocalBroker::new(8 * MIB, 0);
+    let p = pager(&broker, 1, 0, 16 * MIB);
+    let v = p.virtual_memory().expect("virtual memory");
+    assert!(
+        matches!(v.create(12 * MIB), Err(BackendError::MemoryPressure { .. })),
+        "more than the GPU holds"
+    );
+    assert_eq!(p.memory_usage().used, 0, "nothing charged");
+    let c = v.create(6 * MIB).expect("fits the GPU");
+    assert!(
+        p.alloc(4 * MIB).is_err(),
+        "the physical allocation is resident: 4 MiB more do not fit the GPU"
+    );
+    v.release(c.handle).expect("release");
+    p.alloc(4 * MIB).expect("room again");
+}

@@ -15,7 +15,11 @@ use vm_memory::VolatileSlice;
 
 use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
+use crate::virt::{MapGuard, Vmm};
+
+mod vmm;
 use crate::MemoryUsage;
+pub(crate) use vmm::SimPhys;
 
 /// Host page size used for charging and mapping.
 pub const PAGE: u64 = 4096;
@@ -103,6 +107,10 @@ pub struct Allocation {
     /// A module's variables (charged with the module's footprint): `free` refuses it,
     /// the module's unload releases it.
     module: bool,
+    /// A mapping of a physical allocation (virtual memory management): not charged here
+    /// (the physical allocation is), never decommitted, `free` refuses it; its range
+    /// belongs to its reserved range, not to the free holes.
+    vmm: Option<MapGuard>,
     space: Arc<Space>,
 }
 
@@ -197,7 +205,10 @@ impl Drop for Allocation {
                 0,
             )
         };
-        let hole = if p == libc::MAP_FAILED {
+        let hole = if self.vmm.is_some() {
+            // The reserved range owns these addresses (the guard gives them back to it).
+            None
+        } else if p == libc::MAP_FAILED {
             // Leave the range out of the free list: never hand out a range still mapped.
             tracing::error!(addr = self.addr, error = %std::io::Error::last_os_error(),
                 "could not unmap a freed allocation; its address range is retired");
@@ -215,6 +226,7 @@ impl Drop for Allocation {
 pub struct DeviceMemory {
     space: Arc<Space>,
     table: AllocTable<Allocation>,
+    vmm: Vmm<SimPhys>,
 }
 
 impl DeviceMemory {
@@ -230,6 +242,7 @@ impl DeviceMemory {
                 ledger: Ledger::new(va_size, capacity),
             }),
             table: AllocTable::default(),
+            vmm: Vmm::default(),
         })
     }
 
@@ -306,6 +319,7 @@ impl DeviceMemory {
                     imported: false,
                     read_only: false,
                     module,
+                    vmm: None,
                     space: self.space.clone(),
                 });
                 self.table.insert(addr, a);
@@ -329,10 +343,13 @@ impl DeviceMemory {
     /// Removes the allocation starting at `addr` from the table. The bytes are released
     /// when the last user (a running kernel or copy) lets go.
     pub fn free(&self, addr: u64) -> Result<()> {
-        if self.table.exact(addr)?.module {
-            // A module's variable, not an allocation: it goes when its module is unloaded.
+        let a = self.table.exact(addr)?;
+        if a.module || a.vmm.is_some() {
+            // A module's variable (it goes when its module is unloaded) or a mapping (it
+            // goes with MEM_UNMAP), not an allocation.
             return Err(BackendError::NotAllocated { addr });
         }
+        drop(a);
         let a = self.table.remove(addr)?;
         tracing::debug!(addr, size = a.size, "freed");
         Ok(())
@@ -381,6 +398,7 @@ impl DeviceMemory {
             imported: true,
             read_only,
             module: false,
+            vmm: None,
             space: self.space.clone(),
         });
         self.table.insert(addr, a);
@@ -403,9 +421,9 @@ impl DeviceMemory {
     /// `addr`; returns it.
     fn commit_range(&self, addr: u64, off: u64, len: u64) -> Result<Arc<Allocation>> {
         let a = self.exact(addr)?;
-        if a.imported {
+        if a.imported || a.vmm.is_some() {
             return Err(BackendError::NotSupported(
-                "shared objects stay resident; only owned allocations are swapped".into(),
+                "shared objects and mapped physical allocations stay resident; only owned allocations are swapped".into(),
             ));
         }
         let ok = off % PAGE == 0
@@ -575,8 +593,26 @@ fn make_memfd_flags(len: usize, flags: libc::c_uint) -> Result<OwnedFd> {
 /// Maps `len` bytes of `memfd` from `file_off` at `host` (inside our reservation),
 /// populated.
 fn map_at(host: usize, file_off: u64, len: usize, prot: i32, memfd: &OwnedFd) -> Result<()> {
+    map_from(host, file_off, len, prot, memfd, true)
+}
+
+/// Maps `len` bytes of `memfd` from its start at `host` (inside our reservation),
+/// populated or not.
+fn map_shared(host: usize, len: usize, prot: i32, memfd: &OwnedFd, populate: bool) -> Result<()> {
+    map_from(host, 0, len, prot, memfd, populate)
+}
+
+fn map_from(
+    host: usize,
+    file_off: u64,
+    len: usize,
+    prot: i32,
+    memfd: &OwnedFd,
+    populate: bool,
+) -> Result<()> {
     let off = libc::off_t::try_from(file_off)
         .map_err(|_| BackendError::InvalidArgument(format!("offset {file_off} too large")))?;
+    let populate = if populate { libc::MAP_POPULATE } else { 0 };
     // SAFETY: callers pass a range of our PROT_NONE reservation that belongs to one
     // allocation of theirs; MAP_FIXED replaces only that range.
     let p = unsafe {
@@ -584,7 +620,7 @@ fn map_at(host: usize, file_off: u64, len: usize, prot: i32, memfd: &OwnedFd) ->
             host as *mut libc::c_void,
             len,
             prot,
-            libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE,
+            libc::MAP_SHARED | libc::MAP_FIXED | populate,
             memfd.as_raw_fd(),
             off,
         )

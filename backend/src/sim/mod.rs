@@ -294,6 +294,60 @@ impl Backend for SimGpu {
     fn host_memory(&self) -> Option<&dyn HostMemory> {
         None
     }
+
+    fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {
+        Some(self)
+    }
+}
+
+/// Virtual memory management: a physical allocation is a memfd, a mapping maps it at its
+/// place in the address space's host reservation (so two mappings of one allocation see
+/// the same bytes, and the bytes survive an unmap while a handle holds them).
+impl crate::VirtualMemory for SimGpu {
+    fn reserve(&self, size: u64, align: u64, hint: u64) -> Result<u64> {
+        self.mem.vmm().reserve(&self.mem, size, align, hint)
+    }
+
+    fn free_range(&self, addr: u64, size: u64) -> Result<()> {
+        self.mem.vmm().free_range(addr, size)
+    }
+
+    fn create(&self, size: u64) -> Result<crate::Created> {
+        let (handle, charged) = self.mem.vmm().create(&self.mem, size)?;
+        Ok(crate::Created { handle, charged })
+    }
+
+    fn release(&self, handle: u64) -> Result<()> {
+        self.mem.vmm().release(handle)
+    }
+
+    fn map(&self, addr: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        self.mem.vmm().map(&self.mem, addr, size, offset, handle)
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<()> {
+        self.mem.vmm().unmap(&self.mem, addr, size)
+    }
+
+    fn retain(&self, addr: u64) -> Result<[u64; 4]> {
+        self.mem.vmm().retain(addr)
+    }
+
+    fn objects(&self) -> usize {
+        self.mem.vmm().objects()
+    }
+
+    fn charged(&self) -> u64 {
+        self.mem.vmm().charged()
+    }
+
+    fn snapshot(&self) -> Result<crate::VmmSnapshot> {
+        self.mem.vmm().snapshot()
+    }
+
+    fn restore(&self, snapshot: &crate::VmmSnapshot) -> Result<()> {
+        self.mem.vmm().restore(&self.mem, snapshot)
+    }
 }
 
 impl SimGpu {

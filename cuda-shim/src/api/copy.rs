@@ -54,7 +54,13 @@ pub(crate) fn htod_in(
     if src.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    d.check_device(dst, len as u64)?;
+    if let Some(pieces) = d.check_pieces(dst, len as u64)? {
+        for (p, n) in pieces {
+            let from = src.cast::<u8>().wrapping_add((p - dst) as usize);
+            htod_in(d, p, from.cast(), n as usize, stream)?;
+        }
+        return Ok(());
+    }
     if captured(d, stream, || Op::Htod {
         dst,
         src: src as usize,
@@ -137,7 +143,13 @@ pub(crate) fn dtoh_in(
     if dst.is_null() {
         return Err(res::INVALID_VALUE);
     }
-    d.check_device(src, len as u64)?;
+    if let Some(pieces) = d.check_pieces(src, len as u64)? {
+        for (p, n) in pieces {
+            let to = dst.cast::<u8>().wrapping_add((p - src) as usize);
+            dtoh_in(d, to.cast(), p, n as usize, stream)?;
+        }
+        return Ok(());
+    }
     if captured(d, stream, || Op::Dtoh {
         dst: dst as usize,
         src,
@@ -203,8 +215,22 @@ pub(crate) fn dtod_in(
     if len == 0 {
         return Ok(());
     }
-    d.check_device(dst, len as u64)?;
-    d.check_device(src, len as u64)?;
+    let split_dst = d.check_pieces(dst, len as u64)?;
+    let split_src = d.check_pieces(src, len as u64)?;
+    if split_dst.is_some() || split_src.is_some() {
+        // Pieces that each lie inside one mapping on both sides.
+        let mut off = 0u64;
+        while off < len as u64 {
+            let room = |p: u64| d.alloc_of(p).map_or(0, |(b, a)| b + a.size - p);
+            let n = room(dst + off).min(room(src + off)).min(len as u64 - off);
+            if n == 0 {
+                return Err(res::INVALID_VALUE);
+            }
+            dtod_in(d, dst + off, src + off, n as usize, stream)?;
+            off += n;
+        }
+        return Ok(());
+    }
     if captured(d, stream, || Op::Dtod { dst, src, len })? {
         return Ok(());
     }
@@ -247,7 +273,13 @@ pub(crate) fn memset_in(
     let bytes = (count as u64)
         .checked_mul(u64::from(elem))
         .ok_or(res::INVALID_VALUE)?;
-    d.check_device(dst, bytes)?;
+    if let Some(pieces) = d.check_pieces(dst, bytes)? {
+        // Mappings start and end on 2 MiB boundaries: every piece holds whole elements.
+        for (p, n) in pieces {
+            memset_in(d, p, value, (n / u64::from(elem)) as usize, elem, stream)?;
+        }
+        return Ok(());
+    }
     if captured(d, stream, || Op::Memset {
         dst,
         value,

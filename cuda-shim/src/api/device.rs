@@ -207,6 +207,11 @@ pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
         attr::TENSOR_MAP_ACCESS_SUPPORTED => {
             c_int::from(d.info.features & vgpu_proto::features::TENSOR_MAPS != 0)
         }
+        // Reserved ranges, physical allocations and mappings (api/vmm.rs). Shareable
+        // handles (POSIX file descriptor, Win32, fabric) answer 0 below: not offered.
+        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => {
+            c_int::from(d.info.features & vgpu_proto::features::VIRTUAL_MEMORY != 0)
+        }
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(res::INVALID_VALUE),
     })

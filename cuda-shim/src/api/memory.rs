@@ -20,7 +20,7 @@ pub(crate) fn free_context_allocations(d: &mut Driver, ctx: u64) {
     let mine: Vec<u64> = d
         .allocs
         .iter()
-        .filter(|(_, a)| a.ctx == ctx)
+        .filter(|(_, a)| a.ctx == ctx && !a.vmm)
         .map(|(&p, _)| p)
         .collect();
     for p in mine {
@@ -55,6 +55,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
                     ctx,
                     id,
                     module: 0,
+                    vmm: false,
                 },
             );
             Ok(p)
@@ -72,8 +73,9 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             if dptr == 0 {
                 return Ok(());
             }
-            // A module variable is the module's memory, not an allocation.
-            if d.allocs.get(&dptr).is_none_or(|a| a.module != 0) {
+            // A module variable is the module's memory, a mapping goes with cuMemUnmap:
+            // neither is an allocation.
+            if d.allocs.get(&dptr).is_none_or(|a| a.module != 0 || a.vmm) {
                 return Err(res::INVALID_VALUE);
             }
             // Freeing synchronises: work still using the allocation completes first.

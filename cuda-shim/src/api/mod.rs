@@ -33,3 +33,4 @@ pub mod memcpy2d;
 pub mod pointer;
 pub mod pool;
 pub mod tensor_map;
+pub mod vmm;

@@ -297,6 +297,7 @@ pub(crate) fn get_global(d: &mut Driver, hmod: u64, name: &str) -> Res<(u64, u64
                 ctx,
                 id,
                 module: hmod,
+                vmm: false,
             },
         );
     }

@@ -141,6 +141,7 @@ fn alloc_async(
                 ctx,
                 id,
                 module: 0,
+                vmm: false,
             },
         );
         d.extra.async_allocs.insert(p, (pool, size as u64, id));

@@ -19,7 +19,7 @@ use super::procaddr::{cuGetProcAddress, cuGetProcAddress_v2};
 use super::{capture::*, context::*, copy::*, device::*, enumerate::*, export::*, func::*};
 use super::{graph::*, hostfn::*, launch::*, launch_ex::*, library::*, limits::*, memcpy::*};
 use super::{memcpy2d::*, memory::*, module::*, pointer::*, pool::*, ptsz::*, runtime::*};
-use super::{stream::*, stubs::not_supported, tensor_map::*};
+use super::{stream::*, stubs::not_supported, tensor_map::*, vmm::*};
 
 /// The address of an exported function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +237,18 @@ entry_points! {
         cuDeviceGetDefaultMemPool @ 11020;
         cuDeviceGetMemPool @ 11020;
         cuDeviceSetMemPool @ 11020;
+        // Virtual memory management (reserved ranges, physical allocations, mappings).
+        cuMemAddressReserve @ 10020;
+        cuMemAddressFree @ 10020;
+        cuMemCreate @ 10020;
+        cuMemRelease @ 10020;
+        cuMemMap @ 10020;
+        cuMemUnmap @ 10020;
+        cuMemSetAccess @ 10020;
+        cuMemGetAccess @ 10020;
+        cuMemGetAllocationGranularity @ 10020;
+        cuMemRetainAllocationHandle @ 11000;
+        cuMemGetAllocationPropertiesFromHandle @ 10020;
         // Modules and launches.
         cuModuleGetLoadingMode @ 11070;
         cuModuleLoad;
@@ -341,23 +353,12 @@ entry_points! {
         cuMemPrefetchAsync by_name [cuMemPrefetchAsync_v2];
         cuMemAdvise by_name [cuMemAdvise_v2];
         cuMemRangeGetAttribute;
-        cuMemAddressReserve;
-        cuMemAddressFree;
-        cuMemRetainAllocationHandle;
-        cuMemGetAllocationPropertiesFromHandle;
-        cuMemGetAccess;
         cuMulticastCreate;
         cuMulticastAddDevice;
         cuMulticastBindMem;
         cuMulticastBindAddr;
         cuMulticastUnbind;
         cuMulticastGetGranularity;
-        cuMemCreate;
-        cuMemRelease;
-        cuMemMap;
-        cuMemUnmap;
-        cuMemSetAccess;
-        cuMemGetAllocationGranularity;
         cuMemExportToShareableHandle;
         cuMemImportFromShareableHandle;
         cuArrayCreate => [cuArrayCreate_v2];

@@ -457,6 +457,63 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
             .map(drop)
     }
 
+    /// Reserves `size` bytes of device addresses (`VA_RESERVE`, devices with
+    /// `features::VIRTUAL_MEMORY`); returns the first address.
+    pub fn va_reserve(&mut self, size: u64, align: u64, hint: u64) -> Result<u64> {
+        let args = vgpu_proto::VaReserveArgs {
+            size,
+            align,
+            hint,
+            flags: 0,
+        };
+        Ok(self.call(&Request::VaReserve(args))?[0])
+    }
+
+    /// Frees a reserved range (`VA_FREE`).
+    pub fn va_free(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.call(&Request::VaFree(vgpu_proto::VaFreeArgs { addr, size }))
+            .map(drop)
+    }
+
+    /// Creates a physical allocation (`MEM_CREATE`); returns its handle and the bytes
+    /// charged.
+    pub fn mem_create(&mut self, size: u64) -> Result<(u64, u64)> {
+        let r = self.call(&Request::MemCreate(vgpu_proto::MemCreateArgs {
+            size,
+            flags: 0,
+        }))?;
+        Ok((r[0], r[1]))
+    }
+
+    /// Drops one reference to a physical allocation's handle (`MEM_RELEASE`).
+    pub fn mem_release(&mut self, handle: u64) -> Result<()> {
+        self.call(&Request::MemRelease(vgpu_proto::MemReleaseArgs { handle }))
+            .map(drop)
+    }
+
+    /// Maps `size` bytes of `handle` from `offset` at `addr` (`MEM_MAP`).
+    pub fn mem_map(&mut self, addr: u64, size: u64, offset: u64, handle: u64) -> Result<()> {
+        let args = vgpu_proto::MemMapArgs {
+            addr,
+            size,
+            offset,
+            handle,
+        };
+        self.call(&Request::MemMap(args)).map(drop)
+    }
+
+    /// Unmaps the mappings inside `[addr, addr + size)` (`MEM_UNMAP`).
+    pub fn mem_unmap(&mut self, addr: u64, size: u64) -> Result<()> {
+        self.call(&Request::MemUnmap(vgpu_proto::MemUnmapArgs { addr, size }))
+            .map(drop)
+    }
+
+    /// The handle of the allocation mapped at `addr`, retained (`MEM_RETAIN`): [handle,
+    /// allocation size, mapping start, mapping size].
+    pub fn mem_retain(&mut self, addr: u64) -> Result<[u64; 4]> {
+        self.call(&Request::MemRetain(vgpu_proto::MemRetainArgs { addr }))
+    }
+
     /// Creates or looks up a shared device memory object; returns its id.
     pub fn shm_get(&mut self, key: u64, size: u64, flags: u64) -> Result<u64> {
         Ok(self.call(&Request::ShmGet(ShmGetArgs { key, size, flags }))?[0])

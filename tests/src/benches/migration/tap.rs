@@ -65,7 +65,7 @@ impl Backend for Tap {
 
     vgpu_backend::forward_backend!(gpu:
         info, memory_usage, alloc, free, check_range, copy_dtoh, copy_dtod, memset, launch,
-        synchronize, modules, paging, shared_memory, host_memory
+        synchronize, modules, paging, shared_memory, host_memory, virtual_memory
     );
 }
 
