@@ -320,6 +320,25 @@ impl Driver {
         }
     }
 
+    /// The context work on stream handle `h` runs in: a created stream's own (the driver
+    /// needs no current context for it: a runtime's host callbacks and XLA's threads call
+    /// with none), the current one for the default stream handles.
+    pub fn stream_context(&self, h: usize) -> Res<u64> {
+        match h {
+            0 | crate::types::CU_STREAM_LEGACY | crate::types::CU_STREAM_PER_THREAD => {
+                self.current_ctx()
+            }
+            _ => {
+                let s = self.streams.get(&(h as u64)).ok_or(res::INVALID_HANDLE)?;
+                if self.contexts.contains_key(&s.ctx) {
+                    Ok(s.ctx)
+                } else {
+                    Err(res::INVALID_CONTEXT)
+                }
+            }
+        }
+    }
+
     /// The queue of stream handle `h` (0 and the two special handles: the default
     /// stream, queue 0) and whether it is the legacy default stream.
     pub fn stream_queue(&self, h: usize) -> Res<(usize, bool)> {

@@ -247,6 +247,40 @@ fn host_functions_value_writes_capture_and_graphs() {
         vec![5, 7, 1003],
         "in order, after the copy"
     );
+    // A thread with no current context (XLA's, a runtime's callback thread) still works
+    // on a created stream, in the stream's context; the default stream needs a current one.
+    let su = s as usize;
+    let host = |h: usize, tag: usize| {
+        call!(
+            cu,
+            "cuLaunchHostFunc",
+            fn(Ptr, HostFn, Ptr),
+            h as Ptr,
+            Some(record_tag),
+            tag as Ptr
+        )
+    };
+    let memset = |h: usize| {
+        call!(
+            cu,
+            "cuMemsetD32Async",
+            fn(u64, c_uint, usize, Ptr),
+            a,
+            9,
+            n,
+            h as Ptr
+        )
+    };
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            assert_eq!(memset(su), OK);
+            assert_eq!(host(su, 8), OK);
+            assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), su as Ptr), OK);
+            assert_eq!(host(0, 8), INVALID_CONTEXT);
+            assert_eq!(memset(0), INVALID_CONTEXT);
+        });
+    });
+    assert_eq!(SEEN.lock().unwrap().pop(), Some(8));
     // ... and before the stream's later work: the copy after it reads what it wrote.
     // SAFETY: pinned memory of the library, `bytes` long.
     unsafe { pinned_words.write_volatile(1) };

@@ -16,8 +16,8 @@ use crate::types::{res, CUdeviceptr, CUresult, CUstream, CU_STREAM_NON_BLOCKING}
 /// (queue, legacy default stream, blocking) of a stream handle, ordered as CUDA requires
 /// and checked against the current context.
 fn target(d: &mut Driver, stream: Option<CUstream>) -> Res<usize> {
-    d.current_ctx()?;
     let h = stream.map_or(0, |s| s as usize);
+    d.stream_context(h)?;
     let (q, legacy) = d.stream_queue(h)?;
     let blocking = d
         .streams
@@ -252,7 +252,9 @@ fn memset(
     elem: u32,
     stream: Option<CUstream>,
 ) -> Res<()> {
-    driver::with(|d| memset_in(d, dst, value, count, elem, stream))
+    driver::with(|d| memset_in(d, dst, value, count, elem, stream)).inspect_err(|&code| {
+        tracing::debug!(dst, count, elem, code, "memset refused");
+    })
 }
 
 pub(crate) fn memset_in(

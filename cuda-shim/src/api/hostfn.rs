@@ -145,7 +145,7 @@ fn send(d: &mut Driver, h: usize, call: Call) -> Res<()> {
 
 /// `cuLaunchHostFunc` on stream handle `h` (the stream checked; capture handled).
 pub(crate) fn launch_in(d: &mut Driver, h: usize, f: HostFn, data: usize) -> Res<()> {
-    d.current_ctx()?;
+    d.stream_context(h)?;
     d.stream_queue(h)?;
     if super::graph::record(d, h, || Op::HostFn { f, data })? {
         return Ok(());
@@ -174,8 +174,8 @@ pub extern "C" fn cuStreamAddCallback(
             return Err(res::INVALID_VALUE);
         }
         driver::with(|d| {
-            d.current_ctx()?;
             let h = s as usize;
+            d.stream_context(h)?;
             d.stream_queue(h)?;
             if d.extra.capturing.contains_key(&h) {
                 // The driver refuses callbacks in a capture (host functions are allowed).

@@ -36,8 +36,8 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         if num == 0 || attributes.is_null() || data.is_null() {
             return Err(res::INVALID_VALUE);
         }
+        // As the driver, with or without a current context (unified addressing).
         let known = driver::with(|d| {
-            d.current_ctx()?;
             Ok(d.alloc_of(ptr).is_some()
                 || d.host_of(ptr as usize).is_some()
                 || d.registered_of(ptr as usize).is_some())

@@ -52,7 +52,7 @@ pub extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 }
 
 fn queue_of(d: &Driver, h: CUstream) -> Res<usize> {
-    d.current_ctx()?;
+    d.stream_context(h as usize)?;
     d.stream_queue(h as usize).map(|(q, _)| q)
 }
 
@@ -109,9 +109,8 @@ pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut c_uint) -> CU
 pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
     guard("cuStreamGetCtx", || {
         let c = driver::with(|d| {
-            let cur = d.current_ctx()?;
             d.stream_queue(h as usize)?;
-            Ok(d.streams.get(&(h as u64)).map_or(cur, |s| s.ctx))
+            d.stream_context(h as usize)
         })?;
         // SAFETY: a writable CUcontext from the caller.
         unsafe { out(pctx, c as CUcontext) }
@@ -124,7 +123,7 @@ pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CU
 pub unsafe extern "C" fn cuStreamGetGreenCtx(h: CUstream, pctx: *mut *mut c_void) -> CUresult {
     guard("cuStreamGetGreenCtx", || {
         driver::with(|d| {
-            d.current_ctx()?;
+            d.stream_context(h as usize)?;
             d.stream_queue(h as usize).map(|_| ())
         })?;
         // SAFETY: a writable CUgreenCtx from the caller (NULL refused).
