@@ -131,23 +131,23 @@ fn ask(func: Func, q: &ClusterOccupancyArgs) -> std::result::Result<i32, CuError
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     let active = q.query == occupancy_query::MAX_ACTIVE_CLUSTERS;
-    // One cluster's worth of grid (a whole number of clusters); the largest-cluster
-    // question takes no cluster (the driver ignores one).
-    let grid = if active { q.cluster } else { [1, 1, 1] };
-    attr.value.clusterDim.x = q.cluster[0];
-    attr.value.clusterDim.y = q.cluster[1];
-    attr.value.clusterDim.z = q.cluster[2];
+    // A grid of one cluster (a whole number of clusters); the largest-cluster question
+    // names clusters of one block, which the driver ignores for it.
+    let cluster = if active { q.cluster } else { [1, 1, 1] };
+    attr.value.clusterDim.x = cluster[0];
+    attr.value.clusterDim.y = cluster[1];
+    attr.value.clusterDim.z = cluster[2];
     let config = sys::CUlaunchConfig {
-        gridDimX: grid[0],
-        gridDimY: grid[1],
-        gridDimZ: grid[2],
+        gridDimX: cluster[0],
+        gridDimY: cluster[1],
+        gridDimZ: cluster[2],
         blockDimX: q.block[0],
         blockDimY: q.block[1],
         blockDimZ: q.block[2],
         sharedMemBytes: q.shared_bytes,
         hStream: std::ptr::null_mut(),
         attrs: &mut attr,
-        numAttrs: u32::from(active),
+        numAttrs: 1,
     };
     let mut n: std::ffi::c_int = 0;
     if active {
@@ -159,7 +159,7 @@ fn ask(func: Func, q: &ClusterOccupancyArgs) -> std::result::Result<i32, CuError
         )?;
     } else {
         check(
-            // SAFETY: as above (no attribute is read: `numAttrs` is 0).
+            // SAFETY: as above.
             unsafe { sys::cuOccupancyMaxPotentialClusterSize(&mut n, func.0, &config) },
             "cuOccupancyMaxPotentialClusterSize",
         )?;
