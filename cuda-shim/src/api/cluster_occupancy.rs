@@ -5,9 +5,10 @@
 //! cluster must fit in, which only the GPU's driver knows: a vGPU that announces
 //! `features::CLUSTER_OCCUPANCY` (a cuda vGPU with clusters) answers each question with
 //! its driver (`CLUSTER_OCCUPANCY`), and the library keeps the answers per function and
-//! shape, so a program probing in a loop pays one round trip per shape. Elsewhere the
-//! library estimates: the blocks that fit every SM, each SM taken as able to join any
-//! cluster. docs/cuda-api.md describes both.
+//! shape, so a program probing in a loop pays one round trip per shape. The question
+//! waits on its queue without the driver's lock (a queue busy with kernels does not hold
+//! up the program's other threads). Elsewhere the library estimates: the blocks that fit
+//! every SM, each SM taken as able to join any cluster. docs/cuda-api.md describes both.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -17,7 +18,8 @@ use vgpu_proto::{
     PORTABLE_CLUSTER_BLOCKS,
 };
 
-use crate::driver::{Driver, Res};
+use crate::driver::{self, Driver, Res, SharedQueue};
+use crate::transport::AnyTransport;
 use crate::types::{res, CUfunction};
 
 /// Most answers kept; past it the cache starts over (a program probing without end must
@@ -40,6 +42,63 @@ pub struct Question {
 /// The device's answers so far.
 #[derive(Default)]
 pub struct Answers(HashMap<Question, u64>);
+
+impl Answers {
+    fn keep(&mut self, q: Question, n: u64) {
+        if self.0.len() >= MAX_ANSWERS {
+            self.0.clear();
+        }
+        self.0.insert(q, n);
+    }
+}
+
+/// An answer the library has, or the question the device answers first
+/// ([`Pending::answer`], without the driver's lock).
+pub(crate) enum Pending {
+    Known(u64),
+    Ask {
+        question: Question,
+        args: ClusterOccupancyArgs,
+        queue: SharedQueue,
+        t: AnyTransport,
+        /// The library's estimate, for a device that turns the question down.
+        estimate: u64,
+    },
+}
+
+impl Pending {
+    /// The answer: the device asked on its queue with only the queue's lock held, and the
+    /// answer kept.
+    pub(crate) fn answer(self) -> Res<u64> {
+        let (question, args, queue, t, estimate) = match self {
+            Pending::Known(n) => return Ok(n),
+            Pending::Ask {
+                question,
+                args,
+                queue,
+                t,
+                estimate,
+            } => (question, args, queue, t, estimate),
+        };
+        let got = driver::lock(&queue).call(&t, |s| s.cluster_occupancy(&args));
+        match got {
+            Ok(n) => {
+                tracing::debug!(?args, answer = n, "cluster occupancy from the device");
+                driver::with(|d| {
+                    d.occupancy.keep(question, n);
+                    Ok(())
+                })?;
+                Ok(n)
+            }
+            // A function the device cannot answer for (its storage kernels): estimated.
+            Err(res::NOT_SUPPORTED) => Ok(estimate),
+            Err(e) => {
+                tracing::debug!(code = e, ?args, "cluster occupancy refused by the device");
+                Err(e)
+            }
+        }
+    }
+}
 
 fn product(a: [u32; 3]) -> u64 {
     a.iter().fold(1u64, |p, &x| p.saturating_mul(u64::from(x)))
@@ -66,14 +125,15 @@ fn launchable(d: &Driver, f: CUfunction, block: [u32; 3], shared: u64) -> Res<bo
         && shared.saturating_add(u64::from(fixed)) <= u64::from(optin))
 }
 
-/// The device's answer to `q` for library function `f`: from the cache, else asked (and
-/// kept). `None` when the device does not answer such questions (the caller estimates).
-fn ask(d: &mut Driver, f: CUfunction, q: Question) -> Res<Option<u64>> {
+/// The device's kept answer to `q` for library function `f`, else the question to ask
+/// it (`estimate` where it turns the question down); `None` when the device does not
+/// answer such questions (the caller estimates).
+fn ask(d: &Driver, f: CUfunction, q: Question, estimate: u64) -> Res<Option<Pending>> {
     if d.info.features & features::CLUSTER_OCCUPANCY == 0 {
         return Ok(None);
     }
     if let Some(&n) = d.occupancy.0.get(&q) {
-        return Ok(Some(n));
+        return Ok(Some(Pending::Known(n)));
     }
     let args = ClusterOccupancyArgs {
         function: super::func::lookup(d, f)?.device,
@@ -88,22 +148,13 @@ fn ask(d: &mut Driver, f: CUfunction, q: Question) -> Res<Option<u64>> {
         },
         reserved: 0,
     };
-    let t = d.t.clone();
-    let n = match d.queue(0)?.call(&t, |s| s.cluster_occupancy(&args)) {
-        Ok(n) => n,
-        // A function the device cannot answer for (its storage kernels): estimated.
-        Err(res::NOT_SUPPORTED) => return Ok(None),
-        Err(e) => {
-            tracing::debug!(code = e, ?args, "cluster occupancy refused by the device");
-            return Err(e);
-        }
-    };
-    tracing::debug!(?args, answer = n, "cluster occupancy from the device");
-    if d.occupancy.0.len() >= MAX_ANSWERS {
-        d.occupancy.0.clear();
-    }
-    d.occupancy.0.insert(q, n);
-    Ok(Some(n))
+    Ok(Some(Pending::Ask {
+        question: q,
+        args,
+        queue: d.shared_queue(0)?,
+        t: d.t.clone(),
+        estimate,
+    }))
 }
 
 /// Clusters of `cluster` blocks of `block` threads with `shared` bytes of dynamic shared
@@ -111,21 +162,21 @@ fn ask(d: &mut Driver, f: CUfunction, q: Question) -> Res<Option<u64>> {
 /// gives one, else the blocks that fit every SM (each SM taken as able to join any
 /// cluster) over the cluster's size. None of a cluster larger than the GPU runs, nor above
 /// the portable 8 blocks for a function that did not allow non-portable sizes, nor on a
-/// vGPU without clusters.
+/// vGPU without clusters, nor of blocks that cannot run.
 pub(crate) fn active_clusters(
     d: &mut Driver,
     f: CUfunction,
     block: [u32; 3],
     shared: u64,
     cluster: [u32; 3],
-) -> Res<u64> {
+) -> Res<Pending> {
     let needs = super::func::occupancy_checks(d, f, 0)?;
     if block.contains(&0) || cluster.contains(&0) {
         return Err(res::INVALID_VALUE);
     }
     let size = product(cluster);
     if size > 1 && d.info.features & features::CLUSTERS == 0 {
-        return Ok(0);
+        return Ok(Pending::Known(0));
     }
     let non_portable = super::func::lookup(d, f)?.cluster.non_portable;
     // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
@@ -136,8 +187,10 @@ pub(crate) fn active_clusters(
         PORTABLE_CLUSTER_BLOCKS
     };
     if size > u64::from(most) || !launchable(d, f, block, shared)? {
-        return Ok(0);
+        return Ok(Pending::Known(0));
     }
+    let per_sm = super::func::blocks_per_sm(&d.attributes, needs, product(block), shared);
+    let estimate = per_sm * u64::from(d.attributes.sm_count.max(1)) / size;
     let q = Question {
         function: f as u64,
         block,
@@ -147,11 +200,7 @@ pub(crate) fn active_clusters(
         non_portable,
         query: occupancy_query::MAX_ACTIVE_CLUSTERS,
     };
-    if let Some(n) = ask(d, f, q)? {
-        return Ok(n);
-    }
-    let per_sm = super::func::blocks_per_sm(&d.attributes, needs, product(block), shared);
-    Ok(per_sm * u64::from(d.attributes.sm_count.max(1)) / size)
+    Ok(ask(d, f, q, estimate)?.unwrap_or(Pending::Known(estimate)))
 }
 
 /// The largest cluster of blocks of `block` threads with `shared` bytes of dynamic shared
@@ -164,21 +213,26 @@ pub(crate) fn potential_cluster_size(
     f: CUfunction,
     block: [u32; 3],
     shared: u64,
-) -> Res<c_int> {
+) -> Res<Pending> {
     super::func::occupancy_checks(d, f, 0)?;
     if block.contains(&0) {
         return Err(res::INVALID_VALUE);
     }
     let settings = super::func::lookup(d, f)?.cluster;
     if d.info.features & features::CLUSTERS == 0 {
-        return Ok(1);
+        return Ok(Pending::Known(1));
     }
     if !settings.dims.contains(&0) {
-        return Ok(product(settings.dims).min(c_int::MAX as u64) as c_int);
+        return Ok(Pending::Known(product(settings.dims)));
     }
     if !launchable(d, f, block, shared)? {
-        return Ok(0);
+        return Ok(Pending::Known(0));
     }
+    let estimate = u64::from(if settings.non_portable {
+        MAX_CLUSTER_BLOCKS
+    } else {
+        PORTABLE_CLUSTER_BLOCKS
+    });
     let q = Question {
         function: f as u64,
         block,
@@ -187,12 +241,10 @@ pub(crate) fn potential_cluster_size(
         non_portable: settings.non_portable,
         query: occupancy_query::MAX_CLUSTER_SIZE,
     };
-    if let Some(n) = ask(d, f, q)? {
-        return Ok(n.min(c_int::MAX as u64) as c_int);
-    }
-    Ok(if settings.non_portable {
-        MAX_CLUSTER_BLOCKS as c_int
-    } else {
-        PORTABLE_CLUSTER_BLOCKS as c_int
-    })
+    Ok(ask(d, f, q, estimate)?.unwrap_or(Pending::Known(estimate)))
+}
+
+/// An answer as the C `int` the calls write.
+pub(crate) fn as_int(n: u64) -> c_int {
+    n.min(c_int::MAX as u64) as c_int
 }

@@ -143,9 +143,10 @@ unsafe extern "C" fn max_cluster_size(
                 [block as u32, 1, 1],
                 shared as u64,
             )
-        })?;
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(value, v) }
+        unsafe { out(value, super::cluster_occupancy::as_int(v)) }
     })
 }
 
@@ -169,9 +170,10 @@ unsafe extern "C" fn active_clusters(
                 shared as u64,
                 [size as u32, 1, 1],
             )
-        })?;
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(value, n.min(c_int::MAX as u64) as c_int) }
+        unsafe { out(value, super::cluster_occupancy::as_int(n)) }
     })
 }
 

@@ -177,7 +177,8 @@ fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
             dims => dims,
         };
         super::cluster_occupancy::active_clusters(d, f, c.block, u64::from(c.shared), cluster)
-    })
+    })?
+    .answer()
 }
 
 #[no_mangle]
@@ -199,7 +200,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         })?;
         tracing::trace!(clusters = n, "cuOccupancyMaxActiveClusters");
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(num, n.min(c_int::MAX as u64) as c_int) }
+        unsafe { out(num, super::cluster_occupancy::as_int(n)) }
     })
 }
 
@@ -217,9 +218,10 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
         let c = unsafe { &*config };
         let most = driver::with(|d| {
             super::cluster_occupancy::potential_cluster_size(d, f, c.block, u64::from(c.shared))
-        })?;
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(size, most) }
+        unsafe { out(size, super::cluster_occupancy::as_int(most)) }
     })
 }
 
