@@ -22,13 +22,13 @@ const PTX: &str = "\
 .address_size 64
 
 .extern .shared .align 16 .b8 dyn[];
+.shared .align 4 .b8 tile[4096];
 
-.visible .entry occupancy_probe(.param .u64 out)
+.visible .entry occupancy_probe(.param .u64 dst)
 {
     .reg .b32 %r<4>;
     .reg .b64 %rd<5>;
-    .shared .align 4 .b8 tile[4096];
-    ld.param.u64 %rd1, [out];
+    ld.param.u64 %rd1, [dst];
     cvta.to.global.u64 %rd2, %rd1;
     mov.u32 %r1, %tid.x;
     and.b32 %r2, %r1, 1023;
