@@ -267,7 +267,7 @@ fn cuda_cluster_occupancy_is_the_drivers_answer() {
 
     // Refused, the context kept: unknown handles, a storage kernel, values past the
     // checks, and shared memory the driver refuses (static 4 KiB plus the GPU's whole
-    // per-block limit).
+    // per-block limit, asked about or as the function's limit).
     for function in [0, f + 0x100, u64::MAX] {
         assert!(matches!(
             modules.cluster_occupancy(&question(function, 128, 0, [2, 1, 1])),
@@ -289,6 +289,10 @@ fn cuda_cluster_occupancy_is_the_drivers_answer() {
         question(f, 128, 0, [16, 1, 1]),
         question(f, 128, u32::MAX, [2, 1, 1]),
         question(f, 128, optin, [2, 1, 1]),
+        ClusterOccupancyArgs {
+            max_dynamic_shared: optin,
+            ..question(f, 128, 0, [2, 1, 1])
+        },
         ClusterOccupancyArgs {
             query: 9,
             ..question(f, 128, 0, [2, 1, 1])

@@ -218,6 +218,9 @@ fn active_q(block: u32, shared: u32, cluster: [u32; 3], flags: u32) -> ClusterOc
         cluster,
         query: occupancy_query::MAX_ACTIVE_CLUSTERS,
         flags,
+        // The driver's default limit, as the library keeps it for a function that did not
+        // set one (the sim's kernels have no static shared memory).
+        max_dynamic_shared: 48 << 10,
         ..ClusterOccupancyArgs::default()
     }
 }
@@ -336,6 +339,23 @@ fn the_library_asks_the_device_once_per_shape() {
         );
     }
     assert_eq!(asked().len(), 4);
+    // The function's dynamic shared memory limit travels too, and is part of the shape.
+    assert_eq!(lib.set(8, 64 << 10), OK);
+    let q = ClusterOccupancyArgs {
+        max_dynamic_shared: 64 << 10,
+        ..active_q(128, 0, [2, 1, 1], 0)
+    };
+    assert_eq!(lib.active(128, 0, [2, 1, 1]), expect(q));
+    assert_eq!(
+        ClusterOccupancyArgs {
+            function: 0,
+            ..*asked().last().expect("asked")
+        },
+        q
+    );
+    assert_eq!(lib.set(8, 48 << 10), OK);
+    assert_eq!(lib.active(128, 0, [2, 1, 1]), expect(first));
+    assert_eq!(asked().len(), 5, "the first shape's answer kept");
 
     // What never runs is none, without asking: a cluster above the portable size for a
     // function that did not allow more, above 16 blocks, shared memory or threads past
@@ -348,7 +368,7 @@ fn the_library_asks_the_device_once_per_shape() {
     assert_eq!(lib.slot(128, usize::MAX, Some(2)), (OK, 0));
     assert_eq!(lib.active(128, 0, [0, 1, 1]).0, INVALID_VALUE);
     assert_eq!(lib.active(0, 0, [2, 1, 1]).0, INVALID_VALUE);
-    assert_eq!(asked().len(), 4, "none of these reached the device");
+    assert_eq!(asked().len(), 5, "none of these reached the device");
 
     // The function's permission travels with the question, and is part of its shape.
     assert_eq!(lib.set(14, 1), OK);
@@ -356,13 +376,13 @@ fn the_library_asks_the_device_once_per_shape() {
     assert_eq!(lib.active(128, 0, [16, 1, 1]), expect(q));
     let q = active_q(128, 0, [2, 1, 1], OCCUPANCY_NON_PORTABLE);
     assert_eq!(lib.active(128, 0, [2, 1, 1]), expect(q));
-    assert_eq!(asked().len(), 6);
+    assert_eq!(asked().len(), 7);
     // The largest cluster: the device's, through the public call and slot 9 alike.
     assert_eq!(lib.ask(false, 128, 0, None), (OK, 13));
     assert_eq!(lib.slot(128, 0, None), (OK, 13));
     assert_eq!(lib.set(14, 0), OK);
     assert_eq!(lib.ask(false, 128, 0, Some([4, 1, 1])), (OK, 7));
-    assert_eq!(asked().len(), 8);
+    assert_eq!(asked().len(), 9);
     let last = *asked().last().expect("asked");
     assert_eq!(
         (last.query, last.cluster, last.flags),
@@ -377,7 +397,7 @@ fn the_library_asks_the_device_once_per_shape() {
     assert_eq!(lib.ask(false, 128, 0, None), (OK, 4));
     let q = active_q(128, 0, [2, 2, 1], 0);
     assert_eq!(lib.ask(true, 128, 0, None), expect(q));
-    assert_eq!(asked().len(), 9);
+    assert_eq!(asked().len(), 10);
 
     // A function the device turns down is estimated; the device's refusal is the call's.
     let mut per_sm: c_int = 0;
@@ -411,10 +431,10 @@ fn the_library_asks_the_device_once_per_shape() {
         (OK, per_sm * sms / 2)
     );
     assert_eq!(lib.active(REFUSED, 0, [2, 1, 1]).0, INVALID_VALUE);
-    assert_eq!(asked().len(), 11);
+    assert_eq!(asked().len(), 12);
     // Neither was kept: asked again.
     assert_eq!(lib.active(REFUSED, 0, [2, 1, 1]).0, INVALID_VALUE);
-    assert_eq!(asked().len(), 12);
+    assert_eq!(asked().len(), 13);
     // And the queue goes on answering.
     assert_eq!(lib.active(128, 0, [2, 1, 1]), expect(first));
 

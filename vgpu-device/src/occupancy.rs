@@ -8,8 +8,8 @@ use crate::device::{Outcome, Vgpu};
 use crate::error::RequestError;
 
 impl Vgpu {
-    /// Checks `a` (the query, flags, block, shared memory against the device's per-block
-    /// limit, the cluster's size) before the backend sees it; the backend checks the
+    /// Checks `a` (the query, flags, block, shared memory and the function's limit against
+    /// the device's per-block limit, the cluster's size) before the backend sees it; the backend checks the
     /// function handle. r0 = the answer.
     pub(crate) fn cluster_occupancy(&self, a: &ClusterOccupancyArgs) -> Outcome {
         let op = Opcode::ClusterOccupancy;
@@ -22,12 +22,15 @@ impl Vgpu {
         a.check()
             .map_err(|e| RequestError::invalid(op, e.to_string()))?;
         let g = &self.backend.info().attributes;
-        if g.max_shared_per_block_optin > 0 && a.shared_bytes > g.max_shared_per_block_optin {
+        let most = g.max_shared_per_block_optin;
+        if let Some(s) = [a.shared_bytes, a.max_dynamic_shared]
+            .into_iter()
+            .find(|&s| most > 0 && s > most)
+        {
             return Err(RequestError::invalid(
                 op,
                 format!(
-                    "{} bytes of dynamic shared memory per block: this GPU gives a block at most {}",
-                    a.shared_bytes, g.max_shared_per_block_optin
+                    "{s} bytes of dynamic shared memory per block: this GPU gives a block at most {most}"
                 ),
             ));
         }

@@ -225,9 +225,9 @@ fn hostile_occupancy_questions_never_reach_the_backend() {
             },
         ),
         (
-            "reserved",
+            "the function's limit past the GPU",
             ClusterOccupancyArgs {
-                reserved: 1,
+                max_dynamic_shared: OPTIN + 1,
                 ..good
             },
         ),

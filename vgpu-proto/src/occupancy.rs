@@ -44,8 +44,11 @@ wire_struct! {
         pub query: u32,
         /// 0 or `OCCUPANCY_NON_PORTABLE`.
         pub flags: u32,
-        /// Must be 0.
-        pub reserved: u32,
+        /// The function's dynamic shared memory limit as the program set it
+        /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, <= `MAX_SHARED_BYTES`): the
+        /// device's function is allowed at least this much before the driver is asked, as
+        /// the program's is.
+        pub max_dynamic_shared: u32,
     }
 }
 
@@ -55,11 +58,12 @@ wire_struct! {
 pub enum OccupancyError {
     /// `query` is not an [`occupancy_query`] value.
     Query(u32),
-    /// Flag bits other than `OCCUPANCY_NON_PORTABLE`, or `reserved` not 0.
+    /// Flag bits other than `OCCUPANCY_NON_PORTABLE`.
     Flags(u32),
     /// A block size of 0, or more than `MAX_THREADS_PER_BLOCK` threads.
     Block([u32; 3]),
-    /// More dynamic shared memory than a block can have.
+    /// More dynamic shared memory (asked about, or as the function's limit) than a block
+    /// can have.
     Shared(u32),
     /// A cluster size of 0 or more than `MAX_CLUSTER_BLOCKS` blocks (`MAX_ACTIVE_CLUSTERS`),
     /// or not all zero (`MAX_CLUSTER_SIZE`).
@@ -77,7 +81,7 @@ impl fmt::Display for OccupancyError {
             ),
             OccupancyError::Flags(v) => write!(
                 f,
-                "flags {v:#x}: only bit 0 (non-portable cluster sizes allowed) is defined, and reserved must be 0"
+                "flags {v:#x}: only bit 0 (non-portable cluster sizes allowed) is defined"
             ),
             OccupancyError::Block(b) => write!(
                 f,
@@ -114,15 +118,17 @@ impl ClusterOccupancyArgs {
     /// backend's to check, and the device's own limits (shared memory per block, the
     /// block's dimensions) the driver's.
     pub fn check(&self) -> Result<(), OccupancyError> {
-        if self.flags & !OCCUPANCY_NON_PORTABLE != 0 || self.reserved != 0 {
-            return Err(OccupancyError::Flags(self.flags | self.reserved));
+        if self.flags & !OCCUPANCY_NON_PORTABLE != 0 {
+            return Err(OccupancyError::Flags(self.flags));
         }
         let threads = product(self.block);
         if self.block.contains(&0) || threads > MAX_THREADS_PER_BLOCK {
             return Err(OccupancyError::Block(self.block));
         }
-        if self.shared_bytes > MAX_SHARED_BYTES {
-            return Err(OccupancyError::Shared(self.shared_bytes));
+        for s in [self.shared_bytes, self.max_dynamic_shared] {
+            if s > MAX_SHARED_BYTES {
+                return Err(OccupancyError::Shared(s));
+            }
         }
         match self.query {
             occupancy_query::MAX_ACTIVE_CLUSTERS => {

@@ -12,7 +12,7 @@ fn active(cluster: [u32; 3]) -> ClusterOccupancyArgs {
         cluster,
         query: occupancy_query::MAX_ACTIVE_CLUSTERS,
         flags: 0,
-        reserved: 0,
+        max_dynamic_shared: 64 << 10,
     }
 }
 
@@ -27,13 +27,15 @@ fn cluster_occupancy_round_trips() {
         .encode(11, &mut buf)
         .expect("encodes");
     assert_eq!(n, RequestHeader::SIZE + 48);
-    // The layout docs/protocol.md gives: function, block, shared, cluster, query, flags.
+    // The layout docs/protocol.md gives: function, block, shared, cluster, query, flags,
+    // the function's limit.
     assert_eq!(&buf[..4], &0x0305u32.to_le_bytes());
     assert_eq!(&buf[16..24], &0x1_0002u64.to_le_bytes());
     assert_eq!(&buf[24..28], &128u32.to_le_bytes());
     assert_eq!(&buf[36..40], &(64u32 << 10).to_le_bytes());
     assert_eq!(&buf[40..44], &4u32.to_le_bytes());
     assert_eq!(&buf[56..60], &OCCUPANCY_NON_PORTABLE.to_le_bytes());
+    assert_eq!(&buf[60..64], &(64u32 << 10).to_le_bytes());
     let (h, parsed) = parse_request(&buf[..n]).expect("parses");
     assert_eq!((h.opcode, h.id), (0x0305, 11));
     let Request::ClusterOccupancy(back) = parsed else {
@@ -103,21 +105,25 @@ fn cluster_occupancy_arguments_are_checked() {
         ..active([2, 1, 1])
     };
     assert!(a.check().is_err());
-    // Unknown query, flags and reserved bits.
+    let a = ClusterOccupancyArgs {
+        max_dynamic_shared: MAX_SHARED_BYTES + 1,
+        ..active([2, 1, 1])
+    };
+    assert_eq!(a.check(), Err(OccupancyError::Shared(MAX_SHARED_BYTES + 1)));
+    // Unknown query and flags.
     let a = ClusterOccupancyArgs {
         query: 2,
         ..active([2, 1, 1])
     };
     assert_eq!(a.check(), Err(OccupancyError::Query(2)));
-    for (flags, reserved) in [(2, 0), (0x8000_0001, 0), (0, 1)] {
+    for flags in [2, 0x8000_0001, u32::MAX] {
         let a = ClusterOccupancyArgs {
             flags,
-            reserved,
             ..active([2, 1, 1])
         };
         assert!(
             matches!(a.check(), Err(OccupancyError::Flags(_))),
-            "{flags:#x} {reserved}"
+            "{flags:#x}"
         );
     }
     // The largest-cluster query takes no cluster.

@@ -57,8 +57,9 @@ impl CudaGpu {
         })
     }
 
-    /// Raises `func`'s dynamic shared memory limit to the question's (never lowers it: a
-    /// launch may need more) and allows non-portable cluster sizes when the program did
+    /// Raises `func`'s dynamic shared memory limit to the question's and to the one the
+    /// program set on its function, as the program's function has it (never lowers it: a
+    /// launch may need more), and allows non-portable cluster sizes when the program did
     /// (never disallows them: a launch of a larger cluster allowed them itself).
     fn prepare(
         &self,
@@ -69,15 +70,16 @@ impl CudaGpu {
         use std::sync::atomic::Ordering;
         use sys::CUfunction_attribute as A;
         let _g = lock(&self.attr_lock);
-        if q.shared_bytes > DEFAULT_SHARED {
+        let want = q.shared_bytes.max(q.max_dynamic_shared);
+        if want > DEFAULT_SHARED {
             let now = func_attribute(
                 func,
                 A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 "cuFuncGetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
             )?;
-            if now < q.shared_bytes {
+            if now < want {
                 // `check` bounded it to MAX_SHARED_BYTES, the device to the GPU's limit.
-                let v = i32::try_from(q.shared_bytes).unwrap_or(i32::MAX);
+                let v = i32::try_from(want).unwrap_or(i32::MAX);
                 check(
                     // SAFETY: sets an attribute of a live function (its module is held).
                     unsafe {
@@ -90,7 +92,7 @@ impl CudaGpu {
                     "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
                 )?;
                 if let Some(l) = shared_limit {
-                    l.fetch_max(q.shared_bytes, Ordering::AcqRel);
+                    l.fetch_max(want, Ordering::AcqRel);
                 }
             }
         }

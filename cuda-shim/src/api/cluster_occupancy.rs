@@ -28,7 +28,7 @@ const MAX_ANSWERS: usize = 4096;
 
 /// One question as the library keeps its answer: the function, block, dynamic shared
 /// memory, cluster (all zero for the largest-cluster question), whether non-portable sizes
-/// are allowed, and the question.
+/// are allowed, the function's dynamic shared memory limit, and the question.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Question {
     function: u64,
@@ -36,6 +36,7 @@ pub struct Question {
     shared: u32,
     cluster: [u32; 3],
     non_portable: bool,
+    max_dynamic_shared: u32,
     query: u32,
 }
 
@@ -146,7 +147,7 @@ fn ask(d: &Driver, f: CUfunction, q: Question, estimate: u64) -> Res<Option<Pend
         } else {
             0
         },
-        reserved: 0,
+        max_dynamic_shared: q.max_dynamic_shared,
     };
     Ok(Some(Pending::Ask {
         question: q,
@@ -198,6 +199,7 @@ pub(crate) fn active_clusters(
         shared: u32::try_from(shared).unwrap_or(u32::MAX),
         cluster,
         non_portable,
+        max_dynamic_shared: max_dynamic_shared(d, f)?,
         query: occupancy_query::MAX_ACTIVE_CLUSTERS,
     };
     Ok(ask(d, f, q, estimate)?.unwrap_or(Pending::Known(estimate)))
@@ -239,9 +241,16 @@ pub(crate) fn potential_cluster_size(
         shared: u32::try_from(shared).unwrap_or(u32::MAX),
         cluster: [0; 3],
         non_portable: settings.non_portable,
+        max_dynamic_shared: max_dynamic_shared(d, f)?,
         query: occupancy_query::MAX_CLUSTER_SIZE,
     };
     Ok(ask(d, f, q, estimate)?.unwrap_or(Pending::Known(estimate)))
+}
+
+/// The dynamic shared memory limit the program set on the function (checked against the
+/// device's when set).
+fn max_dynamic_shared(d: &Driver, f: CUfunction) -> Res<u32> {
+    Ok(u32::try_from(super::func::lookup(d, f)?.max_dynamic_shared).unwrap_or(0))
 }
 
 /// An answer as the C `int` the calls write.
