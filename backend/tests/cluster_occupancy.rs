@@ -147,6 +147,10 @@ fn driver_answer(func: sys::CUfunction, q: &ClusterOccupancyArgs) -> u64 {
     u64::try_from(n).expect("a count")
 }
 
+/// The dynamic shared memory the test allows its functions (the driver's, and the
+/// backend's through the question, as the library passes the program's limit).
+const MOST_SHARED: u32 = 200 << 10;
+
 fn question(function: u64, block: u32, shared: u32, cluster: [u32; 3]) -> ClusterOccupancyArgs {
     ClusterOccupancyArgs {
         function,
@@ -154,6 +158,7 @@ fn question(function: u64, block: u32, shared: u32, cluster: [u32; 3]) -> Cluste
         shared_bytes: shared,
         cluster,
         query: occupancy_query::MAX_ACTIVE_CLUSTERS,
+        max_dynamic_shared: MOST_SHARED,
         ..ClusterOccupancyArgs::default()
     }
 }
@@ -199,7 +204,7 @@ fn cuda_cluster_occupancy_is_the_drivers_answer() {
         .get_function(m, b"occupancy_probe")
         .expect("function")
         .handle;
-    let most = 200 << 10;
+    let most = MOST_SHARED;
     let native = driver_function(most);
     for block in [128, 384] {
         for shared in [0, 48 << 10, 100 << 10, most] {

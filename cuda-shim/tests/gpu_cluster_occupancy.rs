@@ -253,9 +253,19 @@ impl Vgpu<'_> {
     }
 }
 
-/// Compares every shape for `clusters`; returns how many answers were compared.
+/// Whether the vGPU's answer `got` is the driver's `want`: the same count, or, where the
+/// driver refuses the question (a cluster its GPCs cannot hold, say), a refusal too or none.
+fn agrees(got: Answer, want: Answer) -> bool {
+    match want {
+        Ok(_) => got == want,
+        Err(_) => matches!(got, Err(_) | Ok(0)),
+    }
+}
+
+/// Compares every shape for `clusters`; returns how many answers the driver gave (not
+/// refusals).
 fn compare(native: &Native, vgpu: &Vgpu<'_>, clusters: &[[u32; 3]], what: &str) -> usize {
-    let mut compared = 0;
+    let mut answered = 0;
     for &block in &BLOCKS {
         for &shared in &SHARED {
             for &cluster in clusters {
@@ -265,49 +275,42 @@ fn compare(native: &Native, vgpu: &Vgpu<'_>, clusters: &[[u32; 3]], what: &str) 
                     "{what}: block {block}, shared {} KiB, cluster {cluster:?}: driver {want:?}, vGPU {got:?}",
                     shared >> 10
                 );
+                let at = format!("block {block}, shared {shared}, cluster {cluster:?}");
                 assert!(
-                    want.is_ok(),
-                    "the driver refused a valid question: {want:?}"
-                );
-                assert_eq!(
-                    got, want,
-                    "active clusters, block {block}, shared {shared}, cluster {cluster:?}"
+                    agrees(got, want),
+                    "active clusters, {at}: {got:?}, driver {want:?}"
                 );
                 // Asked again: the library's kept answer, the same.
-                assert_eq!(vgpu.ask(true, block, shared, cluster), want);
+                assert_eq!(vgpu.ask(true, block, shared, cluster), got, "again, {at}");
                 if cluster[1] == 1 && cluster[2] == 1 {
                     assert_eq!(
                         vgpu.slot(true, block, shared, cluster[0]),
-                        want,
-                        "cluster table slot 10, block {block}, shared {shared}, cluster {cluster:?}"
+                        got,
+                        "cluster table slot 10, {at}"
                     );
                 }
-                compared += 1;
+                answered += usize::from(want.is_ok());
             }
             let want = native.ask(false, block, shared, [1, 1, 1]);
+            let got = vgpu.ask(false, block, shared, [1, 1, 1]);
             eprintln!(
-                "{what}: block {block}, shared {} KiB: largest cluster: driver {want:?}, vGPU {:?}",
-                shared >> 10,
-                vgpu.ask(false, block, shared, [1, 1, 1])
+                "{what}: block {block}, shared {} KiB: largest cluster: driver {want:?}, vGPU {got:?}",
+                shared >> 10
             );
+            let at = format!("block {block}, shared {shared}");
             assert!(
-                want.is_ok(),
-                "the driver refused a valid question: {want:?}"
-            );
-            assert_eq!(
-                vgpu.ask(false, block, shared, [1, 1, 1]),
-                want,
-                "largest cluster, block {block}, shared {shared}"
+                agrees(got, want),
+                "largest cluster, {at}: {got:?}, driver {want:?}"
             );
             assert_eq!(
                 vgpu.slot(false, block, shared, 0),
-                want,
-                "cluster table slot 9, block {block}, shared {shared}"
+                got,
+                "cluster table slot 9, {at}"
             );
-            compared += 1;
+            answered += usize::from(want.is_ok());
         }
     }
-    compared
+    answered
 }
 
 #[test]
@@ -428,7 +431,14 @@ fn cluster_occupancy_through_the_library_matches_the_driver() {
         &[[2, 1, 1], [8, 1, 1], [16, 1, 1]],
         "non-portable",
     );
-    assert_eq!(portable + non_portable, 2 * 4 * (5 + 1) + 2 * 4 * (3 + 1));
+    // Every portable question has an answer (blocks of 384 threads with 200 KiB fit one
+    // to an SM, and clusters of 8 SMs fit the GPU's GPCs).
+    assert_eq!(
+        portable,
+        2 * 4 * (5 + 1),
+        "the driver answered every portable question"
+    );
+    assert!(non_portable > 0);
     // Past what a block can have: the driver's refusal or none, never an answer of more.
     let past = vgpu.ask(true, 128, 300 << 10, [2, 1, 1]);
     assert!(matches!(past, Ok(0) | Err(_)), "{past:?}");
