@@ -347,6 +347,18 @@ pub trait Modules: Send + Sync {
         ))
     }
 
+    /// A looked-up function's thread block cluster occupancy as the GPU's driver answers
+    /// it (`cuOccupancyMaxActiveClusters` or `cuOccupancyMaxPotentialClusterSize`, as
+    /// `q.query` asks). The arguments passed [`vgpu_proto::ClusterOccupancyArgs::check`];
+    /// the function handle is the backend's to check. Default: not supported (a backend
+    /// without thread block clusters; the library then estimates).
+    fn cluster_occupancy(&self, q: &vgpu_proto::ClusterOccupancyArgs) -> Result<u64> {
+        let _ = q;
+        Err(BackendError::NotSupported(
+            "this backend does not answer cluster occupancy (a cuda vGPU on a GPU with thread block clusters does)".into(),
+        ))
+    }
+
     /// The device address and size of module-scope variable `name` (`__device__`,
     /// `__constant__`) of a loaded module. From then on the range is a valid target of
     /// copies, memsets and kernel pointers until the module is unloaded; it is the

@@ -168,6 +168,9 @@ pub struct Driver {
     pub extra: crate::extra::Extra,
     /// Reserved ranges, physical allocations and mappings (`api/vmm.rs`).
     pub vmm: crate::api::vmm::Vmm,
+    /// Cluster occupancy the device answered, per function and shape
+    /// (`api/cluster_occupancy.rs`).
+    pub occupancy: crate::api::cluster_occupancy::Answers,
     next_handle: u64,
     next_queue: usize,
 }
@@ -277,6 +280,7 @@ impl Driver {
             staging: None,
             extra: crate::extra::Extra::default(),
             vmm: Default::default(),
+            occupancy: Default::default(),
             next_handle: FIRST_HANDLE,
             next_queue: 0,
         };

@@ -320,6 +320,20 @@ impl Modules for Migratable {
         b.modules().function_attributes(real)
     }
 
+    /// Answered by the backend serving now, for its handle of the function.
+    fn cluster_occupancy(&self, q: &vgpu_proto::ClusterOccupancyArgs) -> Result<u64> {
+        let (_g, b) = self.enter();
+        let real = lock(&self.functions)
+            .get(&q.function)
+            .map(|f| f.real)
+            .ok_or_else(|| BackendError::UnknownFunction(format!("handle {:#x}", q.function)))?;
+        b.modules()
+            .cluster_occupancy(&vgpu_proto::ClusterOccupancyArgs {
+                function: real,
+                ..*q
+            })
+    }
+
     /// Encoded by the backend serving now: the tensor's address is the vGPU's, the same on
     /// every GPU it moves to.
     fn encode_tensor_map(

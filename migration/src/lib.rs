@@ -24,6 +24,8 @@ mod globals;
 mod globals_tests;
 mod layer;
 mod migratable;
+#[cfg(test)]
+mod occupancy_tests;
 mod remote;
 #[cfg(test)]
 mod remote_tests;

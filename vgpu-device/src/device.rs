@@ -353,6 +353,7 @@ impl Vgpu {
                 ])
             }
             Request::EncodeTensorMap(map) => self.encode_tensor_map(mem, chain, map),
+            Request::ClusterOccupancy(a) => self.cluster_occupancy(a),
             Request::VaReserve(_)
             | Request::VaFree(_)
             | Request::MemCreate(_)

@@ -18,6 +18,7 @@ pub mod front;
 mod kernel_times;
 mod launch;
 mod memtable;
+mod occupancy;
 mod request;
 mod shm;
 mod slots;

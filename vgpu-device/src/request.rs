@@ -147,6 +147,7 @@ fn detach(req: Request<'_>) -> Result<Request<'static>, vgpu_proto::LaunchReques
         R::GetFunction(a) => R::GetFunction(a),
         R::GetFunctionLayout(a) => R::GetFunctionLayout(a),
         R::GetGlobal(a) => R::GetGlobal(a),
+        R::ClusterOccupancy(a) => R::ClusterOccupancy(a),
         R::StreamSync => R::StreamSync,
         R::Fence => R::Fence,
         R::EventRecord(a) => R::EventRecord(a),

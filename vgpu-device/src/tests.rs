@@ -626,6 +626,9 @@ mod malformed;
 #[path = "module_tests.rs"]
 mod modules;
 
+#[path = "occupancy_tests.rs"]
+mod occupancy;
+
 #[path = "param_tests.rs"]
 mod params;
 

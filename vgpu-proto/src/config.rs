@@ -54,6 +54,9 @@ pub mod features {
     /// `MEM_RETAIN` work: CUDA's virtual memory management (address ranges reserved apart
     /// from physical memory, physical allocations mapped into them). Since 1.5.
     pub const VIRTUAL_MEMORY: u64 = 1 << 15;
+    /// `CLUSTER_OCCUPANCY` answers a function's thread block cluster occupancy with the
+    /// GPU's driver (a cuda vGPU that offers `CLUSTERS`). Since 1.6.
+    pub const CLUSTER_OCCUPANCY: u64 = 1 << 16;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

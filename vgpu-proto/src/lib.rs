@@ -15,6 +15,7 @@ mod config;
 mod header;
 mod info;
 pub mod launch;
+mod occupancy;
 mod opcode;
 mod request;
 mod status;
@@ -32,6 +33,10 @@ pub use launch::{
     MAX_CLUSTER_BLOCKS, MAX_DEPS, MAX_KERNEL_ARGS, MAX_PARAM_BLOB_BYTES, MAX_SHARED_BYTES,
     MAX_THREADS_PER_BLOCK,
 };
+pub use occupancy::{
+    occupancy_query, ClusterOccupancyArgs, OccupancyError, OCCUPANCY_NON_PORTABLE,
+    PORTABLE_CLUSTER_BLOCKS,
+};
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};
 pub use status::Status;
@@ -44,7 +49,7 @@ pub use wire::WireError;
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 5;
+pub const VERSION_MINOR: u16 = 6;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 
@@ -71,6 +76,8 @@ pub const DEVICE_ALLOC_ALIGN: u64 = 2 << 20;
 /// driver's minimum and recommended granularity for device memory on the GPUs vgpu runs on).
 pub const VMM_GRANULARITY: u64 = DEVICE_ALLOC_ALIGN;
 
+#[cfg(test)]
+mod occupancy_tests;
 #[cfg(test)]
 mod tensor_map_tests;
 #[cfg(test)]

@@ -38,6 +38,9 @@ pub enum Opcode {
     /// name (readable data descriptors): its device address and size. Since 1.2
     /// (`features::GLOBALS`).
     GetGlobal = 0x0304,
+    /// A function's thread block cluster occupancy as the GPU's driver answers it
+    /// ([`crate::ClusterOccupancyArgs`]). Since 1.6 (`features::CLUSTER_OCCUPANCY`).
+    ClusterOccupancy = 0x0305,
     /// Launch a kernel.
     Launch = 0x0400,
     /// Complete after every earlier request on this queue has completed.
@@ -86,7 +89,7 @@ pub enum Opcode {
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 33] = [
+    pub const ALL: [Opcode; 34] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -100,6 +103,7 @@ impl Opcode {
         Opcode::GetFunction,
         Opcode::GetFunctionLayout,
         Opcode::GetGlobal,
+        Opcode::ClusterOccupancy,
         Opcode::Launch,
         Opcode::StreamSync,
         Opcode::Fence,
@@ -143,6 +147,7 @@ impl Opcode {
             Opcode::GetFunction => "GET_FUNCTION",
             Opcode::GetFunctionLayout => "GET_FUNCTION_LAYOUT",
             Opcode::GetGlobal => "GET_GLOBAL",
+            Opcode::ClusterOccupancy => "CLUSTER_OCCUPANCY",
             Opcode::Launch => "LAUNCH",
             Opcode::StreamSync => "STREAM_SYNC",
             Opcode::Fence => "FENCE",

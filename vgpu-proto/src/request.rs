@@ -81,6 +81,8 @@ pub enum Request<'a> {
     GetFunctionLayout(GetFunctionArgs),
     /// `GET_GLOBAL`.
     GetGlobal(GetGlobalArgs),
+    /// `CLUSTER_OCCUPANCY`.
+    ClusterOccupancy(crate::ClusterOccupancyArgs),
     /// `LAUNCH`.
     Launch(LaunchRequest<'a>),
     /// `STREAM_SYNC`.
@@ -266,6 +268,14 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
             fixed!(op, body, GetFunctionArgs, Request::GetFunctionLayout)
         }
         Opcode::GetGlobal => fixed!(op, body, GetGlobalArgs, Request::GetGlobal),
+        Opcode::ClusterOccupancy => {
+            fixed!(
+                op,
+                body,
+                crate::ClusterOccupancyArgs,
+                Request::ClusterOccupancy
+            )
+        }
         Opcode::Launch => Request::Launch(parse_launch(body)?),
         Opcode::StreamSync => Request::StreamSync,
         Opcode::Fence => Request::Fence,
@@ -342,6 +352,7 @@ impl Request<'_> {
             Request::GetFunction(_) => Opcode::GetFunction,
             Request::GetFunctionLayout(_) => Opcode::GetFunctionLayout,
             Request::GetGlobal(_) => Opcode::GetGlobal,
+            Request::ClusterOccupancy(_) => Opcode::ClusterOccupancy,
             Request::Launch(_) => Opcode::Launch,
             Request::StreamSync => Opcode::StreamSync,
             Request::Fence => Opcode::Fence,
@@ -430,6 +441,7 @@ impl Request<'_> {
             Request::ModuleUnload(a) => w.bytes(&a.to_bytes())?,
             Request::GetFunction(a) | Request::GetFunctionLayout(a) => w.bytes(&a.to_bytes())?,
             Request::GetGlobal(a) => w.bytes(&a.to_bytes())?,
+            Request::ClusterOccupancy(a) => w.bytes(&a.to_bytes())?,
             Request::EventRecord(a) | Request::EventQuery(a) | Request::EventDestroy(a) => {
                 w.bytes(&a.to_bytes())?
             }

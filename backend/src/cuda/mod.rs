@@ -31,6 +31,7 @@ mod lanes;
 mod limits;
 mod memory;
 mod modules;
+mod occupancy;
 mod pinned;
 mod relocation;
 mod storage;
@@ -258,6 +259,11 @@ impl CudaGpu {
                 | features::PARAM_BLOBS
                 | features::FUNCTION_ATTRIBUTES
                 | clusters
+                | if clusters != 0 {
+                    features::CLUSTER_OCCUPANCY
+                } else {
+                    0
+                }
                 | if attributes::tensor_maps(dev) {
                     features::TENSOR_MAPS
                 } else {
@@ -686,6 +692,10 @@ impl crate::Modules for CudaGpu {
             }
         };
         modules::attributes(func).map_err(|e| self.cuda_err(e))
+    }
+
+    fn cluster_occupancy(&self, q: &vgpu_proto::ClusterOccupancyArgs) -> Result<u64> {
+        self.occupancy(q)
     }
 
     fn param_layout(&self, function: u64) -> Result<crate::ParamLayout> {

@@ -175,7 +175,7 @@ fn param_info(f: Func) -> std::result::Result<Vec<(u32, u32)>, CuError> {
 }
 
 /// One attribute of `f` (`cuFuncGetAttribute`).
-fn func_attribute(
+pub(super) fn func_attribute(
     f: Func,
     attr: sys::CUfunction_attribute,
     call: &'static str,

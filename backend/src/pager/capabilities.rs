@@ -159,6 +159,10 @@ impl Modules for Pager {
         self.inner.modules().encode_tensor_map(map)
     }
 
+    fn cluster_occupancy(&self, q: &vgpu_proto::ClusterOccupancyArgs) -> Result<u64> {
+        self.inner.modules().cluster_occupancy(q)
+    }
+
     fn module_global(&self, module: u64, name: &[u8]) -> Result<(u64, u64)> {
         let (addr, size) = self.inner.modules().module_global(module, name)?;
         if size > 0 {

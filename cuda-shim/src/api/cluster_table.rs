@@ -129,16 +129,24 @@ unsafe extern "C" fn cluster_launch(dev: CUdevice, value: *mut c_int) -> CUresul
 unsafe extern "C" fn max_cluster_size(
     f: CUfunction,
     block: c_int,
-    _shared: usize,
+    shared: usize,
     value: *mut c_int,
 ) -> CUresult {
     guard("cluster table: largest cluster", || {
         if block <= 0 {
             return Err(res::INVALID_VALUE);
         }
-        let v = driver::with(|d| super::launch_ex::potential_cluster_size(d, f))?;
+        let v = driver::with(|d| {
+            super::cluster_occupancy::potential_cluster_size(
+                d,
+                f,
+                [block as u32, 1, 1],
+                shared as u64,
+            )
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(value, v) }
+        unsafe { out(value, super::cluster_occupancy::as_int(v)) }
     })
 }
 
@@ -155,10 +163,17 @@ unsafe extern "C" fn active_clusters(
             return Err(res::INVALID_VALUE);
         }
         let n = driver::with(|d| {
-            super::launch_ex::active_clusters(d, f, block as u64, shared as u64, size as u64)
-        })?;
+            super::cluster_occupancy::active_clusters(
+                d,
+                f,
+                [block as u32, 1, 1],
+                shared as u64,
+                [size as u32, 1, 1],
+            )
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(value, n.min(c_int::MAX as u64) as c_int) }
+        unsafe { out(value, super::cluster_occupancy::as_int(n)) }
     })
 }
 

@@ -9,12 +9,12 @@
 //! launches are not offered (`CUDA_ERROR_NOT_SUPPORTED`, as on a device without them;
 //! `CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH` answers 0), nor are the attributes that
 //! record events from inside the kernel. Cluster occupancy
-//! (`cuOccupancyMaxActiveClusters`, `cuOccupancyMaxPotentialClusterSize`) is estimated
-//! from the blocks that fit the whole GPU (every SM taken as able to join any cluster).
+//! (`cuOccupancyMaxActiveClusters`, `cuOccupancyMaxPotentialClusterSize`) is answered by
+//! the worker's driver on a cuda vGPU (`api/cluster_occupancy.rs`).
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::driver::{self, Driver, Res};
+use crate::driver::{self, Res};
 use crate::types::{res, CUfunction, CUresult, CUstream};
 use crate::{guard, out};
 
@@ -81,7 +81,7 @@ pub(crate) fn check_attribute(a: &LaunchAttribute) -> Result<(), CUresult> {
             crate::api::stubs::log_once("cooperative launches");
             Err(res::NOT_SUPPORTED)
         }
-        // The size is checked with the launch (`cluster_blocks`); a preferred size is a
+        // The size is checked with the launch (`launch::check_cluster`); a preferred size is a
         // hint the required one satisfies.
         id::CLUSTER_DIMENSION | id::PREFERRED_CLUSTER_DIMENSION => Ok(()),
         id::PROGRAMMATIC_EVENT | id::LAUNCH_COMPLETION_EVENT => {
@@ -157,19 +157,9 @@ unsafe fn cluster_dims(c: &LaunchConfig) -> Res<[u32; 3]> {
     Ok(dims)
 }
 
-/// Blocks per cluster a launch configuration asks for.
-///
-/// # Safety
-/// As [`cluster_dims`].
-unsafe fn cluster_blocks(c: &LaunchConfig) -> Res<u64> {
-    // SAFETY: the caller's contract.
-    Ok(unsafe { cluster_dims(c)? }
-        .iter()
-        .map(|&x| u64::from(x))
-        .product())
-}
-
-/// Clusters of `config`'s shape that run at once (see [`active_clusters`]).
+/// Clusters of `config`'s shape that run at once (see
+/// [`super::cluster_occupancy::active_clusters`]): the launch's cluster, else the one the
+/// program set on the function, else clusters of one block.
 fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
     if config.is_null() {
         return Err(res::INVALID_VALUE);
@@ -177,50 +167,18 @@ fn max_active_clusters(f: CUfunction, config: *const LaunchConfig) -> Res<u64> {
     // SAFETY: a readable CUlaunchConfig from the caller.
     let c = unsafe { &*config };
     // SAFETY: its attribute array as the API documents it.
-    let size = unsafe { cluster_blocks(c)? };
-    let block = c.block.iter().map(|&b| u64::from(b)).product::<u64>();
-    driver::with(|d| active_clusters(d, f, block, u64::from(c.shared), size))
-}
-
-/// Clusters of `size` blocks of `block` threads with `shared` bytes of dynamic shared
-/// memory each that run at once on the whole GPU: the blocks that fit every SM, taken as
-/// able to join any cluster, over the cluster's size; none of a cluster larger than the
-/// GPU runs or on a vGPU without clusters.
-pub(crate) fn active_clusters(
-    d: &mut Driver,
-    f: CUfunction,
-    block: u64,
-    shared: u64,
-    size: u64,
-) -> Res<u64> {
-    let needs = super::func::occupancy_checks(d, f, 0)?;
-    if block == 0 || size == 0 {
-        return Err(res::INVALID_VALUE);
-    }
-    if size > 1 && d.info.features & vgpu_proto::features::CLUSTERS == 0 {
-        return Ok(0);
-    }
-    // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
-    // probes one block past the largest size this way).
-    if size > u64::from(vgpu_proto::MAX_CLUSTER_BLOCKS) {
-        return Ok(0);
-    }
-    let per_sm = super::func::blocks_per_sm(&d.attributes, needs, block, shared);
-    Ok(per_sm * u64::from(d.attributes.sm_count.max(1)) / size)
-}
-
-/// The largest cluster the function may launch in: the portable 8 blocks where clusters
-/// run (16 once the program allowed non-portable sizes), one block where they do not.
-pub(crate) fn potential_cluster_size(d: &mut Driver, f: CUfunction) -> Res<c_int> {
-    super::func::occupancy_checks(d, f, 0)?;
-    let non_portable = super::func::lookup(d, f)?.cluster.non_portable;
-    Ok(if d.info.features & vgpu_proto::features::CLUSTERS == 0 {
-        1
-    } else if non_portable {
-        vgpu_proto::MAX_CLUSTER_BLOCKS as c_int
-    } else {
-        8
-    })
+    let named = unsafe { cluster_dims(c)? };
+    driver::with(|d| {
+        // An unknown function is refused by the occupancy checks, in their order.
+        let cluster = match named {
+            [1, 1, 1] => {
+                super::func::function(d, f).map_or([1, 1, 1], |func| func.cluster.launch_dims())
+            }
+            dims => dims,
+        };
+        super::cluster_occupancy::active_clusters(d, f, c.block, u64::from(c.shared), cluster)
+    })?
+    .answer()
 }
 
 #[no_mangle]
@@ -242,7 +200,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         })?;
         tracing::trace!(clusters = n, "cuOccupancyMaxActiveClusters");
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(num, n.min(c_int::MAX as u64) as c_int) }
+        unsafe { out(num, super::cluster_occupancy::as_int(n)) }
     })
 }
 
@@ -256,9 +214,14 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
         if config.is_null() {
             return Err(res::INVALID_VALUE);
         }
-        let most = driver::with(|d| potential_cluster_size(d, f))?;
+        // SAFETY: a readable CUlaunchConfig from the caller (checked non-null).
+        let c = unsafe { &*config };
+        let most = driver::with(|d| {
+            super::cluster_occupancy::potential_cluster_size(d, f, c.block, u64::from(c.shared))
+        })?
+        .answer()?;
         // SAFETY: a writable int from the caller (NULL refused).
-        unsafe { out(size, most) }
+        unsafe { out(size, super::cluster_occupancy::as_int(most)) }
     })
 }
 

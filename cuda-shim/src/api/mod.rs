@@ -20,6 +20,7 @@ pub mod vgpu;
 // Libraries, function attributes, pitched memory, pools, host functions, graphs, tensor
 // maps.
 pub mod capture;
+pub mod cluster_occupancy;
 pub mod cluster_table;
 pub mod enumerate;
 pub mod func;

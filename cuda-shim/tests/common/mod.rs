@@ -1,6 +1,7 @@
 //! What the tests share: a sim `vgpu-worker` for one test (the end-to-end tests' helper),
 //! the path of the built library, the library loaded in the test's process (`cuda`), C
-//! programs on the installed library (`c`), and the symbols a library exports (`elf`).
+//! programs on the installed library (`c`), the symbols a library exports (`elf`), and a
+//! vGPU served in the test's own process over the Linux transport (`physmem`).
 
 #![allow(dead_code)]
 
@@ -8,6 +9,7 @@ pub mod c;
 #[macro_use]
 pub mod cuda;
 pub mod elf;
+pub mod physmem;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -322,6 +322,13 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         ))
     }
 
+    /// A function's thread block cluster occupancy as the device's GPU driver answers it
+    /// (`CLUSTER_OCCUPANCY`, devices with `features::CLUSTER_OCCUPANCY`): clusters that run
+    /// at once, or the blocks of the largest cluster, as `args.query` asks.
+    pub fn cluster_occupancy(&mut self, args: &vgpu_proto::ClusterOccupancyArgs) -> Result<u64> {
+        Ok(self.call(&Request::ClusterOccupancy(*args))?[0])
+    }
+
     /// Looks up a module variable by name (devices with `features::GLOBALS`): its device
     /// address and size.
     pub fn get_global(&mut self, module: u64, name: &str) -> Result<(u64, u64)> {

@@ -128,6 +128,11 @@ impl Gpu {
                 }
                 ok([1000, 0, 0, 0])
             }
+            // 132 SMs in clusters of the asked size, for a question the device would answer.
+            Request::ClusterOccupancy(q) if q.function == VECTOR_ADD && q.check().is_ok() => {
+                ok([132 / q.cluster_blocks().max(1), 0, 0, 0])
+            }
+            Request::ClusterOccupancy(_) => err(Status::InvalidArgument),
             Request::StreamSync => ok([0; 4]),
             Request::EventRecord(_) => {
                 self.clock += 10;
@@ -419,6 +424,30 @@ fn a_silent_device_times_out_and_is_reset() {
     assert_eq!(s.stream_sync(), Err(Error::Timeout));
     assert_eq!(t.dev.borrow().status, 0, "the device was reset");
     assert_eq!(s.stream_sync(), Err(Error::Broken));
+}
+
+#[test]
+fn cluster_occupancy_answers_the_first_result_word() {
+    let (mut s, _t, _gpu) = started();
+    let q = vgpu_proto::ClusterOccupancyArgs {
+        function: VECTOR_ADD,
+        block: [128, 1, 1],
+        shared_bytes: 1024,
+        cluster: [2, 2, 1],
+        ..Default::default()
+    };
+    assert_eq!(s.cluster_occupancy(&q), Ok(33));
+    let bad = vgpu_proto::ClusterOccupancyArgs {
+        cluster: [0, 1, 1],
+        ..q
+    };
+    assert_eq!(
+        s.cluster_occupancy(&bad),
+        Err(Error::Device {
+            opcode: Opcode::ClusterOccupancy as u32,
+            status: Status::InvalidArgument
+        })
+    );
 }
 
 #[test]
