@@ -60,6 +60,7 @@ memory-bench|bench|300|oversubscription, swap throughput and shm dataflow (sim, 
 shm-bench|bench|240|shm dataflow on GPU 0: producer fill -> consumer reduce through shared device memory vs through host memory (DtoH + HtoD), 4 MiB to 1 GiB, same run (Gdev: up to 49 % faster)
 timeline|bench|300|the band step's two VMs with per-request timelines: where the time between kernels goes (BAND, then FIFO)
 handover|bench|300|the band step's two VMs under BAND with vgpud's hand-over poll off, then on (VGPU_HANDOVER_POLL): the timeline of each, gap between kernels of different vGPUs
+mps|bench|240|NVIDIA MPS as an anchor: N = 2 and 8 vgpu-native-load processes (1 ms matmul rounds) time-sliced, then as clients of one MPS server (GPU busy counted in rounds), then what a client that faults does to two running neighbours under MPS and under time-slicing
 idle-cpu|bench|120|host CPU of idle vGPUs: vgpud and its workers over 10 s with 1, then 8 process vGPUs that run nothing (goal: at most 1 % of a core per idle vGPU)
 vm-round|bench|240|one VM's gpu-load rounds (1 ms, then 10 ms kernels) through vgpud beside the native loop, with per-request timelines: where a round's time goes
 sharing|bench|540|N = 1, 2, 8, 64 VMs under BAND on cuda beside N native processes: GPU busy counted in fixed-work rounds (1 ms and 10 ms), goals, plot
@@ -685,6 +686,72 @@ step_handover() {
         echo "BENCH handover poll=$p (BAND)"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
         tar -czf "$LOGS/handover-$p-csv.tar.gz" -C "$dir" . 2>/dev/null
     done
+    return "$rc"
+}
+
+# N vgpu-native-load processes over one 4 s window: "busy <fraction> late <ms>" (rounds
+# times the round's kernel time alone, over the window).
+mps_round_busy() { # n dim kernel_us dir
+    local n=$1 dim=$2 kus=$3 dir=$4 from i rounds=0 late=0 r
+    from=$(($(date +%s%3N) + 3000))
+    for i in $(seq "$n"); do
+        "$B/bin/vgpu-native-load" --dim "$dim" --from-ms "$from" --until-ms "$((from + 4000))" \
+            >"$dir/nl-$n-$i.log" 2>&1 &
+    done
+    wait
+    for i in $(seq "$n"); do
+        r=$(sed -n 's/^NATIVE rounds=\([0-9]*\) ready_late_ms=\([0-9]*\).*/\1 \2/p' "$dir/nl-$n-$i.log")
+        [[ -n $r ]] || { echo "busy 0 late -1"; return 1; }
+        rounds=$((rounds + ${r% *})); ((${r#* } > late)) && late=${r#* }
+    done
+    awk -v r="$rounds" -v k="$kus" -v l="$late" 'BEGIN { printf "busy %.3f late %d\n", r * k / 4e6, l }'
+}
+export -f mps_round_busy
+# A client that faults (a kernel writing through a null pointer) while two neighbours run
+# 6 s of rounds: how many neighbours finish their rounds.
+mps_fault() { # dim dir tag
+    local dim=$1 dir=$2 tag=$3 from ok=0 i
+    from=$(($(date +%s%3N) + 2000))
+    for i in 1 2; do
+        "$B/bin/vgpu-native-load" --dim "$dim" --from-ms "$from" --until-ms "$((from + 6000))" \
+            >"$dir/fault-$tag-$i.log" 2>&1 &
+    done
+    sleep 4
+    python3 - >"$dir/fault-$tag-client.log" 2>&1 <<'PY'
+import cupy
+k = cupy.RawKernel(r'extern "C" __global__ void f(int *p) { *(volatile int *)0 = *p; }', "f")
+k((1,), (1,), (cupy.zeros(1, dtype=cupy.int32),))
+cupy.cuda.runtime.deviceSynchronize()
+PY
+    wait
+    for i in 1 2; do grep -q '^NATIVE rounds=' "$dir/fault-$tag-$i.log" && ok=$((ok + 1)); done
+    echo "$ok"
+}
+export -f mps_fault
+step_mps() {
+    local dir cal dim kus n mps rc=0 ctl
+    local -a ts
+    ctl=$(command -v nvidia-cuda-mps-control) || { echo "BENCH mps: no nvidia-cuda-mps-control here"; return 0; }
+    dir=$(mktemp -d)
+    cal=$("$B/bin/vgpu-native-load" --calibrate-us 1000 | grep '^NATIVE calibrate') || return 1
+    dim=${cal#*dim=} dim=${dim%% *} kus=${cal#*kernel_us=}
+    echo "BENCH mps: 1 ms rounds: matmul ${dim}^3, ${kus} us of kernels alone"
+    for n in 2 8; do
+        ts[$n]=$(mps_round_busy "$n" "$dim" "$kus" "$dir") || rc=1
+    done
+    echo "BENCH mps: faulting client beside 2 time-sliced processes: $(mps_fault "$dim" "$dir" ts)/2 neighbours finished"
+    export CUDA_MPS_PIPE_DIRECTORY=$dir/pipe CUDA_MPS_LOG_DIRECTORY=$dir/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    "$ctl" -d || { echo "BENCH mps: the MPS daemon did not start"; return 1; }
+    for n in 2 8; do
+        mps=$(mps_round_busy "$n" "$dim" "$kus" "$dir") || rc=1
+        echo "BENCH mps: $n processes, 1 ms rounds: time-sliced ${ts[$n]}, MPS clients $mps"
+    done
+    echo "BENCH mps: faulting client beside 2 MPS clients: $(mps_fault "$dim" "$dir" mps)/2 neighbours finished"
+    echo quit | "$ctl"
+    sleep 1
+    tail -5 "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null | sed 's/^/mps server: /'
+    cp "$dir"/*.log "$LOGS/" 2>/dev/null
     return "$rc"
 }
 
