@@ -14,6 +14,7 @@ mod config;
 mod device;
 mod error;
 mod events;
+mod host_map;
 pub mod front;
 mod kernel_times;
 mod launch;

@@ -54,6 +54,9 @@ pub mod features {
     /// `MEM_RETAIN` work: CUDA's virtual memory management (address ranges reserved apart
     /// from physical memory, physical allocations mapped into them). Since 1.5.
     pub const VIRTUAL_MEMORY: u64 = 1 << 15;
+    /// `HOST_MAP` works: the frontend's DMA memory can be made reachable by the GPU at the
+    /// frontend's own addresses (a process frontend's pinned host memory). Since 1.6.
+    pub const HOST_MAP: u64 = 1 << 16;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

@@ -410,6 +410,15 @@ impl ProcessTransport {
             && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
     }
 
+    /// Each DMA region of the pool: (device address, this process's address, bytes).
+    pub fn region_ranges(&self) -> Vec<(u64, u64, u64)> {
+        self.memory()
+            .regions
+            .iter()
+            .map(|r| (r.gpa, r.hva, r.len))
+            .collect()
+    }
+
     /// The memfds of the pool (for checking their seals).
     pub fn region_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.memory()
