@@ -159,6 +159,8 @@ pub struct Driver {
     pub allocs: BTreeMap<u64, Alloc>,
     pub host: BTreeMap<usize, HostAlloc>,
     pub registered: BTreeMap<usize, usize>,
+    /// Pool regions the GPU reaches at their host address (`host_map.rs`).
+    pub host_mapped: crate::host_map::HostMapped,
     pub modules: HashMap<u64, Module>,
     pub functions: HashMap<u64, Function>,
     pub streams: HashMap<u64, StreamObj>,
@@ -270,6 +272,7 @@ impl Driver {
             allocs: BTreeMap::new(),
             host: BTreeMap::new(),
             registered: BTreeMap::new(),
+            host_mapped: Default::default(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             streams: HashMap::new(),
@@ -288,6 +291,7 @@ impl Driver {
                 flags: 0,
             },
         );
+        d.map_pool();
         Ok(d)
     }
 
@@ -415,7 +419,12 @@ impl Driver {
 
     /// Checks `ptr..ptr + len` lies in one live allocation (CUDA_ERROR_INVALID_VALUE
     /// otherwise, as the real driver answers a bad device pointer).
+    /// Pinned host memory the GPU reaches at its address counts as device memory here
+    /// (unified addressing), as with the driver.
     pub fn check_device(&self, ptr: u64, len: u64) -> Res<()> {
+        if self.alloc_of(ptr).is_none() && self.device_mapped(ptr, len) {
+            return Ok(());
+        }
         let (base, a) = self.alloc_of(ptr).ok_or(res::INVALID_VALUE)?;
         let end = ptr.checked_add(len).ok_or(res::INVALID_VALUE)?;
         if end <= base + a.size {

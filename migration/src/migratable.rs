@@ -535,12 +535,15 @@ impl Migratable {
             // those addresses.
             let mapped = lock(&self.device_mapped).clone();
             for r in &mapped {
-                let h = m.target.host_memory().ok_or_else(|| MigrationError::Target {
-                    what: "mapping host memory for the GPU".into(),
-                    source: vgpu_backend::BackendError::NotSupported(
-                        "the target cannot map host memory for the GPU".into(),
-                    ),
-                })?;
+                let h = m
+                    .target
+                    .host_memory()
+                    .ok_or_else(|| MigrationError::Target {
+                        what: "mapping host memory for the GPU".into(),
+                        source: vgpu_backend::BackendError::NotSupported(
+                            "the target cannot map host memory for the GPU".into(),
+                        ),
+                    })?;
                 h.map_for_device(*r)
                     .map_err(Mover::target_err("mapping host memory for the GPU".into()))?;
             }

@@ -59,7 +59,9 @@ pub(crate) struct HostMaps {
 
 impl std::fmt::Debug for HostMaps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostMaps").field("maps", &self.maps).finish()
+        f.debug_struct("HostMaps")
+            .field("maps", &self.maps)
+            .finish()
     }
 }
 
@@ -143,13 +145,20 @@ fn locate(mem: &GuestMem, a: &HostMapArgs) -> Result<(std::fs::File, u64), Reque
 }
 
 /// Maps `len` bytes of `file` from `offset` at exactly `addr`, replacing nothing.
-fn map_fixed(file: &std::fs::File, offset: u64, addr: u64, len: u64) -> Result<FixedMap, RequestError> {
+fn map_fixed(
+    file: &std::fs::File,
+    offset: u64,
+    addr: u64,
+    len: u64,
+) -> Result<FixedMap, RequestError> {
     let (Ok(at), Ok(n), Ok(off_t)) = (
         usize::try_from(addr),
         usize::try_from(len),
         libc::off_t::try_from(offset),
     ) else {
-        return Err(invalid("the range does not fit this worker's address space"));
+        return Err(invalid(
+            "the range does not fit this worker's address space",
+        ));
     };
     // SAFETY: a fresh shared mapping of the frontend's sealed file (it can never shrink:
     // memtable.rs) at an address MAP_FIXED_NOREPLACE guarantees holds nothing of ours.

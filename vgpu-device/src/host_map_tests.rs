@@ -183,9 +183,6 @@ fn hostile_host_map_requests_are_refused_and_the_queue_still_works() {
         .expect("pool read");
     assert_eq!(probe, [4, 3, 2, 1]);
     // A range that starts inside a mapped range and runs past it.
-    assert_ne!(
-        h.status(memset(addr + POOL + 4092, 0, 2), &[]),
-        Status::Ok
-    );
+    assert_ne!(h.status(memset(addr + POOL + 4092, 0, 2), &[]), Status::Ok);
     h.still_works();
 }

@@ -183,11 +183,13 @@ impl CudaGpu {
                 len: r.len as u64,
             });
         }
-        let off = |why: String| BackendError::NotSupported(format!(
-            "the GPU cannot reach host memory at {:#x} at that address ({why}); pinned host \
+        let off = |why: String| {
+            BackendError::NotSupported(format!(
+                "the GPU cannot reach host memory at {:#x} at that address ({why}); pinned host \
              memory stays host-only on this vGPU",
-            r.addr
-        ));
+                r.addr
+            ))
+        };
         pin(&r, sys::CU_MEMHOSTREGISTER_DEVICEMAP).map_err(|e| off(e.to_string()))?;
         let mut d: sys::CUdeviceptr = 0;
         // SAFETY: `r.addr` starts a range registered with DEVICEMAP just above; writes one

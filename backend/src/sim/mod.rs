@@ -199,6 +199,10 @@ impl Backend for SimGpu {
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = as_len(src.len());
+        if let Some(host) = self.host.slice(dst, len) {
+            src.copy_to_volatile_slice(host);
+            return Ok(len);
+        }
         let (alloc, off) = self.mem.resolve_write(dst, len)?;
         self.copy.run(len, |o, n| {
             let d = alloc.volatile(off + o, n)?;
@@ -214,6 +218,10 @@ impl Backend for SimGpu {
     fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = as_len(dst.len());
+        if let Some(host) = self.host.slice(src, len) {
+            host.copy_to_volatile_slice(*dst);
+            return Ok(len);
+        }
         let (alloc, off) = self.mem.resolve(src, len)?;
         self.copy.run(len, |o, n| {
             let s = alloc.volatile(off + o, n)?;

@@ -518,8 +518,12 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     /// reachable by the GPU at this process's address `addr` of the same bytes
     /// (`HOST_MAP`, devices with `features::HOST_MAP`; a process transport only).
     pub fn host_map(&mut self, gpa: u64, len: u64, addr: u64) -> Result<()> {
-        self.call(&Request::HostMap(vgpu_proto::HostMapArgs { gpa, len, addr }))
-            .map(drop)
+        self.call(&Request::HostMap(vgpu_proto::HostMapArgs {
+            gpa,
+            len,
+            addr,
+        }))
+        .map(drop)
     }
 
     /// Creates or looks up a shared device memory object; returns its id.
