@@ -43,6 +43,7 @@ device|check|180|the sim device end to end under this machine's KVM (comparison 
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 vmm|check|120|CUDA's virtual memory management on cuda: the backend's reserved ranges, physical allocations and mappings (copies, memsets, kernels over them, bytes surviving an unmap, two mappings of one allocation, malformed requests refused), and the library's cuMemAddressReserve/cuMemCreate/cuMemMap round over a cuda worker with data, a kernel and the share checked
+host-map|check|120|pinned host memory the GPU reaches at its host address on a process vGPU (what XLA's autotuner needs): cuMemHostAlloc(DEVICEMAP), its device pointer equal to the host pointer, cuMemsetD32Async and device-to-device copies on it, a PTX kernel writing through the host pointer read back on the host, registered memory staying host-only, through the vGPU library over a cuda worker
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cudart|check|540|CUDA runtime programs natively and on process vGPUs of vgpud (cuda), results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
 cudart-bench|bench|300|PyTorch and CuPy figures natively and on a process vGPU of vgpud in the same run, with the goals: bf16 8192^3 matmul TFLOP/s, MLP and CNN training steps, time per small asynchronous op, CuPy elementwise GB/s at 1 MiB and 256 MiB, import-to-first-result time
@@ -149,6 +150,9 @@ step_tensor-maps() {
 step_vmm() {
     "$(tb virtual_memory)" --nocapture --test-threads 1 &&
         VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_vmm)" --nocapture
+}
+step_host-map() {
+    VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_host_map)" --nocapture
 }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {

@@ -29,10 +29,8 @@ fn ram_with_pool() -> GuestMem {
     let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     file.set_len(POOL).expect("size");
     // SAFETY: F_ADD_SEALS on our own memfd.
-    assert_eq!(
-        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
-        0
-    );
+    let sealed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+    assert_eq!(sealed, 0);
     GuestMem::from_ranges_with_files([
         (GuestAddress(0), RAM as usize, None),
         (
