@@ -110,6 +110,23 @@ fn pool_memory_mapped_at_the_frontends_address_takes_memsets_and_device_copies()
     // Past the mapped range's end: refused, nothing written beyond the pool.
     assert_ne!(h.status(memset(addr + POOL - 4, 0, 2), &[]), Status::Ok);
     h.still_works();
+
+    // The vGPU going lets the range go: the address is free again.
+    drop(h);
+    // SAFETY: a PROT_NONE probe at `addr` that replaces nothing (MAP_FIXED_NOREPLACE).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            POOL as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(p as u64, addr, "unmapped with the vGPU");
+    // SAFETY: unmaps the probe just made.
+    assert_eq!(unsafe { libc::munmap(p, POOL as usize) }, 0);
 }
 
 #[test]
