@@ -235,7 +235,16 @@ impl Vgpu {
                 off("this device cannot map host memory for the GPU (capability bit HOST_MAP is clear)")
             })?;
         let fixed = map_fixed(&file, offset, a.addr, a.len)?;
-        host.map_for_device(fixed.region)?;
+        if let Err(e) = host.map_for_device(fixed.region) {
+            tracing::warn!(
+                vgpu = self.config.vgpu_id,
+                addr = format_args!("{:#x}", a.addr),
+                len = a.len,
+                error = %e,
+                "the GPU cannot reach the frontend's DMA memory at its address; it stays host-only"
+            );
+            return Err(e.into());
+        }
         tracing::info!(
             vgpu = self.config.vgpu_id,
             addr = format_args!("{:#x}", a.addr),

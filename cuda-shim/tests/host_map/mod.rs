@@ -69,7 +69,10 @@ pub fn exercise(cu: &Cuda, gpu: bool) {
         ),
         OK
     );
-    assert_eq!(can, 1, "the vGPU maps pinned host memory");
+    assert_eq!(
+        can, 1,
+        "the vGPU maps pinned host memory (where not, the worker's log says why: HOST_MAP)"
+    );
 
     // XLA's redzone check: 8 pinned bytes, device-mapped.
     let mut host: Ptr = null_mut();
