@@ -505,6 +505,25 @@ pub trait HostMemory: Send + Sync {
     /// Undoes [`HostMemory::register`] for `regions` (each exactly as registered); waits
     /// for copies still using them. Unknown regions are ignored.
     fn unregister(&self, regions: &[HostRegion]);
+
+    /// Makes `region` (mapped in this process at the virtual address the tenant has the
+    /// same bytes at) reachable by the GPU at that same address (cuda: registered with
+    /// `DEVICEMAP | PORTABLE`, and only when the driver's device pointer equals the host
+    /// address). From then on memsets, device-to-device copies and kernel pointers may name
+    /// ranges inside it. The caller keeps it mapped until [`HostMemory::unmap_for_device`]
+    /// and checks that regions do not overlap. Default: not supported.
+    fn map_for_device(&self, region: HostRegion) -> Result<()> {
+        let _ = region;
+        Err(BackendError::NotSupported(
+            "this backend cannot map host memory for the device".into(),
+        ))
+    }
+
+    /// Undoes [`HostMemory::map_for_device`]; the caller has synchronised the backend
+    /// first (nothing uses the region). Unknown regions are ignored.
+    fn unmap_for_device(&self, region: HostRegion) {
+        let _ = region;
+    }
 }
 
 /// Device memory given back and taken again at the same device addresses: the

@@ -38,7 +38,7 @@ programs=(vmm vgpud vgpu-worker vgpuctl vgpu-cuda vgpu-bench vgpu-storage-bench 
 # holds them.
 tests=(conformance isolation cuda_bench storage gpu band device migration cuda gpu_migration
     cuda_programs module_memory vgpu_backend host_migration memory bounds batch tensor_map
-    gpu_tensor_map virtual_memory gpu_vmm cluster_occupancy gpu_cluster_occupancy)
+    gpu_tensor_map virtual_memory gpu_vmm cluster_occupancy gpu_cluster_occupancy gpu_host_map)
 
 log() { echo "bundle: $*" >&2; }
 

@@ -44,6 +44,7 @@ daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs
 tensor-maps|check|120|TMA tensor maps: the cuda backend's descriptors equal the driver's own encoding (tiled, im2col), and cuTensorMapEncodeTiled and cuTensorMapReplaceAddress through the vGPU library over a cuda worker equal what the driver encodes natively
 vmm|check|120|CUDA's virtual memory management on cuda: the backend's reserved ranges, physical allocations and mappings (copies, memsets, kernels over them, bytes surviving an unmap, two mappings of one allocation, malformed requests refused), and the library's cuMemAddressReserve/cuMemCreate/cuMemMap round over a cuda worker with data, a kernel and the share checked
 cluster-occupancy|check|120|thread block cluster occupancy: the cuda backend's answers (a PTX and a built-in kernel; unknown handles, storage kernels and values the driver refuses refused) and the vGPU library's over a cuda worker (cuOccupancyMaxActiveClusters for clusters of 1, 2, 4, 8, 2 x 2 and 16 blocks at several block and dynamic shared memory sizes, cuOccupancyMaxPotentialClusterSize, the CLUSTER_PROTOTYPE table's slots 9 and 10) equal to the driver's own answers
+host-map|check|120|pinned host memory the GPU reaches at its host address on a process vGPU (what XLA's autotuner needs): cuMemHostAlloc(DEVICEMAP), its device pointer equal to the host pointer, cuMemsetD32Async and device-to-device copies on it, a PTX kernel writing through the host pointer read back on the host, registered memory staying host-only, through the vGPU library over a cuda worker
 cuda-programs|check|300|module memory, layouts and raw-bytes arguments on cuda; unmodified CUDA programs (C: PTX and an sm_90 cubin; cuda-python with NVRTC; cudarc) on the vGPU library over a cuda worker, and natively
 cudart|check|540|CUDA runtime programs natively and on process vGPUs of vgpud (cuda), results checked: an nvcc <<<>>> vector add with the static and the shared libcudart, thread block clusters with distributed shared memory (cudaLaunchKernelEx), CuPy (elementwise, cuBLAS matmul, reduction), PyTorch (matmul, cuDNN convolution, MLP and CNN training, torch.compile, CUDA graph replay), Triton (vector add), JAX (jit)
 cudart-bench|bench|300|PyTorch and CuPy figures natively and on a process vGPU of vgpud in the same run, with the goals: bf16 8192^3 matmul TFLOP/s, MLP and CNN training steps, time per small asynchronous op, CuPy elementwise GB/s at 1 MiB and 256 MiB, import-to-first-result time
@@ -155,6 +156,9 @@ step_vmm() {
 step_cluster-occupancy() {
     "$(tb cluster_occupancy)" --nocapture --test-threads 1 &&
         VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_cluster_occupancy)" --nocapture
+}
+step_host-map() {
+    VGPU_CUDA_LIBRARY=$B/lib/libvgpu_cuda.so "$(tb gpu_host_map)" --nocapture
 }
 step_device() { env -u VGPU_REQUIRE_CUDA "$(tb device)" --nocapture; }
 step_daemon() {

@@ -159,6 +159,8 @@ pub struct Driver {
     pub allocs: BTreeMap<u64, Alloc>,
     pub host: BTreeMap<usize, HostAlloc>,
     pub registered: BTreeMap<usize, usize>,
+    /// Pool regions the GPU reaches at their host address (`host_map.rs`).
+    pub host_mapped: crate::host_map::HostMapped,
     pub modules: HashMap<u64, Module>,
     pub functions: HashMap<u64, Function>,
     pub streams: HashMap<u64, StreamObj>,
@@ -273,6 +275,7 @@ impl Driver {
             allocs: BTreeMap::new(),
             host: BTreeMap::new(),
             registered: BTreeMap::new(),
+            host_mapped: Default::default(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             streams: HashMap::new(),
@@ -292,6 +295,7 @@ impl Driver {
                 flags: 0,
             },
         );
+        d.map_pool();
         Ok(d)
     }
 
@@ -419,7 +423,12 @@ impl Driver {
 
     /// Checks `ptr..ptr + len` lies in one live allocation (CUDA_ERROR_INVALID_VALUE
     /// otherwise, as the real driver answers a bad device pointer).
+    /// Pinned host memory the GPU reaches at its address counts as device memory here
+    /// (unified addressing), as with the driver.
     pub fn check_device(&self, ptr: u64, len: u64) -> Res<()> {
+        if self.alloc_of(ptr).is_none() && self.device_mapped(ptr, len) {
+            return Ok(());
+        }
         let (base, a) = self.alloc_of(ptr).ok_or(res::INVALID_VALUE)?;
         let end = ptr.checked_add(len).ok_or(res::INVALID_VALUE)?;
         if end <= base + a.size {

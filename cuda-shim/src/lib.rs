@@ -15,6 +15,7 @@ pub mod context;
 pub mod driver;
 pub mod error;
 pub mod extra;
+pub mod host_map;
 pub mod image;
 pub mod integrity;
 pub mod queue;

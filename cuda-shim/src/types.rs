@@ -79,6 +79,7 @@ pub mod attr {
     pub const TEXTURE_ALIGNMENT: i32 = 14;
     pub const GPU_OVERLAP: i32 = 15;
     pub const MULTIPROCESSOR_COUNT: i32 = 16;
+    pub const CAN_MAP_HOST_MEMORY: i32 = 19;
     pub const CONCURRENT_KERNELS: i32 = 31;
     pub const ECC_ENABLED: i32 = 32;
     pub const PCI_BUS_ID: i32 = 33;

@@ -462,7 +462,11 @@ fn devices_contexts_memory_and_copies() {
             pinned,
             0
         ),
-        NOT_SUPPORTED
+        OK
+    );
+    assert_eq!(
+        d, pinned as u64,
+        "pinned memory: the GPU reaches it at its address"
     );
 
     // Registered (pageable) memory.

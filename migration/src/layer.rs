@@ -402,6 +402,28 @@ impl HostMemory for Migratable {
         }
         lock(&self.regions).retain(|r| !regions.contains(r));
     }
+
+    fn map_for_device(&self, region: HostRegion) -> Result<()> {
+        let (_g, b) = self.enter();
+        match b.host_memory() {
+            Some(h) => h.map_for_device(region)?,
+            None => {
+                return Err(vgpu_backend::BackendError::NotSupported(
+                    "this backend cannot map host memory for the device".into(),
+                ))
+            }
+        }
+        lock(&self.device_mapped).push(region);
+        Ok(())
+    }
+
+    fn unmap_for_device(&self, region: HostRegion) {
+        let (_g, b) = self.enter();
+        if let Some(h) = b.host_memory() {
+            h.unmap_for_device(region);
+        }
+        lock(&self.device_mapped).retain(|r| *r != region);
+    }
 }
 
 /// The relocation of the backend serving now; allocations placed through it are tracked

@@ -72,6 +72,9 @@ pub struct Migratable {
     /// Some variable lives elsewhere than the guest's address (after a move).
     pub(crate) vars_moved: AtomicBool,
     pub(crate) regions: Mutex<Vec<HostRegion>>,
+    /// Host memory the GPU reaches at its host address (`HostMemory::map_for_device`):
+    /// mapped on a migration target before the switch, let go on the source after it.
+    pub(crate) device_mapped: Mutex<Vec<HostRegion>>,
     pub(crate) next_handle: AtomicU64,
     pub(crate) epoch: AtomicU64,
     pub(crate) migrating: AtomicBool,
@@ -101,6 +104,7 @@ impl Migratable {
             vars: Mutex::new(BTreeMap::new()),
             vars_moved: AtomicBool::new(false),
             regions: Mutex::new(Vec::new()),
+            device_mapped: Mutex::new(Vec::new()),
             next_handle: AtomicU64::new(1),
             epoch: AtomicU64::new(1),
             migrating: AtomicBool::new(false),
@@ -526,6 +530,23 @@ impl Migratable {
                 h.register(&regions)
                     .map_err(Mover::target_err("registering guest memory".into()))?;
             }
+            // Device-mapped host memory (portable registrations: the target shares them).
+            // A target that cannot map it refuses the migration: the tenant's kernels use
+            // those addresses.
+            let mapped = lock(&self.device_mapped).clone();
+            for r in &mapped {
+                let h = m
+                    .target
+                    .host_memory()
+                    .ok_or_else(|| MigrationError::Target {
+                        what: "mapping host memory for the GPU".into(),
+                        source: vgpu_backend::BackendError::NotSupported(
+                            "the target cannot map host memory for the GPU".into(),
+                        ),
+                    })?;
+                h.map_for_device(*r)
+                    .map_err(Mover::target_err("mapping host memory for the GPU".into()))?;
+            }
             for (h, md) in modules.iter_mut() {
                 md.real = new_mod.get(h).copied().unwrap_or(md.real);
             }
@@ -586,6 +607,11 @@ impl Migratable {
         let regions = lock(&self.regions).clone();
         if let Some(h) = old.host_memory().filter(|_| !regions.is_empty()) {
             h.unregister(&regions);
+        }
+        if let Some(h) = old.host_memory() {
+            for r in lock(&self.device_mapped).iter() {
+                h.unmap_for_device(*r);
+            }
         }
         drop(old);
         let live = m.snapshot();

@@ -403,3 +403,35 @@ fn a_launch_that_may_write_through_a_pointer_it_does_not_name_marks_everything_w
     m.mark_launch(&[ArgValue::U32(7), ArgValue::F32(1.0), ArgValue::U64(3)]);
     assert_eq!((written(a), written(b)), before);
 }
+
+#[test]
+fn device_mapped_host_memory_moves_with_the_vgpu() {
+    let m = Migratable::new(sim(64 * MIB));
+    let host: &'static mut [u32] = Box::leak(vec![0u32; 1024].into_boxed_slice());
+    let p = host.as_mut_ptr();
+    let region = vgpu_backend::HostRegion {
+        addr: p as usize,
+        len: 4096,
+    };
+    let read = |i: usize| {
+        // SAFETY: `p` points to 1024 leaked u32s; nothing writes while we read.
+        unsafe { std::ptr::read_volatile(p.add(i)) }
+    };
+    let h = m.host_memory().expect("host memory");
+    h.map_for_device(region).expect("mapped");
+    m.memset(region.addr as u64, 5, 4, 2)
+        .expect("memset on the source");
+    m.migrate(sim(64 * MIB), &opts(Mode::StopCopy), |_| {})
+        .expect("moves");
+    m.memset(region.addr as u64 + 8, 6, 4, 2)
+        .expect("memset on the target");
+    assert_eq!([read(0), read(1), read(2), read(3)], [5, 5, 6, 6]);
+    m.host_memory()
+        .expect("host memory")
+        .unmap_for_device(region);
+    assert!(
+        m.memset(region.addr as u64, 7, 4, 1).is_err(),
+        "unmapped: host-only again"
+    );
+    assert_eq!(read(0), 5);
+}

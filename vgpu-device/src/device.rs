@@ -76,6 +76,8 @@ pub struct Vgpu {
     storage: Option<Arc<dyn crate::storage::StorageHost>>,
     /// Each queue's launch batch, kept between doorbells (only its queue thread takes it).
     batches: Vec<Mutex<LaunchBatch>>,
+    /// The frontend's DMA memory mapped at its own addresses (`HOST_MAP`).
+    pub(crate) host_maps: crate::host_map::HostMaps,
 }
 
 impl std::fmt::Debug for Vgpu {
@@ -102,6 +104,7 @@ impl Vgpu {
         let batches = (0..config.num_queues)
             .map(|_| Mutex::new(LaunchBatch::default()))
             .collect();
+        let host_maps = crate::host_map::HostMaps::new(backend.clone());
         Ok(Self {
             config,
             backend,
@@ -115,6 +118,7 @@ impl Vgpu {
             shm: None,
             storage: None,
             batches,
+            host_maps,
         })
     }
 
@@ -361,6 +365,7 @@ impl Vgpu {
             | Request::MemMap(_)
             | Request::MemUnmap(_)
             | Request::MemRetain(_) => self.vmm_request(req),
+            Request::HostMap(a) => self.host_map(mem, a),
         }
     }
 

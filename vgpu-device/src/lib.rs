@@ -15,6 +15,7 @@ mod device;
 mod error;
 mod events;
 pub mod front;
+mod host_map;
 mod kernel_times;
 mod launch;
 mod memtable;

@@ -167,6 +167,7 @@ fn detach(req: Request<'_>) -> Result<Request<'static>, vgpu_proto::LaunchReques
         R::MemMap(a) => R::MemMap(a),
         R::MemUnmap(a) => R::MemUnmap(a),
         R::MemRetain(a) => R::MemRetain(a),
+        R::HostMap(a) => R::HostMap(a),
     })
 }
 

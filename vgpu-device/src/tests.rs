@@ -637,3 +637,6 @@ mod tensor_maps;
 
 #[path = "vmm_tests.rs"]
 mod virtual_memory;
+
+#[path = "host_map_tests.rs"]
+mod host_maps;

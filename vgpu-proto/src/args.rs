@@ -367,3 +367,22 @@ wire_struct! {
         pub addr: u64,
     }
 }
+
+wire_struct! {
+    /// `HOST_MAP` (since 1.7, capability `HOST_MAP`): maps the `len` bytes of the
+    /// frontend's DMA memory at guest-physical `gpa` a second time into the worker, at
+    /// virtual address `addr` (where the frontend, a process, has the same bytes), and
+    /// registers that mapping with the GPU, so kernels, memsets and device-to-device copies
+    /// reach the memory at `addr`, as CUDA reaches pinned host memory under unified
+    /// addressing. `[gpa, gpa + len)` lies inside one region of the memory table; `gpa`,
+    /// `len` and `addr` are multiples of 4096, `len` is not 0, no two mapped ranges
+    /// overlap, and `addr` must be free in the worker. result[0] = `addr`.
+    pub struct HostMapArgs, size 24 {
+        /// First guest-physical address of the range.
+        pub gpa: u64,
+        /// Bytes.
+        pub len: u64,
+        /// The frontend's virtual address of the range's first byte.
+        pub addr: u64,
+    }
+}

@@ -57,6 +57,9 @@ pub mod features {
     /// `CLUSTER_OCCUPANCY` answers a function's thread block cluster occupancy with the
     /// GPU's driver (a cuda vGPU that offers `CLUSTERS`). Since 1.6.
     pub const CLUSTER_OCCUPANCY: u64 = 1 << 16;
+    /// `HOST_MAP` works: the frontend's DMA memory can be made reachable by the GPU at the
+    /// frontend's own addresses (a process frontend's pinned host memory). Since 1.7.
+    pub const HOST_MAP: u64 = 1 << 17;
 }
 
 /// Shares are given in per-mille: 1000 = the whole physical GPU's compute or copy engine.

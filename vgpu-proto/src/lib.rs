@@ -49,7 +49,7 @@ pub use wire::WireError;
 pub const VERSION_MAJOR: u16 = 1;
 /// Minor version: bumped when something is added compatibly (a new opcode, status, feature
 /// bit, or a field appended to an argument struct whose old length stays accepted).
-pub const VERSION_MINOR: u16 = 6;
+pub const VERSION_MINOR: u16 = 7;
 /// `(major << 16) | minor`, as in the config space and `DeviceInfo`.
 pub const PROTOCOL_VERSION: u32 = ((VERSION_MAJOR as u32) << 16) | VERSION_MINOR as u32;
 

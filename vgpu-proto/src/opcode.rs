@@ -85,11 +85,14 @@ pub enum Opcode {
     /// Retain the handle of the physical allocation mapped at an address
     /// ([`crate::MemRetainArgs`]).
     MemRetain = 0x0A06,
+    /// Make a range of the frontend's DMA memory reachable by the GPU at the frontend's
+    /// own virtual address ([`crate::HostMapArgs`]). Since 1.7 (`features::HOST_MAP`).
+    HostMap = 0x0B00,
 }
 
 impl Opcode {
     /// Every opcode, for tables and tests.
-    pub const ALL: [Opcode; 34] = [
+    pub const ALL: [Opcode; 35] = [
         Opcode::GetInfo,
         Opcode::GetAttributes,
         Opcode::Alloc,
@@ -124,6 +127,7 @@ impl Opcode {
         Opcode::MemMap,
         Opcode::MemUnmap,
         Opcode::MemRetain,
+        Opcode::HostMap,
     ];
 
     /// The opcode with this wire value, if any.
@@ -168,6 +172,7 @@ impl Opcode {
             Opcode::MemMap => "MEM_MAP",
             Opcode::MemUnmap => "MEM_UNMAP",
             Opcode::MemRetain => "MEM_RETAIN",
+            Opcode::HostMap => "HOST_MAP",
         }
     }
 

@@ -123,6 +123,8 @@ pub enum Request<'a> {
     MemUnmap(MemUnmapArgs),
     /// `MEM_RETAIN`.
     MemRetain(MemRetainArgs),
+    /// `HOST_MAP`.
+    HostMap(HostMapArgs),
 }
 
 /// Why a header descriptor could not be parsed.
@@ -298,6 +300,7 @@ fn parse_body<'a>(header: &RequestHeader, body: &'a [u8]) -> Result<Request<'a>,
         Opcode::MemMap => fixed!(op, body, MemMapArgs, Request::MemMap),
         Opcode::MemUnmap => fixed!(op, body, MemUnmapArgs, Request::MemUnmap),
         Opcode::MemRetain => fixed!(op, body, MemRetainArgs, Request::MemRetain),
+        Opcode::HostMap => fixed!(op, body, HostMapArgs, Request::HostMap),
     })
 }
 
@@ -373,6 +376,7 @@ impl Request<'_> {
             Request::MemMap(_) => Opcode::MemMap,
             Request::MemUnmap(_) => Opcode::MemUnmap,
             Request::MemRetain(_) => Opcode::MemRetain,
+            Request::HostMap(_) => Opcode::HostMap,
         }
     }
 
@@ -459,6 +463,7 @@ impl Request<'_> {
             Request::MemMap(a) => w.bytes(&a.to_bytes())?,
             Request::MemUnmap(a) => w.bytes(&a.to_bytes())?,
             Request::MemRetain(a) => w.bytes(&a.to_bytes())?,
+            Request::HostMap(a) => w.bytes(&a.to_bytes())?,
         }
         Ok(w.pos())
     }

@@ -27,6 +27,7 @@ fn round_trip(req: Request<'_>, opcode: u32, args_len: usize) -> Request<'static
         Request::MemMap(a) => Request::MemMap(a),
         Request::MemUnmap(a) => Request::MemUnmap(a),
         Request::MemRetain(a) => Request::MemRetain(a),
+        Request::HostMap(a) => Request::HostMap(a),
         other => panic!("parsed as {other:?}"),
     }
 }
@@ -94,4 +95,18 @@ fn the_capability_and_version_are_announced() {
     ] {
         assert_eq!(Opcode::from_u32(op as u32), Some(op));
     }
+}
+
+#[test]
+fn host_map_round_trips_and_is_announced() {
+    let m = HostMapArgs {
+        gpa: 1 << 32,
+        len: 64 << 20,
+        addr: 0x7f12_3456_0000,
+    };
+    assert!(matches!(round_trip(Request::HostMap(m), 0x0B00, 24), Request::HostMap(a) if a == m));
+    assert_eq!(features::HOST_MAP, 1 << 17);
+    assert!(VERSION_MINOR >= 7, "HOST_MAP is there since 1.7");
+    assert_eq!(Opcode::from_u32(0x0B00), Some(Opcode::HostMap));
+    assert_eq!(Opcode::HostMap.name(), "HOST_MAP");
 }

@@ -145,7 +145,7 @@ impl CudaGpu {
                     // The extent a PTX kernel touches is unknown: the pointer itself must lie
                     // inside a live allocation (or a module variable), and the GPU isolates
                     // the rest.
-                    held.push(modules::resolve(&self.mem, &self.modules, addr, 0, false)?);
+                    held.push(self.reach(addr, 0, false)?);
                     addr
                 }
             };

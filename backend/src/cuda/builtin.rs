@@ -145,14 +145,24 @@ pub(super) fn batchable(sig: &KernelSig) -> bool {
 
 impl CudaGpu {
     /// A pointer argument checked like the sim backend: `count` elements of `elem` bytes at
-    /// `addr` inside one live allocation, `addr` aligned to `elem`. The Arc keeps the
-    /// allocation mapped while the kernel runs.
-    pub(super) fn extent(&self, addr: u64, count: u64, elem: u64) -> Result<Arc<Allocation>> {
+    /// `addr` inside one live allocation or one device-mapped host region, `addr` aligned
+    /// to `elem`. The Arc keeps an allocation mapped while the kernel runs (a device-mapped
+    /// region stays while the vGPU lives: `None`).
+    pub(super) fn extent(
+        &self,
+        addr: u64,
+        count: u64,
+        elem: u64,
+    ) -> Result<Option<Arc<Allocation>>> {
         let len = count.checked_mul(elem).ok_or(BackendError::BadPointer {
             addr,
             len: u64::MAX,
         })?;
-        let (a, _) = self.mem.resolve(addr, len)?;
+        let a = match self.mem.resolve(addr, len) {
+            Ok((a, _)) => Some(a),
+            Err(_) if self.pinned.device_covers(addr, len) => None,
+            Err(e) => return Err(e),
+        };
         if addr % elem != 0 {
             return Err(BackendError::Misaligned { addr, align: elem });
         }
@@ -260,9 +270,9 @@ impl CudaGpu {
             let n = int(args, 3);
             let (a, b, c) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
             keep = [
-                Some(self.extent(a, n, 4)?),
-                Some(self.extent(b, n, 4)?),
-                Some(self.extent(c, n, 4)?),
+                self.extent(a, n, 4)?,
+                self.extent(b, n, 4)?,
+                self.extent(c, n, 4)?,
             ];
             steps[0] = Some(Step::new(f, grid_for(n, sms), BLOCK, &[a, b, c, n]));
         } else if name == builtin::SAXPY.name {
@@ -272,8 +282,8 @@ impl CudaGpu {
             };
             let n = int(args, 3);
             let (x, y) = (ptr(args, 1), ptr(args, 2));
-            keep[0] = Some(self.extent(x, n, 4)?);
-            keep[1] = Some(self.extent(y, n, 4)?);
+            keep[0] = self.extent(x, n, 4)?;
+            keep[1] = self.extent(y, n, 4)?;
             steps[0] = Some(Step::new(
                 f,
                 grid_for(n, sms),
@@ -283,7 +293,7 @@ impl CudaGpu {
         } else if name == builtin::FILL.name {
             let n = int(args, 2);
             let dst = ptr(args, 0);
-            keep[0] = Some(self.extent(dst, n, 4)?);
+            keep[0] = self.extent(dst, n, 4)?;
             steps[0] = Some(Step::new(
                 f,
                 grid_for(n, sms),
@@ -293,8 +303,8 @@ impl CudaGpu {
         } else if name == builtin::REDUCE_SUM.name {
             let n = int(args, 2);
             let (x, out) = (ptr(args, 0), ptr(args, 1));
-            keep[0] = Some(self.extent(x, n, 4)?);
-            keep[1] = Some(self.extent(out, 1, 4)?);
+            keep[0] = self.extent(x, n, 4)?;
+            keep[1] = self.extent(out, 1, 4)?;
             let blocks = n.div_ceil(REDUCE_BLOCK);
             let bytes = usize::try_from(blocks.max(1).saturating_mul(8)).map_err(|_| {
                 BackendError::InvalidArgument(format!("reduce_sum: n = {n} is too large"))
@@ -324,18 +334,18 @@ impl CudaGpu {
             mn.checked_mul(k).ok_or_else(too_big)?;
             let (a, b, c) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
             keep = [
-                Some(self.extent(a, mk, 4)?),
-                Some(self.extent(b, kn, 4)?),
-                Some(self.extent(c, mn, 4)?),
+                self.extent(a, mk, 4)?,
+                self.extent(b, kn, 4)?,
+                self.extent(c, mn, 4)?,
             ];
             steps[0] = Some(Step::new(f, grid_for(mn, sms), BLOCK, &[a, b, c, m, n, k]));
         } else if name == builtin::GATHER.name {
             let (n, src_len) = (int(args, 3), int(args, 4));
             let (src, idx, dst) = (ptr(args, 0), ptr(args, 1), ptr(args, 2));
             keep = [
-                Some(self.extent(src, src_len, 4)?),
-                Some(self.extent(idx, n, 4)?),
-                Some(self.extent(dst, n, 4)?),
+                self.extent(src, src_len, 4)?,
+                self.extent(idx, n, 4)?,
+                self.extent(dst, n, 4)?,
             ];
             let fault = lane.scratch(8).map_err(|e| self.cuda_err(e))?;
             check(
@@ -364,8 +374,8 @@ impl CudaGpu {
         } else if name == builtin::CHECKSUM.name {
             let n = int(args, 1);
             let (data, out) = (ptr(args, 0), ptr(args, 2));
-            keep[0] = Some(self.extent(data, n, 1)?);
-            keep[1] = Some(self.extent(out, 1, 8)?);
+            keep[0] = self.extent(data, n, 1)?;
+            keep[1] = self.extent(out, 1, 8)?;
             steps[0] = Some(Step::new(f, 1, 1, &[data, n, out]));
         } else {
             return Err(BackendError::UnknownFunction(name.to_string()));

@@ -258,6 +258,7 @@ impl CudaGpu {
                 | features::GLOBALS
                 | features::PARAM_BLOBS
                 | features::FUNCTION_ATTRIBUTES
+                | features::HOST_MAP
                 | clusters
                 | if clusters != 0 {
                     features::CLUSTER_OCCUPANCY
@@ -433,6 +434,10 @@ impl Drop for CudaGpu {
             for r in regions {
                 pinned::unpin(&r);
             }
+            let device = std::mem::take(&mut *write(&self.pinned.device));
+            for r in device {
+                pinned::unpin(&r);
+            }
         }
         self.modules.clear(&self.mem);
         self.mem.clear();
@@ -461,7 +466,7 @@ impl Backend for CudaGpu {
     }
 
     fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        modules::resolve(&self.mem, &self.modules, addr, len, false).map(|_| ())
+        self.reach(addr, len, false).map(|_| ())
     }
 
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
@@ -469,7 +474,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let len = src.len();
-        let _alloc = modules::resolve(&self.mem, &self.modules, dst, len as u64, true)?;
+        let _alloc = self.reach(dst, len as u64, true)?;
         let host = src.ptr_guard().as_ptr() as usize;
         // Held for the copy: unregistering waits for it.
         let pinned = read(&self.pinned.regions);
@@ -498,7 +503,7 @@ impl Backend for CudaGpu {
         self.enter()?;
         self.guest_ready()?;
         let len = dst.len();
-        let _alloc = modules::resolve(&self.mem, &self.modules, src, len as u64, false)?;
+        let _alloc = self.reach(src, len as u64, false)?;
         let host = dst.ptr_guard_mut().as_ptr() as usize;
         let pinned = read(&self.pinned.regions);
         let direct = Pinned::covers(&pinned, host, len);
@@ -525,8 +530,8 @@ impl Backend for CudaGpu {
         let _op = self.inflight.begin();
         self.enter()?;
         self.guest_ready()?;
-        let _sa = modules::resolve(&self.mem, &self.modules, src, len, false)?;
-        let _da = modules::resolve(&self.mem, &self.modules, dst, len, true)?;
+        let _sa = self.reach(src, len, false)?;
+        let _da = self.reach(dst, len, true)?;
         let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let overlap = src < dst.saturating_add(len) && dst < src.saturating_add(len);
         let n = usize::try_from(len).map_err(|_| BackendError::BadPointer { addr: src, len })?;
@@ -576,7 +581,7 @@ impl Backend for CudaGpu {
         let len = crate::space::memset_len(dst, elem_size, count)?;
         self.enter()?;
         self.guest_ready()?;
-        let _a = modules::resolve(&self.mem, &self.modules, dst, len, true)?;
+        let _a = self.reach(dst, len, true)?;
         let n = usize::try_from(count).map_err(|_| BackendError::BadPointer { addr: dst, len })?;
         let lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
         let s = lane.stream.raw();
@@ -739,7 +744,7 @@ impl crate::Modules for CudaGpu {
         })?;
         // The tensor lies inside one allocation (or module variable) of this vGPU, held
         // while the driver encodes its address.
-        let _held = modules::resolve(&self.mem, &self.modules, map.global_address, len, false)?;
+        let _held = self.reach(map.global_address, len, false)?;
         self.enter()?;
         tensor_map::encode(map).map_err(|e| match e {
             tensor_map::EncodeError::Value(field) => BackendError::InvalidArgument(format!(
@@ -768,6 +773,14 @@ impl HostMemory for CudaGpu {
             return;
         }
         self.pinned.unregister(regions);
+    }
+
+    fn map_for_device(&self, region: HostRegion) -> Result<()> {
+        self.map_device(region)
+    }
+
+    fn unmap_for_device(&self, region: HostRegion) {
+        self.unmap_device(region);
     }
 }
 

@@ -412,6 +412,8 @@ pub enum Held {
     Alloc(Arc<Allocation>),
     /// A module variable: its module stays loaded.
     Global(Arc<PtxModule>),
+    /// Device-mapped host memory (it stays mapped while the vGPU lives).
+    Host,
 }
 
 /// Checks that `[addr, addr + len)` lies inside one live allocation (writable when

@@ -1,5 +1,12 @@
 //! Guest RAM pinned into the CUDA context (`cuMemHostRegister`), once per process and
 //! reference-counted, so copies to and from it run at the GPU's DMA speed.
+//!
+//! A process tenant's DMA pool may also be *device-mapped* (`HOST_MAP`, docs/protocol.md):
+//! the device maps it a second time at the tenant's own addresses and this module registers
+//! that mapping with `DEVICEMAP | PORTABLE`, keeping it only when the driver's device
+//! pointer is the host address itself. Memsets, copies and kernel pointers may then name
+//! ranges inside it ([`CudaGpu::reach`]), as CUDA reaches pinned host memory under unified
+//! addressing.
 
 use std::ffi::c_void;
 use std::sync::{Mutex, RwLock};
@@ -8,14 +15,18 @@ use std::time::Instant;
 use cudarc::driver::sys;
 
 use super::driver::{check, CuError};
+use super::modules::{self, Held};
+use super::CudaGpu;
 use crate::error::{BackendError, Result};
-use crate::sync::{lock, write};
+use crate::sync::{lock, read, write};
 use crate::HostRegion;
 
 /// Guest RAM regions pinned with `cuMemHostRegister`.
 #[derive(Debug, Default)]
 pub(super) struct Pinned {
     pub(super) regions: RwLock<Vec<HostRegion>>,
+    /// Host ranges the GPU reaches at their host address (device-mapped pool regions).
+    pub(super) device: RwLock<Vec<HostRegion>>,
 }
 
 /// Host ranges registered in this process, with how many backends use each. A range is
@@ -124,6 +135,95 @@ impl Pinned {
                 // No copy of ours uses it (write lock).
                 unpin(r);
             }
+        }
+    }
+}
+
+impl Pinned {
+    /// Whether `[addr, addr + len)` lies inside one device-mapped region.
+    pub(super) fn device_covers(&self, addr: u64, len: u64) -> bool {
+        let (Ok(a), Ok(l)) = (usize::try_from(addr), usize::try_from(len)) else {
+            return false;
+        };
+        Self::covers(&read(&self.device), a, l)
+    }
+}
+
+impl CudaGpu {
+    /// Checks that `[addr, addr + len)` lies inside one live allocation (writable when
+    /// `write`), one module variable, or one device-mapped host region; returns what keeps
+    /// it alive (a device-mapped region stays until the vGPU goes: nothing to hold).
+    pub(super) fn reach(&self, addr: u64, len: u64, write: bool) -> Result<Held> {
+        match modules::resolve(&self.mem, &self.modules, addr, len, write) {
+            Ok(h) => Ok(h),
+            Err(e) if self.pinned.device_covers(addr, len) => {
+                tracing::trace!(addr, len, refused = %e, "device-mapped host memory");
+                Ok(Held::Host)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// See [`crate::HostMemory::map_for_device`].
+    pub(super) fn map_device(&self, r: HostRegion) -> Result<()> {
+        self.enter()?;
+        let mut device = write(&self.pinned.device);
+        if r.len == 0 || r.addr.checked_add(r.len).is_none() {
+            return Err(BackendError::BadPointer {
+                addr: r.addr as u64,
+                len: r.len as u64,
+            });
+        }
+        if device
+            .iter()
+            .any(|d| r.addr < d.addr + d.len && d.addr < r.addr + r.len)
+        {
+            return Err(BackendError::BadPointer {
+                addr: r.addr as u64,
+                len: r.len as u64,
+            });
+        }
+        let off = |why: String| {
+            BackendError::NotSupported(format!(
+                "the GPU cannot reach host memory at {:#x} at that address ({why}); pinned host \
+             memory stays host-only on this vGPU",
+                r.addr
+            ))
+        };
+        pin(&r, sys::CU_MEMHOSTREGISTER_DEVICEMAP).map_err(|e| off(e.to_string()))?;
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: `r.addr` starts a range registered with DEVICEMAP just above; writes one
+        // pointer.
+        let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, r.addr as *mut c_void, 0) };
+        match check(rc, "cuMemHostGetDevicePointer") {
+            Ok(()) if d == r.addr as u64 => {}
+            Ok(()) => {
+                unpin(&r);
+                return Err(off(format!("the driver maps it at {d:#x}")));
+            }
+            Err(e) => {
+                unpin(&r);
+                return Err(off(e.to_string()));
+            }
+        }
+        device.push(r);
+        tracing::info!(
+            addr = format_args!("{:#x}", r.addr),
+            len = r.len,
+            "host memory mapped for the GPU at its host address"
+        );
+        Ok(())
+    }
+
+    /// See [`crate::HostMemory::unmap_for_device`].
+    pub(super) fn unmap_device(&self, r: HostRegion) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        let mut device = write(&self.pinned.device);
+        if let Some(i) = device.iter().position(|d| *d == r) {
+            device.swap_remove(i);
+            unpin(&r);
         }
     }
 }

@@ -311,3 +311,36 @@ impl VirtualMemory for Pager {
         Ok(())
     }
 }
+
+/// Guest RAM goes to the wrapped backend as it is; device-mapped host memory too, recorded
+/// so that copies and memsets on it pass the pager untouched (it is never swapped).
+impl crate::HostMemory for Pager {
+    fn register(&self, regions: &[crate::HostRegion]) -> Result<()> {
+        match self.inner.host_memory() {
+            Some(h) => h.register(regions),
+            None => Ok(()),
+        }
+    }
+
+    fn unregister(&self, regions: &[crate::HostRegion]) {
+        if let Some(h) = self.inner.host_memory() {
+            h.unregister(regions);
+        }
+    }
+
+    fn map_for_device(&self, region: crate::HostRegion) -> Result<()> {
+        let h = self.inner.host_memory().ok_or_else(|| {
+            BackendError::NotSupported("this backend cannot map host memory for the device".into())
+        })?;
+        h.map_for_device(region)?;
+        crate::sync::lock(&self.host_mapped).push(region);
+        Ok(())
+    }
+
+    fn unmap_for_device(&self, region: crate::HostRegion) {
+        if let Some(h) = self.inner.host_memory() {
+            h.unmap_for_device(region);
+        }
+        crate::sync::lock(&self.host_mapped).retain(|r| *r != region);
+    }
+}

@@ -73,6 +73,9 @@ pub struct Pager {
     /// Module variables the guest looked up, by address: (size, module). Module memory
     /// is never swapped: copies to them go straight to the inner backend.
     globals: std::sync::Mutex<BTreeMap<u64, (u64, u64)>>,
+    /// Host memory the GPU reaches at its host address (`HostMemory::map_for_device`):
+    /// never swapped, copies and memsets go straight to the inner backend.
+    host_mapped: std::sync::Mutex<Vec<crate::HostRegion>>,
     /// Bytes charged beside the allocations and never swapped: the modules' footprints, and
     /// what the wrapped backend charged before the pager took over (its context reserve).
     module_bytes: AtomicU64,
@@ -114,6 +117,7 @@ impl Pager {
             counters: Counters::default(),
             modules: std::sync::Mutex::new(BTreeMap::new()),
             globals: std::sync::Mutex::new(BTreeMap::new()),
+            host_mapped: std::sync::Mutex::new(Vec::new()),
             module_bytes: AtomicU64::new(fixed),
             swapping: std::sync::Mutex::new(()),
             adopted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
@@ -504,8 +508,19 @@ impl Pager {
 }
 
 impl Pager {
-    /// True if `[addr, addr + len)` lies inside one module variable the guest looked up.
+    /// True if `[addr, addr + len)` lies inside one module variable the guest looked up or
+    /// one device-mapped host region: memory the pager never swaps.
     fn in_global(&self, addr: u64, len: u64) -> bool {
+        let host = crate::sync::lock(&self.host_mapped);
+        if usize::try_from(addr).is_ok_and(|a| {
+            usize::try_from(len).is_ok_and(|l| {
+                a.checked_add(l)
+                    .is_some_and(|e| host.iter().any(|r| a >= r.addr && e <= r.addr + r.len))
+            })
+        }) {
+            return true;
+        }
+        drop(host);
         let globals = crate::sync::lock(&self.globals);
         let Some((start, (size, _))) = globals.range(..=addr).next_back() else {
             return false;
@@ -689,5 +704,11 @@ impl Backend for Pager {
             .map(|_| self as &dyn crate::VirtualMemory)
     }
 
-    crate::forward_backend!(inner: info, synchronize, host_memory);
+    fn host_memory(&self) -> Option<&dyn crate::HostMemory> {
+        self.inner
+            .host_memory()
+            .map(|_| self as &dyn crate::HostMemory)
+    }
+
+    crate::forward_backend!(inner: info, synchronize);
 }

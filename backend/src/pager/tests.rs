@@ -412,3 +412,36 @@ fn physical_allocations_are_reserved_with_the_broker() {
     v.release(c.handle).expect("release");
     p.alloc(4 * MIB).expect("room again");
 }
+
+#[test]
+fn device_mapped_host_memory_passes_the_pager_and_is_never_swapped() {
+    let broker = LocalBroker::new(8 * MIB, 2 * MIB);
+    let p = pager(&broker, 1, 0, 8 * MIB);
+    let host: &'static mut [u32] = Box::leak(vec![0u32; 1024].into_boxed_slice());
+    let at = host.as_mut_ptr();
+    let region = crate::HostRegion {
+        addr: at as usize,
+        len: 4096,
+    };
+    // Before it is mapped: no allocation of the pager's, refused.
+    assert!(p.memset(region.addr as u64, 3, 4, 1).is_err());
+    p.host_memory()
+        .expect("host memory")
+        .map_for_device(region)
+        .expect("mapped");
+    p.check_range(region.addr as u64, 4096).expect("in range");
+    p.memset(region.addr as u64, 3, 4, 2).expect("memset");
+    let d = p.alloc(MIB).expect("alloc").addr;
+    put(&*p, d, &[9u8; 8]).expect("htod");
+    p.copy_dtod(region.addr as u64 + 8, d, 8)
+        .expect("device to host memory");
+    // SAFETY: `at` points to 1024 leaked u32s; nothing runs on them now.
+    let got: Vec<u32> = (0..4)
+        .map(|i| unsafe { std::ptr::read_volatile(at.add(i)) })
+        .collect();
+    assert_eq!(got, [3, 3, 0x0909_0909, 0x0909_0909]);
+    assert!(
+        p.memset(region.addr as u64 + 4092, 0, 4, 2).is_err(),
+        "past the region's end"
+    );
+}

@@ -2,6 +2,7 @@
 //! speed. Device memory is host memory in memfds at stable device addresses; built-in
 //! kernels run on CPU threads and take real time.
 
+mod host_map;
 mod kernels;
 mod memory;
 mod modules;
@@ -81,6 +82,8 @@ pub struct SimGpu {
     /// Namespaces whose cache is charged to the ledger (on first use by a storage kernel),
     /// and the bytes each is.
     storage_charged: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// Host memory reached at its host address (`HostMemory::map_for_device`).
+    host: host_map::HostMapped,
 }
 
 impl SimGpu {
@@ -117,7 +120,8 @@ impl SimGpu {
                 | features::GLOBALS
                 | features::ATTRIBUTES
                 | features::PARAM_LAYOUT
-                | features::FUNCTION_ATTRIBUTES,
+                | features::FUNCTION_ATTRIBUTES
+                | features::HOST_MAP,
             attributes: vgpu_proto::DeviceAttributes {
                 sm_count: u32::try_from(threads).unwrap_or(u32::MAX),
                 ..vgpu_proto::DeviceAttributes::SIM
@@ -135,6 +139,7 @@ impl SimGpu {
             inflight: InFlight::default(),
             storage: None,
             storage_charged: Default::default(),
+            host: Default::default(),
         })
     }
 
@@ -184,12 +189,20 @@ impl Backend for SimGpu {
     }
 
     fn check_range(&self, addr: u64, len: u64) -> Result<()> {
-        self.mem.resolve(addr, len).map(|_| ())
+        match self.mem.resolve(addr, len) {
+            Ok(_) => Ok(()),
+            Err(_) if self.host.slice(addr, len).is_some() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     fn copy_htod(&self, dst: u64, src: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = as_len(src.len());
+        if let Some(host) = self.host.slice(dst, len) {
+            src.copy_to_volatile_slice(host);
+            return Ok(len);
+        }
         let (alloc, off) = self.mem.resolve_write(dst, len)?;
         self.copy.run(len, |o, n| {
             let d = alloc.volatile(off + o, n)?;
@@ -205,6 +218,10 @@ impl Backend for SimGpu {
     fn copy_dtoh(&self, src: u64, dst: &VolatileSlice<'_>) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = as_len(dst.len());
+        if let Some(host) = self.host.slice(src, len) {
+            host.copy_to_volatile_slice(*dst);
+            return Ok(len);
+        }
         let (alloc, off) = self.mem.resolve(src, len)?;
         self.copy.run(len, |o, n| {
             let s = alloc.volatile(off + o, n)?;
@@ -219,18 +236,36 @@ impl Backend for SimGpu {
 
     fn copy_dtod(&self, dst: u64, src: u64, len: u64) -> Result<u64> {
         let _op = self.inflight.begin();
-        let (sa, so) = self.mem.resolve(src, len)?;
-        let (da, doff) = self.mem.resolve_write(dst, len)?;
         // Device-internal bandwidth is far above the copy engine's: not paced.
-        // `copy_to_volatile_slice` is a memmove, so overlapping ranges are fine.
-        sa.volatile(so, len)?
-            .copy_to_volatile_slice(da.volatile(doff, len)?);
+        // `copy_to_volatile_slice` is a memmove, so overlapping ranges are fine. Either side
+        // may be device-mapped host memory.
+        match (self.host.slice(src, len), self.host.slice(dst, len)) {
+            (Some(s), Some(d)) => s.copy_to_volatile_slice(d),
+            (Some(s), None) => {
+                let (da, doff) = self.mem.resolve_write(dst, len)?;
+                s.copy_to_volatile_slice(da.volatile(doff, len)?);
+            }
+            (None, Some(d)) => {
+                let (sa, so) = self.mem.resolve(src, len)?;
+                sa.volatile(so, len)?.copy_to_volatile_slice(d);
+            }
+            (None, None) => {
+                let (sa, so) = self.mem.resolve(src, len)?;
+                let (da, doff) = self.mem.resolve_write(dst, len)?;
+                sa.volatile(so, len)?
+                    .copy_to_volatile_slice(da.volatile(doff, len)?);
+            }
+        }
         Ok(len)
     }
 
     fn memset(&self, dst: u64, value: u32, elem_size: u32, count: u64) -> Result<u64> {
         let _op = self.inflight.begin();
         let len = crate::space::memset_len(dst, elem_size, count)?;
+        if let Some(host) = self.host.slice(dst, len) {
+            host_map::fill(&host, value, elem_size)?;
+            return Ok(len);
+        }
         let (a, off) = self.mem.resolve_write(dst, len)?;
         let bytes = value.to_le_bytes();
         let pattern = match elem_size {
@@ -290,9 +325,10 @@ impl Backend for SimGpu {
         Some(self)
     }
 
-    /// Sim copies with the CPU: nothing to prepare.
+    /// Sim copies with the CPU: nothing to prepare; device-mapped host memory is recorded
+    /// (`host_map.rs`).
     fn host_memory(&self) -> Option<&dyn HostMemory> {
-        None
+        Some(self)
     }
 
     fn virtual_memory(&self) -> Option<&dyn crate::VirtualMemory> {

@@ -175,6 +175,9 @@ pub fn attribute(d: &Driver, a: c_int) -> Result<c_int, CUresult> {
         attr::CLOCK_RATE => v(g.clock_khz),
         attr::TEXTURE_ALIGNMENT => 512,
         attr::GPU_OVERLAP | attr::UNIFIED_ADDRESSING => 1,
+        // Pool memory (cuMemHostAlloc) is device-mapped when the worker maps it
+        // (host_map.rs); registered memory never is.
+        attr::CAN_MAP_HOST_MEMORY => c_int::from(d.host_mapped.any()),
         attr::CONCURRENT_KERNELS => v(g.concurrent_kernels),
         attr::ECC_ENABLED => v(g.ecc_enabled),
         attr::MULTIPROCESSOR_COUNT => v(g.sm_count.max(1)),

@@ -117,6 +117,10 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Res<()> {
             d.t.dma_alloc(size, HOST_ALIGN)
                 .map_err(|_| res::OUT_OF_MEMORY)?;
         let p = region.virt().as_ptr() as usize;
+        // The pool may have grown a region: the GPU reaches it too where it can.
+        if !d.device_mapped(p as u64, size as u64) {
+            d.map_pool();
+        }
         let id = d.handle();
         d.host.insert(
             p,
@@ -236,12 +240,18 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             if pdptr.is_null() || flags != 0 {
                 return Err(res::INVALID_VALUE);
             }
+            if d.host_of(p as usize).is_some() && d.device_mapped(p as u64, 1) {
+                // Pool memory the GPU reaches at its host address (unified addressing):
+                // the device pointer is the pointer itself.
+                // SAFETY: checked non-null; a writable CUdeviceptr from the caller.
+                return unsafe { out(pdptr, p as CUdeviceptr) };
+            }
             let ours = d.host_of(p as usize).is_some() || d.registered_of(p as usize).is_some();
             if !ours {
                 return Err(res::INVALID_VALUE);
             }
-            // Kernels on a vGPU reach device memory only: mapped host memory has no
-            // device address.
+            // Registered memory, and pool memory on a vGPU whose worker cannot map it,
+            // has no device address: kernels reach device memory only.
             crate::api::stubs::log_once("cuMemHostGetDevicePointer (mapped host memory)");
             Err(res::NOT_SUPPORTED)
         })
@@ -285,6 +295,8 @@ enum Owner {
         base: usize,
         size: usize,
         id: u64,
+        /// The GPU reaches it at its host address.
+        mapped: bool,
     },
 }
 
@@ -302,6 +314,7 @@ fn owner(d: &Driver, ptr: u64) -> Res<Owner> {
             base,
             size: h.size,
             id: h.id,
+            mapped: d.device_mapped(base as u64, h.size as u64),
         });
     }
     if let Some((base, size)) = d.registered_of(ptr as usize) {
@@ -309,6 +322,7 @@ fn owner(d: &Driver, ptr: u64) -> Res<Owner> {
             base,
             size,
             id: base as u64,
+            mapped: false,
         });
     }
     Err(res::INVALID_VALUE)
@@ -341,7 +355,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 (ptr_attr::MEMORY_TYPE, Owner::Host { .. }) => {
                     out(data.cast::<c_uint>(), CU_MEMORYTYPE_HOST)
                 }
-                (ptr_attr::DEVICE_POINTER, Owner::Device { .. }) => {
+                (ptr_attr::DEVICE_POINTER, Owner::Device { .. })
+                | (ptr_attr::DEVICE_POINTER, Owner::Host { mapped: true, .. }) => {
                     out(data.cast::<CUdeviceptr>(), ptr)
                 }
                 (ptr_attr::HOST_POINTER, Owner::Host { .. }) => {

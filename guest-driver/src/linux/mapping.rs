@@ -25,6 +25,12 @@ impl Mapping {
     /// Maps `len` bytes of `path` from `offset` (a multiple of the page size), shared and
     /// read/write.
     pub fn file(path: &Path, offset: u64, len: usize) -> Result<Self, LinuxError> {
+        Self::file_near(path, offset, len, 0)
+    }
+
+    /// [`Mapping::file`] at `hint` when that range is free (the kernel picks another place
+    /// otherwise; 0: wherever the kernel likes).
+    pub fn file_near(path: &Path, offset: u64, len: usize, hint: u64) -> Result<Self, LinuxError> {
         let file = File::options()
             .read(true)
             .write(true)
@@ -37,10 +43,11 @@ impl Mapping {
         if len == 0 || offset % page_size() != 0 {
             return Err(LinuxError::BadOffset(offset));
         }
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL); fd is open for the call.
+        // SAFETY: a fresh mapping chosen by the kernel (a hint without MAP_FIXED never
+        // replaces anything); fd is open for the call.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as usize as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,

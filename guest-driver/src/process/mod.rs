@@ -65,6 +65,14 @@ pub const DEFAULT_POOL_BYTES: usize = 64 << 20;
 const GPA_BASE: u64 = 1 << 32;
 /// Region alignment and the gap between regions.
 const GPA_ALIGN: u64 = 2 << 20;
+/// Where this process's DMA regions go (a hint; the kernel places them elsewhere when the
+/// range is taken): 48 TiB plus a random 2 MiB-aligned offset below 2 TiB, far from where
+/// Linux puts mappings and shared libraries and from the vGPU's device addresses (32 TiB),
+/// so the worker almost never has anything at the same addresses and can map the pool
+/// there for the GPU (`HOST_MAP`, docs/protocol.md).
+const POOL_HINT_BASE: u64 = 0x3000_0000_0000;
+/// The span of [`POOL_HINT_BASE`]'s random offset.
+const POOL_HINT_SPAN: u64 = 2 << 40;
 /// A worker that does not answer a message within this time is treated as gone.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -114,6 +122,17 @@ struct Region {
 struct Memory {
     pool: Pool,
     regions: Vec<Region>,
+    /// Where the next region is asked to go (0: not chosen yet).
+    hint: u64,
+}
+
+/// A random 2 MiB-aligned address in `[POOL_HINT_BASE, POOL_HINT_BASE + POOL_HINT_SPAN)`.
+fn pool_hint() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let r = h.finish() % (POOL_HINT_SPAN / GPA_ALIGN);
+    POOL_HINT_BASE + r * GPA_ALIGN
 }
 
 impl Memory {
@@ -134,9 +153,13 @@ impl Memory {
         let fd = sealed_memfd(len)?;
         // The linux module maps files by path; /proc/self/fd/N reopens this very memfd.
         let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        let map = Mapping::file(&path, 0, len).map_err(std::io::Error::other)?;
+        if self.hint == 0 {
+            self.hint = pool_hint();
+        }
+        let map = Mapping::file_near(&path, 0, len, self.hint).map_err(std::io::Error::other)?;
         let gpa = self.next_gpa();
         let hva = map.base().as_ptr() as u64;
+        self.hint = (hva + len as u64).next_multiple_of(GPA_ALIGN) + GPA_ALIGN;
         self.pool.add(Chunk::new(map, gpa));
         self.regions.push(Region {
             fd,
@@ -408,6 +431,15 @@ impl ProcessTransport {
         let n = unsafe { libc::poll(&mut pfd, 1, 0) };
         n > 0
             && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    }
+
+    /// Each DMA region of the pool: (device address, this process's address, bytes).
+    pub fn region_ranges(&self) -> Vec<(u64, u64, u64)> {
+        self.memory()
+            .regions
+            .iter()
+            .map(|r| (r.gpa, r.hva, r.len))
+            .collect()
     }
 
     /// The memfds of the pool (for checking their seals).

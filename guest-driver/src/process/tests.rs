@@ -76,3 +76,28 @@ fn a_worker_that_never_answers_ends_the_connect_at_the_handshake_timeout() {
     assert!(err.to_string().contains("did not answer"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn regions_go_where_a_worker_has_nothing_mapped() {
+    let mut m = Memory::default();
+    m.grow(2 << 20).expect("first");
+    m.grow(2 << 20).expect("second");
+    // The hint window holds nothing in a fresh process (two test pools of a few MiB meet
+    // in its 2 TiB with negligible odds), so the kernel takes the hints.
+    let first = m.regions[0].hva;
+    assert!(
+        (POOL_HINT_BASE..POOL_HINT_BASE + POOL_HINT_SPAN).contains(&first),
+        "{first:#x}"
+    );
+    assert_eq!(first % GPA_ALIGN, 0, "{first:#x}");
+    assert_eq!(
+        m.regions[1].hva,
+        first + (4 << 20),
+        "the next region follows after a 2 MiB gap"
+    );
+    let hints: std::collections::BTreeSet<u64> = (0..8).map(|_| pool_hint()).collect();
+    assert!(hints.len() > 1, "hints are random");
+    assert!(hints.iter().all(|h| {
+        (POOL_HINT_BASE..POOL_HINT_BASE + POOL_HINT_SPAN).contains(h) && h % GPA_ALIGN == 0
+    }));
+}

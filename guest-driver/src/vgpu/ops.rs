@@ -521,6 +521,18 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         self.call(&Request::MemRetain(vgpu_proto::MemRetainArgs { addr }))
     }
 
+    /// Asks the device to make the `len` bytes of DMA memory at device address `gpa`
+    /// reachable by the GPU at this process's address `addr` of the same bytes
+    /// (`HOST_MAP`, devices with `features::HOST_MAP`; a process transport only).
+    pub fn host_map(&mut self, gpa: u64, len: u64, addr: u64) -> Result<()> {
+        self.call(&Request::HostMap(vgpu_proto::HostMapArgs {
+            gpa,
+            len,
+            addr,
+        }))
+        .map(drop)
+    }
+
     /// Creates or looks up a shared device memory object; returns its id.
     pub fn shm_get(&mut self, key: u64, size: u64, flags: u64) -> Result<u64> {
         Ok(self.call(&Request::ShmGet(ShmGetArgs { key, size, flags }))?[0])
