@@ -414,7 +414,7 @@ fn get_global_round_trips() {
         parse_request(&buf[..n - 1]),
         Err((Some(_), ParseError::ShortArgs { .. }))
     ));
-    assert!(PROTOCOL_VERSION >= 0x0001_0006);
+    const { assert!(PROTOCOL_VERSION >= 0x0001_0006) };
 }
 
 /// A `LAUNCH` with `args` and the blob `blob` after one dependency id, parsed back.

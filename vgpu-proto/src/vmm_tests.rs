@@ -106,7 +106,7 @@ fn host_map_round_trips_and_is_announced() {
     };
     assert!(matches!(round_trip(Request::HostMap(m), 0x0B00, 24), Request::HostMap(a) if a == m));
     assert_eq!(features::HOST_MAP, 1 << 17);
-    assert!(VERSION_MINOR >= 7, "HOST_MAP is there since 1.7");
+    const { assert!(VERSION_MINOR >= 7, "HOST_MAP is there since 1.7") };
     assert_eq!(Opcode::from_u32(0x0B00), Some(Opcode::HostMap));
     assert_eq!(Opcode::HostMap.name(), "HOST_MAP");
 }
