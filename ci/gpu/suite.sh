@@ -253,8 +253,9 @@ step_cuda-programs() {
 step_cudart() {
     local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc prog where t0 rc=0 dir sock pid
     mkdir -p "$d/lib"
-    cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
-    ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
+    # The CUDA and the NVML library, as a tenant installs them (XLA counts devices through
+    # NVML).
+    "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     [[ -x "$nvcc" ]] || { echo "== no nvcc on this machine"; return 1; }
     "$nvcc" -o "$d/rt-vecadd-static" "$src/rt_vecadd.cu" || return 1
