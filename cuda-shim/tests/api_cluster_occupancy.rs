@@ -400,31 +400,8 @@ fn the_library_asks_the_device_once_per_shape() {
     assert_eq!(asked().len(), 10);
 
     // A function the device turns down is estimated; the device's refusal is the call's.
-    let mut per_sm: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-            fn(*mut c_int, Ptr, c_int, usize),
-            &mut per_sm,
-            func,
-            TURNED_DOWN as c_int,
-            0
-        ),
-        OK
-    );
-    let mut sms: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuDeviceGetAttribute",
-            fn(*mut c_int, c_int, c_int),
-            &mut sms,
-            16,
-            0
-        ),
-        OK
-    );
+    let per_sm = cu.blocks_per_sm(func, TURNED_DOWN as c_int, 0);
+    let sms = cu.device_attribute(16);
     assert!(per_sm > 0);
     assert_eq!(
         lib.active(TURNED_DOWN, 0, [2, 1, 1]),

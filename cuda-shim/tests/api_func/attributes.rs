@@ -423,31 +423,8 @@ pub(crate) fn launches_attributes_occupancy_and_limits(t: &Setup) {
         );
         (r, num)
     };
-    let mut per_sm: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-            fn(*mut c_int, Ptr, c_int, usize),
-            &mut per_sm,
-            func,
-            128,
-            0
-        ),
-        OK
-    );
-    let mut sms: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuDeviceGetAttribute",
-            fn(*mut c_int, c_int, c_int),
-            &mut sms,
-            16,
-            0
-        ),
-        OK
-    );
+    let per_sm = cu.blocks_per_sm(func, 128, 0);
+    let sms = cu.device_attribute(16);
     assert!(per_sm > 0);
     // A sim vGPU runs no clusters, and says so.
     let mut cluster_launch: c_int = -1;

@@ -65,31 +65,8 @@ pub(crate) fn every_slot_of_the_cluster_table(t: &Setup) {
         assert_eq!(r, OK, "attribute {a}");
         v
     };
-    let mut per_sm: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-            fn(*mut c_int, Ptr, c_int, usize),
-            &mut per_sm,
-            func,
-            128,
-            0
-        ),
-        OK
-    );
-    let mut sms: c_int = 0;
-    assert_eq!(
-        call!(
-            cu,
-            "cuDeviceGetAttribute",
-            fn(*mut c_int, c_int, c_int),
-            &mut sms,
-            16,
-            0
-        ),
-        OK
-    );
+    let per_sm = cu.blocks_per_sm(func, 128, 0);
+    let sms = cu.device_attribute(16);
     assert!(per_sm > 0 && sms > 0);
     let mut dims = [-1 as c_int; 3];
     let get_dim: GetDim = slot(table, 5);

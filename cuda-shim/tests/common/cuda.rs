@@ -82,6 +82,28 @@ impl Cuda {
         ctx
     }
 
+    /// Device 0's attribute `attr` (`cuDeviceGetAttribute`, which must succeed).
+    #[allow(dead_code)] // not every test binary asks
+    pub fn device_attribute(&self, attr: c_int) -> c_int {
+        let f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> R = self.f("cuDeviceGetAttribute");
+        let mut v: c_int = -1;
+        // SAFETY: its C signature; a valid out pointer.
+        assert_eq!(unsafe { f(&mut v, attr, 0) }, OK, "attribute {attr}");
+        v
+    }
+
+    /// Blocks of `block` threads with `shared` bytes of dynamic shared memory each that
+    /// one SM holds (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, which must succeed).
+    #[allow(dead_code)] // not every test binary asks
+    pub fn blocks_per_sm(&self, func: Ptr, block: c_int, shared: usize) -> c_int {
+        let f: unsafe extern "C" fn(*mut c_int, Ptr, c_int, usize) -> R =
+            self.f("cuOccupancyMaxActiveBlocksPerMultiprocessor");
+        let mut n: c_int = -1;
+        // SAFETY: its C signature; a valid out pointer; the library checks the handle.
+        assert_eq!(unsafe { f(&mut n, func, block, shared) }, OK);
+        n
+    }
+
     /// `cuStreamSynchronize(s)`.
     pub fn sync(&self, s: Ptr) -> R {
         let f: unsafe extern "C" fn(Ptr) -> R = self.f("cuStreamSynchronize");
