@@ -18,7 +18,7 @@
 //! reservation itself is shared, so it lives as long as either backend.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use cudarc::driver::sys;
@@ -36,74 +36,15 @@ mod shm;
 #[path = "vmm_space.rs"]
 mod vmm_space;
 pub(crate) use vmm_space::CudaPhys;
+#[path = "reservation.rs"]
+mod reservation;
+use reservation::{Reservation, HOMES};
 
 /// Alignment of every allocation's device address (and of the address space).
 pub const VA_ALIGN: u64 = vgpu_proto::DEVICE_ALLOC_ALIGN;
 
 pub(super) fn round_up(v: u64, align: u64) -> Option<u64> {
     v.checked_add(align - 1).map(|v| v / align * align)
-}
-
-/// The vGPU address ranges reserved in this process, by base address (see the module
-/// doc: a migration target finds its vGPU's range here).
-static HOMES: Mutex<BTreeMap<u64, Weak<Reservation>>> = Mutex::new(BTreeMap::new());
-
-/// A reserved address range; freed when the last user is gone.
-#[derive(Debug)]
-struct Reservation {
-    base: u64,
-    size: u64,
-    ctx: Arc<Context>,
-    /// The GPU whose memory is mapped in it now (a vGPU's range: changes at a switch).
-    ordinal: AtomicI32,
-    /// Listed in [`HOMES`].
-    home: bool,
-}
-
-impl Reservation {
-    /// Reserves `size` bytes at `at` (0: wherever the driver likes); the address it got.
-    fn reserve(
-        ctx: &Arc<Context>,
-        ordinal: i32,
-        at: u64,
-        size: u64,
-    ) -> std::result::Result<Self, CuError> {
-        let mut got: sys::CUdeviceptr = 0;
-        check(
-            // SAFETY: writes one device address into `got`; reserves address space only.
-            unsafe { sys::cuMemAddressReserve(&mut got, size as usize, VA_ALIGN as usize, at, 0) },
-            "cuMemAddressReserve",
-        )?;
-        Ok(Self {
-            base: got,
-            size,
-            ctx: ctx.clone(),
-            ordinal: AtomicI32::new(ordinal),
-            home: false,
-        })
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        if self.home {
-            let mut homes = lock(&HOMES);
-            if homes.get(&self.base).is_some_and(|w| w.upgrade().is_none()) {
-                homes.remove(&self.base);
-            }
-        }
-        if self.ctx.bind().is_err() {
-            return;
-        }
-        if let Err(e) = check(
-            // SAFETY: frees a range reserved in `Reservation::reserve`; every allocation mapped
-            // in it holds an Arc of a Space that holds this reservation, so none is mapped now.
-            unsafe { sys::cuMemAddressFree(self.base, self.size as usize) },
-            "cuMemAddressFree",
-        ) {
-            tracing::warn!(error = %e, "freeing a device address range failed");
-        }
-    }
 }
 
 /// Where this backend's allocations are mapped.
