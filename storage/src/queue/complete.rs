@@ -1,10 +1,12 @@
-//! The completion side: lock-free polling for (command identifier, phase), then marking
-//! the entry consumed; the CQ-lock winner moves the head over consumed entries, rings the
-//! CQ doorbell once, and frees their SQ slots.
+//! The completion side: lock-free polling for (command identifier, phase), then claiming
+//! the entry; the CQ-lock winner moves the head over claimed entries, rings the CQ
+//! doorbell once, and frees their SQ slots. Completions parked for owners that had not
+//! collected them are found by ticket.
 
 use super::{Backoff, QueuePair, Submitted};
 use crate::error::{Error, Result};
 use crate::nvme::Cqe;
+use crate::sync::lock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
@@ -25,6 +27,10 @@ impl QueuePair {
     /// the entry is consumed: the caller must not poll for the same command again.
     pub fn poll(&self, s: Submitted) -> Result<Option<Cqe>> {
         self.check()?;
+        if let Some(cqe) = self.take_parked(s) {
+            return Ok(Some(cqe));
+        }
+        let lap = s.ticket >> self.log2;
         let head = self.cq_head.load(Ordering::Acquire);
         for i in 0..self.depth {
             let pos = head + i;
@@ -35,14 +41,27 @@ impl QueuePair {
                 // The controller posts in order: nothing newer past here.
                 break;
             }
-            if dw3 as u16 == s.cid && !self.cq_mark[loc].load(Ordering::Acquire) {
-                // SAFETY: loc < depth; the acquire load of dw3 orders the rest of the entry.
-                let cqe = unsafe { std::ptr::read_volatile(self.cq.add(loc)) };
-                self.consume(loc);
-                return Ok(Some(cqe));
+            if dw3 as u16 != s.cid {
+                continue;
             }
+            // The slot moved on: our completion was parked. (The acquire load of dw3
+            // orders this load after the submission of any newer command in the slot.)
+            if self.turns[(s.cid as u64 & self.mask) as usize].load(Ordering::Acquire) != lap {
+                break;
+            }
+            // SeqCst: see `collect`.
+            if self.cq_mark[loc]
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                break; // a parker claimed it: it is in the parked map now or soon
+            }
+            // SAFETY: loc < depth; the acquire load of dw3 orders the rest of the entry.
+            let cqe = unsafe { std::ptr::read_volatile(self.cq.add(loc)) };
+            self.collect();
+            return Ok(Some(cqe));
         }
-        Ok(None)
+        Ok(self.take_parked(s))
     }
 
     /// Wait for the completion of `s`, up to the pair's timeout, and turn an error status
@@ -62,10 +81,65 @@ impl QueuePair {
         }
     }
 
-    fn consume(&self, loc: usize) {
+    fn take_parked(&self, s: Submitted) -> Option<Cqe> {
+        if self.parked_n.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let cqe = lock(&self.parked).remove(&s.ticket)?;
+        self.parked_n.fetch_sub(1, Ordering::AcqRel);
+        Some(cqe)
+    }
+
+    /// Claim every posted completion nobody has consumed yet, keep it for its owner by
+    /// ticket, and move the heads past all of them. Does nothing while another thread
+    /// moves the head (it frees the same slots).
+    pub(super) fn park_posted(&self) {
+        if self.cq_lock.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let head = self.cq_head.load(Ordering::Acquire);
+        let mut claimed = Vec::new();
+        for i in 0..self.depth {
+            let pos = head + i;
+            let loc = (pos & self.mask) as usize;
+            let dw3 = self.load_dw3(loc);
+            if (dw3 & (1 << 16) != 0) != self.phase_of(pos) {
+                break;
+            }
+            if self.cq_mark[loc]
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let slot = dw3 as u16 as u64 & self.mask;
+                // The slot is still held by this completion's command (it is freed only
+                // once the head has passed it, below), so its turn names the lap.
+                let ticket = self.turns[slot as usize].load(Ordering::Acquire) << self.log2 | slot;
+                // SAFETY: loc < depth; the acquire load of dw3 orders the rest of the entry.
+                claimed.push((ticket, unsafe { std::ptr::read_volatile(self.cq.add(loc)) }));
+            }
+        }
+        if !claimed.is_empty() {
+            tracing::debug!(
+                qid = self.qid,
+                parked = claimed.len(),
+                "submitters wait for slots: parked completions their owners had not collected"
+            );
+            let n = claimed.len();
+            lock(&self.parked).extend(claimed);
+            // Before the head moves (and the slots free): an owner that sees either sees
+            // the parked entries too.
+            self.parked_n.fetch_add(n, Ordering::AcqRel);
+        }
+        self.move_cq_head();
+        self.cq_lock.store(false, Ordering::SeqCst);
+        // Entries consumed while we held the lock: move over them too.
+        self.collect();
+    }
+
+    /// After marking an entry consumed: move the heads if nobody else is.
+    fn collect(&self) {
         // SeqCst on the mark and the lock: either we see the lock free, or the holder's
         // re-check after unlocking sees our mark (no lost head move).
-        self.cq_mark[loc].store(true, Ordering::SeqCst);
         while !self.cq_lock.swap(true, Ordering::SeqCst) {
             self.move_cq_head();
             self.cq_lock.store(false, Ordering::SeqCst);

@@ -9,6 +9,13 @@
 //! again only after the CQ head has passed the slot's completion, so a poller can never
 //! match a stale completion of an earlier command with the same identifier.
 //!
+//! Slots are freed in order, so one completion its owner has not collected holds back
+//! every slot after it. An owner that submits a batch before it waits for any can end up
+//! waiting for a slot behind its own uncollected completion. A submitter kept waiting for
+//! a slot therefore parks the posted completions: it claims them, keeps them by ticket (the
+//! command's absolute SQ position), and lets the heads move on. Their owners find them
+//! there; the fast path never touches the parked map.
+//!
 //! Counters are 64-bit absolute positions (they never wrap in practice); the hardware sees
 //! them modulo the queue depth.
 
@@ -19,7 +26,9 @@ use crate::bar::Doorbell;
 use crate::error::{Error, Result};
 use crate::memory::DmaSlice;
 use crate::nvme::{Cqe, Sqe, PAGE_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 pub use submit::Submitted;
@@ -74,6 +83,10 @@ pub struct QueuePair {
     cq_head: AtomicU64,
     cq_mark: Box<[AtomicBool]>,
     cq_lock: AtomicBool,
+    /// Completions claimed for owners that had not collected them, by ticket.
+    parked: Mutex<HashMap<u64, Cqe>>,
+    /// Entries in `parked`: lets pollers skip the lock while nothing is parked.
+    parked_n: AtomicUsize,
 }
 
 // SAFETY: the raw queue pointers point into `memory`, kept alive by the pair; all shared
@@ -131,6 +144,8 @@ impl QueuePair {
             cq_head: AtomicU64::new(0),
             cq_mark: atomics(d),
             cq_lock: AtomicBool::new(false),
+            parked: Mutex::new(HashMap::new()),
+            parked_n: AtomicUsize::new(0),
         })
     }
 
@@ -189,6 +204,11 @@ impl QueuePair {
 pub(crate) struct Backoff(u32);
 
 impl Backoff {
+    /// Past spinning and yielding: the wait is a long one.
+    pub(crate) fn is_sleeping(&self) -> bool {
+        self.0 >= 64
+    }
+
     pub(crate) fn snooze(&mut self) {
         if self.0 < 16 {
             std::hint::spin_loop();

@@ -11,6 +11,8 @@ use std::time::Instant;
 #[must_use = "a submitted command must be waited for, or its slot is never freed"]
 pub struct Submitted {
     pub(crate) cid: u16,
+    /// The absolute SQ position: which lap of the slot this command holds.
+    pub(crate) ticket: u64,
 }
 
 impl Submitted {
@@ -67,6 +69,12 @@ impl QueuePair {
             if Instant::now() > deadline {
                 return Err(self.poison());
             }
+            // Slots are freed in order, and the oldest may be held by a completion whose
+            // owner is itself waiting here for a slot (it submits a batch before it waits
+            // for any): park what the controller has posted so the slots free up.
+            if backoff.is_sleeping() {
+                self.park_posted();
+            }
             backoff.snooze();
         }
         Ok(())
@@ -91,7 +99,7 @@ impl QueuePair {
                 backoff.snooze();
             }
         }
-        Submitted { cid }
+        Submitted { cid, ticket }
     }
 
     /// Called with the tail lock held: claim every consecutive marked slot from the tail
