@@ -180,9 +180,38 @@ impl TestDaemon {
 impl Drop for TestDaemon {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            // A failing test (often on a loaded CI box) shows what the daemon, its workers
+            // and vmms logged, before the directory goes.
+            print_log_tails(&self.dir, 60);
+        }
         // VMs and workers outlive vgpud (a restart adopts them): end the test's own.
         kill_leftovers(&self.dir);
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The last `lines` lines of every log file under `dir` (vgpud's, its workers', its
+/// vmms'), to stderr.
+fn print_log_tails(dir: &Path, lines: usize) {
+    let mut logs = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                logs.push(p);
+            }
+        }
+    }
+    logs.sort();
+    for p in logs {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let tail = &all[all.len().saturating_sub(lines)..];
+        eprintln!("---- {} (last {} lines)\n{}", p.display(), tail.len(), tail.join("\n"));
     }
 }
 

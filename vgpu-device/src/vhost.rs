@@ -89,6 +89,27 @@ impl VgpuVhostBackend {
     }
 
     /// The vGPU.
+    /// Whether `vring`'s queue has nothing in hand: every request taken off the ring was
+    /// answered, and, unless the ring is stopped, nothing waits there to be taken. A move
+    /// stops the VM only when each queue a thread is inside of is quiet.
+    pub fn quiet(&self, vring: &Vring) -> bool {
+        let state = vring.get_ref();
+        let queue = state.get_queue();
+        if queue.next_avail() != queue.next_used() {
+            return false;
+        }
+        if !queue.ready() {
+            return true;
+        }
+        let atomic = read(&self.mem).clone();
+        let guard = atomic.memory();
+        let mem: &GuestMem = &guard;
+        // A ring the device cannot read serves nothing more.
+        queue
+            .avail_idx(mem, Ordering::Acquire)
+            .map_or(true, |idx| idx.0 == queue.next_avail())
+    }
+
     pub fn vgpu(&self) -> &Arc<Vgpu> {
         &self.vgpu
     }

@@ -18,8 +18,7 @@ use vgpu_device::{Memory, VgpuVhostBackend};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
 };
-use vhost_user_backend::{VhostUserBackend, VringT};
-use virtio_queue::QueueT;
+use vhost_user_backend::VhostUserBackend;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
@@ -28,8 +27,6 @@ use crate::memlink::ControlOut;
 
 /// How long the source waits on one write or read of the stream.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(30);
-/// Queue threads count as idle once no request completed for this long.
-const SETTLED: Duration = Duration::from_millis(50);
 /// How long the VM's stop waits for the requests in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between pre-copy rounds once the rest fits the downtime budget.
@@ -116,20 +113,13 @@ impl Outgoing {
     ///
     /// Before that, the requests the guest sent before it stopped complete (their used
     /// entries land in guest RAM before the vmm sends it) and no new ones start: queue
-    /// threads wait at their entry, and the stop waits until every thread inside has left,
-    /// or `served` (the device's count of completed requests) has stood still for
-    /// [`SETTLED`] (a thread whose ring stopped with requests still in it spins without
-    /// serving them; they go to the destination with the ring).
-    ///
-    /// `done(q)` says that queue `q`'s ring is stopped with every request it handed out
-    /// completed: a thread still inside on it serves nothing more (it spins on the stopped
-    /// ring), so it is not waited for.
-    fn ring_stopped(
-        &self,
-        ring: u32,
-        served: impl Fn() -> u64,
-        done: impl Fn(usize) -> bool,
-    ) -> io::Result<()> {
+    /// threads wait at their entry, and the stop waits until every queue a thread is
+    /// inside of is `quiet(q)`: every request taken off its ring answered, and nothing
+    /// left to take unless the ring is stopped (a stopped ring's untaken requests go to the
+    /// destination with it). A request still in hand is always waited for, however long
+    /// it runs (a kernel, a swap-in of an oversubscribed vGPU's pieces), up to
+    /// [`DRAIN_TIMEOUT`]; past that the move is given up and the VM runs on here.
+    fn ring_stopped(&self, ring: u32, quiet: impl Fn(usize) -> bool) -> io::Result<()> {
         let mut s = vgpu_sync::lock(&self.state);
         if !s.armed {
             return match s.result.take() {
@@ -141,27 +131,20 @@ impl Outgoing {
         // entries land in guest RAM before the vmm sends it); none start after.
         s.frozen = true;
         let start = Instant::now();
-        let mut last = (served(), Instant::now());
         let mut drained = true;
         while s.in_flight > 0 {
-            if s.inside.iter().enumerate().all(|(q, n)| *n == 0 || done(q)) {
-                break;
-            }
-            s = self
-                .changed
-                .wait_timeout(s, Duration::from_millis(5))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-            let now = served();
-            if now != last.0 {
-                last = (now, Instant::now());
-            } else if last.1.elapsed() >= SETTLED {
+            if s.inside.iter().enumerate().all(|(q, n)| *n == 0 || quiet(q)) {
                 break;
             }
             if start.elapsed() > DRAIN_TIMEOUT {
                 drained = false;
                 break;
             }
+            s = self
+                .changed
+                .wait_timeout(s, Duration::from_millis(1))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
         if !drained {
             s.cancelled = true;
@@ -360,13 +343,13 @@ impl Hooked {
         }
     }
 
-    /// Whether queue `q`'s ring is stopped with every request it handed out completed.
-    fn served_out(&self, q: usize) -> bool {
-        self.vrings.get(q).and_then(OnceLock::get).is_some_and(|v| {
-            let state = v.get_ref();
-            let queue = state.get_queue();
-            !queue.ready() && queue.next_avail() == queue.next_used()
-        })
+    /// Whether queue `q` has no request in hand (see [`VgpuVhostBackend::quiet`]); a
+    /// queue whose thread never served it has none.
+    fn quiet(&self, q: usize) -> bool {
+        self.vrings
+            .get(q)
+            .and_then(OnceLock::get)
+            .is_none_or(|v| self.inner.quiet(v))
     }
 }
 
@@ -431,12 +414,7 @@ impl VhostUserBackend for Hooked {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         self.inner.stop_vring(queue_index)?;
-        let vgpu = self.inner.vgpu().clone();
-        self.outgoing.ring_stopped(
-            queue_index,
-            move || vgpu.stats().requests,
-            |q| self.served_out(q),
-        )
+        self.outgoing.ring_stopped(queue_index, |q| self.quiet(q))
     }
 
     fn handle_event(
@@ -483,7 +461,7 @@ mod tests {
     fn the_first_ring_stop_waits_for_the_move_and_carries_its_outcome() {
         let o = Arc::new(Outgoing::default());
         // No move: rings stop at once.
-        assert!(o.ring_stopped(0, || 0, |_| false).is_ok());
+        assert!(o.ring_stopped(0, |_| false).is_ok());
         for outcome in [Ok(()), Err("no room".to_string())] {
             assert!(o.arm());
             assert!(!o.arm(), "one move at a time");
@@ -497,12 +475,12 @@ mod tests {
                     o.done(outcome);
                 })
             };
-            let r = o.ring_stopped(0, || 0, |_| false);
+            let r = o.ring_stopped(0, |_| false);
             sender.join().expect("sender");
             assert_eq!(r.is_ok(), outcome.is_ok());
             // The next ring of the same stop hears the same outcome; a ring after that, none.
-            assert_eq!(o.ring_stopped(1, || 0, |_| false).is_ok(), outcome.is_ok());
-            assert!(o.ring_stopped(1, || 0, |_| false).is_ok());
+            assert_eq!(o.ring_stopped(1, |_| false).is_ok(), outcome.is_ok());
+            assert!(o.ring_stopped(1, |_| false).is_ok());
         }
         // A cancelled move ends its sender.
         assert!(o.arm());
@@ -510,31 +488,61 @@ mod tests {
         assert!(o.stop_wanted(Duration::ZERO).is_err());
     }
 
-    #[test]
-    fn a_thread_left_on_a_served_out_stopped_ring_is_not_waited_for() {
-        let o = Arc::new(Outgoing::default());
-        // A queue thread inside on queue 0 that never leaves, while requests keep
-        // completing elsewhere (the count never settles): only `done` lets the stop go on.
-        o.enter(0);
+    /// Starts a move and the sender that finishes it once the VM stops.
+    fn armed(o: &Arc<Outgoing>) -> std::thread::JoinHandle<()> {
         assert!(o.arm());
-        let sender = {
-            let o = o.clone();
-            std::thread::spawn(move || {
-                while !o
-                    .stop_wanted(Duration::from_millis(5))
-                    .expect("not cancelled")
-                {}
-                o.done(Ok(()));
-            })
-        };
-        let served = std::sync::atomic::AtomicU64::new(0);
-        let r = o.ring_stopped(
-            0,
-            || served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            |q| q == 0,
-        );
+        let o = o.clone();
+        std::thread::spawn(move || {
+            while !o
+                .stop_wanted(Duration::from_millis(5))
+                .expect("not cancelled")
+            {}
+            o.done(Ok(()));
+        })
+    }
+
+    #[test]
+    fn a_thread_left_on_a_quiet_queue_is_not_waited_for() {
+        let o = Arc::new(Outgoing::default());
+        // A queue thread inside on queue 0 that never leaves (it spins on its stopped
+        // ring with nothing in hand): the stop goes on at once.
+        o.enter(0);
+        let sender = armed(&o);
+        let t = Instant::now();
+        let r = o.ring_stopped(0, |q| q == 0);
         sender.join().expect("sender");
         assert!(r.is_ok(), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         o.leave(0);
+    }
+
+    #[test]
+    fn a_request_in_hand_is_waited_for_however_long_it_serves_nothing() {
+        let o = Arc::new(Outgoing::default());
+        // A long request on queue 0 (a swap-in, a long kernel): nothing completes for
+        // 300 ms, then it is answered. The stop must not go on before.
+        o.enter(0);
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let (o, answered) = (o.clone(), answered.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                answered.store(true, std::sync::atomic::Ordering::SeqCst);
+                // The thread lingers on its ring a little before it leaves.
+                std::thread::sleep(Duration::from_millis(100));
+                o.leave(0);
+            })
+        };
+        let sender = armed(&o);
+        let r = o.ring_stopped(0, |_| {
+            answered.load(std::sync::atomic::Ordering::SeqCst)
+        });
+        assert!(
+            answered.load(std::sync::atomic::Ordering::SeqCst),
+            "the VM stopped with a request in hand"
+        );
+        sender.join().expect("sender");
+        server.join().expect("server");
+        assert!(r.is_ok(), "{r:?}");
     }
 }
