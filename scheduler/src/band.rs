@@ -5,8 +5,9 @@
 //! The budget is the vGPU's balance (`Account::balance`): its share of the time the
 //! resource was used, minus what it used or had reserved, carried across periods. The
 //! pending vGPU that is owed the most goes next; the wait is made only for the vGPU that
-//! just went idle, only while it is owed and the next one is not, and only if its requests
-//! usually come back within the wait (docs/scheduler.md).
+//! just went idle, only while its debt is within the hand-over margin and the next one is
+//! not owed past it, and only if its requests usually come back within the wait
+//! (docs/scheduler.md).
 
 use crate::clock::Nanos;
 use crate::exclusive::{exclusive_policy, Exclusive, Rule};
@@ -26,17 +27,19 @@ impl Rule for BandRule {
     }
 
     fn may_continue(acc: &Accounts, vgpu: VgpuId, now: Nanos) -> bool {
-        // The holder keeps launching unless it is spent and over its share while a vGPU
-        // that is owed waits (Gdev's yield in schedule_compute).
+        // The holder keeps launching unless it is spent past the hand-over margin and over
+        // its share while a vGPU owed past the margin waits (Gdev's yield in
+        // schedule_compute, with the margin: docs/scheduler.md, point 8).
         let owed_waits = acc
             .map
             .iter()
-            .any(|(id, a)| *id != vgpu && a.pending > 0 && acc.owed(*id));
-        !(owed_waits && !acc.owed(vgpu) && acc.over_share(vgpu, now))
+            .any(|(id, a)| *id != vgpu && a.pending > 0 && acc.owed_past_margin(*id));
+        !(owed_waits && !acc.within_margin(vgpu) && acc.over_share(vgpu, now))
     }
 
     fn may_lease(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> bool {
-        acc.balance(vgpu).is_some_and(|b| b >= 0.0)
+        let m = acc.config.switch_margin as f64;
+        acc.balance(vgpu).is_some_and(|b| b >= -m)
     }
 
     fn urgency(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> Option<f64> {
@@ -47,7 +50,7 @@ impl Rule for BandRule {
     }
 
     fn owed(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> bool {
-        acc.owed(vgpu)
+        acc.owed_past_margin(vgpu)
     }
 
     fn keep_for(acc: &Accounts, holder: VgpuId, next: Option<VgpuId>, now: Nanos) -> Option<Nanos> {
@@ -57,9 +60,10 @@ impl Rule for BandRule {
             // round trip for its next request (the lease).
             return (config.lease > 0).then_some(now + config.lease);
         };
-        // Gdev's time-buffer, made only when it can pay off: the next vGPU is over its
-        // share, the holder is under its own, and the holder's requests usually come back
-        // within the wait (a vGPU that is not coming would leave the resource idle).
+        // Gdev's time-buffer, made only when it can pay off: the next vGPU is not owed past
+        // the hand-over margin, the holder's debt is within it, and the holder's requests
+        // usually come back within the wait (a vGPU that is not coming would leave the
+        // resource idle).
         let a = acc.get(holder).ok()?;
         let idle_since = a.idle_since?;
         // The wait covers the holder's measured gap (1.5x, at least the configured wait,
@@ -71,8 +75,10 @@ impl Rule for BandRule {
         } else {
             config.wait
         };
-        (!acc.owed(next) && acc.owed(holder) && acc.expected_within(holder, wait, now))
-            .then_some(idle_since + wait)
+        (!acc.owed_past_margin(next)
+            && acc.within_margin(holder)
+            && acc.expected_within(holder, wait, now))
+        .then_some(idle_since + wait)
     }
 }
 

@@ -5,7 +5,9 @@
 //! grant order; since the schedulers let one vGPU hold a resource at a time, that is the
 //! device's order, except after a deadline overrun: then the late request keeps running
 //! while the vGPU that got the resource back runs beside it (a GPU time-slices the
-//! contexts of different processes; the model runs both at full speed).
+//! contexts of different processes; the model runs both at full speed). A hand-over may
+//! cost the device time ([`run_switching`]): a request that follows another vGPU's on the
+//! same engine starts that much later (a GPU's switch between two processes' contexts).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -50,6 +52,8 @@ pub struct Report {
     pub calls: u64,
     /// Longest time a request of each vGPU waited between its submit and its grant.
     pub max_wait: BTreeMap<VgpuId, Nanos>,
+    /// Requests that started after another vGPU's on the same engine.
+    pub handovers: u64,
 }
 
 impl Report {
@@ -159,13 +163,50 @@ fn take_waiting(
 }
 
 /// Runs `workloads` on a GPU scheduled by `sched` for `duration`, with `window`-long
-/// measurement windows.
+/// measurement windows; hand-overs cost nothing.
 pub fn run(
+    sched: GpuScheduler,
+    workloads: &[Workload],
+    duration: Nanos,
+    window: Nanos,
+    seed: u64,
+) -> Report {
+    run_switching(sched, workloads, duration, window, seed, 0)
+}
+
+/// Starts request `j` of `v`'s lane on `ix` at `now`, or `switch_cost` later when another
+/// vGPU's request ran last on that engine; returns its start.
+#[allow(clippy::too_many_arguments)]
+fn begin(
+    lane: &mut Lane,
+    j: usize,
+    v: VgpuId,
+    ix: Resource,
+    now: Nanos,
+    last_on: &mut BTreeMap<Resource, VgpuId>,
+    switch_cost: Nanos,
+    report: &mut Report,
+) -> Nanos {
+    let start = match last_on.insert(ix, v) {
+        Some(prev) if prev != v => {
+            report.handovers += 1;
+            now + switch_cost
+        }
+        _ => now,
+    };
+    lane.running = Some((j, start));
+    start
+}
+
+/// As [`run`], with each hand-over between vGPUs on an engine costing the device
+/// `switch_cost` (not charged to anyone: the device is busy, nobody's work runs).
+pub fn run_switching(
     mut sched: GpuScheduler,
     workloads: &[Workload],
     duration: Nanos,
     window: Nanos,
     seed: u64,
+    switch_cost: Nanos,
 ) -> Report {
     let mut report = Report {
         duration,
@@ -200,6 +241,8 @@ pub fn run(
     // Lanes queue workload indices, so each request keeps its burst and think time.
     let mut lanes: BTreeMap<(Resource, VgpuId), Lane> = BTreeMap::new();
     let mut scheduled_tick: Option<Nanos> = None;
+    // Whose request ran last on each engine.
+    let mut last_on: BTreeMap<Resource, VgpuId> = BTreeMap::new();
 
     // Adds busy time [from, to) to the per-window buckets.
     let account = |report: &mut Report, vgpu: VgpuId, r: Resource, from: Nanos, to: Nanos| {
@@ -243,10 +286,10 @@ pub fn run(
                 let g = sched.complete(v, ix, started, now).unwrap_or_default();
                 // Start the next queued request of this lane.
                 if let Some(j) = lane.queue.pop_front() {
-                    lane.running = Some((j, now));
+                    let start = begin(lane, j, v, ix, now, &mut last_on, switch_cost, &mut report);
                     push(
                         &mut events,
-                        now + rng.burst(workloads[j].burst),
+                        start + rng.burst(workloads[j].burst),
                         Event::Done(ix, v),
                     );
                 }
@@ -271,10 +314,10 @@ pub fn run(
             }
             if lane.running.is_none() {
                 if let Some(j) = lane.queue.pop_front() {
-                    lane.running = Some((j, now));
+                    let start = begin(lane, j, v, ix, now, &mut last_on, switch_cost, &mut report);
                     push(
                         &mut events,
-                        now + rng.burst(workloads[j].burst),
+                        start + rng.burst(workloads[j].burst),
                         Event::Done(ix, v),
                     );
                 }

@@ -55,19 +55,34 @@ pub struct Config {
     /// below the guests' 30 s request timeout, so a neighbour waits at most deadline plus
     /// one period for its turn and never times out.
     pub deadline: Nanos,
+    /// BAND's hand-over margin: the holder keeps the resource (through its idle gaps, its
+    /// lease, its next requests) until a waiting vGPU is owed more than this, or until its
+    /// own debt passes it. Every hand-over between two vGPUs' contexts costs the GPU a
+    /// context switch and its L2 cache; without a margin, vGPUs with equal shares that are
+    /// both busy trade the GPU at nearly every request. The long-run split stays exact (a
+    /// balance is only allowed this far from zero before the resource moves); a window
+    /// shorter than a few margins sees it swing by about this much. 0: hand over as soon as
+    /// a waiting vGPU is owed anything.
+    pub switch_margin: Nanos,
 }
 
 /// The default kernel deadline (see [`Config::deadline`]).
 pub const DEFAULT_DEADLINE: Nanos = 2_000 * MS;
 
+impl Config {
+    /// The defaults, usable in constants.
+    pub const DEFAULT: Config = Config {
+        period: 30 * MS,
+        wait: 500 * US,
+        lease: MS,
+        deadline: DEFAULT_DEADLINE,
+        switch_margin: 2 * MS,
+    };
+}
+
 impl Default for Config {
     fn default() -> Self {
-        Self {
-            period: 30 * MS,
-            wait: 500 * US,
-            lease: MS,
-            deadline: DEFAULT_DEADLINE,
-        }
+        Self::DEFAULT
     }
 }
 
@@ -304,6 +319,20 @@ impl Accounts {
     /// BAND's "under its share": owed time (a positive balance).
     pub fn owed(&self, vgpu: VgpuId) -> bool {
         self.map.get(&vgpu).is_some_and(|a| a.balance > 0.0)
+    }
+
+    /// Whether `vgpu` is owed more than the hand-over margin: a waiting vGPU that is
+    /// takes the resource from a holder (BAND).
+    pub fn owed_past_margin(&self, vgpu: VgpuId) -> bool {
+        let m = self.config.switch_margin as f64;
+        self.map.get(&vgpu).is_some_and(|a| a.balance > m)
+    }
+
+    /// Whether `vgpu`'s debt is still within the hand-over margin: as a holder, it keeps
+    /// the resource against vGPUs not owed past the margin (BAND).
+    pub fn within_margin(&self, vgpu: VgpuId) -> bool {
+        let m = self.config.switch_margin as f64;
+        self.map.get(&vgpu).is_some_and(|a| a.balance > -m)
     }
 
     pub fn balance(&self, vgpu: VgpuId) -> Option<f64> {

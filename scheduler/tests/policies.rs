@@ -3,7 +3,7 @@
 
 use vgpu_scheduler::clock::{MS, US};
 use vgpu_scheduler::gpu::{GpuScheduler, PolicyKind, QueueMode, Resource};
-use vgpu_scheduler::simulate::{run, Burst, Report, Workload};
+use vgpu_scheduler::simulate::{run, run_switching, Burst, Report, Workload};
 use vgpu_scheduler::{Config, Share};
 
 fn two(share_a: f64, burst_a: u64, share_b: f64, burst_b: u64) -> Vec<Workload> {
@@ -18,6 +18,12 @@ fn two(share_a: f64, burst_a: u64, share_b: f64, burst_b: u64) -> Vec<Workload> 
     };
     vec![w(1, share_a, burst_a), w(2, share_b, burst_b)]
 }
+
+/// The default configuration with hand-overs at the first owed nanosecond.
+const NO_MARGIN: Config = Config {
+    switch_margin: 0,
+    ..Config::DEFAULT
+};
 
 fn sim(kind: PolicyKind, w: &[Workload]) -> Report {
     run(
@@ -116,6 +122,7 @@ fn grants_follow_the_protocol() {
     use vgpu_scheduler::{Grant, Policy, SchedError};
     let no_lease = Config {
         lease: 0,
+        switch_margin: 0,
         ..Config::default()
     };
     let mut p = vgpu_scheduler::band::Band::new(no_lease);
@@ -195,7 +202,7 @@ fn mrq_overlaps_compute_and_copy_and_sdq_does_not() {
 #[test]
 fn a_lease_keeps_the_resource_through_the_holders_gaps_unless_another_is_owed() {
     use vgpu_scheduler::{Grant, Policy};
-    let mut p = vgpu_scheduler::band::Band::new(Config::default());
+    let mut p = vgpu_scheduler::band::Band::new(NO_MARGIN);
     p.add(1, Share::new(0.5), 0).unwrap();
     p.add(2, Share::new(0.5), 0).unwrap();
     assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
@@ -341,6 +348,7 @@ fn the_time_buffer_waits_only_for_an_owed_holder_that_comes_back() {
     use vgpu_scheduler::{Grant, Policy};
     let no_lease = Config {
         lease: 0,
+        switch_margin: 0,
         ..Config::default()
     };
     let mut p = vgpu_scheduler::band::Band::new(no_lease);
@@ -438,7 +446,7 @@ fn a_lease_start_matched_by_an_earlier_completion_does_not_take_the_free_resourc
 
 #[test]
 fn the_next_in_line_is_the_waiter_the_holder_hands_to() {
-    let mut s = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, Config::default());
+    let mut s = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, NO_MARGIN);
     for v in [1, 2, 3] {
         s.add(v, Share::new(0.3), Share::new(0.3), 0).unwrap();
     }
@@ -462,25 +470,30 @@ fn the_next_in_line_is_the_waiter_the_holder_hands_to() {
     assert_eq!(f.next_in_line(r, 0), None);
 }
 
+fn equal_closed_loops(n: u32, burst: u64) -> Vec<Workload> {
+    (1..=n)
+        .map(|vgpu| Workload {
+            vgpu,
+            compute_share: Share::new(1.0 / f64::from(n)),
+            copy_share: Share::new(1.0 / f64::from(n)),
+            resource: Resource::Compute,
+            burst: Burst::Fixed(burst),
+            think: 50 * US,
+            streams: 1,
+        })
+        .collect()
+}
+
 #[test]
 fn band_idles_nothing_when_equal_closed_loops_share_the_gpu() {
     // `vgpu-bench sharing`'s shape in virtual time: N guests with equal shares, one
-    // request at a time, 50 µs between a completion and the next request. BAND's wait for
-    // an owed holder never idles the engine here (someone always has a request); what the
-    // real system loses is the hand-over's own cost, which virtual time does not have.
+    // request at a time, 50 µs between a completion and the next request. With free
+    // hand-overs and no margin, BAND's wait for an owed holder never idles the engine here
+    // (someone always has a request).
     for (n, burst) in [(2u32, MS), (8, MS), (2, 10 * MS)] {
-        let w: Vec<Workload> = (1..=n)
-            .map(|vgpu| Workload {
-                vgpu,
-                compute_share: Share::new(1.0 / f64::from(n)),
-                copy_share: Share::new(1.0 / f64::from(n)),
-                resource: Resource::Compute,
-                burst: Burst::Fixed(burst),
-                think: 50 * US,
-                streams: 1,
-            })
-            .collect();
-        let r = sim(PolicyKind::Band, &w);
+        let w = equal_closed_loops(n, burst);
+        let sched = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, NO_MARGIN);
+        let r = run(sched, &w, 3_000 * MS, 1_000 * MS, 7);
         let busy: f64 = (1..=n).map(|v| r.utilization(v, Resource::Compute)).sum();
         assert!(busy > 0.99, "{n} vGPUs, {burst} ns bursts: busy {busy:.4}");
         for v in 1..=n {
@@ -488,6 +501,75 @@ fn band_idles_nothing_when_equal_closed_loops_share_the_gpu() {
             assert!((s - 1.0 / f64::from(n)).abs() < 0.02, "vGPU {v}: {s:.4}");
         }
     }
+}
+
+/// When a hand-over costs the GPU a context switch, the default margin keeps equal busy
+/// guests on the engine for several requests at a time: fewer switches, more of the GPU
+/// doing their work, the split still equal.
+#[test]
+fn the_hand_over_margin_trades_a_holders_gaps_for_fewer_context_switches() {
+    let switch = 150 * US;
+    for n in [2u32, 8] {
+        let w = equal_closed_loops(n, MS);
+        let go = |config: Config| {
+            let sched = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, config);
+            let r = run_switching(sched, &w, 3_000 * MS, 1_000 * MS, 7, switch);
+            let busy: f64 = (1..=n).map(|v| r.utilization(v, Resource::Compute)).sum();
+            (r, busy)
+        };
+        let (r0, busy0) = go(NO_MARGIN);
+        let (r, busy) = go(Config::default());
+        eprintln!(
+            "{n} vGPUs, 1 ms bursts, {switch} ns switches: no margin {busy0:.3} busy, {} \
+             hand-overs; default margin {busy:.3}, {}",
+            r0.handovers, r.handovers
+        );
+        assert!(
+            r.handovers * 3 < r0.handovers,
+            "{} vs {}",
+            r.handovers,
+            r0.handovers
+        );
+        assert!(busy > busy0 + 0.03, "{busy:.3} vs {busy0:.3}");
+        assert!(busy > 0.9, "{busy:.3}");
+        for v in 1..=n {
+            let s = r.share_of_busy(v, Resource::Compute);
+            assert!((s - 1.0 / f64::from(n)).abs() < 0.02, "vGPU {v}: {s:.4}");
+        }
+    }
+}
+
+/// A waiting vGPU takes the engine from a busy holder only once it is owed more than the
+/// margin; below it, the holder's idle gaps and next requests keep the engine.
+#[test]
+fn a_waiting_vgpu_takes_the_engine_once_owed_past_the_margin() {
+    use vgpu_scheduler::Policy;
+    let config = Config::default();
+    let mut p = vgpu_scheduler::band::Band::new(config);
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap().len(), 1);
+    // vGPU 2 waits from the start; vGPU 1 runs 1 ms requests 20 µs apart.
+    assert!(p.submit(2, 10 * US).unwrap().is_empty());
+    let mut t = 0;
+    let mut rounds = 0;
+    loop {
+        let g = p.complete(1, t, t + MS).unwrap();
+        t += MS;
+        if g.iter().any(|g| g.vgpu == 2) {
+            break;
+        }
+        assert!(g.is_empty(), "{g:?}");
+        t += 20 * US;
+        assert_eq!(p.submit(1, t).unwrap().len(), 1, "vGPU 1 keeps the engine");
+        rounds += 1;
+        assert!(rounds < 100, "vGPU 2 never got the engine");
+    }
+    // vGPU 2 earns half of vGPU 1's use: past a 2 ms margin after 4 ms and more (its idle
+    // gaps count as its use while vGPU 2 waits).
+    let m = config.switch_margin;
+    assert!(t >= 4 * m / 2, "handed over after {t} ns");
+    assert!(t <= 4 * m + 2 * MS, "handed over after {t} ns");
 }
 
 /// A vGPU alone on the engine keeps it between its requests: its lease is renewed in place

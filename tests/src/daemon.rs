@@ -211,7 +211,12 @@ fn print_log_tails(dir: &Path, lines: usize) {
         let text = std::fs::read_to_string(&p).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         let tail = &all[all.len().saturating_sub(lines)..];
-        eprintln!("---- {} (last {} lines)\n{}", p.display(), tail.len(), tail.join("\n"));
+        eprintln!(
+            "---- {} (last {} lines)\n{}",
+            p.display(),
+            tail.len(),
+            tail.join("\n")
+        );
     }
 }
 

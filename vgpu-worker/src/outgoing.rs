@@ -133,7 +133,11 @@ impl Outgoing {
         let start = Instant::now();
         let mut drained = true;
         while s.in_flight > 0 {
-            if s.inside.iter().enumerate().all(|(q, n)| *n == 0 || quiet(q)) {
+            if s.inside
+                .iter()
+                .enumerate()
+                .all(|(q, n)| *n == 0 || quiet(q))
+            {
                 break;
             }
             if start.elapsed() > DRAIN_TIMEOUT {
@@ -534,9 +538,7 @@ mod tests {
             })
         };
         let sender = armed(&o);
-        let r = o.ring_stopped(0, |_| {
-            answered.load(std::sync::atomic::Ordering::SeqCst)
-        });
+        let r = o.ring_stopped(0, |_| answered.load(std::sync::atomic::Ordering::SeqCst));
         assert!(
             answered.load(std::sync::atomic::Ordering::SeqCst),
             "the VM stopped with a request in hand"
