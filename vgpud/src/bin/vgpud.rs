@@ -71,6 +71,12 @@ struct Args {
     /// Scheduling policy of every GPU: band (Gdev's BAND), credit or fifo (to compare).
     #[arg(long, default_value = "band")]
     policy: vgpu_scheduler::gpu::PolicyKind,
+    /// BAND's hand-over margin, µs: how far a waiting vGPU must be owed before it takes the
+    /// GPU from a busy one (each hand-over costs the GPU a context switch). Larger: fewer
+    /// switches, longer turns; 0: hand over at the first owed microsecond (docs/scheduler.md,
+    /// point 8). 0 to 15000.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=15_000))]
+    band_margin_us: u64,
     /// The vgpu-worker binary [default: next to vgpud].
     #[arg(long, env = "VGPUD_WORKER_BIN")]
     worker_bin: Option<PathBuf>,
@@ -393,6 +399,7 @@ fn config(args: Args) -> Result<Config, DaemonError> {
         stats_interval: Duration::from_millis(args.stats_interval_ms),
         stats_window: Duration::from_millis(args.stats_window_ms),
         policy: args.policy,
+        band_margin: Duration::from_micros(args.band_margin_us),
         swap_area: args.swap_area,
         rebalance: {
             let mut r = vgpu_scheduler::rebalance::RebalanceConfig::with_window(
@@ -626,6 +633,22 @@ mod tests {
         let a = Args::try_parse_from(argv).expect("parse");
         assert_eq!(a.sim_gpus, 5);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_band_margin_is_microseconds_within_half_a_period() {
+        let parse = |v: &str| Args::try_parse_from(["vgpud", &format!("--band-margin-us={v}")]);
+        assert_eq!(
+            Args::try_parse_from(["vgpud"])
+                .expect("defaults")
+                .band_margin_us,
+            2000
+        );
+        assert_eq!(parse("0").expect("0").band_margin_us, 0);
+        for bad in ["15001", "-1", "2ms"] {
+            let e = parse(bad).expect_err(bad).to_string();
+            assert!(e.contains("--band-margin-us"), "{bad}: {e}");
+        }
     }
 
     #[test]

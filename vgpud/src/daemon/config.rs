@@ -56,6 +56,8 @@ pub struct Config {
     pub stats_window: Duration,
     /// The scheduling policy every GPU runs (BAND by default; Credit and FIFO to compare).
     pub policy: vgpu_scheduler::gpu::PolicyKind,
+    /// BAND's hand-over margin (`--band-margin-us`; docs/scheduler.md, point 8).
+    pub band_margin: Duration,
     /// Fraction of each GPU's memory kept as the temporal swap area for oversubscribed
     /// vGPUs (Gdev; default 0.10).
     pub swap_area: f64,

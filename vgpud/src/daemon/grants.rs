@@ -21,9 +21,14 @@ pub(super) struct Grants {
 impl Grants {
     /// Starts one scheduler thread per configured GPU.
     pub(super) fn start(cfg: &Config) -> Result<Self, GrantError> {
+        let defaults = ServerConfig::default();
         let sched = ServerConfig {
             policy: cfg.policy,
-            ..ServerConfig::default()
+            sched: vgpu_scheduler::Config {
+                switch_margin: u64::try_from(cfg.band_margin.as_nanos()).unwrap_or(u64::MAX),
+                ..defaults.sched
+            },
+            ..defaults
         };
         let servers = (0..cfg.gpus.len())
             .map(|i| GrantServer::start(sched, &format!("gpu{i}")))
