@@ -17,7 +17,8 @@
 # Environment: BUNDLE (default gpu-bundle), TIMEOUT_SCALE (multiplies every limit, default
 # 1), PTX_STRICT=1 (the ptx step fails when the regenerated PTX differs from the committed
 # one), MAXMIB (largest size of the migration bench, default 16384), SHARING_VMS (the VM
-# counts of the sharing step, default 1,2,8,64).
+# counts of the sharing step, default 1,2,8,64), SHARING_BAND_MARGIN_US (vgpud's BAND
+# hand-over margin in the sharing step, default vgpud's own).
 # The step_* functions run through `bash -c`, which shellcheck cannot follow.
 # shellcheck disable=SC2317
 set -uo pipefail
@@ -807,7 +808,8 @@ step_vm-round() {
 step_sharing() {
     local dir rc=0
     dir=$(mktemp -d)
-    (cd "$dir" && "$B/bin/vgpu-bench" sharing --backend cuda --vms "${SHARING_VMS:-1,2,8,64}") || rc=1
+    (cd "$dir" && "$B/bin/vgpu-bench" sharing --backend cuda --vms "${SHARING_VMS:-1,2,8,64}" \
+        ${SHARING_BAND_MARGIN_US:+--band-margin-us "$SHARING_BAND_MARGIN_US"}) || rc=1
     cp "$dir"/out/bench-sharing.json "$dir"/out/bench-sharing-busy.png "$LOGS/" 2>/dev/null
     if [[ -n "${OUT:-}" && -f "$dir/out/bench-sharing-busy.png" ]]; then
         cp "$dir/out/bench-sharing-busy.png" "$OUT/sharing-busy.png"

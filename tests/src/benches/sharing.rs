@@ -25,12 +25,25 @@ mod cuda;
 /// Seconds of sampling per point.
 const SAMPLE: Duration = Duration::from_secs(3);
 
+/// vgpud's options for a sharing run: BAND, and the hand-over margin when one is asked for
+/// (vgpud's own default otherwise).
+pub(crate) fn vgpud_args(base: &[&str], margin_us: Option<u64>) -> Vec<String> {
+    let mut args: Vec<String> = ["--policy", "band"]
+        .iter()
+        .chain(base)
+        .map(|s| (*s).to_owned())
+        .collect();
+    if let Some(us) = margin_us {
+        args.extend(["--band-margin-us".to_owned(), us.to_string()]);
+    }
+    args
+}
+
 /// GPU busy with `n` VMs running `spin_us` kernels through vgpud (sim GPU).
-fn through_vgpud(n: usize, spin_us: u64) -> f64 {
-    let d = TestDaemon::start(
-        &format!("sharing-{n}-{spin_us}"),
-        &["--policy", "band", "--sim-gpus", "1", "--sim-memory", "4G"],
-    );
+fn through_vgpud(n: usize, spin_us: u64, margin_us: Option<u64>) -> f64 {
+    let args = vgpud_args(&["--sim-gpus", "1", "--sim-memory", "4G"], margin_us);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = TestDaemon::start(&format!("sharing-{n}-{spin_us}"), &args);
     let c = &d.client;
     let arg = format!("rounds=1000000 spin_us={spin_us} check=1000");
     let mut vms = Vec::new();
@@ -178,11 +191,14 @@ fn plot(series: &[Series], title: &str, subtitle: &str, path: &std::path::Path) 
 }
 
 /// Every point on `backend` (`sim` or `cuda`).
-pub fn run(counts: &[usize], backend: &str) -> Vec<Figure> {
+pub fn run(counts: &[usize], backend: &str, margin_us: Option<u64>) -> Vec<Figure> {
     let counts: Vec<usize> = counts.iter().copied().filter(|&n| n > 0).collect();
+    if let Some(us) = margin_us {
+        eprintln!("vgpud runs with --band-margin-us {us}");
+    }
     match backend {
-        "cuda" => cuda::run(&counts),
-        "sim" => run_sim(&counts),
+        "cuda" => cuda::run(&counts, margin_us),
+        "sim" => run_sim(&counts, margin_us),
         other => {
             eprintln!("vgpu-bench sharing: unknown backend {other} (sim or cuda)");
             std::process::exit(2);
@@ -191,13 +207,13 @@ pub fn run(counts: &[usize], backend: &str) -> Vec<Figure> {
 }
 
 /// Every point on a sim GPU: `counts` VMs, 1 ms and 10 ms kernels.
-fn run_sim(counts: &[usize]) -> Vec<Figure> {
+fn run_sim(counts: &[usize], margin_us: Option<u64>) -> Vec<Figure> {
     let mut out = Vec::new();
     let mut series = Vec::new();
     for spin_us in [1000u64, 10_000] {
         let (mut vm_line, mut native_line) = (Vec::new(), Vec::new());
         for &n in counts {
-            let vm = through_vgpud(n, spin_us);
+            let vm = through_vgpud(n, spin_us, margin_us);
             let anchor = native(n, spin_us);
             let f = fig(
                 format!(

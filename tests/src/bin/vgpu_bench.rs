@@ -94,6 +94,10 @@ enum Bench {
         /// `sim` or `cuda`.
         #[arg(long, default_value = "sim")]
         backend: String,
+        /// vgpud's BAND hand-over margin, µs [default: vgpud's own]; 0 measures the
+        /// hand-over at the first owed microsecond.
+        #[arg(long)]
+        band_margin_us: Option<u64>,
     },
     /// Where the time between two kernels goes, from per-request timelines (workers run
     /// with `VGPU_TIMELINE=DIR`): medians and p99 of each stage and gap.
@@ -173,7 +177,14 @@ fn main() {
             }),
             "host-migration",
         ),
-        Bench::Sharing { vms, backend } => (benches::sharing::run(&vms, &backend), "sharing"),
+        Bench::Sharing {
+            vms,
+            backend,
+            band_margin_us,
+        } => (
+            benches::sharing::run(&vms, &backend, band_margin_us),
+            "sharing",
+        ),
         Bench::Timeline { paths } => {
             if let Err(e) = benches::timeline::run(&paths) {
                 eprintln!("vgpu-bench: cannot read the timeline: {e}");

@@ -214,11 +214,10 @@ fn native(n: usize, c: &Calibrated) -> Result<Point, String> {
 }
 
 /// `n` VMs through vgpud on the cuda backend: their rounds per second together.
-fn through_vgpud(n: usize, c: &Calibrated) -> Result<Point, String> {
-    let d = TestDaemon::start(
-        &format!("sharing-cuda-{n}-{}", c.target_us),
-        &["--policy", "band", "--backend", "cuda"],
-    );
+fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Point, String> {
+    let args = super::vgpud_args(&["--backend", "cuda"], margin_us);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let d = TestDaemon::start(&format!("sharing-cuda-{n}-{}", c.target_us), &args);
     let client = &d.client;
     // The matrices, x, y and what the worker charges for its context and module.
     let matrices = 3 * c.dim * c.dim * 4;
@@ -304,7 +303,7 @@ fn goal(n: usize, target_us: u64, busy: f64, ratio_to_one: f64) -> (String, bool
 
 /// Every point: `counts` VMs, 1 ms and 10 ms rounds. Exits non-zero when a point cannot
 /// be measured (the goals are reported, not enforced).
-pub fn run(counts: &[usize]) -> Vec<Figure> {
+pub fn run(counts: &[usize], margin_us: Option<u64>) -> Vec<Figure> {
     let mut out = Vec::new();
     let mut series = Vec::new();
     let mut failed = false;
@@ -326,7 +325,7 @@ pub fn run(counts: &[usize]) -> Vec<Figure> {
         let (mut vm_line, mut native_line) = (Vec::new(), Vec::new());
         let mut lone = f64::NAN;
         for &n in counts {
-            let (vm, nat) = match (through_vgpud(n, &c), native(n, &c)) {
+            let (vm, nat) = match (through_vgpud(n, &c, margin_us), native(n, &c)) {
                 (Ok(v), Ok(a)) => (v, a),
                 (Err(e), _) | (_, Err(e)) => {
                     println!("SHARING FAIL {n} VMs, {ms} ms rounds: {e}");
