@@ -19,6 +19,21 @@ fn words_at(ns: &Namespace, offset: u64, n: usize, buf_off: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Waits for each read of `pending` (block, buffer, command), last first; checks each
+/// buffer's first word and that nothing is left in flight.
+fn collect_in_reverse(
+    q: &vgpu_storage::queue::QueuePair,
+    pending: Vec<(u64, vgpu_storage::DmaSlice, vgpu_storage::queue::Submitted)>,
+) {
+    for (lba, buf, s) in pending.into_iter().rev() {
+        q.wait(s).unwrap();
+        let mut b = [0u8; 8];
+        buf.read_to(&mut b);
+        assert_eq!(u64::from_le_bytes(b), pattern(lba * 64));
+    }
+    assert_eq!(q.outstanding(), 0);
+}
+
 #[test]
 fn reads_return_the_file_contents() {
     init_tracing();
@@ -86,13 +101,7 @@ fn one_thread_keeps_a_full_queue_in_flight_and_polls_out_of_order() {
             Err(vgpu_storage::Error::QueueFull(1))
         ));
         // Reap in reverse: the CQ head must still move once earlier entries are consumed.
-        for (lba, buf, s) in pending.into_iter().rev() {
-            q.wait(s).unwrap();
-            let mut b = [0u8; 8];
-            buf.read_to(&mut b);
-            assert_eq!(u64::from_le_bytes(b), pattern(lba * 64));
-        }
-        assert_eq!(q.outstanding(), 0);
+        collect_in_reverse(q, pending);
     }
 }
 
@@ -126,13 +135,7 @@ fn a_batch_larger_than_the_free_slots_behind_its_own_uncollected_completions_goe
         }
     }
     // Collect in reverse: parked and unparked completions alike reach their owner.
-    for (lba, buf, s) in pending.into_iter().rev() {
-        q.wait(s).unwrap();
-        let mut b = [0u8; 8];
-        buf.read_to(&mut b);
-        assert_eq!(u64::from_le_bytes(b), pattern(lba * 64));
-    }
-    assert_eq!(q.outstanding(), 0);
+    collect_in_reverse(q, pending);
     assert!(!q.is_poisoned());
     ns.shutdown().unwrap();
 }
