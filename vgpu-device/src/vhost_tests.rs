@@ -331,3 +331,69 @@ fn a_memory_table_of_unsealed_memfds_or_plain_files_is_refused_and_the_queue_kee
         Some(Status::Ok)
     );
 }
+
+/// What a move's stop waits for: a queue is quiet when nothing it took off its ring is
+/// unanswered and, unless the ring is stopped, nothing is left on it to take.
+#[test]
+fn a_queue_is_quiet_only_with_nothing_in_hand_and_nothing_to_take() {
+    use virtio_queue::QueueT;
+    let ram = GuestMem::from_ranges(&[(GuestAddress(0), 4 << 20)]).expect("ram");
+    let mem = GuestMemoryAtomic::new(ram);
+    let be = backend(&mem, 1);
+    be.set_event_idx(true);
+    let guard = mem.memory();
+    let vq = MockSplitQueue::new(&*guard, 256);
+    let vring = ready_vring(&mem, &vq);
+    assert!(be.quiet(&vring), "an empty ring");
+    let base = 1u64 << 20;
+    let d = |addr: u64, len: u32, flags: u32, next: u16| {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags as u16, next))
+    };
+    let mut chains = Vec::new();
+    for (i, id) in [(0u64, 21u64), (1, 22)] {
+        let at = base + i * 0x4000;
+        let h = RequestHeader {
+            opcode: Opcode::GetInfo as u32,
+            flags: 0,
+            id,
+        }
+        .to_bytes();
+        guard.write_slice(&h, GuestAddress(at)).expect("w");
+        let first = (i * 3) as u16;
+        chains.extend([
+            d(at, 16, VRING_DESC_F_NEXT, first + 1),
+            d(
+                at + 0x1000,
+                128,
+                VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+                first + 2,
+            ),
+            d(at + 0x2000, 48, VRING_DESC_F_WRITE, 0),
+        ]);
+    }
+    vq.add_desc_chains(&chains, 0).expect("chains");
+    assert!(!be.quiet(&vring), "two requests wait to be taken");
+    // Take one off the ring without answering it: a request in hand.
+    let taken = vring
+        .get_mut()
+        .get_queue_mut()
+        .pop_descriptor_chain(guard.clone())
+        .expect("a chain");
+    vring.set_queue_ready(false);
+    assert!(!be.quiet(&vring), "stopped, but a request is in hand");
+    vring
+        .get_mut()
+        .get_queue_mut()
+        .add_used(&*guard, taken.head_index(), 0)
+        .expect("answered");
+    assert!(
+        be.quiet(&vring),
+        "stopped with nothing in hand: the untaken request goes with the ring"
+    );
+    vring.set_queue_ready(true);
+    assert!(!be.quiet(&vring), "running, with one request still to take");
+    be.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 0)
+        .expect("handle");
+    assert_eq!(vq.used().idx().load(), 2);
+    assert!(be.quiet(&vring), "everything answered");
+}
