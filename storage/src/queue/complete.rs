@@ -23,6 +23,16 @@ impl QueuePair {
             .load(Ordering::Acquire)
     }
 
+    /// The entries the controller has posted from absolute position `head` on, in order:
+    /// (index in the CQ, dword 3). Ends at the first entry without this lap's phase.
+    fn posted_from(&self, head: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
+        (head..head + self.depth)
+            .map(move |pos| (pos, (pos & self.mask) as usize))
+            .map(move |(pos, loc)| (pos, loc, self.load_dw3(loc)))
+            .take_while(move |&(pos, _, dw3)| (dw3 & (1 << 16) != 0) == self.phase_of(pos))
+            .map(|(_, loc, dw3)| (loc, dw3))
+    }
+
     /// Look for the completion of `s` once; `Ok(None)` if it has not arrived. On success
     /// the entry is consumed: the caller must not poll for the same command again.
     pub fn poll(&self, s: Submitted) -> Result<Option<Cqe>> {
@@ -31,16 +41,8 @@ impl QueuePair {
             return Ok(Some(cqe));
         }
         let lap = s.ticket >> self.log2;
-        let head = self.cq_head.load(Ordering::Acquire);
-        for i in 0..self.depth {
-            let pos = head + i;
-            let loc = (pos & self.mask) as usize;
-            let dw3 = self.load_dw3(loc);
-            let phase = dw3 & (1 << 16) != 0;
-            if phase != self.phase_of(pos) {
-                // The controller posts in order: nothing newer past here.
-                break;
-            }
+        // The controller posts in order: nothing newer past the first unposted entry.
+        for (loc, dw3) in self.posted_from(self.cq_head.load(Ordering::Acquire)) {
             if dw3 as u16 != s.cid {
                 continue;
             }
@@ -97,15 +99,8 @@ impl QueuePair {
         if self.cq_lock.swap(true, Ordering::SeqCst) {
             return;
         }
-        let head = self.cq_head.load(Ordering::Acquire);
         let mut claimed = Vec::new();
-        for i in 0..self.depth {
-            let pos = head + i;
-            let loc = (pos & self.mask) as usize;
-            let dw3 = self.load_dw3(loc);
-            if (dw3 & (1 << 16) != 0) != self.phase_of(pos) {
-                break;
-            }
+        for (loc, dw3) in self.posted_from(self.cq_head.load(Ordering::Acquire)) {
             if self.cq_mark[loc]
                 .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
