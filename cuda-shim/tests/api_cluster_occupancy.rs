@@ -96,25 +96,6 @@ impl Modules for Oracle {
     }
 }
 
-/// `CUlaunchAttribute` as the library takes it.
-#[repr(C)]
-struct LaunchAttribute {
-    id: c_uint,
-    pad: [u8; 4],
-    value: [u32; 16],
-}
-
-/// `CUlaunchConfig` as the library takes it.
-#[repr(C)]
-struct LaunchConfig {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    stream: Ptr,
-    attrs: *const LaunchAttribute,
-    num_attrs: c_uint,
-}
-
 const CLUSTER_PROTOTYPE: [u8; 16] = [
     0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca,
 ];
@@ -144,27 +125,7 @@ impl Library<'_> {
             attrs: &attr,
             num_attrs: u32::from(cluster.is_some()),
         };
-        let mut n: c_int = -1;
-        let cu = self.cu;
-        let rc = if active {
-            call!(
-                cu,
-                "cuOccupancyMaxActiveClusters",
-                fn(*mut c_int, Ptr, *const LaunchConfig),
-                &mut n,
-                self.func,
-                &cfg
-            )
-        } else {
-            call!(
-                cu,
-                "cuOccupancyMaxPotentialClusterSize",
-                fn(*mut c_int, Ptr, *const LaunchConfig),
-                &mut n,
-                self.func,
-                &cfg
-            )
-        };
+        let (rc, n) = self.cu.cluster_occupancy(self.func, active, &cfg);
         (rc, n)
     }
 

@@ -58,25 +58,6 @@ const MOST_SHARED: u32 = 200 << 10;
 const SHARED: [u32; 4] = [0, 48 << 10, 100 << 10, MOST_SHARED];
 const BLOCKS: [u32; 2] = [128, 384];
 
-/// `CUlaunchAttribute` as the library takes it.
-#[repr(C)]
-struct LaunchAttribute {
-    id: c_uint,
-    pad: [u8; 4],
-    value: [u32; 16],
-}
-
-/// `CUlaunchConfig` as the library takes it.
-#[repr(C)]
-struct LaunchConfig {
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    stream: Ptr,
-    attrs: *const LaunchAttribute,
-    num_attrs: c_uint,
-}
-
 /// One question's answer: the count, or the error code.
 type Answer = Result<c_int, u32>;
 
@@ -194,27 +175,7 @@ impl Vgpu<'_> {
             attrs: &attr,
             num_attrs: 1,
         };
-        let mut n: c_int = -1;
-        let cu = self.cu;
-        let rc = if active {
-            call!(
-                cu,
-                "cuOccupancyMaxActiveClusters",
-                fn(*mut c_int, Ptr, *const LaunchConfig),
-                &mut n,
-                self.func,
-                &cfg
-            )
-        } else {
-            call!(
-                cu,
-                "cuOccupancyMaxPotentialClusterSize",
-                fn(*mut c_int, Ptr, *const LaunchConfig),
-                &mut n,
-                self.func,
-                &cfg
-            )
-        };
+        let (rc, n) = self.cu.cluster_occupancy(self.func, active, &cfg);
         if rc == OK {
             Ok(n)
         } else {

@@ -138,3 +138,50 @@ pub fn start(name: &str) -> (super::Worker, Cuda) {
     unsafe { std::env::set_var("VGPU_SOCKET", &worker.socket) };
     (worker, Cuda::load())
 }
+
+/// `CUlaunchAttribute` as the library takes it.
+#[repr(C)]
+pub struct LaunchAttribute {
+    pub id: c_uint,
+    pub pad: [u8; 4],
+    pub value: [u32; 16],
+}
+
+/// `CUlaunchConfig` as the library takes it.
+#[repr(C)]
+pub struct LaunchConfig {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+    pub stream: Ptr,
+    pub attrs: *const LaunchAttribute,
+    pub num_attrs: c_uint,
+}
+
+impl Cuda {
+    /// `cuOccupancyMaxActiveClusters` (`active`) or `cuOccupancyMaxPotentialClusterSize`
+    /// of `func` for `cfg`: the result code and the count (-1 when unset).
+    pub fn cluster_occupancy(&self, func: Ptr, active: bool, cfg: &LaunchConfig) -> (R, c_int) {
+        let mut n: c_int = -1;
+        let rc = if active {
+            call!(
+                self,
+                "cuOccupancyMaxActiveClusters",
+                fn(*mut c_int, Ptr, *const LaunchConfig),
+                &mut n,
+                func,
+                cfg
+            )
+        } else {
+            call!(
+                self,
+                "cuOccupancyMaxPotentialClusterSize",
+                fn(*mut c_int, Ptr, *const LaunchConfig),
+                &mut n,
+                func,
+                cfg
+            )
+        };
+        (rc, n)
+    }
+}
