@@ -94,9 +94,9 @@ enum Bench {
         /// `sim` or `cuda`.
         #[arg(long, default_value = "sim")]
         backend: String,
-        /// vgpud's BAND hand-over margin, µs [default: vgpud's own]; 0 measures the
-        /// hand-over at the first owed microsecond.
-        #[arg(long)]
+        /// vgpud's BAND hand-over margin, µs, 0 to 15000 [default: vgpud's own]; 0
+        /// measures the hand-over at the first owed microsecond.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=15_000))]
         band_margin_us: Option<u64>,
     },
     /// Where the time between two kernels goes, from per-request timelines (workers run
