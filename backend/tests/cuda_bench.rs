@@ -9,6 +9,11 @@
 //! - the same 256 MiB copy from unregistered (pageable) memory, for scale;
 //! - null-kernel round trip: `Backend::launch` of the built-in `spin` for 0 µs (argument
 //!   checks, events, wait) versus `cuLaunchKernel` of the same kernel + `cuStreamSynchronize`;
+//! - the same round trip of a 1.6 ms `spin` (about one 8192³ bf16 product): noticing a long
+//!   kernel's end, the backend's polling wait beside the driver's;
+//! - batches of 32 null launches under one wait (`Backend::launch` of 32 items), per
+//!   launch, versus 32 `cuLaunchKernel` + `cuStreamSynchronize`, versus the same between two
+//!   timing events, versus enqueueing alone;
 //! - the time `HostMemory::register` takes for 1 GiB.
 //!
 //! Prints `name: value unit | anchor: value unit | ratio: x` per figure (docs/PERFORMANCE.md) and, when
@@ -21,12 +26,15 @@ use std::time::Instant;
 use cudarc::driver::sys::{self, CUresult};
 use vgpu_backend::cuda::BUILTIN_PTX;
 use vgpu_backend::{
-    Backend, CudaConfig, CudaGpu, HostRegion, LaunchConfig, LaunchOne, ModuleImage,
+    Backend, CudaConfig, CudaGpu, HostRegion, Launch, LaunchConfig, LaunchOne, ModuleImage,
+    NO_CLUSTER,
 };
 use vgpu_proto::ArgValue;
 use vm_memory::VolatileSlice;
 
 const GIB: usize = 1 << 30;
+/// Null launches per batch in the batched figures (what the library posts between waits).
+const BATCH: usize = 32;
 
 fn ok(rc: CUresult, what: &str) {
     assert_eq!(rc, CUresult::CUDA_SUCCESS, "{what}");
@@ -309,6 +317,143 @@ fn cuda_copy_and_launch_bench() {
         anchor_name: "native_cuLaunchKernel_plus_sync".into(),
         anchor: native_us,
     });
+
+    // A kernel of about one large matrix product's length (1.6 ms): what noticing its end
+    // costs, the backend's polling wait beside the driver's own.
+    let long_us = 1600u64;
+    let backend_long = median_us(200, || {
+        gpu.launch_one(spin, &cfg, &[ArgValue::U64(long_us)])
+            .expect("launch");
+    });
+    let native_long = median_us(200, || {
+        // The kernel itself takes nanoseconds (the backend converts the guest's µs).
+        let mut ns = long_us * 1000;
+        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+        // SAFETY: spin takes one u64, `params` points at it for the call; we wait after.
+        unsafe {
+            ok(
+                sys::cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "launch",
+            );
+            ok(sys::cuStreamSynchronize(stream), "sync");
+        }
+    });
+    figures.push(Figure {
+        name: "backend_1600us_kernel_roundtrip".into(),
+        value: backend_long,
+        unit: "us",
+        anchor_name: "native_cuLaunchKernel_plus_sync".into(),
+        anchor: native_long,
+    });
+
+    // Batches of 32 null launches under one wait, per launch: the backend's batch beside 32
+    // `cuLaunchKernel` and one `cuStreamSynchronize`, and beside the same with a timing
+    // event before and after (the batch's own structure), so that what the backend adds
+    // per launch is told apart from what events and the wait cost.
+    let zero_arg = [ArgValue::U64(0)];
+    let batch: Vec<Launch<'_>> = (0..BATCH)
+        .map(|_| Launch {
+            function: spin,
+            config: cfg,
+            cluster: NO_CLUSTER,
+            args: &zero_arg,
+            blob: &[],
+        })
+        .collect();
+    let per_launch = |us: f64| us / BATCH as f64;
+    let backend_batch = per_launch(median_us(2000, || {
+        assert!(gpu.launch(&batch).iter().all(Result::is_ok), "batch");
+    }));
+    let launch_native = || {
+        let mut zero = 0u64;
+        let mut params: [*mut c_void; 1] = [(&mut zero as *mut u64).cast()];
+        // SAFETY: as the round trip's launch above; the caller waits before `zero` goes.
+        ok(
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "launch",
+        );
+    };
+    let native_batch = per_launch(median_us(2000, || {
+        for _ in 0..BATCH {
+            launch_native();
+        }
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { sys::cuStreamSynchronize(stream) }, "sync");
+    }));
+    let mut events = [std::ptr::null_mut(); 2];
+    for e in &mut events {
+        // SAFETY: writes one event handle.
+        ok(unsafe { sys::cuEventCreate(e, 0) }, "event");
+    }
+    let native_timed = per_launch(median_us(2000, || {
+        // SAFETY: live events and stream of the current context.
+        unsafe {
+            ok(sys::cuEventRecord(events[0], stream), "record");
+            for _ in 0..BATCH {
+                launch_native();
+            }
+            ok(sys::cuEventRecord(events[1], stream), "record");
+            ok(sys::cuEventSynchronize(events[1]), "wait");
+        }
+    }));
+    // Enqueueing alone: 32 launches timed, the stream drained untimed between rounds.
+    let mut enqueue = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            launch_native();
+        }
+        enqueue.push(t.elapsed().as_secs_f64() * 1e6);
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { sys::cuStreamSynchronize(stream) }, "sync");
+    }
+    enqueue.sort_by(|a, b| a.total_cmp(b));
+    let native_enqueue = per_launch(enqueue[enqueue.len() / 2]);
+    // SAFETY: the events are idle (the last wait returned) and no longer used.
+    unsafe {
+        for e in events {
+            ok(sys::cuEventDestroy_v2(e), "event");
+        }
+    }
+    for (anchor_name, anchor) in [
+        ("native_32_cuLaunchKernel_plus_sync", native_batch),
+        ("native_32_cuLaunchKernel_between_two_events", native_timed),
+        ("native_cuLaunchKernel_enqueue_only", native_enqueue),
+    ] {
+        figures.push(Figure {
+            name: "backend_batched_null_launch".into(),
+            value: backend_batch,
+            unit: "us",
+            anchor_name: anchor_name.into(),
+            anchor,
+        });
+    }
 
     for fig in &figures {
         println!("{}", fig.line());

@@ -45,6 +45,9 @@ log() { echo "bundle: $*" >&2; }
 # Release builds without debug info: everything is stripped anyway, and it builds faster.
 export CARGO_PROFILE_RELEASE_DEBUG=false
 
+# The payload guests' bare-metal target, as the tests and the demo install it.
+./ci/setup.sh
+
 log "building the programs (release)"
 cargo build --release --locked --workspace --bins
 

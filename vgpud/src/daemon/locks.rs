@@ -45,6 +45,8 @@ pub(super) enum Rank {
 
 /// A mutex with its rank in the lock order. Poison-tolerant like `vgpu_sync::lock`.
 pub(super) struct Ranked<T> {
+    /// Read by debug builds' lock-order check only.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     rank: Rank,
     mutex: Mutex<T>,
 }
