@@ -161,7 +161,8 @@ fn waiting_on_a_completion_that_never_comes_times_out() {
     let cache = PageCache::new(std::sync::Arc::new(ns), 4096, 4).unwrap();
     let a: StorageArray<u64> = StorageArray::new(cache, 0, 512).unwrap();
     let t = Instant::now();
-    assert!(matches!(a.get(5), Err(Error::Timeout(_))));
+    let got = a.get(5);
+    assert!(matches!(got, Err(Error::Timeout(_))), "{got:?}");
     assert!(t.elapsed() < Duration::from_secs(1));
     drop(buf);
 }
