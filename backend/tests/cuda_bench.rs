@@ -107,6 +107,32 @@ fn median_us(n: usize, mut f: impl FnMut()) -> f64 {
     v[n / 2]
 }
 
+/// Queues the built-in `spin` natively for `ns` nanoseconds (the kernel's own unit; the
+/// backend converts the guest's µs) on `stream`, without waiting.
+fn spin_native(f: sys::CUfunction, stream: sys::CUstream, ns: u64) {
+    let mut ns = ns;
+    let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
+    // SAFETY: `f` is the live `spin` function of the current context, which takes one u64;
+    // `params` points at it for the call (the driver copies the arguments before
+    // returning); `stream` is a live stream of that context.
+    let rc = unsafe {
+        sys::cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    ok(rc, "launch");
+}
+
 /// A `MAP_SHARED` memfd mapping of `len` bytes, like the guest RAM the worker maps.
 fn shared_mapping(len: usize) -> *mut u8 {
     // SAFETY: memfd_create with a static NUL-terminated name.
@@ -287,28 +313,9 @@ fn cuda_copy_and_launch_bench() {
         );
     }
     let native_us = median_us(5000, || {
-        let mut zero = 0u64;
-        let mut params: [*mut c_void; 1] = [(&mut zero as *mut u64).cast()];
-        // SAFETY: spin takes one u64, `params` points at it for the call; we wait after.
-        unsafe {
-            ok(
-                sys::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "launch",
-            );
-            ok(sys::cuStreamSynchronize(stream), "sync");
-        }
+        spin_native(f, stream, 0);
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { sys::cuStreamSynchronize(stream) }, "sync");
     });
     figures.push(Figure {
         name: "backend_null_kernel_roundtrip".into(),
@@ -326,29 +333,9 @@ fn cuda_copy_and_launch_bench() {
             .expect("launch");
     });
     let native_long = median_us(200, || {
-        // The kernel itself takes nanoseconds (the backend converts the guest's µs).
-        let mut ns = long_us * 1000;
-        let mut params: [*mut c_void; 1] = [(&mut ns as *mut u64).cast()];
-        // SAFETY: spin takes one u64, `params` points at it for the call; we wait after.
-        unsafe {
-            ok(
-                sys::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "launch",
-            );
-            ok(sys::cuStreamSynchronize(stream), "sync");
-        }
+        spin_native(f, stream, long_us * 1000);
+        // SAFETY: a live stream of the current context.
+        ok(unsafe { sys::cuStreamSynchronize(stream) }, "sync");
     });
     figures.push(Figure {
         name: "backend_1600us_kernel_roundtrip".into(),
@@ -376,29 +363,7 @@ fn cuda_copy_and_launch_bench() {
     let backend_batch = per_launch(median_us(2000, || {
         assert!(gpu.launch(&batch).iter().all(Result::is_ok), "batch");
     }));
-    let launch_native = || {
-        let mut zero = 0u64;
-        let mut params: [*mut c_void; 1] = [(&mut zero as *mut u64).cast()];
-        // SAFETY: as the round trip's launch above; the caller waits before `zero` goes.
-        ok(
-            unsafe {
-                sys::cuLaunchKernel(
-                    f,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "launch",
-        );
-    };
+    let launch_native = || spin_native(f, stream, 0);
     let native_batch = per_launch(median_us(2000, || {
         for _ in 0..BATCH {
             launch_native();
