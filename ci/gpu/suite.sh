@@ -200,6 +200,15 @@ on_vgpu() {
     return "$rc"
 }
 export -f on_vgpu
+# Makes a process vGPU on vgpud's socket $1 with $2 of memory and $3 of compute; prints its
+# id and its socket, space-separated (non-zero when vgpuctl refused).
+process_vgpu() {
+    local v
+    v=$("$B/bin/vgpuctl" --socket "$1" --json vgpu create --attach process --gpu 0 --memory "$2" \
+        --compute "$3") || return 1
+    python3 -c 'import json, sys; v = json.load(sys.stdin); print(v["id"], v["socket"])' <<<"$v"
+}
+export -f process_vgpu
 step_cuda-programs() {
     local d=$LOGS/cuda-programs src=$B/cuda-programs nvcc home stubs prog where t0 rc=0
     mkdir -p "$d/lib"
@@ -284,10 +293,9 @@ step_cudart() {
                 timeout 150 "${cmd[@]}" >"$d/$prog-$where.log" 2>&1
             else
                 local v id vsock
-                v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G --compute 100%) \
+                v=$(process_vgpu "$sock" 24G 100%) \
                     || { echo "== $prog: vgpuctl vgpu create failed"; rc=1; continue; }
-                id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
-                vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
+                read -r id vsock <<<"$v"
                 # JAX's start-up version check asks CUPTI, which needs a private driver
                 # table the library does not provide (docs/cuda-api.md): skipped there.
                 local skip=()
@@ -340,10 +348,9 @@ step_cudart-bench() {
                     timeout 200 python3 "$src/$prog" >>"$d/bench-$where.log" 2>&1 || rc=1
                 else
                     local v id vsock
-                    v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 24G --compute 100%) \
+                    v=$(process_vgpu "$sock" 24G 100%) \
                         || { echo "== vgpuctl vgpu create failed"; rc=1; continue; }
-                    id=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")
-                    vsock=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")
+                    read -r id vsock <<<"$v"
                     LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$vsock \
                         VGPU_CUDA_LOG=warn timeout 200 python3 "$src/$prog" >>"$d/bench-$where.log" 2>&1 || rc=1
                     "${ctl[@]}" vgpu delete "$id" >/dev/null 2>&1
@@ -406,11 +413,12 @@ step_torch-shares() {
     for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
     local ctl=("$B/bin/vgpuctl" --socket "$sock")
     for share in 70% 30%; do
-        local v
-        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 16G --compute "$share") \
+        local v id vsock
+        v=$(process_vgpu "$sock" 16G "$share") \
             || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
-        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
-        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+        read -r id vsock <<<"$v"
+        ids+=("$id")
+        socks+=("$vsock")
     done
     if [[ $rc == 0 ]]; then
         for i in 0 1; do
@@ -588,11 +596,12 @@ step_cuda-shares() {
     for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
     ctl=("$B/bin/vgpuctl" --socket "$sock")
     for share in 70% 30%; do
-        local v
-        v=$("${ctl[@]}" --json vgpu create --attach process --gpu 0 --memory 4G --compute "$share") \
+        local v id vsock
+        v=$(process_vgpu "$sock" 4G "$share") \
             || { echo "== FAIL: vgpu create --compute $share"; rc=1; break; }
-        ids+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$v")")
-        socks+=("$(python3 -c 'import json,sys; print(json.load(sys.stdin)["socket"])' <<<"$v")")
+        read -r id vsock <<<"$v"
+        ids+=("$id")
+        socks+=("$vsock")
         echo "== vGPU ${ids[-1]} at $share for a process: VGPU_SOCKET=${socks[-1]}"
     done
     if [[ $rc == 0 ]]; then
