@@ -26,10 +26,13 @@ use vmm_sys_util::event::{
 
 use crate::chain::{Chain, GuestMem};
 use crate::device::Vgpu;
+use crate::launch::LaunchBatch;
 use crate::memtable::check_memory_table;
 use crate::request::Received;
 use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
+
+mod burst;
 
 /// Guest memory as vhost-user-backend hands it over.
 pub type Memory = GuestMemoryAtomic<GuestMem>;
@@ -230,11 +233,25 @@ impl VgpuVhostBackend {
                 break;
             }
         }
+        // The batch is full and more launches wait behind it: a burst, served two batches
+        // at a time.
+        if next.as_ref().is_some_and(Received::is_launch) {
+            return self.serve_burst(queue, vring, mem, &mut batch, next);
+        }
         vgpu.run_batch(queue, mem, &mut batch);
+        if !self.complete_batch(queue, vring, &batch)? {
+            return Ok(Batched::Stop);
+        }
+        Ok(Batched::Served(restart(next)))
+    }
+
+    /// Puts an answered batch's completions in the used ring, in order, signals the guest
+    /// once and records the batch on the timeline. False when the used ring is broken.
+    fn complete_batch(&self, queue: u16, vring: &Vring, batch: &LaunchBatch) -> io::Result<bool> {
         for (head, used) in batch.completions() {
             if let Err(e) = vring.add_used(head, used) {
                 tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
-                return Ok(Batched::Stop);
+                return Ok(false);
             }
         }
         match vring.needs_notification() {
@@ -244,14 +261,18 @@ impl VgpuVhostBackend {
                 tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
             }
         }
-        batch.record_timeline(vgpu.config().vgpu_id, queue, timeline::stamp());
+        batch.record_timeline(self.vgpu.config().vgpu_id, queue, timeline::stamp());
         tracing::trace!(queue, requests = batch.len(), "batch done");
-        // The request that ended the batch is busy from now on, not while the batch ran.
-        if let Some(r) = &mut next {
-            r.start = Instant::now();
-        }
-        Ok(Batched::Served(next))
+        Ok(true)
     }
+}
+
+/// The request that ended a batch: busy from now on, not while the batch ran.
+fn restart(mut next: Option<Received<'_>>) -> Option<Received<'_>> {
+    if let Some(r) = &mut next {
+        r.start = Instant::now();
+    }
+    next
 }
 
 impl Drop for VgpuVhostBackend {

@@ -71,6 +71,11 @@ impl LaunchBatch {
         self.items.len()
     }
 
+    /// Whether it holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
     /// Adds the launch `r` (checked when it was read; one that failed its checks joins
     /// with its error, to be answered in order). Returns it
     /// when it does not join: it is not an answerable launch, or the batch is full
@@ -161,20 +166,33 @@ impl Vgpu {
     /// Runs the batch's launches under one grant, then writes every response (in order);
     /// the caller puts the completions in the used ring.
     pub(crate) fn run_batch(&self, queue: u16, mem: &GuestMem, batch: &mut LaunchBatch) {
-        let first = batch.items.first().map(|i| i.start);
-        if batch.launches > 0 {
-            let launches: Vec<&Checked> = batch
-                .items
-                .iter()
-                .filter_map(|i| i.launch.as_deref())
-                .collect();
-            let Ran { results, stages } = self.run_launches(&launches);
-            batch.stages = stages;
-            let mut results = results.into_iter();
-            for i in batch.items.iter_mut().filter(|i| i.ran()) {
-                i.outcome = Some(outcome(results.next()));
-            }
+        self.execute_batch(batch);
+        self.answer_batch(queue, mem, batch);
+    }
+
+    /// Runs the batch's launches under one grant and keeps each one's outcome. It touches
+    /// no guest memory, so a queue's launch runner may do it while the queue thread gathers
+    /// the next batch (`vhost/burst.rs`).
+    pub(crate) fn execute_batch(&self, batch: &mut LaunchBatch) {
+        if batch.launches == 0 {
+            return;
         }
+        let launches: Vec<&Checked> = batch
+            .items
+            .iter()
+            .filter_map(|i| i.launch.as_deref())
+            .collect();
+        let Ran { results, stages } = self.run_launches(&launches);
+        batch.stages = stages;
+        let mut results = results.into_iter();
+        for i in batch.items.iter_mut().filter(|i| i.ran()) {
+            i.outcome = Some(outcome(results.next()));
+        }
+    }
+
+    /// Writes the response of every request of an executed batch, in ring order.
+    pub(crate) fn answer_batch(&self, queue: u16, mem: &GuestMem, batch: &mut LaunchBatch) {
+        let first = batch.items.first().map(|i| i.start);
         // The batch's time counts once in the busy time: each request gets an even share.
         let share = first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64);
         for i in &mut batch.items {
