@@ -233,7 +233,7 @@ impl Driver {
         crate::watch::watch(&t);
         let mut gpu = VgpuDevice::probe(t.clone()).map_err(OpenError::Device)?;
         let opts = StreamOptions {
-            queue_size: 64,
+            queue_size: crate::queue::STREAM_CAPACITY as u16,
             now_ns: crate::watch::now_ns,
             timeout_ns: TIMEOUT_NS,
             relax: crate::watch::relax,

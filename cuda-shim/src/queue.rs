@@ -12,6 +12,16 @@ use crate::error::map_error;
 use crate::transport::AnyTransport;
 use crate::types::CUresult;
 
+/// Descriptors of each of the library's queues, and so (two per request at least) up to
+/// half as many requests in flight on it. Launches on a stream are posted without waiting;
+/// the worker gathers up to `vgpu-worker --max-batch` (32) of them into one batch and runs
+/// the next batch while it gathers another (a burst), which needs more than one batch's
+/// requests in flight: 128 is four batches.
+pub const STREAM_CAPACITY: usize = 256;
+
+/// One of the library's queues as the guest driver drives it.
+pub type LibStream = Stream<AnyTransport, STREAM_CAPACITY>;
+
 struct Pending {
     ticket: Ticket,
     seq: u64,
@@ -20,7 +30,7 @@ struct Pending {
 }
 
 pub struct Queue {
-    stream: Stream<AnyTransport>,
+    stream: LibStream,
     pending: VecDeque<Pending>,
     next_seq: u64,
     /// Every request with a sequence number below this one has completed.
@@ -33,7 +43,7 @@ pub struct Queue {
 unsafe impl Send for Queue {}
 
 impl Queue {
-    pub fn new(stream: Stream<AnyTransport>) -> Self {
+    pub fn new(stream: LibStream) -> Self {
         Queue {
             stream,
             pending: VecDeque::new(),
@@ -43,7 +53,7 @@ impl Queue {
         }
     }
 
-    pub fn stream(&mut self) -> &mut Stream<AnyTransport> {
+    pub fn stream(&mut self) -> &mut LibStream {
         &mut self.stream
     }
 
@@ -92,7 +102,7 @@ impl Queue {
     pub fn call<R>(
         &mut self,
         t: &AnyTransport,
-        mut f: impl FnMut(&mut Stream<AnyTransport>) -> guest_driver::Result<R>,
+        mut f: impl FnMut(&mut LibStream) -> guest_driver::Result<R>,
     ) -> Result<R, CUresult> {
         self.room(t);
         loop {
@@ -112,7 +122,7 @@ impl Queue {
     pub fn enqueue(
         &mut self,
         t: &AnyTransport,
-        mut f: impl FnMut(&mut Stream<AnyTransport>) -> guest_driver::Result<Ticket>,
+        mut f: impl FnMut(&mut LibStream) -> guest_driver::Result<Ticket>,
         keep: Option<DmaRegion>,
     ) -> Result<u64, CUresult> {
         self.enqueue_keeping(t, |s, _| f(s), keep)
@@ -123,10 +133,7 @@ impl Queue {
     pub fn enqueue_keeping(
         &mut self,
         t: &AnyTransport,
-        mut f: impl FnMut(
-            &mut Stream<AnyTransport>,
-            Option<&mut DmaRegion>,
-        ) -> guest_driver::Result<Ticket>,
+        mut f: impl FnMut(&mut LibStream, Option<&mut DmaRegion>) -> guest_driver::Result<Ticket>,
         mut keep: Option<DmaRegion>,
     ) -> Result<u64, CUresult> {
         self.room(t);
