@@ -14,9 +14,9 @@ use crate::types::CUresult;
 
 /// Descriptors of each of the library's queues, and so (two per request at least) up to
 /// half as many requests in flight on it. Launches on a stream are posted without waiting;
-/// the worker gathers up to `vgpu-worker --max-batch` (32) of them into one batch and runs
+/// the worker gathers up to `vgpu-worker --max-batch` (64) of them into one batch and runs
 /// the next batch while it gathers another (a burst), which needs more than one batch's
-/// requests in flight: 128 is four batches.
+/// requests in flight: 128 is two batches.
 pub const STREAM_CAPACITY: usize = 256;
 
 /// One of the library's queues as the guest driver drives it.

@@ -10,7 +10,7 @@ pub const MAX_QUEUES: u16 = 64;
 pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
 
 /// Launches one batch holds at most by default.
-pub const DEFAULT_MAX_BATCH: u16 = 32;
+pub const DEFAULT_MAX_BATCH: u16 = 64;
 /// Most expected kernel time one batch holds by default (2 ms).
 pub const DEFAULT_BATCH_NS: u64 = 2_000_000;
 /// Largest [`BatchLimits::max_launches`].
