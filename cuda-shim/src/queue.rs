@@ -222,3 +222,20 @@ impl Queue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::STREAM_CAPACITY;
+
+    /// The worker runs one batch while it gathers the next only when the library has more
+    /// than one batch of launches in flight (`vgpu-device/src/vhost/burst.rs`).
+    #[test]
+    fn two_of_the_worker_s_default_batches_fit_in_flight() {
+        let in_flight = STREAM_CAPACITY / 2;
+        let batch = usize::from(vgpu_device::DEFAULT_MAX_BATCH);
+        assert!(
+            in_flight >= 2 * batch,
+            "{in_flight} requests in flight per queue hold fewer than two batches of {batch}"
+        );
+    }
+}
