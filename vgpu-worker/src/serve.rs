@@ -27,6 +27,8 @@ pub const MAX_SESSIONS: usize = 8;
 pub struct Front {
     /// The frontend's socket.
     public: Listener,
+    /// Its path, removed when the front goes, when this worker bound it (`bind`).
+    bound_at: Option<std::path::PathBuf>,
     /// The daemon's side of the private channels.
     daemon: Listener,
     /// Our ends of the private channels, connected in advance (the sandbox allows no
@@ -55,15 +57,46 @@ pub fn bind(path: &Path) -> Result<Front, WorkerError> {
         std::fs::remove_file(path)
             .map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
     }
-    let public = Listener::new(path, false).map_err(|e| {
-        err(match e {
-            VhostUserError::SocketError(io) => {
-                format!("{io}; check that the directory exists and is writable")
-            }
-            other => other.to_string(),
-        })
+    let public = listen_at(path).map_err(|e| {
+        err(format!(
+            "{e}; check that the directory exists and is writable"
+        ))
     })?;
-    front(public, path)
+    let mut f = front(Listener::from(public), path)?;
+    f.bound_at = Some(path.to_owned());
+    Ok(f)
+}
+
+/// A socket listening at `path` from the moment `path` exists: bound and listening under
+/// a temporary name in the same directory, then renamed into place. Whoever waits for the
+/// path to appear (vgpud, the test helpers, scripts) may connect at once; bound at `path`
+/// directly, the path exists a moment before the socket listens and a connect in that
+/// moment is refused.
+fn listen_at(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the socket path names no file",
+        )
+    })?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = match std::os::unix::net::UnixListener::bind(&tmp) {
+        Ok(l) => l,
+        // The longer name does not fit a socket address: bound in place instead.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            return std::os::unix::net::UnixListener::bind(path);
+        }
+        Err(e) => return Err(e),
+    };
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 /// The worker's side over a listening socket it was handed (vgpud binds the sockets a
@@ -93,9 +126,18 @@ fn front(public: Listener, path: &Path) -> Result<Front, WorkerError> {
     let (daemon, ends) = bound.map_err(channel_err)?;
     Ok(Front {
         public,
+        bound_at: None,
         daemon: Listener::from(daemon),
         ends,
     })
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        if let Some(path) = &self.bound_at {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// A new directory only this process's uid may enter, under the temporary directory.
