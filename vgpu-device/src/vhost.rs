@@ -233,8 +233,8 @@ impl VgpuVhostBackend {
                 break;
             }
         }
-        // The batch is full and more launches wait behind it: a burst, served two batches
-        // at a time.
+        // The batch is full and more launches wait behind it: a burst, served with a
+        // launch runner (`vhost/burst.rs`).
         if next.as_ref().is_some_and(Received::is_launch) {
             return self.serve_burst(queue, vring, mem, &mut batch, next);
         }
