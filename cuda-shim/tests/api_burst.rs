@@ -76,34 +76,7 @@ fn launches_behind_a_long_kernel_are_posted_without_waiting_and_run_in_order() {
         OK
     );
     let launch = |f: Ptr, grid: c_uint, block: c_uint, params: &mut [Ptr]| {
-        call!(
-            cu,
-            "cuLaunchKernel",
-            fn(
-                Ptr,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                Ptr,
-                *mut Ptr,
-                *mut Ptr,
-            ),
-            f,
-            grid,
-            1,
-            1,
-            block,
-            1,
-            1,
-            0,
-            stream,
-            params.as_mut_ptr(),
-            null_mut()
-        )
+        cu.launch_1d(f, grid, block, stream, params)
     };
     let mut n = N as u64;
     let mut add: [Ptr; 4] = [
@@ -134,17 +107,7 @@ fn launches_behind_a_long_kernel_are_posted_without_waiting_and_run_in_order() {
     );
     assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), stream), OK);
     let mut back = vec![0u8; bytes];
-    assert_eq!(
-        call!(
-            cu,
-            "cuMemcpyDtoH",
-            fn(*mut c_void, u64, usize),
-            back.as_mut_ptr().cast(),
-            y,
-            bytes
-        ),
-        OK
-    );
+    assert_eq!(cu.dtoh(&mut back, y), OK);
     let sums = floats(&back);
     assert!(
         sums.iter().all(|&v| v == (ROUNDS + 1) as f32),

@@ -122,6 +122,62 @@ macro_rules! call {
     }};
 }
 
+/// Calls of the tests' common shapes (after `call!`, which they use).
+impl Cuda {
+    /// `cuLaunchKernel` of `func` on a one-dimensional grid of one-dimensional blocks, no
+    /// dynamic shared memory, with `kernelParams` `params` (the caller keeps what they
+    /// point to alive for the call).
+    pub fn launch_1d(
+        &self,
+        func: Ptr,
+        grid: c_uint,
+        block: c_uint,
+        stream: Ptr,
+        params: &mut [Ptr],
+    ) -> R {
+        call!(
+            self,
+            "cuLaunchKernel",
+            fn(
+                Ptr,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                c_uint,
+                Ptr,
+                *mut Ptr,
+                *mut Ptr,
+            ),
+            func,
+            grid,
+            1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            null_mut()
+        )
+    }
+
+    /// `cuMemcpyDtoH` of `dst.len()` bytes from `src`.
+    pub fn dtoh(&self, dst: &mut [u8], src: u64) -> R {
+        call!(
+            self,
+            "cuMemcpyDtoH",
+            fn(*mut c_void, u64, usize),
+            dst.as_mut_ptr().cast(),
+            src,
+            dst.len()
+        )
+    }
+}
+
 pub fn floats(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
