@@ -480,6 +480,10 @@ impl Paging for Migratable {
         let mut d = lock(&d);
         require_paging(&*b)?.decommit(addr, off, len)?;
         d.insert(off, len);
+        drop(d);
+        // A change of what is committed, like a write: a migration running now carries
+        // it at its stop (the target gives the range back too).
+        self.mark(addr);
         Ok(())
     }
 
@@ -492,6 +496,12 @@ impl Paging for Migratable {
         let mut d = lock(&d);
         require_paging(&*b)?.recommit(addr, off, len)?;
         d.remove(&off);
+        drop(d);
+        // The pager writes the piece's bytes back in a call of its own, and a migration's
+        // stop may fall between the two: marked here, the stop recommits the range on the
+        // target before the bytes go there (unmarked, the target kept it decommitted and
+        // that write faulted the worker).
+        self.mark(addr);
         Ok(())
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use vgpu_backend::pager::{LocalBroker, Pager};
 use vgpu_backend::{
-    Access, ArgValue, Backend, LaunchConfig, LaunchOne, ModuleImage, SimConfig, SimGpu,
+    Access, ArgValue, Backend, LaunchConfig, LaunchOne, ModuleImage, Paging, SimConfig, SimGpu,
 };
 use vm_memory::VolatileSlice;
 
@@ -184,6 +184,44 @@ fn swapped_out_memory_stays_swapped_and_intact() {
     for (i, a) in bufs.iter().enumerate() {
         assert_eq!(get(&*pager, *a, 4 << 20), pattern(i as u8 + 9, 4 << 20));
     }
+}
+
+/// A piece swapped back in between the last pre-copy round and the stop: the pager
+/// recommits it in one call and writes its bytes in the next, and the stop falls between
+/// them. The target must hold the piece committed by then (a write into a decommitted sim
+/// range faults the worker).
+#[test]
+fn a_piece_recommitted_just_before_the_stop_is_committed_on_the_target() {
+    let mig = Arc::new(Migratable::new(sim(64 * MIB)));
+    let a = mig.alloc(4 * MIB).expect("alloc").addr;
+    put(&*mig, a, &pattern(3, 4 << 20));
+    let granule = mig.commit_granule();
+    assert!(granule > 0 && granule < 4 * MIB, "granule {granule}");
+    mig.decommit(a, 0, granule).expect("decommit");
+    let mut recommitted = false;
+    mig.migrate(sim(64 * MIB), &opts(Mode::Precopy), |p| {
+        if p.phase == Phase::Draining && !recommitted {
+            // The pre-copy rounds are over and the target holds the piece decommitted.
+            mig.recommit(a, 0, granule).expect("recommit");
+            recommitted = true;
+        }
+    })
+    .expect("migrate");
+    assert!(recommitted, "the migration drained");
+    // The pager's write of the piece's bytes, now on the target.
+    let fresh = pattern(5, granule as usize);
+    put(&*mig, a, &fresh);
+    let back = get(&*mig, a, 4 << 20);
+    assert_eq!(
+        &back[..granule as usize],
+        &fresh[..],
+        "the recommitted piece"
+    );
+    assert_eq!(
+        &back[granule as usize..],
+        &pattern(3, 4 << 20)[granule as usize..],
+        "the rest"
+    );
 }
 
 #[test]
