@@ -298,32 +298,44 @@ impl CudaGpu {
         let mut q = Queue::default();
         let mut taken = 0;
         for item in items {
-            let kernel = match self.modules.kernel(item.function) {
-                Ok(k @ Kernel::Ptx(..)) => k,
-                Ok(k @ Kernel::Builtin(sig, _)) if builtin::batchable(sig) => k,
-                Ok(_) => break,
-                Err(e) => {
-                    out.push(Err(e));
-                    taken += 1;
-                    continue;
+            // A run's kernels are one function: looked up once, at the run's first launch
+            // (the lookup takes the module table's lock and the function's references).
+            let same = q.open.as_ref().is_some_and(|r| r.function == item.function);
+            let fresh = if same {
+                None
+            } else {
+                match self.modules.kernel(item.function) {
+                    Ok(k @ Kernel::Ptx(..)) => Some(k),
+                    Ok(k @ Kernel::Builtin(sig, _)) if builtin::batchable(sig) => Some(k),
+                    Ok(_) => break,
+                    Err(e) => {
+                        out.push(Err(e));
+                        taken += 1;
+                        continue;
+                    }
                 }
             };
             taken += 1;
-            if q.open.as_ref().is_some_and(|r| r.function != item.function) {
+            if let Some(kernel) = fresh {
                 self.close_run(&mut lane, &mut q, out);
+                if let Err(e) = self.open_run(&mut lane, &mut q, item.function, kernel) {
+                    out.push(Err(e));
+                    continue;
+                }
             }
-            // `enter` fails once a kernel queued before this one lost the context.
+            // `alive` fails once a kernel queued before this one lost the context.
             let queued = self
                 .mem
                 .check_kernel_writes(item.args)
-                .and_then(|()| self.enter())
-                .and_then(|()| self.open_run(&mut lane, &mut q, item.function))
-                .and_then(|()| self.queue_item(&mut lane, &kernel, item));
+                .and_then(|()| self.alive())
+                .and_then(|()| match q.open.as_ref() {
+                    Some(run) => self.queue_item(&mut lane, &run.kernel, item),
+                    None => Err(missing_mark()),
+                });
             match queued {
                 Ok(()) => {
                     if let Some(run) = q.open.as_mut() {
                         run.slots.push(out.len());
-                        run.kernels.push(kernel);
                     }
                     out.push(Ok(LaunchStats { device_ns: 0 }));
                 }
@@ -336,12 +348,16 @@ impl CudaGpu {
         taken
     }
 
-    /// Makes sure a run of `function` is open: its start is the event recorded last on the
-    /// stream when no kernel was queued after it, else a new one.
-    fn open_run(&self, lane: &mut Lane, q: &mut Queue, function: u64) -> Result<()> {
-        if q.open.is_some() {
-            return Ok(());
-        }
+    /// Opens a run of `function` (`kernel`): its start is the event recorded last on the
+    /// stream when no kernel was queued after it, else a new one. The caller closed the
+    /// run before.
+    fn open_run(
+        &self,
+        lane: &mut Lane,
+        q: &mut Queue,
+        function: u64,
+        kernel: Kernel,
+    ) -> Result<()> {
         let start = match q.last {
             Some(m) => m,
             None => {
@@ -354,10 +370,10 @@ impl CudaGpu {
         q.last = Some(start);
         q.open = Some(Run {
             function,
+            kernel,
             start,
             end: start,
             slots: Vec::new(),
-            kernels: Vec::new(),
         });
         Ok(())
     }
@@ -440,15 +456,12 @@ impl CudaGpu {
         for run in runs {
             // A guest function has its hard limit; a built-in, bounded by its arguments,
             // is waited for as long as it runs, as alone.
-            let (mut name, mut limit) = ("kernel", Duration::ZERO);
-            for kernel in &run.kernels {
-                let (n, l) = match kernel {
-                    Kernel::Ptx(_, f) => (f.name(), self.kernel_limit),
-                    Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
-                };
-                name = n;
-                limit = limit.saturating_add(l);
-            }
+            let (name, one) = match &run.kernel {
+                Kernel::Ptx(_, f) => (f.name(), self.kernel_limit),
+                Kernel::Builtin(sig, _) | Kernel::Storage(sig) => (sig.name, Duration::MAX),
+            };
+            let n = u32::try_from(run.slots.len()).unwrap_or(u32::MAX);
+            let limit = one.checked_mul(n).unwrap_or(Duration::MAX);
             let result = self.enter().and_then(|()| {
                 let start = lane.marks.get(run.start).ok_or_else(missing_mark)?;
                 let end = lane.marks.get(run.end).ok_or_else(missing_mark)?;
@@ -493,12 +506,13 @@ impl CudaGpu {
 /// Consecutive launches of one function in a batch, timed together.
 struct Run {
     function: u64,
+    /// The function (held until its kernels finished: it keeps its module loaded).
+    kernel: Kernel,
     /// Its start and end events (indexes into the lane's marks).
     start: usize,
     end: usize,
-    /// Its kernels' places in the results, and the kernels (held until they finished).
+    /// Its kernels' places in the results.
     slots: Vec<usize>,
-    kernels: Vec<Kernel>,
 }
 
 /// A batch being queued: the runs closed so far, the open one, and the timing event

@@ -320,13 +320,20 @@ impl CudaGpu {
 
     /// Fails once the context was lost; else makes it current on this thread.
     fn enter(&self) -> Result<()> {
+        self.alive()?;
+        self.ctx.bind().map_err(|e| self.cuda_err(e))
+    }
+
+    /// Fails once the context is lost; the calling thread's binding is left as it is (a
+    /// batch binds once, then checks this before each kernel it queues).
+    fn alive(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
             let why = lock(&self.lost_why).clone();
             return Err(BackendError::Device(format!(
                 "this vGPU's GPU context was lost ({why}); its device memory is gone: restart the VM's vGPU"
             )));
         }
-        self.ctx.bind().map_err(|e| self.cuda_err(e))
+        Ok(())
     }
 
     /// Marks the context lost after a sticky error.
