@@ -10,7 +10,8 @@
  *
  * Every figure is one line: `FIG <name> <value> <unit>`; the last line is `APIBENCH OK`.
  *
- * Usage: apibench [MAX_MIB]   (largest copy in MiB, default 1024)
+ * Usage: apibench [MAX_MIB]   (largest copy in MiB, default 1024; 0: no copies, only the
+ *                             launch figures)
  */
 #define _POSIX_C_SOURCE 199309L
 #include <cuda.h>
@@ -87,44 +88,46 @@ int main(int argc, char **argv)
         if (sizes[i] <= (max_mib << 20))
             largest = sizes[i];
     void *host = NULL;
-    CUdeviceptr dptr;
-    CHECK(cuMemAllocHost(&host, largest));
-    memset(host, 0x5a, largest);
-    CHECK(cuMemAlloc(&dptr, largest));
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        size_t bytes = sizes[i];
-        if (bytes > largest)
-            break;
-        int inner = bytes < (1u << 20) ? 200 : bytes < (64u << 20) ? 10 : 1;
-        int trials = bytes >= (256u << 20) ? 3 : 5;
-        char sz[32];
-        size_name(bytes, sz, sizeof sz);
-        for (int dir = 0; dir < 2; dir++) {
-            double best = 1e30;
-            /* one untimed copy first */
-            if (dir == 0)
-                CHECK(cuMemcpyHtoD(dptr, host, bytes));
-            else
-                CHECK(cuMemcpyDtoH(host, dptr, bytes));
-            for (int t = 0; t < trials; t++) {
-                double t0 = now_s();
-                for (int k = 0; k < inner; k++) {
-                    if (dir == 0)
-                        CHECK(cuMemcpyHtoD(dptr, host, bytes));
-                    else
-                        CHECK(cuMemcpyDtoH(host, dptr, bytes));
+    CUdeviceptr dptr = 0;
+    if (largest > 0) {
+        CHECK(cuMemAllocHost(&host, largest));
+        memset(host, 0x5a, largest);
+        CHECK(cuMemAlloc(&dptr, largest));
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            size_t bytes = sizes[i];
+            if (bytes > largest)
+                break;
+            int inner = bytes < (1u << 20) ? 200 : bytes < (64u << 20) ? 10 : 1;
+            int trials = bytes >= (256u << 20) ? 3 : 5;
+            char sz[32];
+            size_name(bytes, sz, sizeof sz);
+            for (int dir = 0; dir < 2; dir++) {
+                double best = 1e30;
+                /* one untimed copy first */
+                if (dir == 0)
+                    CHECK(cuMemcpyHtoD(dptr, host, bytes));
+                else
+                    CHECK(cuMemcpyDtoH(host, dptr, bytes));
+                for (int t = 0; t < trials; t++) {
+                    double t0 = now_s();
+                    for (int k = 0; k < inner; k++) {
+                        if (dir == 0)
+                            CHECK(cuMemcpyHtoD(dptr, host, bytes));
+                        else
+                            CHECK(cuMemcpyDtoH(host, dptr, bytes));
+                    }
+                    double dt = (now_s() - t0) / inner;
+                    if (dt < best)
+                        best = dt;
                 }
-                double dt = (now_s() - t0) / inner;
-                if (dt < best)
-                    best = dt;
+                printf("FIG %s_%s %.3f GB/s\n", dir == 0 ? "htod" : "dtoh", sz,
+                       (double)bytes / best / 1e9);
+                fflush(stdout);
             }
-            printf("FIG %s_%s %.3f GB/s\n", dir == 0 ? "htod" : "dtoh", sz,
-                   (double)bytes / best / 1e9);
-            fflush(stdout);
         }
+        CHECK(cuMemFree(dptr));
+        CHECK(cuMemFreeHost(host));
     }
-    CHECK(cuMemFree(dptr));
-    CHECK(cuMemFreeHost(host));
 
     /* (b) null kernel + cuCtxSynchronize */
     CHECK(cuModuleLoadData(&mod, NULL_PTX));
