@@ -22,6 +22,10 @@ pub const DEFAULT_KERNEL_LIMIT: Duration = Duration::from_secs(20);
 /// live in their own workers).
 pub const EXIT_KERNEL_HARD_LIMIT: i32 = 75;
 
+/// How long a kernel's wait queries its end event back to back, before it yields between
+/// two queries: about a null kernel's round trip on the GPU.
+const WAIT_SPIN: Duration = Duration::from_micros(20);
+
 /// How long the worker keeps running after answering a launch that ran past its hard
 /// limit: time for the answer to reach the guest before the worker exits.
 const HARD_LIMIT_GRACE: Duration = Duration::from_millis(500);
@@ -35,7 +39,7 @@ impl CudaGpu {
     }
 
     /// Waits for a guest kernel recorded before `end`, at most the hard limit. Polls, so
-    /// that the wait can end: the first 50 µs by yielding, then in sleeps of 0.5 % of the
+    /// that the wait can end: the first [`WAIT_SPIN`] spinning, up to 50 µs by yielding, then in sleeps of 0.5 % of the
     /// run time so far (10 µs to 1 ms) with the thread's timer slack at 1 µs, so that a
     /// completion is noticed within about 10 µs of a 1 ms kernel's end and 50 µs of a 10 ms
     /// one's (Linux's default 50 µs slack would add that much to every sleep).
@@ -61,7 +65,11 @@ impl CudaGpu {
             if ran >= limit {
                 return Err(self.past_hard_limit(kernel, ran));
             }
-            if ran < Duration::from_micros(50) {
+            if ran < WAIT_SPIN {
+                // A short kernel ends within microseconds: a yield (a system call) between
+                // two queries would notice that up to one yield late.
+                std::hint::spin_loop();
+            } else if ran < Duration::from_micros(50) {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(
