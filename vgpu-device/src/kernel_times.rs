@@ -41,17 +41,32 @@ impl KernelTimes {
     }
 
     /// A launch of `function` took `ns`.
+    #[cfg(test)]
     pub fn record(&self, function: u64, ns: u64) {
+        self.record_n(function, ns, 1);
+    }
+
+    /// `n` launches of `function` in a row took `ns` each: as `n` calls of
+    /// [`KernelTimes::record`], with one update of the shared slot (a batch's launches
+    /// would otherwise write it once each while the queue thread reads it).
+    pub fn record_n(&self, function: u64, ns: u64, n: usize) {
+        if n == 0 {
+            return;
+        }
         let (key, avg) = &self.slots[slot(function)];
         let k = function.wrapping_add(1);
-        if key.swap(k, Ordering::Relaxed) == k {
-            // Three quarters of the average and a quarter of the new time: a kernel whose
-            // work changes is followed within a few launches.
-            let old = avg.load(Ordering::Relaxed);
-            avg.store(old - old / 4 + ns / 4, Ordering::Relaxed);
+        let (mut v, steps) = if key.swap(k, Ordering::Relaxed) == k {
+            (avg.load(Ordering::Relaxed), n)
         } else {
-            avg.store(ns, Ordering::Relaxed);
+            (ns, n - 1)
+        };
+        // Three quarters of the average and a quarter of the new time per launch: a kernel
+        // whose work changes is followed within a few launches. Past 64 steps the average
+        // is the new time.
+        for _ in 0..steps.min(64) {
+            v = v - v / 4 + ns / 4;
         }
+        avg.store(v, Ordering::Relaxed);
     }
 }
 
@@ -70,5 +85,27 @@ mod tests {
         t.record(0x1_0001, 2_000_000);
         assert_eq!(t.expect(0x1_0001), 1_250_000);
         assert_eq!(t.expect(0x2_0001), 0, "an unknown kernel has no estimate");
+    }
+
+    #[test]
+    fn a_run_recorded_at_once_ends_where_its_launches_one_by_one_end() {
+        for n in [1, 2, 5, 64, 200] {
+            let (one, all) = (KernelTimes::default(), KernelTimes::default());
+            for t in [&one, &all] {
+                t.record(0x1_0001, 40_000);
+            }
+            for _ in 0..n {
+                one.record(0x1_0001, 1_000);
+            }
+            all.record_n(0x1_0001, 1_000, n);
+            assert_eq!(all.expect(0x1_0001), one.expect(0x1_0001), "{n} launches");
+            // A kernel not seen before starts at its first time.
+            let fresh = KernelTimes::default();
+            fresh.record_n(0x3_0001, 7_000, n);
+            assert_eq!(fresh.expect(0x3_0001), 7_000, "{n} launches of a new kernel");
+        }
+        let t = KernelTimes::default();
+        t.record_n(0x1_0001, 5, 0);
+        assert_eq!(t.expect(0x1_0001), 0, "no launch records nothing");
     }
 }

@@ -61,9 +61,12 @@ impl Stats {
         self.bytes_dtod.fetch_add(n, Relaxed);
     }
 
-    pub(crate) fn kernel(&self, ns: u64) {
-        self.kernels.fetch_add(1, Relaxed);
-        self.kernel_ns.fetch_add(ns, Relaxed);
+    /// `n` kernels ran for `ns` together.
+    pub(crate) fn kernels_ran(&self, n: u64, ns: u64) {
+        if n > 0 {
+            self.kernels.fetch_add(n, Relaxed);
+            self.kernel_ns.fetch_add(ns, Relaxed);
+        }
     }
 
     /// The frontend's accepted memory table now maps `bytes` of guest memory.

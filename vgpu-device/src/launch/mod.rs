@@ -43,9 +43,17 @@ impl Vgpu {
     /// sum of its kernels'.
     pub(crate) fn run_launches(&self, launches: &[&Checked]) -> Ran {
         let rank = launches.first().map_or(0, |c| c.rank);
-        let expect = launches.iter().fold(0u64, |t, c| {
-            t.saturating_add(self.kernel_times.expect(c.function))
-        });
+        // A batch is mostly runs of one function: its usual time is read once per run.
+        let mut expect = 0u64;
+        let mut last = None;
+        for c in launches {
+            let one = match last {
+                Some((f, ns)) if f == c.function => ns,
+                _ => self.kernel_times.expect(c.function),
+            };
+            last = Some((c.function, one));
+            expect = expect.saturating_add(one);
+        }
         let _slot = self.slots.as_ref().map(|s| s.acquire(rank));
         let asked = timeline::stamp();
         let permit = self.gate.acquire_for(Resource::Compute, expect);
@@ -64,13 +72,24 @@ impl Vgpu {
                 (n + 1, t.saturating_add(s.device_ns))
             });
         let overhead = wall.saturating_sub(device_ns) / ran.max(1);
+        // Each kernel's time, recorded once per row of equal ones (one function, one time).
+        let mut row: Option<(u64, u64, usize)> = None;
         for (c, r) in launches.iter().zip(&results) {
-            if let Ok(stats) = r {
-                self.kernel_times
-                    .record(c.function, stats.device_ns.saturating_add(overhead));
-                self.stats.kernel(stats.device_ns);
+            let Ok(stats) = r else { continue };
+            let ns = stats.device_ns.saturating_add(overhead);
+            match &mut row {
+                Some((f, t, n)) if *f == c.function && *t == ns => *n += 1,
+                _ => {
+                    if let Some((f, t, n)) = row.replace((c.function, ns, 1)) {
+                        self.kernel_times.record_n(f, t, n);
+                    }
+                }
             }
         }
+        if let Some((f, t, n)) = row {
+            self.kernel_times.record_n(f, t, n);
+        }
+        self.stats.kernels_ran(ran, device_ns);
         Ran { results, stages }
     }
 
