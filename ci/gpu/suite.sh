@@ -381,7 +381,7 @@ nat, vg = read(sys.argv[1]), read(sys.argv[2])
 goals = {"matmul_bf16_8192": (0.97, True), "mlp_step": (1.1, False), "cnn_step": (1.1, False),
          "small_op": (1.3, False), "import_to_first_result": (1.5, False)}
 print(f"{'figure':28} {'native':>12} {'vGPU':>12} {'vGPU/native':>12}  goal")
-ok = True
+ok, lines = True, []
 for name in sorted(set(nat) | set(vg)):
     n, v = nat.get(name), vg.get(name)
     unit = (n or v)[1]
@@ -393,7 +393,11 @@ for name in sorted(set(nat) | set(vg)):
         verdict = f"{'>=' if goal[1] else '<='} {goal[0]}x: {'met' if met else 'NOT met'}"
     fmt = lambda x: f"{x[0]:.4g} {unit}" if x else "-"
     print(f"{name:28} {fmt(n):>12} {fmt(v):>12} {ratio:>12.3f}  {verdict}")
+    lines.append(f"{name}: {fmt(v)} | anchor: {fmt(n)} (native) | ratio: {ratio:.3f}"
+                 + (f" | goal {verdict}" if verdict else ""))
     ok = ok and n is not None and v is not None
+# The design's one line per figure (the suite echoes these).
+print("\n".join(lines))
 sys.exit(0 if ok else 1)
 PY
     return "$rc"
