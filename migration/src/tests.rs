@@ -224,6 +224,69 @@ fn a_piece_recommitted_just_before_the_stop_is_committed_on_the_target() {
     );
 }
 
+/// Moves back and forth while a tenant reads and rewrites its buffers through an
+/// oversubscribed pager, so that pieces are swapped out and back in all along the moves:
+/// every read returns the last bytes written, and no move leaves a piece the pager holds
+/// resident decommitted on the GPU serving it (a write there faults the worker).
+#[test]
+fn moves_while_the_pager_swaps_keep_every_byte() {
+    const N: usize = 4;
+    const LEN: usize = 4 << 20;
+    let broker = LocalBroker::new(8 * MIB, 0);
+    let mig = Arc::new(Migratable::new(sim(64 * MIB)));
+    let pager = Arc::new(Pager::new(mig.clone(), broker.member(1, 0), 32 * MIB));
+    broker.attach(1, &pager);
+    let bufs: Vec<u64> = (0..N)
+        .map(|_| pager.alloc(LEN as u64).expect("alloc").addr)
+        .collect();
+    for (i, a) in bufs.iter().enumerate() {
+        put(&*pager, *a, &pattern(i as u8, LEN));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tenant = {
+        let (pager, stop, bufs, done) = (pager.clone(), stop.clone(), bufs.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut seeds: [u8; N] = std::array::from_fn(|i| i as u8);
+            let mut rounds = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                // Round robin over twice the resident memory: each buffer comes back from
+                // swap, is checked, and is overwritten whole (its pieces recommitted, then
+                // written: two calls a move may fall between).
+                let i = rounds % N;
+                assert_eq!(
+                    get(&*pager, bufs[i], LEN),
+                    pattern(seeds[i], LEN),
+                    "buffer {i} in round {rounds}"
+                );
+                seeds[i] = seeds[i].wrapping_add(N as u8);
+                put(&*pager, bufs[i], &pattern(seeds[i], LEN));
+                rounds += 1;
+                done.store(rounds, Ordering::Relaxed);
+            }
+            (seeds, rounds)
+        })
+    };
+    // At least 8 moves, and moves until the tenant went round its buffers 4 times.
+    let mut moves = 0;
+    while moves < 8 || (done.load(Ordering::Relaxed) < 4 * N && !tenant.is_finished()) {
+        mig.migrate(sim(64 * MIB), &opts(Mode::Precopy), |_| {})
+            .expect("migrate");
+        moves += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (seeds, rounds) = tenant.join().expect("the tenant's reads were intact");
+    assert!(
+        pager.state().host_swap > 0,
+        "the pager swapped: {:?}",
+        pager.state()
+    );
+    for (i, a) in bufs.iter().enumerate() {
+        assert_eq!(get(&*pager, *a, LEN), pattern(seeds[i], LEN), "buffer {i}");
+    }
+    eprintln!("{rounds} tenant rounds across {moves} moves");
+}
+
 #[test]
 fn a_full_target_rolls_back_and_the_vgpu_keeps_working() {
     let m = Migratable::new(sim(64 * MIB));

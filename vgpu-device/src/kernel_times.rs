@@ -102,7 +102,11 @@ mod tests {
             // A kernel not seen before starts at its first time.
             let fresh = KernelTimes::default();
             fresh.record_n(0x3_0001, 7_000, n);
-            assert_eq!(fresh.expect(0x3_0001), 7_000, "{n} launches of a new kernel");
+            assert_eq!(
+                fresh.expect(0x3_0001),
+                7_000,
+                "{n} launches of a new kernel"
+            );
         }
         let t = KernelTimes::default();
         t.record_n(0x1_0001, 5, 0);
