@@ -17,6 +17,7 @@ use crate::error::{BackendError, Result};
 use crate::space::{AllocTable, Extent, Ledger};
 use crate::virt::{MapGuard, Vmm};
 
+mod holes;
 mod vmm;
 use crate::MemoryUsage;
 pub(crate) use vmm::SimPhys;
@@ -111,6 +112,8 @@ pub struct Allocation {
     /// (the physical allocation is), never decommitted, `free` refuses it; its range
     /// belongs to its reserved range, not to the free holes.
     vmm: Option<MapGuard>,
+    /// Its decommitted (swapped-out) ranges: an access to one is refused.
+    holes: holes::Holes,
     space: Arc<Space>,
 }
 
@@ -150,14 +153,31 @@ impl Allocation {
         self.memfd.as_fd()
     }
 
+    /// The host address of `[off, off + len)`: inside the allocation and in none of its
+    /// decommitted ranges (those are mapped `PROT_NONE`; touching one would fault the
+    /// process). A range is decommitted or recommitted only while no operation uses its
+    /// allocation (the pager evicts idle allocations; a migration mirrors swapped-out
+    /// ranges on a target before it serves), so one check before the access holds for it.
     fn check(&self, off: u64, len: u64) -> Result<usize> {
         match off.checked_add(len) {
-            Some(end) if end <= self.size => Ok(self.host + off as usize),
-            _ => Err(BackendError::BadPointer {
-                addr: self.addr.wrapping_add(off),
-                len,
-            }),
+            Some(end) if end <= self.size => {}
+            _ => {
+                return Err(BackendError::BadPointer {
+                    addr: self.addr.wrapping_add(off),
+                    len,
+                })
+            }
         }
+        if let Some((start, end)) = self.holes.touched(off, len) {
+            return Err(BackendError::Device(format!(
+                "device memory {:#x}..{:#x} is swapped out and was not brought back before \
+                 this access; the vGPU's memory bookkeeping is inconsistent: retry, and report \
+                 it if it persists",
+                self.addr.wrapping_add(start),
+                self.addr.wrapping_add(end)
+            )));
+        }
+        Ok(self.host + off as usize)
     }
 
     /// `len` bytes at offset `off` as a volatile slice.
@@ -320,6 +340,7 @@ impl DeviceMemory {
                     read_only: false,
                     module,
                     vmm: None,
+                    holes: Default::default(),
                     space: self.space.clone(),
                 });
                 self.table.insert(addr, a);
@@ -399,6 +420,7 @@ impl DeviceMemory {
             read_only,
             module: false,
             vmm: None,
+            holes: Default::default(),
             space: self.space.clone(),
         });
         self.table.insert(addr, a);
@@ -444,6 +466,9 @@ impl DeviceMemory {
     pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.commit_range(addr, off, len)?;
         let host = a.host + off as usize;
+        // Refused from here on: once the mapping below is replaced (even if releasing the
+        // memfd's pages then fails) the range faults.
+        a.holes.add(off, len);
         // SAFETY: [host, host + len) lies inside this allocation's part of the reservation
         // (checked by commit_range); MAP_FIXED replaces only our own mapping of it.
         let p = unsafe {
@@ -491,7 +516,9 @@ impl DeviceMemory {
             len as usize,
             libc::PROT_READ | libc::PROT_WRITE,
             &a.memfd,
-        )
+        )?;
+        a.holes.remove(off, len);
+        Ok(())
     }
 
     /// The allocation holding all of `[addr, addr + len)`, and the offset of `addr` in it.

@@ -697,3 +697,36 @@ fn free_during_a_kernel_keeps_its_memory_until_it_ends() {
 }
 
 mod storage;
+
+/// A decommitted (swapped-out) range is refused to every access with an error, never
+/// touched: its mapping is `PROT_NONE` and a touch would fault the worker.
+#[test]
+fn a_decommitted_range_is_refused_not_touched() {
+    let g = gpu();
+    let granule = g.commit_granule();
+    let a = g.alloc(2 * granule).expect("alloc").addr;
+    put(&g, a, &vec![7u8; (2 * granule) as usize]).expect("fill");
+    g.decommit(a, 0, granule).expect("decommit");
+    let refused = |r: Result<u64>, what: &str| match r {
+        Err(BackendError::Device(why)) => assert!(why.contains("swapped out"), "{what}: {why}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    refused(put(&g, a + 100, &[1, 2, 3]), "a copy in");
+    refused(
+        get(&g, a + granule - 8, 16).map(|_| 0),
+        "a copy out across the edge",
+    );
+    refused(g.memset(a, 0, 4, 16), "a memset");
+    refused(
+        g.copy_dtod(a + granule, a, 4096),
+        "a device copy out of the range",
+    );
+    // The committed half is untouched and serves.
+    assert_eq!(
+        get(&g, a + granule, 4096).expect("the committed half"),
+        vec![7u8; 4096]
+    );
+    g.recommit(a, 0, granule).expect("recommit");
+    put(&g, a, &[9; 4096]).expect("a copy in once recommitted");
+    assert_eq!(get(&g, a, 4096).expect("back"), vec![9u8; 4096]);
+}

@@ -103,6 +103,7 @@ impl VmmHost for DeviceMemory {
             read_only: false,
             module: false,
             vmm: Some(guard),
+            holes: Default::default(),
             space: self.space.clone(),
         });
         self.table.insert(addr, a);
