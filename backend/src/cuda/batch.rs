@@ -265,6 +265,28 @@ impl CudaGpu {
         )
     }
 
+    /// One launch on a lane of its own, waited for.
+    pub(super) fn launch_alone(&self, l: &Launch<'_>) -> Result<LaunchStats> {
+        let _op = self.inflight.begin();
+        let kernel = self.modules.kernel(l.function)?;
+        // A pointer the kernel may write through must not point into a read-only shared
+        // mapping: the GPU would fault on the write and the context would be lost.
+        self.mem.check_kernel_writes(l.args)?;
+        self.enter()?;
+        self.guest_ready()?;
+        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
+        let ns = match &kernel {
+            Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
+            Kernel::Ptx(_module, f) => {
+                self.run_ptx(&mut lane, f, &l.config, l.cluster, l.args, l.blob)?
+            }
+            Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
+        };
+        drop(kernel);
+        tracing::trace!(function = l.function, ns, "kernel done");
+        Ok(LaunchStats { device_ns: ns })
+    }
+
     /// [`crate::Backend::launch`] of more than one: each run of kernels that can join a batch as one
     /// batch, every other kernel alone; one result per item, in order.
     pub(super) fn run_batch(&self, items: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
