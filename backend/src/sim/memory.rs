@@ -466,8 +466,9 @@ impl DeviceMemory {
     pub fn decommit(&self, addr: u64, off: u64, len: u64) -> Result<()> {
         let a = self.commit_range(addr, off, len)?;
         let host = a.host + off as usize;
-        // Refused from here on: once the mapping below is replaced (even if releasing the
-        // memfd's pages then fails) the range faults.
+        // Refused from here on: once the mapping below is replaced the range faults, and a
+        // replacement that fails may have removed the old mapping already; so even on
+        // failure it stays refused (an error to whoever touches it, never a fault).
         a.holes.add(off, len);
         // SAFETY: [host, host + len) lies inside this allocation's part of the reservation
         // (checked by commit_range); MAP_FIXED replaces only our own mapping of it.
