@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::ffi::c_uint;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
@@ -45,31 +45,11 @@ fn launches_behind_a_long_kernel_are_posted_without_waiting_and_run_in_order() {
         ),
         OK
     );
-    let mut module: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const c_void),
-            &mut module,
-            c"vgpu:builtin".as_ptr().cast()
-        ),
-        OK
+    let module = cu.builtin_module();
+    let (spin, vadd) = (
+        cu.function(module, c"spin"),
+        cu.function(module, c"vector_add"),
     );
-    let function = |name: &CStr| {
-        let mut f: Ptr = null_mut();
-        let rc = call!(
-            cu,
-            "cuModuleGetFunction",
-            fn(*mut Ptr, Ptr, *const c_char),
-            &mut f,
-            module,
-            name.as_ptr()
-        );
-        assert_eq!(rc, OK, "{name:?}");
-        f
-    };
-    let (spin, vadd) = (function(c"spin"), function(c"vector_add"));
     let mut stream: Ptr = null_mut();
     assert_eq!(
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut stream, 0),
@@ -88,7 +68,7 @@ fn launches_behind_a_long_kernel_are_posted_without_waiting_and_run_in_order() {
     let grid = (N / 256) as c_uint;
     // Timed once, waited for.
     assert_eq!(launch(vadd, grid, 256, &mut add), OK);
-    assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), stream), OK);
+    assert_eq!(cu.sync(stream), OK);
     let mut us = LONG_US;
     assert_eq!(launch(spin, 1, 1, &mut [(&mut us as *mut u64).cast()]), OK);
     let t = Instant::now();
@@ -105,7 +85,7 @@ fn launches_behind_a_long_kernel_are_posted_without_waiting_and_run_in_order() {
         "posting {ROUNDS} launches behind a {LONG_US} µs kernel took {posted:?}: the \
          library waited for room in its queue"
     );
-    assert_eq!(call!(cu, "cuStreamSynchronize", fn(Ptr), stream), OK);
+    assert_eq!(cu.sync(stream), OK);
     let mut back = vec![0u8; bytes];
     assert_eq!(cu.dtoh(&mut back, y), OK);
     let sums = floats(&back);

@@ -162,37 +162,7 @@ fn libraries_load_on_first_use() {
         (&mut c as *mut u64).cast(),
         (&mut n64 as *mut u64).cast(),
     ];
-    assert_eq!(
-        call!(
-            cu,
-            "cuLaunchKernel",
-            fn(
-                Ptr,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                Ptr,
-                *mut Ptr,
-                *mut Ptr,
-            ),
-            vadd,
-            16,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            null_mut(),
-            params.as_mut_ptr(),
-            null_mut()
-        ),
-        OK
-    );
+    assert_eq!(cu.launch_1d(vadd, 16, 256, null_mut(), &mut params), OK);
     let mut back = vec![0u8; bytes];
     assert_eq!(
         call!(

@@ -102,34 +102,7 @@ fn the_library_runs_over_the_linux_transport() {
         (&mut count as *mut u64).cast(),
     ];
     assert_eq!(
-        call!(
-            cu,
-            "cuLaunchKernel",
-            fn(
-                Ptr,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                c_uint,
-                Ptr,
-                *mut Ptr,
-                *mut Ptr,
-            ),
-            vadd,
-            (n / 256) as c_uint,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            null_mut(),
-            params.as_mut_ptr(),
-            null_mut()
-        ),
+        cu.launch_1d(vadd, (n / 256) as c_uint, 256, null_mut(), &mut params),
         OK
     );
     assert_eq!(call!(cu, "cuCtxSynchronize", fn()), OK);

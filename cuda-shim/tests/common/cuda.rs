@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::ptr::null_mut;
 
 pub type R = c_uint;
@@ -163,6 +163,37 @@ impl Cuda {
             params.as_mut_ptr(),
             null_mut()
         )
+    }
+
+    /// The built-in kernels' module (`cuModuleLoadData` of `vgpu:builtin`).
+    pub fn builtin_module(&self) -> Ptr {
+        let mut module: Ptr = null_mut();
+        assert_eq!(
+            call!(
+                self,
+                "cuModuleLoadData",
+                fn(*mut Ptr, *const c_void),
+                &mut module,
+                c"vgpu:builtin".as_ptr().cast()
+            ),
+            OK
+        );
+        module
+    }
+
+    /// `cuModuleGetFunction` of `name` in `module`, which must succeed.
+    pub fn function(&self, module: Ptr, name: &CStr) -> Ptr {
+        let mut f: Ptr = null_mut();
+        let rc = call!(
+            self,
+            "cuModuleGetFunction",
+            fn(*mut Ptr, Ptr, *const c_char),
+            &mut f,
+            module,
+            name.as_ptr()
+        );
+        assert_eq!(rc, OK, "{name:?}");
+        f
     }
 
     /// `cuMemcpyDtoH` of `dst.len()` bytes from `src`.

@@ -230,37 +230,7 @@ pub fn exercise(cu: &Cuda, gpu: bool) {
         let mut p = host as u64;
         let mut v: u32 = 0x1234;
         let mut params: [Ptr; 2] = [(&mut p as *mut u64).cast(), (&mut v as *mut u32).cast()];
-        assert_eq!(
-            call!(
-                cu,
-                "cuLaunchKernel",
-                fn(
-                    Ptr,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    c_uint,
-                    Ptr,
-                    *mut Ptr,
-                    *mut Ptr,
-                ),
-                f,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                s,
-                params.as_mut_ptr(),
-                null_mut()
-            ),
-            OK
-        );
+        assert_eq!(cu.launch_1d(f, 1, 1, s, &mut params), OK);
         assert_eq!(cu.sync(s), OK);
         assert_eq!(
             words(host),
