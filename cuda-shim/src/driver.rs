@@ -238,6 +238,7 @@ impl Driver {
             timeout_ns: TIMEOUT_NS,
             relax: crate::watch::relax,
             wake_after_ns: u64::MAX,
+            learn: guest_driver::vgpu::no_learning,
         };
         let mut queues = Vec::new();
         for i in 0..gpu.num_queues() {

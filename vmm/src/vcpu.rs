@@ -14,7 +14,7 @@ use crate::arch::{assist, cpuid, regs};
 use crate::cpuid_profile::CpuProfile;
 use crate::devices::bus::Bus;
 use crate::devices::legacy::ExitState;
-use crate::idle::{IdleWake, WaitClock};
+use crate::idle::IdleWake;
 use crate::layout;
 use crate::vcpu_control::VcpuControl;
 
@@ -178,7 +178,6 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
         park(vcpu, index, ctx);
         return;
     }
-    let mut clock = WaitClock::default();
     loop {
         if ctx.stop.load(Ordering::SeqCst) {
             return;
@@ -206,7 +205,7 @@ fn run(vcpu: &mut VcpuFd, index: u8, ctx: &VcpuContext) {
                 ctx.exit.request(GUEST_CRASH_EXIT);
                 return;
             }
-            Ok(exit) => match handle_exit(exit, index, ctx, idle_since, &mut clock) {
+            Ok(exit) => match handle_exit(exit, index, ctx, idle_since) {
                 Next::Run => {}
                 Next::Park => {
                     park(vcpu, index, ctx);
@@ -287,13 +286,7 @@ fn report_internal_error(vcpu: &mut VcpuFd, index: u8, mem: &GuestMemoryMmap) {
 }
 
 /// Handles one exit.
-fn handle_exit(
-    exit: VcpuExit<'_>,
-    index: u8,
-    ctx: &VcpuContext,
-    idle_since: u64,
-    clock: &mut WaitClock,
-) -> Next {
+fn handle_exit(exit: VcpuExit<'_>, index: u8, ctx: &VcpuContext, idle_since: u64) -> Next {
     match exit {
         VcpuExit::IoOut(layout::PARK_PORT, _) => Next::Park,
         VcpuExit::IoOut(layout::IDLE_PORT, data) => {
@@ -302,7 +295,7 @@ fn handle_exit(
             v[..n].copy_from_slice(&data[..n]);
             let us = u32::from_le_bytes(v).min(layout::IDLE_MAX_US);
             ctx.idle
-                .wait_timed(idle_since, Duration::from_micros(u64::from(us)), clock);
+                .wait(idle_since, Duration::from_micros(u64::from(us)));
             Next::Run
         }
         VcpuExit::IoOut(port, data) => {

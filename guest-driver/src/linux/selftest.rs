@@ -36,6 +36,7 @@ pub fn stream_options(queue_size: u16) -> StreamOptions {
         timeout_ns: TIMEOUT_NS,
         relax,
         wake_after_ns: u64::MAX,
+        learn: crate::vgpu::no_learning,
     }
 }
 

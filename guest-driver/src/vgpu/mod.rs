@@ -16,7 +16,8 @@ mod stream;
 pub use ops::{launch_1d, Function, StorageInfo};
 pub use slots::{HEADER_MAX, SLOT_SIZE};
 pub use stream::{
-    spin_relax, Stream, StreamOptions, Ticket, DEFAULT_STREAM_CAPACITY, MAX_DATA_BUFFERS,
+    no_learning, spin_relax, Stream, StreamOptions, Ticket, DEFAULT_STREAM_CAPACITY,
+    MAX_DATA_BUFFERS,
 };
 pub use vgpu_proto;
 

@@ -38,12 +38,20 @@ pub struct StreamOptions {
     /// interrupts are suppressed again when the wait ends. `u64::MAX`: never (the stream
     /// only polls).
     pub wake_after_ns: u64,
+    /// Told, once its completion is in, how long (ns) a wait lasted that went on past
+    /// `wake_after_ns`: a `relax` that idles learns from it when such waits end, so that
+    /// it comes back in time to spin through the end of the next one (the payload
+    /// runtime). [`no_learning`] where nothing learns.
+    pub learn: fn(waited_ns: u64),
 }
 
 /// A `relax` that only spins.
 pub fn spin_relax(_waited_ns: u64) {
     core::hint::spin_loop();
 }
+
+/// A `learn` for a `relax` that learns nothing.
+pub fn no_learning(_waited_ns: u64) {}
 
 /// Names an outstanding request on its stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -483,16 +491,20 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     pub fn wait(&mut self, t: Ticket) -> Result<[u64; 4]> {
         self.check_ticket(t)?;
         let mut armed = false;
-        let r = self.wait_armed(t, &mut armed);
+        let start = (self.opts.now_ns)();
+        let r = self.wait_armed(t, start, &mut armed);
         if armed {
             self.queue.set_interrupts(false);
+            if r.is_ok() {
+                (self.opts.learn)((self.opts.now_ns)().saturating_sub(start));
+            }
         }
         r
     }
 
-    /// [`Self::wait`]'s loop; `armed` tells whether it asked the device for an interrupt.
-    fn wait_armed(&mut self, t: Ticket, armed: &mut bool) -> Result<[u64; 4]> {
-        let start = (self.opts.now_ns)();
+    /// [`Self::wait`]'s loop from `start`; `armed` tells whether it asked the device for
+    /// an interrupt.
+    fn wait_armed(&mut self, t: Ticket, start: u64, armed: &mut bool) -> Result<[u64; 4]> {
         let mut polls: u32 = 0;
         let mut waited = 0;
         loop {

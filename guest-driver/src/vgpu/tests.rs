@@ -194,6 +194,7 @@ const OPTS: StreamOptions = StreamOptions {
     timeout_ns: 1_000_000_000,
     relax: crate::vgpu::spin_relax,
     wake_after_ns: u64::MAX,
+    learn: crate::vgpu::no_learning,
 };
 
 fn config(version: u32, queues: u32) -> Vec<u8> {
@@ -536,6 +537,12 @@ thread_local! {
     /// values it saw.
     static WATCHED: RefCell<Option<(FakeTransport, Rc<RefCell<Gpu>>)>> = const { RefCell::new(None) };
     static SEEN: RefCell<Vec<(u64, u16)>> = const { RefCell::new(Vec::new()) };
+    /// The wait lengths the stream reported.
+    static LEARNED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+fn learning(waited_ns: u64) {
+    LEARNED.with(|l| l.borrow_mut().push(waited_ns));
 }
 
 /// Records used_event; once the wait lasted 20 ms, lets the silent device answer.
@@ -559,6 +566,7 @@ fn a_long_wait_asks_for_an_interrupt_and_a_short_one_does_not() {
     let opts = StreamOptions {
         relax: watching_relax,
         wake_after_ns: 5_000_000,
+        learn: learning,
         ..OPTS
     };
     let mut s = dev.open_stream::<16>(0, opts).expect("stream");
@@ -567,6 +575,10 @@ fn a_long_wait_asks_for_an_interrupt_and_a_short_one_does_not() {
     // Answered at once: no interrupt asked for (used_event stays half the ring ahead).
     s.stream_sync().expect("sync");
     assert_eq!(t.dev.borrow().used_event(0), 0x8001);
+    assert!(
+        LEARNED.with(|l| l.borrow().is_empty()),
+        "a short wait teaches nothing"
+    );
     // A device that answers late: interrupts are off while the wait is short, on (at the
     // next used entry) once it waited 5 ms, and off again when the wait ends.
     gpu.borrow_mut().silent = true;
@@ -586,5 +598,9 @@ fn a_long_wait_asks_for_an_interrupt_and_a_short_one_does_not() {
         "{late:?}"
     );
     assert_eq!(t.dev.borrow().used_event(0), 0x8002, "suppressed again");
+    // The long wait's length went to the wait policy: at least the 20 ms the device kept
+    // silent (the fake clock moves 1 ms per read).
+    let learned = LEARNED.with(|l| l.take());
+    assert!(matches!(learned[..], [w] if w >= 20_000_000), "{learned:?}");
     WATCHED.with(|w| *w.borrow_mut() = None);
 }

@@ -25,6 +25,7 @@ pub mod start;
 pub mod time;
 pub mod vgpu;
 pub mod virtio;
+pub mod wait;
 
 pub use args::Args;
 pub use boot::{BootInfo, MemRegion, MmioDevice};

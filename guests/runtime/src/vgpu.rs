@@ -5,6 +5,7 @@ use guest_driver::{Error, Stream, StreamOptions, VgpuDevice};
 use crate::boot::BootInfo;
 use crate::time::timeout_clock_ns;
 use crate::virtio::MmioTransport;
+use crate::wait::{self, Step, WaitClock};
 
 /// Queue size payloads ask for by default (requests in flight per stream: half of it).
 pub const DEFAULT_QUEUE_SIZE: u16 = 64;
@@ -16,34 +17,41 @@ pub type Gpu = VgpuDevice<MmioTransport>;
 pub type GpuStream<const CAP: usize = { guest_driver::vgpu::DEFAULT_STREAM_CAPACITY }> =
     Stream<MmioTransport, CAP>;
 
-/// Stream options with the runtime's TSC clock.
+/// Stream options with the runtime's TSC clock and wait policy.
 pub fn stream_options(queue_size: u16) -> StreamOptions {
     StreamOptions {
         queue_size,
         now_ns: timeout_clock_ns,
         timeout_ns: DEFAULT_TIMEOUT_NS,
-        relax: idle_while_waiting,
-        wake_after_ns: SPIN_NS,
+        relax,
+        wake_after_ns: wait::SPIN_NS,
+        learn,
     }
 }
 
-/// How long a wait spins before its vCPU idles (a completion usually comes sooner).
-const SPIN_NS: u64 = 50_000;
+/// What every stream of this payload learned of its waits.
+static WAITS: WaitClock = WaitClock::new();
 
-/// Waiting for the vGPU: spin for the first 50 µs, then idle this vCPU (docs/payload-abi.md,
-/// port 0xF6) until the device's interrupt for the completion wakes it (the stream asked
-/// for one once the spin was over), at most 1 ms at a time: a VM waiting on a long kernel
-/// leaves the host's CPUs to the work it waits for, and runs again as soon as it is done.
-fn idle_while_waiting(waited_ns: u64) {
-    if waited_ns < SPIN_NS {
-        core::hint::spin_loop();
-        return;
+/// Between two polls of a wait: spin, or idle this vCPU (docs/payload-abi.md, port 0xF6)
+/// until the device's interrupt for the completion (the stream asked for one once the
+/// spin was over) or until shortly before the wait's expected end ([`crate::wait`]): a VM
+/// waiting on a long kernel leaves the host's CPUs to the work it waits for, and is back
+/// in the guest, spinning, when it ends.
+fn relax(waited_ns: u64) {
+    match WAITS.step(waited_ns) {
+        Step::Spin => core::hint::spin_loop(),
+        Step::Idle(us) => {
+            let t = timeout_clock_ns();
+            crate::exit::idle_us(us);
+            WAITS.idled(us, timeout_clock_ns().saturating_sub(t));
+        }
     }
-    crate::exit::idle_us(IDLE_US);
 }
 
-/// The longest idle the vmm grants one request.
-const IDLE_US: u32 = 1000;
+/// A long wait ended: learn its length.
+fn learn(waited_ns: u64) {
+    WAITS.waited(waited_ns);
+}
 
 /// Why the vGPU could not be opened.
 #[derive(Debug)]
