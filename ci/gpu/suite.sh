@@ -730,7 +730,7 @@ step_timeline() {
     local dir files rc=0
     dir=$(mktemp -d) && chmod 1777 "$dir"
     VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
-    # One worker per VM, BAND's two first, then FIFO's (worker pids rise).
+    # One worker per VM, BAND's two first, then FIFO's (file names start with the worker's start time).
     mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
     [[ ${#files[@]} -ge 4 ]] || { echo "BENCH timeline: ${#files[@]} timeline files, wanted 4"; return 1; }
     echo "BENCH timeline BAND"; "$B/bin/vgpu-bench" timeline "${files[@]:0:2}" || rc=1
@@ -743,7 +743,7 @@ step_handover() {
     for p in 0 1; do
         dir=$(mktemp -d) && chmod 1777 "$dir"
         VGPU_HANDOVER_POLL=$p VGPU_TIMELINE=$dir VGPU_TEST_BACKEND=cuda "$(tb band)" --nocapture || rc=1
-        # BAND's two workers come first (worker pids rise).
+        # BAND's two workers come first (file names start with the worker's start time).
         mapfile -t files < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n | sed "s|^|$dir/|")
         if [[ ${#files[@]} -lt 2 ]]; then
             echo "BENCH handover poll=$p: ${#files[@]} timeline files, wanted 4"; rc=1; continue
@@ -857,7 +857,7 @@ step_vm-round() {
     local dir f rc=0
     dir=$(mktemp -d) && chmod 1777 "$dir"
     (cd "$dir" && VGPU_TIMELINE=$dir "$B/bin/vgpu-bench" sharing --backend cuda --vms 1) || rc=1
-    # One worker per VM: the 1 ms VM's first (worker pids rise).
+    # One worker per VM: the 1 ms VM's first (file names start with the worker's start time).
     while read -r f; do
         echo "BENCH vm-round timeline $f"; "$B/bin/vgpu-bench" timeline "$dir/$f" || rc=1
     done < <(find "$dir" -name 'timeline-*.csv' -printf '%f\n' | sort -t- -k2 -n)

@@ -3,8 +3,11 @@
 //! Off unless the worker's environment sets `VGPU_TIMELINE` to an existing directory the
 //! worker may write to (vgpud passes its environment on to workers): then every
 //! request served by a queue thread leaves one record (CSV, one line per request) in
-//! `$VGPU_TIMELINE/timeline-<pid>.csv`. Times are CLOCK_MONOTONIC nanoseconds, the clock
-//! vgpud and every worker share, so files of several workers line up. Columns:
+//! `$VGPU_TIMELINE/timeline-<start>-<pid>.csv`, `<start>` the CLOCK_MONOTONIC time the
+//! worker began recording (sandboxed workers each have pid 1 in their own pid namespace:
+//! the start time keeps their files apart and sorts them in start order). Times are
+//! CLOCK_MONOTONIC nanoseconds, the clock vgpud and every worker share, so files of
+//! several workers line up. Columns:
 //!
 //! | column | when |
 //! |---|---|
@@ -115,7 +118,8 @@ impl Record {
 }
 
 struct Sink {
-    dir: PathBuf,
+    /// The worker's timeline file.
+    path: PathBuf,
     buf: Mutex<Vec<Record>>,
     spare: Mutex<Vec<Record>>,
     lost: AtomicU64,
@@ -153,7 +157,7 @@ pub fn init() {
         }
         tracing::info!(dir = %dir.display(), "recording a per-request timeline");
         Some(Sink {
-            dir,
+            path: dir.join(format!("timeline-{}-{}.csv", now(), std::process::id())),
             buf: Mutex::new(Vec::with_capacity(CAPACITY)),
             spare: Mutex::new(Vec::with_capacity(CAPACITY)),
             lost: AtomicU64::new(0),
@@ -315,9 +319,7 @@ pub fn flush() {
     if out.is_empty() {
         return;
     }
-    let path = sink
-        .dir
-        .join(format!("timeline-{}.csv", std::process::id()));
+    let path = &sink.path;
     let fresh = !path.exists();
     let written = std::fs::OpenOptions::new()
         .create(true)
