@@ -4,11 +4,17 @@
 //!
 //! It prints the median and p99 of each stage of a request (parse, grant wait, backend
 //! call, release, used ring), of the guest's turnaround (used ring written to the next
-//! request taken), of the gap between two kernels of one vGPU, and of the gap between a
-//! kernel of one vGPU and the next kernel of another, plus the fraction of the span the
-//! backend spent in kernels.
+//! request taken; also split by what the guest had waited for: a copy, a short kernel or
+//! a long one, [`LONG_KERNEL_NS`] or more in its backend call), of the gap between two
+//! kernels of one vGPU, and of the gap between a kernel of one vGPU and the next kernel
+//! of another, how often the engine changed hands and how many kernels one vGPU ran in a
+//! turn, plus the fraction of the span the backend spent in kernels.
 
 use std::collections::BTreeMap;
+
+/// A kernel whose backend call took this long or longer is a long one: its guest gave up
+/// spinning for it (payloads spin 50 µs) and idled.
+pub const LONG_KERNEL_NS: u64 = 100_000;
 use std::path::{Path, PathBuf};
 
 /// One request's timeline, as the worker wrote it.
@@ -146,6 +152,15 @@ pub fn analyse(recs: &[Rec]) -> Vec<String> {
                 w[0].used,
                 w[1].kick,
             );
+            let after = match (w[0].gated, w[0].compute) {
+                (false, _) => continue,
+                (true, false) => "guest turnaround after a copy",
+                (true, true) if w[0].backend_end.saturating_sub(w[0].granted) >= LONG_KERNEL_NS => {
+                    "guest turnaround after a long kernel"
+                }
+                (true, true) => "guest turnaround after a short kernel",
+            };
+            push(after, w[0].used, w[1].kick);
         }
         let kernels: Vec<&&Rec> = q.iter().filter(|r| r.compute).collect();
         for w in kernels.windows(2) {
@@ -161,9 +176,13 @@ pub fn analyse(recs: &[Rec]) -> Vec<String> {
     let mut cross_gap = Vec::new();
     let mut busy = 0u64;
     let mut covered_to = 0u64;
+    let mut turns = usize::from(!kernels.is_empty());
     for w in kernels.windows(2) {
-        if w[0].vgpu != w[1].vgpu && w[1].granted >= w[0].backend_end {
-            cross_gap.push(w[1].granted - w[0].backend_end);
+        if w[0].vgpu != w[1].vgpu {
+            turns += 1;
+            if w[1].granted >= w[0].backend_end {
+                cross_gap.push(w[1].granted - w[0].backend_end);
+            }
         }
     }
     for k in &kernels {
@@ -200,6 +219,13 @@ pub fn analyse(recs: &[Rec]) -> Vec<String> {
         (kernels.first(), kernels.iter().map(|k| k.backend_end).max())
     {
         let span = last.saturating_sub(first.granted);
+        if turns > 1 && span > 0 {
+            out.push(format!(
+                "turns (the engine changed hands): {:.0} per second, {:.2} kernels per turn",
+                (turns - 1) as f64 / (span as f64 / 1e9),
+                kernels.len() as f64 / turns as f64
+            ));
+        }
         if span > 0 {
             out.push(format!(
                 "kernel time / span: {:.3} (backend calls of kernels over {:.1} ms)",
@@ -276,5 +302,13 @@ mod tests {
         );
         assert!(out.contains("kernel 2 grant wait"), "{out}");
         assert!(out.contains("guest turnaround"), "{out}");
+        // Three kernels in two turns: vGPU 1's two, then vGPU 2's.
+        assert!(out.contains("1.50 kernels per turn"), "{out}");
+        // vGPU 1's kernels took 1 µs each (short); it came back 0.6 and 1.6 µs after them.
+        assert!(
+            out.contains("guest turnaround after a short kernel: median 1.6 us | p99 1.6 us | n 2"),
+            "{out}"
+        );
+        assert!(!out.contains("after a long kernel"), "{out}");
     }
 }
