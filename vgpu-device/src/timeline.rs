@@ -324,7 +324,7 @@ pub fn flush() {
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&path)
+        .open(path)
         .and_then(|f| {
             let mut w = std::io::BufWriter::new(f);
             if fresh {
