@@ -75,10 +75,21 @@ impl Rule for BandRule {
         } else {
             config.wait
         };
-        (!acc.owed_past_margin(next)
-            && acc.within_margin(holder)
-            && acc.expected_within(holder, wait, now))
-        .then_some(idle_since + wait)
+        let (next_not_owed, within, coming) = (
+            !acc.owed_past_margin(next),
+            acc.within_margin(holder),
+            acc.expected_within(holder, wait, now),
+        );
+        tracing::trace!(
+            holder,
+            next,
+            next_not_owed,
+            within,
+            coming,
+            gap_us = a.gap_ewma / 1e3,
+            "time-buffer: kept for the holder's next request only if all three hold"
+        );
+        (next_not_owed && within && coming).then_some(idle_since + wait)
     }
 }
 

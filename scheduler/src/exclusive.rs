@@ -38,6 +38,17 @@ pub(crate) trait Rule: Send {
     }
 }
 
+/// Why a holder gave the resource up (for the scheduler's trace log).
+#[derive(Clone, Copy, Debug)]
+enum Released {
+    /// Its work ended and the rule kept nothing for its next request.
+    Done,
+    /// It held the resource idle and another vGPU's request came that the rule serves first.
+    ForWaiter,
+    /// It held the resource idle and its next request did not come within the hold.
+    HoldRanOut,
+}
+
 pub(crate) struct Exclusive<R: Rule> {
     acc: Accounts,
     /// Queue order: the head is asked first (ties of urgency, and Credit's order).
@@ -214,7 +225,7 @@ impl<R: Rule> Exclusive<R> {
                         self.hold_until = self.hold_until.map(|h| h.min(d));
                         Ok(Vec::new())
                     }
-                    _ => Ok(self.release(c, now)),
+                    _ => Ok(self.release(c, now, Released::ForWaiter)),
                 }
             }
             Some(_) => Ok(Vec::new()),
@@ -250,7 +261,7 @@ impl<R: Rule> Exclusive<R> {
                 _ => {}
             }
         }
-        Ok(self.release(vgpu, now))
+        Ok(self.release(vgpu, now, Released::Done))
     }
 
     /// Whether another vGPU waits while under its share: then a holder must not extend
@@ -268,7 +279,16 @@ impl<R: Rule> Exclusive<R> {
     }
 
     /// The holder is done: lower it if the policy says so and pass the resource on.
-    fn release(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
+    fn release(&mut self, vgpu: VgpuId, now: Nanos, why: Released) -> Vec<Grant> {
+        if tracing::enabled!(tracing::Level::TRACE) {
+            tracing::trace!(
+                policy = R::NAME,
+                vgpu,
+                ?why,
+                balances = %self.acc.summary(),
+                "the resource changes hands"
+            );
+        }
         if R::lower(&self.acc, vgpu, now) {
             self.order.retain(|v| *v != vgpu);
             self.order.push(vgpu);
@@ -302,7 +322,7 @@ impl<R: Rule> Exclusive<R> {
                 } else if self.acc.get(c).is_ok_and(|a| a.running == 0) {
                     // The wait passed with no request from the holder: no burst is coming,
                     // give the resource to the next vGPU after all (Gdev: one chance).
-                    return self.release(c, now);
+                    return self.release(c, now, Released::HoldRanOut);
                 }
             }
         }

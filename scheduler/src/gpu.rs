@@ -139,6 +139,7 @@ impl GpuScheduler {
         now: Nanos,
     ) -> Result<Vec<ResourceGrant>, SchedError> {
         let (p, tag) = self.policy(r);
+        let _engine = tracing::trace_span!("engine", ?tag).entered();
         Ok(Self::tag(p.submit(vgpu, now)?, tag))
     }
 
@@ -150,12 +151,17 @@ impl GpuScheduler {
         now: Nanos,
     ) -> Result<Vec<ResourceGrant>, SchedError> {
         let (p, tag) = self.policy(r);
+        let _engine = tracing::trace_span!("engine", ?tag).entered();
         Ok(Self::tag(p.complete(vgpu, started, now)?, tag))
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<ResourceGrant> {
-        let mut g = Self::tag(self.compute.tick(now), Resource::Compute);
+        let mut g = {
+            let _engine = tracing::trace_span!("engine", tag = ?Resource::Compute).entered();
+            Self::tag(self.compute.tick(now), Resource::Compute)
+        };
         if self.mode == QueueMode::Mrq {
+            let _engine = tracing::trace_span!("engine", tag = ?Resource::Copy).entered();
             g.extend(Self::tag(self.copy.tick(now), Resource::Copy));
         }
         g

@@ -335,6 +335,24 @@ impl Accounts {
         self.map.get(&vgpu).is_some_and(|a| a.balance > -m)
     }
 
+    /// Every vGPU's balance (µs), requests pending and running, for trace logs:
+    /// `vgpu:balance/pending/running` separated by spaces.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        for (id, a) in &self.map {
+            let _ = write!(
+                s,
+                "{id}:{:.0}/{}/{} ",
+                a.balance / 1e3,
+                a.pending,
+                a.running
+            );
+        }
+        s.pop();
+        s
+    }
+
     pub fn balance(&self, vgpu: VgpuId) -> Option<f64> {
         self.map.get(&vgpu).map(|a| a.balance)
     }
@@ -561,6 +579,17 @@ impl Accounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_summary_lists_every_balance_with_its_requests() {
+        let mut acc = Accounts::new(Config::default());
+        acc.add(1, Share::new(0.5), 0).unwrap();
+        acc.add(2, Share::new(0.5), 0).unwrap();
+        acc.arrive(2, 0).unwrap();
+        // vGPU 1 used 1 ms while vGPU 2 waited: it owes half of it, vGPU 2 is owed half.
+        acc.charge(1, 1_000_000, 1_000_000);
+        assert_eq!(acc.summary(), "1:-500/0/0 2:500/1/0");
+    }
 
     #[test]
     fn a_completion_before_its_lease_start_is_matched() {

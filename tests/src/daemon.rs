@@ -1,5 +1,10 @@
 //! A vgpud started for one test: its own state directory and socket, the project's worker
 //! and vmm, stopped (SIGTERM, then SIGKILL) and cleaned up on drop.
+//!
+//! Its log level is `info` unless `VGPU_DAEMON_LOG` (a `RUST_LOG` filter, e.g.
+//! `info,vgpu_scheduler=trace` for every hand-over decision) says otherwise; with
+//! `VGPU_DAEMON_LOG_DIR` set, each daemon's log is copied there when it stops, as
+//! `<its directory's name>.log`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,7 +41,8 @@ pub fn vgpud_command(extra: &[&str]) -> Command {
     crate::bins::binary("vgpu-worker");
     crate::bins::binary("vmm");
     let mut cmd = Command::new(crate::bins::binary("vgpud"));
-    cmd.args(extra).env("RUST_LOG", "info").stdin(Stdio::null());
+    let filter = std::env::var("VGPU_DAEMON_LOG").unwrap_or_else(|_| "info".into());
+    cmd.args(extra).env("RUST_LOG", filter).stdin(Stdio::null());
     cmd
 }
 
@@ -184,6 +190,15 @@ impl Drop for TestDaemon {
             // A failing test (often on a loaded CI box) shows what the daemon, its workers
             // and vmms logged, before the directory goes.
             print_log_tails(&self.dir, 60);
+        }
+        if let (Some(keep), Some(name)) = (
+            std::env::var_os("VGPU_DAEMON_LOG_DIR"),
+            self.dir.file_name(),
+        ) {
+            let to = Path::new(&keep).join(name).with_extension("log");
+            if let Err(e) = std::fs::copy(&self.log, &to) {
+                eprintln!("cannot keep vgpud's log as {}: {e}", to.display());
+            }
         }
         // VMs and workers outlive vgpud (a restart adopts them): end the test's own.
         kill_leftovers(&self.dir);
