@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_int, c_uint};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -222,29 +222,8 @@ fn the_library_asks_the_device_once_per_shape() {
         OK
     );
     assert_eq!(v, 1, "the vGPU launches clusters");
-    let mut module: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const std::ffi::c_void),
-            &mut module,
-            c"vgpu:builtin".as_ptr().cast()
-        ),
-        OK
-    );
-    let mut func: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleGetFunction",
-            fn(*mut Ptr, Ptr, *const c_char),
-            &mut func,
-            module,
-            c"vector_add".as_ptr()
-        ),
-        OK
-    );
+    let module = cu.builtin_module();
+    let func = cu.function(module, c"vector_add");
     let mut table: *const std::ffi::c_void = null_mut();
     assert_eq!(
         call!(

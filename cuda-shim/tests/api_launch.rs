@@ -59,17 +59,7 @@ fn modules_launches_streams_and_events() {
         call!(cu, "cuStreamCreate", fn(*mut Ptr, c_uint), &mut s2, 1),
         OK
     );
-    let mut module: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const c_void),
-            &mut module,
-            c"vgpu:builtin".as_ptr().cast()
-        ),
-        OK
-    );
+    let module = cu.builtin_module();
     let mut vadd: Ptr = null_mut();
     let mut saxpy: Ptr = null_mut();
     let mut spin: Ptr = null_mut();

@@ -71,29 +71,8 @@ fn the_library_runs_over_the_linux_transport() {
             OK
         );
     }
-    let mut module: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const c_void),
-            &mut module,
-            c"vgpu:builtin".as_ptr().cast()
-        ),
-        OK
-    );
-    let mut vadd: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleGetFunction",
-            fn(*mut Ptr, Ptr, *const c_char),
-            &mut vadd,
-            module,
-            c"vector_add".as_ptr()
-        ),
-        OK
-    );
+    let module = cu.builtin_module();
+    let vadd = cu.function(module, c"vector_add");
     let mut count = n as u64;
     let mut params: [Ptr; 4] = [
         (&mut a as *mut u64).cast(),

@@ -18,29 +18,8 @@ pub(crate) fn stream_capture_replayed_as_a_graph(t: &Setup) -> Ptr {
         ..
     } = *t;
     // Stream capture: nothing runs while captured; the graph replays it.
-    let mut module: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleLoadData",
-            fn(*mut Ptr, *const c_void),
-            &mut module,
-            c"vgpu:builtin".as_ptr().cast()
-        ),
-        OK
-    );
-    let mut vadd: Ptr = null_mut();
-    assert_eq!(
-        call!(
-            cu,
-            "cuModuleGetFunction",
-            fn(*mut Ptr, Ptr, *const std::ffi::c_char),
-            &mut vadd,
-            module,
-            c"vector_add".as_ptr()
-        ),
-        OK
-    );
+    let module = cu.builtin_module();
+    let vadd = cu.function(module, c"vector_add");
     assert_eq!(
         call!(cu, "cuMemsetD32", fn(u64, c_uint, usize), c, 0, n),
         OK

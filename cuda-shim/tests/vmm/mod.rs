@@ -6,7 +6,7 @@
 //! reservation or over another, stale handles, cuMemFree of a mapping, unmaps that cut
 //! one).
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
 
 use crate::call;
@@ -187,25 +187,8 @@ pub fn exercise(cu: &Cuda) {
     };
 
     // Loaded first: the module's memory is charged too.
-    let mut module: Ptr = null_mut();
-    let r = call!(
-        cu,
-        "cuModuleLoadData",
-        fn(*mut Ptr, *const c_void),
-        &mut module,
-        c"vgpu:builtin".as_ptr().cast()
-    );
-    assert_eq!(r, OK);
-    let mut vadd: Ptr = null_mut();
-    let r = call!(
-        cu,
-        "cuModuleGetFunction",
-        fn(*mut Ptr, Ptr, *const c_char),
-        &mut vadd,
-        module,
-        c"vector_add".as_ptr()
-    );
-    assert_eq!(r, OK);
+    let module = cu.builtin_module();
+    let vadd = cu.function(module, c"vector_add");
 
     // A round trip with data checked.
     let before = free_mem();
