@@ -280,15 +280,14 @@ impl<R: Rule> Exclusive<R> {
 
     /// The holder is done: lower it if the policy says so and pass the resource on.
     fn release(&mut self, vgpu: VgpuId, now: Nanos, why: Released) -> Vec<Grant> {
-        if tracing::enabled!(tracing::Level::TRACE) {
-            tracing::trace!(
-                policy = R::NAME,
-                vgpu,
-                ?why,
-                balances = %self.acc.summary(),
-                "the resource changes hands"
-            );
-        }
+        // The fields, the summary too, are only built when the trace level is on.
+        tracing::trace!(
+            policy = R::NAME,
+            vgpu,
+            ?why,
+            balances = %self.acc.summary(),
+            "the resource changes hands"
+        );
         if R::lower(&self.acc, vgpu, now) {
             self.order.retain(|v| *v != vgpu);
             self.order.push(vgpu);
