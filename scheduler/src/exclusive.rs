@@ -184,7 +184,7 @@ impl<R: Rule> Exclusive<R> {
 
     pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
         self.settle(now);
-        self.acc.map.remove(&vgpu);
+        self.acc.remove(vgpu, now);
         self.order.retain(|v| *v != vgpu);
         if self.current == Some(vgpu) {
             return self.pass_on(now);

@@ -49,7 +49,7 @@ impl Policy for Fifo {
     }
 
     fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<Grant> {
-        self.acc.map.remove(&vgpu);
+        self.acc.remove(vgpu, now);
         self.queue.retain(|v| *v != vgpu);
         if self.current == Some(vgpu) {
             return self.pass_on(now);

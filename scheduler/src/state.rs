@@ -106,9 +106,10 @@ pub(crate) struct Account {
     /// Typical time between going idle and its next request (EWMA, ns; 0: not seen yet):
     /// whether a wait for it is likely to be answered.
     pub gap_ewma: f64,
-    /// Last submit, start or completion: a vGPU idle for a whole period is inactive (earns
+    /// Last submit, start or completion (None: it has asked for nothing since it was
+    /// added): a vGPU idle for a whole period, or not yet started, is inactive (earns
     /// nothing, keeps no positive balance).
-    last_active: Nanos,
+    last_active: Option<Nanos>,
     busy_cur: Nanos,
     busy_prev: Nanos,
     pub busy_total: Nanos,
@@ -172,7 +173,9 @@ impl Accounts {
                 idle_since: None,
                 burst_ewma: 0.0,
                 gap_ewma: 0.0,
-                last_active: now,
+                // It earns from its first request: a guest still booting or loading its
+                // program is kept from nothing.
+                last_active: None,
                 busy_cur: 0,
                 busy_prev: 0,
                 busy_total: 0,
@@ -241,6 +244,7 @@ impl Accounts {
             return;
         }
         let elapsed = (now - self.period_start) / period;
+        let mut forfeited = 0.0;
         for a in self.map.values_mut() {
             let refill = (period as f64 * a.share.fraction) as i64;
             let cap = period as i64;
@@ -248,16 +252,72 @@ impl Accounts {
             a.credit = (a.credit + refill * periods).clamp(-cap, cap);
             a.busy_prev = if elapsed == 1 { a.busy_cur } else { 0 };
             a.busy_cur = 0;
-            if !Self::is_active(a, now, period) {
+            if !Self::is_active(a, now, period) && a.balance > 0.0 {
                 // No banking while away; a debt stays until it is paid.
-                a.balance = a.balance.min(0.0);
+                forfeited += a.balance;
+                a.balance = 0.0;
             }
         }
         self.period_start += elapsed * period;
+        // What the absent were owed, the active owed them: it is written off their debts.
+        self.spread(forfeited, now);
+    }
+
+    /// Removes `vgpu`'s account. What it was owed or owed goes to the active vGPUs, by
+    /// share: it can no longer be paid.
+    pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Option<Account> {
+        let a = self.map.remove(&vgpu)?;
+        self.spread(a.balance, now);
+        Some(a)
+    }
+
+    /// Hands `amount` (ns, either sign), a balance that left the books (a vGPU gone, or
+    /// owed while away), to the vGPUs that stay: the active ones by share or, with none
+    /// active, the balances of the other sign in proportion to their size (what the
+    /// absent were owed, their debtors owed them). Otherwise every balance would sit that
+    /// far off zero for good, and BAND's margins, measured from zero, would hand the
+    /// resource over that much sooner or later than they should.
+    fn spread(&mut self, amount: f64, now: Nanos) {
+        if amount == 0.0 {
+            return;
+        }
+        let period = self.config.period;
+        let cap = period as f64;
+        let shares: f64 = self
+            .map
+            .values()
+            .filter(|a| Self::is_active(a, now, period))
+            .map(|a| a.share.fraction)
+            .sum();
+        if shares > 0.0 {
+            for a in self.map.values_mut() {
+                if Self::is_active(a, now, period) {
+                    a.balance = (a.balance + amount * a.share.fraction / shares).clamp(-cap, cap);
+                }
+            }
+            return;
+        }
+        // Nobody active: it cancels what the others hold of the other sign, up to all of it.
+        let opposite = |b: f64| b * amount < 0.0;
+        let held: f64 = self
+            .map
+            .values()
+            .filter(|a| opposite(a.balance))
+            .map(|a| a.balance.abs())
+            .sum();
+        let scale = (amount.abs() / held.max(f64::MIN_POSITIVE)).min(1.0);
+        for a in self.map.values_mut() {
+            if opposite(a.balance) {
+                a.balance -= a.balance * scale;
+            }
+        }
     }
 
     fn is_active(a: &Account, now: Nanos, period: Nanos) -> bool {
-        a.pending > 0 || a.running > 0 || now.saturating_sub(a.last_active) < period
+        a.pending > 0
+            || a.running > 0
+            || a.last_active
+                .is_some_and(|t| now.saturating_sub(t) < period)
     }
 
     /// Whether a vGPU earns its share of others' use: it is active and not overrunning
@@ -304,7 +364,7 @@ impl Accounts {
         let longest = 6.0 * self.config.wait.max(1) as f64;
         let a = self.get_mut(vgpu)?;
         a.pending += 1;
-        a.last_active = now;
+        a.last_active = Some(now);
         if let Some(t) = a.idle_since.take() {
             let gap = (now.saturating_sub(t) as f64).min(longest);
             a.gap_ewma = if a.gap_ewma == 0.0 {
@@ -386,7 +446,7 @@ impl Accounts {
         }
         a.running = a.running.saturating_add(n);
         if count > 0 {
-            a.last_active = now;
+            a.last_active = Some(now);
             a.idle_since = None;
             a.progress_at = now;
         }
@@ -478,7 +538,7 @@ impl Accounts {
         a.charged_until = a.charged_until.max(now);
         let busy = now - start;
         Self::book(a, start, now, period_start);
-        a.last_active = now;
+        a.last_active = Some(now);
         if shared_out {
             self.charge(vgpu, busy, now);
         } else {
@@ -538,7 +598,7 @@ impl Accounts {
         } else {
             a.burst_ewma * 0.875 + busy as f64 * 0.125
         };
-        a.last_active = now;
+        a.last_active = Some(now);
         let idle = a.running == 0;
         if idle && a.pending == 0 {
             a.idle_since = Some(now);
@@ -631,6 +691,7 @@ mod tests {
         let mut acc = Accounts::new(Config::default());
         for (v, s) in [(1, 0.6), (2, 0.3), (3, 0.1)] {
             acc.add(v, Share::new(s), 0).unwrap();
+            ask_once(&mut acc, v, 0);
         }
         acc.arrive(3, 0).unwrap();
         acc.start(3, 1, 0);
@@ -661,6 +722,10 @@ mod tests {
         acc.finish(1, 10 * MS, 11 * MS).unwrap();
         acc.roll(50 * MS);
         assert_eq!(acc.balance(2).unwrap(), 0.0, "no banking while inactive");
+        assert!(
+            acc.map.values().map(|a| a.balance).sum::<f64>().abs() < 1.0,
+            "what vGPU 2 was owed is written off the others' debts"
+        );
         acc.arrive(3, 50 * MS).unwrap();
         acc.start(3, 1, 50 * MS);
         acc.arrive(1, 50 * MS).unwrap();
@@ -672,6 +737,69 @@ mod tests {
             acc.balance(1).unwrap() - before.0
         );
         assert!((acc.balance(3).unwrap() - before.1 + 6.0 * MS as f64).abs() < 1.0);
+    }
+
+    /// `vgpu` asks for a request that ends at once: it is active from `now`.
+    fn ask_once(acc: &mut Accounts, vgpu: VgpuId, now: Nanos) {
+        acc.arrive(vgpu, now).unwrap();
+        acc.start(vgpu, 1, now);
+        acc.finish(vgpu, now, now).unwrap();
+    }
+
+    fn sum(acc: &Accounts) -> f64 {
+        acc.map.values().map(|a| a.balance).sum()
+    }
+
+    #[test]
+    fn a_vgpu_earns_from_its_first_request() {
+        let mut acc = Accounts::new(Config::default());
+        for v in [1, 2, 3] {
+            acc.add(v, Share::new(0.25), 0).unwrap();
+        }
+        ask_once(&mut acc, 1, 0);
+        ask_once(&mut acc, 2, 0);
+        acc.arrive(2, 0).unwrap();
+        acc.charge(1, 4 * MS, 4 * MS);
+        assert_eq!(
+            acc.balance(3),
+            Some(0.0),
+            "vGPU 3 has asked for nothing: it was kept from nothing"
+        );
+        assert!((acc.balance(2).unwrap() - 2.0 * MS as f64).abs() < 1.0);
+        assert!(sum(&acc).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_balance_that_leaves_the_books_leaves_the_others_at_zero() {
+        let mut acc = Accounts::new(Config::default());
+        for v in [1, 2, 3, 4] {
+            acc.add(v, Share::new(0.25), 0).unwrap();
+            ask_once(&mut acc, v, 0);
+        }
+        // vGPU 1 uses 8 ms while the others wait: it owes 6 ms, each of them is owed 2.
+        acc.charge(1, 8 * MS, 8 * MS);
+        for v in [2, 3, 4] {
+            acc.arrive(v, 8 * MS).unwrap();
+        }
+        assert!((acc.balance(2).unwrap() - 2.0 * MS as f64).abs() < 1.0);
+        // vGPU 4 goes: its 2 ms can no longer be paid, so the others' debts shrink.
+        acc.remove(4, 8 * MS).unwrap();
+        assert!(sum(&acc).abs() < 1.0, "{}", acc.summary());
+        assert!((acc.balance(1).unwrap() + 5.333 * MS as f64).abs() < 1e3);
+        // vGPU 1 goes with its debt: the others are owed that much less.
+        acc.remove(1, 8 * MS).unwrap();
+        assert!(sum(&acc).abs() < 1.0, "{}", acc.summary());
+        assert!(acc.remove(1, 8 * MS).is_none(), "already gone");
+        // vGPU 3 stops asking and is owed when it goes quiet: forfeited, and written off
+        // vGPU 2's balance, the only one still active.
+        acc.start(2, 1, 8 * MS);
+        acc.start(3, 1, 8 * MS);
+        acc.finish(3, 8 * MS, 8 * MS).unwrap();
+        acc.finish(2, 8 * MS, 9 * MS).unwrap();
+        acc.arrive(2, 9 * MS).unwrap();
+        acc.roll(60 * MS);
+        assert_eq!(acc.balance(3), Some(0.0), "{}", acc.summary());
+        assert!(sum(&acc).abs() < 1.0, "{}", acc.summary());
     }
 
     #[test]
