@@ -38,8 +38,7 @@ impl Rule for BandRule {
     }
 
     fn may_lease(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> bool {
-        let m = acc.config.switch_margin as f64;
-        acc.balance(vgpu).is_some_and(|b| b >= -m)
+        acc.balance(vgpu).is_some_and(|b| b >= -acc.margin())
     }
 
     fn urgency(acc: &Accounts, vgpu: VgpuId, _now: Nanos) -> Option<f64> {

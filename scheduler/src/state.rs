@@ -61,8 +61,10 @@ pub struct Config {
     /// context switch and its L2 cache; without a margin, vGPUs with equal shares that are
     /// both busy trade the GPU at nearly every request. The long-run split stays exact (a
     /// balance is only allowed this far from zero before the resource moves); a window
-    /// shorter than a few margins sees it swing by about this much. 0: hand over as soon as
-    /// a waiting vGPU is owed anything.
+    /// shorter than a few margins sees it swing by about this much. This is the margin of
+    /// two vGPUs; with N active it grows by 2(N-1)/N, so turns stay as long as more
+    /// vGPUs join (docs/scheduler.md, point 8). 0: hand over as soon as a waiting vGPU is owed
+    /// anything.
     pub switch_margin: Nanos,
 }
 
@@ -145,6 +147,8 @@ pub(crate) struct Accounts {
     pub config: Config,
     pub map: BTreeMap<VgpuId, Account>,
     period_start: Nanos,
+    /// Active vGPUs as of the last event (it scales the hand-over margin).
+    active: usize,
 }
 
 impl Accounts {
@@ -153,6 +157,7 @@ impl Accounts {
             config,
             map: BTreeMap::new(),
             period_start: 0,
+            active: 0,
         }
     }
 
@@ -240,6 +245,11 @@ impl Accounts {
     /// inactive threshold, as a clamp).
     pub fn roll(&mut self, now: Nanos) {
         let period = self.config.period;
+        self.active = self
+            .map
+            .values()
+            .filter(|a| Self::is_active(a, now, period))
+            .count();
         if now < self.period_start + period {
             return;
         }
@@ -381,17 +391,27 @@ impl Accounts {
         self.map.get(&vgpu).is_some_and(|a| a.balance > 0.0)
     }
 
+    /// BAND's hand-over margin now, ns: the configured one, grown with the number N of
+    /// active vGPUs by 2(N-1)/N (from N = 2). A vGPU's balance swings by (N-1)/N of a
+    /// turn over a rotation, so a fixed margin would shorten every turn as vGPUs join
+    /// (2 vGPUs: four margins; 8: 2.3) and pay a context switch that much more often;
+    /// scaled, a turn of equal shares lasts about four margins whatever N.
+    pub fn margin(&self) -> f64 {
+        let n = self.active.max(2) as f64;
+        self.config.switch_margin as f64 * 2.0 * (n - 1.0) / n
+    }
+
     /// Whether `vgpu` is owed more than the hand-over margin: a waiting vGPU that is
     /// takes the resource from a holder (BAND).
     pub fn owed_past_margin(&self, vgpu: VgpuId) -> bool {
-        let m = self.config.switch_margin as f64;
+        let m = self.margin();
         self.map.get(&vgpu).is_some_and(|a| a.balance > m)
     }
 
     /// Whether `vgpu`'s debt is still within the hand-over margin: as a holder, it keeps
     /// the resource against vGPUs not owed past the margin (BAND).
     pub fn within_margin(&self, vgpu: VgpuId) -> bool {
-        let m = self.config.switch_margin as f64;
+        let m = self.margin();
         self.map.get(&vgpu).is_some_and(|a| a.balance > -m)
     }
 
@@ -800,6 +820,30 @@ mod tests {
         acc.roll(60 * MS);
         assert_eq!(acc.balance(3), Some(0.0), "{}", acc.summary());
         assert!(sum(&acc).abs() < 1.0, "{}", acc.summary());
+    }
+
+    #[test]
+    fn the_margin_grows_with_the_active_vgpus() {
+        let mut acc = Accounts::new(Config::default());
+        let m = acc.config.switch_margin as f64;
+        acc.add(1, Share::new(0.1), 0).unwrap();
+        acc.roll(0);
+        assert_eq!(acc.margin(), m, "alone");
+        for v in 2..=8 {
+            acc.add(v, Share::new(0.1), 0).unwrap();
+        }
+        acc.roll(0);
+        assert_eq!(acc.margin(), m, "added, none asked yet");
+        ask_once(&mut acc, 1, 0);
+        ask_once(&mut acc, 2, 0);
+        assert_eq!(acc.margin(), m, "two");
+        for v in 3..=8 {
+            ask_once(&mut acc, v, 0);
+        }
+        assert!((acc.margin() - 1.75 * m).abs() < 1.0, "eight: {}", acc.margin());
+        // All quiet for a period: back to the configured margin.
+        acc.roll(100 * MS);
+        assert_eq!(acc.margin(), m);
     }
 
     #[test]

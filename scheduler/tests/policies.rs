@@ -509,6 +509,7 @@ fn band_idles_nothing_when_equal_closed_loops_share_the_gpu() {
 #[test]
 fn the_hand_over_margin_trades_a_holders_gaps_for_fewer_context_switches() {
     let switch = 150 * US;
+    let mut handovers = Vec::new();
     for n in [2u32, 8] {
         let w = equal_closed_loops(n, MS);
         let go = |config: Config| {
@@ -536,7 +537,14 @@ fn the_hand_over_margin_trades_a_holders_gaps_for_fewer_context_switches() {
             let s = r.share_of_busy(v, Resource::Compute);
             assert!((s - 1.0 / f64::from(n)).abs() < 0.02, "vGPU {v}: {s:.4}");
         }
+        handovers.push(r.handovers);
     }
+    // The margin grows with the number of vGPUs, so eight take turns nearly as long as
+    // two (a fixed margin: half as long).
+    assert!(
+        handovers[1] * 2 < handovers[0] * 3,
+        "hand-overs with 2 and 8 vGPUs: {handovers:?}"
+    );
 }
 
 /// A waiting vGPU takes the engine from a busy holder only once it is owed more than the
