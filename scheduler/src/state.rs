@@ -52,8 +52,8 @@ pub struct Config {
     /// keeps paying while its late work runs. The GPU cannot preempt a kernel, so the
     /// late kernel keeps running beside the neighbours that get the resource back. 2 s:
     /// far longer than any kernel a well-behaved guest runs under a 30 ms period, and far
-    /// below the guests' 30 s request timeout, so a neighbour waits at most deadline plus
-    /// one period for its turn and never times out.
+    /// below the guests' 30 s request timeout, so a neighbour waits at most the deadline
+    /// plus one period and a hand-over margin for its turn and never times out.
     pub deadline: Nanos,
     /// BAND's hand-over margin: the holder keeps the resource (through its idle gaps, its
     /// lease, its next requests) until a waiting vGPU is owed more than this, or until its
@@ -78,7 +78,7 @@ impl Config {
         wait: 500 * US,
         lease: MS,
         deadline: DEFAULT_DEADLINE,
-        switch_margin: 2 * MS,
+        switch_margin: 4 * MS,
     };
 }
 
@@ -840,7 +840,11 @@ mod tests {
         for v in 3..=8 {
             ask_once(&mut acc, v, 0);
         }
-        assert!((acc.margin() - 1.75 * m).abs() < 1.0, "eight: {}", acc.margin());
+        assert!(
+            (acc.margin() - 1.75 * m).abs() < 1.0,
+            "eight: {}",
+            acc.margin()
+        );
         // All quiet for a period: back to the configured margin.
         acc.roll(100 * MS);
         assert_eq!(acc.margin(), m);

@@ -75,7 +75,7 @@ struct Args {
     /// GPU from a busy one (each hand-over costs the GPU a context switch). Larger: fewer
     /// switches, longer turns; 0: hand over at the first owed microsecond (docs/scheduler.md,
     /// point 8). 0 to 15000.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=15_000))]
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(0..=15_000))]
     band_margin_us: u64,
     /// The vgpu-worker binary [default: next to vgpud].
     #[arg(long, env = "VGPUD_WORKER_BIN")]
