@@ -73,9 +73,10 @@ struct Args {
     policy: vgpu_scheduler::gpu::PolicyKind,
     /// BAND's hand-over margin, µs: how far a waiting vGPU must be owed before it takes the
     /// GPU from a busy one (each hand-over costs the GPU a context switch). Larger: fewer
-    /// switches, longer turns; 0: hand over at the first owed microsecond (docs/scheduler.md,
-    /// point 8). 0 to 15000.
-    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(0..=15_000))]
+    /// switches, longer turns; 0: hand over at the first owed microsecond. This is the
+    /// margin of two busy vGPUs; with N it grows by 2(N-1)/N, so turns stay as long
+    /// (docs/scheduler.md, point 8). 0 to 15000.
+    #[arg(long, default_value_t = vgpu_scheduler::Config::DEFAULT.switch_margin / 1000, value_parser = clap::value_parser!(u64).range(0..=15_000))]
     band_margin_us: u64,
     /// The vgpu-worker binary [default: next to vgpud].
     #[arg(long, env = "VGPUD_WORKER_BIN")]
@@ -642,7 +643,7 @@ mod tests {
             Args::try_parse_from(["vgpud"])
                 .expect("defaults")
                 .band_margin_us,
-            2000
+            4000
         );
         assert_eq!(parse("0").expect("0").band_margin_us, 0);
         for bad in ["15001", "-1", "2ms"] {

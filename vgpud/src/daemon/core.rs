@@ -168,7 +168,7 @@ pub(super) mod testing {
             stats_window: Duration::from_secs(1),
             swap_area: 0.1,
             policy: vgpu_scheduler::gpu::PolicyKind::Band,
-            band_margin: Duration::from_millis(4),
+            band_margin: Duration::from_nanos(vgpu_scheduler::Config::DEFAULT.switch_margin),
             rebalance: Default::default(),
             rebalance_interval: Duration::from_millis(250),
             kernel_deadline: Duration::from_secs(2),
