@@ -95,3 +95,76 @@ impl Rule for BandRule {
 /// The BAND policy.
 pub struct Band(Exclusive<BandRule>);
 exclusive_policy!(Band, BandRule);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{MS, US};
+    use crate::state::{Config, Share};
+    use crate::Policy;
+    use std::collections::BTreeMap;
+
+    /// Eight closed-loop guests with equal shares, 1 ms bursts and 20 µs between a
+    /// completion and the next request; the first four start at once, the other four are
+    /// added at the same time but ask for nothing until `late_start`. Returns the
+    /// policy and how many bursts ran per turn from `from` on.
+    fn staggered(late_start: Nanos, from: Nanos, until: Nanos) -> (Band, f64) {
+        let mut p = Band::new(Config::default());
+        for v in 1..=8 {
+            p.add(v, Share::new(0.125), 0).unwrap();
+        }
+        let mut next_ask: BTreeMap<VgpuId, Nanos> = (1..=8)
+            .map(|v| (v, if v <= 4 { 0 } else { late_start }))
+            .collect();
+        let mut running: Option<(VgpuId, Nanos)> = None;
+        let mut granted: Vec<VgpuId> = Vec::new();
+        let (mut last, mut bursts, mut turns) = (0, 0u32, 0u32);
+        let mut now = 0;
+        while now < until {
+            let ask = next_ask.iter().map(|(v, t)| (*t, *v)).min();
+            let end = running.map(|(_, s)| s + MS);
+            let tick = p.next_deadline().unwrap_or(Nanos::MAX);
+            now = [
+                ask.map_or(Nanos::MAX, |a| a.0),
+                end.unwrap_or(Nanos::MAX),
+                tick,
+            ]
+            .into_iter()
+            .min()
+            .unwrap();
+            let grants = if end == Some(now) {
+                let (v, s) = running.take().unwrap();
+                next_ask.insert(v, now + 20 * US);
+                p.complete(v, s, now).unwrap()
+            } else if let Some((t, v)) = ask.filter(|a| a.0 == now) {
+                next_ask.remove(&v);
+                debug_assert_eq!(t, now);
+                p.submit(v, now).unwrap()
+            } else {
+                p.tick(now)
+            };
+            granted.extend(grants.iter().map(|g| g.vgpu));
+            if running.is_none() {
+                if let Some(v) = granted.pop() {
+                    running = Some((v, now));
+                    if now >= from {
+                        bursts += 1;
+                        turns += u32::from(v != last);
+                    }
+                    last = v;
+                }
+            }
+            assert!(granted.is_empty(), "one holder at a time");
+        }
+        (p, f64::from(bursts) / f64::from(turns.max(1)))
+    }
+
+    #[test]
+    fn guests_that_join_late_leave_the_balances_at_zero_and_the_turns_long() {
+        let (p, per_turn) = staggered(100 * MS, 200 * MS, 1_000 * MS);
+        let sum: f64 = p.0.accounts().map.values().map(|a| a.balance).sum();
+        assert!(sum.abs() < 1_000.0, "balances sum to {sum} ns");
+        // The default margin, grown for eight: turns of about four configured margins.
+        assert!(per_turn > 8.0, "{per_turn:.2} bursts a turn");
+    }
+}

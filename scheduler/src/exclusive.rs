@@ -394,6 +394,12 @@ impl<R: Rule> Exclusive<R> {
         self.acc.utilization(vgpu, now)
     }
 
+    /// The accounts, for the policies' unit tests.
+    #[cfg(test)]
+    pub(crate) fn accounts(&self) -> &Accounts {
+        &self.acc
+    }
+
     pub fn busy_total(&self, vgpu: VgpuId) -> Option<Nanos> {
         self.acc.map.get(&vgpu).map(|a| a.busy_total)
     }
