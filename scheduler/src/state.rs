@@ -245,11 +245,7 @@ impl Accounts {
     /// inactive threshold, as a clamp).
     pub fn roll(&mut self, now: Nanos) {
         let period = self.config.period;
-        self.active = self
-            .map
-            .values()
-            .filter(|a| Self::is_active(a, now, period))
-            .count();
+        self.count_active(now);
         if now < self.period_start + period {
             return;
         }
@@ -276,9 +272,21 @@ impl Accounts {
     /// Removes `vgpu`'s account. What it was owed or owed goes to the active vGPUs, by
     /// share: it can no longer be paid.
     pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Option<Account> {
+        self.roll(now);
         let a = self.map.remove(&vgpu)?;
         self.spread(a.balance, now);
+        self.count_active(now);
         Some(a)
+    }
+
+    /// Counts the active vGPUs (the hand-over margin grows with them).
+    fn count_active(&mut self, now: Nanos) {
+        let period = self.config.period;
+        self.active = self
+            .map
+            .values()
+            .filter(|a| Self::is_active(a, now, period))
+            .count();
     }
 
     /// Hands `amount` (ns, either sign), a balance that left the books (a vGPU gone, or

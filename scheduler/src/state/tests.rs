@@ -186,6 +186,11 @@ fn the_margin_grows_with_the_active_vgpus() {
         "eight: {}",
         acc.margin()
     );
+    // Six go: the margin of two.
+    for v in 3..=8 {
+        acc.remove(v, MS).unwrap();
+    }
+    assert_eq!(acc.margin(), m, "two left");
     // All quiet for a period: back to the configured margin.
     acc.roll(100 * MS);
     assert_eq!(acc.margin(), m);
