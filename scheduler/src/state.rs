@@ -139,6 +139,8 @@ pub(crate) struct Account {
     pub overrun: bool,
     /// Deadlines it overran since it was added.
     pub overruns: u64,
+    /// Counted in `Accounts::active`.
+    counted: bool,
 }
 
 /// All vGPUs' accounts on one resource.
@@ -147,7 +149,8 @@ pub(crate) struct Accounts {
     pub config: Config,
     pub map: BTreeMap<VgpuId, Account>,
     period_start: Nanos,
-    /// Active vGPUs as of the last event (it scales the hand-over margin).
+    /// Active vGPUs (it scales the hand-over margin): counted at each period boundary
+    /// and removal, and one more when an inactive vGPU asks, so a request costs no count.
     active: usize,
 }
 
@@ -193,6 +196,7 @@ impl Accounts {
                 busy_since: now,
                 overrun: false,
                 overruns: 0,
+                counted: false,
             },
         );
         Ok(())
@@ -245,7 +249,6 @@ impl Accounts {
     /// inactive threshold, as a clamp).
     pub fn roll(&mut self, now: Nanos) {
         let period = self.config.period;
-        self.count_active(now);
         if now < self.period_start + period {
             return;
         }
@@ -267,6 +270,8 @@ impl Accounts {
         self.period_start += elapsed * period;
         // What the absent were owed, the active owed them: it is written off their debts.
         self.spread(forfeited, now);
+        // A vGPU goes quiet at period granularity, as its balance is dropped.
+        self.count_active(now);
     }
 
     /// Removes `vgpu`'s account. What it was owed or owed goes to the active vGPUs, by
@@ -282,11 +287,12 @@ impl Accounts {
     /// Counts the active vGPUs (the hand-over margin grows with them).
     fn count_active(&mut self, now: Nanos) {
         let period = self.config.period;
-        self.active = self
-            .map
-            .values()
-            .filter(|a| Self::is_active(a, now, period))
-            .count();
+        let mut n = 0;
+        for a in self.map.values_mut() {
+            a.counted = Self::is_active(a, now, period);
+            n += usize::from(a.counted);
+        }
+        self.active = n;
     }
 
     /// Hands `amount` (ns, either sign), a balance that left the books (a vGPU gone, or
@@ -381,6 +387,7 @@ impl Accounts {
         // keep the estimate high for long.
         let longest = 6.0 * self.config.wait.max(1) as f64;
         let a = self.get_mut(vgpu)?;
+        let joins = !std::mem::replace(&mut a.counted, true);
         a.pending += 1;
         a.last_active = Some(now);
         if let Some(t) = a.idle_since.take() {
@@ -390,6 +397,9 @@ impl Accounts {
             } else {
                 a.gap_ewma * 0.875 + gap * 0.125
             };
+        }
+        if joins {
+            self.active += 1;
         }
         Ok(())
     }
