@@ -317,13 +317,48 @@ fn cuda_copy_and_launch_bench() {
         // SAFETY: a live stream of the current context.
         ok(unsafe { sys::cuStreamSynchronize(stream) }, "sync");
     });
-    figures.push(Figure {
-        name: "backend_null_kernel_roundtrip".into(),
-        value: backend_us,
-        unit: "us",
-        anchor_name: "native_cuLaunchKernel_plus_sync".into(),
-        anchor: native_us,
+    // The same between two timing events, waited for and read: what a lone launch would
+    // cost with events around it (the backend times a lone kernel on the host instead).
+    let mut timing = [std::ptr::null_mut(); 2];
+    for e in &mut timing {
+        // SAFETY: writes one event handle.
+        ok(unsafe { sys::cuEventCreate(e, 0) }, "event");
+    }
+    let native_events_us = median_us(5000, || {
+        let mut ms = 0f32;
+        // SAFETY: live events and stream of the current context; writes one float.
+        unsafe {
+            ok(sys::cuEventRecord(timing[0], stream), "record");
+            spin_native(f, stream, 0);
+            ok(sys::cuEventRecord(timing[1], stream), "record");
+            ok(sys::cuEventSynchronize(timing[1]), "wait");
+            ok(
+                sys::cuEventElapsedTime_v2(&mut ms, timing[0], timing[1]),
+                "elapsed",
+            );
+        }
     });
+    // SAFETY: the events are idle (the last wait returned) and no longer used.
+    unsafe {
+        for e in timing {
+            ok(sys::cuEventDestroy_v2(e), "event");
+        }
+    }
+    for (anchor_name, anchor) in [
+        ("native_cuLaunchKernel_plus_sync", native_us),
+        (
+            "native_between_two_timing_events_plus_sync",
+            native_events_us,
+        ),
+    ] {
+        figures.push(Figure {
+            name: "backend_null_kernel_roundtrip".into(),
+            value: backend_us,
+            unit: "us",
+            anchor_name: anchor_name.into(),
+            anchor,
+        });
+    }
 
     // A kernel of about one large matrix product's length (1.6 ms): what noticing its end
     // costs, the backend's polling wait beside the driver's own.

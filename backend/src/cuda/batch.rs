@@ -8,7 +8,11 @@
 //! order. Timing events go between runs of one function, not between every two kernels
 //! (recording an event costs about as much as queuing a null kernel): consecutive launches
 //! of the same function form a run with one end event, the next run starts at that event,
-//! and each kernel of a run gets the run's device time shared evenly. A run keeps the hard
+//! and each kernel of a run gets the run's device time shared evenly. The first run records
+//! no start: it is timed on the host from the batch's first launch call to its end being
+//! seen (a run that ended while later ones were still being queued is charged that
+//! queuing too), and a batch of one run records only an event without timing after it, to
+//! wait on ([`Lane::done`], [`host_ns`]). A run keeps the hard
 //! limit of its guest functions together (each one's limit, counted from when the run
 //! before was seen finished; on one stream nothing of it can start earlier), so the whole
 //! wait is bounded by the sum of the queued kernels' limits. The allocations the kernels
@@ -34,7 +38,7 @@ use vgpu_proto::ArgValue;
 
 use super::builtin;
 use super::driver::{check, CuError, Event, Stream};
-use super::lanes::Lane;
+use super::lanes::{host_ns, Lane};
 use super::modules::{self, Kernel, PtxFunc};
 use super::{CudaGpu, DEFAULT_SHARED};
 use crate::error::{BackendError, Result};
@@ -45,7 +49,8 @@ const KERNEL: &str = "PTX function";
 
 impl CudaGpu {
     /// Launches a guest PTX function with the guest's geometry on `lane` and waits for it;
-    /// returns its device time.
+    /// returns its time on the GPU as the host saw it, from the launch call to its end being
+    /// noticed (docs/cuda.md: a lone kernel records no timing events).
     pub(super) fn run_ptx(
         &self,
         lane: &mut Lane,
@@ -55,27 +60,12 @@ impl CudaGpu {
         args: &[ArgValue],
         blob: &[u8],
     ) -> Result<u64> {
-        let Lane {
-            stream,
-            start,
-            end,
-            held,
-            ..
-        } = lane;
+        let Lane { stream, held, .. } = lane;
+        let t = Instant::now();
         let run = self
-            .queue_ptx(
-                stream,
-                Some(start),
-                Some(end),
-                held,
-                f,
-                config,
-                cluster,
-                args,
-                blob,
-            )
-            .and_then(|()| self.wait_kernel(end, f.name()))
-            .and_then(|()| end.since_ns(start).map_err(|e| self.cuda_err(e)));
+            .queue_ptx(stream, None, None, held, f, config, cluster, args, blob)
+            .and_then(|()| self.wait_kernel_until(stream, f.name(), t, self.kernel_limit))
+            .map(|()| host_ns(t));
         // The kernel has finished (or can no longer touch them): the allocations may go.
         held.clear();
         run
@@ -317,7 +307,7 @@ impl CudaGpu {
         let Ok(mut lane) = self.lanes.take() else {
             return 0;
         };
-        let mut q = Queue::default();
+        let mut q = Queue::new();
         let mut taken = 0;
         for item in items {
             // A run's kernels are one function: looked up once, at the run's first launch
@@ -339,7 +329,7 @@ impl CudaGpu {
             };
             taken += 1;
             if let Some(kernel) = fresh {
-                self.close_run(&mut lane, &mut q, out);
+                self.close_run(&mut lane, &mut q, out, true);
                 if let Err(e) = self.open_run(&mut lane, &mut q, item.function, kernel) {
                     out.push(Err(e));
                     continue;
@@ -359,20 +349,22 @@ impl CudaGpu {
                     if let Some(run) = q.open.as_mut() {
                         run.slots.push(out.len());
                     }
+                    q.queued = true;
                     out.push(Ok(LaunchStats { device_ns: 0 }));
                 }
                 Err(e) => out.push(Err(e)),
             }
         }
-        self.close_run(&mut lane, &mut q, out);
-        self.wait_batch(&lane, &q.closed, out);
+        self.close_run(&mut lane, &mut q, out, false);
+        self.wait_batch(&lane, &q, out);
         lane.held.clear();
         taken
     }
 
     /// Opens a run of `function` (`kernel`): its start is the event recorded last on the
-    /// stream when no kernel was queued after it, else a new one. The caller closed the
-    /// run before.
+    /// stream when no kernel was queued after it, none when no kernel was queued yet (the
+    /// host times it from the batch's start), else a new one. The caller closed the run
+    /// before.
     fn open_run(
         &self,
         lane: &mut Lane,
@@ -381,28 +373,37 @@ impl CudaGpu {
         kernel: Kernel,
     ) -> Result<()> {
         let start = match q.last {
-            Some(m) => m,
+            Some(m) => Some(m),
+            None if !q.queued => None,
             None => {
                 let m = q.next_mark(lane).map_err(|e| self.cuda_err(e))?;
                 let ev = lane.marks.get(m).ok_or_else(missing_mark)?;
                 ev.record(&lane.stream).map_err(|e| self.cuda_err(e))?;
-                m
+                Some(m)
             }
         };
-        q.last = Some(start);
+        q.last = start;
         q.open = Some(Run {
             function,
             kernel,
             start,
-            end: start,
+            end: None,
             slots: Vec::new(),
         });
         Ok(())
     }
 
     /// Records the open run's end event and files it for the wait; a run whose end cannot
-    /// be recorded answers its kernels with that error.
-    fn close_run(&self, lane: &mut Lane, q: &mut Queue, out: &mut [Result<LaunchStats>]) {
+    /// be recorded answers its kernels with that error. The batch's only run (`more`:
+    /// whether another follows) needs no timing event at its end: the lane's untimed
+    /// [`Lane::done`] tells the wait when it ended.
+    fn close_run(
+        &self,
+        lane: &mut Lane,
+        q: &mut Queue,
+        out: &mut [Result<LaunchStats>],
+        more: bool,
+    ) {
         let Some(mut run) = q.open.take() else {
             return;
         };
@@ -410,18 +411,25 @@ impl CudaGpu {
             // Nothing was queued after its start: that event still ends the stream.
             return;
         }
-        let recorded = q
-            .next_mark(lane)
-            .map_err(|e| self.cuda_err(e))
-            .and_then(|m| {
-                let ev = lane.marks.get(m).ok_or_else(missing_mark)?;
-                ev.record(&lane.stream).map_err(|e| self.cuda_err(e))?;
-                Ok(m)
-            });
+        let only = run.start.is_none() && !more;
+        let recorded = if only {
+            lane.done
+                .record(&lane.stream)
+                .map(|()| None)
+                .map_err(|e| self.cuda_err(e))
+        } else {
+            q.next_mark(lane)
+                .map_err(|e| self.cuda_err(e))
+                .and_then(|m| {
+                    let ev = lane.marks.get(m).ok_or_else(missing_mark)?;
+                    ev.record(&lane.stream).map_err(|e| self.cuda_err(e))?;
+                    Ok(Some(m))
+                })
+        };
         match recorded {
             Ok(m) => {
                 run.end = m;
-                q.last = Some(m);
+                q.last = m;
                 q.closed.push(run);
             }
             Err(e) => {
@@ -471,11 +479,11 @@ impl CudaGpu {
     }
 
     /// Waits for the runs in order, each under its kernels' hard limits together from the
-    /// end of the run before, and writes each kernel's share of its run's device time, or
-    /// its error, into `out`.
-    fn wait_batch(&self, lane: &Lane, runs: &[Run], out: &mut [Result<LaunchStats>]) {
-        let mut t = Instant::now();
-        for run in runs {
+    /// end of the run before (the first from the batch's start), and writes each kernel's
+    /// share of its run's device time, or its error, into `out`.
+    fn wait_batch(&self, lane: &Lane, q: &Queue, out: &mut [Result<LaunchStats>]) {
+        let mut t = q.began;
+        for run in &q.closed {
             // A guest function has its hard limit; a built-in, bounded by its arguments,
             // is waited for as long as it runs, as alone.
             let (name, one) = match &run.kernel {
@@ -484,11 +492,22 @@ impl CudaGpu {
             };
             let n = u32::try_from(run.slots.len()).unwrap_or(u32::MAX);
             let limit = one.checked_mul(n).unwrap_or(Duration::MAX);
-            let result = self.enter().and_then(|()| {
-                let start = lane.marks.get(run.start).ok_or_else(missing_mark)?;
-                let end = lane.marks.get(run.end).ok_or_else(missing_mark)?;
-                self.wait_kernel_until(end, name, t, limit)?;
-                end.since_ns(start).map_err(|e| self.cuda_err(e))
+            let mark = |m: usize| lane.marks.get(m).ok_or_else(missing_mark);
+            let result = self.enter().and_then(|()| match (run.start, run.end) {
+                (None, None) => {
+                    self.wait_kernel_until(&lane.done, name, t, limit)?;
+                    Ok(host_ns(q.began))
+                }
+                (None, Some(end)) => {
+                    self.wait_kernel_until(mark(end)?, name, t, limit)?;
+                    Ok(host_ns(q.began))
+                }
+                (Some(start), Some(end)) => {
+                    let end = mark(end)?;
+                    self.wait_kernel_until(end, name, t, limit)?;
+                    end.since_ns(mark(start)?).map_err(|e| self.cuda_err(e))
+                }
+                (Some(_), None) => Err(missing_mark()),
             });
             t = Instant::now();
             match result {
@@ -521,7 +540,7 @@ impl CudaGpu {
                 }
             }
         }
-        tracing::trace!(runs = runs.len(), "batch done");
+        tracing::trace!(runs = q.closed.len(), "batch done");
     }
 }
 
@@ -530,24 +549,41 @@ struct Run {
     function: u64,
     /// The function (held until its kernels finished: it keeps its module loaded).
     kernel: Kernel,
-    /// Its start and end events (indexes into the lane's marks).
-    start: usize,
-    end: usize,
+    /// Its start and end events (indexes into the lane's marks). No start: the batch's
+    /// first run, timed on the host from the batch's start; no end as well: the batch's
+    /// only run, waited for on [`Lane::done`].
+    start: Option<usize>,
+    end: Option<usize>,
     /// Its kernels' places in the results.
     slots: Vec<usize>,
 }
 
-/// A batch being queued: the runs closed so far, the open one, and the timing event
-/// recorded last on the stream with no kernel after it.
-#[derive(Default)]
+/// A batch being queued: the runs closed so far, the open one, the timing event recorded
+/// last on the stream with no kernel after it, and when it started.
 struct Queue {
     closed: Vec<Run>,
     open: Option<Run>,
     last: Option<usize>,
     used: usize,
+    /// Whether a kernel was queued: the batch's first run starts at `began`, a later one at
+    /// an event.
+    queued: bool,
+    /// Right before the batch's first launch call.
+    began: Instant,
 }
 
 impl Queue {
+    fn new() -> Self {
+        Self {
+            closed: Vec::new(),
+            open: None,
+            last: None,
+            used: 0,
+            queued: false,
+            began: Instant::now(),
+        }
+    }
+
     /// The index of a fresh timing event of `lane`.
     fn next_mark(&mut self, lane: &mut Lane) -> std::result::Result<usize, super::driver::CuError> {
         let m = self.used;

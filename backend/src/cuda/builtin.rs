@@ -5,13 +5,14 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::sys;
 use vgpu_proto::builtin::{self, KernelSig};
 use vgpu_proto::ArgValue;
 
 use super::driver::{check, CuError, Event, Stream};
-use super::lanes::Lane;
+use super::lanes::{host_ns, Lane};
 use super::memory::Allocation;
 use super::modules::{Func, Held};
 use super::CudaGpu;
@@ -169,8 +170,8 @@ impl CudaGpu {
         Ok(a)
     }
 
-    /// Runs built-in kernel `sig` (index `index` of `KERNELS`) on `lane`; returns its
-    /// device time in ns.
+    /// Runs built-in kernel `sig` (index `index` of `KERNELS`) on `lane`; returns its time
+    /// on the GPU in ns as the host saw it ([`host_ns`]).
     pub(super) fn run_builtin(
         &self,
         lane: &mut Lane,
@@ -184,23 +185,15 @@ impl CudaGpu {
             keep,
             fault,
         } = self.prepare_builtin(lane, sig, index, args)?;
-        lane.start
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
+        let t = Instant::now();
         for step in steps.iter_mut().flatten() {
             step.enqueue(&lane.stream)
                 .map_err(|e| self.launch_err(e, name))?;
         }
-        lane.end
-            .record(&lane.stream)
-            .map_err(|e| self.cuda_err(e))?;
-        lane.end
+        lane.stream
             .synchronize()
             .map_err(|e| self.kernel_err(e, name))?;
-        let ns = lane
-            .end
-            .since_ns(&lane.start)
-            .map_err(|e| self.cuda_err(e))?;
+        let ns = host_ns(t);
         drop(keep);
         if let Some((fault, idx_addr)) = fault {
             let at = self.read_u64(lane, fault)?;

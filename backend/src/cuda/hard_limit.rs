@@ -5,7 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{driver, CudaGpu};
+use super::driver::Completion;
+use super::CudaGpu;
 use crate::error::{BackendError, Result};
 use crate::sync::lock;
 
@@ -38,42 +39,43 @@ impl CudaGpu {
         self
     }
 
-    /// Waits for a guest kernel recorded before `end`, at most the hard limit. Polls, so
-    /// that the wait can end: the first [`WAIT_SPIN`] spinning, up to 50 µs by yielding, then in sleeps of 0.5 % of the
-    /// run time so far (10 µs to 1 ms) with the thread's timer slack at 1 µs, so that a
-    /// completion is noticed within about 10 µs of a 1 ms kernel's end and 50 µs of a 10 ms
-    /// one's (Linux's default 50 µs slack would add that much to every sleep).
-    pub(super) fn wait_kernel(&self, end: &driver::Event, kernel: &str) -> Result<()> {
-        self.wait_kernel_until(end, kernel, Instant::now(), self.kernel_limit)
-    }
-
-    /// [`CudaGpu::wait_kernel`] for a kernel that cannot have started before `t` (in a
-    /// batch: when the kernel before it was seen finished), allowed `limit` from then.
+    /// Waits for a guest kernel that cannot have started before `t` (alone: its launch
+    /// call; in a batch: when the kernel before it was seen finished), allowed `limit` from
+    /// then: `end` is the kernel's stream, or an event recorded after it. Polls, so that
+    /// the wait can end: the wait's first [`WAIT_SPIN`] spinning, up to 50 µs by yielding,
+    /// then in sleeps of 0.5 % of the wait so far (10 µs to 1 ms) with the thread's timer
+    /// slack at 1 µs, so that a completion is noticed within about 10 µs of a 1 ms kernel's
+    /// end and 50 µs of a 10 ms one's (Linux's default 50 µs slack would add that much to
+    /// every sleep). The phases count from the wait's start, not from `t`: a batch's wait
+    /// starts after its kernels were queued, which takes longer than the spin for a batch
+    /// of short ones, and a sleep then would notice their end up to 10 µs late.
     pub(super) fn wait_kernel_until(
         &self,
-        end: &driver::Event,
+        end: &impl Completion,
         kernel: &str,
         t: Instant,
         limit: Duration,
     ) -> Result<()> {
         fine_timer_slack();
+        let waiting = Instant::now();
         loop {
-            if end.query().map_err(|e| self.kernel_err(e, kernel))? {
+            if end.finished().map_err(|e| self.kernel_err(e, kernel))? {
                 return Ok(());
             }
             let ran = t.elapsed();
             if ran >= limit {
                 return Err(self.past_hard_limit(kernel, ran));
             }
-            if ran < WAIT_SPIN {
+            let waited = waiting.elapsed();
+            if waited < WAIT_SPIN {
                 // A short kernel ends within microseconds: a yield (a system call) between
                 // two queries would notice that up to one yield late.
                 std::hint::spin_loop();
-            } else if ran < Duration::from_micros(50) {
+            } else if waited < Duration::from_micros(50) {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(
-                    (ran / 200).clamp(Duration::from_micros(10), Duration::from_millis(1)),
+                    (waited / 200).clamp(Duration::from_micros(10), Duration::from_millis(1)),
                 );
             }
         }
