@@ -345,8 +345,10 @@ impl Completion for Stream {
 }
 
 impl Completion for Event {
+    /// What was queued before the event (`cuEventQuery`).
     fn finished(&self) -> Result<bool, CuError> {
-        self.query()
+        // SAFETY: `raw` is a live event.
+        query_answer(unsafe { sys::cuEventQuery(self.raw) }, "cuEventQuery")
     }
 }
 
@@ -403,12 +405,6 @@ impl Event {
             unsafe { sys::cuEventRecord(self.raw, stream.raw) },
             "cuEventRecord",
         )
-    }
-
-    /// Whether the work before the event has completed (`cuEventQuery`), without waiting.
-    pub fn query(&self) -> Result<bool, CuError> {
-        // SAFETY: `raw` is a live event.
-        query_answer(unsafe { sys::cuEventQuery(self.raw) }, "cuEventQuery")
     }
 
     /// Device time from `start` to this event, in nanoseconds (0.5 µs resolution).
