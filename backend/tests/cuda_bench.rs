@@ -8,7 +8,9 @@
 //!   `cuMemAlloc` buffer;
 //! - the same 256 MiB copy from unregistered (pageable) memory, for scale;
 //! - null-kernel round trip: `Backend::launch` of the built-in `spin` for 0 µs (argument
-//!   checks, events, wait) versus `cuLaunchKernel` of the same kernel + `cuStreamSynchronize`;
+//!   checks, the launch, the wait; timed on the host) versus `cuLaunchKernel` of the same
+//!   kernel + `cuStreamSynchronize`, and versus the same between two timing events whose
+//!   time is read (what timing a lone kernel with events would cost);
 //! - the same round trip of a 1.6 ms `spin` (about one 8192³ bf16 product): noticing a long
 //!   kernel's end, the backend's polling wait beside the driver's;
 //! - batches of 32 null launches under one wait (`Backend::launch` of 32 items), per

@@ -1,7 +1,7 @@
 //! The built-in kernels on the GPU: argument checks (the same as the sim backend's: kinds,
 //! access modes, and every pointer's extent inside one live allocation of this vGPU,
-//! aligned to its element), then the launch of the shipped PTX (`backend/kernels/builtin.cu`)
-//! between two timing events.
+//! aligned to its element), then the launch of the shipped PTX (`backend/kernels/builtin.cu`),
+//! timed on the host when it runs alone (`lanes::host_ns`).
 
 use std::ffi::c_void;
 use std::sync::Arc;

@@ -362,7 +362,7 @@ impl Drop for Stream {
     }
 }
 
-/// A timing event.
+/// An event: with timing (a batch's marks) or without (the end of a batch of one run).
 #[derive(Debug)]
 pub struct Event {
     raw: sys::CUevent,
