@@ -74,7 +74,7 @@ impl Lane {
 
 /// A lone kernel's time in nanoseconds: from `t`, taken right before its launch call, to
 /// now, when its end was seen. Two timing events around a lone kernel would add about
-/// 2.5 µs to its round trip, a quarter of a null kernel's (`backend_null_kernel_roundtrip`
+/// 2.3 µs to its round trip, about 30 % of a null kernel's (`backend_null_kernel_roundtrip`
 /// in `backend/tests/cuda_bench.rs` against its anchor with the events); a batch's runs
 /// keep theirs ([`Lane::marks`]), recorded once per run of one function.
 pub fn host_ns(t: Instant) -> u64 {
