@@ -206,8 +206,18 @@ impl Drop for TestDaemon {
     }
 }
 
+/// Most earlier warnings, errors and panics printed per log before its tail.
+const EARLIER_NOTABLE: usize = 40;
+
+/// Whether a log line is worth showing even outside the tail: a panic, or a warning or
+/// error of `tracing`.
+fn notable(line: &str) -> bool {
+    line.contains("panicked") || line.contains(" ERROR ") || line.contains(" WARN ")
+}
+
 /// The last `lines` lines of every log file under `dir` (vgpud's, its workers', its
-/// vmms'), to stderr.
+/// vmms'), to stderr, each after the warnings, errors and panics that came before its
+/// tail (the first of them: what went wrong first is often long before the end).
 fn print_log_tails(dir: &Path, lines: usize) {
     let mut logs = Vec::new();
     let mut dirs = vec![dir.to_owned()];
@@ -225,7 +235,21 @@ fn print_log_tails(dir: &Path, lines: usize) {
     for p in logs {
         let text = std::fs::read_to_string(&p).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
-        let tail = &all[all.len().saturating_sub(lines)..];
+        let cut = all.len().saturating_sub(lines);
+        let earlier: Vec<&str> = all[..cut]
+            .iter()
+            .copied()
+            .filter(|l| notable(l))
+            .take(EARLIER_NOTABLE)
+            .collect();
+        if !earlier.is_empty() {
+            eprintln!(
+                "---- {} (warnings, errors and panics before the tail)\n{}",
+                p.display(),
+                earlier.join("\n")
+            );
+        }
+        let tail = &all[cut..];
         eprintln!(
             "---- {} (last {} lines)\n{}",
             p.display(),
@@ -475,4 +499,26 @@ pub fn pool_idle(c: &Client, gpu: Option<u32>) -> Option<u64> {
         .map(|v| v as u64)
         .collect();
     (!values.is_empty()).then(|| values.iter().sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::notable;
+
+    #[test]
+    fn warnings_errors_and_panics_are_notable_and_the_rest_is_not() {
+        for line in [
+            "2026-12-03T08:14:00.597223Z  WARN vgpu_grant::client: no grant from the scheduler for 10 s",
+            "2026-12-03T08:14:20.571131Z ERROR virtio_queue::queue: Iterator error",
+            "thread 'sched-gpu0' panicked at scheduler/src/state.rs:1:1:",
+        ] {
+            assert!(notable(line), "{line}");
+        }
+        for line in [
+            "2026-12-03T08:13:51.392821Z  INFO vgpud::daemon::admission: vGPU admitted vgpu=41",
+            "gpu-load: round 5/80 ok checksum=0xfe9133fcbe573d97",
+        ] {
+            assert!(!notable(line), "{line}");
+        }
+    }
 }
