@@ -53,6 +53,9 @@ pub enum GrantError {
     /// A worker wrote what cannot be true on its grant page.
     #[error("the worker's grant page cannot be trusted: {0}")]
     Untrusted(String),
+    /// The GPU's scheduler thread has stopped: nothing on this GPU is granted any more.
+    #[error("this GPU's scheduler has stopped ({0}); restart vgpud (its VMs and workers are adopted by the next one)")]
+    Stopped(String),
 }
 
 impl GrantError {

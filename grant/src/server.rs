@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -157,6 +158,11 @@ struct Shared {
     control: EventFd,
     timer: Mutex<TimerFd>,
     stop: AtomicBool,
+    /// Why the scheduler thread ended before it was asked to (a panic, `epoll` failing).
+    ended: Mutex<Option<String>>,
+    /// Makes the thread panic at its next wake-up (how a test stands in for a bug).
+    #[cfg(test)]
+    panic_next: AtomicBool,
 }
 
 /// One GPU's scheduler thread and its workers' channels.
@@ -202,12 +208,28 @@ impl GrantServer {
             control,
             timer: Mutex::new(timer),
             stop: AtomicBool::new(false),
+            ended: Mutex::new(None),
+            #[cfg(test)]
+            panic_next: AtomicBool::new(false),
             handover_poll: config.handover_poll,
         });
         let s = shared.clone();
+        let gpu = name.to_owned();
         let thread = std::thread::Builder::new()
             .name(format!("sched-{name}"))
-            .spawn(move || run(&s))
+            .spawn(move || {
+                let why = match std::panic::catch_unwind(AssertUnwindSafe(|| run(&s))) {
+                    Ok(None) => return,
+                    Ok(Some(why)) => why,
+                    Err(payload) => format!("it panicked: {}", panic_message(payload.as_ref())),
+                };
+                tracing::error!(
+                    gpu,
+                    "the scheduler thread stopped: {why}; nothing on this GPU is granted any \
+                     more and no vGPU can attach to it until vgpud restarts"
+                );
+                *s.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            })
             .map_err(GrantError::os("spawning the scheduler thread"))?;
         Ok(Self {
             shared,
@@ -223,6 +245,9 @@ impl GrantServer {
         compute: Share,
         copy: Share,
     ) -> Result<WorkerFds, GrantError> {
+        if let Some(why) = self.ended() {
+            return Err(GrantError::Stopped(why));
+        }
         let page = Page::create()?;
         page.polls()
             .store(u32::from(self.shared.handover_poll), Ordering::Release);
@@ -282,6 +307,16 @@ impl GrantServer {
         // The holder's deadline may now come sooner than the armed timer.
         let _ = self.shared.control.write(1);
         Ok(())
+    }
+
+    /// Why this GPU's scheduler thread ended before it was asked to, if it did: from then
+    /// on nothing is granted and [`GrantServer::attach`] refuses.
+    pub fn ended(&self) -> Option<String> {
+        self.shared
+            .ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Why the daemon detached vGPU `vgpu`'s worker from the grant path (what it wrote on
@@ -630,22 +665,36 @@ fn arm_timer(shared: &Shared, st: &State, now: Nanos, handover: Option<Nanos>) {
     }
 }
 
-fn run(shared: &Shared) {
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+/// The scheduler thread's loop; returns `None` when asked to stop, or why it could not go
+/// on.
+fn run(shared: &Shared) -> Option<String> {
     let mut events = vec![EpollEvent::default(); 64];
     loop {
         let n = match shared.epoll.wait(-1, &mut events) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::error!("scheduler epoll failed: {e}; grants stop");
-                return;
-            }
+            Err(e) => return Some(format!("epoll_wait failed: {e}")),
         };
         if shared.stop.load(Ordering::SeqCst) {
-            return;
+            return None;
         }
-        let now = time::now();
+        #[cfg(test)]
+        if shared.panic_next.load(Ordering::SeqCst) {
+            panic!("a bug in the scheduler");
+        }
+        // The time is read under the lock: the daemon's threads move the scheduler's clock
+        // too (attach, detach), and work is booked up to this time.
         let mut st = lock(&shared.state);
+        let now = time::now();
         close_leases(&mut st, now);
         for ev in &events[..n] {
             match ev.data() {
@@ -684,5 +733,35 @@ fn run(shared: &Shared) {
             ahead = handover(shared, &mut st);
         }
         arm_timer(shared, &st, time::now(), ahead);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scheduler_thread_that_dies_says_why_and_attach_refuses() {
+        let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+        let share = Share::new(0.5);
+        server.attach(1, share, share).unwrap();
+        assert_eq!(server.ended(), None);
+        server.shared.panic_next.store(true, Ordering::SeqCst);
+        let _ = server.shared.control.write(1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while server.ended().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let why = server.ended().expect("the thread's end is recorded");
+        assert!(why.contains("a bug in the scheduler"), "{why}");
+        match server.attach(2, share, share) {
+            Err(e @ GrantError::Stopped(_)) => {
+                assert!(e.to_string().contains("restart vgpud"), "{e}")
+            }
+            Err(e) => panic!("attach after the thread died: {e}"),
+            Ok(_) => panic!("attach after the thread died succeeded"),
+        }
+        // Dropping the server still returns (the thread is gone, not stuck).
+        drop(server);
     }
 }

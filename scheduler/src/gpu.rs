@@ -55,10 +55,16 @@ pub fn make_policy(kind: PolicyKind, config: Config) -> Box<dyn Policy> {
 }
 
 /// The schedulers of one GPU.
+///
+/// Its clock only moves forward: a `now` earlier than one it was already given (a caller
+/// that read the time before waiting for the lock another caller held) counts as that
+/// one, so no interval it books can end before it starts.
 pub struct GpuScheduler {
     mode: QueueMode,
     compute: Box<dyn Policy>,
     copy: Box<dyn Policy>,
+    /// The latest time it was given.
+    clock: Nanos,
 }
 
 /// A grant on one resource.
@@ -74,7 +80,19 @@ impl GpuScheduler {
             mode,
             compute: make_policy(kind, config),
             copy: make_policy(kind, config),
+            clock: 0,
         }
+    }
+
+    /// `now`, moved up to the latest time already seen; that time becomes the clock.
+    fn advance(&mut self, now: Nanos) -> Nanos {
+        self.clock = self.clock.max(now);
+        self.clock
+    }
+
+    /// `now`, moved up to the latest time already seen (for a query, which moves nothing).
+    fn at(&self, now: Nanos) -> Nanos {
+        self.clock.max(now)
     }
 
     fn policy(&mut self, r: Resource) -> (&mut dyn Policy, Resource) {
@@ -101,6 +119,7 @@ impl GpuScheduler {
         copy: Share,
         now: Nanos,
     ) -> Result<(), SchedError> {
+        let now = self.advance(now);
         self.compute.add(vgpu, compute, now)?;
         if self.mode == QueueMode::Mrq {
             if let Err(e) = self.copy.add(vgpu, copy, now) {
@@ -112,6 +131,7 @@ impl GpuScheduler {
     }
 
     pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<ResourceGrant> {
+        let now = self.advance(now);
         let mut g = Self::tag(self.compute.remove(vgpu, now), Resource::Compute);
         if self.mode == QueueMode::Mrq {
             g.extend(Self::tag(self.copy.remove(vgpu, now), Resource::Copy));
@@ -138,6 +158,7 @@ impl GpuScheduler {
         r: Resource,
         now: Nanos,
     ) -> Result<Vec<ResourceGrant>, SchedError> {
+        let now = self.advance(now);
         let (p, tag) = self.policy(r);
         let _engine = tracing::trace_span!("engine", ?tag).entered();
         Ok(Self::tag(p.submit(vgpu, now)?, tag))
@@ -150,12 +171,14 @@ impl GpuScheduler {
         started: Nanos,
         now: Nanos,
     ) -> Result<Vec<ResourceGrant>, SchedError> {
+        let now = self.advance(now);
         let (p, tag) = self.policy(r);
         let _engine = tracing::trace_span!("engine", ?tag).entered();
         Ok(Self::tag(p.complete(vgpu, started, now)?, tag))
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<ResourceGrant> {
+        let now = self.advance(now);
         let mut g = {
             let _engine = tracing::trace_span!("engine", tag = ?Resource::Compute).entered();
             Self::tag(self.compute.tick(now), Resource::Compute)
@@ -179,6 +202,7 @@ impl GpuScheduler {
     }
 
     pub fn utilization(&self, vgpu: VgpuId, r: Resource, now: Nanos) -> Option<f64> {
+        let now = self.at(now);
         match (self.mode, r) {
             (QueueMode::Mrq, Resource::Copy) => self.copy.utilization(vgpu, now),
             _ => self.compute.utilization(vgpu, now),
@@ -200,11 +224,13 @@ impl GpuScheduler {
         count: u32,
         now: Nanos,
     ) -> Result<(), SchedError> {
+        let now = self.advance(now);
         self.policy(r).0.start_leased(vgpu, count, now)
     }
 
     /// Until when `vgpu` may start requests on `r` without asking.
     pub fn lease(&self, vgpu: VgpuId, r: Resource, now: Nanos) -> Option<Nanos> {
+        let now = self.at(now);
         match (self.mode, r) {
             (QueueMode::Mrq, Resource::Copy) => self.copy.lease(vgpu, now),
             _ => self.compute.lease(vgpu, now),
@@ -231,6 +257,7 @@ impl GpuScheduler {
     /// The waiting vGPU that would get `r` next if its holder released it now (a hint
     /// for waking its worker early; see `Policy::next_in_line`).
     pub fn next_in_line(&self, r: Resource, now: Nanos) -> Option<VgpuId> {
+        let now = self.at(now);
         match (self.mode, r) {
             (QueueMode::Mrq, Resource::Copy) => self.copy.next_in_line(now),
             _ => self.compute.next_in_line(now),

@@ -596,7 +596,9 @@ impl Accounts {
     /// credit.
     fn book(a: &mut Account, start: Nanos, now: Nanos, period_start: Nanos) {
         let busy = now - start;
-        let in_cur = now - start.max(period_start);
+        // Its callers roll the period to `now` first; saturating all the same, as a
+        // booking must never wrap.
+        let in_cur = now.saturating_sub(start.max(period_start));
         a.busy_cur += in_cur;
         a.busy_prev += busy - in_cur;
         a.busy_total += busy;

@@ -622,3 +622,42 @@ fn a_lone_vgpu_keeps_its_lease_until_another_asks() {
     );
     assert_eq!(p.lease(1, t), None, "vGPU 1's lease ended");
 }
+
+/// Callers of one GPU's scheduler read the time before taking the lock around it, so a
+/// caller can arrive with a time earlier than one the scheduler was already given (the
+/// grant server's loop, behind a vGPU attaching). That time counts as the latest one: the
+/// completion is booked, nothing wraps, and the books stay within the time that passed.
+#[test]
+fn a_time_older_than_the_schedulers_clock_counts_as_its_clock() {
+    for kind in [PolicyKind::Band, PolicyKind::Credit, PolicyKind::Fifo] {
+        let mut s = GpuScheduler::new(kind, QueueMode::Mrq, Config::default());
+        let share = Share {
+            fraction: 0.5,
+            priority: 0,
+        };
+        s.add(1, share, share, MS).unwrap();
+        let g = s.submit(1, Resource::Compute, 2 * MS).unwrap();
+        assert_eq!(g.len(), 1, "{kind:?}: the lone vGPU is granted at once");
+        // Another vGPU attaches much later (several scheduling periods roll) ...
+        s.add(2, share, share, 1_300 * MS).unwrap();
+        // ... while the loop that read the time at 1 s waited for the lock.
+        s.complete(1, Resource::Compute, 2 * MS, 1_000 * MS)
+            .unwrap_or_else(|e| panic!("{kind:?}: the completion is refused: {e}"));
+        let busy = s.busy_total(1, Resource::Compute).unwrap();
+        assert!(
+            busy <= 1_300 * MS,
+            "{kind:?}: booked {busy} ns busy in 1.3 s"
+        );
+        let util = s.utilization(1, Resource::Compute, 1_000 * MS).unwrap();
+        assert!(
+            (0.0..=1.0).contains(&util),
+            "{kind:?}: utilization {util} out of range"
+        );
+        let mut g = s.submit(2, Resource::Compute, 1_000 * MS).unwrap();
+        g.extend(s.tick(1_400 * MS));
+        assert!(
+            g.iter().any(|g| g.grant.vgpu == 2),
+            "{kind:?}: the GPU passes on after the completion: {g:?}"
+        );
+    }
+}

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
+
 use super::config::Config;
 use super::error::ApiError;
 use super::state::VgpuRec;
@@ -57,7 +59,13 @@ impl Grants {
         };
         let fds = server
             .attach(id, share(rec.compute()), share(rec.copy()))
-            .map_err(|e| ApiError::internal(format!("cannot schedule vGPU {id}: {e}")))?;
+            .map_err(|e| match e {
+                GrantError::Stopped(_) => ApiError::status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot schedule vGPU {id} on GPU {gpu}: {e}"),
+                ),
+                e => ApiError::internal(format!("cannot schedule vGPU {id}: {e}")),
+            })?;
         server
             .set_kernel_deadline(id, self.kernel_deadline_of(rec))
             .map_err(|e| {
