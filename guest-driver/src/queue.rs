@@ -85,6 +85,8 @@ pub struct SplitQueue<const CAP: usize = DEFAULT_CAPACITY> {
     size: u16,
     event_idx: bool,
     interrupts: bool,
+    /// used_event as last written (EVENT_IDX).
+    used_event: u16,
     /// Free list and chain links, mirrored here so the device cannot redirect them.
     next: [u16; CAP],
     slots: [Slot; CAP],
@@ -137,6 +139,7 @@ impl<const CAP: usize> SplitQueue<CAP> {
             size,
             event_idx: false,
             interrupts: true,
+            used_event: 0,
             next,
             slots: [Slot::FREE; CAP],
             free_head: 0,
@@ -210,7 +213,7 @@ impl<const CAP: usize> SplitQueue<CAP> {
             // to interrupt instead. Half the index space ahead is never reached while fewer
             // than `size` chains are outstanding, and pop_used keeps pushing it ahead.
             self.ring.set_avail_flags(0);
-            self.ring.set_used_event(self.used_event_target());
+            self.write_used_event();
         } else {
             let flags = if self.interrupts {
                 0
@@ -219,6 +222,21 @@ impl<const CAP: usize> SplitQueue<CAP> {
             };
             self.ring.set_avail_flags(flags);
         }
+    }
+
+    fn write_used_event(&mut self) {
+        self.used_event = self.used_event_target();
+        self.ring.set_used_event(self.used_event);
+    }
+
+    /// With interrupts off, whether used_event is less than a quarter of the index space
+    /// ahead of the next used index, and due to be pushed ahead again. Until then it is
+    /// left alone: the device reads it after every completion, and a line the driver
+    /// writes for each request would move between the two sides' cores each time. A
+    /// quarter of the index space is still far more than the `size` chains that can be
+    /// outstanding, so the device's index never reaches it.
+    fn used_event_near(&self) -> bool {
+        self.used_event.wrapping_sub(self.last_used) < 0x4000
     }
 
     fn used_event_target(&self) -> u16 {
@@ -326,8 +344,8 @@ impl<const CAP: usize> SplitQueue<CAP> {
         let (id, len) = self.ring.used_entry(self.last_used);
         // Consumed whatever it holds: a bogus entry must not wedge the queue forever.
         self.last_used = self.last_used.wrapping_add(1);
-        if self.event_idx {
-            self.ring.set_used_event(self.used_event_target());
+        if self.event_idx && (self.interrupts || self.used_event_near()) {
+            self.write_used_event();
         }
 
         let head = u16::try_from(id)

@@ -500,3 +500,45 @@ fn interrupts_are_read_and_acknowledged() {
     assert_eq!(dev.interrupt_status(), 0);
     assert_eq!(t.dev.borrow().acked, 1);
 }
+
+/// With EVENT_IDX and interrupts off, used_event is written only when the next used index
+/// comes within a quarter of the index space of it (the device reads it after every
+/// completion), and over more than the whole index space the device's index never
+/// reaches it: no completion asks for an interrupt.
+#[test]
+fn used_event_stays_ahead_without_a_write_per_completion() {
+    let (dev, mut q, t) = setup(
+        feature::VERSION_1 | feature::RING_EVENT_IDX,
+        feature::RING_EVENT_IDX,
+    );
+    q.set_interrupts(false);
+    let (src, dst) = ([7u8; 8], [0u8; 8]);
+    let mut writes = 0;
+    let mut last = t.dev.borrow().used_event(0);
+    for i in 0..70_000u32 {
+        q.add(&[
+            Buffer::readable(addr(&src), 8),
+            Buffer::writable(addr(&dst), 8),
+        ])
+        .expect("add");
+        dev.kick(0, &mut q);
+        let old = i as u16;
+        assert_eq!(t.dev.borrow_mut().echo(0), 1);
+        let e = t.dev.borrow().used_event(0);
+        // The device's check after its completion moved the used index old -> old + 1.
+        let new = old.wrapping_add(1);
+        assert!(
+            new.wrapping_sub(e).wrapping_sub(1) >= new.wrapping_sub(old),
+            "completion {i} would interrupt (used_event {e})"
+        );
+        assert!(q.pop_used().expect("pop").is_some());
+        let e = t.dev.borrow().used_event(0);
+        if e != last {
+            writes += 1;
+            last = e;
+        }
+        assert!(e.wrapping_sub(q.outstanding()).wrapping_sub(new) >= 0x4000 - 1);
+    }
+    // One write per quarter of the index space passed, not one per completion.
+    assert!((4..=8).contains(&writes), "{writes} writes of used_event");
+}

@@ -12,6 +12,7 @@
 mod chain;
 mod config;
 mod device;
+pub mod dirty_log;
 mod error;
 mod events;
 pub mod front;
@@ -43,6 +44,7 @@ pub use config::{
     MAX_QUEUES,
 };
 pub use device::Vgpu;
+pub use dirty_log::DirtyLog;
 pub use error::{ConfigError, RequestError};
 pub use events::MAX_EVENTS;
 pub use memtable::{check_memory_table, MemTableError};

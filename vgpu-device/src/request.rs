@@ -3,6 +3,7 @@
 //! ([`crate::launch::Checked`]); what comes out ([`Received`]) flows on to a batch or to
 //! [`Vgpu::serve`] without being read again.
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use vgpu_proto::{DataShape, Opcode, Request};
@@ -12,6 +13,12 @@ use crate::chain::{Chain, GuestMem, Layout};
 use crate::device::{elapsed_ns, Vgpu, HEADER_BUF};
 use crate::error::RequestError;
 use crate::launch::Checked;
+
+thread_local! {
+    /// The header of the request this thread reads, reused: a request parses only the
+    /// bytes read into it for that request, so it is not cleared (several KiB) each time.
+    static HEADER: RefCell<Box<[u8; HEADER_BUF]>> = RefCell::new(Box::new([0; HEADER_BUF]));
+}
 
 /// A chain read once.
 pub(crate) struct Received<'m> {
@@ -78,8 +85,7 @@ impl Vgpu {
         if r.layout.response.is_none() {
             return r;
         }
-        let mut buf = [0u8; HEADER_BUF];
-        match parse_request(mem, &r.layout, &mut buf) {
+        HEADER.with_borrow_mut(|buf| match parse_request(mem, &r.layout, buf) {
             Err((id, opcode, e)) => {
                 (r.id, r.opcode, r.body) = (id, opcode, Body::Refused(e));
             }
@@ -96,7 +102,7 @@ impl Vgpu {
                     },
                 };
             }
-        }
+        });
         r
     }
 
