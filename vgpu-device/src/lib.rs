@@ -12,7 +12,6 @@
 mod chain;
 mod config;
 mod device;
-pub mod dirty_log;
 mod error;
 mod events;
 pub mod front;
@@ -44,7 +43,6 @@ pub use config::{
     MAX_QUEUES,
 };
 pub use device::Vgpu;
-pub use dirty_log::DirtyLog;
 pub use error::{ConfigError, RequestError};
 pub use events::MAX_EVENTS;
 pub use memtable::{check_memory_table, MemTableError};

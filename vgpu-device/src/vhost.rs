@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::dirty_log::DirtyLog;
 use vgpu_backend::HostRegion;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -333,7 +333,7 @@ fn host_regions(mem: &Memory) -> Vec<HostRegion> {
 }
 
 impl VhostUserBackend for VgpuVhostBackend {
-    type Bitmap = DirtyLog;
+    type Bitmap = BitmapMmapRegion;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {

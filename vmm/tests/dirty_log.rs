@@ -1,6 +1,6 @@
 //! The vhost-user dirty log of a whole-VM migration, against a real vhost-user backend
-//! (the `vhost-user-backend` crate's daemon with the log-backed bitmap `vgpu-worker`
-//! serves the vGPU with, `vgpu_device::DirtyLog`): the vmm negotiates `LOG_SHMFD`, hands the backend its log
+//! (the `vhost-user-backend` crate's daemon with its log-backed bitmap, as `vgpu-worker`
+//! serves the vGPU): the vmm negotiates `LOG_SHMFD`, hands the backend its log
 //! (`SET_LOG_BASE`, `LOG_ALL`), and a page only the backend wrote shows up in the log the
 //! migration merges with KVM's, once; a page the vmm wrote itself does not.
 
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vgpu_device::DirtyLog as BackendLog;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock};
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
@@ -27,7 +27,7 @@ use vmm::vm::Slot;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-type Mem = GuestMemoryAtomic<GuestMemoryMmap<BackendLog>>;
+type Mem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
 
 /// Where the backend writes when kicked.
 const BACKEND_PAGE: u64 = 0x30_0000;
@@ -46,7 +46,7 @@ struct Writer {
 }
 
 impl VhostUserBackend for Writer {
-    type Bitmap = BackendLog;
+    type Bitmap = BitmapMmapRegion;
     type Vring = VringRwLock<Mem>;
     fn num_queues(&self) -> usize {
         1
