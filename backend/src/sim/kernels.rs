@@ -101,6 +101,16 @@ fn par_for(units: usize, min_per_thread: usize, threads: usize, f: impl Fn(Range
 /// Runs built-in kernel `sig` to completion; returns its device time.
 pub fn run(ctx: &Ctx<'_>, sig: &'static KernelSig, args: &[ArgValue]) -> Result<Duration> {
     check_args(sig, args)?;
+    // The allocations its pointers reach stay the kernel's until it ends, its modeled time
+    // included: one freed meanwhile goes (and its addresses are handed out again) only
+    // then, as on a GPU, where memory a running kernel uses is not reused under it.
+    let _held: Vec<_> = args
+        .iter()
+        .filter_map(|a| match a {
+            ArgValue::Ptr { addr, .. } => ctx.mem.resolve(*addr, 1).ok().map(|(alloc, _)| alloc),
+            _ => None,
+        })
+        .collect();
     if builtin::is_storage(sig) {
         // I/O-bound: they take the time their reads take, no modeled floor.
         return super::storage_kernels::run(ctx, sig, args);

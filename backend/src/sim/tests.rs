@@ -674,11 +674,9 @@ fn a_long_kernel_does_not_block_copies_and_sync_waits_for_it() {
 #[test]
 fn free_during_a_kernel_keeps_its_memory_until_it_ends() {
     // fill: 1e5 units at 5e4/s = 2 s of modeled time. The kernel's writes become visible
-    // once it computed them (a debug build on a loaded 2-core machine can take a good part
-    // of a second for a million; a tenth of that here), and it holds the memory for the
-    // rest of the 2 s: far longer than this thread can be kept off the cores between
-    // seeing the write and the free. Computing longer than the modeled time would let the
-    // kernel end before the free, and the address be handed out again.
+    // once it computed them (a small part of the 2 s), and it holds the memory until it
+    // ends, the rest of the modeled time included: far longer than this thread can be kept
+    // off the cores between seeing the write and the free.
     let g = gpu_with(64 * MIB, |c| c.speed = 0.00005);
     let n = 100_000u64;
     let a = g.alloc(n * 4).unwrap().addr;
