@@ -171,7 +171,9 @@ pub struct GrantServer {
     thread: Option<JoinHandle<()>>,
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+/// `m` locked, also after a thread panicked holding it (the scheduler thread's end is
+/// recorded and reported, not propagated).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -228,7 +230,7 @@ impl GrantServer {
                     "the scheduler thread stopped: {why}; nothing on this GPU is granted any \
                      more and no vGPU can attach to it until vgpud restarts"
                 );
-                *s.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                *lock(&s.ended) = Some(why);
             })
             .map_err(GrantError::os("spawning the scheduler thread"))?;
         Ok(Self {
@@ -312,11 +314,7 @@ impl GrantServer {
     /// Why this GPU's scheduler thread ended before it was asked to, if it did: from then
     /// on nothing is granted and [`GrantServer::attach`] refuses.
     pub fn ended(&self) -> Option<String> {
-        self.shared
-            .ended
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        lock(&self.shared.ended).clone()
     }
 
     /// Why the daemon detached vGPU `vgpu`'s worker from the grant path (what it wrote on
@@ -658,7 +656,7 @@ fn arm_timer(shared: &Shared, st: &State, now: Nanos, handover: Option<Nanos>) {
     };
     if let Some(deadline) = next {
         let d = Duration::from_nanos(deadline.saturating_sub(now).max(1_000));
-        let mut t = shared.timer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = lock(&shared.timer);
         if let Err(e) = t.reset(d, None) {
             tracing::warn!("cannot arm the scheduler timer: {e}");
         }
@@ -702,11 +700,7 @@ fn run(shared: &Shared) -> Option<String> {
                     let _ = shared.control.read();
                 }
                 TIMER => {
-                    let _ = shared
-                        .timer
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .wait();
+                    let _ = lock(&shared.timer).wait();
                 }
                 id => {
                     let Ok(vgpu) = VgpuId::try_from(id) else {
