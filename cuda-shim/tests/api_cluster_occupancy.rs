@@ -298,7 +298,7 @@ fn the_library_asks_the_device_once_per_shape() {
     assert_eq!(asked().len(), 5, "the first shape's answer kept");
 
     // What never runs is none, without asking: a cluster above the portable size for a
-    // function that did not allow more, above 16 blocks, shared memory or threads past
+    // function that did not allow more (16 and 17 blocks here), shared memory or threads past
     // what a block can have.
     assert_eq!(lib.active(128, 0, [16, 1, 1]), (OK, 0));
     assert_eq!(lib.active(128, 0, [17, 1, 1]), (OK, 0));
@@ -352,6 +352,23 @@ fn the_library_asks_the_device_once_per_shape() {
     // Neither was kept: asked again.
     assert_eq!(lib.active(REFUSED, 0, [2, 1, 1]).0, INVALID_VALUE);
     assert_eq!(asked().len(), 13);
+
+    // Past the largest cluster a launch may have, up to whole GPCs: the device's answer
+    // (cuBLASLt reads the sizes of the GPU's GPCs from clusters of up to 32 blocks);
+    // past that, none without asking. A worker that takes questions only up to the
+    // largest launch refuses a larger one: none runs.
+    assert_eq!(lib.set(14, 1), OK);
+    let q = active_q(128, 0, [17, 1, 1], OCCUPANCY_NON_PORTABLE);
+    assert_eq!(lib.active(128, 0, [17, 1, 1]), expect(q));
+    let q = active_q(128, 0, [32, 1, 1], OCCUPANCY_NON_PORTABLE);
+    assert_eq!(lib.slot(128, 0, Some(32)), expect(q));
+    assert_eq!(asked().len(), 15);
+    assert_eq!(lib.active(128, 0, [65, 1, 1]), (OK, 0));
+    assert_eq!(lib.slot(128, 0, Some(65)), (OK, 0));
+    assert_eq!(asked().len(), 15);
+    assert_eq!(lib.active(REFUSED, 0, [17, 1, 1]), (OK, 0));
+    assert_eq!(lib.active(REFUSED, 0, [16, 1, 1]).0, INVALID_VALUE);
+    assert_eq!(asked().len(), 17);
     // And the queue goes on answering.
     assert_eq!(lib.active(128, 0, [2, 1, 1]), expect(first));
 

@@ -2,8 +2,8 @@
 //! (`dlopen`ed, entry points through `cuGetProcAddress_v2`) against `vgpu-worker --backend
 //! cuda`, compared with what the GPU's own driver, loaded in this test process through
 //! cudarc, answers for the same PTX kernel and shapes: `cuOccupancyMaxActiveClusters`
-//! for clusters of 1, 2, 4 and 8 blocks (and 2 x 2, and 16 once non-portable sizes are
-//! allowed) at several dynamic shared memory sizes and two block sizes,
+//! for clusters of 1, 2, 4 and 8 blocks (and 2 x 2, and 16 to 32 once non-portable sizes
+//! are allowed) at several dynamic shared memory sizes and two block sizes,
 //! `cuOccupancyMaxPotentialClusterSize`, and the cluster table's slots 9 and 10 (what
 //! cuBLASLt asks) beside the public calls. Skipped (saying why) where the cuda worker
 //! cannot start or the GPU has no clusters; `VGPU_REQUIRE_CUDA=1` turns the first skip
@@ -382,14 +382,23 @@ fn cluster_occupancy_through_the_library_matches_the_driver() {
         &[[1, 1, 1], [2, 1, 1], [4, 1, 1], [8, 1, 1], [2, 2, 1]],
         "portable",
     );
-    // Non-portable sizes allowed on both: clusters of 16 too, and the largest cluster as
-    // the driver answers it then.
+    // Non-portable sizes allowed on both: clusters of 16 too, the larger ones cuBLASLt
+    // probes to learn the GPCs' sizes (the driver answers them, up to a whole GPC), and
+    // the largest cluster as the driver answers it then.
     native.non_portable();
     assert_eq!(set(NON_PORTABLE, 1), OK);
     let non_portable = compare(
         &native,
         &vgpu,
-        &[[2, 1, 1], [8, 1, 1], [16, 1, 1]],
+        &[
+            [2, 1, 1],
+            [8, 1, 1],
+            [16, 1, 1],
+            [17, 1, 1],
+            [18, 1, 1],
+            [19, 1, 1],
+            [32, 1, 1],
+        ],
         "non-portable",
     );
     // Every portable question has an answer (blocks of 384 threads with 200 KiB fit one

@@ -200,10 +200,10 @@ fn hostile_occupancy_questions_never_reach_the_backend() {
         ),
         ("cluster 0", active(f, [0, 2, 1], 0)),
         (
-            "cluster 17",
+            "cluster 65",
             ClusterOccupancyArgs {
                 flags: OCCUPANCY_NON_PORTABLE,
-                ..active(f, [17, 1, 1], 0)
+                ..active(f, [65, 1, 1], 0)
             },
         ),
         (

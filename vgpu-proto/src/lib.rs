@@ -34,8 +34,8 @@ pub use launch::{
     MAX_THREADS_PER_BLOCK,
 };
 pub use occupancy::{
-    occupancy_query, ClusterOccupancyArgs, OccupancyError, OCCUPANCY_NON_PORTABLE,
-    PORTABLE_CLUSTER_BLOCKS,
+    occupancy_query, ClusterOccupancyArgs, OccupancyError, MAX_OCCUPANCY_CLUSTER_BLOCKS,
+    OCCUPANCY_NON_PORTABLE, PORTABLE_CLUSTER_BLOCKS,
 };
 pub use opcode::{DataShape, Opcode};
 pub use request::{parse_request, LaunchRequest, ParseError, Request};

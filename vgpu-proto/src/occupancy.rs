@@ -5,7 +5,7 @@
 
 use core::fmt;
 
-use crate::launch::{MAX_CLUSTER_BLOCKS, MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
+use crate::launch::{MAX_SHARED_BYTES, MAX_THREADS_PER_BLOCK};
 use crate::wire::wire_struct;
 
 /// [`ClusterOccupancyArgs::query`] values.
@@ -26,6 +26,12 @@ pub const OCCUPANCY_NON_PORTABLE: u32 = 1;
 /// Most blocks in a cluster a function that does not allow non-portable sizes may have.
 pub const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
 
+/// Most blocks in a cluster a `MAX_ACTIVE_CLUSTERS` question may name: more than a launch
+/// may have (`MAX_CLUSTER_BLOCKS`). The driver answers how many clusters of up to a whole
+/// GPC fit at once (on an H200, 2 of 17 and of 18 blocks, none of 19), and cuBLASLt reads
+/// the sizes of the GPU's GPCs from those answers before it shapes its GEMMs' clusters.
+pub const MAX_OCCUPANCY_CLUSTER_BLOCKS: u32 = 64;
+
 wire_struct! {
     /// `CLUSTER_OCCUPANCY`: result[0] = the answer (clusters for `MAX_ACTIVE_CLUSTERS`,
     /// blocks for `MAX_CLUSTER_SIZE`). No data descriptors.
@@ -36,7 +42,7 @@ wire_struct! {
         pub block: [u32; 3],
         /// Dynamic shared memory per block in bytes (<= `MAX_SHARED_BYTES`).
         pub shared_bytes: u32,
-        /// The cluster in blocks (each >= 1, at most `MAX_CLUSTER_BLOCKS` blocks, at most
+        /// The cluster in blocks (each >= 1, at most `MAX_OCCUPANCY_CLUSTER_BLOCKS` blocks, at most
         /// `PORTABLE_CLUSTER_BLOCKS` without `OCCUPANCY_NON_PORTABLE`) for
         /// `MAX_ACTIVE_CLUSTERS`; all zero for `MAX_CLUSTER_SIZE`.
         pub cluster: [u32; 3],
@@ -65,7 +71,7 @@ pub enum OccupancyError {
     /// More dynamic shared memory (asked about, or as the function's limit) than a block
     /// can have.
     Shared(u32),
-    /// A cluster size of 0 or more than `MAX_CLUSTER_BLOCKS` blocks (`MAX_ACTIVE_CLUSTERS`),
+    /// A cluster size of 0 or more than `MAX_OCCUPANCY_CLUSTER_BLOCKS` blocks (`MAX_ACTIVE_CLUSTERS`),
     /// or not all zero (`MAX_CLUSTER_SIZE`).
     Cluster([u32; 3]),
     /// A cluster above the portable 8 blocks for a function that does not allow it.
@@ -93,7 +99,7 @@ impl fmt::Display for OccupancyError {
             ),
             OccupancyError::Cluster(c) => write!(
                 f,
-                "cluster {c:?}: each size must be at least 1 and the cluster at most {MAX_CLUSTER_BLOCKS} blocks (all zero when asking for the largest cluster)"
+                "cluster {c:?}: each size must be at least 1 and the cluster at most {MAX_OCCUPANCY_CLUSTER_BLOCKS} blocks (all zero when asking for the largest cluster)"
             ),
             OccupancyError::NotPortable(c) => write!(
                 f,
@@ -133,7 +139,7 @@ impl ClusterOccupancyArgs {
         match self.query {
             occupancy_query::MAX_ACTIVE_CLUSTERS => {
                 let blocks = self.cluster_blocks();
-                if self.cluster.contains(&0) || blocks > u64::from(MAX_CLUSTER_BLOCKS) {
+                if self.cluster.contains(&0) || blocks > u64::from(MAX_OCCUPANCY_CLUSTER_BLOCKS) {
                     return Err(OccupancyError::Cluster(self.cluster));
                 }
                 if blocks > u64::from(PORTABLE_CLUSTER_BLOCKS) && !self.non_portable() {

@@ -64,11 +64,19 @@ fn cluster_occupancy_arguments_are_checked() {
     for c in [[1, 1, 1], [2, 1, 1], [2, 2, 2], [8, 1, 1]] {
         assert_eq!(active(c).check(), Ok(()), "{c:?}");
     }
+    // Past the largest cluster a launch may have, up to whole GPCs: the driver's to answer.
+    for c in [[17, 1, 1], [4, 4, 2], [18, 1, 1], [32, 1, 1], [4, 4, 4]] {
+        let a = ClusterOccupancyArgs {
+            flags: OCCUPANCY_NON_PORTABLE,
+            ..active(c)
+        };
+        assert_eq!(a.check(), Ok(()), "{c:?}");
+    }
     // Zero, oversized or overflowing clusters.
     for c in [
         [0, 1, 1],
-        [17, 1, 1],
-        [4, 4, 2],
+        [65, 1, 1],
+        [8, 4, 4],
         [u32::MAX, u32::MAX, u32::MAX],
     ] {
         let a = ClusterOccupancyArgs {

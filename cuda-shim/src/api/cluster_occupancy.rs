@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::ffi::c_int;
 
 use vgpu_proto::{
-    features, occupancy_query, ClusterOccupancyArgs, MAX_CLUSTER_BLOCKS, OCCUPANCY_NON_PORTABLE,
-    PORTABLE_CLUSTER_BLOCKS,
+    features, occupancy_query, ClusterOccupancyArgs, MAX_CLUSTER_BLOCKS,
+    MAX_OCCUPANCY_CLUSTER_BLOCKS, OCCUPANCY_NON_PORTABLE, PORTABLE_CLUSTER_BLOCKS,
 };
 
 use crate::driver::{self, Driver, Res, SharedQueue};
@@ -94,6 +94,13 @@ impl Pending {
             }
             // A function the device cannot answer for (its storage kernels): estimated.
             Err(res::NOT_SUPPORTED) => Ok(estimate),
+            // A worker that takes questions only up to the largest cluster a launch may
+            // have: none of a larger one runs.
+            Err(res::INVALID_VALUE)
+                if product(question.cluster) > u64::from(MAX_CLUSTER_BLOCKS) =>
+            {
+                Ok(0)
+            }
             Err(e) => {
                 tracing::debug!(code = e, ?args, "cluster occupancy refused by the device");
                 Err(e)
@@ -161,10 +168,12 @@ fn ask(d: &Driver, f: CUfunction, q: Question, estimate: u64) -> Res<Option<Pend
 
 /// Clusters of `cluster` blocks of `block` threads with `shared` bytes of dynamic shared
 /// memory each that run at once on the whole GPU: the device's driver's answer where it
-/// gives one, else the blocks that fit every SM (each SM taken as able to join any
-/// cluster) over the cluster's size. None of a cluster larger than the GPU runs, nor above
-/// the portable 8 blocks for a function that did not allow non-portable sizes, nor on a
-/// vGPU without clusters, nor of blocks that cannot run.
+/// gives one, up to clusters of whole GPCs (larger than a launch may have: cuBLASLt reads
+/// the GPCs' sizes from these answers), else the blocks that fit every SM (each SM taken
+/// as able to join any cluster) over the cluster's size, and none above the largest
+/// cluster a launch may have. None of a cluster larger than `MAX_OCCUPANCY_CLUSTER_BLOCKS`
+/// runs, nor above the portable 8 blocks for a function that did not allow non-portable
+/// sizes, nor on a vGPU without clusters, nor of blocks that cannot run.
 pub(crate) fn active_clusters(
     d: &mut Driver,
     f: CUfunction,
@@ -181,10 +190,10 @@ pub(crate) fn active_clusters(
         return Ok(Pending::Known(0));
     }
     let non_portable = super::func::lookup(d, f)?.cluster.non_portable;
-    // A cluster larger than the GPU runs: none fit, as the driver answers (cuBLASLt
-    // probes one block past the largest size this way).
+    // A cluster larger than any GPC: none fit, as the driver answers (cuBLASLt probes
+    // clusters up to 32 blocks).
     let most = if non_portable {
-        MAX_CLUSTER_BLOCKS
+        MAX_OCCUPANCY_CLUSTER_BLOCKS
     } else {
         PORTABLE_CLUSTER_BLOCKS
     };
@@ -192,7 +201,11 @@ pub(crate) fn active_clusters(
         return Ok(Pending::Known(0));
     }
     let per_sm = super::func::blocks_per_sm(&d.attributes, needs, product(block), shared);
-    let estimate = per_sm * u64::from(d.attributes.sm_count.max(1)) / size;
+    let estimate = if size > u64::from(MAX_CLUSTER_BLOCKS) {
+        0
+    } else {
+        per_sm * u64::from(d.attributes.sm_count.max(1)) / size
+    };
     let q = Question {
         function: f as u64,
         block,

@@ -38,6 +38,8 @@ enum Tamper {
     NoResponse,
     WrongId,
     UnknownStatus,
+    /// The used length of a full response, and nothing written.
+    Unwritten,
 }
 
 impl Gpu {
@@ -166,13 +168,17 @@ impl Gpu {
                 result,
             };
             let mut used = written as u32 + 48;
+            let mut write = true;
             match self.tamper.take() {
                 Some(Tamper::NoResponse) => used = 0,
                 Some(Tamper::WrongId) => r.id += 1000,
                 Some(Tamper::UnknownStatus) => r.status = 999,
+                Some(Tamper::Unwritten) => write = false,
                 None => {}
             }
-            write_bytes(resp.addr, &r.to_bytes());
+            if write {
+                write_bytes(resp.addr, &r.to_bytes());
+            }
             dev.push_used(q, u32::from(head), used);
         }
         // Ask for a notification on the next request, as an EVENT_IDX device does.
@@ -415,6 +421,13 @@ fn bad_responses_are_reported_not_trusted() {
             code: 999
         })
     );
+    s.stream_sync().expect("still works");
+    // The slot still holds the answer before: refused for its id, not taken as this one's.
+    gpu.borrow_mut().tamper = Some(Tamper::Unwritten);
+    assert!(matches!(
+        s.stream_sync(),
+        Err(Error::ResponseMismatch { .. })
+    ));
     s.stream_sync().expect("still works");
 }
 
