@@ -5,9 +5,11 @@
 #   gpu-bundle/bin/<program>        vmm, vgpud, vgpu-worker, vgpuctl, vgpu-cuda, vgpu-bench,
 #                                   vgpu-storage-bench, vgpu-native-load (the sharing step's
 #                                   native anchor)
-#   gpu-bundle/tests/<test target>  the release test binaries the suite runs, named by their
+#   gpu-bundle/tests.tar.gz         the release test binaries the suite runs (it unpacks them
+#                                   into gpu-bundle/tests/ on the GPU machine), named by their
 #                                   cargo target name; a name two packages share gets
-#                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests)
+#                                   `.<package>` appended (storage.vgpu-backend, storage.vgpu-tests);
+#                                   packed, since unpacked they alone come near the carry limit
 #   gpu-bundle/payloads/            the payload guests (VGPU_PAYLOAD_DIR)
 #   gpu-bundle/kernels/             the CUDA C sources, committed PTX and build-ptx.sh
 #   gpu-bundle/lib/libvgpu_cuda.so  the vGPU CUDA library (the steps install it with
@@ -140,6 +142,10 @@ log "stripping"
 strip --strip-all "$out"/bin/* "$out"/tests/*
 strip --strip-unneeded "$out"/lib/*.so
 [[ -d "$out/fuzz" ]] && strip --strip-debug "$out"/fuzz/*
+
+log "packing the test binaries"
+tar -C "$out" -czf "$out/tests.tar.gz" tests
+rm -rf "$out/tests"
 
 {
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)')"

@@ -937,6 +937,10 @@ if [[ $quick == 1 ]]; then
     mapfile -t wanted < <(for s in "${wanted[@]}"; do [[ "$(field "$s" 2)" == bench ]] || echo "$s"; done)
 fi
 
+# The bundle carries its test binaries packed (ci/gpu/bundle.sh): unpacked once here.
+if [[ -f "$B/tests.tar.gz" && ! -d "$B/tests" ]]; then
+    tar -C "$B" -xzf "$B/tests.tar.gz" || { echo "suite: cannot unpack $B/tests.tar.gz" >&2; exit 2; }
+fi
 if [[ ! -d "$B/tests" || ! -d "$B/bin" ]]; then
     echo "suite: no bundle at $B: build it with ci/gpu/bundle.sh and carry gpu-bundle" >&2
     exit 2
