@@ -164,4 +164,6 @@ pub struct Extra {
     pub execs: HashMap<u64, Vec<Op>>,
     /// Stack, printf FIFO and heap limits as a program lowered them (`cuCtxSetLimit`).
     pub limits: [Option<u64>; 3],
+    /// The built-in `fill` kernel's handle, once a small memset loaded it (`api/fill.rs`).
+    pub fill_kernel: Option<u64>,
 }

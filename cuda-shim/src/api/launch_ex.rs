@@ -62,6 +62,25 @@ fn word(v: &[u8; 64], i: usize) -> u32 {
     u32::from_le_bytes(b)
 }
 
+/// Logs (debug, once per attribute and first value) a launch attribute the launch takes
+/// as a hint and does not hand to the worker: what a program asked of its launches.
+fn log_hint(a: &LaunchAttribute) {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<(u32, u32)>>> =
+        std::sync::Mutex::new(None);
+    let key = (a.id, word(&a.value, 0));
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen
+        .get_or_insert_with(std::collections::HashSet::new)
+        .insert(key)
+    {
+        tracing::debug!(
+            attribute = a.id,
+            value = key.1,
+            "launch attribute taken as a hint, not applied on the vGPU"
+        );
+    }
+}
+
 /// Checks one attribute: Ok when the launch as it is satisfies it.
 pub(crate) fn check_attribute(a: &LaunchAttribute) -> Result<(), CUresult> {
     match a.id {
@@ -73,7 +92,10 @@ pub(crate) fn check_attribute(a: &LaunchAttribute) -> Result<(), CUresult> {
         | id::PRIORITY
         | id::MEM_SYNC_DOMAIN_MAP
         | id::MEM_SYNC_DOMAIN
-        | id::PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
+        | id::PREFERRED_SHARED_MEMORY_CARVEOUT => {
+            log_hint(a);
+            Ok(())
+        }
         id::COOPERATIVE => {
             if word(&a.value, 0) == 0 {
                 return Ok(());

@@ -23,6 +23,7 @@ pub mod capture;
 pub mod cluster_occupancy;
 pub mod cluster_table;
 pub mod enumerate;
+pub mod fill;
 pub mod func;
 pub mod graph;
 pub mod hostfn;
