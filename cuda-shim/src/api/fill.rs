@@ -10,7 +10,8 @@
 //! [`FILL_MAX_BYTES`], inside one device allocation, from a thread with a current
 //! context, goes this way; any other stays a `MEMSET` request. The device
 //! checks the launch as any other: `dst` and the words it writes must lie in one
-//! allocation. Its time is charged as compute (docs/cuda-api.md, "Copies and memsets").
+//! allocation. Its time is charged as compute (docs/cuda-api.md, "How they map onto the
+//! vGPU").
 
 use std::ffi::{c_uint, c_void};
 
