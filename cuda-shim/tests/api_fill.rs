@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_uint;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
@@ -99,17 +99,7 @@ fn small_asynchronous_memsets_run_as_fill_launches() {
     assert_eq!(cu.sync(s), OK);
 
     let mut back = vec![0u8; BYTES];
-    assert_eq!(
-        call!(
-            cu,
-            "cuMemcpyDtoH",
-            fn(*mut c_void, u64, usize),
-            back.as_mut_ptr().cast(),
-            a,
-            BYTES
-        ),
-        OK
-    );
+    assert_eq!(cu.dtoh(&mut back, a), OK);
     let mut want = vec![0x11u8; BYTES];
     want[..4096].fill(0xab);
     for w in want[4096..8192].chunks_mut(2) {
