@@ -40,8 +40,15 @@ impl Backend for Migratable {
             // A module's variable (its module's memory), not an allocation.
             return Err(BackendError::NotAllocated { addr });
         }
-        b.free(addr)?;
-        lock(&self.allocs).remove(&addr);
+        // Out of the table before the memory goes: a pre-copy that fails to read it then
+        // finds it freed, not a live allocation it could not read.
+        let removed = lock(&self.allocs).remove(&addr);
+        if let Err(e) = b.free(addr) {
+            if let Some(a) = removed {
+                lock(&self.allocs).insert(addr, a);
+            }
+            return Err(e);
+        }
         lock(&self.imported).remove(&addr);
         Ok(())
     }

@@ -274,6 +274,7 @@ impl Mover<'_> {
         size: u64,
         dec: &Mutex<BTreeMap<u64, u64>>,
     ) -> std::result::Result<u64, MigrationError> {
+        let this: *const Mutex<BTreeMap<u64, u64>> = dec;
         let dec = lock(dec);
         let placed = self.placed.entry(addr).or_default();
         // Ranges the target holds decommitted but the source has back: recommit first.
@@ -296,9 +297,18 @@ impl Mover<'_> {
             let to = to.min(size);
             if to > from {
                 let r = copy_to_peer(&*self.source, &*self.target, addr + from, to - from);
-                if r.is_err() && !lock(&self.src.allocs).contains_key(&addr) {
-                    // Freed while we copied (pre-copy runs beside the guest's requests):
-                    // nothing to move; the next reconcile drops it from the target.
+                // The allocation this copy is of: still the one at `addr` (one allocated
+                // again at the same address has a table of its own).
+                let same = || {
+                    lock(&self.src.allocs)
+                        .get(&addr)
+                        .is_some_and(|a| std::ptr::eq(&*a.decommitted, this))
+                };
+                if r.is_err() && !same() {
+                    // Freed while we copied (pre-copy runs beside the guest's requests and
+                    // the pager's, which frees its device swap buffers), perhaps allocated
+                    // again since: nothing of it to move; the next reconcile drops it from
+                    // the target.
                     return Ok(());
                 }
                 r.map_err(|e| match e {

@@ -288,6 +288,40 @@ fn moves_while_the_pager_swaps_keep_every_byte() {
 }
 
 #[test]
+fn allocations_freed_and_made_again_during_precopy_do_not_fail_it() {
+    // What the pager does with its device swap buffers beside a move: 2 MiB allocations
+    // freed and allocated again, often at the same address, while pre-copy reads them.
+    let m = Arc::new(Migratable::new(sim(64 * MIB)));
+    let keep = m.alloc(8 * MIB).expect("alloc").addr;
+    put(&*m, keep, &pattern(9, 8 << 20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let bufs: Vec<u64> = (0..4)
+                    .map(|_| m.alloc(2 * MIB).expect("alloc").addr)
+                    .collect();
+                for b in bufs {
+                    m.free(b).expect("free");
+                }
+                n += 1;
+            }
+            n
+        })
+    };
+    for _ in 0..40 {
+        m.migrate(sim(64 * MIB), &opts(Mode::Precopy), |_| {})
+            .expect("a freed allocation is not a failed read");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let n = churn.join().expect("churn");
+    assert!(n > 0);
+    assert_eq!(get(&*m, keep, 8 << 20), pattern(9, 8 << 20));
+}
+
+#[test]
 fn a_full_target_rolls_back_and_the_vgpu_keeps_working() {
     let m = Migratable::new(sim(64 * MIB));
     let a = m.alloc(16 * MIB).expect("a").addr;
