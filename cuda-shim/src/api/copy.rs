@@ -290,10 +290,8 @@ pub(crate) fn memset_in(
     })? {
         return Ok(());
     }
-    if let Some(s) = stream {
-        if super::fill::try_fill(d, dst, value, bytes, elem, s)? {
-            return Ok(());
-        }
+    if stream.is_some() && super::fill::try_fill(d, dst, value, bytes, elem, q)? {
+        return Ok(());
     }
     let t = d.t.clone();
     let mut queue = d.queue(q)?;

@@ -17,7 +17,6 @@ use std::ffi::{c_uint, c_void};
 
 use crate::driver::{Driver, Res};
 use crate::image::Image;
-use crate::types::CUstream;
 
 /// Largest memset run as a `fill` launch: one the worker would serve in microseconds.
 pub const FILL_MAX_BYTES: u64 = 64 << 10;
@@ -47,15 +46,16 @@ fn word(value: u32, elem: u32) -> u32 {
 }
 
 /// Enqueues the memset of `bytes` bytes at `dst` (elements of `elem` bytes of `value`)
-/// on `stream` as a `fill` launch, when it is one (see the module's docs). Returns
-/// whether it did; `false` leaves the memset to the caller.
+/// on queue `queue`, which the caller ordered for it, as a `fill` launch, when it is one
+/// (see the module's docs). Returns whether it did; `false` leaves the memset to the
+/// caller.
 pub(crate) fn try_fill(
     d: &mut Driver,
     dst: u64,
     value: u32,
     bytes: u64,
     elem: u32,
-    stream: CUstream,
+    queue: usize,
 ) -> Res<bool> {
     if dst % 4 != 0 || bytes % 4 != 0 || bytes == 0 || bytes > FILL_MAX_BYTES {
         return Ok(false);
@@ -105,7 +105,7 @@ pub(crate) fn try_fill(
         params.as_mut_ptr(),
         std::ptr::null_mut(),
     )?;
-    super::launch::submit(d, stream as usize, &p)?;
+    super::launch::post(d, queue, &p)?;
     Ok(true)
 }
 

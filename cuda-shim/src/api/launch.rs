@@ -211,6 +211,17 @@ fn check_cluster(d: &Driver, grid: [c_uint; 3], cluster: [c_uint; 3]) -> Res<()>
 /// Enqueues a prepared launch on stream handle `h`, ordered as the legacy default stream
 /// demands.
 pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
+    let (q, legacy) = d.stream_queue(h)?;
+    let blocking = d
+        .streams
+        .get(&(h as u64))
+        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
+    d.order_for(q, legacy, blocking);
+    post(d, q, p)
+}
+
+/// Enqueues a prepared launch on queue `q`, already ordered for it.
+pub(crate) fn post(d: &mut Driver, q: usize, p: &PreparedLaunch) -> Res<()> {
     let launch = LaunchArgs {
         function: p.device_function,
         grid: p.grid,
@@ -219,12 +230,6 @@ pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
         flags: LaunchArgs::cluster_flags(p.cluster),
         ..LaunchArgs::default()
     };
-    let (q, legacy) = d.stream_queue(h)?;
-    let blocking = d
-        .streams
-        .get(&(h as u64))
-        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
-    d.order_for(q, legacy, blocking);
     let t = d.t.clone();
     let mut queue = d.queue(q)?;
     let request = vgpu_proto::launch_request_len(p.args.len(), 0) + p.blob.len();

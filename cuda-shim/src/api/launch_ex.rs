@@ -65,6 +65,10 @@ fn word(v: &[u8; 64], i: usize) -> u32 {
 /// Logs (debug, once per attribute and first value) a launch attribute the launch takes
 /// as a hint and does not hand to the worker: what a program asked of its launches.
 fn log_hint(a: &LaunchAttribute) {
+    // Nothing to pay per launch unless someone reads the log.
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
     static SEEN: std::sync::Mutex<Option<std::collections::HashSet<(u32, u32)>>> =
         std::sync::Mutex::new(None);
     let key = (a.id, word(&a.value, 0));
