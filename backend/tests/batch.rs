@@ -78,7 +78,13 @@ fn a_batch_runs_in_order_and_times_each_kernel() {
         assert_eq!(statuses(&results), vec![Status::Ok; 6], "{name}");
         for (i, r) in results.iter().enumerate() {
             let ns = r.as_ref().expect("ok").device_ns;
-            assert!(ns > 0, "{name}: item {i} has a device time");
+            // On cuda the small fill after vector_add rides along with its run: its time is
+            // counted in vector_add's, none of its own.
+            if name == "cuda" && i == 2 {
+                assert_eq!(ns, 0, "{name}: item 2 rides along with item 1");
+            } else {
+                assert!(ns > 0, "{name}: item {i} has a device time");
+            }
         }
         let spun = results[5].as_ref().expect("spin").device_ns;
         assert!(spun >= 150_000, "{name}: spin 200 us took {spun} ns");
@@ -218,8 +224,17 @@ fn a_kernel_that_loses_the_context_fails_it_and_the_later_items() {
     if std::env::var_os(CHILD).is_some() {
         let b = cuda(16 * MIB);
         let (nop, poke) = nop_and_poke(&b);
+        let fill = builtin(&b, "fill");
         let outside = [ArgValue::U64(0x10)];
-        let items = [item(nop, &[]), item(poke, &outside), item(nop, &[])];
+        let a = b.alloc(4096).expect("alloc").addr;
+        let zero = [w(a), ArgValue::U32(0), ArgValue::U32(16)];
+        // The small fill rides along with the faulting poke's run and fails with it.
+        let items = [
+            item(nop, &[]),
+            item(poke, &outside),
+            item(fill, &zero),
+            item(nop, &[]),
+        ];
         for (i, s) in statuses(&b.launch(&items)).iter().enumerate() {
             println!("item {i}: {s:?}");
         }
@@ -252,7 +267,7 @@ fn a_kernel_that_loses_the_context_fails_it_and_the_later_items() {
             .unwrap_or("missing")
             .to_string()
     };
-    let got = [line(0), line(1), line(2)];
+    let got = [line(0), line(1), line(2), line(3)];
     // Once the context is lost the driver cannot tell which queued kernel faulted: the
     // first not seen finished is answered KERNEL_FAULT, every later one DEVICE_ERROR.
     let fault = got.iter().position(|s| s == "KernelFault");
@@ -261,5 +276,6 @@ fn a_kernel_that_loses_the_context_fails_it_and_the_later_items() {
         got[..fault.unwrap_or(0)].iter().all(|s| s == "Ok"),
         "{got:?}"
     );
-    assert_eq!(got[2], "DeviceError", "{got:?}");
+    assert_eq!(got[2], "DeviceError", "the fill after the poke: {got:?}");
+    assert_eq!(got[3], "DeviceError", "{got:?}");
 }

@@ -24,7 +24,10 @@
 //! kernel that faults loses the context: the first kernel of the first run not yet seen
 //! finished is answered with the fault and every later one with the lost context (once the
 //! context is lost, the driver cannot tell the faulting kernel from ones that finished
-//! unobserved just before it). Built-in kernels join a batch like guest functions (waited for without a
+//! unobserved just before it). A small `fill` (a runtime library's memset before its next
+//! kernel) queued after a run's kernels rides along with that run: no event around it, its
+//! time counted in the run's, its result the run's (device time 0 of its own), and the run
+//! goes on when the same function follows it. Built-in kernels join a batch like guest functions (waited for without a
 //! hard limit, as alone), except reduce_sum and gather, which use the lane's scratch memory
 //! and look at the device after they ran; those and the storage kernels end the batch so
 //! far and run alone.
@@ -328,26 +331,43 @@ impl CudaGpu {
                 }
             };
             taken += 1;
-            if let Some(kernel) = fresh {
-                self.close_run(&mut lane, &mut q, out, true);
-                if let Err(e) = self.open_run(&mut lane, &mut q, item.function, kernel) {
-                    out.push(Err(e));
-                    continue;
+            // A small fill after queued kernels rides along with their run: no timing
+            // events of its own, and the run's kernels keep their run.
+            let rider = match fresh {
+                Some(Kernel::Builtin(sig, i))
+                    if builtin::rides_along(sig, item.args)
+                        && q.open.as_ref().is_some_and(|r| !r.slots.is_empty()) =>
+                {
+                    Some(Kernel::Builtin(sig, i))
                 }
-            }
+                Some(kernel) => {
+                    self.close_run(&mut lane, &mut q, out, true);
+                    if let Err(e) = self.open_run(&mut lane, &mut q, item.function, kernel) {
+                        out.push(Err(e));
+                        continue;
+                    }
+                    None
+                }
+                None => None,
+            };
             // `alive` fails once a kernel queued before this one lost the context.
             let queued = self
                 .mem
                 .check_kernel_writes(item.args)
                 .and_then(|()| self.alive())
-                .and_then(|()| match q.open.as_ref() {
-                    Some(run) => self.queue_item(&mut lane, &run.kernel, item),
-                    None => Err(missing_mark()),
+                .and_then(|()| match (&rider, q.open.as_ref()) {
+                    (Some(k), _) => self.queue_item(&mut lane, k, item),
+                    (None, Some(run)) => self.queue_item(&mut lane, &run.kernel, item),
+                    (None, None) => Err(missing_mark()),
                 });
             match queued {
                 Ok(()) => {
                     if let Some(run) = q.open.as_mut() {
-                        run.slots.push(out.len());
+                        if rider.is_some() {
+                            run.riders.push(out.len());
+                        } else {
+                            run.slots.push(out.len());
+                        }
                     }
                     q.queued = true;
                     out.push(Ok(LaunchStats { device_ns: 0 }));
@@ -389,6 +409,7 @@ impl CudaGpu {
             start,
             end: None,
             slots: Vec::new(),
+            riders: Vec::new(),
         });
         Ok(())
     }
@@ -437,7 +458,7 @@ impl CudaGpu {
                 // the next run records its own start.
                 q.last = None;
                 let why = e.to_string();
-                for slot in &run.slots {
+                for slot in run.slots.iter().chain(&run.riders) {
                     if let Some(o) = out.get_mut(*slot) {
                         *o = Err(BackendError::Device(why.clone()));
                     }
@@ -525,7 +546,7 @@ impl CudaGpu {
                     // The first kernel of the run gets the fault; the others what a call
                     // gets now (the lost context), as a later run's would.
                     let mut first = Some(e);
-                    for slot in &run.slots {
+                    for slot in run.slots.iter().chain(&run.riders) {
                         let err = first.take().unwrap_or_else(|| {
                             self.enter().err().unwrap_or_else(|| {
                                 BackendError::Device(format!(
@@ -556,6 +577,10 @@ struct Run {
     end: Option<usize>,
     /// Its kernels' places in the results.
     slots: Vec<usize>,
+    /// The places of the small fills that ride along with it ([`builtin::rides_along`]):
+    /// queued among its kernels, timed as part of them (device time 0 of their own), and
+    /// failed with them.
+    riders: Vec<usize>,
 }
 
 /// A batch being queued: the runs closed so far, the open one, the timing event recorded

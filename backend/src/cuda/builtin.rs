@@ -144,6 +144,17 @@ pub(super) fn batchable(sig: &KernelSig) -> bool {
     sig.name != builtin::REDUCE_SUM.name && sig.name != builtin::GATHER.name
 }
 
+/// The most 32-bit words a `fill` writes and still rides along with the kernels before it
+/// in a batch (a runtime library's small memset: 64 KiB, the CUDA library's own bound).
+pub(super) const RIDER_WORDS: u64 = 16 * 1024;
+
+/// Whether built-in launch `sig(args)` rides along with the batch's open run instead of
+/// starting a run of its own: a small `fill`. It records no timing event: its time is the
+/// run's, and the run's fault is its fault.
+pub(super) fn rides_along(sig: &KernelSig, args: &[ArgValue]) -> bool {
+    sig.name == builtin::FILL.name && int(args, 2) <= RIDER_WORDS
+}
+
 impl CudaGpu {
     /// A pointer argument checked like the sim backend: `count` elements of `elem` bytes at
     /// `addr` inside one live allocation or one device-mapped host region, `addr` aligned
