@@ -313,11 +313,11 @@ impl<R: Rule> Exclusive<R> {
         if let (Some(h), Some(c)) = (self.hold_until, self.current) {
             if h <= now {
                 self.hold_until = None;
-                if self.lone_idle(c) && self.acc.config.lease > 0 {
+                if let Some(renewed) = self.lone_renewal(c, now) {
                     // Nobody else wants the resource: the holder keeps it, its lease renewed
-                    // in place, so its next request starts without a round trip; the
-                    // first request of another vGPU takes it back (`request`).
-                    self.hold_until = Some(now + LONE_HOLD);
+                    // in place, so its next request starts without a round trip, also
+                    // right after a long request it is running now ends.
+                    self.hold_until = Some(renewed);
                 } else if self.acc.get(c).is_ok_and(|a| a.running == 0) {
                     // The wait passed with no request from the holder: no burst is coming,
                     // give the resource to the next vGPU after all (Gdev: one chance).
@@ -328,10 +328,20 @@ impl<R: Rule> Exclusive<R> {
         Vec::new()
     }
 
-    /// Whether `c` runs nothing and no other vGPU waits for the resource.
-    fn lone_idle(&self, c: VgpuId) -> bool {
-        self.acc.get(c).is_ok_and(|a| a.running == 0)
-            && !self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0)
+    /// Until when holder `c`'s hold is renewed in place when it runs out: only while no
+    /// other vGPU waits for the resource (and leases are on). An idle holder keeps it for
+    /// [`LONE_HOLD`]: the first request of another vGPU takes it back at once (`submit`).
+    /// A holder whose work still runs keeps it for one lease at a time: another vGPU's
+    /// request cannot take the resource before that work ends, and then finds the holder
+    /// asking again within a lease, as after any grant.
+    fn lone_renewal(&self, c: VgpuId, now: Nanos) -> Option<Nanos> {
+        let lease = self.acc.config.lease;
+        let others_wait = self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0);
+        if lease == 0 || others_wait {
+            return None;
+        }
+        let running = self.acc.get(c).map_or(0, |a| a.running);
+        Some(now + if running == 0 { LONE_HOLD } else { lease })
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
@@ -385,7 +395,7 @@ impl<R: Rule> Exclusive<R> {
             Some(h) if h > now => Some(h),
             // Its hold just ran out and `tick` will renew it (nobody else waits): the lease
             // stays open meanwhile rather than closing for a moment.
-            Some(_) if self.acc.config.lease > 0 && self.lone_idle(vgpu) => Some(now + LONE_HOLD),
+            Some(_) => self.lone_renewal(vgpu, now),
             _ => None,
         }
     }

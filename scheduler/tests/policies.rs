@@ -623,6 +623,59 @@ fn a_lone_vgpu_keeps_its_lease_until_another_asks() {
     assert_eq!(p.lease(1, t), None, "vGPU 1's lease ended");
 }
 
+/// A lone vGPU whose requests run longer than a lease keeps its lease through them, so the
+/// request after a long one starts without a round trip to the daemon; a request of
+/// another vGPU ends the renewals: the holder's lease ends within one lease and the engine
+/// goes to the other at the holder's completion (a running kernel cannot be preempted).
+#[test]
+fn a_lone_vgpu_keeps_its_lease_through_requests_longer_than_a_lease() {
+    use vgpu_scheduler::{Grant, Policy};
+    let mut p = vgpu_scheduler::band::Band::new(NO_MARGIN);
+    p.add(1, Share::new(0.5), 0).unwrap();
+    p.add(2, Share::new(0.5), 0).unwrap();
+    assert_eq!(p.submit(1, 0).unwrap(), vec![Grant { vgpu: 1, count: 1 }]);
+    // A 5 ms request, the daemon waking at every deadline: the lease never lapses.
+    let mut now = 0;
+    while now < 5 * MS {
+        now = p
+            .next_deadline()
+            .unwrap_or(now + MS)
+            .max(now + US)
+            .min(5 * MS);
+        assert_eq!(p.tick(now), vec![]);
+        assert!(
+            p.lease(1, now).is_some(),
+            "vGPU 1 lost its lease at {} us while its request ran",
+            now / US
+        );
+    }
+    // It ends; the next one starts under the lease, unasked.
+    assert_eq!(p.complete(1, 0, 5 * MS).unwrap(), vec![]);
+    let next = 5 * MS + 10 * US;
+    assert!(
+        p.lease(1, next).is_some(),
+        "the lease survives the completion"
+    );
+    p.start_leased(1, 1, next).unwrap();
+    // vGPU 2 asks while it runs: vGPU 1's lease is not renewed again.
+    let asked = 6 * MS;
+    assert_eq!(p.submit(2, asked).unwrap(), vec![]);
+    let mut t = asked;
+    while p.lease(1, t).is_some() {
+        t = p.next_deadline().unwrap_or(t + MS).max(t + US);
+        assert_eq!(p.tick(t), vec![], "nothing is granted while vGPU 1 runs");
+        assert!(
+            t <= asked + NO_MARGIN.lease + US,
+            "vGPU 1 still holds a lease {} us after vGPU 2 asked",
+            (t - asked) / US
+        );
+    }
+    assert_eq!(
+        p.complete(1, next, 10 * MS).unwrap(),
+        vec![Grant { vgpu: 2, count: 1 }]
+    );
+}
+
 /// Callers of one GPU's scheduler read the time before taking the lock around it, so a
 /// caller can arrive with a time earlier than one the scheduler was already given (the
 /// grant server's loop, behind a vGPU attaching). That time counts as the latest one: the
