@@ -362,6 +362,19 @@ impl Driver {
         }
     }
 
+    /// The queue of stream handle `h`, with work about to go to it ordered as CUDA's
+    /// legacy default stream demands ([`Driver::order_for`]; a stream created without
+    /// `CU_STREAM_NON_BLOCKING` is blocking).
+    pub fn ordered_queue(&mut self, h: usize) -> Res<usize> {
+        let (q, legacy) = self.stream_queue(h)?;
+        let blocking = self
+            .streams
+            .get(&(h as u64))
+            .is_none_or(|s| s.flags & crate::types::CU_STREAM_NON_BLOCKING == 0);
+        self.order_for(q, legacy, blocking);
+        Ok(q)
+    }
+
     /// Orders work about to go to `queue` as CUDA's legacy default stream demands: work on
     /// the default stream waits for every other queue, work on a blocking stream waits
     /// for the default stream's.

@@ -11,20 +11,14 @@ use guest_driver::Transport;
 use crate::driver::{self, Driver, Res, STAGING_BYTES};
 use crate::extra::Op;
 use crate::guard;
-use crate::types::{res, CUdeviceptr, CUresult, CUstream, CU_STREAM_NON_BLOCKING};
+use crate::types::{res, CUdeviceptr, CUresult, CUstream};
 
 /// (queue, legacy default stream, blocking) of a stream handle, ordered as CUDA requires
 /// and checked against the current context.
 fn target(d: &mut Driver, stream: Option<CUstream>) -> Res<usize> {
     let h = stream.map_or(0, |s| s as usize);
     d.stream_context(h)?;
-    let (q, legacy) = d.stream_queue(h)?;
-    let blocking = d
-        .streams
-        .get(&(h as u64))
-        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
-    d.order_for(q, legacy, blocking);
-    Ok(q)
+    d.ordered_queue(h)
 }
 
 /// Whether the operation went into a stream capture instead of running (synchronous

@@ -23,7 +23,7 @@ use crate::driver::{self, Driver, Res, SharedQueue};
 use crate::extra::{HostFn, Op};
 use crate::guard;
 use crate::transport::AnyTransport;
-use crate::types::{res, CUdeviceptr, CUresult, CUstream, CU_STREAM_NON_BLOCKING};
+use crate::types::{res, CUdeviceptr, CUresult, CUstream};
 
 /// `void (*)(CUstream, CUresult, void *)`: a stream callback.
 pub type StreamCallback = unsafe extern "C" fn(CUstream, CUresult, *mut c_void);
@@ -113,12 +113,7 @@ pub fn busy(q: usize) -> bool {
 
 /// Sends a host call to stream `h`'s lane, after the stream's earlier work.
 fn send(d: &mut Driver, h: usize, call: Call) -> Res<()> {
-    let (q, legacy) = d.stream_queue(h)?;
-    let blocking = d
-        .streams
-        .get(&(h as u64))
-        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
-    d.order_for(q, legacy, blocking);
+    let q = d.ordered_queue(h)?;
     let t = d.t.clone();
     let seq = {
         let mut queue = d.queue(q)?;

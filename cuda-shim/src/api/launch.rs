@@ -18,7 +18,7 @@ use crate::guard;
 use crate::image::{buffer_layout, kernel_arg, ParamKind, ParamSpec, Signature};
 use crate::types::{
     res, CUfunction, CUresult, CUstream, CU_LAUNCH_PARAM_BUFFER_POINTER,
-    CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END, CU_STREAM_NON_BLOCKING,
+    CU_LAUNCH_PARAM_BUFFER_SIZE, CU_LAUNCH_PARAM_END,
 };
 
 /// Where the parameter bytes come from.
@@ -211,12 +211,7 @@ fn check_cluster(d: &Driver, grid: [c_uint; 3], cluster: [c_uint; 3]) -> Res<()>
 /// Enqueues a prepared launch on stream handle `h`, ordered as the legacy default stream
 /// demands.
 pub(crate) fn submit(d: &mut Driver, h: usize, p: &PreparedLaunch) -> Res<()> {
-    let (q, legacy) = d.stream_queue(h)?;
-    let blocking = d
-        .streams
-        .get(&(h as u64))
-        .is_none_or(|s| s.flags & CU_STREAM_NON_BLOCKING == 0);
-    d.order_for(q, legacy, blocking);
+    let q = d.ordered_queue(h)?;
     post(d, q, p)
 }
 

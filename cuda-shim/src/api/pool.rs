@@ -182,7 +182,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> CUresult {
         driver::with(|d| {
             d.current_ctx()?;
             let h = s as usize;
-            let (q, legacy) = d.stream_queue(h)?;
+            d.stream_queue(h)?;
             // Only the start of an allocation; a module variable is its module's.
             if d.allocs.get(&dptr).is_none_or(|a| a.module != 0) {
                 return Err(res::INVALID_VALUE);
@@ -191,11 +191,7 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, s: CUstream) -> CUresult {
                 crate::api::stubs::log_once("stream-ordered free during stream capture");
                 return Err(res::NOT_SUPPORTED);
             }
-            let blocking = d
-                .streams
-                .get(&(h as u64))
-                .is_none_or(|st| st.flags & crate::types::CU_STREAM_NON_BLOCKING == 0);
-            d.order_for(q, legacy, blocking);
+            let q = d.ordered_queue(h)?;
             d.allocs.remove(&dptr);
             if let Some((pool, size, _)) = d.extra.async_allocs.remove(&dptr) {
                 if let Some(p) = d.extra.pools.get_mut(&pool) {
