@@ -161,7 +161,7 @@ impl<R: Rule> Exclusive<R> {
         let (Some(c), Some((since, until))) = (self.current, self.held_idle) else {
             return;
         };
-        let others_wait = self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0);
+        let others_wait = self.others_wait(c);
         let grace = self.acc.get(c).map_or(0, |a| (a.burst_ewma / 8.0) as Nanos);
         let from = until.max(since + grace);
         if others_wait && now > from {
@@ -328,6 +328,11 @@ impl<R: Rule> Exclusive<R> {
         Vec::new()
     }
 
+    /// Whether a vGPU other than `c` waits for the resource.
+    fn others_wait(&self, c: VgpuId) -> bool {
+        self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0)
+    }
+
     /// Until when holder `c`'s hold is renewed in place when it runs out: only while no
     /// other vGPU waits for the resource (and leases are on). An idle holder keeps it for
     /// [`LONE_HOLD`]: the first request of another vGPU takes it back at once (`submit`).
@@ -336,8 +341,7 @@ impl<R: Rule> Exclusive<R> {
     /// asking again within a lease, as after any grant.
     fn lone_renewal(&self, c: VgpuId, now: Nanos) -> Option<Nanos> {
         let lease = self.acc.config.lease;
-        let others_wait = self.acc.map.iter().any(|(id, a)| *id != c && a.pending > 0);
-        if lease == 0 || others_wait {
+        if lease == 0 || self.others_wait(c) {
             return None;
         }
         let running = self.acc.get(c).map_or(0, |a| a.running);

@@ -334,11 +334,11 @@ impl CudaGpu {
             // A small fill after queued kernels rides along with their run: no timing
             // events of its own, and the run's kernels keep their run.
             let rider = match fresh {
-                Some(Kernel::Builtin(sig, i))
+                Some(k @ Kernel::Builtin(sig, _))
                     if builtin::rides_along(sig, item.args)
                         && q.open.as_ref().is_some_and(|r| !r.slots.is_empty()) =>
                 {
-                    Some(Kernel::Builtin(sig, i))
+                    Some(k)
                 }
                 Some(kernel) => {
                     self.close_run(&mut lane, &mut q, out, true);
