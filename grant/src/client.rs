@@ -1,14 +1,14 @@
 //! The worker's side: ask, wait for the grant, report the completion.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vgpu_scheduler::gpu::Resource;
 use vgpu_scheduler::Nanos;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::shm::{index, Completion, Page, LEASE_OPEN};
+use crate::shm::{index, Completion, Page, LEASE_OPEN, LEASE_QUIET, SLOTS};
 use crate::{futex, time, Gate, GrantError};
 
 /// How long an acquirer spins on the grant word before sleeping on it: a grant usually
@@ -30,6 +30,8 @@ pub struct GrantClient {
     taken: [AtomicU32; 2],
     /// Replaced by another channel (the vGPU moved GPUs): waiters go there.
     retired: std::sync::atomic::AtomicBool,
+    /// Doorbells rung so far (a diagnostic: a lone holder's requests ring none).
+    rung: AtomicU64,
 }
 
 impl GrantClient {
@@ -52,10 +54,17 @@ impl GrantClient {
             doorbell,
             taken,
             retired: std::sync::atomic::AtomicBool::new(false),
+            rung: AtomicU64::new(0),
         })
     }
 
+    /// How many times this worker rang the daemon's doorbell.
+    pub fn doorbells(&self) -> u64 {
+        self.rung.load(Ordering::Relaxed)
+    }
+
     fn ring(&self) {
+        self.rung.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.doorbell.write(1) {
             tracing::warn!("cannot ring the scheduler's doorbell: {e}");
         }
@@ -80,22 +89,36 @@ impl GrantClient {
         }
     }
 
-    /// Starts a request under the lease if one is open.
-    fn start_leased(&self, r: Resource) -> bool {
+    /// Starts a request under the lease if one is open: `Some(quiet)`, quiet when the
+    /// lease was the lone holder's at the start (no doorbell needed), or None.
+    fn start_leased(&self, r: Resource) -> Option<bool> {
         let word = self.page.lease(r);
         let mut w = word.load(Ordering::Acquire);
         while w & LEASE_OPEN != 0 {
+            // The count never reaches the quiet bit (2^62 starts), so adding one keeps
+            // both bits as they were.
             match word.compare_exchange_weak(
                 w,
                 w.wrapping_add(1) | LEASE_OPEN,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return true,
+                Ok(_) => return Some(w & LEASE_QUIET != 0),
                 Err(cur) => w = cur,
             }
         }
-        false
+        None
+    }
+
+    /// Whether a completion just pushed can go without a doorbell: the daemon said the
+    /// holder is alone (it reads the page at its own wake-ups), and the ring is less than
+    /// half full (so it never fills between two of them).
+    fn quiet_completion(&self, r: Resource) -> bool {
+        // Pairs with the daemon's fence between clearing the quiet bit and reading the
+        // ring: either it sees this completion, or this sees the bit cleared and rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.page.lease(r).load(Ordering::Relaxed) & LEASE_QUIET != 0
+            && self.page.queued() < u64::from(SLOTS / 2)
     }
 
     /// Waits for a grant; false if the channel was retired first.
@@ -142,7 +165,9 @@ impl GrantClient {
             self.ring();
             std::thread::sleep(Duration::from_micros(50));
         }
-        self.ring();
+        if !self.quiet_completion(r) {
+            self.ring();
+        }
     }
 }
 
@@ -152,12 +177,14 @@ impl GrantClient {
     /// `expect_ns` (0: unknown) is how long the request should run: its end goes on the
     /// page for the daemon (`Page::ends_at`).
     fn begin(&self, resource: Resource, expect_ns: Nanos) -> Option<Nanos> {
-        if self.start_leased(resource) {
+        if let Some(quiet) = self.start_leased(resource) {
             let started = time::now();
             self.page
                 .ends_at(resource)
                 .store(ends_at(started, expect_ns), Ordering::Relaxed);
-            self.ring();
+            if !quiet {
+                self.ring();
+            }
             return Some(started);
         }
         self.page.submitted(resource).fetch_add(1, Ordering::SeqCst);

@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::audit::{Books, Violation, MAX_IN_FLIGHT, MAX_VIOLATIONS};
-use crate::shm::{resource, Page, LEASE_OPEN};
+use crate::shm::{resource, Page, LEASE_COUNT, LEASE_OPEN, LEASE_QUIET};
 use crate::{futex, time, GrantError};
 const CONTROL: u64 = u64::MAX;
 const TIMER: u64 = u64::MAX - 1;
@@ -114,6 +114,10 @@ struct Worker {
     /// `starts` at the last poll for a hand-over (see `handover`): one poll per request
     /// started, whatever the worker writes as its end estimate.
     polled: [u64; 2],
+    /// Resources on which this thread set the lease's quiet bit (see `LEASE_QUIET`): the
+    /// worker rings for none of its lease starts and completions there, so its page is
+    /// read at every wake-up (`catch_up`).
+    quiet: [bool; 2],
 }
 
 impl Worker {
@@ -291,6 +295,7 @@ impl GrantServer {
                 violations: 0,
                 starts: [0, 0],
                 polled: [0, 0],
+                quiet: [false, false],
             },
         );
         Ok(fds)
@@ -340,8 +345,10 @@ impl GrantServer {
 
     /// The vGPU's accounted use.
     pub fn usage(&self, vgpu: VgpuId) -> Option<VgpuUsage> {
-        let st = lock(&self.shared.state);
+        let mut st = lock(&self.shared.state);
         let now = time::now();
+        // A lone holder's work since the thread's last wake-up is on its page only.
+        catch_up(&self.shared, &mut st, now);
         let w = st.workers.get(&vgpu)?;
         let waited = w.waited(now);
         Some(VgpuUsage {
@@ -432,7 +439,8 @@ fn close_leases(st: &mut State, now: Nanos) {
             {
                 continue;
             }
-            let count = word.fetch_and(!LEASE_OPEN, Ordering::AcqRel) & !LEASE_OPEN;
+            let count = word.fetch_and(!(LEASE_OPEN | LEASE_QUIET), Ordering::AcqRel) & LEASE_COUNT;
+            w.quiet[i] = false;
             // Not capped: a worker with short requests can start a whole ring's worth
             // and then some between two reads, and every one of them will complete (one
             // left out of the books reads as a completion nobody granted). An impossible
@@ -504,7 +512,7 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     }
     let mut leased = [0u64; 2];
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
-        let count = w.page.lease(r).load(Ordering::Acquire) & !LEASE_OPEN;
+        let count = w.page.lease(r).load(Ordering::Acquire) & LEASE_COUNT;
         let delta = count.wrapping_sub(w.seen_leased[i]);
         if delta
             .saturating_add(w.books[i].open())
@@ -547,20 +555,35 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
         }
         believed.extend(interval);
     }
+    // The intervals (the worker's where believed, the daemon's otherwise) in the order
+    // they ended, shifted together so that the last ends now: the scheduler's clock only
+    // moves forward. Each keeps its place beside the others, so requests that ran one
+    // after another (a quiet holder's since the last read) are charged one after another,
+    // and requests that ran side by side (several queues) once for the time they overlap.
+    believed.sort_by_key(|&(_, (_, finished))| finished);
+    let last = believed.last().map_or(now, |&(_, (_, finished))| finished);
+    let at = |t: Nanos| now.saturating_sub(last.saturating_sub(t));
     for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
         if leased[i] > 0 {
-            st.sched.start_leased(vgpu, r, leased[i] as u32, now)?;
+            // As early as the first of them that already ended began (they started
+            // before their completions), now when none ended.
+            let first = believed
+                .iter()
+                .filter(|&&(cr, _)| cr == r)
+                .map(|&(_, (started, _))| at(started))
+                .min()
+                .unwrap_or(now);
+            st.sched.start_leased(vgpu, r, leased[i] as u32, first)?;
         }
     }
     // Completions before new submits, so the resource can change hands between a
     // worker's requests (Gdev's on_completion runs before the next on_arrival); requests
     // started under a lease were counted above, before their completions.
     for (r, (started, finished)) in believed {
-        // The interval (the worker's where it was believed, the daemon's otherwise),
-        // shifted to end now: the scheduler's clock only moves forward, and the duration
-        // is what counts.
-        let busy = finished.saturating_sub(started).min(now);
-        match st.sched.complete(vgpu, r, now - busy, now) {
+        match st
+            .sched
+            .complete(vgpu, r, at(started).min(at(finished)), at(finished))
+        {
             Ok(g) => grants.extend(g),
             Err(e) => tracing::debug!(vgpu, "ignored completion: {e}"),
         }
@@ -572,6 +595,77 @@ fn service(st: &mut State, vgpu: VgpuId, now: Nanos) -> Result<(), GrantError> {
     }
     apply(st, grants);
     Ok(())
+}
+
+/// [`service`], detaching the worker when its page cannot be trusted.
+fn serve_or_expel(shared: &Shared, st: &mut State, vgpu: VgpuId, now: Nanos) {
+    if let Err(e) = service(st, vgpu, now) {
+        tracing::error!(
+            vgpu,
+            "worker's grant page cannot be trusted ({e}); detaching it"
+        );
+        detach_locked(shared, st, vgpu);
+        st.expelled.insert(vgpu, e.to_string());
+    }
+}
+
+/// Reads the page of every worker that holds a quiet lease: what it started and completed
+/// since the last read rang no doorbell.
+fn catch_up(shared: &Shared, st: &mut State, now: Nanos) {
+    let quiet: Vec<VgpuId> = st
+        .workers
+        .iter()
+        .filter(|(_, w)| w.quiet.iter().any(|q| *q))
+        .map(|(&v, _)| v)
+        .collect();
+    for vgpu in quiet {
+        serve_or_expel(shared, st, vgpu, now);
+    }
+}
+
+/// Sets the quiet bit on each lease whose holder is alone on its resource (no other vGPU
+/// has a request waiting for it) and clears it where another waits: from the clear on,
+/// the holder rings for every start and completion again, and what it did quietly before
+/// is read once more after the clear, so the scheduler knows all of it before it decides
+/// between the two.
+fn update_quiet(shared: &Shared, st: &mut State, now: Nanos) {
+    let mut waiting = [0usize; 2];
+    for w in st.workers.values() {
+        for (n, p) in waiting.iter_mut().zip(&w.pending) {
+            *n += usize::from(*p > 0);
+        }
+    }
+    let mut loud = Vec::new();
+    let State { sched, workers, .. } = &mut *st;
+    for (&vgpu, w) in workers.iter_mut() {
+        for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
+            let others_wait = waiting[i] > usize::from(w.pending[i] > 0);
+            let want = !others_wait && sched.lease(vgpu, r, now).is_some();
+            if want == w.quiet[i] {
+                continue;
+            }
+            let word = w.page.lease(r);
+            if want {
+                word.fetch_or(LEASE_QUIET, Ordering::AcqRel);
+            } else {
+                word.fetch_and(!LEASE_QUIET, Ordering::AcqRel);
+                loud.push(vgpu);
+            }
+            w.quiet[i] = want;
+        }
+    }
+    if loud.is_empty() {
+        return;
+    }
+    // Pairs with the worker's fence between pushing a completion and reading the bit.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    loud.dedup();
+    for vgpu in loud {
+        serve_or_expel(shared, st, vgpu, now);
+    }
+    // A completion read just now may have passed the resource on: the old holder's lease
+    // closes in this wake-up, as after any other release.
+    close_leases(st, now);
 }
 
 /// The hand-over to be ready for: the worker whose running request on a resource is
@@ -635,14 +729,7 @@ fn handover(shared: &Shared, st: &mut State) -> Option<Nanos> {
     }
     if w.page.has_completions() {
         let now = time::now();
-        if let Err(e) = service(st, vgpu, now) {
-            tracing::error!(
-                vgpu,
-                "worker's grant page cannot be trusted ({e}); detaching it"
-            );
-            detach_locked(shared, st, vgpu);
-            st.expelled.insert(vgpu, e.to_string());
-        }
+        serve_or_expel(shared, st, vgpu, now);
         close_leases(st, now);
     }
     // The next hand-over may already be due.
@@ -693,6 +780,7 @@ fn run(shared: &Shared) -> Option<String> {
         // too (attach, detach), and work is booked up to this time.
         let mut st = lock(&shared.state);
         let now = time::now();
+        catch_up(shared, &mut st, now);
         close_leases(&mut st, now);
         for ev in &events[..n] {
             match ev.data() {
@@ -706,14 +794,7 @@ fn run(shared: &Shared) -> Option<String> {
                     let Ok(vgpu) = VgpuId::try_from(id) else {
                         continue;
                     };
-                    if let Err(e) = service(&mut st, vgpu, now) {
-                        tracing::error!(
-                            vgpu,
-                            "worker's grant page cannot be trusted ({e}); detaching it"
-                        );
-                        detach_locked(shared, &mut st, vgpu);
-                        st.expelled.insert(vgpu, e.to_string());
-                    }
+                    serve_or_expel(shared, &mut st, vgpu, now);
                 }
             }
         }
@@ -722,6 +803,7 @@ fn run(shared: &Shared) -> Option<String> {
         // anyone else is granted.
         close_leases(&mut st, now);
         apply(&mut st, grants);
+        update_quiet(shared, &mut st, now);
         let mut ahead = handover(shared, &mut st);
         if ahead.is_none() {
             ahead = handover(shared, &mut st);

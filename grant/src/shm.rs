@@ -18,6 +18,15 @@ pub const SLOTS: u32 = 4096;
 
 /// The open bit of a lease word.
 pub const LEASE_OPEN: u64 = 1 << 63;
+/// The quiet bit of a lease word: the daemon sets it beside the open bit while the holder
+/// is alone on the resource (no other vGPU waits for it). A worker then starts requests
+/// under the lease and pushes their completions without ringing the doorbell; the daemon
+/// reads the page at each of its wake-ups instead, and clears the bit (then reads the
+/// page once more) as soon as another vGPU asks, from when on every start and completion
+/// rings again.
+pub const LEASE_QUIET: u64 = 1 << 62;
+/// The count bits of a lease word: requests started under the lease.
+pub const LEASE_COUNT: u64 = LEASE_QUIET - 1;
 
 /// Resource index into the counters.
 pub fn index(r: Resource) -> usize {
@@ -80,10 +89,11 @@ struct Layout {
     /// Daemon writes.
     granted: Line<Grants>,
     /// Lease words: bit 63 set while the worker holds the resource and may start requests
-    /// without a grant; the low bits count every request so started (the worker adds one
-    /// with a compare-and-swap that only succeeds while the bit is set). The daemon closes
-    /// a lease by clearing the bit, which tells it exactly how many requests started
-    /// under it: no start can slip past the close.
+    /// without a grant; bit 62 ([`LEASE_QUIET`]) set while it holds it alone; the low bits
+    /// count every request so started (the worker adds one with a compare-and-swap that
+    /// only succeeds while the open bit is set). The daemon closes a lease by clearing
+    /// both bits, which tells it exactly how many requests started under it: no start can
+    /// slip past the close.
     lease: Line<[AtomicU64; 2]>,
     /// Ring of completions: worker produces at `tail`, daemon consumes at `head`.
     head: Line<AtomicU32>,
@@ -213,8 +223,9 @@ impl Page {
         l.tail.0.load(Ordering::Acquire) != l.head.0.load(Ordering::Relaxed)
     }
 
-    /// Daemon: completions in the ring not taken yet (at most the ring's size; a tail
-    /// that claims more is `pop`'s to report).
+    /// Completions in the ring not taken yet (at most the ring's size; a tail that claims
+    /// more is `pop`'s to report). The daemon's count of what it has to read; the worker's
+    /// of how full its ring is.
     pub fn queued(&self) -> u64 {
         let l = self.layout();
         let n = l

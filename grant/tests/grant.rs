@@ -254,3 +254,95 @@ fn every_queue_thread_completing_at_once_is_counted() {
         );
     }
 }
+
+#[test]
+fn a_lone_holder_rings_no_doorbell_and_every_request_is_still_counted() {
+    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let a = client(&server, 1, 0.5);
+    // The first request asks (its grant opens the lease); the daemon marks the lease quiet
+    // in the same wake-up, before the grant can be used up.
+    drop(a.acquire(Resource::Compute));
+    std::thread::sleep(Duration::from_millis(5));
+    let before = a.doorbells();
+    let n: u32 = 500;
+    let each = Duration::from_micros(200);
+    for _ in 0..n {
+        let _p = a.acquire(Resource::Compute);
+        burst(each);
+    }
+    let rung = a.doorbells() - before;
+    eprintln!("{n} requests of a lone holder rang {rung} doorbells");
+    assert!(
+        rung <= 2,
+        "{rung} doorbells for {n} requests under a quiet lease"
+    );
+    // The daemon read the page anyway: every request is charged, none is doubted, and
+    // none is left running.
+    let u = server.usage(1).unwrap();
+    let busy = Duration::from_nanos(u.compute_busy_ns);
+    assert!(
+        busy >= each * n,
+        "charged {busy:?} for {n} requests of {each:?}"
+    );
+    assert_eq!(u.violations, 0, "{u:?}");
+    assert_eq!(server.expelled(1), None);
+}
+
+#[test]
+fn a_quiet_holder_shares_at_once_when_another_vgpu_asks() {
+    let server = Arc::new(GrantServer::start(ServerConfig::default(), "test").unwrap());
+    let a = Arc::new(client(&server, 1, 0.5));
+    let b = Arc::new(client(&server, 2, 0.5));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ta = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _p = a.acquire(Resource::Compute);
+                burst(Duration::from_micros(300));
+            }
+        })
+    };
+    // vGPU 1 runs alone under a quiet lease for a while.
+    std::thread::sleep(Duration::from_millis(300));
+    let quiet_rings = a.doorbells();
+    let alone = server.usage(1).unwrap().compute_busy_ns;
+    // Then vGPU 2 asks, and keeps asking.
+    let asked = Instant::now();
+    drop(b.acquire(Resource::Compute));
+    let waited = asked.elapsed();
+    let tb = {
+        let (b, stop) = (b.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _p = b.acquire(Resource::Compute);
+                burst(Duration::from_micros(300));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    ta.join().unwrap();
+    tb.join().unwrap();
+    let ua = server.usage(1).unwrap().compute_busy_ns - alone;
+    let ub = server.usage(2).unwrap().compute_busy_ns;
+    let share = ub as f64 / (ua + ub) as f64;
+    let loud_rings = a.doorbells() - quiet_rings;
+    eprintln!(
+        "vGPU 2 waited {waited:?} for its first grant, then got {share:.3} of the busy time; \
+         vGPU 1 rang {quiet_rings} doorbells alone, {loud_rings} beside it"
+    );
+    // Its first request waits for BAND's hand-over margin (the holder keeps the engine
+    // until the newcomer is owed that much), not for a renewal of the lone holder's
+    // quiet lease (50 ms).
+    assert!(waited < Duration::from_millis(40), "{waited:?}");
+    assert!((share - 0.5).abs() < 0.1, "share {share}");
+    // Beside a neighbour the holder rings again, so the daemon hands over at once.
+    assert!(
+        loud_rings > 100,
+        "{loud_rings} doorbells beside a neighbour"
+    );
+    for v in [1, 2] {
+        assert_eq!(server.usage(v).unwrap().violations, 0, "vGPU {v}");
+    }
+}
