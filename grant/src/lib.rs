@@ -11,7 +11,10 @@
 //! - the daemon's scheduler grants by adding to `granted[resource]` and waking the futex on
 //!   that word (one `futex(2)`);
 //! - on completion the worker pushes `(resource, started, finished)` into a ring and rings
-//!   the eventfd again.
+//!   the eventfd again;
+//! - a holder alone on a resource starts under its lease and completes without ringing
+//!   (the lease's quiet bit, [`shm::LEASE_QUIET`]): the daemon reads its page at each of
+//!   its own wake-ups, and clears the bit as soon as another vGPU asks.
 //!
 //! The daemon trusts nothing it reads from the page ([`audit`]): it charges device time
 //! from its own clock where the worker's claim does not fit the grant, ignores completions
