@@ -233,3 +233,49 @@ fn an_honest_worker_is_never_doubted() {
         assert!(server.expelled(v).is_none());
     }
 }
+
+#[test]
+fn a_worker_that_keeps_its_lease_quiet_beside_a_neighbour_only_slows_itself() {
+    use vgpu_grant::shm::LEASE_QUIET;
+    // vGPU 1's worker sets the quiet bit on its own lease word again and again, so that it
+    // rings for none of its starts and completions even while vGPU 2 waits. The daemon
+    // then learns of its completions only at its own wake-ups: vGPU 1 holds the GPU
+    // longer than it needs, but vGPU 2 still gets its half.
+    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let (a, page, _) = attach(&server, 1);
+    let (b, _, _) = attach(&server, 2);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let stop = Arc::new(AtomicBool::new(false));
+    let forger = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                page.lease(Resource::Compute)
+                    .fetch_or(LEASE_QUIET, Ordering::SeqCst);
+                std::thread::yield_now();
+            }
+        })
+    };
+    let run = |c: Arc<GrantClient>, stop: Arc<AtomicBool>| {
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _p = c.acquire(Resource::Compute);
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        })
+    };
+    let ta = run(a, stop.clone());
+    let tb = run(b, stop.clone());
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    for t in [ta, tb, forger] {
+        t.join().unwrap();
+    }
+    let ua = server.usage(1).unwrap().compute_busy_ns as f64;
+    let ub = server.usage(2).unwrap().compute_busy_ns as f64;
+    let share = ub / (ua + ub);
+    eprintln!("the honest vGPU got {share:.3} of the busy time beside a quiet forger");
+    assert!(share > 0.4, "the honest vGPU got {share:.3}");
+    assert!(server.expelled(2).is_none());
+    assert_eq!(server.usage(2).unwrap().violations, 0);
+}
