@@ -9,6 +9,10 @@ use crate::sync::{lock, wait};
 struct State {
     epoch: u64,
     active: [u64; 2],
+    /// Drains waiting on `idle`: an operation that ends wakes them only when there are any
+    /// (a condition variable's notify is a system call even with nobody waiting, and every
+    /// launch and copy ends one operation).
+    waiting: u32,
 }
 
 /// Epoch-based in-flight counter: operations join the current epoch; a drain moves the
@@ -44,6 +48,7 @@ impl InFlight {
     /// Waits until every operation that began before this call has ended.
     pub fn drain(&self) {
         let mut s = self.lock();
+        s.waiting += 1;
         // The previous epoch must be empty before it can be reused (another drain may be
         // waiting for it).
         while s.active[((s.epoch + 1) & 1) as usize] != 0 {
@@ -54,6 +59,7 @@ impl InFlight {
         while s.active[old] != 0 {
             s = wait(&self.idle, s);
         }
+        s.waiting -= 1;
     }
 
     /// Operations in flight now.
@@ -68,7 +74,8 @@ impl Drop for OpGuard<'_> {
     fn drop(&mut self) {
         let mut s = self.owner.lock();
         s.active[self.slot] = s.active[self.slot].saturating_sub(1);
-        if s.active[self.slot] == 0 {
+        // Checked under the lock a drain holds until it waits: none is missed.
+        if s.active[self.slot] == 0 && s.waiting > 0 {
             self.owner.idle.notify_all();
         }
     }

@@ -197,7 +197,12 @@ impl Outgoing {
         if let Some(n) = s.inside.get_mut(q) {
             *n = n.saturating_sub(1);
         }
-        self.changed.notify_all();
+        // Only a stop waits for queue threads to leave, and it sets `frozen` under this
+        // lock before it waits: without one, a notify would be a system call per event
+        // for nobody.
+        if s.frozen {
+            self.changed.notify_all();
+        }
     }
 }
 
