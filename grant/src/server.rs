@@ -347,8 +347,11 @@ impl GrantServer {
     pub fn usage(&self, vgpu: VgpuId) -> Option<VgpuUsage> {
         let mut st = lock(&self.shared.state);
         let now = time::now();
-        // A lone holder's work since the thread's last wake-up is on its page only.
-        catch_up(&self.shared, &mut st, now);
+        // A lone holder's work since the thread's last wake-up is on its page only. Read
+        // here, it may move the scheduler's next deadline: the thread looks again.
+        if catch_up(&self.shared, &mut st, now) {
+            let _ = self.shared.control.write(1);
+        }
         let w = st.workers.get(&vgpu)?;
         let waited = w.waited(now);
         Some(VgpuUsage {
@@ -609,18 +612,54 @@ fn serve_or_expel(shared: &Shared, st: &mut State, vgpu: VgpuId, now: Nanos) {
     }
 }
 
-/// Reads the page of every worker that holds a quiet lease: what it started and completed
-/// since the last read rang no doorbell.
-fn catch_up(shared: &Shared, st: &mut State, now: Nanos) {
-    let quiet: Vec<VgpuId> = st
+/// How often the daemon reads, unasked, the page of a worker whose requests run while
+/// another vGPU waits for the resource: a worker that does not ring for its completions
+/// (taken over, or forging its lease's quiet bit) holds the resource at most this much
+/// longer than it uses it.
+const WATCH: Nanos = 1_000_000;
+
+/// Per resource, how many workers have a request waiting for a grant.
+fn waiting(st: &State) -> [usize; 2] {
+    let mut waiting = [0usize; 2];
+    for w in st.workers.values() {
+        for (n, p) in waiting.iter_mut().zip(&w.pending) {
+            *n += usize::from(*p > 0);
+        }
+    }
+    waiting
+}
+
+/// Whether worker `w` has requests running on a resource another vGPU waits for.
+fn holds_up_others(w: &Worker, waiting: &[usize; 2]) -> bool {
+    (0..2).any(|i| w.books[i].open() > 0 && waiting[i] > usize::from(w.pending[i] > 0))
+}
+
+/// Reads the page of every worker that holds a quiet lease (what it started and completed
+/// since the last read rang no doorbell), and of every worker whose running requests
+/// another vGPU waits for (its completions are due, rung for or not). Whether there was
+/// any.
+fn catch_up(shared: &Shared, st: &mut State, now: Nanos) -> bool {
+    let waiting = waiting(st);
+    let due: Vec<VgpuId> = st
         .workers
         .iter()
-        .filter(|(_, w)| w.quiet.iter().any(|q| *q))
+        .filter(|(_, w)| w.quiet.iter().any(|q| *q) || holds_up_others(w, &waiting))
         .map(|(&v, _)| v)
         .collect();
-    for vgpu in quiet {
+    let any = !due.is_empty();
+    for vgpu in due {
         serve_or_expel(shared, st, vgpu, now);
     }
+    any
+}
+
+/// When to wake to read the pages of workers others wait for (see [`WATCH`]).
+fn next_watch(st: &State, now: Nanos) -> Option<Nanos> {
+    let waiting = waiting(st);
+    st.workers
+        .values()
+        .any(|w| holds_up_others(w, &waiting))
+        .then(|| now.saturating_add(WATCH))
 }
 
 /// Sets the quiet bit on each lease whose holder is alone on its resource (no other vGPU
@@ -629,12 +668,7 @@ fn catch_up(shared: &Shared, st: &mut State, now: Nanos) {
 /// is read once more after the clear, so the scheduler knows all of it before it decides
 /// between the two.
 fn update_quiet(shared: &Shared, st: &mut State, now: Nanos) {
-    let mut waiting = [0usize; 2];
-    for w in st.workers.values() {
-        for (n, p) in waiting.iter_mut().zip(&w.pending) {
-            *n += usize::from(*p > 0);
-        }
-    }
+    let waiting = waiting(st);
     let mut loud = Vec::new();
     let State { sched, workers, .. } = &mut *st;
     for (&vgpu, w) in workers.iter_mut() {
@@ -808,7 +842,12 @@ fn run(shared: &Shared) -> Option<String> {
         if ahead.is_none() {
             ahead = handover(shared, &mut st);
         }
-        arm_timer(shared, &st, time::now(), ahead);
+        let now = time::now();
+        let ahead = match (ahead, next_watch(&st, now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        arm_timer(shared, &st, now, ahead);
     }
 }
 
