@@ -21,6 +21,9 @@ const SPIN: Duration = Duration::from_micros(30);
 const HANDOVER_SPIN: Duration = Duration::from_micros(200);
 /// A grant slower than this is worth a log line (the daemon is stuck or gone).
 const SLOW: Duration = Duration::from_secs(10);
+/// Completions a quiet holder pushes past half a ring between two doorbells while the
+/// daemon has not read its ring yet (see `GrantClient::quiet_completion`).
+const QUIET_RE_RING: u64 = 512;
 
 /// A worker's grant channel.
 pub struct GrantClient {
@@ -111,14 +114,20 @@ impl GrantClient {
     }
 
     /// Whether a completion just pushed can go without a doorbell: the daemon said the
-    /// holder is alone (it reads the page at its own wake-ups), and the ring is less than
-    /// half full (so it never fills between two of them).
+    /// holder is alone (it reads the page at its own wake-ups), and the ring did not just
+    /// reach half full (then one doorbell, and one more each [`QUIET_RE_RING`] completions
+    /// after while the daemon has not emptied it, so it never fills between two reads and
+    /// the daemon is rung a few times per ring, not once per completion while it wakes).
     fn quiet_completion(&self, r: Resource) -> bool {
         // Pairs with the daemon's fence between clearing the quiet bit and reading the
         // ring: either it sees this completion, or this sees the bit cleared and rings.
         std::sync::atomic::fence(Ordering::SeqCst);
-        self.page.lease(r).load(Ordering::Relaxed) & LEASE_QUIET != 0
-            && self.page.queued() < u64::from(SLOTS / 2)
+        if self.page.lease(r).load(Ordering::Relaxed) & LEASE_QUIET == 0 {
+            return false;
+        }
+        let half = u64::from(SLOTS / 2);
+        let queued = self.page.queued();
+        queued < half || (queued - half) % QUIET_RE_RING != 0
     }
 
     /// Waits for a grant; false if the channel was retired first.

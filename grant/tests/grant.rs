@@ -346,3 +346,35 @@ fn a_quiet_holder_shares_at_once_when_another_vgpu_asks() {
         assert_eq!(server.usage(v).unwrap().violations, 0, "vGPU {v}");
     }
 }
+
+#[test]
+fn a_quiet_holder_rings_when_its_ring_is_half_full() {
+    use vgpu_grant::shm::SLOTS;
+    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let a = client(&server, 1, 0.5);
+    drop(a.acquire(Resource::Compute));
+    std::thread::sleep(Duration::from_millis(5));
+    let before = a.doorbells();
+    // Requests as short as a worker's can be, far more than the ring holds between two of
+    // the daemon's own wake-ups.
+    let n = 4 * u64::from(SLOTS);
+    for _ in 0..n {
+        drop(a.acquire(Resource::Compute));
+    }
+    let rung = a.doorbells() - before;
+    eprintln!("{n} back-to-back requests of a quiet holder rang {rung} doorbells");
+    // It rang when the ring reached half full (and a few times more while the daemon
+    // woke), not per request: ringing on every completion past half a ring, or a full
+    // ring (the worker then sleeps and rings on every completion), would ring thousands.
+    assert!(
+        rung >= 1,
+        "never rang with {n} completions for a ring of {SLOTS}"
+    );
+    assert!(
+        rung <= 8 * n / u64::from(SLOTS / 2),
+        "{rung} doorbells for {n} requests"
+    );
+    let u = server.usage(1).unwrap();
+    assert_eq!(u.violations, 0, "{u:?}");
+    assert_eq!(server.expelled(1), None);
+}
