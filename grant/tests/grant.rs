@@ -25,22 +25,28 @@ fn burst(d: Duration) {
     let _ = t.elapsed();
 }
 
+/// A guest that keeps asking for the engine and runs `d` each time, until `stop`.
+fn keep_running(
+    c: Arc<GrantClient>,
+    d: Duration,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let _p = c.acquire(Resource::Compute);
+            burst(d);
+        }
+    })
+}
+
 #[test]
 fn band_splits_real_time_70_30_with_mixed_bursts() {
     let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
     let a = Arc::new(client(&server, 1, 0.7));
     let b = Arc::new(client(&server, 2, 0.3));
     let stop = Arc::new(AtomicBool::new(false));
-    let run = |c: Arc<GrantClient>, d: Duration, stop: Arc<AtomicBool>| {
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _p = c.acquire(Resource::Compute);
-                burst(d);
-            }
-        })
-    };
-    let ta = run(a, Duration::from_micros(200), stop.clone());
-    let tb = run(b, Duration::from_millis(5), stop.clone());
+    let ta = keep_running(a, Duration::from_micros(200), stop.clone());
+    let tb = keep_running(b, Duration::from_millis(5), stop.clone());
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::SeqCst);
     ta.join().unwrap();
@@ -255,14 +261,19 @@ fn every_queue_thread_completing_at_once_is_counted() {
     }
 }
 
+/// vGPU 1 alone on the engine, its lease quiet: its first request asked (the grant opened
+/// the lease), and the daemon marked the lease quiet in the same wake-up.
+fn quiet_holder(server: &GrantServer) -> GrantClient {
+    let a = client(server, 1, 0.5);
+    drop(a.acquire(Resource::Compute));
+    std::thread::sleep(Duration::from_millis(5));
+    a
+}
+
 #[test]
 fn a_lone_holder_rings_no_doorbell_and_every_request_is_still_counted() {
     let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
-    let a = client(&server, 1, 0.5);
-    // The first request asks (its grant opens the lease); the daemon marks the lease quiet
-    // in the same wake-up, before the grant can be used up.
-    drop(a.acquire(Resource::Compute));
-    std::thread::sleep(Duration::from_millis(5));
+    let a = quiet_holder(&server);
     let before = a.doorbells();
     let n: u32 = 500;
     let each = Duration::from_micros(200);
@@ -294,15 +305,7 @@ fn a_quiet_holder_shares_at_once_when_another_vgpu_asks() {
     let a = Arc::new(client(&server, 1, 0.5));
     let b = Arc::new(client(&server, 2, 0.5));
     let stop = Arc::new(AtomicBool::new(false));
-    let ta = {
-        let (a, stop) = (a.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _p = a.acquire(Resource::Compute);
-                burst(Duration::from_micros(300));
-            }
-        })
-    };
+    let ta = keep_running(a.clone(), Duration::from_micros(300), stop.clone());
     // vGPU 1 runs alone under a quiet lease for a while.
     std::thread::sleep(Duration::from_millis(300));
     let quiet_rings = a.doorbells();
@@ -311,15 +314,7 @@ fn a_quiet_holder_shares_at_once_when_another_vgpu_asks() {
     let asked = Instant::now();
     drop(b.acquire(Resource::Compute));
     let waited = asked.elapsed();
-    let tb = {
-        let (b, stop) = (b.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _p = b.acquire(Resource::Compute);
-                burst(Duration::from_micros(300));
-            }
-        })
-    };
+    let tb = keep_running(b.clone(), Duration::from_micros(300), stop.clone());
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::SeqCst);
     ta.join().unwrap();
@@ -351,9 +346,7 @@ fn a_quiet_holder_shares_at_once_when_another_vgpu_asks() {
 fn a_quiet_holder_rings_when_its_ring_is_half_full() {
     use vgpu_grant::shm::SLOTS;
     let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
-    let a = client(&server, 1, 0.5);
-    drop(a.acquire(Resource::Compute));
-    std::thread::sleep(Duration::from_millis(5));
+    let a = quiet_holder(&server);
     let before = a.doorbells();
     // Requests as short as a worker's can be, far more than the ring holds between two of
     // the daemon's own wake-ups.

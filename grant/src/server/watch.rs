@@ -41,9 +41,19 @@ fn waiting(st: &State) -> [usize; 2] {
     waiting
 }
 
+/// Whether a vGPU other than worker `w`'s waits for resource `i`.
+fn others_wait(w: &Worker, waiting: &[usize; 2], i: usize) -> bool {
+    waiting[i] > usize::from(w.pending[i] > 0)
+}
+
+/// Whether worker `w` has requests running on resource `i` while another vGPU waits for it.
+fn holds_up(w: &Worker, waiting: &[usize; 2], i: usize) -> bool {
+    w.books[i].open() > 0 && others_wait(w, waiting, i)
+}
+
 /// Whether worker `w` has requests running on a resource another vGPU waits for.
 fn holds_up_others(w: &Worker, waiting: &[usize; 2]) -> bool {
-    (0..2).any(|i| w.books[i].open() > 0 && waiting[i] > usize::from(w.pending[i] > 0))
+    (0..2).any(|i| holds_up(w, waiting, i))
 }
 
 /// Reads the page of every worker that holds a quiet lease (what it started and completed
@@ -85,8 +95,7 @@ pub(super) fn update_quiet(shared: &Shared, st: &mut State, now: Nanos) {
     let State { sched, workers, .. } = &mut *st;
     for (&vgpu, w) in workers.iter_mut() {
         for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
-            let others_wait = waiting[i] > usize::from(w.pending[i] > 0);
-            let want = !others_wait && sched.lease(vgpu, r, now).is_some();
+            let want = !others_wait(w, &waiting, i) && sched.lease(vgpu, r, now).is_some();
             if want == w.quiet[i] {
                 continue;
             }
@@ -117,17 +126,11 @@ pub(super) fn update_quiet(shared: &Shared, st: &mut State, now: Nanos) {
 /// The hand-over to be ready for: the worker whose running request on a resource is
 /// expected to end first while another vGPU waits for that resource, with the estimate.
 fn next_handover(st: &State, now: Nanos) -> Option<(VgpuId, Resource, Nanos)> {
-    let mut waiting = [0usize; 2];
-    for w in st.workers.values() {
-        for (n, p) in waiting.iter_mut().zip(&w.pending) {
-            *n += usize::from(*p > 0);
-        }
-    }
+    let waiting = waiting(st);
     let mut best: Option<(VgpuId, Resource, Nanos)> = None;
     for (&vgpu, w) in &st.workers {
         for (i, r) in [Resource::Compute, Resource::Copy].into_iter().enumerate() {
-            let others_wait = waiting[i] > usize::from(w.pending[i] > 0);
-            if !others_wait || w.books[i].open() == 0 {
+            if !holds_up(w, &waiting, i) {
                 continue;
             }
             let ends = w.page.ends_at(r).load(Ordering::Relaxed);
