@@ -200,6 +200,16 @@ on_vgpu() {
     return "$rc"
 }
 export -f on_vgpu
+# Starts vgpud on the cuda backend in a new folder, its output to $1, and returns once its
+# socket is up; sets the caller's `dir`, `sock` and `pid`.
+start_vgpud() {
+    dir=$(mktemp -d) sock=$dir/vgpud.sock
+    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
+        --payload-dir "$VGPU_PAYLOAD_DIR" >"$1" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+}
+export -f start_vgpud
 # Makes a process vGPU on vgpud's socket $1 with $2 of memory and $3 of compute; prints its
 # id and its socket, space-separated (non-zero when vgpuctl refused).
 process_vgpu() {
@@ -271,11 +281,7 @@ step_cudart() {
     "$nvcc" -o "$d/rt-vecadd-static" "$src/rt_vecadd.cu" || return 1
     "$nvcc" -cudart shared -o "$d/rt-vecadd-shared" "$src/rt_vecadd.cu" || return 1
     "$nvcc" -arch=sm_90 -o "$d/rt-cluster" "$src/rt_cluster.cu" || return 1
-    dir=$(mktemp -d) sock=$dir/vgpud.sock
-    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
-        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-cudart.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    start_vgpud "$d/vgpud-cudart.log"
     local ctl=("$B/bin/vgpuctl" --socket "$sock")
     for prog in rt-vecadd-static rt-vecadd-shared rt-cluster rt-cupy rt-torch rt-triton rt-jax; do
         local cmd=() ok
@@ -331,11 +337,7 @@ step_cudart-bench() {
     mkdir -p "$d/lib"
     cp "$B/lib/libvgpu_cuda.so" "$d/lib/libcuda.so.1"
     ln -sfn libcuda.so.1 "$d/lib/libcuda.so"
-    dir=$(mktemp -d) sock=$dir/vgpud.sock
-    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
-        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-bench.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    start_vgpud "$d/vgpud-bench.log"
     local ctl=("$B/bin/vgpuctl" --socket "$sock") round
     : >"$d/bench-native.log"
     : >"$d/bench-vgpu.log"
@@ -410,11 +412,7 @@ step_torch-shares() {
     # The CUDA and the NVML library, as a tenant installs them (PyTorch asks NVML about
     # the device when an allocation fails).
     "$B/bin/vgpu-cuda" install --prefix "$d" --lib "$B/lib/libvgpu_cuda.so" >/dev/null || return 1
-    dir=$(mktemp -d) sock=$dir/vgpud.sock
-    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
-        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud-torch.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    start_vgpud "$d/vgpud-torch.log"
     local ctl=("$B/bin/vgpuctl" --socket "$sock")
     for share in 70% 30%; do
         local v id vsock
@@ -576,24 +574,20 @@ step_cuda-api-bench() {
     # a tenant's: a process vGPU of vgpud with its defaults (`vgpuctl vgpu create --attach
     # process`, its worker sandboxed and gated by the GPU's scheduler); beside it, the
     # worker alone as started by hand above with queue polling on (no grant path).
-    local i rounds=${APIBENCH_ROUNDS:-5} vdir vsock vpid id sock
-    vdir=$(mktemp -d) vsock=$vdir/vgpud.sock
-    "$B/bin/vgpud" --backend cuda --socket "$vsock" --state-dir "$vdir/state" \
-        --payload-dir "$VGPU_PAYLOAD_DIR" >"$LOGS/vgpud-apibench.log" 2>&1 &
-    vpid=$!
-    for _ in $(seq 100); do [[ -S "$vsock" ]] && break; sleep 0.2; done
+    local i rounds=${APIBENCH_ROUNDS:-5} dir sock pid id vsock
+    start_vgpud "$LOGS/vgpud-apibench.log"
     : >"$d/turns.log"
     for i in $(seq "$rounds"); do
         "$d/apibench" 0 2>&1 | sed 's/^FIG /FIG native /' >>"$d/turns.log"
-        if read -r id sock < <(process_vgpu "$vsock" 8G 100%); then
-            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$sock \
+        if read -r id vsock < <(process_vgpu "$sock" 8G 100%); then
+            LD_LIBRARY_PATH=$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} VGPU_SOCKET=$vsock \
                 VGPU_DMA_POOL_MB=256 "$d/apibench" 0 2>&1 | sed 's/^FIG /FIG vgpud /' >>"$d/turns.log"
-            "$B/bin/vgpuctl" --socket "$vsock" vgpu delete "$id" >/dev/null
+            "$B/bin/vgpuctl" --socket "$sock" vgpu delete "$id" >/dev/null
         fi
         WORKER_ARGS="--poll-us 50" on_vgpu "apibench-turn$i" "$d/apibench" 0 2>&1 \
             | sed 's/^FIG /FIG worker /' >>"$d/turns.log"
     done
-    kill "$vpid"; wait "$vpid" 2>/dev/null
+    kill "$pid"; wait "$pid" 2>/dev/null
     awk -v rounds="$rounds" '
         function median(key,   n, i, j, t, a) {
             n = cnt[key]
@@ -641,11 +635,7 @@ step_cuda-shares() {
     "$nvcc" -ptx -o "$d/vecloop.ptx" "$src/vecloop.cu" || { echo "== FAIL: nvcc"; return 1; }
     gcc -std=c11 -Wall -O2 -I "$home/include" "$src/vecloop.c" -o "$d/vecloop" \
         -L "$stubs" -lcuda || { echo "== FAIL: gcc"; return 1; }
-    dir=$(mktemp -d) sock=$dir/vgpud.sock
-    "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
-        --payload-dir "$VGPU_PAYLOAD_DIR" >"$d/vgpud.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+    start_vgpud "$d/vgpud.log"
     ctl=("$B/bin/vgpuctl" --socket "$sock")
     for share in 70% 30%; do
         local v id vsock
@@ -848,11 +838,7 @@ step_idle-cpu() {
     local dir sock pid n rc=0 a b hz
     hz=$(getconf CLK_TCK)
     for n in 1 8; do
-        dir=$(mktemp -d) sock=$dir/vgpud.sock
-        "$B/bin/vgpud" --backend cuda --socket "$sock" --state-dir "$dir/state" \
-            --payload-dir "$VGPU_PAYLOAD_DIR" >"$LOGS/vgpud-idle-$n.log" 2>&1 &
-        pid=$!
-        for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.2; done
+        start_vgpud "$LOGS/vgpud-idle-$n.log"
         for _ in $(seq "$n"); do
             "$B/bin/vgpuctl" --socket "$sock" vgpu create --attach process --gpu 0 --memory 1G \
                 --compute "$((100 / n))%" >/dev/null || { echo "== FAIL: vgpu create"; rc=1; }
