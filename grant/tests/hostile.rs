@@ -279,3 +279,36 @@ fn a_worker_that_keeps_its_lease_quiet_beside_a_neighbour_only_slows_itself() {
     assert!(server.expelled(2).is_none());
     assert_eq!(server.usage(2).unwrap().violations, 0);
 }
+
+#[test]
+fn a_forged_lease_word_is_read_by_its_count_alone() {
+    use vgpu_grant::shm::{LEASE_OPEN, LEASE_QUIET};
+    let server = GrantServer::start(ServerConfig::default(), "test").unwrap();
+    let (_client, page, bell) = attach(&server, 1);
+    let (b, _, _) = attach(&server, 2);
+    // Both flag bits and no start: nothing is counted as running, so the neighbour gets
+    // the engine at once and the forger is not doubted.
+    page.lease(Resource::Compute)
+        .store(LEASE_OPEN | LEASE_QUIET, Ordering::SeqCst);
+    ring(&bell);
+    let t = Instant::now();
+    drop(b.acquire(Resource::Compute));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "the neighbour waited {:?}",
+        t.elapsed()
+    );
+    assert!(server.expelled(1).is_none());
+    // The quiet bit does not hide an impossible count: more starts than a guest can have
+    // detach the worker.
+    page.lease(Resource::Compute).store(
+        LEASE_OPEN | LEASE_QUIET | (MAX_IN_FLIGHT + 1),
+        Ordering::SeqCst,
+    );
+    ring(&bell);
+    eventually("the worker is detached", || server.expelled(1).is_some());
+    // The count read is the low bits alone: 4097, not the flag bits with it.
+    let why = server.expelled(1).unwrap();
+    assert!(why.contains("4097"), "{why}");
+    drop(b.acquire(Resource::Compute));
+}
