@@ -29,6 +29,20 @@ pub mod spec;
 pub mod transport;
 pub mod vgpu;
 
+/// Hints the CPU to bring the cache line at `p` in: the device wrote it from another
+/// core, and asking for several such lines at once overlaps their transfers.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
+    // address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[cfg(test)]
 mod fake;
 #[cfg(test)]

@@ -320,6 +320,16 @@ impl<const CAP: usize> SplitQueue<CAP> {
         }
     }
 
+    /// Whether the device has used entries not yet reaped; when it has, the next entry's
+    /// line is asked for (cheap: one ring read).
+    pub fn has_used_prefetch(&self) -> bool {
+        let more = self.ring.used_idx() != self.last_used;
+        if more {
+            self.ring.prefetch_used_entry(self.last_used);
+        }
+        more
+    }
+
     /// Whether the device has used entries not yet reaped (cheap: one ring read).
     pub fn has_used(&self) -> bool {
         self.ring.used_idx() != self.last_used

@@ -121,6 +121,12 @@ impl Ring {
         (self.read(off), self.read(off + 4))
     }
 
+    /// Hints the CPU to bring in the used entry for free-running used index `idx`.
+    pub(crate) fn prefetch_used_entry(&self, idx: u16) {
+        let off = self.layout.used + RING_HEADER + USED_ELEM_SIZE * (usize::from(idx) & self.mask);
+        crate::prefetch(self.at::<u8>(off));
+    }
+
     pub(crate) fn avail_event(&self) -> u16 {
         let off = self.layout.used + RING_HEADER + USED_ELEM_SIZE * (self.mask + 1);
         self.read(off)

@@ -12,6 +12,7 @@
 mod chain;
 mod config;
 mod device;
+mod dirty;
 mod error;
 mod events;
 pub mod front;

@@ -80,6 +80,13 @@ impl Slots {
         Ok(())
     }
 
+    /// Hints the CPU to bring in the line at `off` of `slot` (nothing when out of range).
+    pub(crate) fn prefetch(&self, slot: u16, off: usize) {
+        if let Ok(r) = self.range(slot, off, 0) {
+            crate::prefetch(self.mem.virt().as_ptr().wrapping_add(r.start));
+        }
+    }
+
     /// Clears an area the device will write, so stale bytes are never taken for an answer.
     pub(crate) fn clear(&mut self, slot: u16, off: usize, len: usize) -> Result<()> {
         let r = self.range(slot, off, len)?;

@@ -473,6 +473,15 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
     pub fn try_take(&mut self, t: Ticket) -> Result<Option<[u64; 4]>> {
         self.check_ticket(t)?;
         if let Slot::Pending { .. } = self.state[usize::from(t.slot)] {
+            // The used entry and this request's response were written by the device's
+            // core: ask for both lines before reading either.
+            if self.broken {
+                return Err(Error::Broken);
+            }
+            if !self.queue.has_used_prefetch() {
+                return Ok(None);
+            }
+            self.slots.prefetch(t.slot, RESPONSE_OFF);
             self.reap()?;
         }
         match self.state[usize::from(t.slot)] {
