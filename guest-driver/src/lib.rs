@@ -43,6 +43,20 @@ pub(crate) fn prefetch(p: *const u8) {
     let _ = p;
 }
 
+/// Hints the CPU to take the cache line at `p` for writing: the device read it last, and
+/// taking it now, off the path of the next request, spares that request the wait.
+#[inline(always)]
+pub(crate) fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
+    // address (PREFETCHW; a CPU without it treats the instruction as a no-op).
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 #[cfg(test)]
 mod fake;
 #[cfg(test)]

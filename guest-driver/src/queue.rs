@@ -330,6 +330,12 @@ impl<const CAP: usize> SplitQueue<CAP> {
         more
     }
 
+    /// Takes for writing the lines the next [`Self::add`] is likely to write (the head of
+    /// the free list and the next available entry): the device read them last.
+    pub fn prefetch_next_add(&self) {
+        self.ring.prefetch_post(self.free_head, self.avail_idx);
+    }
+
     /// Whether the device has used entries not yet reaped (cheap: one ring read).
     pub fn has_used(&self) -> bool {
         self.ring.used_idx() != self.last_used

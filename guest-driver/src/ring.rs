@@ -127,6 +127,14 @@ impl Ring {
         crate::prefetch(self.at::<u8>(off));
     }
 
+    /// Takes for writing the lines of descriptor `index` and of the available entry for
+    /// free-running index `idx`: where the next request is likely to go.
+    pub(crate) fn prefetch_post(&self, index: u16, idx: u16) {
+        crate::prefetch_write(self.at::<u8>((usize::from(index) & self.mask) * DESC_SIZE));
+        let slot = usize::from(idx) & self.mask;
+        crate::prefetch_write(self.at::<u8>(self.layout.avail + RING_HEADER + 2 * slot));
+    }
+
     pub(crate) fn avail_event(&self) -> u16 {
         let off = self.layout.used + RING_HEADER + USED_ELEM_SIZE * (self.mask + 1);
         self.read(off)

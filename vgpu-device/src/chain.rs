@@ -3,12 +3,12 @@
 //! written; data descriptors are walked a second time (re-checked, since the guest may
 //! rewrite its descriptor table meanwhile) to move the bytes.
 
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
-use vm_memory::bitmap::{Bitmap, RefSlice};
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
-use crate::dirty::DirtyLog;
 use crate::error::RequestError;
 
 /// The guest memory type the device serves: vhost-user memfd regions, each with the
@@ -16,7 +16,7 @@ use crate::error::RequestError;
 /// Writes through vm-memory (responses, used rings) mark their pages in it by themselves;
 /// the backends write data descriptors through raw host pointers, so [`for_each_data`]
 /// marks those pages once the callback has written them.
-pub type GuestMem = GuestMemoryMmap<DirtyLog>;
+pub type GuestMem = GuestMemoryMmap<BitmapMmapRegion>;
 /// A descriptor chain over that memory.
 pub type Chain<'m> = DescriptorChain<&'m GuestMem>;
 
@@ -154,7 +154,7 @@ pub fn for_each_data<'m>(
 }
 
 /// The same guest bytes as `s`, without its dirty bitmap (the type the backends take).
-fn without_bitmap<'m>(s: &VolatileSlice<'m, RefSlice<'m, DirtyLog>>) -> VolatileSlice<'m> {
+fn without_bitmap<'m>(s: &VolatileSlice<'m, BitmapMmapRegion>) -> VolatileSlice<'m> {
     // SAFETY: `s` covers `s.len()` bytes of a guest memory mapping that lives for 'm (it
     // came from `mem.get_slices`, which borrows the mapping for 'm); the new slice is the
     // same range and is only accessed with volatile operations, like `s`.

@@ -12,7 +12,6 @@
 mod chain;
 mod config;
 mod device;
-mod dirty;
 mod error;
 mod events;
 pub mod front;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_backend::HostRegion;
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
@@ -35,7 +36,6 @@ use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
 
 mod burst;
-mod prefetch;
 
 /// Guest memory as vhost-user-backend hands it over.
 pub type Memory = GuestMemoryAtomic<GuestMem>;
@@ -131,7 +131,6 @@ impl VgpuVhostBackend {
         let mut deadline: Option<Instant> = None;
         // A chain taken off the ring that ended a batch: served next.
         let mut held = None;
-        let mut guess = prefetch::Prefetch::new(vring, mem);
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -140,11 +139,7 @@ impl VgpuVhostBackend {
                 let r = match held.take() {
                     Some(r) => r,
                     None => match pop(vring, mem) {
-                        Some(c) => {
-                            let r = self.vgpu.receive(mem, c);
-                            guess.learn(mem, &r);
-                            r
-                        }
+                        Some(c) => self.vgpu.receive(mem, c),
                         None => break,
                     },
                 };
@@ -183,7 +178,7 @@ impl VgpuVhostBackend {
             }
             if !self.poll.is_zero() {
                 let end = *deadline.get_or_insert_with(|| Instant::now() + self.poll);
-                if posted_before(vring, mem, end, &guess) {
+                if posted_before(vring, mem, end) {
                     continue;
                 }
             }
@@ -207,7 +202,7 @@ const SPINS_PER_CLOCK_READ: u32 = 16;
 /// the index after it is posted: the lock, the queue's checks and the clock stay out of
 /// the loop. A ring stopped or moved meanwhile costs at most the rest of the window (the
 /// caller takes the lock and looks again).
-fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant, guess: &prefetch::Prefetch) -> bool {
+fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant) -> bool {
     let (index, taken) = {
         let state = vring.get_ref();
         let queue = state.get_queue();
@@ -226,10 +221,7 @@ fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant, guess: &prefetch::
     loop {
         for _ in 0..SPINS_PER_CLOCK_READ {
             match mem.load::<u16>(index, Ordering::Acquire) {
-                Ok(posted) if posted != taken => {
-                    guess.ask(taken);
-                    return true;
-                }
+                Ok(posted) if posted != taken => return true,
                 Ok(_) => std::hint::spin_loop(),
                 Err(_) => return false,
             }
@@ -341,7 +333,7 @@ fn host_regions(mem: &Memory) -> Vec<HostRegion> {
 }
 
 impl VhostUserBackend for VgpuVhostBackend {
-    type Bitmap = crate::dirty::DirtyLog;
+    type Bitmap = BitmapMmapRegion;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {

@@ -87,6 +87,16 @@ impl Slots {
         }
     }
 
+    /// Takes for writing the first `lines` cache lines at `off` of `slot`.
+    pub(crate) fn prefetch_write(&self, slot: u16, off: usize, lines: usize) {
+        if let Ok(r) = self.range(slot, off, 0) {
+            let base = self.mem.virt().as_ptr().wrapping_add(r.start);
+            for i in 0..lines {
+                crate::prefetch_write(base.wrapping_add(i * 64));
+            }
+        }
+    }
+
     /// Clears an area the device will write, so stale bytes are never taken for an answer.
     pub(crate) fn clear(&mut self, slot: u16, off: usize, len: usize) -> Result<()> {
         let r = self.range(slot, off, len)?;

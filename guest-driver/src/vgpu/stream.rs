@@ -487,10 +487,21 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
         match self.state[usize::from(t.slot)] {
             Slot::Done { outcome, .. } => {
                 self.release_slot(t.slot);
+                self.prefetch_next(t.slot);
                 outcome.map(Some)
             }
             _ => Ok(None),
         }
+    }
+
+    /// The next request goes into the slot and the descriptors just freed (the tops of the
+    /// free lists): their lines, which the device read last, are taken for writing now,
+    /// while the program is still busy with the answer (docs/protocol.md, "Descriptors
+    /// and slots").
+    fn prefetch_next(&self, slot: u16) {
+        self.slots.prefetch_write(slot, 0, 2);
+        self.slots.prefetch_write(slot, RESPONSE_OFF, 1);
+        self.queue.prefetch_next_add();
     }
 
     /// Waits for the ticket's completion and returns its result words (or the device's
