@@ -466,9 +466,18 @@ fn a_process_computes_on_across_a_vgpud_restart_and_the_next_one_is_served() {
     );
     assert!(status.success(), "the next program: {status:?}: {out}");
 
+    // The vGPU's counters add up over its processes: a fresh worker took over, and what
+    // the two programs ran is still counted (the second one's final report included).
+    let fresh = wait_state(&d.client, v.id, "ready", |s| *s == VgpuState::Ready);
+    assert_ne!(fresh.worker_pid, next.worker_pid, "a fresh worker again");
+    let s = d.client.vgpu_stats(v.id).expect("stats");
+    assert!(
+        s.kernels > 0 && s.requests > s.kernels && s.kernel_ns > 0,
+        "the counters of the programs before the fresh worker: {s:?}"
+    );
+
     // A program killed mid-run (a crashed container): its device memory goes with its
     // worker, and the next process finds a fresh one holding nothing.
-    wait_state(&d.client, v.id, "ready", |s| *s == VgpuState::Ready);
     let mut p = run_loop(&v.socket, "--secs 60 --spins 2 --spin-us 500 --n 65536");
     wait_state(&d.client, v.id, "attached", |s| *s == VgpuState::Attached);
     let end = Instant::now() + Duration::from_secs(10);

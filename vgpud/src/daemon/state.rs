@@ -53,9 +53,11 @@ macro_rules! getters {
 }
 
 mod ask;
+mod counters;
 mod vm;
 
 pub(super) use ask::VgpuAsk;
+pub(super) use counters::Counters;
 pub(super) use vm::{VmDef, VmRec};
 
 /// A running worker: its process and its control channel.
@@ -87,6 +89,8 @@ pub(super) struct VgpuRec {
     /// We asked the worker to stop: its exit is not a failure.
     stopping: bool,
     samples: VecDeque<WorkerStats>,
+    /// What its workers before the current one counted (a process vGPU's).
+    earlier: counters::Earlier,
     /// An oversubscribed vGPU's latest memory report.
     memory_report: Option<MemReport>,
     /// A migration to this GPU is running (its shares are committed there too).
@@ -164,6 +168,7 @@ impl VgpuRec {
             worker: None,
             stopping: false,
             samples: VecDeque::new(),
+            earlier: counters::Earlier::default(),
             memory_report: None,
             migrating_to: None,
             restore_failed: d.restore_failed,
@@ -409,11 +414,43 @@ impl VgpuRec {
         self.memory_report = Some(m);
     }
 
-    /// A fresh worker's counters start at zero: the last one's samples and memory
-    /// report go.
-    pub(super) fn forget_samples(&mut self) {
+    /// A fresh worker takes over: its counters and clock start at zero. What the last one
+    /// counted is kept (the vGPU's counters add up over its workers); its samples and
+    /// memory report go, and its later reports are told apart by their generation.
+    pub(super) fn retire_worker(&mut self) {
+        let last = self.samples.back().map(Counters::of).unwrap_or_default();
+        self.earlier.retire(last);
         self.samples.clear();
         self.memory_report = None;
+    }
+
+    /// Samples that arrived while the fresh worker started (the last one's, answering a
+    /// query sent before it left) go: the fresh worker's clock is behind them.
+    pub(super) fn drop_samples(&mut self) {
+        self.samples.clear();
+        self.memory_report = None;
+    }
+
+    /// The generation of the current worker, which its events carry.
+    pub(super) fn worker_generation(&self) -> u64 {
+        self.earlier.generation()
+    }
+
+    /// The worker of generation `generation` sent its final counters `s`: the current
+    /// worker's are a sample; the last one's add what it counted since it was retired.
+    pub(super) fn record_final(&mut self, generation: u64, s: WorkerStats, keep_ns: u64) {
+        if generation == self.earlier.generation() {
+            self.record_sample(s, keep_ns);
+        } else {
+            self.earlier.late(generation, &s);
+        }
+    }
+
+    /// Its counters over all its workers: the earlier ones' and the current one's last
+    /// sample.
+    pub(super) fn counters(&self) -> Counters {
+        let last = self.samples.back().map(Counters::of).unwrap_or_default();
+        self.earlier.total().plus(last)
     }
 
     /// A share change is on its way to the worker and the schedulers: until both

@@ -78,15 +78,30 @@ pub async fn vgpu_stats(d: &Daemon, id: u32) -> Result<api::VgpuStats, ApiError>
 
 /// Keeps worker sample `s` of vGPU `id` (two windows' worth are kept).
 pub(super) fn record_sample(state: &State, cfg: &Config, id: u32, s: WorkerStats) {
-    let keep_ns = u64::try_from(cfg.stats_window.as_nanos())
-        .unwrap_or(u64::MAX)
-        .saturating_mul(2);
+    let keep_ns = keep_ns(cfg);
     state.with(|inner| {
         let Some(rec) = inner.vgpus.get_mut(&id) else {
             return;
         };
         rec.record_sample(s, keep_ns);
     });
+}
+
+/// The final counters `s` of vGPU `id`'s worker of `generation`.
+pub(super) fn record_final(state: &State, cfg: &Config, id: u32, generation: u64, s: WorkerStats) {
+    let keep_ns = keep_ns(cfg);
+    state.with(|inner| {
+        if let Some(rec) = inner.vgpus.get_mut(&id) {
+            rec.record_final(generation, s, keep_ns);
+        }
+    });
+}
+
+/// How long samples are kept: two stats windows.
+fn keep_ns(cfg: &Config) -> u64 {
+    u64::try_from(cfg.stats_window.as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2)
 }
 
 /// vGPU `rec`'s stats over the window, from its samples.
@@ -115,6 +130,7 @@ fn stats_of(cfg: &Config, grants: &Grants, rec: &VgpuRec) -> api::VgpuStats {
         (k, (bw > 0).then(|| bytes / (bw as f64 * secs)))
     };
     let live = rec.worker().is_some() && !rec.samples().is_empty();
+    let counted = rec.counters();
     // The grant path's counters (its own lock, a leaf).
     let usage = grants
         .get(rec.gpu())
@@ -145,13 +161,13 @@ fn stats_of(cfg: &Config, grants: &Grants, rec: &VgpuRec) -> api::VgpuStats {
             .map_or(0.0, |m| m.swap_in_ns as f64 / 1e6),
         evictions: rec.memory_report().map_or(0, |m| m.evictions),
         allocations: last.allocations,
-        requests: last.requests,
-        errors: last.errors,
-        kernels: last.kernels,
-        kernel_ns: last.kernel_ns,
-        bytes_htod: last.bytes_htod,
-        bytes_dtoh: last.bytes_dtoh,
-        bytes_dtod: last.bytes_dtod,
+        requests: counted.requests,
+        errors: counted.errors,
+        kernels: counted.kernels,
+        kernel_ns: counted.kernel_ns,
+        bytes_htod: counted.bytes_htod,
+        bytes_dtoh: counted.bytes_dtoh,
+        bytes_dtod: counted.bytes_dtod,
         compute_share: permille_to_fraction(if rec.samples().is_empty() {
             rec.compute()
         } else {

@@ -269,13 +269,22 @@ pub(super) fn worker_identity(cfg: &Config, id: u32) -> Option<Identity> {
 }
 
 /// What vGPU `id`'s worker tells over its control channel, dispatched to the daemon.
+/// The events carry the generation of the worker they come from (the vGPU's current one
+/// when they are set up), so a process vGPU's last worker's final report, come after the
+/// next worker took over, adds to the counters instead of standing for the fresh worker's.
 pub(super) fn worker_events(d: &Arc<Daemon>, id: u32) -> impl Fn(link::Event) + Send + 'static {
     let weak = Arc::downgrade(d);
+    let generation = d
+        .state
+        .with(|i| i.vgpus.get(&id).map(|r| r.worker_generation()))
+        .unwrap_or(0);
     move |e: link::Event| {
         let Some(d) = weak.upgrade() else { return };
         match e {
             link::Event::Connected => on_connected(&d.state, id),
-            link::Event::Final(stats) => stats::record_sample(&d.state, &d.cfg, id, stats),
+            link::Event::Final(stats) => {
+                stats::record_final(&d.state, &d.cfg, id, generation, stats)
+            }
             link::Event::Memory(m) => memory::on_memory(&d, id, m),
             link::Event::Migration(p) => migration::on_migration_progress(&d, id, p),
             link::Event::Ask {

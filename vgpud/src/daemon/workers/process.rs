@@ -37,19 +37,21 @@ pub(in crate::daemon) async fn next_worker(d: &Arc<Daemon>, id: u32) {
         vgpu = id,
         "its process hung up; starting a fresh worker for the next one"
     );
-    // The fresh worker's counters and clock start at zero: the last one's samples go
-    // (again once it is ready: the last one's final counters may come in meanwhile).
-    let forget_samples = || {
-        d.state.with(|i| {
-            if let Some(rec) = i.vgpus.get_mut(&id) {
-                rec.forget_samples();
-            }
-        })
-    };
-    forget_samples();
+    // The fresh worker's counters and clock start at zero: the last one's counters are
+    // kept and its samples go (again once the fresh one is ready: an answer of the last
+    // one to a stats query may come in meanwhile; its final report is told apart).
+    d.state.with(|i| {
+        if let Some(rec) = i.vgpus.get_mut(&id) {
+            rec.retire_worker();
+        }
+    });
     let result = super::start_worker(d, id).await;
     if result.is_ok() {
-        forget_samples();
+        d.state.with(|i| {
+            if let Some(rec) = i.vgpus.get_mut(&id) {
+                rec.drop_samples();
+            }
+        });
     }
     if let Err(e) = result {
         d.state.with(|i| {
