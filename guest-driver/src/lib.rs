@@ -29,32 +29,24 @@ pub mod spec;
 pub mod transport;
 pub mod vgpu;
 
-/// Hints the CPU to bring the cache line at `p` in: the device wrote it from another
-/// core, and asking for several such lines at once overlaps their transfers.
+/// Hints the CPU to bring the cache line at `p` in, or with `write` to take it for
+/// writing: the device wrote or read it last from another core, and asking for several
+/// such lines at once, or before they are needed, overlaps their transfers.
 #[inline(always)]
-pub(crate) fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8, write: bool) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
-    // address.
+    // address (PREFETCHW for a write; a CPU without it treats the instruction as a no-op).
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if write {
+            _mm_prefetch::<_MM_HINT_ET0>(p.cast())
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast())
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Hints the CPU to take the cache line at `p` for writing: the device read it last, and
-/// taking it now, off the path of the next request, spares that request the wait.
-#[inline(always)]
-pub(crate) fn prefetch_write(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
-    // address (PREFETCHW; a CPU without it treats the instruction as a no-op).
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, write);
 }
 
 #[cfg(test)]

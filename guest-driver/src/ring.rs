@@ -124,15 +124,21 @@ impl Ring {
     /// Hints the CPU to bring in the used entry for free-running used index `idx`.
     pub(crate) fn prefetch_used_entry(&self, idx: u16) {
         let off = self.layout.used + RING_HEADER + USED_ELEM_SIZE * (usize::from(idx) & self.mask);
-        crate::prefetch(self.at::<u8>(off));
+        crate::prefetch(self.at::<u8>(off), false);
     }
 
     /// Takes for writing the lines of descriptor `index` and of the available entry for
     /// free-running index `idx`: where the next request is likely to go.
     pub(crate) fn prefetch_post(&self, index: u16, idx: u16) {
-        crate::prefetch_write(self.at::<u8>((usize::from(index) & self.mask) * DESC_SIZE));
+        crate::prefetch(
+            self.at::<u8>((usize::from(index) & self.mask) * DESC_SIZE),
+            true,
+        );
         let slot = usize::from(idx) & self.mask;
-        crate::prefetch_write(self.at::<u8>(self.layout.avail + RING_HEADER + 2 * slot));
+        crate::prefetch(
+            self.at::<u8>(self.layout.avail + RING_HEADER + 2 * slot),
+            true,
+        );
     }
 
     pub(crate) fn avail_event(&self) -> u16 {

@@ -83,7 +83,7 @@ impl Slots {
     /// Hints the CPU to bring in the line at `off` of `slot` (nothing when out of range).
     pub(crate) fn prefetch(&self, slot: u16, off: usize) {
         if let Ok(r) = self.range(slot, off, 0) {
-            crate::prefetch(self.mem.virt().as_ptr().wrapping_add(r.start));
+            crate::prefetch(self.mem.virt().as_ptr().wrapping_add(r.start), false);
         }
     }
 
@@ -92,7 +92,7 @@ impl Slots {
         if let Ok(r) = self.range(slot, off, 0) {
             let base = self.mem.virt().as_ptr().wrapping_add(r.start);
             for i in 0..lines {
-                crate::prefetch_write(base.wrapping_add(i * 64));
+                crate::prefetch(base.wrapping_add(i * 64), true);
             }
         }
     }
