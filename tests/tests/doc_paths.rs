@@ -14,6 +14,7 @@ const GENERATED: &[&str] = &[
     "fuzz/target",
     "fuzz/artifacts",
     "gpu-bundle",
+    "launch-ab",
     "out/",
     "guests/target",
 ];
