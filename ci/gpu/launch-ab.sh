@@ -42,6 +42,9 @@ build() {
             src=$root
         else
             tree=$(mktemp -d)
+            # A revision that does not resolve, or a build that fails, leaves nothing behind.
+            # shellcheck disable=SC2064 # the path now: `tree` is gone when the trap runs
+            trap "git worktree remove --force '$tree' 2>/dev/null || rm -rf '$tree'" EXIT
             git -c advice.detachedHead=false worktree add --quiet --detach "$tree" "$rev"
             src=$tree
         fi
@@ -54,6 +57,7 @@ build() {
         git -C "$src" rev-parse HEAD >"$out/$name/REV"
         if [[ $rev != . ]]; then
             git worktree remove --force "$tree"
+            trap - EXIT
         fi
     done
     du -sh "$out"

@@ -320,25 +320,20 @@ impl<const CAP: usize> SplitQueue<CAP> {
         }
     }
 
-    /// Whether the device has used entries not yet reaped; when it has, the next entry's
-    /// line is asked for (cheap: one ring read).
-    pub fn has_used_prefetch(&self) -> bool {
-        let more = self.ring.used_idx() != self.last_used;
-        if more {
-            self.ring.prefetch_used_entry(self.last_used);
-        }
-        more
-    }
-
     /// Takes for writing the lines the next [`Self::add`] is likely to write (the head of
     /// the free list and the next available entry): the device read them last.
     pub fn prefetch_next_add(&self) {
         self.ring.prefetch_post(self.free_head, self.avail_idx);
     }
 
-    /// Whether the device has used entries not yet reaped (cheap: one ring read).
+    /// Whether the device has used entries not yet reaped (cheap: one ring read); when it
+    /// has, the next entry's line is asked for, since reaping reads it next.
     pub fn has_used(&self) -> bool {
-        self.ring.used_idx() != self.last_used
+        let more = self.ring.used_idx() != self.last_used;
+        if more {
+            self.ring.prefetch_used_entry(self.last_used);
+        }
+        more
     }
 
     /// Reaps one used entry, if any. Entries may complete out of order. A used id that is

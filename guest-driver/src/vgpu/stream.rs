@@ -478,7 +478,7 @@ impl<T: Transport, const CAP: usize> Stream<T, CAP> {
             if self.broken {
                 return Err(Error::Broken);
             }
-            if !self.queue.has_used_prefetch() {
+            if !self.queue.has_used() {
                 return Ok(None);
             }
             self.slots.prefetch(t.slot, RESPONSE_OFF);

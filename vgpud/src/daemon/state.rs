@@ -420,8 +420,7 @@ impl VgpuRec {
     pub(super) fn retire_worker(&mut self) {
         let last = self.samples.back().map(Counters::of).unwrap_or_default();
         self.earlier.retire(last);
-        self.samples.clear();
-        self.memory_report = None;
+        self.drop_samples();
     }
 
     /// Samples that arrived while the fresh worker started (the last one's, answering a
