@@ -103,22 +103,42 @@ run() {
     table "$d/figures"
 }
 
-# The medians of a figures file (lines `WHO FIGURE VALUE ...`), each beside native's.
+# The medians of a figures file (lines `WHO FIGURE VALUE ...`, each round starting with
+# native's round trip): each build's medians, and the median over the rounds of its ratio
+# to native in the same round, which the minute-to-minute drift of the native rate moves
+# less than a ratio of medians; the middle half of those ratios beside it.
 table() {
     awk '
-        { v[$1, $2] = v[$1, $2] " " $3; who[$1] = 1 }
-        function median(s,    a, k, i, j, t) {
+        $1 == "native" && $2 == "launch_sync_rtt" { round++ }
+        { v[$1, $2] = v[$1, $2] " " $3; who[$1] = 1; at[round, $1, $2] = $3 }
+        function sorted(s, a,    k, i, j, t) {
             k = split(s, a, " ")
             for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+            return k
+        }
+        function median(s,    a, k) {
+            k = sorted(s, a)
             return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
         }
+        function quartile(s, q,    a, k) {
+            k = sorted(s, a)
+            return a[int((k - 1) * q + 1.5)]
+        }
+        function ratios(w, f,    r, s) {
+            s = ""
+            for (r = 1; r <= round; r++)
+                if ((r, w, f) in at && (r, "native", f) in at && at[r, "native", f] > 0)
+                    s = s " " at[r, w, f] / at[r, "native", f]
+            return s
+        }
         END {
-            nr = median(v["native", "launch_sync_rtt"]); na = median(v["native", "async_launches"])
-            printf "| %-28s | %-22s | %-24s |\n", "medians", "null launch + sync", "async launches"
-            printf "| %-28s | %-22s | %-24s |\n", "---", "---", "---"
+            printf "| %-20s | %-34s | %-36s |\n", "medians", "null launch + sync (ratio, middle half)", "async launches (ratio, middle half)"
+            printf "| %-20s | %-34s | %-36s |\n", "---", "---", "---"
             for (w in who) {
-                r = median(v[w, "launch_sync_rtt"]); a = median(v[w, "async_launches"])
-                printf "| %-28s | %6.2f us (%5.3fx) | %8.0f /s (%5.3fx) |\n", w, r, r / nr, a, a / na
+                rr = ratios(w, "launch_sync_rtt"); ra = ratios(w, "async_launches")
+                printf "| %-20s | %6.2f us (%5.3fx, %5.3f-%5.3f) | %8.0f /s (%5.3fx, %5.3f-%5.3f) |\n", w,
+                    median(v[w, "launch_sync_rtt"]), median(rr), quartile(rr, 0.25), quartile(rr, 0.75),
+                    median(v[w, "async_launches"]), median(ra), quartile(ra, 0.25), quartile(ra, 0.75)
             }
         }' "$1"
 }

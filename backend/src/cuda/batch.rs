@@ -43,6 +43,7 @@ use super::builtin;
 use super::driver::{check, CuError, Event, Stream};
 use super::lanes::{host_ns, Lane};
 use super::modules::{self, Kernel, PtxFunc};
+use super::signal::Signal;
 use super::{CudaGpu, DEFAULT_SHARED};
 use crate::error::{BackendError, Result};
 use crate::sync::lock;
@@ -63,15 +64,42 @@ impl CudaGpu {
         args: &[ArgValue],
         blob: &[u8],
     ) -> Result<u64> {
-        let Lane { stream, held, .. } = lane;
+        let Lane {
+            stream,
+            held,
+            signal,
+            ..
+        } = lane;
         let t = Instant::now();
         let run = self
             .queue_ptx(stream, None, None, held, f, config, cluster, args, blob)
-            .and_then(|()| self.wait_kernel_until(stream, f.name(), t, self.kernel_limit))
+            .and_then(|()| self.wait_lone(stream, signal, f.name(), t))
             .map(|()| host_ns(t));
         // The kernel has finished (or can no longer touch them): the allocations may go.
         held.clear();
         run
+    }
+
+    /// Waits for the lone kernel just queued on `stream`: by the lane's host word when it
+    /// has one (`signal.rs`), else by asking the stream. A word the driver will not write
+    /// is given up for the lane's life.
+    fn wait_lone(
+        &self,
+        stream: &Stream,
+        signal: &mut Option<Signal>,
+        kernel: &str,
+        t: Instant,
+    ) -> Result<()> {
+        if let Some(s) = signal {
+            match s.arm(stream) {
+                Ok(armed) => return self.wait_kernel_until(&armed, kernel, t, self.kernel_limit),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot queue a host word's write after a kernel; this lane's waits ask the stream");
+                    *signal = None;
+                }
+            }
+        }
+        self.wait_kernel_until(stream, kernel, t, self.kernel_limit)
     }
 
     /// Checks a launch of `f` and queues it on `stream` between `start` and `end` (either

@@ -325,6 +325,13 @@ impl Stream {
 pub trait Completion {
     /// Whether the work has finished (`Err`: it failed, or the context is lost).
     fn finished(&self) -> Result<bool, CuError>;
+
+    /// Whether the work has finished, as read without a driver call (a word the stream
+    /// writes, `signal.rs`); `None` when there is nothing to read that way. A `false` says
+    /// nothing of a failure: only [`Completion::finished`] reports one.
+    fn signalled(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// The answer of a query call: finished, not yet, or its error.

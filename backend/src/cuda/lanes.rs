@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use super::driver::{Context, CuError, DevBuf, Event, Stream};
 use super::modules::Held;
+use super::signal::Signal;
 use crate::sync::lock;
 
 /// One stream and what an operation on it needs.
@@ -29,6 +30,9 @@ pub struct Lane {
     /// What the kernels queued on the stream point into, held until they have finished
     /// (emptied by whoever queued them; the capacity stays).
     pub held: Vec<Held>,
+    /// The word a lone kernel's end is read from (`signal.rs`); `None` when the driver
+    /// would not give one, or would not write it: the stream is asked instead.
+    pub signal: Option<Signal>,
     scratch: Option<DevBuf>,
     ctx: Arc<Context>,
 }
@@ -40,6 +44,11 @@ impl Lane {
             done: Event::untimed(ctx)?,
             marks: Vec::new(),
             held: Vec::new(),
+            signal: Signal::new(ctx)
+                .inspect_err(|e| {
+                    tracing::debug!(error = %e, "no host word for kernel ends on a new lane; its waits ask the stream")
+                })
+                .ok(),
             scratch: None,
             ctx: ctx.clone(),
         })

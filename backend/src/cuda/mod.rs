@@ -34,6 +34,9 @@ mod modules;
 mod occupancy;
 mod pinned;
 mod relocation;
+mod signal;
+#[cfg(test)]
+mod signal_tests;
 mod storage;
 mod tensor_map;
 mod virtual_memory;
