@@ -80,8 +80,8 @@ impl Signal {
         };
         check(
             // SAFETY: `stream` is live in this signal's context, and `dev` is the device
-            // address of this value's own pinned word, which outlives the write (a lane
-            // keeps its signal while work on its stream may still run).
+            // address of this value's own pinned word, which outlives the write (Drop frees
+            // it only once the last write asked for has landed).
             unsafe {
                 sys::cuStreamWriteValue32_v2(
                     stream.raw(),
@@ -115,11 +115,17 @@ impl Signal {
 
 impl Drop for Signal {
     fn drop(&mut self) {
+        // A write asked for and not seen (its wait ended in an error) might still land:
+        // the line is left allocated rather than freed under the GPU.
+        if self.load() != self.last {
+            tracing::debug!("a host word's last write has not landed; it stays allocated");
+            return;
+        }
         if self.ctx.bind().is_err() {
             return;
         }
-        // SAFETY: frees our own pinned allocation once; a lane's waits have seen each write
-        // it asked for, or the context failed and runs nothing more.
+        // SAFETY: frees our own pinned allocation once, after the last write asked of it
+        // landed (checked above), so no queued write targets it.
         let _ = unsafe { sys::cuMemFreeHost(self.word.cast()) };
     }
 }
