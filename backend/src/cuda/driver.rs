@@ -320,6 +320,18 @@ impl Stream {
     }
 }
 
+/// The GPU's address of host memory at `p` that is pinned in the bound context
+/// (`cuMemAllocHost`, or registered with `DEVICEMAP`).
+pub fn host_device_pointer(p: *mut std::ffi::c_void) -> Result<sys::CUdeviceptr, CuError> {
+    let mut d: sys::CUdeviceptr = 0;
+    check(
+        // SAFETY: the driver only looks `p` up among its pinned ranges; writes one pointer.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) },
+        "cuMemHostGetDevicePointer",
+    )?;
+    Ok(d)
+}
+
 /// Work on the GPU whose end can be asked about without waiting: all of a stream, or what
 /// was queued before an event.
 pub trait Completion {

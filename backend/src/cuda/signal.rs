@@ -1,7 +1,7 @@
 //! A lone kernel's end as a word in host memory. Asking the driver whether a stream is done
 //! (`cuStreamQuery`) costs 1.3–1.5 µs on the H200's host, so a wait that polls it notices a
 //! kernel's end up to one query late, and on average most of a query late: a large part of
-//! a null kernel's round trip. Here the stream writes a sequence number into a word of
+//! a null kernel's round trip. Here the stream writes a fresh value into a word of
 //! pinned host memory once everything queued before it has finished
 //! (`cuStreamWriteValue32`, queued right after the kernel while the GPU runs it), and the
 //! wait reads the word with plain loads: the end is seen as soon as the GPU's write lands.
@@ -9,13 +9,23 @@
 //! keep the memory barrier). A kernel that faults never lets the write happen: the wait
 //! still asks the stream between its looks at the word once its first spin is over
 //! (`hard_limit.rs`), and the stream reports the fault.
+//!
+//! The word is pinned host memory of the worker, which the vGPU's own kernels can reach by
+//! address (docs/hostile.md, "Host memory mapped into a vGPU's context"). A kernel that
+//! wrote the awaited value would end its own wait early, so the values are not a count: each
+//! is a keyed hash of one ([`RandomState`], keys drawn per word from the OS), never the
+//! word's current value, and kept in the worker's own memory, which no kernel reaches. A
+//! kernel that writes the word at random matches one look in 2^32; at worst its wait ends
+//! early and its kernel time is under-counted once.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::driver::{check, Completion, Context, CuError, Stream};
+use super::driver::{check, host_device_pointer, Completion, Context, CuError, Stream};
 
 /// Bytes allocated for the word: one cache line, so that nothing else shares the line the
 /// GPU writes.
@@ -30,6 +40,10 @@ pub struct Signal {
     dev: sys::CUdeviceptr,
     /// The value the last [`Signal::arm`] asked the stream to write.
     last: u32,
+    /// Writes asked for so far: what the next value is hashed from.
+    count: u64,
+    /// The keys of the values' hash.
+    keys: RandomState,
     ctx: Arc<Context>,
 }
 
@@ -50,21 +64,20 @@ impl Signal {
         // SAFETY: `word` points to WORD_BYTES bytes of fresh host memory, aligned for a u32
         // (the driver hands out page-aligned pinned memory); no stream writes it yet.
         unsafe { word.write_volatile(0) };
-        let mut dev: sys::CUdeviceptr = 0;
-        let mapped = check(
-            // SAFETY: `p` is pinned memory of this context; writes one device address.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) },
-            "cuMemHostGetDevicePointer",
-        );
-        if let Err(e) = mapped {
-            // SAFETY: frees the allocation made above, which nothing else holds.
-            let _ = unsafe { sys::cuMemFreeHost(p) };
-            return Err(e);
-        }
+        let dev = match host_device_pointer(p) {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: frees the allocation made above, which nothing else holds.
+                let _ = unsafe { sys::cuMemFreeHost(p) };
+                return Err(e);
+            }
+        };
         Ok(Self {
             word,
             dev,
             last: 0,
+            count: 0,
+            keys: RandomState::new(),
             ctx: ctx.clone(),
         })
     }
@@ -72,12 +85,8 @@ impl Signal {
     /// Queues on `stream`, after everything queued there, the write of a new value, and
     /// returns what tells that it was written.
     pub fn arm<'a>(&'a mut self, stream: &'a Stream) -> Result<Armed<'a>, CuError> {
-        // Never 0, the word's first value; a wrap comes back to values written long ago,
-        // and the word holds only the last one.
-        let value = match self.last.wrapping_add(1) {
-            0 => 1,
-            v => v,
-        };
+        let now = self.load();
+        let value = next_value(&self.keys, &mut self.count, now);
         check(
             // SAFETY: `stream` is live in this signal's context, and `dev` is the device
             // address of this value's own pinned word, which outlives the write (Drop frees
@@ -100,16 +109,30 @@ impl Signal {
         })
     }
 
-    /// The value last asked for and the value in the word now.
+    /// How many writes were asked for, the value last asked for and the value in the word
+    /// now.
     #[cfg(test)]
-    pub fn seen(&self) -> (u32, u32) {
-        (self.last, self.load())
+    pub fn seen(&self) -> (u64, u32, u32) {
+        (self.count, self.last, self.load())
     }
 
     fn load(&self) -> u32 {
         // SAFETY: `word` is this value's live, aligned allocation; the GPU writes it
         // whole, and every host access to it is atomic.
         unsafe { AtomicU32::from_ptr(self.word) }.load(Ordering::Acquire)
+    }
+}
+
+/// The next value to ask for: the keyed hash of the next count that differs from `now`,
+/// the word's current value (so that the word cannot already hold it).
+fn next_value(keys: &RandomState, count: &mut u64, now: u32) -> u32 {
+    loop {
+        *count = count.wrapping_add(1);
+        // The hash's low half: a keyed hash's bits are all as unpredictable.
+        let v = keys.hash_one(*count) as u32;
+        if v != now {
+            return v;
+        }
     }
 }
 
@@ -149,5 +172,56 @@ impl Completion for Armed<'_> {
 
     fn signalled(&self) -> Option<bool> {
         Some(self.signal.load() == self.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::hash_map::RandomState;
+    use std::collections::HashSet;
+
+    use super::next_value;
+
+    #[test]
+    fn values_are_never_the_word_s_own_and_follow_no_count() {
+        let keys = RandomState::new();
+        let mut count = 0;
+        let mut now = 0;
+        let mut seen = HashSet::new();
+        let mut steps = HashSet::new();
+        for _ in 0..1000 {
+            let v = next_value(&keys, &mut count, now);
+            assert_ne!(v, now, "a value the word already holds");
+            steps.insert(v.wrapping_sub(now));
+            seen.insert(v);
+            now = v;
+        }
+        assert!(seen.len() > 990, "{} distinct values of 1000", seen.len());
+        assert!(
+            steps.len() > 990,
+            "values a fixed step apart: {} steps",
+            steps.len()
+        );
+        // Another word's keys give other values for the same counts.
+        let (mut a, mut b) = (0, 0);
+        let (ka, kb) = (RandomState::new(), RandomState::new());
+        let same = (0..64)
+            .filter(|_| next_value(&ka, &mut a, 0) == next_value(&kb, &mut b, 0))
+            .count();
+        assert!(same < 4, "{same} of 64 values alike under other keys");
+    }
+
+    #[test]
+    fn a_value_equal_to_the_word_is_skipped() {
+        let keys = RandomState::new();
+        let mut probe = 0;
+        let first = next_value(&keys, &mut probe, 0);
+        let mut count = 0;
+        let v = next_value(&keys, &mut count, first);
+        assert_ne!(v, first);
+        assert_eq!(
+            count, 2,
+            "the count that hashed to the word's value was passed over"
+        );
     }
 }

@@ -450,13 +450,7 @@ fn cuda(e: CuError) -> BackendError {
 
 /// The GPU's address of registered host memory at `addr`.
 fn device_pointer(addr: usize) -> std::result::Result<u64, CuError> {
-    let mut d: sys::CUdeviceptr = 0;
-    check(
-        // SAFETY: `addr` starts a range registered with DEVICEMAP; writes one pointer.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut c_void, 0) },
-        "cuMemHostGetDevicePointer",
-    )?;
-    Ok(d)
+    super::driver::host_device_pointer(addr as *mut c_void)
 }
 
 /// One launch of `f` with 8-byte parameters (pointers checked by the caller, who holds
