@@ -251,6 +251,23 @@ pub trait Backend: Send + Sync {
     /// ([`LaunchOne::launch_one`]).
     fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>>;
 
+    /// [`Backend::launch`], calling `ended` once with the results (the ones it returns) as
+    /// soon as the last kernel was seen finished, before the backend's own cleanup (its
+    /// stream going back, what the kernels held let go): a caller answers its guest there,
+    /// and a lone launch's round trip does not wait for that cleanup. Every allocation the
+    /// kernels pointed into is no longer held when `ended` runs. By default `ended` runs
+    /// after [`Backend::launch`] returned; a wrapper that passes results through unchanged
+    /// passes `ended` down too.
+    fn launch_then(
+        &self,
+        launches: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[Result<LaunchStats>]),
+    ) -> Vec<Result<LaunchStats>> {
+        let results = self.launch(launches);
+        ended(&results);
+        results
+    }
+
     /// Waits until every operation that started before this call has finished.
     fn synchronize(&self);
 

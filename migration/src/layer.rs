@@ -88,6 +88,14 @@ impl Backend for Migratable {
     }
 
     fn launch(&self, items: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        self.launch_then(items, &mut |_| {})
+    }
+
+    fn launch_then(
+        &self,
+        items: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[Result<LaunchStats>]),
+    ) -> Vec<Result<LaunchStats>> {
         let (_g, b) = self.enter();
         // Each launch's handle translated; an unknown one fails alone, the others run as one
         // call on the GPU behind.
@@ -116,11 +124,20 @@ impl Backend for Migratable {
         for i in &known {
             self.mark_launch(i.args);
         }
-        let mut ran = b.launch(&known).into_iter();
+        // Every launch known: the GPU's results are the answers, and the caller may answer
+        // from them before the GPU's cleanup (the marks below still come before a
+        // migration can stop the vGPU: it waits for this call's guard).
+        let all_known = known.len() == items.len();
+        let mut ran = if all_known {
+            b.launch_then(&known, ended)
+        } else {
+            b.launch(&known)
+        }
+        .into_iter();
         for i in &known {
             self.mark_launch(i.args);
         }
-        items
+        let results: Vec<_> = items
             .iter()
             .zip(real)
             .map(|(i, r)| match r {
@@ -131,7 +148,11 @@ impl Backend for Migratable {
                 }),
                 None => Err(BackendError::UnknownFunction(format!("{}", i.function))),
             })
-            .collect()
+            .collect();
+        if !all_known {
+            ended(&results);
+        }
+        results
     }
 
     fn synchronize(&self) {

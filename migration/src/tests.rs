@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use vgpu_backend::pager::{LocalBroker, Pager};
 use vgpu_backend::{
-    Access, ArgValue, Backend, LaunchConfig, LaunchOne, ModuleImage, Paging, SimConfig, SimGpu,
+    Access, ArgValue, Backend, Launch, LaunchConfig, LaunchOne, LaunchStats, ModuleImage, Paging,
+    SimConfig, SimGpu,
 };
 use vm_memory::VolatileSlice;
 
@@ -569,4 +570,83 @@ fn device_mapped_host_memory_moves_with_the_vgpu() {
         "unmapped: host-only again"
     );
     assert_eq!(read(0), 5);
+}
+
+/// The sim, telling whether its `launch_then` call has returned yet.
+struct Watched {
+    sim: Arc<dyn Backend>,
+    returned: AtomicBool,
+}
+
+impl Backend for Watched {
+    fn launch(&self, launches: &[Launch<'_>]) -> Vec<vgpu_backend::Result<LaunchStats>> {
+        self.sim.launch(launches)
+    }
+    fn launch_then(
+        &self,
+        launches: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[vgpu_backend::Result<LaunchStats>]),
+    ) -> Vec<vgpu_backend::Result<LaunchStats>> {
+        self.returned.store(false, Ordering::SeqCst);
+        let r = self.sim.launch_then(launches, ended);
+        self.returned.store(true, Ordering::SeqCst);
+        r
+    }
+    vgpu_backend::forward_backend!(sim:
+        info, memory_usage, alloc, free, check_range, copy_htod, copy_dtoh, copy_dtod, memset,
+        synchronize, modules, paging, relocation, shared_memory, host_memory, virtual_memory
+    );
+}
+
+#[test]
+fn launches_are_answered_from_inside_the_gpu_s_call_unless_one_is_unknown() {
+    let gpu = Arc::new(Watched {
+        sim: sim(64 * MIB),
+        returned: AtomicBool::new(false),
+    });
+    let m = Migratable::new(gpu.clone());
+    let b = m.alloc(4096).expect("b").addr;
+    let module = m
+        .modules()
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect("module");
+    let fill = m
+        .modules()
+        .get_function(module, b"fill")
+        .expect("fill")
+        .handle;
+    let args = [
+        ArgValue::Ptr {
+            addr: b,
+            access: Access::Write,
+        },
+        ArgValue::U32(0x0202_0202),
+        ArgValue::U64(1024),
+    ];
+    let launch = |function| Launch {
+        function,
+        config: one_d(),
+        cluster: vgpu_backend::NO_CLUSTER,
+        args: &args,
+        blob: &[],
+    };
+    let run = |launches: &[Launch<'_>]| {
+        let mut seen = Vec::new();
+        let r = m.launch_then(launches, &mut |results| {
+            seen.push((
+                gpu.returned.load(Ordering::SeqCst),
+                results.iter().map(Result::is_ok).collect::<Vec<_>>(),
+            ));
+        });
+        (seen, r.iter().map(Result::is_ok).collect::<Vec<_>>())
+    };
+    // Every function known: the GPU's own call answers, before it returns.
+    let (seen, r) = run(&[launch(fill), launch(fill)]);
+    assert_eq!(seen, vec![(false, vec![true, true])]);
+    assert_eq!(r, vec![true, true]);
+    assert!(get(&m, b, 4096).iter().all(|v| *v == 2));
+    // One unknown: answered once, after the GPU's call, with its error in place.
+    let (seen, r) = run(&[launch(fill), launch(fill + 1000)]);
+    assert_eq!(seen, vec![(true, vec![true, false])]);
+    assert_eq!(r, vec![true, false]);
 }

@@ -7,7 +7,7 @@
 //! block every other queue. All state here is internally synchronised instead.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,8 +19,8 @@ use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
-    GuestMemoryRegion,
+    Address, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryRegion, VolatileMemory,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -215,16 +215,20 @@ fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant) -> bool {
             queue.next_avail(),
         )
     };
-    let Some(index) = index else {
+    // The index's word, looked up once: each look is then one load, with no region
+    // lookup or dirty-bitmap reference taken and dropped on the way.
+    let Some(slice) = index.and_then(|i| mem.get_slice(i, 2).ok()) else {
+        return false;
+    };
+    let Ok(posted) = slice.get_atomic_ref::<AtomicU16>(0) else {
         return false;
     };
     loop {
         for _ in 0..SPINS_PER_CLOCK_READ {
-            match mem.load::<u16>(index, Ordering::Acquire) {
-                Ok(posted) if posted != taken => return true,
-                Ok(_) => std::hint::spin_loop(),
-                Err(_) => return false,
+            if posted.load(Ordering::Acquire) != taken {
+                return true;
             }
+            std::hint::spin_loop();
         }
         if Instant::now() >= end {
             return false;
@@ -278,8 +282,17 @@ impl VgpuVhostBackend {
         if next.as_ref().is_some_and(Received::is_launch) {
             return self.serve_burst(queue, vring, mem, &mut batch, next);
         }
-        vgpu.run_batch(queue, mem, &mut batch);
-        if !self.complete_batch(queue, vring, &batch)? {
+        // Answered and completed the moment its kernels end, before the backend's and
+        // the grant's cleanup (`launch/batch.rs`).
+        let early = vgpu.run_batch_then(queue, mem, &mut batch, |b| {
+            (self.put_used(queue, vring, b), timeline::stamp())
+        });
+        let (completed, used_at) = match early {
+            Some((completed, at)) => (completed?, at),
+            None => (self.put_used(queue, vring, &batch)?, timeline::stamp()),
+        };
+        self.record_batch(queue, &batch, used_at);
+        if !completed {
             return Ok(Batched::Stop);
         }
         Ok(Batched::Served(restart(next)))
@@ -288,6 +301,14 @@ impl VgpuVhostBackend {
     /// Puts an answered batch's completions in the used ring, in order, signals the guest
     /// once and records the batch on the timeline. False when the used ring is broken.
     fn complete_batch(&self, queue: u16, vring: &Vring, batch: &LaunchBatch) -> io::Result<bool> {
+        let completed = self.put_used(queue, vring, batch)?;
+        self.record_batch(queue, batch, timeline::stamp());
+        Ok(completed)
+    }
+
+    /// Puts an answered batch's completions in the used ring, in order, and signals the
+    /// guest once. False when the used ring is broken.
+    fn put_used(&self, queue: u16, vring: &Vring, batch: &LaunchBatch) -> io::Result<bool> {
         for (head, used) in batch.completions() {
             if let Err(e) = vring.add_used(head, used) {
                 tracing::warn!(queue, error = %e, "cannot add to the used ring; stopping this queue until the next kick");
@@ -301,9 +322,13 @@ impl VgpuVhostBackend {
                 tracing::debug!(queue, error = %e, "cannot read the guest's used_event; not signalling")
             }
         }
-        batch.record_timeline(self.vgpu.config().vgpu_id, queue, timeline::stamp());
-        tracing::trace!(queue, requests = batch.len(), "batch done");
         Ok(true)
+    }
+
+    /// Puts a completed batch on the timeline, its completions at `used`.
+    fn record_batch(&self, queue: u16, batch: &LaunchBatch, used: u64) {
+        batch.record_timeline(self.vgpu.config().vgpu_id, queue, used);
+        tracing::trace!(queue, requests = batch.len(), "batch done");
     }
 }
 

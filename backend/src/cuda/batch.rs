@@ -286,24 +286,44 @@ impl CudaGpu {
         )
     }
 
-    /// One launch on a lane of its own, waited for.
-    pub(super) fn launch_alone(&self, l: &Launch<'_>) -> Result<LaunchStats> {
+    /// One launch on a lane of its own, waited for; `ended` gets its result before the
+    /// lane, the function's references and the operation let go
+    /// ([`crate::Backend::launch_then`]).
+    pub(super) fn launch_alone(
+        &self,
+        l: &Launch<'_>,
+        ended: &mut dyn FnMut(&[Result<LaunchStats>]),
+    ) -> Result<LaunchStats> {
         let _op = self.inflight.begin();
-        let kernel = self.modules.kernel(l.function)?;
+        let mut kernel = None;
+        let mut lane = None;
+        let r = self.run_alone(l, &mut kernel, &mut lane);
+        ended(std::slice::from_ref(&r));
+        r
+    }
+
+    /// [`CudaGpu::launch_alone`]'s checks and run; what it takes (the function's
+    /// references, the lane) goes into `kernel` and `lane`, for the caller to let go.
+    fn run_alone<'a>(
+        &'a self,
+        l: &Launch<'_>,
+        kernel: &mut Option<Kernel>,
+        lane: &mut Option<super::lanes::LaneGuard<'a>>,
+    ) -> Result<LaunchStats> {
+        let kernel = kernel.insert(self.modules.kernel(l.function)?);
         // A pointer the kernel may write through must not point into a read-only shared
         // mapping: the GPU would fault on the write and the context would be lost.
         self.mem.check_kernel_writes(l.args)?;
         self.enter()?;
         self.guest_ready()?;
-        let mut lane = self.lanes.take().map_err(|e| self.cuda_err(e))?;
-        let ns = match &kernel {
-            Kernel::Builtin(sig, index) => self.run_builtin(&mut lane, sig, *index, l.args)?,
+        let lane = lane.insert(self.lanes.take().map_err(|e| self.cuda_err(e))?);
+        let ns = match kernel {
+            Kernel::Builtin(sig, index) => self.run_builtin(lane, sig, *index, l.args)?,
             Kernel::Ptx(_module, f) => {
-                self.run_ptx(&mut lane, f, &l.config, l.cluster, l.args, l.blob)?
+                self.run_ptx(lane, f, &l.config, l.cluster, l.args, l.blob)?
             }
-            Kernel::Storage(sig) => self.run_storage(&mut lane, sig, l.args)?,
+            Kernel::Storage(sig) => self.run_storage(lane, sig, l.args)?,
         };
-        drop(kernel);
         tracing::trace!(function = l.function, ns, "kernel done");
         Ok(LaunchStats { device_ns: ns })
     }
@@ -320,7 +340,7 @@ impl CudaGpu {
             };
             // A kernel that cannot join a batch (or the batch could not start): on its own,
             // as always.
-            out.push(self.launch_alone(alone));
+            out.push(self.launch_alone(alone, &mut |_| {}));
             rest = after;
         }
         out

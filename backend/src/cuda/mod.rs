@@ -612,10 +612,22 @@ impl Backend for CudaGpu {
     }
 
     fn launch(&self, launches: &[Launch<'_>]) -> Vec<Result<LaunchStats>> {
+        self.launch_then(launches, &mut |_| {})
+    }
+
+    fn launch_then(
+        &self,
+        launches: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[Result<LaunchStats>]),
+    ) -> Vec<Result<LaunchStats>> {
         match launches {
-            // One launch: the lone path (no batch events).
-            [one] => vec![self.launch_alone(one)],
-            _ => self.run_batch(launches),
+            // One launch: the lone path (no batch events), answered before its cleanup.
+            [one] => vec![self.launch_alone(one, ended)],
+            _ => {
+                let results = self.run_batch(launches);
+                ended(&results);
+                results
+            }
         }
     }
 

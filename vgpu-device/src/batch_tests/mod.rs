@@ -66,6 +66,11 @@ struct Recording {
     threads: Mutex<Vec<String>>,
     blobs: Mutex<Vec<Vec<u8>>>,
     lose_context: bool,
+    /// The guest memory and its used ring's address, and the used index read there each
+    /// time a `launch_then` caller's `ended` returned (what the guest could see before the
+    /// call's own cleanup).
+    used_ring: Mutex<Option<(GuestMemoryAtomic<GuestMem>, u64)>>,
+    used_at_end: Mutex<Vec<u16>>,
 }
 
 impl Recording {
@@ -103,6 +108,22 @@ impl Backend for Recording {
                 r
             })
             .collect()
+    }
+    fn launch_then(
+        &self,
+        launches: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[vgpu_backend::Result<LaunchStats>]),
+    ) -> Vec<vgpu_backend::Result<LaunchStats>> {
+        let results = self.launch(launches);
+        ended(&results);
+        if let Some((mem, used)) = &*self.used_ring.lock().expect("lock") {
+            let idx: u16 = mem
+                .memory()
+                .read_obj(GuestAddress(used + 2))
+                .expect("used idx");
+            self.used_at_end.lock().expect("lock").push(idx);
+        }
+        results
     }
     fn modules(&self) -> &dyn Modules {
         self
@@ -176,6 +197,8 @@ impl Ring {
             threads: Mutex::new(Vec::new()),
             blobs: Mutex::new(Vec::new()),
             lose_context,
+            used_ring: Mutex::new(Some((mem.clone(), vq.used_addr().0))),
+            used_at_end: Mutex::new(Vec::new()),
         });
         let gate = Arc::new(Counting::default());
         let cfg = DeviceConfig {
@@ -769,3 +792,4 @@ fn a_guest_that_waits_for_each_launch_takes_a_grant_per_kernel_and_is_answered_a
 }
 
 mod burst;
+mod early;

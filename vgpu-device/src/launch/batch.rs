@@ -2,6 +2,7 @@
 //! one grant, then answered in ring order. Each queue keeps its batch between doorbells
 //! ([`Vgpu::batch`]), so that a warm queue reuses its items.
 
+use std::cell::Cell;
 use std::time::Instant;
 
 use virtio_queue::desc::split::Descriptor;
@@ -34,8 +35,9 @@ struct Item {
     launch: Option<Box<Checked>>,
     /// Its answer: the error of its checks, else the kernel's once the batch ran.
     outcome: Option<Outcome>,
-    /// The used length of its completion.
-    used: u32,
+    /// The used length of its completion (set when it is answered: perhaps from inside the
+    /// backend's call, [`Vgpu::run_batch_then`]).
+    used: Cell<u32>,
 }
 
 impl Item {
@@ -125,14 +127,14 @@ impl LaunchBatch {
             data_writable_len: r.layout.data_writable_len,
             launch,
             outcome,
-            used: 0,
+            used: Cell::new(0),
         });
         None
     }
 
     /// The completions, in ring order: (head index, used length).
     pub fn completions(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
-        self.items.iter().map(|i| (i.head, i.used))
+        self.items.iter().map(|i| (i.head, i.used.get()))
     }
 
     /// Puts every request of the batch on the timeline, completed at `used`.
@@ -201,14 +203,86 @@ impl Vgpu {
                     "the launch was not run; retry it".into(),
                 )))
             });
-            i.used = self.respond(
+            i.used.set(self.respond(
                 queue,
                 mem,
                 (&i.resp, i.data_writable_len),
                 (i.id, vgpu_proto::Opcode::Launch.name()),
                 outcome,
                 || share,
-            );
+            ));
+        }
+    }
+
+    /// [`Vgpu::run_batch`], answering the batch and handing it to `complete` (which puts
+    /// its completions in the used ring) the moment its kernels were seen finished, from
+    /// inside the backend's call ([`vgpu_backend::Backend::launch_then`]): the backend's
+    /// cleanup, the grant's release and the kernel-time records come after the guest has
+    /// its answer, so a lone launch's round trip does not wait for them. Only a batch
+    /// whose every request went to the GPU and succeeded is answered so; any other is
+    /// answered after the call, as [`Vgpu::run_batch`] does, and `complete` is not called.
+    /// Returns what `complete` returned, or `None` when the caller completes the batch.
+    pub(crate) fn run_batch_then<T>(
+        &self,
+        queue: u16,
+        mem: &GuestMem,
+        batch: &mut LaunchBatch,
+        complete: impl FnOnce(&LaunchBatch) -> T,
+    ) -> Option<T> {
+        if batch.launches == 0 || batch.launches != batch.items.len() {
+            self.run_batch(queue, mem, batch);
+            return None;
+        }
+        let mut complete = Some(complete);
+        let mut completed = None;
+        let Ran { results, stages } = {
+            let b: &LaunchBatch = batch;
+            let launches: Vec<&Checked> =
+                b.items.iter().filter_map(|i| i.launch.as_deref()).collect();
+            self.run_launches_then(&launches, &mut |results| {
+                if results.len() != b.items.len() || !results.iter().all(Result::is_ok) {
+                    return;
+                }
+                let Some(complete) = complete.take() else {
+                    return;
+                };
+                self.answer_ok(queue, mem, b, results);
+                completed = Some(complete(b));
+            })
+        };
+        batch.stages = stages;
+        if completed.is_some() {
+            return completed;
+        }
+        let mut results = results.into_iter();
+        for i in batch.items.iter_mut().filter(|i| i.ran()) {
+            i.outcome = Some(outcome(results.next()));
+        }
+        self.answer_batch(queue, mem, batch);
+        None
+    }
+
+    /// Writes the response of every request of `batch`, whose launches all succeeded with
+    /// `results` (one each, in order).
+    fn answer_ok(
+        &self,
+        queue: u16,
+        mem: &GuestMem,
+        batch: &LaunchBatch,
+        results: &[vgpu_backend::Result<vgpu_backend::LaunchStats>],
+    ) {
+        let first = batch.items.first().map(|i| i.start);
+        let share = first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64);
+        for (i, r) in batch.items.iter().zip(results) {
+            let device_ns = r.as_ref().map_or(0, |s| s.device_ns);
+            i.used.set(self.respond(
+                queue,
+                mem,
+                (&i.resp, i.data_writable_len),
+                (i.id, vgpu_proto::Opcode::Launch.name()),
+                Ok([device_ns, 0, 0, 0]),
+                || share,
+            ));
         }
     }
 }

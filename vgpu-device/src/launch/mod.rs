@@ -42,6 +42,17 @@ impl Vgpu {
     /// cost beyond the kernels (launch, wait, wake-up), so that a batch's estimate is the
     /// sum of its kernels'.
     pub(crate) fn run_launches(&self, launches: &[&Checked]) -> Ran {
+        self.run_launches_then(launches, &mut |_| {})
+    }
+
+    /// [`Vgpu::run_launches`], calling `ended` with the backend's results as soon as the
+    /// kernels were seen finished, still under the grant
+    /// ([`vgpu_backend::Backend::launch_then`]).
+    pub(crate) fn run_launches_then(
+        &self,
+        launches: &[&Checked],
+        ended: &mut dyn FnMut(&[vgpu_backend::Result<LaunchStats>]),
+    ) -> Ran {
         let rank = launches.first().map_or(0, |c| c.rank);
         // A batch is mostly runs of one function: its usual time is read once per run.
         let mut expect = 0u64;
@@ -60,7 +71,7 @@ impl Vgpu {
         let granted = timeline::stamp();
         let call = Instant::now();
         let calls: Vec<_> = launches.iter().map(|c| c.launch()).collect();
-        let results = self.backend.launch(&calls);
+        let results = self.backend.launch_then(&calls, ended);
         let wall = elapsed_ns(call);
         let backend_end = timeline::stamp();
         drop(permit);
