@@ -957,9 +957,25 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total,pcie.link.gen.curr
 echo "cores: $(nproc); kvm: $(ls -l /dev/kvm 2>&1)"
 head -1 "$B/MANIFEST" 2>/dev/null
 
+# What a step left running (its VMs, workers, daemons, loads) would weigh on the steps
+# after it: each is named on a LEFTOVER line and stopped, so that every step measures a
+# quiet machine (before the first step too: what an earlier call on a machine still held
+# left). Each step starts with the machine's load average on a LOAD line.
+sweep_leftovers() { # step
+    local pids
+    mapfile -t pids < <(pgrep -f "$B/" | grep -vxE "$$|$PPID")
+    [[ ${#pids[@]} -gt 0 ]] || return 0
+    echo "LEFTOVER after $1: $(ps -o pid=,comm= -p "${pids[@]}" | tr -s ' \n' ' ')"
+    kill "${pids[@]}" 2>/dev/null
+    sleep 1
+    kill -9 "${pids[@]}" 2>/dev/null
+}
+
 results=()
 failed=0
+sweep_leftovers "an earlier call"
 for s in "${wanted[@]}"; do
+    echo "LOAD before $s: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min; $(nproc) CPUs)"
     limit=$(field "$s" 3)
     limit=$(awk -v l="$limit" -v f="${TIMEOUT_SCALE:-1}" 'BEGIN { printf "%d", l * f }')
     echo "=== $s: $(field "$s" 4) (limit ${limit}s)"
@@ -976,6 +992,7 @@ for s in "${wanted[@]}"; do
     grep -aE "$KEY" "$LOGS/$s.log" | head -"${LINES_MAX:-40}"
     [[ $res != pass ]] && { echo "--- last lines of $s.log:"; tail -15 "$LOGS/$s.log"; }
     echo "=== $s: $res in ${secs}s"
+    sweep_leftovers "$s"
     results+=("$s|$res|$secs")
 done
 
