@@ -36,6 +36,7 @@ use crate::timeline;
 use vgpu_backend::sync::{lock, read, write};
 
 mod burst;
+mod prefetch;
 
 /// Guest memory as vhost-user-backend hands it over.
 pub type Memory = GuestMemoryAtomic<GuestMem>;
@@ -131,6 +132,7 @@ impl VgpuVhostBackend {
         let mut deadline: Option<Instant> = None;
         // A chain taken off the ring that ended a batch: served next.
         let mut held = None;
+        let mut guess = prefetch::Prefetch::new(vring, mem);
         loop {
             if event_idx {
                 vring.disable_notification().map_err(io::Error::other)?;
@@ -139,7 +141,11 @@ impl VgpuVhostBackend {
                 let r = match held.take() {
                     Some(r) => r,
                     None => match pop(vring, mem) {
-                        Some(c) => self.vgpu.receive(mem, c),
+                        Some(c) => {
+                            let r = self.vgpu.receive(mem, c);
+                            guess.learn(mem, r.chain.head_index(), r.layout.header);
+                            r
+                        }
                         None => break,
                     },
                 };
@@ -178,7 +184,7 @@ impl VgpuVhostBackend {
             }
             if !self.poll.is_zero() {
                 let end = *deadline.get_or_insert_with(|| Instant::now() + self.poll);
-                if posted_before(vring, mem, end) {
+                if posted_before(vring, mem, end, &guess) {
                     continue;
                 }
             }
@@ -202,7 +208,7 @@ const SPINS_PER_CLOCK_READ: u32 = 16;
 /// the index after it is posted: the lock, the queue's checks and the clock stay out of
 /// the loop. A ring stopped or moved meanwhile costs at most the rest of the window (the
 /// caller takes the lock and looks again).
-fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant) -> bool {
+fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant, guess: &prefetch::Prefetch) -> bool {
     let (index, taken) = {
         let state = vring.get_ref();
         let queue = state.get_queue();
@@ -226,6 +232,7 @@ fn posted_before(vring: &Vring, mem: &GuestMem, end: Instant) -> bool {
     loop {
         for _ in 0..SPINS_PER_CLOCK_READ {
             if posted.load(Ordering::Acquire) != taken {
+                guess.ask(taken);
                 return true;
             }
             std::hint::spin_loop();
