@@ -835,13 +835,14 @@ cpu_of_daemon() {
 }
 export -f cpu_of_daemon
 step_idle-cpu() {
-    local dir sock pid n rc=0 a b hz
+    local dir sock pid n rc=0 a b hz v ids
     hz=$(getconf CLK_TCK)
     for n in 1 8; do
         start_vgpud "$LOGS/vgpud-idle-$n.log"
+        ids=()
         for _ in $(seq "$n"); do
-            "$B/bin/vgpuctl" --socket "$sock" vgpu create --attach process --gpu 0 --memory 1G \
-                --compute "$((100 / n))%" >/dev/null || { echo "== FAIL: vgpu create"; rc=1; }
+            v=$(process_vgpu "$sock" 1G "$((100 / n))%") || { echo "== FAIL: vgpu create"; rc=1; continue; }
+            ids+=("${v%% *}")
         done
         sleep 3
         a=$(cpu_of_daemon); sleep 10; b=$(cpu_of_daemon)
@@ -849,6 +850,8 @@ step_idle-cpu() {
             pct = (b - a) / hz / 10 * 100
             printf "BENCH idle-cpu: %d idle vGPUs: vgpud and workers %.3f %% of a core, %.3f %% per vGPU\n", n, pct, pct / n
             printf "GOAL %s idle-cpu: %.3f %% of a core per idle vGPU (goal 1 %%)\n", (pct / n <= 1 ? "met" : "missed"), pct / n }'
+        # A stopped vgpud leaves its workers for the next one to adopt: they go first.
+        for v in "${ids[@]}"; do "$B/bin/vgpuctl" --socket "$sock" vgpu delete "$v" >/dev/null; done
         kill "$pid"; wait "$pid" 2>/dev/null
     done
     return "$rc"
