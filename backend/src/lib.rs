@@ -255,9 +255,11 @@ pub trait Backend: Send + Sync {
     /// soon as the last kernel was seen finished, before the backend's own cleanup (its
     /// stream going back, what the kernels held let go): a caller answers its guest there,
     /// and a lone launch's round trip does not wait for that cleanup. Every allocation the
-    /// kernels pointed into is no longer held when `ended` runs. By default `ended` runs
-    /// after [`Backend::launch`] returned; a wrapper that passes results through unchanged
-    /// passes `ended` down too.
+    /// kernels pointed into is no longer held when `ended` runs. The sim and cuda backends
+    /// run `ended` inside the call's operation, so a [`Backend::synchronize`] that waits for
+    /// these launches (a guest's FENCE on another queue) returns only after `ended` did.
+    /// By default `ended` runs after [`Backend::launch`] returned; a wrapper that passes
+    /// results through unchanged passes `ended` down too.
     fn launch_then(
         &self,
         launches: &[Launch<'_>],

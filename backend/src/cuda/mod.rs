@@ -624,6 +624,8 @@ impl Backend for CudaGpu {
             // One launch: the lone path (no batch events), answered before its cleanup.
             [one] => vec![self.launch_alone(one, ended)],
             _ => {
+                // Answered inside the operation, as a lone launch is.
+                let _op = self.inflight.begin();
                 let results = self.run_batch(launches);
                 ended(&results);
                 results

@@ -305,6 +305,19 @@ impl Backend for SimGpu {
         launches.iter().map(|l| self.launch_alone(l)).collect()
     }
 
+    fn launch_then(
+        &self,
+        launches: &[Launch<'_>],
+        ended: &mut dyn FnMut(&[Result<LaunchStats>]),
+    ) -> Vec<Result<LaunchStats>> {
+        // Answered inside the operation: a `synchronize` waiting for these launches
+        // returns after their answers are out.
+        let _op = self.inflight.begin();
+        let results = self.launch(launches);
+        ended(&results);
+        results
+    }
+
     fn synchronize(&self) {
         self.inflight.drain();
     }

@@ -672,6 +672,42 @@ fn a_long_kernel_does_not_block_copies_and_sync_waits_for_it() {
 }
 
 #[test]
+fn synchronize_waits_for_the_answer_of_launches_answered_inside_the_call() {
+    let g = gpu_with(64 * MIB, |c| c.speed = 0.01);
+    let n = 1_000_000u64; // fill: 1e6 units at 1e7/s = 100 ms
+    let a = g.alloc(n * 4).unwrap().addr;
+    let fill = builtin_fn(&g, "fill");
+    let args = [w(a), ArgValue::U32(4), ArgValue::U64(n)];
+    let launch = Launch {
+        function: fill,
+        config: CFG,
+        cluster: crate::NO_CLUSTER,
+        args: &args,
+        blob: &[],
+    };
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let k = s.spawn(|| {
+            g.launch_then(std::slice::from_ref(&launch), &mut |r| {
+                assert!(r[0].is_ok());
+                // A slow answer: the guest's used ring is contended.
+                std::thread::sleep(Duration::from_millis(50));
+                answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        });
+        while get_u32(&g, a, 1)[0] != 4 {
+            std::thread::yield_now();
+        }
+        g.synchronize();
+        assert!(
+            answered.load(std::sync::atomic::Ordering::SeqCst),
+            "synchronize returned before the launch was answered"
+        );
+        assert!(k.join().expect("thread")[0].is_ok());
+    });
+}
+
+#[test]
 fn free_during_a_kernel_keeps_its_memory_until_it_ends() {
     // fill: 1e5 units at 5e4/s = 2 s of modeled time. The kernel's writes become visible
     // once it computed them (a small part of the 2 s), and it holds the memory until it
