@@ -18,7 +18,7 @@
 //! | `granted` | the gate let the request start; the backend call begins here |
 //! | `backend_end` | the backend call returned (a kernel: its completion was noticed) |
 //! | `released` | the grant was given back (the completion record is on its way) |
-//! | `used` | the response is in the used ring and the guest was signalled if it asked |
+//! | `used` | the response is in the used ring and the guest was signalled if it asked (launches answered from inside the backend's call: before `backend_end`) |
 //!
 //! Stages a request skips (no grant) are 0. The records go to a buffer allocated once;
 //! a thread writes it out every second (and [`flush`] writes it at once). When the buffer

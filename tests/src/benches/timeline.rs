@@ -129,14 +129,26 @@ pub fn analyse(recs: &[Rec]) -> Vec<String> {
             r.backend_end,
             r.released,
         );
-        push(
-            k(
-                "kernel 5 released -> used ring",
-                "copy 5 released -> used ring",
-            ),
-            r.released,
-            r.used,
-        );
+        if r.used != 0 && r.used <= r.backend_end {
+            // Answered from inside the backend's call: what of the call came after.
+            push(
+                k(
+                    "kernel 5 answered inside the call: used ring -> call's end",
+                    "copy 5 answered inside the call: used ring -> call's end",
+                ),
+                r.used,
+                r.backend_end,
+            );
+        } else {
+            push(
+                k(
+                    "kernel 5 released -> used ring",
+                    "copy 5 released -> used ring",
+                ),
+                r.released,
+                r.used,
+            );
+        }
     }
     // Per vGPU and queue, in order: the guest's turnaround and the kernel-to-kernel gap.
     let mut by_queue: BTreeMap<(u32, u16), Vec<&Rec>> = BTreeMap::new();
@@ -310,5 +322,21 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("after a long kernel"), "{out}");
+    }
+
+    #[test]
+    fn a_kernel_answered_inside_its_call_reports_what_came_after_the_answer() {
+        let csv = "vgpu,queue,resource,kick,asked,granted,backend_end,released,used\n\
+            1,0,compute,1000,1100,1200,2200,2300,1900\n\
+            1,0,compute,3000,3100,3200,4200,4300,4400\n";
+        let out = analyse(&parse(csv)).join("\n");
+        assert!(
+            out.contains("kernel 5 answered inside the call: used ring -> call's end: median 0.3 us | p99 0.3 us | n 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("kernel 5 released -> used ring: median 0.1 us | p99 0.1 us | n 1"),
+            "{out}"
+        );
     }
 }
