@@ -47,6 +47,18 @@ pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The handle of the built-in `fill` on `m`, its module loaded.
+fn builtin_fill(m: &Migratable) -> u64 {
+    let module = m
+        .modules()
+        .module_load(ModuleImage::Builtin(b"builtin"))
+        .expect("module");
+    m.modules()
+        .get_function(module, b"fill")
+        .expect("fill")
+        .handle
+}
+
 pub(crate) fn one_d() -> LaunchConfig {
     LaunchConfig {
         grid: [1, 1, 1],
@@ -71,15 +83,7 @@ fn bytes_addresses_and_handles_survive_both_modes() {
         let b = m.alloc(4096).expect("b").addr;
         put(&m, a, &pattern(1, 3 << 20));
         put(&m, b, &pattern(2, 4096));
-        let module = m
-            .modules()
-            .module_load(ModuleImage::Builtin(b"builtin"))
-            .expect("module");
-        let fill = m
-            .modules()
-            .get_function(module, b"fill")
-            .expect("fill")
-            .handle;
+        let fill = builtin_fill(&m);
         let r = m
             .migrate(sim(64 * MIB), &opts(mode), |_| {})
             .expect("migrate");
@@ -606,15 +610,7 @@ fn launches_are_answered_from_inside_the_gpu_s_call_unless_one_is_unknown() {
     });
     let m = Migratable::new(gpu.clone());
     let b = m.alloc(4096).expect("b").addr;
-    let module = m
-        .modules()
-        .module_load(ModuleImage::Builtin(b"builtin"))
-        .expect("module");
-    let fill = m
-        .modules()
-        .get_function(module, b"fill")
-        .expect("fill")
-        .handle;
+    let fill = builtin_fill(&m);
     let args = [
         ArgValue::Ptr {
             addr: b,

@@ -105,28 +105,8 @@ fn a_faulting_launch_is_answered_with_its_fault_after_the_call() {
     let mut ring = Ring::new(wide_window(), false);
     let (src, idx, dst) = (ring.alloc(64), ring.alloc(64), ring.alloc(64));
     let g = ring.function("gather");
-    ring.post(
-        Request::Memset(MemsetArgs {
-            dst: idx,
-            value: 9,
-            elem_size: 4,
-            count: 1,
-        }),
-        &[],
-    );
-    ring.kick();
     // idx[0] = 9 is past src_len = 4: the gather faults.
-    ring.post_launch(
-        la(g),
-        &[
-            KernelArg::ptr(src, Access::Read),
-            KernelArg::ptr(idx, Access::Read),
-            KernelArg::ptr(dst, Access::Write),
-            KernelArg::u32(1),
-            KernelArg::u32(4),
-        ],
-        &[],
-    );
+    gather(&mut ring, g, (src, idx, dst), 9);
     let before = ring.completed;
     assert_eq!(statuses(ring.kick()), vec![Status::KernelFault]);
     assert_eq!(ring.used_at_end(), before, "answered after the call");
