@@ -5,6 +5,7 @@
 use std::cell::Cell;
 use std::time::Instant;
 
+use vgpu_backend::LaunchStats;
 use virtio_queue::desc::split::Descriptor;
 
 use super::{outcome, Checked, Ran};
@@ -176,41 +177,48 @@ impl Vgpu {
     /// no guest memory, so a queue's launch runner may do it while the queue thread gathers
     /// the next batch (`vhost/burst.rs`).
     pub(crate) fn execute_batch(&self, batch: &mut LaunchBatch) {
+        self.execute_batch_with(batch, &mut |_, _| false);
+    }
+
+    /// [`Vgpu::execute_batch`], handing the batch and the backend's results to `ended` the
+    /// moment its kernels were seen finished, from inside the backend's call
+    /// ([`vgpu_backend::Backend::launch_then`]). When `ended` answered the batch (true), no
+    /// outcome is kept; returns whether it did.
+    fn execute_batch_with(
+        &self,
+        batch: &mut LaunchBatch,
+        ended: &mut dyn FnMut(&LaunchBatch, &[vgpu_backend::Result<LaunchStats>]) -> bool,
+    ) -> bool {
         if batch.launches == 0 {
-            return;
+            return false;
         }
-        let launches: Vec<&Checked> = batch
-            .items
-            .iter()
-            .filter_map(|i| i.launch.as_deref())
-            .collect();
-        let Ran { results, stages } = self.run_launches(&launches);
+        let mut answered = false;
+        let Ran { results, stages } = {
+            let b: &LaunchBatch = batch;
+            let launches: Vec<&Checked> =
+                b.items.iter().filter_map(|i| i.launch.as_deref()).collect();
+            self.run_launches_then(&launches, &mut |results| answered = ended(b, results))
+        };
         batch.stages = stages;
-        let mut results = results.into_iter();
-        for i in batch.items.iter_mut().filter(|i| i.ran()) {
-            i.outcome = Some(outcome(results.next()));
+        if !answered {
+            let mut results = results.into_iter();
+            for i in batch.items.iter_mut().filter(|i| i.ran()) {
+                i.outcome = Some(outcome(results.next()));
+            }
         }
+        answered
     }
 
     /// Writes the response of every request of an executed batch, in ring order.
     pub(crate) fn answer_batch(&self, queue: u16, mem: &GuestMem, batch: &mut LaunchBatch) {
-        let first = batch.items.first().map(|i| i.start);
-        // The batch's time counts once in the busy time: each request gets an even share.
-        let share = first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64);
+        let share = busy_share(batch);
         for i in &mut batch.items {
             let outcome = i.outcome.take().unwrap_or_else(|| {
                 Err(RequestError::Backend(vgpu_backend::BackendError::Device(
                     "the launch was not run; retry it".into(),
                 )))
             });
-            i.used.set(self.respond(
-                queue,
-                mem,
-                (&i.resp, i.data_writable_len),
-                (i.id, vgpu_proto::Opcode::Launch.name()),
-                outcome,
-                || share,
-            ));
+            self.respond_item(queue, mem, i, outcome, share);
         }
     }
 
@@ -229,60 +237,43 @@ impl Vgpu {
         batch: &mut LaunchBatch,
         complete: impl FnOnce(&LaunchBatch) -> T,
     ) -> Option<T> {
-        if batch.launches == 0 || batch.launches != batch.items.len() {
-            self.run_batch(queue, mem, batch);
-            return None;
-        }
+        let all_ran = batch.launches == batch.items.len();
         let mut complete = Some(complete);
         let mut completed = None;
-        let Ran { results, stages } = {
-            let b: &LaunchBatch = batch;
-            let launches: Vec<&Checked> =
-                b.items.iter().filter_map(|i| i.launch.as_deref()).collect();
-            self.run_launches_then(&launches, &mut |results| {
-                if results.len() != b.items.len() || !results.iter().all(Result::is_ok) {
-                    return;
-                }
-                let Some(complete) = complete.take() else {
-                    return;
-                };
-                self.answer_ok(queue, mem, b, results);
-                completed = Some(complete(b));
-            })
-        };
-        batch.stages = stages;
-        if completed.is_some() {
-            return completed;
+        let answered = self.execute_batch_with(batch, &mut |b, results| {
+            let all_ok = results.len() == b.items.len() && results.iter().all(Result::is_ok);
+            let Some(complete) = complete.take().filter(|_| all_ran && all_ok) else {
+                return false;
+            };
+            let share = busy_share(b);
+            for (i, r) in b.items.iter().zip(results) {
+                let device_ns = r.as_ref().map_or(0, |s| s.device_ns);
+                self.respond_item(queue, mem, i, Ok([device_ns, 0, 0, 0]), share);
+            }
+            completed = Some(complete(b));
+            true
+        });
+        if !answered {
+            self.answer_batch(queue, mem, batch);
         }
-        let mut results = results.into_iter();
-        for i in batch.items.iter_mut().filter(|i| i.ran()) {
-            i.outcome = Some(outcome(results.next()));
-        }
-        self.answer_batch(queue, mem, batch);
-        None
+        completed
     }
 
-    /// Writes the response of every request of `batch`, whose launches all succeeded with
-    /// `results` (one each, in order).
-    fn answer_ok(
-        &self,
-        queue: u16,
-        mem: &GuestMem,
-        batch: &LaunchBatch,
-        results: &[vgpu_backend::Result<vgpu_backend::LaunchStats>],
-    ) {
-        let first = batch.items.first().map(|i| i.start);
-        let share = first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64);
-        for (i, r) in batch.items.iter().zip(results) {
-            let device_ns = r.as_ref().map_or(0, |s| s.device_ns);
-            i.used.set(self.respond(
-                queue,
-                mem,
-                (&i.resp, i.data_writable_len),
-                (i.id, vgpu_proto::Opcode::Launch.name()),
-                Ok([device_ns, 0, 0, 0]),
-                || share,
-            ));
-        }
+    /// Writes the response of one launch of a batch and keeps its used length.
+    fn respond_item(&self, queue: u16, mem: &GuestMem, i: &Item, outcome: Outcome, share: u64) {
+        i.used.set(self.respond(
+            queue,
+            mem,
+            (&i.resp, i.data_writable_len),
+            (i.id, vgpu_proto::Opcode::Launch.name()),
+            outcome,
+            || share,
+        ));
     }
+}
+
+/// Each request's part of the batch's time so far: the batch counts once in the busy time.
+fn busy_share(batch: &LaunchBatch) -> u64 {
+    let first = batch.items.first().map(|i| i.start);
+    first.map_or(0, elapsed_ns) / (batch.items.len().max(1) as u64)
 }
