@@ -49,6 +49,15 @@ struct Plan {
     api_socket: PathBuf,
 }
 
+/// The destination of a move: its API, what it admitted, and the host its stream
+/// addresses are reached at.
+#[derive(Clone, Copy)]
+struct Peer<'a> {
+    client: &'a Client,
+    accepted: &'a IncomingAccepted,
+    host: Option<&'a str>,
+}
+
 /// How the move runs: the pause it aims for, and whether anything moves before the stop.
 #[derive(Clone, Copy, Debug)]
 struct How {
@@ -141,14 +150,18 @@ fn moved_line(console: &[u8]) -> std::collections::BTreeMap<String, f64> {
 
 /// How long the destination's receiving worker may take to listen: on a GPU it creates
 /// its CUDA context first (a few hundred ms, more while the driver is busy).
-const STREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const STREAM_WAIT: Duration = Duration::from_secs(30);
+/// How often a retried connection asks whether the destination still holds the move.
+const PEER_PROBE: Duration = Duration::from_millis(500);
 
 /// Connects to a stream address, as a descriptor for the worker. The destination answers
 /// once its vmm listens; its receiving worker may still be building its GPU backend, so a
-/// missing or refusing listener is retried until [`STREAM_WAIT`]. Runs on a blocking
-/// thread.
-fn connect(addr: &str) -> Result<OwnedFd, String> {
-    let end = std::time::Instant::now() + STREAM_WAIT;
+/// missing or refusing listener is retried until [`STREAM_WAIT`], as long as `alive`
+/// (asked every [`PEER_PROBE`]) says the destination still holds the move: a
+/// destination that died or gave up ends the wait at once. Runs on a blocking thread.
+fn connect(addr: &str, alive: impl Fn() -> Result<(), String>) -> Result<OwnedFd, String> {
+    let start = Instant::now();
+    let mut probed = start;
     loop {
         let r = if let Some(p) = addr.strip_prefix("unix:") {
             UnixStream::connect(p).map(OwnedFd::from)
@@ -166,9 +179,15 @@ fn connect(addr: &str) -> Result<OwnedFd, String> {
                 if matches!(
                     e.kind(),
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                ) && std::time::Instant::now() < end =>
+                ) && start.elapsed() < STREAM_WAIT =>
             {
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                if probed.elapsed() >= PEER_PROBE {
+                    probed = Instant::now();
+                    alive().map_err(|why| {
+                        format!("cannot reach the destination's vGPU stream {addr}: {why}")
+                    })?;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 return Err(format!(
@@ -176,6 +195,21 @@ fn connect(addr: &str) -> Result<OwnedFd, String> {
                 ))
             }
         }
+    }
+}
+
+/// Whether the destination still holds move `remote` (its record there): an error when
+/// its vgpud no longer answers or the move there has ended.
+fn peer_holds(client: &Client, remote: u32) -> Result<(), String> {
+    match client.migration(remote) {
+        Ok(m) if matches!(m.state.as_str(), "failed" | "completed") => Err(format!(
+            "the destination's record of the move is {} ({})",
+            m.state,
+            m.error.as_deref().unwrap_or("no reason given")
+        )),
+        Ok(_) => Ok(()),
+        Err(e @ ClientError::Api { .. }) => Err(format!("the destination dropped the move: {e}")),
+        Err(e) => Err(format!("the destination vgpud stopped answering: {e}")),
     }
 }
 
@@ -354,7 +388,12 @@ pub async fn migrate_vm_to_host(
         let d = d.clone();
         async move {
             let started = Instant::now();
-            let r = drive(&d, mid, vm_id, &plan, &accepted, host.as_deref(), how).await;
+            let to = Peer {
+                client: &client,
+                accepted: &accepted,
+                host: host.as_deref(),
+            };
+            let r = drive(&d, mid, vm_id, &plan, &to, how).await;
             settle(&d, mid, plan, accepted, client, r, started).await;
         }
     });
@@ -367,10 +406,14 @@ async fn drive(
     mid: u32,
     vm_id: u32,
     plan: &Plan,
-    accepted: &IncomingAccepted,
-    host: Option<&str>,
+    to: &Peer<'_>,
     how: How,
 ) -> Result<(), String> {
+    let Peer {
+        client,
+        accepted,
+        host,
+    } = *to;
     let How {
         downtime_ms,
         stop_copy,
@@ -381,7 +424,8 @@ async fn drive(
     {
         d.host.forget_reported(*vgpu);
         let addr = reachable(addr, host);
-        let fd = blocking(move || connect(&addr)).await?;
+        let (c, remote) = ((*client).clone(), accepted.migration);
+        let fd = blocking(move || connect(&addr, || peer_holds(&c, remote))).await?;
         let link = link.clone();
         let token = token.clone();
         vgpu_task = Some(tokio::spawn(async move {
@@ -693,5 +737,37 @@ mod tests {
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
             assert_eq!(e.field.as_deref(), Some("mode"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_refused_stream_is_retried_while_the_destination_holds_the_move_and_not_after() {
+        let dir = std::env::temp_dir().join(format!("vgpud-connect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("migrate-in.sock");
+        let addr = format!("unix:{}", path.display());
+        // A destination that gave up: the wait ends at its first probe, not after
+        // STREAM_WAIT, and says why.
+        let start = Instant::now();
+        let e = connect(&addr, || {
+            Err("the destination vgpud stopped answering".into())
+        })
+        .expect_err("no listener");
+        assert!(start.elapsed() < PEER_PROBE * 4, "{:?}", start.elapsed());
+        assert!(e.contains("stopped answering"), "{e}");
+        // A destination still starting its worker: the listener that comes is reached.
+        let (p, probes) = (path.clone(), std::cell::Cell::new(0));
+        let listener = std::thread::spawn(move || {
+            std::thread::sleep(PEER_PROBE * 2);
+            let l = std::os::unix::net::UnixListener::bind(&p).expect("bind");
+            l.accept().map(|_| ())
+        });
+        connect(&addr, || {
+            probes.set(probes.get() + 1);
+            Ok(())
+        })
+        .expect("reached once it listens");
+        assert!(probes.get() >= 1, "the destination was asked while waiting");
+        listener.join().expect("join").expect("accepted");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
