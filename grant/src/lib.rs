@@ -32,7 +32,7 @@ pub mod shm;
 pub mod time;
 
 pub use client::{GrantClient, Permit, SwitchGate};
-pub use server::{GrantServer, ServerConfig, VgpuUsage, WorkerFds};
+pub use server::{GrantServer, Handovers, ServerConfig, VgpuUsage, WorkerFds};
 pub use vgpu_scheduler::gpu::Resource;
 
 /// Why the grant path failed.

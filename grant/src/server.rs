@@ -160,6 +160,13 @@ struct Shared {
     panic_next: AtomicBool,
 }
 
+/// Changes of hands of one GPU's engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handovers {
+    pub compute: u64,
+    pub copy: u64,
+}
+
 /// One GPU's scheduler thread and its workers' channels.
 pub struct GrantServer {
     shared: Arc<Shared>,
@@ -366,6 +373,16 @@ impl GrantServer {
 
     pub fn policy_name(&self) -> &'static str {
         lock(&self.shared.state).sched.policy_name()
+    }
+
+    /// How many times each engine (compute, copy) went from one vGPU to another since the
+    /// server started ([`GpuScheduler::handovers`]).
+    pub fn handovers(&self) -> Handovers {
+        let st = lock(&self.shared.state);
+        Handovers {
+            compute: st.sched.handovers(Resource::Compute),
+            copy: st.sched.handovers(Resource::Copy),
+        }
     }
 }
 

@@ -45,6 +45,14 @@ pub enum QueueMode {
     Sdq,
 }
 
+/// The index of `r`'s engine in per-engine arrays.
+fn engine(r: Resource) -> usize {
+    match r {
+        Resource::Compute => 0,
+        Resource::Copy => 1,
+    }
+}
+
 /// Builds a policy.
 pub fn make_policy(kind: PolicyKind, config: Config) -> Box<dyn Policy> {
     match kind {
@@ -65,6 +73,26 @@ pub struct GpuScheduler {
     copy: Box<dyn Policy>,
     /// The latest time it was given.
     clock: Nanos,
+    /// Each engine's changes of hands (compute, copy).
+    hands: [Hands; 2],
+}
+
+/// Who was granted an engine last, and how many times a grant went to another vGPU than
+/// the one before: on a real GPU each such change is a switch between two workers' CUDA
+/// contexts, which the first kernel after it pays for.
+#[derive(Clone, Copy, Debug, Default)]
+struct Hands {
+    last: Option<VgpuId>,
+    changes: u64,
+}
+
+impl Hands {
+    fn granted(&mut self, vgpu: VgpuId) {
+        if self.last.is_some_and(|v| v != vgpu) {
+            self.changes += 1;
+        }
+        self.last = Some(vgpu);
+    }
 }
 
 /// A grant on one resource.
@@ -81,6 +109,7 @@ impl GpuScheduler {
             compute: make_policy(kind, config),
             copy: make_policy(kind, config),
             clock: 0,
+            hands: [Hands::default(); 2],
         }
     }
 
@@ -104,10 +133,15 @@ impl GpuScheduler {
         }
     }
 
-    fn tag(grants: Vec<Grant>, resource: Resource) -> Vec<ResourceGrant> {
+    /// `grants` of `resource`, tagged with it; each one counted on its engine's hands.
+    fn tag(hands: &mut [Hands; 2], grants: Vec<Grant>, resource: Resource) -> Vec<ResourceGrant> {
+        let h = &mut hands[engine(resource)];
         grants
             .into_iter()
-            .map(|grant| ResourceGrant { resource, grant })
+            .map(|grant| {
+                h.granted(grant.vgpu);
+                ResourceGrant { resource, grant }
+            })
             .collect()
     }
 
@@ -132,9 +166,14 @@ impl GpuScheduler {
 
     pub fn remove(&mut self, vgpu: VgpuId, now: Nanos) -> Vec<ResourceGrant> {
         let now = self.advance(now);
-        let mut g = Self::tag(self.compute.remove(vgpu, now), Resource::Compute);
+        let mut g = Self::tag(
+            &mut self.hands,
+            self.compute.remove(vgpu, now),
+            Resource::Compute,
+        );
         if self.mode == QueueMode::Mrq {
-            g.extend(Self::tag(self.copy.remove(vgpu, now), Resource::Copy));
+            let copy = self.copy.remove(vgpu, now);
+            g.extend(Self::tag(&mut self.hands, copy, Resource::Copy));
         }
         g
     }
@@ -161,7 +200,8 @@ impl GpuScheduler {
         let now = self.advance(now);
         let (p, tag) = self.policy(r);
         let _engine = tracing::trace_span!("engine", ?tag).entered();
-        Ok(Self::tag(p.submit(vgpu, now)?, tag))
+        let grants = p.submit(vgpu, now)?;
+        Ok(Self::tag(&mut self.hands, grants, tag))
     }
 
     pub fn complete(
@@ -174,18 +214,21 @@ impl GpuScheduler {
         let now = self.advance(now);
         let (p, tag) = self.policy(r);
         let _engine = tracing::trace_span!("engine", ?tag).entered();
-        Ok(Self::tag(p.complete(vgpu, started, now)?, tag))
+        let grants = p.complete(vgpu, started, now)?;
+        Ok(Self::tag(&mut self.hands, grants, tag))
     }
 
     pub fn tick(&mut self, now: Nanos) -> Vec<ResourceGrant> {
         let now = self.advance(now);
         let mut g = {
             let _engine = tracing::trace_span!("engine", tag = ?Resource::Compute).entered();
-            Self::tag(self.compute.tick(now), Resource::Compute)
+            let grants = self.compute.tick(now);
+            Self::tag(&mut self.hands, grants, Resource::Compute)
         };
         if self.mode == QueueMode::Mrq {
             let _engine = tracing::trace_span!("engine", tag = ?Resource::Copy).entered();
-            g.extend(Self::tag(self.copy.tick(now), Resource::Copy));
+            let grants = self.copy.tick(now);
+            g.extend(Self::tag(&mut self.hands, grants, Resource::Copy));
         }
         g
     }
@@ -261,6 +304,16 @@ impl GpuScheduler {
         match (self.mode, r) {
             (QueueMode::Mrq, Resource::Copy) => self.copy.next_in_line(now),
             _ => self.compute.next_in_line(now),
+        }
+    }
+
+    /// How many times `r` went to another vGPU than the one granted it before (with one
+    /// queue for both engines, compute's count). A policy that grants on arrival (FIFO)
+    /// counts each grant that alternates.
+    pub fn handovers(&self, r: Resource) -> u64 {
+        match (self.mode, r) {
+            (QueueMode::Mrq, Resource::Copy) => self.hands[engine(Resource::Copy)].changes,
+            _ => self.hands[engine(Resource::Compute)].changes,
         }
     }
 

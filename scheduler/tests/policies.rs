@@ -714,3 +714,48 @@ fn a_time_older_than_the_schedulers_clock_counts_as_its_clock() {
         );
     }
 }
+
+#[test]
+fn hand_overs_count_the_grants_that_go_to_another_vgpu_per_engine() {
+    let no_lease = Config {
+        lease: 0,
+        switch_margin: 0,
+        ..Config::default()
+    };
+    let half = Share::new(0.5);
+    let mut s = GpuScheduler::new(PolicyKind::Band, QueueMode::Mrq, no_lease);
+    s.add(1, half, half, 0).unwrap();
+    s.add(2, half, half, 0).unwrap();
+    // The first grant of an idle engine is no hand-over, nor is a holder's own next one.
+    assert_eq!(s.submit(1, Resource::Compute, 0).unwrap().len(), 1);
+    s.complete(1, Resource::Compute, 0, 100).unwrap();
+    assert_eq!(s.submit(1, Resource::Compute, 200).unwrap().len(), 1);
+    assert_eq!(s.handovers(Resource::Compute), 0);
+    // vGPU 2 waits; the holder's completion hands compute over, and back.
+    assert!(s.submit(2, Resource::Compute, 250).unwrap().is_empty());
+    let g = s.complete(1, Resource::Compute, 200, 1_000).unwrap();
+    assert_eq!(g[0].grant.vgpu, 2, "{g:?}");
+    assert_eq!(s.handovers(Resource::Compute), 1);
+    assert!(s.submit(1, Resource::Compute, 1_100).unwrap().is_empty());
+    let g = s.complete(2, Resource::Compute, 1_000, 2_000).unwrap();
+    assert_eq!(g[0].grant.vgpu, 1, "{g:?}");
+    assert_eq!(s.handovers(Resource::Compute), 2);
+    // Copy has its own engine and count.
+    assert_eq!(s.handovers(Resource::Copy), 0);
+    s.submit(2, Resource::Copy, 2_100).unwrap();
+    s.complete(2, Resource::Copy, 2_100, 2_200).unwrap();
+    s.submit(1, Resource::Copy, 2_300).unwrap();
+    assert_eq!(s.handovers(Resource::Copy), 1);
+    assert_eq!(s.handovers(Resource::Compute), 2);
+
+    // One queue for both: a copy after another vGPU's kernel is a hand-over of the one
+    // engine, counted as compute's.
+    let mut s = GpuScheduler::new(PolicyKind::Band, QueueMode::Sdq, no_lease);
+    s.add(1, half, half, 0).unwrap();
+    s.add(2, half, half, 0).unwrap();
+    s.submit(1, Resource::Compute, 0).unwrap();
+    s.complete(1, Resource::Compute, 0, 100).unwrap();
+    s.submit(2, Resource::Copy, 200).unwrap();
+    assert_eq!(s.handovers(Resource::Compute), 1);
+    assert_eq!(s.handovers(Resource::Copy), 1);
+}

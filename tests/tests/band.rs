@@ -26,8 +26,8 @@ fn sample(c: &vgpu_api::client::Client, a: u32, b: u32, secs: u64) -> (f64, f64)
 }
 
 /// Runs the two workloads under `policy`; returns their compute utilizations while they
-/// compete.
-fn measure(policy: &str) -> (f64, f64) {
+/// compete, and how many times a second the compute engine went from one to the other.
+fn measure(policy: &str) -> (f64, f64, f64) {
     // VGPU_TEST_BACKEND=cuda runs the same test on a real GPU (the GPU machine).
     let cuda = std::env::var("VGPU_TEST_BACKEND").is_ok_and(|b| b == "cuda");
     let mut args = vec!["--policy", policy];
@@ -62,19 +62,22 @@ fn measure(policy: &str) -> (f64, f64) {
     let (va, vb) = (a.vgpu.expect("vgpu a"), b.vgpu.expect("vgpu b"));
     // Past the first scheduling periods and the stats window.
     std::thread::sleep(Duration::from_secs(2));
+    let handovers = || c.gpus().expect("gpus")[0].compute_handovers;
+    let (h0, t0) = (handovers(), std::time::Instant::now());
     let (ua, ub) = sample(c, va, vb, 4);
-    eprintln!("{policy}: compute utilization while competing: vGPU a (70%, 0.2 ms kernels) {ua:.3}, vGPU b (30%, 5 ms kernels) {ub:.3}");
+    let per_s = handovers().saturating_sub(h0) as f64 / t0.elapsed().as_secs_f64();
+    eprintln!("{policy}: compute utilization while competing: vGPU a (70%, 0.2 ms kernels) {ua:.3}, vGPU b (30%, 5 ms kernels) {ub:.3}; {per_s:.0} hand-overs a second");
     for vm in [a.id, b.id] {
         c.delete_vm(vm).expect("delete");
     }
-    (ua, ub)
+    (ua, ub, per_s)
 }
 
 #[test]
 fn band_holds_long_kernels_to_their_share() {
     require_kvm!();
-    let (ua, ub) = measure("band");
-    let (_, fifo_b) = measure("fifo");
+    let (ua, ub, band_hands) = measure("band");
+    let (_, fifo_b, fifo_hands) = measure("fifo");
     // Without a scheduler the 5 ms kernels take most of the GPU (each 0.2 ms kernel waits
     // behind one); BAND holds them near their 30%.
     assert!(
@@ -83,4 +86,14 @@ fn band_holds_long_kernels_to_their_share() {
     );
     assert!(fifo_b > ub + 0.15, "FIFO gave the long-kernel vGPU {fifo_b:.3}, BAND {ub:.3}: the scheduler made no difference");
     assert!(ua + ub > 0.4, "the GPU idled under BAND: {ua:.3} + {ub:.3}");
+    // Both ran, so the engine went from one to the other: the GPU's count says so.
+    assert!(
+        band_hands > 0.0,
+        "no hand-overs counted while two vGPUs shared the compute engine"
+    );
+    // FIFO hands over at every request of the other; BAND lets a turn run several.
+    assert!(
+        band_hands < fifo_hands,
+        "BAND handed over {band_hands:.0} times a second, FIFO {fifo_hands:.0}"
+    );
 }

@@ -39,8 +39,9 @@ pub(crate) fn vgpud_args(base: &[&str], margin_us: Option<u64>) -> Vec<String> {
     args
 }
 
-/// GPU busy with `n` VMs running `spin_us` kernels through vgpud (sim GPU).
-fn through_vgpud(n: usize, spin_us: u64, margin_us: Option<u64>) -> f64 {
+/// GPU busy with `n` VMs running `spin_us` kernels through vgpud (sim GPU), and how many
+/// times a second the compute engine went from one vGPU to another meanwhile.
+fn through_vgpud(n: usize, spin_us: u64, margin_us: Option<u64>) -> (f64, f64) {
     let args = vgpud_args(&["--sim-gpus", "1", "--sim-memory", "4G"], margin_us);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = TestDaemon::start(&format!("sharing-{n}-{spin_us}"), &args);
@@ -59,8 +60,15 @@ fn through_vgpud(n: usize, spin_us: u64, margin_us: Option<u64>) -> f64 {
     // Past the first scheduling periods and the stats window.
     std::thread::sleep(Duration::from_secs(2));
     let vgpus: Vec<u32> = vms.iter().filter_map(|v| v.vgpu).collect();
+    let handovers = || {
+        c.gpus()
+            .ok()
+            .and_then(|g| g.first().map(|g| g.compute_handovers))
+            .unwrap_or(0)
+    };
     let (mut sum, mut samples) = (0.0, 0u32);
-    let end = Instant::now() + SAMPLE;
+    let (h0, start) = (handovers(), Instant::now());
+    let end = start + SAMPLE;
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(250));
         let mut total = 0.0;
@@ -76,16 +84,18 @@ fn through_vgpud(n: usize, spin_us: u64, margin_us: Option<u64>) -> f64 {
             samples += 1;
         }
     }
+    let per_s = handovers().saturating_sub(h0) as f64 / start.elapsed().as_secs_f64();
     for vm in &vms {
         if let Err(e) = c.delete_vm(vm.id) {
             eprintln!("sharing: cannot delete VM {}: {e}", vm.id);
         }
     }
-    if samples == 0 {
+    let busy = if samples == 0 {
         0.0
     } else {
         sum / f64::from(samples)
-    }
+    };
+    (busy, per_s)
 }
 
 /// GPU busy with `n` host threads launching `spin_us` kernels on one sim GPU.
@@ -213,7 +223,7 @@ fn run_sim(counts: &[usize], margin_us: Option<u64>) -> Vec<Figure> {
     for spin_us in [1000u64, 10_000] {
         let (mut vm_line, mut native_line) = (Vec::new(), Vec::new());
         for &n in counts {
-            let vm = through_vgpud(n, spin_us, margin_us);
+            let (vm, handovers) = through_vgpud(n, spin_us, margin_us);
             let anchor = native(n, spin_us);
             let f = fig(
                 format!(
@@ -226,6 +236,10 @@ fn run_sim(counts: &[usize], margin_us: Option<u64>) -> Vec<Figure> {
                 anchor,
             );
             eprintln!("{}", f.line());
+            eprintln!(
+                "{n} VMs, {} ms kernels: {handovers:.0} hand-overs a second",
+                spin_us / 1000
+            );
             out.push(f);
             vm_line.push((n, vm));
             native_line.push((n, anchor));

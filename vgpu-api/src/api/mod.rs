@@ -72,4 +72,12 @@ pub struct Gpu {
     pub copy_committed: f64,
     /// Ids of the vGPUs placed on it that still hold resources.
     pub vgpus: Vec<u32>,
+    /// Times its compute engine went from one vGPU to another since vgpud started: on a
+    /// real GPU each is a switch between two workers' CUDA contexts, which the next kernel
+    /// pays for (BAND keeps them rare).
+    #[serde(default)]
+    pub compute_handovers: u64,
+    /// The same for its copy engine (with one queue for both: the compute count).
+    #[serde(default)]
+    pub copy_handovers: u64,
 }

@@ -106,10 +106,24 @@ fn gpu_metrics(reg: &mut Registry, d: &Daemon) {
         "gpu_copy_committed_ratio",
         "Sum of live vGPUs' copy shares",
     );
+    let handovers = Family::<GpuLabels, Counter<u64>>::default();
+    reg.register(
+        "gpu_compute_handovers",
+        "Times the compute engine went from one vGPU to another (a context switch on a real GPU)",
+        handovers.clone(),
+    );
+    let copy_handovers = Family::<GpuLabels, Counter<u64>>::default();
+    reg.register(
+        "gpu_copy_handovers",
+        "Times the copy engine went from one vGPU to another",
+        copy_handovers.clone(),
+    );
     for g in stats::gpus(d) {
         let l = GpuLabels {
             gpu: g.index.to_string(),
         };
+        handovers.get_or_create(&l).inc_by(g.compute_handovers);
+        copy_handovers.get_or_create(&l).inc_by(g.copy_handovers);
         gpu_mem.get_or_create(&l).set(g.memory_bytes as f64);
         gpu_mem_c
             .get_or_create(&l)
@@ -337,6 +351,10 @@ mod tests {
             text.contains(&format!(
                 "vgpud_vgpu_grant_violations_total{{vgpu=\"{b}\",gpu=\"0\"}} 0"
             )),
+            "{text}"
+        );
+        assert!(
+            text.contains("vgpud_gpu_compute_handovers_total{gpu=\"0\"} 0"),
             "{text}"
         );
         d.state.with(|i| i.vgpus.remove(&a));

@@ -15,15 +15,27 @@ use super::state::{State, VgpuRec};
 use crate::api::{self, VgpuState, VmState};
 use crate::control::{Command as Ctl, ReplyBody, WorkerStats};
 use crate::units::permille_to_fraction;
+use vgpu_grant::{GrantServer, Handovers};
 
 /// Every physical GPU with its commitments.
 pub fn gpus(d: &Daemon) -> Vec<api::Gpu> {
+    // Read before the state lock: each grant server's lock is its own.
+    let hands: Vec<Handovers> = d
+        .gpu_indices()
+        .map(|i| {
+            d.grants
+                .get(i)
+                .map(GrantServer::handovers)
+                .unwrap_or_default()
+        })
+        .collect();
     d.state.with(|inner| {
         d.cfg
             .gpus
             .iter()
             .zip(d.gpu_indices())
-            .map(|(g, index)| {
+            .zip(hands)
+            .map(|((g, index), hands)| {
                 let c = inner.committed(index, None);
                 let pool = d.memory.figures(index);
                 api::Gpu {
@@ -53,6 +65,8 @@ pub fn gpus(d: &Daemon) -> Vec<api::Gpu> {
                         .filter(|v| v.gpu() == index && v.holds_resources())
                         .map(|v| v.id())
                         .collect(),
+                    compute_handovers: hands.compute,
+                    copy_handovers: hands.copy,
                 }
             })
             .collect()

@@ -44,6 +44,9 @@ struct Point {
     rounds_per_s: f64,
     /// The vGPUs' summed compute utilization (device time over wall time; VMs only).
     device_busy: f64,
+    /// Times a second the compute engine went from one vGPU to another (VMs only: each a
+    /// switch between two workers' contexts, which the next kernel pays for).
+    handovers_per_s: f64,
 }
 
 fn native_bin() -> std::path::PathBuf {
@@ -210,6 +213,7 @@ fn native(n: usize, c: &Calibrated) -> Result<Point, String> {
     Ok(Point {
         rounds_per_s: rounds / sample.as_secs_f64(),
         device_busy: f64::NAN,
+        handovers_per_s: f64::NAN,
     })
 }
 
@@ -251,7 +255,11 @@ fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Poi
             }
             Ok(k)
         };
-        let (k0, t0) = (kernels()?, Instant::now());
+        let handovers = || -> Result<u64, String> {
+            let gpus = client.gpus().map_err(|e| format!("the GPUs: {e}"))?;
+            Ok(gpus.first().map_or(0, |g| g.compute_handovers))
+        };
+        let (k0, h0, t0) = (kernels()?, handovers()?, Instant::now());
         let (mut sum, mut samples) = (0.0, 0u32);
         while t0.elapsed() < sample_for(c.target_us) {
             std::thread::sleep(Duration::from_millis(250));
@@ -268,7 +276,7 @@ fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Poi
                 samples += 1;
             }
         }
-        let (k1, secs) = (kernels()?, t0.elapsed().as_secs_f64());
+        let (k1, h1, secs) = (kernels()?, handovers()?, t0.elapsed().as_secs_f64());
         // Two kernels a round: saxpy and matmul.
         Ok(Point {
             rounds_per_s: k1.saturating_sub(k0) as f64 / 2.0 / secs,
@@ -277,6 +285,7 @@ fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Poi
             } else {
                 sum / f64::from(samples)
             },
+            handovers_per_s: h1.saturating_sub(h0) as f64 / secs,
         })
     });
     for vm in &vms {
@@ -285,6 +294,19 @@ fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Poi
         }
     }
     point
+}
+
+/// The engine's hand-overs a second and the kernels a turn between two of them (two
+/// kernels a round).
+fn turns(handovers_per_s: f64, rounds_per_s: f64) -> String {
+    if handovers_per_s > 0.0 {
+        format!(
+            "{handovers_per_s:.0} hand-overs a second, {:.1} kernels a turn",
+            2.0 * rounds_per_s / handovers_per_s
+        )
+    } else {
+        "no hand-overs".to_owned()
+    }
 }
 
 /// The goal for `n` VMs with rounds of `target_us`, on work-counted GPU busy, and whether
@@ -365,10 +387,11 @@ pub fn run(counts: &[usize], margin_us: Option<u64>) -> Vec<Figure> {
             let (g, met) = goal(n, target_us, vb, vm.rounds_per_s / lone);
             println!(
                 "GOAL {} {what}: {g} (busy {vb:.3}, device time {:.3}, native {nb:.3}, \
-                 to the lone native process {:.2}x)",
+                 to the lone native process {:.2}x; {})",
                 if met { "met" } else { "missed" },
                 vm.device_busy,
-                vm.rounds_per_s / lone
+                vm.rounds_per_s / lone,
+                turns(vm.handovers_per_s, vm.rounds_per_s)
             );
             vm_line.push((n, vb));
             native_line.push((n, nb));
