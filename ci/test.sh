@@ -9,6 +9,8 @@ echo "== rust-vmm versions"
 echo "== format"
 cargo fmt --all -- --check
 (cd guests && cargo fmt --all -- --check)
+echo "== shell scripts parse (the GPU machine's scripts too, which CI cannot run)"
+for f in $(git ls-files '*.sh'); do bash -n "$f"; done
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 (cd guests && cargo clippy --release --locked -- -D warnings)
