@@ -167,6 +167,7 @@ pub fn gpu_rows(gpus: &[Gpu]) -> String {
             "COMPUTE",
             "COPY",
             "COPY BW",
+            "HAND-OVERS",
             "VGPUS",
         ],
         gpus.iter()
@@ -195,6 +196,7 @@ pub fn gpu_rows(gpus: &[Gpu]) -> String {
                     } else {
                         format!("{:.1} GB/s", g.copy_bandwidth as f64 / 1e9)
                     },
+                    format!("{}/{}", g.compute_handovers, g.copy_handovers),
                     g.vgpus
                         .iter()
                         .map(u32::to_string)
