@@ -23,6 +23,9 @@ use crate::daemon::{gpu_load, wait_running, TestDaemon};
 /// Rounds a VM may run (gpu-load keeps its sums exact below about 2.39 million).
 const ROUNDS: u64 = 2_000_000;
 
+/// Parts of a VM point's sample, each reported on its own line.
+const WINDOWS: u32 = 3;
+
 /// Sampling time per point: longer for 10 ms rounds, so 64 VMs each run several.
 fn sample_for(target_us: u64) -> Duration {
     if target_us >= 10_000 {
@@ -259,33 +262,57 @@ fn through_vgpud(n: usize, c: &Calibrated, margin_us: Option<u64>) -> Result<Poi
             let gpus = client.gpus().map_err(|e| format!("the GPUs: {e}"))?;
             Ok(gpus.first().map_or(0, |g| g.compute_handovers))
         };
+        // The sample in WINDOWS parts, each reported: a figure that one stall dragged
+        // down shows it in one part, a state of the whole run in all of them.
+        let part = sample_for(c.target_us) / WINDOWS;
         let (k0, h0, t0) = (kernels()?, handovers()?, Instant::now());
         let (mut sum, mut samples) = (0.0, 0u32);
-        while t0.elapsed() < sample_for(c.target_us) {
-            std::thread::sleep(Duration::from_millis(250));
-            let mut total = 0.0;
-            let mut complete = true;
-            for &v in &vgpus {
-                match client.vgpu_stats(v) {
-                    Ok(s) if s.window_ms > 0 => total += s.compute_utilization,
-                    _ => complete = false,
+        let (mut k, mut h, mut t) = (k0, h0, t0);
+        for w in 1..=WINDOWS {
+            let (mut wsum, mut wsamples) = (0.0, 0u32);
+            while t.elapsed() < part {
+                std::thread::sleep(Duration::from_millis(250));
+                let mut total = 0.0;
+                let mut complete = true;
+                for &v in &vgpus {
+                    match client.vgpu_stats(v) {
+                        Ok(s) if s.window_ms > 0 => total += s.compute_utilization,
+                        _ => complete = false,
+                    }
+                }
+                if complete {
+                    wsum += total;
+                    wsamples += 1;
                 }
             }
-            if complete {
-                sum += total;
-                samples += 1;
-            }
+            let (kw, hw, now) = (kernels()?, handovers()?, Instant::now());
+            let secs = now.duration_since(t).as_secs_f64();
+            // Two kernels a round: saxpy and matmul.
+            let rounds_per_s = kw.saturating_sub(k) as f64 / 2.0 / secs;
+            println!(
+                "sharing: {n} VMs, {} ms rounds, part {w} of {WINDOWS} ({secs:.1} s): \
+                 busy (work) {:.3}, device time {}; {}",
+                c.target_us / 1000,
+                rounds_per_s * c.kernel_us / 1e6,
+                if wsamples == 0 {
+                    "unread".to_owned()
+                } else {
+                    format!("{:.3}", wsum / f64::from(wsamples))
+                },
+                turns(hw.saturating_sub(h) as f64 / secs, rounds_per_s)
+            );
+            (sum, samples) = (sum + wsum, samples + wsamples);
+            (k, h, t) = (kw, hw, now);
         }
-        let (k1, h1, secs) = (kernels()?, handovers()?, t0.elapsed().as_secs_f64());
-        // Two kernels a round: saxpy and matmul.
+        let secs = t.duration_since(t0).as_secs_f64();
         Ok(Point {
-            rounds_per_s: k1.saturating_sub(k0) as f64 / 2.0 / secs,
+            rounds_per_s: k.saturating_sub(k0) as f64 / 2.0 / secs,
             device_busy: if samples == 0 {
                 0.0
             } else {
                 sum / f64::from(samples)
             },
-            handovers_per_s: h1.saturating_sub(h0) as f64 / secs,
+            handovers_per_s: h.saturating_sub(h0) as f64 / secs,
         })
     });
     for vm in &vms {
