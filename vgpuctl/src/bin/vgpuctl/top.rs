@@ -81,7 +81,7 @@ impl Drop for RawInput {
 
 /// One GPU's memory as `top` shows it: what hard shares reserve, what oversubscribed
 /// vGPUs were promised, and where the allocated bytes are.
-fn gpu_line(g: &Gpu, vgpus: &[Vgpu], stats: &[VgpuStats]) -> String {
+fn gpu_line(g: &Gpu, vgpus: &[Vgpu], stats: &[VgpuStats], handovers: Option<f64>) -> String {
     let on: Vec<&Vgpu> = vgpus.iter().filter(|v| g.vgpus.contains(&v.id)).collect();
     let over: u64 = on
         .iter()
@@ -91,8 +91,13 @@ fn gpu_line(g: &Gpu, vgpus: &[Vgpu], stats: &[VgpuStats]) -> String {
     let here: Vec<&VgpuStats> = stats.iter().filter(|s| s.gpu == g.index).collect();
     let resident: u64 = here.iter().map(|s| s.memory_resident_bytes).sum();
     let swapped: u64 = here.iter().map(|s| s.memory_swapped_bytes).sum();
+    // The compute engine's changes of hands: a rate once two screens were read.
+    let hands = match handovers {
+        Some(r) => format!("; {r:.0} hand-overs/s"),
+        None => format!("; {} hand-overs", g.compute_handovers),
+    };
     format!(
-        "GPU {} {}: {} memory; promised {} ({} reserved by hard shares, {} oversubscribed); resident {}, swapped out {}; compute {} copy {} committed\n",
+        "GPU {} {}: {} memory; promised {} ({} reserved by hard shares, {} oversubscribed); resident {}, swapped out {}; compute {} copy {} committed{hands}\n",
         g.index,
         g.name,
         human_bytes(g.memory_bytes),
@@ -217,9 +222,32 @@ fn fitted_table(rows: Vec<Vec<String>>, width: Option<usize>) -> String {
     out.lines().map(|l| elide(l, width) + "\n").collect()
 }
 
-fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientError> {
+/// Each GPU's compute hand-overs when the last screen was read.
+struct Seen {
+    at: Instant,
+    handovers: Vec<(u32, u64)>,
+}
+
+impl Seen {
+    /// GPU `g`'s hand-overs a second since this was read (None: not seen then, or its
+    /// count went back, as after a restart of vgpud).
+    fn rate(&self, g: &Gpu, now: Instant) -> Option<f64> {
+        let (_, before) = self.handovers.iter().find(|(i, _)| *i == g.index)?;
+        let secs = now.duration_since(self.at).as_secs_f64();
+        let more = g.compute_handovers.checked_sub(*before)?;
+        (secs > 0.0).then(|| more as f64 / secs)
+    }
+}
+
+fn screen(
+    c: &Client,
+    interval: Duration,
+    tty: bool,
+    seen: &mut Option<Seen>,
+) -> Result<String, ClientError> {
     let vgpus = c.vgpus()?;
     let gpus = c.gpus()?;
+    let now = Instant::now();
     let vms = c.vms()?;
     let mut stats = Vec::new();
     for v in vgpus.iter().filter(|v| v.worker_pid.is_some()) {
@@ -251,9 +279,17 @@ fn screen(c: &Client, interval: Duration, tty: bool) -> Result<String, ClientErr
     out.push_str(&elide(&head, w));
     out.push_str("\n\n");
     for g in &gpus {
-        out.push_str(&elide(gpu_line(g, &vgpus, &stats).trim_end(), w));
+        let rate = seen.as_ref().and_then(|s| s.rate(g, now));
+        out.push_str(&elide(gpu_line(g, &vgpus, &stats, rate).trim_end(), w));
         out.push('\n');
     }
+    *seen = Some(Seen {
+        at: now,
+        handovers: gpus
+            .iter()
+            .map(|g| (g.index, g.compute_handovers))
+            .collect(),
+    });
     out.push('\n');
     let rows = shown
         .iter()
@@ -301,9 +337,10 @@ pub fn top(c: &Client, interval: Duration, count: u64) -> Result<(), ClientError
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let input = if tty { RawInput::new() } else { None };
     let mut n = 0;
+    let mut seen = None;
     loop {
         let start = Instant::now();
-        let out = match screen(c, interval, tty) {
+        let out = match screen(c, interval, tty, &mut seen) {
             Ok(out) => out,
             Err(e) if away(&e) => {
                 let line = format!(
@@ -353,5 +390,46 @@ mod tests {
         }
         assert_eq!(elide("abcdef", Some(4)), "abc…");
         assert_eq!(elide("abc", Some(4)), "abc");
+    }
+
+    fn gpu(index: u32, handovers: u64) -> Gpu {
+        Gpu {
+            index,
+            name: format!("gpu{index}"),
+            backend: "sim".into(),
+            memory_bytes: 1 << 30,
+            memory_committed_bytes: 0,
+            memory_free_bytes: 1 << 30,
+            memory_shared_bytes: 0,
+            oversubscribed_pool_bytes: 0,
+            oversubscribed_resident_bytes: 0,
+            swap_area_bytes: 0,
+            swap_area_used_bytes: 0,
+            copy_bandwidth: 0,
+            speed: 1.0,
+            compute_committed: 0.0,
+            copy_committed: 0.0,
+            vgpus: Vec::new(),
+            compute_handovers: handovers,
+            copy_handovers: 0,
+        }
+    }
+
+    #[test]
+    fn the_gpu_line_gives_hand_overs_a_second_once_two_screens_were_read() {
+        let at = Instant::now();
+        let seen = Seen {
+            at,
+            handovers: vec![(0, 100)],
+        };
+        let later = at + Duration::from_secs(2);
+        assert_eq!(seen.rate(&gpu(0, 300), later), Some(100.0));
+        // A GPU not seen before, or a count that went back (vgpud restarted): no rate.
+        assert_eq!(seen.rate(&gpu(1, 300), later), None);
+        assert_eq!(seen.rate(&gpu(0, 40), later), None);
+        let line = gpu_line(&gpu(0, 300), &[], &[], Some(100.0));
+        assert!(line.contains("; 100 hand-overs/s"), "{line}");
+        let line = gpu_line(&gpu(0, 300), &[], &[], None);
+        assert!(line.contains("; 300 hand-overs"), "{line}");
     }
 }
