@@ -38,7 +38,7 @@ band|check|240|BAND 70/30 through vgpud on the cuda backend, beside FIFO
 migration|check|300|live migration through vgpud on cuda, 20 moves while a guest computes, checksums equal
 host-migration|check|420|whole-VM migration between two vgpud daemons sharing the GPU: a computing VM moves back and forth (checksum equal to an unmoved VM's, under a quarter of its RAM sent stopped), pages only the vGPU wrote during a pre-copy move arrive intact and a stop-and-copy move works, a full destination refuses, a killed destination leaves the VM at its source, a wrong token is refused, a VM's module variable moves with it
 shm|check|300|shared device memory on cuda: an exported object mapped read-write and read-only (backend); through vgpud, a producer/consumer pipeline of two VMs with intruders refused, kill -9 of a mapper, writes into a read-only mapping refused
-hard-limit|check|120|a lone kernel's wait: its end read from the host word its stream writes (backend/src/cuda/signal.rs), and a PTX kernel that never ends answered KERNEL_FAULT past the hard limit, the worker exiting 75 to free the GPU
+hard-limit|check|120|a lone kernel's and a batch of one run's wait: the end read from the host word their stream writes (backend/src/cuda/signal.rs), and a PTX kernel that never ends answered KERNEL_FAULT past the hard limit, the worker exiting 75 to free the GPU
 cuda-migration|check|180|in-process migration tour across GPUs (onto the same GPU with one), every byte checked, a PTX module's variables keep their values and addresses
 device|check|180|the sim device end to end under this machine's KVM (comparison with the CPU machine)
 daemon|check|60|vgpud --backend cuda starts and vgpuctl lists the GPUs

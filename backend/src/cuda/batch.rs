@@ -11,8 +11,9 @@
 //! and each kernel of a run gets the run's device time shared evenly. The first run records
 //! no start: it is timed on the host from the batch's first launch call to its end being
 //! seen (a run that ended while later ones were still being queued is charged that
-//! queuing too), and a batch of one run records only an event without timing after it, to
-//! wait on ([`Lane::done`], [`host_ns`]). A run keeps the hard
+//! queuing too), and a batch of one run records no event at all: its end is read from the
+//! lane's host word, written after it as after a lone kernel (`signal.rs`, [`host_ns`]). A
+//! run keeps the hard
 //! limit of its guest functions together (each one's limit, counted from when the run
 //! before was seen finished; on one stream nothing of it can start earlier), so the whole
 //! wait is bounded by the sum of the queued kernels' limits. The allocations the kernels
@@ -73,33 +74,35 @@ impl CudaGpu {
         let t = Instant::now();
         let run = self
             .queue_ptx(stream, None, None, held, f, config, cluster, args, blob)
-            .and_then(|()| self.wait_lone(stream, signal, f.name(), t))
+            .and_then(|()| self.wait_lone(stream, signal, f.name(), t, self.kernel_limit))
             .map(|()| host_ns(t));
         // The kernel has finished (or can no longer touch them): the allocations may go.
         held.clear();
         run
     }
 
-    /// Waits for the lone kernel just queued on `stream`: by the lane's host word when it
-    /// has one (`signal.rs`), else by asking the stream. A word the driver will not write
-    /// is given up for the lane's life.
+    /// Waits for everything just queued on `stream` (a lone kernel, or a batch's only run),
+    /// past `limit` from `t` a hard-limit fault: by the lane's host word when it has one
+    /// (`signal.rs`), else by asking the stream. A word the driver will not write is given
+    /// up for the lane's life.
     fn wait_lone(
         &self,
         stream: &Stream,
         signal: &mut Option<Signal>,
         kernel: &str,
         t: Instant,
+        limit: Duration,
     ) -> Result<()> {
         if let Some(s) = signal {
             match s.arm(stream) {
-                Ok(armed) => return self.wait_kernel_until(&armed, kernel, t, self.kernel_limit),
+                Ok(armed) => return self.wait_kernel_until(&armed, kernel, t, limit),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot queue a host word's write after a kernel; this lane's waits ask the stream");
                     *signal = None;
                 }
             }
         }
-        self.wait_kernel_until(stream, kernel, t, self.kernel_limit)
+        self.wait_kernel_until(stream, kernel, t, limit)
     }
 
     /// Checks a launch of `f` and queues it on `stream` between `start` and `end` (either
@@ -424,7 +427,7 @@ impl CudaGpu {
             }
         }
         self.close_run(&mut lane, &mut q, out, false);
-        self.wait_batch(&lane, &q, out);
+        self.wait_batch(&mut lane, &q, out);
         lane.held.clear();
         taken
     }
@@ -464,8 +467,9 @@ impl CudaGpu {
 
     /// Records the open run's end event and files it for the wait; a run whose end cannot
     /// be recorded answers its kernels with that error. The batch's only run (`more`:
-    /// whether another follows) needs no timing event at its end: the lane's untimed
-    /// [`Lane::done`] tells the wait when it ended.
+    /// whether another follows) records nothing: the wait queues the lane's host word
+    /// after it and reads its end from that, as after a lone kernel (the lane's stream
+    /// holds nothing else).
     fn close_run(
         &self,
         lane: &mut Lane,
@@ -482,10 +486,7 @@ impl CudaGpu {
         }
         let only = run.start.is_none() && !more;
         let recorded = if only {
-            lane.done
-                .record(&lane.stream)
-                .map(|()| None)
-                .map_err(|e| self.cuda_err(e))
+            Ok(None)
         } else {
             q.next_mark(lane)
                 .map_err(|e| self.cuda_err(e))
@@ -550,7 +551,13 @@ impl CudaGpu {
     /// Waits for the runs in order, each under its kernels' hard limits together from the
     /// end of the run before (the first from the batch's start), and writes each kernel's
     /// share of its run's device time, or its error, into `out`.
-    fn wait_batch(&self, lane: &Lane, q: &Queue, out: &mut [Result<LaunchStats>]) {
+    fn wait_batch(&self, lane: &mut Lane, q: &Queue, out: &mut [Result<LaunchStats>]) {
+        let Lane {
+            stream,
+            marks,
+            signal,
+            ..
+        } = lane;
         let mut t = q.began;
         for run in &q.closed {
             // A guest function has its hard limit; a built-in, bounded by its arguments,
@@ -561,10 +568,10 @@ impl CudaGpu {
             };
             let n = u32::try_from(run.slots.len()).unwrap_or(u32::MAX);
             let limit = one.checked_mul(n).unwrap_or(Duration::MAX);
-            let mark = |m: usize| lane.marks.get(m).ok_or_else(missing_mark);
+            let mark = |m: usize| marks.get(m).ok_or_else(missing_mark);
             let result = self.enter().and_then(|()| match (run.start, run.end) {
                 (None, None) => {
-                    self.wait_kernel_until(&lane.done, name, t, limit)?;
+                    self.wait_lone(stream, signal, name, t, limit)?;
                     Ok(host_ns(q.began))
                 }
                 (None, Some(end)) => {
@@ -620,7 +627,7 @@ struct Run {
     kernel: Kernel,
     /// Its start and end events (indexes into the lane's marks). No start: the batch's
     /// first run, timed on the host from the batch's start; no end as well: the batch's
-    /// only run, waited for on [`Lane::done`].
+    /// only run, its end read from the lane's host word.
     start: Option<usize>,
     end: Option<usize>,
     /// Its kernels' places in the results.

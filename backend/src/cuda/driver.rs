@@ -381,7 +381,7 @@ impl Drop for Stream {
     }
 }
 
-/// An event: with timing (a batch's marks) or without (the end of a batch of one run).
+/// A timing event (a batch's marks between its runs).
 #[derive(Debug)]
 pub struct Event {
     raw: sys::CUevent,
@@ -395,13 +395,6 @@ impl Event {
     /// A fresh event with timing enabled.
     pub fn new(ctx: &Arc<Context>) -> Result<Self, CuError> {
         Self::with_flags(ctx, sys::CUevent_flags::CU_EVENT_DEFAULT)
-    }
-
-    /// A fresh event without timing: it only tells when the work before it has finished,
-    /// and recording it costs next to nothing (a timing event over a microsecond on the
-    /// H200).
-    pub fn untimed(ctx: &Arc<Context>) -> Result<Self, CuError> {
-        Self::with_flags(ctx, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
     }
 
     fn with_flags(ctx: &Arc<Context>, flags: sys::CUevent_flags) -> Result<Self, CuError> {

@@ -21,16 +21,14 @@ use crate::sync::lock;
 pub struct Lane {
     /// The stream the operation's work goes on.
     pub stream: Stream,
-    /// An event without timing, recorded after a batch of one run to tell the wait when
-    /// the run ended.
-    pub done: Event,
     /// A batch's timing events, recorded in order on the stream (grown to the most a
     /// batch used, then kept).
     pub marks: Vec<Event>,
     /// What the kernels queued on the stream point into, held until they have finished
     /// (emptied by whoever queued them; the capacity stays).
     pub held: Vec<Held>,
-    /// The word a lone kernel's end is read from (`signal.rs`); `None` when the driver
+    /// The word a lone kernel's (or a batch of one run's) end is read from (`signal.rs`);
+    /// `None` when the driver
     /// would not give one, or would not write it: the stream is asked instead.
     pub signal: Option<Signal>,
     scratch: Option<DevBuf>,
@@ -41,7 +39,6 @@ impl Lane {
     fn new(ctx: &Arc<Context>) -> Result<Self, CuError> {
         Ok(Self {
             stream: Stream::new(ctx)?,
-            done: Event::untimed(ctx)?,
             marks: Vec::new(),
             held: Vec::new(),
             signal: Signal::new(ctx)

@@ -1,7 +1,7 @@
-//! A lone kernel's end read from its lane's host word (`signal.rs`), on a real GPU: the
-//! word holds each launch's value once it is answered, a kernel longer than the wait's
-//! spin is seen through the word or the stream after the spin, and what a kernel wrote is
-//! there for the next request. Skipped where no GPU is.
+//! A lone kernel's (and a batch of one run's) end read from its lane's host word
+//! (`signal.rs`), on a real GPU: the word holds each launch's value once it is answered, a
+//! kernel longer than the wait's spin is seen through the word or the stream after the
+//! spin, and what a kernel wrote is there for the next request. Skipped where no GPU is.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use vgpu_proto::{Access, ArgValue};
 use vm_memory::VolatileSlice;
 
 use super::{CudaConfig, CudaGpu};
-use crate::{Backend, LaunchConfig, LaunchOne, ModuleImage};
+use crate::{Backend, Launch, LaunchConfig, LaunchOne, ModuleImage};
 
 const PTX: &str = r#"
 .version 7.8
@@ -49,6 +49,13 @@ const ONE: LaunchConfig = LaunchConfig {
     shared_bytes: 0,
 };
 
+/// One backend at a time: two in one process would ask the driver for the same
+/// address range for their vGPU address spaces.
+fn one_gpu() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The lane's word: writes asked for, the value last asked for and the value the GPU last
 /// wrote.
 fn word(gpu: &CudaGpu) -> Option<(u64, u32, u32)> {
@@ -63,6 +70,7 @@ fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
         eprintln!("skipped: no CUDA GPU ({why})");
         return;
     }
+    let _one = one_gpu();
     let gpu = CudaGpu::new(CudaConfig::default()).expect("CUDA GPU");
     let m = gpu
         .modules()
@@ -121,5 +129,81 @@ fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
         gpu.copy_dtoh(a, &VolatileSlice::from(&mut buf[..]))
             .expect("read back");
         assert_eq!(u64::from_le_bytes(buf), v);
+    }
+}
+
+/// A batch of one function's kernels records no event: its end is read from the word
+/// written after its last kernel, for short kernels and for a batch that outlasts the
+/// wait's spin, and every kernel's writes are there when the batch is answered.
+#[test]
+fn a_batch_of_one_run_s_end_is_read_from_its_lane_s_host_word() {
+    if let Err(why) = CudaGpu::probe() {
+        eprintln!("skipped: no CUDA GPU ({why})");
+        return;
+    }
+    let _one = one_gpu();
+    let gpu = CudaGpu::new(CudaConfig::default()).expect("CUDA GPU");
+    let m = gpu
+        .modules()
+        .module_load(ModuleImage::Ptx(PTX.as_bytes()))
+        .expect("PTX module");
+    let f = |name: &[u8]| {
+        gpu.modules()
+            .get_function(m, name)
+            .expect("function")
+            .handle
+    };
+    let (nop, store, spin) = (f(b"nop"), f(b"store"), f(b"spin"));
+    let launch = |function, args| Launch {
+        function,
+        config: ONE,
+        cluster: crate::NO_CLUSTER,
+        args,
+        blob: &[],
+    };
+
+    let (before, _, _) = word(&gpu).expect("the lane has a host word on this GPU");
+    let nops: Vec<Launch<'_>> = (0..32).map(|_| launch(nop, &[][..])).collect();
+    let results = gpu.launch(&nops);
+    assert_eq!(results.len(), 32);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let (writes, asked, written) = word(&gpu).expect("host word");
+    assert_eq!(writes, before + 1, "one write for the batch's one run");
+    assert_eq!(written, asked, "the batch was answered once its write landed");
+
+    // Four 100 us kernels: longer than the wait's spin on the word.
+    let long = [ArgValue::U64(100_000)];
+    let spins: Vec<Launch<'_>> = (0..4).map(|_| launch(spin, &long[..])).collect();
+    let t = Instant::now();
+    let results = gpu.launch(&spins);
+    assert!(t.elapsed() >= Duration::from_micros(400), "{:?}", t.elapsed());
+    let total: u64 = results
+        .iter()
+        .map(|r| r.as_ref().expect("spin").device_ns)
+        .sum();
+    assert!(total >= 400_000, "the run's time {total} ns, its kernels 400 us");
+    assert_eq!(word(&gpu).map(|(_, a, w)| a == w), Some(true));
+
+    // Every kernel's write is there when the batch is answered.
+    let a = gpu.alloc(4096).expect("alloc").addr;
+    let args: Vec<[ArgValue; 2]> = (0..16u64)
+        .map(|i| {
+            [
+                ArgValue::Ptr {
+                    addr: a + 8 * i,
+                    access: Access::Write,
+                },
+                ArgValue::U64(1000 + i),
+            ]
+        })
+        .collect();
+    let stores: Vec<Launch<'_>> = args.iter().map(|a| launch(store, &a[..])).collect();
+    assert!(gpu.launch(&stores).iter().all(Result::is_ok));
+    let mut buf = [0u8; 128];
+    gpu.copy_dtoh(a, &VolatileSlice::from(&mut buf[..]))
+        .expect("read back");
+    for (i, v) in buf.chunks_exact(8).enumerate() {
+        let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+        assert_eq!(v, 1000 + i as u64, "store {i}");
     }
 }
