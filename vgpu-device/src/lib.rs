@@ -18,6 +18,7 @@ pub mod front;
 mod host_map;
 mod kernel_times;
 mod launch;
+mod lines;
 mod memtable;
 mod occupancy;
 mod request;

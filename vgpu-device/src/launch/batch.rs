@@ -193,6 +193,11 @@ impl Vgpu {
             return false;
         }
         let mut answered = false;
+        // The queue thread checked these launches on another core: their lines are asked
+        // for together, not one miss after another as the batch reads them.
+        for c in batch.items.iter().filter_map(|i| i.launch.as_deref()) {
+            c.prefetch();
+        }
         let Ran { results, stages } = {
             let b: &LaunchBatch = batch;
             let launches: Vec<&Checked> =

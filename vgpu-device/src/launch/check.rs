@@ -9,6 +9,7 @@ use vgpu_proto::{
 
 use crate::device::Vgpu;
 use crate::error::RequestError;
+use crate::lines::touch;
 
 /// A launch that passed the device's checks, ready for the backend.
 #[derive(Clone, Debug)]
@@ -33,6 +34,15 @@ impl Checked {
     /// The arguments.
     pub fn args(&self) -> &[ArgValue] {
         self.args.get(..self.count).unwrap_or(&[])
+    }
+
+    /// Asks for the lines [`Checked::launch`] reads (the queue thread wrote them; the
+    /// launch runner reads them next, from another core).
+    pub fn prefetch(&self) {
+        touch((&raw const self.blob).cast());
+        touch((&raw const self.function).cast());
+        touch((&raw const self.config).cast());
+        touch((&raw const self.rank).cast());
     }
 
     /// The launch as the backend takes it.

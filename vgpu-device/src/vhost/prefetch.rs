@@ -20,6 +20,7 @@ use vm_memory::{Address, GuestAddress, GuestMemoryBackend};
 
 use super::Vring;
 use crate::chain::GuestMem;
+use crate::lines::touch;
 
 /// Bytes of a split ring's descriptor.
 const DESC_SIZE: usize = 16;
@@ -96,19 +97,6 @@ impl Prefetch {
             }
         }
     }
-}
-
-/// Hints the CPU to bring the line at `p` in.
-#[inline(always)]
-fn touch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the
-    // address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]
