@@ -53,7 +53,8 @@ const ONE: LaunchConfig = LaunchConfig {
 /// address range for their vGPU address spaces.
 fn one_gpu() -> std::sync::MutexGuard<'static, ()> {
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The lane's word: writes asked for, the value last asked for and the value the GPU last
@@ -169,19 +170,29 @@ fn a_batch_of_one_run_s_end_is_read_from_its_lane_s_host_word() {
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     let (writes, asked, written) = word(&gpu).expect("host word");
     assert_eq!(writes, before + 1, "one write for the batch's one run");
-    assert_eq!(written, asked, "the batch was answered once its write landed");
+    assert_eq!(
+        written, asked,
+        "the batch was answered once its write landed"
+    );
 
     // Four 100 us kernels: longer than the wait's spin on the word.
     let long = [ArgValue::U64(100_000)];
     let spins: Vec<Launch<'_>> = (0..4).map(|_| launch(spin, &long[..])).collect();
     let t = Instant::now();
     let results = gpu.launch(&spins);
-    assert!(t.elapsed() >= Duration::from_micros(400), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_micros(400),
+        "{:?}",
+        t.elapsed()
+    );
     let total: u64 = results
         .iter()
         .map(|r| r.as_ref().expect("spin").device_ns)
         .sum();
-    assert!(total >= 400_000, "the run's time {total} ns, its kernels 400 us");
+    assert!(
+        total >= 400_000,
+        "the run's time {total} ns, its kernels 400 us"
+    );
     assert_eq!(word(&gpu).map(|(_, a, w)| a == w), Some(true));
 
     // Every kernel's write is there when the batch is answered.
