@@ -74,7 +74,7 @@ impl CudaGpu {
         let t = Instant::now();
         let run = self
             .queue_ptx(stream, None, None, held, f, config, cluster, args, blob)
-            .and_then(|()| self.wait_lone(stream, signal, f.name(), t, self.kernel_limit))
+            .and_then(|()| self.wait_all_queued(stream, signal, f.name(), t, self.kernel_limit))
             .map(|()| host_ns(t));
         // The kernel has finished (or can no longer touch them): the allocations may go.
         held.clear();
@@ -85,7 +85,7 @@ impl CudaGpu {
     /// past `limit` from `t` a hard-limit fault: by the lane's host word when it has one
     /// (`signal.rs`), else by asking the stream. A word the driver will not write is given
     /// up for the lane's life.
-    fn wait_lone(
+    fn wait_all_queued(
         &self,
         stream: &Stream,
         signal: &mut Option<Signal>,
@@ -571,7 +571,7 @@ impl CudaGpu {
             let mark = |m: usize| marks.get(m).ok_or_else(missing_mark);
             let result = self.enter().and_then(|()| match (run.start, run.end) {
                 (None, None) => {
-                    self.wait_lone(stream, signal, name, t, limit)?;
+                    self.wait_all_queued(stream, signal, name, t, limit)?;
                     Ok(host_ns(q.began))
                 }
                 (None, Some(end)) => {

@@ -28,8 +28,8 @@ pub struct Lane {
     /// (emptied by whoever queued them; the capacity stays).
     pub held: Vec<Held>,
     /// The word a lone kernel's (or a batch of one run's) end is read from (`signal.rs`);
-    /// `None` when the driver
-    /// would not give one, or would not write it: the stream is asked instead.
+    /// `None` when the driver would not give one, or would not write it: the stream is
+    /// asked instead.
     pub signal: Option<Signal>,
     scratch: Option<DevBuf>,
     ctx: Arc<Context>,

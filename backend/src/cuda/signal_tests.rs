@@ -57,21 +57,13 @@ fn one_gpu() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The lane's word: writes asked for, the value last asked for and the value the GPU last
-/// wrote.
-fn word(gpu: &CudaGpu) -> Option<(u64, u32, u32)> {
-    gpu.enter().expect("context");
-    let lane = gpu.lanes.take().expect("a lane");
-    lane.signal.as_ref().map(|s| s.seen())
-}
-
-#[test]
-fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
+/// A backend on the GPU with [`PTX`] loaded, and its `nop`, `store` and `spin`; None
+/// (and why, printed) where there is no GPU.
+fn gpu_with_kernels() -> Option<(CudaGpu, [u64; 3])> {
     if let Err(why) = CudaGpu::probe() {
         eprintln!("skipped: no CUDA GPU ({why})");
-        return;
+        return None;
     }
-    let _one = one_gpu();
     let gpu = CudaGpu::new(CudaConfig::default()).expect("CUDA GPU");
     let m = gpu
         .modules()
@@ -83,7 +75,24 @@ fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
             .expect("function")
             .handle
     };
-    let (nop, store, spin) = (f(b"nop"), f(b"store"), f(b"spin"));
+    let kernels = [f(b"nop"), f(b"store"), f(b"spin")];
+    Some((gpu, kernels))
+}
+
+/// The lane's word: writes asked for, the value last asked for and the value the GPU last
+/// wrote.
+fn word(gpu: &CudaGpu) -> Option<(u64, u32, u32)> {
+    gpu.enter().expect("context");
+    let lane = gpu.lanes.take().expect("a lane");
+    lane.signal.as_ref().map(|s| s.seen())
+}
+
+#[test]
+fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
+    let _one = one_gpu();
+    let Some((gpu, [nop, store, spin])) = gpu_with_kernels() else {
+        return;
+    };
 
     for _ in 0..3 {
         gpu.launch_one(nop, &ONE, &[]).expect("a null kernel");
@@ -138,23 +147,10 @@ fn a_lone_kernel_s_end_is_read_from_its_lane_s_host_word() {
 /// wait's spin, and every kernel's writes are there when the batch is answered.
 #[test]
 fn a_batch_of_one_run_s_end_is_read_from_its_lane_s_host_word() {
-    if let Err(why) = CudaGpu::probe() {
-        eprintln!("skipped: no CUDA GPU ({why})");
-        return;
-    }
     let _one = one_gpu();
-    let gpu = CudaGpu::new(CudaConfig::default()).expect("CUDA GPU");
-    let m = gpu
-        .modules()
-        .module_load(ModuleImage::Ptx(PTX.as_bytes()))
-        .expect("PTX module");
-    let f = |name: &[u8]| {
-        gpu.modules()
-            .get_function(m, name)
-            .expect("function")
-            .handle
+    let Some((gpu, [nop, store, spin])) = gpu_with_kernels() else {
+        return;
     };
-    let (nop, store, spin) = (f(b"nop"), f(b"store"), f(b"spin"));
     let launch = |function, args| Launch {
         function,
         config: ONE,

@@ -173,6 +173,15 @@ impl Vgpu {
         self.answer_batch(queue, mem, batch);
     }
 
+    /// Asks for the lines of the batch's checked launches together. The launch runner does
+    /// this first: the queue thread checked them on another core, and read one after the
+    /// other each would wait for its own transfer.
+    pub(crate) fn prefetch_launches(batch: &LaunchBatch) {
+        for c in batch.items.iter().filter_map(|i| i.launch.as_deref()) {
+            c.prefetch();
+        }
+    }
+
     /// Runs the batch's launches under one grant and keeps each one's outcome. It touches
     /// no guest memory, so a queue's launch runner may do it while the queue thread gathers
     /// the next batch (`vhost/burst.rs`).
@@ -193,11 +202,6 @@ impl Vgpu {
             return false;
         }
         let mut answered = false;
-        // The queue thread checked these launches on another core: their lines are asked
-        // for together, not one miss after another as the batch reads them.
-        for c in batch.items.iter().filter_map(|i| i.launch.as_deref()) {
-            c.prefetch();
-        }
         let Ran { results, stages } = {
             let b: &LaunchBatch = batch;
             let launches: Vec<&Checked> =

@@ -212,6 +212,7 @@ fn runner_gone() -> io::Error {
 /// hangs up.
 fn run(vgpu: &Vgpu, batches: &Receiver<LaunchBatch>, done: &SyncSender<LaunchBatch>) {
     for mut batch in batches {
+        Vgpu::prefetch_launches(&batch);
         vgpu.execute_batch(&mut batch);
         if done.send(batch).is_err() {
             return;
